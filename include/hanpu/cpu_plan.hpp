@@ -1,0 +1,48 @@
+// The CPU execution plan: which core runs which (sequence, value head, column block) item, and in
+// which form. The head-fused path executes a CpuPlan; the planner (make_cpu_plan) builds one from
+// the problem's shapes and the detected host, and tests/other planners may build their own.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hanpu/la.hpp"
+
+namespace hanpu {
+
+/// One unit of head-level work: all chunks of one (sequence, value head) restricted to the state
+/// columns [col0, col1) of V. Columns of S, v_new and o are independent, so a column block needs
+/// no reduction with its sibling blocks.
+struct WorkItem {
+  int32_t seq = 0;
+  int32_t head = 0;  // value head
+  int32_t col0 = 0, col1 = 0;
+  bool operator==(const WorkItem&) const = default;
+};
+
+struct CpuPlan {
+  int threads = 1;
+  int chunk = 64;  // C: tokens per chunk (64 as FLA; the arena is sized for it)
+  /// Head-fused items, statically assigned: thread t runs per_thread[t] in order.
+  std::vector<std::vector<WorkItem>> per_thread;
+  /// Extreme tail (fewer items than threads even after column splits): these items run through
+  /// the chunk-parallel (FLA-style) path, all threads sharing each item's chunks.
+  std::vector<WorkItem> chunk_parallel;
+  /// Column block granularity in floats (the SIMD width the plan was made for).
+  int column_quantum = 16;
+
+  std::string describe() const;
+};
+
+struct HostInfo;
+
+/// Head-level mapping with the three tail tiers of ha-npu.md §3:
+///  1. whole (sequence, head) items, longest first, to the least-loaded thread;
+///  2. the tail that would leave threads idle is split column-wise along V (multiples of
+///     column_quantum) so that every thread gets work;
+///  3. if there are still fewer items than threads (e.g. one head of tiny V), those items go to the
+///     chunk-parallel fallback.
+CpuPlan make_cpu_plan(const LaShape& shape, const std::vector<int64_t>& seq_lens, int threads, int column_quantum = 16);
+
+}  // namespace hanpu

@@ -1,0 +1,94 @@
+// Linear-attention operators: Gated DeltaNet (GDN) and Kimi Delta Attention (KDA), prefill and
+// decode, with FLA's argument conventions (reference-fla.md §1, §4).
+//
+//   q, k  [B,T,H,K]      v [B,T,HV,V]      g [B,T,HV] (GDN) or [B,T,HV,K] (KDA)      beta [B,T,HV]
+//   initial_state [N,HV,K,V] fp32 (optional)       cu_seqlens [N+1] int32/int64 (optional, then B = 1)
+//   -> o [B,T,HV,V] (dtype of v),  final_state [N,HV,K,V] fp32
+//
+// Value head hv reads key head hv / (HV/H). q is multiplied by `scale` (default K^-0.5). Each token
+// first decays the state, then applies the delta-rule error, and its output reads the updated state.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "hanpu/tensor.hpp"
+
+namespace hanpu {
+
+enum class Variant { GDN, KDA };
+const char* variant_name(Variant v);  // "gdn" / "kda"
+
+/// Input transforms FLA can apply inside its kernels (reference-fla.md §1.4).
+struct LaOptions {
+  std::optional<float> scale;   // default K^-0.5
+  bool qk_l2norm = false;       // q,k <- x / sqrt(sum x^2 + 1e-6), fp32
+  bool gate_in_kernel = false;  // g is the raw pre-activation; needs A_log (and dt_bias if given)
+  bool beta_sigmoid = false;    // beta <- sigmoid(beta)
+  bool allow_neg_eigval = false;  // with beta_sigmoid: beta <- 2 sigmoid(beta), in [0,2)
+};
+
+struct LaInputs {
+  TensorView q, k, v, g, beta;
+  TensorView initial_state;  // empty() when absent: zero state
+  TensorView cu_seqlens;     // empty() when absent: B independent sequences of length T
+  TensorView A_log;          // [HV], used with gate_in_kernel
+  TensorView dt_bias;        // GDN [HV], KDA [HV*K]; optional with gate_in_kernel
+};
+
+struct LaOutputs {
+  TensorView o;            // [B,T,HV,V], any float dtype (normally v's)
+  TensorView final_state;  // [N,HV,K,V] fp32; may be empty() when not wanted
+};
+
+/// Which execution of the same computation the CPU backend runs. All give the same result up to
+/// fp32 rounding; they differ in speed and memory (docs/PERFORMANCE.md).
+enum class CpuPath {
+  HeadFused,  // HA-NPU: (sequence, value head, column block) items, all operators fused per core
+  FlaChunk,   // FLA-style baseline: chunk-parallel Map phases, intermediates in main memory
+  Recurrent,  // the token-by-token recurrence (also the decode path)
+};
+const char* cpu_path_name(CpuPath p);  // "hanpu" / "fla" / "recurrent"
+
+struct CpuPlan;  // hanpu/cpu_plan.hpp
+
+struct ExecOptions {
+  CpuPath path = CpuPath::HeadFused;
+  int threads = 0;                // 0: all hardware threads
+  const CpuPlan* plan = nullptr;  // optional explicit plan (HeadFused); made from the shapes if null
+};
+
+/// Shapes after validation; produced by validate_la (throws hanpu::Error naming the tensor).
+struct LaShape {
+  Variant variant = Variant::GDN;
+  int64_t B = 0, T = 0, H = 0, HV = 0, K = 0, V = 0;
+  int64_t N = 0;  // number of sequences
+  bool varlen = false;
+};
+LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt);
+/// Also checks outputs against the validated shape.
+void validate_la_outputs(const LaShape& s, const LaOutputs& out);
+
+/// Prefill: the whole sequence(s); writes o and final_state.
+void gdn_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex = {});
+void kda_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex = {});
+void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const LaOutputs& out,
+                const ExecOptions& ex = {});
+
+/// Decode: the recurrent step for each of the T (usually 1) new tokens, updating `state`
+/// [N,HV,K,V] fp32 in place (the same layout prefill returns as final_state). in.initial_state
+/// is ignored; o receives the new tokens' outputs.
+void gdn_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads = 0);
+void kda_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads = 0);
+
+/// Convenience: allocate outputs (o in v's dtype, final_state fp32) and run prefill.
+struct LaResult {
+  Tensor o, final_state;
+};
+LaResult la_prefill_alloc(Variant variant, const LaInputs& in, const LaOptions& opt, const ExecOptions& ex = {});
+
+/// Operation count used by the benchmarks (docs/PERFORMANCE.md): multiply-adds of the GEMM-first
+/// chunked algorithm with exact triangles, times 2, for one token of one value head, chunk C.
+double la_flops_per_token_head(Variant variant, int64_t K, int64_t V, int64_t C = 64);
+
+}  // namespace hanpu

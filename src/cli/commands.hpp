@@ -1,0 +1,13 @@
+// Subcommands of the `hanpu` command line. Each register_* function adds its subcommand (options
+// and the callback that runs it) to the top-level app; errors are thrown as hanpu::Error and
+// reported by main().
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+/// `hanpu gdn` and `hanpu kda`: run prefill on tensors from a safetensors file (cmd_la.cpp).
+void register_la_commands(CLI::App& app);
+/// `hanpu bench`: performance measurements (cmd_bench.cpp).
+void register_bench_command(CLI::App& app);

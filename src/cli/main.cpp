@@ -1,0 +1,31 @@
+// Entry point of the `hanpu` command line: builds the CLI11 app from the registered subcommands
+// and turns every error into one line on stderr and exit code 1.
+#include <CLI/CLI.hpp>
+
+#include <exception>
+#include <iostream>
+
+#include "cli/commands.hpp"
+#include "hanpu/tensor.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"hanpu: linear-attention engine (GDN, KDA) for hybrid LLMs"};
+  app.require_subcommand(1);
+  register_la_commands(app);
+  register_bench_command(app);
+
+  // Subcommands do their work in callbacks, which run inside parse(); so the hanpu/std handlers
+  // below also cover the commands themselves, not just argument parsing.
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {  // also --help, which exits with 0
+    return app.exit(e);
+  } catch (const hanpu::Error& e) {
+    std::cerr << "hanpu: error: " << e.what() << '\n';
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "hanpu: error: " << e.what() << '\n';
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,100 @@
+#include "hanpu/cpu_plan.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+namespace hanpu {
+
+namespace {
+
+// Share of a chunk's work that does not scale with the column block width: the Map operators
+// (gate, K K^T, Q K^T and their gating) run in full for every column block of a head. From the
+// operation count (la_flops_per_token_head): for K = V = 128 the C x C products are 8K of the 65K
+// multiply-adds per token, the K x V ones the rest; 0.15 leaves room for the loads and exps.
+constexpr double kColumnInvariantShare = 0.15;
+
+struct Costed {
+  WorkItem item;
+  double cost;
+};
+
+double chunks_of(int64_t len, int chunk) { return static_cast<double>(std::max<int64_t>(1, (len + chunk - 1) / chunk)); }
+
+}  // namespace
+
+std::string CpuPlan::describe() const {
+  std::ostringstream os;
+  os << "threads=" << threads << " chunk=" << chunk;
+  for (size_t t = 0; t < per_thread.size(); ++t) {
+    os << "\n  thread " << t << ":";
+    for (const WorkItem& w : per_thread[t]) os << " (s" << w.seq << ",h" << w.head << ",v" << w.col0 << ":" << w.col1 << ")";
+  }
+  if (!chunk_parallel.empty()) {
+    os << "\n  chunk-parallel:";
+    for (const WorkItem& w : chunk_parallel) os << " (s" << w.seq << ",h" << w.head << ")";
+  }
+  return os.str();
+}
+
+CpuPlan make_cpu_plan(const LaShape& shape, const std::vector<int64_t>& seq_lens, int threads, int column_quantum) {
+  CpuPlan plan;
+  plan.threads = std::max(1, threads);
+  plan.column_quantum = std::max(1, column_quantum);
+  plan.per_thread.assign(static_cast<size_t>(plan.threads), {});
+  const int P = plan.threads;
+  const int V = static_cast<int>(shape.V);
+
+  std::vector<Costed> items;
+  for (size_t n = 0; n < seq_lens.size(); ++n)
+    for (int64_t hv = 0; hv < shape.HV; ++hv)
+      items.push_back({{static_cast<int32_t>(n), static_cast<int32_t>(hv), 0, V}, chunks_of(seq_lens[n], plan.chunk)});
+  // Longest first (stable, so equal-length items keep (sequence, head) order).
+  std::stable_sort(items.begin(), items.end(), [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
+
+  const int n = static_cast<int>(items.size());
+  const int tail = n % P;  // tier 1 places n - tail whole items evenly; the tail would idle threads
+  std::vector<Costed> blocks(items.begin(), items.end() - tail);
+  const int max_blocks = std::max(1, V / plan.column_quantum);
+  const int split = tail ? std::min(P / tail, max_blocks) : 1;
+  for (int i = n - tail; i < n; ++i) {
+    const Costed& c = items[i];
+    if (split <= 1) {
+      blocks.push_back(c);
+      continue;
+    }
+    // Tier 2: column blocks of equal width in multiples of the quantum (the last one takes the rest).
+    const int quanta = (V + plan.column_quantum - 1) / plan.column_quantum;
+    for (int b = 0; b < split; ++b) {
+      const int q0 = quanta * b / split, q1 = quanta * (b + 1) / split;
+      WorkItem w = c.item;
+      w.col0 = q0 * plan.column_quantum;
+      w.col1 = std::min(V, q1 * plan.column_quantum);
+      if (w.col1 <= w.col0) continue;
+      const double width = static_cast<double>(w.col1 - w.col0) / V;
+      blocks.push_back({w, c.cost * (kColumnInvariantShare + (1 - kColumnInvariantShare) * width)});
+    }
+  }
+
+  // Tier 3: still fewer items than threads and something to share along the sequence: run those
+  // items chunk-parallel on all threads instead.
+  if (static_cast<int>(blocks.size()) < P && n > 0) {
+    const bool multi_chunk = std::any_of(items.begin(), items.end(), [](const Costed& c) { return c.cost > 1; });
+    if (multi_chunk) {
+      for (const Costed& c : items) plan.chunk_parallel.push_back(c.item);
+      return plan;
+    }
+  }
+
+  // Longest-processing-time-first assignment to the least-loaded thread.
+  std::stable_sort(blocks.begin(), blocks.end(), [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
+  std::vector<double> load(static_cast<size_t>(P), 0.0);
+  for (const Costed& c : blocks) {
+    const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    plan.per_thread[t].push_back(c.item);
+    load[t] += c.cost;
+  }
+  return plan;
+}
+
+}  // namespace hanpu

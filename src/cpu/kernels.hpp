@@ -1,0 +1,63 @@
+// Interface between the host-side driver (la_cpu.cpp) and the SIMD kernels (la_kernels.cpp, which
+// Highway compiles once per target and dispatches at run time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "hanpu/cpu_plan.hpp"
+#include "la/job.hpp"
+
+namespace hanpu::cpu {
+
+/// Floats of per-core scratch the head-fused path needs for an item of `width` state columns.
+/// Independent of T: the state and every per-chunk intermediate live here, nothing per chunk
+/// goes to main memory.
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk);
+
+/// Head-fused: all chunks of one item, every operator, state in the arena.
+void fused_item(const LaJob& job, const WorkItem& item, float* arena, int chunk);
+
+/// Recurrent form (and decode): token by token, state in the arena. Reads the item's columns of
+/// job.in.initial_state (or zeros), writes job.out.o and job.out.final_state (if present).
+size_t recurrent_arena_floats(const LaJob& job, int64_t width);
+void recurrent_item(const LaJob& job, const WorkItem& item, float* arena);
+
+/// The FLA-style chunk-parallel path: Map phase per (chunk, head) into main-memory buffers,
+/// Reduce per (sequence, head, columns), then the output Map per (chunk, head).
+struct FlaBuffers {
+  int chunk = 64;
+  int64_t total_chunks = 0;       // over all sequences
+  const int64_t* chunk_seq = nullptr;    // [total_chunks] sequence of each chunk
+  const int64_t* chunk_start = nullptr;  // [total_chunks] first token (within the sequence)
+  const int64_t* seq_first_chunk = nullptr;  // [N] index of the sequence's first chunk
+  // Per (chunk, value head) in main memory, as FLA materialises them:
+  double* gamma = nullptr;  // cumulative gates [chunks, HV, C(*K)] (chunk-relative; fp64 like the fused path, see LoadChunk)
+  float* T = nullptr;      // (I+A)^-1 [chunks, HV, C, C]
+  float* W = nullptr;      // [chunks, HV, C, K]
+  float* U = nullptr;      // [chunks, HV, C, V]
+  float* h = nullptr;      // state at the start of each chunk [chunks, HV, K, V]
+  float* v_new = nullptr;  // [chunks, HV, C, V]
+};
+size_t fla_scratch_floats(const LaJob& job, int chunk);
+void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch);
+void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+
+/// Flush denormals to zero on this thread while alive (decays underflow routinely; denormal
+/// arithmetic is ~100x slower on x86 and changes results by less than 1e-38).
+class DenormalGuard {
+ public:
+  DenormalGuard();
+  ~DenormalGuard();
+
+ private:
+  unsigned saved_ = 0;
+};
+
+/// Name of the SIMD target the kernels dispatch to (e.g. "AVX3").
+const char* simd_target_name();
+/// Floats per native vector of that target.
+int simd_float_lanes();
+
+}  // namespace hanpu::cpu

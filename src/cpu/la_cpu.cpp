@@ -1,0 +1,214 @@
+// The CPU backend's driver: validates, builds the job, runs the chosen path on the thread pool.
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "cpu/kernels.hpp"
+#include "cpu/thread_pool.hpp"
+#include "hanpu/cpu_plan.hpp"
+#include "la/job.hpp"
+
+namespace hanpu {
+namespace {
+
+// Per-thread arena, 64-byte aligned, reused across calls (sized by the kernels' layouts: the
+// state and the per-chunk intermediates of one item, independent of T).
+struct Arena {
+  std::unique_ptr<float, decltype(&std::free)> mem{nullptr, &std::free};
+  size_t floats = 0;
+  float* get(size_t n) {
+    if (n > floats) {
+      void* p = std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+      if (!p) throw Error("out of memory allocating a " + std::to_string(n * sizeof(float)) + "-byte arena");
+      mem.reset(static_cast<float*>(p));
+      floats = n;
+    }
+    return mem.get();
+  }
+};
+
+Arena& thread_arena(int slot) {
+  thread_local Arena arena;
+  (void)slot;
+  return arena;
+}
+
+int resolve_threads(int threads) { return threads > 0 ? threads : hardware_threads(); }
+
+std::vector<int64_t> seq_lengths(const LaJob& job) {
+  std::vector<int64_t> lens;
+  for (const SeqSpan& s : job.seqs) lens.push_back(s.len);
+  return lens;
+}
+
+void run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk);
+
+void run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
+  ThreadPool& pool = ThreadPool::shared(plan.threads);
+  pool.run(plan.threads, [&](int t) {
+    cpu::DenormalGuard ftz;
+    Arena& arena = thread_arena(t);
+    for (const WorkItem& item : plan.per_thread[static_cast<size_t>(t)]) {
+      float* mem = arena.get(cpu::fused_arena_floats(job, item.col1 - item.col0, chunk));
+      cpu::fused_item(job, item, mem, chunk);
+    }
+  });
+  if (!plan.chunk_parallel.empty()) run_fla_items(job, plan.chunk_parallel, plan.threads, chunk);
+}
+
+void run_recurrent(const LaJob& job, int threads) {
+  const CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
+  std::vector<WorkItem> all;
+  for (const auto& per : plan.per_thread) all.insert(all.end(), per.begin(), per.end());
+  all.insert(all.end(), plan.chunk_parallel.begin(), plan.chunk_parallel.end());
+  // The recurrence has nothing to share along the sequence: spread the items (split columns if
+  // needed) statically over the threads.
+  ThreadPool& pool = ThreadPool::shared(threads);
+  std::vector<std::vector<WorkItem>> per(static_cast<size_t>(threads));
+  if (!plan.chunk_parallel.empty()) {
+    all.clear();
+    for (const WorkItem& w : plan.chunk_parallel) all.push_back(w);
+  }
+  for (size_t i = 0; i < all.size(); ++i) per[i % static_cast<size_t>(threads)].push_back(all[i]);
+  pool.run(threads, [&](int t) {
+    cpu::DenormalGuard ftz;
+    Arena& arena = thread_arena(t);
+    for (const WorkItem& item : per[static_cast<size_t>(t)]) {
+      float* mem = arena.get(cpu::recurrent_arena_floats(job, item.col1 - item.col0));
+      cpu::recurrent_item(job, item, mem);
+    }
+  });
+}
+
+// FLA-style: all items' Map phases chunk-parallel, then the Reduce per item, then the output Map.
+void run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk) {
+  const LaShape& s = job.shape;
+  cpu::FlaBuffers buf;
+  buf.chunk = chunk;
+  std::vector<int64_t> chunk_seq, chunk_start, first(static_cast<size_t>(s.N), 0);
+  for (int64_t n = 0; n < s.N; ++n) {
+    first[static_cast<size_t>(n)] = static_cast<int64_t>(chunk_seq.size());
+    for (int64_t t0 = 0; t0 < job.seqs[static_cast<size_t>(n)].len; t0 += chunk) {
+      chunk_seq.push_back(n);
+      chunk_start.push_back(t0);
+    }
+  }
+  buf.total_chunks = static_cast<int64_t>(chunk_seq.size());
+  buf.chunk_seq = chunk_seq.data();
+  buf.chunk_start = chunk_start.data();
+  buf.seq_first_chunk = first.data();
+  const size_t C = static_cast<size_t>(chunk), K = static_cast<size_t>(s.K);
+  const size_t Kp = (K + 15) / 16 * 16, Vp = (static_cast<size_t>(s.V) + 15) / 16 * 16;
+  const size_t gk = s.variant == Variant::KDA ? K : 1;
+  const size_t slots = static_cast<size_t>(buf.total_chunks * s.HV);
+  // Intermediates in main memory, as FLA materialises them between its kernels.
+  std::vector<double> gamma(slots * C * gk);
+  std::vector<float> T(slots * C * C), W(slots * C * Kp), U(slots * C * Vp),
+      h(slots * K * Vp), v_new(slots * C * Vp);
+  buf.gamma = gamma.data();
+  buf.T = T.data();
+  buf.W = W.data();
+  buf.U = U.data();
+  buf.h = h.data();
+  buf.v_new = v_new.data();
+
+  // Which (chunk, head) pairs belong to the requested items (whole heads: the baseline does not
+  // split columns).
+  std::vector<std::pair<int64_t, int64_t>> map_tasks;
+  std::vector<WorkItem> reduce_items;
+  for (const WorkItem& w : items) {
+    if (w.col0 != 0) continue;
+    WorkItem whole = w;
+    whole.col1 = static_cast<int32_t>(s.V);
+    reduce_items.push_back(whole);
+    const int64_t c0 = first[static_cast<size_t>(w.seq)];
+    const int64_t nc = (job.seqs[static_cast<size_t>(w.seq)].len + chunk - 1) / chunk;
+    for (int64_t c = c0; c < c0 + nc; ++c) map_tasks.emplace_back(c, w.head);
+  }
+  ThreadPool& pool = ThreadPool::shared(threads);
+  const size_t scratch_floats = cpu::fla_scratch_floats(job, chunk);
+  auto parallel_tasks = [&](const auto& fn, size_t count) {
+    pool.run(threads, [&](int t) {
+      cpu::DenormalGuard ftz;
+      float* scratch = thread_arena(t).get(scratch_floats);
+      for (size_t i = static_cast<size_t>(t); i < count; i += static_cast<size_t>(threads)) fn(i, scratch);
+    });
+  };
+  parallel_tasks([&](size_t i, float* sc) { cpu::fla_map_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
+                 map_tasks.size());
+  parallel_tasks([&](size_t i, float* sc) { cpu::fla_reduce_item(job, buf, reduce_items[i], sc); }, reduce_items.size());
+  parallel_tasks(
+      [&](size_t i, float* sc) { cpu::fla_output_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
+      map_tasks.size());
+}
+
+std::vector<WorkItem> whole_items(const LaJob& job) {
+  std::vector<WorkItem> items;
+  for (int64_t n = 0; n < job.shape.N; ++n)
+    for (int64_t hv = 0; hv < job.shape.HV; ++hv)
+      items.push_back({static_cast<int32_t>(n), static_cast<int32_t>(hv), 0, static_cast<int32_t>(job.shape.V)});
+  return items;
+}
+
+}  // namespace
+
+void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
+  const LaJob job = make_la_job(variant, in, opt, out);
+  const int threads = resolve_threads(ex.threads);
+  constexpr int kChunk = 64;  // C = 64 tokens, as FLA: the arena and the op count assume it
+  switch (ex.path) {
+    case CpuPath::HeadFused: {
+      if (ex.plan) {
+        if (ex.plan->threads < 1 || static_cast<int>(ex.plan->per_thread.size()) != ex.plan->threads)
+          throw Error("CpuPlan: per_thread has " + std::to_string(ex.plan->per_thread.size()) + " lists for " +
+                      std::to_string(ex.plan->threads) + " threads");
+        run_head_fused(job, *ex.plan, ex.plan->chunk);
+      } else {
+        run_head_fused(job, make_cpu_plan(job.shape, seq_lengths(job), threads), kChunk);
+      }
+      break;
+    }
+    case CpuPath::FlaChunk:
+      run_fla_items(job, whole_items(job), threads, kChunk);
+      break;
+    case CpuPath::Recurrent:
+      run_recurrent(job, threads);
+      break;
+  }
+}
+
+void gdn_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
+  la_prefill(Variant::GDN, in, opt, out, ex);
+}
+void kda_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
+  la_prefill(Variant::KDA, in, opt, out, ex);
+}
+
+namespace {
+void la_decode(Variant variant, const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads) {
+  if (state.empty()) throw Error("decode needs tensor 'state' [N,HV,K,V] fp32, which is missing");
+  if (state.dtype != DType::F32)
+    throw Error(std::string("tensor 'state' has dtype ") + dtype_name(state.dtype) + ", expected F32");
+  LaInputs din = in;
+  din.initial_state = state;  // read, then written back in place: items own disjoint columns
+  LaOutputs out{o, state};
+  const LaJob job = make_la_job(variant, din, opt, out);
+  run_recurrent(job, resolve_threads(threads));
+}
+}  // namespace
+
+void gdn_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads) {
+  la_decode(Variant::GDN, in, opt, state, o, threads);
+}
+void kda_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads) {
+  la_decode(Variant::KDA, in, opt, state, o, threads);
+}
+
+LaResult la_prefill_alloc(Variant variant, const LaInputs& in, const LaOptions& opt, const ExecOptions& ex) {
+  const LaShape s = validate_la(variant, in, opt);
+  LaResult r{Tensor(in.v.dtype, {s.B, s.T, s.HV, s.V}), Tensor(DType::F32, {s.N, s.HV, s.K, s.V})};
+  la_prefill(variant, in, opt, LaOutputs{r.o.view(), r.final_state.view()}, ex);
+  return r;
+}
+
+}  // namespace hanpu

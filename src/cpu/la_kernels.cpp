@@ -1,0 +1,921 @@
+// SIMD kernels of the CPU backend, compiled once per SIMD target by Highway and dispatched at run
+// time (AVX2, AVX-512, NEON, ...).
+//
+// The head-fused path (fused_item) runs all six operators of ha-npu.md §2 for one work item
+// (sequence, value head, column block), chunk after chunk, with the state S and every per-chunk
+// intermediate in a per-core arena. Per chunk of L <= C rows, with Γ the chunk-local cumulative
+// log-decay (Γ_r = Σ_{s<=r} g_s, computed in fp64: see LoadChunk) and scale folded into q:
+//
+//   GEMM-first (ha-npu.md §4):   X = diag(β) V − diag(β e^Γ) K S     (#5 read, rewritten)
+//                                O = diag(e^Γ) Q S                   (#6, inter-chunk part)
+//                                A = strictly-lower(β_i e^{Γi−Γj} k_i·k_j),  P = lower(e^{Γi−Γj} q_i·k_j)
+//   solve:                       (I + A) E = X                       (#3, W never formed)
+//   output:                      O += P E ;  o <- O
+//   state update, in place:      S <- e^{Γ_L} S + Σ_j e^{Γ_L−Γ_j} k_j^T E_j   (#5 update)
+//
+// For KDA the decays are per key channel: the e^Γ factors multiply K and Q element-wise, and
+// K K^T / Q K^T are evaluated with anchors so that only non-positive exponents appear (§2.7 of
+// reference-fla.md). Masks are applied by selection, never by multiplying with 0.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu/kernels.hpp"
+#include "la/gates.hpp"
+
+// SVE/RVV vectors are sizeless and cannot live in the accumulator arrays the GEMM tile uses.
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/la_kernels.cpp"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace hanpu::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Row padding of every arena matrix whose columns are a GEMM's N dimension: 16 floats = 64 bytes,
+// a multiple of the vector length of every target (4, 8 or 16 floats), so tiles never need
+// partial vectors; the pad columns are kept at zero.
+constexpr size_t kPad = 16;
+inline size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// GEMM register tile: MR rows x NV vectors of C held in registers. 32-register targets (AVX-512,
+// NEON) take 8 x 2 (16 accumulators + 2 B vectors + 1 broadcast); 16-register x86 targets 4 x 2.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kMR = 4;
+#else
+constexpr size_t kMR = 8;
+#endif
+constexpr size_t kNV = 2;
+
+enum class Acc { kSet, kAdd, kSub };  // C = A B, C += A B, C -= A B
+
+// C[MR x NV*lanes] (op)= A[MR x kd] (rows of stride lda, broadcast per element) * B[kd x NV*lanes]
+// (rows of stride ldb, loaded as vectors). A is a dense row-major operand, B a packed panel.
+template <size_t MR, size_t NV, Acc kMode>
+HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, size_t lda, const float* HWY_RESTRICT B, size_t ldb,
+                       float* HWY_RESTRICT C, size_t ldc, size_t kd) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF acc[MR][NV];
+  for (size_t i = 0; i < MR; ++i)
+    for (size_t v = 0; v < NV; ++v) acc[i][v] = kMode == Acc::kSet ? hn::Zero(d) : hn::LoadU(d, C + i * ldc + v * N);
+  for (size_t k = 0; k < kd; ++k) {
+    VF b[NV];
+    for (size_t v = 0; v < NV; ++v) b[v] = hn::LoadU(d, B + k * ldb + v * N);
+    for (size_t i = 0; i < MR; ++i) {
+      const VF a = hn::Set(d, A[i * lda + k]);
+      for (size_t v = 0; v < NV; ++v)
+        acc[i][v] = kMode == Acc::kSub ? hn::NegMulAdd(a, b[v], acc[i][v]) : hn::MulAdd(a, b[v], acc[i][v]);
+    }
+  }
+  for (size_t i = 0; i < MR; ++i)
+    for (size_t v = 0; v < NV; ++v) hn::StoreU(acc[i][v], d, C + i * ldc + v * N);
+}
+
+template <size_t M, size_t NV, Acc kMode>
+HWY_INLINE void TileRows(size_t mr, const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc,
+                         size_t kd) {
+  if constexpr (M > 0) {
+    if (mr == M) return Tile<M, NV, kMode>(A, lda, B, ldb, C, ldc, kd);
+    TileRows<M - 1, NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
+  }
+}
+
+template <Acc kMode>
+HWY_INLINE void TileAny(size_t mr, size_t nv, const float* A, size_t lda, const float* B, size_t ldb, float* C,
+                        size_t ldc, size_t kd) {
+  if (nv == kNV) return TileRows<kMR, kNV, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
+  TileRows<kMR, 1, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
+}
+
+enum class Tri {
+  kNone,
+  kLowerN,  // only C[i][j] with j <= i are needed: skip column panels right of the strip
+  kLowerK,  // A[i][k] is zero for k > i: limit the reduction of each strip to k <= its last row
+};
+
+// C[M x N] (op)= A[M x Kd] B[Kd x N]; N a multiple of the vector length. Column panels outside,
+// row strips inside, so each B panel (Kd x NV vectors) stays in L1 while all strips stream by.
+template <Acc kMode>
+void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N,
+          size_t Kd, Tri tri = Tri::kNone) {
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  for (size_t j0 = 0; j0 < N; j0 += kNV * lanes) {
+    const size_t nv = std::min(kNV, (N - j0) / lanes);
+    for (size_t i0 = 0; i0 < M; i0 += kMR) {
+      const size_t mr = std::min(kMR, M - i0);
+      if (tri == Tri::kLowerN && j0 >= i0 + mr) continue;
+      const size_t kd = tri == Tri::kLowerK ? std::min(Kd, i0 + mr) : Kd;
+      if (kd == 0 && kMode != Acc::kSet) continue;
+      TileAny<kMode>(mr, nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Row loads and stores with dtype conversion.
+
+void LoadRowScalar(const TensorView& t, int64_t off, int64_t stride, size_t n, float* dst) {
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_as_double(t.data, t.dtype, off + i * stride));
+}
+
+// dst[0:n] = the n elements of t starting at element offset `off` with element stride `stride`.
+void LoadRow(const TensorView& t, int64_t off, int64_t stride, size_t n, float* HWY_RESTRICT dst) {
+  if (stride != 1) return LoadRowScalar(t, off, stride, n, dst);
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  switch (t.dtype) {
+    case DType::F32:
+      std::memcpy(dst, static_cast<const float*>(t.data) + off, n * sizeof(float));
+      return;
+    case DType::BF16: {
+      const uint16_t* src = static_cast<const uint16_t*>(t.data) + off;
+      const hn::Rebind<uint16_t, DF> d16;
+      const hn::RebindToUnsigned<DF> du;
+      for (; i + N <= n; i += N)
+        hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + i)))), d, dst + i);
+      break;
+    }
+    case DType::F16: {
+      const hwy::float16_t* src = static_cast<const hwy::float16_t*>(t.data) + off;
+      const hn::Rebind<hwy::float16_t, DF> d16;
+      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(d16, src + i)), d, dst + i);
+      break;
+    }
+    default:
+      break;
+  }
+  if (i < n) LoadRowScalar(t, off + i, 1, n - i, dst + i);
+}
+
+void StoreRow(const float* HWY_RESTRICT src, size_t n, const TensorView& t, int64_t off, int64_t stride) {
+  if (stride == 1 && t.dtype == DType::F32) {
+    std::memcpy(static_cast<float*>(t.data) + off, src, n * sizeof(float));
+    return;
+  }
+  size_t i = 0;
+  if (stride == 1 && t.dtype == DType::BF16) {
+    const DF d;
+    const hn::RebindToUnsigned<DF> du;
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<uint16_t, DF> d16;
+    const size_t N = hn::Lanes(d);
+    uint16_t* out = static_cast<uint16_t*>(t.data) + off;
+    for (; i + N <= n; i += N) {
+      const auto u = hn::BitCast(du, hn::LoadU(d, src + i));
+      // Round to nearest even on the 16 dropped bits (finite values; NaN stays NaN).
+      const auto rounded = hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u))));
+      // Values are < 2^16 after the shift: the signed-to-unsigned demotion is exact.
+      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(rounded))), d16, out + i);
+    }
+  } else if (stride == 1 && t.dtype == DType::F16) {
+    const DF d;
+    const hn::Rebind<hwy::float16_t, DF> d16;
+    const size_t N = hn::Lanes(d);
+    hwy::float16_t* out = static_cast<hwy::float16_t*>(t.data) + off;
+    for (; i + N <= n; i += N) hn::StoreU(hn::DemoteTo(d16, hn::LoadU(d, src + i)), d16, out + i);
+  }
+  for (; i < n; ++i) store_from_double(t.data, t.dtype, off + static_cast<int64_t>(i) * stride, src[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small vector helpers on dense rows.
+
+HWY_INLINE float Dot(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF acc0 = hn::Zero(d), acc1 = hn::Zero(d);
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    acc0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc0);
+    acc1 = hn::MulAdd(hn::LoadU(d, a + i + N), hn::LoadU(d, b + i + N), acc1);
+  }
+  for (; i + N <= n; i += N) acc0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc0);
+  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(acc0, acc1)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+HWY_INLINE void Scale(float* HWY_RESTRICT x, float s, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF vs = hn::Set(d, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), vs), d, x + i);
+  for (; i < n; ++i) x[i] *= s;
+}
+
+// dst = s * src
+HWY_INLINE void ScaleTo(const float* HWY_RESTRICT src, float s, float* HWY_RESTRICT dst, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF vs = hn::Set(d, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, src + i), vs), d, dst + i);
+  for (; i < n; ++i) dst[i] = s * src[i];
+}
+
+// y -= a * x  (Vp-wide rows: multiples of the vector length)
+HWY_INLINE void SubScaled(float* HWY_RESTRICT y, float a, const float* HWY_RESTRICT x, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF va = hn::Set(d, a);
+  for (size_t i = 0; i < n; i += N) hn::StoreU(hn::NegMulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+}
+
+// y += a * x
+HWY_INLINE void AddScaled(float* HWY_RESTRICT y, float a, const float* HWY_RESTRICT x, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF va = hn::Set(d, a);
+  for (size_t i = 0; i < n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+}
+
+void L2Normalize(float* x, size_t n) {
+  const float inv = 1.0f / std::sqrt(Dot(x, x, n) + static_cast<float>(gates::kL2NormEps));
+  Scale(x, inv, n);
+}
+
+// out[i] = exp(float(a[i] - b[i])) for the fp64 cumulative gates a, b: the difference is taken in
+// fp64 (exact for the sums of fp32 gates we form), so large |Γ| after a −1000 mask costs no
+// precision; the exponent is non-positive by construction (later minus earlier).
+void ExpDiff(const double* HWY_RESTRICT a, const double* HWY_RESTRICT b, float* HWY_RESTRICT out, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+#if HWY_HAVE_FLOAT64 && HWY_TARGET != HWY_SCALAR
+  if (N >= 2) {
+    const hn::Repartition<double, DF> dd;
+    const hn::Rebind<float, decltype(dd)> dh;
+    const size_t Nd = hn::Lanes(dd);
+    for (; i + N <= n; i += N) {
+      const auto lo = hn::DemoteTo(dh, hn::Sub(hn::LoadU(dd, a + i), hn::LoadU(dd, b + i)));
+      const auto hi = hn::DemoteTo(dh, hn::Sub(hn::LoadU(dd, a + i + Nd), hn::LoadU(dd, b + i + Nd)));
+      hn::StoreU(hn::Exp(d, hn::Combine(d, hi, lo)), d, out + i);
+    }
+  }
+#endif
+  for (; i < n; ++i) out[i] = std::exp(static_cast<float>(a[i] - b[i]));
+}
+
+// out[i] = exp(float(a[i])) (a <= 0)
+void ExpRow(const double* HWY_RESTRICT a, float* HWY_RESTRICT out, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(a[i]);
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Exp(d, hn::LoadU(d, out + i)), d, out + i);
+  for (; i < n; ++i) out[i] = std::exp(out[i]);
+}
+
+// dst = src * w (element-wise)
+HWY_INLINE void MulRows(const float* HWY_RESTRICT src, const float* HWY_RESTRICT w, float* HWY_RESTRICT dst,
+                        size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, src + i), hn::LoadU(d, w + i)), d, dst + i);
+  for (; i < n; ++i) dst[i] = src[i] * w[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chunk loading: q, k (l2-normalised, q scaled), v columns, gates and beta for rows [t0, t0+L).
+
+struct ChunkRows {
+  float* q;      // [C x K], scaled
+  float* k;      // [C x K]
+  float* v;      // [C x ldv] (columns [col0, col1)), zero pad
+  size_t ldv;
+  double* G;     // cumulative gates: [C] (GDN) or [C x K] (KDA), fp64
+  float* beta;   // [C]
+  float* graw;   // scratch [K]
+};
+
+void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
+  const LaInputs& in = job.in;
+  const bool kda = job.variant() == Variant::KDA;
+  const size_t n = kda ? static_cast<size_t>(job.shape.K) : 1;
+  if (kda)
+    LoadRow(in.g, offset4(in.g, b, t, hv, 0), in.g.stride[3], n, g);
+  else
+    g[0] = static_cast<float>(load_as_double(in.g.data, in.g.dtype, offset3(in.g, b, t, hv)));
+  if (!job.opt.gate_in_kernel) return;
+  // g = -exp(A_log) softplus(g + dt_bias), fp32 as FLA's gate kernels.
+  const float a = std::exp(static_cast<float>(load_as_double(in.A_log.data, in.A_log.dtype, hv * in.A_log.stride[0])));
+  for (size_t d = 0; d < n; ++d) {
+    float bias = 0.f;
+    if (!in.dt_bias.empty()) {
+      const int64_t off = in.dt_bias.rank == 2 ? hv * in.dt_bias.stride[0] + static_cast<int64_t>(d) * in.dt_bias.stride[1]
+                                               : (kda ? hv * job.shape.K + static_cast<int64_t>(d) : hv) * in.dt_bias.stride[0];
+      bias = static_cast<float>(load_as_double(in.dt_bias.data, in.dt_bias.dtype, off));
+    }
+    g[d] = -a * gates::softplus(g[d] + bias);
+  }
+}
+
+void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0, int64_t col1,
+               const ChunkRows& r) {
+  const LaInputs& in = job.in;
+  const size_t K = static_cast<size_t>(job.shape.K);
+  const int64_t h = job.key_head(hv);
+  const int64_t b = seq.batch;
+  const bool kda = job.variant() == Variant::KDA;
+  const size_t width = static_cast<size_t>(col1 - col0);
+  const size_t gk = kda ? K : 1;
+  for (size_t i = 0; i < L; ++i) {
+    const int64_t t = seq.bos + t0 + static_cast<int64_t>(i);
+    float* q = r.q + i * K;
+    float* k = r.k + i * K;
+    LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q);
+    LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
+    if (job.opt.qk_l2norm) {
+      L2Normalize(q, K);
+      L2Normalize(k, K);
+    }
+    Scale(q, job.scale, K);
+    if (r.v) {
+      float* v = r.v + i * r.ldv;
+      LoadRow(in.v, offset4(in.v, b, t, hv, col0), in.v.stride[3], width, v);
+      for (size_t j = width; j < r.ldv; ++j) v[j] = 0.f;
+    }
+    LoadGateRow(job, b, t, hv, r.graw);
+    // Chunk-local cumulative log-decay in fp64 (the sums are exact enough that differences of
+    // large cumulative values keep full fp32 precision).
+    double* G = r.G + i * gk;
+    for (size_t d = 0; d < gk; ++d) G[d] = (i ? r.G[(i - 1) * gk + d] : 0.0) + static_cast<double>(r.graw[d]);
+    r.beta[i] = gates::beta_transform(
+        static_cast<float>(load_as_double(in.beta.data, in.beta.dtype, offset3(in.beta, b, t, hv))),
+        job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
+  }
+}
+
+// Loads the item's columns of initial_state[n, hv] into S [K x ldS] (zero when absent).
+void LoadState(const LaJob& job, int64_t n, int64_t hv, int64_t col0, int64_t col1, float* S, size_t ldS) {
+  const size_t K = static_cast<size_t>(job.shape.K);
+  const size_t width = static_cast<size_t>(col1 - col0);
+  const TensorView& h0 = job.in.initial_state;
+  for (size_t d = 0; d < K; ++d) {
+    float* row = S + d * ldS;
+    std::fill(row, row + ldS, 0.f);
+    if (!h0.empty())
+      LoadRow(h0, n * h0.stride[0] + hv * h0.stride[1] + static_cast<int64_t>(d) * h0.stride[2] + col0 * h0.stride[3],
+              h0.stride[3], width, row);
+  }
+}
+
+void StoreState(const LaJob& job, int64_t n, int64_t hv, int64_t col0, int64_t col1, const float* S, size_t ldS) {
+  const TensorView& ht = job.out.final_state;
+  if (ht.empty()) return;
+  const size_t K = static_cast<size_t>(job.shape.K);
+  for (size_t d = 0; d < K; ++d)
+    StoreRow(S + d * ldS, static_cast<size_t>(col1 - col0), ht,
+             n * ht.stride[0] + hv * ht.stride[1] + static_cast<int64_t>(d) * ht.stride[2] + col0 * ht.stride[3],
+             ht.stride[3]);
+}
+
+void StoreOutputRows(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0,
+                     int64_t col1, const float* O, size_t ldo) {
+  const TensorView& o = job.out.o;
+  for (size_t i = 0; i < L; ++i) {
+    const int64_t t = seq.bos + t0 + static_cast<int64_t>(i);
+    StoreRow(O + i * ldo, static_cast<size_t>(col1 - col0), o, offset4(o, seq.batch, t, hv, col0), o.stride[3]);
+  }
+}
+
+// Transpose rows [L x K] (ld K) into [K x ldt] (zero for columns L..ldt).
+void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) {
+  for (size_t d = 0; d < K; ++d) {
+    float* row = dst + d * ldt;
+    for (size_t i = 0; i < L; ++i) row[i] = src[i * K + d];
+    for (size_t i = L; i < ldt; ++i) row[i] = 0.f;
+  }
+}
+
+// (I + A) E = X in place on X [L x ldx] (width a multiple of the vector length); A strictly lower
+// [L x lda]. Row strips: the part below the strip is a GEMM on solved rows, the strip's own
+// triangle a short forward substitution.
+void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, size_t width) {
+  for (size_t i0 = 0; i0 < L; i0 += kMR) {
+    const size_t mr = std::min(kMR, L - i0);
+    if (i0 > 0) {
+      const DF d;
+      const size_t lanes = hn::Lanes(d);
+      for (size_t j0 = 0; j0 < width; j0 += kNV * lanes) {
+        const size_t nv = std::min(kNV, (width - j0) / lanes);
+        TileAny<Acc::kSub>(mr, nv, A + i0 * lda, lda, X + j0, ldx, X + i0 * ldx + j0, ldx, i0);
+      }
+    }
+    for (size_t r = i0 + 1; r < i0 + mr; ++r)
+      for (size_t j = i0; j < r; ++j) SubScaled(X + r * ldx, A[r * lda + j], X + j * ldx, width);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Head-fused item.
+
+struct FusedLayout {
+  size_t K, C, Vp, gk;
+  size_t S, KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, total;
+};
+
+FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
+  FusedLayout l{};
+  l.K = static_cast<size_t>(job.shape.K);
+  l.C = static_cast<size_t>(chunk);
+  l.Vp = RoundUp(static_cast<size_t>(width), kPad);
+  l.gk = job.variant() == Variant::KDA ? l.K : 1;
+  size_t off = 0;
+  auto take = [&](size_t floats) {
+    const size_t at = off;
+    off += RoundUp(floats, kPad);
+    return at;
+  };
+  l.S = take(l.K * l.Vp);
+  l.KrQs = take(2 * l.C * l.K);
+  l.KnQg = take(2 * l.C * l.K);
+  l.Kt = take(l.K * l.C);
+  l.AP = take(2 * l.C * l.C);
+  l.XO = take(2 * l.C * l.Vp);
+  l.G = take(2 * l.C * l.gk);  // doubles
+  l.beta = take(l.C);
+  l.egam = take(l.C * l.gk);
+  l.graw = take(l.K);
+  l.KQl = take(2 * 16 * l.K);
+  l.KrT = take(l.K * l.C);
+  l.total = off;
+  return l;
+}
+
+// K K^T and Q K^T for KDA, anchored so that every exponent is a later-minus-earlier difference.
+// Rows in 16-row blocks with anchor n (the block's first row): for columns j < n,
+//   (k_i e^{Γi−Γn}) · (k_j e^{Γn−Γj})  — both factors <= 1;
+// inside the block each pair's e^{Γi−Γj} is formed directly.
+void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, float* KQl, float* KrT,
+             float* ftmp, float* AP) {
+  constexpr size_t kBlock = 16;  // sub-chunk size of FLA's KDA kernels: anchors every 16 rows
+  float* KK = AP;
+  float* QK = AP + C * C;
+  for (size_t n = 0; n < L; n += kBlock) {
+    const size_t rows = std::min(kBlock, L - n);
+    const double* Gn = G + n * K;
+    if (n > 0) {
+      float* Kl = KQl;
+      float* Ql = KQl + kBlock * K;
+      for (size_t i = 0; i < rows; ++i) {
+        ExpDiff(G + (n + i) * K, Gn, ftmp, K);
+        MulRows(Kr + (n + i) * K, ftmp, Kl + i * K, K);
+        MulRows(Qs + (n + i) * K, ftmp, Ql + i * K, K);
+      }
+      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n (ld C).
+      for (size_t j = 0; j < n; ++j) {
+        ExpDiff(Gn, G + j * K, ftmp, K);
+        for (size_t d = 0; d < K; ++d) KrT[d * C + j] = Kr[j * K + d] * ftmp[d];
+      }
+      Gemm<Acc::kSet>(Kl, K, KrT, C, KK + n * C, C, rows, RoundUp(n, kPad), K);
+      Gemm<Acc::kSet>(Ql, K, KrT, C, QK + n * C, C, rows, RoundUp(n, kPad), K);
+    }
+    for (size_t i = 0; i < rows; ++i) {
+      const size_t r = n + i;
+      for (size_t j = n; j <= r; ++j) {
+        ExpDiff(G + r * K, G + j * K, ftmp, K);
+        MulRows(Kr + j * K, ftmp, ftmp, K);
+        QK[r * C + j] = Dot(Qs + r * K, ftmp, K);
+        KK[r * C + j] = j < r ? Dot(Kr + r * K, ftmp, K) : 0.f;
+      }
+    }
+  }
+}
+
+// A = strictly-lower(beta_i * gate_ij * KK), P = lower-inclusive(gate_ij * QK), in place; entries
+// outside the triangle (or beyond L) are set to 0 by selection. gate_ij = e^{Γi−Γj} for GDN and
+// already inside the products for KDA.
+void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, float* AP, float* ftmp) {
+  float* KK = AP;
+  float* QK = AP + C * C;
+  const size_t Lp = RoundUp(L, kPad);
+  for (size_t i = 0; i < L; ++i) {
+    if (gdn) {
+      for (size_t j = 0; j <= i; ++j) ftmp[j] = static_cast<float>(G[i] - G[j]);
+      const DF d;
+      const size_t N = hn::Lanes(d);
+      size_t j = 0;
+      for (; j + N <= i + 1; j += N) hn::StoreU(hn::Exp(d, hn::LoadU(d, ftmp + j)), d, ftmp + j);
+      for (; j <= i; ++j) ftmp[j] = std::exp(ftmp[j]);
+    }
+    float* a = KK + i * C;
+    float* p = QK + i * C;
+    for (size_t j = 0; j < Lp; ++j) {
+      const float gate = gdn && j <= i ? ftmp[j] : 1.f;
+      a[j] = j < i ? beta[i] * gate * a[j] : 0.f;
+      p[j] = j <= i ? gate * p[j] : 0.f;
+    }
+  }
+}
+
+void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) {
+  const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
+  const int64_t hv = item.head;
+  const bool kda = job.variant() == Variant::KDA;
+  const FusedLayout l = MakeFusedLayout(job, item.col1 - item.col0, chunk);
+  const size_t K = l.K, C = l.C, Vp = l.Vp, gk = l.gk;
+  float* S = arena + l.S;
+  float* Kr = arena + l.KrQs;
+  float* Qs = Kr + C * K;
+  float* Kn = arena + l.KnQg;
+  float* Qg = Kn + C * K;
+  float* Kt = arena + l.Kt;
+  float* AP = arena + l.AP;
+  float* X = arena + l.XO;
+  float* O = X + C * Vp;
+  double* G = reinterpret_cast<double*>(arena + l.G);
+  float* beta = arena + l.beta;
+  float* egam = arena + l.egam;
+  float* graw = arena + l.graw;
+
+  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  const ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw};
+  for (int64_t t0 = 0; t0 < seq.len; t0 += chunk) {
+    const size_t L = static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0));
+    LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
+
+    // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands.
+    for (size_t i = 0; i < L; ++i) {
+      ExpRow(G + i * gk, egam + i * gk, gk);
+      if (kda) {
+        MulRows(Kr + i * K, egam + i * K, Kn + i * K, K);
+        Scale(Kn + i * K, -beta[i], K);
+        MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
+      } else {
+        ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);
+        ScaleTo(Qs + i * K, egam[i], Qg + i * K, K);
+      }
+      Scale(X + i * Vp, beta[i], Vp);
+    }
+    // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
+    // state, back to back (one pass over S per column panel when L = C: the stacked [Kn; Qg]).
+    if (L == C) {
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, C, Vp, K);  // X rows
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, C, Vp, K);
+    } else {
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, Vp, K);
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, Vp, K);
+    }
+    // #2 KKT and the intra-chunk Q K^T.
+    const size_t Lp = RoundUp(L, kPad);
+    if (kda) {
+      KdaGram(Kr, Qs, G, L, K, C, arena + l.KQl, arena + l.KrT, graw, AP);
+    } else {
+      Transpose(Kr, L, K, Kt, C);
+      Gemm<Acc::kSet>(Kr, K, Kt, C, AP, C, L, Lp, K, Tri::kLowerN);
+      Gemm<Acc::kSet>(Qs, K, Kt, C, AP + C * C, C, L, Lp, K, Tri::kLowerN);
+    }
+    MaskGram(!kda, G, beta, L, C, AP, graw);
+    // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
+    SolveUnitLower(AP, C, X, Vp, L, Vp);
+    // #6 Output: O += P E, then store.
+    Gemm<Acc::kAdd>(AP + C * C, C, X, Vp, O, Vp, L, Vp, L, Tri::kLowerK);
+    StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
+    // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j.
+    const double* GL = G + (L - 1) * gk;
+    if (kda) {
+      for (size_t j = 0; j < L; ++j) {
+        ExpDiff(GL, G + j * K, graw, K);
+        for (size_t d = 0; d < K; ++d) Kt[d * C + j] = Kr[j * K + d] * graw[d];
+      }
+      for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, egam[(L - 1) * K + d], Vp);
+    } else {
+      for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, std::exp(static_cast<float>(GL[0] - G[j])), Vp);
+      const float decay = egam[L - 1];
+      for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, decay, Vp);
+    }
+    Gemm<Acc::kAdd>(Kt, C, X, Vp, S, Vp, K, Vp, L);
+  }
+  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+}
+
+size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk) { return MakeFusedLayout(job, width, chunk).total; }
+
+// ---------------------------------------------------------------------------------------------
+// Recurrent form / decode: per token, S' = decay S; e = β (v − k S'); S = S' + k^T e; o = q S.
+
+size_t RecurrentArenaFloats(const LaJob& job, int64_t width) {
+  const size_t K = static_cast<size_t>(job.shape.K), Vp = RoundUp(static_cast<size_t>(width), kPad);
+  return K * Vp + 2 * RoundUp(K, kPad) + 3 * Vp + 2 * RoundUp(K, kPad) + 4 * kPad;
+}
+
+void RecurrentItem(const LaJob& job, const WorkItem& item, float* arena) {
+  const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
+  const int64_t hv = item.head;
+  const bool kda = job.variant() == Variant::KDA;
+  const size_t K = static_cast<size_t>(job.shape.K);
+  const size_t width = static_cast<size_t>(item.col1 - item.col0);
+  const size_t Vp = RoundUp(width, kPad), Kp = RoundUp(K, kPad);
+  float* S = arena;
+  float* q = S + K * Vp;
+  float* k = q + Kp;
+  float* v = k + Kp;
+  float* kS = v + Vp;
+  float* o = kS + Vp;
+  float* decay = o + Vp;
+  float* graw = decay + Kp;
+  double G1[1];
+  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const ChunkRows rows{q, k, v, Vp, nullptr, nullptr, graw};
+  std::vector<double> Gk(kda ? K : 1);
+  for (int64_t t = 0; t < seq.len; ++t) {
+    float beta = 0.f;
+    ChunkRows r = rows;
+    r.G = kda ? Gk.data() : G1;
+    r.beta = &beta;
+    LoadChunk(job, seq, hv, t, 1, item.col0, item.col1, r);
+    const size_t gk = kda ? K : 1;
+    for (size_t i = 0; i < gk; ++i) decay[i] = std::exp(static_cast<float>(r.G[i]));
+    // Pass 1: S' = decay S and kS = k S' together.
+    for (size_t j = 0; j < Vp; j += N) hn::StoreU(hn::Zero(d), d, kS + j);
+    for (size_t dd = 0; dd < K; ++dd) {
+      const float dec = kda ? decay[dd] : decay[0];
+      float* row = S + dd * Vp;
+      const VF vdec = hn::Set(d, dec), vk = hn::Set(d, k[dd]);
+      for (size_t j = 0; j < Vp; j += N) {
+        const VF s = hn::Mul(hn::LoadU(d, row + j), vdec);
+        hn::StoreU(s, d, row + j);
+        hn::StoreU(hn::MulAdd(vk, s, hn::LoadU(d, kS + j)), d, kS + j);
+      }
+    }
+    // e = β (v − kS), kept in kS.
+    const VF vb = hn::Set(d, beta);
+    for (size_t j = 0; j < Vp; j += N) hn::StoreU(hn::Mul(vb, hn::Sub(hn::LoadU(d, v + j), hn::LoadU(d, kS + j))), d, kS + j);
+    // Pass 2: S += k^T e and o = q S together.
+    for (size_t j = 0; j < Vp; j += N) hn::StoreU(hn::Zero(d), d, o + j);
+    for (size_t dd = 0; dd < K; ++dd) {
+      float* row = S + dd * Vp;
+      const VF vk = hn::Set(d, k[dd]), vq = hn::Set(d, q[dd]);
+      for (size_t j = 0; j < Vp; j += N) {
+        const VF s = hn::MulAdd(vk, hn::LoadU(d, kS + j), hn::LoadU(d, row + j));
+        hn::StoreU(s, d, row + j);
+        hn::StoreU(hn::MulAdd(vq, s, hn::LoadU(d, o + j)), d, o + j);
+      }
+    }
+    StoreOutputRows(job, seq, hv, t, 1, item.col0, item.col1, o, Vp);
+  }
+  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+}
+
+// ---------------------------------------------------------------------------------------------
+// FLA-style chunk-parallel baseline. Phase 1 (per chunk and head): Γ, T = (I+A)^-1,
+// W = T diag(β e^Γ) K, U = T diag(β) V into main memory. Phase 2 (per sequence, head, columns):
+// h[c] = S, v_new = U − W S, S update. Phase 3 (per chunk and head): O = (Q e^Γ) h[c] + P v_new.
+
+struct FlaScratch {
+  size_t K, C, Vp, gk;
+  size_t q, k, v, G, beta, graw, AP, Kt, KQl, KrT, tmpA, tmpB, total;
+};
+
+FlaScratch MakeFlaScratch(const LaJob& job, int chunk) {
+  FlaScratch s{};
+  s.K = static_cast<size_t>(job.shape.K);
+  s.C = static_cast<size_t>(chunk);
+  s.Vp = RoundUp(static_cast<size_t>(job.shape.V), kPad);
+  s.gk = job.variant() == Variant::KDA ? s.K : 1;
+  const size_t Kp = RoundUp(s.K, kPad);
+  size_t off = 0;
+  auto take = [&](size_t floats) {
+    const size_t at = off;
+    off += RoundUp(floats, kPad);
+    return at;
+  };
+  s.q = take(s.C * s.K);
+  s.k = take(s.C * s.K);
+  s.v = take(s.C * s.Vp);
+  s.G = take(2 * s.C * s.gk);
+  s.beta = take(s.C);
+  s.graw = take(s.K);
+  s.AP = take(2 * s.C * s.C);
+  s.Kt = take(s.K * s.C);
+  s.KQl = take(2 * 16 * s.K);
+  s.KrT = take(s.K * s.C);
+  s.tmpA = take(s.C * std::max(Kp, s.Vp));
+  s.tmpB = take(s.C * std::max(Kp, s.Vp));
+  s.total = off;
+  return s;
+}
+
+struct ChunkRef {
+  SeqSpan seq;
+  int64_t t0;
+  size_t L;
+};
+
+ChunkRef FlaChunk(const LaJob& job, const FlaBuffers& buf, int64_t c) {
+  const SeqSpan seq = job.seqs[static_cast<size_t>(buf.chunk_seq[c])];
+  const int64_t t0 = buf.chunk_start[c];
+  return {seq, t0, static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0))};
+}
+
+// Computes Γ, the masked K K^T / Q K^T and the chunk rows into the scratch; returns the ChunkRef.
+ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch, bool need_v) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaChunk(job, buf, c);
+  float* q = scratch + s.q;
+  float* k = scratch + s.k;
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  float* beta = scratch + s.beta;
+  float* graw = scratch + s.graw;
+  float* AP = scratch + s.AP;
+  const ChunkRows rows{q, k, need_v ? scratch + s.v : nullptr, s.Vp, G, beta, graw};
+  LoadChunk(job, ch.seq, hv, ch.t0, ch.L, 0, job.shape.V, rows);
+  const size_t Lp = RoundUp(ch.L, kPad);
+  if (s.gk > 1) {
+    KdaGram(k, q, G, ch.L, s.K, s.C, scratch + s.KQl, scratch + s.KrT, graw, AP);
+  } else {
+    float* Kt = scratch + s.Kt;
+    Transpose(k, ch.L, s.K, Kt, s.C);
+    Gemm<Acc::kSet>(k, s.K, Kt, s.C, AP, s.C, ch.L, Lp, s.K, Tri::kLowerN);
+    Gemm<Acc::kSet>(q, s.K, Kt, s.C, AP + s.C * s.C, s.C, ch.L, Lp, s.K, Tri::kLowerN);
+  }
+  MaskGram(s.gk == 1, G, beta, ch.L, s.C, AP, graw);
+  return ch;
+}
+
+void FlaMapChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaPrepare(job, buf, c, hv, scratch, true);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, L = ch.L, gk = s.gk;
+  const int64_t HV = job.shape.HV;
+  const size_t slot = static_cast<size_t>(c * HV + hv);
+  float* T = buf.T + slot * C * C;
+  const size_t Kp = RoundUp(K, kPad);
+  float* W = buf.W + slot * C * Kp;
+  float* U = buf.U + slot * C * Vp;
+  double* gam = buf.gamma + slot * C * gk;
+  const float* k = scratch + s.k;
+  const float* v = scratch + s.v;
+  const double* G = reinterpret_cast<const double*>(scratch + s.G);
+  const float* beta = scratch + s.beta;
+  float* egam = scratch + s.graw;  // K floats: one row of e^Γ at a time
+  // T = (I + A)^-1: solve against the identity (rows padded to a vector multiple).
+  std::fill(T, T + C * C, 0.f);
+  for (size_t i = 0; i < L; ++i) T[i * C + i] = 1.f;
+  SolveUnitLower(scratch + s.AP, C, T, C, L, RoundUp(L, kPad));
+  // W = T diag(β e^Γ) K, U = T diag(β) V (FLA's recompute_w_u).
+  float* Kb = scratch + s.tmpA;
+  float* Vb = scratch + s.tmpB;
+  for (size_t i = 0; i < L; ++i) {
+    ExpRow(G + i * gk, egam, gk);
+    float* kb = Kb + i * Kp;
+    if (gk > 1) {
+      MulRows(k + i * K, egam, kb, K);
+      Scale(kb, beta[i], K);
+    } else {
+      ScaleTo(k + i * K, beta[i] * egam[0], kb, K);
+    }
+    std::fill(kb + K, kb + Kp, 0.f);
+    ScaleTo(v + i * Vp, beta[i], Vb + i * Vp, Vp);
+    for (size_t d = 0; d < gk; ++d) gam[i * gk + d] = G[i * gk + d];
+  }
+  // W = T Kb: rows of W and Kb are padded to Kp columns (zero pads) so W is a GEMM output.
+  Gemm<Acc::kSet>(T, C, Kb, Kp, W, Kp, L, Kp, L, Tri::kLowerK);
+  Gemm<Acc::kSet>(T, C, Vb, Vp, U, Vp, L, Vp, L, Tri::kLowerK);
+}
+
+void FlaReduceItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, gk = s.gk;
+  const int64_t HV = job.shape.HV, hv = item.head;
+  const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
+  const size_t Kp = RoundUp(K, kPad);
+  float* S = scratch;  // K x Vp: the running state (FlaScratchFloats reserves room)
+  float* krow = S + RoundUp(K * Vp, kPad);
+  float* Kt = krow + Kp;  // K x C: decayed keys of the chunk
+  LoadState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+  int64_t c = buf.seq_first_chunk[item.seq];
+  for (int64_t t0 = 0; t0 < seq.len; t0 += buf.chunk, ++c) {
+    const size_t L = static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0));
+    const size_t slot = static_cast<size_t>(c * HV + hv);
+    std::memcpy(buf.h + slot * K * Vp, S, K * Vp * sizeof(float));
+    // v_new = U − W S
+    float* vnew = buf.v_new + slot * C * Vp;
+    std::memcpy(vnew, buf.U + slot * C * Vp, L * Vp * sizeof(float));
+    Gemm<Acc::kSub>(buf.W + slot * C * Kp, Kp, S, Vp, vnew, Vp, L, Vp, K);
+    const double* gam = buf.gamma + slot * C * gk;
+    const double* GL = gam + (L - 1) * gk;
+    // FLA's state kernel re-reads the chunk's keys from main memory.
+    for (size_t j = 0; j < L; ++j) {
+      const int64_t t = seq.bos + t0 + static_cast<int64_t>(j);
+      LoadRow(job.in.k, offset4(job.in.k, seq.batch, t, job.key_head(hv), 0), job.in.k.stride[3], K, krow);
+      if (job.opt.qk_l2norm) L2Normalize(krow, K);
+      for (size_t d = 0; d < K; ++d) {
+        const float e = std::exp(static_cast<float>(GL[gk > 1 ? d : 0] - gam[j * gk + (gk > 1 ? d : 0)]));
+        Kt[d * C + j] = krow[d] * e;
+      }
+    }
+    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), Vp);
+    Gemm<Acc::kAdd>(Kt, C, vnew, Vp, S, Vp, K, Vp, L);
+  }
+  StoreState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+}
+
+void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaPrepare(job, buf, c, hv, scratch, false);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, L = ch.L, gk = s.gk;
+  const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  const float* q = scratch + s.q;
+  const double* G = reinterpret_cast<const double*>(scratch + s.G);
+  float* Qg = scratch + s.tmpA;
+  float* O = scratch + s.tmpB;
+  float* egam = scratch + s.graw;
+  for (size_t i = 0; i < L; ++i) {
+    ExpRow(G + i * gk, egam, gk);
+    if (gk > 1)
+      MulRows(q + i * K, egam, Qg + i * K, K);
+    else
+      ScaleTo(q + i * K, egam[0], Qg + i * K, K);
+  }
+  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp, Vp, O, Vp, L, Vp, K);
+  Gemm<Acc::kAdd>(scratch + s.AP + C * C, C, buf.v_new + slot * C * Vp, Vp, O, Vp, L, Vp, L, Tri::kLowerK);
+  StoreOutputRows(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, O, Vp);
+}
+
+size_t FlaScratchFloats(const LaJob& job, int chunk) {
+  const FlaScratch s = MakeFlaScratch(job, chunk);
+  const size_t reduce = RoundUp(s.K * s.Vp, kPad) + RoundUp(s.K, kPad) + s.K * s.C + kPad;
+  return std::max(s.total, reduce);
+}
+
+const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
+int FloatLanes() { return static_cast<int>(hn::Lanes(DF())); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hanpu::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace hanpu::cpu {
+HWY_EXPORT(FusedItem);
+HWY_EXPORT(FusedArenaFloats);
+HWY_EXPORT(RecurrentItem);
+HWY_EXPORT(RecurrentArenaFloats);
+HWY_EXPORT(FlaMapChunk);
+HWY_EXPORT(FlaReduceItem);
+HWY_EXPORT(FlaOutputChunk);
+HWY_EXPORT(FlaScratchFloats);
+HWY_EXPORT(TargetName);
+HWY_EXPORT(FloatLanes);
+
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk) {
+  return HWY_DYNAMIC_DISPATCH(FusedArenaFloats)(job, width, chunk);
+}
+void fused_item(const LaJob& job, const WorkItem& item, float* arena, int chunk) {
+  HWY_DYNAMIC_DISPATCH(FusedItem)(job, item, arena, chunk);
+}
+size_t recurrent_arena_floats(const LaJob& job, int64_t width) {
+  return HWY_DYNAMIC_DISPATCH(RecurrentArenaFloats)(job, width);
+}
+void recurrent_item(const LaJob& job, const WorkItem& item, float* arena) {
+  HWY_DYNAMIC_DISPATCH(RecurrentItem)(job, item, arena);
+}
+size_t fla_scratch_floats(const LaJob& job, int chunk) { return HWY_DYNAMIC_DISPATCH(FlaScratchFloats)(job, chunk); }
+void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  HWY_DYNAMIC_DISPATCH(FlaMapChunk)(job, buf, c, hv, scratch);
+}
+void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
+  HWY_DYNAMIC_DISPATCH(FlaReduceItem)(job, buf, item, scratch);
+}
+void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  HWY_DYNAMIC_DISPATCH(FlaOutputChunk)(job, buf, c, hv, scratch);
+}
+const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+int simd_float_lanes() { return HWY_DYNAMIC_DISPATCH(FloatLanes)(); }
+
+DenormalGuard::DenormalGuard() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned csr;
+  __asm__ volatile("stmxcsr %0" : "=m"(csr));
+  saved_ = csr;
+  csr |= 0x8040u;  // FTZ (bit 15) and DAZ (bit 6)
+  __asm__ volatile("ldmxcsr %0" : : "m"(csr));
+#endif
+}
+DenormalGuard::~DenormalGuard() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned csr = saved_;
+  __asm__ volatile("ldmxcsr %0" : : "m"(csr));
+#endif
+}
+
+}  // namespace hanpu::cpu
+#endif

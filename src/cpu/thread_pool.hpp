@@ -1,0 +1,43 @@
+// A small pool of pinned worker threads for static (planned) work assignment: run(n, fn) calls
+// fn(t) for t in [0, n) with t = 0 on the calling thread, and returns when all are done.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace hanpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+  /// Runs fn(t) for t in [0, n), n <= size(); rethrows the first exception a worker raised.
+  void run(int n, const std::function<void(int)>& fn);
+
+  /// A process-wide pool with `threads` threads (re-created when the count changes).
+  static ThreadPool& shared(int threads);
+
+ private:
+  void worker_loop(int index);
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(int)>* job_ = nullptr;
+  int job_n_ = 0;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+/// Number of hardware threads this process may use (sched affinity).
+int hardware_threads();
+
+}  // namespace hanpu

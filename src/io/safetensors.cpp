@@ -1,0 +1,398 @@
+#include "io/safetensors.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <new>
+#include <set>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+namespace hanpu {
+
+// Safetensors is little-endian and we hand out views of the file bytes as-is.
+static_assert(std::endian::native == std::endian::little, "hanpu's safetensors I/O assumes a little-endian host");
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // real headers are kilobytes; more is a broken file
+constexpr size_t kBufferAlignment = 64;             // cache line; also enough for every dtype
+// A valid header nests objects/arrays 3 deep ({name: {shape: [...]}}); anything much deeper is not
+// safetensors and is refused before parsing so a hostile file cannot exhaust the stack.
+constexpr int kMaxJsonDepth = 16;
+
+std::string quoted(const std::string& s) { return "'" + s + "'"; }
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw Error("safetensors file " + quoted(path) + ": " + what);
+}
+[[noreturn]] void fail_tensor(const std::string& path, const std::string& name, const std::string& what) {
+  fail(path, "tensor " + quoted(name) + ": " + what);
+}
+
+std::byte* aligned_alloc_bytes(size_t n) {
+  // At least one alignment unit so that even an empty data section gives a non-null pointer:
+  // TensorView treats data == nullptr as "absent", and zero-element tensors are not absent.
+  const size_t size = std::max(n, kBufferAlignment);
+  return static_cast<std::byte*>(::operator new(size, std::align_val_t{kBufferAlignment}));
+}
+
+// Returns the maximum nesting depth of JSON arrays/objects in `text`, ignoring brackets inside
+// strings. Stops counting early once `limit` is exceeded.
+int json_nesting_depth(const std::string& text, int limit) {
+  int depth = 0, max_depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') {
+      max_depth = std::max(max_depth, ++depth);
+      if (max_depth > limit) return max_depth;
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return max_depth;
+}
+
+const char* json_kind(const json& j) { return j.type_name(); }
+
+// Reads a JSON value that must be a non-negative integer fitting in int64 (dims and offsets).
+// Returns false with `why` set otherwise.
+bool as_non_negative_int(const json& j, uint64_t& out, std::string& why) {
+  if (j.is_number_unsigned()) {
+    out = j.get<uint64_t>();
+    if (out > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      why = "too large (" + std::to_string(out) + ")";
+      return false;
+    }
+    return true;
+  }
+  if (j.is_number_integer()) {  // signed and not unsigned: negative
+    why = "negative (" + std::to_string(j.get<int64_t>()) + ")";
+    return false;
+  }
+  why = std::string("not an integer (found ") + json_kind(j) + " " + j.dump() + ")";
+  return false;
+}
+
+const char* const kSafetensorsDtypesHanpuRejects[] = {"BOOL", "U8",  "I8",      "I16",     "U16",
+                                                      "U32",  "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0",
+                                                      "F6_E2M3", "F6_E3M2", "F4", "C64"};
+
+DType parse_dtype(const std::string& path, const std::string& name, const json& j) {
+  if (!j.is_string())
+    fail_tensor(path, name, std::string("\"dtype\" must be a string, found ") + json_kind(j) + " " + j.dump());
+  const std::string dt = j.get<std::string>();
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64})
+    if (dt == dtype_name(d)) return d;
+  const bool known = std::find(std::begin(kSafetensorsDtypesHanpuRejects), std::end(kSafetensorsDtypesHanpuRejects),
+                               dt) != std::end(kSafetensorsDtypesHanpuRejects);
+  fail_tensor(path, name,
+              "dtype " + quoted(dt) +
+                  (known ? " is a valid safetensors dtype but is not supported by hanpu" : " is not a known dtype") +
+                  " (expected one of F32, F16, BF16, F64, I32, I64)");
+}
+
+// Copies a strided view element by element into `dst` (contiguous, row-major).
+void gather_contiguous(const TensorView& v, std::byte* dst) {
+  const size_t esize = dtype_size(v.dtype);
+  const int64_t n = v.numel();
+  if (n == 0) return;
+  if (v.is_contiguous()) {
+    std::memcpy(dst, v.data, static_cast<size_t>(n) * esize);
+    return;
+  }
+  const auto* src = static_cast<const std::byte*>(v.data);
+  std::array<int64_t, kMaxRank> index{};
+  const int inner = v.rank - 1;  // rank >= 1 here: a rank-0 view is always contiguous
+  const int64_t inner_len = v.shape[inner], inner_stride = v.stride[inner];
+  for (int64_t done = 0; done < n; done += inner_len) {
+    int64_t base = 0;
+    for (int d = 0; d < inner; ++d) base += index[d] * v.stride[d];
+    for (int64_t i = 0; i < inner_len; ++i) {
+      std::memcpy(dst, src + (base + i * inner_stride) * static_cast<int64_t>(esize), esize);
+      dst += esize;
+    }
+    for (int d = inner - 1; d >= 0; --d) {  // odometer over the outer dimensions
+      if (++index[d] < v.shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+void SafetensorsFile::AlignedFree::operator()(std::byte* p) const {
+  ::operator delete(p, std::align_val_t{kBufferAlignment});
+}
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile file;
+  file.path_ = path;
+
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) fail(path, "file does not exist");
+  if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, expected a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(path, "cannot open for reading");
+  in.seekg(0, std::ios::end);
+  const std::streamoff file_size_signed = in.tellg();
+  if (file_size_signed < 0) fail(path, "cannot determine the file size");
+  const uint64_t file_size = static_cast<uint64_t>(file_size_signed);
+  in.seekg(0, std::ios::beg);
+
+  if (file_size < 8)
+    fail(path, "file is " + std::to_string(file_size) + " bytes, shorter than the 8-byte header length field");
+  unsigned char length_bytes[8];
+  if (!in.read(reinterpret_cast<char*>(length_bytes), 8)) fail(path, "cannot read the header length");
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = header_len << 8 | length_bytes[i];
+  if (header_len > kMaxHeaderBytes)
+    fail(path, "header length " + std::to_string(header_len) + " bytes is absurd (limit " +
+                   std::to_string(kMaxHeaderBytes) + "); not a safetensors file?");
+  if (header_len > file_size - 8)
+    fail(path, "header length " + std::to_string(header_len) + " exceeds the " + std::to_string(file_size - 8) +
+                   " bytes that follow it (truncated file?)");
+
+  std::string header_text(header_len, '\0');
+  if (!in.read(header_text.data(), static_cast<std::streamsize>(header_len))) fail(path, "cannot read the header");
+  if (json_nesting_depth(header_text, kMaxJsonDepth) > kMaxJsonDepth)
+    fail(path, "header JSON is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels; not a safetensors header");
+  json header;
+  try {
+    header = json::parse(header_text);
+  } catch (const json::exception& e) {
+    fail(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) fail(path, std::string("header must be a JSON object, found ") + json_kind(header));
+
+  const uint64_t data_size = file_size - 8 - header_len;
+
+  // --- validate every entry before touching the data -------------------------------------------
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string& name = it.key();
+    const json& entry = it.value();
+    if (name == "__metadata__") {
+      if (!entry.is_object())
+        fail(path, std::string("\"__metadata__\" must be an object of strings, found ") + json_kind(entry));
+      for (auto m = entry.begin(); m != entry.end(); ++m) {
+        if (!m.value().is_string())
+          fail(path, "\"__metadata__\" value for key " + quoted(m.key()) + " must be a string, found " +
+                         json_kind(m.value()));
+        file.metadata_[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object())
+      fail_tensor(path, name, std::string("entry must be an object with dtype/shape/data_offsets, found ") +
+                                  json_kind(entry));
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!entry.contains(field)) fail_tensor(path, name, std::string("entry has no \"") + field + "\"");
+
+    Entry e;
+    e.dtype = parse_dtype(path, name, entry["dtype"]);
+
+    const json& shape = entry["shape"];
+    if (!shape.is_array())
+      fail_tensor(path, name, std::string("\"shape\" must be an array, found ") + json_kind(shape) + " " + shape.dump());
+    if (shape.size() > static_cast<size_t>(kMaxRank))
+      fail_tensor(path, name, "rank " + std::to_string(shape.size()) + " is above hanpu's maximum of " +
+                                  std::to_string(kMaxRank) + " (shape " + shape.dump() + ")");
+    // The size is computed with overflow checks: a hostile shape like [2^40, 2^40] must not wrap
+    // around to a small byte count that happens to match data_offsets. Zero dims are skipped in
+    // the check but the remaining product must still fit, because TensorView::numel() multiplies
+    // the dims in order and would overflow on [2^40, 2^40, 0] before reaching the zero.
+    uint64_t nonzero_bytes = dtype_size(e.dtype);
+    bool has_zero_dim = false;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      uint64_t dim = 0;
+      std::string why;
+      if (!as_non_negative_int(shape[d], dim, why))
+        fail_tensor(path, name, "shape " + shape.dump() + ": dimension " + std::to_string(d) + " is " + why);
+      e.shape.push_back(static_cast<int64_t>(dim));
+      if (dim == 0) {
+        has_zero_dim = true;
+        continue;
+      }
+      if (__builtin_mul_overflow(nonzero_bytes, dim, &nonzero_bytes) ||
+          nonzero_bytes > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail_tensor(path, name, "shape " + shape.dump() + " is too large (its byte size overflows 64 bits)");
+    }
+    const uint64_t expected_bytes = has_zero_dim ? 0 : nonzero_bytes;
+
+    const json& offsets = entry["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2)
+      fail_tensor(path, name, "\"data_offsets\" must be [begin, end], found " + offsets.dump());
+    uint64_t begin = 0, end = 0;
+    std::string why;
+    if (!as_non_negative_int(offsets[0], begin, why))
+      fail_tensor(path, name, "data_offsets begin is " + why);
+    if (!as_non_negative_int(offsets[1], end, why)) fail_tensor(path, name, "data_offsets end is " + why);
+    if (begin > end)
+      fail_tensor(path, name, "data_offsets " + offsets.dump() + " have begin > end");
+    if (end - begin != expected_bytes)
+      fail_tensor(path, name, "data_offsets " + offsets.dump() + " span " + std::to_string(end - begin) +
+                                  " bytes, expected " + std::to_string(expected_bytes) + " for dtype " +
+                                  dtype_name(e.dtype) + " and shape " + shape.dump());
+    if (end > data_size)
+      fail_tensor(path, name, "data_offsets " + offsets.dump() + " go beyond the data section of " +
+                                  std::to_string(data_size) + " bytes (truncated file?)");
+    e.begin = begin;
+    e.bytes = expected_bytes;
+    file.entries_.emplace(name, std::move(e));
+  }
+
+  // --- no two tensors may share bytes ---------------------------------------------------------
+  struct Range {
+    uint64_t begin, end;
+    const std::string* name;
+  };
+  std::vector<Range> ranges;
+  for (const auto& [name, e] : file.entries_)
+    if (e.bytes > 0) ranges.push_back({e.begin, e.begin + e.bytes, &name});  // empty ranges overlap nothing
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < ranges.size(); ++i)
+    if (ranges[i].begin < ranges[i - 1].end)
+      fail(path, "tensors " + quoted(*ranges[i - 1].name) + " (bytes " + std::to_string(ranges[i - 1].begin) + ".." +
+                     std::to_string(ranges[i - 1].end) + ") and " + quoted(*ranges[i].name) + " (bytes " +
+                     std::to_string(ranges[i].begin) + ".." + std::to_string(ranges[i].end) +
+                     ") overlap in the data section");
+
+  // --- read the data section into aligned memory ---------------------------------------------
+  try {
+    if (data_size > static_cast<uint64_t>(std::numeric_limits<std::streamsize>::max()))
+      fail(path, "data section too large");
+    file.data_.reset(aligned_alloc_bytes(static_cast<size_t>(data_size)));
+  } catch (const std::bad_alloc&) {
+    fail(path, "cannot allocate " + std::to_string(data_size) + " bytes for the data section");
+  }
+  if (data_size > 0 && !in.read(reinterpret_cast<char*>(file.data_.get()), static_cast<std::streamsize>(data_size)))
+    fail(path, "cannot read the data section (" + std::to_string(data_size) + " bytes)");
+
+  // The data section starts 64-byte aligned, so a tensor is aligned iff its offset is a multiple
+  // of its element size. Writers normally guarantee that, but the format does not require it.
+  for (auto& [name, e] : file.entries_) {
+    const size_t esize = dtype_size(e.dtype);
+    std::byte* in_file = file.data_.get() + e.begin;
+    if (e.begin % esize == 0) {
+      e.data = in_file;
+      continue;
+    }
+    e.own_copy.reset(aligned_alloc_bytes(e.bytes));
+    std::memcpy(e.own_copy.get(), in_file, e.bytes);
+    e.data = e.own_copy.get();
+  }
+  return file;
+}
+
+bool SafetensorsFile::has(const std::string& name) const { return entries_.count(name) != 0; }
+
+TensorView SafetensorsFile::get(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) {
+    std::string available;
+    for (const std::string& n : names()) available += (available.empty() ? "" : ", ") + n;
+    fail(path_, "no tensor named " + quoted(name) + " (the file has: " + (available.empty() ? "none" : available) + ")");
+  }
+  return TensorView::contiguous(it->second.data, it->second.dtype, it->second.shape);
+}
+
+Tensor SafetensorsFile::load_copy(const std::string& name) const { return copy_to_tensor(get(name)); }
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::pair<uint64_t, std::string>> by_offset;
+  for (const auto& [name, e] : entries_) by_offset.emplace_back(e.begin, name);
+  std::sort(by_offset.begin(), by_offset.end());
+  std::vector<std::string> out;
+  for (auto& [offset, name] : by_offset) out.push_back(std::move(name));
+  return out;
+}
+
+Tensor copy_to_tensor(const TensorView& view) {
+  std::vector<int64_t> shape(view.shape.begin(), view.shape.begin() + view.rank);
+  Tensor t(view.dtype, shape);
+  if (t.numel() > 0) gather_contiguous(view, static_cast<std::byte*>(t.data()));
+  return t;
+}
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, TensorView>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  std::set<std::string> seen;
+  uint64_t offset = 0;
+  for (const auto& [name, v] : tensors) {
+    if (name.empty()) fail(path, "cannot write a tensor with an empty name");
+    if (name == "__metadata__") fail(path, "\"__metadata__\" is reserved and cannot be a tensor name");
+    if (!seen.insert(name).second) fail_tensor(path, name, "name given twice");
+    if (v.rank < 0 || v.rank > kMaxRank) fail_tensor(path, name, "invalid rank " + std::to_string(v.rank));
+    json shape = json::array();
+    for (int d = 0; d < v.rank; ++d) {
+      if (v.shape[d] < 0) fail_tensor(path, name, "negative dimension in shape " + v.shape_str());
+      shape.push_back(v.shape[d]);
+    }
+    const uint64_t bytes = static_cast<uint64_t>(v.numel()) * dtype_size(v.dtype);
+    if (bytes > 0 && v.data == nullptr) fail_tensor(path, name, "view has no data (shape " + v.shape_str() + ")");
+    header[name] = {{"dtype", dtype_name(v.dtype)}, {"shape", shape}, {"data_offsets", json::array({offset, offset + bytes})}};
+    offset += bytes;
+  }
+  if (!metadata.empty()) {
+    json meta = json::object();
+    for (const auto& [k, val] : metadata) meta[k] = val;
+    header["__metadata__"] = meta;
+  }
+  std::string header_text = header.dump();
+  // Pad with spaces (allowed by the format) so the data section starts 8-byte aligned in the file,
+  // which keeps every tensor aligned for readers that mmap it.
+  header_text.append((8 - (8 + header_text.size()) % 8) % 8, ' ');
+
+  const std::string tmp_path = path + ".tmp";
+  {
+    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
+    if (!out) fail(path, "cannot open " + quoted(tmp_path) + " for writing");
+    unsigned char length_bytes[8];
+    uint64_t len = header_text.size();
+    for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
+    out.write(reinterpret_cast<const char*>(length_bytes), 8);
+    out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
+    std::vector<std::byte> scratch;
+    for (const auto& [name, v] : tensors) {
+      const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+      if (bytes == 0) continue;
+      const std::byte* src = static_cast<const std::byte*>(v.data);
+      if (!v.is_contiguous()) {
+        scratch.resize(bytes);
+        gather_contiguous(v, scratch.data());
+        src = scratch.data();
+      }
+      out.write(reinterpret_cast<const char*>(src), static_cast<std::streamsize>(bytes));
+    }
+    out.flush();
+    if (!out) {
+      out.close();
+      std::error_code ignored;
+      std::filesystem::remove(tmp_path, ignored);
+      fail(path, "write failed (disk full or not writable?)");
+    }
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp_path, path, ec);
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp_path, ignored);
+    fail(path, "cannot rename " + quoted(tmp_path) + " to the destination: " + ec.message());
+  }
+}
+
+}  // namespace hanpu

@@ -1,0 +1,188 @@
+// Input validation for the LA operators: every error names the tensor, what it got and what it
+// expected, so that a user with a wrong file or a wrong call knows what to fix.
+#include <cmath>
+#include <sstream>
+
+#include "la/job.hpp"
+
+namespace hanpu {
+
+const char* variant_name(Variant v) { return v == Variant::GDN ? "gdn" : "kda"; }
+
+const char* cpu_path_name(CpuPath p) {
+  switch (p) {
+    case CpuPath::HeadFused: return "hanpu";
+    case CpuPath::FlaChunk: return "fla";
+    case CpuPath::Recurrent: return "recurrent";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string dims(std::initializer_list<int64_t> d) {
+  std::ostringstream os;
+  os << '[';
+  bool first = true;
+  for (int64_t x : d) {
+    os << (first ? "" : ",") << x;
+    first = false;
+  }
+  os << ']';
+  return os.str();
+}
+
+[[noreturn]] void fail(const std::string& msg) { throw Error(msg); }
+
+void require_present(const TensorView& t, const char* name) {
+  if (t.empty()) fail(std::string("missing tensor '") + name + "'");
+}
+
+void require_float(const TensorView& t, const char* name) {
+  if (!is_float(t.dtype))
+    fail(std::string("tensor '") + name + "' has dtype " + dtype_name(t.dtype) + ", expected F32, F16 or BF16");
+}
+
+void require_rank(const TensorView& t, const char* name, int rank, const char* layout) {
+  if (t.rank != rank)
+    fail(std::string("tensor '") + name + "' has rank " + std::to_string(t.rank) + " (shape " + t.shape_str() +
+         "), expected rank " + std::to_string(rank) + " " + layout);
+  for (int i = 0; i < t.rank; ++i) {
+    if (t.shape[i] < 0 || t.stride[i] < 0)
+      fail(std::string("tensor '") + name + "' has a negative dimension or stride (shape " + t.shape_str() + ")");
+  }
+}
+
+void require_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expect, const char* layout) {
+  int i = 0;
+  bool ok = t.rank == static_cast<int>(expect.size());
+  if (ok)
+    for (int64_t e : expect) ok = ok && t.shape[i++] == e;
+  if (!ok)
+    fail(std::string("tensor '") + name + "' has shape " + t.shape_str() + ", expected " + dims(expect) + " " +
+         layout);
+}
+
+int64_t cu_at(const TensorView& cu, int64_t i) {
+  const int64_t off = i * cu.stride[0];
+  return cu.dtype == DType::I32 ? static_cast<const int32_t*>(cu.data)[off] : static_cast<const int64_t*>(cu.data)[off];
+}
+
+}  // namespace
+
+LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt) {
+  LaShape s;
+  s.variant = variant;
+  require_present(in.q, "q");
+  require_present(in.k, "k");
+  require_present(in.v, "v");
+  require_present(in.g, "g");
+  require_present(in.beta, "beta");
+  for (auto [t, n] : {std::pair{&in.q, "q"}, {&in.k, "k"}, {&in.v, "v"}, {&in.g, "g"}, {&in.beta, "beta"}})
+    require_float(*t, n);
+  require_rank(in.q, "q", 4, "[B,T,H,K]");
+  s.B = in.q.shape[0];
+  s.T = in.q.shape[1];
+  s.H = in.q.shape[2];
+  s.K = in.q.shape[3];
+  require_shape(in.k, "k", {s.B, s.T, s.H, s.K}, "[B,T,H,K] (the shape of q)");
+  require_rank(in.v, "v", 4, "[B,T,HV,V]");
+  s.HV = in.v.shape[2];
+  s.V = in.v.shape[3];
+  require_shape(in.v, "v", {s.B, s.T, s.HV, s.V}, "[B,T,HV,V] with B,T of q");
+  if (s.H < 1) fail("tensor 'q' has H = 0 heads, expected at least 1");
+  if (s.HV < s.H || s.HV % s.H != 0)
+    fail("tensor 'v' has HV = " + std::to_string(s.HV) + " value heads, expected a positive multiple of H = " +
+         std::to_string(s.H) + " (the head count of q and k)");
+  if (s.K < 1 || s.K > 256)
+    fail("tensor 'q' has head dim K = " + std::to_string(s.K) + ", expected 1 <= K <= 256");
+  if (s.V < 1 || s.V > 256)
+    fail("tensor 'v' has head dim V = " + std::to_string(s.V) + ", expected 1 <= V <= 256");
+  if (variant == Variant::GDN)
+    require_shape(in.g, "g", {s.B, s.T, s.HV}, "[B,T,HV] (GDN: one log-decay per token and value head)");
+  else
+    require_shape(in.g, "g", {s.B, s.T, s.HV, s.K}, "[B,T,HV,K] (KDA: one log-decay per key channel)");
+  require_shape(in.beta, "beta", {s.B, s.T, s.HV}, "[B,T,HV]");
+
+  if (!in.cu_seqlens.empty()) {
+    const TensorView& cu = in.cu_seqlens;
+    if (cu.dtype != DType::I32 && cu.dtype != DType::I64)
+      fail(std::string("tensor 'cu_seqlens' has dtype ") + dtype_name(cu.dtype) + ", expected I32 or I64");
+    if (cu.rank != 1 || cu.shape[0] < 2)
+      fail("tensor 'cu_seqlens' has shape " + cu.shape_str() + ", expected [N+1] with N >= 1");
+    if (s.B != 1)
+      fail("tensor 'q' has batch B = " + std::to_string(s.B) + " but cu_seqlens is given: expected B = 1 (flattened)");
+    s.varlen = true;
+    s.N = cu.shape[0] - 1;
+    if (cu_at(cu, 0) != 0)
+      fail("tensor 'cu_seqlens' starts at " + std::to_string(cu_at(cu, 0)) + ", expected 0");
+    for (int64_t i = 1; i <= s.N; ++i) {
+      if (cu_at(cu, i) < cu_at(cu, i - 1))
+        fail("tensor 'cu_seqlens' decreases at index " + std::to_string(i) + " (" + std::to_string(cu_at(cu, i - 1)) +
+             " -> " + std::to_string(cu_at(cu, i)) + "), expected non-decreasing offsets");
+    }
+    if (cu_at(cu, s.N) != s.T)
+      fail("tensor 'cu_seqlens' ends at " + std::to_string(cu_at(cu, s.N)) + ", expected T = " + std::to_string(s.T));
+  } else {
+    s.N = s.B;
+  }
+
+  if (!in.initial_state.empty()) {
+    require_float(in.initial_state, "initial_state");
+    require_shape(in.initial_state, "initial_state", {s.N, s.HV, s.K, s.V}, "[N,HV,K,V]");
+  }
+  if (opt.gate_in_kernel) {
+    if (in.A_log.empty()) fail("gate in kernel needs tensor 'A_log' [HV], which is missing");
+    require_float(in.A_log, "A_log");
+    require_shape(in.A_log, "A_log", {s.HV}, "[HV]");
+    if (!in.dt_bias.empty()) {
+      require_float(in.dt_bias, "dt_bias");
+      if (variant == Variant::GDN) {
+        require_shape(in.dt_bias, "dt_bias", {s.HV}, "[HV] (GDN)");
+      } else if (in.dt_bias.rank == 2) {
+        require_shape(in.dt_bias, "dt_bias", {s.HV, s.K}, "[HV,K] (KDA)");
+      } else {
+        require_shape(in.dt_bias, "dt_bias", {s.HV * s.K}, "[HV*K] (KDA)");
+      }
+    }
+  }
+  if (opt.allow_neg_eigval && !opt.beta_sigmoid)
+    fail("allow_neg_eigval needs beta_sigmoid (beta = 2 sigmoid(beta) is computed in kernel)");
+  if (opt.scale && !std::isfinite(*opt.scale)) fail("scale is not finite");
+  return s;
+}
+
+void validate_la_outputs(const LaShape& s, const LaOutputs& out) {
+  require_present(out.o, "o");
+  require_float(out.o, "o");
+  require_shape(out.o, "o", {s.B, s.T, s.HV, s.V}, "[B,T,HV,V]");
+  if (!out.final_state.empty()) {
+    if (out.final_state.dtype != DType::F32)
+      fail(std::string("tensor 'final_state' has dtype ") + dtype_name(out.final_state.dtype) + ", expected F32");
+    require_shape(out.final_state, "final_state", {s.N, s.HV, s.K, s.V}, "[N,HV,K,V]");
+  }
+}
+
+LaJob make_la_job(Variant variant, const LaInputs& in, const LaOptions& opt, const LaOutputs& out) {
+  LaJob job;
+  job.shape = validate_la(variant, in, opt);
+  validate_la_outputs(job.shape, out);
+  job.opt = opt;
+  job.in = in;
+  job.out = out;
+  job.scale = opt.scale ? *opt.scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(job.shape.K)));
+  job.group = job.shape.HV / job.shape.H;
+  const LaShape& s = job.shape;
+  job.seqs.resize(static_cast<size_t>(s.N));
+  for (int64_t n = 0; n < s.N; ++n) {
+    if (s.varlen) {
+      const int64_t b0 = cu_at(in.cu_seqlens, n), b1 = cu_at(in.cu_seqlens, n + 1);
+      job.seqs[n] = {0, b0, b1 - b0};
+    } else {
+      job.seqs[n] = {n, 0, s.T};
+    }
+  }
+  return job;
+}
+
+}  // namespace hanpu

@@ -1,0 +1,311 @@
+// Every CPU path against the fp64 token-by-token reference.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+
+#include "hanpu/cpu_plan.hpp"
+#include "la_testing.hpp"
+
+namespace hanpu::testing {
+namespace {
+
+// The issue's accuracy bounds (normalized MSE): outputs by input dtype, states always 1e-10.
+double output_bound(DType dt) {
+  switch (dt) {
+    case DType::F16: return 1e-7;
+    case DType::BF16: return 1e-5;
+    default: return 1e-10;
+  }
+}
+constexpr double kStateBound = 1e-10;
+
+std::string fmt(double x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", x);
+  return buf;
+}
+
+const CpuPath kPaths[] = {CpuPath::HeadFused, CpuPath::FlaChunk, CpuPath::Recurrent};
+
+void expect_accurate(const Problem& p, const LaReference& ref, CpuPath path, int threads) {
+  const Accuracy a = run_and_compare(p, ref, ExecOptions{path, threads, nullptr});
+  EXPECT_LE(a.o, output_bound(p.spec.dtype)) << cpu_path_name(path) << " o: " << p.spec.describe();
+  EXPECT_LE(a.state, kStateBound) << cpu_path_name(path) << " state: " << p.spec.describe();
+}
+
+TEST(LaPaths, SmallGdnAllPaths) {
+  ProblemSpec s;
+  s.T = 130;
+  s.H = 2;
+  s.HV = 4;
+  s.K = 32;
+  s.V = 48;
+  const Problem p = make_problem(s);
+  const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+  for (CpuPath path : kPaths)
+    for (int th : {1, 2, 3}) expect_accurate(p, ref, path, th);
+}
+
+TEST(LaPaths, SmallKdaAllPaths) {
+  ProblemSpec s;
+  s.variant = Variant::KDA;
+  s.T = 130;
+  s.H = 2;
+  s.HV = 4;
+  s.K = 32;
+  s.V = 48;
+  const Problem p = make_problem(s);
+  const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+  for (CpuPath path : kPaths)
+    for (int th : {1, 2, 3}) expect_accurate(p, ref, path, th);
+}
+
+// The random grid of the issue: T, K, V, HV/H, dtypes, gate regimes, options; every path.
+TEST(LaGrid, RandomInstancesAgainstFp64Reference) {
+  const int64_t Ts[] = {1, 15, 63, 64, 65, 75, 500, 1500};
+  const int64_t dims[] = {1, 60, 64, 100, 128, 256};
+  const int64_t groups[] = {1, 2, 4};
+  const DType dtypes[] = {DType::F32, DType::F16, DType::BF16};
+  const GateRegime regimes[] = {GateRegime::kMild, GateRegime::kStrong, GateRegime::kMasked, GateRegime::kZeros};
+  std::mt19937_64 rng(20261129);
+  auto pick = [&](const auto& arr) { return arr[rng() % std::size(arr)]; };
+  constexpr int kInstances = 360;
+  // Keep the fp64 reference affordable: at most this many (token x head x K x V) per instance.
+  constexpr double kWorkBudget = 1.2e7;
+  struct Worst {
+    double ratio = 0;
+    std::string what;
+  } worst_o, worst_s;
+  int done = 0;
+  while (done < kInstances) {
+    ProblemSpec s;
+    s.variant = rng() % 2 ? Variant::KDA : Variant::GDN;
+    s.T = pick(Ts);
+    s.K = pick(dims);
+    s.V = pick(dims);
+    s.H = 1 + static_cast<int64_t>(rng() % 3);
+    s.HV = s.H * pick(groups);
+    s.B = 1 + static_cast<int64_t>(rng() % 2);
+    s.dtype = pick(dtypes);
+    s.gates = pick(regimes);
+    s.initial_state = rng() % 4 != 0;
+    s.opt.qk_l2norm = rng() % 3 == 0;
+    s.opt.gate_in_kernel = rng() % 5 == 0;
+    s.opt.beta_sigmoid = rng() % 4 == 0;
+    s.seed = rng();
+    if (rng() % 6 == 0) {  // varlen batch: a 15-token sequence next to longer ones
+      s.seqlens = {15, 1 + static_cast<int64_t>(rng() % 300), 64};
+    }
+    const double work = static_cast<double>((s.seqlens.empty() ? s.B * s.T : 400)) * s.HV * s.K * s.V;
+    if (work > kWorkBudget) continue;
+    const Problem p = make_problem(s);
+    const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+    const CpuPath path = kPaths[done % 3];
+    const int threads = 1 + done % 3;
+    const Accuracy a = run_and_compare(p, ref, ExecOptions{path, threads, nullptr});
+    const std::string what = std::string(cpu_path_name(path)) + " threads=" + std::to_string(threads) + " " + s.describe();
+    EXPECT_LE(a.o, output_bound(s.dtype)) << "o nmse " << a.o << ": " << what;
+    EXPECT_LE(a.state, kStateBound) << "state nmse " << a.state << ": " << what;
+    const double ro = a.o / output_bound(s.dtype), rs = a.state / kStateBound;
+    if (ro >= worst_o.ratio) worst_o = {ro, "o nmse " + fmt(a.o) + " " + what};
+    if (rs >= worst_s.ratio) worst_s = {rs, "state nmse " + fmt(a.state) + " " + what};
+    ++done;
+  }
+  std::printf("[grid] %d instances; worst output (%.3g of bound): %s\n", done, worst_o.ratio, worst_o.what.c_str());
+  std::printf("[grid] worst state (%.3g of bound): %s\n", worst_s.ratio, worst_s.what.c_str());
+}
+
+TEST(LaPaths, HeadsNotMultipleOfThreadsAndColumnSplits) {
+  for (Variant var : {Variant::GDN, Variant::KDA}) {
+    ProblemSpec s;
+    s.variant = var;
+    s.T = 200;
+    s.H = 3;
+    s.HV = 3;
+    s.K = 64;
+    s.V = 100;
+    const Problem p = make_problem(s);
+    const LaReference ref = la_reference(var, p.inputs(), s.opt);
+    for (int th : {2, 4, 5}) expect_accurate(p, ref, CpuPath::HeadFused, th);
+  }
+}
+
+TEST(LaPaths, ExplicitPlansGiveTheSameResult) {
+  ProblemSpec s;
+  s.T = 150;
+  s.H = 1;
+  s.HV = 2;
+  s.K = 64;
+  s.V = 64;
+  const Problem p = make_problem(s);
+  const LaResult base = la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 1, nullptr});
+  // One head on many threads: every column of V in its own block, spread over 3 threads.
+  CpuPlan plan;
+  plan.threads = 3;
+  plan.per_thread.resize(3);
+  int t = 0;
+  for (int hv = 0; hv < 2; ++hv)
+    for (int c = 0; c < 64; c += 16) plan.per_thread[(t++) % 3].push_back({0, hv, c, c + 16});
+  const LaResult split = la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 3, &plan});
+  EXPECT_LE(nmse(split.o, [&] {
+              Tensor d(DType::F64, base.o.shape());
+              for (int64_t i = 0; i < d.numel(); ++i) d.set(i, base.o.get(i));
+              return d;
+            }()),
+            1e-12);
+}
+
+TEST(LaPlan, TailTiers) {
+  LaShape s;
+  s.HV = 3;
+  s.V = 128;
+  s.N = 1;
+  // 3 heads on 2 threads: 2 whole heads + the third split in two column blocks.
+  CpuPlan p = make_cpu_plan(s, {1024}, 2);
+  size_t items = p.per_thread[0].size() + p.per_thread[1].size();
+  EXPECT_EQ(items, 4u);
+  EXPECT_TRUE(p.chunk_parallel.empty());
+  // One head, 4 threads: four column blocks of 32.
+  s.HV = 1;
+  p = make_cpu_plan(s, {1024}, 4);
+  for (const auto& per : p.per_thread) {
+    ASSERT_EQ(per.size(), 1u);
+    EXPECT_EQ(per[0].col1 - per[0].col0, 32);
+  }
+  // One head of V = 16 on 2 threads: cannot split columns: chunk-parallel fallback.
+  s.V = 16;
+  p = make_cpu_plan(s, {1024}, 2);
+  EXPECT_EQ(p.chunk_parallel.size(), 1u);
+}
+
+TEST(LaPaths, ChunkParallelFallbackIsExact) {
+  ProblemSpec s;
+  s.T = 300;
+  s.K = 32;
+  s.V = 16;
+  const Problem p = make_problem(s);
+  const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+  expect_accurate(p, ref, CpuPath::HeadFused, 2);
+}
+
+// Varlen with a 15-token and a multi-thousand-token sequence equals per-sequence runs.
+TEST(LaVarlen, EqualsPerSequenceRuns) {
+  for (Variant var : {Variant::GDN, Variant::KDA}) {
+    ProblemSpec s;
+    s.variant = var;
+    s.seqlens = {15, 2100, 77};
+    s.H = 1;
+    s.HV = 2;
+    s.K = 32;
+    s.V = 32;
+    s.gates = GateRegime::kMasked;
+    const Problem p = make_problem(s);
+    const LaResult whole = la_prefill_alloc(var, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 2, nullptr});
+    int64_t bos = 0;
+    for (size_t n = 0; n < s.seqlens.size(); ++n) {
+      const int64_t len = s.seqlens[n];
+      // Slice the inputs of sequence n into a B=1 problem of its own.
+      ProblemSpec one = s;
+      one.seqlens.clear();
+      one.B = 1;
+      one.T = len;
+      Problem q = make_problem(one);
+      const int64_t K = s.K, V = s.V, HV = s.HV, H = s.H, gk = var == Variant::GDN ? 1 : K;
+      for (int64_t i = 0; i < len * H * K; ++i) {
+        q.q.set(i, p.q.get(bos * H * K + i));
+        q.k.set(i, p.k.get(bos * H * K + i));
+      }
+      for (int64_t i = 0; i < len * HV * V; ++i) q.v.set(i, p.v.get(bos * HV * V + i));
+      for (int64_t i = 0; i < len * HV * gk; ++i) q.g.set(i, p.g.get(bos * HV * gk + i));
+      for (int64_t i = 0; i < len * HV; ++i) q.beta.set(i, p.beta.get(bos * HV + i));
+      for (int64_t i = 0; i < HV * K * V; ++i) q.h0.set(i, p.h0.get(static_cast<int64_t>(n) * HV * K * V + i));
+      const LaResult sep = la_prefill_alloc(var, q.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 1, nullptr});
+      for (int64_t i = 0; i < len * HV * V; ++i)
+        ASSERT_NEAR(sep.o.get(i), whole.o.get(bos * HV * V + i), 1e-5) << "seq " << n << " o[" << i << "]";
+      for (int64_t i = 0; i < HV * K * V; ++i)
+        ASSERT_NEAR(sep.final_state.get(i), whole.final_state.get(static_cast<int64_t>(n) * HV * K * V + i), 1e-5)
+            << "seq " << n << " state[" << i << "]";
+      bos += len;
+    }
+  }
+}
+
+// Prefill of T1 tokens then decode of n tokens equals one prefill of T1 + n.
+TEST(LaDecode, PrefillThenDecodeEqualsLongerPrefill) {
+  for (Variant var : {Variant::GDN, Variant::KDA}) {
+    ProblemSpec s;
+    s.variant = var;
+    s.B = 2;
+    s.T = 140;
+    s.H = 2;
+    s.HV = 4;
+    s.K = 60;
+    s.V = 100;
+    s.dtype = DType::BF16;
+    const Problem full = make_problem(s);
+    const LaResult ref = la_prefill_alloc(var, full.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 2, nullptr});
+    const int64_t T1 = 130;
+    // Views of the first T1 tokens and of each later token (strided views into the same tensors).
+    auto first = [&](const Tensor& t, int64_t t0, int64_t len) {
+      TensorView v = t.view();
+      v.data = static_cast<std::byte*>(v.data) + t0 * v.stride[1] * static_cast<int64_t>(dtype_size(v.dtype));
+      v.shape[1] = len;
+      return v;
+    };
+    LaInputs in = full.inputs();
+    LaInputs pre = in;
+    pre.q = first(full.q, 0, T1);
+    pre.k = first(full.k, 0, T1);
+    pre.v = first(full.v, 0, T1);
+    pre.g = first(full.g, 0, T1);
+    pre.beta = first(full.beta, 0, T1);
+    const LaResult pr = la_prefill_alloc(var, pre, s.opt, ExecOptions{CpuPath::HeadFused, 2, nullptr});
+    Tensor state = pr.final_state;
+    Tensor o1(DType::BF16, {s.B, 1, s.HV, s.V});
+    for (int64_t t = T1; t < s.T; ++t) {
+      LaInputs step = in;
+      step.q = first(full.q, t, 1);
+      step.k = first(full.k, t, 1);
+      step.v = first(full.v, t, 1);
+      step.g = first(full.g, t, 1);
+      step.beta = first(full.beta, t, 1);
+      step.initial_state = TensorView{};
+      if (var == Variant::GDN)
+        gdn_decode(step, s.opt, state.view(), o1.view(), 2);
+      else
+        kda_decode(step, s.opt, state.view(), o1.view(), 2);
+      for (int64_t b = 0; b < s.B; ++b)
+        for (int64_t i = 0; i < s.HV * s.V; ++i) {
+          const double got = o1.get(b * s.HV * s.V + i);
+          const double want = ref.o.get((b * s.T + t) * s.HV * s.V + i);
+          ASSERT_NEAR(got, want, 2e-2 * std::max(1.0, std::abs(want))) << "token " << t << " b " << b;
+        }
+    }
+    for (int64_t i = 0; i < state.numel(); ++i)
+      ASSERT_NEAR(state.get(i), ref.final_state.get(i), 1e-4 * std::max(1.0, std::abs(ref.final_state.get(i))));
+  }
+}
+
+// Chunk equals recurrent directly (not only through the reference).
+TEST(LaPaths, ChunkEqualsRecurrent) {
+  ProblemSpec s;
+  s.variant = Variant::KDA;
+  s.T = 333;
+  s.H = 2;
+  s.HV = 2;
+  s.K = 100;
+  s.V = 60;
+  s.gates = GateRegime::kStrong;
+  const Problem p = make_problem(s);
+  const LaResult a = la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 2, nullptr});
+  const LaResult b = la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::Recurrent, 2, nullptr});
+  Tensor bo(DType::F64, b.o.shape()), bs(DType::F64, b.final_state.shape());
+  for (int64_t i = 0; i < bo.numel(); ++i) bo.set(i, b.o.get(i));
+  for (int64_t i = 0; i < bs.numel(); ++i) bs.set(i, b.final_state.get(i));
+  EXPECT_LE(nmse(a.o, bo), 1e-10);
+  EXPECT_LE(nmse(a.final_state, bs), 1e-10);
+}
+
+}  // namespace
+}  // namespace hanpu::testing
