@@ -35,7 +35,9 @@ struct CpuPlan {
   std::string describe() const;
 };
 
-struct HostInfo;
+/// Throws hanpu::Error unless every item is in range and the items (head-fused and
+/// chunk-parallel together) cover every (sequence, value head, column) exactly once.
+void validate_cpu_plan(const CpuPlan& plan, const LaShape& shape);
 
 /// Head-level mapping with the three tail tiers of ha-npu.md §3:
 ///  1. whole (sequence, head) items, longest first, to the least-loaded thread;

@@ -56,6 +56,9 @@ struct ExecOptions {
   CpuPath path = CpuPath::HeadFused;
   int threads = 0;                // 0: all hardware threads
   const CpuPlan* plan = nullptr;  // optional explicit plan (HeadFused); made from the shapes if null
+  /// If set, receives the bytes of working memory the call allocated beyond its inputs and
+  /// outputs (per-thread arenas, and for the FLA-style path its main-memory intermediates).
+  size_t* workspace_bytes = nullptr;
 };
 
 /// Shapes after validation; produced by validate_la (throws hanpu::Error naming the tensor).

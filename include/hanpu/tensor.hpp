@@ -54,6 +54,28 @@ struct TensorView {
   static TensorView contiguous(void* data, DType dtype, const std::vector<int64_t>& shape);
 };
 
+/// Owned zero-initialised bytes, 64-byte aligned. Buffers of 2 MiB and more are 2 MiB aligned and
+/// ask the kernel for transparent huge pages: LA kernels read one row per head per token, a page
+/// apart, and with 4 KiB pages every row costs a TLB miss.
+class ByteBuffer {
+ public:
+  ByteBuffer() = default;
+  explicit ByteBuffer(size_t bytes);
+  ByteBuffer(const ByteBuffer& other);
+  ByteBuffer& operator=(const ByteBuffer& other);
+  ByteBuffer(ByteBuffer&& other) noexcept;
+  ByteBuffer& operator=(ByteBuffer&& other) noexcept;
+  ~ByteBuffer();
+  std::byte* data() { return data_; }
+  const std::byte* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  std::byte* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 /// An owned, contiguous, zero-initialised tensor.
 class Tensor {
  public:
@@ -79,7 +101,7 @@ class Tensor {
  private:
   DType dtype_ = DType::F32;
   std::vector<int64_t> shape_;
-  std::vector<std::byte> storage_;
+  ByteBuffer storage_;
 };
 
 // --- scalar conversions (round-to-nearest-even) -----------------------------------------------

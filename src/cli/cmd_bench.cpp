@@ -1,3 +1,212 @@
+// `hanpu bench`: GDN and KDA prefill on synthetic inputs through the head-fused path, the
+// FLA-style baseline and the recurrent form, next to the machine's FMA peak measured in the same
+// run. The operation count is la_flops_per_token_head (docs/PERFORMANCE.md).
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <vector>
+
 #include "cli/commands.hpp"
-void register_bench_command(CLI::App& app) { (void)app; }
+#include "cpu/kernels.hpp"
+#include "cpu/thread_pool.hpp"
+#include "device/host.hpp"
+#include "hanpu/la.hpp"
+
+namespace {
+
+using namespace hanpu;
+
+struct BenchArgs {
+  std::vector<std::string> variants{"gdn", "kda"};
+  std::vector<int64_t> Ts{512, 1024, 2048, 4096, 16384};
+  std::vector<int64_t> heads{16, 32, 48};
+  std::vector<std::string> dtypes{"f32", "bf16"};
+  std::vector<int> threads;  // default: 1 and all
+  std::vector<std::string> paths{"hanpu", "fla", "recurrent"};
+  int64_t dim = 128;
+  double min_seconds = 0.2;  // per row: repeat until this much time (and at least min_reps)
+  int min_reps = 3;
+  bool json = false;
+};
+
+struct Inputs {
+  Tensor q, k, v, g, beta;
+};
+
+// FLA-test-like synthetic data: q, k L2-normalised, v normal, g = logsigmoid(U[0,1)), beta =
+// sigmoid(U[0,1)); a fixed seed so every row of a run sees the same data.
+Inputs make_inputs(Variant var, int64_t T, int64_t H, int64_t K, int64_t V, DType dt) {
+  std::mt19937_64 rng(42);
+  std::normal_distribution<float> nrm(0.f, 1.f);
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  Inputs in{Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, H, V}),
+            var == Variant::GDN ? Tensor(DType::F32, {1, T, H}) : Tensor(DType::F32, {1, T, H, K}),
+            Tensor(DType::F32, {1, T, H})};
+  std::vector<float> row(static_cast<size_t>(K));
+  for (Tensor* t : {&in.q, &in.k}) {
+    for (int64_t r = 0; r < T * H; ++r) {
+      float ss = 0;
+      for (float& x : row) ss += (x = nrm(rng)) * x;
+      const float inv = 1.f / std::sqrt(ss + 1e-6f);
+      for (int64_t d = 0; d < K; ++d) t->set(r * K + d, row[static_cast<size_t>(d)] * inv);
+    }
+  }
+  for (int64_t i = 0; i < in.v.numel(); ++i) in.v.set(i, nrm(rng));
+  for (int64_t i = 0; i < in.g.numel(); ++i) in.g.set(i, -std::log1p(std::exp(-uni(rng))));
+  for (int64_t i = 0; i < in.beta.numel(); ++i) in.beta.set(i, 1.f / (1.f + std::exp(-uni(rng))));
+  return in;
+}
+
+struct Row {
+  std::string variant, path, dtype;
+  int64_t T, heads, K, V;
+  int threads;
+  double ms, tokens_per_s, gflops, peak_gflops, peak_fraction;
+  size_t extra_bytes;
+  int reps;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+CpuPath parse_path(const std::string& p) {
+  if (p == "hanpu") return CpuPath::HeadFused;
+  if (p == "fla") return CpuPath::FlaChunk;
+  if (p == "recurrent") return CpuPath::Recurrent;
+  throw Error("unknown path '" + p + "' (expected hanpu, fla or recurrent)");
+}
+
+void print_header() {
+  std::printf("%-4s %-9s %6s %5s %-4s %3s %10s %11s %9s %7s %10s\n", "var", "path", "T", "heads", "dt", "thr", "ms",
+              "tokens/s", "GFLOP/s", "%peak", "extra MiB");
+}
+
+void print_row(const Row& r) {
+  std::printf("%-4s %-9s %6lld %5lld %-4s %3d %10.3f %11.0f %9.1f %6.1f%% %10.2f\n", r.variant.c_str(), r.path.c_str(),
+              static_cast<long long>(r.T), static_cast<long long>(r.heads), r.dtype.c_str(), r.threads, r.ms,
+              r.tokens_per_s, r.gflops, 100.0 * r.peak_fraction, static_cast<double>(r.extra_bytes) / (1 << 20));
+  std::fflush(stdout);
+}
+
+void run_bench(const BenchArgs& a) {
+  const int all = hardware_threads();
+  std::vector<int> thread_counts = a.threads;
+  if (thread_counts.empty()) thread_counts = all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
+  std::sort(thread_counts.begin(), thread_counts.end());
+  thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+
+  // The limit, measured in this run: FP32 FMA peak for 1 thread and for each thread count used.
+  const HostInfo host = detect_host();
+  std::map<int, double> peak;
+  double bandwidth = 0;
+  for (int t : thread_counts) {
+    const HostMeasurement m = measure_host(t, 0.6);
+    peak[t] = t == 1 ? m.fma_peak_gflops_1thread : m.fma_peak_gflops_all;
+    bandwidth = std::max(bandwidth, m.mem_bandwidth_gbs);
+  }
+  if (!a.json) {
+    std::printf("hanpu bench: %s, %d hardware threads, SIMD %s (%d f32 lanes)\n", host.cpu_model.c_str(), all,
+                cpu::simd_target_name(), cpu::simd_float_lanes());
+    for (auto [t, p] : peak) std::printf("measured FP32 FMA peak, %d thread%s: %.1f GFLOP/s\n", t, t > 1 ? "s" : "", p);
+    std::printf("measured memory read bandwidth: %.1f GB/s\n", bandwidth);
+    std::printf("op count: %.1f kFLOP per token per head (K=V=%lld; GEMM-first chunk-64 count, docs/PERFORMANCE.md)\n\n",
+                la_flops_per_token_head(Variant::GDN, a.dim, a.dim) / 1e3, static_cast<long long>(a.dim));
+    print_header();
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& vname : a.variants) {
+    if (vname != "gdn" && vname != "kda") throw Error("unknown variant '" + vname + "' (expected gdn or kda)");
+    const Variant var = vname == "gdn" ? Variant::GDN : Variant::KDA;
+    for (const std::string& dname : a.dtypes) {
+      if (dname != "f32" && dname != "bf16" && dname != "f16")
+        throw Error("unknown dtype '" + dname + "' (expected f32, bf16 or f16)");
+      const DType dt = dname == "f32" ? DType::F32 : dname == "bf16" ? DType::BF16 : DType::F16;
+      for (int64_t H : a.heads) {
+        for (int64_t T : a.Ts) {
+          if (T < 1 || H < 1) throw Error("--T and --heads must be positive");
+          const Inputs in = make_inputs(var, T, H, a.dim, a.dim, dt);
+          LaInputs li;
+          li.q = in.q.view();
+          li.k = in.k.view();
+          li.v = in.v.view();
+          li.g = in.g.view();
+          li.beta = in.beta.view();
+          Tensor o(dt, {1, T, H, a.dim}), ht(DType::F32, {1, H, a.dim, a.dim});
+          const LaOutputs lo{o.view(), ht.view()};
+          for (const std::string& pname : a.paths) {
+            const CpuPath path = parse_path(pname);
+            for (int th : thread_counts) {
+              size_t extra = 0;
+              ExecOptions ex{path, th, nullptr, &extra};
+              la_prefill(var, li, LaOptions{}, lo, ex);  // warm-up (arenas, pool, caches)
+              std::vector<double> times;
+              double total = 0;
+              while (static_cast<int>(times.size()) < a.min_reps || total < a.min_seconds) {
+                const auto t0 = std::chrono::steady_clock::now();
+                la_prefill(var, li, LaOptions{}, lo, ex);
+                const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                times.push_back(s);
+                total += s;
+                if (times.size() >= 50) break;
+              }
+              Row r{vname, pname, dname, T, H, a.dim, a.dim, th, 0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
+              const double sec = median(times);
+              r.ms = sec * 1e3;
+              r.tokens_per_s = static_cast<double>(T) / sec;
+              r.gflops = la_flops_per_token_head(var, a.dim, a.dim) * static_cast<double>(T * H) / sec / 1e9;
+              r.peak_gflops = peak[th];
+              r.peak_fraction = r.gflops / r.peak_gflops;
+              if (a.json) {
+                out.push_back({{"variant", r.variant},
+                               {"path", r.path},
+                               {"T", r.T},
+                               {"heads", r.heads},
+                               {"K", r.K},
+                               {"V", r.V},
+                               {"dtype", r.dtype},
+                               {"threads", r.threads},
+                               {"ms", r.ms},
+                               {"tokens_per_s", r.tokens_per_s},
+                               {"gflops", r.gflops},
+                               {"peak_gflops", r.peak_gflops},
+                               {"peak_fraction", r.peak_fraction},
+                               {"extra_bytes", r.extra_bytes},
+                               {"reps", r.reps},
+                               {"mem_bandwidth_gbs", bandwidth}});
+              } else {
+                print_row(r);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (a.json) std::cout << out.dump(2) << std::endl;
+}
+
+}  // namespace
+
+void register_bench_command(CLI::App& app) {
+  auto args = std::make_shared<BenchArgs>();
+  CLI::App* sub = app.add_subcommand("bench", "benchmark GDN/KDA prefill on synthetic inputs against the measured peak");
+  sub->add_option("--variant", args->variants, "gdn, kda (default both)")->delimiter(',');
+  sub->add_option("--T", args->Ts, "sequence lengths (default 512,1024,2048,4096,16384)")->delimiter(',');
+  sub->add_option("--heads", args->heads, "H = HV head counts (default 16,32,48)")->delimiter(',');
+  sub->add_option("--dtype", args->dtypes, "input dtypes: f32, bf16, f16 (default f32,bf16)")->delimiter(',');
+  sub->add_option("--threads", args->threads, "thread counts (default 1 and all)")->delimiter(',');
+  sub->add_option("--path", args->paths, "hanpu, fla, recurrent (default all)")->delimiter(',');
+  sub->add_option("--dim", args->dim, "K = V head dim (default 128)")->check(CLI::Range(1, 256));
+  sub->add_option("--min-seconds", args->min_seconds, "time per row at least (default 0.2)");
+  sub->add_flag("--json", args->json, "print the rows as a JSON array");
+  sub->callback([args] { run_bench(*args); });
+}

@@ -1,8 +1,15 @@
 #include "hanpu/tensor.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <sstream>
+#include <utility>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 namespace hanpu {
 
@@ -72,13 +79,52 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   return contiguous(data, dtype, std::vector<int64_t>(shape));
 }
 
+namespace {
+constexpr size_t kHugePage = size_t{2} << 20;
+}
+
+ByteBuffer::ByteBuffer(size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  const size_t align = bytes >= kHugePage ? kHugePage : 64;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  data_ = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
+  if (!data_) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  if (align == kHugePage) madvise(data_, rounded, MADV_HUGEPAGE);  // a hint: failure is harmless
+#endif
+  std::memset(data_, 0, bytes);
+}
+
+ByteBuffer::ByteBuffer(const ByteBuffer& other) : ByteBuffer(other.size_) {
+  if (size_) std::memcpy(data_, other.data_, size_);
+}
+
+ByteBuffer& ByteBuffer::operator=(const ByteBuffer& other) {
+  if (this != &other) *this = ByteBuffer(other);
+  return *this;
+}
+
+ByteBuffer::ByteBuffer(ByteBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+ByteBuffer& ByteBuffer::operator=(ByteBuffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+ByteBuffer::~ByteBuffer() { std::free(data_); }
+
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   int64_t n = 1;
   for (int64_t d : shape_) {
     if (d < 0) throw Error("negative tensor dimension");
     n *= d;
   }
-  storage_.assign(static_cast<size_t>(n) * dtype_size(dtype_), std::byte{0});
+  storage_ = ByteBuffer(static_cast<size_t>(n) * dtype_size(dtype_));
 }
 
 int64_t Tensor::numel() const {

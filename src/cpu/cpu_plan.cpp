@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <sstream>
+#include <string>
 
 namespace hanpu {
 
@@ -35,6 +36,35 @@ std::string CpuPlan::describe() const {
     for (const WorkItem& w : chunk_parallel) os << " (s" << w.seq << ",h" << w.head << ")";
   }
   return os.str();
+}
+
+void validate_cpu_plan(const CpuPlan& plan, const LaShape& shape) {
+  if (plan.threads < 1 || static_cast<int>(plan.per_thread.size()) != plan.threads)
+    throw Error("CpuPlan: per_thread has " + std::to_string(plan.per_thread.size()) + " lists for " +
+                std::to_string(plan.threads) + " threads");
+  // Coverage count per (sequence, head, column).
+  std::vector<uint8_t> seen(static_cast<size_t>(shape.N * shape.HV * shape.V), 0);
+  auto mark = [&](const WorkItem& w, bool whole_heads) {
+    if (w.seq < 0 || w.seq >= shape.N || w.head < 0 || w.head >= shape.HV || w.col0 < 0 || w.col1 > shape.V ||
+        w.col0 >= w.col1 || (whole_heads && (w.col0 != 0 || w.col1 != shape.V)))
+      throw Error("CpuPlan: item (seq " + std::to_string(w.seq) + ", head " + std::to_string(w.head) + ", columns " +
+                  std::to_string(w.col0) + ":" + std::to_string(w.col1) + ") is out of range for N=" +
+                  std::to_string(shape.N) + " HV=" + std::to_string(shape.HV) + " V=" + std::to_string(shape.V) +
+                  (whole_heads ? " (chunk-parallel items take whole heads)" : ""));
+    for (int32_t c = w.col0; c < w.col1; ++c) {
+      uint8_t& s = seen[static_cast<size_t>((w.seq * shape.HV + w.head) * shape.V + c)];
+      if (s++) throw Error("CpuPlan: (seq " + std::to_string(w.seq) + ", head " + std::to_string(w.head) + ", column " +
+                           std::to_string(c) + ") is covered twice");
+    }
+  };
+  for (const auto& per : plan.per_thread)
+    for (const WorkItem& w : per) mark(w, false);
+  for (const WorkItem& w : plan.chunk_parallel) mark(w, true);
+  for (size_t i = 0; i < seen.size(); ++i)
+    if (!seen[i])
+      throw Error("CpuPlan: (seq " + std::to_string(i / shape.V / shape.HV) + ", head " +
+                  std::to_string(i / shape.V % shape.HV) + ", column " + std::to_string(i % shape.V) +
+                  ") is not covered by any item");
 }
 
 CpuPlan make_cpu_plan(const LaShape& shape, const std::vector<int64_t>& seq_lens, int threads, int column_quantum) {

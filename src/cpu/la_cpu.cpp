@@ -41,22 +41,28 @@ std::vector<int64_t> seq_lengths(const LaJob& job) {
   return lens;
 }
 
-void run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk);
+size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk);
 
-void run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
+// Returns the workspace bytes: the largest arena each thread needed, summed over threads.
+size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
   ThreadPool& pool = ThreadPool::shared(plan.threads);
+  std::vector<size_t> arena_floats(static_cast<size_t>(plan.threads), 0);
   pool.run(plan.threads, [&](int t) {
     cpu::DenormalGuard ftz;
     Arena& arena = thread_arena(t);
     for (const WorkItem& item : plan.per_thread[static_cast<size_t>(t)]) {
-      float* mem = arena.get(cpu::fused_arena_floats(job, item.col1 - item.col0, chunk));
-      cpu::fused_item(job, item, mem, chunk);
+      const size_t need = cpu::fused_arena_floats(job, item.col1 - item.col0, chunk);
+      arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
+      cpu::fused_item(job, item, arena.get(need), chunk);
     }
   });
-  if (!plan.chunk_parallel.empty()) run_fla_items(job, plan.chunk_parallel, plan.threads, chunk);
+  size_t bytes = 0;
+  for (size_t f : arena_floats) bytes += f * sizeof(float);
+  if (!plan.chunk_parallel.empty()) bytes = std::max(bytes, run_fla_items(job, plan.chunk_parallel, plan.threads, chunk));
+  return bytes;
 }
 
-void run_recurrent(const LaJob& job, int threads) {
+size_t run_recurrent(const LaJob& job, int threads) {
   const CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
   std::vector<WorkItem> all;
   for (const auto& per : plan.per_thread) all.insert(all.end(), per.begin(), per.end());
@@ -70,18 +76,23 @@ void run_recurrent(const LaJob& job, int threads) {
     for (const WorkItem& w : plan.chunk_parallel) all.push_back(w);
   }
   for (size_t i = 0; i < all.size(); ++i) per[i % static_cast<size_t>(threads)].push_back(all[i]);
+  std::vector<size_t> arena_floats(static_cast<size_t>(threads), 0);
   pool.run(threads, [&](int t) {
     cpu::DenormalGuard ftz;
     Arena& arena = thread_arena(t);
     for (const WorkItem& item : per[static_cast<size_t>(t)]) {
-      float* mem = arena.get(cpu::recurrent_arena_floats(job, item.col1 - item.col0));
-      cpu::recurrent_item(job, item, mem);
+      const size_t need = cpu::recurrent_arena_floats(job, item.col1 - item.col0);
+      arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
+      cpu::recurrent_item(job, item, arena.get(need));
     }
   });
+  size_t bytes = 0;
+  for (size_t f : arena_floats) bytes += f * sizeof(float);
+  return bytes;
 }
 
 // FLA-style: all items' Map phases chunk-parallel, then the Reduce per item, then the output Map.
-void run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk) {
+size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk) {
   const LaShape& s = job.shape;
   cpu::FlaBuffers buf;
   buf.chunk = chunk;
@@ -140,6 +151,9 @@ void run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int thr
   parallel_tasks(
       [&](size_t i, float* sc) { cpu::fla_output_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
       map_tasks.size());
+  const size_t intermediates = gamma.size() * sizeof(double) +
+                               (T.size() + W.size() + U.size() + h.size() + v_new.size()) * sizeof(float);
+  return intermediates + static_cast<size_t>(threads) * scratch_floats * sizeof(float);
 }
 
 std::vector<WorkItem> whole_items(const LaJob& job) {
@@ -156,25 +170,27 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
   const LaJob job = make_la_job(variant, in, opt, out);
   const int threads = resolve_threads(ex.threads);
   constexpr int kChunk = 64;  // C = 64 tokens, as FLA: the arena and the op count assume it
+  size_t workspace = 0;
   switch (ex.path) {
     case CpuPath::HeadFused: {
       if (ex.plan) {
-        if (ex.plan->threads < 1 || static_cast<int>(ex.plan->per_thread.size()) != ex.plan->threads)
-          throw Error("CpuPlan: per_thread has " + std::to_string(ex.plan->per_thread.size()) + " lists for " +
-                      std::to_string(ex.plan->threads) + " threads");
-        run_head_fused(job, *ex.plan, ex.plan->chunk);
+        validate_cpu_plan(*ex.plan, job.shape);
+        if (ex.plan->chunk != kChunk)
+          throw Error("CpuPlan: chunk " + std::to_string(ex.plan->chunk) + " is not supported, expected 64");
+        workspace = run_head_fused(job, *ex.plan, ex.plan->chunk);
       } else {
-        run_head_fused(job, make_cpu_plan(job.shape, seq_lengths(job), threads), kChunk);
+        workspace = run_head_fused(job, make_cpu_plan(job.shape, seq_lengths(job), threads), kChunk);
       }
       break;
     }
     case CpuPath::FlaChunk:
-      run_fla_items(job, whole_items(job), threads, kChunk);
+      workspace = run_fla_items(job, whole_items(job), threads, kChunk);
       break;
     case CpuPath::Recurrent:
-      run_recurrent(job, threads);
+      workspace = run_recurrent(job, threads);
       break;
   }
+  if (ex.workspace_bytes) *ex.workspace_bytes = workspace;
 }
 
 void gdn_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
