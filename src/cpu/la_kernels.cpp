@@ -115,11 +115,70 @@ enum class Tri {
   kLowerK,  // A[i][k] is zero for k > i: limit the reduction of each strip to k <= its last row
 };
 
+// Software prefetch of the next chunk's rows (q, k, v, KDA g; o for writing). Rows of one head are
+// H*K elements apart, a page each, so the hardware streamers do not follow them and every row
+// would be a DRAM round trip. All lines of a chunk at once would exhaust the line-fill buffers and
+// stall, so the prefetches are spread over the GEMM row strips of the current chunk.
+class ChunkPrefetcher {
+ public:
+  void plan(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0, int64_t col1) {
+    count_ = 0;
+    next_ = 0;
+    offset_ = 0;
+    const LaInputs& in = job.in;
+    const int64_t h = job.key_head(hv), t = seq.bos + t0;
+    const size_t K = static_cast<size_t>(job.shape.K);
+    for (size_t i = 0; i < L; ++i) {
+      add(in.q, seq.batch, t + i, h, 0, K, false);
+      add(in.k, seq.batch, t + i, h, 0, K, false);
+      add(in.v, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0), false);
+      if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K, false);
+      add(job.out.o, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0), true);
+    }
+  }
+  // Issues the next `lines` cache lines of the planned rows: a few at a time from inside the
+  // GEMM loops keeps the line-fill buffers from filling up and stalling the core.
+  void lines(size_t lines) {
+    for (; lines > 0 && next_ < count_; --lines) {
+      const Span& r = rows_[next_];
+      if (r.write)
+        __builtin_prefetch(r.ptr + offset_, 1);
+      else
+        hwy::Prefetch(r.ptr + offset_);
+      offset_ += 64;
+      if (offset_ >= r.bytes) {
+        offset_ = 0;
+        ++next_;
+      }
+    }
+  }
+  void rest() { lines(~size_t{0}); }
+
+ private:
+  struct Span {
+    const char* ptr;
+    size_t bytes;
+    bool write;
+  };
+  void add(const TensorView& t, int64_t b, int64_t tok, int64_t h, int64_t col0, size_t n, bool write) {
+    if (t.rank != 4 || t.stride[3] != 1 || count_ == kMaxRows) return;
+    const size_t esz = dtype_size(t.dtype);
+    rows_[count_++] = {static_cast<const char*>(t.data) + offset4(t, b, tok, h, col0) * esz, n * esz, write};
+  }
+  static constexpr size_t kMaxRows = 5 * 64;  // five row kinds of a 64-token chunk
+  Span rows_[kMaxRows];
+  size_t count_ = 0, next_ = 0, offset_ = 0;
+};
+
 // C[M x N] (op)= A[M x Kd] B[Kd x N]; N a multiple of the vector length. Column panels outside,
 // row strips inside, so each B panel (Kd x NV vectors) stays in L1 while all strips stream by.
+// Cache lines of the next chunk prefetched per GEMM tile (a tile is >= 1.5K FMAs; a chunk has
+// ~150 tiles and ~1.6K lines to fetch for K = V = 128 f32).
+constexpr size_t kPrefetchLinesPerTile = 12;
+
 template <Acc kMode>
 void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N,
-          size_t Kd, Tri tri = Tri::kNone) {
+          size_t Kd, Tri tri = Tri::kNone, ChunkPrefetcher* pf = nullptr) {
   const DF d;
   const size_t lanes = hn::Lanes(d);
   for (size_t j0 = 0; j0 < N; j0 += kNV * lanes) {
@@ -130,6 +189,7 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
       const size_t kd = tri == Tri::kLowerK ? std::min(Kd, i0 + mr) : Kd;
       if (kd == 0 && kMode != Acc::kSet) continue;
       TileAny<kMode>(mr, nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd);
+      if (pf) pf->lines(kPrefetchLinesPerTile);
     }
   }
 }
@@ -372,56 +432,6 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
   }
 }
 
-// Software prefetch of the next chunk's rows (q, k, v, KDA g; o for writing). Rows of one head are
-// H*K elements apart, a page each, so the hardware streamers do not follow them and every row
-// would be a DRAM round trip. All lines of a chunk at once would exhaust the line-fill buffers and
-// stall, so the prefetches are spread over the phases of the current chunk (step()).
-class ChunkPrefetcher {
- public:
-  void plan(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0, int64_t col1) {
-    count_ = 0;
-    next_ = 0;
-    const LaInputs& in = job.in;
-    const int64_t h = job.key_head(hv), t = seq.bos + t0;
-    const size_t K = static_cast<size_t>(job.shape.K);
-    for (size_t i = 0; i < L; ++i) {
-      add(in.q, seq.batch, t + i, h, 0, K, false);
-      add(in.k, seq.batch, t + i, h, 0, K, false);
-      add(in.v, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0), false);
-      if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K, false);
-      add(job.out.o, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0), true);
-    }
-  }
-  // Issues the next 1/parts of the planned rows.
-  void step(size_t parts) {
-    const size_t end = std::min(count_, next_ + (count_ + parts - 1) / parts);
-    for (; next_ < end; ++next_) {
-      const Span& r = rows_[next_];
-      for (size_t off = 0; off < r.bytes; off += 64) {
-        if (r.write)
-          __builtin_prefetch(r.ptr + off, 1);
-        else
-          hwy::Prefetch(r.ptr + off);
-      }
-    }
-  }
-
- private:
-  struct Span {
-    const char* ptr;
-    size_t bytes;
-    bool write;
-  };
-  void add(const TensorView& t, int64_t b, int64_t tok, int64_t h, int64_t col0, size_t n, bool write) {
-    if (t.rank != 4 || t.stride[3] != 1 || count_ == kMaxRows) return;
-    const size_t esz = dtype_size(t.dtype);
-    rows_[count_++] = {static_cast<const char*>(t.data) + offset4(t, b, tok, h, col0) * esz, n * esz, write};
-  }
-  static constexpr size_t kMaxRows = 5 * 64;  // five row kinds of a 64-token chunk
-  Span rows_[kMaxRows];
-  size_t count_ = 0, next_ = 0;
-};
-
 // Loads the item's columns of initial_state[n, hv] into S [K x ldS] (zero when absent).
 void LoadState(const LaJob& job, int64_t n, int64_t hv, int64_t col0, int64_t col1, float* S, size_t ldS) {
   const size_t K = static_cast<size_t>(job.shape.K);
@@ -608,7 +618,6 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
   LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
   const ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw};
   ChunkPrefetcher prefetch;
-  constexpr size_t kPrefetchParts = 6;  // one part after each of the chunk's six phases
   for (int64_t t0 = 0; t0 < seq.len; t0 += chunk) {
     const size_t L = static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0));
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
@@ -617,7 +626,6 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
                     item.col0, item.col1);
     else
       prefetch.plan(job, seq, hv, 0, 0, 0, 0);
-    prefetch.step(kPrefetchParts);
 
     // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands.
     for (size_t i = 0; i < L; ++i) {
@@ -635,13 +643,12 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back (one pass over S per column panel when L = C: the stacked [Kn; Qg]).
     if (L == C) {
-      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, C, Vp, K);  // X rows
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, C, Vp, K);
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, C, Vp, K, Tri::kNone, &prefetch);  // X rows
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, C, Vp, K, Tri::kNone, &prefetch);
     } else {
-      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, Vp, K);
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, Vp, K);
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, Vp, K, Tri::kNone, &prefetch);
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, Vp, K, Tri::kNone, &prefetch);
     }
-    prefetch.step(kPrefetchParts);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (kda) {
@@ -652,14 +659,11 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
       Gemm<Acc::kSet>(Qs, K, Kt, C, AP + C * C, C, L, Lp, K, Tri::kLowerN);
     }
     MaskGram(!kda, G, beta, L, C, AP, graw);
-    prefetch.step(kPrefetchParts);
     // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
     SolveUnitLower(AP, C, X, Vp, L, Vp);
-    prefetch.step(kPrefetchParts);
     // #6 Output: O += P E, then store.
-    Gemm<Acc::kAdd>(AP + C * C, C, X, Vp, O, Vp, L, Vp, L, Tri::kLowerK);
+    Gemm<Acc::kAdd>(AP + C * C, C, X, Vp, O, Vp, L, Vp, L, Tri::kLowerK, &prefetch);
     StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
-    prefetch.step(kPrefetchParts);
     // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j.
     const double* GL = G + (L - 1) * gk;
     if (kda) {
@@ -673,8 +677,8 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
       const float decay = egam[L - 1];
       for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, decay, Vp);
     }
-    Gemm<Acc::kAdd>(Kt, C, X, Vp, S, Vp, K, Vp, L);
-    prefetch.step(1);  // whatever is left
+    Gemm<Acc::kAdd>(Kt, C, X, Vp, S, Vp, K, Vp, L, Tri::kNone, &prefetch);
+    prefetch.rest();  // whatever the tiles did not issue
   }
   StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
 }
