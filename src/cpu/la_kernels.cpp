@@ -522,7 +522,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
   l.G = take(2 * l.C * l.gk);  // doubles
   l.beta = take(l.C);
   l.egam = take(l.C * l.gk);
-  l.graw = take(l.K);
+  l.graw = take(std::max(l.K, l.C));  // a gate row (K) or a row of C gate factors (MaskGram)
   l.KQl = take(2 * 16 * l.K);
   l.KrT = take(l.K * l.C);
   l.total = off;
@@ -587,10 +587,18 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
     }
     float* a = KK + i * C;
     float* p = QK + i * C;
-    for (size_t j = 0; j < Lp; ++j) {
-      const float gate = gdn && j <= i ? ftmp[j] : 1.f;
-      a[j] = j < i ? beta[i] * gate * a[j] : 0.f;
-      p[j] = j <= i ? gate * p[j] : 0.f;
+    // Selection masks (FirstN), never multiplication by a 0/1 mask: entries above the diagonal
+    // may hold anything (even inf/NaN from skipped tiles) and must come out as exact zeros.
+    const DF d;
+    const size_t N = hn::Lanes(d);
+    const VF vbeta = hn::Set(d, beta[i]);
+    for (size_t j0 = 0; j0 < Lp; j0 += N) {
+      const size_t below = i > j0 ? i - j0 : 0;      // lanes with j < i
+      const size_t upto = i + 1 > j0 ? i + 1 - j0 : 0;  // lanes with j <= i
+      const VF gate = gdn ? hn::IfThenElseZero(hn::FirstN(d, upto), hn::LoadU(d, ftmp + j0)) : hn::Set(d, 1.f);
+      hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, below), hn::Mul(hn::Mul(vbeta, gate), hn::LoadU(d, a + j0))), d,
+                 a + j0);
+      hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, upto), hn::Mul(gate, hn::LoadU(d, p + j0))), d, p + j0);
     }
   }
 }
@@ -781,7 +789,7 @@ FlaScratch MakeFlaScratch(const LaJob& job, int chunk) {
   s.v = take(s.C * s.Vp);
   s.G = take(2 * s.C * s.gk);
   s.beta = take(s.C);
-  s.graw = take(s.K);
+  s.graw = take(std::max(s.K, s.C));  // a gate row (K) or a row of C gate factors (MaskGram)
   s.AP = take(2 * s.C * s.C);
   s.Kt = take(s.K * s.C);
   s.KQl = take(2 * 16 * s.K);
