@@ -309,3 +309,55 @@ TEST(LaPaths, ChunkEqualsRecurrent) {
 
 }  // namespace
 }  // namespace hanpu::testing
+
+namespace hanpu::testing {
+namespace {
+
+// T = 0 (and zero-length sequences inside cu_seqlens): no output rows, final_state = initial_state.
+TEST(LaPaths, EmptySequencesKeepTheInitialState) {
+  for (Variant var : {Variant::GDN, Variant::KDA}) {
+    for (bool varlen : {false, true}) {
+      ProblemSpec s;
+      s.variant = var;
+      s.T = 0;
+      s.H = 1;
+      s.HV = 2;
+      s.K = 16;
+      s.V = 16;
+      if (varlen) s.seqlens = {0, 70, 0};
+      const Problem p = make_problem(s);
+      const LaReference ref = la_reference(var, p.inputs(), s.opt);
+      for (CpuPath path : kPaths) {
+        const LaResult r = la_prefill_alloc(var, p.inputs(), s.opt, ExecOptions{path, 2, nullptr});
+        EXPECT_LE(nmse(r.final_state, ref.final_state), 1e-10) << cpu_path_name(path) << " " << s.describe();
+        // Sequence 0 is empty in both cases: its final state is its initial state, bit for bit.
+        for (int64_t i = 0; i < s.HV * s.K * s.V; ++i) ASSERT_EQ(r.final_state.get(i), p.h0.get(i));
+      }
+    }
+  }
+}
+
+TEST(LaValidation, ErrorsNameTheTensor) {
+  ProblemSpec s;
+  s.H = 2;
+  s.HV = 3;  // not a multiple of H
+  Problem p = make_problem([&] {
+    ProblemSpec ok = s;
+    ok.HV = 4;
+    return ok;
+  }());
+  LaInputs in = p.inputs();
+  Tensor v3(DType::F32, {1, s.T, 3, s.V});
+  in.v = v3.view();
+  try {
+    la_prefill_alloc(s.variant, in, s.opt);
+    FAIL() << "HV = 3 with H = 2 must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'v'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiple of H"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 5000, nullptr}), Error);
+}
+
+}  // namespace
+}  // namespace hanpu::testing

@@ -144,7 +144,7 @@ void add_la_subcommand(CLI::App& app, hanpu::Variant variant, const std::string&
       ->check(CLI::IsMember(std::vector<std::string>{"chunk", "recurrent", "fla"}))
       ->capture_default_str();
   sub->add_option("--threads", args->threads, "worker threads (0: all hardware threads)")
-      ->check(CLI::Range(0, 65536))
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   sub->callback([variant, args] { run_la_command(variant, *args); });
 }

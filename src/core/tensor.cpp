@@ -1,5 +1,6 @@
 #include "hanpu/tensor.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -84,9 +85,9 @@ constexpr size_t kHugePage = size_t{2} << 20;
 }
 
 ByteBuffer::ByteBuffer(size_t bytes) : size_(bytes) {
-  if (bytes == 0) return;
+  // Zero bytes still get a (64-byte) allocation: a zero-element tensor is present, not absent.
   const size_t align = bytes >= kHugePage ? kHugePage : 64;
-  const size_t rounded = (bytes + align - 1) / align * align;
+  const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
   data_ = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
   if (!data_) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
@@ -96,6 +97,11 @@ ByteBuffer::ByteBuffer(size_t bytes) : size_(bytes) {
 }
 
 ByteBuffer::ByteBuffer(const ByteBuffer& other) : ByteBuffer(other.size_) {
+  if (!other.data_) {  // copying a moved-from buffer
+    std::free(data_);
+    data_ = nullptr;
+    return;
+  }
   if (size_) std::memcpy(data_, other.data_, size_);
 }
 

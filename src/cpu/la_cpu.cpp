@@ -33,7 +33,14 @@ Arena& thread_arena(int slot) {
   return arena;
 }
 
-int resolve_threads(int threads) { return threads > 0 ? threads : hardware_threads(); }
+// More threads than this is a mistake, not a plan: each thread gets an arena and a pinned worker.
+constexpr int kMaxThreads = 1024;
+
+int resolve_threads(int threads) {
+  if (threads > kMaxThreads)
+    throw Error("threads = " + std::to_string(threads) + " exceeds the limit of " + std::to_string(kMaxThreads));
+  return threads > 0 ? threads : hardware_threads();
+}
 
 std::vector<int64_t> seq_lengths(const LaJob& job) {
   std::vector<int64_t> lens;

@@ -1,0 +1,181 @@
+// Agreement with flash-linear-attention: every file in tests/golden/*.safetensors holds inputs and
+// the outputs of FLA's own naive fp32 references (tests/golden/README.md). Every CPU path, with 1
+// and 2 threads, and our fp64 reference la_reference are compared with o_ref / final_state_ref.
+//
+// Tolerances (normalized MSE ||x-ref||^2/||ref||^2): the FLA references are fp32 recurrences, so
+// they carry fp32 rounding (relative error ~1e-7 per element, nmse ~1e-14..1e-12 measured); a
+// bound of 1e-9 for fp32 results leaves margin above that noise while still catching any semantic
+// difference (a wrong scale, gate or head mapping gives nmse >= 1e-4). An output stored in bf16
+// (v is bf16, so o is bf16) carries bf16 rounding, relative 2^-9, nmse ~1e-6: bound 1e-5. The
+// final state is always fp32: 1e-9.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hanpu/la.hpp"
+#include "hanpu/reference.hpp"
+#include "io/safetensors.hpp"
+
+namespace fs = std::filesystem;
+
+namespace hanpu {
+namespace {
+
+constexpr double kF32Bound = 1e-9;
+constexpr double kBf16Bound = 1e-5;
+constexpr double kF16Bound = 1e-7;
+
+double output_bound(DType dt) {
+  switch (dt) {
+    case DType::BF16: return kBf16Bound;
+    case DType::F16: return kF16Bound;
+    default: return kF32Bound;
+  }
+}
+
+// The golden directory: $HANPU_SOURCE_DIR/tests/golden (CTest sets it), else next to this file.
+fs::path golden_dir() {
+  if (const char* src = std::getenv("HANPU_SOURCE_DIR"); src && *src) return fs::path(src) / "tests" / "golden";
+  return fs::path(__FILE__).parent_path() / "golden";
+}
+
+std::vector<fs::path> golden_files() {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(golden_dir(), ec))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// ||x - ref||^2 / ||ref||^2 over all elements; +inf on a size mismatch or a non-finite x.
+double nmse(const Tensor& x, const Tensor& ref) {
+  if (x.numel() != ref.numel() || x.shape() != ref.shape()) return INFINITY;
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double a = x.get(i), r = ref.get(i);
+    if (!std::isfinite(a)) return INFINITY;
+    num += (a - r) * (a - r);
+    den += r * r;
+  }
+  if (den == 0) return num == 0 ? 0 : INFINITY;
+  return num / den;
+}
+
+std::string meta(const SafetensorsFile& f, const std::string& key) {
+  const auto it = f.metadata().find(key);
+  if (it == f.metadata().end()) throw Error(f.path() + ": no __metadata__ key '" + key + "'");
+  return it->second;
+}
+
+bool meta_flag(const SafetensorsFile& f, const std::string& key) {
+  const std::string v = meta(f, key);
+  if (v != "0" && v != "1") throw Error(f.path() + ": __metadata__ '" + key + "' is '" + v + "', expected 0 or 1");
+  return v == "1";
+}
+
+struct Golden {
+  SafetensorsFile file;
+  Variant variant = Variant::GDN;
+  LaInputs in;
+  LaOptions opt;
+  Tensor o_ref, state_ref;
+};
+
+Golden load_golden(const fs::path& path) {
+  Golden g{SafetensorsFile::open(path.string())};
+  const SafetensorsFile& f = g.file;
+  const std::string variant = meta(f, "variant");
+  if (variant != "gdn" && variant != "kda") throw Error(path.string() + ": unknown variant '" + variant + "'");
+  g.variant = variant == "gdn" ? Variant::GDN : Variant::KDA;
+  g.opt.scale = static_cast<float>(std::stod(meta(f, "scale")));
+  g.opt.qk_l2norm = meta_flag(f, "l2norm");
+  g.opt.gate_in_kernel = meta_flag(f, "gate_in_kernel");
+  g.opt.beta_sigmoid = meta_flag(f, "beta_sigmoid");
+  auto opt_view = [&](const char* name) { return f.has(name) ? f.get(name) : TensorView{}; };
+  g.in.q = f.get("q");
+  g.in.k = f.get("k");
+  g.in.v = f.get("v");
+  g.in.g = f.get("g");
+  g.in.beta = f.get("beta");
+  g.in.initial_state = opt_view("initial_state");
+  g.in.cu_seqlens = opt_view("cu_seqlens");
+  g.in.A_log = opt_view("A_log");
+  g.in.dt_bias = opt_view("dt_bias");
+  g.o_ref = f.load_copy("o_ref");
+  g.state_ref = f.load_copy("final_state_ref");
+  return g;
+}
+
+const char* const kExpectedFiles[] = {"gdn_basic", "gdn_bf16_gate", "gdn_varlen", "kda_basic", "kda_gate_varlen"};
+
+// CTest runs from the source tree, so a missing directory is a broken checkout: fail, never skip.
+TEST(Golden, DirectoryHasTheFiles) {
+  const fs::path dir = golden_dir();
+  ASSERT_TRUE(fs::is_directory(dir)) << "golden directory " << dir << " is missing (set HANPU_SOURCE_DIR)";
+  for (const char* name : kExpectedFiles)
+    EXPECT_TRUE(fs::is_regular_file(dir / (std::string(name) + ".safetensors"))) << name << " missing in " << dir;
+}
+
+TEST(Golden, AllPathsAndReferenceAgreeWithFla) {
+  const std::vector<fs::path> files = golden_files();
+  ASSERT_FALSE(files.empty()) << "no *.safetensors in golden directory " << golden_dir();
+  std::printf("%-16s %-10s %3s %-5s %12s %12s %10s %10s\n", "file", "path", "thr", "o", "nmse(o)", "nmse(state)",
+              "bound(o)", "bound(st)");
+  for (const fs::path& path : files) {
+    SCOPED_TRACE(path.string());
+    Golden g;
+    try {
+      g = load_golden(path);
+    } catch (const Error& e) {
+      ADD_FAILURE() << "cannot load golden file: " << e.what();
+      continue;
+    }
+    const std::string name = path.stem().string();
+    const double o_bound = output_bound(g.in.v.dtype);
+
+    // Our fp64 reference: checks that our semantics are FLA's (its o is F64, whatever the inputs).
+    const LaReference ref = la_reference(g.variant, g.in, g.opt);
+    const double ref_o = nmse(ref.o, g.o_ref), ref_s = nmse(ref.final_state, g.state_ref);
+    std::printf("%-16s %-10s %3s %-5s %12.3g %12.3g %10.0e %10.0e\n", name.c_str(), "reference", "-", "F64", ref_o,
+                ref_s, kF32Bound, kF32Bound);
+    EXPECT_LE(ref_o, kF32Bound) << name << ": la_reference o vs FLA o_ref";
+    EXPECT_LE(ref_s, kF32Bound) << name << ": la_reference final_state vs FLA final_state_ref";
+
+    // Control: the bound discriminates. A 0.1% error in the query scale (o changes by ~1e-3
+    // relative, nmse ~1e-6) must fail it.
+    LaOptions wrong = g.opt;
+    wrong.scale = *g.opt.scale * 1.001f;
+    const double wrong_o = nmse(la_reference(g.variant, g.in, wrong).o, g.o_ref);
+    EXPECT_GT(wrong_o, 100 * kF32Bound) << name << ": a 0.1% scale error should be detected";
+
+    for (CpuPath cp : {CpuPath::HeadFused, CpuPath::FlaChunk, CpuPath::Recurrent}) {
+      for (int threads : {1, 2}) {
+        LaResult r;
+        try {
+          r = la_prefill_alloc(g.variant, g.in, g.opt, ExecOptions{cp, threads, nullptr});
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << name << " " << cpu_path_name(cp) << " threads " << threads << ": threw " << e.what();
+          continue;
+        }
+        EXPECT_EQ(r.o.dtype(), g.in.v.dtype) << name << ": o must have v's dtype";
+        const double eo = nmse(r.o, g.o_ref), es = nmse(r.final_state, g.state_ref);
+        std::printf("%-16s %-10s %3d %-5s %12.3g %12.3g %10.0e %10.0e\n", name.c_str(), cpu_path_name(cp), threads,
+                    dtype_name(r.o.dtype()), eo, es, o_bound, kF32Bound);
+        EXPECT_LE(eo, o_bound) << name << " " << cpu_path_name(cp) << " threads " << threads << ": o vs o_ref";
+        EXPECT_LE(es, kF32Bound) << name << " " << cpu_path_name(cp) << " threads " << threads
+                                 << ": final_state vs final_state_ref";
+      }
+    }
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+}  // namespace hanpu
