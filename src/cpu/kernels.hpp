@@ -55,6 +55,9 @@ class DenormalGuard {
   unsigned saved_ = 0;
 };
 
+/// GFLOP/s of the GEMM core on one thread for C(M x N) += A(M x Kd) B(Kd x N), cache-resident.
+double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds);
+
 /// Name of the SIMD target the kernels dispatch to (e.g. "AVX3").
 const char* simd_target_name();
 /// Floats per native vector of that target.

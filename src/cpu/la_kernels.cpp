@@ -17,8 +17,10 @@
 // K K^T / Q K^T are evaluated with anchors so that only non-positive exponents appear (§2.7 of
 // reference-fla.md). Masks are applied by selection, never by multiplying with 0.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "cpu/kernels.hpp"
 #include "la/gates.hpp"
@@ -47,6 +49,15 @@ using VF = hn::Vec<DF>;
 // partial vectors; the pad columns are kept at zero.
 constexpr size_t kPad = 16;
 inline size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
+// Leading dimension (floats) of an arena matrix with n columns: padded to kPad, plus one more kPad
+// when the row length is a multiple of 256 bytes. Rows a power-of-two apart fall into a few L1
+// sets (with 512-byte rows, a 128-row GEMM panel maps to 8 of the 64 sets and thrashes the 12
+// ways); the extra 64 bytes spread consecutive rows over all sets.
+inline size_t LeadingDim(size_t n) {
+  const size_t padded = RoundUp(n, kPad);
+  return padded % 64 == 0 ? padded + kPad : padded;
+}
 
 // GEMM register tile: MR rows x NV vectors of C held in registers. 32-register targets (AVX-512,
 // NEON) take 8 x 3 (24 accumulators + 3 B vectors + 1 broadcast: 11 loads per 24 FMAs; measured
@@ -497,7 +508,7 @@ void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, 
 // Head-fused item.
 
 struct FusedLayout {
-  size_t K, C, Vp, gk;
+  size_t K, C, Vp, ldc, gk;  // Vp: leading dim of V-wide rows; ldc: of C-wide rows
   size_t S, KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, total;
 };
 
@@ -505,7 +516,8 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
   FusedLayout l{};
   l.K = static_cast<size_t>(job.shape.K);
   l.C = static_cast<size_t>(chunk);
-  l.Vp = RoundUp(static_cast<size_t>(width), kPad);
+  l.Vp = LeadingDim(static_cast<size_t>(width));
+  l.ldc = LeadingDim(l.C);
   l.gk = job.variant() == Variant::KDA ? l.K : 1;
   size_t off = 0;
   auto take = [&](size_t floats) {
@@ -516,15 +528,15 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
   l.S = take(l.K * l.Vp);
   l.KrQs = take(2 * l.C * l.K);
   l.KnQg = take(2 * l.C * l.K);
-  l.Kt = take(l.K * l.C);
-  l.AP = take(2 * l.C * l.C);
+  l.Kt = take(l.K * l.ldc);
+  l.AP = take(2 * l.C * l.ldc);
   l.XO = take(2 * l.C * l.Vp);
   l.G = take(2 * l.C * l.gk);  // doubles
   l.beta = take(l.C);
   l.egam = take(l.C * l.gk);
   l.graw = take(std::max(l.K, l.C));  // a gate row (K) or a row of C gate factors (MaskGram)
   l.KQl = take(2 * 16 * l.K);
-  l.KrT = take(l.K * l.C);
+  l.KrT = take(l.K * l.ldc);
   l.total = off;
   return l;
 }
@@ -533,11 +545,11 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
 // Rows in 16-row blocks with anchor n (the block's first row): for columns j < n,
 //   (k_i e^{Γi−Γn}) · (k_j e^{Γn−Γj})  — both factors <= 1;
 // inside the block each pair's e^{Γi−Γj} is formed directly.
-void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, float* KQl, float* KrT,
-             float* ftmp, float* AP) {
+void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
+             float* KrT, float* ftmp, float* AP) {
   constexpr size_t kBlock = 16;  // sub-chunk size of FLA's KDA kernels: anchors every 16 rows
   float* KK = AP;
-  float* QK = AP + C * C;
+  float* QK = AP + C * ldc;
   for (size_t n = 0; n < L; n += kBlock) {
     const size_t rows = std::min(kBlock, L - n);
     const double* Gn = G + n * K;
@@ -552,18 +564,18 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
       // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n (ld C).
       for (size_t j = 0; j < n; ++j) {
         ExpDiff(Gn, G + j * K, ftmp, K);
-        for (size_t d = 0; d < K; ++d) KrT[d * C + j] = Kr[j * K + d] * ftmp[d];
+        for (size_t d = 0; d < K; ++d) KrT[d * ldc + j] = Kr[j * K + d] * ftmp[d];
       }
-      Gemm<Acc::kSet>(Kl, K, KrT, C, KK + n * C, C, rows, RoundUp(n, kPad), K);
-      Gemm<Acc::kSet>(Ql, K, KrT, C, QK + n * C, C, rows, RoundUp(n, kPad), K);
+      Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
+      Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
     }
     for (size_t i = 0; i < rows; ++i) {
       const size_t r = n + i;
       for (size_t j = n; j <= r; ++j) {
         ExpDiff(G + r * K, G + j * K, ftmp, K);
         MulRows(Kr + j * K, ftmp, ftmp, K);
-        QK[r * C + j] = Dot(Qs + r * K, ftmp, K);
-        KK[r * C + j] = j < r ? Dot(Kr + r * K, ftmp, K) : 0.f;
+        QK[r * ldc + j] = Dot(Qs + r * K, ftmp, K);
+        KK[r * ldc + j] = j < r ? Dot(Kr + r * K, ftmp, K) : 0.f;
       }
     }
   }
@@ -572,9 +584,9 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
 // A = strictly-lower(beta_i * gate_ij * KK), P = lower-inclusive(gate_ij * QK), in place; entries
 // outside the triangle (or beyond L) are set to 0 by selection. gate_ij = e^{Γi−Γj} for GDN and
 // already inside the products for KDA.
-void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, float* AP, float* ftmp) {
+void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, size_t ldc, float* AP, float* ftmp) {
   float* KK = AP;
-  float* QK = AP + C * C;
+  float* QK = AP + C * ldc;
   const size_t Lp = RoundUp(L, kPad);
   for (size_t i = 0; i < L; ++i) {
     if (gdn) {
@@ -585,8 +597,8 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
       for (; j + N <= i + 1; j += N) hn::StoreU(hn::Exp(d, hn::LoadU(d, ftmp + j)), d, ftmp + j);
       for (; j <= i; ++j) ftmp[j] = std::exp(ftmp[j]);
     }
-    float* a = KK + i * C;
-    float* p = QK + i * C;
+    float* a = KK + i * ldc;
+    float* p = QK + i * ldc;
     // Selection masks (FirstN), never multiplication by a 0/1 mask: entries above the diagonal
     // may hold anything (even inf/NaN from skipped tiles) and must come out as exact zeros.
     const DF d;
@@ -608,7 +620,8 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
   const int64_t hv = item.head;
   const bool kda = job.variant() == Variant::KDA;
   const FusedLayout l = MakeFusedLayout(job, item.col1 - item.col0, chunk);
-  const size_t K = l.K, C = l.C, Vp = l.Vp, gk = l.gk;
+  const size_t K = l.K, C = l.C, Vp = l.Vp, ldc = l.ldc, gk = l.gk;
+  const size_t width = RoundUp(static_cast<size_t>(item.col1 - item.col0), kPad);  // GEMM N
   float* S = arena + l.S;
   float* Kr = arena + l.KrQs;
   float* Qs = Kr + C * K;
@@ -651,33 +664,33 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back (one pass over S per column panel when L = C: the stacked [Kn; Qg]).
     if (L == C) {
-      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, C, Vp, K, Tri::kNone, &prefetch);  // X rows
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, C, Vp, K, Tri::kNone, &prefetch);
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, C, width, K, Tri::kNone, &prefetch);  // X rows
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, C, width, K, Tri::kNone, &prefetch);
     } else {
-      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, Vp, K, Tri::kNone, &prefetch);
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, Vp, K, Tri::kNone, &prefetch);
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
     }
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (kda) {
-      KdaGram(Kr, Qs, G, L, K, C, arena + l.KQl, arena + l.KrT, graw, AP);
+      KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, AP);
     } else {
-      Transpose(Kr, L, K, Kt, C);
-      Gemm<Acc::kSet>(Kr, K, Kt, C, AP, C, L, Lp, K, Tri::kLowerN);
-      Gemm<Acc::kSet>(Qs, K, Kt, C, AP + C * C, C, L, Lp, K, Tri::kLowerN);
+      Transpose(Kr, L, K, Kt, ldc);
+      Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN);
+      Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN);
     }
-    MaskGram(!kda, G, beta, L, C, AP, graw);
+    MaskGram(!kda, G, beta, L, C, ldc, AP, graw);
     // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
-    SolveUnitLower(AP, C, X, Vp, L, Vp);
+    SolveUnitLower(AP, ldc, X, Vp, L, width);
     // #6 Output: O += P E, then store.
-    Gemm<Acc::kAdd>(AP + C * C, C, X, Vp, O, Vp, L, Vp, L, Tri::kLowerK, &prefetch);
+    Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
     StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
     // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j.
     const double* GL = G + (L - 1) * gk;
     if (kda) {
       for (size_t j = 0; j < L; ++j) {
         ExpDiff(GL, G + j * K, graw, K);
-        for (size_t d = 0; d < K; ++d) Kt[d * C + j] = Kr[j * K + d] * graw[d];
+        for (size_t d = 0; d < K; ++d) Kt[d * ldc + j] = Kr[j * K + d] * graw[d];
       }
       for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, egam[(L - 1) * K + d], Vp);
     } else {
@@ -685,7 +698,7 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
       const float decay = egam[L - 1];
       for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, decay, Vp);
     }
-    Gemm<Acc::kAdd>(Kt, C, X, Vp, S, Vp, K, Vp, L, Tri::kNone, &prefetch);
+    Gemm<Acc::kAdd>(Kt, ldc, X, Vp, S, Vp, K, width, L, Tri::kNone, &prefetch);
     prefetch.rest();  // whatever the tiles did not issue
   }
   StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
@@ -826,14 +839,14 @@ ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   LoadChunk(job, ch.seq, hv, ch.t0, ch.L, 0, job.shape.V, rows);
   const size_t Lp = RoundUp(ch.L, kPad);
   if (s.gk > 1) {
-    KdaGram(k, q, G, ch.L, s.K, s.C, scratch + s.KQl, scratch + s.KrT, graw, AP);
+    KdaGram(k, q, G, ch.L, s.K, s.C, s.C, scratch + s.KQl, scratch + s.KrT, graw, AP);
   } else {
     float* Kt = scratch + s.Kt;
     Transpose(k, ch.L, s.K, Kt, s.C);
     Gemm<Acc::kSet>(k, s.K, Kt, s.C, AP, s.C, ch.L, Lp, s.K, Tri::kLowerN);
     Gemm<Acc::kSet>(q, s.K, Kt, s.C, AP + s.C * s.C, s.C, ch.L, Lp, s.K, Tri::kLowerN);
   }
-  MaskGram(s.gk == 1, G, beta, ch.L, s.C, AP, graw);
+  MaskGram(s.gk == 1, G, beta, ch.L, s.C, s.C, AP, graw);
   return ch;
 }
 
@@ -943,6 +956,24 @@ size_t FlaScratchFloats(const LaJob& job, int chunk) {
   return std::max(s.total, reduce);
 }
 
+// Times C += A B (M x Kd times Kd x N, operands resident in cache) on this thread: the GEMM
+// core's own efficiency, for the benchmark's breakdown.
+double GemmProbeGflops(size_t M, size_t N, size_t Kd, double seconds) {
+  const size_t Np = RoundUp(N, kPad), ld = LeadingDim(N);
+  std::vector<float> A(M * Kd, 0.5f), B(Kd * ld, 0.25f), C(M * ld, 0.f);
+  size_t reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    for (int i = 0; i < 16; ++i) Gemm<Acc::kAdd>(A.data(), Kd, B.data(), ld, C.data(), ld, M, Np, Kd);
+    reps += 16;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < seconds);
+  volatile float sink = C[0];
+  (void)sink;
+  return 2.0 * static_cast<double>(M * Np * Kd) * static_cast<double>(reps) / elapsed / 1e9;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 int FloatLanes() { return static_cast<int>(hn::Lanes(DF())); }
 
@@ -961,6 +992,7 @@ HWY_EXPORT(FlaReduceItem);
 HWY_EXPORT(FlaOutputChunk);
 HWY_EXPORT(FlaScratchFloats);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(GemmProbeGflops);
 HWY_EXPORT(FloatLanes);
 
 size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk) {
@@ -986,6 +1018,9 @@ void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_
   HWY_DYNAMIC_DISPATCH(FlaOutputChunk)(job, buf, c, hv, scratch);
 }
 const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds) {
+  return HWY_DYNAMIC_DISPATCH(GemmProbeGflops)(M, N, Kd, seconds);
+}
 int simd_float_lanes() { return HWY_DYNAMIC_DISPATCH(FloatLanes)(); }
 
 DenormalGuard::DenormalGuard() {
