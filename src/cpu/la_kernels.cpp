@@ -64,7 +64,7 @@ inline size_t LeadingDim(size_t n) {
 // on AVX-512 against 8x2, 12x2 and 6x4: +5-10% on the GDN chunk); 16-register x86 targets 4 x 2.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr size_t kMR = 4;
-constexpr size_t kNV = 2;
+constexpr size_t kNV = 3;
 #else
 constexpr size_t kMR = 8;
 constexpr size_t kNV = 3;
@@ -183,9 +183,9 @@ class ChunkPrefetcher {
 
 // C[M x N] (op)= A[M x Kd] B[Kd x N]; N a multiple of the vector length. Column panels outside,
 // row strips inside, so each B panel (Kd x NV vectors) stays in L1 while all strips stream by.
-// Cache lines of the next chunk prefetched per GEMM tile (a tile is >= 1.5K FMAs; a chunk has
-// ~150 tiles and ~1.6K lines to fetch for K = V = 128 f32).
-constexpr size_t kPrefetchLinesPerTile = 12;
+// Cache lines of the next chunk prefetched per GEMM tile (a tile is >= 1.5K FMAs; a GDN chunk
+// of K = V = 128 has ~150 tiles and ~2K lines to fetch for f32 q, k, v and o).
+constexpr size_t kPrefetchLinesPerTile = 16;
 
 template <Acc kMode>
 void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N,
@@ -676,8 +676,8 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
       KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, AP);
     } else {
       Transpose(Kr, L, K, Kt, ldc);
-      Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN);
-      Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN);
+      Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
+      Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
     }
     MaskGram(!kda, G, beta, L, C, ldc, AP, graw);
     // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
