@@ -31,6 +31,9 @@ struct CpuPlan {
   std::vector<WorkItem> chunk_parallel;
   /// Column block granularity in floats (the SIMD width the plan was made for).
   int column_quantum = 16;
+  /// Up to this many consecutive items of a thread that share sequence and columns advance in
+  /// lockstep, chunk by chunk, each with its own state in the arena (sized to stay in L2).
+  int head_group = 1;
 
   std::string describe() const;
 };
@@ -46,5 +49,9 @@ void validate_cpu_plan(const CpuPlan& plan, const LaShape& shape);
 ///  3. if there are still fewer items than threads (e.g. one head of tiny V), those items go to the
 ///     chunk-parallel fallback.
 CpuPlan make_cpu_plan(const LaShape& shape, const std::vector<int64_t>& seq_lens, int threads, int column_quantum = 16);
+
+/// How many item states of K x V fp32 fit in half of a core's L2 (the other half holds the
+/// chunk's intermediates and the rows in flight): the head_group for that cache.
+int head_group_for_cache(const LaShape& shape, int64_t l2_bytes);
 
 }  // namespace hanpu

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 #include <sstream>
+#include <tuple>
 #include <string>
 
 namespace hanpu {
@@ -116,15 +117,38 @@ CpuPlan make_cpu_plan(const LaShape& shape, const std::vector<int64_t>& seq_lens
     }
   }
 
-  // Longest-processing-time-first assignment to the least-loaded thread.
   std::stable_sort(blocks.begin(), blocks.end(), [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
-  std::vector<double> load(static_cast<size_t>(P), 0.0);
-  for (const Costed& c : blocks) {
-    const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    plan.per_thread[t].push_back(c.item);
-    load[t] += c.cost;
+  const bool uniform = !blocks.empty() && blocks.front().cost == blocks.back().cost;
+  if (uniform) {
+    // Equal items: contiguous blocks per thread (thread t takes items [t n/P, (t+1) n/P)), so a
+    // thread's heads are neighbours in memory and can run as one lockstep group.
+    std::stable_sort(blocks.begin(), blocks.end(), [](const Costed& a, const Costed& b) {
+      return std::tie(a.item.seq, a.item.col0, a.item.head) < std::tie(b.item.seq, b.item.col0, b.item.head);
+    });
+    const size_t nb = blocks.size();
+    for (size_t t = 0; t < static_cast<size_t>(P); ++t)
+      for (size_t i = t * nb / P; i < (t + 1) * nb / P; ++i) plan.per_thread[t].push_back(blocks[i].item);
+  } else {
+    // Longest-processing-time-first assignment to the least-loaded thread.
+    std::vector<double> load(static_cast<size_t>(P), 0.0);
+    for (const Costed& c : blocks) {
+      const size_t t = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      plan.per_thread[t].push_back(c.item);
+      load[t] += c.cost;
+    }
+    // Neighbouring heads next to each other so that they can form lockstep groups.
+    for (auto& per : plan.per_thread)
+      std::stable_sort(per.begin(), per.end(), [](const WorkItem& a, const WorkItem& b) {
+        return std::tie(a.seq, a.col0, a.head) < std::tie(b.seq, b.col0, b.head);
+      });
   }
   return plan;
+}
+
+int head_group_for_cache(const LaShape& shape, int64_t l2_bytes) {
+  const int64_t vp = (shape.V + 15) / 16 * 16 + 16;  // padded row (upper bound of the arena's)
+  const int64_t state_bytes = shape.K * vp * static_cast<int64_t>(sizeof(float));
+  return static_cast<int>(std::clamp<int64_t>(l2_bytes / 2 / std::max<int64_t>(1, state_bytes), 1, 64));
 }
 
 }  // namespace hanpu

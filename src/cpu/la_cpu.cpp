@@ -5,6 +5,7 @@
 
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
+#include "device/host.hpp"
 #include "hanpu/cpu_plan.hpp"
 #include "la/job.hpp"
 
@@ -54,13 +55,21 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
 size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
   ThreadPool& pool = ThreadPool::shared(plan.threads);
   std::vector<size_t> arena_floats(static_cast<size_t>(plan.threads), 0);
+  const size_t max_group = static_cast<size_t>(std::max(1, plan.head_group));
   pool.run(plan.threads, [&](int t) {
     cpu::DenormalGuard ftz;
     Arena& arena = thread_arena(t);
-    for (const WorkItem& item : plan.per_thread[static_cast<size_t>(t)]) {
-      const size_t need = cpu::fused_arena_floats(job, item.col1 - item.col0, chunk);
+    const std::vector<WorkItem>& items = plan.per_thread[static_cast<size_t>(t)];
+    for (size_t i = 0; i < items.size();) {
+      // The longest run of following items with the same sequence and columns, up to max_group.
+      size_t n = 1;
+      while (i + n < items.size() && n < max_group && items[i + n].seq == items[i].seq &&
+             items[i + n].col0 == items[i].col0 && items[i + n].col1 == items[i].col1)
+        ++n;
+      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, chunk, n);
       arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
-      cpu::fused_item(job, item, arena.get(need), chunk);
+      cpu::fused_group(job, &items[i], n, arena.get(need), chunk);
+      i += n;
     }
   });
   size_t bytes = 0;
@@ -186,7 +195,9 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
           throw Error("CpuPlan: chunk " + std::to_string(ex.plan->chunk) + " is not supported, expected 64");
         workspace = run_head_fused(job, *ex.plan, ex.plan->chunk);
       } else {
-        workspace = run_head_fused(job, make_cpu_plan(job.shape, seq_lengths(job), threads), kChunk);
+        CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
+        plan.head_group = head_group_for_cache(job.shape, detect_host().l2_bytes());
+        workspace = run_head_fused(job, plan, kChunk);
       }
       break;
     }

@@ -509,7 +509,7 @@ void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, 
 
 struct FusedLayout {
   size_t K, C, Vp, ldc, gk;  // Vp: leading dim of V-wide rows; ldc: of C-wide rows
-  size_t S, KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, total;
+  size_t KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, total;
 };
 
 FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
@@ -525,7 +525,6 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
     off += RoundUp(floats, kPad);
     return at;
   };
-  l.S = take(l.K * l.Vp);
   l.KrQs = take(2 * l.C * l.K);
   l.KnQg = take(2 * l.C * l.K);
   l.Kt = take(l.K * l.ldc);
@@ -615,14 +614,19 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
   }
 }
 
-void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) {
-  const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
-  const int64_t hv = item.head;
+// A group of items sharing the sequence and the column block (consecutive value heads, normally):
+// all run chunk c before any runs chunk c+1, each with its own state in the arena. The heads'
+// rows of one token are adjacent in q, k, v and o, so the group reads and writes memory in runs
+// the hardware prefetchers follow, instead of one isolated row per head and token.
+void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk) {
+  const WorkItem& first = items[0];
+  const SeqSpan seq = job.seqs[static_cast<size_t>(first.seq)];
   const bool kda = job.variant() == Variant::KDA;
-  const FusedLayout l = MakeFusedLayout(job, item.col1 - item.col0, chunk);
+  const FusedLayout l = MakeFusedLayout(job, first.col1 - first.col0, chunk);
   const size_t K = l.K, C = l.C, Vp = l.Vp, ldc = l.ldc, gk = l.gk;
-  const size_t width = RoundUp(static_cast<size_t>(item.col1 - item.col0), kPad);  // GEMM N
-  float* S = arena + l.S;
+  const size_t width = RoundUp(static_cast<size_t>(first.col1 - first.col0), kPad);  // GEMM N
+  float* states = arena + l.total;  // count states of K x Vp after the shared buffers
+  const size_t state_floats = RoundUp(K * Vp, kPad);
   float* Kr = arena + l.KrQs;
   float* Qs = Kr + C * K;
   float* Kn = arena + l.KnQg;
@@ -636,17 +640,25 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
   float* egam = arena + l.egam;
   float* graw = arena + l.graw;
 
-  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  for (size_t g = 0; g < count; ++g)
+    LoadState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
   const ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw};
   ChunkPrefetcher prefetch;
-  for (int64_t t0 = 0; t0 < seq.len; t0 += chunk) {
+  for (int64_t t0 = 0; t0 < seq.len; t0 += chunk)
+  for (size_t g = 0; g < count; ++g) {
+    const WorkItem& item = items[g];
+    const int64_t hv = item.head;
+    float* S = states + g * state_floats;
     const size_t L = static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0));
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
-    if (t0 + chunk < seq.len)
-      prefetch.plan(job, seq, hv, t0 + chunk, static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0 - chunk)),
-                    item.col0, item.col1);
+    // Prefetch what runs next: the group's next head on this chunk, or the first head on the next.
+    if (g + 1 < count)
+      prefetch.plan(job, seq, items[g + 1].head, t0, L, item.col0, item.col1);
+    else if (t0 + chunk < seq.len)
+      prefetch.plan(job, seq, items[0].head, t0 + chunk,
+                    static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0 - chunk)), item.col0, item.col1);
     else
-      prefetch.plan(job, seq, hv, 0, 0, 0, 0);
+      prefetch.plan(job, seq, 0, 0, 0, 0, 0);
 
     // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands.
     for (size_t i = 0; i < L; ++i) {
@@ -701,10 +713,14 @@ void FusedItem(const LaJob& job, const WorkItem& item, float* arena, int chunk) 
     Gemm<Acc::kAdd>(Kt, ldc, X, Vp, S, Vp, K, width, L, Tri::kNone, &prefetch);
     prefetch.rest();  // whatever the tiles did not issue
   }
-  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  for (size_t g = 0; g < count; ++g)
+    StoreState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
 }
 
-size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk) { return MakeFusedLayout(job, width, chunk).total; }
+size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk, size_t group) {
+  const FusedLayout l = MakeFusedLayout(job, width, chunk);
+  return l.total + group * RoundUp(l.K * l.Vp, kPad);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Recurrent form / decode: per token, S' = decay S; e = β (v − k S'); S = S' + k^T e; o = q S.
@@ -983,7 +999,7 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace hanpu::cpu {
-HWY_EXPORT(FusedItem);
+HWY_EXPORT(FusedGroup);
 HWY_EXPORT(FusedArenaFloats);
 HWY_EXPORT(RecurrentItem);
 HWY_EXPORT(RecurrentArenaFloats);
@@ -995,11 +1011,11 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmProbeGflops);
 HWY_EXPORT(FloatLanes);
 
-size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk) {
-  return HWY_DYNAMIC_DISPATCH(FusedArenaFloats)(job, width, chunk);
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group) {
+  return HWY_DYNAMIC_DISPATCH(FusedArenaFloats)(job, width, chunk, group);
 }
-void fused_item(const LaJob& job, const WorkItem& item, float* arena, int chunk) {
-  HWY_DYNAMIC_DISPATCH(FusedItem)(job, item, arena, chunk);
+void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk) {
+  HWY_DYNAMIC_DISPATCH(FusedGroup)(job, items, count, arena, chunk);
 }
 size_t recurrent_arena_floats(const LaJob& job, int64_t width) {
   return HWY_DYNAMIC_DISPATCH(RecurrentArenaFloats)(job, width);
