@@ -509,7 +509,7 @@ void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, 
 
 struct FusedLayout {
   size_t K, C, Vp, ldc, gk;  // Vp: leading dim of V-wide rows; ldc: of C-wide rows
-  size_t KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, total;
+  size_t KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, eg, total;
 };
 
 FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
@@ -536,6 +536,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
   l.graw = take(std::max(l.K, l.C));  // a gate row (K) or a row of C gate factors (MaskGram)
   l.KQl = take(2 * 16 * l.K);
   l.KrT = take(l.K * l.ldc);
+  l.eg = take(l.C * l.gk);  // KDA: per-token decay factors of the chunk
   l.total = off;
   return l;
 }
@@ -543,12 +544,18 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
 // K K^T and Q K^T for KDA, anchored so that every exponent is a later-minus-earlier difference.
 // Rows in 16-row blocks with anchor n (the block's first row): for columns j < n,
 //   (k_i e^{Γi−Γn}) · (k_j e^{Γn−Γj})  — both factors <= 1;
-// inside the block each pair's e^{Γi−Γj} is formed directly.
+// inside a block, e^{Γi−Γj} = Π_{t=j+1..i} e^{g_t} is built by multiplying the per-token factors
+// (at most 15 of them, each <= 1: a few ulp, no exponential per pair). `eg` receives those
+// per-token factors [L x K].
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
-             float* KrT, float* ftmp, float* AP) {
+             float* KrT, float* ftmp, float* eg, float* AP) {
   constexpr size_t kBlock = 16;  // sub-chunk size of FLA's KDA kernels: anchors every 16 rows
   float* KK = AP;
   float* QK = AP + C * ldc;
+  ExpRow(G, eg, K);
+  for (size_t t = 1; t < L; ++t) ExpDiff(G + t * K, G + (t - 1) * K, eg + t * K, K);
+  const DF d;
+  const size_t N = hn::Lanes(d);
   for (size_t n = 0; n < L; n += kBlock) {
     const size_t rows = std::min(kBlock, L - n);
     const double* Gn = G + n * K;
@@ -556,25 +563,45 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
       float* Kl = KQl;
       float* Ql = KQl + kBlock * K;
       for (size_t i = 0; i < rows; ++i) {
-        ExpDiff(G + (n + i) * K, Gn, ftmp, K);
+        // e^{Γi−Γn} = e^{Γ(i−1)−Γn} e^{g_i}, kept in ftmp.
+        if (i == 0)
+          std::fill(ftmp, ftmp + K, 1.f);
+        else
+          MulRows(ftmp, eg + (n + i) * K, ftmp, K);
         MulRows(Kr + (n + i) * K, ftmp, Kl + i * K, K);
         MulRows(Qs + (n + i) * K, ftmp, Ql + i * K, K);
       }
-      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n (ld C).
+      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n (exact exponentials: up to 48 tokens back).
       for (size_t j = 0; j < n; ++j) {
         ExpDiff(Gn, G + j * K, ftmp, K);
-        for (size_t d = 0; d < K; ++d) KrT[d * ldc + j] = Kr[j * K + d] * ftmp[d];
+        for (size_t dd = 0; dd < K; ++dd) KrT[dd * ldc + j] = Kr[j * K + dd] * ftmp[dd];
       }
       Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
       Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
     }
     for (size_t i = 0; i < rows; ++i) {
       const size_t r = n + i;
-      for (size_t j = n; j <= r; ++j) {
-        ExpDiff(G + r * K, G + j * K, ftmp, K);
-        MulRows(Kr + j * K, ftmp, ftmp, K);
-        QK[r * ldc + j] = Dot(Qs + r * K, ftmp, K);
-        KK[r * ldc + j] = j < r ? Dot(Kr + r * K, ftmp, K) : 0.f;
+      const float* qr = Qs + r * K;
+      const float* kr = Kr + r * K;
+      std::fill(ftmp, ftmp + K, 1.f);  // e^{Γr−Γj} for j = r, then j = r−1, ...
+      for (size_t j = r + 1; j-- > n;) {
+        if (j < r) MulRows(ftmp, eg + (j + 1) * K, ftmp, K);
+        const float* kj = Kr + j * K;
+        VF aq = hn::Zero(d), ak = hn::Zero(d);
+        size_t dd = 0;
+        for (; dd + N <= K; dd += N) {
+          const VF kf = hn::Mul(hn::LoadU(d, kj + dd), hn::LoadU(d, ftmp + dd));
+          aq = hn::MulAdd(hn::LoadU(d, qr + dd), kf, aq);
+          ak = hn::MulAdd(hn::LoadU(d, kr + dd), kf, ak);
+        }
+        float sq = hn::GetLane(hn::SumOfLanes(d, aq)), sk = hn::GetLane(hn::SumOfLanes(d, ak));
+        for (; dd < K; ++dd) {
+          const float kf = kj[dd] * ftmp[dd];
+          sq += qr[dd] * kf;
+          sk += kr[dd] * kf;
+        }
+        QK[r * ldc + j] = sq;
+        KK[r * ldc + j] = j < r ? sk : 0.f;
       }
     }
   }
@@ -685,7 +712,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (kda) {
-      KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, AP);
+      KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP);
     } else {
       Transpose(Kr, L, K, Kt, ldc);
       Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
@@ -797,7 +824,7 @@ void RecurrentItem(const LaJob& job, const WorkItem& item, float* arena) {
 
 struct FlaScratch {
   size_t K, C, Vp, gk;
-  size_t q, k, v, G, beta, graw, AP, Kt, KQl, KrT, tmpA, tmpB, total;
+  size_t q, k, v, G, beta, graw, AP, Kt, KQl, KrT, eg, tmpA, tmpB, total;
 };
 
 FlaScratch MakeFlaScratch(const LaJob& job, int chunk) {
@@ -823,6 +850,7 @@ FlaScratch MakeFlaScratch(const LaJob& job, int chunk) {
   s.Kt = take(s.K * s.C);
   s.KQl = take(2 * 16 * s.K);
   s.KrT = take(s.K * s.C);
+  s.eg = take(s.C * s.gk);
   s.tmpA = take(s.C * std::max(Kp, s.Vp));
   s.tmpB = take(s.C * std::max(Kp, s.Vp));
   s.total = off;
@@ -855,7 +883,7 @@ ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   LoadChunk(job, ch.seq, hv, ch.t0, ch.L, 0, job.shape.V, rows);
   const size_t Lp = RoundUp(ch.L, kPad);
   if (s.gk > 1) {
-    KdaGram(k, q, G, ch.L, s.K, s.C, s.C, scratch + s.KQl, scratch + s.KrT, graw, AP);
+    KdaGram(k, q, G, ch.L, s.K, s.C, s.C, scratch + s.KQl, scratch + s.KrT, graw, scratch + s.eg, AP);
   } else {
     float* Kt = scratch + s.Kt;
     Transpose(k, ch.L, s.K, Kt, s.C);
