@@ -62,7 +62,6 @@ Problem make_problem(const ProblemSpec& spec0) {
     }
   }
   for (int64_t i = 0; i < p.v.numel(); ++i) p.v.set(i, Nrm(rng));
-  const int64_t gk = s.variant == Variant::GDN ? 1 : s.K;
   p.g = s.variant == Variant::GDN ? Tensor(DType::F32, {s.B, s.T, s.HV}) : Tensor(DType::F32, {s.B, s.T, s.HV, s.K});
   const double normalizer = U(rng) < 0.5 ? 1.0 : 10.0;
   for (int64_t i = 0; i < p.g.numel(); ++i) {
@@ -88,7 +87,6 @@ Problem make_problem(const ProblemSpec& spec0) {
     }
     p.g.set(i, x);
   }
-  (void)gk;
   p.beta = Tensor(DType::F32, {s.B, s.T, s.HV});
   for (int64_t i = 0; i < p.beta.numel(); ++i) {
     p.beta.set(i, s.opt.beta_sigmoid ? Nrm(rng) : 2.0 * (0.0005 + 0.999 * U(rng)));  // beta in (0, 2)

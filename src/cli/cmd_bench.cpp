@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -33,6 +34,7 @@ struct BenchArgs {
   double min_seconds = 0.2;  // per row: repeat until this much time (and at least min_reps)
   int min_reps = 3;
   bool json = false;
+  std::string json_out;  // also write the JSON rows to this file (the table still prints)
 };
 
 struct Inputs {
@@ -165,7 +167,7 @@ void run_bench(const BenchArgs& a) {
               r.gflops = la_flops_per_token_head(var, a.dim, a.dim) * static_cast<double>(T * H) / sec / 1e9;
               r.peak_gflops = peak[th];
               r.peak_fraction = r.gflops / r.peak_gflops;
-              if (a.json) {
+              {
                 out.push_back({{"variant", r.variant},
                                {"path", r.path},
                                {"T", r.T},
@@ -182,8 +184,12 @@ void run_bench(const BenchArgs& a) {
                                {"extra_bytes", r.extra_bytes},
                                {"reps", r.reps},
                                {"mem_bandwidth_gbs", bandwidth}});
-              } else {
-                print_row(r);
+              }
+              if (!a.json) print_row(r);
+              if (!a.json_out.empty()) {
+                std::ofstream f(a.json_out);
+                f << out.dump(2) << "\n";
+                if (!f) throw Error("cannot write '" + a.json_out + "'");
               }
             }
           }
@@ -208,5 +214,6 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--dim", args->dim, "K = V head dim (default 128)")->check(CLI::Range(1, 256));
   sub->add_option("--min-seconds", args->min_seconds, "time per row at least (default 0.2)");
   sub->add_flag("--json", args->json, "print the rows as a JSON array");
+  sub->add_option("--json-out", args->json_out, "also write the JSON rows to this file (updated after every row)");
   sub->callback([args] { run_bench(*args); });
 }

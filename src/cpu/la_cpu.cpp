@@ -28,9 +28,9 @@ struct Arena {
   }
 };
 
-Arena& thread_arena(int slot) {
+// One arena per pool thread (thread_local: each worker keeps its own across calls).
+Arena& thread_arena() {
   thread_local Arena arena;
-  (void)slot;
   return arena;
 }
 
@@ -58,7 +58,7 @@ size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
   const size_t max_group = static_cast<size_t>(std::max(1, plan.head_group));
   pool.run(plan.threads, [&](int t) {
     cpu::DenormalGuard ftz;
-    Arena& arena = thread_arena(t);
+    Arena& arena = thread_arena();
     const std::vector<WorkItem>& items = plan.per_thread[static_cast<size_t>(t)];
     for (size_t i = 0; i < items.size();) {
       // The longest run of following items with the same sequence and columns, up to max_group.
@@ -95,7 +95,7 @@ size_t run_recurrent(const LaJob& job, int threads) {
   std::vector<size_t> arena_floats(static_cast<size_t>(threads), 0);
   pool.run(threads, [&](int t) {
     cpu::DenormalGuard ftz;
-    Arena& arena = thread_arena(t);
+    Arena& arena = thread_arena();
     for (const WorkItem& item : per[static_cast<size_t>(t)]) {
       const size_t need = cpu::recurrent_arena_floats(job, item.col1 - item.col0);
       arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
@@ -157,7 +157,7 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   auto parallel_tasks = [&](const auto& fn, size_t count) {
     pool.run(threads, [&](int t) {
       cpu::DenormalGuard ftz;
-      float* scratch = thread_arena(t).get(scratch_floats);
+      float* scratch = thread_arena().get(scratch_floats);
       for (size_t i = static_cast<size_t>(t); i < count; i += static_cast<size_t>(threads)) fn(i, scratch);
     });
   };
