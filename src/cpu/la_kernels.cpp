@@ -59,16 +59,19 @@ inline size_t LeadingDim(size_t n) {
   return padded % 64 == 0 ? padded + kPad : padded;
 }
 
-// GEMM register tile: MR rows x NV vectors of C held in registers. 32-register targets (AVX-512,
-// NEON) take 8 x 3 (24 accumulators + 3 B vectors + 1 broadcast: 11 loads per 24 FMAs; measured
-// on AVX-512 against 8x2, 12x2 and 6x4: +5-10% on the GDN chunk); 16-register x86 targets 4 x 2.
+// GEMM register tiles: MR rows x NV vectors of C held in registers. 32-register targets (AVX-512,
+// NEON) use 8 x 3 (24 accumulators + 3 B vectors + 1 broadcast: 11 loads per 24 FMAs; measured
+// on AVX-512 against 8x2, 12x2, 6x4 and 7x4). Column tails (e.g. the last 32 of 128 columns)
+// keep 8 rows: taller tail tiles (12 x 2, 16 x 1) measured 10% slower on the GEMM probe.
+// 16-register x86 targets: 4 x 2.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr size_t kMR = 4;
-constexpr size_t kNV = 3;
+constexpr size_t kNV = 2;
 #else
 constexpr size_t kMR = 8;
 constexpr size_t kNV = 3;
 #endif
+constexpr size_t RowsFor(size_t /*nv*/) { return kMR; }
 
 enum class Acc { kSet, kAdd, kSub };  // C = A B, C += A B, C -= A B
 
@@ -108,12 +111,12 @@ template <size_t NV, Acc kMode>
 HWY_INLINE void TileCols(size_t mr, size_t nv, const float* A, size_t lda, const float* B, size_t ldb, float* C,
                          size_t ldc, size_t kd) {
   if constexpr (NV > 0) {
-    if (nv == NV) return TileRows<kMR, NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
+    if (nv == NV) return TileRows<RowsFor(NV), NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
     TileCols<NV - 1, kMode>(mr, nv, A, lda, B, ldb, C, ldc, kd);
   }
 }
 
-// Any tile up to kMR rows x kNV vectors (row and column tails of a GEMM).
+// Any tile up to RowsFor(nv) rows x nv <= kNV vectors (row and column tails of a GEMM).
 template <Acc kMode>
 HWY_INLINE void TileAny(size_t mr, size_t nv, const float* A, size_t lda, const float* B, size_t ldb, float* C,
                         size_t ldc, size_t kd) {
@@ -194,8 +197,9 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
   const size_t lanes = hn::Lanes(d);
   for (size_t j0 = 0; j0 < N; j0 += kNV * lanes) {
     const size_t nv = std::min(kNV, (N - j0) / lanes);
-    for (size_t i0 = 0; i0 < M; i0 += kMR) {
-      const size_t mr = std::min(kMR, M - i0);
+    const size_t rows = RowsFor(nv);
+    for (size_t i0 = 0; i0 < M; i0 += rows) {
+      const size_t mr = std::min(rows, M - i0);
       if (tri == Tri::kLowerN && j0 >= i0 + mr) continue;
       const size_t kd = tri == Tri::kLowerK ? std::min(Kd, i0 + mr) : Kd;
       if (kd == 0 && kMode != Acc::kSet) continue;
@@ -702,13 +706,10 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     }
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back (one pass over S per column panel when L = C: the stacked [Kn; Qg]).
-    if (L == C) {
-      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, C, width, K, Tri::kNone, &prefetch);  // X rows
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, C, width, K, Tri::kNone, &prefetch);
-    } else {
-      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
-    }
+    // Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
+    // stacked A operand, 2C x K, no longer stays in L1 next to the S panel).
+    Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
+    Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (kda) {
