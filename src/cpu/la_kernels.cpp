@@ -200,10 +200,15 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
     const size_t rows = RowsFor(nv);
     for (size_t i0 = 0; i0 < M; i0 += rows) {
       const size_t mr = std::min(rows, M - i0);
-      if (tri == Tri::kLowerN && j0 >= i0 + mr) continue;
+      size_t tile_nv = nv;
+      if (tri == Tri::kLowerN) {
+        // Only columns j < i0 + mr are needed: narrow the tile near the diagonal.
+        if (j0 >= i0 + mr) continue;
+        tile_nv = std::min(nv, (i0 + mr - j0 + lanes - 1) / lanes);
+      }
       const size_t kd = tri == Tri::kLowerK ? std::min(Kd, i0 + mr) : Kd;
       if (kd == 0 && kMode != Acc::kSet) continue;
-      TileAny<kMode>(mr, nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd);
+      TileAny<kMode>(mr, tile_nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd);
       if (pf) pf->lines(kPrefetchLinesPerTile);
     }
   }
