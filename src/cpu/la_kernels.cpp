@@ -73,18 +73,29 @@ constexpr size_t kNV = 3;
 #endif
 constexpr size_t RowsFor(size_t /*nv*/) { return kMR; }
 
-enum class Acc { kSet, kAdd, kSub };  // C = A B, C += A B, C -= A B
+// C = A B, C += A B, C -= A B, C = diag(row_scale) C + A B (the state update's decay, applied as
+// the accumulators are loaded instead of in a pass of its own).
+enum class Acc { kSet, kAdd, kSub, kScaleAdd };
 
 // C[MR x NV*lanes] (op)= A[MR x kd] (rows of stride lda, broadcast per element) * B[kd x NV*lanes]
 // (rows of stride ldb, loaded as vectors). A is a dense row-major operand, B a packed panel.
 template <size_t MR, size_t NV, Acc kMode>
 HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, size_t lda, const float* HWY_RESTRICT B, size_t ldb,
-                       float* HWY_RESTRICT C, size_t ldc, size_t kd) {
+                       float* HWY_RESTRICT C, size_t ldc, size_t kd, const float* HWY_RESTRICT row_scale) {
   const DF d;
   const size_t N = hn::Lanes(d);
   VF acc[MR][NV];
-  for (size_t i = 0; i < MR; ++i)
-    for (size_t v = 0; v < NV; ++v) acc[i][v] = kMode == Acc::kSet ? hn::Zero(d) : hn::LoadU(d, C + i * ldc + v * N);
+  for (size_t i = 0; i < MR; ++i) {
+    for (size_t v = 0; v < NV; ++v) {
+      if constexpr (kMode == Acc::kSet) {
+        acc[i][v] = hn::Zero(d);
+      } else if constexpr (kMode == Acc::kScaleAdd) {
+        acc[i][v] = hn::Mul(hn::Set(d, row_scale[i]), hn::LoadU(d, C + i * ldc + v * N));
+      } else {
+        acc[i][v] = hn::LoadU(d, C + i * ldc + v * N);
+      }
+    }
+  }
   for (size_t k = 0; k < kd; ++k) {
     VF b[NV];
     for (size_t v = 0; v < NV; ++v) b[v] = hn::LoadU(d, B + k * ldb + v * N);
@@ -100,27 +111,27 @@ HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, size_t lda, const float* HWY
 
 template <size_t M, size_t NV, Acc kMode>
 HWY_INLINE void TileRows(size_t mr, const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc,
-                         size_t kd) {
+                         size_t kd, const float* rs) {
   if constexpr (M > 0) {
-    if (mr == M) return Tile<M, NV, kMode>(A, lda, B, ldb, C, ldc, kd);
-    TileRows<M - 1, NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
+    if (mr == M) return Tile<M, NV, kMode>(A, lda, B, ldb, C, ldc, kd, rs);
+    TileRows<M - 1, NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd, rs);
   }
 }
 
 template <size_t NV, Acc kMode>
 HWY_INLINE void TileCols(size_t mr, size_t nv, const float* A, size_t lda, const float* B, size_t ldb, float* C,
-                         size_t ldc, size_t kd) {
+                         size_t ldc, size_t kd, const float* rs) {
   if constexpr (NV > 0) {
-    if (nv == NV) return TileRows<RowsFor(NV), NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd);
-    TileCols<NV - 1, kMode>(mr, nv, A, lda, B, ldb, C, ldc, kd);
+    if (nv == NV) return TileRows<RowsFor(NV), NV, kMode>(mr, A, lda, B, ldb, C, ldc, kd, rs);
+    TileCols<NV - 1, kMode>(mr, nv, A, lda, B, ldb, C, ldc, kd, rs);
   }
 }
 
 // Any tile up to RowsFor(nv) rows x nv <= kNV vectors (row and column tails of a GEMM).
 template <Acc kMode>
 HWY_INLINE void TileAny(size_t mr, size_t nv, const float* A, size_t lda, const float* B, size_t ldb, float* C,
-                        size_t ldc, size_t kd) {
-  TileCols<kNV, kMode>(mr, nv, A, lda, B, ldb, C, ldc, kd);
+                        size_t ldc, size_t kd, const float* rs = nullptr) {
+  TileCols<kNV, kMode>(mr, nv, A, lda, B, ldb, C, ldc, kd, rs);
 }
 
 enum class Tri {
@@ -188,11 +199,11 @@ class ChunkPrefetcher {
 // row strips inside, so each B panel (Kd x NV vectors) stays in L1 while all strips stream by.
 // Cache lines of the next chunk prefetched per GEMM tile (a tile is >= 1.5K FMAs; a GDN chunk
 // of K = V = 128 has ~150 tiles and ~2K lines to fetch for f32 q, k, v and o).
-constexpr size_t kPrefetchLinesPerTile = 16;
+constexpr size_t kPrefetchLinesPerTile = 24;
 
 template <Acc kMode>
 void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N,
-          size_t Kd, Tri tri = Tri::kNone, ChunkPrefetcher* pf = nullptr) {
+          size_t Kd, Tri tri = Tri::kNone, ChunkPrefetcher* pf = nullptr, const float* row_scale = nullptr) {
   const DF d;
   const size_t lanes = hn::Lanes(d);
   for (size_t j0 = 0; j0 < N; j0 += kNV * lanes) {
@@ -208,7 +219,8 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
       }
       const size_t kd = tri == Tri::kLowerK ? std::min(Kd, i0 + mr) : Kd;
       if (kd == 0 && kMode != Acc::kSet) continue;
-      TileAny<kMode>(mr, tile_nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd);
+      TileAny<kMode>(mr, tile_nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd,
+                     row_scale ? row_scale + i0 : nullptr);
       if (pf) pf->lines(kPrefetchLinesPerTile);
     }
   }
@@ -343,10 +355,10 @@ void L2Normalize(float* x, size_t n) {
 // fp64 (exact for the sums of fp32 gates we form), so large |Γ| after a −1000 mask costs no
 // precision; the exponent is non-positive by construction (later minus earlier).
 void ExpDiff(const double* HWY_RESTRICT a, const double* HWY_RESTRICT b, float* HWY_RESTRICT out, size_t n) {
-  const DF d;
-  const size_t N = hn::Lanes(d);
   size_t i = 0;
 #if HWY_HAVE_FLOAT64 && HWY_TARGET != HWY_SCALAR
+  const DF d;
+  const size_t N = hn::Lanes(d);
   if (N >= 2) {
     const hn::Repartition<double, DF> dd;
     const hn::Rebind<float, decltype(dd)> dh;
@@ -361,6 +373,27 @@ void ExpDiff(const double* HWY_RESTRICT a, const double* HWY_RESTRICT b, float* 
   for (; i < n; ++i) out[i] = std::exp(static_cast<float>(a[i] - b[i]));
 }
 
+// out[j] = exp(float(a − b[j])) for j < n: one row of GDN's intra-chunk decays e^{Γi−Γj}.
+void ExpDiffFrom(double a, const double* HWY_RESTRICT b, float* HWY_RESTRICT out, size_t n) {
+  size_t i = 0;
+#if HWY_HAVE_FLOAT64 && HWY_TARGET != HWY_SCALAR
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  if (N >= 2) {
+    const hn::Repartition<double, DF> dd;
+    const hn::Rebind<float, decltype(dd)> dh;
+    const size_t Nd = hn::Lanes(dd);
+    const auto va = hn::Set(dd, a);
+    for (; i + N <= n; i += N) {
+      const auto lo = hn::DemoteTo(dh, hn::Sub(va, hn::LoadU(dd, b + i)));
+      const auto hi = hn::DemoteTo(dh, hn::Sub(va, hn::LoadU(dd, b + i + Nd)));
+      hn::StoreU(hn::Exp(d, hn::Combine(d, hi, lo)), d, out + i);
+    }
+  }
+#endif
+  for (; i < n; ++i) out[i] = std::exp(static_cast<float>(a - b[i]));
+}
+
 // out[i] = exp(float(a[i])) (a <= 0)
 void ExpRow(const double* HWY_RESTRICT a, float* HWY_RESTRICT out, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(a[i]);
@@ -369,6 +402,15 @@ void ExpRow(const double* HWY_RESTRICT a, float* HWY_RESTRICT out, size_t n) {
   size_t i = 0;
   for (; i + N <= n; i += N) hn::StoreU(hn::Exp(d, hn::LoadU(d, out + i)), d, out + i);
   for (; i < n; ++i) out[i] = std::exp(out[i]);
+}
+
+// x *= w (element-wise, in place)
+HWY_INLINE void MulInPlace(float* HWY_RESTRICT x, const float* HWY_RESTRICT w, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), hn::LoadU(d, w + i)), d, x + i);
+  for (; i < n; ++i) x[i] *= w[i];
 }
 
 // dst = src * w (element-wise)
@@ -485,12 +527,19 @@ void StoreOutputRows(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t
   }
 }
 
-// Transpose rows [L x K] (ld K) into [K x ldt] (zero for columns L..ldt).
+// Transpose rows [L x K] (ld K) into [K x ldt] (zero for columns L..ldt). Each output vector is
+// one gather of `lanes` rows' element d (a scalar loop was 6% of the GDN chunk).
 void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) {
-  for (size_t d = 0; d < K; ++d) {
-    float* row = dst + d * ldt;
-    for (size_t i = 0; i < L; ++i) row[i] = src[i * K + d];
-    for (size_t i = L; i < ldt; ++i) row[i] = 0.f;
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const size_t N = hn::Lanes(d);
+  const auto row_offsets = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(K)));
+  const size_t full = L / N * N;
+  for (size_t k = 0; k < K; ++k) {
+    float* row = dst + k * ldt;
+    for (size_t j = 0; j < full; j += N) hn::StoreU(hn::GatherIndex(d, src + j * K + k, row_offsets), d, row + j);
+    for (size_t j = full; j < L; ++j) row[j] = src[j * K + k];
+    for (size_t j = L; j < ldt; ++j) row[j] = 0.f;
   }
 }
 
@@ -576,7 +625,7 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
         if (i == 0)
           std::fill(ftmp, ftmp + K, 1.f);
         else
-          MulRows(ftmp, eg + (n + i) * K, ftmp, K);
+          MulInPlace(ftmp, eg + (n + i) * K, K);
         MulRows(Kr + (n + i) * K, ftmp, Kl + i * K, K);
         MulRows(Qs + (n + i) * K, ftmp, Ql + i * K, K);
       }
@@ -594,7 +643,7 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
       const float* kr = Kr + r * K;
       std::fill(ftmp, ftmp + K, 1.f);  // e^{Γr−Γj} for j = r, then j = r−1, ...
       for (size_t j = r + 1; j-- > n;) {
-        if (j < r) MulRows(ftmp, eg + (j + 1) * K, ftmp, K);
+        if (j < r) MulInPlace(ftmp, eg + (j + 1) * K, K);
         const float* kj = Kr + j * K;
         VF aq = hn::Zero(d), ak = hn::Zero(d);
         size_t dd = 0;
@@ -624,14 +673,7 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
   float* QK = AP + C * ldc;
   const size_t Lp = RoundUp(L, kPad);
   for (size_t i = 0; i < L; ++i) {
-    if (gdn) {
-      for (size_t j = 0; j <= i; ++j) ftmp[j] = static_cast<float>(G[i] - G[j]);
-      const DF d;
-      const size_t N = hn::Lanes(d);
-      size_t j = 0;
-      for (; j + N <= i + 1; j += N) hn::StoreU(hn::Exp(d, hn::LoadU(d, ftmp + j)), d, ftmp + j);
-      for (; j <= i; ++j) ftmp[j] = std::exp(ftmp[j]);
-    }
+    if (gdn) ExpDiffFrom(G[i], G, ftmp, i + 1);
     float* a = KK + i * ldc;
     float* p = QK + i * ldc;
     // Selection masks (FirstN), never multiplication by a 0/1 mask: entries above the diagonal
@@ -695,7 +737,6 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
                     static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0 - chunk)), item.col0, item.col1);
     else
       prefetch.plan(job, seq, 0, 0, 0, 0, 0);
-
     // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands.
     for (size_t i = 0; i < L; ++i) {
       ExpRow(G + i * gk, egam + i * gk, gk);
@@ -710,11 +751,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       Scale(X + i * Vp, beta[i], Vp);
     }
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
-    // state, back to back (one pass over S per column panel when L = C: the stacked [Kn; Qg]).
-    // Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
-    // stacked A operand, 2C x K, no longer stays in L1 next to the S panel).
-    Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
-    Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
+    // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
+    // stacked A operand, 2C x K, no longer stays in L1 next to the S panel). No prefetching from
+    // these tiles: they are the most sensitive to it (measured), the later GEMMs carry it.
+    Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, nullptr);
+    Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, nullptr);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (kda) {
@@ -730,20 +771,21 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     // #6 Output: O += P E, then store.
     Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
     StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
-    // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j.
+    // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j; the decay of S is applied
+    // by the GEMM as it loads S (kScaleAdd with one factor per row of S).
     const double* GL = G + (L - 1) * gk;
+    float* decay_rows = graw;  // K factors (graw holds max(K, C) floats)
     if (kda) {
       for (size_t j = 0; j < L; ++j) {
         ExpDiff(GL, G + j * K, graw, K);
         for (size_t d = 0; d < K; ++d) Kt[d * ldc + j] = Kr[j * K + d] * graw[d];
       }
-      for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, egam[(L - 1) * K + d], Vp);
+      std::copy(egam + (L - 1) * K, egam + L * K, decay_rows);
     } else {
-      for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, std::exp(static_cast<float>(GL[0] - G[j])), Vp);
-      const float decay = egam[L - 1];
-      for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, decay, Vp);
+      for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, std::exp(static_cast<float>(GL[0] - G[j])), width);
+      std::fill(decay_rows, decay_rows + K, egam[L - 1]);
     }
-    Gemm<Acc::kAdd>(Kt, ldc, X, Vp, S, Vp, K, width, L, Tri::kNone, &prefetch);
+    Gemm<Acc::kScaleAdd>(Kt, ldc, X, Vp, S, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
     prefetch.rest();  // whatever the tiles did not issue
   }
   for (size_t g = 0; g < count; ++g)
