@@ -1,6 +1,7 @@
 // The CPU execution plan: which core runs which (sequence, value head, column block) item, and in
-// which form. The head-fused path executes a CpuPlan; the planner (make_cpu_plan) builds one from
-// the problem's shapes and the detected host, and tests/other planners may build their own.
+// which form. The head-fused path executes a CpuPlan; make_cpu_plan builds the mapping from the
+// problem's shapes, la_prefill sizes head_group from the detected L2, and tests or other planners
+// may pass their own (ExecOptions::plan; validate_cpu_plan checks coverage).
 #pragma once
 
 #include <cstdint>

@@ -917,8 +917,10 @@ ChunkRef FlaChunk(const LaJob& job, const FlaBuffers& buf, int64_t c) {
   return {seq, t0, static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0))};
 }
 
-// Computes Γ, the masked K K^T / Q K^T and the chunk rows into the scratch; returns the ChunkRef.
-ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch, bool need_v) {
+// Loads the chunk rows and Γ into the scratch and forms the masked grams: the Map phase
+// (map_phase) needs K K^T and v, the output phase Q K^T, as FLA's separate kernels compute them
+// (GDN; KDA's anchored evaluation forms both together). Returns the ChunkRef.
+ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch, bool map_phase) {
   const FlaScratch s = MakeFlaScratch(job, buf.chunk);
   const ChunkRef ch = FlaChunk(job, buf, c);
   float* q = scratch + s.q;
@@ -927,7 +929,7 @@ ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   float* beta = scratch + s.beta;
   float* graw = scratch + s.graw;
   float* AP = scratch + s.AP;
-  const ChunkRows rows{q, k, need_v ? scratch + s.v : nullptr, s.Vp, G, beta, graw};
+  const ChunkRows rows{q, k, map_phase ? scratch + s.v : nullptr, s.Vp, G, beta, graw};
   LoadChunk(job, ch.seq, hv, ch.t0, ch.L, 0, job.shape.V, rows);
   const size_t Lp = RoundUp(ch.L, kPad);
   if (s.gk > 1) {
@@ -935,8 +937,10 @@ ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   } else {
     float* Kt = scratch + s.Kt;
     Transpose(k, ch.L, s.K, Kt, s.C);
-    Gemm<Acc::kSet>(k, s.K, Kt, s.C, AP, s.C, ch.L, Lp, s.K, Tri::kLowerN);
-    Gemm<Acc::kSet>(q, s.K, Kt, s.C, AP + s.C * s.C, s.C, ch.L, Lp, s.K, Tri::kLowerN);
+    if (map_phase)
+      Gemm<Acc::kSet>(k, s.K, Kt, s.C, AP, s.C, ch.L, Lp, s.K, Tri::kLowerN);
+    else
+      Gemm<Acc::kSet>(q, s.K, Kt, s.C, AP + s.C * s.C, s.C, ch.L, Lp, s.K, Tri::kLowerN);
   }
   MaskGram(s.gk == 1, G, beta, ch.L, s.C, s.C, AP, graw);
   return ch;
