@@ -367,3 +367,53 @@ TEST(LaValidation, ErrorsNameTheTensor) {
 
 }  // namespace
 }  // namespace hanpu::testing
+
+namespace hanpu::testing {
+namespace {
+
+// Inputs given as strided views (head-major storage seen through [B,T,H,K] strides, and a
+// non-unit stride on the last dimension) give the same result as contiguous inputs.
+TEST(LaViews, StridedInputsMatchContiguous) {
+  for (Variant var : {Variant::GDN, Variant::KDA}) {
+    ProblemSpec s;
+    s.variant = var;
+    s.B = 2;
+    s.T = 90;
+    s.H = 2;
+    s.HV = 4;
+    s.K = 32;
+    s.V = 48;
+    s.dtype = DType::BF16;
+    const Problem p = make_problem(s);
+    const LaResult want = la_prefill_alloc(var, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 2, nullptr});
+
+    // q stored head-major [B,H,T,K]; k stored with every element doubled along K (stride 2).
+    Tensor q_hm(DType::BF16, {s.B, s.H, s.T, s.K}), k_wide(DType::BF16, {s.B, s.T, s.H, 2 * s.K});
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t t = 0; t < s.T; ++t)
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t d = 0; d < s.K; ++d) {
+            const int64_t src = ((b * s.T + t) * s.H + h) * s.K + d;
+            q_hm.set(((b * s.H + h) * s.T + t) * s.K + d, p.q.get(src));
+            k_wide.set(((b * s.T + t) * s.H + h) * 2 * s.K + 2 * d, p.k.get(src));
+          }
+    LaInputs in = p.inputs();
+    in.q = q_hm.view();
+    in.q.shape = {s.B, s.T, s.H, s.K, 0};
+    in.q.stride = {s.H * s.T * s.K, s.K, s.T * s.K, 1, 0};
+    in.k = k_wide.view();
+    in.k.shape = {s.B, s.T, s.H, s.K, 0};
+    in.k.stride = {s.T * s.H * 2 * s.K, s.H * 2 * s.K, 2 * s.K, 2, 0};
+    for (CpuPath path : kPaths) {
+      const LaResult got = la_prefill_alloc(var, in, s.opt, ExecOptions{path, 2, nullptr});
+      for (int64_t i = 0; i < want.o.numel(); ++i)
+        ASSERT_NEAR(got.o.get(i), want.o.get(i), 1e-2 * std::max(1.0, std::abs(want.o.get(i))))
+            << cpu_path_name(path) << " o[" << i << "]";
+      for (int64_t i = 0; i < want.final_state.numel(); ++i)
+        ASSERT_NEAR(got.final_state.get(i), want.final_state.get(i), 1e-4) << cpu_path_name(path);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hanpu::testing
