@@ -111,7 +111,7 @@ Problem make_problem(const ProblemSpec& spec0) {
 }
 
 double nmse(const Tensor& x, const Tensor& ref) {
-  if (x.numel() != ref.numel()) return INFINITY;
+  if (x.shape() != ref.shape()) return INFINITY;
   double num = 0, den = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
     const double a = x.get(i), r = ref.get(i);

@@ -42,7 +42,8 @@ struct Problem {
 
 Problem make_problem(const ProblemSpec& spec);
 
-/// ||x - ref||^2 / ||ref||^2 over all elements (x of any dtype, ref F64). NaN/inf give +inf.
+/// ||x - ref||^2 / ||ref||^2 over all elements (any dtypes, same shape). NaN/inf in x or a shape
+/// mismatch give +inf.
 double nmse(const Tensor& x, const Tensor& ref);
 
 struct Accuracy {

@@ -10,6 +10,8 @@
 // final state is always fp32: 1e-9.
 #include <gtest/gtest.h>
 
+#include "la_testing.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -54,19 +56,7 @@ std::vector<fs::path> golden_files() {
   return files;
 }
 
-// ||x - ref||^2 / ||ref||^2 over all elements; +inf on a size mismatch or a non-finite x.
-double nmse(const Tensor& x, const Tensor& ref) {
-  if (x.numel() != ref.numel() || x.shape() != ref.shape()) return INFINITY;
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const double a = x.get(i), r = ref.get(i);
-    if (!std::isfinite(a)) return INFINITY;
-    num += (a - r) * (a - r);
-    den += r * r;
-  }
-  if (den == 0) return num == 0 ? 0 : INFINITY;
-  return num / den;
-}
+using hanpu::testing::nmse;
 
 std::string meta(const SafetensorsFile& f, const std::string& key) {
   const auto it = f.metadata().find(key);

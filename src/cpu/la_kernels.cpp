@@ -351,10 +351,12 @@ void L2Normalize(float* x, size_t n) {
   Scale(x, inv, n);
 }
 
-// out[i] = exp(float(a[i] - b[i])) for the fp64 cumulative gates a, b: the difference is taken in
-// fp64 (exact for the sums of fp32 gates we form), so large |Γ| after a −1000 mask costs no
-// precision; the exponent is non-positive by construction (later minus earlier).
-void ExpDiff(const double* HWY_RESTRICT a, const double* HWY_RESTRICT b, float* HWY_RESTRICT out, size_t n) {
+// out[i] = exp(float(a[i] − b[i])) (or exp(float(a[0] − b[i])) with kBroadcastA) for the fp64
+// cumulative gates a, b: the difference is taken in fp64 (exact for the sums of fp32 gates we
+// form), so large |Γ| after a −1000 mask costs no precision; the exponent is non-positive by
+// construction (later minus earlier).
+template <bool kBroadcastA>
+void ExpDiffImpl(const double* HWY_RESTRICT a, const double* HWY_RESTRICT b, float* HWY_RESTRICT out, size_t n) {
   size_t i = 0;
 #if HWY_HAVE_FLOAT64 && HWY_TARGET != HWY_SCALAR
   const DF d;
@@ -363,36 +365,21 @@ void ExpDiff(const double* HWY_RESTRICT a, const double* HWY_RESTRICT b, float* 
     const hn::Repartition<double, DF> dd;
     const hn::Rebind<float, decltype(dd)> dh;
     const size_t Nd = hn::Lanes(dd);
+    auto load_a = [&](size_t at) { return kBroadcastA ? hn::Set(dd, a[0]) : hn::LoadU(dd, a + at); };
     for (; i + N <= n; i += N) {
-      const auto lo = hn::DemoteTo(dh, hn::Sub(hn::LoadU(dd, a + i), hn::LoadU(dd, b + i)));
-      const auto hi = hn::DemoteTo(dh, hn::Sub(hn::LoadU(dd, a + i + Nd), hn::LoadU(dd, b + i + Nd)));
+      const auto lo = hn::DemoteTo(dh, hn::Sub(load_a(i), hn::LoadU(dd, b + i)));
+      const auto hi = hn::DemoteTo(dh, hn::Sub(load_a(i + Nd), hn::LoadU(dd, b + i + Nd)));
       hn::StoreU(hn::Exp(d, hn::Combine(d, hi, lo)), d, out + i);
     }
   }
 #endif
-  for (; i < n; ++i) out[i] = std::exp(static_cast<float>(a[i] - b[i]));
+  for (; i < n; ++i) out[i] = std::exp(static_cast<float>(a[kBroadcastA ? 0 : i] - b[i]));
 }
 
-// out[j] = exp(float(a − b[j])) for j < n: one row of GDN's intra-chunk decays e^{Γi−Γj}.
-void ExpDiffFrom(double a, const double* HWY_RESTRICT b, float* HWY_RESTRICT out, size_t n) {
-  size_t i = 0;
-#if HWY_HAVE_FLOAT64 && HWY_TARGET != HWY_SCALAR
-  const DF d;
-  const size_t N = hn::Lanes(d);
-  if (N >= 2) {
-    const hn::Repartition<double, DF> dd;
-    const hn::Rebind<float, decltype(dd)> dh;
-    const size_t Nd = hn::Lanes(dd);
-    const auto va = hn::Set(dd, a);
-    for (; i + N <= n; i += N) {
-      const auto lo = hn::DemoteTo(dh, hn::Sub(va, hn::LoadU(dd, b + i)));
-      const auto hi = hn::DemoteTo(dh, hn::Sub(va, hn::LoadU(dd, b + i + Nd)));
-      hn::StoreU(hn::Exp(d, hn::Combine(d, hi, lo)), d, out + i);
-    }
-  }
-#endif
-  for (; i < n; ++i) out[i] = std::exp(static_cast<float>(a - b[i]));
-}
+void ExpDiff(const double* a, const double* b, float* out, size_t n) { ExpDiffImpl<false>(a, b, out, n); }
+
+// One row of GDN's intra-chunk decays: out[j] = e^{Γi−Γj} for j < n, with a = Γi.
+void ExpDiffFrom(double a, const double* b, float* out, size_t n) { ExpDiffImpl<true>(&a, b, out, n); }
 
 // out[i] = exp(float(a[i])) (a <= 0)
 void ExpRow(const double* HWY_RESTRICT a, float* HWY_RESTRICT out, size_t n) {
