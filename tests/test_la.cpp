@@ -417,3 +417,38 @@ TEST(LaViews, StridedInputsMatchContiguous) {
 
 }  // namespace
 }  // namespace hanpu::testing
+
+namespace hanpu::testing {
+namespace {
+
+// The operator orders a plan may choose (GEMM-first or the W/U form; in-place or double-buffered
+// state) give the reference's results, with tails (T = 150, K = 60, V = 100) and groups.
+TEST(LaPlan, OperatorOrdersAreExact) {
+  for (Variant var : {Variant::GDN, Variant::KDA}) {
+    ProblemSpec s;
+    s.variant = var;
+    s.T = 150;
+    s.H = 2;
+    s.HV = 4;
+    s.K = 60;
+    s.V = 100;
+    s.gates = GateRegime::kMasked;
+    const Problem p = make_problem(s);
+    const LaReference ref = la_reference(var, p.inputs(), s.opt);
+    std::vector<int64_t> lens{s.T};
+    LaShape shape = validate_la(var, p.inputs(), s.opt);
+    for (bool gemm_first : {true, false}) {
+      for (bool in_place : {true, false}) {
+        CpuPlan plan = make_cpu_plan(shape, lens, 2);
+        plan.head_group = 2;
+        plan.order = {gemm_first, in_place};
+        const LaResult r = la_prefill_alloc(var, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 2, &plan});
+        EXPECT_LE(nmse(r.o, ref.o), 1e-10) << "gemm_first=" << gemm_first << " in_place=" << in_place;
+        EXPECT_LE(nmse(r.final_state, ref.final_state), 1e-10) << "gemm_first=" << gemm_first << " in_place=" << in_place;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hanpu::testing

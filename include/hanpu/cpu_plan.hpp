@@ -22,6 +22,18 @@ struct WorkItem {
   bool operator==(const WorkItem&) const = default;
 };
 
+/// Operator order inside a chunk (ha-npu.md §4): both choices give the same results up to fp32
+/// rounding; the defaults are HA-NPU's, the alternatives are the baseline order for ablations.
+struct OperatorOrder {
+  /// true: v_new = T (diag(β) V − diag(β e^Γ) K S), solved in place, W and U never formed;
+  /// false: T = (I + A)^-1 formed, W = T diag(β e^Γ) K and U = T diag(β) V, v_new = U − W S.
+  bool gemm_first = true;
+  /// true: chunk-first, one state per item updated in place after the output;
+  /// false: the next state is built in a second buffer (two states live per item).
+  bool state_in_place = true;
+  bool operator==(const OperatorOrder&) const = default;
+};
+
 struct CpuPlan {
   int threads = 1;
   int chunk = 64;  // C: tokens per chunk (64 as FLA; the arena is sized for it)
@@ -35,6 +47,8 @@ struct CpuPlan {
   /// Up to this many consecutive items of a thread that share sequence and columns advance in
   /// lockstep, chunk by chunk, each with its own state in the arena (sized to stay in L2).
   int head_group = 1;
+  /// Operator order of the head-fused path.
+  OperatorOrder order;
 
   std::string describe() const;
 };

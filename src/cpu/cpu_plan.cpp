@@ -27,7 +27,9 @@ double chunks_of(int64_t len, int chunk) { return static_cast<double>(std::max<i
 
 std::string CpuPlan::describe() const {
   std::ostringstream os;
-  os << "threads=" << threads << " chunk=" << chunk;
+  os << "threads=" << threads << " chunk=" << chunk << " head_group=" << head_group
+     << " order=" << (order.gemm_first ? "gemm-first" : "w-u-form") << ","
+     << (order.state_in_place ? "in-place-state" : "double-buffered-state");
   for (size_t t = 0; t < per_thread.size(); ++t) {
     os << "\n  thread " << t << ":";
     for (const WorkItem& w : per_thread[t]) os << " (s" << w.seq << ",h" << w.head << ",v" << w.col0 << ":" << w.col1 << ")";

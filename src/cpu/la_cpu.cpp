@@ -66,9 +66,9 @@ size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
       while (i + n < items.size() && n < max_group && items[i + n].seq == items[i].seq &&
              items[i + n].col0 == items[i].col0 && items[i + n].col1 == items[i].col1)
         ++n;
-      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, chunk, n);
+      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, chunk, n, plan.order);
       arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
-      cpu::fused_group(job, &items[i], n, arena.get(need), chunk);
+      cpu::fused_group(job, &items[i], n, arena.get(need), chunk, plan.order);
       i += n;
     }
   });

@@ -554,10 +554,12 @@ void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, 
 
 struct FusedLayout {
   size_t K, C, Vp, ldc, gk;  // Vp: leading dim of V-wide rows; ldc: of C-wide rows
-  size_t KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, eg, total;
+  size_t KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, eg;
+  size_t ldw, Tinv, W, U;  // only without GEMM-first: the inverse, W and U of the W/U form
+  size_t total;
 };
 
-FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
+FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const OperatorOrder& order) {
   FusedLayout l{};
   l.K = static_cast<size_t>(job.shape.K);
   l.C = static_cast<size_t>(chunk);
@@ -582,6 +584,12 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk) {
   l.KQl = take(2 * 16 * l.K);
   l.KrT = take(l.K * l.ldc);
   l.eg = take(l.C * l.gk);  // KDA: per-token decay factors of the chunk
+  l.ldw = LeadingDim(l.K);
+  if (!order.gemm_first) {
+    l.Tinv = take(l.C * l.ldc);
+    l.W = take(l.C * l.ldw);
+    l.U = take(l.C * std::max(l.Vp, l.ldw));  // also stages T Kn (ld ldw)
+  }
   l.total = off;
   return l;
 }
@@ -683,15 +691,19 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
 // all run chunk c before any runs chunk c+1, each with its own state in the arena. The heads'
 // rows of one token are adjacent in q, k, v and o, so the group reads and writes memory in runs
 // the hardware prefetchers follow, instead of one isolated row per head and token.
-void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk) {
+void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
+                const OperatorOrder& order) {
   const WorkItem& first = items[0];
   const SeqSpan seq = job.seqs[static_cast<size_t>(first.seq)];
   const bool kda = job.variant() == Variant::KDA;
-  const FusedLayout l = MakeFusedLayout(job, first.col1 - first.col0, chunk);
+  const FusedLayout l = MakeFusedLayout(job, first.col1 - first.col0, chunk, order);
   const size_t K = l.K, C = l.C, Vp = l.Vp, ldc = l.ldc, gk = l.gk;
   const size_t width = RoundUp(static_cast<size_t>(first.col1 - first.col0), kPad);  // GEMM N
-  float* states = arena + l.total;  // count states of K x Vp after the shared buffers
+  // count states of K x Vp after the shared buffers (twice as many without the in-place update:
+  // state g lives at g or count + g, alternating per chunk).
+  float* states = arena + l.total;
   const size_t state_floats = RoundUp(K * Vp, kPad);
+  size_t parity = 0;  // which half holds the current states (always 0 in place)
   float* Kr = arena + l.KrQs;
   float* Qs = Kr + C * K;
   float* Kn = arena + l.KnQg;
@@ -713,7 +725,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   for (size_t g = 0; g < count; ++g) {
     const WorkItem& item = items[g];
     const int64_t hv = item.head;
-    float* S = states + g * state_floats;
+    float* S = states + (parity * count + g) * state_floats;
     const size_t L = static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0));
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
     // Prefetch what runs next: the group's next head on this chunk, or the first head on the next.
@@ -741,7 +753,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
     // stacked A operand, 2C x K, no longer stays in L1 next to the S panel). No prefetching from
     // these tiles: they are the most sensitive to it (measured), the later GEMMs carry it.
-    Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, nullptr);
+    if (order.gemm_first) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, nullptr);
     Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, nullptr);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
@@ -753,8 +765,30 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
     }
     MaskGram(!kda, G, beta, L, C, ldc, AP, graw);
-    // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
-    SolveUnitLower(AP, ldc, X, Vp, L, width);
+    if (order.gemm_first) {
+      // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
+      SolveUnitLower(AP, ldc, X, Vp, L, width);
+    } else {
+      // #3-#4 as FLA orders them: T = (I + A)^-1, W = T diag(β e^Γ) K (here −W, from Kn),
+      // U = T diag(β) V, then #5 v_new = U − W S.
+      float* Tinv = arena + l.Tinv;
+      float* W = arena + l.W;
+      float* U = arena + l.U;
+      const size_t Lp16 = RoundUp(L, kPad);
+      for (size_t i = 0; i < L; ++i) {
+        std::fill(Tinv + i * ldc, Tinv + i * ldc + Lp16, 0.f);
+        Tinv[i * ldc + i] = 1.f;
+        std::copy(Kn + i * K, Kn + (i + 1) * K, W + i * l.ldw);  // staging for T Kn
+        std::fill(W + i * l.ldw + K, W + (i + 1) * l.ldw, 0.f);
+      }
+      SolveUnitLower(AP, ldc, Tinv, ldc, L, Lp16);
+      float* Wm = U;  // T Kn into U's storage first, then copied back into W
+      Gemm<Acc::kSet>(Tinv, ldc, W, l.ldw, Wm, l.ldw, L, RoundUp(K, kPad), L, Tri::kLowerK);
+      for (size_t i = 0; i < L; ++i) std::copy(Wm + i * l.ldw, Wm + (i + 1) * l.ldw, W + i * l.ldw);
+      Gemm<Acc::kSet>(Tinv, ldc, X, Vp, U, Vp, L, width, L, Tri::kLowerK);
+      for (size_t i = 0; i < L; ++i) std::copy(U + i * Vp, U + (i + 1) * Vp, X + i * Vp);
+      Gemm<Acc::kAdd>(W, l.ldw, S, Vp, X, Vp, L, width, K);  // X = U + (−W) S
+    }
     // #6 Output: O += P E, then store.
     Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
     StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
@@ -772,16 +806,23 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, std::exp(static_cast<float>(GL[0] - G[j])), width);
       std::fill(decay_rows, decay_rows + K, egam[L - 1]);
     }
-    Gemm<Acc::kScaleAdd>(Kt, ldc, X, Vp, S, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
+    float* S_next = S;
+    if (!order.state_in_place) {  // the next state in the other half, from a copy of this one
+      S_next = states + ((1 - parity) * count + g) * state_floats;
+      std::copy(S, S + K * Vp, S_next);
+    }
+    Gemm<Acc::kScaleAdd>(Kt, ldc, X, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
+    if (!order.state_in_place && g + 1 == count) parity = 1 - parity;
     prefetch.rest();  // whatever the tiles did not issue
   }
   for (size_t g = 0; g < count; ++g)
-    StoreState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
+    StoreState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1,
+               states + (parity * count + g) * state_floats, Vp);
 }
 
-size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk, size_t group) {
-  const FusedLayout l = MakeFusedLayout(job, width, chunk);
-  return l.total + group * RoundUp(l.K * l.Vp, kPad);
+size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order) {
+  const FusedLayout l = MakeFusedLayout(job, width, chunk, order);
+  return l.total + (order.state_in_place ? 1 : 2) * group * RoundUp(l.K * l.Vp, kPad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1078,11 +1119,12 @@ HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmProbeGflops);
 HWY_EXPORT(FloatLanes);
 
-size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group) {
-  return HWY_DYNAMIC_DISPATCH(FusedArenaFloats)(job, width, chunk, group);
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order) {
+  return HWY_DYNAMIC_DISPATCH(FusedArenaFloats)(job, width, chunk, group, order);
 }
-void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk) {
-  HWY_DYNAMIC_DISPATCH(FusedGroup)(job, items, count, arena, chunk);
+void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
+                 const OperatorOrder& order) {
+  HWY_DYNAMIC_DISPATCH(FusedGroup)(job, items, count, arena, chunk, order);
 }
 size_t recurrent_arena_floats(const LaJob& job, int64_t width) {
   return HWY_DYNAMIC_DISPATCH(RecurrentArenaFloats)(job, width);
