@@ -99,7 +99,23 @@ void print_row(const Row& r) {
   std::fflush(stdout);
 }
 
+// Rejects bad selections before the (slow) peak measurement.
+void validate_args(const BenchArgs& a) {
+  for (const std::string& v : a.variants)
+    if (v != "gdn" && v != "kda") throw Error("unknown variant '" + v + "' (expected gdn or kda)");
+  for (const std::string& d : a.dtypes)
+    if (d != "f32" && d != "bf16" && d != "f16") throw Error("unknown dtype '" + d + "' (expected f32, bf16 or f16)");
+  for (const std::string& p : a.paths) parse_path(p);
+  for (int64_t t : a.Ts)
+    if (t < 1) throw Error("--T " + std::to_string(t) + ": sequence lengths must be positive");
+  for (int64_t h : a.heads)
+    if (h < 1) throw Error("--heads " + std::to_string(h) + ": head counts must be positive");
+  for (int t : a.threads)
+    if (t < 1 || t > 1024) throw Error("--threads " + std::to_string(t) + ": expected 1..1024");
+}
+
 void run_bench(const BenchArgs& a) {
+  validate_args(a);
   const int all = hardware_threads();
   std::vector<int> thread_counts = a.threads;
   if (thread_counts.empty()) thread_counts = all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
