@@ -514,9 +514,10 @@ void StoreOutputRows(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t
   }
 }
 
-// Transpose rows [L x K] (ld K) into [K x ldt] (zero for columns L..ldt). Each output vector is
-// one gather of `lanes` rows' element d (a scalar loop was 6% of the GDN chunk).
-void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) {
+// Transpose rows [L x K] (ld K) into columns [0, L) of [K x ldt], zero-filling columns
+// [L, zero_to). Each output vector is one gather of `lanes` rows' element d (a scalar loop was 6%
+// of the GDN chunk).
+void TransposeInto(const float* src, size_t L, size_t K, float* dst, size_t ldt, size_t zero_to) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const size_t N = hn::Lanes(d);
@@ -526,9 +527,11 @@ void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) {
     float* row = dst + k * ldt;
     for (size_t j = 0; j < full; j += N) hn::StoreU(hn::GatherIndex(d, src + j * K + k, row_offsets), d, row + j);
     for (size_t j = full; j < L; ++j) row[j] = src[j * K + k];
-    for (size_t j = L; j < ldt; ++j) row[j] = 0.f;
+    for (size_t j = L; j < zero_to; ++j) row[j] = 0.f;
   }
 }
+
+void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) { TransposeInto(src, L, K, dst, ldt, ldt); }
 
 // (I + A) E = X in place on X [L x ldx] (width a multiple of the vector length); A strictly lower
 // [L x lda]. Row strips: the part below the strip is a GEMM on solved rows, the strip's own
@@ -615,6 +618,19 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
     if (n > 0) {
       float* Kl = KQl;
       float* Ql = KQl + kBlock * K;
+      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n. Columns of the previous anchor p = n − 16
+      // move forward with one factor per row, e^{Γn−Γp} (a product of at most 3 exact
+      // exponentials); only the 16 new columns [p, n) need exponentials of their own.
+      const size_t p = n - kBlock;
+      if (p > 0) {
+        ExpDiff(Gn, G + p * K, ftmp, K);
+        for (size_t dd = 0; dd < K; ++dd) Scale(KrT + dd * ldc, ftmp[dd], p);
+      }
+      for (size_t j = p; j < n; ++j) {
+        ExpDiff(Gn, G + j * K, ftmp, K);
+        MulRows(Kr + j * K, ftmp, Kl + (j - p) * K, K);  // Kl as staging rows
+      }
+      TransposeInto(Kl, kBlock, K, KrT + p, ldc, kBlock);
       for (size_t i = 0; i < rows; ++i) {
         // e^{Γi−Γn} = e^{Γ(i−1)−Γn} e^{g_i}, kept in ftmp.
         if (i == 0)
@@ -623,11 +639,6 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
           MulInPlace(ftmp, eg + (n + i) * K, K);
         MulRows(Kr + (n + i) * K, ftmp, Kl + i * K, K);
         MulRows(Qs + (n + i) * K, ftmp, Ql + i * K, K);
-      }
-      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n (exact exponentials: up to 48 tokens back).
-      for (size_t j = 0; j < n; ++j) {
-        ExpDiff(Gn, G + j * K, ftmp, K);
-        for (size_t dd = 0; dd < K; ++dd) KrT[dd * ldc + j] = Kr[j * K + dd] * ftmp[dd];
       }
       Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
       Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
@@ -797,10 +808,21 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     const double* GL = G + (L - 1) * gk;
     float* decay_rows = graw;  // K factors (graw holds max(K, C) floats)
     if (kda) {
-      for (size_t j = 0; j < L; ++j) {
-        ExpDiff(GL, G + j * K, graw, K);
-        for (size_t d = 0; d < K; ++d) Kt[d * ldc + j] = Kr[j * K + d] * graw[d];
+      // Kt[d][j] = k_j[d] e^{ΓL[d]−Γj[d]}: the columns before the last anchor nl come from the
+      // gram's KrT (k_j e^{Γnl−Γj}) times e^{ΓL−Γnl}; the rest need exponentials of their own.
+      constexpr size_t kBlock = 16;
+      const size_t nl = (L - 1) / kBlock * kBlock;
+      const float* KrT = arena + l.KrT;
+      if (nl > 0) {
+        ExpDiff(GL, G + nl * K, graw, K);
+        for (size_t d = 0; d < K; ++d) ScaleTo(KrT + d * ldc, graw[d], Kt + d * ldc, nl);
       }
+      float* staging = arena + l.KQl;  // 32 x K rows, free after the gram
+      for (size_t j = nl; j < L; ++j) {
+        ExpDiff(GL, G + j * K, graw, K);
+        MulRows(Kr + j * K, graw, staging + (j - nl) * K, K);
+      }
+      TransposeInto(staging, L - nl, K, Kt + nl, ldc, L - nl);
       std::copy(egam + (L - 1) * K, egam + L * K, decay_rows);
     } else {
       for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, std::exp(static_cast<float>(GL[0] - G[j])), width);
