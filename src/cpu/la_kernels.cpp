@@ -140,7 +140,7 @@ enum class Tri {
   kLowerK,  // A[i][k] is zero for k > i: limit the reduction of each strip to k <= its last row
 };
 
-// Software prefetch of the next chunk's rows (q, k, v, KDA g; o for writing). Rows of one head are
+// Software prefetch of the next chunk's rows (q, k, v, KDA g; o is written with streaming stores). Rows of one head are
 // H*K elements apart, a page each, so the hardware streamers do not follow them and every row
 // would be a DRAM round trip. All lines of a chunk at once would exhaust the line-fill buffers and
 // stall, so the prefetches are spread over the GEMM row strips of the current chunk.
@@ -154,11 +154,10 @@ class ChunkPrefetcher {
     const int64_t h = job.key_head(hv), t = seq.bos + t0;
     const size_t K = static_cast<size_t>(job.shape.K);
     for (size_t i = 0; i < L; ++i) {
-      add(in.q, seq.batch, t + i, h, 0, K, false);
-      add(in.k, seq.batch, t + i, h, 0, K, false);
-      add(in.v, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0), false);
-      if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K, false);
-      add(job.out.o, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0), true);
+      add(in.q, seq.batch, t + i, h, 0, K);
+      add(in.k, seq.batch, t + i, h, 0, K);
+      add(in.v, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0));
+      if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K);
     }
   }
   // Issues the next `lines` cache lines of the planned rows: a few at a time from inside the
@@ -166,10 +165,7 @@ class ChunkPrefetcher {
   void lines(size_t lines) {
     for (; lines > 0 && next_ < count_; --lines) {
       const Span& r = rows_[next_];
-      if (r.write)
-        __builtin_prefetch(r.ptr + offset_, 1);
-      else
-        hwy::Prefetch(r.ptr + offset_);
+      hwy::Prefetch(r.ptr + offset_);
       offset_ += 64;
       if (offset_ >= r.bytes) {
         offset_ = 0;
@@ -183,14 +179,13 @@ class ChunkPrefetcher {
   struct Span {
     const char* ptr;
     size_t bytes;
-    bool write;
   };
-  void add(const TensorView& t, int64_t b, int64_t tok, int64_t h, int64_t col0, size_t n, bool write) {
+  void add(const TensorView& t, int64_t b, int64_t tok, int64_t h, int64_t col0, size_t n) {
     if (t.rank != 4 || t.stride[3] != 1 || count_ == kMaxRows) return;
     const size_t esz = dtype_size(t.dtype);
-    rows_[count_++] = {static_cast<const char*>(t.data) + offset4(t, b, tok, h, col0) * esz, n * esz, write};
+    rows_[count_++] = {static_cast<const char*>(t.data) + offset4(t, b, tok, h, col0) * esz, n * esz};
   }
-  static constexpr size_t kMaxRows = 5 * 64;  // five row kinds of a 64-token chunk
+  static constexpr size_t kMaxRows = 4 * 64;  // four row kinds of a 64-token chunk
   Span rows_[kMaxRows];
   size_t count_ = 0, next_ = 0, offset_ = 0;
 };
@@ -265,7 +260,16 @@ void LoadRow(const TensorView& t, int64_t off, int64_t stride, size_t n, float* 
 
 void StoreRow(const float* HWY_RESTRICT src, size_t n, const TensorView& t, int64_t off, int64_t stride) {
   if (stride == 1 && t.dtype == DType::F32) {
-    std::memcpy(static_cast<float*>(t.data) + off, src, n * sizeof(float));
+    float* dst = static_cast<float*>(t.data) + off;
+    const DF d;
+    const size_t N = hn::Lanes(d);
+    if (n % N == 0 && reinterpret_cast<uintptr_t>(dst) % (N * sizeof(float)) == 0) {
+      // Outputs are written once and not read back here: streaming stores skip the read for
+      // ownership of every line (callers FlushStream before handing o over).
+      for (size_t i = 0; i < n; i += N) hn::Stream(hn::LoadU(d, src + i), d, dst + i);
+      return;
+    }
+    std::memcpy(dst, src, n * sizeof(float));
     return;
   }
   size_t i = 0;
@@ -840,6 +844,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   for (size_t g = 0; g < count; ++g)
     StoreState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1,
                states + (parity * count + g) * state_floats, Vp);
+  hwy::FlushStream();  // order the streaming stores of o before the pool hands the results over
 }
 
 size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order) {
@@ -913,6 +918,7 @@ void RecurrentItem(const LaJob& job, const WorkItem& item, float* arena) {
     StoreOutputRows(job, seq, hv, t, 1, item.col0, item.col1, o, Vp);
   }
   StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  hwy::FlushStream();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1072,6 +1078,7 @@ void FlaReduceItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item
     Gemm<Acc::kAdd>(Kt, C, vnew, Vp, S, Vp, K, Vp, L);
   }
   StoreState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+  hwy::FlushStream();
 }
 
 void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
@@ -1094,6 +1101,7 @@ void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp, Vp, O, Vp, L, Vp, K);
   Gemm<Acc::kAdd>(scratch + s.AP + C * C, C, buf.v_new + slot * C * Vp, Vp, O, Vp, L, Vp, L, Tri::kLowerK);
   StoreOutputRows(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, O, Vp);
+  hwy::FlushStream();
 }
 
 size_t FlaScratchFloats(const LaJob& job, int chunk) {
