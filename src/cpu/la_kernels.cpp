@@ -224,38 +224,44 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
 // ---------------------------------------------------------------------------------------------
 // Row loads and stores with dtype conversion.
 
-void LoadRowScalar(const TensorView& t, int64_t off, int64_t stride, size_t n, float* dst) {
-  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_as_double(t.data, t.dtype, off + i * stride));
+void LoadRowScalar(const TensorView& t, int64_t off, int64_t stride, size_t n, float* dst, float scale = 1.f) {
+  for (size_t i = 0; i < n; ++i)
+    dst[i] = scale * static_cast<float>(load_as_double(t.data, t.dtype, off + i * stride));
 }
 
-// dst[0:n] = the n elements of t starting at element offset `off` with element stride `stride`.
-void LoadRow(const TensorView& t, int64_t off, int64_t stride, size_t n, float* HWY_RESTRICT dst) {
-  if (stride != 1) return LoadRowScalar(t, off, stride, n, dst);
+// dst[0:n] = scale * the n elements of t starting at element offset `off` with element stride
+// `stride` (the scale rides along with the conversion: no second pass over the row).
+void LoadRow(const TensorView& t, int64_t off, int64_t stride, size_t n, float* HWY_RESTRICT dst, float scale = 1.f) {
+  if (stride != 1) return LoadRowScalar(t, off, stride, n, dst, scale);
   const DF d;
   const size_t N = hn::Lanes(d);
+  const VF vs = hn::Set(d, scale);
   size_t i = 0;
   switch (t.dtype) {
-    case DType::F32:
-      std::memcpy(dst, static_cast<const float*>(t.data) + off, n * sizeof(float));
-      return;
+    case DType::F32: {
+      const float* src = static_cast<const float*>(t.data) + off;
+      for (; i + N <= n; i += N) hn::StoreU(hn::Mul(vs, hn::LoadU(d, src + i)), d, dst + i);
+      break;
+    }
     case DType::BF16: {
       const uint16_t* src = static_cast<const uint16_t*>(t.data) + off;
       const hn::Rebind<uint16_t, DF> d16;
       const hn::RebindToUnsigned<DF> du;
       for (; i + N <= n; i += N)
-        hn::StoreU(hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + i)))), d, dst + i);
+        hn::StoreU(hn::Mul(vs, hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du, hn::LoadU(d16, src + i))))), d,
+                   dst + i);
       break;
     }
     case DType::F16: {
       const hwy::float16_t* src = static_cast<const hwy::float16_t*>(t.data) + off;
       const hn::Rebind<hwy::float16_t, DF> d16;
-      for (; i + N <= n; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(d16, src + i)), d, dst + i);
+      for (; i + N <= n; i += N) hn::StoreU(hn::Mul(vs, hn::PromoteTo(d, hn::LoadU(d16, src + i))), d, dst + i);
       break;
     }
     default:
       break;
   }
-  if (i < n) LoadRowScalar(t, off + i, 1, n - i, dst + i);
+  if (i < n) LoadRowScalar(t, off + i, 1, n - i, dst + i, scale);
 }
 
 void StoreRow(const float* HWY_RESTRICT src, size_t n, const TensorView& t, int64_t off, int64_t stride) {
@@ -425,6 +431,7 @@ struct ChunkRows {
   double* G;     // cumulative gates: [C] (GDN) or [C x K] (KDA), fp64
   float* beta;   // [C]
   float* graw;   // scratch [K]
+  bool v_times_beta = false;  // store beta_t v_t instead of v_t (the head-fused path's X init)
 };
 
 void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
@@ -462,16 +469,21 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
     const int64_t t = seq.bos + t0 + static_cast<int64_t>(i);
     float* q = r.q + i * K;
     float* k = r.k + i * K;
-    LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q);
+    const float beta_t = gates::beta_transform(
+        static_cast<float>(load_as_double(in.beta.data, in.beta.dtype, offset3(in.beta, b, t, hv))),
+        job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
+    r.beta[i] = beta_t;
+    // q is scaled as it is loaded unless it is normalised first.
+    LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q, job.opt.qk_l2norm ? 1.f : job.scale);
     LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
     if (job.opt.qk_l2norm) {
       L2Normalize(q, K);
       L2Normalize(k, K);
+      Scale(q, job.scale, K);
     }
-    Scale(q, job.scale, K);
     if (r.v) {
       float* v = r.v + i * r.ldv;
-      LoadRow(in.v, offset4(in.v, b, t, hv, col0), in.v.stride[3], width, v);
+      LoadRow(in.v, offset4(in.v, b, t, hv, col0), in.v.stride[3], width, v, r.v_times_beta ? beta_t : 1.f);
       for (size_t j = width; j < r.ldv; ++j) v[j] = 0.f;
     }
     LoadGateRow(job, b, t, hv, r.graw);
@@ -479,9 +491,6 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
     // large cumulative values keep full fp32 precision).
     double* G = r.G + i * gk;
     for (size_t d = 0; d < gk; ++d) G[d] = (i ? r.G[(i - 1) * gk + d] : 0.0) + static_cast<double>(r.graw[d]);
-    r.beta[i] = gates::beta_transform(
-        static_cast<float>(load_as_double(in.beta.data, in.beta.dtype, offset3(in.beta, b, t, hv))),
-        job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
   }
 }
 
@@ -734,7 +743,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
 
   for (size_t g = 0; g < count; ++g)
     LoadState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
-  const ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw};
+  const ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw, /*v_times_beta=*/true};
   ChunkPrefetcher prefetch;
   for (int64_t t0 = 0; t0 < seq.len; t0 += chunk)
   for (size_t g = 0; g < count; ++g) {
@@ -762,7 +771,6 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);
         ScaleTo(Qs + i * K, egam[i], Qg + i * K, K);
       }
-      Scale(X + i * Vp, beta[i], Vp);
     }
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
