@@ -410,6 +410,17 @@ HWY_INLINE void MulInPlace(float* HWY_RESTRICT x, const float* HWY_RESTRICT w, s
   for (; i < n; ++i) x[i] *= w[i];
 }
 
+// dst = s * src * w (element-wise)
+HWY_INLINE void MulRowsScaled(const float* HWY_RESTRICT src, const float* HWY_RESTRICT w, float s,
+                              float* HWY_RESTRICT dst, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF vs = hn::Set(d, s);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(vs, hn::Mul(hn::LoadU(d, src + i), hn::LoadU(d, w + i))), d, dst + i);
+  for (; i < n; ++i) dst[i] = s * src[i] * w[i];
+}
+
 // dst = src * w (element-wise)
 HWY_INLINE void MulRows(const float* HWY_RESTRICT src, const float* HWY_RESTRICT w, float* HWY_RESTRICT dst,
                         size_t n) {
@@ -595,7 +606,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
   l.XO = take(2 * l.C * l.Vp);
   l.G = take(2 * l.C * l.gk);  // doubles
   l.beta = take(l.C);
-  l.egam = take(l.C * l.gk);
+  l.egam = take(l.C * std::max<size_t>(l.gk, 2));  // GDN: e^Γ_i, then e^{Γ_L−Γ_j} (update)
   l.graw = take(std::max(l.K, l.C));  // a gate row (K) or a row of C gate factors (MaskGram)
   l.KQl = take(2 * 16 * l.K);
   l.KrT = take(l.K * l.ldc);
@@ -764,8 +775,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     for (size_t i = 0; i < L; ++i) {
       ExpRow(G + i * gk, egam + i * gk, gk);
       if (kda) {
-        MulRows(Kr + i * K, egam + i * K, Kn + i * K, K);
-        Scale(Kn + i * K, -beta[i], K);
+        MulRowsScaled(Kr + i * K, egam + i * K, -beta[i], Kn + i * K, K);
         MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
       } else {
         ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);
@@ -837,7 +847,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       TransposeInto(staging, L - nl, K, Kt + nl, ldc, L - nl);
       std::copy(egam + (L - 1) * K, egam + L * K, decay_rows);
     } else {
-      for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, std::exp(static_cast<float>(GL[0] - G[j])), width);
+      float* to_end = egam + C;  // GDN uses egam's first C floats only; e^{Γ_L−Γ_j} after them
+      ExpDiffFrom(GL[0], G, to_end, L);
+      for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, to_end[j], width);
       std::fill(decay_rows, decay_rows + K, egam[L - 1]);
     }
     float* S_next = S;
