@@ -79,19 +79,13 @@ size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
 }
 
 size_t run_recurrent(const LaJob& job, int threads) {
+  // The recurrence has nothing to share along the sequence: the plan's head-level assignment as
+  // it is, and the items it would run chunk-parallel spread round-robin instead.
   const CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
-  std::vector<WorkItem> all;
-  for (const auto& per : plan.per_thread) all.insert(all.end(), per.begin(), per.end());
-  all.insert(all.end(), plan.chunk_parallel.begin(), plan.chunk_parallel.end());
-  // The recurrence has nothing to share along the sequence: spread the items (split columns if
-  // needed) statically over the threads.
+  std::vector<std::vector<WorkItem>> per = plan.per_thread;
+  for (size_t i = 0; i < plan.chunk_parallel.size(); ++i)
+    per[i % static_cast<size_t>(threads)].push_back(plan.chunk_parallel[i]);
   ThreadPool& pool = ThreadPool::shared(threads);
-  std::vector<std::vector<WorkItem>> per(static_cast<size_t>(threads));
-  if (!plan.chunk_parallel.empty()) {
-    all.clear();
-    for (const WorkItem& w : plan.chunk_parallel) all.push_back(w);
-  }
-  for (size_t i = 0; i < all.size(); ++i) per[i % static_cast<size_t>(threads)].push_back(all[i]);
   std::vector<size_t> arena_floats(static_cast<size_t>(threads), 0);
   pool.run(threads, [&](int t) {
     cpu::DenormalGuard ftz;

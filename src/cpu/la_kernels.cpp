@@ -1,9 +1,9 @@
 // SIMD kernels of the CPU backend, compiled once per SIMD target by Highway and dispatched at run
 // time (AVX2, AVX-512, NEON, ...).
 //
-// The head-fused path (fused_item) runs all six operators of ha-npu.md §2 for one work item
-// (sequence, value head, column block), chunk after chunk, with the state S and every per-chunk
-// intermediate in a per-core arena. Per chunk of L <= C rows, with Γ the chunk-local cumulative
+// The head-fused path (FusedGroup) runs all six operators of ha-npu.md §2 for a group of work
+// items (sequence, value head, column block), chunk after chunk, with the states S and every
+// per-chunk intermediate in a per-core arena. Per chunk of L <= C rows, with Γ the chunk-local cumulative
 // log-decay (Γ_r = Σ_{s<=r} g_s, computed in fp64: see LoadChunk) and scale folded into q:
 //
 //   GEMM-first (ha-npu.md §4):   X = diag(β) V − diag(β e^Γ) K S     (#5 read, rewritten)
