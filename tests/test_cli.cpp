@@ -3,6 +3,8 @@
 // file), good inputs must give FLA's results, and `hanpu bench --json` must print well-formed rows.
 // The executable's path comes from CMake (HANPU_EXE).
 #include <gtest/gtest.h>
+
+#include "test_support.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,12 +35,11 @@ using hanpu::SafetensorsFile;
 using hanpu::Tensor;
 using hanpu::TensorView;
 
+using hanpu::testing::TempDir;
+using hanpu::testing::golden_dir;
+
 namespace {
 
-fs::path golden_dir() {
-  if (const char* src = std::getenv("HANPU_SOURCE_DIR"); src && *src) return fs::path(src) / "tests" / "golden";
-  return fs::path(__FILE__).parent_path() / "golden";
-}
 
 std::string golden(const std::string& name) {
   const fs::path p = golden_dir() / (name + ".safetensors");
@@ -46,24 +47,6 @@ std::string golden(const std::string& name) {
   return p.string();
 }
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("hanpu_cli_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + info->name());
-    fs::create_directories(dir_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  fs::path dir_;
-};
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -190,13 +173,13 @@ void expect_tensor_error(const TempDir& dir, const std::string& variant, const T
 // Bad files
 
 TEST(CliErrors, MissingInputFile) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   const std::string in = dir.file("does_not_exist.safetensors"), out = dir.file("out.safetensors");
   expect_clean_failure(dir, "gdn --in " + quote(in) + " --out " + quote(out), {"does_not_exist.safetensors"}, out);
 }
 
 TEST(CliErrors, TruncatedFile) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   const std::string bytes = read_text(golden("gdn_basic"));
   ASSERT_GT(bytes.size(), 1000u);
   const std::string in = dir.file("truncated.safetensors"), out = dir.file("out.safetensors");
@@ -205,7 +188,7 @@ TEST(CliErrors, TruncatedFile) {
 }
 
 TEST(CliErrors, HeaderLengthLargerThanFile) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   std::string bytes(8, '\0');
   const uint64_t len = 4096;
   for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(len >> (8 * i));
@@ -217,7 +200,7 @@ TEST(CliErrors, HeaderLengthLargerThanFile) {
 }
 
 TEST(CliErrors, MissingBeta) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   remove_tensor(t, "beta");
   expect_tensor_error(dir, "gdn", t, {"'beta'", "in.safetensors"});
@@ -227,82 +210,82 @@ TEST(CliErrors, MissingBeta) {
 // Bad tensors
 
 TEST(CliErrors, QRank3) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   set_tensor(t, "q", Tensor(DType::F32, {10, 2, 8}));
   expect_tensor_error(dir, "gdn", t, {"'q'", "rank 3"});
 }
 
 TEST(CliErrors, KShapeDiffersFromQ) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   set_tensor(t, "k", Tensor(DType::F32, {1, 10, 2, 16}));
   expect_tensor_error(dir, "gdn", t, {"'k'", "[1,10,2,16]"});
 }
 
 TEST(CliErrors, HvNotMultipleOfH) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false, 1, 10, /*H=*/2, /*HV=*/3);
   expect_tensor_error(dir, "gdn", t, {"'v'", "HV = 3", "H = 2"});
 }
 
 TEST(CliErrors, CuSeqlensNotStartingAtZero) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   set_tensor(t, "cu_seqlens", cu_seqlens({1, 5, 10}));
   expect_tensor_error(dir, "gdn", t, {"'cu_seqlens'", "starts at 1"});
 }
 
 TEST(CliErrors, CuSeqlensDecreasing) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   set_tensor(t, "cu_seqlens", cu_seqlens({0, 7, 4, 10}));
   expect_tensor_error(dir, "gdn", t, {"'cu_seqlens'", "decreases"});
 }
 
 TEST(CliErrors, CuSeqlensNotEndingAtT) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   set_tensor(t, "cu_seqlens", cu_seqlens({0, 4, 9}));
   expect_tensor_error(dir, "gdn", t, {"'cu_seqlens'", "ends at 9", "T = 10"});
 }
 
 TEST(CliErrors, CuSeqlensWithBatch2) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false, /*B=*/2);
   set_tensor(t, "cu_seqlens", cu_seqlens({0, 4, 10}));
   expect_tensor_error(dir, "gdn", t, {"cu_seqlens", "B = 2"});
 }
 
 TEST(CliErrors, KdaGateRank3) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(true);
   set_tensor(t, "g", Tensor(DType::F32, {1, 10, 2}));  // GDN's shape, not KDA's [B,T,HV,K]
   expect_tensor_error(dir, "kda", t, {"'g'", "[1,10,2]"});
 }
 
 TEST(CliErrors, GateInKernelWithoutALog) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   expect_tensor_error(dir, "gdn", t, {"A_log"}, "--gate-in-kernel");
 }
 
 TEST(CliErrors, InitialStateWrongShape) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false);
   set_tensor(t, "initial_state", Tensor(DType::F32, {1, 2, 8, 4}));
   expect_tensor_error(dir, "gdn", t, {"'initial_state'", "[1,2,8,4]"});
 }
 
 TEST(CliErrors, HeadDimTooLarge) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   Tensors t = make_inputs(false, 1, /*T=*/2, /*H=*/1, /*HV=*/1, /*K=*/300, /*V=*/8);
   expect_tensor_error(dir, "gdn", t, {"'q'", "K = 300"});
 }
 
 // The unmodified small inputs work, so every failure above is due to the one change it makes.
 TEST(CliErrors, ControlCaseSucceeds) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   for (bool kda : {false, true}) {
     Tensors t = make_inputs(kda);
     const std::string in = write_inputs(dir, "in.safetensors", t), out = dir.file("out.safetensors");
@@ -331,7 +314,7 @@ double nmse(const TensorView& x, const TensorView& ref) {
 std::vector<int64_t> shape_of(const TensorView& t) { return std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.rank); }
 
 TEST(CliRun, GdnBasicGoldenAllModes) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   const std::string in = golden("gdn_basic");
   const SafetensorsFile ref = SafetensorsFile::open(in);
   for (const std::string mode : {"", "--mode chunk", "--mode recurrent", "--mode fla --threads 2"}) {
@@ -358,7 +341,7 @@ TEST(CliRun, GdnBasicGoldenAllModes) {
 }
 
 TEST(CliRun, KdaGateVarlenGolden) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   const std::string in = golden("kda_gate_varlen"), out = dir.file("tmp.safetensors");
   const SafetensorsFile ref = SafetensorsFile::open(in);
   const RunResult r = run_hanpu(dir, "kda --in " + quote(in) + " --out " + quote(out) +
@@ -383,7 +366,7 @@ nlohmann::json run_bench_json(const TempDir& dir, const std::string& T) {
 }
 
 TEST(CliBench, JsonRowsAndMemoryIndependentOfT) {
-  TempDir dir;
+  TempDir dir("hanpu_cli");
   const nlohmann::json rows70 = run_bench_json(dir, "70");
   ASSERT_TRUE(rows70.is_array()) << rows70.dump();
   ASSERT_EQ(rows70.size(), 3u) << rows70.dump(2);

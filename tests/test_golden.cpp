@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "la_testing.hpp"
+#include "test_support.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -42,10 +43,8 @@ double output_bound(DType dt) {
 }
 
 // The golden directory: $HANPU_SOURCE_DIR/tests/golden (CTest sets it), else next to this file.
-fs::path golden_dir() {
-  if (const char* src = std::getenv("HANPU_SOURCE_DIR"); src && *src) return fs::path(src) / "tests" / "golden";
-  return fs::path(__FILE__).parent_path() / "golden";
-}
+using hanpu::testing::golden_dir;
+
 
 std::vector<fs::path> golden_files() {
   std::vector<fs::path> files;

@@ -3,6 +3,8 @@
 // reached exactly; every error must name the file and, where there is one, the tensor.
 #include <gtest/gtest.h>
 
+#include "test_support.hpp"
+
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -25,26 +27,11 @@ using hanpu::SafetensorsFile;
 using hanpu::Tensor;
 using hanpu::TensorView;
 
+using hanpu::testing::TempDir;
+using hanpu::testing::golden_dir;
+
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("hanpu_st_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + info->name());
-    fs::create_directories(dir_);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-  std::string file(const std::string& name) const { return (dir_ / name).string(); }
-
- private:
-  fs::path dir_;
-};
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary);
@@ -82,7 +69,7 @@ std::string one_entry(const std::string& fields) { return R"({"x": {)" + fields 
 // --- round trips -------------------------------------------------------------------------------
 
 TEST(Safetensors, RoundTripEveryDtype) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("all.safetensors");
   std::vector<Tensor> tensors;
   std::vector<std::pair<std::string, TensorView>> named;
@@ -119,7 +106,7 @@ TEST(Safetensors, RoundTripEveryDtype) {
 }
 
 TEST(Safetensors, ScalarsEmptyTensorsAndRankFive) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("shapes.safetensors");
   Tensor scalar(DType::F64, {});
   scalar.set(0, 3.5);
@@ -143,7 +130,7 @@ TEST(Safetensors, ScalarsEmptyTensorsAndRankFive) {
 }
 
 TEST(Safetensors, WritesStridedViewsContiguous) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("strided.safetensors");
   Tensor base(DType::F32, {3, 4});
   for (int64_t i = 0; i < 12; ++i) base.set(i, static_cast<double>(i));
@@ -170,7 +157,7 @@ TEST(Safetensors, WritesStridedViewsContiguous) {
 }
 
 TEST(Safetensors, MisalignedTensorIsCopiedToAlignedStorage) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("misaligned.safetensors");
   // 'pad' is one F16 (2 bytes), so 'x' (F32) starts at data offset 2: not 4-aligned.
   const std::string header =
@@ -189,7 +176,7 @@ TEST(Safetensors, MisalignedTensorIsCopiedToAlignedStorage) {
 }
 
 TEST(Safetensors, HeaderWithoutPaddingOrWithTrailingSpacesIsAccepted) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("spaces.safetensors");
   // 55 header bytes + 3 spaces + 8 puts the data at an odd file offset (66 is not a multiple of
   // 4); the reader must still hand out an aligned view.
@@ -206,7 +193,7 @@ TEST(Safetensors, HeaderWithoutPaddingOrWithTrailingSpacesIsAccepted) {
 }
 
 TEST(Safetensors, MissingTensorNamesFileAndTensor) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("small.safetensors");
   Tensor t(DType::F32, {2});
   hanpu::write_safetensors(path, {{"present", t.view()}});
@@ -224,7 +211,7 @@ TEST(Safetensors, MissingTensorNamesFileAndTensor) {
 }
 
 TEST(Safetensors, WriteRejectsBadRequests) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("bad_write.safetensors");
   Tensor t(DType::F32, {2});
   EXPECT_THROW(hanpu::write_safetensors(path, {{"a", t.view()}, {"a", t.view()}}), Error);
@@ -239,10 +226,8 @@ TEST(Safetensors, WriteRejectsBadRequests) {
 TEST(Safetensors, ReadsPythonWrittenGoldenFile) {
   // Written by tools/make_fla_goldens.py (an independent writer); rewriting and rereading it must
   // preserve every byte of every tensor.
-  const char* source_dir = std::getenv("HANPU_SOURCE_DIR");  // set by tests/CMakeLists.txt
-  const fs::path tests_dir = source_dir ? fs::path(source_dir) / "tests" : fs::path(__FILE__).parent_path();
-  const fs::path golden = tests_dir / "golden" / "gdn_varlen.safetensors";
-  if (!fs::exists(golden)) GTEST_SKIP() << golden << " not found";
+  const fs::path golden = golden_dir() / "gdn_varlen.safetensors";
+  ASSERT_TRUE(fs::exists(golden)) << golden << " not found (committed under tests/golden)";
   const SafetensorsFile f = SafetensorsFile::open(golden.string());
   EXPECT_EQ(f.metadata().at("variant"), "gdn");
   const TensorView cu = f.get("cu_seqlens");
@@ -252,7 +237,7 @@ TEST(Safetensors, ReadsPythonWrittenGoldenFile) {
   EXPECT_EQ(offsets[0], 0);
   EXPECT_EQ(offsets[3], f.get("q").shape[1]);  // the sequences tile the packed T axis
 
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string copy_path = tmp.file("copy.safetensors");
   std::vector<std::pair<std::string, TensorView>> all;
   for (const std::string& name : f.names()) all.emplace_back(name, f.get(name));
@@ -271,20 +256,20 @@ TEST(Safetensors, ReadsPythonWrittenGoldenFile) {
 // --- malformed files ---------------------------------------------------------------------------
 
 TEST(SafetensorsMalformed, MissingFile) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("nope.safetensors");
   expect_open_error(path, {path, "does not exist"});
 }
 
 TEST(SafetensorsMalformed, Directory) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("dir.safetensors");
   fs::create_directory(path);
   expect_open_error(path, {path, "directory"});
 }
 
 TEST(SafetensorsMalformed, ShorterThanEightBytes) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("short.safetensors");
   write_bytes(path, "abc");
   expect_open_error(path, {path, "3 bytes", "8-byte"});
@@ -293,14 +278,14 @@ TEST(SafetensorsMalformed, ShorterThanEightBytes) {
 }
 
 TEST(SafetensorsMalformed, HeaderLengthBeyondFile) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("hlen.safetensors");
   write_bytes(path, le64(1000) + "{}");
   expect_open_error(path, {path, "header length 1000", "truncated"});
 }
 
 TEST(SafetensorsMalformed, HeaderLengthAbsurd) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("huge.safetensors");
   write_bytes(path, le64(0xffffffffffffffffull) + "{}");
   expect_open_error(path, {path, "absurd"});
@@ -309,7 +294,7 @@ TEST(SafetensorsMalformed, HeaderLengthAbsurd) {
 }
 
 TEST(SafetensorsMalformed, HeaderNotJson) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("notjson.safetensors");
   write_raw(path, R"({"x": {"dtype": "F32",)", 0);
   expect_open_error(path, {path, "not valid JSON"});
@@ -318,7 +303,7 @@ TEST(SafetensorsMalformed, HeaderNotJson) {
 }
 
 TEST(SafetensorsMalformed, HeaderNotAnObject) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("array.safetensors");
   write_raw(path, "[1, 2, 3]", 0);
   expect_open_error(path, {path, "JSON object", "array"});
@@ -327,7 +312,7 @@ TEST(SafetensorsMalformed, HeaderNotAnObject) {
 }
 
 TEST(SafetensorsMalformed, DeeplyNestedJsonIsRefusedWithoutCrashing) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("deep.safetensors");
   write_raw(path, std::string(1 << 20, '[') + std::string(1 << 20, ']'), 0);
   expect_open_error(path, {path, "nested"});
@@ -337,7 +322,7 @@ TEST(SafetensorsMalformed, DeeplyNestedJsonIsRefusedWithoutCrashing) {
 }
 
 TEST(SafetensorsMalformed, EntryMissingFields) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("fields.safetensors");
   write_raw(path, one_entry(R"("shape": [1], "data_offsets": [0, 4])"), 4);
   expect_open_error(path, {path, "'x'", "dtype"});
@@ -350,7 +335,7 @@ TEST(SafetensorsMalformed, EntryMissingFields) {
 }
 
 TEST(SafetensorsMalformed, UnsupportedAndUnknownDtypes) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("dtype.safetensors");
   for (const char* dt : {"I8", "U8", "BOOL", "F8_E4M3"}) {
     write_raw(path, one_entry(std::string(R"("dtype": ")") + dt + R"(", "shape": [4], "data_offsets": [0, 4])"), 4);
@@ -365,7 +350,7 @@ TEST(SafetensorsMalformed, UnsupportedAndUnknownDtypes) {
 }
 
 TEST(SafetensorsMalformed, BadShapes) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("shape.safetensors");
   write_raw(path, one_entry(R"("dtype": "F32", "shape": [2, -3], "data_offsets": [0, 0])"), 0);
   expect_open_error(path, {path, "'x'", "negative", "-3"});
@@ -382,7 +367,7 @@ TEST(SafetensorsMalformed, BadShapes) {
 }
 
 TEST(SafetensorsMalformed, ShapeProductOverflowDoesNotWrapToAMatch) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("overflow.safetensors");
   // 2^62 * 4 elements * 4 bytes = 2^66, which wraps to 0 in 64 bits and would "match" [0,0].
   write_raw(path, one_entry(R"("dtype": "F32", "shape": [4611686018427387904, 4], "data_offsets": [0, 0])"), 0);
@@ -396,7 +381,7 @@ TEST(SafetensorsMalformed, ShapeProductOverflowDoesNotWrapToAMatch) {
 }
 
 TEST(SafetensorsMalformed, BadDataOffsets) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("offsets.safetensors");
   write_raw(path, one_entry(R"("dtype": "F32", "shape": [1], "data_offsets": [0])"), 4);
   expect_open_error(path, {path, "'x'", "[begin, end]"});
@@ -411,14 +396,14 @@ TEST(SafetensorsMalformed, BadDataOffsets) {
 }
 
 TEST(SafetensorsMalformed, ByteSizeMismatch) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("size.safetensors");
   write_raw(path, one_entry(R"("dtype": "BF16", "shape": [2, 3], "data_offsets": [0, 24])"), 24);
   expect_open_error(path, {path, "'x'", "24 bytes", "expected 12", "BF16", "[2,3]"});
 }
 
 TEST(SafetensorsMalformed, TruncatedData) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("trunc.safetensors");
   write_raw(path, one_entry(R"("dtype": "F64", "shape": [4], "data_offsets": [0, 32])"), 20);
   expect_open_error(path, {path, "'x'", "beyond the data section", "20 bytes", "truncated"});
@@ -431,7 +416,7 @@ TEST(SafetensorsMalformed, TruncatedData) {
 }
 
 TEST(SafetensorsMalformed, OverlappingTensors) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("overlap.safetensors");
   write_raw(path,
             R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},)"
@@ -448,7 +433,7 @@ TEST(SafetensorsMalformed, OverlappingTensors) {
 }
 
 TEST(SafetensorsMalformed, BadMetadata) {
-  TempDir tmp;
+  TempDir tmp("hanpu_st");
   const std::string path = tmp.file("meta.safetensors");
   write_raw(path, R"({"__metadata__": {"format": 1}})", 0);
   expect_open_error(path, {path, "__metadata__", "'format'", "string"});
