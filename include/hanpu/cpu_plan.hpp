@@ -65,6 +65,10 @@ void validate_cpu_plan(const CpuPlan& plan, const LaShape& shape);
 ///     chunk-parallel fallback.
 CpuPlan make_cpu_plan(const LaShape& shape, const std::vector<int64_t>& seq_lens, int threads, int column_quantum = 16);
 
+/// The plan la_prefill runs when none is given: make_cpu_plan for the problem's shapes and
+/// sequence lengths, with head_group sized from the detected L2 (validates the inputs).
+CpuPlan default_cpu_plan(Variant variant, const LaInputs& in, const LaOptions& opt, int threads);
+
 /// How many item states of K x V fp32 fit in a quarter of a core's L2 (the rest holds the
 /// chunk's intermediates and the rows in flight): the head_group for that cache.
 int head_group_for_cache(const LaShape& shape, int64_t l2_bytes);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "hanpu/cpu_plan.hpp"
 #include "hanpu/la.hpp"
 #include "io/safetensors.hpp"
 
@@ -29,6 +30,7 @@ struct LaCommandArgs {
   bool gate_in_kernel = false;
   bool beta_sigmoid = false;
   bool allow_neg_eigval = false;
+  bool show_plan = false;
   std::string mode = "chunk";
   int threads = 0;
 };
@@ -100,6 +102,14 @@ void run_la_command(hanpu::Variant variant, const LaCommandArgs& args) {
   ex.path = cpu_path_for_mode(args.mode);
   ex.threads = args.threads;
 
+  if (args.show_plan) {
+    if (ex.path == hanpu::CpuPath::HeadFused)
+      std::cerr << "hanpu " << command << ": plan: " << hanpu::default_cpu_plan(variant, in, opt, args.threads).describe()
+                << '\n';
+    else
+      std::cerr << "hanpu " << command << ": --show-plan: the " << hanpu::cpu_path_name(ex.path)
+                << " path has no head-level plan\n";
+  }
   const auto start = std::chrono::steady_clock::now();
   const hanpu::LaResult result = hanpu::la_prefill_alloc(variant, in, opt, ex);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -143,6 +153,7 @@ void add_la_subcommand(CLI::App& app, hanpu::Variant variant, const std::string&
                   "chunk: hanpu's head-fused chunked path; fla: FLA-style chunked baseline; recurrent: token by token")
       ->check(CLI::IsMember(std::vector<std::string>{"chunk", "recurrent", "fla"}))
       ->capture_default_str();
+  sub->add_flag("--show-plan", args->show_plan, "print the head-level plan (threads, items, head groups, order)");
   sub->add_option("--threads", args->threads, "worker threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();

@@ -166,6 +166,12 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   return intermediates + static_cast<size_t>(threads) * scratch_floats * sizeof(float);
 }
 
+CpuPlan default_plan(const LaJob& job, int threads) {
+  CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
+  plan.head_group = head_group_for_cache(job.shape, detect_host().l2_bytes());
+  return plan;
+}
+
 std::vector<WorkItem> whole_items(const LaJob& job) {
   std::vector<WorkItem> items;
   for (int64_t n = 0; n < job.shape.N; ++n)
@@ -189,9 +195,7 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
           throw Error("CpuPlan: chunk " + std::to_string(ex.plan->chunk) + " is not supported, expected 64");
         workspace = run_head_fused(job, *ex.plan, ex.plan->chunk);
       } else {
-        CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
-        plan.head_group = head_group_for_cache(job.shape, detect_host().l2_bytes());
-        workspace = run_head_fused(job, plan, kChunk);
+        workspace = run_head_fused(job, default_plan(job, threads), kChunk);
       }
       break;
     }
@@ -203,6 +207,15 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
       break;
   }
   if (ex.workspace_bytes) *ex.workspace_bytes = workspace;
+}
+
+CpuPlan default_cpu_plan(Variant variant, const LaInputs& in, const LaOptions& opt, int threads) {
+  const LaShape s = validate_la(variant, in, opt);
+  // The job needs an output view to validate; planning never touches it.
+  static float placeholder;
+  const TensorView o = TensorView::contiguous(&placeholder, DType::F32, {s.B, s.T, s.HV, s.V});
+  const LaJob job = make_la_job(variant, in, opt, LaOutputs{o, TensorView{}});
+  return default_plan(job, resolve_threads(threads));
 }
 
 void gdn_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {

@@ -348,14 +348,6 @@ HWY_INLINE void SubScaled(float* HWY_RESTRICT y, float a, const float* HWY_RESTR
   for (size_t i = 0; i < n; i += N) hn::StoreU(hn::NegMulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
 }
 
-// y += a * x
-HWY_INLINE void AddScaled(float* HWY_RESTRICT y, float a, const float* HWY_RESTRICT x, size_t n) {
-  const DF d;
-  const size_t N = hn::Lanes(d);
-  const VF va = hn::Set(d, a);
-  for (size_t i = 0; i < n; i += N) hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
-}
-
 void L2Normalize(float* x, size_t n) {
   const float inv = 1.0f / std::sqrt(Dot(x, x, n) + static_cast<float>(gates::kL2NormEps));
   Scale(x, inv, n);
