@@ -313,11 +313,6 @@ TEST(LaPaths, ChunkEqualsRecurrent) {
   EXPECT_LE(nmse(a.final_state, bs), 1e-10);
 }
 
-}  // namespace
-}  // namespace hanpu::testing
-
-namespace hanpu::testing {
-namespace {
 
 // T = 0 (and zero-length sequences inside cu_seqlens): no output rows, final_state = initial_state.
 TEST(LaPaths, EmptySequencesKeepTheInitialState) {
@@ -365,11 +360,6 @@ TEST(LaValidation, ErrorsNameTheTensor) {
   EXPECT_THROW(la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 5000, nullptr}), Error);
 }
 
-}  // namespace
-}  // namespace hanpu::testing
-
-namespace hanpu::testing {
-namespace {
 
 // Inputs given as strided views (head-major storage seen through [B,T,H,K] strides, and a
 // non-unit stride on the last dimension) give the same result as contiguous inputs.
@@ -415,11 +405,6 @@ TEST(LaViews, StridedInputsMatchContiguous) {
   }
 }
 
-}  // namespace
-}  // namespace hanpu::testing
-
-namespace hanpu::testing {
-namespace {
 
 // The operator orders a plan may choose (GEMM-first or the W/U form; in-place or double-buffered
 // state) give the reference's results, with tails (T = 150, K = 60, V = 100) and groups.

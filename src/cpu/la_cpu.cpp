@@ -136,12 +136,7 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   // Which (chunk, head) pairs belong to the requested items (whole heads: the baseline does not
   // split columns).
   std::vector<std::pair<int64_t, int64_t>> map_tasks;
-  std::vector<WorkItem> reduce_items;
   for (const WorkItem& w : items) {
-    if (w.col0 != 0) continue;
-    WorkItem whole = w;
-    whole.col1 = static_cast<int32_t>(s.V);
-    reduce_items.push_back(whole);
     const int64_t c0 = first[static_cast<size_t>(w.seq)];
     const int64_t nc = (job.seqs[static_cast<size_t>(w.seq)].len + chunk - 1) / chunk;
     for (int64_t c = c0; c < c0 + nc; ++c) map_tasks.emplace_back(c, w.head);
@@ -157,7 +152,7 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   };
   parallel_tasks([&](size_t i, float* sc) { cpu::fla_map_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
                  map_tasks.size());
-  parallel_tasks([&](size_t i, float* sc) { cpu::fla_reduce_item(job, buf, reduce_items[i], sc); }, reduce_items.size());
+  parallel_tasks([&](size_t i, float* sc) { cpu::fla_reduce_item(job, buf, items[i], sc); }, items.size());
   parallel_tasks(
       [&](size_t i, float* sc) { cpu::fla_output_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
       map_tasks.size());
