@@ -1,0 +1,102 @@
+// Device descriptions as data (DESIGN.md rule 2): an edge NPU from a file under devices/, or the
+// host CPU from detection and measurement, in one schema, so that one planner and one simulator
+// can target either. No capacity, bandwidth or throughput is a literal in C++: it comes from here.
+//
+// JSON schema (devices/*.json; device_to_json writes the same):
+//   every number is a Quantity object {"value": <number>, "source": "<where it comes from>",
+//   "status": "confirmed" | "derived" | "paper" | "estimate" | "detected" | "measured"}
+//   and may carry "alternatives": [{"value", "source", "status"}, ...] when sources conflict
+//   (e.g. the 310P3 core count: 8 per HAMi, 10 per the paper); the planner uses "value".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hanpu/tensor.hpp"
+
+namespace hanpu {
+
+struct Quantity {
+  double value = 0;
+  std::string source;
+  std::string status;  // confirmed | derived | paper | estimate | detected | measured
+  std::vector<Quantity> alternatives;  // conflicting values, kept visible
+};
+
+/// An explicitly managed on-core buffer (NPU: UB, L1, L0A, L0B, L0C) or a cache level (CPU).
+struct BufferSpec {
+  std::string name;         // "UB", "L1", "L0A", "L0B", "L0C"; CPU: "L1D", "L2"
+  Quantity capacity_bytes;  // per core
+  Quantity alignment_bytes;
+  bool per_core = true;     // false for a buffer shared by all cores (e.g. a CPU's L3)
+};
+
+/// A data path between two memories ("GM" is the device's global memory; buffer names otherwise).
+struct PathSpec {
+  std::string from, to;        // e.g. "GM" -> "L1", "L1" -> "L0A", "L0C" -> "UB", "UB" -> "GM"
+  Quantity bandwidth_gbs;      // 1e9 bytes/s, per core unless shared
+  bool shared = false;         // true: all cores share this bandwidth (the chip's GM interface)
+  Quantity energy_pj_per_byte;
+  std::string engine;          // the DMA engine that drives it (e.g. "MTE1", "MTE2", "MTE3"); paths
+                               // on the same engine serialize, different engines overlap
+  std::string name() const { return from + "->" + to; }
+};
+
+/// The matrix unit (NPU Cube; CPU: the FMA units seen as a matrix engine).
+struct MatrixUnitSpec {
+  Quantity tile_m, tile_k, tile_n;             // fractal shape, e.g. 16 x 16 x 16
+  std::map<DType, Quantity> macs_per_cycle;    // per core, per input dtype (F16, BF16, F32 ...)
+  std::string input_a = "L0A", input_b = "L0B", output = "L0C";  // buffers it reads and writes
+  Quantity energy_pj_per_mac;
+};
+
+/// The vector unit (NPU Vector on the UB; CPU: SIMD).
+struct VectorUnitSpec {
+  std::map<DType, Quantity> lanes;  // elements per cycle per dtype (F16: 128, F32: 64 on DaVinci)
+  std::string buffer = "UB";        // the buffer it operates on
+  Quantity energy_pj_per_op;        // per element operation
+};
+
+struct Device {
+  std::string name;         // "ascend310p"
+  std::string kind;         // "npu" or "cpu"
+  std::string description;
+  Quantity cores;           // cores the planner maps heads onto
+  Quantity clock_ghz;
+  MatrixUnitSpec matrix;
+  VectorUnitSpec vector;
+  std::vector<BufferSpec> buffers;
+  std::vector<PathSpec> paths;
+  Quantity gm_bytes;              // device memory capacity
+  Quantity kernel_launch_us;      // cost of one kernel launch (host -> device)
+  Quantity static_power_w;        // power drawn regardless of activity (energy = P * latency + dynamic)
+  std::vector<std::string> notes; // open conflicts and caveats, shown in reports
+
+  int core_count() const { return static_cast<int>(cores.value); }
+  /// Throws hanpu::Error naming the buffer if there is none of that name.
+  const BufferSpec& buffer(const std::string& name) const;
+  /// Throws hanpu::Error naming the path ("GM->L1") if there is none.
+  const PathSpec& path(const std::string& from, const std::string& to) const;
+  bool has_path(const std::string& from, const std::string& to) const;
+};
+
+/// Parses and validates a device description; every problem (missing field, wrong type, a
+/// Quantity without source/status, an unknown status, a non-positive capacity or bandwidth, a path
+/// naming an unknown buffer, a matrix unit whose inputs are not buffers ...) is a hanpu::Error
+/// naming `origin` (the file) and the field, e.g. "devices/x.json: buffers[2].capacity_bytes.value:
+/// got -1, expected a positive number".
+Device device_from_json(const nlohmann::json& j, const std::string& origin);
+Device load_device(const std::string& path);
+nlohmann::json device_to_json(const Device& d);
+
+/// The host CPU in the same schema: cores and caches detected, FMA peak and bandwidth measured with
+/// `threads` threads for about `measure_seconds` (0: not measured, those numbers marked estimate). Its "matrix unit" is the FMA units (F32 MACs/cycle =
+/// measured peak / 2 / clock), its "vector unit" the SIMD lanes, its buffers L1D/L2 (per core)
+/// and L3 (shared), its GM the main memory.
+Device host_device(int threads, double measure_seconds = 1.0);
+
+}  // namespace hanpu

@@ -1,0 +1,56 @@
+// The tokenizer of Qwen3.5 checkpoints: byte-level BPE read from a Hugging Face tokenizer.json
+// (NFC normalization, the Qwen split regex through PCRE2, utf8proc for Unicode), added/special
+// tokens, and the ChatML chat template for `hanpu run --chat`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hanpu {
+
+struct ChatMessage {
+  std::string role;     // "system", "user", "assistant"
+  std::string content;
+};
+
+class Tokenizer {
+ public:
+  /// tokenizer.json of a checkpoint; errors name the file and what is wrong with it.
+  static Tokenizer from_file(const std::string& tokenizer_json);
+  /// A checkpoint directory: tokenizer.json (required) and tokenizer_config.json (optional: its
+  /// added tokens and eos token).
+  static Tokenizer from_dir(const std::string& dir);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  /// Text to ids. Special/added tokens written literally in the text (e.g. "<|im_start|>") are
+  /// recognised when parse_special is true, else encoded as ordinary text.
+  std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
+  /// Ids to text (invalid UTF-8 from partial byte sequences is kept as bytes).
+  std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
+  /// The raw bytes one token stands for (may be part of a UTF-8 sequence), for streaming output.
+  std::string token_bytes(int32_t id) const;
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  int32_t vocab_size() const;  // largest id + 1, added tokens included
+
+  /// ChatML as Qwen's template renders it without tools:
+  /// "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n" if
+  /// add_generation_prompt (Qwen3.5 adds "<think>\n\n</think>\n\n" after it when enable_thinking
+  /// is false).
+  std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
+                                  bool enable_thinking = false) const;
+
+ private:
+  Tokenizer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hanpu
