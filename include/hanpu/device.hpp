@@ -50,6 +50,8 @@ struct PathSpec {
 struct MatrixUnitSpec {
   Quantity tile_m, tile_k, tile_n;             // fractal shape, e.g. 16 x 16 x 16
   std::map<DType, Quantity> macs_per_cycle;    // per core, per input dtype (F16, BF16, F32 ...)
+  std::map<std::string, Quantity> macs_per_cycle_extra;  // dtypes hanpu tensors lack ("INT8", "INT4"),
+                                                        // kept for reports; same JSON object
   std::string input_a = "L0A", input_b = "L0B", output = "L0C";  // buffers it reads and writes
   Quantity energy_pj_per_mac;
 };

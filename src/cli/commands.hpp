@@ -11,3 +11,5 @@ class App;
 void register_la_commands(CLI::App& app);
 /// `hanpu bench`: performance measurements (cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+/// `hanpu device`: a device description as a table or JSON (cmd_device.cpp).
+void register_device_command(CLI::App& app);
