@@ -138,6 +138,14 @@ TEST(Device, LookupErrorsNameTheMissingThing) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("\"L2\""), std::string::npos) << e.what();
   }
+  EXPECT_EQ(d.matrix_macs_per_cycle(DType::F16), 4096);
+  EXPECT_EQ(d.vector_lanes(DType::F32), 64);
+  try {
+    d.matrix_macs_per_cycle(DType::F32);  // the Cube takes F16/INT8 only
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no F32 inputs (it takes F16)"), std::string::npos) << e.what();
+  }
   try {
     d.path("L0C", "GM");
     FAIL() << "expected an error";

@@ -4,8 +4,6 @@
 // carry the file and the JSON path ("buffers[2].capacity_bytes.value").
 #include "hanpu/device.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -340,6 +338,22 @@ const PathSpec& Device::path(const std::string& from, const std::string& to) con
   std::string have;
   for (const PathSpec& p : paths) have += (have.empty() ? "" : ", ") + p.name();
   throw Error("device " + name + ": no data path " + from + "->" + to + " (it has " + have + ")");
+}
+
+double Device::matrix_macs_per_cycle(DType dt) const {
+  auto it = matrix.macs_per_cycle.find(dt);
+  if (it != matrix.macs_per_cycle.end()) return it->second.value;
+  std::string have;
+  for (const auto& [d, q] : matrix.macs_per_cycle) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+  throw Error("device " + name + ": the matrix unit takes no " + dtype_name(dt) + " inputs (it takes " + have + ")");
+}
+
+double Device::vector_lanes(DType dt) const {
+  auto it = vector.lanes.find(dt);
+  if (it != vector.lanes.end()) return it->second.value;
+  std::string have;
+  for (const auto& [d, q] : vector.lanes) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+  throw Error("device " + name + ": the vector unit has no " + dtype_name(dt) + " lanes (it has " + have + ")");
 }
 
 Device device_from_json(const nlohmann::json& j, const std::string& origin) {
