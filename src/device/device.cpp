@@ -363,9 +363,42 @@ Device device_from_json(const nlohmann::json& j, const std::string& origin) {
 Device load_device(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open device file");
+  // nlohmann keeps the last of duplicate keys silently; in a hand-edited device file a repeated
+  // "value" is a mistake to report, so the parse callback tracks the keys of every open object.
+  struct OpenObject {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open;
+  auto check_keys = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.push_back({{}, {}});
+        break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        OpenObject& o = open.back();
+        const std::string key = parsed.get<std::string>();
+        if (!o.keys.insert(key).second) {
+          const std::string under =
+              open.size() >= 2 && !open[open.size() - 2].last_key.empty()
+                  ? " in the object under \"" + open[open.size() - 2].last_key + "\""
+                  : " at the top level";
+          throw Error(path + ": duplicate key \"" + key + "\"" + under + ", expected each key once");
+        }
+        o.last_key = key;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(in, check_keys);
   } catch (const json::parse_error& e) {
     throw Error(path + ": not valid JSON: " + e.what());
   }
