@@ -146,7 +146,6 @@ class Lowerer {
     lt.last = to_end ? static_cast<int>(k_.steps.size()) - 1 : std::max(c.last_use, lt.first);
     lt.bytes = numel(t) * c.elem;
     lt.copies = (c.from_gm && k_.buffering == 2) ? 2 : 1;
-    if (c.carried) lt.first = 0;
     k_.lifetimes.push_back(lt);
     auto it = arrival_step_.find({t, loc});
     if (it != arrival_step_.end() && it->second >= 0 && c.last_use > it->second)
@@ -320,8 +319,11 @@ class Lowerer {
         move(t, kGM, stage_, op, 2);
       }
     }
+    if (spilled(t)) drop(t, ub_);
     return move(t, stage_, buf, op, 2, "every", keep);
   }
+
+  bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
 
   void start_state() {
     for (const TensorDef& t : g_.tensors)
@@ -345,6 +347,7 @@ class Lowerer {
     res_["S"].erase(kGM);
     Copy& c = res_["S"][ub_];
     c.ready = zero, c.carried = true, c.first = 0, c.layout = layout_of("S");
+    c.from_gm = false;  // loaded once per item, not per chunk: not double-buffered
     if (cx_.to_gm.count("S")) store("S", "state_snapshot");
   }
 
@@ -428,6 +431,9 @@ class Lowerer {
     const int c = add(s);
     for (const std::string& in : op.inputs) read(in, ub_, c);
     for (int r : ready) dep(c, r);
+    // A spilled tensor is reloaded for each consumer and released right after it.
+    for (const std::string& in : op.inputs)
+      if (spilled(in)) drop(in, ub_);
     for (size_t i = 0; i < op.outputs.size(); ++i) {
       const std::string& out = op.outputs[i];
       const TensorDef& d = g_.tensor(out);
@@ -453,7 +459,7 @@ class Lowerer {
 
   void finish() {
     for (auto& [t, locs] : res_)
-      for (auto& [loc, c] : locs) finalize(t, loc, c, c.carried);
+      for (auto& [loc, c] : locs) finalize(t, loc, c, c.carried && t == (g_.state_in_place ? "S" : "S_next"));
     // Peaks per buffer.
     k_.peak_bytes.clear();
     k_.peak_tensors.clear();

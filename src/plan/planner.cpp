@@ -310,9 +310,10 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     // Every operator of the paper its own general-purpose kernel; the recurrence and the output
     // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
     const auto items = whole_items(p, static_cast<int>(p.V));
-    std::vector<Kernel> ks = {kernel("gate", "chunk", {"gate"}), kernel("kkt", "chunk", {"kkt", "kkt_gate"}),
-                              kernel("solve_tril", "chunk", {"solve_diag", "solve_inv"}),
-                              kernel("compute_wy", "chunk", {"wu_scale", "wu"})};
+    // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
+    // operator here), before the two AscendC kernels.
+    std::vector<Kernel> ks;
+    for (const char* op : {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) ks.push_back(kernel(op, "chunk", {op}));
     for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
     std::vector<std::string> h_ops = {"ws", "vnew"};
     if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
