@@ -195,8 +195,12 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
   for (const Kernel& k : ks)
     for (const auto& l : k.cores)
       for (const PlanItem& it : l) max_width = std::max<int64_t>(max_width, it.col1 - it.col0);
+  // Pass 1: what each kernel reads from and stores to GM, and which fp32 tensors are kept in GM as
+  // fp16. Pass 2 lowers every kernel with the GM precision known to readers too.
+  std::vector<LowerContext> cxs(ks.size());
+  std::set<std::string> f16_in_gm;
   for (size_t i = 0; i < ks.size(); ++i) {
-    LowerContext cx;
+    LowerContext& cx = cxs[i];
     cx.graph = &g;
     cx.device = &dev;
     cx.layouts = plan.layouts;
@@ -228,10 +232,14 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
           // §2.8: w, u, h, v_new in k.dtype); gate sums stay fp32. The state snapshot h feeds
           // only matrix products.
           if (t.dtype == DType::F32 && t.name != "Gc" && (t.role != TensorRole::State || later_matrix_only))
-            cx.f16_in_gm.insert(t.name);
+            f16_in_gm.insert(t.name);
         }
       }
     }
+  }
+  for (size_t i = 0; i < ks.size(); ++i) {
+    LowerContext& cx = cxs[i];
+    cx.f16_in_gm = f16_in_gm;
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
@@ -389,8 +397,12 @@ void validate_plan(const Plan& plan) {
     return static_cast<size_t>((h * chunk_base.back() + chunk_base[static_cast<size_t>(s)] + c) * p.V + col);
   };
   const size_t ncells = static_cast<size_t>(p.HV * cells_per_head);
-  std::map<std::string, std::vector<uint8_t>> op_cover;
-  for (const OperatorDef& op : g.ops) op_cover[op.name].assign(ncells, 0);
+  std::vector<std::vector<uint8_t>> op_cover(g.ops.size(), std::vector<uint8_t>(ncells, 0));
+  auto op_id = [&](const std::string& name) {
+    for (size_t i = 0; i < g.ops.size(); ++i)
+      if (g.ops[i].name == name) return i;
+    throw Error("plan: unknown operator " + name);
+  };
   auto where = [](size_t k) { return "plan.kernels[" + std::to_string(k) + "]"; };
 
   std::set<std::string> available;  // in GM after a kernel
@@ -401,6 +413,8 @@ void validate_plan(const Plan& plan) {
     if (static_cast<int>(k.cores.size()) != plan.cores)
       throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
     std::vector<uint8_t> seen(ncells, 0);
+    std::vector<size_t> kernel_ops;
+    for (const std::string& o : k.order) kernel_ops.push_back(op_id(o));
     for (size_t ci = 0; ci < k.cores.size(); ++ci)
       for (size_t ii = 0; ii < k.cores[ci].size(); ++ii) {
         const PlanItem& it = k.cores[ci][ii];
@@ -418,7 +432,7 @@ void validate_plan(const Plan& plan) {
             if (s++)
               throw Error(at + ": (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", column " +
                           std::to_string(col) + ", chunk " + std::to_string(c) + ") is covered twice in kernel " + k.name);
-            for (const std::string& o : k.order) ++op_cover[o][cell(it.seq, it.head, col, c)];
+            for (size_t o : kernel_ops) ++op_cover[o][cell(it.seq, it.head, col, c)];
           }
       }
     // Dependencies: every tensor read is an input, produced earlier in the order, carried, or in GM.
@@ -438,7 +452,9 @@ void validate_plan(const Plan& plan) {
     if (k.state_in != "none" || k.state_out != "none") available.insert("S");
   }
   // Coverage: the output once everywhere; every operator at least once.
-  for (const auto& [op, cover] : op_cover)
+  for (size_t oi = 0; oi < g.ops.size(); ++oi) {
+    const std::string& op = g.ops[oi].name;
+    const std::vector<uint8_t>& cover = op_cover[oi];
     for (size_t i = 0; i < cover.size(); ++i) {
       const bool bad = op == "out" ? cover[i] != 1 : cover[i] == 0;
       if (bad) {
@@ -454,6 +470,7 @@ void validate_plan(const Plan& plan) {
                     (op == "out" ? ", expected exactly once" : ", expected at least once"));
       }
     }
+  }
 }
 
 std::string describe_plan(const Plan& plan) {

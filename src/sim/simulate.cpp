@@ -31,6 +31,8 @@ struct StepInfo {
   bool state_load = false, state_store = false, zero = false;
   bool row_penalty = false;
   bool spill = false;
+  enum When { Every, First, Last } when = Every;
+  bool is_move = false, is_matrix = false;
 };
 
 class Simulator {
@@ -157,6 +159,9 @@ class Simulator {
       si.step = &s;
       si.lane = lane_id(s.lane);
       si.op_index = op_index(r, s.op);
+      si.when = s.when == "first" ? StepInfo::First : s.when == "last" ? StepInfo::Last : StepInfo::Every;
+      si.is_move = s.kind == "move";
+      si.is_matrix = s.lane == "matrix";
       if (s.kind == "move") {
         const auto arrow = s.path.find("->");
         if (arrow == std::string::npos) throw Error("plan kernel " + k.name + ": step path \"" + s.path + "\" is not FROM->TO");
@@ -186,6 +191,8 @@ class Simulator {
     ks.launch_s = k.launch ? dev_.kernel_launch_us.value * 1e-6 : 0;
 
     const size_t n = k.steps.size();
+    lane_busy_.assign(lanes.size(), 0.0);
+    path_bytes_.assign(lanes.size(), {});
     std::map<std::pair<int64_t, int64_t>, std::vector<StepCost>> cache;
     double kernel_end = 0;
     for (size_t core = 0; core < k.cores.size(); ++core) {
@@ -212,13 +219,13 @@ class Simulator {
           for (size_t i = 0; i < n; ++i) {
             const StepInfo& si = info[i];
             const Step& s = *si.step;
-            bool run = s.when == "every" || (s.when == "first" && first) || (s.when == "last" && last);
+            bool run = si.when == StepInfo::Every || (si.when == StepInfo::First && first) || (si.when == StepInfo::Last && last);
             if (run && si.state_load) run = load_state;
             if (run && si.zero) run = !load_state;
             if (run && si.state_store) run = store_state;
             if (!run) {
               // A skipped first-chunk step stands for "the state is ready": the previous chunk's update.
-              end[i] = s.when == "first" ? state_ready : 0;
+              end[i] = si.when == StepInfo::First ? state_ready : 0;
               continue;
             }
             double start = lane_free[static_cast<size_t>(si.lane)];
@@ -243,6 +250,10 @@ class Simulator {
       }
       kernel_end = std::max(kernel_end, core_end);
     }
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      r.busy_s[lanes[l]] += lane_busy_[l];
+      for (const auto& [path, bytes] : path_bytes_[l]) r.bytes_per_path[path->name()] += bytes;
+    }
     ks.latency_s = kernel_end + ks.launch_s;
     kernel_start_ += ks.latency_s;
     r.latency_s += ks.latency_s;
@@ -255,16 +266,16 @@ class Simulator {
     o.busy_s += sc.seconds;
     o.energy_j += sc.energy_j;
     r.dynamic_energy_j += sc.energy_j;
-    r.busy_s[si.step->lane] += sc.seconds;
-    if (si.step->kind == "move") {
+    lane_busy_[static_cast<size_t>(si.lane)] += sc.seconds;
+    if (si.is_move) {
       o.dma_s += sc.seconds;
-      r.bytes_per_path[si.step->path] += sc.bytes;
+      path_bytes_[static_cast<size_t>(si.lane)][si.path] += sc.bytes;
       if (si.from_gm) r.gm_read_bytes += sc.bytes, o.gm_read_bytes += sc.bytes;
       if (si.to_gm) r.gm_write_bytes += sc.bytes, o.gm_write_bytes += sc.bytes;
       if (si.l1_to_l0) r.l1_to_l0_bytes += sc.bytes, o.l1_to_l0_bytes += sc.bytes;
       if (si.ub_l1) r.ub_l1_bytes += sc.bytes, o.ub_l1_bytes += sc.bytes;
       if (si.spill && (si.from_gm || si.to_gm)) r.spill_bytes += sc.bytes;
-    } else if (si.step->lane == "matrix") {
+    } else if (si.is_matrix) {
       o.matrix_s += sc.seconds;
       o.macs += sc.macs, o.executed_macs += sc.executed_macs;
       r.executed_macs += sc.executed_macs;
@@ -276,6 +287,8 @@ class Simulator {
   }
 
   double kernel_start_ = 0;
+  std::vector<double> lane_busy_;                                  // per lane of the current kernel
+  std::vector<std::map<const PathSpec*, int64_t>> path_bytes_;    // per lane of the current kernel
 };
 
 }  // namespace
