@@ -145,7 +145,7 @@ class Lowerer {
     lt.first = std::max(0, c.first);
     lt.last = to_end ? static_cast<int>(k_.steps.size()) - 1 : std::max(c.last_use, lt.first);
     lt.bytes = numel(t) * c.elem;
-    lt.copies = (c.from_gm && k_.buffering == 2) ? 2 : 1;
+    lt.copies = (c.from_gm && std::find(k_.double_buffered.begin(), k_.double_buffered.end(), t) != k_.double_buffered.end()) ? 2 : 1;
     k_.lifetimes.push_back(lt);
     auto it = arrival_step_.find({t, loc});
     if (it != arrival_step_.end() && it->second >= 0 && c.last_use > it->second)
@@ -523,11 +523,32 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
     }
     return worst;
   };
-  k.buffering = 2;
+  // Double-buffer every tensor loaded from GM if that fits; otherwise as many as fit, smallest
+  // first (a prefetch of a small tile is cheap in space and hides a whole load).
+  k.double_buffered.clear();
   lower_kernel(k, cx, L, Vc);
+  std::vector<std::pair<int64_t, std::string>> loads;
+  for (const Lifetime& lt : k.lifetimes)
+    for (const Step& s : k.steps)
+      if (s.kind == "move" && s.tensor == lt.tensor && s.path.rfind("GM->", 0) == 0 && s.op != "state_in" &&
+          std::none_of(loads.begin(), loads.end(), [&](const auto& x) { return x.second == lt.tensor; }))
+        loads.push_back({lt.bytes, lt.tensor});
+  std::sort(loads.begin(), loads.end());
+  for (const auto& l : loads) k.double_buffered.push_back(l.second);
+  lower_kernel(k, cx, L, Vc);
+  if (!overflow(k).empty()) {
+    std::vector<std::string> fits;
+    for (const auto& l : loads) {
+      k.double_buffered = fits;
+      k.double_buffered.push_back(l.second);
+      lower_kernel(k, cx, L, Vc);
+      if (overflow(k).empty()) fits = k.double_buffered;
+    }
+    k.double_buffered = fits;
+    lower_kernel(k, cx, L, Vc);
+  }
+  k.buffering = k.double_buffered.empty() ? 1 : 2;
   if (overflow(k).empty()) return;
-  k.buffering = 1;
-  lower_kernel(k, cx, L, Vc);
   for (;;) {
     const std::string b = overflow(k);
     if (b.empty()) return;

@@ -485,7 +485,11 @@ std::string describe_plan(const Plan& plan) {
   os.precision(4);
   os << "  total MACs (useful, " << graph_form_name(plan.form) << " form): " << layer_macs(p, plan.form) << "\n";
   for (const Kernel& k : plan.kernels) {
-    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", buffering " << k.buffering
+    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", double-buffered:" << (k.double_buffered.empty() ? std::string(" none") : "") << [&] {
+      std::string s;
+      for (const auto& t : k.double_buffered) s += " " + t;
+      return s;
+    }()
        << ")\n    order:";
     for (const std::string& o : k.order) os << " " << o;
     os << "\n    steps: " << k.steps.size() << "\n";

@@ -33,6 +33,7 @@ struct StepInfo {
   bool spill = false;
   enum When { Every, First, Last } when = Every;
   bool is_move = false, is_matrix = false;
+  bool double_buffered = false;  // a GM load of a tensor with two buffers: waits two chunks back
 };
 
 class Simulator {
@@ -168,6 +169,7 @@ class Simulator {
         const std::string from = s.path.substr(0, arrow), to = s.path.substr(arrow + 2);
         si.path = &dev_.path(from, to);
         si.from_gm = from == kGM, si.to_gm = to == kGM;
+        si.double_buffered = si.from_gm && std::find(k.double_buffered.begin(), k.double_buffered.end(), s.tensor) != k.double_buffered.end();
         si.l1_to_l0 = from == stage && (to == dev_.matrix.input_a || to == dev_.matrix.input_b);
         si.ub_l1 = (from == dev_.vector.buffer && to == stage) || (from == stage && to == dev_.vector.buffer);
         si.state_load = s.op == "state_in";
@@ -231,7 +233,7 @@ class Simulator {
             double start = lane_free[static_cast<size_t>(si.lane)];
             for (int d : s.deps) start = std::max(start, end[static_cast<size_t>(d)]);
             if (s.reuse_of >= 0) {
-              const int depth = (si.from_gm && k.buffering == 2) ? 2 : 1;
+              const int depth = si.double_buffered ? 2 : 1;
               if (stream_chunk >= depth) start = std::max(start, hist[static_cast<size_t>(depth - 1)][static_cast<size_t>(s.reuse_of)]);
             }
             const StepCost& sc = costs[i];
