@@ -297,7 +297,33 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
   plan_layouts(plan, dev, g);
 
   if (strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0) {
-    plan.kernels = head_mapped_kernels(p, dev, g, cores);
+    // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
+    // independent) run one after another on its core: halve the block until the plan fits.
+    const int64_t quantum = matrix_quantum(dev);
+    for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
+      plan.kernels = head_mapped_kernels(p, dev, g, cores);
+      for (Kernel& k : plan.kernels) {
+        if (k.name != "fused") continue;
+        for (auto& list : k.cores) {
+          std::vector<PlanItem> split;
+          for (const PlanItem& it : list)
+            for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
+              PlanItem b = it;
+              b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
+              split.push_back(b);
+            }
+          list = split;
+        }
+      }
+      try {
+        finish_plan(plan, dev, g);
+        break;
+      } catch (const Error&) {
+        if (width <= quantum) throw;
+      }
+    }
+    validate_plan(plan);
+    return plan;
   } else if (strategy == "fla" || strategy == "fla-megakernel") {
     const auto items = whole_items(p, static_cast<int>(p.V));
     Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
