@@ -162,6 +162,8 @@ struct Recipe {
   bool spill = false;
 };
 
+void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
+
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
 std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores) {
   const HeadMapping m = map_heads(p, cores, matrix_quantum(dev));
@@ -179,12 +181,31 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
     const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cores, (p.V + quantum - 1) / quantum)));
     const int cols = static_cast<int>((p.V + blocks - 1) / blocks + quantum - 1) / quantum * quantum;
     auto tail = chunk_parallel_kernels(p, g, default_order(g), m.chunk_parallel, cores, cols, "tail_");
+    add_decay(tail, g);
     for (Kernel& k : tail)
       for (auto& list : k.cores)
         for (PlanItem& it : list) it.tier = 3;
     ks.insert(ks.end(), tail.begin(), tail.end());
   }
   return ks;
+}
+
+// KDA: every kernel that multiplies decayed q/k forms them itself first (FLA recomputes them in
+// each kernel instead of storing four L x K copies per chunk).
+void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
+  if (g.variant != Variant::KDA) return;
+  for (Kernel& k : ks) {
+    for (const char* op : {"decay_k", "decay_q"}) {
+      if (std::find(k.order.begin(), k.order.end(), op) != k.order.end()) continue;
+      bool needs = false;
+      for (const std::string& o : k.order)
+        for (const std::string& in : g.op(o).inputs)
+          for (const std::string& out : g.op(op).outputs) needs |= in == out;
+      if (!needs) continue;
+      auto gate = std::find(k.order.begin(), k.order.end(), "gate");
+      k.order.insert(gate == k.order.end() ? k.order.begin() : gate + 1, op);
+    }
+  }
 }
 
 // Decides which tensors cross kernels, lowers every kernel (with the capacity check), fills the plan.
@@ -338,6 +359,7 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
     for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
     plan.kernels = {cumsum, kkt_solve, wu, h, o};
+    add_decay(plan.kernels, g);
     if (strategy == "fla-megakernel")
       for (size_t i = 1; i < plan.kernels.size(); ++i) plan.kernels[i].launch = false;
   } else if (strategy == "vllm-ascend") {
@@ -347,7 +369,8 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
     // operator here), before the two AscendC kernels.
     std::vector<Kernel> ks;
-    for (const char* op : {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) ks.push_back(kernel(op, "chunk", {op}));
+    for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
+      if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, "chunk", {op}));
     for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
     std::vector<std::string> h_ops = {"ws", "vnew"};
     if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
@@ -404,6 +427,7 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     plan.kernels = {ks0};
     if (!state_items.empty()) plan.kernels.push_back(ks1);
     plan.kernels.push_back(ks2);
+    add_decay(plan.kernels, g);
   }
   finish_plan(plan, dev, g);
   validate_plan(plan);
