@@ -11,3 +11,5 @@ class App;
 void register_la_commands(CLI::App& app);
 /// `hanpu bench`: performance measurements (cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+/// `hanpu tokenize`: encode text / decode ids with a checkpoint's tokenizer (cmd_tokenize.cpp).
+void register_tokenize_command(CLI::App& app);
