@@ -334,6 +334,19 @@ TEST_F(MalformedTokenizer, UnsupportedPreTokenizer) {
   expect_error(j.dump(), "decoder.type");
 }
 
+TEST_F(MalformedTokenizer, PostProcessorThatAddsTokens) {
+  json j = base();
+  j["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]})");
+  expect_error(j.dump(), "post_processor.single");
+  // Templates that add nothing, and ByteLevel, are accepted.
+  j["post_processor"] = json::parse(R"({"type": "Sequence", "processors": [
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+      {"type": "TemplateProcessing", "single": [{"Sequence": {"id": "A", "type_id": 0}}]}]})");
+  std::ofstream(dir_.file("ok.json")) << j.dump();
+  EXPECT_EQ(Tokenizer::from_file(dir_.file("ok.json")).encode("Hello world"), (std::vector<int32_t>{39, 1807, 334, 1408, 551}));
+}
+
 TEST_F(MalformedTokenizer, UnsupportedAddedToken) {
   json j = base();
   j["added_tokens"][0]["lstrip"] = true;

@@ -146,6 +146,28 @@ struct JsonReader {
   }
 };
 
+// encode() adds no tokens around the text, so only post-processors that add none are accepted:
+// ByteLevel (it only adjusts offsets), a TemplateProcessing whose single-sequence template is
+// the sequence alone (no BOS/EOS), and Sequences of those.
+void check_post_processor(const json& pp, const std::string& field, const JsonReader& r) {
+  if (pp.is_null()) return;
+  const std::string type = pp.is_object() && pp.contains("type") && pp.at("type").is_string() ? pp.at("type").get<std::string>() : "";
+  if (type == "ByteLevel") return;
+  if (type == "Sequence" && pp.contains("processors") && pp.at("processors").is_array()) {
+    for (size_t i = 0; i < pp.at("processors").size(); ++i)
+      check_post_processor(pp.at("processors")[i], field + ".processors[" + std::to_string(i) + "]", r);
+    return;
+  }
+  if (type == "TemplateProcessing" && pp.contains("single") && pp.at("single").is_array()) {
+    for (const json& item : pp.at("single"))
+      if (!item.is_object() || !item.contains("Sequence"))
+        r.unsupported(field + ".single", pp.at("single").dump(), "only templates without added tokens (hanpu adds no BOS/EOS)");
+    return;
+  }
+  r.unsupported(field + ".type", type.empty() ? pp.dump() : "\"" + type + "\"",
+                "null, \"ByteLevel\", or a TemplateProcessing that adds no tokens");
+}
+
 bool is_empty_string_or_null(const json& obj, const std::string& key) {
   return !obj.contains(key) || obj.at(key).is_null() || (obj.at(key).is_string() && obj.at(key).get<std::string>().empty());
 }
@@ -213,12 +235,15 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
 
   const json& vocab = r.get(model, "vocab", "model.vocab");
   if (!vocab.is_object()) throw Error(source + ": field \"model.vocab\" is " + type_name(vocab) + ", expected an object of token -> id");
-  std::unordered_map<std::string, int32_t> model_vocab;
-  model_vocab.reserve(vocab.size());
-  for (const auto& [token, id_json] : vocab.items()) {
-    const int32_t id = r.id_at(vocab, token, "model.vocab[\"" + token + "\"]");
-    model_vocab.emplace(token, id);
-    set_token(id, token, false, false);
+  // Added tokens come later, so token_ids holds exactly the model vocabulary while merges load.
+  const auto& model_vocab = token_ids;
+  token_ids.reserve(vocab.size() + 1024);
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    const json& id = it.value();
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      throw Error(source + ": field \"model.vocab[\"" + it.key() + "\"]\" is " + id.dump() +
+                  ", expected a token id (integer 0..2^31-1)");
+    set_token(static_cast<int32_t>(id.get<int64_t>()), it.key(), false, false);
   }
   bpe.byte_ids.fill(-1);
   for (int b = 0; b < 256; ++b)
@@ -248,7 +273,7 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
     std::string left, right;
     // Two spellings: "left right" (older files) and ["left", "right"] (tokenizers >= 0.20).
     if (m.is_string()) {
-      const std::string s = m.get<std::string>();
+      const std::string& s = m.get_ref<const std::string&>();
       const size_t space = s.find(' ');
       if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos)
         throw Error(source + ": model.merges[" + std::to_string(rank) + "] is \"" + s +
@@ -256,8 +281,8 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
       left = s.substr(0, space);
       right = s.substr(space + 1);
     } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>();
-      right = m[1].get<std::string>();
+      left = m[0].get_ref<const std::string&>();
+      right = m[1].get_ref<const std::string&>();
     } else {
       throw Error(source + ": model.merges[" + std::to_string(rank) + "] is " + m.dump() +
                   ", expected \"left right\" or [\"left\", \"right\"]");
@@ -339,12 +364,7 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& root, const JsonReader& r) 
   const json& decoder = r.get(root, "decoder", "decoder");
   const std::string decoder_type = decoder.is_object() && decoder.contains("type") ? decoder.at("type").dump() : decoder.dump();
   if (decoder_type != "\"ByteLevel\"") r.unsupported("decoder.type", decoder_type, "only \"ByteLevel\"");
-  if (root.contains("post_processor") && !root.at("post_processor").is_null()) {
-    const json& pp = root.at("post_processor");
-    const std::string pp_type = pp.is_object() && pp.contains("type") ? pp.at("type").dump() : pp.dump();
-    // A ByteLevel post-processor only adjusts offsets; anything else would add tokens.
-    if (pp_type != "\"ByteLevel\"") r.unsupported("post_processor.type", pp_type, "null or \"ByteLevel\" (no tokens added)");
-  }
+  if (root.contains("post_processor")) check_post_processor(root.at("post_processor"), "post_processor", r);
   for (const char* key : {"truncation", "padding"})
     if (root.contains(key) && !root.at(key).is_null()) r.unsupported(key, root.at(key).dump(), "only null");
 }
