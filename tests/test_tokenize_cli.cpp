@@ -76,6 +76,9 @@ TEST(TokenizeCli, IdsPiecesAndDecode) {
 
   r = tokenize(dir, tok + " --ids", "Hello world");  // stdin
   EXPECT_EQ(r.out, "39,1807,334,1408,551\n");
+  r = tokenize(dir, tok + " --ids --text ''", "not read");  // an empty --text is empty, not stdin
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "\n");
 }
 
 TEST(TokenizeCli, FileWithInvalidUtf8AndDirectory) {

@@ -156,6 +156,20 @@ TEST(Tokenizer, MergesAsStringsGiveTheSameIds) {
   }
 }
 
+TEST(Tokenizer, NormalizedAddedTokenIsMatchedInNormalizedForm) {
+  // tokenizers normalizes a `normalized` added token's content before searching for it, so a
+  // token written in NFD in the file still matches NFC text.
+  hanpu::testing::TempDir dir;
+  std::ifstream in(golden_tokenizer());
+  json tj = json::parse(in);
+  for (json& t : tj.at("added_tokens"))
+    if (t.at("content") == "Ångström") t["content"] = "Ångström";
+  std::ofstream(dir.file("tokenizer.json")) << tj.dump();
+  const Tokenizer t = Tokenizer::from_file(dir.file("tokenizer.json"));
+  EXPECT_EQ(t.encode("Ångström"), (std::vector<int32_t>{4018}));
+  EXPECT_EQ(t.encode("Ångström"), (std::vector<int32_t>{4018}));
+}
+
 TEST(Tokenizer, FromDirReadsTokenizerConfig) {
   hanpu::testing::TempDir dir;
   fs::copy_file(golden_tokenizer(), dir.path() / "tokenizer.json");

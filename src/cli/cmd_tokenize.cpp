@@ -28,6 +28,7 @@ struct TokenizeArgs {
   bool think = false;
   bool no_special = false;
   bool stats = false;
+  bool text_given = false;  // --text "" is an empty text, not "read stdin"
 };
 
 // A piece shown on one line: control bytes, backslash and bytes of incomplete UTF-8 sequences
@@ -78,7 +79,7 @@ void run_tokenize(const TokenizeArgs& a) {
     std::ifstream in(a.file, std::ios::binary);
     if (!in) throw Error(a.file + ": cannot open the --file input");
     text.assign(std::istreambuf_iterator<char>(in), {});
-  } else if (a.text.empty()) {
+  } else if (!a.text_given) {
     text.assign(std::istreambuf_iterator<char>(std::cin), {});  // neither --text nor --file: stdin
   }
   if (a.chat) text = tok.apply_chat_template({{"user", text}}, true, a.think);
@@ -117,5 +118,8 @@ void register_tokenize_command(CLI::App& app) {
       ->delimiter(',')
       ->excludes(text)
       ->excludes(file);
-  sub->callback([args] { run_tokenize(*args); });
+  sub->callback([args, sub] {
+    args->text_given = sub->count("--text") > 0;
+    run_tokenize(*args);
+  });
 }

@@ -48,6 +48,7 @@ struct AddedToken {
   int32_t id;
   bool special;
   bool normalized;
+  std::string match;  // what is searched for: content, normalized too if `normalized` (as tokenizers does)
 };
 
 // Leftmost-longest search over a set of added tokens (what `tokenizers` does with its
@@ -56,10 +57,10 @@ struct AddedToken {
 class AddedTokenMatcher {
  public:
   void add(const AddedToken* token) {
-    auto& bucket = by_first_byte_[static_cast<uint8_t>(token->content[0])];
+    auto& bucket = by_first_byte_[static_cast<uint8_t>(token->match[0])];
     bucket.push_back(token);
     std::stable_sort(bucket.begin(), bucket.end(),
-                     [](const AddedToken* a, const AddedToken* b) { return a->content.size() > b->content.size(); });
+                     [](const AddedToken* a, const AddedToken* b) { return a->match.size() > b->match.size(); });
   }
   bool empty() const {
     return std::all_of(by_first_byte_.begin(), by_first_byte_.end(), [](const auto& b) { return b.empty(); });
@@ -73,7 +74,7 @@ class AddedTokenMatcher {
     while (pos < text.size()) {
       const AddedToken* found = nullptr;
       for (const AddedToken* t : by_first_byte_[static_cast<uint8_t>(text[pos])]) {
-        if (text.compare(pos, t->content.size(), t->content) == 0) {
+        if (text.compare(pos, t->match.size(), t->match) == 0) {
           found = t;
           break;  // longest first
         }
@@ -83,12 +84,12 @@ class AddedTokenMatcher {
         continue;
       }
       if (found->special && !parse_special) {
-        pos += found->content.size();
+        pos += found->match.size();
         continue;
       }
       if (pos > text_begin) text_fn(text.substr(text_begin, pos - text_begin));
       token_fn(*found);
-      pos += found->content.size();
+      pos += found->match.size();
       text_begin = pos;
     }
     if (text.size() > text_begin) text_fn(text.substr(text_begin));
@@ -201,6 +202,9 @@ struct Tokenizer::Impl {
 
   void add_token(const AddedToken& t) {
     added.push_back(std::make_unique<AddedToken>(t));
+    // A `normalized` token is searched for in normalized text, so in its normalized spelling.
+    added.back()->match = t.normalized && nfc ? tok::nfc(t.content) : t.content;
+    if (added.back()->match.empty()) added.back()->match = t.content;
     (t.normalized ? normalized_matcher : raw_matcher).add(added.back().get());
     set_token(t.id, t.content, true, t.special);
   }

@@ -177,7 +177,11 @@ void SplitRegex::find_all(std::string_view text, std::vector<std::pair<size_t, s
   size_t offset = 0;
   while (offset < text.size()) {
     // The text was validated as UTF-8 by the caller, so PCRE2 need not check it again.
-    const int rc = pcre2_match(impl_->code, subject, text.size(), offset, PCRE2_NO_UTF_CHECK, data, nullptr);
+    int rc = pcre2_match(impl_->code, subject, text.size(), offset, PCRE2_NO_UTF_CHECK, data, nullptr);
+    // The JIT's stack is small (32 KiB); a pattern that backtracks deeply on a huge piece can
+    // exhaust it. The interpreter keeps its backtracking on the heap, so retry with it.
+    if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
+      rc = pcre2_match(impl_->code, subject, text.size(), offset, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, data, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       pcre2_match_data_free(data);
