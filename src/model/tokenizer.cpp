@@ -509,7 +509,7 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
         if (r.bool_or(entry, flag, field + "." + flag, false)) r.unsupported(field + "." + flag, "true", "only false");
       const bool special = r.bool_or(entry, "special", field + ".special", false);
       impl.add_token(AddedToken{content, static_cast<int32_t>(id), special,
-                                r.bool_or(entry, "normalized", field + ".normalized", !special)});
+                                r.bool_or(entry, "normalized", field + ".normalized", !special), {}});
     }
   }
   if (config.contains("eos_token") && !config.at("eos_token").is_null()) {
