@@ -11,6 +11,8 @@ class App;
 void register_la_commands(CLI::App& app);
 /// `hanpu bench`: performance measurements (cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+/// `hanpu tokenize`: encode text / decode ids with a checkpoint's tokenizer (cmd_tokenize.cpp).
+void register_tokenize_command(CLI::App& app);
 /// `hanpu device`: a device description as a table or JSON (cmd_device.cpp).
 void register_device_command(CLI::App& app);
 /// `hanpu plan` and `hanpu simulate`: HA-NPU and baseline plans on a device model (cmd_plan.cpp).

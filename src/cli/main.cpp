@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   register_la_commands(app);
   register_bench_command(app);
+  register_tokenize_command(app);
   register_device_command(app);
   register_plan_commands(app);
 
