@@ -215,6 +215,7 @@ class Lowerer {
       Step s;
       s.kind = "move", s.op = op, s.tensor = t, s.lane = p->engine.empty() ? p->name() : p->engine, s.path = p->name();
       s.elem_bytes = elem, s.when = when;
+      s.transit = p->to == kGM && to != kGM;
       const int i = add(s);
       read(t, at, i);
       arrive(t, p->to, i, elem, p->to == stage_ || p->to == l0a_ || p->to == l0b_ ? Layout::Blocked : layout, gm_origin, keep);

@@ -320,7 +320,10 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
       const bool state_store = s.op == "state_out";
       if (state_store && k.state_out != "segment") continue;  // the final state, counted above
-      const bool spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
+      // Spills, and results routed through GM for want of an on-core path (L0C->GM->UB on a 310B),
+      // are read back by the same kernel: per-core scratch reused every chunk, not a materialized
+      // intermediate.
+      const bool spill = s.transit || std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
       const TensorDef& t = g.tensor(s.tensor);
       const int64_t elem_div = static_cast<int64_t>(dtype_size(t.dtype));
       if (spill) {
