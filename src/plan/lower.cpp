@@ -327,10 +327,6 @@ class Lowerer {
   bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
 
   void start_state() {
-    for (const TensorDef& t : g_.tensors)
-      if (t.role == TensorRole::Input && !cx_.from_gm.count(t.name)) {
-        // inputs are always in GM
-      }
     const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const std::string& o) {
       const auto& in = g_.op(o).inputs;
       return std::find(in.begin(), in.end(), "S") != in.end();

@@ -212,10 +212,6 @@ void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
 void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
   const Problem& p = plan.problem;
   std::vector<Kernel>& ks = plan.kernels;
-  int64_t max_width = 0;
-  for (const Kernel& k : ks)
-    for (const auto& l : k.cores)
-      for (const PlanItem& it : l) max_width = std::max<int64_t>(max_width, it.col1 - it.col0);
   // Pass 1: what each kernel reads from and stores to GM, and which fp32 tensors are kept in GM as
   // fp16. Pass 2 lowers every kernel with the GM precision known to readers too.
   std::vector<LowerContext> cxs(ks.size());
@@ -264,7 +260,6 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
-    (void)max_width;
     plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
   }
 }

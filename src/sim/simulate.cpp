@@ -115,7 +115,7 @@ class Simulator {
     return tensor_bytes(d, L, p_.K, Vc) / static_cast<int64_t>(dtype_size(d.dtype));
   }
 
-  StepCost cost(const StepInfo& si, const Kernel& k, int64_t L, int64_t Vc, int busy_cores) const {
+  StepCost cost(const StepInfo& si, int64_t L, int64_t Vc, int busy_cores) const {
     const Step& s = *si.step;
     StepCost c;
     if (s.kind == "move") {
@@ -138,7 +138,6 @@ class Simulator {
       c.seconds = c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
-    (void)k;
     return c;
   }
 
@@ -214,7 +213,7 @@ class Simulator {
           const int64_t L = p_.chunk_len(it.seq, c);
           auto& costs = cache[{L, Vc}];
           if (costs.empty())
-            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], k, L, Vc, busy));
+            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], L, Vc, busy));
           const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
           const bool load_state = k.state_in == "initial" && (p_.read_initial_state || it.chunk0 > 0);
           const bool store_state = k.state_out == "segment" || (k.state_out == "final" && p_.write_final_state && it.chunk1 == nchunks);
