@@ -99,6 +99,22 @@ TEST(Device, RoundTripReproducesTheFiles) {
   }
 }
 
+TEST(Device, OptionalFieldsRoundTripSemantically) {
+  // A file that leaves out what has a default (schema_version, description, per_core, shared,
+  // notes) describes the same device as one that writes them out.
+  json full = read_json(devices_dir() / "ascend310p.json");
+  json minimal = full;
+  minimal.erase("schema_version");
+  minimal.erase("description");
+  minimal.erase("notes");
+  for (json& b : minimal["buffers"]) b.erase("per_core");  // all true, the default
+  for (json& p : minimal["paths"])
+    if (!p["shared"].get<bool>()) p.erase("shared");
+  full["description"] = "";
+  full["notes"] = json::array();
+  EXPECT_EQ(device_to_json(device_from_json(minimal, "minimal.json")), full);
+}
+
 TEST(Device, HostIsSane) {
   const Device d = host_device(0, 0.0);  // no measurement: seconds, not a benchmark
   EXPECT_EQ(d.kind, "cpu");
@@ -137,6 +153,14 @@ TEST(Device, LookupErrorsNameTheMissingThing) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("\"L2\""), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(d.matrix_macs_per_cycle(DType::F16), 4096);
+  EXPECT_EQ(d.vector_lanes(DType::F32), 64);
+  try {
+    d.matrix_macs_per_cycle(DType::F32);  // the Cube takes F16/INT8 only
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no F32 inputs (it takes F16)"), std::string::npos) << e.what();
   }
   try {
     d.path("L0C", "GM");
@@ -226,6 +250,16 @@ TEST(Device, LoadDeviceReportsFileProblems) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(bad + ": not valid JSON"), std::string::npos) << e.what();
+  }
+  const std::string dup = tmp.file("dup.json");
+  std::ofstream(dup) << R"({"name": "x", "cores": {"value": 8, "value": 10, "source": "s", "status": "paper"}})";
+  try {
+    load_device(dup);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dup + ": duplicate key \"value\" in the object under \"cores\""),
+              std::string::npos)
+        << e.what();
   }
   try {
     load_device(tmp.file("missing.json"));

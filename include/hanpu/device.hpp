@@ -84,6 +84,11 @@ struct Device {
   /// Throws hanpu::Error naming the path ("GM->L1") if there is none.
   const PathSpec& path(const std::string& from, const std::string& to) const;
   bool has_path(const std::string& from, const std::string& to) const;
+  /// MACs per cycle per core of the matrix unit for inputs of `dt`; throws hanpu::Error naming the
+  /// device and the dtype if the unit does not take it (e.g. F32 on the Ascend Cube).
+  double matrix_macs_per_cycle(DType dt) const;
+  /// Vector lanes (elements per cycle per core) for `dt`; throws hanpu::Error likewise.
+  double vector_lanes(DType dt) const;
 };
 
 /// Parses and validates a device description; every problem (missing field, wrong type, a

@@ -4,8 +4,6 @@
 // carry the file and the JSON path ("buffers[2].capacity_bytes.value").
 #include "hanpu/device.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -342,6 +340,22 @@ const PathSpec& Device::path(const std::string& from, const std::string& to) con
   throw Error("device " + name + ": no data path " + from + "->" + to + " (it has " + have + ")");
 }
 
+double Device::matrix_macs_per_cycle(DType dt) const {
+  auto it = matrix.macs_per_cycle.find(dt);
+  if (it != matrix.macs_per_cycle.end()) return it->second.value;
+  std::string have;
+  for (const auto& [d, q] : matrix.macs_per_cycle) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+  throw Error("device " + name + ": the matrix unit takes no " + dtype_name(dt) + " inputs (it takes " + have + ")");
+}
+
+double Device::vector_lanes(DType dt) const {
+  auto it = vector.lanes.find(dt);
+  if (it != vector.lanes.end()) return it->second.value;
+  std::string have;
+  for (const auto& [d, q] : vector.lanes) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+  throw Error("device " + name + ": the vector unit has no " + dtype_name(dt) + " lanes (it has " + have + ")");
+}
+
 Device device_from_json(const nlohmann::json& j, const std::string& origin) {
   return DeviceReader(origin).read(j);
 }
@@ -349,9 +363,42 @@ Device device_from_json(const nlohmann::json& j, const std::string& origin) {
 Device load_device(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open device file");
+  // nlohmann keeps the last of duplicate keys silently; in a hand-edited device file a repeated
+  // "value" is a mistake to report, so the parse callback tracks the keys of every open object.
+  struct OpenObject {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open;
+  auto check_keys = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.push_back({{}, {}});
+        break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        OpenObject& o = open.back();
+        const std::string key = parsed.get<std::string>();
+        if (!o.keys.insert(key).second) {
+          const std::string under =
+              open.size() >= 2 && !open[open.size() - 2].last_key.empty()
+                  ? " in the object under \"" + open[open.size() - 2].last_key + "\""
+                  : " at the top level";
+          throw Error(path + ": duplicate key \"" + key + "\"" + under + ", expected each key once");
+        }
+        o.last_key = key;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(in, check_keys);
   } catch (const json::parse_error& e) {
     throw Error(path + ": not valid JSON: " + e.what());
   }
