@@ -135,6 +135,7 @@ class Simulator {
       }
     } else {  // transform, cast, zero: one vector operation per element
       c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
+      if (s.kind == "transform") c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
       c.seconds = c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
@@ -281,6 +282,7 @@ class Simulator {
       o.macs += sc.macs, o.executed_macs += sc.executed_macs;
       r.executed_macs += sc.executed_macs;
     } else {
+      if (si.step->kind == "transform") r.transform_bytes += sc.bytes;
       o.vector_s += sc.seconds;
       o.vector_ops += sc.vector_ops;
       r.vector_ops += sc.vector_ops;
@@ -374,6 +376,7 @@ nlohmann::json sim_result_to_json(const SimResult& r, bool detail) {
   j["peak_gm_bytes"] = r.peak_gm_bytes;
   j["gm_intermediate_bytes"] = r.gm_intermediate_bytes;
   j["spill_bytes"] = r.spill_bytes;
+  j["transform_bytes"] = r.transform_bytes;
   j["busy_s"] = r.busy_s;
   j["kernels"] = static_cast<int64_t>(r.kernels.size());
   if (detail) {
