@@ -46,9 +46,11 @@ class Simulator {
     if (lanes == dev.vector.lanes.end() || lanes->second.value <= 0)
       throw Error("device " + dev.name + ": vector.lanes has no positive F32 entry (the simulator runs vector work in fp32)");
     vec_lanes_ = lanes->second.value;
+    // Matrix operands are fp16 where the unit multiplies fp16 (NPU), else fp32 (a CPU's FMA units).
     auto macs = dev.matrix.macs_per_cycle.find(DType::F16);
+    if (macs == dev.matrix.macs_per_cycle.end()) macs = dev.matrix.macs_per_cycle.find(DType::F32);
     if (macs == dev.matrix.macs_per_cycle.end() || macs->second.value <= 0)
-      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 entry (matrix operands are fp16)");
+      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 or F32 entry");
     mac_rate_ = macs->second.value * hz_;
     tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
   }
