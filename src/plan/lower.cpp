@@ -353,9 +353,10 @@ class Lowerer {
     if (cx_.to_gm.count("S")) store("S", "state_snapshot");
   }
 
-  void store(const std::string& t, const std::string& op, const std::string& when = "every") {
+  // Stores t to GM; intermediates kept in GM as fp16 are cast first, the final state never is.
+  void store(const std::string& t, const std::string& op, const std::string& when = "every", bool fp16_allowed = true) {
     int elem = res_.at(t).at(ub_).elem;
-    if (cx_.f16_in_gm.count(t) && elem == 4) {
+    if (fp16_allowed && cx_.f16_in_gm.count(t) && elem == 4) {
       Step s;
       s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
       const int i = add(s);
@@ -375,7 +376,7 @@ class Lowerer {
     const bool state = state_tensor(t);
     if (state) {
       res_[t][ub_].carried = true;
-      if (k_.state_out != "none") store(t, "state_out", "last");
+      if (k_.state_out != "none") store(t, "state_out", "last", false);
       return;
     }
     const bool spill = std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end();
