@@ -1,6 +1,7 @@
 // The planner: operator graph counts, head mapping with tail tiers, coverage and dependencies of
 // every strategy's plan, the layout DP against exhaustive search, plan JSON round trips and
 // errors, and the capacity check.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -162,6 +163,67 @@ TEST(Plans, EveryStrategyCoversEveryCellOnEveryTailCase) {
       expect_output_once(plan);
       EXPECT_NO_THROW(validate_plan(plan));
     }
+}
+
+// Checks a chunk program without the lowering's bookkeeping: every operand a compute step reads
+// must have been brought to the buffer its unit reads (L0A/L0B for the matrix unit, UB for the
+// vector unit) by an earlier step that the compute transitively depends on, or be the carried state.
+void expect_operands_delivered(const Plan& plan, const Device& dev) {
+  const OpGraph g = plan.graph();
+  for (const Kernel& k : plan.kernels) {
+    SCOPED_TRACE(plan.strategy + " kernel " + k.name);
+    std::vector<std::set<int>> closure(k.steps.size());
+    std::map<std::pair<std::string, std::string>, int> arrived;  // (tensor, buffer) -> step
+    for (size_t i = 0; i < k.steps.size(); ++i) {
+      const Step& s = k.steps[i];
+      for (int d : s.deps) {
+        ASSERT_LT(d, static_cast<int>(i));
+        closure[i].insert(d);
+        closure[i].insert(closure[static_cast<size_t>(d)].begin(), closure[static_cast<size_t>(d)].end());
+      }
+      if (s.kind == "compute") {
+        const OperatorDef& op = g.op(s.op);
+        for (size_t a = 0; a < op.inputs.size(); ++a) {
+          const std::string& t = op.inputs[a];
+          const std::string buf = op.unit == Unit::Vector ? dev.vector.buffer
+                                  : static_cast<int>(a) < op.left ? dev.matrix.input_a : dev.matrix.input_b;
+          auto it = arrived.find({t, buf});
+          if (it == arrived.end()) {
+            // Only the carried state may be there from the previous chunk.
+            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != "none") << s.op << " reads " << t << " from " << buf;
+            continue;
+          }
+          EXPECT_TRUE(closure[i].count(it->second)) << s.op << " does not wait for " << t << " in " << buf;
+        }
+        for (const std::string& out : op.outputs) arrived[{out, op.unit == Unit::Matrix ? dev.matrix.output : dev.vector.buffer}] = static_cast<int>(i);
+      } else if (s.kind == "move") {
+        arrived[{s.tensor, s.path.substr(s.path.find("->") + 2)}] = static_cast<int>(i);
+      } else if (s.kind == "zero") {
+        arrived[{s.tensor, dev.vector.buffer}] = static_cast<int>(i);
+      }
+    }
+  }
+}
+
+TEST(Plans, ChunkProgramsDeliverEveryOperandBeforeItsUse) {
+  const Device dev = ascend310p();
+  for (const Case& c : shapes())
+    for (const std::string& s : every_strategy()) {
+      PlanOptions o;
+      o.cores = c.cores;
+      expect_operands_delivered(make_plan(c.p, dev, s, o), dev);
+    }
+}
+
+Plan g_broken_plan;
+Device g_device;
+
+TEST(Plans, OperandCheckCatchesAMissingDependency) {
+  g_device = ascend310p();
+  g_broken_plan = make_plan(problem(Variant::GDN, {256}, 16), g_device, "hanpu");
+  for (Step& s : g_broken_plan.kernels[0].steps)
+    if (s.kind == "compute" && s.op == "gate") s.deps.clear();  // reads only g
+  EXPECT_NONFATAL_FAILURE(expect_operands_delivered(g_broken_plan, g_device), "does not wait for");
 }
 
 TEST(Plans, TierThreeUsesChunkParallelFallbackKernels) {
@@ -371,6 +433,9 @@ TEST(PlanJson, MalformedFieldsAreNamed) {
   j = good;
   j["kernels"][0]["steps"][2]["deps"] = {5};
   EXPECT_NE(parse_error(j).find("plan.kernels[0].steps[2].deps[0]"), std::string::npos) << parse_error(j);
+  j = good;
+  std::swap(j["kernels"][4]["order"][0], j["kernels"][4]["order"][1]);  // order no longer matches the steps
+  EXPECT_NE(parse_error(j).find("plan.kernels[4].steps: the compute steps do not run"), std::string::npos) << parse_error(j);
   j = good;
   j["kernels"][0]["cores"][0].erase(0);  // coverage broken
   EXPECT_NE(parse_error(j).find("runs 0 times"), std::string::npos) << parse_error(j);

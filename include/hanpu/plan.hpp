@@ -154,6 +154,8 @@ struct Step {
   int elem_bytes = 0;
   std::vector<int> deps;
   int reuse_of = -1;
+  /// A hop into GM on the way elsewhere (no on-core path, e.g. L0C->GM->UB): per-core scratch.
+  bool transit = false;
   bool operator==(const Step&) const = default;
 };
 

@@ -112,8 +112,6 @@ void print_table(const std::vector<SimResult>& rs) {
   }
 }
 
-Device load_with_cores(const ProblemArgs& a) { return load_device(a.device); }
-
 }  // namespace
 
 void register_plan_commands(CLI::App& app) {
@@ -126,7 +124,7 @@ void register_plan_commands(CLI::App& app) {
     c->add_option("--strategy", *strategy, "hanpu, vllm-ascend, fla, fla-megakernel, flashqla, or an ablation step")->capture_default_str();
     c->add_option("-o,--output", *out, "write the plan as JSON to this file");
     c->callback([a, strategy, out] {
-      const Device dev = load_with_cores(*a);
+      const Device dev = load_device(a->device);
       const Problem p = make_problem(*a);
       PlanOptions po;
       po.cores = a->cores;
@@ -163,7 +161,7 @@ void register_plan_commands(CLI::App& app) {
       bool every = *all;
       std::string file = *plan_file;
       if (file == "all") every = true, file.clear();
-      const Device dev = load_with_cores(*a);
+      const Device dev = load_device(a->device);
       std::vector<Plan> plans;
       if (!file.empty()) {
         std::ifstream f(file);

@@ -159,6 +159,7 @@ json plan_to_json(const Plan& plan) {
       if (!s.path.empty()) sj["path"] = s.path;
       if (s.elem_bytes) sj["elem_bytes"] = s.elem_bytes;
       if (s.reuse_of >= 0) sj["reuse_of"] = s.reuse_of;
+      if (s.transit) sj["transit"] = true;
       steps.push_back(sj);
     }
     kj["steps"] = steps;
@@ -259,6 +260,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
         if (s.reuse_of < 0 || s.reuse_of >= static_cast<int>(steps.size()))
           r.fail(sp + ".reuse_of", &sj.at("reuse_of"), "a step index of this kernel");
       }
+      if (sj.contains("transit")) s.transit = r.boolean(sj, "transit", sp);
       k.steps.push_back(s);
     }
     const json& lts = r.array(kj, "lifetimes", kp);

@@ -212,10 +212,6 @@ void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
 void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
   const Problem& p = plan.problem;
   std::vector<Kernel>& ks = plan.kernels;
-  int64_t max_width = 0;
-  for (const Kernel& k : ks)
-    for (const auto& l : k.cores)
-      for (const PlanItem& it : l) max_width = std::max<int64_t>(max_width, it.col1 - it.col0);
   // Pass 1: what each kernel reads from and stores to GM, and which fp32 tensors are kept in GM as
   // fp16. Pass 2 lowers every kernel with the GM precision known to readers too.
   std::vector<LowerContext> cxs(ks.size());
@@ -264,7 +260,6 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
-    (void)max_width;
     plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
   }
 }
@@ -440,14 +435,6 @@ void validate_plan(const Plan& plan) {
   const Problem& p = plan.problem;
   validate_problem(p);
   const OpGraph g = plan.graph();
-  std::vector<int64_t> chunk_base(static_cast<size_t>(p.sequences()) + 1, 0);
-  for (int64_t s = 0; s < p.sequences(); ++s) chunk_base[static_cast<size_t>(s) + 1] = chunk_base[static_cast<size_t>(s)] + p.chunks_of(s);
-  const int64_t cells_per_head = chunk_base.back() * p.V;
-  auto cell = [&](int64_t s, int64_t h, int64_t col, int64_t c) {
-    return static_cast<size_t>((h * chunk_base.back() + chunk_base[static_cast<size_t>(s)] + c) * p.V + col);
-  };
-  const size_t ncells = static_cast<size_t>(p.HV * cells_per_head);
-  std::vector<std::vector<uint8_t>> op_cover(g.ops.size(), std::vector<uint8_t>(ncells, 0));
   auto op_id = [&](const std::string& name) {
     for (size_t i = 0; i < g.ops.size(); ++i)
       if (g.ops[i].name == name) return i;
@@ -455,16 +442,29 @@ void validate_plan(const Plan& plan) {
   };
   auto where = [](size_t k) { return "plan.kernels[" + std::to_string(k) + "]"; };
 
+  // Items per (sequence, head), checked item by item for range; coverage is counted below on a
+  // grid compressed to the items' own column and chunk boundaries (cheap at any T).
+  struct Rect {
+    size_t kernel, core, index;
+    PlanItem item;
+  };
+  std::map<std::pair<int32_t, int32_t>, std::vector<Rect>> per_head;
   std::set<std::string> available;  // in GM after a kernel
   for (const TensorDef& t : g.tensors)
     if (t.role == TensorRole::Input) available.insert(t.name);
+  std::vector<std::vector<size_t>> kernel_ops(plan.kernels.size());
   for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
     const Kernel& k = plan.kernels[ki];
     if (static_cast<int>(k.cores.size()) != plan.cores)
       throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
-    std::vector<uint8_t> seen(ncells, 0);
-    std::vector<size_t> kernel_ops;
-    for (const std::string& o : k.order) kernel_ops.push_back(op_id(o));
+    for (const std::string& o : k.order) kernel_ops[ki].push_back(op_id(o));
+    // The chunk program computes exactly the order's operators, in that order.
+    std::vector<std::string> computed;
+    for (const Step& st : k.steps)
+      if (st.kind == "compute") computed.push_back(st.op);
+    if (computed != k.order)
+      throw Error(where(ki) + ".steps: the compute steps do not run the operators of " + where(ki) +
+                  ".order in that order (re-plan after changing the order)");
     for (size_t ci = 0; ci < k.cores.size(); ++ci)
       for (size_t ii = 0; ii < k.cores[ci].size(); ++ii) {
         const PlanItem& it = k.cores[ci][ii];
@@ -476,14 +476,7 @@ void validate_plan(const Plan& plan) {
                       std::to_string(it.chunk1) + ") is out of range");
         if (k.parallel == "head" && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
           throw Error(at + ": a head-parallel kernel's item must run all chunks of its sequence in order (the state depends on every earlier chunk)");
-        for (int64_t c = it.chunk0; c < it.chunk1; ++c)
-          for (int64_t col = it.col0; col < it.col1; ++col) {
-            uint8_t& s = seen[cell(it.seq, it.head, col, c)];
-            if (s++)
-              throw Error(at + ": (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", column " +
-                          std::to_string(col) + ", chunk " + std::to_string(c) + ") is covered twice in kernel " + k.name);
-            for (size_t o : kernel_ops) ++op_cover[o][cell(it.seq, it.head, col, c)];
-          }
+        per_head[{it.seq, it.head}].push_back({ki, ci, ii, it});
       }
     // Dependencies: every tensor read is an input, produced earlier in the order, carried, or in GM.
     std::set<std::string> here;
@@ -501,23 +494,50 @@ void validate_plan(const Plan& plan) {
     for (const std::string& t : here) available.insert(t);
     if (k.state_in != "none" || k.state_out != "none") available.insert("S");
   }
-  // Coverage: the output once everywhere; every operator at least once.
-  for (size_t oi = 0; oi < g.ops.size(); ++oi) {
-    const std::string& op = g.ops[oi].name;
-    const std::vector<uint8_t>& cover = op_cover[oi];
-    for (size_t i = 0; i < cover.size(); ++i) {
-      const bool bad = op == "out" ? cover[i] != 1 : cover[i] == 0;
-      if (bad) {
-        const int64_t col = static_cast<int64_t>(i) % p.V;
-        const int64_t rest = static_cast<int64_t>(i) / p.V;
-        const int64_t head = rest / chunk_base.back();
-        const int64_t flat = rest % chunk_base.back();
-        int64_t seq = 0;
-        while (chunk_base[static_cast<size_t>(seq) + 1] <= flat) ++seq;
-        throw Error("plan: operator " + op + " runs " + std::to_string(cover[i]) + " times on (seq " + std::to_string(seq) +
-                    ", head " + std::to_string(head) + ", column " + std::to_string(col) + ", chunk " +
-                    std::to_string(flat - chunk_base[static_cast<size_t>(seq)]) + ")" +
-                    (op == "out" ? ", expected exactly once" : ", expected at least once"));
+
+  // Coverage: no kernel twice on a cell, the output once everywhere, every operator at least once.
+  for (int32_t s = 0; s < p.sequences(); ++s) {
+    const int64_t nc = p.chunks_of(s);
+    if (nc == 0) continue;
+    for (int32_t h = 0; h < p.HV; ++h) {
+      const auto found = per_head.find({s, h});
+      static const std::vector<Rect> none;
+      const std::vector<Rect>& rects = found == per_head.end() ? none : found->second;
+      std::vector<int64_t> cols = {0, p.V}, chunks = {0, nc};
+      for (const Rect& r : rects) {
+        cols.push_back(r.item.col0), cols.push_back(r.item.col1);
+        chunks.push_back(r.item.chunk0), chunks.push_back(r.item.chunk1);
+      }
+      for (auto* v : {&cols, &chunks}) {
+        std::sort(v->begin(), v->end());
+        v->erase(std::unique(v->begin(), v->end()), v->end());
+      }
+      const size_t ncol = cols.size() - 1, nch = chunks.size() - 1;
+      auto idx = [](const std::vector<int64_t>& v, int64_t x) { return static_cast<size_t>(std::lower_bound(v.begin(), v.end(), x) - v.begin()); };
+      std::vector<std::vector<uint16_t>> per_kernel(plan.kernels.size());
+      for (const Rect& r : rects) {
+        auto& grid = per_kernel[r.kernel];
+        if (grid.empty()) grid.assign(ncol * nch, 0);
+        for (size_t a = idx(cols, r.item.col0); a < idx(cols, r.item.col1); ++a)
+          for (size_t b = idx(chunks, r.item.chunk0); b < idx(chunks, r.item.chunk1); ++b)
+            if (grid[a * nch + b]++)
+              throw Error(where(r.kernel) + ".cores[" + std::to_string(r.core) + "][" + std::to_string(r.index) + "]: (seq " +
+                          std::to_string(s) + ", head " + std::to_string(h) + ", column " + std::to_string(cols[a]) + ", chunk " +
+                          std::to_string(chunks[b]) + ") is covered twice in kernel " + plan.kernels[r.kernel].name);
+      }
+      for (size_t oi = 0; oi < g.ops.size(); ++oi) {
+        const std::string& op = g.ops[oi].name;
+        for (size_t a = 0; a < ncol; ++a)
+          for (size_t b = 0; b < nch; ++b) {
+            int n = 0;
+            for (size_t ki = 0; ki < plan.kernels.size(); ++ki)
+              if (!per_kernel[ki].empty() && std::find(kernel_ops[ki].begin(), kernel_ops[ki].end(), oi) != kernel_ops[ki].end())
+                n += per_kernel[ki][a * nch + b];
+            if (op == "out" ? n != 1 : n == 0)
+              throw Error("plan: operator " + op + " runs " + std::to_string(n) + " times on (seq " + std::to_string(s) + ", head " +
+                          std::to_string(h) + ", column " + std::to_string(cols[a]) + ", chunk " + std::to_string(chunks[b]) + ")" +
+                          (op == "out" ? ", expected exactly once" : ", expected at least once"));
+          }
       }
     }
   }

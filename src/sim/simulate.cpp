@@ -46,9 +46,11 @@ class Simulator {
     if (lanes == dev.vector.lanes.end() || lanes->second.value <= 0)
       throw Error("device " + dev.name + ": vector.lanes has no positive F32 entry (the simulator runs vector work in fp32)");
     vec_lanes_ = lanes->second.value;
+    // Matrix operands are fp16 where the unit multiplies fp16 (NPU), else fp32 (a CPU's FMA units).
     auto macs = dev.matrix.macs_per_cycle.find(DType::F16);
+    if (macs == dev.matrix.macs_per_cycle.end()) macs = dev.matrix.macs_per_cycle.find(DType::F32);
     if (macs == dev.matrix.macs_per_cycle.end() || macs->second.value <= 0)
-      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 entry (matrix operands are fp16)");
+      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 or F32 entry");
     mac_rate_ = macs->second.value * hz_;
     tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
   }
@@ -115,7 +117,7 @@ class Simulator {
     return tensor_bytes(d, L, p_.K, Vc) / static_cast<int64_t>(dtype_size(d.dtype));
   }
 
-  StepCost cost(const StepInfo& si, const Kernel& k, int64_t L, int64_t Vc, int busy_cores) const {
+  StepCost cost(const StepInfo& si, int64_t L, int64_t Vc, int busy_cores) const {
     const Step& s = *si.step;
     StepCost c;
     if (s.kind == "move") {
@@ -135,10 +137,10 @@ class Simulator {
       }
     } else {  // transform, cast, zero: one vector operation per element
       c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
+      if (s.kind == "transform") c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
       c.seconds = c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
-    (void)k;
     return c;
   }
 
@@ -214,7 +216,7 @@ class Simulator {
           const int64_t L = p_.chunk_len(it.seq, c);
           auto& costs = cache[{L, Vc}];
           if (costs.empty())
-            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], k, L, Vc, busy));
+            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], L, Vc, busy));
           const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
           const bool load_state = k.state_in == "initial" && (p_.read_initial_state || it.chunk0 > 0);
           const bool store_state = k.state_out == "segment" || (k.state_out == "final" && p_.write_final_state && it.chunk1 == nchunks);
@@ -282,6 +284,7 @@ class Simulator {
       o.macs += sc.macs, o.executed_macs += sc.executed_macs;
       r.executed_macs += sc.executed_macs;
     } else {
+      if (si.step->kind == "transform") r.transform_bytes += sc.bytes;
       o.vector_s += sc.seconds;
       o.vector_ops += sc.vector_ops;
       r.vector_ops += sc.vector_ops;
@@ -320,7 +323,10 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
       const bool state_store = s.op == "state_out";
       if (state_store && k.state_out != "segment") continue;  // the final state, counted above
-      const bool spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
+      // Spills, and results routed through GM for want of an on-core path (L0C->GM->UB on a 310B),
+      // are read back by the same kernel: per-core scratch reused every chunk, not a materialized
+      // intermediate.
+      const bool spill = s.transit || std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
       const TensorDef& t = g.tensor(s.tensor);
       const int64_t elem_div = static_cast<int64_t>(dtype_size(t.dtype));
       if (spill) {
@@ -372,6 +378,7 @@ nlohmann::json sim_result_to_json(const SimResult& r, bool detail) {
   j["peak_gm_bytes"] = r.peak_gm_bytes;
   j["gm_intermediate_bytes"] = r.gm_intermediate_bytes;
   j["spill_bytes"] = r.spill_bytes;
+  j["transform_bytes"] = r.transform_bytes;
   j["busy_s"] = r.busy_s;
   j["kernels"] = static_cast<int64_t>(r.kernels.size());
   if (detail) {
