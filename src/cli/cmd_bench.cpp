@@ -17,7 +17,10 @@
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "device/host.hpp"
+#include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
+#include "hanpu/plan_exec.hpp"
+#include "hanpu/simulate.hpp"
 
 namespace {
 
@@ -35,6 +38,7 @@ struct BenchArgs {
   int min_reps = 3;
   bool json = false;
   std::string json_out;  // also write the JSON rows to this file (the table still prints)
+  bool ablation = false;  // run the planner's ablation steps for real, next to their simulation
 };
 
 struct Inputs {
@@ -216,6 +220,84 @@ void run_bench(const BenchArgs& a) {
   if (a.json) std::cout << out.dump(2) << std::endl;
 }
 
+
+// `hanpu bench --ablation`: the planner's ablation (fla -> +mapping -> +reordering -> +layout)
+// planned for this machine (host_device: detected and measured in this run), each step executed
+// for real by the CPU backend (plan_exec.hpp) and simulated on the same host model, so the
+// simulator's prediction and the measurement sit side by side.
+void run_ablation(const BenchArgs& a) {
+  validate_args(a);
+  const int threads = a.threads.empty() ? hardware_threads() : a.threads.front();
+  const Device host = host_device(threads, 1.0);
+  const double peak = host.matrix_macs_per_cycle(DType::F32) * 2 * host.clock_ghz.value * threads;
+  if (!a.json) {
+    std::printf("hanpu bench --ablation: %s, %d threads; host model: FMA peak %.1f GFLOP/s (%s), GM %s\\n",
+                host.description.c_str(), threads, peak, host.matrix.macs_per_cycle.at(DType::F32).status.c_str(),
+                host.paths.empty() ? "?" : (std::to_string(static_cast<int>(host.path("GM", "L2").bandwidth_gbs.value)) + " GB/s").c_str());
+    std::printf("%-4s %6s %5s %-4s %-31s %10s %9s %7s %10s %12s  %s\\n", "var", "T", "heads", "dt", "step", "cpu ms",
+                "GFLOP/s", "%peak", "sim ms", "sim GM MiB", "executed as");
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& vname : a.variants) {
+    const Variant var = vname == "gdn" ? Variant::GDN : Variant::KDA;
+    for (const std::string& dname : a.dtypes) {
+      const DType dt = dname == "f32" ? DType::F32 : dname == "bf16" ? DType::BF16 : DType::F16;
+      for (int64_t H : a.heads) {
+        for (int64_t T : a.Ts) {
+          const Inputs in = make_inputs(var, T, H, a.dim, a.dim, dt);
+          LaInputs li{};
+          li.q = in.q.view();
+          li.k = in.k.view();
+          li.v = in.v.view();
+          li.g = in.g.view();
+          li.beta = in.beta.view();
+          Tensor o(dt, {1, T, H, a.dim}), ht(DType::F32, {1, H, a.dim, a.dim});
+          const LaOutputs lo{o.view(), ht.view()};
+          const LaShape shape = validate_la(var, li, LaOptions{});
+          Problem prob = problem_for_inputs(var, li, LaOptions{});
+          for (const std::string& step : ablation_names()) {
+            PlanOptions po;
+            po.cores = threads;
+            const Plan plan = make_plan(prob, host, step, po);
+            const CpuExecution ex = cpu_execution_for(plan, shape, prob.seqlens);
+            const SimResult sim = simulate(plan, host);
+            ExecOptions eo{ex.path, ex.threads, ex.path == CpuPath::HeadFused ? &ex.plan : nullptr, nullptr};
+            la_prefill(var, li, LaOptions{}, lo, eo);  // warm-up
+            std::vector<double> times;
+            double total = 0;
+            while (static_cast<int>(times.size()) < a.min_reps || total < a.min_seconds) {
+              const auto t0 = std::chrono::steady_clock::now();
+              la_prefill(var, li, LaOptions{}, lo, eo);
+              const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+              times.push_back(sec);
+              total += sec;
+              if (times.size() >= 50) break;
+            }
+            const double sec = median(times);
+            const double gflops = la_flops_per_token_head(var, a.dim, a.dim) * static_cast<double>(T * H) / sec / 1e9;
+            const double gm = static_cast<double>(sim.gm_read_bytes + sim.gm_write_bytes);
+            out.push_back({{"variant", vname}, {"T", T}, {"heads", H}, {"dtype", dname}, {"threads", threads},
+                           {"step", step}, {"cpu_ms", sec * 1e3}, {"gflops", gflops}, {"peak_gflops", peak},
+                           {"peak_fraction", gflops / peak}, {"sim_latency_ms", sim.latency_s * 1e3},
+                           {"sim_gm_bytes", gm}, {"executed_as", ex.summary}});
+            if (!a.json)
+              std::printf("%-4s %6lld %5lld %-4s %-31s %10.3f %9.1f %6.1f%% %10.3f %12.2f  %s\\n", vname.c_str(),
+                          static_cast<long long>(T), static_cast<long long>(H), dname.c_str(), step.c_str(), sec * 1e3,
+                          gflops, 100 * gflops / peak, sim.latency_s * 1e3, gm / (1 << 20), ex.summary.c_str());
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  }
+  if (a.json) std::cout << out.dump(2) << std::endl;
+  if (!a.json_out.empty()) {
+    std::ofstream f(a.json_out);
+    f << out.dump(2) << "\\n";
+    if (!f) throw Error("cannot write '" + a.json_out + "'");
+  }
+}
+
 }  // namespace
 
 void register_bench_command(CLI::App& app) {
@@ -231,5 +313,18 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--min-seconds", args->min_seconds, "time per row at least (default 0.2)");
   sub->add_flag("--json", args->json, "print the rows as a JSON array");
   sub->add_option("--json-out", args->json_out, "also write the JSON rows to this file (updated after every row)");
-  sub->callback([args] { run_bench(*args); });
+  sub->add_flag("--ablation", args->ablation,
+                 "run the planner's ablation steps (fla, +mapping, +reordering, +layout) planned for this machine, "
+                 "for real and simulated (defaults: --T 4096 --heads 16 --dtype f32 --threads all)");
+  sub->callback([args, sub] {
+    if (args->ablation) {
+      BenchArgs a = *args;
+      if (!sub->count("--T")) a.Ts = {4096};
+      if (!sub->count("--heads")) a.heads = {16};
+      if (!sub->count("--dtype")) a.dtypes = {"f32"};
+      run_ablation(a);
+    } else {
+      run_bench(*args);
+    }
+  });
 }
