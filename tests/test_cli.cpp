@@ -409,4 +409,26 @@ TEST(CliBench, JsonRowsAndMemoryIndependentOfT) {
   EXPECT_GT(extra700["fla"], extra70["fla"]);
 }
 
+TEST(CliBench, AblationRunsEveryStepForRealAndSimulated) {
+  TempDir dir("hanpu_cli");
+  const RunResult r =
+      run_hanpu(dir, "bench --ablation --variant gdn,kda --T 130 --heads 3 --threads 2 --min-seconds 0 --json");
+  ASSERT_TRUE(r.exited && r.code == 0) << r.command << "\n" << r.err;
+  const nlohmann::json rows = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(rows.is_array());
+  ASSERT_EQ(rows.size(), 8u) << rows.dump(2);  // 2 variants x 4 ablation steps
+  const char* const steps[] = {"fla", "fla+mapping", "fla+mapping+reordering", "fla+mapping+reordering+layout"};
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].value("step", ""), steps[i % 4]);
+    EXPECT_EQ(rows[i].value("threads", 0), 2);
+    EXPECT_GT(rows[i].value("cpu_ms", 0.0), 0.0);
+    EXPECT_GT(rows[i].value("sim_latency_ms", 0.0), 0.0);
+    EXPECT_GT(rows[i].value("sim_gm_bytes", 0.0), 0.0);
+    const std::string how = rows[i].value("executed_as", "");
+    EXPECT_NE(how.find(i % 4 == 0 ? "FLA-style" : "head-fused"), std::string::npos) << how;
+  }
+  // The FLA-style plan materializes its intermediates in memory; the head-mapped ones do not.
+  EXPECT_GT(rows[0]["sim_gm_bytes"].get<double>(), rows[1]["sim_gm_bytes"].get<double>());
+}
+
 }  // namespace

@@ -73,7 +73,8 @@ TEST(PlanExec, EveryStrategyAndAblationStepMatchesTheReference) {
           if (k.name == "fused") fused = &k;
         ASSERT_NE(fused, nullptr);
         for (size_t t = 0; t < fused->cores.size(); ++t) {
-          ASSERT_EQ(ex.plan.per_thread[t].size(), fused->cores[t].size());
+          // Thread 0 may also carry the empty sequences' state copies, after the planned items.
+          ASSERT_GE(ex.plan.per_thread[t].size(), fused->cores[t].size());
           for (size_t i = 0; i < fused->cores[t].size(); ++i) {
             EXPECT_EQ(ex.plan.per_thread[t][i].head, fused->cores[t][i].head);
             EXPECT_EQ(ex.plan.per_thread[t][i].col0, fused->cores[t][i].col0);

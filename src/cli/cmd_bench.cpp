@@ -231,10 +231,10 @@ void run_ablation(const BenchArgs& a) {
   const Device host = host_device(threads, 1.0);
   const double peak = host.matrix_macs_per_cycle(DType::F32) * 2 * host.clock_ghz.value * threads;
   if (!a.json) {
-    std::printf("hanpu bench --ablation: %s, %d threads; host model: FMA peak %.1f GFLOP/s (%s), GM %s\\n",
+    std::printf("hanpu bench --ablation: %s, %d threads; host model: FMA peak %.1f GFLOP/s (%s), GM %s\n",
                 host.description.c_str(), threads, peak, host.matrix.macs_per_cycle.at(DType::F32).status.c_str(),
                 host.paths.empty() ? "?" : (std::to_string(static_cast<int>(host.path("GM", "L2").bandwidth_gbs.value)) + " GB/s").c_str());
-    std::printf("%-4s %6s %5s %-4s %-31s %10s %9s %7s %10s %12s  %s\\n", "var", "T", "heads", "dt", "step", "cpu ms",
+    std::printf("%-4s %6s %5s %-4s %-31s %10s %9s %7s %10s %12s  %s\n", "var", "T", "heads", "dt", "step", "cpu ms",
                 "GFLOP/s", "%peak", "sim ms", "sim GM MiB", "executed as");
   }
   nlohmann::json out = nlohmann::json::array();
@@ -281,7 +281,7 @@ void run_ablation(const BenchArgs& a) {
                            {"peak_fraction", gflops / peak}, {"sim_latency_ms", sim.latency_s * 1e3},
                            {"sim_gm_bytes", gm}, {"executed_as", ex.summary}});
             if (!a.json)
-              std::printf("%-4s %6lld %5lld %-4s %-31s %10.3f %9.1f %6.1f%% %10.3f %12.2f  %s\\n", vname.c_str(),
+              std::printf("%-4s %6lld %5lld %-4s %-31s %10.3f %9.1f %6.1f%% %10.3f %12.2f  %s\n", vname.c_str(),
                           static_cast<long long>(T), static_cast<long long>(H), dname.c_str(), step.c_str(), sec * 1e3,
                           gflops, 100 * gflops / peak, sim.latency_s * 1e3, gm / (1 << 20), ex.summary.c_str());
             std::fflush(stdout);
@@ -293,7 +293,7 @@ void run_ablation(const BenchArgs& a) {
   if (a.json) std::cout << out.dump(2) << std::endl;
   if (!a.json_out.empty()) {
     std::ofstream f(a.json_out);
-    f << out.dump(2) << "\\n";
+    f << out.dump(2) << "\n";
     if (!f) throw Error("cannot write '" + a.json_out + "'");
   }
 }

@@ -109,6 +109,12 @@ CpuExecution cpu_execution_for(const Plan& plan, const LaShape& shape, const std
         cp.per_thread[c].push_back({it.seq, it.head, it.col0, it.col1});
       }
   }
+  // The planner gives an empty sequence no work (it has no chunks); the CPU still has to copy its
+  // initial state to its final state, which a whole-head item on thread 0 does.
+  for (size_t n = 0; n < seq_lens.size(); ++n)
+    if (seq_lens[n] == 0)
+      for (int64_t h = 0; h < shape.HV; ++h)
+        cp.per_thread[0].push_back({static_cast<int32_t>(n), static_cast<int32_t>(h), 0, static_cast<int32_t>(shape.V)});
   for (const auto& [seq, head] : tail) cp.chunk_parallel.push_back({seq, head, 0, static_cast<int32_t>(shape.V)});
   // Consecutive items of a thread that share sequence and columns advance in lockstep: as many as
   // a quarter of this machine's L2 holds (cpu_plan.hpp).

@@ -105,7 +105,12 @@ Device host_device(int threads, double measure_seconds) {
     d.matrix.macs_per_cycle[DType::F32] =
         q(2.0 * lanes, "not measured: assumed 2 FMA pipes x " + std::to_string(lanes) + " f32 lanes", "estimate");
   }
-  d.matrix.input_a = d.matrix.input_b = d.matrix.output = "L1D";
+  // The planner's "on-core buffer" on a CPU is the per-core L2: the head-fused path keeps each
+  // item's state and the chunk's intermediates there (cpu_plan.hpp, head_group_for_cache), while
+  // L1D only holds the rows streaming into the register tiles. A 48 KiB L1D as the working buffer
+  // would fail capacity checks the real kernels never face. Without an L2, fall back to L1D.
+  const std::string working = info.data_cache(2) ? "L2" : "L1D";
+  d.matrix.input_a = d.matrix.input_b = d.matrix.output = working;
   // ~1.5 pJ per f32 FMA lane: instruction fetch/decode/register-file overhead of an out-of-order
   // core amortised over the vector's lanes dominates the arithmetic (Horowitz, ISSCC 2014, scaled to
   // a 7-14 nm node).
@@ -115,7 +120,7 @@ Device host_device(int threads, double measure_seconds) {
 
   d.vector.lanes[DType::F32] =
       q(lanes, "highway target " + info.simd_target + " f32 lanes; one vector op per cycle assumed", "derived");
-  d.vector.buffer = "L1D";
+  d.vector.buffer = working;
   d.vector.energy_pj_per_op = q(1.5, "estimate: same per-lane cost as a FMA lane", "estimate");
 
   // Caches as buffers. Alignment is the coherency line: tiles aligned to it avoid split lines.
