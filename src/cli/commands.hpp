@@ -13,3 +13,5 @@ void register_la_commands(CLI::App& app);
 void register_bench_command(CLI::App& app);
 /// `hanpu device`: a device description as a table or JSON (cmd_device.cpp).
 void register_device_command(CLI::App& app);
+/// `hanpu plan` and `hanpu simulate`: HA-NPU and baseline plans on a device model (cmd_plan.cpp).
+void register_plan_commands(CLI::App& app);

@@ -1,0 +1,287 @@
+// The HA-NPU planner's vocabulary: the LA problem, the operator graph of one chunk, and the Plan
+// value every planner (HA-NPU and the baselines) produces and every backend (simulator, CPU)
+// consumes (DESIGN.md: algorithm, device, plan and backends are separate).
+//
+// A Plan stays compact: per kernel it holds one chunk program (the ordered steps of one chunk:
+// computes, moves along device paths, layout transforms, casts), the tensors' lifetimes in that
+// program, and per core the list of work items (sequence, value head, column range, chunk range)
+// it runs through the program, in order. Sizes in the program are symbolic in the chunk length L
+// and the item's column width (dims "L", "K", "V", "1"), so one program serves every item.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hanpu/device.hpp"
+#include "hanpu/la.hpp"
+#include "hanpu/tensor.hpp"
+
+namespace hanpu {
+
+// ---------------------------------------------------------------------------------------------
+// The problem
+
+/// One LA prefill problem (ha-npu.md §9 defaults: K = V = 128, chunk 64, fp16 q/k/v/o, fp32
+/// g/beta/states, an initial state read and a final state written).
+struct Problem {
+  Variant variant = Variant::GDN;
+  std::vector<int64_t> seqlens;  // tokens per sequence (a batch of B sequences of T: B entries)
+  bool varlen = false;           // given as cu_seqlens (one flattened batch) rather than B x T
+  int64_t H = 16, HV = 16, K = 128, V = 128;
+  int64_t chunk = 64;
+  DType qkv_dtype = DType::F16, out_dtype = DType::F16;
+  DType gate_dtype = DType::F32, beta_dtype = DType::F32, state_dtype = DType::F32;
+  bool read_initial_state = true;
+  bool write_final_state = true;
+
+  int64_t sequences() const { return static_cast<int64_t>(seqlens.size()); }
+  int64_t total_tokens() const;
+  int64_t chunks_of(int64_t seq) const;  // ceil(len / chunk); 0 for an empty sequence
+  int64_t total_chunks() const;          // summed over sequences
+  /// Tokens of chunk c of sequence seq (chunk, except a partial last chunk).
+  int64_t chunk_len(int64_t seq, int64_t c) const;
+  bool operator==(const Problem&) const = default;
+};
+
+/// Throws hanpu::Error naming the field (e.g. "problem.HV: got 6, expected a multiple of H = 4").
+void validate_problem(const Problem& p);
+
+// ---------------------------------------------------------------------------------------------
+// The operator graph of one chunk (ha-npu.md §2, reference-fla.md §2)
+
+enum class Unit { Matrix, Vector };
+enum class TensorRole { Input, Output, State, Intermediate };
+enum class Layout { Dense, Blocked };  // dense row-major (ND) / 16x16 fractal blocks (NZ)
+
+/// How the chunk is computed (all three give the same results up to rounding):
+///   WU        FLA's form: T = (I + A)^-1 formed, W = T diag(beta e^G) K, U = T diag(beta) V,
+///             v_new = U - W S;
+///   Inverse   T formed but W, U never: v_new = T (diag(beta) V - diag(beta e^G) K S) (FlashQLA);
+///   GemmFirst HA-NPU's rewrite: v_new solved from (I + A) v_new = diag(beta) V - diag(beta e^G) K S
+///             by block forward substitution; T never formed, K S / Q S / K K^T / Q K^T grouped.
+enum class GraphForm { WU, Inverse, GemmFirst };
+const char* graph_form_name(GraphForm f);  // "wu" / "inverse" / "gemm_first"
+GraphForm graph_form_from_name(const std::string& s);
+
+/// A tensor of one chunk. Dims are symbolic: "L" (tokens of the chunk), "K", "V" (the item's
+/// column width), "1"; e.g. q is L x K, the state K x V.
+struct TensorDef {
+  std::string name;
+  std::string rows, cols;
+  DType dtype = DType::F32;
+  TensorRole role = TensorRole::Intermediate;
+  bool operator==(const TensorDef&) const = default;
+};
+
+/// A fine-grained operator on one unit. paper_op names the ha-npu.md §2 operator it belongs to
+/// ("1".."4", "5r" = #5 read, "5u" = #5 update, "6").
+struct OperatorDef {
+  std::string name;
+  std::string paper_op;
+  Unit unit = Unit::Vector;
+  std::vector<std::string> inputs, outputs;
+  /// Vector work indexed by rows/columns (masks, row scales, cumsum, substitution): slower on
+  /// blocked data. Element-wise work is not.
+  bool row_structured = false;
+  /// Matrix operators: the first `left` inputs are left operands (L0A), the rest right (L0B).
+  int left = 1;
+  bool operator==(const OperatorDef&) const = default;
+};
+
+/// Work of one operator on one chunk: useful multiply-adds (exact triangles), multiply-adds the
+/// matrix unit executes (triangles and dims rounded to its tile), vector element operations.
+struct OpCounts {
+  double macs = 0, executed_macs = 0, vector_ops = 0;
+};
+
+struct OpGraph {
+  Variant variant = Variant::GDN;
+  GraphForm form = GraphForm::GemmFirst;
+  bool state_in_place = true;  // state updated in place (the update runs after the output)
+  std::vector<TensorDef> tensors;
+  std::vector<OperatorDef> ops;  // in a valid default order
+
+  const TensorDef& tensor(const std::string& name) const;  // throws hanpu::Error if unknown
+  const OperatorDef& op(const std::string& name) const;
+  bool has_tensor(const std::string& name) const;
+};
+
+/// The chunk graph of a variant in a form. With state_in_place the update overwrites "S";
+/// otherwise it writes "S_next", which becomes the next chunk's "S".
+OpGraph make_op_graph(Variant variant, GraphForm form, bool state_in_place);
+
+/// Counts of `op` for a chunk of L tokens and an item of Vc columns; `tile` is the matrix unit's
+/// fractal edge (16 on DaVinci) used for the executed count.
+OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile);
+
+/// Bytes of a tensor for a chunk of L tokens and Vc columns.
+int64_t tensor_bytes(const TensorDef& t, int64_t L, int64_t K, int64_t Vc);
+
+/// Useful multiply-adds of the whole layer (every sequence, value head and chunk) in a form: the
+/// sum of op_counts(...).macs. docs/SIMULATION.md gives the closed formula.
+double layer_macs(const Problem& p, GraphForm form);
+
+// ---------------------------------------------------------------------------------------------
+// The plan
+
+/// A unit of work of one core in one kernel: chunks [chunk0, chunk1) of one (sequence, value
+/// head) restricted to state columns [col0, col1). tier: 1 whole head, 2 column split of a tail
+/// head, 3 chunk-parallel fallback; 0 for baseline mappings.
+struct PlanItem {
+  int32_t seq = 0, head = 0, col0 = 0, col1 = 0;
+  int64_t chunk0 = 0, chunk1 = 0;
+  int32_t tier = 0;
+  bool operator==(const PlanItem&) const = default;
+};
+
+/// One step of a kernel's chunk program.
+///   compute:   runs operator `op` on lane "matrix" or "vector";
+///   move:      copies `tensor` along device path `path` (lane = the path's DMA engine), moving
+///              elem_bytes per element;
+///   transform: converts `tensor` between dense and blocked in UB (vector lane, one op/element);
+///   cast:      converts an fp32 `tensor` to fp16 for the matrix unit (vector lane);
+///   zero:      clears the state (first chunk of an item without an initial state).
+/// when: "every" chunk, only the item's "first" or "last" chunk.
+/// deps: earlier steps of the same chunk it waits for. reuse_of: the step whose buffer this step
+/// overwrites in a later chunk (-1 none): it waits for that step `buffering` chunks earlier.
+struct Step {
+  std::string kind, op, tensor, lane, path, when = "every";
+  int elem_bytes = 0;
+  std::vector<int> deps;
+  int reuse_of = -1;
+  bool operator==(const Step&) const = default;
+};
+
+/// A tensor copy in an on-core buffer: live from step first to step last of the chunk program
+/// (a tensor carried to the next chunk is live to the end), bytes at the nominal chunk and the
+/// kernel's widest item, copies = 2 when double-buffered.
+struct Lifetime {
+  std::string tensor, buffer;
+  int first = 0, last = 0;
+  int64_t bytes = 0;
+  int copies = 1;
+  bool operator==(const Lifetime&) const = default;
+};
+
+struct Kernel {
+  std::string name;
+  /// "head": items carry the state chunk to chunk; "segment": the same over a chunk range with
+  /// the segment's start state from GM; "chunk": every chunk independent.
+  std::string parallel = "head";
+  bool launch = true;  // pays a kernel launch (false inside a megakernel after its first phase)
+  std::vector<std::string> order;  // operators in program order
+  std::vector<Step> steps;
+  std::vector<Lifetime> lifetimes;
+  std::map<std::string, int64_t> peak_bytes;                   // buffer -> peak live bytes
+  std::map<std::string, std::vector<std::string>> peak_tensors;  // buffer -> tensors live at the peak
+  std::vector<std::string> spilled;  // tensors kept in GM between producer and consumers
+  int buffering = 1;                 // 2: GM inputs double-buffered (prefetch of the next chunk)
+  std::string state_in = "none";     // "initial" | "segment" (from GM) | "none"
+  std::string state_out = "none";    // "final" | "segment" | "none"
+  std::vector<std::vector<PlanItem>> cores;  // per core, in order
+  bool operator==(const Kernel&) const = default;
+};
+
+struct Plan {
+  Problem problem;
+  std::string device;    // device name the plan was made for
+  int cores = 0;         // cores planned for
+  std::string strategy;  // "hanpu", "fla", ... or an ablation step
+  GraphForm form = GraphForm::GemmFirst;
+  bool state_in_place = true;
+  bool layout_planned = false;
+  bool allow_spill = false;
+  std::map<std::string, Layout> layouts;  // on-core layout of every intermediate/state tensor
+  std::vector<Kernel> kernels;            // run one after another
+  bool operator==(const Plan&) const = default;
+
+  OpGraph graph() const { return make_op_graph(problem.variant, form, state_in_place); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Planners
+
+/// Strategy names: "vllm-ascend", "fla", "fla-megakernel", "flashqla", "hanpu", and the ablation
+/// steps "fla+mapping", "fla+mapping+reordering", "fla+mapping+reordering+layout".
+std::vector<std::string> strategy_names();
+std::vector<std::string> ablation_names();
+
+struct PlanOptions {
+  int cores = 0;  // 0: the device's core count
+};
+
+/// Plans `p` on `dev` with a strategy. Throws hanpu::Error for an unknown strategy, an invalid
+/// problem, or (strategies that do not spill, e.g. hanpu) a live set exceeding a buffer, naming
+/// the buffer, its capacity and the tensors live at the peak.
+Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt = {});
+
+/// Head-level mapping with the three tail tiers (ha-npu.md §3) of every (sequence, value head)
+/// onto `cores` cores; column blocks are multiples of `quantum` columns. Items of tier 3 are
+/// returned in `chunk_parallel` (whole heads), to be run by the fallback kernels.
+struct HeadMapping {
+  std::vector<std::vector<PlanItem>> cores;
+  std::vector<PlanItem> chunk_parallel;
+};
+HeadMapping map_heads(const Problem& p, int cores, int quantum);
+
+/// Chunk-parallel mapping (FLA's Map phases): the (sequence, head, column block, chunk) tasks of
+/// `items` in order, cut into `cores` contiguous, equally sized ranges.
+std::vector<std::vector<PlanItem>> map_chunks(const Problem& p, const std::vector<PlanItem>& items, int cores);
+
+/// Throws hanpu::Error unless every kernel covers no (sequence, head, column, chunk) twice, the
+/// output operator covers every one exactly once, every operator covers every one at least once,
+/// and every tensor a kernel reads is an input, produced earlier in its order, carried, or
+/// produced by an earlier kernel.
+void validate_plan(const Plan& plan);
+
+/// Human-readable summary: mapping with tiers, order, lifetimes and peaks per buffer, layouts,
+/// total MACs.
+std::string describe_plan(const Plan& plan);
+
+nlohmann::json plan_to_json(const Plan& plan);
+/// Parses a plan; errors name the field ("plan.kernels[1].steps[4].kind: got \"mov\", expected ...").
+Plan plan_from_json(const nlohmann::json& j, const std::string& origin = "plan");
+
+// ---------------------------------------------------------------------------------------------
+// Layout planning (ha-npu.md §5)
+
+/// The layout problem of one chunk after the prunings: one decision per on-core tensor (dense or
+/// blocked). unary[t][l] is the cost of tensor t in layout l on its own (conversion after a
+/// matrix producer, one conversion for all its matrix consumers, slower row-structured vector
+/// work); a pair (a, b) couples two tensors through an element-wise vector operator (a converted
+/// copy when their layouts differ). Tensors are in production order.
+struct LayoutProblem {
+  std::vector<std::string> tensors;
+  std::vector<std::array<double, 2>> unary;
+  struct Pair {
+    int a = 0, b = 0;
+    std::array<double, 4> cost{};  // index la * 2 + lb
+  };
+  std::vector<Pair> pairs;
+};
+struct LayoutSolution {
+  std::vector<Layout> layout;
+  double cost = 0;
+};
+/// Dynamic program over the tensors in order, D_i(s) = min_p D_{i-1}(p) + c_i(p, s), where the
+/// state s is the layouts of the open tensors (those still coupled to a later one); backtracks to
+/// the assignment. Exact.
+LayoutSolution solve_layouts_dp(const LayoutProblem& lp);
+/// Every assignment (2^n), for checking the DP on small problems.
+LayoutSolution solve_layouts_exhaustive(const LayoutProblem& lp);
+/// The layout problem of a graph's chunk program on a device (costs in seconds per chunk).
+LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& order, const Device& dev,
+                             int64_t chunk, int64_t K, int64_t V);
+
+/// Vector work that indexes rows (masks, row scales, substitution) costs this factor more on
+/// blocked data: a 16x16 fractal holds 16 rows of 16 elements, so a row-wise operation issues one
+/// 16-element instruction per fractal row instead of one full-width instruction per row segment.
+/// A model constant (not a hardware figure); docs/SIMULATION.md discusses it.
+inline constexpr double kBlockedRowPenalty = 2.0;
+
+}  // namespace hanpu

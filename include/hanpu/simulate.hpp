@@ -1,0 +1,92 @@
+// The NPU simulator: executes a Plan on a Device model and accounts for every byte moved per
+// path, every unit's busy time, buffer occupancy, latency and energy (docs/SIMULATION.md).
+//
+// Per core, each kernel's items run chunk after chunk through the kernel's chunk program; every
+// lane (matrix unit, vector unit, each DMA engine) issues its steps in program order and a step
+// starts when its lane is free and its dependencies are done: the step's deps in the same chunk,
+// the state written by the previous chunk of the same item, and the last reader of the buffer it
+// overwrites `buffering` chunks earlier (double buffering lets loads of chunk c+1 overlap chunk c).
+// Shared paths (the chip's GM interface) split their bandwidth evenly over the kernel's busy cores.
+// Kernels run one after another, each paying the device's launch cost unless part of a megakernel.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hanpu/device.hpp"
+#include "hanpu/plan.hpp"
+
+namespace hanpu {
+
+struct SimOptions {
+  /// Record a timeline of the first `timeline_chunks` chunks each core runs in each kernel.
+  bool timeline = false;
+  int timeline_chunks = 4;
+};
+
+/// Totals for one operator (fine operator name; "state_in"/"state_out"/"state_snapshot" for the
+/// state's own loads and stores).
+struct OperatorStats {
+  std::string op;
+  std::string paper_op;       // "1".."6", "5r", "5u", or "" for state movement
+  double busy_s = 0;          // summed over lanes and cores
+  double matrix_s = 0, vector_s = 0, dma_s = 0;
+  double macs = 0, executed_macs = 0, vector_ops = 0;
+  int64_t gm_read_bytes = 0, gm_write_bytes = 0, l1_to_l0_bytes = 0, ub_l1_bytes = 0;
+  double energy_j = 0;  // dynamic
+};
+
+struct KernelStats {
+  std::string name;
+  double latency_s = 0;  // including its launch
+  double launch_s = 0;
+  int busy_cores = 0;
+};
+
+struct TimelineEvent {
+  int core = 0;
+  std::string kernel, lane, op, kind, tensor;
+  int64_t item = 0, chunk = 0;  // index of the item on its core, chunk within the sequence
+  double start_s = 0, end_s = 0;
+};
+
+struct SimResult {
+  std::string strategy, device;
+  Variant variant = Variant::GDN;
+  int64_t T = 0;          // total tokens
+  int64_t heads = 0;      // value heads
+  int64_t sequences = 0;
+  double latency_s = 0, energy_j = 0, static_energy_j = 0, dynamic_energy_j = 0;
+  int64_t gm_read_bytes = 0, gm_write_bytes = 0, l1_to_l0_bytes = 0, ub_l1_bytes = 0;
+  std::map<std::string, int64_t> bytes_per_path;  // "GM->L1" -> bytes
+  double macs = 0;           // useful multiply-adds (exact triangles)
+  double executed_macs = 0;  // what the matrix unit executes (tile-rounded)
+  double vector_ops = 0;
+  double matrix_utilization = 0;  // macs / (latency x cores x peak MAC rate)
+  std::map<std::string, int64_t> peak_bytes;  // per buffer, max over kernels
+  int64_t peak_gm_bytes = 0;      // inputs + outputs + states + every intermediate materialized in GM
+  int64_t gm_intermediate_bytes = 0;
+  int64_t spill_bytes = 0;        // GM traffic of spills and reloads
+  std::map<std::string, double> busy_s;  // per lane, summed over cores
+  std::vector<OperatorStats> per_operator;
+  std::vector<KernelStats> kernels;
+  std::vector<TimelineEvent> timeline;
+};
+
+/// Throws hanpu::Error if the plan was made for another device (by name) or uses a path, buffer
+/// or unit rate the device does not have.
+SimResult simulate(const Plan& plan, const Device& dev, const SimOptions& opt = {});
+
+/// Peak GM footprint of a plan without timing it (cheap; for peak-memory sweeps to long T).
+int64_t plan_peak_gm_bytes(const Plan& plan);
+
+/// The --json object: strategy, variant, T, heads, latency_ms, energy_mj, gm_read_bytes,
+/// gm_write_bytes, l1_to_l0_bytes, ub_l1_bytes, macs, matrix_utilization, peak_bytes,
+/// peak_gm_bytes, and more; `detail` adds per-operator and per-kernel figures.
+nlohmann::json sim_result_to_json(const SimResult& r, bool detail = false);
+
+}  // namespace hanpu

@@ -1,0 +1,198 @@
+// `hanpu plan` and `hanpu simulate`: plan GDN/KDA prefill for a device with a strategy, print or
+// save the plan; simulate one strategy, all of them, or the ablation (or a saved plan) and print a
+// table or JSON.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "hanpu/device.hpp"
+#include "hanpu/plan.hpp"
+#include "hanpu/simulate.hpp"
+
+namespace {
+
+using namespace hanpu;
+
+struct ProblemArgs {
+  std::string device = "devices/ascend310p.json";
+  std::string variant = "gdn";
+  int64_t T = 4096;
+  int64_t heads = 16;
+  int64_t value_heads = 0;  // 0: = heads
+  int64_t batch = 1;
+  std::string seqlens;
+  int64_t K = 128, V = 128;
+  bool no_initial_state = false, no_final_state = false;
+  int cores = 0;
+};
+
+void add_problem_options(CLI::App* c, ProblemArgs& a, bool device_required) {
+  auto* d = c->add_option("--device", a.device, "device description (JSON file under devices/)");
+  if (device_required) d->capture_default_str();
+  c->add_option("--variant", a.variant, "gdn or kda")->capture_default_str();
+  c->add_option("--T", a.T, "tokens per sequence")->capture_default_str();
+  c->add_option("--heads", a.heads, "q/k heads H")->capture_default_str();
+  c->add_option("--value-heads", a.value_heads, "value heads HV (a multiple of H; default H)");
+  c->add_option("--batch", a.batch, "sequences of T tokens each")->capture_default_str();
+  c->add_option("--seqlens", a.seqlens, "comma-separated sequence lengths (varlen; replaces --T/--batch)");
+  c->add_option("--K", a.K, "key head dim")->capture_default_str();
+  c->add_option("--V", a.V, "value head dim")->capture_default_str();
+  c->add_flag("--no-initial-state", a.no_initial_state, "do not read an initial state");
+  c->add_flag("--no-final-state", a.no_final_state, "do not write the final state");
+  c->add_option("--cores", a.cores, "override the device's core count");
+}
+
+Problem make_problem(const ProblemArgs& a) {
+  Problem p;
+  if (a.variant == "gdn") p.variant = Variant::GDN;
+  else if (a.variant == "kda") p.variant = Variant::KDA;
+  else throw Error("--variant: got \"" + a.variant + "\", expected gdn or kda");
+  if (!a.seqlens.empty()) {
+    std::stringstream ss(a.seqlens);
+    std::string tok;
+    while (std::getline(ss, tok, ',')) {
+      try {
+        size_t used = 0;
+        const long long v = std::stoll(tok, &used);
+        if (used != tok.size()) throw std::invalid_argument(tok);
+        p.seqlens.push_back(v);
+      } catch (const std::exception&) {
+        throw Error("--seqlens: got \"" + tok + "\", expected comma-separated integers");
+      }
+    }
+    p.varlen = true;
+  } else {
+    if (a.batch < 1) throw Error("--batch: got " + std::to_string(a.batch) + ", expected at least 1");
+    if (a.T < 1) throw Error("--T: got " + std::to_string(a.T) + ", expected at least 1");
+    p.seqlens.assign(static_cast<size_t>(a.batch), a.T);
+  }
+  p.H = a.heads;
+  p.HV = a.value_heads > 0 ? a.value_heads : a.heads;
+  p.K = a.K, p.V = a.V;
+  p.read_initial_state = !a.no_initial_state;
+  p.write_final_state = !a.no_final_state;
+  validate_problem(p);
+  return p;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  if (!f) throw Error(path + ": cannot open for writing");
+  f << text;
+  if (!f) throw Error(path + ": write failed");
+}
+
+std::string human_bytes(double b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) b /= 1024, ++i;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", b, u[i]);
+  return buf;
+}
+
+void print_table(const std::vector<SimResult>& rs) {
+  std::printf("%-30s %11s %10s %11s %11s %11s %11s %7s %11s %11s\n", "strategy", "latency_ms", "energy_mJ", "GM_read",
+              "GM_write", "L1->L0", "UB<->L1", "util%", "peak_UB", "peak_GM");
+  for (const SimResult& r : rs) {
+    auto peak = [&](const char* b) {
+      auto it = r.peak_bytes.find(b);
+      return it == r.peak_bytes.end() ? std::string("-") : human_bytes(static_cast<double>(it->second));
+    };
+    std::printf("%-30s %11.3f %10.3f %11s %11s %11s %11s %7.2f %11s %11s\n", r.strategy.c_str(), r.latency_s * 1e3, r.energy_j * 1e3,
+                human_bytes(static_cast<double>(r.gm_read_bytes)).c_str(), human_bytes(static_cast<double>(r.gm_write_bytes)).c_str(),
+                human_bytes(static_cast<double>(r.l1_to_l0_bytes)).c_str(), human_bytes(static_cast<double>(r.ub_l1_bytes)).c_str(),
+                r.matrix_utilization * 100, peak("UB").c_str(), human_bytes(static_cast<double>(r.peak_gm_bytes)).c_str());
+  }
+}
+
+Device load_with_cores(const ProblemArgs& a) { return load_device(a.device); }
+
+}  // namespace
+
+void register_plan_commands(CLI::App& app) {
+  {
+    auto* c = app.add_subcommand("plan", "plan LA prefill on a device with a strategy; print a summary, optionally save the plan JSON");
+    auto a = std::make_shared<ProblemArgs>();
+    auto strategy = std::make_shared<std::string>("hanpu");
+    auto out = std::make_shared<std::string>();
+    add_problem_options(c, *a, true);
+    c->add_option("--strategy", *strategy, "hanpu, vllm-ascend, fla, fla-megakernel, flashqla, or an ablation step")->capture_default_str();
+    c->add_option("-o,--output", *out, "write the plan as JSON to this file");
+    c->callback([a, strategy, out] {
+      const Device dev = load_with_cores(*a);
+      const Problem p = make_problem(*a);
+      PlanOptions po;
+      po.cores = a->cores;
+      const Plan plan = make_plan(p, dev, *strategy, po);
+      std::cout << describe_plan(plan);
+      if (!out->empty()) {
+        write_file(*out, plan_to_json(plan).dump(1) + "\n");
+        std::cout << "plan written to " << *out << "\n";
+      }
+    });
+  }
+  {
+    auto* c = app.add_subcommand("simulate", "simulate strategies (or a saved plan) on a device model");
+    auto a = std::make_shared<ProblemArgs>();
+    auto strategy = std::make_shared<std::string>();
+    auto all = std::make_shared<bool>(false);
+    auto ablation = std::make_shared<bool>(false);
+    auto json = std::make_shared<bool>(false);
+    auto detail = std::make_shared<bool>(false);
+    auto plan_file = std::make_shared<std::string>();
+    add_problem_options(c, *a, true);
+    c->add_option("plan", *plan_file, "a plan JSON written by `hanpu plan -o` (then --device must describe its device)");
+    c->add_option("--strategy", *strategy, "one strategy (default hanpu)");
+    c->add_flag("--strategies", *all, "all strategies: vllm-ascend, fla, fla-megakernel, flashqla, hanpu");
+    c->add_flag("--ablation", *ablation, "the ablation: fla, +mapping, +reordering, +layout");
+    c->add_flag("--json", *json, "print a JSON array, one object per strategy");
+    c->add_flag("--detail", *detail, "with --json: per-operator and per-kernel figures");
+    c->callback([=] {
+      // `--strategies all` reads naturally; CLI11 flags take no value, so accept "all" as the plan slot.
+      bool every = *all;
+      std::string file = *plan_file;
+      if (file == "all") every = true, file.clear();
+      const Device dev = load_with_cores(*a);
+      std::vector<Plan> plans;
+      if (!file.empty()) {
+        std::ifstream f(file);
+        if (!f) throw Error(file + ": cannot open");
+        nlohmann::json j;
+        try {
+          j = nlohmann::json::parse(f);
+        } catch (const nlohmann::json::parse_error& e) {
+          throw Error(file + ": not valid JSON (" + e.what() + ")");
+        }
+        plans.push_back(plan_from_json(j, file));
+      } else {
+        const Problem p = make_problem(*a);
+        PlanOptions po;
+        po.cores = a->cores;
+        std::vector<std::string> names;
+        if (every) names = strategy_names();
+        else if (*ablation) names = ablation_names();
+        else names = {strategy->empty() ? std::string("hanpu") : *strategy};
+        for (const std::string& n : names) plans.push_back(make_plan(p, dev, n, po));
+      }
+      std::vector<SimResult> rs;
+      for (const Plan& pl : plans) rs.push_back(simulate(pl, dev));
+      if (*json) {
+        nlohmann::json arr = nlohmann::json::array();
+        for (const SimResult& r : rs) arr.push_back(sim_result_to_json(r, *detail));
+        std::cout << arr.dump(1) << "\n";
+      } else {
+        const Problem& p = plans.front().problem;
+        std::cout << variant_name(p.variant) << " on " << dev.name << " (" << plans.front().cores << " cores): " << p.sequences()
+                  << " sequence(s), " << p.total_tokens() << " tokens, H=" << p.H << " HV=" << p.HV << " K=" << p.K << " V=" << p.V << "\n";
+        print_table(rs);
+      }
+    });
+  }
+}

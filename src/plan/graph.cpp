@@ -1,0 +1,336 @@
+// The operator graph of one chunk for GDN and KDA (ha-npu.md §2, reference-fla.md §2), in the three
+// forms a plan may choose (WU, Inverse, GemmFirst), and the work each operator does on a chunk.
+//
+// The graph is fine-grained: every operator runs on one unit, so a matrix product and the vector
+// work around it (gating, masks, row scales) are separate operators. paper_op maps each back to the
+// six operators of the paper. Matrix operators write fp32 results (the L0C accumulator); vector
+// operators write fp16 when their result feeds the matrix unit and fp32 otherwise.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "hanpu/plan.hpp"
+
+namespace hanpu {
+
+namespace {
+
+// FLA's sub-chunk for the diagonal blocks of the triangular inverse (reference-fla.md §2.3): the
+// diagonal 16x16 blocks are inverted by forward substitution on the vector unit.
+constexpr int64_t kSubChunk = 16;
+
+struct GraphBuilder {
+  OpGraph g;
+  void tensor(const std::string& n, const std::string& r, const std::string& c, DType dt,
+              TensorRole role = TensorRole::Intermediate) {
+    g.tensors.push_back({n, r, c, dt, role});
+  }
+  void op(const std::string& n, const std::string& paper, Unit u, std::vector<std::string> in,
+          std::vector<std::string> out, bool row = false, int left = 1) {
+    g.ops.push_back({n, paper, u, std::move(in), std::move(out), row, left});
+  }
+};
+
+}  // namespace
+
+const char* graph_form_name(GraphForm f) {
+  switch (f) {
+    case GraphForm::WU: return "wu";
+    case GraphForm::Inverse: return "inverse";
+    case GraphForm::GemmFirst: return "gemm_first";
+  }
+  return "?";
+}
+
+GraphForm graph_form_from_name(const std::string& s) {
+  if (s == "wu") return GraphForm::WU;
+  if (s == "inverse") return GraphForm::Inverse;
+  if (s == "gemm_first") return GraphForm::GemmFirst;
+  throw Error("graph form: got \"" + s + "\", expected wu, inverse or gemm_first");
+}
+
+const TensorDef& OpGraph::tensor(const std::string& name) const {
+  for (const TensorDef& t : tensors)
+    if (t.name == name) return t;
+  throw Error("operator graph: no tensor \"" + name + "\"");
+}
+
+bool OpGraph::has_tensor(const std::string& name) const {
+  return std::any_of(tensors.begin(), tensors.end(), [&](const TensorDef& t) { return t.name == name; });
+}
+
+const OperatorDef& OpGraph::op(const std::string& name) const {
+  for (const OperatorDef& o : ops)
+    if (o.name == name) return o;
+  throw Error("operator graph: no operator \"" + name + "\"");
+}
+
+OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
+  const bool kda = variant == Variant::KDA;
+  GraphBuilder b;
+  b.g.variant = variant;
+  b.g.form = form;
+  b.g.state_in_place = in_place;
+  const DType f16 = DType::F16, f32 = DType::F32;
+  const std::string s_out = in_place ? "S" : "S_next";
+
+  // Inputs, output, state.
+  b.tensor("q", "L", "K", f16, TensorRole::Input);
+  b.tensor("k", "L", "K", f16, TensorRole::Input);
+  b.tensor("v", "L", "V", f16, TensorRole::Input);
+  b.tensor("g", "L", kda ? "K" : "1", f32, TensorRole::Input);
+  b.tensor("beta", "L", "1", f32, TensorRole::Input);
+  b.tensor("S", "K", "V", f32, TensorRole::State);
+  if (!in_place) b.tensor("S_next", "K", "V", f32, TensorRole::State);
+  b.tensor("o", "L", "V", f16, TensorRole::Output);
+
+  // #1 gate: cumulative log-decay; KDA also forms the channel-decayed q and k the products use:
+  // qe = q e^G, ke = k e^G, ki = k e^-G (anchored per sub-chunk in practice), kl = k e^(G_L - G).
+  b.tensor("Gc", "L", kda ? "K" : "1", f32);
+  std::string qm = "q", km = "k", kr = "k", kt = "k";  // operands of Q.., K.. (left), K^T (right), update
+  if (kda) {
+    for (const char* n : {"qe", "ke", "ki", "kl"}) b.tensor(n, "L", "K", f16);
+    b.op("gate", "1", Unit::Vector, {"g", "q", "k"}, {"Gc", "qe", "ke", "ki", "kl"}, true);
+    qm = "qe", km = "ke", kr = "ki", kt = "kl";
+  } else {
+    b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
+  }
+
+  // #2 A = strictly-lower(diag(beta) K K^T gated); #6's Q K^T with the same operands.
+  b.tensor("KK", "L", "L", f32);
+  b.tensor("A", "L", "L", f32);
+  b.tensor("QK", "L", "L", f32);
+  b.tensor("P", "L", "L", f16);
+  auto kkt = [&] {
+    b.op("kkt", "2", Unit::Matrix, {km, kr}, {"KK"});
+    b.op("kkt_gate", "2", Unit::Vector, kda ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
+         {"A"}, true);
+  };
+  auto qkt = [&] { b.op("qkt", "6", Unit::Matrix, {qm, kr}, {"QK"}); };
+  auto qkt_gate = [&] {
+    b.op("qkt_gate", "6", Unit::Vector, kda ? std::vector<std::string>{"QK"} : std::vector<std::string>{"QK", "Gc"}, {"P"}, true);
+  };
+  b.tensor("Ad", "L", std::to_string(kSubChunk), f16);
+  auto solve_diag = [&] { b.op("solve_diag", "3", Unit::Vector, {"A"}, {"Ad"}, true); };
+  // The state half of #5 and the output #6, shared by all forms: `vnew` is v_new.
+  b.tensor("QS", "L", "V", f32);
+  b.tensor("PE", "L", "V", f32);
+  b.tensor("KE", "K", "V", f32);
+  auto qs = [&] { b.op("qs", "6", Unit::Matrix, {qm, "S"}, {"QS"}); };
+  auto output = [&](const std::string& vnew) {
+    b.op("pv", "6", Unit::Matrix, {"P", vnew}, {"PE"});
+    b.op("out", "6", Unit::Vector, kda ? std::vector<std::string>{"QS", "PE"} : std::vector<std::string>{"QS", "Gc", "PE"}, {"o"}, !kda);
+  };
+  auto update = [&](const std::string& vnew) {
+    if (!kda) {
+      b.tensor("Eg", "L", "V", f16);
+      b.op("update_gate", "5u", Unit::Vector, {vnew, "Gc"}, {"Eg"}, true);
+      b.op("update", "5u", Unit::Matrix, {kt, "Eg"}, {"KE"});
+    } else {
+      b.op("update", "5u", Unit::Matrix, {kt, vnew}, {"KE"});
+    }
+    b.op("state_add", "5u", Unit::Vector, {"S", "Gc", "KE"}, {s_out}, kda);
+  };
+  auto rhs = [&] {
+    b.tensor("KS", "L", "V", f32);
+    b.tensor("X", "L", "V", f32);
+    b.op("ks", "5r", Unit::Matrix, {km, "S"}, {"KS"});
+  };
+  auto rhs_vec = [&] {
+    b.op("rhs", "5r", Unit::Vector, kda ? std::vector<std::string>{"v", "beta", "KS"} : std::vector<std::string>{"v", "beta", "Gc", "KS"},
+         {"X"}, true);
+  };
+
+  switch (form) {
+    case GraphForm::GemmFirst: {
+      // Shared-input GEMMs first (K K^T, Q K^T, K S, Q S), then the vector work, then the solve.
+      b.tensor("E", "L", "V", f32);
+      kkt();
+      b.g.ops.pop_back();  // kkt_gate goes after the GEMM group
+      qkt();
+      rhs();
+      qs();
+      b.op("kkt_gate", "2", Unit::Vector, kda ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
+           {"A"}, true);
+      qkt_gate();
+      rhs_vec();
+      solve_diag();
+      b.op("solve", "3", Unit::Matrix, {"Ad", "A", "X"}, {"E"}, false, 2);
+      output("E");
+      update("E");
+      break;
+    }
+    case GraphForm::Inverse: {
+      b.tensor("Tm", "L", "L", f32);
+      b.tensor("E", "L", "V", f32);
+      kkt();
+      solve_diag();
+      b.op("solve_inv", "3", Unit::Matrix, {"Ad", "A"}, {"Tm"});
+      rhs();
+      qs();
+      qkt();
+      qkt_gate();
+      rhs_vec();
+      b.op("apply", "4", Unit::Matrix, {"Tm", "X"}, {"E"});
+      output("E");
+      update("E");
+      break;
+    }
+    case GraphForm::WU: {
+      for (const char* n : {"Tm", "W", "U", "WS"}) b.tensor(n, "L", std::string(n) == "W" ? "K" : (std::string(n) == "Tm" ? "L" : "V"), f32);
+      b.tensor("kb", "L", "K", f16);
+      b.tensor("vb", "L", "V", f16);
+      b.tensor("vn", "L", "V", f16);
+      kkt();
+      solve_diag();
+      b.op("solve_inv", "3", Unit::Matrix, {"Ad", "A"}, {"Tm"});
+      b.op("wu_scale", "4", Unit::Vector, kda ? std::vector<std::string>{"ke", "v", "beta"} : std::vector<std::string>{"k", "v", "beta", "Gc"},
+           {"kb", "vb"}, true);
+      b.op("wu", "4", Unit::Matrix, {"Tm", "kb", "vb"}, {"W", "U"});
+      b.op("ws", "5r", Unit::Matrix, {"W", "S"}, {"WS"});
+      b.op("vnew", "5r", Unit::Vector, {"U", "WS"}, {"vn"});
+      if (in_place) {
+        // Chunk-first: the output reads S before the update overwrites it.
+        qkt();
+        qkt_gate();
+        qs();
+        output("vn");
+        update("vn");
+      } else {
+        // FLA's order: the next state is built first, the output afterwards (two states live).
+        update("vn");
+        qkt();
+        qkt_gate();
+        qs();
+        output("vn");
+      }
+      break;
+    }
+  }
+  return b.g;
+}
+
+namespace {
+
+int64_t dim_value(const std::string& d, int64_t L, int64_t K, int64_t Vc) {
+  if (d == "L") return L;
+  if (d == "K") return K;
+  if (d == "V") return Vc;
+  return std::stoll(d);
+}
+
+}  // namespace
+
+int64_t tensor_bytes(const TensorDef& t, int64_t L, int64_t K, int64_t Vc) {
+  return dim_value(t.rows, L, K, Vc) * dim_value(t.cols, L, K, Vc) * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile) {
+  const bool kda = g.variant == Variant::KDA;
+  const double l = static_cast<double>(L), k = static_cast<double>(K), v = static_cast<double>(Vc);
+  const double t = static_cast<double>(tile);
+  auto up = [&](double x) { return std::ceil(x / t) * t; };
+  const double nb = std::ceil(l / t);
+  const double tri_blocks = nb * (nb + 1) / 2 * t * t;  // lower block triangle incl. the diagonal
+  const double strict = l * (l - 1) / 2, incl = l * (l + 1) / 2;
+  OpCounts c;
+  const std::string& n = op.name;
+  if (n == "gate") {
+    c.vector_ops = kda ? 9 * l * k : 2 * l;  // cumsum + exp (KDA: + four decayed copies of q/k)
+  } else if (n == "kkt") {
+    c.macs = strict * k, c.executed_macs = tri_blocks * up(k);
+  } else if (n == "kkt_gate") {
+    c.vector_ops = (kda ? 2 : 3) * l * l;  // (exp of decay difference,) beta row scale, mask
+  } else if (n == "qkt") {
+    c.macs = incl * k, c.executed_macs = tri_blocks * up(k);
+  } else if (n == "qkt_gate") {
+    c.vector_ops = (kda ? 1 : 2) * l * l;
+  } else if (n == "ks" || n == "qs" || n == "ws") {
+    c.macs = l * k * v, c.executed_macs = up(l) * up(k) * up(v);
+  } else if (n == "rhs") {
+    c.vector_ops = 3 * l * v;  // beta v, row scale of K S, subtraction
+  } else if (n == "solve_diag") {
+    const double sub = static_cast<double>(kSubChunk);
+    c.vector_ops = std::ceil(l / sub) * sub * sub * sub / 3;  // forward substitution per 16x16 block
+  } else if (n == "solve") {
+    c.macs = strict * v, c.executed_macs = tri_blocks * up(v);
+    c.vector_ops = nb * l * v / 2;  // subtracting each block row's accumulated products
+  } else if (n == "solve_inv") {
+    c.macs = l * (l - 1) * (l - 2) / 6;
+    double blocks = 0;  // block merge: Ai_rc = -Ai_rr (sum_{m=c}^{r-1} A_rm Ai_mc): d+1 products at distance d
+    for (double d = 1; d < nb; ++d) blocks += (nb - d) * (d + 1);
+    c.executed_macs = blocks * t * t * t;
+  } else if (n == "wu_scale") {
+    c.vector_ops = (kda ? 1 : 2) * l * k + l * v;
+  } else if (n == "wu") {
+    c.macs = incl * (k + v), c.executed_macs = tri_blocks * (up(k) + up(v));
+  } else if (n == "vnew") {
+    c.vector_ops = l * v;
+  } else if (n == "apply" || n == "pv") {
+    c.macs = incl * v, c.executed_macs = tri_blocks * up(v);
+  } else if (n == "out") {
+    c.vector_ops = (kda ? 2 : 3) * l * v;
+  } else if (n == "update_gate") {
+    c.vector_ops = 2 * l * v;
+  } else if (n == "update") {
+    c.macs = k * l * v, c.executed_macs = up(k) * up(l) * up(v);
+  } else if (n == "state_add") {
+    c.vector_ops = 2 * k * v;
+  } else {
+    throw Error("operator graph: no work formula for operator \"" + n + "\"");
+  }
+  return c;
+}
+
+double layer_macs(const Problem& p, GraphForm form) {
+  const OpGraph g = make_op_graph(p.variant, form, true);
+  double total = 0;
+  for (int64_t s = 0; s < p.sequences(); ++s) {
+    const int64_t nc = p.chunks_of(s);
+    for (int64_t c = 0; c < nc; ++c) {
+      const int64_t L = p.chunk_len(s, c);
+      for (const OperatorDef& op : g.ops) total += op_counts(g, op, L, p.K, p.V, 16).macs;
+    }
+  }
+  return total * static_cast<double>(p.HV);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int64_t Problem::total_tokens() const {
+  int64_t n = 0;
+  for (int64_t l : seqlens) n += l;
+  return n;
+}
+
+int64_t Problem::chunks_of(int64_t seq) const {
+  return (seqlens.at(static_cast<size_t>(seq)) + chunk - 1) / chunk;
+}
+
+int64_t Problem::total_chunks() const {
+  int64_t n = 0;
+  for (int64_t s = 0; s < sequences(); ++s) n += chunks_of(s);
+  return n;
+}
+
+int64_t Problem::chunk_len(int64_t seq, int64_t c) const {
+  const int64_t len = seqlens.at(static_cast<size_t>(seq));
+  return std::min(chunk, len - c * chunk);
+}
+
+void validate_problem(const Problem& p) {
+  auto bad = [](const std::string& field, const std::string& got, const std::string& want) {
+    throw Error("problem." + field + ": got " + got + ", expected " + want);
+  };
+  if (p.seqlens.empty()) bad("seqlens", "an empty list", "at least one sequence");
+  for (size_t i = 0; i < p.seqlens.size(); ++i)
+    if (p.seqlens[i] < 0) bad("seqlens[" + std::to_string(i) + "]", std::to_string(p.seqlens[i]), "a length >= 0");
+  if (p.total_tokens() <= 0) bad("seqlens", "no tokens", "at least one token");
+  if (p.H < 1) bad("H", std::to_string(p.H), "at least 1");
+  if (p.HV < 1 || p.HV % p.H != 0) bad("HV", std::to_string(p.HV), "a positive multiple of H = " + std::to_string(p.H));
+  if (p.K < 1) bad("K", std::to_string(p.K), "at least 1");
+  if (p.V < 1) bad("V", std::to_string(p.V), "at least 1");
+  if (p.chunk < 16 || p.chunk % 16 != 0) bad("chunk", std::to_string(p.chunk), "a positive multiple of 16 (the substitution block)");
+}
+
+}  // namespace hanpu

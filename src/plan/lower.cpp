@@ -1,0 +1,579 @@
+// Lowering an operator order to a chunk program on a device (see lower.hpp).
+//
+// Data movement follows the device's paths, found by a cheapest-route search (cost = 1/bandwidth
+// per hop), so the same code emits UB->L1 on a 310P and a GM round trip where a device lacks that
+// path. Rules of the model (docs/SIMULATION.md):
+//  * the matrix unit reads fp16 blocked operands from its operand buffers (L0A left, L0B right)
+//    and writes fp32 blocked results to its output buffer (L0C), from where they move to the vector
+//    unit's buffer (UB) at once;
+//  * matrix operands are staged in the buffer that feeds both operand buffers (L1) and stay there
+//    until their last use in the chunk; operand buffers keep recently used operands (LRU) so
+//    back-to-back GEMMs sharing an operand load it once;
+//  * GM holds dense data; DMA to and from GM converts layouts on the fly (ND2NZ), so GM inputs
+//    need no transform; every other dense<->blocked conversion is a transform on the vector unit;
+//  * an fp32 tensor bound for the matrix unit is cast to fp16 in UB first.
+#include "plan/lower.hpp"
+
+#include <algorithm>
+#include <limits>
+#include <queue>
+#include <sstream>
+
+namespace hanpu::plan_detail {
+
+namespace {
+
+constexpr const char* kGM = "GM";
+
+struct Copy {
+  int ready = -1;     // step that made the copy available (-1: at chunk start)
+  int first = -1;     // step it arrived at (for lifetimes)
+  int last_use = -1;  // last step that read it
+  int elem = 0;       // bytes per element as stored
+  Layout layout = Layout::Dense;
+  bool from_gm = false;  // loaded from GM (double-buffered when the kernel prefetches)
+  bool carried = false;  // lives across chunks (the state)
+  int touch = 0;      // LRU clock for operand buffers
+};
+
+struct Route {
+  std::vector<const PathSpec*> hops;
+  double cost = std::numeric_limits<double>::infinity();
+};
+
+Route cheapest_route(const Device& dev, const std::string& from, const std::string& to) {
+  // Dijkstra over the path graph; a handful of nodes.
+  std::map<std::string, double> dist;
+  std::map<std::string, const PathSpec*> via;
+  using Item = std::pair<double, std::string>;
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> pq;
+  dist[from] = 0;
+  pq.push({0, from});
+  while (!pq.empty()) {
+    auto [d, n] = pq.top();
+    pq.pop();
+    if (d > dist[n]) continue;
+    if (n == to) break;
+    for (const PathSpec& p : dev.paths) {
+      if (p.from != n || p.bandwidth_gbs.value <= 0) continue;
+      const double nd = d + 1.0 / p.bandwidth_gbs.value;
+      auto it = dist.find(p.to);
+      if (it == dist.end() || nd < it->second) {
+        dist[p.to] = nd;
+        via[p.to] = &p;
+        pq.push({nd, p.to});
+      }
+    }
+  }
+  Route r;
+  if (!dist.count(to)) return r;
+  r.cost = dist[to];
+  for (std::string n = to; n != from;) {
+    const PathSpec* p = via.at(n);
+    r.hops.push_back(p);
+    n = p->from;
+  }
+  std::reverse(r.hops.begin(), r.hops.end());
+  return r;
+}
+
+class Lowerer {
+ public:
+  Lowerer(Kernel& k, const LowerContext& cx, int64_t L, int64_t Vc)
+      : k_(k), cx_(cx), g_(*cx.graph), dev_(*cx.device), L_(L), Vc_(Vc) {
+    ub_ = dev_.vector.buffer;
+    l0a_ = dev_.matrix.input_a;
+    l0b_ = dev_.matrix.input_b;
+    l0c_ = dev_.matrix.output;
+    stage_ = staging_buffer(dev_);
+  }
+
+  void run() {
+    k_.steps.clear();
+    k_.lifetimes.clear();
+    start_state();
+    for (const std::string& name : k_.order) {
+      const OperatorDef& op = g_.op(name);
+      if (op.unit == Unit::Matrix) matrix_op(op);
+      else vector_op(op);
+    }
+    finish();
+  }
+
+ private:
+  Kernel& k_;
+  const LowerContext& cx_;
+  const OpGraph& g_;
+  const Device& dev_;
+  int64_t L_, Vc_;
+  std::string ub_, l0a_, l0b_, l0c_, stage_;
+  std::map<std::string, std::map<std::string, Copy>> res_;
+  std::map<std::string, std::vector<int>> readers_;  // steps reading each tensor (for in-place writes)
+  std::map<std::pair<std::string, std::string>, int> arrival_step_;
+  int clock_ = 0;
+
+  int64_t numel(const std::string& t) const {
+    const TensorDef& d = g_.tensor(t);
+    return tensor_bytes(d, L_, cx_.K, Vc_) / static_cast<int64_t>(dtype_size(d.dtype));
+  }
+
+  bool state_tensor(const std::string& t) const { return g_.tensor(t).role == TensorRole::State; }
+  bool on_core(const std::string& loc) const { return loc != kGM; }
+
+  int add(Step s) {
+    k_.steps.push_back(std::move(s));
+    return static_cast<int>(k_.steps.size()) - 1;
+  }
+  void dep(int step, int on) {
+    if (on < 0 || on == step) return;
+    auto& d = k_.steps[static_cast<size_t>(step)].deps;
+    if (std::find(d.begin(), d.end(), on) == d.end()) d.push_back(on);
+  }
+  void read(const std::string& t, const std::string& loc, int step) {
+    Copy& c = res_.at(t).at(loc);
+    dep(step, c.ready);
+    c.last_use = std::max(c.last_use, step);
+    c.touch = ++clock_;
+    readers_[t].push_back(step);
+  }
+
+  void finalize(const std::string& t, const std::string& loc, const Copy& c, bool to_end) {
+    if (!on_core(loc)) return;
+    Lifetime lt;
+    lt.tensor = t;
+    lt.buffer = loc;
+    lt.first = std::max(0, c.first);
+    lt.last = to_end ? static_cast<int>(k_.steps.size()) - 1 : std::max(c.last_use, lt.first);
+    lt.bytes = numel(t) * c.elem;
+    lt.copies = (c.from_gm && k_.buffering == 2) ? 2 : 1;
+    k_.lifetimes.push_back(lt);
+    auto it = arrival_step_.find({t, loc});
+    if (it != arrival_step_.end() && it->second >= 0 && c.last_use > it->second)
+      k_.steps[static_cast<size_t>(it->second)].reuse_of = c.last_use;
+  }
+
+  void drop(const std::string& t, const std::string& loc) {
+    auto mt = res_.find(t);
+    if (mt == res_.end()) return;
+    auto& m = mt->second;
+    auto it = m.find(loc);
+    if (it == m.end()) return;
+    finalize(t, loc, it->second, false);
+    m.erase(it);
+  }
+
+  double capacity(const std::string& buf) const { return dev_.buffer(buf).capacity_bytes.value; }
+
+  // Makes room in an operand/result buffer by evicting least recently used copies.
+  void make_room(const std::string& buf, int64_t bytes, int step, const std::set<std::string>& keep) {
+    const double cap = capacity(buf);
+    for (;;) {
+      int64_t used = 0;
+      std::string victim;
+      int oldest = std::numeric_limits<int>::max();
+      for (auto& [t, locs] : res_) {
+        auto it = locs.find(buf);
+        if (it == locs.end()) continue;
+        used += numel(t) * it->second.elem;
+        if (!keep.count(t) && it->second.touch < oldest) oldest = it->second.touch, victim = t;
+      }
+      if (static_cast<double>(used + bytes) <= cap || victim.empty()) return;
+      dep(step, res_[victim][buf].last_use);
+      drop(victim, buf);
+    }
+  }
+
+  void arrive(const std::string& t, const std::string& loc, int step, int elem, Layout layout, bool from_gm,
+              const std::set<std::string>& keep = {}) {
+    if (!on_core(loc)) {
+      Copy c;
+      c.ready = step, c.elem = elem, c.layout = Layout::Dense;
+      res_[t][loc] = c;
+      return;
+    }
+    if (loc == l0a_ || loc == l0b_ || loc == l0c_) make_room(loc, numel(t) * elem, step, keep);
+    drop(t, loc);  // an older copy in the same buffer is superseded
+    Copy c;
+    c.ready = step, c.first = step, c.last_use = step, c.elem = elem, c.layout = layout, c.from_gm = from_gm;
+    c.touch = ++clock_;
+    res_[t][loc] = c;
+    arrival_step_[{t, loc}] = step;
+  }
+
+  // Moves t from `from` to `to` along the cheapest route; returns the last step.
+  int move(const std::string& t, const std::string& from, const std::string& to, const std::string& op, int elem,
+           const std::string& when = "every", const std::set<std::string>& keep = {}) {
+    const Route r = cheapest_route(dev_, from, to);
+    if (r.hops.empty())
+      throw Error("device " + dev_.name + ": no data path from " + from + " to " + to + " (needed to move tensor " + t +
+                  " for operator " + op + ")");
+    int last = -1;
+    std::string at = from;
+    const Layout layout = res_.at(t).at(from).layout;
+    const bool gm_origin = from == kGM;
+    for (const PathSpec* p : r.hops) {
+      Step s;
+      s.kind = "move", s.op = op, s.tensor = t, s.lane = p->engine.empty() ? p->name() : p->engine, s.path = p->name();
+      s.elem_bytes = elem, s.when = when;
+      const int i = add(s);
+      read(t, at, i);
+      arrive(t, p->to, i, elem, p->to == stage_ || p->to == l0a_ || p->to == l0b_ ? Layout::Blocked : layout, gm_origin, keep);
+      at = p->to;
+      last = i;
+    }
+    return last;
+  }
+
+  // Cheapest existing copy to route from.
+  std::string best_source(const std::string& t, const std::string& to) const {
+    std::string best;
+    double cost = std::numeric_limits<double>::infinity();
+    for (const auto& [loc, c] : res_.at(t)) {
+      const Route r = cheapest_route(dev_, loc, to);
+      if (!r.hops.empty() && r.cost < cost) cost = r.cost, best = loc;
+    }
+    if (best.empty()) throw Error("planner: tensor " + t + " has no copy that can reach " + to);
+    return best;
+  }
+
+  bool resident(const std::string& t, const std::string& loc) const {
+    auto it = res_.find(t);
+    return it != res_.end() && it->second.count(loc);
+  }
+
+  void require_available(const std::string& t, const std::string& op) {
+    if (res_.count(t) && !res_[t].empty()) return;
+    if (cx_.from_gm.count(t)) {
+      Copy c;
+      c.elem = cx_.f16_in_gm.count(t) ? 2 : static_cast<int>(dtype_size(g_.tensor(t).dtype));
+      res_[t][kGM] = c;
+      return;
+    }
+    throw Error("planner: operator " + op + " in kernel " + k_.name + " reads tensor " + t +
+                ", which is neither an input, produced earlier, nor stored by an earlier kernel");
+  }
+
+  void ensure_ub(const std::string& t, const std::string& op) {
+    require_available(t, op);
+    if (resident(t, ub_)) return;
+    const std::string src = best_source(t, ub_);
+    move(t, src, ub_, op, res_[t][src].elem);
+  }
+
+  Layout layout_of(const std::string& t) const {
+    if (!is_layout_decision(g_.tensor(t))) return Layout::Dense;
+    auto it = cx_.layouts.find(t == "S_next" ? "S" : t);
+    return it == cx_.layouts.end() ? Layout::Dense : it->second;
+  }
+
+  int transform(const std::string& t, const std::string& op, int after) {
+    Step s;
+    s.kind = "transform", s.op = op, s.tensor = t, s.lane = "vector";
+    s.elem_bytes = res_.at(t).at(ub_).elem;
+    const int i = add(s);
+    dep(i, after);
+    read(t, ub_, i);
+    return i;
+  }
+
+  // Brings t into an operand buffer as fp16 blocked data.
+  int ensure_operand(const std::string& t, const std::string& buf, const std::string& op, const std::set<std::string>& keep) {
+    require_available(t, op);
+    if (resident(t, buf)) {
+      res_[t][buf].touch = ++clock_;
+      return res_[t][buf].ready;
+    }
+    if (!resident(t, stage_)) {
+      const bool gm_fp16 = resident(t, kGM) && res_[t][kGM].elem == 2;
+      if (resident(t, ub_) || !gm_fp16) {
+        ensure_ub(t, op);
+        Copy& c = res_[t][ub_];
+        int ready = c.ready;
+        int temp_first = -1;
+        if (c.elem == 4) {  // fp32 -> fp16 for the matrix unit
+          Step s;
+          s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
+          ready = add(s);
+          read(t, ub_, ready);
+          temp_first = ready;
+        }
+        if (c.layout == Layout::Dense) {
+          const int tr = transform(t, op, ready);
+          ready = tr;
+          if (temp_first < 0) temp_first = tr;
+        }
+        const Route r = cheapest_route(dev_, ub_, stage_);
+        if (r.hops.empty()) throw Error("device " + dev_.name + ": no data path from " + ub_ + " to " + stage_);
+        // The converted copy exists in UB only until it has moved on.
+        const Layout saved = c.layout;
+        c.layout = Layout::Blocked;
+        const int before = static_cast<int>(k_.steps.size());
+        move(t, ub_, stage_, op, 2);
+        dep(before, ready);
+        res_[t][ub_].layout = saved;
+        if (temp_first >= 0) {
+          Lifetime lt{t + "(converted)", ub_, temp_first, before, numel(t) * 2, 1};
+          k_.lifetimes.push_back(lt);
+        }
+      } else {
+        move(t, kGM, stage_, op, 2);
+      }
+    }
+    if (spilled(t)) drop(t, ub_);
+    return move(t, stage_, buf, op, 2, "every", keep);
+  }
+
+  bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
+
+  void start_state() {
+    for (const TensorDef& t : g_.tensors)
+      if (t.role == TensorRole::Input && !cx_.from_gm.count(t.name)) {
+        // inputs are always in GM
+      }
+    const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const std::string& o) {
+      const auto& in = g_.op(o).inputs;
+      return std::find(in.begin(), in.end(), "S") != in.end();
+    });
+    if (!uses_state) return;
+    if (k_.state_in == "none") return;  // read per chunk from GM (require_available)
+    Copy gm;
+    gm.elem = 4;
+    res_["S"][kGM] = gm;
+    const int load = move("S", kGM, ub_, "state_in", 4, "first");
+    Step z;
+    z.kind = "zero", z.op = "state_in", z.tensor = "S", z.lane = "vector", z.when = "first";
+    const int zero = add(z);
+    dep(zero, load);
+    res_["S"].erase(kGM);
+    Copy& c = res_["S"][ub_];
+    c.ready = zero, c.carried = true, c.first = 0, c.layout = layout_of("S");
+    c.from_gm = false;  // loaded once per item, not per chunk: not double-buffered
+    if (cx_.to_gm.count("S")) store("S", "state_snapshot");
+  }
+
+  void store(const std::string& t, const std::string& op, const std::string& when = "every") {
+    int elem = res_.at(t).at(ub_).elem;
+    if (cx_.f16_in_gm.count(t) && elem == 4) {
+      Step s;
+      s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
+      const int i = add(s);
+      read(t, ub_, i);
+      elem = 2;
+      const int before = static_cast<int>(k_.steps.size());
+      const Layout saved = res_[t][ub_].layout;
+      move(t, ub_, kGM, op, elem, when);
+      dep(before, i);
+      res_[t][ub_].layout = saved;
+      return;
+    }
+    move(t, ub_, kGM, op, elem, when);
+  }
+
+  void produced(const std::string& t, const std::string& op) {
+    const bool state = state_tensor(t);
+    if (state) {
+      res_[t][ub_].carried = true;
+      if (k_.state_out != "none") store(t, "state_out", "last");
+      return;
+    }
+    const bool spill = std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end();
+    if (cx_.to_gm.count(t) || g_.tensor(t).role == TensorRole::Output || spill) store(t, op);
+    if (spill) drop(t, ub_);
+  }
+
+  void write_in_place(int step, const std::string& t) {
+    for (int r : readers_[t]) dep(step, r);
+  }
+
+  void matrix_op(const OperatorDef& op) {
+    std::vector<int> ready;
+    std::set<std::string> keep(op.inputs.begin(), op.inputs.end());
+    for (size_t i = 0; i < op.inputs.size(); ++i)
+      ready.push_back(ensure_operand(op.inputs[i], static_cast<int>(i) < op.left ? l0a_ : l0b_, op.name, keep));
+    Step s;
+    s.kind = "compute", s.op = op.name, s.lane = "matrix";
+    const int c = add(s);
+    for (size_t i = 0; i < op.inputs.size(); ++i) {
+      const std::string buf = static_cast<int>(i) < op.left ? l0a_ : l0b_;
+      read(op.inputs[i], buf, c);
+    }
+    for (int r : ready) dep(c, r);
+    for (const std::string& out : op.outputs) {
+      arrive(out, l0c_, c, 4, Layout::Blocked, false);
+      move(out, l0c_, ub_, op.name, 4);
+      drop(out, l0c_);
+      if (layout_of(out) == Layout::Dense && is_layout_decision(g_.tensor(out))) {
+        transform(out, op.name, res_[out][ub_].ready);
+        res_[out][ub_].layout = Layout::Dense;
+        res_[out][ub_].ready = static_cast<int>(k_.steps.size()) - 1;
+      }
+      produced(out, op.name);
+    }
+  }
+
+  void vector_op(const OperatorDef& op) {
+    const Layout w = working_layout(op, g_, cx_.layouts);
+    std::vector<int> ready;
+    for (const std::string& in : op.inputs) {
+      ensure_ub(in, op.name);
+      Copy& c = res_[in][ub_];
+      int r = c.ready;
+      const TensorDef& d = g_.tensor(in);
+      const bool two_d = d.rows != "1" && d.cols != "1";
+      if (two_d && c.layout != w && !(state_tensor(in) && g_.state_in_place && std::find(op.outputs.begin(), op.outputs.end(), in) != op.outputs.end())) {
+        r = transform(in, op.name, r);
+        k_.lifetimes.push_back({in + "(converted)", ub_, r, r + 1, numel(in) * c.elem, 1});
+      }
+      ready.push_back(r);
+    }
+    Step s;
+    s.kind = "compute", s.op = op.name, s.lane = "vector";
+    const int c = add(s);
+    for (const std::string& in : op.inputs) read(in, ub_, c);
+    for (int r : ready) dep(c, r);
+    // A spilled tensor is reloaded for each consumer and released right after it.
+    for (const std::string& in : op.inputs)
+      if (spilled(in)) drop(in, ub_);
+    for (size_t i = 0; i < op.outputs.size(); ++i) {
+      const std::string& out = op.outputs[i];
+      const TensorDef& d = g_.tensor(out);
+      if (resident(out, ub_)) {  // in-place state update
+        write_in_place(c, out);
+        Copy& cp = res_[out][ub_];
+        cp.ready = c;
+        cp.last_use = std::max(cp.last_use, c);
+        produced(out, op.name);
+        continue;
+      }
+      const int elem = static_cast<int>(dtype_size(d.dtype));
+      arrive(out, ub_, c, elem, w, false);
+      const Layout want = layout_of(out);
+      if (i > 0 && is_layout_decision(d) && want != w) {
+        const int t = transform(out, op.name, c);
+        res_[out][ub_].layout = want;
+        res_[out][ub_].ready = t;
+      }
+      produced(out, op.name);
+    }
+  }
+
+  void finish() {
+    for (auto& [t, locs] : res_)
+      for (auto& [loc, c] : locs) finalize(t, loc, c, c.carried && t == (g_.state_in_place ? "S" : "S_next"));
+    // Peaks per buffer.
+    k_.peak_bytes.clear();
+    k_.peak_tensors.clear();
+    std::set<std::string> bufs;
+    for (const Lifetime& lt : k_.lifetimes) bufs.insert(lt.buffer);
+    const int n = static_cast<int>(k_.steps.size());
+    for (const std::string& b : bufs) {
+      int64_t best = -1;
+      int at = 0;
+      for (int i = 0; i < n; ++i) {
+        int64_t live = 0;
+        for (const Lifetime& lt : k_.lifetimes)
+          if (lt.buffer == b && lt.first <= i && i <= lt.last) live += lt.bytes * lt.copies;
+        if (live > best) best = live, at = i;
+      }
+      k_.peak_bytes[b] = std::max<int64_t>(0, best);
+      std::vector<std::string> names;
+      for (const Lifetime& lt : k_.lifetimes)
+        if (lt.buffer == b && lt.first <= at && at <= lt.last) names.push_back(lt.tensor);
+      k_.peak_tensors[b] = names;
+    }
+  }
+};
+
+}  // namespace
+
+bool is_layout_decision(const TensorDef& t) {
+  if (t.role == TensorRole::Input || t.role == TensorRole::Output) return false;
+  return t.rows != "1" && t.cols != "1";
+}
+
+Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<std::string, Layout>& layouts) {
+  if (op.outputs.empty()) return Layout::Dense;
+  const TensorDef& t = g.tensor(op.outputs.front());
+  if (!is_layout_decision(t)) return Layout::Dense;
+  auto it = layouts.find(t.name == "S_next" ? "S" : t.name);
+  return it == layouts.end() ? Layout::Dense : it->second;
+}
+
+std::string staging_buffer(const Device& dev) {
+  for (const BufferSpec& b : dev.buffers)
+    if (dev.has_path(b.name, dev.matrix.input_a) && dev.has_path(b.name, dev.matrix.input_b)) return b.name;
+  return dev.matrix.input_a;
+}
+
+void lower_kernel(Kernel& k, const LowerContext& cx, int64_t L, int64_t Vc) {
+  Lowerer lw(k, cx, L, Vc);
+  lw.run();
+}
+
+void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t Vc, bool allow_spill,
+                         const std::string& strategy) {
+  const Device& dev = *cx.device;
+  // The buffer over capacity with the largest excess, or "" if everything fits.
+  auto overflow = [&](const Kernel& kk) {
+    std::string worst;
+    double excess = 0;
+    for (const auto& [b, bytes] : kk.peak_bytes) {
+      const double cap = dev.buffer(b).capacity_bytes.value;
+      if (static_cast<double>(bytes) - cap > excess) excess = static_cast<double>(bytes) - cap, worst = b;
+    }
+    return worst;
+  };
+  k.buffering = 2;
+  lower_kernel(k, cx, L, Vc);
+  if (overflow(k).empty()) return;
+  k.buffering = 1;
+  lower_kernel(k, cx, L, Vc);
+  for (;;) {
+    const std::string b = overflow(k);
+    if (b.empty()) return;
+    // The tensor to spill: live at the peak, not carried, not a converted temporary, largest
+    // bytes x lifetime (it frees the most for the longest); it must not be used at the peak step.
+    std::string victim;
+    double score = 0;
+    if (allow_spill) {
+      int peak_step = -1;
+      int64_t best = -1;
+      for (int i = 0; i < static_cast<int>(k.steps.size()); ++i) {
+        int64_t live = 0;
+        for (const Lifetime& lt : k.lifetimes)
+          if (lt.buffer == b && lt.first <= i && i <= lt.last) live += lt.bytes * lt.copies;
+        if (live > best) best = live, peak_step = i;
+      }
+      for (const Lifetime& lt : k.lifetimes) {
+        if (lt.buffer != b || lt.first > peak_step || lt.last < peak_step) continue;
+        if (lt.tensor.find('(') != std::string::npos) continue;
+        const TensorDef& d = cx.graph->tensor(lt.tensor);
+        if (d.role != TensorRole::Intermediate) continue;
+        if (std::find(k.spilled.begin(), k.spilled.end(), lt.tensor) != k.spilled.end()) continue;
+        const Step& at = k.steps[static_cast<size_t>(peak_step)];
+        if (at.tensor == lt.tensor) continue;
+        const auto& in = cx.graph->op(at.op == "state_in" || at.op == "state_out" || at.op == "state_snapshot" ? k.order.front() : at.op).inputs;
+        if (at.kind == "compute" && std::find(in.begin(), in.end(), lt.tensor) != in.end()) continue;
+        const double s = static_cast<double>(lt.bytes) * (lt.last - lt.first + 1);
+        if (s > score) score = s, victim = lt.tensor;
+      }
+    }
+    if (victim.empty()) {
+      std::ostringstream os;
+      os << "plan " << strategy << " on " << dev.name << ": kernel " << k.name << " needs " << k.peak_bytes.at(b)
+         << " bytes of " << b << " at its peak, capacity " << static_cast<int64_t>(dev.buffer(b).capacity_bytes.value)
+         << "; live at the peak:";
+      for (const std::string& t : k.peak_tensors.at(b)) {
+        int64_t bytes = 0;
+        for (const Lifetime& lt : k.lifetimes)
+          if (lt.buffer == b && lt.tensor == t) bytes = std::max(bytes, lt.bytes * lt.copies);
+        os << " " << t << " (" << bytes << " B)";
+      }
+      throw Error(os.str());
+    }
+    k.spilled.push_back(victim);
+    lower_kernel(k, cx, L, Vc);
+  }
+}
+
+}  // namespace hanpu::plan_detail

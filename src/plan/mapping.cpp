@@ -1,0 +1,125 @@
+// Mapping work onto cores: HA-NPU's head-level mapping with its three tail tiers (ha-npu.md §3)
+// and the chunk-parallel mapping of FLA-style Map phases.
+#include <algorithm>
+#include <numeric>
+
+#include "hanpu/plan.hpp"
+
+namespace hanpu {
+
+HeadMapping map_heads(const Problem& p, int cores, int quantum) {
+  const int P = std::max(1, cores);
+  quantum = std::max(1, quantum);
+  HeadMapping m;
+  m.cores.assign(static_cast<size_t>(P), {});
+  struct Costed {
+    PlanItem item;
+    double cost;
+  };
+  std::vector<Costed> items;
+  for (int64_t s = 0; s < p.sequences(); ++s) {
+    const int64_t nc = p.chunks_of(s);
+    if (nc == 0) continue;  // an empty sequence has no work (its final state is its initial state)
+    for (int64_t h = 0; h < p.HV; ++h)
+      items.push_back({{static_cast<int32_t>(s), static_cast<int32_t>(h), 0, static_cast<int32_t>(p.V), 0, nc, 1},
+                       static_cast<double>(nc)});
+  }
+  // Longest first; stable so equal items keep (sequence, head) order.
+  std::stable_sort(items.begin(), items.end(), [](const Costed& a, const Costed& b) { return a.cost > b.cost; });
+  const int n = static_cast<int>(items.size());
+  const int tail = n % P;
+  std::vector<double> load(static_cast<size_t>(P), 0.0);
+  // Tier 1: whole heads, longest first to the least-loaded core.
+  for (int i = 0; i < n - tail; ++i) {
+    const size_t c = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    m.cores[c].push_back(items[static_cast<size_t>(i)].item);
+    load[c] += items[static_cast<size_t>(i)].cost;
+  }
+  if (tail == 0) return m;
+  const int quanta_per_head = static_cast<int>((p.V + quantum - 1) / quantum);
+  const int64_t tail_quanta = static_cast<int64_t>(tail) * quanta_per_head;
+  if (tail_quanta < P) {
+    // Tier 3: even one column quantum per core leaves cores idle: chunk-parallel fallback.
+    for (int i = n - tail; i < n; ++i) {
+      PlanItem it = items[static_cast<size_t>(i)].item;
+      it.tier = 3;
+      m.chunk_parallel.push_back(it);
+    }
+    return m;
+  }
+  // Tier 2: the tail heads' columns, laid end to end (head after head), cut at quantum boundaries
+  // into P parts of equal work (a quantum costs its head's chunk count); the least-loaded core
+  // takes the first part. Columns are independent, so no part needs a reduction.
+  struct Unit {
+    int item;
+    int q;
+    double cost;
+  };
+  std::vector<Unit> units;
+  double total = 0;
+  for (int i = n - tail; i < n; ++i)
+    for (int q = 0; q < quanta_per_head; ++q) {
+      units.push_back({i, q, items[static_cast<size_t>(i)].cost});
+      total += items[static_cast<size_t>(i)].cost;
+    }
+  std::vector<size_t> order(static_cast<size_t>(P));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return load[a] < load[b]; });
+  size_t u = 0;
+  double done = 0;
+  for (int part = 0; part < P; ++part) {
+    const double target = total * (part + 1) / P;
+    const size_t begin = u;
+    // At least one quantum per part; stop when the cumulative cost reaches the target, leaving
+    // enough quanta for the remaining parts.
+    while (u < units.size() && (u == begin || done + units[u].cost / 2 <= target) &&
+           units.size() - u > static_cast<size_t>(P - part - 1)) {
+      done += units[u].cost;
+      ++u;
+    }
+    if (part == P - 1)
+      while (u < units.size()) done += units[u++].cost;
+    // Group consecutive quanta of the same head into one item.
+    for (size_t a = begin; a < u;) {
+      size_t b = a;
+      while (b + 1 < u && units[b + 1].item == units[a].item) ++b;
+      PlanItem it = items[static_cast<size_t>(units[a].item)].item;
+      it.col0 = units[a].q * quantum;
+      it.col1 = static_cast<int32_t>(std::min<int64_t>(p.V, static_cast<int64_t>(units[b].q + 1) * quantum));
+      it.tier = 2;
+      m.cores[order[static_cast<size_t>(part)]].push_back(it);
+      a = b + 1;
+    }
+  }
+  return m;
+}
+
+std::vector<std::vector<PlanItem>> map_chunks(const Problem& p, const std::vector<PlanItem>& items, int cores) {
+  const int P = std::max(1, cores);
+  std::vector<std::vector<PlanItem>> out(static_cast<size_t>(P));
+  int64_t n = 0;
+  for (const PlanItem& it : items) n += it.chunk1 - it.chunk0;
+  // Task t goes to core t * P / n (contiguous, equal ranges); consecutive tasks of one item on one
+  // core become one item.
+  int64_t t = 0;
+  for (const PlanItem& it : items) {
+    for (int64_t c = it.chunk0; c < it.chunk1; ++c, ++t) {
+      const size_t core = static_cast<size_t>(n ? t * P / n : 0);
+      auto& list = out[core];
+      if (!list.empty()) {
+        PlanItem& last = list.back();
+        if (last.seq == it.seq && last.head == it.head && last.col0 == it.col0 && last.col1 == it.col1 && last.chunk1 == c) {
+          last.chunk1 = c + 1;
+          continue;
+        }
+      }
+      PlanItem x = it;
+      x.chunk0 = c, x.chunk1 = c + 1;
+      list.push_back(x);
+    }
+  }
+  (void)p;
+  return out;
+}
+
+}  // namespace hanpu

@@ -1,0 +1,310 @@
+// Plan <-> JSON. The JSON is the plan exactly (plan_from_json(plan_to_json(p)) == p); every field a
+// reader needs is checked, and an error names its JSON path, what it got and what it expected.
+#include <string>
+
+#include "hanpu/plan.hpp"
+
+namespace hanpu {
+
+namespace {
+
+using json = nlohmann::json;
+
+const char* layout_name(Layout l) { return l == Layout::Blocked ? "blocked" : "dense"; }
+
+struct Reader {
+  std::string origin;
+
+  [[noreturn]] void fail(const std::string& path, const json* got, const std::string& want) const {
+    std::string g = got ? got->dump() : "nothing";
+    if (g.size() > 60) g = g.substr(0, 57) + "...";
+    throw Error(origin + ": " + path + ": got " + g + ", expected " + want);
+  }
+  const json& field(const json& j, const std::string& key, const std::string& path) const {
+    if (!j.is_object()) fail(path, &j, "an object");
+    auto it = j.find(key);
+    if (it == j.end()) fail(path + "." + key, nullptr, "a value (the field is required)");
+    return *it;
+  }
+  int64_t integer(const json& j, const std::string& key, const std::string& path) const {
+    const json& v = field(j, key, path);
+    if (!v.is_number_integer()) fail(path + "." + key, &v, "an integer");
+    return v.get<int64_t>();
+  }
+  bool boolean(const json& j, const std::string& key, const std::string& path) const {
+    const json& v = field(j, key, path);
+    if (!v.is_boolean()) fail(path + "." + key, &v, "true or false");
+    return v.get<bool>();
+  }
+  std::string string(const json& j, const std::string& key, const std::string& path) const {
+    const json& v = field(j, key, path);
+    if (!v.is_string()) fail(path + "." + key, &v, "a string");
+    return v.get<std::string>();
+  }
+  std::string one_of(const json& j, const std::string& key, const std::string& path, std::initializer_list<const char*> allowed) const {
+    const std::string s = string(j, key, path);
+    std::string list;
+    for (const char* a : allowed) {
+      if (s == a) return s;
+      list += (list.empty() ? "" : ", ") + std::string(a);
+    }
+    const json& v = j.at(key);
+    fail(path + "." + key, &v, "one of " + list);
+  }
+  const json& array(const json& j, const std::string& key, const std::string& path) const {
+    const json& v = field(j, key, path);
+    if (!v.is_array()) fail(path + "." + key, &v, "an array");
+    return v;
+  }
+  std::vector<std::string> strings(const json& j, const std::string& key, const std::string& path) const {
+    const json& a = array(j, key, path);
+    std::vector<std::string> out;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_string()) fail(path + "." + key + "[" + std::to_string(i) + "]", &a[i], "a string");
+      out.push_back(a[i].get<std::string>());
+    }
+    return out;
+  }
+  DType dtype(const json& j, const std::string& key, const std::string& path) const {
+    const std::string s = string(j, key, path);
+    try {
+      return dtype_from_name(s);
+    } catch (const Error&) {
+      fail(path + "." + key, &j.at(key), "a dtype name (F16, F32, BF16, ...)");
+    }
+  }
+};
+
+json problem_to_json(const Problem& p) {
+  return {{"variant", variant_name(p.variant)},
+          {"seqlens", p.seqlens},
+          {"varlen", p.varlen},
+          {"H", p.H},
+          {"HV", p.HV},
+          {"K", p.K},
+          {"V", p.V},
+          {"chunk", p.chunk},
+          {"dtypes",
+           {{"qkv", dtype_name(p.qkv_dtype)},
+            {"o", dtype_name(p.out_dtype)},
+            {"g", dtype_name(p.gate_dtype)},
+            {"beta", dtype_name(p.beta_dtype)},
+            {"state", dtype_name(p.state_dtype)}}},
+          {"initial_state", p.read_initial_state},
+          {"final_state", p.write_final_state}};
+}
+
+Problem problem_from_json(const Reader& r, const json& j, const std::string& path) {
+  Problem p;
+  const std::string v = r.one_of(j, "variant", path, {"gdn", "kda"});
+  p.variant = v == "kda" ? Variant::KDA : Variant::GDN;
+  const json& sl = r.array(j, "seqlens", path);
+  for (size_t i = 0; i < sl.size(); ++i) {
+    if (!sl[i].is_number_integer()) r.fail(path + ".seqlens[" + std::to_string(i) + "]", &sl[i], "an integer");
+    p.seqlens.push_back(sl[i].get<int64_t>());
+  }
+  p.varlen = r.boolean(j, "varlen", path);
+  p.H = r.integer(j, "H", path);
+  p.HV = r.integer(j, "HV", path);
+  p.K = r.integer(j, "K", path);
+  p.V = r.integer(j, "V", path);
+  p.chunk = r.integer(j, "chunk", path);
+  const json& d = r.field(j, "dtypes", path);
+  p.qkv_dtype = r.dtype(d, "qkv", path + ".dtypes");
+  p.out_dtype = r.dtype(d, "o", path + ".dtypes");
+  p.gate_dtype = r.dtype(d, "g", path + ".dtypes");
+  p.beta_dtype = r.dtype(d, "beta", path + ".dtypes");
+  p.state_dtype = r.dtype(d, "state", path + ".dtypes");
+  p.read_initial_state = r.boolean(j, "initial_state", path);
+  p.write_final_state = r.boolean(j, "final_state", path);
+  try {
+    validate_problem(p);
+  } catch (const Error& e) {
+    throw Error(r.origin + ": " + e.what());
+  }
+  return p;
+}
+
+}  // namespace
+
+json plan_to_json(const Plan& plan) {
+  json j;
+  j["problem"] = problem_to_json(plan.problem);
+  j["device"] = plan.device;
+  j["cores"] = plan.cores;
+  j["strategy"] = plan.strategy;
+  j["form"] = graph_form_name(plan.form);
+  j["state_in_place"] = plan.state_in_place;
+  j["layout_planned"] = plan.layout_planned;
+  j["allow_spill"] = plan.allow_spill;
+  json layouts = json::object();
+  for (const auto& [t, l] : plan.layouts) layouts[t] = layout_name(l);
+  j["layouts"] = layouts;
+  json kernels = json::array();
+  for (const Kernel& k : plan.kernels) {
+    json kj;
+    kj["name"] = k.name;
+    kj["parallel"] = k.parallel;
+    kj["launch"] = k.launch;
+    kj["order"] = k.order;
+    kj["buffering"] = k.buffering;
+    kj["state_in"] = k.state_in;
+    kj["state_out"] = k.state_out;
+    kj["spilled"] = k.spilled;
+    json steps = json::array();
+    for (const Step& s : k.steps) {
+      json sj = {{"kind", s.kind}, {"op", s.op}, {"lane", s.lane}, {"when", s.when}, {"deps", s.deps}};
+      if (!s.tensor.empty()) sj["tensor"] = s.tensor;
+      if (!s.path.empty()) sj["path"] = s.path;
+      if (s.elem_bytes) sj["elem_bytes"] = s.elem_bytes;
+      if (s.reuse_of >= 0) sj["reuse_of"] = s.reuse_of;
+      steps.push_back(sj);
+    }
+    kj["steps"] = steps;
+    json lts = json::array();
+    for (const Lifetime& lt : k.lifetimes)
+      lts.push_back({{"tensor", lt.tensor}, {"buffer", lt.buffer}, {"first", lt.first}, {"last", lt.last}, {"bytes", lt.bytes}, {"copies", lt.copies}});
+    kj["lifetimes"] = lts;
+    kj["peak_bytes"] = k.peak_bytes;
+    kj["peak_tensors"] = k.peak_tensors;
+    json cores = json::array();
+    for (const auto& list : k.cores) {
+      json cl = json::array();
+      // Compact: one array per item [seq, head, col0, col1, chunk0, chunk1, tier].
+      for (const PlanItem& it : list) cl.push_back({it.seq, it.head, it.col0, it.col1, it.chunk0, it.chunk1, it.tier});
+      cores.push_back(cl);
+    }
+    kj["cores"] = cores;
+    kernels.push_back(kj);
+  }
+  j["kernels"] = kernels;
+  return j;
+}
+
+Plan plan_from_json(const json& j, const std::string& origin) {
+  Reader r{origin};
+  const std::string P = "plan";
+  if (!j.is_object()) r.fail(P, &j, "an object");
+  Plan plan;
+  plan.problem = problem_from_json(r, r.field(j, "problem", P), P + ".problem");
+  plan.device = r.string(j, "device", P);
+  plan.cores = static_cast<int>(r.integer(j, "cores", P));
+  if (plan.cores < 1) r.fail(P + ".cores", &j.at("cores"), "at least 1");
+  plan.strategy = r.string(j, "strategy", P);
+  plan.form = graph_form_from_name(r.one_of(j, "form", P, {"wu", "inverse", "gemm_first"}));
+  plan.state_in_place = r.boolean(j, "state_in_place", P);
+  plan.layout_planned = r.boolean(j, "layout_planned", P);
+  plan.allow_spill = r.boolean(j, "allow_spill", P);
+  const OpGraph g = plan.graph();
+  const json& lj = r.field(j, "layouts", P);
+  if (!lj.is_object()) r.fail(P + ".layouts", &lj, "an object (tensor -> dense|blocked)");
+  for (auto it = lj.begin(); it != lj.end(); ++it) {
+    if (!g.has_tensor(it.key())) r.fail(P + ".layouts." + it.key(), &it.value(), "a tensor of the " + std::string(graph_form_name(plan.form)) + " graph");
+    const std::string l = r.one_of(lj, it.key(), P + ".layouts", {"dense", "blocked"});
+    plan.layouts[it.key()] = l == "blocked" ? Layout::Blocked : Layout::Dense;
+  }
+  const json& ks = r.array(j, "kernels", P);
+  for (size_t ki = 0; ki < ks.size(); ++ki) {
+    const std::string kp = P + ".kernels[" + std::to_string(ki) + "]";
+    const json& kj = ks[ki];
+    Kernel k;
+    k.name = r.string(kj, "name", kp);
+    k.parallel = r.one_of(kj, "parallel", kp, {"head", "segment", "chunk"});
+    k.launch = r.boolean(kj, "launch", kp);
+    k.order = r.strings(kj, "order", kp);
+    for (size_t i = 0; i < k.order.size(); ++i) {
+      bool known = false;
+      for (const OperatorDef& op : g.ops) known |= op.name == k.order[i];
+      if (!known) r.fail(kp + ".order[" + std::to_string(i) + "]", &kj.at("order")[i], "an operator of the " + std::string(graph_form_name(plan.form)) + " graph");
+    }
+    k.buffering = static_cast<int>(r.integer(kj, "buffering", kp));
+    if (k.buffering != 1 && k.buffering != 2) r.fail(kp + ".buffering", &kj.at("buffering"), "1 or 2");
+    k.state_in = r.one_of(kj, "state_in", kp, {"none", "initial", "zero"});
+    k.state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
+    k.spilled = r.strings(kj, "spilled", kp);
+    const json& steps = r.array(kj, "steps", kp);
+    for (size_t si = 0; si < steps.size(); ++si) {
+      const std::string sp = kp + ".steps[" + std::to_string(si) + "]";
+      const json& sj = steps[si];
+      Step s;
+      s.kind = r.one_of(sj, "kind", sp, {"compute", "move", "transform", "cast", "zero"});
+      s.op = r.string(sj, "op", sp);
+      s.lane = r.string(sj, "lane", sp);
+      s.when = r.one_of(sj, "when", sp, {"every", "first", "last"});
+      if (sj.contains("tensor")) {
+        s.tensor = r.string(sj, "tensor", sp);
+        if (!g.has_tensor(s.tensor)) r.fail(sp + ".tensor", &sj.at("tensor"), "a tensor of the graph");
+      } else if (s.kind != "compute") {
+        r.fail(sp + ".tensor", nullptr, "the tensor a " + s.kind + " step works on");
+      }
+      if (s.kind == "compute") {
+        bool known = false;
+        for (const OperatorDef& op : g.ops) known |= op.name == s.op;
+        if (!known) r.fail(sp + ".op", &sj.at("op"), "an operator of the graph");
+      }
+      if (sj.contains("path")) s.path = r.string(sj, "path", sp);
+      else if (s.kind == "move") r.fail(sp + ".path", nullptr, "the device path of a move (e.g. \"GM->L1\")");
+      if (sj.contains("elem_bytes")) s.elem_bytes = static_cast<int>(r.integer(sj, "elem_bytes", sp));
+      if (s.kind == "move" && s.elem_bytes <= 0) r.fail(sp + ".elem_bytes", sj.contains("elem_bytes") ? &sj.at("elem_bytes") : nullptr, "a positive byte count");
+      const json& deps = r.array(sj, "deps", sp);
+      for (size_t d = 0; d < deps.size(); ++d) {
+        if (!deps[d].is_number_integer() || deps[d].get<int64_t>() < 0 || deps[d].get<int64_t>() >= static_cast<int64_t>(si))
+          r.fail(sp + ".deps[" + std::to_string(d) + "]", &deps[d], "the index of an earlier step (0.." + std::to_string(static_cast<int64_t>(si) - 1) + ")");
+        s.deps.push_back(deps[d].get<int>());
+      }
+      if (sj.contains("reuse_of")) {
+        s.reuse_of = static_cast<int>(r.integer(sj, "reuse_of", sp));
+        if (s.reuse_of < 0 || s.reuse_of >= static_cast<int>(steps.size()))
+          r.fail(sp + ".reuse_of", &sj.at("reuse_of"), "a step index of this kernel");
+      }
+      k.steps.push_back(s);
+    }
+    const json& lts = r.array(kj, "lifetimes", kp);
+    for (size_t li = 0; li < lts.size(); ++li) {
+      const std::string lp = kp + ".lifetimes[" + std::to_string(li) + "]";
+      Lifetime lt;
+      lt.tensor = r.string(lts[li], "tensor", lp);
+      lt.buffer = r.string(lts[li], "buffer", lp);
+      lt.first = static_cast<int>(r.integer(lts[li], "first", lp));
+      lt.last = static_cast<int>(r.integer(lts[li], "last", lp));
+      lt.bytes = r.integer(lts[li], "bytes", lp);
+      lt.copies = static_cast<int>(r.integer(lts[li], "copies", lp));
+      if (lt.first < 0 || lt.last < lt.first) r.fail(lp + ".last", &lts[li].at("last"), "a step index >= first");
+      k.lifetimes.push_back(lt);
+    }
+    const json& pb = r.field(kj, "peak_bytes", kp);
+    if (!pb.is_object()) r.fail(kp + ".peak_bytes", &pb, "an object (buffer -> bytes)");
+    for (auto it = pb.begin(); it != pb.end(); ++it) k.peak_bytes[it.key()] = r.integer(pb, it.key(), kp + ".peak_bytes");
+    const json& pt = r.field(kj, "peak_tensors", kp);
+    if (!pt.is_object()) r.fail(kp + ".peak_tensors", &pt, "an object (buffer -> tensor names)");
+    for (auto it = pt.begin(); it != pt.end(); ++it) k.peak_tensors[it.key()] = r.strings(pt, it.key(), kp + ".peak_tensors");
+    const json& cores = r.array(kj, "cores", kp);
+    if (static_cast<int>(cores.size()) != plan.cores)
+      r.fail(kp + ".cores", nullptr, std::to_string(plan.cores) + " per-core lists (plan.cores), found " + std::to_string(cores.size()));
+    for (size_t ci = 0; ci < cores.size(); ++ci) {
+      const std::string cp = kp + ".cores[" + std::to_string(ci) + "]";
+      if (!cores[ci].is_array()) r.fail(cp, &cores[ci], "an array of items");
+      std::vector<PlanItem> list;
+      for (size_t ii = 0; ii < cores[ci].size(); ++ii) {
+        const json& a = cores[ci][ii];
+        const std::string ip = cp + "[" + std::to_string(ii) + "]";
+        if (!a.is_array() || a.size() != 7)
+          r.fail(ip, &a, "[seq, head, col0, col1, chunk0, chunk1, tier]");
+        for (const json& x : a)
+          if (!x.is_number_integer()) r.fail(ip, &a, "seven integers [seq, head, col0, col1, chunk0, chunk1, tier]");
+        list.push_back({a[0].get<int32_t>(), a[1].get<int32_t>(), a[2].get<int32_t>(), a[3].get<int32_t>(), a[4].get<int64_t>(),
+                        a[5].get<int64_t>(), a[6].get<int32_t>()});
+      }
+      k.cores.push_back(list);
+    }
+    plan.kernels.push_back(k);
+  }
+  try {
+    validate_plan(plan);
+  } catch (const Error& e) {
+    throw Error(origin + ": " + e.what());
+  }
+  return plan;
+}
+
+}  // namespace hanpu

@@ -1,0 +1,530 @@
+// The planners: HA-NPU (head-level mapping with tail tiers, lifetime-aware reordering, layout DP)
+// and the baselines (vLLM-Ascend, FLA, FLA + MegaKernel, FlashQLA) as plans of the same graph,
+// plus the ablation steps between FLA and HA-NPU (ha-npu.md §3-§8).
+//
+// A strategy is: a graph form and operator order, a grouping of the operators into kernels, a
+// mapping of each kernel's work onto cores, and a layout per on-core tensor. Everything a kernel
+// reads that it does not produce comes from GM; everything a later kernel needs goes to GM.
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "hanpu/plan.hpp"
+#include "plan/lower.hpp"
+
+namespace hanpu {
+
+namespace {
+
+using plan_detail::LowerContext;
+
+// FLA's V tile of the state recurrence on NPUs (reference-fla.md §2.5: BV in {32, 64}; the Ascend
+// Triton port picks the UB-friendly 64).
+constexpr int kFlaStateColumns = 64;
+// vLLM-Ascend's fwd_h kernel takes value-column blocks of 128 (reference-hardware.md B2: vBlockSize).
+constexpr int kVllmStateColumns = 128;
+// FlashQLA's segment length rule (reference-fla.md §6.2): max(4, 2^round(log2(3 sqrt(H chunks / SMs)))).
+constexpr double kFlashQlaSegmentFactor = 3.0;
+constexpr int64_t kFlashQlaMinSegmentChunks = 4;
+
+std::vector<PlanItem> whole_items(const Problem& p, int width) {
+  std::vector<PlanItem> items;
+  for (int64_t s = 0; s < p.sequences(); ++s) {
+    const int64_t nc = p.chunks_of(s);
+    if (nc == 0) continue;
+    for (int64_t h = 0; h < p.HV; ++h)
+      for (int64_t c0 = 0; c0 < p.V; c0 += width)
+        items.push_back({static_cast<int32_t>(s), static_cast<int32_t>(h), static_cast<int32_t>(c0),
+                         static_cast<int32_t>(std::min<int64_t>(p.V, c0 + width)), 0, nc, 0});
+  }
+  return items;
+}
+
+std::vector<std::vector<PlanItem>> round_robin(const std::vector<PlanItem>& items, int cores) {
+  std::vector<std::vector<PlanItem>> out(static_cast<size_t>(std::max(1, cores)));
+  for (size_t i = 0; i < items.size(); ++i) out[i % out.size()].push_back(items[i]);
+  return out;
+}
+
+Kernel kernel(const std::string& name, const std::string& parallel, std::vector<std::string> order) {
+  Kernel k;
+  k.name = name;
+  k.parallel = parallel;
+  k.order = std::move(order);
+  return k;
+}
+
+bool reads(const OpGraph& g, const Kernel& k, const std::string& t) {
+  for (const std::string& o : k.order) {
+    const auto& in = g.op(o).inputs;
+    if (std::find(in.begin(), in.end(), t) != in.end()) return true;
+  }
+  return false;
+}
+
+bool produces(const OpGraph& g, const Kernel& k, const std::string& t) {
+  for (const std::string& o : k.order) {
+    const auto& out = g.op(o).outputs;
+    if (std::find(out.begin(), out.end(), t) != out.end()) return true;
+  }
+  return false;
+}
+
+// Produced before its first read inside the kernel (the state is carried instead).
+bool produced_before_read(const OpGraph& g, const Kernel& k, const std::string& t) {
+  for (const std::string& o : k.order) {
+    const OperatorDef& op = g.op(o);
+    if (std::find(op.inputs.begin(), op.inputs.end(), t) != op.inputs.end()) return false;
+    if (std::find(op.outputs.begin(), op.outputs.end(), t) != op.outputs.end()) return true;
+  }
+  return false;
+}
+
+// Splits an order into the state-independent Map operators, the state recurrence (operators the
+// next state depends on) and the rest (the output), for chunk-parallel execution.
+struct Phases {
+  std::vector<std::string> map, reduce, output;
+};
+Phases split_phases(const OpGraph& g, const std::vector<std::string>& order) {
+  std::set<std::string> dep_state = {"S"};
+  std::set<std::string> ops_dep;
+  for (const std::string& o : order) {
+    const OperatorDef& op = g.op(o);
+    bool d = false;
+    for (const std::string& in : op.inputs) d |= dep_state.count(in) > 0;
+    if (d) {
+      ops_dep.insert(o);
+      for (const std::string& out : op.outputs) dep_state.insert(out);
+    }
+  }
+  // Backward: operators whose results reach the state update.
+  const std::string s_out = g.state_in_place ? "S" : "S_next";
+  std::set<std::string> needed = {s_out};
+  std::set<std::string> ops_needed;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const OperatorDef& op = g.op(*it);
+    bool n = false;
+    for (const std::string& out : op.outputs) n |= needed.count(out) > 0;
+    if (n) {
+      ops_needed.insert(*it);
+      for (const std::string& in : op.inputs) needed.insert(in);
+    }
+  }
+  Phases ph;
+  for (const std::string& o : order) {
+    if (!ops_dep.count(o)) ph.map.push_back(o);
+    else if (ops_needed.count(o)) ph.reduce.push_back(o);
+    else ph.output.push_back(o);
+  }
+  return ph;
+}
+
+std::vector<std::string> default_order(const OpGraph& g) {
+  std::vector<std::string> o;
+  for (const OperatorDef& op : g.ops) o.push_back(op.name);
+  return o;
+}
+
+// Kernels running `items` the FLA way: Map phases chunk-parallel over all cores, the recurrence
+// head-parallel on column blocks of `state_cols`, the output chunk-parallel.
+std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, const std::vector<std::string>& order,
+                                           const std::vector<PlanItem>& items, int cores, int state_cols,
+                                           const std::string& prefix) {
+  const Phases ph = split_phases(g, order);
+  std::vector<Kernel> ks;
+  Kernel map = kernel(prefix + "map", "chunk", ph.map);
+  map.cores = map_chunks(p, items, cores);
+  ks.push_back(map);
+  Kernel red = kernel(prefix + "state", "head", ph.reduce);
+  std::vector<PlanItem> blocks;
+  for (const PlanItem& it : items)
+    for (int32_t c0 = it.col0; c0 < it.col1; c0 += state_cols) {
+      PlanItem b = it;
+      b.col0 = c0, b.col1 = std::min(it.col1, c0 + state_cols);
+      blocks.push_back(b);
+    }
+  red.cores = round_robin(blocks, cores);
+  red.state_in = "initial", red.state_out = "final";
+  ks.push_back(red);
+  Kernel out = kernel(prefix + "output", "chunk", ph.output);
+  out.cores = map_chunks(p, items, cores);
+  ks.push_back(out);
+  return ks;
+}
+
+int matrix_quantum(const Device& dev) { return std::max(1, static_cast<int>(dev.matrix.tile_n.value)); }
+
+struct Recipe {
+  GraphForm form = GraphForm::GemmFirst;
+  bool in_place = true;
+  bool layout = false;
+  bool spill = false;
+};
+
+// Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
+std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores) {
+  const HeadMapping m = map_heads(p, cores, matrix_quantum(dev));
+  std::vector<Kernel> ks;
+  const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
+  if (any) {
+    Kernel fused = kernel("fused", "head", default_order(g));
+    fused.cores = m.cores;
+    fused.state_in = "initial", fused.state_out = "final";
+    ks.push_back(fused);
+  }
+  if (!m.chunk_parallel.empty()) {
+    // Tier 3: the recurrence of these heads split over columns as far as the quantum allows.
+    const int quantum = matrix_quantum(dev);
+    const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cores, (p.V + quantum - 1) / quantum)));
+    const int cols = static_cast<int>((p.V + blocks - 1) / blocks + quantum - 1) / quantum * quantum;
+    auto tail = chunk_parallel_kernels(p, g, default_order(g), m.chunk_parallel, cores, cols, "tail_");
+    for (Kernel& k : tail)
+      for (auto& list : k.cores)
+        for (PlanItem& it : list) it.tier = 3;
+    ks.insert(ks.end(), tail.begin(), tail.end());
+  }
+  return ks;
+}
+
+// Decides which tensors cross kernels, lowers every kernel (with the capacity check), fills the plan.
+void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
+  const Problem& p = plan.problem;
+  std::vector<Kernel>& ks = plan.kernels;
+  int64_t max_width = 0;
+  for (const Kernel& k : ks)
+    for (const auto& l : k.cores)
+      for (const PlanItem& it : l) max_width = std::max<int64_t>(max_width, it.col1 - it.col0);
+  // Pass 1: what each kernel reads from and stores to GM, and which fp32 tensors are kept in GM as
+  // fp16. Pass 2 lowers every kernel with the GM precision known to readers too.
+  std::vector<LowerContext> cxs(ks.size());
+  std::set<std::string> f16_in_gm;
+  for (size_t i = 0; i < ks.size(); ++i) {
+    LowerContext& cx = cxs[i];
+    cx.graph = &g;
+    cx.device = &dev;
+    cx.layouts = plan.layouts;
+    cx.K = p.K;
+    for (const TensorDef& t : g.tensors)
+      if (t.role == TensorRole::Input) cx.from_gm.insert(t.name);
+    for (const TensorDef& t : g.tensors) {
+      if (t.role == TensorRole::Input) continue;
+      const bool carried_here = t.role == TensorRole::State && ks[i].state_in != "none";
+      if (reads(g, ks[i], t.name) && !carried_here && !produced_before_read(g, ks[i], t.name)) cx.from_gm.insert(t.name);
+      // Stored if a later kernel reads it without producing it first, before another producer.
+      if (produces(g, ks[i], t.name) || (t.name == "S" && carried_here)) {
+        bool later_matrix_only = true, stored = false;
+        for (size_t j = i + 1; j < ks.size(); ++j) {
+          const bool carried_there = t.role == TensorRole::State && ks[j].state_in != "none";
+          if (reads(g, ks[j], t.name) && !carried_there && !produced_before_read(g, ks[j], t.name)) {
+            stored = true;
+            for (const std::string& o : ks[j].order) {
+              const OperatorDef& op = g.op(o);
+              if (op.unit != Unit::Matrix && std::find(op.inputs.begin(), op.inputs.end(), t.name) != op.inputs.end())
+                later_matrix_only = false;
+            }
+          }
+          if (produces(g, ks[j], t.name)) break;
+        }
+        if (stored) {
+          cx.to_gm.insert(t.name);
+          // Intermediates go to GM in the input precision as FLA stores them (reference-fla.md
+          // §2.8: w, u, h, v_new in k.dtype); gate sums stay fp32. The state snapshot h feeds
+          // only matrix products.
+          if (t.dtype == DType::F32 && t.name != "Gc" && (t.role != TensorRole::State || later_matrix_only))
+            f16_in_gm.insert(t.name);
+        }
+      }
+    }
+  }
+  for (size_t i = 0; i < ks.size(); ++i) {
+    LowerContext& cx = cxs[i];
+    cx.f16_in_gm = f16_in_gm;
+    int64_t width = 0;
+    for (const auto& l : ks[i].cores)
+      for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
+    (void)max_width;
+    plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
+  }
+}
+
+void plan_layouts(Plan& plan, const Device& dev, const OpGraph& g) {
+  plan.layouts.clear();
+  for (const TensorDef& t : g.tensors)
+    if (plan_detail::is_layout_decision(t) && t.name != "S_next") plan.layouts[t.name] = Layout::Dense;
+  if (!plan.layout_planned) return;
+  // One DP per distinct order; the fused kernel's order is the one that matters (baselines do not
+  // plan layouts), so it is solved on the full default order.
+  const LayoutProblem lp = layout_problem(g, default_order(g), dev, plan.problem.chunk, plan.problem.K, plan.problem.V);
+  const LayoutSolution sol = solve_layouts_dp(lp);
+  for (size_t i = 0; i < lp.tensors.size(); ++i) plan.layouts[lp.tensors[i]] = sol.layout[i];
+}
+
+}  // namespace
+
+std::vector<std::string> strategy_names() { return {"vllm-ascend", "fla", "fla-megakernel", "flashqla", "hanpu"}; }
+std::vector<std::string> ablation_names() {
+  return {"fla", "fla+mapping", "fla+mapping+reordering", "fla+mapping+reordering+layout"};
+}
+
+Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt) {
+  validate_problem(p);
+  const int cores = opt.cores > 0 ? opt.cores : dev.core_count();
+  if (cores < 1) throw Error("device " + dev.name + ": cores.value must be at least 1");
+  Plan plan;
+  plan.problem = p;
+  plan.device = dev.name;
+  plan.cores = cores;
+  plan.strategy = strategy;
+
+  Recipe r;
+  if (strategy == "hanpu" || strategy == "fla+mapping+reordering+layout") r = {GraphForm::GemmFirst, true, true, false};
+  else if (strategy == "fla+mapping+reordering") r = {GraphForm::GemmFirst, true, false, true};
+  else if (strategy == "fla+mapping") r = {GraphForm::WU, false, false, true};
+  else if (strategy == "fla" || strategy == "fla-megakernel" || strategy == "vllm-ascend") r = {GraphForm::WU, false, false, true};
+  else if (strategy == "flashqla") r = {GraphForm::Inverse, true, false, true};
+  else {
+    std::string names;
+    for (const auto& n : strategy_names()) names += " " + n;
+    for (const auto& n : ablation_names()) names += " " + n;
+    throw Error("strategy: got \"" + strategy + "\", expected one of" + names);
+  }
+  plan.form = r.form;
+  plan.state_in_place = r.in_place;
+  plan.layout_planned = r.layout;
+  plan.allow_spill = r.spill;
+  const OpGraph g = plan.graph();
+  plan_layouts(plan, dev, g);
+
+  if (strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0) {
+    plan.kernels = head_mapped_kernels(p, dev, g, cores);
+  } else if (strategy == "fla" || strategy == "fla-megakernel") {
+    const auto items = whole_items(p, static_cast<int>(p.V));
+    Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
+    Kernel kkt_solve = kernel("kkt_solve", "chunk", {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
+    Kernel wu = kernel("recompute_w_u", "chunk", {"wu_scale", "wu"});
+    std::vector<std::string> h_ops = {"ws", "vnew"};
+    if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+    h_ops.insert(h_ops.end(), {"update", "state_add"});
+    Kernel h = kernel("fwd_h", "head", h_ops);
+    h.state_in = "initial", h.state_out = "final";
+    h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
+    Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
+    for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
+    plan.kernels = {cumsum, kkt_solve, wu, h, o};
+    if (strategy == "fla-megakernel")
+      for (size_t i = 1; i < plan.kernels.size(); ++i) plan.kernels[i].launch = false;
+  } else if (strategy == "vllm-ascend") {
+    // Every operator of the paper its own general-purpose kernel; the recurrence and the output
+    // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
+    const auto items = whole_items(p, static_cast<int>(p.V));
+    // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
+    // operator here), before the two AscendC kernels.
+    std::vector<Kernel> ks;
+    for (const char* op : {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) ks.push_back(kernel(op, "chunk", {op}));
+    for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
+    std::vector<std::string> h_ops = {"ws", "vnew"};
+    if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+    h_ops.insert(h_ops.end(), {"update", "state_add"});
+    Kernel h = kernel("chunk_gated_delta_rule_fwd_h", "head", h_ops);
+    h.state_in = "initial", h.state_out = "final";
+    h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
+    Kernel o = kernel("chunk_fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
+    o.cores = map_chunks(p, items, cores);
+    ks.push_back(h);
+    ks.push_back(o);
+    plan.kernels = ks;
+  } else if (strategy == "flashqla") {
+    // kkt_solve chunk-parallel; then per segment its end state from a zero start (the extra
+    // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
+    // next segment's start state; then all segments in parallel, fused.
+    const auto items = whole_items(p, static_cast<int>(p.V));
+    std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
+    Kernel ks0 = kernel("kkt_solve", "chunk", prep);
+    ks0.cores = map_chunks(p, items, cores);
+    const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
+    const int64_t seg = std::max<int64_t>(kFlashQlaMinSegmentChunks,
+                                          static_cast<int64_t>(std::pow(2.0, std::round(std::log2(kFlashQlaSegmentFactor * std::sqrt(per_core))))));
+    // Column block: the widest of 128/64/32 that still gives every core an item.
+    int64_t segments = 0;
+    for (int64_t s = 0; s < p.sequences(); ++s) segments += (p.chunks_of(s) + seg - 1) / seg;
+    int64_t bdv = 32;
+    for (int64_t w : {128, 64, 32})
+      if ((p.V + w - 1) / w * p.HV * segments >= cores) {
+        bdv = w;
+        break;
+      }
+    std::vector<PlanItem> seg_items, state_items;
+    for (const PlanItem& it : whole_items(p, static_cast<int>(bdv))) {
+      for (int64_t c0 = it.chunk0; c0 < it.chunk1; c0 += seg) {
+        PlanItem s = it;
+        s.chunk0 = c0, s.chunk1 = std::min(it.chunk1, c0 + seg);
+        seg_items.push_back(s);
+        if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
+      }
+    }
+    std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
+    if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
+    state_ops.insert(state_ops.end(), {"update", "state_add"});
+    Kernel ks1 = kernel("segment_states", "segment", state_ops);
+    ks1.state_in = "zero", ks1.state_out = "segment";
+    ks1.cores = round_robin(state_items, cores);
+    std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
+    if (p.variant == Variant::GDN) fwd.push_back("update_gate");
+    fwd.insert(fwd.end(), {"update", "state_add"});
+    Kernel ks2 = kernel("fused_fwd", "segment", fwd);
+    ks2.state_in = "initial", ks2.state_out = "final";
+    ks2.cores = round_robin(seg_items, cores);
+    plan.kernels = {ks0};
+    if (!state_items.empty()) plan.kernels.push_back(ks1);
+    plan.kernels.push_back(ks2);
+  }
+  finish_plan(plan, dev, g);
+  validate_plan(plan);
+  return plan;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void validate_plan(const Plan& plan) {
+  const Problem& p = plan.problem;
+  validate_problem(p);
+  const OpGraph g = plan.graph();
+  std::vector<int64_t> chunk_base(static_cast<size_t>(p.sequences()) + 1, 0);
+  for (int64_t s = 0; s < p.sequences(); ++s) chunk_base[static_cast<size_t>(s) + 1] = chunk_base[static_cast<size_t>(s)] + p.chunks_of(s);
+  const int64_t cells_per_head = chunk_base.back() * p.V;
+  auto cell = [&](int64_t s, int64_t h, int64_t col, int64_t c) {
+    return static_cast<size_t>((h * chunk_base.back() + chunk_base[static_cast<size_t>(s)] + c) * p.V + col);
+  };
+  const size_t ncells = static_cast<size_t>(p.HV * cells_per_head);
+  std::vector<std::vector<uint8_t>> op_cover(g.ops.size(), std::vector<uint8_t>(ncells, 0));
+  auto op_id = [&](const std::string& name) {
+    for (size_t i = 0; i < g.ops.size(); ++i)
+      if (g.ops[i].name == name) return i;
+    throw Error("plan: unknown operator " + name);
+  };
+  auto where = [](size_t k) { return "plan.kernels[" + std::to_string(k) + "]"; };
+
+  std::set<std::string> available;  // in GM after a kernel
+  for (const TensorDef& t : g.tensors)
+    if (t.role == TensorRole::Input) available.insert(t.name);
+  for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
+    const Kernel& k = plan.kernels[ki];
+    if (static_cast<int>(k.cores.size()) != plan.cores)
+      throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
+    std::vector<uint8_t> seen(ncells, 0);
+    std::vector<size_t> kernel_ops;
+    for (const std::string& o : k.order) kernel_ops.push_back(op_id(o));
+    for (size_t ci = 0; ci < k.cores.size(); ++ci)
+      for (size_t ii = 0; ii < k.cores[ci].size(); ++ii) {
+        const PlanItem& it = k.cores[ci][ii];
+        const std::string at = where(ki) + ".cores[" + std::to_string(ci) + "][" + std::to_string(ii) + "]";
+        if (it.seq < 0 || it.seq >= p.sequences() || it.head < 0 || it.head >= p.HV || it.col0 < 0 || it.col1 > p.V ||
+            it.col0 >= it.col1 || it.chunk0 < 0 || it.chunk1 > p.chunks_of(it.seq) || it.chunk0 >= it.chunk1)
+          throw Error(at + ": item (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", columns " +
+                      std::to_string(it.col0) + ":" + std::to_string(it.col1) + ", chunks " + std::to_string(it.chunk0) + ":" +
+                      std::to_string(it.chunk1) + ") is out of range");
+        if (k.parallel == "head" && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
+          throw Error(at + ": a head-parallel kernel's item must run all chunks of its sequence in order (the state depends on every earlier chunk)");
+        for (int64_t c = it.chunk0; c < it.chunk1; ++c)
+          for (int64_t col = it.col0; col < it.col1; ++col) {
+            uint8_t& s = seen[cell(it.seq, it.head, col, c)];
+            if (s++)
+              throw Error(at + ": (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", column " +
+                          std::to_string(col) + ", chunk " + std::to_string(c) + ") is covered twice in kernel " + k.name);
+            for (size_t o : kernel_ops) ++op_cover[o][cell(it.seq, it.head, col, c)];
+          }
+      }
+    // Dependencies: every tensor read is an input, produced earlier in the order, carried, or in GM.
+    std::set<std::string> here;
+    for (const std::string& o : k.order) {
+      const OperatorDef& op = g.op(o);
+      for (const std::string& in : op.inputs) {
+        const bool carried = g.tensor(in).role == TensorRole::State && k.state_in != "none" && k.parallel != "chunk";
+        if (!here.count(in) && !carried && !available.count(in))
+          throw Error(where(ki) + ".order: operator " + o + " reads " + in + ", which is not produced before it in kernel " + k.name +
+                      (g.tensor(in).role == TensorRole::State ? " (a chunk-parallel kernel cannot carry the state)" : "") +
+                      " nor by an earlier kernel");
+      }
+      for (const std::string& out : op.outputs) here.insert(out);
+    }
+    for (const std::string& t : here) available.insert(t);
+    if (k.state_in != "none" || k.state_out != "none") available.insert("S");
+  }
+  // Coverage: the output once everywhere; every operator at least once.
+  for (size_t oi = 0; oi < g.ops.size(); ++oi) {
+    const std::string& op = g.ops[oi].name;
+    const std::vector<uint8_t>& cover = op_cover[oi];
+    for (size_t i = 0; i < cover.size(); ++i) {
+      const bool bad = op == "out" ? cover[i] != 1 : cover[i] == 0;
+      if (bad) {
+        const int64_t col = static_cast<int64_t>(i) % p.V;
+        const int64_t rest = static_cast<int64_t>(i) / p.V;
+        const int64_t head = rest / chunk_base.back();
+        const int64_t flat = rest % chunk_base.back();
+        int64_t seq = 0;
+        while (chunk_base[static_cast<size_t>(seq) + 1] <= flat) ++seq;
+        throw Error("plan: operator " + op + " runs " + std::to_string(cover[i]) + " times on (seq " + std::to_string(seq) +
+                    ", head " + std::to_string(head) + ", column " + std::to_string(col) + ", chunk " +
+                    std::to_string(flat - chunk_base[static_cast<size_t>(seq)]) + ")" +
+                    (op == "out" ? ", expected exactly once" : ", expected at least once"));
+      }
+    }
+  }
+}
+
+std::string describe_plan(const Plan& plan) {
+  const Problem& p = plan.problem;
+  std::ostringstream os;
+  os << "plan " << plan.strategy << " for " << variant_name(p.variant) << " on " << plan.device << " (" << plan.cores << " cores)\n";
+  os << "  problem: " << p.sequences() << " sequence(s), " << p.total_tokens() << " tokens, H=" << p.H << " HV=" << p.HV << " K=" << p.K
+     << " V=" << p.V << " chunk=" << p.chunk << (p.read_initial_state ? ", initial state read" : ", no initial state")
+     << (p.write_final_state ? ", final state written" : ", no final state") << "\n";
+  os << "  form: " << graph_form_name(plan.form) << (plan.state_in_place ? ", state in place" : ", state double-buffered")
+     << (plan.layout_planned ? ", layouts planned" : ", layouts dense") << (plan.allow_spill ? ", spills allowed" : ", no spills") << "\n";
+  os.precision(4);
+  os << "  total MACs (useful, " << graph_form_name(plan.form) << " form): " << layer_macs(p, plan.form) << "\n";
+  for (const Kernel& k : plan.kernels) {
+    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", buffering " << k.buffering
+       << ")\n    order:";
+    for (const std::string& o : k.order) os << " " << o;
+    os << "\n    steps: " << k.steps.size() << "\n";
+    for (const auto& [b, bytes] : k.peak_bytes) {
+      os << "    peak " << b << ": " << bytes << " B (";
+      const auto& names = k.peak_tensors.at(b);
+      for (size_t i = 0; i < names.size(); ++i) os << (i ? " " : "") << names[i];
+      os << ")\n";
+    }
+    if (!k.spilled.empty()) {
+      os << "    spilled to GM:";
+      for (const auto& t : k.spilled) os << " " << t;
+      os << "\n";
+    }
+    os << "    lifetimes (tensor@buffer [first,last] bytes):";
+    int shown = 0;
+    for (const Lifetime& lt : k.lifetimes) {
+      if (shown++ % 4 == 0) os << "\n     ";
+      os << " " << lt.tensor << "@" << lt.buffer << "[" << lt.first << "," << lt.last << "] " << lt.bytes * lt.copies;
+    }
+    os << "\n";
+    for (size_t c = 0; c < k.cores.size(); ++c) {
+      os << "    core " << c << ":";
+      const auto& l = k.cores[c];
+      const size_t limit = 8;
+      for (size_t i = 0; i < l.size() && i < limit; ++i) {
+        const PlanItem& it = l[i];
+        os << " (s" << it.seq << ",h" << it.head << ",v" << it.col0 << ":" << it.col1 << ",c" << it.chunk0 << ":" << it.chunk1;
+        if (it.tier) os << ",tier" << it.tier;
+        os << ")";
+      }
+      if (l.size() > limit) os << " ... (" << l.size() << " items)";
+      os << "\n";
+    }
+  }
+  os << "  layouts:";
+  for (const auto& [t, l] : plan.layouts) os << " " << t << "=" << (l == Layout::Blocked ? "blocked" : "dense");
+  os << "\n";
+  return os.str();
+}
+
+}  // namespace hanpu

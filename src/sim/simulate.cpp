@@ -1,0 +1,391 @@
+// The simulator (see simulate.hpp for the execution model).
+#include "hanpu/simulate.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "plan/lower.hpp"
+
+namespace hanpu {
+
+namespace {
+
+constexpr const char* kGM = "GM";
+
+// What one step costs for one chunk shape.
+struct StepCost {
+  double seconds = 0;
+  int64_t bytes = 0;
+  double macs = 0, executed_macs = 0, vector_ops = 0;
+  double energy_j = 0;
+};
+
+struct StepInfo {
+  const Step* step = nullptr;
+  int lane = 0;
+  const PathSpec* path = nullptr;
+  const OperatorDef* op = nullptr;  // compute steps
+  int op_index = 0;                 // into per_operator
+  bool from_gm = false, to_gm = false, l1_to_l0 = false, ub_l1 = false;
+  bool state_load = false, state_store = false, zero = false;
+  bool row_penalty = false;
+  bool spill = false;
+  enum When { Every, First, Last } when = Every;
+  bool is_move = false, is_matrix = false;
+};
+
+class Simulator {
+ public:
+  Simulator(const Plan& plan, const Device& dev, const SimOptions& opt)
+      : plan_(plan), dev_(dev), opt_(opt), g_(plan.graph()), p_(plan.problem) {
+    hz_ = dev.clock_ghz.value * 1e9;
+    if (hz_ <= 0) throw Error("device " + dev.name + ": clock_ghz must be positive");
+    auto lanes = dev.vector.lanes.find(DType::F32);
+    if (lanes == dev.vector.lanes.end() || lanes->second.value <= 0)
+      throw Error("device " + dev.name + ": vector.lanes has no positive F32 entry (the simulator runs vector work in fp32)");
+    vec_lanes_ = lanes->second.value;
+    auto macs = dev.matrix.macs_per_cycle.find(DType::F16);
+    if (macs == dev.matrix.macs_per_cycle.end() || macs->second.value <= 0)
+      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 entry (matrix operands are fp16)");
+    mac_rate_ = macs->second.value * hz_;
+    tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
+  }
+
+  SimResult run() {
+    if (plan_.device != dev_.name)
+      throw Error("plan for device \"" + plan_.device + "\" cannot be simulated on device \"" + dev_.name + "\"");
+    SimResult r;
+    r.strategy = plan_.strategy;
+    r.device = dev_.name;
+    r.variant = p_.variant;
+    r.T = p_.total_tokens();
+    r.heads = p_.HV;
+    r.sequences = p_.sequences();
+    for (const OperatorDef& op : g_.ops) op_index(r, op.name);
+    for (const Kernel& k : plan_.kernels) run_kernel(r, k);
+    r.macs = 0;
+    for (const OperatorStats& o : r.per_operator) r.macs += o.macs;
+    r.static_energy_j = dev_.static_power_w.value * r.latency_s;
+    r.energy_j = r.dynamic_energy_j + r.static_energy_j;
+    const double peak = mac_rate_ * plan_.cores * r.latency_s;
+    r.matrix_utilization = peak > 0 ? r.macs / peak : 0;
+    r.peak_gm_bytes = plan_peak_gm_bytes(plan_);
+    r.gm_intermediate_bytes = r.peak_gm_bytes - io_bytes();
+    return r;
+  }
+
+  int64_t io_bytes() const {
+    const int64_t tok = p_.total_tokens();
+    int64_t b = tok * p_.H * p_.K * 2 * static_cast<int64_t>(dtype_size(p_.qkv_dtype));  // q, k
+    b += tok * p_.HV * p_.V * static_cast<int64_t>(dtype_size(p_.qkv_dtype));          // v
+    b += tok * p_.HV * (p_.variant == Variant::KDA ? p_.K : 1) * static_cast<int64_t>(dtype_size(p_.gate_dtype));
+    b += tok * p_.HV * static_cast<int64_t>(dtype_size(p_.beta_dtype));
+    b += tok * p_.HV * p_.V * static_cast<int64_t>(dtype_size(p_.out_dtype));
+    const int64_t state = p_.sequences() * p_.HV * p_.K * p_.V * static_cast<int64_t>(dtype_size(p_.state_dtype));
+    if (p_.read_initial_state) b += state;
+    if (p_.write_final_state) b += state;
+    return b;
+  }
+
+ private:
+  const Plan& plan_;
+  const Device& dev_;
+  const SimOptions& opt_;
+  OpGraph g_;
+  const Problem& p_;
+  double hz_ = 0, vec_lanes_ = 0, mac_rate_ = 0;
+  int64_t tile_ = 16;
+  std::map<std::string, int> op_index_;
+
+  int op_index(SimResult& r, const std::string& op) {
+    auto it = op_index_.find(op);
+    if (it != op_index_.end()) return it->second;
+    OperatorStats s;
+    s.op = op;
+    for (const OperatorDef& d : g_.ops)
+      if (d.name == op) s.paper_op = d.paper_op;
+    r.per_operator.push_back(s);
+    return op_index_[op] = static_cast<int>(r.per_operator.size()) - 1;
+  }
+
+  int64_t numel(const std::string& t, int64_t L, int64_t Vc) const {
+    const TensorDef& d = g_.tensor(t);
+    return tensor_bytes(d, L, p_.K, Vc) / static_cast<int64_t>(dtype_size(d.dtype));
+  }
+
+  StepCost cost(const StepInfo& si, const Kernel& k, int64_t L, int64_t Vc, int busy_cores) const {
+    const Step& s = *si.step;
+    StepCost c;
+    if (s.kind == "move") {
+      c.bytes = numel(s.tensor, L, Vc) * s.elem_bytes;
+      const double bw = si.path->bandwidth_gbs.value * 1e9 / (si.path->shared ? std::max(1, busy_cores) : 1);
+      c.seconds = static_cast<double>(c.bytes) / bw;
+      c.energy_j = static_cast<double>(c.bytes) * si.path->energy_pj_per_byte.value * 1e-12;
+    } else if (s.kind == "compute") {
+      const OpCounts oc = op_counts(g_, *si.op, L, p_.K, Vc, tile_);
+      c.macs = oc.macs, c.executed_macs = oc.executed_macs, c.vector_ops = oc.vector_ops;
+      if (si.op->unit == Unit::Matrix) {
+        c.seconds = oc.executed_macs / mac_rate_;
+        c.energy_j = oc.executed_macs * dev_.matrix.energy_pj_per_mac.value * 1e-12;
+      } else {
+        c.seconds = oc.vector_ops / vec_lanes_ / hz_ * (si.row_penalty ? kBlockedRowPenalty : 1.0);
+        c.energy_j = oc.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
+      }
+    } else {  // transform, cast, zero: one vector operation per element
+      c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
+      c.seconds = c.vector_ops / vec_lanes_ / hz_;
+      c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
+    }
+    (void)k;
+    return c;
+  }
+
+  void run_kernel(SimResult& r, const Kernel& k) {
+    // Lanes and static step information.
+    std::vector<std::string> lanes;
+    auto lane_id = [&](const std::string& l) {
+      auto it = std::find(lanes.begin(), lanes.end(), l);
+      if (it != lanes.end()) return static_cast<int>(it - lanes.begin());
+      lanes.push_back(l);
+      return static_cast<int>(lanes.size()) - 1;
+    };
+    const std::string stage = plan_detail::staging_buffer(dev_);
+    std::vector<StepInfo> info(k.steps.size());
+    int state_writer = -1;
+    for (size_t i = 0; i < k.steps.size(); ++i) {
+      const Step& s = k.steps[i];
+      StepInfo& si = info[i];
+      si.step = &s;
+      si.lane = lane_id(s.lane);
+      si.op_index = op_index(r, s.op);
+      si.when = s.when == "first" ? StepInfo::First : s.when == "last" ? StepInfo::Last : StepInfo::Every;
+      si.is_move = s.kind == "move";
+      si.is_matrix = s.lane == "matrix";
+      if (s.kind == "move") {
+        const auto arrow = s.path.find("->");
+        if (arrow == std::string::npos) throw Error("plan kernel " + k.name + ": step path \"" + s.path + "\" is not FROM->TO");
+        const std::string from = s.path.substr(0, arrow), to = s.path.substr(arrow + 2);
+        si.path = &dev_.path(from, to);
+        si.from_gm = from == kGM, si.to_gm = to == kGM;
+        si.l1_to_l0 = from == stage && (to == dev_.matrix.input_a || to == dev_.matrix.input_b);
+        si.ub_l1 = (from == dev_.vector.buffer && to == stage) || (from == stage && to == dev_.vector.buffer);
+        si.state_load = s.op == "state_in";
+        si.state_store = s.op == "state_out";
+        si.spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
+      } else if (s.kind == "compute") {
+        si.op = &g_.op(s.op);
+        if (si.op->unit == Unit::Vector && si.op->row_structured &&
+            plan_detail::working_layout(*si.op, g_, plan_.layouts) == Layout::Blocked)
+          si.row_penalty = true;
+        if (s.op == "state_add") state_writer = static_cast<int>(i);
+      } else if (s.kind == "zero") {
+        si.zero = true;
+      }
+    }
+    int busy = 0;
+    for (const auto& l : k.cores) busy += l.empty() ? 0 : 1;
+    KernelStats ks;
+    ks.name = k.name;
+    ks.busy_cores = busy;
+    ks.launch_s = k.launch ? dev_.kernel_launch_us.value * 1e-6 : 0;
+
+    const size_t n = k.steps.size();
+    lane_busy_.assign(lanes.size(), 0.0);
+    path_bytes_.assign(lanes.size(), {});
+    std::map<std::pair<int64_t, int64_t>, std::vector<StepCost>> cache;
+    double kernel_end = 0;
+    for (size_t core = 0; core < k.cores.size(); ++core) {
+      std::vector<double> lane_free(lanes.size(), 0.0);
+      std::array<std::vector<double>, 2> hist;  // end times of the previous two chunks
+      hist[0].assign(n, 0.0);
+      hist[1].assign(n, 0.0);
+      std::vector<double> end(n, 0.0);
+      int64_t stream_chunk = 0;
+      double core_end = 0;
+      for (size_t ii = 0; ii < k.cores[core].size(); ++ii) {
+        const PlanItem& it = k.cores[core][ii];
+        const int64_t Vc = it.col1 - it.col0;
+        const int64_t nchunks = p_.chunks_of(it.seq);
+        double state_ready = 0;
+        for (int64_t c = it.chunk0; c < it.chunk1; ++c, ++stream_chunk) {
+          const int64_t L = p_.chunk_len(it.seq, c);
+          auto& costs = cache[{L, Vc}];
+          if (costs.empty())
+            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], k, L, Vc, busy));
+          const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
+          const bool load_state = k.state_in == "initial" && (p_.read_initial_state || it.chunk0 > 0);
+          const bool store_state = k.state_out == "segment" || (k.state_out == "final" && p_.write_final_state && it.chunk1 == nchunks);
+          for (size_t i = 0; i < n; ++i) {
+            const StepInfo& si = info[i];
+            const Step& s = *si.step;
+            bool run = si.when == StepInfo::Every || (si.when == StepInfo::First && first) || (si.when == StepInfo::Last && last);
+            if (run && si.state_load) run = load_state;
+            if (run && si.zero) run = !load_state;
+            if (run && si.state_store) run = store_state;
+            if (!run) {
+              // A skipped first-chunk step stands for "the state is ready": the previous chunk's update.
+              end[i] = si.when == StepInfo::First ? state_ready : 0;
+              continue;
+            }
+            double start = lane_free[static_cast<size_t>(si.lane)];
+            for (int d : s.deps) start = std::max(start, end[static_cast<size_t>(d)]);
+            if (s.reuse_of >= 0) {
+              const int depth = (si.from_gm && k.buffering == 2) ? 2 : 1;
+              if (stream_chunk >= depth) start = std::max(start, hist[static_cast<size_t>(depth - 1)][static_cast<size_t>(s.reuse_of)]);
+            }
+            const StepCost& sc = costs[i];
+            end[i] = start + sc.seconds;
+            lane_free[static_cast<size_t>(si.lane)] = end[i];
+            core_end = std::max(core_end, end[i]);
+            account(r, si, sc);
+            if (opt_.timeline && stream_chunk < opt_.timeline_chunks && sc.seconds > 0)
+              r.timeline.push_back({static_cast<int>(core), k.name, s.lane, s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
+                                    kernel_start_ + start, kernel_start_ + end[i]});
+          }
+          if (state_writer >= 0) state_ready = end[static_cast<size_t>(state_writer)];
+          std::swap(hist[1], hist[0]);
+          hist[0] = end;
+        }
+      }
+      kernel_end = std::max(kernel_end, core_end);
+    }
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      r.busy_s[lanes[l]] += lane_busy_[l];
+      for (const auto& [path, bytes] : path_bytes_[l]) r.bytes_per_path[path->name()] += bytes;
+    }
+    ks.latency_s = kernel_end + ks.launch_s;
+    kernel_start_ += ks.latency_s;
+    r.latency_s += ks.latency_s;
+    for (const auto& [b, bytes] : k.peak_bytes) r.peak_bytes[b] = std::max(r.peak_bytes[b], bytes);
+    r.kernels.push_back(ks);
+  }
+
+  void account(SimResult& r, const StepInfo& si, const StepCost& sc) {
+    OperatorStats& o = r.per_operator[static_cast<size_t>(si.op_index)];
+    o.busy_s += sc.seconds;
+    o.energy_j += sc.energy_j;
+    r.dynamic_energy_j += sc.energy_j;
+    lane_busy_[static_cast<size_t>(si.lane)] += sc.seconds;
+    if (si.is_move) {
+      o.dma_s += sc.seconds;
+      path_bytes_[static_cast<size_t>(si.lane)][si.path] += sc.bytes;
+      if (si.from_gm) r.gm_read_bytes += sc.bytes, o.gm_read_bytes += sc.bytes;
+      if (si.to_gm) r.gm_write_bytes += sc.bytes, o.gm_write_bytes += sc.bytes;
+      if (si.l1_to_l0) r.l1_to_l0_bytes += sc.bytes, o.l1_to_l0_bytes += sc.bytes;
+      if (si.ub_l1) r.ub_l1_bytes += sc.bytes, o.ub_l1_bytes += sc.bytes;
+      if (si.spill && (si.from_gm || si.to_gm)) r.spill_bytes += sc.bytes;
+    } else if (si.is_matrix) {
+      o.matrix_s += sc.seconds;
+      o.macs += sc.macs, o.executed_macs += sc.executed_macs;
+      r.executed_macs += sc.executed_macs;
+    } else {
+      o.vector_s += sc.seconds;
+      o.vector_ops += sc.vector_ops;
+      r.vector_ops += sc.vector_ops;
+    }
+  }
+
+  double kernel_start_ = 0;
+  std::vector<double> lane_busy_;                                  // per lane of the current kernel
+  std::vector<std::map<const PathSpec*, int64_t>> path_bytes_;    // per lane of the current kernel
+};
+
+}  // namespace
+
+SimResult simulate(const Plan& plan, const Device& dev, const SimOptions& opt) {
+  Simulator s(plan, dev, opt);
+  return s.run();
+}
+
+int64_t plan_peak_gm_bytes(const Plan& plan) {
+  const Problem& p = plan.problem;
+  const OpGraph g = plan.graph();
+  const int64_t tok = p.total_tokens();
+  int64_t b = tok * p.H * p.K * 2 * static_cast<int64_t>(dtype_size(p.qkv_dtype));
+  b += tok * p.HV * p.V * static_cast<int64_t>(dtype_size(p.qkv_dtype));
+  b += tok * p.HV * (p.variant == Variant::KDA ? p.K : 1) * static_cast<int64_t>(dtype_size(p.gate_dtype));
+  b += tok * p.HV * static_cast<int64_t>(dtype_size(p.beta_dtype));
+  b += tok * p.HV * p.V * static_cast<int64_t>(dtype_size(p.out_dtype));
+  const int64_t state = p.sequences() * p.HV * p.K * p.V * static_cast<int64_t>(dtype_size(p.state_dtype));
+  if (p.read_initial_state) b += state;
+  if (p.write_final_state) b += state;
+  // Every intermediate a kernel stores to GM (per chunk, or per segment for segment states) lives
+  // there until its consumer kernel has run: count all of them. Spills are per-core scratch.
+  for (const Kernel& k : plan.kernels) {
+    for (const Step& s : k.steps) {
+      if (s.kind != "move" || s.path.size() < 4 || s.path.compare(s.path.size() - 4, 4, "->GM") != 0) continue;
+      if (g.tensor(s.tensor).role == TensorRole::Output) continue;
+      const bool state_store = s.op == "state_out";
+      if (state_store && k.state_out != "segment") continue;  // the final state, counted above
+      const bool spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
+      const TensorDef& t = g.tensor(s.tensor);
+      const int64_t elem_div = static_cast<int64_t>(dtype_size(t.dtype));
+      if (spill) {
+        int64_t width = 0;
+        int busy = 0;
+        for (const auto& l : k.cores) {
+          busy += l.empty() ? 0 : 1;
+          for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
+        }
+        b += tensor_bytes(t, p.chunk, p.K, width) / elem_div * s.elem_bytes * busy * k.buffering;
+        continue;
+      }
+      for (const auto& l : k.cores)
+        for (const PlanItem& it : l) {
+          const int64_t Vc = it.col1 - it.col0;
+          if (s.when == "last") {
+            b += tensor_bytes(t, p.chunk_len(it.seq, it.chunk1 - 1), p.K, Vc) / elem_div * s.elem_bytes;
+            continue;
+          }
+          for (int64_t c = it.chunk0; c < it.chunk1; ++c)
+            b += tensor_bytes(t, p.chunk_len(it.seq, c), p.K, Vc) / elem_div * s.elem_bytes;
+        }
+    }
+  }
+  return b;
+}
+
+nlohmann::json sim_result_to_json(const SimResult& r, bool detail) {
+  nlohmann::json j;
+  j["strategy"] = r.strategy;
+  j["device"] = r.device;
+  j["variant"] = variant_name(r.variant);
+  j["T"] = r.T;
+  j["heads"] = r.heads;
+  j["sequences"] = r.sequences;
+  j["latency_ms"] = r.latency_s * 1e3;
+  j["energy_mj"] = r.energy_j * 1e3;
+  j["static_energy_mj"] = r.static_energy_j * 1e3;
+  j["gm_read_bytes"] = r.gm_read_bytes;
+  j["gm_write_bytes"] = r.gm_write_bytes;
+  j["l1_to_l0_bytes"] = r.l1_to_l0_bytes;
+  j["ub_l1_bytes"] = r.ub_l1_bytes;
+  j["bytes_per_path"] = r.bytes_per_path;
+  j["macs"] = r.macs;
+  j["executed_macs"] = r.executed_macs;
+  j["vector_ops"] = r.vector_ops;
+  j["matrix_utilization"] = r.matrix_utilization;
+  j["peak_bytes"] = r.peak_bytes;
+  j["peak_gm_bytes"] = r.peak_gm_bytes;
+  j["gm_intermediate_bytes"] = r.gm_intermediate_bytes;
+  j["spill_bytes"] = r.spill_bytes;
+  j["busy_s"] = r.busy_s;
+  j["kernels"] = static_cast<int64_t>(r.kernels.size());
+  if (detail) {
+    nlohmann::json ops = nlohmann::json::array();
+    for (const OperatorStats& o : r.per_operator)
+      ops.push_back({{"op", o.op}, {"paper_op", o.paper_op}, {"busy_ms", o.busy_s * 1e3}, {"matrix_ms", o.matrix_s * 1e3},
+                     {"vector_ms", o.vector_s * 1e3}, {"dma_ms", o.dma_s * 1e3}, {"macs", o.macs}, {"vector_ops", o.vector_ops},
+                     {"gm_read_bytes", o.gm_read_bytes}, {"gm_write_bytes", o.gm_write_bytes}, {"l1_to_l0_bytes", o.l1_to_l0_bytes},
+                     {"ub_l1_bytes", o.ub_l1_bytes}, {"energy_mj", o.energy_j * 1e3}});
+    j["per_operator"] = ops;
+    nlohmann::json ks = nlohmann::json::array();
+    for (const KernelStats& k : r.kernels)
+      ks.push_back({{"name", k.name}, {"latency_ms", k.latency_s * 1e3}, {"launch_ms", k.launch_s * 1e3}, {"busy_cores", k.busy_cores}});
+    j["per_kernel"] = ks;
+  }
+  return j;
+}
+
+}  // namespace hanpu

@@ -1,0 +1,56 @@
+// Helpers shared by the planner and simulator tests: the device files of the source tree, a device
+// with unlimited buffers, problems, and compulsory GM traffic computed from first principles.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "hanpu/device.hpp"
+#include "hanpu/plan.hpp"
+
+namespace hanpu::testing {
+
+inline std::string device_path(const std::string& name) {
+  std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path();
+  if (const char* src = std::getenv("HANPU_SOURCE_DIR"); src && *src) root = src;
+  return (root / "devices" / (name + ".json")).string();
+}
+
+inline Device ascend310p() { return load_device(device_path("ascend310p")); }
+
+/// The 310P with every on-core buffer made large enough for anything (a petabyte).
+inline Device unlimited_buffers(Device d) {
+  for (BufferSpec& b : d.buffers) b.capacity_bytes.value = 1e15;
+  return d;
+}
+
+inline Problem problem(Variant v, std::vector<int64_t> seqlens, int64_t H, int64_t HV = 0) {
+  Problem p;
+  p.variant = v;
+  p.seqlens = std::move(seqlens);
+  p.varlen = p.seqlens.size() > 1;
+  p.H = H;
+  p.HV = HV ? HV : H;
+  return p;
+}
+
+/// Inputs, outputs and states, each once (what any plan must at least move).
+struct Compulsory {
+  int64_t read = 0, write = 0;
+};
+inline Compulsory compulsory_traffic(const Problem& p) {
+  const int64_t tok = p.total_tokens();
+  Compulsory c;
+  c.read = tok * p.H * p.K * 2 * 2                          // q, k fp16 (per key head)
+           + tok * p.HV * p.V * 2                            // v fp16
+           + tok * p.HV * (p.variant == Variant::KDA ? p.K : 1) * 4  // g fp32
+           + tok * p.HV * 4;                                 // beta fp32
+  c.write = tok * p.HV * p.V * 2;                            // o fp16
+  const int64_t state = p.sequences() * p.HV * p.K * p.V * 4;
+  if (p.read_initial_state) c.read += state;
+  if (p.write_final_state) c.write += state;
+  return c;
+}
+
+}  // namespace hanpu::testing

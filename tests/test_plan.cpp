@@ -1,0 +1,375 @@
+// The planner: operator graph counts, head mapping with tail tiers, coverage and dependencies of
+// every strategy's plan, the layout DP against exhaustive search, plan JSON round trips and
+// errors, and the capacity check.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+
+#include "hanpu/la.hpp"
+#include "hanpu/plan.hpp"
+#include "plan_testing.hpp"
+
+namespace hanpu {
+namespace {
+
+using testing::ascend310p;
+using testing::problem;
+
+std::vector<std::string> every_strategy() {
+  auto s = strategy_names();
+  for (const auto& a : ablation_names())
+    if (std::find(s.begin(), s.end(), a) == s.end()) s.push_back(a);
+  return s;
+}
+
+TEST(OpGraph, GemmFirstMacsMatchTheEngineOperationCount) {
+  // la_flops_per_token_head (src/la/flops.cpp) counts the same GEMM-first products independently.
+  const Problem p = problem(Variant::GDN, {4096}, 16);
+  const double per_token = la_flops_per_token_head(Variant::GDN, 128, 128, 64) / 2;
+  EXPECT_DOUBLE_EQ(layer_macs(p, GraphForm::GemmFirst), per_token * 4096 * 16);
+  EXPECT_DOUBLE_EQ(per_token, 65536.0);
+}
+
+TEST(OpGraph, WuFormMacsFollowTheClosedFormula) {
+  // WU form per chunk: K K^T and Q K^T triangles, the inverse L(L-1)(L-2)/6, W and U
+  // triangles L(L+1)/2 (K+V), W S, Q S and K^T v_new (3 L K V), P v_new L(L+1)/2 V.
+  const double L = 64, K = 128, V = 128;
+  const double per_chunk = L * (L - 1) / 2 * K + L * (L + 1) / 2 * K + L * (L - 1) * (L - 2) / 6 + L * (L + 1) / 2 * (K + V) +
+                           3 * L * K * V + L * (L + 1) / 2 * V;
+  const Problem p = problem(Variant::KDA, {640}, 2);
+  EXPECT_DOUBLE_EQ(layer_macs(p, GraphForm::WU), per_chunk * 10 * 2);
+}
+
+TEST(OpGraph, EveryOperatorHasCountsAndKnownTensors) {
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    for (GraphForm f : {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst})
+      for (bool in_place : {true, false}) {
+        const OpGraph g = make_op_graph(v, f, in_place);
+        std::set<std::string> produced = {"q", "k", "v", "g", "beta", "S"};
+        for (const OperatorDef& op : g.ops) {
+          for (const auto& in : op.inputs) {
+            EXPECT_TRUE(g.has_tensor(in)) << op.name << " reads unknown " << in;
+            EXPECT_TRUE(produced.count(in)) << op.name << " reads " << in << " before it is produced (" << graph_form_name(f) << ")";
+          }
+          for (const auto& out : op.outputs) produced.insert(out);
+          const OpCounts c = op_counts(g, op, 64, 128, 128, 16);
+          if (op.unit == Unit::Matrix) {
+            EXPECT_GT(c.macs, 0) << op.name;
+            EXPECT_GE(c.executed_macs, c.macs) << op.name;
+          } else {
+            EXPECT_GT(c.vector_ops, 0) << op.name;
+          }
+        }
+        EXPECT_TRUE(produced.count("o"));
+      }
+}
+
+// --- mapping -------------------------------------------------------------------------------------
+
+std::map<int, int> tiers(const HeadMapping& m) {
+  std::map<int, int> n;
+  for (const auto& l : m.cores)
+    for (const PlanItem& it : l) ++n[it.tier];
+  for (const PlanItem& it : m.chunk_parallel) ++n[it.tier];
+  return n;
+}
+
+TEST(Mapping, TailTiers) {
+  // 16 heads on 8 cores: whole heads only.
+  EXPECT_EQ(tiers(map_heads(problem(Variant::GDN, {256}, 16), 8, 16)), (std::map<int, int>{{1, 16}}));
+  // 12 heads on 8 cores: 8 whole, the other 4 split by columns over all 8 cores.
+  auto m = map_heads(problem(Variant::GDN, {256}, 12), 8, 16);
+  EXPECT_EQ(tiers(m)[1], 8);
+  EXPECT_GE(tiers(m)[2], 8);
+  for (const auto& l : m.cores) {
+    int cols = 0;
+    for (const PlanItem& it : l)
+      if (it.tier == 2) cols += it.col1 - it.col0;
+    EXPECT_EQ(cols, 4 * 128 / 8);  // equal column share of the tail
+  }
+  // heads = cores + 1: one tail head, 8 quanta of 16 columns on 8 cores.
+  m = map_heads(problem(Variant::GDN, {256}, 9), 8, 16);
+  EXPECT_EQ(tiers(m)[1], 8);
+  EXPECT_EQ(tiers(m)[2], 8);
+  // 11 heads on 10 cores: the tail head has 8 quanta for 10 cores: chunk-parallel fallback.
+  m = map_heads(problem(Variant::GDN, {256}, 11), 10, 16);
+  EXPECT_EQ(tiers(m)[1], 10);
+  EXPECT_EQ(tiers(m)[3], 1);
+  // One head on many cores: column split (8 cores), fallback (16 cores).
+  EXPECT_EQ(tiers(map_heads(problem(Variant::GDN, {4096}, 1), 8, 16))[2], 8);
+  EXPECT_EQ(tiers(map_heads(problem(Variant::GDN, {4096}, 1), 16, 16))[3], 1);
+}
+
+TEST(Mapping, VarlenBalancesWholeHeadsLongestFirst) {
+  const Problem p = problem(Variant::GDN, {4096, 64, 1000, 300}, 4);
+  const HeadMapping m = map_heads(p, 8, 16);
+  ASSERT_TRUE(m.chunk_parallel.empty());
+  std::vector<double> load;
+  for (const auto& l : m.cores) {
+    double s = 0;
+    for (const PlanItem& it : l) s += static_cast<double>(it.chunk1 - it.chunk0) * (it.col1 - it.col0) / 128;
+    load.push_back(s);
+  }
+  // 16 items on 8 cores: the 4 longest (64 chunks each) go to 4 different cores.
+  int heavy = 0;
+  for (double x : load) heavy += x >= 64 ? 1 : 0;
+  EXPECT_EQ(heavy, 4);
+}
+
+// --- coverage, dependencies, tiers for every strategy ------------------------------------------
+
+struct Case {
+  const char* name;
+  Problem p;
+  int cores;
+};
+
+std::vector<Case> shapes() {
+  return {{"heads_lt_cores", problem(Variant::GDN, {1000}, 4), 8},
+          {"heads_eq_cores_plus_1", problem(Variant::KDA, {700}, 9), 8},
+          {"one_head_many_cores", problem(Variant::GDN, {2048}, 1), 16},
+          {"tier3_tail", problem(Variant::KDA, {300}, 11), 10},
+          {"varlen", problem(Variant::GDN, {15, 1000, 0, 64, 129}, 2, 4), 8},
+          {"gva_batch", problem(Variant::KDA, {256, 256}, 2, 6), 8}};
+}
+
+// Counts, independently of validate_plan, how often the output operator runs on each cell.
+void expect_output_once(const Plan& plan) {
+  const Problem& p = plan.problem;
+  std::map<std::tuple<int, int, int, int64_t>, int> seen;
+  for (const Kernel& k : plan.kernels) {
+    if (std::find(k.order.begin(), k.order.end(), "out") == k.order.end()) continue;
+    for (const auto& l : k.cores)
+      for (const PlanItem& it : l)
+        for (int64_t c = it.chunk0; c < it.chunk1; ++c)
+          for (int col = it.col0; col < it.col1; ++col) ++seen[{it.seq, it.head, col, c}];
+  }
+  int64_t cells = 0;
+  for (int64_t s = 0; s < p.sequences(); ++s) cells += p.chunks_of(s) * p.HV * p.V;
+  EXPECT_EQ(static_cast<int64_t>(seen.size()), cells) << plan.strategy;
+  for (const auto& [cell, n] : seen) ASSERT_EQ(n, 1) << plan.strategy;
+}
+
+TEST(Plans, EveryStrategyCoversEveryCellOnEveryTailCase) {
+  const Device dev = ascend310p();
+  for (const Case& c : shapes())
+    for (const std::string& s : every_strategy()) {
+      SCOPED_TRACE(std::string(c.name) + " " + s);
+      PlanOptions o;
+      o.cores = c.cores;
+      const Plan plan = make_plan(c.p, dev, s, o);  // runs validate_plan
+      expect_output_once(plan);
+      EXPECT_NO_THROW(validate_plan(plan));
+    }
+}
+
+TEST(Plans, TierThreeUsesChunkParallelFallbackKernels) {
+  PlanOptions o;
+  o.cores = 10;
+  const Plan plan = make_plan(problem(Variant::GDN, {300}, 11), ascend310p(), "hanpu", o);
+  std::vector<std::string> names;
+  for (const Kernel& k : plan.kernels) names.push_back(k.name + ":" + k.parallel);
+  EXPECT_EQ(names, (std::vector<std::string>{"fused:head", "tail_map:chunk", "tail_state:head", "tail_output:chunk"}));
+}
+
+TEST(Plans, ValidateCatchesMissingAndDuplicateWork) {
+  Plan plan = make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "hanpu");
+  Plan missing = plan;
+  missing.kernels[0].cores[3].pop_back();
+  try {
+    validate_plan(missing);
+    FAIL() << "missing item accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs 0 times"), std::string::npos) << e.what();
+  }
+  Plan twice = plan;
+  twice.kernels[0].cores[0].push_back(twice.kernels[0].cores[1][0]);
+  try {
+    validate_plan(twice);
+    FAIL() << "duplicate item accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("covered twice"), std::string::npos) << e.what();
+  }
+  // A chunk-parallel kernel cannot carry the state.
+  Plan bad = make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "fla");
+  std::swap(bad.kernels[3], bad.kernels[4]);  // fwd_o before fwd_h: the per-chunk states do not exist yet
+  EXPECT_THROW(validate_plan(bad), Error);
+}
+
+TEST(Plans, HanpuKeepsOneStateAndFlaOrderTwo) {
+  const Device dev = ascend310p();
+  auto state_bytes = [](const Plan& p) {
+    int64_t b = 0;
+    for (const Lifetime& lt : p.kernels[0].lifetimes)
+      if (lt.buffer == "UB" && (lt.tensor == "S" || lt.tensor == "S_next")) b += lt.bytes;
+    return b;
+  };
+  const Problem p = problem(Variant::GDN, {1024}, 16);
+  EXPECT_EQ(state_bytes(make_plan(p, dev, "hanpu")), 128 * 128 * 4);
+  EXPECT_EQ(state_bytes(make_plan(p, dev, "fla+mapping")), 2 * 128 * 128 * 4);
+}
+
+TEST(Plans, GemmFirstGroupsSharedInputGemmsBeforeTheSolve) {
+  const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "hanpu");
+  const auto& order = plan.kernels[0].order;
+  auto pos = [&](const char* n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+  for (const char* gemm : {"kkt", "qkt", "ks", "qs"}) EXPECT_LT(pos(gemm), pos("solve")) << gemm;
+  EXPECT_EQ(pos("qkt") - pos("kkt"), 1);
+  EXPECT_EQ(pos("ks") - pos("qkt"), 1);
+  EXPECT_EQ(pos("qs") - pos("ks"), 1);
+  EXPECT_LT(pos("out"), pos("state_add"));  // chunk-first: the output reads S before the update
+}
+
+// --- capacity ------------------------------------------------------------------------------------
+
+TEST(Capacity, OverflowNamesBufferAndTensors) {
+  Device small = ascend310p();
+  for (BufferSpec& b : small.buffers)
+    if (b.name == "UB") b.capacity_bytes.value = 96 * 1024;
+  try {
+    make_plan(problem(Variant::GDN, {256}, 16), small, "hanpu");
+    FAIL() << "a 64 KiB state plus its chunk cannot fit 96 KiB of UB";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("UB"), std::string::npos) << m;
+    EXPECT_NE(m.find("capacity 98304"), std::string::npos) << m;
+    EXPECT_NE(m.find(" S ("), std::string::npos) << m;
+  }
+}
+
+TEST(Capacity, SpillingStrategiesAccountTheirSpills) {
+  Device small = ascend310p();
+  for (BufferSpec& b : small.buffers)
+    if (b.name == "UB") b.capacity_bytes.value = 208 * 1024;
+  // FLA order keeps two states (128 KiB) plus the update product K^T v_new (64 KiB) and v_new: it must spill v_new.
+  const Plan plan = make_plan(problem(Variant::GDN, {512}, 16), small, "fla+mapping");
+  ASSERT_FALSE(plan.kernels[0].spilled.empty());
+  EXPECT_LE(plan.kernels[0].peak_bytes.at("UB"), 208 * 1024);
+}
+
+// --- layout DP -------------------------------------------------------------------------------------
+
+TEST(LayoutDp, MatchesExhaustiveSearchOnTheLaGraphs) {
+  const Device dev = ascend310p();
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    for (GraphForm f : {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst})
+      for (bool in_place : {true, false}) {
+        const OpGraph g = make_op_graph(v, f, in_place);
+        std::vector<std::string> order;
+        for (const auto& op : g.ops) order.push_back(op.name);
+        const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
+        ASSERT_LE(lp.tensors.size(), 24u);
+        const LayoutSolution dp = solve_layouts_dp(lp), ex = solve_layouts_exhaustive(lp);
+        EXPECT_NEAR(dp.cost, ex.cost, 1e-15) << variant_name(v) << " " << graph_form_name(f);
+      }
+}
+
+double evaluate(const LayoutProblem& lp, const std::vector<Layout>& l) {
+  double c = 0;
+  for (size_t i = 0; i < lp.tensors.size(); ++i) c += lp.unary[i][l[i] == Layout::Blocked];
+  for (const auto& p : lp.pairs) c += p.cost[(l[p.a] == Layout::Blocked) * 2 + (l[p.b] == Layout::Blocked)];
+  return c;
+}
+
+TEST(LayoutDp, MatchesExhaustiveSearchOnRandomProblems) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> cost(0, 1);
+  for (int trial = 0; trial < 300; ++trial) {
+    LayoutProblem lp;
+    const int n = 1 + trial % 12;
+    for (int i = 0; i < n; ++i) {
+      lp.tensors.push_back("t" + std::to_string(i));
+      lp.unary.push_back({cost(rng), cost(rng)});
+    }
+    const int pairs = static_cast<int>(rng() % (2 * n + 1));
+    for (int k = 0; k < pairs && n > 1; ++k) {
+      int a = static_cast<int>(rng() % n), b = static_cast<int>(rng() % n);
+      if (a == b) continue;
+      if (a > b) std::swap(a, b);
+      lp.pairs.push_back({a, b, {cost(rng), cost(rng), cost(rng), cost(rng)}});
+    }
+    const LayoutSolution dp = solve_layouts_dp(lp), ex = solve_layouts_exhaustive(lp);
+    ASSERT_NEAR(dp.cost, ex.cost, 1e-12) << "trial " << trial;
+    ASSERT_NEAR(evaluate(lp, dp.layout), dp.cost, 1e-12) << "the DP's assignment does not cost what it claims";
+  }
+}
+
+TEST(LayoutDp, PlannedLayoutsAreNoWorseThanAllDense) {
+  const Device dev = ascend310p();
+  const OpGraph g = make_op_graph(Variant::GDN, GraphForm::GemmFirst, true);
+  std::vector<std::string> order;
+  for (const auto& op : g.ops) order.push_back(op.name);
+  const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
+  const LayoutSolution dp = solve_layouts_dp(lp);
+  EXPECT_LT(dp.cost, evaluate(lp, std::vector<Layout>(lp.tensors.size(), Layout::Dense)));
+}
+
+// --- JSON ------------------------------------------------------------------------------------------
+
+TEST(PlanJson, RoundTripIsIdentical) {
+  const Device dev = ascend310p();
+  for (const Case& c : shapes())
+    for (const std::string& s : every_strategy()) {
+      SCOPED_TRACE(std::string(c.name) + " " + s);
+      PlanOptions o;
+      o.cores = c.cores;
+      const Plan plan = make_plan(c.p, dev, s, o);
+      const nlohmann::json j = plan_to_json(plan);
+      const Plan back = plan_from_json(nlohmann::json::parse(j.dump()));
+      EXPECT_TRUE(back == plan);
+      EXPECT_EQ(plan_to_json(back).dump(), j.dump());
+    }
+}
+
+std::string parse_error(const nlohmann::json& j) {
+  try {
+    plan_from_json(j, "plan.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PlanJson, MalformedFieldsAreNamed) {
+  const nlohmann::json good = plan_to_json(make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "fla"));
+  auto j = good;
+  j["kernels"][1]["steps"][3].erase("kind");
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[3].kind"), std::string::npos) << parse_error(j);
+  j = good;
+  j["kernels"][1]["steps"][3]["kind"] = "mov";
+  EXPECT_NE(parse_error(j).find("expected one of compute, move"), std::string::npos) << parse_error(j);
+  j = good;
+  j["cores"] = "eight";
+  EXPECT_NE(parse_error(j).find("plan.cores: got \"eight\", expected an integer"), std::string::npos) << parse_error(j);
+  j = good;
+  j["problem"]["variant"] = "gla";
+  EXPECT_NE(parse_error(j).find("plan.problem.variant"), std::string::npos) << parse_error(j);
+  j = good;
+  j["problem"]["HV"] = 5;
+  EXPECT_NE(parse_error(j).find("problem.HV: got 5"), std::string::npos) << parse_error(j);
+  j = good;
+  j["kernels"][0]["cores"][2][0] = {0, 0, 0, 128, 0};
+  EXPECT_NE(parse_error(j).find("plan.kernels[0].cores[2][0]"), std::string::npos) << parse_error(j);
+  j = good;
+  j["kernels"][2]["order"][0] = "nonsense";
+  EXPECT_NE(parse_error(j).find("plan.kernels[2].order[0]"), std::string::npos) << parse_error(j);
+  j = good;
+  j["kernels"][0]["steps"][2]["deps"] = {5};
+  EXPECT_NE(parse_error(j).find("plan.kernels[0].steps[2].deps[0]"), std::string::npos) << parse_error(j);
+  j = good;
+  j["kernels"][0]["cores"][0].erase(0);  // coverage broken
+  EXPECT_NE(parse_error(j).find("runs 0 times"), std::string::npos) << parse_error(j);
+}
+
+TEST(PlanJson, UnknownStrategyIsRejected) {
+  try {
+    make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "flash");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("strategy: got \"flash\""), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace hanpu

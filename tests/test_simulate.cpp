@@ -1,0 +1,157 @@
+// The simulator: compulsory traffic of the HA-NPU plan with unlimited buffers (to the byte), exact
+// MAC accounting, physical lower bounds on latency, launch costs, timelines, peak GM memory, and
+// every tail case simulated under every strategy.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "hanpu/plan.hpp"
+#include "hanpu/simulate.hpp"
+#include "plan_testing.hpp"
+
+namespace hanpu {
+namespace {
+
+using testing::ascend310p;
+using testing::compulsory_traffic;
+using testing::problem;
+using testing::unlimited_buffers;
+
+TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
+  const Device dev = unlimited_buffers(ascend310p());
+  // Whole-head mappings (value heads a multiple of the cores, q/k heads = value heads): every
+  // input is read once. Tails (T not a multiple of the chunk) and the state flags included.
+  std::vector<Problem> ps = {problem(Variant::GDN, {4096}, 16), problem(Variant::KDA, {1000}, 8), problem(Variant::GDN, {130, 64, 3}, 8),
+                             problem(Variant::KDA, {777, 1}, 16)};
+  ps[2].read_initial_state = false;
+  ps[3].write_final_state = false;
+  for (const Problem& p : ps) {
+    const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
+    const auto c = compulsory_traffic(p);
+    EXPECT_EQ(r.gm_read_bytes, c.read) << variant_name(p.variant) << " T=" << p.total_tokens();
+    EXPECT_EQ(r.gm_write_bytes, c.write) << variant_name(p.variant) << " T=" << p.total_tokens();
+    EXPECT_EQ(r.peak_gm_bytes, c.read + c.write);
+    EXPECT_EQ(r.spill_bytes, 0);
+  }
+}
+
+TEST(Simulate, HanpuFitsThe310pWithoutExtraTraffic) {
+  const Device dev = ascend310p();
+  for (Variant v : {Variant::GDN, Variant::KDA}) {
+    const Problem p = problem(v, {4096}, 16);
+    const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
+    EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read);
+    EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write);
+  }
+}
+
+TEST(Simulate, BaselinesMoveMoreThanCompulsory) {
+  const Device dev = ascend310p();
+  const Problem p = problem(Variant::GDN, {2048}, 16);
+  const auto c = compulsory_traffic(p);
+  for (const char* s : {"vllm-ascend", "fla", "fla-megakernel", "flashqla"}) {
+    const SimResult r = simulate(make_plan(p, dev, s), dev);
+    EXPECT_GT(r.gm_read_bytes + r.gm_write_bytes, c.read + c.write) << s;
+    EXPECT_GT(r.peak_gm_bytes, c.read + c.write) << s;
+  }
+  // FLA materializes at least the per-chunk states h (fp16 K x V per chunk and head).
+  const SimResult fla = simulate(make_plan(p, dev, "fla"), dev);
+  EXPECT_GE(fla.gm_intermediate_bytes, 32 * 16 * 128 * 128 * 2);
+}
+
+TEST(Simulate, MacsAreTheGraphsAndLatencyRespectsPhysicalBounds) {
+  const Device dev = ascend310p();
+  const double rate = dev.matrix.macs_per_cycle.at(DType::F16).value * dev.clock_ghz.value * 1e9;
+  for (const std::string& s : strategy_names()) {
+    const Problem p = problem(Variant::KDA, {1500}, 16);
+    const Plan plan = make_plan(p, dev, s);
+    const SimResult r = simulate(plan, dev);
+    if (s == "hanpu" || s == "fla" || s == "vllm-ascend") EXPECT_DOUBLE_EQ(r.macs, layer_macs(p, plan.form)) << s;
+    EXPECT_GE(r.executed_macs, r.macs);
+    // No faster than the matrix unit of every core together, nor than GM's shared bandwidth.
+    EXPECT_GE(r.latency_s, r.executed_macs / rate / plan.cores) << s;
+    const double gm_bw = dev.path("GM", "L1").bandwidth_gbs.value * 1e9;
+    EXPECT_GE(r.latency_s * 1.0000001, static_cast<double>(r.gm_read_bytes) / gm_bw / 1.0) << s;
+    EXPECT_GT(r.matrix_utilization, 0);
+    EXPECT_LT(r.matrix_utilization, 1);
+    EXPECT_NEAR(r.energy_j, r.dynamic_energy_j + dev.static_power_w.value * r.latency_s, 1e-12);
+  }
+}
+
+TEST(Simulate, LatencyScalesWithLength) {
+  const Device dev = ascend310p();
+  const double a = simulate(make_plan(problem(Variant::GDN, {2048}, 16), dev, "hanpu"), dev).latency_s;
+  const double b = simulate(make_plan(problem(Variant::GDN, {4096}, 16), dev, "hanpu"), dev).latency_s;
+  EXPECT_NEAR(b / a, 2.0, 0.1);
+}
+
+TEST(Simulate, MegakernelSavesExactlyTheLaunches) {
+  const Device dev = ascend310p();
+  const Problem p = problem(Variant::GDN, {1024}, 16);
+  const SimResult fla = simulate(make_plan(p, dev, "fla"), dev);
+  const SimResult mk = simulate(make_plan(p, dev, "fla-megakernel"), dev);
+  EXPECT_EQ(fla.gm_read_bytes, mk.gm_read_bytes);
+  EXPECT_NEAR(fla.latency_s - mk.latency_s, (fla.kernels.size() - 1) * dev.kernel_launch_us.value * 1e-6, 1e-12);
+}
+
+TEST(Simulate, TimelineLanesNeverOverlap) {
+  const Device dev = ascend310p();
+  SimOptions o;
+  o.timeline = true;
+  o.timeline_chunks = 3;
+  const SimResult r = simulate(make_plan(problem(Variant::GDN, {1024}, 16), dev, "hanpu"), dev, o);
+  ASSERT_FALSE(r.timeline.empty());
+  std::map<std::pair<int, std::string>, double> lane_end;
+  std::set<std::string> lanes;
+  for (const TimelineEvent& e : r.timeline) {
+    EXPECT_LE(e.start_s, e.end_s);
+    EXPECT_LE(e.end_s, r.latency_s);
+    double& end = lane_end[{e.core, e.lane}];
+    EXPECT_GE(e.start_s, end - 1e-15) << "core " << e.core << " lane " << e.lane;
+    end = e.end_s;
+    lanes.insert(e.lane);
+  }
+  EXPECT_TRUE(lanes.count("matrix") && lanes.count("vector") && lanes.count("MTE2"));
+}
+
+TEST(Simulate, EveryTailCaseUnderEveryStrategy) {
+  const Device dev = ascend310p();
+  struct Case {
+    Problem p;
+    int cores;
+  };
+  const std::vector<Case> cases = {{problem(Variant::GDN, {1000}, 4), 8},     {problem(Variant::KDA, {700}, 9), 8},
+                                   {problem(Variant::GDN, {2048}, 1), 16},    {problem(Variant::KDA, {300}, 11), 10},
+                                   {problem(Variant::GDN, {15, 1000, 64}, 2, 4), 8}};
+  for (const Case& c : cases) {
+    auto names = strategy_names();
+    for (const auto& a : ablation_names()) names.push_back(a);
+    for (const std::string& s : names) {
+      PlanOptions o;
+      o.cores = c.cores;
+      const SimResult r = simulate(make_plan(c.p, dev, s, o), dev);
+      EXPECT_GT(r.latency_s, 0) << s;
+      EXPECT_GE(r.gm_read_bytes, compulsory_traffic(c.p).read) << s;
+      EXPECT_GE(r.gm_write_bytes, compulsory_traffic(c.p).write) << s;
+    }
+  }
+}
+
+TEST(Simulate, RejectsAPlanForAnotherDevice) {
+  Device dev = ascend310p();
+  const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), dev, "hanpu");
+  dev.name = "other";
+  EXPECT_THROW(simulate(plan, dev), Error);
+}
+
+TEST(Simulate, AllStrategiesForOneShapeAreFast) {
+  const Device dev = ascend310p();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const std::string& s : strategy_names()) simulate(make_plan(problem(Variant::KDA, {4096}, 32), dev, s), dev);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The report sweeps ~72 shapes x 5 strategies in under a minute; generous for shared machines.
+  EXPECT_LT(sec, 2.0);
+}
+
+}  // namespace
+}  // namespace hanpu
