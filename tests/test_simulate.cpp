@@ -137,6 +137,24 @@ TEST(Simulate, EveryTailCaseUnderEveryStrategy) {
   }
 }
 
+TEST(Simulate, JsonCarriesTheReportedFields) {
+  const Device dev = ascend310p();
+  const SimResult r = simulate(make_plan(problem(Variant::GDN, {512}, 16), dev, "fla"), dev);
+  const nlohmann::json j = sim_result_to_json(r, true);
+  for (const char* key : {"strategy", "variant", "T", "heads", "latency_ms", "energy_mj", "gm_read_bytes", "gm_write_bytes",
+                          "l1_to_l0_bytes", "ub_l1_bytes", "macs", "matrix_utilization", "peak_bytes", "peak_gm_bytes",
+                          "per_operator", "per_kernel"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["strategy"], "fla");
+  EXPECT_EQ(j["T"], 512);
+  EXPECT_DOUBLE_EQ(j["latency_ms"].get<double>(), r.latency_s * 1e3);
+  EXPECT_TRUE(j["peak_bytes"].contains("UB"));
+  // Per-operator GM bytes add up to the totals.
+  int64_t read = 0;
+  for (const auto& o : j["per_operator"]) read += o["gm_read_bytes"].get<int64_t>();
+  EXPECT_EQ(read, r.gm_read_bytes);
+}
+
 TEST(Simulate, RejectsAPlanForAnotherDevice) {
   Device dev = ascend310p();
   const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), dev, "hanpu");

@@ -154,6 +154,8 @@ struct Step {
   int elem_bytes = 0;
   std::vector<int> deps;
   int reuse_of = -1;
+  /// A hop into GM on the way elsewhere (no on-core path, e.g. L0C->GM->UB): per-core scratch.
+  bool transit = false;
   bool operator==(const Step&) const = default;
 };
 
@@ -180,7 +182,8 @@ struct Kernel {
   std::map<std::string, int64_t> peak_bytes;                   // buffer -> peak live bytes
   std::map<std::string, std::vector<std::string>> peak_tensors;  // buffer -> tensors live at the peak
   std::vector<std::string> spilled;  // tensors kept in GM between producer and consumers
-  int buffering = 1;                 // 2: GM inputs double-buffered (prefetch of the next chunk)
+  int buffering = 1;                 // 2: some GM inputs double-buffered (prefetch of the next chunk)
+  std::vector<std::string> double_buffered;  // those tensors (two copies each in their buffers)
   std::string state_in = "none";     // "initial" | "segment" (from GM) | "none"
   std::string state_out = "none";    // "final" | "segment" | "none"
   std::vector<std::vector<PlanItem>> cores;  // per core, in order

@@ -147,6 +147,8 @@ void register_plan_commands(CLI::App& app) {
     auto json = std::make_shared<bool>(false);
     auto detail = std::make_shared<bool>(false);
     auto plan_file = std::make_shared<std::string>();
+    auto timeline = std::make_shared<std::string>();
+    auto timeline_chunks = std::make_shared<int>(4);
     add_problem_options(c, *a, true);
     c->add_option("plan", *plan_file, "a plan JSON written by `hanpu plan -o` (then --device must describe its device)");
     c->add_option("--strategy", *strategy, "one strategy (default hanpu)");
@@ -154,6 +156,8 @@ void register_plan_commands(CLI::App& app) {
     c->add_flag("--ablation", *ablation, "the ablation: fla, +mapping, +reordering, +layout");
     c->add_flag("--json", *json, "print a JSON array, one object per strategy");
     c->add_flag("--detail", *detail, "with --json: per-operator and per-kernel figures");
+    c->add_option("--timeline", *timeline, "write the per-core timeline (first chunks of every core and kernel) of the first plan as JSON");
+    c->add_option("--timeline-chunks", *timeline_chunks, "chunks per core and kernel in the timeline")->capture_default_str();
     c->callback([=] {
       // `--strategies all` reads naturally; CLI11 flags take no value, so accept "all" as the plan slot.
       bool every = *all;
@@ -182,7 +186,19 @@ void register_plan_commands(CLI::App& app) {
         for (const std::string& n : names) plans.push_back(make_plan(p, dev, n, po));
       }
       std::vector<SimResult> rs;
-      for (const Plan& pl : plans) rs.push_back(simulate(pl, dev));
+      for (size_t i = 0; i < plans.size(); ++i) {
+        SimOptions so;
+        so.timeline = i == 0 && !timeline->empty();
+        so.timeline_chunks = *timeline_chunks;
+        rs.push_back(simulate(plans[i], dev, so));
+      }
+      if (!timeline->empty()) {
+        nlohmann::json ev = nlohmann::json::array();
+        for (const TimelineEvent& e : rs.front().timeline)
+          ev.push_back({{"core", e.core}, {"kernel", e.kernel}, {"lane", e.lane}, {"op", e.op}, {"kind", e.kind}, {"tensor", e.tensor},
+                        {"item", e.item}, {"chunk", e.chunk}, {"start_us", e.start_s * 1e6}, {"end_us", e.end_s * 1e6}});
+        write_file(*timeline, nlohmann::json{{"strategy", rs.front().strategy}, {"latency_us", rs.front().latency_s * 1e6}, {"events", ev}}.dump() + "\n");
+      }
       if (*json) {
         nlohmann::json arr = nlohmann::json::array();
         for (const SimResult& r : rs) arr.push_back(sim_result_to_json(r, *detail));

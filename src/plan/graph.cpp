@@ -90,7 +90,11 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   std::string qm = "q", km = "k", kr = "k", kt = "k";  // operands of Q.., K.. (left), K^T (right), update
   if (kda) {
     for (const char* n : {"qe", "ke", "ki", "kl"}) b.tensor(n, "L", "K", f16);
-    b.op("gate", "1", Unit::Vector, {"g", "q", "k"}, {"Gc", "qe", "ke", "ki", "kl"}, true);
+    b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
+    // Element-wise on L x K: the decayed operands are cheap to recompute in every kernel that
+    // needs them, as FLA's kernels do, rather than stored.
+    b.op("decay_q", "1", Unit::Vector, {"q", "Gc"}, {"qe"}, false);
+    b.op("decay_k", "1", Unit::Vector, {"k", "Gc"}, {"ke", "ki", "kl"}, false);
     qm = "qe", km = "ke", kr = "ki", kt = "kl";
   } else {
     b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
@@ -236,7 +240,11 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
   OpCounts c;
   const std::string& n = op.name;
   if (n == "gate") {
-    c.vector_ops = kda ? 9 * l * k : 2 * l;  // cumsum + exp (KDA: + four decayed copies of q/k)
+    c.vector_ops = kda ? 2 * l * k : 2 * l;  // cumsum and the exponent (per channel for KDA)
+  } else if (n == "decay_q") {
+    c.vector_ops = 2 * l * k;  // exponential and product
+  } else if (n == "decay_k") {
+    c.vector_ops = 5 * l * k;  // two more exponentials (e^-G, e^(G_L - G)) and three products
   } else if (n == "kkt") {
     c.macs = strict * k, c.executed_macs = tri_blocks * up(k);
   } else if (n == "kkt_gate") {

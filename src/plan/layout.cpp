@@ -131,14 +131,12 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
       if (is_layout_decision(g.tensor(out))) add(var(out));
 
   std::map<std::pair<int, int>, std::array<double, 4>> pairs;
-  auto couple = [&](const std::string& a, const std::string& b, double cost_if_differ, bool a_pays) {
+  // A conversion when the two layouts differ (symmetric, so the pair's order does not matter).
+  auto couple = [&](const std::string& a, const std::string& b, double cost_if_differ) {
     int ia = index.at(var(a)), ib = index.at(var(b));
     if (ia == ib) return;
-    bool swapped = false;
-    if (ia > ib) std::swap(ia, ib), swapped = true;
+    if (ia > ib) std::swap(ia, ib);
     auto& c = pairs[{ia, ib}];
-    (void)a_pays;
-    (void)swapped;
     c[1] += cost_if_differ;  // (dense, blocked)
     c[2] += cost_if_differ;  // (blocked, dense)
   };
@@ -158,11 +156,11 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
       if (op.row_structured) lp.unary[static_cast<size_t>(index.at(var(first)))][1] += (kBlockedRowPenalty - 1) * hz_ops;
       for (const std::string& in : op.inputs) {
         if (!two_d(in)) continue;
-        if (is_layout_decision(g.tensor(in))) couple(in, first, xform(in), true);
+        if (is_layout_decision(g.tensor(in))) couple(in, first, xform(in));
         else lp.unary[static_cast<size_t>(index.at(var(first)))][1] += xform(in);  // dense input converted for a blocked op
       }
       for (size_t i = 1; i < op.outputs.size(); ++i)
-        if (is_layout_decision(g.tensor(op.outputs[i]))) couple(first, op.outputs[i], xform(op.outputs[i]), false);
+        if (is_layout_decision(g.tensor(op.outputs[i]))) couple(first, op.outputs[i], xform(op.outputs[i]));
     } else {
       // Dense working layout (e.g. the output o): blocked inputs are converted.
       for (const std::string& in : op.inputs)

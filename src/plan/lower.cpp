@@ -145,7 +145,7 @@ class Lowerer {
     lt.first = std::max(0, c.first);
     lt.last = to_end ? static_cast<int>(k_.steps.size()) - 1 : std::max(c.last_use, lt.first);
     lt.bytes = numel(t) * c.elem;
-    lt.copies = (c.from_gm && k_.buffering == 2) ? 2 : 1;
+    lt.copies = (c.from_gm && std::find(k_.double_buffered.begin(), k_.double_buffered.end(), t) != k_.double_buffered.end()) ? 2 : 1;
     k_.lifetimes.push_back(lt);
     auto it = arrival_step_.find({t, loc});
     if (it != arrival_step_.end() && it->second >= 0 && c.last_use > it->second)
@@ -215,6 +215,7 @@ class Lowerer {
       Step s;
       s.kind = "move", s.op = op, s.tensor = t, s.lane = p->engine.empty() ? p->name() : p->engine, s.path = p->name();
       s.elem_bytes = elem, s.when = when;
+      s.transit = p->to == kGM && to != kGM;
       const int i = add(s);
       read(t, at, i);
       arrive(t, p->to, i, elem, p->to == stage_ || p->to == l0a_ || p->to == l0b_ ? Layout::Blocked : layout, gm_origin, keep);
@@ -326,10 +327,6 @@ class Lowerer {
   bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
 
   void start_state() {
-    for (const TensorDef& t : g_.tensors)
-      if (t.role == TensorRole::Input && !cx_.from_gm.count(t.name)) {
-        // inputs are always in GM
-      }
     const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const std::string& o) {
       const auto& in = g_.op(o).inputs;
       return std::find(in.begin(), in.end(), "S") != in.end();
@@ -523,11 +520,32 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
     }
     return worst;
   };
-  k.buffering = 2;
+  // Double-buffer every tensor loaded from GM if that fits; otherwise as many as fit, smallest
+  // first (a prefetch of a small tile is cheap in space and hides a whole load).
+  k.double_buffered.clear();
   lower_kernel(k, cx, L, Vc);
+  std::vector<std::pair<int64_t, std::string>> loads;
+  for (const Lifetime& lt : k.lifetimes)
+    for (const Step& s : k.steps)
+      if (s.kind == "move" && s.tensor == lt.tensor && s.path.rfind("GM->", 0) == 0 && s.op != "state_in" &&
+          std::none_of(loads.begin(), loads.end(), [&](const auto& x) { return x.second == lt.tensor; }))
+        loads.push_back({lt.bytes, lt.tensor});
+  std::sort(loads.begin(), loads.end());
+  for (const auto& l : loads) k.double_buffered.push_back(l.second);
+  lower_kernel(k, cx, L, Vc);
+  if (!overflow(k).empty()) {
+    std::vector<std::string> fits;
+    for (const auto& l : loads) {
+      k.double_buffered = fits;
+      k.double_buffered.push_back(l.second);
+      lower_kernel(k, cx, L, Vc);
+      if (overflow(k).empty()) fits = k.double_buffered;
+    }
+    k.double_buffered = fits;
+    lower_kernel(k, cx, L, Vc);
+  }
+  k.buffering = k.double_buffered.empty() ? 1 : 2;
   if (overflow(k).empty()) return;
-  k.buffering = 1;
-  lower_kernel(k, cx, L, Vc);
   for (;;) {
     const std::string b = overflow(k);
     if (b.empty()) return;

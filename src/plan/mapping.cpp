@@ -94,7 +94,7 @@ HeadMapping map_heads(const Problem& p, int cores, int quantum) {
   return m;
 }
 
-std::vector<std::vector<PlanItem>> map_chunks(const Problem& p, const std::vector<PlanItem>& items, int cores) {
+std::vector<std::vector<PlanItem>> map_chunks(const Problem&, const std::vector<PlanItem>& items, int cores) {
   const int P = std::max(1, cores);
   std::vector<std::vector<PlanItem>> out(static_cast<size_t>(P));
   int64_t n = 0;
@@ -118,7 +118,6 @@ std::vector<std::vector<PlanItem>> map_chunks(const Problem& p, const std::vecto
       list.push_back(x);
     }
   }
-  (void)p;
   return out;
 }
 

@@ -148,6 +148,7 @@ json plan_to_json(const Plan& plan) {
     kj["launch"] = k.launch;
     kj["order"] = k.order;
     kj["buffering"] = k.buffering;
+    kj["double_buffered"] = k.double_buffered;
     kj["state_in"] = k.state_in;
     kj["state_out"] = k.state_out;
     kj["spilled"] = k.spilled;
@@ -158,6 +159,7 @@ json plan_to_json(const Plan& plan) {
       if (!s.path.empty()) sj["path"] = s.path;
       if (s.elem_bytes) sj["elem_bytes"] = s.elem_bytes;
       if (s.reuse_of >= 0) sj["reuse_of"] = s.reuse_of;
+      if (s.transit) sj["transit"] = true;
       steps.push_back(sj);
     }
     kj["steps"] = steps;
@@ -219,6 +221,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     }
     k.buffering = static_cast<int>(r.integer(kj, "buffering", kp));
     if (k.buffering != 1 && k.buffering != 2) r.fail(kp + ".buffering", &kj.at("buffering"), "1 or 2");
+    k.double_buffered = r.strings(kj, "double_buffered", kp);
     k.state_in = r.one_of(kj, "state_in", kp, {"none", "initial", "zero"});
     k.state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
     k.spilled = r.strings(kj, "spilled", kp);
@@ -257,6 +260,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
         if (s.reuse_of < 0 || s.reuse_of >= static_cast<int>(steps.size()))
           r.fail(sp + ".reuse_of", &sj.at("reuse_of"), "a step index of this kernel");
       }
+      if (sj.contains("transit")) s.transit = r.boolean(sj, "transit", sp);
       k.steps.push_back(s);
     }
     const json& lts = r.array(kj, "lifetimes", kp);

@@ -162,6 +162,8 @@ struct Recipe {
   bool spill = false;
 };
 
+void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
+
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
 std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores) {
   const HeadMapping m = map_heads(p, cores, matrix_quantum(dev));
@@ -179,6 +181,7 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
     const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cores, (p.V + quantum - 1) / quantum)));
     const int cols = static_cast<int>((p.V + blocks - 1) / blocks + quantum - 1) / quantum * quantum;
     auto tail = chunk_parallel_kernels(p, g, default_order(g), m.chunk_parallel, cores, cols, "tail_");
+    add_decay(tail, g);
     for (Kernel& k : tail)
       for (auto& list : k.cores)
         for (PlanItem& it : list) it.tier = 3;
@@ -187,14 +190,28 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
   return ks;
 }
 
+// KDA: every kernel that multiplies decayed q/k forms them itself first (FLA recomputes them in
+// each kernel instead of storing four L x K copies per chunk).
+void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
+  if (g.variant != Variant::KDA) return;
+  for (Kernel& k : ks) {
+    for (const char* op : {"decay_k", "decay_q"}) {
+      if (std::find(k.order.begin(), k.order.end(), op) != k.order.end()) continue;
+      bool needs = false;
+      for (const std::string& o : k.order)
+        for (const std::string& in : g.op(o).inputs)
+          for (const std::string& out : g.op(op).outputs) needs |= in == out;
+      if (!needs) continue;
+      auto gate = std::find(k.order.begin(), k.order.end(), "gate");
+      k.order.insert(gate == k.order.end() ? k.order.begin() : gate + 1, op);
+    }
+  }
+}
+
 // Decides which tensors cross kernels, lowers every kernel (with the capacity check), fills the plan.
 void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
   const Problem& p = plan.problem;
   std::vector<Kernel>& ks = plan.kernels;
-  int64_t max_width = 0;
-  for (const Kernel& k : ks)
-    for (const auto& l : k.cores)
-      for (const PlanItem& it : l) max_width = std::max<int64_t>(max_width, it.col1 - it.col0);
   // Pass 1: what each kernel reads from and stores to GM, and which fp32 tensors are kept in GM as
   // fp16. Pass 2 lowers every kernel with the GM precision known to readers too.
   std::vector<LowerContext> cxs(ks.size());
@@ -243,7 +260,6 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
-    (void)max_width;
     plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
   }
 }
@@ -297,7 +313,33 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
   plan_layouts(plan, dev, g);
 
   if (strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0) {
-    plan.kernels = head_mapped_kernels(p, dev, g, cores);
+    // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
+    // independent) run one after another on its core: halve the block until the plan fits.
+    const int64_t quantum = matrix_quantum(dev);
+    for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
+      plan.kernels = head_mapped_kernels(p, dev, g, cores);
+      for (Kernel& k : plan.kernels) {
+        if (k.name != "fused") continue;
+        for (auto& list : k.cores) {
+          std::vector<PlanItem> split;
+          for (const PlanItem& it : list)
+            for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
+              PlanItem b = it;
+              b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
+              split.push_back(b);
+            }
+          list = split;
+        }
+      }
+      try {
+        finish_plan(plan, dev, g);
+        break;
+      } catch (const Error&) {
+        if (width <= quantum) throw;
+      }
+    }
+    validate_plan(plan);
+    return plan;
   } else if (strategy == "fla" || strategy == "fla-megakernel") {
     const auto items = whole_items(p, static_cast<int>(p.V));
     Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
@@ -312,6 +354,7 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
     for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
     plan.kernels = {cumsum, kkt_solve, wu, h, o};
+    add_decay(plan.kernels, g);
     if (strategy == "fla-megakernel")
       for (size_t i = 1; i < plan.kernels.size(); ++i) plan.kernels[i].launch = false;
   } else if (strategy == "vllm-ascend") {
@@ -321,7 +364,8 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
     // operator here), before the two AscendC kernels.
     std::vector<Kernel> ks;
-    for (const char* op : {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) ks.push_back(kernel(op, "chunk", {op}));
+    for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
+      if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, "chunk", {op}));
     for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
     std::vector<std::string> h_ops = {"ws", "vnew"};
     if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
@@ -378,6 +422,7 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
     plan.kernels = {ks0};
     if (!state_items.empty()) plan.kernels.push_back(ks1);
     plan.kernels.push_back(ks2);
+    add_decay(plan.kernels, g);
   }
   finish_plan(plan, dev, g);
   validate_plan(plan);
@@ -390,14 +435,6 @@ void validate_plan(const Plan& plan) {
   const Problem& p = plan.problem;
   validate_problem(p);
   const OpGraph g = plan.graph();
-  std::vector<int64_t> chunk_base(static_cast<size_t>(p.sequences()) + 1, 0);
-  for (int64_t s = 0; s < p.sequences(); ++s) chunk_base[static_cast<size_t>(s) + 1] = chunk_base[static_cast<size_t>(s)] + p.chunks_of(s);
-  const int64_t cells_per_head = chunk_base.back() * p.V;
-  auto cell = [&](int64_t s, int64_t h, int64_t col, int64_t c) {
-    return static_cast<size_t>((h * chunk_base.back() + chunk_base[static_cast<size_t>(s)] + c) * p.V + col);
-  };
-  const size_t ncells = static_cast<size_t>(p.HV * cells_per_head);
-  std::vector<std::vector<uint8_t>> op_cover(g.ops.size(), std::vector<uint8_t>(ncells, 0));
   auto op_id = [&](const std::string& name) {
     for (size_t i = 0; i < g.ops.size(); ++i)
       if (g.ops[i].name == name) return i;
@@ -405,16 +442,22 @@ void validate_plan(const Plan& plan) {
   };
   auto where = [](size_t k) { return "plan.kernels[" + std::to_string(k) + "]"; };
 
+  // Items per (sequence, head), checked item by item for range; coverage is counted below on a
+  // grid compressed to the items' own column and chunk boundaries (cheap at any T).
+  struct Rect {
+    size_t kernel, core, index;
+    PlanItem item;
+  };
+  std::map<std::pair<int32_t, int32_t>, std::vector<Rect>> per_head;
   std::set<std::string> available;  // in GM after a kernel
   for (const TensorDef& t : g.tensors)
     if (t.role == TensorRole::Input) available.insert(t.name);
+  std::vector<std::vector<size_t>> kernel_ops(plan.kernels.size());
   for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
     const Kernel& k = plan.kernels[ki];
     if (static_cast<int>(k.cores.size()) != plan.cores)
       throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
-    std::vector<uint8_t> seen(ncells, 0);
-    std::vector<size_t> kernel_ops;
-    for (const std::string& o : k.order) kernel_ops.push_back(op_id(o));
+    for (const std::string& o : k.order) kernel_ops[ki].push_back(op_id(o));
     for (size_t ci = 0; ci < k.cores.size(); ++ci)
       for (size_t ii = 0; ii < k.cores[ci].size(); ++ii) {
         const PlanItem& it = k.cores[ci][ii];
@@ -426,14 +469,7 @@ void validate_plan(const Plan& plan) {
                       std::to_string(it.chunk1) + ") is out of range");
         if (k.parallel == "head" && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
           throw Error(at + ": a head-parallel kernel's item must run all chunks of its sequence in order (the state depends on every earlier chunk)");
-        for (int64_t c = it.chunk0; c < it.chunk1; ++c)
-          for (int64_t col = it.col0; col < it.col1; ++col) {
-            uint8_t& s = seen[cell(it.seq, it.head, col, c)];
-            if (s++)
-              throw Error(at + ": (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", column " +
-                          std::to_string(col) + ", chunk " + std::to_string(c) + ") is covered twice in kernel " + k.name);
-            for (size_t o : kernel_ops) ++op_cover[o][cell(it.seq, it.head, col, c)];
-          }
+        per_head[{it.seq, it.head}].push_back({ki, ci, ii, it});
       }
     // Dependencies: every tensor read is an input, produced earlier in the order, carried, or in GM.
     std::set<std::string> here;
@@ -451,23 +487,50 @@ void validate_plan(const Plan& plan) {
     for (const std::string& t : here) available.insert(t);
     if (k.state_in != "none" || k.state_out != "none") available.insert("S");
   }
-  // Coverage: the output once everywhere; every operator at least once.
-  for (size_t oi = 0; oi < g.ops.size(); ++oi) {
-    const std::string& op = g.ops[oi].name;
-    const std::vector<uint8_t>& cover = op_cover[oi];
-    for (size_t i = 0; i < cover.size(); ++i) {
-      const bool bad = op == "out" ? cover[i] != 1 : cover[i] == 0;
-      if (bad) {
-        const int64_t col = static_cast<int64_t>(i) % p.V;
-        const int64_t rest = static_cast<int64_t>(i) / p.V;
-        const int64_t head = rest / chunk_base.back();
-        const int64_t flat = rest % chunk_base.back();
-        int64_t seq = 0;
-        while (chunk_base[static_cast<size_t>(seq) + 1] <= flat) ++seq;
-        throw Error("plan: operator " + op + " runs " + std::to_string(cover[i]) + " times on (seq " + std::to_string(seq) +
-                    ", head " + std::to_string(head) + ", column " + std::to_string(col) + ", chunk " +
-                    std::to_string(flat - chunk_base[static_cast<size_t>(seq)]) + ")" +
-                    (op == "out" ? ", expected exactly once" : ", expected at least once"));
+
+  // Coverage: no kernel twice on a cell, the output once everywhere, every operator at least once.
+  for (int32_t s = 0; s < p.sequences(); ++s) {
+    const int64_t nc = p.chunks_of(s);
+    if (nc == 0) continue;
+    for (int32_t h = 0; h < p.HV; ++h) {
+      const auto found = per_head.find({s, h});
+      static const std::vector<Rect> none;
+      const std::vector<Rect>& rects = found == per_head.end() ? none : found->second;
+      std::vector<int64_t> cols = {0, p.V}, chunks = {0, nc};
+      for (const Rect& r : rects) {
+        cols.push_back(r.item.col0), cols.push_back(r.item.col1);
+        chunks.push_back(r.item.chunk0), chunks.push_back(r.item.chunk1);
+      }
+      for (auto* v : {&cols, &chunks}) {
+        std::sort(v->begin(), v->end());
+        v->erase(std::unique(v->begin(), v->end()), v->end());
+      }
+      const size_t ncol = cols.size() - 1, nch = chunks.size() - 1;
+      auto idx = [](const std::vector<int64_t>& v, int64_t x) { return static_cast<size_t>(std::lower_bound(v.begin(), v.end(), x) - v.begin()); };
+      std::vector<std::vector<uint16_t>> per_kernel(plan.kernels.size());
+      for (const Rect& r : rects) {
+        auto& grid = per_kernel[r.kernel];
+        if (grid.empty()) grid.assign(ncol * nch, 0);
+        for (size_t a = idx(cols, r.item.col0); a < idx(cols, r.item.col1); ++a)
+          for (size_t b = idx(chunks, r.item.chunk0); b < idx(chunks, r.item.chunk1); ++b)
+            if (grid[a * nch + b]++)
+              throw Error(where(r.kernel) + ".cores[" + std::to_string(r.core) + "][" + std::to_string(r.index) + "]: (seq " +
+                          std::to_string(s) + ", head " + std::to_string(h) + ", column " + std::to_string(cols[a]) + ", chunk " +
+                          std::to_string(chunks[b]) + ") is covered twice in kernel " + plan.kernels[r.kernel].name);
+      }
+      for (size_t oi = 0; oi < g.ops.size(); ++oi) {
+        const std::string& op = g.ops[oi].name;
+        for (size_t a = 0; a < ncol; ++a)
+          for (size_t b = 0; b < nch; ++b) {
+            int n = 0;
+            for (size_t ki = 0; ki < plan.kernels.size(); ++ki)
+              if (!per_kernel[ki].empty() && std::find(kernel_ops[ki].begin(), kernel_ops[ki].end(), oi) != kernel_ops[ki].end())
+                n += per_kernel[ki][a * nch + b];
+            if (op == "out" ? n != 1 : n == 0)
+              throw Error("plan: operator " + op + " runs " + std::to_string(n) + " times on (seq " + std::to_string(s) + ", head " +
+                          std::to_string(h) + ", column " + std::to_string(cols[a]) + ", chunk " + std::to_string(chunks[b]) + ")" +
+                          (op == "out" ? ", expected exactly once" : ", expected at least once"));
+          }
       }
     }
   }
@@ -485,7 +548,11 @@ std::string describe_plan(const Plan& plan) {
   os.precision(4);
   os << "  total MACs (useful, " << graph_form_name(plan.form) << " form): " << layer_macs(p, plan.form) << "\n";
   for (const Kernel& k : plan.kernels) {
-    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", buffering " << k.buffering
+    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", double-buffered:" << (k.double_buffered.empty() ? std::string(" none") : "") << [&] {
+      std::string s;
+      for (const auto& t : k.double_buffered) s += " " + t;
+      return s;
+    }()
        << ")\n    order:";
     for (const std::string& o : k.order) os << " " << o;
     os << "\n    steps: " << k.steps.size() << "\n";

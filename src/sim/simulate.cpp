@@ -33,6 +33,7 @@ struct StepInfo {
   bool spill = false;
   enum When { Every, First, Last } when = Every;
   bool is_move = false, is_matrix = false;
+  bool double_buffered = false;  // a GM load of a tensor with two buffers: waits two chunks back
 };
 
 class Simulator {
@@ -114,7 +115,7 @@ class Simulator {
     return tensor_bytes(d, L, p_.K, Vc) / static_cast<int64_t>(dtype_size(d.dtype));
   }
 
-  StepCost cost(const StepInfo& si, const Kernel& k, int64_t L, int64_t Vc, int busy_cores) const {
+  StepCost cost(const StepInfo& si, int64_t L, int64_t Vc, int busy_cores) const {
     const Step& s = *si.step;
     StepCost c;
     if (s.kind == "move") {
@@ -137,7 +138,6 @@ class Simulator {
       c.seconds = c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
-    (void)k;
     return c;
   }
 
@@ -168,6 +168,7 @@ class Simulator {
         const std::string from = s.path.substr(0, arrow), to = s.path.substr(arrow + 2);
         si.path = &dev_.path(from, to);
         si.from_gm = from == kGM, si.to_gm = to == kGM;
+        si.double_buffered = si.from_gm && std::find(k.double_buffered.begin(), k.double_buffered.end(), s.tensor) != k.double_buffered.end();
         si.l1_to_l0 = from == stage && (to == dev_.matrix.input_a || to == dev_.matrix.input_b);
         si.ub_l1 = (from == dev_.vector.buffer && to == stage) || (from == stage && to == dev_.vector.buffer);
         si.state_load = s.op == "state_in";
@@ -212,7 +213,7 @@ class Simulator {
           const int64_t L = p_.chunk_len(it.seq, c);
           auto& costs = cache[{L, Vc}];
           if (costs.empty())
-            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], k, L, Vc, busy));
+            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], L, Vc, busy));
           const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
           const bool load_state = k.state_in == "initial" && (p_.read_initial_state || it.chunk0 > 0);
           const bool store_state = k.state_out == "segment" || (k.state_out == "final" && p_.write_final_state && it.chunk1 == nchunks);
@@ -231,7 +232,7 @@ class Simulator {
             double start = lane_free[static_cast<size_t>(si.lane)];
             for (int d : s.deps) start = std::max(start, end[static_cast<size_t>(d)]);
             if (s.reuse_of >= 0) {
-              const int depth = (si.from_gm && k.buffering == 2) ? 2 : 1;
+              const int depth = si.double_buffered ? 2 : 1;
               if (stream_chunk >= depth) start = std::max(start, hist[static_cast<size_t>(depth - 1)][static_cast<size_t>(s.reuse_of)]);
             }
             const StepCost& sc = costs[i];
@@ -318,7 +319,10 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
       const bool state_store = s.op == "state_out";
       if (state_store && k.state_out != "segment") continue;  // the final state, counted above
-      const bool spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
+      // Spills, and results routed through GM for want of an on-core path (L0C->GM->UB on a 310B),
+      // are read back by the same kernel: per-core scratch reused every chunk, not a materialized
+      // intermediate.
+      const bool spill = s.transit || std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
       const TensorDef& t = g.tensor(s.tensor);
       const int64_t elem_div = static_cast<int64_t>(dtype_size(t.dtype));
       if (spill) {
