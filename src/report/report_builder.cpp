@@ -476,19 +476,22 @@ void timeline_section(HtmlReport& page, const Device& dev, const ReportOptions& 
   }
 }
 
+/// A device number as written in its file (%.10g: byte counts stay integers, 1.068 stays 1.068).
+std::string plain(double v) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
 /// Walks device_to_json for Quantities that carry alternatives (conflicting sources).
 void collect_conflicts(const nlohmann::json& j, const std::string& where, std::vector<std::vector<std::string>>& rows) {
   if (j.is_object()) {
     if (j.contains("value") && j.contains("status") && j.contains("alternatives") && !j["alternatives"].empty()) {
       std::string alts;
-      for (const auto& a : j["alternatives"]) {
-        std::ostringstream s;
-        s << a.value("value", 0.0) << " (" << a.value("status", "") << ": " << a.value("source", "") << ")";
-        alts += (alts.empty() ? "" : "; ") + s.str();
-      }
-      std::ostringstream v;
-      v << j["value"].get<double>();
-      rows.push_back({where, v.str(), j.value("status", "") + ": " + j.value("source", ""), alts});
+      for (const auto& a : j["alternatives"])
+        alts += (alts.empty() ? "" : "; ") + plain(a.value("value", 0.0)) + " (" + a.value("status", "") + ": " +
+                a.value("source", "") + ")";
+      rows.push_back({where, plain(j["value"].get<double>()), j.value("status", "") + ": " + j.value("source", ""), alts});
     }
     for (const auto& [key, val] : j.items()) collect_conflicts(val, where.empty() ? key : where + "." + key, rows);
   } else if (j.is_array()) {
