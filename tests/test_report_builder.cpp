@@ -187,6 +187,12 @@ TEST(ReportBuilder, BadListsAndOptionsAreErrorsNamingTheOption) {
   o = small_options();
   o.heads.clear();
   EXPECT_NE(error_of([&] { validate_report_options(o); }).find("heads list is empty"), std::string::npos);
+  o = small_options();
+  o.T = {512, 1024, 512};
+  EXPECT_NE(error_of([&] { validate_report_options(o); }).find("T: 512 given twice"), std::string::npos);
+  o = small_options();
+  o.max_T = int64_t{1} << 21;
+  EXPECT_NE(error_of([&] { validate_report_options(o); }).find("max-T: got 2097152"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

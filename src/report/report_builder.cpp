@@ -578,9 +578,22 @@ void validate_report_options(const ReportOptions& opt) {
   if (opt.variants.empty()) throw Error("report: variant list is empty, expected gdn and/or kda");
   positive(opt.T, "T");
   positive(opt.heads, "heads");
+  for (const auto* list : {&opt.T, &opt.heads}) {
+    std::set<int64_t> seen;
+    for (int64_t x : *list)
+      if (!seen.insert(x).second)
+        throw Error(std::string("report: ") + (list == &opt.T ? "T" : "heads") + ": " + std::to_string(x) +
+                    " given twice, expected distinct values");
+  }
+  if (std::set<Variant>(opt.variants.begin(), opt.variants.end()).size() != opt.variants.size())
+    throw Error("report: a variant is given twice, expected distinct variants");
   const int64_t tmin = *std::min_element(opt.T.begin(), opt.T.end());
   if (opt.max_T < tmin)
     throw Error("report: max-T: got " + std::to_string(opt.max_T) + ", expected at least the smallest T (" + std::to_string(tmin) + ")");
+  // Plans grow linearly with T (per-chunk work items); beyond 1M tokens the peak-memory sweep
+  // would take minutes for a regime this report does not discuss.
+  if (opt.max_T > (int64_t{1} << 20))
+    throw Error("report: max-T: got " + std::to_string(opt.max_T) + ", expected at most 1048576 (1M tokens)");
   if (opt.timeline_chunks < 1 || opt.timeline_chunks > 64)
     throw Error("report: timeline chunks: got " + std::to_string(opt.timeline_chunks) + ", expected 1..64");
   if (opt.timeline_cores < 1 || opt.timeline_cores > 64)
