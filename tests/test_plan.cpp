@@ -434,6 +434,9 @@ TEST(PlanJson, MalformedFieldsAreNamed) {
   j["kernels"][0]["steps"][2]["deps"] = {5};
   EXPECT_NE(parse_error(j).find("plan.kernels[0].steps[2].deps[0]"), std::string::npos) << parse_error(j);
   j = good;
+  std::swap(j["kernels"][4]["order"][0], j["kernels"][4]["order"][1]);  // order no longer matches the steps
+  EXPECT_NE(parse_error(j).find("plan.kernels[4].steps: the compute steps do not run"), std::string::npos) << parse_error(j);
+  j = good;
   j["kernels"][0]["cores"][0].erase(0);  // coverage broken
   EXPECT_NE(parse_error(j).find("runs 0 times"), std::string::npos) << parse_error(j);
 }

@@ -155,6 +155,42 @@ TEST(Simulate, JsonCarriesTheReportedFields) {
   EXPECT_EQ(read, r.gm_read_bytes);
 }
 
+TEST(Simulate, FinalStatesAreWrittenOnceInFp32UnderEveryStrategy) {
+  // Tier 3 (11 heads on 10 cores) stores per-chunk state snapshots in fp16; the final state must
+  // still be written in fp32, once per (sequence, head).
+  const Device dev = ascend310p();
+  PlanOptions o;
+  o.cores = 10;
+  const Problem p = problem(Variant::GDN, {300}, 11);
+  auto names = strategy_names();
+  for (const auto& a : ablation_names()) names.push_back(a);
+  for (const std::string& s : names) {
+    SimOptions so;
+    const SimResult r = simulate(make_plan(p, dev, s, o), dev, so);
+    int64_t final_bytes = 0;
+    for (const OperatorStats& st : r.per_operator)
+      if (st.op == "state_out") final_bytes += st.gm_write_bytes;
+    EXPECT_EQ(final_bytes, 11 * 128 * 128 * 4) << s;
+  }
+}
+
+TEST(Simulate, DeviceWhoseUnitsShareOneBuffer) {
+  // A CPU-like device: the "matrix unit" (FMA) reads and writes the vector unit's buffer, fp32.
+  Device dev = unlimited_buffers(ascend310p());
+  dev.matrix.input_a = dev.matrix.input_b = dev.matrix.output = dev.vector.buffer;
+  dev.matrix.macs_per_cycle.erase(DType::F16);
+  dev.matrix.macs_per_cycle[DType::F32] = dev.vector.lanes.at(DType::F32);
+  const Problem p = problem(Variant::KDA, {1000}, 8);
+  for (const std::string& s : strategy_names()) {
+    const SimResult r = simulate(make_plan(p, dev, s), dev);
+    EXPECT_GT(r.latency_s, 0) << s;
+    if (s == "hanpu") {
+      EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read);
+      EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write);
+    }
+  }
+}
+
 TEST(Simulate, RejectsAPlanForAnotherDevice) {
   Device dev = ascend310p();
   const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), dev, "hanpu");

@@ -71,6 +71,7 @@ struct SimResult {
   int64_t peak_gm_bytes = 0;      // inputs + outputs + states + every intermediate materialized in GM
   int64_t gm_intermediate_bytes = 0;
   int64_t spill_bytes = 0;        // GM traffic of spills and reloads
+  int64_t transform_bytes = 0;    // bytes layout transforms read and write inside the vector buffer
   std::map<std::string, double> busy_s;  // per lane, summed over cores
   std::vector<OperatorStats> per_operator;
   std::vector<KernelStats> kernels;

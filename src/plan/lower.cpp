@@ -86,6 +86,8 @@ class Lowerer {
     l0b_ = dev_.matrix.input_b;
     l0c_ = dev_.matrix.output;
     stage_ = staging_buffer(dev_);
+    // Operands move as fp16 when the matrix unit multiplies fp16 (an NPU's Cube), else as fp32.
+    operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) ? 2 : 4;
   }
 
   void run() {
@@ -107,6 +109,7 @@ class Lowerer {
   const Device& dev_;
   int64_t L_, Vc_;
   std::string ub_, l0a_, l0b_, l0c_, stage_;
+  int operand_bytes_ = 2;
   std::map<std::string, std::map<std::string, Copy>> res_;
   std::map<std::string, std::vector<int>> readers_;  // steps reading each tensor (for in-place writes)
   std::map<std::pair<std::string, std::string>, int> arrival_step_;
@@ -191,7 +194,7 @@ class Lowerer {
       res_[t][loc] = c;
       return;
     }
-    if (loc == l0a_ || loc == l0b_ || loc == l0c_) make_room(loc, numel(t) * elem, step, keep);
+    if ((loc == l0a_ || loc == l0b_ || loc == l0c_) && loc != ub_ && loc != stage_) make_room(loc, numel(t) * elem, step, keep);
     drop(t, loc);  // an older copy in the same buffer is superseded
     Copy c;
     c.ready = step, c.first = step, c.last_use = step, c.elem = elem, c.layout = layout, c.from_gm = from_gm;
@@ -203,6 +206,7 @@ class Lowerer {
   // Moves t from `from` to `to` along the cheapest route; returns the last step.
   int move(const std::string& t, const std::string& from, const std::string& to, const std::string& op, int elem,
            const std::string& when = "every", const std::set<std::string>& keep = {}) {
+    if (from == to) return res_.at(t).at(from).ready;  // one buffer serves both (a CPU's cache)
     const Route r = cheapest_route(dev_, from, to);
     if (r.hops.empty())
       throw Error("device " + dev_.name + ": no data path from " + from + " to " + to + " (needed to move tensor " + t +
@@ -291,7 +295,7 @@ class Lowerer {
         Copy& c = res_[t][ub_];
         int ready = c.ready;
         int temp_first = -1;
-        if (c.elem == 4) {  // fp32 -> fp16 for the matrix unit
+        if (c.elem == 4 && operand_bytes_ == 2) {  // fp32 -> fp16 for the matrix unit
           Step s;
           s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
           ready = add(s);
@@ -303,13 +307,14 @@ class Lowerer {
           ready = tr;
           if (temp_first < 0) temp_first = tr;
         }
+        if (stage_ == ub_) return ready;  // operands are read where the vector unit left them
         const Route r = cheapest_route(dev_, ub_, stage_);
         if (r.hops.empty()) throw Error("device " + dev_.name + ": no data path from " + ub_ + " to " + stage_);
         // The converted copy exists in UB only until it has moved on.
         const Layout saved = c.layout;
         c.layout = Layout::Blocked;
         const int before = static_cast<int>(k_.steps.size());
-        move(t, ub_, stage_, op, 2);
+        move(t, ub_, stage_, op, operand_bytes_);
         dep(before, ready);
         res_[t][ub_].layout = saved;
         if (temp_first >= 0) {
@@ -317,11 +322,11 @@ class Lowerer {
           k_.lifetimes.push_back(lt);
         }
       } else {
-        move(t, kGM, stage_, op, 2);
+        move(t, kGM, stage_, op, res_[t][kGM].elem);
       }
     }
     if (spilled(t)) drop(t, ub_);
-    return move(t, stage_, buf, op, 2, "every", keep);
+    return move(t, stage_, buf, op, res_.at(t).at(stage_).elem, "every", keep);
   }
 
   bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
@@ -348,9 +353,10 @@ class Lowerer {
     if (cx_.to_gm.count("S")) store("S", "state_snapshot");
   }
 
-  void store(const std::string& t, const std::string& op, const std::string& when = "every") {
+  // Stores t to GM; intermediates kept in GM as fp16 are cast first, the final state never is.
+  void store(const std::string& t, const std::string& op, const std::string& when = "every", bool fp16_allowed = true) {
     int elem = res_.at(t).at(ub_).elem;
-    if (cx_.f16_in_gm.count(t) && elem == 4) {
+    if (fp16_allowed && cx_.f16_in_gm.count(t) && elem == 4) {
       Step s;
       s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
       const int i = add(s);
@@ -370,7 +376,7 @@ class Lowerer {
     const bool state = state_tensor(t);
     if (state) {
       res_[t][ub_].carried = true;
-      if (k_.state_out != "none") store(t, "state_out", "last");
+      if (k_.state_out != "none") store(t, "state_out", "last", false);
       return;
     }
     const bool spill = std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end();
@@ -396,9 +402,13 @@ class Lowerer {
     }
     for (int r : ready) dep(c, r);
     for (const std::string& out : op.outputs) {
-      arrive(out, l0c_, c, 4, Layout::Blocked, false);
-      move(out, l0c_, ub_, op.name, 4);
-      drop(out, l0c_);
+      if (l0c_ == ub_) {
+        arrive(out, ub_, c, 4, Layout::Blocked, false);
+      } else {
+        arrive(out, l0c_, c, 4, Layout::Blocked, false);
+        move(out, l0c_, ub_, op.name, 4);
+        drop(out, l0c_);
+      }
       if (layout_of(out) == Layout::Dense && is_layout_decision(g_.tensor(out))) {
         transform(out, op.name, res_[out][ub_].ready);
         res_[out][ub_].layout = Layout::Dense;

@@ -458,6 +458,13 @@ void validate_plan(const Plan& plan) {
     if (static_cast<int>(k.cores.size()) != plan.cores)
       throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
     for (const std::string& o : k.order) kernel_ops[ki].push_back(op_id(o));
+    // The chunk program computes exactly the order's operators, in that order.
+    std::vector<std::string> computed;
+    for (const Step& st : k.steps)
+      if (st.kind == "compute") computed.push_back(st.op);
+    if (computed != k.order)
+      throw Error(where(ki) + ".steps: the compute steps do not run the operators of " + where(ki) +
+                  ".order in that order (re-plan after changing the order)");
     for (size_t ci = 0; ci < k.cores.size(); ++ci)
       for (size_t ii = 0; ii < k.cores[ci].size(); ++ii) {
         const PlanItem& it = k.cores[ci][ii];

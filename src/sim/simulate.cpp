@@ -46,9 +46,11 @@ class Simulator {
     if (lanes == dev.vector.lanes.end() || lanes->second.value <= 0)
       throw Error("device " + dev.name + ": vector.lanes has no positive F32 entry (the simulator runs vector work in fp32)");
     vec_lanes_ = lanes->second.value;
+    // Matrix operands are fp16 where the unit multiplies fp16 (NPU), else fp32 (a CPU's FMA units).
     auto macs = dev.matrix.macs_per_cycle.find(DType::F16);
+    if (macs == dev.matrix.macs_per_cycle.end()) macs = dev.matrix.macs_per_cycle.find(DType::F32);
     if (macs == dev.matrix.macs_per_cycle.end() || macs->second.value <= 0)
-      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 entry (matrix operands are fp16)");
+      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 or F32 entry");
     mac_rate_ = macs->second.value * hz_;
     tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
   }
@@ -135,6 +137,7 @@ class Simulator {
       }
     } else {  // transform, cast, zero: one vector operation per element
       c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
+      if (s.kind == "transform") c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
       c.seconds = c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
@@ -281,6 +284,7 @@ class Simulator {
       o.macs += sc.macs, o.executed_macs += sc.executed_macs;
       r.executed_macs += sc.executed_macs;
     } else {
+      if (si.step->kind == "transform") r.transform_bytes += sc.bytes;
       o.vector_s += sc.seconds;
       o.vector_ops += sc.vector_ops;
       r.vector_ops += sc.vector_ops;
@@ -374,6 +378,7 @@ nlohmann::json sim_result_to_json(const SimResult& r, bool detail) {
   j["peak_gm_bytes"] = r.peak_gm_bytes;
   j["gm_intermediate_bytes"] = r.gm_intermediate_bytes;
   j["spill_bytes"] = r.spill_bytes;
+  j["transform_bytes"] = r.transform_bytes;
   j["busy_s"] = r.busy_s;
   j["kernels"] = static_cast<int64_t>(r.kernels.size());
   if (detail) {
