@@ -17,3 +17,5 @@ void register_tokenize_command(CLI::App& app);
 void register_device_command(CLI::App& app);
 /// `hanpu plan` and `hanpu simulate`: HA-NPU and baseline plans on a device model (cmd_plan.cpp).
 void register_plan_commands(CLI::App& app);
+/// `hanpu report`: sweep strategies and shapes on a device model into one HTML report (cmd_report.cpp).
+void register_report_command(CLI::App& app);

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   register_tokenize_command(app);
   register_device_command(app);
   register_plan_commands(app);
+  register_report_command(app);
 
   // Subcommands do their work in callbacks, which run inside parse(); so the hanpu/std handlers
   // below also cover the commands themselves, not just argument parsing.

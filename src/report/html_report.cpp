@@ -31,6 +31,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums}
 caption{caption-side:bottom;font-size:12px;color:#555;padding-top:4px;text-align:left}
 figure{margin:12px 0 20px 0}figcaption{font-size:12px;color:#555}
 svg.chart{max-width:100%;height:auto}
+div.row{display:flex;flex-wrap:wrap;gap:8px 16px;margin:12px 0 20px 0}div.row figure{margin:0}
 pre{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}
 )";
 
@@ -91,6 +92,15 @@ void HtmlReport::svg(const std::string& svg_markup, const std::string& caption) 
   std::string s = "<figure>\n" + svg_markup;
   if (!caption.empty()) s += "<figcaption>" + xml_escape(caption) + "</figcaption>\n";
   body_.push_back(s + "</figure>\n");
+}
+
+void HtmlReport::svg_row(const std::vector<std::string>& svg_markups) {
+  std::string s = "<div class=\"row\">\n";
+  for (const std::string& m : svg_markups) {
+    if (m.rfind("<svg", 0) != 0) throw Error("HtmlReport: svg_row(): markup does not start with <svg");
+    s += "<figure>\n" + m + "</figure>\n";
+  }
+  body_.push_back(s + "</div>\n");
 }
 
 void HtmlReport::preformatted(const std::string& text) { body_.push_back("<pre>" + xml_escape(text) + "</pre>\n"); }

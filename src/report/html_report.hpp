@@ -24,6 +24,9 @@ class HtmlReport {
              const std::string& caption = "");
   /// An SVG chart as produced by svg_chart.hpp (inserted verbatim; it must start with "<svg").
   void svg(const std::string& svg_markup, const std::string& caption = "");
+  /// Several SVG charts side by side, wrapping onto the next line when the page is narrower than
+  /// their widths (a family of charts, e.g. one per variant). Each must start with "<svg".
+  void svg_row(const std::vector<std::string>& svg_markups);
   /// Preformatted text (escaped), e.g. a command line or a small JSON excerpt.
   void preformatted(const std::string& text);
 
