@@ -11,3 +11,5 @@ class App;
 void register_la_commands(CLI::App& app);
 /// `hanpu bench`: performance measurements (cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+/// `hanpu bench-linear`: bf16-weight projection kernels (cmd_bench_linear.cpp).
+void register_bench_linear_command(CLI::App& app);
