@@ -164,7 +164,7 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     const int nt = static_cast<int>(std::min<int64_t>(threads, quads));
     run(nt, [&](int t) {
       const int64_t n0 = std::min(N, part(quads, t, nt) * 64), n1 = std::min(N, part(quads, t + 1, nt) * 64);
-      if (n0 < n1) cpu::amx_gemv(xs, M, terms, wp, K, n0, n1, yd, ldy, accumulate);
+      if (n0 < n1) cpu::amx_gemv(xs, M, terms, wp, K, N, n0, n1, yd, ldy, accumulate);
     });
     return;
   }
@@ -201,7 +201,7 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
       }
       if (n0 >= n1 || s0 >= s1) return;
       float* cbuf = scratch<float>(c_scratch, cpu::amx_cbuf_floats(s1 - s0));
-      cpu::amx_gemm(ap, s0, s1, rows, terms, wp, K, n0, n1, ypass, ldy, accumulate, cbuf);
+      cpu::amx_gemm(ap, s0, s1, rows, terms, wp, K, N, n0, n1, ypass, ldy, accumulate, cbuf);
     });
   }
 }
