@@ -1,7 +1,9 @@
 // `hanpu bench-linear`: Bf16Linear (y = x W^T, bf16 weight, f32 activations) on random data, next
 // to the machine's f32 FMA peak and read bandwidth measured in the same run. Prints GFLOP/s
 // (2*M*K*N per forward) and GB/s of weight bytes streamed (N*K*2 per forward: the decode limit),
-// and the error of the result against an fp64 reference on a sample of outputs.
+// and the error of the result against an fp64 reference on a sample of outputs. cpu% is the
+// process CPU time over wall time x threads: below ~95 other processes shared the cores and the
+// speeds are low by about that factor.
 //
 // Without --M/--K/--N it runs the projection shapes of Qwen3.5-0.8B (docs/LINEAR.md).
 #include <CLI/CLI.hpp>
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -45,8 +48,15 @@ struct Args {
   bool lm_head = false;
 };
 
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 struct Result {
   double seconds_per_call = 0;
+  double cpu_share = 0;    // process CPU time / (wall time x threads): < 1 when others share the cores
   double max_rel_err = 0;  // max |y - ref| / sum|x w| over sampled outputs
   double nmse = 0;         // sum (y - ref)^2 / sum ref^2 over sampled outputs
 };
@@ -62,6 +72,7 @@ Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M,
   const TensorView yv = TensorView::contiguous(y.data(), DType::F32, {M, N});
   lin.forward(xv, yv, threads, false, prec);  // warm-up (scratch buffers, thread pool)
   int reps = 0;
+  const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   double elapsed = 0;
   do {
@@ -71,6 +82,7 @@ Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M,
   } while (elapsed < min_seconds || reps < 2);
   Result r;
   r.seconds_per_call = elapsed / reps;
+  r.cpu_share = (process_cpu_seconds() - cpu0) / (elapsed * threads);
   // Error on a sample of outputs (fp64 reference).
   double se = 0, sr = 0;
   for (int s = 0; s < 256; ++s) {
@@ -116,8 +128,8 @@ void run(const Args& a) {
               "%.1f GB/s (1 thread), %.1f GB/s (%d threads)\n",
               h1.fma_peak_gflops_1thread, hn.fma_peak_gflops_all, hn.threads, h1.mem_bandwidth_gbs,
               hn.mem_bandwidth_gbs, hn.threads);
-  std::printf("%-18s %6s %6s %7s %3s %-8s %-7s %10s %9s %9s %7s %10s %10s\n", "shape", "M", "K", "N", "thr", "backend",
-              "mode", "ms/call", "GFLOP/s", "x f32pk", "GB/s W", "max rel", "nMSE");
+  std::printf("%-18s %6s %6s %7s %3s %-8s %-7s %10s %9s %9s %7s %5s %10s %10s\n", "shape", "M", "K", "N", "thr",
+              "backend", "mode", "ms/call", "GFLOP/s", "x f32pk", "GB/s W", "cpu%", "max rel", "nMSE");
   std::mt19937_64 rng(5);
   std::normal_distribution<float> nrm(0.f, 1.f);
   for (const auto& s : shapes) {
@@ -130,11 +142,12 @@ void run(const Args& a) {
           const Result r = run_one(lin, w, M, t, p, a.min_seconds);
           const double flops = 2.0 * M * s.K * s.N, wbytes = 2.0 * s.K * s.N;
           const double peak = t == 1 ? h1.fma_peak_gflops_1thread : hn.fma_peak_gflops_all;
-          std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %10.2e %10.2e\n", s.name.c_str(),
+          std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %5.0f %10.2e %10.2e\n",
+                      s.name.c_str(),
                       static_cast<long long>(M), static_cast<long long>(s.K), static_cast<long long>(s.N), t,
                       linear_backend_name(lin.backend()), linear_precision_name(p), r.seconds_per_call * 1e3,
                       flops / r.seconds_per_call / 1e9, flops / r.seconds_per_call / 1e9 / peak,
-                      wbytes / r.seconds_per_call / 1e9, r.max_rel_err, r.nmse);
+                      wbytes / r.seconds_per_call / 1e9, 100 * r.cpu_share, r.max_rel_err, r.nmse);
           std::fflush(stdout);
         }
       }
