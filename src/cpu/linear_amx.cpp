@@ -303,6 +303,13 @@ void amx_pack_weight(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
   for (int64_t nb = 0; nb < NB; ++nb) {
     for (int64_t ks = 0; ks < KS; ++ks) {
       uint16_t* tile = out + amx_weight_tile(nb, ks, NB, KS);
+      if ((nb + 1) * 16 <= N && (ks + 1) * 32 <= K) {  // interior tile: a 16 x 16 transpose of pairs
+        for (int64_t c = 0; c < 16; ++c) {
+          const uint16_t* src = w + (nb * 16 + c) * K + ks * 32;
+          for (int64_t r = 0; r < 16; ++r) std::memcpy(tile + r * 32 + c * 2, src + 2 * r, 4);
+        }
+        continue;
+      }
       for (int64_t c = 0; c < 16; ++c) {
         const int64_t n = nb * 16 + c;
         for (int64_t r = 0; r < 16; ++r) {
