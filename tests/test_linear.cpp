@@ -123,7 +123,7 @@ TEST(Linear, MatchesFp64ReferenceOnOddShapes) {
   for (int64_t M : {1, 3, 17, 64})
     for (int64_t K : {1, 7, 64, 1000, 1024})
       for (int64_t N : {1, 5, 33, 1027}) shapes.push_back({M, K, N});
-  // 513 rows cross a 256-row pass boundary twice and end in a partial 16-row tile.
+  // 513 rows cross the AMX GEMM's 64-row passes and end in a one-row pass.
   shapes.push_back({513, 1000, 1027});
   shapes.push_back({513, 7, 33});
   shapes.push_back({513, 1024, 5});

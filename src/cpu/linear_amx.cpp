@@ -49,8 +49,9 @@ namespace {
 // 395-432 and column blocks of 128/512/1024/2048 all within the noise of a shared machine: no
 // choice stood out, so the one whose working set fits L1 by design stays.
 constexpr int64_t kKC = kAmxKBlock;
-// Columns per column block: the C block of one 256-row pass, 256 x 512 x 4 = 512 KiB, and the
-// weight block (kKC*32 x 512 x 2 = 128 KiB) share the 2 MiB L2.
+// Columns per column block: the C block of one 64-row pass (linear_bf16.cpp), 64 x 512 x 4 =
+// 128 KiB, and the weight block (kKC*32 x 512 x 2 = 128 KiB) share the 2 MiB L2 with the pass's
+// packed rows.
 constexpr int64_t kNC = 512;
 
 struct alignas(64) TileConfig {
