@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hanpu/tensor.hpp"
 
@@ -55,6 +56,11 @@ class Bf16Linear {
   Bf16Linear(TensorView weight, std::string name);
   /// Same with an explicit backend; kAmx throws hanpu::Error when this machine cannot run it.
   Bf16Linear(TensorView weight, std::string name, LinearBackend backend);
+  /// Several weights with the same in_features stacked along out_features into one layer (e.g.
+  /// q/k/v, gate/up, in_proj_qkv/z/b/a: one pass over the input instead of several, and bigger
+  /// GEMMs). Output columns follow the order of `weights`. The rows are copied, so the views need
+  /// not outlive this object.
+  Bf16Linear(const std::vector<TensorView>& weights, std::string name, LinearBackend backend = LinearBackend::kAuto);
   ~Bf16Linear();
   Bf16Linear(Bf16Linear&&) noexcept;
   Bf16Linear& operator=(Bf16Linear&&) noexcept;

@@ -3,6 +3,7 @@
 // linear_portable.cpp (Highway, any CPU, checkpoint layout). docs/LINEAR.md has the method and
 // the measured speeds and errors.
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "cpu/linear_kernels.hpp"
@@ -83,6 +84,7 @@ struct Bf16Linear::Impl {
   std::string name;
   LinearBackend backend = LinearBackend::kPortable;
   ByteBuffer packed;  // AMX: the repacked weight (cpu::amx_pack_weight)
+  ByteBuffer owned;   // stacked weights: the concatenated rows `weight` points to
 };
 
 Bf16Linear::Bf16Linear() = default;
@@ -110,6 +112,33 @@ Bf16Linear::Bf16Linear(TensorView weight, std::string name, LinearBackend backen
     cpu::amx_pack_weight(static_cast<const uint16_t*>(weight.data), N, K,
                          reinterpret_cast<uint16_t*>(impl_->packed.data()));
   }
+}
+
+Bf16Linear::Bf16Linear(const std::vector<TensorView>& weights, std::string name, LinearBackend backend) {
+  if (weights.empty()) throw Error(name + ": no weights to stack");
+  int64_t rows = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const TensorView& w = weights[i];
+    const std::string which = name + " (stacked weight " + std::to_string(i) + ")";
+    if (w.dtype != DType::BF16 || w.rank != 2 || !w.is_contiguous())
+      throw Error(which + ": expected a contiguous 2-D BF16 weight [out_features, in_features], got " +
+                  std::string(dtype_name(w.dtype)) + " " + w.shape_str());
+    if (w.shape[1] != weights[0].shape[1])
+      throw Error(which + ": in_features " + std::to_string(w.shape[1]) + " differs from the first weight's " +
+                  std::to_string(weights[0].shape[1]));
+    if (w.data == nullptr && w.numel() > 0) throw Error(which + ": weight view has no data");
+    rows += w.shape[0];
+  }
+  const int64_t K = weights[0].shape[1];
+  ByteBuffer owned(static_cast<size_t>(rows * K) * sizeof(uint16_t));
+  auto* dst = reinterpret_cast<uint16_t*>(owned.data());
+  for (const TensorView& w : weights) {
+    if (w.numel() > 0) std::memcpy(dst, w.data, static_cast<size_t>(w.numel()) * sizeof(uint16_t));
+    dst += w.numel();
+  }
+  *this = Bf16Linear(TensorView::contiguous(owned.data(), DType::BF16, {rows, K}), std::move(name), backend);
+  if (impl_->backend == LinearBackend::kAmx) impl_->weight.data = nullptr;  // packed: the rows are not read again
+  else impl_->owned = std::move(owned);  // ByteBuffer moves keep the data pointer: the view stays valid
 }
 
 int64_t Bf16Linear::in_features() const { return impl_->weight.shape[1]; }
