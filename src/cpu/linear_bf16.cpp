@@ -21,8 +21,8 @@ constexpr int64_t kGemvMaxRows = 2;
 // Activation rows converted and multiplied per pass. With 64 rows the pass's packed rows (64 x K
 // x 2 bytes per term: 384 KiB at K = 1024 and 3 terms), its C block (64 x 512 f32 = 128 KiB) and
 // the weight block (128 KiB) all stay in L2; the weight is read once per pass (from L3 after the
-// first). Measured (M=512, K=1024, N=8192, exact, loaded machine, GFLOP per CPU-second): 64 rows
-// 368-373, 256 rows 280-309; 32 rows within noise of 64.
+// first). Measured (M=512, K=1024, N=8192, exact, loaded machine, GFLOP per CPU-second, 4 rounds
+// interleaved): 64 rows 416-473, 128 rows 308-319, 256 rows 330-348; 32 rows within noise of 64.
 constexpr int64_t kRowsPerPass = 64;
 
 int precision_terms(LinearPrecision p) {
