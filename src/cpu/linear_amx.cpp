@@ -44,10 +44,9 @@ namespace {
 // k steps (of 32) per k block (kAmxKBlock = 4): the activation strip of one k block, 32 rows x
 // 128 k x 3 terms x 2 bytes = 24 KiB, stays in the 48 KiB L1 while it meets every panel of the
 // column block, next to the current weight panel (8 KiB); the C tiles are
-// reloaded once per k block (4 KiB per 48 TDPs). Measured (M=512, K=1024, N=8192, exact, on a
-// loaded machine, GFLOP per CPU-second): k blocks of 2/4/8/16/32 steps 307/352-384/390-405/381-390/
-// 395-432 and column blocks of 128/512/1024/2048 all within the noise of a shared machine: no
-// choice stood out, so the one whose working set fits L1 by design stays.
+// reloaded once per k block (4 KiB per 48 TDPs). Measured (M=512, K=1024, N=8192, exact, 64-row
+// passes, GFLOP per CPU-second on a loaded machine, 3 rounds interleaved): k blocks of 2/4/8/32
+// steps 240-266 / 373-395 / 305-320 / 351-379. Column blocks of 128 to 2048 were within noise.
 constexpr int64_t kKC = kAmxKBlock;
 // Columns per column block: the C block of one 64-row pass (linear_bf16.cpp), 64 x 512 x 4 =
 // 128 KiB, and the weight block (kKC*32 x 512 x 2 = 128 KiB) share the 2 MiB L2 with the pass's
