@@ -84,19 +84,16 @@ HANPU_AMX_TARGET inline void split32(const float* src, int64_t valid, int terms,
   const __m512i hi_mask = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   for (int t = 0; t < terms; ++t) {
     uint16_t* out = dst + t * term_stride;
-    if (t == terms - 1) {
-      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(r0);
-      const __m256i hi = (__m256i)_mm512_cvtneps_pbh(r1);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), lo);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), hi);
-    } else {
-      const __m512i b0 = _mm512_and_si512(_mm512_castps_si512(r0), hi_mask);
-      const __m512i b1 = _mm512_and_si512(_mm512_castps_si512(r1), hi_mask);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b0, 16)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), _mm512_cvtepi32_epi16(_mm512_srli_epi32(b1, 16)));
-      r0 = _mm512_sub_ps(r0, _mm512_castsi512_ps(b0));  // exact: the low bits of r0
-      r1 = _mm512_sub_ps(r1, _mm512_castsi512_ps(b1));
+    __m512 p0 = r0, p1 = r1;  // the last term: rounded to nearest by the conversion
+    if (t < terms - 1) {      // the others: truncated, so the remainder below is exact
+      p0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r0), hi_mask));
+      p1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r1), hi_mask));
     }
+    // A truncated part has 8 significant bits, so converting it to bf16 is exact.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), (__m256i)_mm512_cvtneps_pbh(p0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 16), (__m256i)_mm512_cvtneps_pbh(p1));
+    r0 = _mm512_sub_ps(r0, p0);
+    r1 = _mm512_sub_ps(r1, p1);
   }
 }
 

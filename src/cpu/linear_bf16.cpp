@@ -200,41 +200,36 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     return;
   }
 
-  const int64_t KS = cpu::amx_k_steps(K);
-  const int64_t strip_elems = cpu::kAmxRows * KS * cpu::kAmxK * terms;
+  // One pool dispatch per forward: each thread packs the rows it needs itself (all rows of a pass
+  // when the threads split the columns; packing is ~2% of the GEMM, so doing it twice is cheaper
+  // than a barrier per pass, which also stalls the other thread whenever one is descheduled).
+  // Columns are split when there are enough 32-column panels for every thread (each thread then
+  // reads only its part of the weight), otherwise the 32-row strips (small N: in_proj_b/a).
   const int64_t panels = (N + cpu::kAmxN - 1) / cpu::kAmxN;
-  for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
-    const int64_t rows = std::min(kRowsPerPass, M - m0);
-    const int64_t strips = (rows + cpu::kAmxRows - 1) / cpu::kAmxRows;
-    uint16_t* ap = scratch<uint16_t>(x_scratch, strips * strip_elems);
-    const float* xpass = xd + m0 * ldx;
-    const int np = static_cast<int>(std::min<int64_t>(threads, strips));
-    run(np, [&](int t) {
-      const int64_t s0 = part(strips, t, np), s1 = part(strips, t + 1, np);
-      const int64_t r0 = s0 * cpu::kAmxRows, r1 = std::min(rows, s1 * cpu::kAmxRows);
-      cpu::amx_pack_rows(xpass + r0 * ldx, ldx, std::max<int64_t>(r1 - r0, 0), (s1 - s0) * cpu::kAmxRows, K, terms,
-                         ap + s0 * strip_elems);
-    });
-    // Split the columns when there are enough panels for every thread (each thread then reads
-    // only its part of the weight), otherwise the strips (small N: in_proj_b/a).
-    const bool split_columns = panels >= 2 * threads || strips < threads;
-    const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? panels : strips));
-    float* ypass = yd + m0 * ldy;
-    run(nt, [&](int t) {
-      static thread_local ByteBuffer c_scratch;
-      int64_t s0 = 0, s1 = strips, n0 = 0, n1 = N;
-      if (split_columns) {
-        n0 = std::min(N, part(panels, t, nt) * cpu::kAmxN);
-        n1 = std::min(N, part(panels, t + 1, nt) * cpu::kAmxN);
-      } else {
-        s0 = part(strips, t, nt);
-        s1 = part(strips, t + 1, nt);
-      }
-      if (n0 >= n1 || s0 >= s1) return;
-      float* cbuf = scratch<float>(c_scratch, cpu::amx_cbuf_floats(s1 - s0));
-      cpu::amx_gemm(ap, s0, s1, rows, terms, wp, K, N, n0, n1, ypass, ldy, accumulate, cbuf);
-    });
-  }
+  const int64_t all_strips = (M + cpu::kAmxRows - 1) / cpu::kAmxRows;
+  const bool split_columns = panels >= 2 * threads || all_strips < threads;
+  const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? panels : all_strips));
+  run(nt, [&](int t) {
+    static thread_local ByteBuffer a_scratch, c_scratch;
+    int64_t r0 = 0, r1 = M, n0 = 0, n1 = N;
+    if (split_columns) {
+      n0 = std::min(N, part(panels, t, nt) * cpu::kAmxN);
+      n1 = std::min(N, part(panels, t + 1, nt) * cpu::kAmxN);
+    } else {
+      r0 = part(all_strips, t, nt) * cpu::kAmxRows;
+      r1 = std::min(M, part(all_strips, t + 1, nt) * cpu::kAmxRows);
+    }
+    if (n0 >= n1 || r0 >= r1) return;
+    const int64_t pass_strips = kRowsPerPass / cpu::kAmxRows;
+    uint16_t* ap = scratch<uint16_t>(a_scratch, cpu::amx_packed_rows_elems(kRowsPerPass, K, terms));
+    float* cbuf = scratch<float>(c_scratch, cpu::amx_cbuf_floats(pass_strips));
+    for (int64_t m0 = r0; m0 < r1; m0 += kRowsPerPass) {
+      const int64_t rows = std::min(kRowsPerPass, r1 - m0);
+      const int64_t strips = (rows + cpu::kAmxRows - 1) / cpu::kAmxRows;
+      cpu::amx_pack_rows(xd + m0 * ldx, ldx, rows, strips * cpu::kAmxRows, K, terms, ap);
+      cpu::amx_gemm(ap, 0, strips, rows, terms, wp, K, N, n0, n1, yd + m0 * ldy, ldy, accumulate, cbuf);
+    }
+  });
 }
 
 }  // namespace hanpu
