@@ -281,6 +281,9 @@ TEST(Linear, BadShapesAndDtypesNameTheWeight) {
     expect_error([&] { lin.forward(TensorView::contiguous(x.data(), DType::F32, {2, 4}),
                                    TensorView::contiguous(y.data(), DType::F64, {2, 3}), 1); },
                  {"model.up.weight", "output", "F64"});
+    expect_error([&] { lin.forward(TensorView::contiguous(nullptr, DType::F32, {2, 4}),
+                                   TensorView::contiguous(y.data(), DType::F32, {2, 3}), 1); },
+                 {"model.up.weight", "without data"});
     TensorView xt = TensorView::contiguous(x.data(), DType::F32, {2, 4});
     xt.stride = {1, 2};  // transposed: columns not unit-stride
     expect_error([&] { lin.forward(xt, TensorView::contiguous(y.data(), DType::F32, {2, 3}), 1); },

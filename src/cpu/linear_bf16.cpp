@@ -160,6 +160,9 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
                 std::string(dtype_name(y.dtype)) + " " + y.shape_str());
   const int64_t M = x.shape[0];
   if (M == 0 || N == 0) return;
+  if (y.data == nullptr || (K > 0 && x.data == nullptr))
+    throw Error(impl_->name + ": forward on a view without data (input " + (x.data ? "set" : "null") + ", output " +
+                (y.data ? "set" : "null") + ")");
   const auto* xd = static_cast<const float*>(x.data);
   auto* yd = static_cast<float*>(y.data);
   const int64_t ldx = x.stride[0], ldy = y.stride[0];
