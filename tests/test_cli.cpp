@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -429,6 +430,19 @@ TEST(CliBench, AblationRunsEveryStepForRealAndSimulated) {
   }
   // The FLA-style plan materializes its intermediates in memory; the head-mapped ones do not.
   EXPECT_GT(rows[0]["sim_gm_bytes"].get<double>(), rows[1]["sim_gm_bytes"].get<double>());
+}
+
+// bench-linear: bad arguments are one-line errors with exit code 1.
+TEST(CliErrors, BenchLinearBadArguments) {
+  TempDir dir("hanpu_cli");
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"bench-linear --K 64", "--N"}, {"bench-linear --K 64 --N 8 --mode fp8", "fp8"},
+           {"bench-linear --K 64 --N 8 --backend gpu", "gpu"}, {"bench-linear --K 64 --N 8 --M 0", "--M"}}) {
+    const RunResult r = run_hanpu(dir, args);
+    EXPECT_TRUE(r.exited && r.code == 1) << r.command << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.command << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 }  // namespace

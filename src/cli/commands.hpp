@@ -19,3 +19,5 @@ void register_device_command(CLI::App& app);
 void register_plan_commands(CLI::App& app);
 /// `hanpu report`: sweep strategies and shapes on a device model into one HTML report (cmd_report.cpp).
 void register_report_command(CLI::App& app);
+/// `hanpu bench-linear`: bf16-weight projection kernels (cmd_bench_linear.cpp).
+void register_bench_linear_command(CLI::App& app);
