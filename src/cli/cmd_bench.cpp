@@ -43,6 +43,11 @@ struct BenchArgs {
 
 struct Inputs {
   Tensor q, k, v, g, beta;
+  LaInputs views() const {
+    LaInputs li{};
+    li.q = q.view(), li.k = k.view(), li.v = v.view(), li.g = g.view(), li.beta = beta.view();
+    return li;
+  }
 };
 
 // FLA-test-like synthetic data: q, k L2-normalised, v normal, g = logsigmoid(U[0,1)), beta =
@@ -82,6 +87,24 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Runs `run` once to warm up (arenas, pool, caches), then times it until at least min_reps runs
+// and min_seconds have passed (at most 50 runs): the seconds of each timed run.
+template <class Run>
+std::vector<double> time_runs(const BenchArgs& a, Run&& run) {
+  run();
+  std::vector<double> times;
+  double total = 0;
+  while (static_cast<int>(times.size()) < a.min_reps || total < a.min_seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    times.push_back(s);
+    total += s;
+    if (times.size() >= 50) break;
+  }
+  return times;
 }
 
 CpuPath parse_path(const std::string& p) {
@@ -156,12 +179,7 @@ void run_bench(const BenchArgs& a) {
         for (int64_t T : a.Ts) {
           if (T < 1 || H < 1) throw Error("--T and --heads must be positive");
           const Inputs in = make_inputs(var, T, H, a.dim, a.dim, dt);
-          LaInputs li;
-          li.q = in.q.view();
-          li.k = in.k.view();
-          li.v = in.v.view();
-          li.g = in.g.view();
-          li.beta = in.beta.view();
+          const LaInputs li = in.views();
           Tensor o(dt, {1, T, H, a.dim}), ht(DType::F32, {1, H, a.dim, a.dim});
           const LaOutputs lo{o.view(), ht.view()};
           for (const std::string& pname : a.paths) {
@@ -169,17 +187,7 @@ void run_bench(const BenchArgs& a) {
             for (int th : thread_counts) {
               size_t extra = 0;
               ExecOptions ex{path, th, nullptr, &extra};
-              la_prefill(var, li, LaOptions{}, lo, ex);  // warm-up (arenas, pool, caches)
-              std::vector<double> times;
-              double total = 0;
-              while (static_cast<int>(times.size()) < a.min_reps || total < a.min_seconds) {
-                const auto t0 = std::chrono::steady_clock::now();
-                la_prefill(var, li, LaOptions{}, lo, ex);
-                const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-                times.push_back(s);
-                total += s;
-                if (times.size() >= 50) break;
-              }
+              const std::vector<double> times = time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, ex); });
               Row r{vname, pname, dname, T, H, a.dim, a.dim, th, 0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
               const double sec = median(times);
               r.ms = sec * 1e3;
@@ -245,12 +253,7 @@ void run_ablation(const BenchArgs& a) {
       for (int64_t H : a.heads) {
         for (int64_t T : a.Ts) {
           const Inputs in = make_inputs(var, T, H, a.dim, a.dim, dt);
-          LaInputs li{};
-          li.q = in.q.view();
-          li.k = in.k.view();
-          li.v = in.v.view();
-          li.g = in.g.view();
-          li.beta = in.beta.view();
+          const LaInputs li = in.views();
           Tensor o(dt, {1, T, H, a.dim}), ht(DType::F32, {1, H, a.dim, a.dim});
           const LaOutputs lo{o.view(), ht.view()};
           const LaShape shape = validate_la(var, li, LaOptions{});
@@ -262,18 +265,7 @@ void run_ablation(const BenchArgs& a) {
             const CpuExecution ex = cpu_execution_for(plan, shape, prob.seqlens);
             const SimResult sim = simulate(plan, host);
             ExecOptions eo{ex.path, ex.threads, ex.path == CpuPath::HeadFused ? &ex.plan : nullptr, nullptr};
-            la_prefill(var, li, LaOptions{}, lo, eo);  // warm-up
-            std::vector<double> times;
-            double total = 0;
-            while (static_cast<int>(times.size()) < a.min_reps || total < a.min_seconds) {
-              const auto t0 = std::chrono::steady_clock::now();
-              la_prefill(var, li, LaOptions{}, lo, eo);
-              const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-              times.push_back(sec);
-              total += sec;
-              if (times.size() >= 50) break;
-            }
-            const double sec = median(times);
+            const double sec = median(time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, eo); }));
             const double gflops = la_flops_per_token_head(var, a.dim, a.dim) * static_cast<double>(T * H) / sec / 1e9;
             const double gm = static_cast<double>(sim.gm_read_bytes + sim.gm_write_bytes);
             out.push_back({{"variant", vname}, {"T", T}, {"heads", H}, {"dtype", dname}, {"threads", threads},
