@@ -11,3 +11,5 @@ class App;
 void register_la_commands(CLI::App& app);
 /// `hanpu bench`: performance measurements (cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+/// `hanpu run` and `hanpu bench-model`: Qwen3.5 models end to end (cmd_model.cpp).
+void register_model_commands(CLI::App& app);

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   register_la_commands(app);
   register_bench_command(app);
+  register_model_commands(app);
 
   // Subcommands do their work in callbacks, which run inside parse(); so the hanpu/std handlers
   // below also cover the commands themselves, not just argument parsing.
