@@ -13,6 +13,7 @@
 
 #include "hanpu/model.hpp"
 #include "io/safetensors.hpp"
+#include "model/qwen35_ops.hpp"
 #include "test_support.hpp"
 
 namespace hanpu {
@@ -382,6 +383,57 @@ TEST(Sampler, GreedyTopKTopPAndSeeds) {
   Sampler a({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5}), b({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
   EXPECT_THROW(Sampler({.temperature = 1.0f, .top_k = 0, .top_p = 0.0f}), Error);
+}
+
+}  // namespace
+}  // namespace hanpu
+
+namespace hanpu {
+namespace {
+
+// The attention block kernel against a plain double-precision softmax(q k^T) v, for head dims on
+// and off the vector width, GQA groups, and a cache that already holds p0 tokens.
+TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
+  struct Case {
+    int64_t T, p0, nq, nkv, hd;
+  };
+  for (const Case c : {Case{70, 0, 8, 2, 256}, Case{5, 33, 4, 2, 40}, Case{1, 100, 8, 2, 256}, Case{37, 3, 3, 3, 8}}) {
+    const int64_t keys = c.p0 + c.T, group = c.nq / c.nkv;
+    std::vector<float> q(static_cast<size_t>(c.T * c.nq * c.hd)), k(static_cast<size_t>(keys * c.nkv * c.hd)),
+        v(k.size()), out(q.size());
+    uint64_t s = 99;
+    auto rnd = [&] {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      return static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    };
+    for (auto* vec : {&q, &k, &v})
+      for (float& x : *vec) x = rnd();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    model::causal_attention(q.data(), k.data(), v.data(), out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale, 2);
+    double worst = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t h = 0; h < c.nq; ++h) {
+        const int64_t g = h / group, visible = c.p0 + t + 1;
+        std::vector<double> p(static_cast<size_t>(visible));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < c.hd; ++i)
+            dot += static_cast<double>(q[static_cast<size_t>((t * c.nq + h) * c.hd + i)]) *
+                   k[static_cast<size_t>((j * c.nkv + g) * c.hd + i)];
+          p[static_cast<size_t>(j)] = dot * scale;
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < c.hd; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j < visible; ++j)
+            o += p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((j * c.nkv + g) * c.hd + i)];
+          worst = std::max(worst, std::abs(o - out[static_cast<size_t>((t * c.nq + h) * c.hd + i)]));
+        }
+      }
+    EXPECT_LT(worst, 2e-5) << "T " << c.T << " p0 " << c.p0 << " hd " << c.hd;
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "hanpu/linear.hpp"
 #include "hanpu/model.hpp"
 #include "io/safetensors.hpp"
+#include "model/qwen35_kernels.hpp"
 #include "model/qwen35_ops.hpp"
 
 namespace hanpu {
@@ -515,7 +516,7 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
       for (int64_t hh = 0; hh < nq; ++hh) {
         float* o = attn.data() + (t * nq + hh) * hd;
         const float* g = qg.data() + (t * nq + hh) * 2 * hd + hd;
-        for (int64_t i = 0; i < hd; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+        model::simd_sigmoid_mul_row(o, g, static_cast<size_t>(hd));
       }
   });
   if (tm) tm->attn_core += seconds_since(t0);

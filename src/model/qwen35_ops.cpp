@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "cpu/thread_pool.hpp"
+#include "hanpu/tensor.hpp"
+#include "model/qwen35_kernels.hpp"
 
 namespace hanpu::model {
 
@@ -23,26 +25,11 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int6
   });
 }
 
-namespace {
-
-inline float silu(float x) { return x / (1.f + std::exp(-x)); }
-
-inline float inv_rms(const float* x, int64_t n, float eps) {
-  float ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
-  return 1.f / std::sqrt(ss / static_cast<float>(n) + eps);
-}
-
-}  // namespace
-
 void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t rows, int64_t dim,
                    const float* scale, float eps, int threads) {
   parallel_for(rows, rows >= 16 ? threads : 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * ldx;
-      float* o = out + r * ldo;
-      const float s = inv_rms(xr, dim, eps);
-      for (int64_t i = 0; i < dim; ++i) o[i] = xr[i] * s * scale[i];
+      simd_rms_norm_row(x + r * ldx, out + r * ldo, static_cast<size_t>(dim), scale, eps);
     }
   });
 }
@@ -72,7 +59,7 @@ void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, con
           const float* wj = wt.data() + j * kBlock;
           for (int64_t c = 0; c < n; ++c) yr[c] += wj[c] * in[c];
         }
-        for (int64_t c = 0; c < n; ++c) yr[c] = silu(yr[c]);
+        simd_silu_row(yr, static_cast<size_t>(n));
       }
       // New state: the last S rows of [state; x] (copied out first, the regions may overlap).
       for (int64_t r = 0; r < S; ++r) {
@@ -89,10 +76,7 @@ void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64
   const int64_t n = rows * heads;
   parallel_for(n, n >= 64 ? threads : 1, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      float* x = o + i * dim;
-      const float* g = z + i * dim;
-      const float s = inv_rms(x, dim, eps);
-      for (int64_t d = 0; d < dim; ++d) x[d] = (x[d] * s * w[d]) * silu(g[d]);
+      simd_gated_norm_row(o + i * dim, z + i * dim, w, static_cast<size_t>(dim), eps);
     }
   });
 }
@@ -100,9 +84,7 @@ void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64
 void silu_mul(float* gate, const float* up, int64_t rows, int64_t n, int64_t ld, int threads) {
   parallel_for(rows, rows >= 4 ? threads : 1, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      float* g = gate + r * ld;
-      const float* u = up + r * ld;
-      for (int64_t i = 0; i < n; ++i) g[i] = silu(g[i]) * u[i];
+      simd_silu_mul_row(gate + r * ld, up + r * ld, static_cast<size_t>(n));
     }
   });
 }
@@ -120,46 +102,54 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
                       int64_t nq, int64_t nkv, int64_t hd, float scale, int threads) {
   const int64_t group = nq / nkv;
   const int64_t ld = nkv * hd;  // cache row stride
-  // Work items: (query head, block of queries). Blocks of 16 queries reuse each key row 16 times
-  // from L1 (16 score rows of up to p0+T floats); causal blocks near the end cost more, so items
-  // are dealt round-robin to even out the threads.
-  constexpr int64_t kQueryBlock = 16;
-  const int64_t qblocks = (T + kQueryBlock - 1) / kQueryBlock;
-  const int64_t items = nq * qblocks;
+  // Work items: (KV head, block of tokens); an item's rows are the block's tokens times the
+  // group's query heads, all reading the same keys. About 32 rows per item: each key tile is
+  // reused 32 times from L1, and the item's score rows (32 x keys floats, 256 KiB at 2K keys)
+  // stay in L2. Later blocks see more keys, so items are dealt round-robin to even out threads.
+  constexpr int64_t kRowsPerItem = 32;
+  const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
+  const int64_t blocks = (T + tokens_per_item - 1) / tokens_per_item;
+  const int64_t items = nkv * blocks;
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
+  const size_t tile = attention_key_tile();
+  const size_t score_stride = static_cast<size_t>((p0 + T + static_cast<int64_t>(tile) - 1) / static_cast<int64_t>(tile)) * tile;
+  const size_t side = std::max(score_stride, static_cast<size_t>(hd));
   auto work = [&](int tid) {
-    std::vector<float> scores(static_cast<size_t>(kQueryBlock * (p0 + T)));
-    std::vector<float> acc(static_cast<size_t>(hd));
+    const size_t max_rows = static_cast<size_t>(tokens_per_item * group);
+    ByteBuffer scratch((max_rows * score_stride + static_cast<size_t>(hd) * tile + 2 * side) * sizeof(float));
+    float* key_tile = reinterpret_cast<float*>(scratch.data());  // 64-byte aligned start
+    float* scores = key_tile + static_cast<size_t>(hd) * tile;
+    float* zero_row = scores + max_rows * score_stride;  // ByteBuffer is zero-initialised
+    float* discard = zero_row + side;
+    std::vector<const float*> qrows(max_rows);
+    std::vector<float*> orows(max_rows);
+    std::vector<size_t> limit(max_rows);
     for (int64_t item = tid; item < items; item += nt) {
-      const int64_t h = item % nq, qb = item / nq;
-      const int64_t kvh = h / group;
-      const int64_t t0 = qb * kQueryBlock, t1 = std::min(T, t0 + kQueryBlock);
-      const int64_t nkeys = p0 + t1;  // keys visible to the block's last query
-      for (int64_t t = t0; t < t1; ++t) {
-        const float* qr = q + (t * nq + h) * hd;
-        float* sr = scores.data() + (t - t0) * (p0 + T);
-        const int64_t visible = p0 + t + 1;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < visible; ++j) {
-          const float* kr = keys + j * ld + kvh * hd;
-          float d = 0;
-          for (int64_t i = 0; i < hd; ++i) d += qr[i] * kr[i];
-          sr[j] = d * scale;
-          mx = std::max(mx, sr[j]);
+      const int64_t g = item % nkv, b = item / nkv;
+      const int64_t t0 = b * tokens_per_item, t1 = std::min(T, t0 + tokens_per_item);
+      size_t rows = 0;
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = g * group; h < (g + 1) * group; ++h, ++rows) {
+          qrows[rows] = q + (t * nq + h) * hd;
+          orows[rows] = out + (t * nq + h) * hd;
+          limit[rows] = static_cast<size_t>(p0 + t + 1);
         }
-        float sum = 0;
-        for (int64_t j = 0; j < visible; ++j) sum += (sr[j] = std::exp(sr[j] - mx));
-        const float inv = 1.f / sum;
-        for (int64_t j = 0; j < visible; ++j) sr[j] *= inv;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t j = 0; j < visible; ++j) {
-          const float* vr = values + j * ld + kvh * hd;
-          const float p = sr[j];
-          for (int64_t i = 0; i < hd; ++i) acc[i] += p * vr[i];
-        }
-        std::copy(acc.begin(), acc.end(), out + (t * nq + h) * hd);
-      }
-      (void)nkeys;
+      AttentionRowsArgs args;
+      args.q = qrows.data();
+      args.out = orows.data();
+      args.limit = limit.data();
+      args.rows = rows;
+      args.head_dim = static_cast<size_t>(hd);
+      args.keys = keys + g * hd;
+      args.values = values + g * hd;
+      args.kv_stride = static_cast<size_t>(ld);
+      args.scale = scale;
+      args.scores = scores;
+      args.score_stride = score_stride;
+      args.key_tile = key_tile;
+      args.zero_row = zero_row;
+      args.discard_row = discard;
+      attention_rows(args);
     }
   };
   if (nt == 1) work(0);

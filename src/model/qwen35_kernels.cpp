@@ -1,0 +1,273 @@
+// SIMD kernels of the Qwen3.5 layer glue (Highway, compiled per target and dispatched at run
+// time): rows of RMSNorm, SiLU/sigmoid gating, and the block kernel of causal attention.
+//
+// Attention block (attention_rows): R query rows that share one KV head (the GQA group of a few
+// tokens) against that head's keys and values, in three passes:
+//   1. scores S = Q K^T tile by tile: a tile of 2 vectors of keys is transposed into K^T
+//      [hd][2N] so that 4 query rows x 2 vectors accumulate in 8 registers with one broadcast of
+//      q[r][d] per row and two loads per d (a register-blocked GEMM, no horizontal sums);
+//   2. softmax per row in place, exact (max, exp, sum), zeros past the row's causal limit;
+//   3. O = P V: 4 rows x up to 4 vectors of head dims accumulate over the keys, one broadcast of
+//      P[r][j] per row and up to four row loads of V per key.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/qwen35_kernels.hpp"
+
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "model/qwen35_kernels.cpp"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
+
+HWY_BEFORE_NAMESPACE();
+namespace hanpu::model {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+HWY_INLINE VF Sigmoid(DF d, VF x) {
+  const VF one = hn::Set(d, 1.0f);
+  return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+}
+
+HWY_INLINE float SumSquares(const float* HWY_RESTRICT x, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF acc = hn::Zero(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF v = hn::LoadU(d, x + i);
+    acc = hn::MulAdd(v, v, acc);
+  }
+  float s = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < n; ++i) s += x[i] * x[i];
+  return s;
+}
+
+void RmsNormRow(const float* HWY_RESTRICT x, float* HWY_RESTRICT out, size_t n, const float* HWY_RESTRICT scale,
+                float eps) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const float inv = 1.0f / std::sqrt(SumSquares(x, n) / static_cast<float>(n) + eps);
+  const VF vinv = hn::Set(d, inv);
+  size_t i = 0;
+  for (; i + N <= n; i += N)
+    hn::StoreU(hn::Mul(hn::Mul(hn::LoadU(d, x + i), vinv), hn::LoadU(d, scale + i)), d, out + i);
+  for (; i < n; ++i) out[i] = x[i] * inv * scale[i];
+}
+
+void SiluMulRow(float* HWY_RESTRICT g, const float* HWY_RESTRICT u, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF x = hn::LoadU(d, g + i);
+    hn::StoreU(hn::Mul(hn::Mul(x, Sigmoid(d, x)), hn::LoadU(d, u + i)), d, g + i);
+  }
+  for (; i < n; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+void SiluRow(float* HWY_RESTRICT y, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF x = hn::LoadU(d, y + i);
+    hn::StoreU(hn::Mul(x, Sigmoid(d, x)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] = y[i] / (1.0f + std::exp(-y[i]));
+}
+
+void SigmoidMulRow(float* HWY_RESTRICT o, const float* HWY_RESTRICT g, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, o + i), Sigmoid(d, hn::LoadU(d, g + i))), d, o + i);
+  for (; i < n; ++i) o[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+}
+
+void GatedNormRow(float* HWY_RESTRICT o, const float* HWY_RESTRICT z, const float* HWY_RESTRICT w, size_t n, float eps) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const float inv = 1.0f / std::sqrt(SumSquares(o, n) / static_cast<float>(n) + eps);
+  const VF vinv = hn::Set(d, inv);
+  size_t i = 0;
+  for (; i + N <= n; i += N) {
+    const VF normed = hn::Mul(hn::Mul(hn::LoadU(d, o + i), vinv), hn::LoadU(d, w + i));
+    const VF zz = hn::LoadU(d, z + i);
+    hn::StoreU(hn::Mul(normed, hn::Mul(zz, Sigmoid(d, zz))), d, o + i);
+  }
+  for (; i < n; ++i) o[i] = (o[i] * inv * w[i]) * (z[i] / (1.0f + std::exp(-z[i])));
+}
+
+size_t AttentionKeyTile() { return 2 * hn::Lanes(DF()); }
+
+// Scores of 4 rows against one transposed key tile [hd][2N].
+HWY_INLINE void ScoreTile4(const float* const* q, const float* HWY_RESTRICT kt, size_t hd, float* const* s) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF a00 = hn::Zero(d), a01 = hn::Zero(d), a10 = hn::Zero(d), a11 = hn::Zero(d);
+  VF a20 = hn::Zero(d), a21 = hn::Zero(d), a30 = hn::Zero(d), a31 = hn::Zero(d);
+  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+  for (size_t i = 0; i < hd; ++i) {
+    const VF k0 = hn::Load(d, kt + i * 2 * N), k1 = hn::Load(d, kt + i * 2 * N + N);
+    VF b = hn::Set(d, q0[i]);
+    a00 = hn::MulAdd(b, k0, a00), a01 = hn::MulAdd(b, k1, a01);
+    b = hn::Set(d, q1[i]);
+    a10 = hn::MulAdd(b, k0, a10), a11 = hn::MulAdd(b, k1, a11);
+    b = hn::Set(d, q2[i]);
+    a20 = hn::MulAdd(b, k0, a20), a21 = hn::MulAdd(b, k1, a21);
+    b = hn::Set(d, q3[i]);
+    a30 = hn::MulAdd(b, k0, a30), a31 = hn::MulAdd(b, k1, a31);
+  }
+  hn::StoreU(a00, d, s[0]), hn::StoreU(a01, d, s[0] + N);
+  hn::StoreU(a10, d, s[1]), hn::StoreU(a11, d, s[1] + N);
+  hn::StoreU(a20, d, s[2]), hn::StoreU(a21, d, s[2] + N);
+  hn::StoreU(a30, d, s[3]), hn::StoreU(a31, d, s[3] + N);
+}
+
+// out rows (4) [dd, dd + NB*N) = sum over j < keys of P[r][j] * V[j][dd...].
+template <int NB>
+HWY_INLINE void PvBlock4(const float* const* p, const float* HWY_RESTRICT v, size_t ld, size_t keys, size_t dd,
+                         float* const* out) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF acc[4][NB];
+  for (int r = 0; r < 4; ++r)
+    for (int b = 0; b < NB; ++b) acc[r][b] = hn::Zero(d);
+  for (size_t j = 0; j < keys; ++j) {
+    const float* vr = v + j * ld + dd;
+    VF vv[NB];
+    for (int b = 0; b < NB; ++b) vv[b] = hn::LoadU(d, vr + b * N);
+    for (int r = 0; r < 4; ++r) {
+      const VF pb = hn::Set(d, p[r][j]);
+      for (int b = 0; b < NB; ++b) acc[r][b] = hn::MulAdd(pb, vv[b], acc[r][b]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int b = 0; b < NB; ++b) hn::StoreU(acc[r][b], d, out[r] + dd + b * N);
+}
+
+void SoftmaxRow(float* HWY_RESTRICT s, size_t keys, size_t padded, float scale) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF vs = hn::Set(d, scale);
+  VF vmax = hn::Set(d, -INFINITY);
+  size_t i = 0;
+  for (; i + N <= keys; i += N) {
+    const VF x = hn::Mul(hn::LoadU(d, s + i), vs);
+    hn::StoreU(x, d, s + i);
+    vmax = hn::Max(vmax, x);
+  }
+  float mx = hn::GetLane(hn::MaxOfLanes(d, vmax));
+  for (size_t k = i; k < keys; ++k) mx = std::max(mx, s[k] *= scale);
+  const VF vm = hn::Set(d, mx);
+  VF vsum = hn::Zero(d);
+  i = 0;
+  for (; i + N <= keys; i += N) {
+    const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + i), vm));
+    hn::StoreU(e, d, s + i);
+    vsum = hn::Add(vsum, e);
+  }
+  float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+  for (size_t k = i; k < keys; ++k) sum += (s[k] = std::exp(s[k] - mx));
+  const float inv = 1.0f / sum;
+  const VF vinv = hn::Set(d, inv);
+  i = 0;
+  for (; i + N <= keys; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, s + i), vinv), d, s + i);
+  for (size_t k = i; k < keys; ++k) s[k] *= inv;
+  std::fill(s + keys, s + padded, 0.0f);
+}
+
+void AttentionRows(const AttentionRowsArgs& a) {
+  const DF d;
+  const size_t N = hn::Lanes(d), W = 2 * N;
+  const size_t R = a.rows, hd = a.head_dim;
+  size_t max_keys = 0;
+  for (size_t r = 0; r < R; ++r) max_keys = std::max(max_keys, a.limit[r]);
+  const size_t padded = (max_keys + W - 1) / W * W;
+  // Pass 1: scores, 4 rows at a time (missing rows of the last quad read a zero row).
+  float* kt = a.key_tile;
+  for (size_t j0 = 0; j0 < max_keys; j0 += W) {
+    const size_t nk = std::min(W, max_keys - j0);
+    for (size_t jj = 0; jj < nk; ++jj) {
+      const float* kr = a.keys + (j0 + jj) * a.kv_stride;
+      for (size_t i = 0; i < hd; ++i) kt[i * W + jj] = kr[i];
+    }
+    for (size_t jj = nk; jj < W; ++jj)
+      for (size_t i = 0; i < hd; ++i) kt[i * W + jj] = 0.0f;
+    for (size_t r0 = 0; r0 < R; r0 += 4) {
+      const float* q[4];
+      float* s[4];
+      for (size_t i = 0; i < 4; ++i) {
+        const bool real = r0 + i < R;
+        q[i] = real ? a.q[r0 + i] : a.zero_row;
+        s[i] = (real ? a.scores + (r0 + i) * a.score_stride : a.discard_row) + j0;
+      }
+      ScoreTile4(q, kt, hd, s);
+    }
+  }
+  // Pass 2: softmax over each row's visible keys.
+  for (size_t r = 0; r < R; ++r) SoftmaxRow(a.scores + r * a.score_stride, a.limit[r], padded, a.scale);
+  // Pass 3: P V.
+  const bool vector_dims = hd % N == 0;
+  for (size_t r0 = 0; r0 < R; r0 += 4) {
+    const float* p[4];
+    float* out[4];
+    size_t keys = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      const bool real = r0 + i < R;
+      p[i] = real ? a.scores + (r0 + i) * a.score_stride : a.zero_row;  // zero_row has >= padded zeros
+      out[i] = real ? a.out[r0 + i] : a.discard_row;
+      if (real) keys = std::max(keys, a.limit[r0 + i]);
+    }
+    if (!vector_dims) {
+      for (size_t i = 0; i < 4 && r0 + i < R; ++i)
+        for (size_t dd = 0; dd < hd; ++dd) {
+          float acc = 0;
+          for (size_t j = 0; j < keys; ++j) acc += p[i][j] * a.values[j * a.kv_stride + dd];
+          out[i][dd] = acc;
+        }
+      continue;
+    }
+    size_t dd = 0;
+    for (; dd + 4 * N <= hd; dd += 4 * N) PvBlock4<4>(p, a.values, a.kv_stride, keys, dd, out);
+    for (; dd + 2 * N <= hd; dd += 2 * N) PvBlock4<2>(p, a.values, a.kv_stride, keys, dd, out);
+    for (; dd + N <= hd; dd += N) PvBlock4<1>(p, a.values, a.kv_stride, keys, dd, out);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hanpu::model
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace hanpu::model {
+HWY_EXPORT(RmsNormRow);
+HWY_EXPORT(SiluMulRow);
+HWY_EXPORT(SiluRow);
+HWY_EXPORT(SigmoidMulRow);
+HWY_EXPORT(GatedNormRow);
+HWY_EXPORT(AttentionKeyTile);
+HWY_EXPORT(AttentionRows);
+
+void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale, float eps) {
+  HWY_DYNAMIC_DISPATCH(RmsNormRow)(x, out, n, scale, eps);
+}
+void simd_silu_mul_row(float* g, const float* u, size_t n) { HWY_DYNAMIC_DISPATCH(SiluMulRow)(g, u, n); }
+void simd_silu_row(float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SiluRow)(y, n); }
+void simd_sigmoid_mul_row(float* o, const float* g, size_t n) { HWY_DYNAMIC_DISPATCH(SigmoidMulRow)(o, g, n); }
+void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps) {
+  HWY_DYNAMIC_DISPATCH(GatedNormRow)(o, z, w, n, eps);
+}
+size_t attention_key_tile() { return HWY_DYNAMIC_DISPATCH(AttentionKeyTile)(); }
+void attention_rows(const AttentionRowsArgs& args) { HWY_DYNAMIC_DISPATCH(AttentionRows)(args); }
+}  // namespace hanpu::model
+#endif

@@ -1,0 +1,42 @@
+// SIMD row kernels of the Qwen3.5 layer glue and the attention block kernel (qwen35_kernels.cpp,
+// compiled per SIMD target by Highway and dispatched at run time).
+#pragma once
+
+#include <cstddef>
+
+namespace hanpu::model {
+
+/// out = x * rsqrt(mean(x^2) + eps) * scale (n floats).
+void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale, float eps);
+/// g = silu(g) * u.
+void simd_silu_mul_row(float* g, const float* u, size_t n);
+/// y = silu(y).
+void simd_silu_row(float* y, size_t n);
+/// o = o * sigmoid(g).
+void simd_sigmoid_mul_row(float* o, const float* g, size_t n);
+/// o = (o * rsqrt(mean(o^2) + eps) * w) * silu(z).
+void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps);
+
+/// Keys per score tile of attention_rows (2 vectors); key_tile needs head_dim x this floats.
+size_t attention_key_tile();
+
+/// Causal attention of `rows` query rows sharing one KV head:
+/// out[r] = softmax(scale * q[r] . keys[0..limit[r])) values[0..limit[r]).
+struct AttentionRowsArgs {
+  const float* const* q = nullptr;  // [rows] pointers to head_dim floats
+  float* const* out = nullptr;      // [rows] pointers to head_dim floats
+  const size_t* limit = nullptr;    // [rows] visible keys per row (>= 1)
+  size_t rows = 0, head_dim = 0;
+  const float* keys = nullptr;    // key j at keys + j * kv_stride
+  const float* values = nullptr;  // value j at values + j * kv_stride
+  size_t kv_stride = 0;
+  float scale = 1.0f;
+  float* scores = nullptr;  // rows x score_stride scratch, score_stride >= max limit rounded up to the tile
+  size_t score_stride = 0;
+  float* key_tile = nullptr;     // head_dim x attention_key_tile() floats, 64-byte aligned
+  const float* zero_row = nullptr;  // max(head_dim, score_stride) zeros
+  float* discard_row = nullptr;     // max(head_dim, score_stride) floats of scratch
+};
+void attention_rows(const AttentionRowsArgs& args);
+
+}  // namespace hanpu::model
