@@ -9,10 +9,42 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "hanpu/tensor.hpp"
 
 namespace hanpu {
+
+/// How forward() treats the f32 activations (docs/LINEAR.md has the measured errors).
+enum class LinearPrecision {
+  /// Default. Every product is f32 activation x bf16 weight, accumulated in f32: on the bf16
+  /// instructions (AMX, AVX512-BF16) each activation is split exactly into three bf16 terms.
+  kExact,
+  /// Two bf16 terms: activations keep ~16 significant bits (relative error < 2^-15).
+  kBf16x2,
+  /// One bf16 term: activations rounded to bf16 (relative error <= 2^-8), the fastest.
+  kBf16,
+};
+
+/// Which kernel family a Bf16Linear uses. kAuto picks the fastest one this CPU and OS allow.
+enum class LinearBackend {
+  kAuto,
+  /// Highway kernels on the checkpoint's own layout, f32 arithmetic; runs on every CPU. Always
+  /// exact: the precision argument of forward() is ignored (rounding would not make it faster).
+  kPortable,
+  /// Intel AMX tiles for M >= a few rows and AVX512-BF16 dot products for decode; needs
+  /// amx_bf16 + avx512_bf16 and the Linux permission for tile data. Repacks the weight.
+  kAmx,
+};
+
+/// Short lowercase name ("exact", "bf16x2", "bf16"; "auto", "portable", "amx"), and the inverse
+/// (throws hanpu::Error naming the accepted values).
+const char* linear_precision_name(LinearPrecision p);
+LinearPrecision linear_precision_from_name(const std::string& name);
+const char* linear_backend_name(LinearBackend b);
+LinearBackend linear_backend_from_name(const std::string& name);
+/// Whether the AMX backend can run here (CPUID and, on Linux, the tile-data permission).
+bool linear_amx_available();
 
 class Bf16Linear {
  public:
@@ -21,6 +53,8 @@ class Bf16Linear {
   /// (e.g. "model.layers.0.mlp.up_proj.weight"). The view must stay valid while this object lives
   /// unless the implementation copied it (callers keep the checkpoint mapped; that is always safe).
   Bf16Linear(TensorView weight, std::string name);
+  /// Same with an explicit backend; kAmx throws hanpu::Error when this machine cannot run it.
+  Bf16Linear(TensorView weight, std::string name, LinearBackend backend);
   ~Bf16Linear();
   Bf16Linear(Bf16Linear&&) noexcept;
   Bf16Linear& operator=(Bf16Linear&&) noexcept;
@@ -28,12 +62,16 @@ class Bf16Linear {
   int64_t in_features() const;
   int64_t out_features() const;
   const std::string& name() const;
+  /// The backend actually chosen (never kAuto).
+  LinearBackend backend() const;
 
   /// y[m, :] = x[m, :] W^T for every row m: x is [M, in_features] F32 (row stride may exceed
   /// in_features), y is [M, out_features] F32 (row stride may exceed out_features).
   /// accumulate: y += x W^T instead of y = x W^T. threads: how many threads of the shared pool to
   /// use (1 = the calling thread only). Throws hanpu::Error naming this weight on shape mismatch.
-  void forward(TensorView x, TensorView y, int threads, bool accumulate = false) const;
+  /// precision: see LinearPrecision (default exact).
+  void forward(TensorView x, TensorView y, int threads, bool accumulate = false,
+               LinearPrecision precision = LinearPrecision::kExact) const;
 
  private:
   struct Impl;

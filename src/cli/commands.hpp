@@ -13,3 +13,5 @@ void register_la_commands(CLI::App& app);
 void register_bench_command(CLI::App& app);
 /// `hanpu run` and `hanpu bench-model`: Qwen3.5 models end to end (cmd_model.cpp).
 void register_model_commands(CLI::App& app);
+/// `hanpu bench-linear`: bf16-weight projection kernels (cmd_bench_linear.cpp).
+void register_bench_linear_command(CLI::App& app);

@@ -1,16 +1,86 @@
-// Bf16Linear: first, plain implementation (row-by-row dot products in f32, threads split the output
-// features). Correct for every shape; the fast kernel replaces its body.
+// Bf16Linear: shape checks, backend choice, work split over threads. The kernels live in
+// linear_amx.cpp (AMX tiles for GEMMs, AVX512-BF16 for GEMVs, on a weight repacked here once) and
+// linear_portable.cpp (Highway, any CPU, checkpoint layout). docs/LINEAR.md has the method and
+// the measured speeds and errors.
 #include <algorithm>
 #include <string>
 
+#include "cpu/linear_kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/linear.hpp"
 
 namespace hanpu {
 
+namespace {
+
+// Up to this many rows the AMX backend uses the GEMV kernel: a TDPBF16PS costs the same for 1 or
+// 16 rows, so below ~3 rows VDPBF16PS (32 products per instruction, two per cycle) does as much
+// per weight byte, and decode (1 row) is bound by reading the weight anyway.
+constexpr int64_t kGemvMaxRows = 2;
+// Activation rows converted and multiplied per pass: the C block of a pass (256 rows x 512
+// columns f32 = 512 KiB) stays in L2 and the packed rows (256 x K x 2 bytes per term, 1.5 MiB at
+// K = 1024 and 3 terms) are read once per 512 columns; the weight is read once per pass.
+constexpr int64_t kRowsPerPass = 256;
+
+int precision_terms(LinearPrecision p) {
+  switch (p) {
+    case LinearPrecision::kBf16: return 1;
+    case LinearPrecision::kBf16x2: return 2;
+    case LinearPrecision::kExact: break;
+  }
+  return 3;
+}
+
+// Grows a per-thread scratch buffer (never shrinks: the same shapes come back every layer).
+template <class T>
+T* scratch(ByteBuffer& buffer, int64_t count) {
+  const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+  if (buffer.size() < bytes) buffer = ByteBuffer(bytes);
+  return reinterpret_cast<T*>(buffer.data());
+}
+
+// [begin, end) of part t of n equal parts of `total` units.
+inline int64_t part(int64_t total, int t, int n) { return total * t / n; }
+
+}  // namespace
+
+const char* linear_precision_name(LinearPrecision p) {
+  switch (p) {
+    case LinearPrecision::kExact: return "exact";
+    case LinearPrecision::kBf16x2: return "bf16x2";
+    case LinearPrecision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+LinearPrecision linear_precision_from_name(const std::string& name) {
+  for (LinearPrecision p : {LinearPrecision::kExact, LinearPrecision::kBf16x2, LinearPrecision::kBf16})
+    if (name == linear_precision_name(p)) return p;
+  throw Error("linear precision: got '" + name + "', expected exact, bf16x2 or bf16");
+}
+
+const char* linear_backend_name(LinearBackend b) {
+  switch (b) {
+    case LinearBackend::kAuto: return "auto";
+    case LinearBackend::kPortable: return "portable";
+    case LinearBackend::kAmx: return "amx";
+  }
+  return "?";
+}
+
+LinearBackend linear_backend_from_name(const std::string& name) {
+  for (LinearBackend b : {LinearBackend::kAuto, LinearBackend::kPortable, LinearBackend::kAmx})
+    if (name == linear_backend_name(b)) return b;
+  throw Error("linear backend: got '" + name + "', expected auto, portable or amx");
+}
+
+bool linear_amx_available() { return cpu::amx_usable(); }
+
 struct Bf16Linear::Impl {
   TensorView weight;
   std::string name;
+  LinearBackend backend = LinearBackend::kPortable;
+  ByteBuffer packed;  // AMX: the repacked weight (cpu::amx_pack_weight)
 };
 
 Bf16Linear::Bf16Linear() = default;
@@ -18,47 +88,122 @@ Bf16Linear::~Bf16Linear() = default;
 Bf16Linear::Bf16Linear(Bf16Linear&&) noexcept = default;
 Bf16Linear& Bf16Linear::operator=(Bf16Linear&&) noexcept = default;
 
-Bf16Linear::Bf16Linear(TensorView weight, std::string name) : impl_(std::make_unique<Impl>()) {
+Bf16Linear::Bf16Linear(TensorView weight, std::string name) : Bf16Linear(weight, std::move(name), LinearBackend::kAuto) {}
+
+Bf16Linear::Bf16Linear(TensorView weight, std::string name, LinearBackend backend) : impl_(std::make_unique<Impl>()) {
   if (weight.dtype != DType::BF16 || weight.rank != 2 || !weight.is_contiguous())
     throw Error(name + ": expected a contiguous 2-D BF16 weight [out_features, in_features], got " +
                 std::string(dtype_name(weight.dtype)) + " " + weight.shape_str());
+  if (weight.data == nullptr && weight.numel() > 0) throw Error(name + ": weight view has no data");
+  if (backend == LinearBackend::kAmx && !cpu::amx_usable())
+    throw Error(name + ": the AMX linear backend was requested but this CPU/OS cannot run it (needs AMX-BF16, "
+                "AVX512-BF16 and the tile-data permission)");
+  if (backend == LinearBackend::kAuto) backend = cpu::amx_usable() ? LinearBackend::kAmx : LinearBackend::kPortable;
   impl_->weight = weight;
   impl_->name = std::move(name);
+  impl_->backend = backend;
+  if (backend == LinearBackend::kAmx) {
+    const int64_t N = weight.shape[0], K = weight.shape[1];
+    impl_->packed = ByteBuffer(static_cast<size_t>(cpu::amx_packed_weight_elems(N, K)) * sizeof(uint16_t));
+    cpu::amx_pack_weight(static_cast<const uint16_t*>(weight.data), N, K,
+                         reinterpret_cast<uint16_t*>(impl_->packed.data()));
+  }
 }
 
 int64_t Bf16Linear::in_features() const { return impl_->weight.shape[1]; }
 int64_t Bf16Linear::out_features() const { return impl_->weight.shape[0]; }
 const std::string& Bf16Linear::name() const { return impl_->name; }
+LinearBackend Bf16Linear::backend() const { return impl_->backend; }
 
-void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulate) const {
+void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {
   if (!impl_) throw Error("Bf16Linear: forward on an empty (default-constructed) linear layer");
   const int64_t K = in_features(), N = out_features();
-  if (x.dtype != DType::F32 || x.rank != 2 || x.shape[1] != K || x.stride[1] != 1)
-    throw Error(impl_->name + ": input must be F32 [M, " + std::to_string(K) + "] with unit column stride, got " +
+  if (x.dtype != DType::F32 || x.rank != 2 || x.shape[1] != K || x.stride[1] != 1 || x.stride[0] < K)
+    throw Error(impl_->name + ": input must be F32 [M, " + std::to_string(K) +
+                "] with unit column stride and row stride >= " + std::to_string(K) + ", got " +
                 std::string(dtype_name(x.dtype)) + " " + x.shape_str());
-  if (y.dtype != DType::F32 || y.rank != 2 || y.shape[0] != x.shape[0] || y.shape[1] != N || y.stride[1] != 1)
+  if (y.dtype != DType::F32 || y.rank != 2 || y.shape[0] != x.shape[0] || y.shape[1] != N || y.stride[1] != 1 ||
+      y.stride[0] < N)
     throw Error(impl_->name + ": output must be F32 [" + std::to_string(x.shape[0]) + ", " + std::to_string(N) +
-                "] with unit column stride, got " + std::string(dtype_name(y.dtype)) + " " + y.shape_str());
+                "] with unit column stride and row stride >= " + std::to_string(N) + ", got " +
+                std::string(dtype_name(y.dtype)) + " " + y.shape_str());
   const int64_t M = x.shape[0];
-  const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
+  if (M == 0 || N == 0) return;
   const auto* xd = static_cast<const float*>(x.data);
   auto* yd = static_cast<float*>(y.data);
-  const int nt = std::max(1, std::min<int>(threads, static_cast<int>(std::max<int64_t>(N, 1))));
-  auto work = [&](int t) {
-    const int64_t n0 = N * t / nt, n1 = N * (t + 1) / nt;
-    for (int64_t n = n0; n < n1; ++n) {
-      const uint16_t* wr = w + n * K;
-      for (int64_t m = 0; m < M; ++m) {
-        const float* xr = xd + m * x.stride[0];
-        float acc = 0;
-        for (int64_t k = 0; k < K; ++k) acc += xr[k] * bf16_to_f32(wr[k]);
-        float& out = yd[m * y.stride[0] + n];
-        out = accumulate ? out + acc : acc;
-      }
-    }
+  const int64_t ldx = x.stride[0], ldy = y.stride[0];
+  if (K == 0) {  // empty sum
+    if (!accumulate)
+      for (int64_t m = 0; m < M; ++m) std::fill(yd + m * ldy, yd + m * ldy + N, 0.f);
+    return;
+  }
+  threads = std::max(1, threads);
+  auto run = [&](int n, const std::function<void(int)>& fn) {
+    if (n <= 1) fn(0);
+    else ThreadPool::shared(threads).run(n, fn);
   };
-  if (nt == 1) work(0);
-  else ThreadPool::shared(nt).run(nt, work);
+
+  if (impl_->backend == LinearBackend::kPortable) {
+    const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
+    const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
+    run(nt, [&](int t) {
+      // Column ranges in multiples of 4 (the kernel's register block).
+      const int64_t n0 = std::min(N, part((N + 3) / 4, t, nt) * 4), n1 = std::min(N, part((N + 3) / 4, t + 1, nt) * 4);
+      cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+    });
+    return;
+  }
+
+  const auto* wp = reinterpret_cast<const uint16_t*>(impl_->packed.data());
+  const int terms = precision_terms(precision);
+  static thread_local ByteBuffer x_scratch;
+  if (M <= kGemvMaxRows) {
+    uint16_t* xs = scratch<uint16_t>(x_scratch, M * terms * cpu::amx_k_steps(K) * cpu::kAmxK);
+    cpu::amx_pack_gemv_rows(xd, ldx, M, K, terms, xs);
+    const int64_t quads = (N + 63) / 64;  // units of 64 columns: the GEMV's 4 x 16-column block
+    const int nt = static_cast<int>(std::min<int64_t>(threads, quads));
+    run(nt, [&](int t) {
+      const int64_t n0 = std::min(N, part(quads, t, nt) * 64), n1 = std::min(N, part(quads, t + 1, nt) * 64);
+      if (n0 < n1) cpu::amx_gemv(xs, M, terms, wp, K, n0, n1, yd, ldy, accumulate);
+    });
+    return;
+  }
+
+  const int64_t KS = cpu::amx_k_steps(K);
+  const int64_t strip_elems = cpu::kAmxRows * KS * cpu::kAmxK * terms;
+  const int64_t panels = (N + cpu::kAmxN - 1) / cpu::kAmxN;
+  for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
+    const int64_t rows = std::min(kRowsPerPass, M - m0);
+    const int64_t strips = (rows + cpu::kAmxRows - 1) / cpu::kAmxRows;
+    uint16_t* ap = scratch<uint16_t>(x_scratch, strips * strip_elems);
+    const float* xpass = xd + m0 * ldx;
+    const int np = static_cast<int>(std::min<int64_t>(threads, strips));
+    run(np, [&](int t) {
+      const int64_t s0 = part(strips, t, np), s1 = part(strips, t + 1, np);
+      const int64_t r0 = s0 * cpu::kAmxRows, r1 = std::min(rows, s1 * cpu::kAmxRows);
+      cpu::amx_pack_rows(xpass + r0 * ldx, ldx, std::max<int64_t>(r1 - r0, 0), (s1 - s0) * cpu::kAmxRows, K, terms,
+                         ap + s0 * strip_elems);
+    });
+    // Split the columns when there are enough panels for every thread (each thread then reads
+    // only its part of the weight), otherwise the strips (small N: in_proj_b/a).
+    const bool split_columns = panels >= 2 * threads || strips < threads;
+    const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? panels : strips));
+    float* ypass = yd + m0 * ldy;
+    run(nt, [&](int t) {
+      static thread_local ByteBuffer c_scratch;
+      int64_t s0 = 0, s1 = strips, n0 = 0, n1 = N;
+      if (split_columns) {
+        n0 = std::min(N, part(panels, t, nt) * cpu::kAmxN);
+        n1 = std::min(N, part(panels, t + 1, nt) * cpu::kAmxN);
+      } else {
+        s0 = part(strips, t, nt);
+        s1 = part(strips, t + 1, nt);
+      }
+      if (n0 >= n1 || s0 >= s1) return;
+      float* cbuf = scratch<float>(c_scratch, cpu::amx_cbuf_floats(s1 - s0));
+      cpu::amx_gemm(ap, s0, s1, rows, terms, wp, K, n0, n1, ypass, ldy, accumulate, cbuf);
+    });
+  }
 }
 
 }  // namespace hanpu

@@ -1,0 +1,161 @@
+// `hanpu bench-linear`: Bf16Linear (y = x W^T, bf16 weight, f32 activations) on random data, next
+// to the machine's f32 FMA peak and read bandwidth measured in the same run. Prints GFLOP/s
+// (2*M*K*N per forward) and GB/s of weight bytes streamed (N*K*2 per forward: the decode limit),
+// and the error of the result against an fp64 reference on a sample of outputs.
+//
+// Without --M/--K/--N it runs the projection shapes of Qwen3.5-0.8B (docs/LINEAR.md).
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "device/host.hpp"
+#include "hanpu/linear.hpp"
+
+namespace {
+
+using namespace hanpu;
+
+struct Shape {
+  std::string name;
+  int64_t K, N;
+};
+
+// Qwen3.5-0.8B projections, [out, in] as in docs reference-models.md §1: hidden 1024, GDN
+// in_proj_qkv 6144 (+ z 2048, fused here: same input), MLP 3584, attention q(+gate) 4096, k/v 512
+// each, outputs 2048 -> 1024, LM head 248320 (tied embeddings).
+const std::vector<Shape> kQwen08{
+    {"gdn.in_proj_qkvz", 1024, 8192}, {"gdn.out_proj", 2048, 1024}, {"attn.q_proj", 1024, 4096},
+    {"attn.kv_proj", 1024, 1024},     {"attn.o_proj", 2048, 1024},  {"mlp.gate_up", 1024, 7168},
+    {"mlp.down", 3584, 1024},         {"lm_head", 1024, 248320},
+};
+
+struct Args {
+  std::vector<int64_t> Ms{1, 512, 2048};
+  int64_t K = 0, N = 0;
+  std::vector<int> threads{1, 2};
+  std::vector<std::string> modes{"exact"};
+  std::string backend = "auto";
+  double min_seconds = 0.3;
+  bool lm_head = false;
+};
+
+struct Result {
+  double seconds_per_call = 0;
+  double max_rel_err = 0;  // max |y - ref| / sum|x w| over sampled outputs
+  double nmse = 0;         // sum (y - ref)^2 / sum ref^2 over sampled outputs
+};
+
+Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M, int threads, LinearPrecision prec,
+               double min_seconds) {
+  const int64_t K = lin.in_features(), N = lin.out_features();
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> nrm(0.f, 1.f);
+  std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
+  for (auto& v : x) v = nrm(rng);
+  const TensorView xv = TensorView::contiguous(x.data(), DType::F32, {M, K});
+  const TensorView yv = TensorView::contiguous(y.data(), DType::F32, {M, N});
+  lin.forward(xv, yv, threads, false, prec);  // warm-up (scratch buffers, thread pool)
+  int reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  do {
+    lin.forward(xv, yv, threads, false, prec);
+    ++reps;
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } while (elapsed < min_seconds || reps < 2);
+  Result r;
+  r.seconds_per_call = elapsed / reps;
+  // Error on a sample of outputs (fp64 reference).
+  double se = 0, sr = 0;
+  for (int s = 0; s < 256; ++s) {
+    const int64_t m = static_cast<int64_t>(rng() % static_cast<uint64_t>(M));
+    const int64_t n = static_cast<int64_t>(rng() % static_cast<uint64_t>(N));
+    double ref = 0, abs = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double p = static_cast<double>(x[static_cast<size_t>(m * K + k)]) * bf16_to_f32(w[static_cast<size_t>(n * K + k)]);
+      ref += p;
+      abs += std::fabs(p);
+    }
+    const double e = y[static_cast<size_t>(m * N + n)] - ref;
+    se += e * e;
+    sr += ref * ref;
+    if (abs > 0) r.max_rel_err = std::max(r.max_rel_err, std::fabs(e) / abs);
+  }
+  r.nmse = sr > 0 ? se / sr : 0;
+  return r;
+}
+
+void run(const Args& a) {
+  const LinearBackend backend = linear_backend_from_name(a.backend);
+  std::vector<LinearPrecision> precs;
+  for (const auto& m : a.modes) precs.push_back(linear_precision_from_name(m));
+  std::vector<Shape> shapes;
+  if (a.K > 0 || a.N > 0) {
+    if (a.K <= 0 || a.N <= 0) throw Error("bench-linear: give both --K and --N (got K=" + std::to_string(a.K) +
+                                          ", N=" + std::to_string(a.N) + ")");
+    shapes.push_back({"custom", a.K, a.N});
+  } else {
+    for (const auto& s : kQwen08)
+      if (s.name != "lm_head" || a.lm_head) shapes.push_back(s);
+  }
+  for (int64_t M : a.Ms)
+    if (M <= 0) throw Error("bench-linear: --M must be positive, got " + std::to_string(M));
+  for (int t : a.threads)
+    if (t <= 0) throw Error("bench-linear: --threads must be positive, got " + std::to_string(t));
+
+  const int max_threads = *std::max_element(a.threads.begin(), a.threads.end());
+  const HostMeasurement h1 = measure_host(1, 0.6);
+  const HostMeasurement hn = max_threads > 1 ? measure_host(max_threads, 0.6) : h1;
+  std::printf("machine: f32 FMA peak %.0f GFLOP/s (1 thread), %.0f GFLOP/s (%d threads); read bandwidth "
+              "%.1f GB/s (1 thread), %.1f GB/s (%d threads)\n",
+              h1.fma_peak_gflops_1thread, hn.fma_peak_gflops_all, hn.threads, h1.mem_bandwidth_gbs,
+              hn.mem_bandwidth_gbs, hn.threads);
+  std::printf("%-18s %6s %6s %7s %3s %-8s %-7s %10s %9s %9s %7s %10s %10s\n", "shape", "M", "K", "N", "thr", "backend",
+              "mode", "ms/call", "GFLOP/s", "x f32pk", "GB/s W", "max rel", "nMSE");
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> nrm(0.f, 1.f);
+  for (const auto& s : shapes) {
+    std::vector<uint16_t> w(static_cast<size_t>(s.N * s.K));
+    for (auto& v : w) v = f32_to_bf16(0.03f * nrm(rng));
+    const Bf16Linear lin(TensorView::contiguous(w.data(), DType::BF16, {s.N, s.K}), s.name, backend);
+    for (int64_t M : a.Ms) {
+      for (int t : a.threads) {
+        for (LinearPrecision p : precs) {
+          const Result r = run_one(lin, w, M, t, p, a.min_seconds);
+          const double flops = 2.0 * M * s.K * s.N, wbytes = 2.0 * s.K * s.N;
+          const double peak = t == 1 ? h1.fma_peak_gflops_1thread : hn.fma_peak_gflops_all;
+          std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %10.2e %10.2e\n", s.name.c_str(),
+                      static_cast<long long>(M), static_cast<long long>(s.K), static_cast<long long>(s.N), t,
+                      linear_backend_name(lin.backend()), linear_precision_name(p), r.seconds_per_call * 1e3,
+                      flops / r.seconds_per_call / 1e9, flops / r.seconds_per_call / 1e9 / peak,
+                      wbytes / r.seconds_per_call / 1e9, r.max_rel_err, r.nmse);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void register_bench_linear_command(CLI::App& app) {
+  auto args = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("bench-linear",
+                                 "Benchmark the bf16-weight projections (GFLOP/s, weight GB/s, error) next to the "
+                                 "machine's FMA peak and bandwidth");
+  cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',');
+  cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)");
+  cmd->add_option("--N", args->N, "out_features");
+  cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',');
+  cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16 (comma separated)")->delimiter(',');
+  cmd->add_option("--backend", args->backend, "auto, portable or amx");
+  cmd->add_option("--seconds", args->min_seconds, "minimum time per row");
+  cmd->add_flag("--lm-head", args->lm_head, "include the LM head (248320 x 1024) in the default shapes");
+  cmd->callback([args] { run(*args); });
+}

@@ -1,0 +1,66 @@
+// Internal kernels behind hanpu::Bf16Linear (include/hanpu/linear.hpp). Two families:
+//
+//   portable (linear_portable.cpp): Highway, any CPU. The weight stays in the checkpoint layout
+//     [N, K]; each output is a dot product of an x row with a weight row, bf16 widened to f32 in
+//     registers, f32 FMA.
+//   AMX (linear_amx.cpp): Intel AMX tiles (TDPBF16PS) for GEMMs and AVX512-BF16 (VDPBF16PS) for
+//     GEMVs, both on a weight repacked once into 16x32 tiles of bf16 pairs. f32 activations are
+//     split into `terms` bf16 parts (1, 2 or 3; three reproduce f32 exactly), so the bf16
+//     instructions compute exactly the f32-activation products.
+//
+// All functions compute y[m, n] (+)= sum_k x[m, k] * w[n, k] for the given row and column ranges.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hanpu::cpu {
+
+// ---- portable -----------------------------------------------------------------------------
+/// Rows [0, M) of x (row stride ldx) times weight rows [n0, n1) of w ([N, K] row-major bf16).
+void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
+                     int64_t M, int64_t n0, int64_t n1, bool accumulate);
+
+// ---- AMX ------------------------------------------------------------------------------------
+/// Tile geometry: a weight tile holds 16 output columns x 32 k (16 rows of k pairs); an
+/// activation tile 16 rows x 32 k. K is padded with zeros to kAmxK, N to kAmxN (the GEMM's
+/// register block is two column tiles wide).
+constexpr int64_t kAmxK = 32;
+constexpr int64_t kAmxN = 32;
+constexpr int64_t kAmxRows = 32;  // rows per GEMM strip (two 16-row tiles)
+
+/// CPUID (AMX-TILE, AMX-BF16, AVX512F/BW/VL, AVX512-BF16), XCR0 and the Linux tile-data
+/// permission (arch_prctl(ARCH_REQ_XCOMP_PERM)). Computed once.
+bool amx_usable();
+
+inline int64_t amx_k_steps(int64_t K) { return (K + kAmxK - 1) / kAmxK; }
+inline int64_t amx_n_padded(int64_t N) { return (N + kAmxN - 1) / kAmxN * kAmxN; }
+/// Number of uint16_t in the repacked weight.
+inline int64_t amx_packed_weight_elems(int64_t N, int64_t K) { return amx_n_padded(N) * amx_k_steps(K) * kAmxK; }
+/// Repacks w [N, K] into `out` (amx_packed_weight_elems, zero padding included): tile (nb, ks)
+/// at ((nb * KS + ks) * 512): row r, column c holds the pair w[nb*16+c][ks*32+2r .. +1].
+void amx_pack_weight(const uint16_t* w, int64_t N, int64_t K, uint16_t* out);
+
+/// Activation rows for the GEMM: rows [0, rows) of x go to `out` as tiles ((mb * KS + ks) * terms
+/// + t) * 512 (16 rows x 32 bf16); rows up to rows_padded (a multiple of kAmxRows) are zero.
+inline int64_t amx_packed_rows_elems(int64_t rows_padded, int64_t K, int terms) {
+  return rows_padded * amx_k_steps(K) * kAmxK * terms;
+}
+void amx_pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t rows_padded, int64_t K, int terms, uint16_t* out);
+
+/// GEMM on packed activations (strips [strip0, strip1) of kAmxRows rows; `rows` of them valid)
+/// and the packed weight, columns [n0, n1) (n0 a multiple of kAmxN; n1 <= N) into y. cbuf: at
+/// least amx_cbuf_floats() floats of per-thread scratch, 64-byte aligned.
+void amx_gemm(const uint16_t* a_packed, int64_t strip0, int64_t strip1, int64_t rows, int terms,
+              const uint16_t* w_packed, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy,
+              bool accumulate, float* cbuf);
+/// Scratch the GEMM needs for `strips` strips.
+int64_t amx_cbuf_floats(int64_t strips);
+
+/// GEMV form for a few rows: xs holds, per row m and term t, K padded to kAmxK bf16 values at
+/// (m * terms + t) * Kp (Kp = amx_k_steps(K) * kAmxK). Columns [n0, n1), n0 a multiple of 16.
+void amx_pack_gemv_rows(const float* x, int64_t ldx, int64_t rows, int64_t K, int terms, uint16_t* out);
+void amx_gemv(const uint16_t* xs, int64_t rows, int terms, const uint16_t* w_packed, int64_t K, int64_t n0,
+              int64_t n1, float* y, int64_t ldy, bool accumulate);
+
+}  // namespace hanpu::cpu

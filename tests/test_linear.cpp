@@ -1,0 +1,257 @@
+// Bf16Linear against an fp64 reference: odd shapes, strided inputs and outputs, accumulate, 1 and 2
+// threads, every backend this machine can run and every precision mode; exactness of the default
+// mode on inputs whose result is exactly representable; error messages for bad shapes and dtypes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hanpu/linear.hpp"
+
+namespace {
+
+using hanpu::Bf16Linear;
+using hanpu::DType;
+using hanpu::Error;
+using hanpu::LinearBackend;
+using hanpu::LinearPrecision;
+using hanpu::TensorView;
+
+constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
+
+std::vector<LinearBackend> backends() {
+  std::vector<LinearBackend> b{LinearBackend::kPortable};
+  if (hanpu::linear_amx_available()) b.push_back(LinearBackend::kAmx);
+  return b;
+}
+
+// Worst-case error bound per output, relative to sum_k |x w|: the activation representation error
+// of the mode (1 term: bf16 rounding 2^-8; 2 terms: truncation then rounding, < 2^-15; 3 terms:
+// exact) plus f32 accumulation over every product (terms x K of them, a few more for the final
+// adds). A correct kernel never exceeds it; a dropped term, wrong index or wrong tile does.
+double bound(LinearPrecision p, LinearBackend b, int64_t K) {
+  if (b == LinearBackend::kPortable) p = LinearPrecision::kExact;  // the portable path is always exact
+  const int terms = p == LinearPrecision::kExact ? 3 : p == LinearPrecision::kBf16x2 ? 2 : 1;
+  const double repr = p == LinearPrecision::kExact ? 0 : p == LinearPrecision::kBf16x2 ? std::ldexp(1.0, -15)
+                                                                                       : std::ldexp(1.0, -8);
+  return repr + static_cast<double>(terms * K + 8) * kU;
+}
+
+struct Problem {
+  int64_t M, K, N;
+  std::vector<uint16_t> w;      // [N, K] bf16
+  std::vector<float> x;         // [M, ldx]
+  int64_t ldx;
+  std::vector<double> ref;      // [M, N] = x W^T in fp64
+  std::vector<double> abs_sum;  // [M, N] = |x| |W|^T
+};
+
+Problem make_problem(int64_t M, int64_t K, int64_t N, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nrm(0.f, 1.f);
+  Problem p{M, K, N, {}, {}, K + 3, {}, {}};
+  p.w.resize(static_cast<size_t>(N * K));
+  for (auto& v : p.w) v = hanpu::f32_to_bf16(0.05f * nrm(rng));
+  p.x.assign(static_cast<size_t>(M * p.ldx), std::nanf(""));  // the row padding must never be read
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) p.x[static_cast<size_t>(m * p.ldx + k)] = nrm(rng);
+  p.ref.assign(static_cast<size_t>(M * N), 0.0);
+  p.abs_sum.assign(static_cast<size_t>(M * N), 0.0);
+  std::vector<double> wd(static_cast<size_t>(N * K));
+  for (size_t i = 0; i < wd.size(); ++i) wd[i] = hanpu::bf16_to_f32(p.w[i]);
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = &p.x[static_cast<size_t>(m * p.ldx)];
+    for (int64_t n = 0; n < N; ++n) {
+      const double* wr = &wd[static_cast<size_t>(n * K)];
+      double s = 0, a = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        s += xr[k] * wr[k];
+        a += std::fabs(xr[k] * wr[k]);
+      }
+      p.ref[static_cast<size_t>(m * N + n)] = s;
+      p.abs_sum[static_cast<size_t>(m * N + n)] = a;
+    }
+  }
+  return p;
+}
+
+// Runs one forward (y strided, optionally accumulating onto a known start) and checks every output.
+void check(const Problem& p, const Bf16Linear& lin, LinearPrecision prec, int threads, bool accumulate) {
+  const int64_t ldy = p.N + 5;
+  std::vector<float> y(static_cast<size_t>(p.M * ldy), 0.f);
+  std::vector<float> start(y.size());
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  for (auto& v : start) v = uni(rng);
+  y = start;
+  TensorView xv = TensorView::contiguous(const_cast<float*>(p.x.data()), DType::F32, {p.M, p.K});
+  xv.stride[0] = p.ldx;
+  TensorView yv = TensorView::contiguous(y.data(), DType::F32, {p.M, p.N});
+  yv.stride[0] = ldy;
+  lin.forward(xv, yv, threads, accumulate, prec);
+  const double tol = bound(prec, lin.backend(), p.K);
+  const std::string what = std::string(hanpu::linear_backend_name(lin.backend())) + "/" +
+                           hanpu::linear_precision_name(prec) + " M=" + std::to_string(p.M) + " K=" +
+                           std::to_string(p.K) + " N=" + std::to_string(p.N) + " threads=" +
+                           std::to_string(threads) + (accumulate ? " accumulate" : "");
+  int failures = 0;
+  for (int64_t m = 0; m < p.M; ++m) {
+    for (int64_t n = 0; n < ldy; ++n) {
+      const size_t i = static_cast<size_t>(m * ldy + n);
+      if (n >= p.N) {  // the row padding of y is never written
+        ASSERT_EQ(y[i], start[i]) << what << " wrote padding at m=" << m << " n=" << n;
+        continue;
+      }
+      const size_t r = static_cast<size_t>(m * p.N + n);
+      const double want = p.ref[r] + (accumulate ? start[i] : 0.0);
+      const double allowed = tol * p.abs_sum[r] + (accumulate ? 2 * kU * (std::fabs(start[i]) + std::fabs(p.ref[r])) : 0);
+      if (!(std::fabs(y[i] - want) <= allowed) && ++failures <= 5)
+        ADD_FAILURE() << what << ": y[" << m << "," << n << "] = " << y[i] << ", fp64 reference " << want
+                      << ", allowed error " << allowed;
+    }
+  }
+  EXPECT_EQ(failures, 0) << what;
+}
+
+TEST(Linear, MatchesFp64ReferenceOnOddShapes) {
+  std::vector<std::array<int64_t, 3>> shapes;
+  for (int64_t M : {1, 3, 17, 64})
+    for (int64_t K : {1, 7, 64, 1000, 1024})
+      for (int64_t N : {1, 5, 33, 1027}) shapes.push_back({M, K, N});
+  // 513 rows cross a 256-row pass boundary twice and end in a partial 16-row tile.
+  shapes.push_back({513, 1000, 1027});
+  shapes.push_back({513, 7, 33});
+  shapes.push_back({513, 1024, 5});
+  uint64_t seed = 1;
+  for (const auto& [M, K, N] : shapes) {
+    const Problem p = make_problem(M, K, N, seed++);
+    TensorView wv = TensorView::contiguous(const_cast<uint16_t*>(p.w.data()), DType::BF16, {N, K});
+    for (LinearBackend b : backends()) {
+      const Bf16Linear lin(wv, "test.weight", b);
+      for (LinearPrecision prec : {LinearPrecision::kExact, LinearPrecision::kBf16x2, LinearPrecision::kBf16}) {
+        if (b == LinearBackend::kPortable && prec != LinearPrecision::kExact) continue;  // ignored there
+        for (int threads : {1, 2}) check(p, lin, prec, threads, /*accumulate=*/threads == 2);
+        if (M == 17 || M == 1) check(p, lin, prec, 1, /*accumulate=*/true);
+      }
+      if (testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+// One-hot weights (w[n, k] = 1 for k = n mod K) make y[m, n] = x[m, n mod K]: the exact mode must
+// reproduce every f32 activation bit for bit (three bf16 terms hold 24 significant bits), bf16
+// mode must give exactly the bf16 rounding, and bf16x2 must differ from x by less than 2^-15.
+TEST(Linear, ExactModeReproducesF32ActivationsBitForBit) {
+  for (int64_t M : {1, 2, 5, 40}) {
+    const int64_t K = 1000, N = 1027;
+    std::vector<uint16_t> w(static_cast<size_t>(N * K), 0);
+    for (int64_t n = 0; n < N; ++n) w[static_cast<size_t>(n * K + n % K)] = hanpu::f32_to_bf16(1.f);
+    std::vector<float> x(static_cast<size_t>(M * K));
+    std::mt19937_64 rng(3);
+    std::uniform_real_distribution<float> uni(-3.f, 3.f);
+    for (auto& v : x) v = uni(rng) * std::ldexp(1.f, static_cast<int>(rng() % 40) - 20);
+    std::vector<float> y(static_cast<size_t>(M * N));
+    TensorView wv = TensorView::contiguous(w.data(), DType::BF16, {N, K});
+    TensorView xv = TensorView::contiguous(x.data(), DType::F32, {M, K});
+    TensorView yv = TensorView::contiguous(y.data(), DType::F32, {M, N});
+    for (LinearBackend b : backends()) {
+      const Bf16Linear lin(wv, "onehot.weight", b);
+      for (LinearPrecision prec : {LinearPrecision::kExact, LinearPrecision::kBf16x2, LinearPrecision::kBf16}) {
+        lin.forward(xv, yv, 2, false, prec);
+        const bool exact = prec == LinearPrecision::kExact || b == LinearBackend::kPortable;
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = 0; n < N; ++n) {
+            const float got = y[static_cast<size_t>(m * N + n)], xin = x[static_cast<size_t>(m * K + n % K)];
+            const std::string what = std::string(hanpu::linear_backend_name(b)) + "/" +
+                                     hanpu::linear_precision_name(prec) + " M=" + std::to_string(M) +
+                                     " m=" + std::to_string(m) + " n=" + std::to_string(n);
+            if (exact) ASSERT_EQ(got, xin) << what;
+            else if (prec == LinearPrecision::kBf16)
+              ASSERT_EQ(got, hanpu::bf16_to_f32(hanpu::f32_to_bf16(xin))) << what;
+            else
+              ASSERT_LE(std::fabs(got - xin), std::ldexp(std::fabs(xin), -15)) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Linear, EmptyShapes) {
+  std::vector<uint16_t> w(6, hanpu::f32_to_bf16(1.f));
+  for (LinearBackend b : backends()) {
+    // K = 0: y = 0 (or unchanged when accumulating).
+    const Bf16Linear lin0(TensorView::contiguous(w.data(), DType::BF16, {3, 0}), "k0", b);
+    std::vector<float> x(2), y(6, 5.f);
+    lin0.forward(TensorView::contiguous(x.data(), DType::F32, {2, 0}),
+                 TensorView::contiguous(y.data(), DType::F32, {2, 3}), 2, true);
+    EXPECT_EQ(y[0], 5.f);
+    lin0.forward(TensorView::contiguous(x.data(), DType::F32, {2, 0}),
+                 TensorView::contiguous(y.data(), DType::F32, {2, 3}), 2);
+    for (float v : y) EXPECT_EQ(v, 0.f);
+    // M = 0: nothing happens.
+    const Bf16Linear lin(TensorView::contiguous(w.data(), DType::BF16, {3, 2}), "m0", b);
+    lin.forward(TensorView::contiguous(x.data(), DType::F32, {0, 2}),
+                TensorView::contiguous(y.data(), DType::F32, {0, 3}), 1);
+  }
+}
+
+template <class F>
+void expect_error(F&& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no hanpu::Error thrown";
+  } catch (const Error& e) {
+    for (const auto& s : parts) EXPECT_NE(std::string(e.what()).find(s), std::string::npos) << e.what() << " lacks " << s;
+  }
+}
+
+TEST(Linear, BadShapesAndDtypesNameTheWeight) {
+  std::vector<uint16_t> w(12, 0);
+  std::vector<float> wf(12, 0.f), x(64, 0.f), y(64, 0.f);
+  expect_error([&] { Bf16Linear(TensorView::contiguous(wf.data(), DType::F32, {3, 4}), "layer.w"); },
+               {"layer.w", "BF16", "F32", "[3,4]"});
+  expect_error([&] { Bf16Linear(TensorView::contiguous(w.data(), DType::BF16, {12}), "layer.w"); },
+               {"layer.w", "2-D", "[12]"});
+  TensorView strided = TensorView::contiguous(w.data(), DType::BF16, {3, 2});
+  strided.stride[0] = 4;
+  expect_error([&] { Bf16Linear(strided, "layer.w"); }, {"layer.w", "contiguous"});
+  for (LinearBackend b : backends()) {
+    const Bf16Linear lin(TensorView::contiguous(w.data(), DType::BF16, {3, 4}), "model.up.weight", b);
+    EXPECT_EQ(lin.in_features(), 4);
+    EXPECT_EQ(lin.out_features(), 3);
+    expect_error([&] { lin.forward(TensorView::contiguous(x.data(), DType::F32, {2, 5}),
+                                   TensorView::contiguous(y.data(), DType::F32, {2, 3}), 1); },
+                 {"model.up.weight", "input", "[M, 4]", "[2,5]"});
+    expect_error([&] { lin.forward(TensorView::contiguous(x.data(), DType::BF16, {2, 4}),
+                                   TensorView::contiguous(y.data(), DType::F32, {2, 3}), 1); },
+                 {"model.up.weight", "input", "F32", "BF16"});
+    expect_error([&] { lin.forward(TensorView::contiguous(x.data(), DType::F32, {2, 4}),
+                                   TensorView::contiguous(y.data(), DType::F32, {2, 4}), 1); },
+                 {"model.up.weight", "output", "[2, 3]", "[2,4]"});
+    expect_error([&] { lin.forward(TensorView::contiguous(x.data(), DType::F32, {2, 4}),
+                                   TensorView::contiguous(y.data(), DType::F32, {3, 3}), 1); },
+                 {"model.up.weight", "output", "[2, 3]", "[3,3]"});
+    expect_error([&] { lin.forward(TensorView::contiguous(x.data(), DType::F32, {2, 4}),
+                                   TensorView::contiguous(y.data(), DType::F64, {2, 3}), 1); },
+                 {"model.up.weight", "output", "F64"});
+    TensorView xt = TensorView::contiguous(x.data(), DType::F32, {2, 4});
+    xt.stride = {1, 2};  // transposed: columns not unit-stride
+    expect_error([&] { lin.forward(xt, TensorView::contiguous(y.data(), DType::F32, {2, 3}), 1); },
+                 {"model.up.weight", "unit column stride"});
+  }
+  expect_error([&] {
+    std::vector<float> a(4), c(4);
+    Bf16Linear().forward(TensorView::contiguous(a.data(), DType::F32, {1, 4}),
+                         TensorView::contiguous(c.data(), DType::F32, {1, 4}), 1);
+  }, {"empty"});
+  if (!hanpu::linear_amx_available())
+    expect_error([&] { Bf16Linear(TensorView::contiguous(w.data(), DType::BF16, {3, 4}), "layer.w", LinearBackend::kAmx); },
+                 {"layer.w", "AMX"});
+  expect_error([] { hanpu::linear_precision_from_name("fp8"); }, {"fp8", "exact"});
+  expect_error([] { hanpu::linear_backend_from_name("gpu"); }, {"gpu", "portable"});
+}
+
+}  // namespace
