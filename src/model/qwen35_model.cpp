@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -109,6 +110,17 @@ struct Layer {
   Projection gate_proj, up_proj, down_proj;
   std::vector<float> input_norm, post_norm;  // 1 + w
 };
+
+// Per-thread activation buffers reused across forward() calls: a prefill of 2K tokens needs
+// ~150 MiB of activations per layer, and fresh allocations would page-fault (and zero) all of it
+// for every layer. Each slot only grows.
+enum ScratchSlot { kX, kH, kGate, kUp, kMixed, kZ, kB, kA, kConv, kO, kQG, kQ, kAttn, kSlots };
+float* scratch(ScratchSlot slot, int64_t floats) {
+  static thread_local std::vector<float> buffers[kSlots];
+  std::vector<float>& b = buffers[slot];
+  if (b.size() < static_cast<size_t>(floats)) b.resize(static_cast<size_t>(floats));
+  return b.data();
+}
 
 std::vector<float> one_plus(const TensorView& w) {
   std::vector<float> v = to_f32(w);
@@ -238,11 +250,19 @@ class SyntheticSource : public TensorSource {
     const uint64_t stream = seed_ * 0x9E3779B97F4A7C15ull + (++counter_);
     const float a = static_cast<float>(std::sqrt(3.0) * stddev), m = static_cast<float>(mean);
     parallel_for(n, threads_, [&](int64_t b, int64_t e) {
-      uint64_t s = stream ^ (static_cast<uint64_t>(b) * 0xD1B54A32D192ED03ull);
+      uint64_t s = stream ^ (static_cast<uint64_t>(b) * 0xD1B54A32D192ED03ull) ^ 1;
+      uint64_t bits = 0;
       for (int64_t i = b; i < e; ++i) {
-        s ^= s << 13, s ^= s >> 7, s ^= s << 17;  // xorshift64
-        const float u = static_cast<float>(s >> 40) * (1.0f / 16777216.0f);  // [0, 1)
-        p[i] = f32_to_bf16(m + a * (2.f * u - 1.f));
+        if ((i - b) % 4 == 0) {  // xorshift64: one draw gives four 16-bit uniforms
+          s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+          bits = s;
+        }
+        const float u = (static_cast<float>(bits & 0xFFFF) + 0.5f) * (1.0f / 65536.0f);  // (0, 1)
+        bits >>= 16;
+        const float v = m + a * (2.f * u - 1.f);
+        uint32_t f;
+        std::memcpy(&f, &v, 4);
+        p[i] = static_cast<uint16_t>((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);  // round to nearest even
       }
     });
     return TensorView::contiguous(p, DType::BF16, shape);
@@ -409,17 +429,19 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int th = opt.threads;
   auto t0 = Clock::now();
-  std::vector<float> mixed(static_cast<size_t>(T * cd)), z(static_cast<size_t>(T * vd)), b(static_cast<size_t>(T * nv)),
-      a(static_cast<size_t>(T * nv));
-  L.gdn.in_qkv.forward(h, H, mixed.data(), cd, T, th, false);
-  L.gdn.in_z.forward(h, H, z.data(), vd, T, th, false);
-  L.gdn.in_b.forward(h, H, b.data(), nv, T, th, false);
-  L.gdn.in_a.forward(h, H, a.data(), nv, T, th, false);
+  float* mixed = scratch(kMixed, T * cd);
+  float* z = scratch(kZ, T * vd);
+  float* b = scratch(kB, T * nv);
+  float* a = scratch(kA, T * nv);
+  L.gdn.in_qkv.forward(h, H, mixed, cd, T, th, false);
+  L.gdn.in_z.forward(h, H, z, vd, T, th, false);
+  L.gdn.in_b.forward(h, H, b, nv, T, th, false);
+  L.gdn.in_a.forward(h, H, a, nv, T, th, false);
   if (tm) tm->gdn_proj += seconds_since(t0);
 
   t0 = Clock::now();
-  std::vector<float> conv(static_cast<size_t>(T * cd));
-  model::causal_conv_silu(mixed.data(), conv.data(), T, cd, L.gdn.conv_w.data(), c.linear_conv_kernel,
+  float* conv = scratch(kConv, T * cd);
+  model::causal_conv_silu(mixed, conv, T, cd, L.gdn.conv_w.data(), c.linear_conv_kernel,
                           st.conv_state[static_cast<size_t>(L.slot)].ptr<float>(), th);
 
   LaInputs in;
@@ -429,19 +451,19 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
     v.stride[1] = cd;
     return v;
   };
-  in.q = view(conv.data(), nk, dk);
-  in.k = view(conv.data() + kd, nk, dk);
-  in.v = view(conv.data() + 2 * kd, nv, dv);
-  in.g = TensorView::contiguous(a.data(), DType::F32, {1, T, nv});
-  in.beta = TensorView::contiguous(b.data(), DType::F32, {1, T, nv});
+  in.q = view(conv, nk, dk);
+  in.k = view(conv + kd, nk, dk);
+  in.v = view(conv + 2 * kd, nv, dv);
+  in.g = TensorView::contiguous(a, DType::F32, {1, T, nv});
+  in.beta = TensorView::contiguous(b, DType::F32, {1, T, nv});
   in.A_log = TensorView::contiguous(const_cast<float*>(L.gdn.A_log.data()), DType::F32, {nv});
   in.dt_bias = TensorView::contiguous(const_cast<float*>(L.gdn.dt_bias.data()), DType::F32, {nv});
   LaOptions lo;
   lo.qk_l2norm = true;
   lo.gate_in_kernel = true;  // g = -exp(A_log) * softplus(a + dt_bias), in fp32
   lo.beta_sigmoid = true;
-  std::vector<float> o(static_cast<size_t>(T * vd));
-  TensorView ov = TensorView::contiguous(o.data(), DType::F32, {1, T, nv, dv});
+  float* o = scratch(kO, T * vd);
+  TensorView ov = TensorView::contiguous(o, DType::F32, {1, T, nv, dv});
   Tensor& S = st.recurrent_state[static_cast<size_t>(L.slot)];
   if (T == 1) {
     gdn_decode(in, lo, S.view(), ov, th);
@@ -453,11 +475,11 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
     gdn_prefill(in, lo, LaOutputs{ov, next.view()}, ex);
     S = std::move(next);
   }
-  model::gated_rms_norm(o.data(), z.data(), T, nv, dv, L.gdn.norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
+  model::gated_rms_norm(o, z, T, nv, dv, L.gdn.norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
   if (tm) tm->gdn_core += seconds_since(t0);
 
   t0 = Clock::now();
-  L.gdn.out_proj.forward(o.data(), vd, x, H, T, th, true);
+  L.gdn.out_proj.forward(o, vd, x, H, T, th, true);
   if (tm) tm->gdn_proj += seconds_since(t0);
 }
 
@@ -468,7 +490,7 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
   const int th = opt.threads;
   const int64_t p0 = st.position;
   auto t0 = Clock::now();
-  std::vector<float> qg(static_cast<size_t>(T * nq * 2 * hd));
+  float* qg = scratch(kQG, T * nq * 2 * hd);
   auto& kc = st.key_cache[static_cast<size_t>(L.slot)];
   auto& vc = st.value_cache[static_cast<size_t>(L.slot)];
   const size_t row = static_cast<size_t>(nkv * hd);
@@ -476,7 +498,7 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
   vc.resize(static_cast<size_t>(p0 + T) * row);
   float* knew = kc.data() + static_cast<size_t>(p0) * row;
   float* vnew = vc.data() + static_cast<size_t>(p0) * row;
-  L.attn.q_proj.forward(h, H, qg.data(), nq * 2 * hd, T, th, false);
+  L.attn.q_proj.forward(h, H, qg, nq * 2 * hd, T, th, false);
   L.attn.k_proj.forward(h, H, knew, nkv * hd, T, th, false);
   L.attn.v_proj.forward(h, H, vnew, nkv * hd, T, th, false);
   if (tm) tm->attn_proj += seconds_since(t0);
@@ -485,7 +507,7 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
   // Query heads out of the per-head [query | gate] interleave, normed and rotated; keys normed
   // and rotated in the cache.
   const int64_t half = c.rotary_dim / 2;
-  std::vector<float> q(static_cast<size_t>(T * nq * hd));
+  float* q = scratch(kQ, T * nq * hd);
   const float eps = static_cast<float>(c.rms_norm_eps);
   parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
     std::vector<float> cs(static_cast<size_t>(c.rotary_dim));
@@ -497,8 +519,8 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
         cs[static_cast<size_t>(half + i)] = static_cast<float>(std::sin(static_cast<double>(ang)));
       }
       for (int64_t hh = 0; hh < nq; ++hh) {
-        float* dst = q.data() + (t * nq + hh) * hd;
-        model::rms_norm_rows(qg.data() + (t * nq + hh) * 2 * hd, hd, dst, hd, 1, hd, L.attn.q_norm.data(), eps, 1);
+        float* dst = q + (t * nq + hh) * hd;
+        model::rms_norm_rows(qg + (t * nq + hh) * 2 * hd, hd, dst, hd, 1, hd, L.attn.q_norm.data(), eps, 1);
         model::rope_rotate(dst, c.rotary_dim, cs.data(), cs.data() + half);
       }
       for (int64_t hh = 0; hh < nkv; ++hh) {
@@ -508,21 +530,21 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
       }
     }
   });
-  std::vector<float> attn(static_cast<size_t>(T * nq * hd));
-  model::causal_attention(q.data(), kc.data(), vc.data(), attn.data(), T, p0, nq, nkv, hd,
+  float* attn = scratch(kAttn, T * nq * hd);
+  model::causal_attention(q, kc.data(), vc.data(), attn, T, p0, nq, nkv, hd,
                           1.0f / std::sqrt(static_cast<float>(hd)), th);
   parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {  // sigmoid output gate
     for (int64_t t = t_begin; t < t_end; ++t)
       for (int64_t hh = 0; hh < nq; ++hh) {
-        float* o = attn.data() + (t * nq + hh) * hd;
-        const float* g = qg.data() + (t * nq + hh) * 2 * hd + hd;
+        float* o = attn + (t * nq + hh) * hd;
+        const float* g = qg + (t * nq + hh) * 2 * hd + hd;
         model::simd_sigmoid_mul_row(o, g, static_cast<size_t>(hd));
       }
   });
   if (tm) tm->attn_core += seconds_since(t0);
 
   t0 = Clock::now();
-  L.attn.o_proj.forward(attn.data(), nq * hd, x, H, T, th, true);
+  L.attn.o_proj.forward(attn, nq * hd, x, H, T, th, true);
   if (tm) tm->attn_proj += seconds_since(t0);
 }
 
@@ -544,11 +566,12 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   auto t0 = Clock::now();
-  std::vector<float> x(static_cast<size_t>(T * H)), h(static_cast<size_t>(T * H));
+  float* x = scratch(kX, T * H);
+  float* h = scratch(kH, T * H);
   parallel_for(T, T >= 16 ? th : 1, [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t id = ids[static_cast<size_t>(t)];
-      float* xr = x.data() + t * H;
+      float* xr = x + t * H;
       if (im.embed.dtype == DType::BF16) {
         const auto* src = static_cast<const uint16_t*>(im.embed.data) + id * H;
         for (int64_t i = 0; i < H; ++i) xr[i] = bf16_to_f32(src[i]);
@@ -559,33 +582,34 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
   });
   tm->embed += seconds_since(t0);
 
-  std::vector<float> gate(static_cast<size_t>(T * I)), up(static_cast<size_t>(T * I));
+  float* gate = scratch(kGate, T * I);
+  float* up = scratch(kUp, T * I);
   for (const Layer& L : im.layers) {
     t0 = Clock::now();
-    model::rms_norm_rows(x.data(), H, h.data(), H, T, H, L.input_norm.data(), eps, th);
+    model::rms_norm_rows(x, H, h, H, T, H, L.input_norm.data(), eps, th);
     tm->norms += seconds_since(t0);
-    if (L.full) im.attn_forward(L, st, h.data(), x.data(), T, opt, tm);
-    else im.gdn_forward(L, st, h.data(), x.data(), T, opt, tm);
+    if (L.full) im.attn_forward(L, st, h, x, T, opt, tm);
+    else im.gdn_forward(L, st, h, x, T, opt, tm);
     t0 = Clock::now();
-    model::rms_norm_rows(x.data(), H, h.data(), H, T, H, L.post_norm.data(), eps, th);
+    model::rms_norm_rows(x, H, h, H, T, H, L.post_norm.data(), eps, th);
     tm->norms += seconds_since(t0);
     t0 = Clock::now();
-    L.gate_proj.forward(h.data(), H, gate.data(), I, T, th, false);
-    L.up_proj.forward(h.data(), H, up.data(), I, T, th, false);
-    model::silu_mul(gate.data(), up.data(), T, I, I, th);
-    L.down_proj.forward(gate.data(), I, x.data(), H, T, th, true);
+    L.gate_proj.forward(h, H, gate, I, T, th, false);
+    L.up_proj.forward(h, H, up, I, T, th, false);
+    model::silu_mul(gate, up, T, I, I, th);
+    L.down_proj.forward(gate, I, x, H, T, th, true);
     tm->mlp += seconds_since(t0);
   }
   st.position += T;
 
   t0 = Clock::now();
   const int64_t rows = opt.all_logits ? T : 1;
-  const float* last = x.data() + (T - rows) * H;
-  model::rms_norm_rows(last, H, h.data(), H, rows, H, im.final_norm.data(), eps, th);
+  const float* last = x + (T - rows) * H;
+  model::rms_norm_rows(last, H, h, H, rows, H, im.final_norm.data(), eps, th);
   tm->norms += seconds_since(t0);
   t0 = Clock::now();
   Tensor logits(DType::F32, {rows, c.vocab_size});
-  im.lm_head.forward(h.data(), H, logits.ptr<float>(), c.vocab_size, rows, th, false);
+  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, rows, th, false);
   tm->lm_head += seconds_since(t0);
   return logits;
 }

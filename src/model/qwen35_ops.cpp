@@ -19,7 +19,7 @@ void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int6
     fn(0, n);
     return;
   }
-  ThreadPool::shared(nt).run(nt, [&](int t) {
+  ThreadPool::shared(threads).run(nt, [&](int t) {
     const int64_t b = n * t / nt, e = n * (t + 1) / nt;
     if (b < e) fn(b, e);
   });
@@ -153,7 +153,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
     }
   };
   if (nt == 1) work(0);
-  else ThreadPool::shared(nt).run(nt, work);
+  else ThreadPool::shared(threads).run(nt, work);
 }
 
 }  // namespace hanpu::model
