@@ -107,6 +107,23 @@ void GatedNormRow(float* HWY_RESTRICT o, const float* HWY_RESTRICT z, const floa
   for (; i < n; ++i) o[i] = (o[i] * inv * w[i]) * (z[i] / (1.0f + std::exp(-z[i])));
 }
 
+void ConvSiluRow(const float* const* in, const float* HWY_RESTRICT taps, size_t tap_stride, size_t K,
+                 float* HWY_RESTRICT y, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t c = 0;
+  for (; c + N <= n; c += N) {
+    VF acc = hn::Mul(hn::LoadU(d, taps + c), hn::LoadU(d, in[0] + c));
+    for (size_t j = 1; j < K; ++j) acc = hn::MulAdd(hn::LoadU(d, taps + j * tap_stride + c), hn::LoadU(d, in[j] + c), acc);
+    hn::StoreU(hn::Mul(acc, Sigmoid(d, acc)), d, y + c);
+  }
+  for (; c < n; ++c) {
+    float acc = taps[c] * in[0][c];
+    for (size_t j = 1; j < K; ++j) acc += taps[j * tap_stride + c] * in[j][c];
+    y[c] = acc / (1.0f + std::exp(-acc));
+  }
+}
+
 size_t AttentionKeyTile() { return 2 * hn::Lanes(DF()); }
 
 // Scores of 4 rows against one transposed key tile [hd][2N].
@@ -256,6 +273,7 @@ HWY_EXPORT(SiluRow);
 HWY_EXPORT(SigmoidMulRow);
 HWY_EXPORT(GatedNormRow);
 HWY_EXPORT(AttentionKeyTile);
+HWY_EXPORT(ConvSiluRow);
 HWY_EXPORT(AttentionRows);
 
 void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale, float eps) {
@@ -266,6 +284,9 @@ void simd_silu_row(float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SiluRow)(y, n); }
 void simd_sigmoid_mul_row(float* o, const float* g, size_t n) { HWY_DYNAMIC_DISPATCH(SigmoidMulRow)(o, g, n); }
 void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps) {
   HWY_DYNAMIC_DISPATCH(GatedNormRow)(o, z, w, n, eps);
+}
+void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_stride, size_t K, float* y, size_t n) {
+  HWY_DYNAMIC_DISPATCH(ConvSiluRow)(in, taps, tap_stride, K, y, n);
 }
 size_t attention_key_tile() { return HWY_DYNAMIC_DISPATCH(AttentionKeyTile)(); }
 void attention_rows(const AttentionRowsArgs& args) { HWY_DYNAMIC_DISPATCH(AttentionRows)(args); }

@@ -17,6 +17,10 @@ void simd_sigmoid_mul_row(float* o, const float* g, size_t n);
 /// o = (o * rsqrt(mean(o^2) + eps) * w) * silu(z).
 void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps);
 
+/// y[c] = silu(sum_j taps[j * tap_stride + c] * in[j][c]) for c < n (one token of the causal conv;
+/// in[j] is the input row j steps into the window, oldest first).
+void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_stride, size_t K, float* y, size_t n);
+
 /// Keys per score tile of attention_rows (2 vectors); key_tile needs head_dim x this floats.
 size_t attention_key_tile();
 

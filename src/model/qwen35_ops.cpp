@@ -44,6 +44,7 @@ void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, con
   parallel_for(blocks, T >= 8 ? threads : 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> wt(static_cast<size_t>(K * kBlock));
     std::vector<float> tail(static_cast<size_t>(S * kBlock));
+    std::vector<const float*> rows(static_cast<size_t>(K));
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t c0 = b * kBlock, n = std::min(kBlock, channels - c0);
       for (int64_t j = 0; j < K; ++j)  // taps transposed to [K][block] for unit-stride loops
@@ -52,14 +53,9 @@ void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, con
         return t < 0 ? state + (S + t) * channels + c0 : x + t * channels + c0;
       };
       for (int64_t t = 0; t < T; ++t) {
-        float* yr = y + t * channels + c0;
-        for (int64_t c = 0; c < n; ++c) yr[c] = 0.f;
-        for (int64_t j = 0; j < K; ++j) {
-          const float* in = input(t - S + j);
-          const float* wj = wt.data() + j * kBlock;
-          for (int64_t c = 0; c < n; ++c) yr[c] += wj[c] * in[c];
-        }
-        simd_silu_row(yr, static_cast<size_t>(n));
+        for (int64_t j = 0; j < K; ++j) rows[static_cast<size_t>(j)] = input(t - S + j);
+        simd_conv_silu_row(rows.data(), wt.data(), kBlock, static_cast<size_t>(K), y + t * channels + c0,
+                           static_cast<size_t>(n));
       }
       // New state: the last S rows of [state; x] (copied out first, the regions may overlap).
       for (int64_t r = 0; r < S; ++r) {
