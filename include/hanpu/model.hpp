@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "hanpu/linear.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu {
@@ -87,6 +88,9 @@ struct ForwardOptions {
   int threads = 1;
   bool all_logits = false;  // logits for every new token, else only the last one
   ForwardTimes* times = nullptr;
+  /// How the projections treat activations (hanpu/linear.hpp): exact f32 x bf16 by default;
+  /// kBf16 rounds activations to bf16 as a bf16 transformers model does, and is the fastest.
+  LinearPrecision precision = LinearPrecision::kExact;
 };
 
 class Qwen35Model {

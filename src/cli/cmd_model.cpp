@@ -55,7 +55,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 }
 
 struct RunArgs {
-  std::string model_dir, prompt, prompt_ids, logits_out, system;
+  std::string model_dir, prompt, prompt_ids, logits_out, system, precision = "exact";
   int n_predict = 128;
   bool chat = false, greedy = false, think = false, print_ids = false;
   int threads = 0;
@@ -107,7 +107,9 @@ void run_generate(const RunArgs& a) {
   Qwen35State st = model.new_state();
 
   const auto t_prefill = Clock::now();
-  Tensor logits = model.forward(st, prompt, {.threads = threads, .all_logits = !a.logits_out.empty()});
+  const LinearPrecision precision = linear_precision_from_name(a.precision);
+  Tensor logits =
+      model.forward(st, prompt, {.threads = threads, .all_logits = !a.logits_out.empty(), .precision = precision});
   const double prefill_s = seconds_since(t_prefill);
   const int64_t V = cfg.vocab_size;
   if (!a.logits_out.empty()) {
@@ -144,7 +146,7 @@ void run_generate(const RunArgs& a) {
       emit(next);
       if (++generated >= a.n_predict) break;
       const int32_t one[1] = {next};
-      Tensor l = model.forward(st, one, {.threads = threads});
+      Tensor l = model.forward(st, one, {.threads = threads, .precision = precision});
       next = sampler.sample({l.ptr<float>(), static_cast<size_t>(V)});
     }
     decode_s = seconds_since(t_decode);
@@ -161,7 +163,7 @@ void run_generate(const RunArgs& a) {
 }
 
 struct BenchModelArgs {
-  std::string model_dir, synthetic;
+  std::string model_dir, synthetic, precision = "exact";
   std::vector<int64_t> prompt_lengths{512, 2048};
   int threads = 0;
   int decode_tokens = 16;
@@ -172,6 +174,7 @@ struct BenchModelArgs {
 void run_bench_model(const BenchModelArgs& a) {
   if (a.model_dir.empty() == a.synthetic.empty()) throw Error("give exactly one of --model and --synthetic");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
+  const LinearPrecision precision = linear_precision_from_name(a.precision);
   const auto t_load = Clock::now();
   Qwen35Model model = a.model_dir.empty() ? Qwen35Model::synthetic(qwen35_preset(a.synthetic), a.seed, threads)
                                           : Qwen35Model::load(a.model_dir, {.progress = !a.json});
@@ -179,9 +182,9 @@ void run_bench_model(const BenchModelArgs& a) {
   const Qwen35Config& cfg = model.config();
   const std::string name = a.model_dir.empty() ? a.synthetic : a.model_dir;
   if (!a.json)
-    std::printf("%s%s\n%s\nweights %.2f GB, built/mapped in %.1f s, %d threads\n\n", name.c_str(),
+    std::printf("%s%s\n%s\nweights %.2f GB, built/mapped in %.1f s, %d threads, projections %s\n\n", name.c_str(),
                 a.model_dir.empty() ? " (synthetic random bf16 weights)" : "", cfg.describe().c_str(),
-                static_cast<double>(model.weight_bytes()) / 1e9, load_s, threads);
+                static_cast<double>(model.weight_bytes()) / 1e9, load_s, threads, linear_precision_name(precision));
   if (!a.json)
     std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
                 "GDN", "attn", "MLP", "head", "other", "decode/s");
@@ -197,7 +200,7 @@ void run_bench_model(const BenchModelArgs& a) {
     Qwen35State st = model.new_state();
     ForwardTimes pt;
     const auto t0 = Clock::now();
-    Tensor logits = model.forward(st, ids, {.threads = threads, .times = &pt});
+    Tensor logits = model.forward(st, ids, {.threads = threads, .times = &pt, .precision = precision});
     const double prefill_s = seconds_since(t0);
     ForwardTimes dt;
     Sampler greedy({.temperature = 0});
@@ -205,7 +208,7 @@ void run_bench_model(const BenchModelArgs& a) {
     const auto t1 = Clock::now();
     for (int i = 0; i < a.decode_tokens; ++i) {
       const int32_t one[1] = {next};
-      Tensor l = model.forward(st, one, {.threads = threads, .times = &dt});
+      Tensor l = model.forward(st, one, {.threads = threads, .times = &dt, .precision = precision});
       next = greedy.sample({l.ptr<float>(), static_cast<size_t>(cfg.vocab_size)});
     }
     const double decode_s = seconds_since(t1);
@@ -215,6 +218,7 @@ void run_bench_model(const BenchModelArgs& a) {
         {"model", name},
         {"prompt_tokens", T},
         {"threads", threads},
+        {"linear_precision", linear_precision_name(precision)},
         {"prefill_ms", prefill_s * 1e3},
         {"prefill_tokens_per_s", static_cast<double>(T) / prefill_s},
         {"decode_tokens", a.decode_tokens},
@@ -269,6 +273,8 @@ void register_model_commands(CLI::App& app) {
   r->add_option("--top-p", run->top_p, "nucleus sampling threshold (default 0.95)")->check(CLI::Range(0.0, 1.0));
   r->add_option("--seed", run->seed, "sampling seed (default 0)");
   r->add_flag("--greedy", run->greedy, "always take the most likely token");
+  r->add_option("--precision", run->precision,
+                "projection activations: exact (f32, default), bf16x2, bf16 (rounded like a bf16 model; fastest)");
   r->add_flag("--ids", run->print_ids, "print the generated token ids instead of text");
   r->add_option("--logits-out", run->logits_out, "write the prompt's logits (all positions) to this safetensors file");
   r->callback([run] { run_generate(*run); });
@@ -284,6 +290,7 @@ void register_model_commands(CLI::App& app) {
   b->add_option("--decode-tokens", bench->decode_tokens, "decode steps measured after each prefill (default 16)")
       ->check(CLI::Range(0, 1 << 20));
   b->add_option("--seed", bench->seed, "seed of the synthetic weights and prompt (default 1)");
+  b->add_option("--precision", bench->precision, "projection activations: exact (default), bf16x2, bf16");
   b->add_flag("--json", bench->json, "one JSON object per prompt length");
   b->callback([bench] { run_bench_model(*bench); });
 }

@@ -64,13 +64,14 @@ class Projection {
     else f32_ = to_f32(w);
   }
   int64_t out_features() const { return out_; }
-  void forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate) const {
+  void forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
+               LinearPrecision precision = LinearPrecision::kExact) const {
     if (bf16_) {
       TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
       xv.stride[0] = ldx;
       TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
       yv.stride[0] = ldy;
-      bf16_->forward(xv, yv, threads, accumulate);
+      bf16_->forward(xv, yv, threads, accumulate, precision);
       return;
     }
     parallel_for(out_, threads, [&](int64_t n0, int64_t n1) {
@@ -433,10 +434,10 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
   float* z = scratch(kZ, T * vd);
   float* b = scratch(kB, T * nv);
   float* a = scratch(kA, T * nv);
-  L.gdn.in_qkv.forward(h, H, mixed, cd, T, th, false);
-  L.gdn.in_z.forward(h, H, z, vd, T, th, false);
-  L.gdn.in_b.forward(h, H, b, nv, T, th, false);
-  L.gdn.in_a.forward(h, H, a, nv, T, th, false);
+  L.gdn.in_qkv.forward(h, H, mixed, cd, T, th, false, opt.precision);
+  L.gdn.in_z.forward(h, H, z, vd, T, th, false, opt.precision);
+  L.gdn.in_b.forward(h, H, b, nv, T, th, false, opt.precision);
+  L.gdn.in_a.forward(h, H, a, nv, T, th, false, opt.precision);
   if (tm) tm->gdn_proj += seconds_since(t0);
 
   t0 = Clock::now();
@@ -479,7 +480,7 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
   if (tm) tm->gdn_core += seconds_since(t0);
 
   t0 = Clock::now();
-  L.gdn.out_proj.forward(o, vd, x, H, T, th, true);
+  L.gdn.out_proj.forward(o, vd, x, H, T, th, true, opt.precision);
   if (tm) tm->gdn_proj += seconds_since(t0);
 }
 
@@ -498,9 +499,9 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
   vc.resize(static_cast<size_t>(p0 + T) * row);
   float* knew = kc.data() + static_cast<size_t>(p0) * row;
   float* vnew = vc.data() + static_cast<size_t>(p0) * row;
-  L.attn.q_proj.forward(h, H, qg, nq * 2 * hd, T, th, false);
-  L.attn.k_proj.forward(h, H, knew, nkv * hd, T, th, false);
-  L.attn.v_proj.forward(h, H, vnew, nkv * hd, T, th, false);
+  L.attn.q_proj.forward(h, H, qg, nq * 2 * hd, T, th, false, opt.precision);
+  L.attn.k_proj.forward(h, H, knew, nkv * hd, T, th, false, opt.precision);
+  L.attn.v_proj.forward(h, H, vnew, nkv * hd, T, th, false, opt.precision);
   if (tm) tm->attn_proj += seconds_since(t0);
 
   t0 = Clock::now();
@@ -544,7 +545,7 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
   if (tm) tm->attn_core += seconds_since(t0);
 
   t0 = Clock::now();
-  L.attn.o_proj.forward(attn, nq * hd, x, H, T, th, true);
+  L.attn.o_proj.forward(attn, nq * hd, x, H, T, th, true, opt.precision);
   if (tm) tm->attn_proj += seconds_since(t0);
 }
 
@@ -594,10 +595,10 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
     model::rms_norm_rows(x, H, h, H, T, H, L.post_norm.data(), eps, th);
     tm->norms += seconds_since(t0);
     t0 = Clock::now();
-    L.gate_proj.forward(h, H, gate, I, T, th, false);
-    L.up_proj.forward(h, H, up, I, T, th, false);
+    L.gate_proj.forward(h, H, gate, I, T, th, false, opt.precision);
+    L.up_proj.forward(h, H, up, I, T, th, false, opt.precision);
     model::silu_mul(gate, up, T, I, I, th);
-    L.down_proj.forward(gate, I, x, H, T, th, true);
+    L.down_proj.forward(gate, I, x, H, T, th, true, opt.precision);
     tm->mlp += seconds_since(t0);
   }
   st.position += T;
@@ -609,7 +610,7 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
   tm->norms += seconds_since(t0);
   t0 = Clock::now();
   Tensor logits(DType::F32, {rows, c.vocab_size});
-  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, rows, th, false);
+  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, rows, th, false, opt.precision);
   tm->lm_head += seconds_since(t0);
   return logits;
 }
