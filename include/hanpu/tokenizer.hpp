@@ -31,7 +31,11 @@ class Tokenizer {
   ~Tokenizer();
 
   /// Text to ids. Special/added tokens written literally in the text (e.g. "<|im_start|>") are
-  /// recognised when parse_special is true, else encoded as ordinary text.
+  /// recognised when parse_special is true, else encoded as ordinary text (as in `tokenizers`
+  /// with encode_special_tokens: only tokens marked "special" become text; other added tokens,
+  /// such as Qwen's <think>, are still recognised). Any bytes are accepted: a run of bytes that
+  /// is not valid UTF-8 is one pre-token of its own, its bytes BPE-encoded as they are, so
+  /// decode(encode(bytes)) gives them back.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   /// Ids to text (invalid UTF-8 from partial byte sequences is kept as bytes).
   std::string decode(std::span<const int32_t> ids, bool skip_special = false) const;
@@ -39,11 +43,20 @@ class Tokenizer {
   std::string token_bytes(int32_t id) const;
   std::optional<int32_t> token_to_id(std::string_view token) const;
   int32_t vocab_size() const;  // largest id + 1, added tokens included
+  /// The eos token of tokenizer_config.json (from_dir), if it names one.
+  std::optional<int32_t> eos_token_id() const;
+  /// True for added tokens marked "special" (<|im_end|>, ...), which decode skips on request.
+  bool is_special(int32_t id) const;
 
   /// ChatML as Qwen's template renders it without tools:
   /// "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n" if
   /// add_generation_prompt (Qwen3.5 adds "<think>\n\n</think>\n\n" after it when enable_thinking
   /// is false).
+  /// Details of Qwen3.5's template kept too: contents are trimmed (Python str.strip); a system
+  /// message may only come first; there must be a user message; assistant turns after the last
+  /// user message carry "<think>\n{reasoning}\n</think>\n\n" (reasoning taken from a
+  /// "...</think>" prefix of the content); "tool" messages become <tool_response> blocks in a
+  /// user turn; with enable_thinking the generation prompt ends in "<think>\n".
   std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
                                   bool enable_thinking = false) const;
 

@@ -76,13 +76,10 @@ void run_generate(const RunArgs& a) {
     if (a.chat) throw Error("--chat needs a text --prompt, not --prompt-ids");
     prompt = parse_ids(a.prompt_ids);
   }
-#if HANPU_HAVE_TOKENIZER
   if (std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json"))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
-#endif
   if (!a.prompt.empty()) {
-    if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tokenizer.json (or this build has no tokenizer); use --prompt-ids");
-#if HANPU_HAVE_TOKENIZER
+    if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tokenizer.json; use --prompt-ids");
     std::string text = a.prompt;
     if (a.chat) {
       std::vector<ChatMessage> msgs;
@@ -92,15 +89,12 @@ void run_generate(const RunArgs& a) {
     }
     prompt = tok->encode(text, /*parse_special=*/a.chat);
     if (prompt.empty()) throw Error("--prompt: the prompt encodes to no tokens");
-#endif
   }
 
   std::set<int32_t> stop(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-#if HANPU_HAVE_TOKENIZER
   if (tok)
     for (const char* s : {"<|im_end|>", "<|endoftext|>"})
       if (auto id = tok->token_to_id(s)) stop.insert(*id);
-#endif
 
   SamplingOptions so{.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
   Sampler sampler(so);
@@ -121,13 +115,11 @@ void run_generate(const RunArgs& a) {
   const float* last = logits.ptr<float>() + (logits.shape()[0] - 1) * V;
 
   auto emit = [&](int32_t id) {
-#if HANPU_HAVE_TOKENIZER
     if (tok && !a.print_ids) {
       std::cout << tok->token_bytes(id);
       std::cout.flush();
       return;
     }
-#endif
     std::cout << id << ' ';
     std::cout.flush();
   };

@@ -15,3 +15,5 @@ void register_bench_command(CLI::App& app);
 void register_model_commands(CLI::App& app);
 /// `hanpu bench-linear`: bf16-weight projection kernels (cmd_bench_linear.cpp).
 void register_bench_linear_command(CLI::App& app);
+/// `hanpu tokenize`: encode text / decode ids with a checkpoint's tokenizer (cmd_tokenize.cpp).
+void register_tokenize_command(CLI::App& app);

@@ -1,0 +1,70 @@
+// Byte-level BPE: GPT-2's byte-to-character alphabet and the merge loop of Hugging Face
+// `tokenizers` (models/bpe/word.rs merge_all), reproduced rule for rule so the ids match:
+// symbols start as one per byte; the applicable merge with the lowest rank is applied first,
+// the leftmost one on ties; a queued merge is dropped when the pair at its position no longer
+// merges into the same token.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace hanpu::tok {
+
+/// The ByteLevel pre-tokenizer's table: every byte is shown as one printable character
+/// (bytes 0x21-0x7E, 0xA1-0xAC, 0xAE-0xFF as themselves, the others as U+0100 + n in order).
+class ByteLevelAlphabet {
+ public:
+  ByteLevelAlphabet();
+  /// The UTF-8 text of the character byte b is shown as.
+  const std::string& char_of(uint8_t b) const { return byte_to_char_[b]; }
+  /// The bytes a byte-level string stands for; nullopt if a character is not in the alphabet.
+  std::optional<std::string> to_bytes(std::string_view byte_level) const;
+  /// The byte-level string of raw bytes.
+  std::string from_bytes(std::string_view bytes) const;
+
+ private:
+  std::array<std::string, 256> byte_to_char_;
+  std::unordered_map<int32_t, uint8_t> char_to_byte_;
+};
+
+class BpeModel {
+ public:
+  /// id of the vocabulary entry for each single byte (-1 if the vocabulary lacks it).
+  std::array<int32_t, 256> byte_ids{};
+  /// (left id, right id) -> (rank, merged id); later merges of the same pair replace earlier
+  /// ones, as in `tokenizers`.
+  void add_merge(int32_t left, int32_t right, uint32_t rank, int32_t merged);
+  std::optional<int32_t> unk_id;
+  bool fuse_unk = false;
+  /// ignore_merges: a word that is itself in the vocabulary is one token (whole_word_ids).
+  bool ignore_merges = false;
+  std::unordered_map<std::string, int32_t> whole_word_ids;  // raw bytes -> id, only with ignore_merges
+
+  /// Appends the ids of one pre-token (raw bytes) to out. Thread-safe; caches short words.
+  void encode_word(std::string_view bytes, std::vector<int32_t>& out) const;
+
+ private:
+  struct MergeTarget {
+    uint32_t rank;
+    int32_t merged;
+  };
+  static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  void merge_word(std::string_view bytes, std::vector<int32_t>& out) const;
+
+  std::unordered_map<uint64_t, MergeTarget> merges_;
+  // Words repeat a lot in real text ("the", " of", digits, spaces); caching them makes long
+  // prompts several times faster. Words longer than kMaxCachedWord bytes are rare and would
+  // bloat the cache; at kMaxCacheEntries the cache starts over (a bound on memory).
+  static constexpr size_t kMaxCachedWord = 64;
+  static constexpr size_t kMaxCacheEntries = 1 << 16;
+  mutable std::mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<int32_t>> cache_;
+};
+
+}  // namespace hanpu::tok

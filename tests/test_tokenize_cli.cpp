@@ -1,0 +1,111 @@
+// `hanpu tokenize` end to end on the golden tokenizer: ids, pieces, --chat, --decode, input from
+// a file (with invalid UTF-8) and from stdin, a checkpoint directory, and clean one-line errors
+// (exit code 1) for a broken tokenizer.json, a missing file and ids outside the vocabulary.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "test_support.hpp"
+
+#ifndef HANPU_EXE
+#error "HANPU_EXE must be defined to the path of the hanpu executable"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using hanpu::testing::TempDir;
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {  // for /bin/sh
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Result {
+  int code = -1;  // exit code; -1 if killed or not run
+  std::string out, err;
+};
+
+// Runs `hanpu tokenize <args>` (stdin from `input` if given) and captures its output.
+Result tokenize(const TempDir& dir, const std::string& args, const std::string& input = "") {
+  const std::string in = dir.file("stdin.txt"), out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
+  std::ofstream(in, std::ios::binary) << input;
+  const std::string command = quote(HANPU_EXE) + " tokenize " + args + " <" + quote(in) + " >" + quote(out) + " 2>" + quote(err);
+  const int status = std::system(command.c_str());
+  Result r;
+  if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  r.out = read_text(out);
+  r.err = read_text(err);
+  return r;
+}
+
+std::string golden_tokenizer() { return (hanpu::testing::golden_dir() / "tokenizer" / "tokenizer.json").string(); }
+
+TEST(TokenizeCli, IdsPiecesAndDecode) {
+  TempDir dir;
+  const std::string tok = "--tokenizer " + quote(golden_tokenizer());
+  Result r = tokenize(dir, tok + " --text 'Hello world' --ids");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "39,1807,334,1408,551\n");
+
+  r = tokenize(dir, tok + " --text " + quote("Hi\n<|im_end|>"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "39\tH\n72\ti\n198\t\\n\n4002\t<|im_end|>\n");
+
+  r = tokenize(dir, tok + " --decode 39,1807,334,1408,551");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello world\n");
+
+  r = tokenize(dir, tok + " --text 'Hi there' --chat --ids");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out.substr(0, 5), "4001,");  // <|im_start|>
+
+  r = tokenize(dir, tok + " --ids", "Hello world");  // stdin
+  EXPECT_EQ(r.out, "39,1807,334,1408,551\n");
+  r = tokenize(dir, tok + " --ids --text ''", "not read");  // an empty --text is empty, not stdin
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "\n");
+}
+
+TEST(TokenizeCli, FileWithInvalidUtf8AndDirectory) {
+  TempDir dir;
+  std::ofstream(dir.file("input.txt"), std::ios::binary) << "abc\xff" "def";
+  fs::copy_file(golden_tokenizer(), dir.path() / "tokenizer.json");
+  const Result r = tokenize(dir, "--tokenizer " + quote(dir.path().string()) + " --file " + quote(dir.file("input.txt")) + " --ids");
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "1526,187,314\n");  // tests/golden/tokenizer/expected.json, case invalid_ff
+}
+
+TEST(TokenizeCli, ErrorsAreOneLine) {
+  TempDir dir;
+  std::ofstream(dir.file("broken.json")) << "{\"model\": {\"type\": \"Unigram\"}}";
+  Result r = tokenize(dir, "--tokenizer " + quote(dir.file("broken.json")) + " --text x");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("broken.json"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model.type"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+
+  r = tokenize(dir, "--tokenizer " + quote(golden_tokenizer()) + " --file " + quote(dir.file("absent.txt")));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("absent.txt"), std::string::npos) << r.err;
+
+  r = tokenize(dir, "--tokenizer " + quote(golden_tokenizer()) + " --decode 1,99999");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("99999"), std::string::npos) << r.err;
+}
+
+}  // namespace
