@@ -98,6 +98,24 @@ TEST(ModelCli, GreedyRunReproducesTransformers) {
   EXPECT_LE(err / ref, 1e-8);
 }
 
+TEST(ModelCli, TextPromptRunReproducesTokenizersAndTransformers) {
+  // The golden's text prompt, encoded by the tokenizers library, continued greedily by transformers.
+  TempDir tmp;
+  SafetensorsFile f = SafetensorsFile::open(tiny() + "/expected.safetensors");
+  const std::string text = f.metadata().at("text_prompt");
+  Tensor prompt = f.load_copy("text_prompt_ids"), greedy = f.load_copy("text_greedy_ids");
+  std::vector<long long> want;
+  for (int64_t i = 0; i < greedy.numel(); ++i) want.push_back(static_cast<long long>(greedy.get(i)));
+  const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny()) + " --prompt " + quote(text) + " -n " +
+                                         std::to_string(want.size()) + " --greedy --ids");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::istringstream out(r.out);
+  std::vector<long long> got;
+  for (long long id; out >> id;) got.push_back(id);
+  EXPECT_EQ(got, want) << r.out;
+  EXPECT_NE(r.err.find("prompt tokens " + std::to_string(prompt.numel())), std::string::npos) << r.err;
+}
+
 TEST(ModelCli, SampledRunIsReproducibleWithASeed) {
   TempDir tmp;
   const std::string args = "run --model " + quote(tiny()) + " --prompt-ids 5,6,7 -n 12 --ids --temp 1.0 --top-k 50 "

@@ -15,7 +15,10 @@ Writes tests/golden/qwen35_tiny/ (see tests/golden/README.md):
                                     (not used by the logits; lets `hanpu run --prompt` work on it)
   expected.safetensors              prompt_ids [T0] I64, greedy_ids [N] I64, logits [T0+N, V] F32:
                                     transformers' logits for every position of prompt + greedy
-                                    continuation, computed in float32 on exactly the stored weights
+                                    continuation, computed in float32 on exactly the stored weights;
+                                    text_prompt_ids / text_greedy_ids I64: TEXT_PROMPT (metadata
+                                    "text_prompt") encoded by the tokenizers library, and its greedy
+                                    continuation (for an end-to-end test of `hanpu run --prompt`)
 
 The model has both layer kinds (layer_types given explicitly), GVA in the GDN layers
 (linear_num_value_heads 4 > linear_num_key_heads 2), GQA in the attention layers (4 q / 2 kv
@@ -90,6 +93,8 @@ QWEN35_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEXT_PROMPT = "Hello world! The quick brown fox runs the model 42 times."
+TEXT_NEW_TOKENS = 8
 
 
 def build_tokenizer(out_dir):
@@ -234,6 +239,14 @@ def main():
         full_logits = model(input_ids=seq[None], use_cache=False).logits[0].float().contiguous()
         cached = model.generate(prompt[None], max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
                                 pad_token_id=specials["<|endoftext|>"])[0]
+        from tokenizers import Tokenizer
+        text_ids = torch.tensor(Tokenizer.from_file(os.path.join(args.out, "tokenizer.json")).encode(TEXT_PROMPT).ids)
+        text_seq = text_ids.clone()
+        for _ in range(TEXT_NEW_TOKENS):
+            logits = model(input_ids=text_seq[None], use_cache=False).logits[0, -1]
+            top2 = torch.topk(logits, 2).values
+            gaps.append(float(top2[0] - top2[1]))
+            text_seq = torch.cat([text_seq, logits.argmax().view(1)])
     greedy = seq[PROMPT_LEN:]
     if not torch.equal(cached[PROMPT_LEN:], greedy):
         sys.exit(f"transformers' cached generate() disagrees with full forwards: {cached[PROMPT_LEN:].tolist()} "
@@ -247,9 +260,11 @@ def main():
         "torch_version": torch.__version__,
         "reference": "Qwen3_5ForCausalLM float32, eager attention, use_cache=False full forwards",
         "min_greedy_gap": repr(min(gaps)),
+        "text_prompt": TEXT_PROMPT,
     }
     save_file({"prompt_ids": prompt.to(torch.int64).contiguous(), "greedy_ids": greedy.to(torch.int64).contiguous(),
-               "logits": full_logits}, os.path.join(args.out, "expected.safetensors"), metadata=meta)
+               "logits": full_logits, "text_prompt_ids": text_ids.to(torch.int64).contiguous(),
+               "text_greedy_ids": text_seq[len(text_ids):].to(torch.int64).contiguous()}, os.path.join(args.out, "expected.safetensors"), metadata=meta)
     print(f"wrote {args.out}: prompt {PROMPT_LEN} tokens, greedy {greedy.tolist()}, min gap {min(gaps):.4f}, "
           f"logit std {full_logits.std():.3f}")
 
