@@ -21,7 +21,8 @@ void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, flo
 /// in[j] is the input row j steps into the window, oldest first).
 void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_stride, size_t K, float* y, size_t n);
 
-/// Keys per score tile of attention_rows (2 vectors); key_tile needs head_dim x this floats.
+/// Keys per score tile of attention_rows (2 vectors): the transposed keys are padded to a
+/// multiple of it.
 size_t attention_key_tile();
 
 /// Causal attention of `rows` query rows sharing one KV head:
@@ -31,13 +32,18 @@ struct AttentionRowsArgs {
   float* const* out = nullptr;      // [rows] pointers to head_dim floats
   const size_t* limit = nullptr;    // [rows] visible keys per row (>= 1)
   size_t rows = 0, head_dim = 0;
-  const float* keys = nullptr;    // key j at keys + j * kv_stride
-  const float* values = nullptr;  // value j at values + j * kv_stride
+  /// Keys in transposed tiles of W = attention_key_tile(): dim i of key j at
+  /// keys_t[(j / W) * head_dim * W + i * W + j % W], zero past the last key.
+  const float* keys_t = nullptr;
+  /// Values blocked by W dims (head_dim % W == 0): dim i of value j at
+  /// values_blocked[(i / W) * values_block_stride + j * W + i % W]; null: use `values`.
+  const float* values_blocked = nullptr;
+  size_t values_block_stride = 0;
+  const float* values = nullptr;  // value j at values + j * kv_stride (when not blocked)
   size_t kv_stride = 0;
   float scale = 1.0f;
   float* scores = nullptr;  // rows x score_stride scratch, score_stride >= max limit rounded up to the tile
   size_t score_stride = 0;
-  float* key_tile = nullptr;     // head_dim x attention_key_tile() floats, 64-byte aligned
   const float* zero_row = nullptr;  // max(head_dim, score_stride) zeros
   float* discard_row = nullptr;     // max(head_dim, score_stride) floats of scratch
 };

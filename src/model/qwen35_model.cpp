@@ -94,7 +94,7 @@ class Projection {
 
 struct GdnLayer {
   Projection in_qkv, in_z, in_b, in_a, out_proj;
-  std::vector<float> conv_w;  // [conv_dim, K]
+  std::vector<float> conv_taps;  // [K, conv_dim]: conv1d.weight [conv_dim, 1, K] transposed
   std::vector<float> A_log, dt_bias, norm_w;
 };
 
@@ -327,7 +327,12 @@ struct Qwen35Model::Impl {
         L.gdn.in_b = proj(g + "in_proj_b.weight", nv, H);
         L.gdn.in_a = proj(g + "in_proj_a.weight", nv, H);
         L.gdn.out_proj = proj(g + "out_proj.weight", H, c.gdn_value_dim());
-        L.gdn.conv_w = to_f32(get(g + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel}));
+        const std::vector<float> w = to_f32(get(g + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel}));
+        L.gdn.conv_taps.resize(w.size());
+        for (int64_t ch = 0; ch < c.gdn_conv_dim(); ++ch)
+          for (int64_t j = 0; j < c.linear_conv_kernel; ++j)
+            L.gdn.conv_taps[static_cast<size_t>(j * c.gdn_conv_dim() + ch)] =
+                w[static_cast<size_t>(ch * c.linear_conv_kernel + j)];
         L.gdn.A_log = to_f32(get(g + "A_log", {nv}));
         L.gdn.dt_bias = to_f32(get(g + "dt_bias", {nv}));
         L.gdn.norm_w = to_f32(get(g + "norm.weight", {c.linear_value_head_dim}));
@@ -442,7 +447,7 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
 
   t0 = Clock::now();
   float* conv = scratch(kConv, T * cd);
-  model::causal_conv_silu(mixed, conv, T, cd, L.gdn.conv_w.data(), c.linear_conv_kernel,
+  model::causal_conv_silu(mixed, conv, T, cd, L.gdn.conv_taps.data(), c.linear_conv_kernel,
                           st.conv_state[static_cast<size_t>(L.slot)].ptr<float>(), th);
 
   LaInputs in;

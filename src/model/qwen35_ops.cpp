@@ -34,37 +34,26 @@ void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t
   });
 }
 
-void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* w, int64_t K,
+void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* taps, int64_t K,
                       float* state, int threads) {
   const int64_t S = K - 1;
-  // Channel blocks of 256 floats (1 KiB per row): large enough for long vector loops, small
-  // enough that the K rows of the window stay in L1 while the block walks down the tokens.
-  constexpr int64_t kBlock = 256;
-  const int64_t blocks = (channels + kBlock - 1) / kBlock;
-  parallel_for(blocks, T >= 8 ? threads : 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> wt(static_cast<size_t>(K * kBlock));
-    std::vector<float> tail(static_cast<size_t>(S * kBlock));
+  auto input = [&](int64_t t) -> const float* {  // row t of [state; x], t in [-S, T)
+    return t < 0 ? state + (S + t) * channels : x + t * channels;
+  };
+  // Threads take ranges of tokens and walk each token's row front to back: rows are contiguous
+  // (a channel-blocked walk down the tokens would jump a whole row per step, a TLB miss each).
+  parallel_for(T, T >= 8 ? threads : 1, [&](int64_t t0, int64_t t1) {
     std::vector<const float*> rows(static_cast<size_t>(K));
-    for (int64_t b = b0; b < b1; ++b) {
-      const int64_t c0 = b * kBlock, n = std::min(kBlock, channels - c0);
-      for (int64_t j = 0; j < K; ++j)  // taps transposed to [K][block] for unit-stride loops
-        for (int64_t c = 0; c < n; ++c) wt[j * kBlock + c] = w[(c0 + c) * K + j];
-      auto input = [&](int64_t t) -> const float* {  // row t of [state; x], t in [-S, T)
-        return t < 0 ? state + (S + t) * channels + c0 : x + t * channels + c0;
-      };
-      for (int64_t t = 0; t < T; ++t) {
-        for (int64_t j = 0; j < K; ++j) rows[static_cast<size_t>(j)] = input(t - S + j);
-        simd_conv_silu_row(rows.data(), wt.data(), kBlock, static_cast<size_t>(K), y + t * channels + c0,
-                           static_cast<size_t>(n));
-      }
-      // New state: the last S rows of [state; x] (copied out first, the regions may overlap).
-      for (int64_t r = 0; r < S; ++r) {
-        const float* src = input(T - S + r);
-        std::copy(src, src + n, tail.data() + r * kBlock);
-      }
-      for (int64_t r = 0; r < S; ++r) std::copy(tail.data() + r * kBlock, tail.data() + r * kBlock + n, state + r * channels + c0);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < K; ++j) rows[static_cast<size_t>(j)] = input(t - S + j);
+      simd_conv_silu_row(rows.data(), taps, static_cast<size_t>(channels), static_cast<size_t>(K), y + t * channels,
+                         static_cast<size_t>(channels));
     }
   });
+  // New state: the last S rows of [state; x] (copied out first: with T < S they overlap).
+  std::vector<float> tail(static_cast<size_t>(S * channels));
+  for (int64_t r = 0; r < S; ++r) std::copy(input(T - S + r), input(T - S + r) + channels, tail.data() + r * channels);
+  std::copy(tail.begin(), tail.end(), state);
 }
 
 void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64_t dim, const float* w, float eps,
@@ -110,11 +99,37 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
   const size_t tile = attention_key_tile();
   const size_t score_stride = static_cast<size_t>((p0 + T + static_cast<int64_t>(tile) - 1) / static_cast<int64_t>(tile)) * tile;
   const size_t side = std::max(score_stride, static_cast<size_t>(hd));
+  // Keys in transposed tiles and values in blocks of `tile` dims, once per call (layouts in
+  // AttentionRowsArgs): the kernel's loops then read memory sequentially.
+  const size_t nkeys = static_cast<size_t>(p0 + T), W = tile, uhd = static_cast<size_t>(hd);
+  const bool blocked_values = uhd % W == 0;
+  static thread_local std::vector<float> keys_t_buffer, values_b_buffer;  // the caller's: pass pointers on
+  keys_t_buffer.assign(static_cast<size_t>(nkv) * uhd * score_stride, 0.0f);
+  if (blocked_values) values_b_buffer.resize(static_cast<size_t>(nkv) * uhd * nkeys);
+  float* const keys_t = keys_t_buffer.data();
+  float* const values_b = values_b_buffer.data();
+  const size_t tiles = score_stride / W;
+  parallel_for(nkv * static_cast<int64_t>(tiles), threads, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const size_t g = static_cast<size_t>(w) / tiles, tl = static_cast<size_t>(w) % tiles;
+      float* dst = keys_t + g * uhd * score_stride + tl * uhd * W;
+      for (size_t jj = 0; jj < W && tl * W + jj < nkeys; ++jj) {
+        const float* src = keys + (tl * W + jj) * static_cast<size_t>(ld) + g * uhd;
+        for (size_t i = 0; i < uhd; ++i) dst[i * W + jj] = src[i];
+      }
+      if (!blocked_values) continue;
+      for (size_t jj = 0; jj < W && tl * W + jj < nkeys; ++jj) {
+        const size_t j = tl * W + jj;
+        const float* src = values + j * static_cast<size_t>(ld) + g * uhd;
+        for (size_t b = 0; b < uhd / W; ++b)
+          std::copy(src + b * W, src + (b + 1) * W, values_b + g * uhd * nkeys + b * nkeys * W + j * W);
+      }
+    }
+  });
   auto work = [&](int tid) {
     const size_t max_rows = static_cast<size_t>(tokens_per_item * group);
-    ByteBuffer scratch((max_rows * score_stride + static_cast<size_t>(hd) * tile + 2 * side) * sizeof(float));
-    float* key_tile = reinterpret_cast<float*>(scratch.data());  // 64-byte aligned start
-    float* scores = key_tile + static_cast<size_t>(hd) * tile;
+    ByteBuffer scratch((max_rows * score_stride + 2 * side) * sizeof(float));
+    float* scores = reinterpret_cast<float*>(scratch.data());
     float* zero_row = scores + max_rows * score_stride;  // ByteBuffer is zero-initialised
     float* discard = zero_row + side;
     std::vector<const float*> qrows(max_rows);
@@ -136,13 +151,14 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       args.limit = limit.data();
       args.rows = rows;
       args.head_dim = static_cast<size_t>(hd);
-      args.keys = keys + g * hd;
+      args.keys_t = keys_t + static_cast<size_t>(g) * uhd * score_stride;
+      args.values_blocked = blocked_values ? values_b + static_cast<size_t>(g) * uhd * nkeys : nullptr;
+      args.values_block_stride = nkeys * W;
       args.values = values + g * hd;
       args.kv_stride = static_cast<size_t>(ld);
       args.scale = scale;
       args.scores = scores;
       args.score_stride = score_stride;
-      args.key_tile = key_tile;
       args.zero_row = zero_row;
       args.discard_row = discard;
       attention_rows(args);

@@ -17,10 +17,10 @@ void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t
                    const float* scale, float eps, int threads);
 
 /// Causal depthwise conv of width K over time with SiLU, continuing from `state`:
-/// y[t,c] = silu(sum_j w[c,j] * in[t-(K-1)+j, c]) where in[-i] is state[K-1-i] (oldest first).
-/// x, y: [T, channels] row-major; w: [channels, K]; state: [K-1, channels], updated to the last
-/// K-1 inputs.
-void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* w, int64_t K,
+/// y[t,c] = silu(sum_j taps[j,c] * in[t-(K-1)+j, c]) where in[-i] is state[K-1-i] (oldest first).
+/// x, y: [T, channels] row-major; taps: [K, channels] (the checkpoint's [channels, 1, K]
+/// transposed); state: [K-1, channels], updated to the last K-1 inputs.
+void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* taps, int64_t K,
                       float* state, int threads);
 
 /// o[r, h, :] = rmsnorm(o[r, h, :]) * w[:] * silu(z[r, h, :]) in place, over rows x heads of dim.
