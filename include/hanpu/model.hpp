@@ -77,8 +77,11 @@ struct Qwen35State {
 
 /// Where forward() spent its time, in seconds, accumulated over calls (for bench-model).
 struct ForwardTimes {
-  double embed = 0, gdn_proj = 0, gdn_core = 0, attn_proj = 0, attn_core = 0, mlp = 0, norms = 0, lm_head = 0;
-  double gdn() const { return gdn_proj + gdn_core; }
+  double embed = 0, gdn_proj = 0, attn_proj = 0, attn_core = 0, mlp = 0, norms = 0, lm_head = 0;
+  double gdn_conv = 0, gdn_engine = 0, gdn_norm = 0;  // GDN besides projections: conv+SiLU, the
+                                                      // GDN engine (prefill/decode), gated RMSNorm
+  double gdn_core() const { return gdn_conv + gdn_engine + gdn_norm; }
+  double gdn() const { return gdn_proj + gdn_core(); }
   double attention() const { return attn_proj + attn_core; }
   double total() const { return embed + gdn() + attention() + mlp + norms + lm_head; }
   void clear() { *this = ForwardTimes{}; }

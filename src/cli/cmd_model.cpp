@@ -221,7 +221,7 @@ void run_bench_model(const BenchModelArgs& a) {
         {"share_lm_head", share(pt.lm_head, tot)},
         {"share_other", share(pt.embed + pt.norms, tot)},
         {"prefill_seconds",
-         {{"gdn_projections", pt.gdn_proj}, {"gdn_conv_engine_norm", pt.gdn_core}, {"attention_projections", pt.attn_proj},
+         {{"gdn_projections", pt.gdn_proj}, {"gdn_conv", pt.gdn_conv}, {"gdn_engine", pt.gdn_engine}, {"gdn_gated_norm", pt.gdn_norm}, {"attention_projections", pt.attn_proj},
           {"attention_core", pt.attn_core}, {"mlp", pt.mlp}, {"lm_head", pt.lm_head}, {"norms", pt.norms},
           {"embedding", pt.embed}}},
         {"decode_share_gdn", share(dt.gdn(), dtot)},
@@ -238,9 +238,10 @@ void run_bench_model(const BenchModelArgs& a) {
                   100 * share(pt.gdn(), tot), 100 * share(pt.attention(), tot), 100 * share(pt.mlp, tot),
                   100 * share(pt.lm_head, tot), 100 * share(pt.embed + pt.norms, tot),
                   a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0);
-      std::printf("%8s   GDN: projections %.0f ms, conv+engine+norm %.0f ms; attention: projections %.0f ms, "
-                  "core %.0f ms\n",
-                  "", pt.gdn_proj * 1e3, pt.gdn_core * 1e3, pt.attn_proj * 1e3, pt.attn_core * 1e3);
+      std::printf("%8s   GDN: projections %.0f ms, conv %.0f ms, engine %.0f ms, gated norm %.0f ms; attention: "
+                  "projections %.0f ms, core %.0f ms; MLP %.0f ms\n",
+                  "", pt.gdn_proj * 1e3, pt.gdn_conv * 1e3, pt.gdn_engine * 1e3, pt.gdn_norm * 1e3, pt.attn_proj * 1e3,
+                  pt.attn_core * 1e3, pt.mlp * 1e3);
     }
     std::fflush(stdout);
   }

@@ -449,6 +449,8 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
   float* conv = scratch(kConv, T * cd);
   model::causal_conv_silu(mixed, conv, T, cd, L.gdn.conv_taps.data(), c.linear_conv_kernel,
                           st.conv_state[static_cast<size_t>(L.slot)].ptr<float>(), th);
+  if (tm) tm->gdn_conv += seconds_since(t0);
+  t0 = Clock::now();
 
   LaInputs in;
   auto view = [&](float* base, int64_t heads, int64_t dim) {
@@ -481,8 +483,10 @@ void Qwen35Model::Impl::gdn_forward(const Layer& L, Qwen35State& st, const float
     gdn_prefill(in, lo, LaOutputs{ov, next.view()}, ex);
     S = std::move(next);
   }
+  if (tm) tm->gdn_engine += seconds_since(t0);
+  t0 = Clock::now();
   model::gated_rms_norm(o, z, T, nv, dv, L.gdn.norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
-  if (tm) tm->gdn_core += seconds_since(t0);
+  if (tm) tm->gdn_norm += seconds_since(t0);
 
   t0 = Clock::now();
   L.gdn.out_proj.forward(o, vd, x, H, T, th, true, opt.precision);
