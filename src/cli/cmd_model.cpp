@@ -3,6 +3,7 @@
 // part of the model).
 #include <CLI/CLI.hpp>
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -27,6 +28,14 @@ using namespace hanpu;
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU seconds of the whole process (all threads): with other work on the machine, wall time
+// includes waiting for a core; CPU time / threads is what the run would take on idle cores.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 double peak_rss_mib() {
   rusage ru{};
@@ -191,12 +200,15 @@ void run_bench_model(const BenchModelArgs& a) {
     }
     Qwen35State st = model.new_state();
     ForwardTimes pt;
+    const double cpu0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     Tensor logits = model.forward(st, ids, {.threads = threads, .times = &pt, .precision = precision});
     const double prefill_s = seconds_since(t0);
+    const double prefill_cpu_s = process_cpu_seconds() - cpu0;
     ForwardTimes dt;
     Sampler greedy({.temperature = 0});
     int32_t next = greedy.sample({logits.ptr<float>(), static_cast<size_t>(cfg.vocab_size)});
+    const double cpu1 = process_cpu_seconds();
     const auto t1 = Clock::now();
     for (int i = 0; i < a.decode_tokens; ++i) {
       const int32_t one[1] = {next};
@@ -204,6 +216,7 @@ void run_bench_model(const BenchModelArgs& a) {
       next = greedy.sample({l.ptr<float>(), static_cast<size_t>(cfg.vocab_size)});
     }
     const double decode_s = seconds_since(t1);
+    const double decode_cpu_s = process_cpu_seconds() - cpu1;
     const double tot = pt.total(), dtot = dt.total();
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     nlohmann::json row = {
@@ -213,7 +226,9 @@ void run_bench_model(const BenchModelArgs& a) {
         {"linear_precision", linear_precision_name(precision)},
         {"prefill_ms", prefill_s * 1e3},
         {"prefill_tokens_per_s", static_cast<double>(T) / prefill_s},
+        {"prefill_cpu_ms", prefill_cpu_s * 1e3},
         {"decode_tokens", a.decode_tokens},
+        {"decode_cpu_ms", decode_cpu_s * 1e3},
         {"decode_tokens_per_s", a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0},
         {"share_gdn", share(pt.gdn(), tot)},
         {"share_attention", share(pt.attention(), tot)},
@@ -238,6 +253,8 @@ void run_bench_model(const BenchModelArgs& a) {
                   100 * share(pt.gdn(), tot), 100 * share(pt.attention(), tot), 100 * share(pt.mlp, tot),
                   100 * share(pt.lm_head, tot), 100 * share(pt.embed + pt.norms, tot),
                   a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0);
+      std::printf("%8s   CPU time: prefill %.0f ms (%.1f tokens per CPU-second x %d threads), decode %.0f ms\n", "",
+                  prefill_cpu_s * 1e3, static_cast<double>(T) / prefill_cpu_s * threads, threads, decode_cpu_s * 1e3);
       std::printf("%8s   GDN: projections %.0f ms, conv %.0f ms, engine %.0f ms, gated norm %.0f ms; attention: "
                   "projections %.0f ms, core %.0f ms; MLP %.0f ms\n",
                   "", pt.gdn_proj * 1e3, pt.gdn_conv * 1e3, pt.gdn_engine * 1e3, pt.gdn_norm * 1e3, pt.attn_proj * 1e3,
