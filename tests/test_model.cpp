@@ -247,6 +247,23 @@ TEST_F(Qwen35Golden, TiedHeadUsesTheEmbedding) {
   EXPECT_GT(nmse(la.ptr<float>(), lorig.ptr<float>(), la.numel()), 1e-3);  // the head matters
 }
 
+TEST_F(Qwen35Golden, F32WeightsGiveTheSameLogits) {
+  // A checkpoint converted to F32 (exactly: BF16 -> F32 is lossless) runs the F32 projection path.
+  TempDir tmp;
+  copy_checkpoint(tmp.path(), [](const std::string&, TensorMap& m) {
+    for (auto& [n, t] : m) {
+      if (t.dtype() != DType::BF16) continue;
+      Tensor f(DType::F32, t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) f.set(i, t.get(i));
+      t = std::move(f);
+    }
+  });
+  Qwen35Model m = Qwen35Model::load(tmp.path().string());
+  const std::vector<int32_t> ids = full_sequence();
+  Tensor got = all_logits(m, ids, 2);
+  EXPECT_LE(nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel()), 1e-8);
+}
+
 TEST(Qwen35Loader, MissingTensorNamesFileAndTensor) {
   TempDir tmp;
   const std::string victim = "model.language_model.layers.1.linear_attn.A_log";
