@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -407,6 +408,19 @@ TEST(CliBench, JsonRowsAndMemoryIndependentOfT) {
   EXPECT_GT(extra70["hanpu"], 0u);
   // The FLA-style baseline keeps its chunk intermediates in main memory: grows with T.
   EXPECT_GT(extra700["fla"], extra70["fla"]);
+}
+
+// bench-linear: bad arguments are one-line errors with exit code 1.
+TEST(CliErrors, BenchLinearBadArguments) {
+  TempDir dir("hanpu_cli");
+  for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
+           {"bench-linear --K 64", "--N"}, {"bench-linear --K 64 --N 8 --mode fp8", "fp8"},
+           {"bench-linear --K 64 --N 8 --backend gpu", "gpu"}, {"bench-linear --K 64 --N 8 --M 0", "--M"}}) {
+    const RunResult r = run_hanpu(dir, args);
+    EXPECT_TRUE(r.exited && r.code == 1) << r.command << "\n" << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << r.command << "\n" << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
 }
 
 }  // namespace

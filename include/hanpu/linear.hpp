@@ -4,12 +4,13 @@
 //
 // Bf16Linear is a handle so that the implementation may repack the weight once at load time into
 // whatever layout its kernel wants (e.g. pairs for the bf16 dot-product instructions); callers
-// never see the layout.
+// never see the layout. Kernels: src/cpu/linear_*.cpp; method, errors and speed: docs/LINEAR.md.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "hanpu/tensor.hpp"
 
@@ -55,6 +56,11 @@ class Bf16Linear {
   Bf16Linear(TensorView weight, std::string name);
   /// Same with an explicit backend; kAmx throws hanpu::Error when this machine cannot run it.
   Bf16Linear(TensorView weight, std::string name, LinearBackend backend);
+  /// Several weights with the same in_features stacked along out_features into one layer (e.g.
+  /// q/k/v, gate/up, in_proj_qkv/z/b/a: one pass over the input instead of several, and bigger
+  /// GEMMs). Output columns follow the order of `weights`. The rows are copied, so the views need
+  /// not outlive this object.
+  Bf16Linear(const std::vector<TensorView>& weights, std::string name, LinearBackend backend = LinearBackend::kAuto);
   ~Bf16Linear();
   Bf16Linear(Bf16Linear&&) noexcept;
   Bf16Linear& operator=(Bf16Linear&&) noexcept;
@@ -68,8 +74,9 @@ class Bf16Linear {
   /// y[m, :] = x[m, :] W^T for every row m: x is [M, in_features] F32 (row stride may exceed
   /// in_features), y is [M, out_features] F32 (row stride may exceed out_features).
   /// accumulate: y += x W^T instead of y = x W^T. threads: how many threads of the shared pool to
-  /// use (1 = the calling thread only). Throws hanpu::Error naming this weight on shape mismatch.
-  /// precision: see LinearPrecision (default exact).
+  /// use (1 = the calling thread only; do not pass > 1 from inside a task of that pool). x and y
+  /// must not overlap. Throws hanpu::Error naming this weight on shape mismatch.
+  /// precision: see LinearPrecision (default exact). The result does not depend on `threads`.
   void forward(TensorView x, TensorView y, int threads, bool accumulate = false,
                LinearPrecision precision = LinearPrecision::kExact) const;
 

@@ -1,14 +1,20 @@
 // `hanpu bench-linear`: Bf16Linear (y = x W^T, bf16 weight, f32 activations) on random data, next
 // to the machine's f32 FMA peak and read bandwidth measured in the same run. Prints GFLOP/s
 // (2*M*K*N per forward) and GB/s of weight bytes streamed (N*K*2 per forward: the decode limit),
-// and the error of the result against an fp64 reference on a sample of outputs.
+// and the error of the result against an fp64 reference on a sample of outputs. cpu% is the
+// process CPU time over wall time x threads: below ~95 other processes shared the cores and the
+// speeds are low by about that factor.
 //
-// Without --M/--K/--N it runs the projection shapes of Qwen3.5-0.8B (docs/LINEAR.md).
+// Without --K/--N it runs the projection shapes of Qwen3.5-0.8B (docs/LINEAR.md) and sums them, per
+// row count, into the projection time of one whole-model prefill forward.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <tuple>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -24,15 +30,17 @@ using namespace hanpu;
 struct Shape {
   std::string name;
   int64_t K, N;
+  int per_model;  // how many times one forward of Qwen3.5-0.8B (all 24 layers) runs this shape
 };
 
-// Qwen3.5-0.8B projections, [out, in] as in docs reference-models.md §1: hidden 1024, GDN
-// in_proj_qkv 6144 (+ z 2048, fused here: same input), MLP 3584, attention q(+gate) 4096, k/v 512
-// each, outputs 2048 -> 1024, LM head 248320 (tied embeddings).
+// Qwen3.5-0.8B projections, [out, in] as in reference-models.md §1: hidden 1024, 18 GDN layers
+// (in_proj_qkv 6144 + z 2048 + b 16 + a 16 stacked: the same input), 6 attention layers (q with
+// its gate 4096; k and v 512 each, stacked), outputs 2048 -> 1024, 24 SwiGLU MLPs (gate and up
+// 3584 each, stacked), LM head 248320 (tied embeddings; in prefill only the last position needs it).
 const std::vector<Shape> kQwen08{
-    {"gdn.in_proj_qkvz", 1024, 8192}, {"gdn.out_proj", 2048, 1024}, {"attn.q_proj", 1024, 4096},
-    {"attn.kv_proj", 1024, 1024},     {"attn.o_proj", 2048, 1024},  {"mlp.gate_up", 1024, 7168},
-    {"mlp.down", 3584, 1024},         {"lm_head", 1024, 248320},
+    {"gdn.in_proj_qkvzba", 1024, 8224, 18}, {"gdn.out_proj", 2048, 1024, 18}, {"attn.q_proj", 1024, 4096, 6},
+    {"attn.kv_proj", 1024, 1024, 6},        {"attn.o_proj", 2048, 1024, 6},   {"mlp.gate_up", 1024, 7168, 24},
+    {"mlp.down", 3584, 1024, 24},           {"lm_head", 1024, 248320, 0},
 };
 
 struct Args {
@@ -45,8 +53,15 @@ struct Args {
   bool lm_head = false;
 };
 
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 struct Result {
   double seconds_per_call = 0;
+  double cpu_share = 0;    // process CPU time / (wall time x threads): < 1 when others share the cores
   double max_rel_err = 0;  // max |y - ref| / sum|x w| over sampled outputs
   double nmse = 0;         // sum (y - ref)^2 / sum ref^2 over sampled outputs
 };
@@ -62,6 +77,7 @@ Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M,
   const TensorView yv = TensorView::contiguous(y.data(), DType::F32, {M, N});
   lin.forward(xv, yv, threads, false, prec);  // warm-up (scratch buffers, thread pool)
   int reps = 0;
+  const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   double elapsed = 0;
   do {
@@ -71,6 +87,7 @@ Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M,
   } while (elapsed < min_seconds || reps < 2);
   Result r;
   r.seconds_per_call = elapsed / reps;
+  r.cpu_share = (process_cpu_seconds() - cpu0) / (elapsed * threads);
   // Error on a sample of outputs (fp64 reference).
   double se = 0, sr = 0;
   for (int s = 0; s < 256; ++s) {
@@ -91,6 +108,22 @@ Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M,
   return r;
 }
 
+void print_model_estimate(const std::map<std::tuple<int64_t, int, int>, std::pair<double, int>>& model_time,
+                          int model_shapes) {
+  bool header = false;
+  for (const auto& [key, value] : model_time) {
+    const auto& [M, t, p] = key;
+    if (value.second != model_shapes || M < 2) continue;
+    if (!header) {
+      std::printf("\nQwen3.5-0.8B, all projections of one prefill forward (24 layers, LM head excluded):\n");
+      header = true;
+    }
+    std::printf("  M=%-5lld threads=%d %-7s %9.1f ms  -> %8.0f tokens/s if projections were all the work\n",
+                static_cast<long long>(M), t, linear_precision_name(static_cast<LinearPrecision>(p)),
+                value.first * 1e3, static_cast<double>(M) / value.first);
+  }
+}
+
 void run(const Args& a) {
   const LinearBackend backend = linear_backend_from_name(a.backend);
   std::vector<LinearPrecision> precs;
@@ -99,7 +132,7 @@ void run(const Args& a) {
   if (a.K > 0 || a.N > 0) {
     if (a.K <= 0 || a.N <= 0) throw Error("bench-linear: give both --K and --N (got K=" + std::to_string(a.K) +
                                           ", N=" + std::to_string(a.N) + ")");
-    shapes.push_back({"custom", a.K, a.N});
+    shapes.push_back({"custom", a.K, a.N, 0});
   } else {
     for (const auto& s : kQwen08)
       if (s.name != "lm_head" || a.lm_head) shapes.push_back(s);
@@ -116,10 +149,14 @@ void run(const Args& a) {
               "%.1f GB/s (1 thread), %.1f GB/s (%d threads)\n",
               h1.fma_peak_gflops_1thread, hn.fma_peak_gflops_all, hn.threads, h1.mem_bandwidth_gbs,
               hn.mem_bandwidth_gbs, hn.threads);
-  std::printf("%-18s %6s %6s %7s %3s %-8s %-7s %10s %9s %9s %7s %10s %10s\n", "shape", "M", "K", "N", "thr", "backend",
-              "mode", "ms/call", "GFLOP/s", "x f32pk", "GB/s W", "max rel", "nMSE");
+  std::printf("%-18s %6s %6s %7s %3s %-8s %-7s %10s %9s %9s %7s %5s %10s %10s\n", "shape", "M", "K", "N", "thr",
+              "backend", "mode", "ms/call", "GFLOP/s", "x f32pk", "GB/s W", "cpu%", "max rel", "nMSE");
   std::mt19937_64 rng(5);
   std::normal_distribution<float> nrm(0.f, 1.f);
+  // Per (M, threads, mode): seconds of all projections of one model forward, and shapes counted.
+  std::map<std::tuple<int64_t, int, int>, std::pair<double, int>> model_time;
+  int model_shapes = 0;
+  for (const auto& s : shapes) model_shapes += s.per_model > 0;
   for (const auto& s : shapes) {
     std::vector<uint16_t> w(static_cast<size_t>(s.N * s.K));
     for (auto& v : w) v = f32_to_bf16(0.03f * nrm(rng));
@@ -130,16 +167,23 @@ void run(const Args& a) {
           const Result r = run_one(lin, w, M, t, p, a.min_seconds);
           const double flops = 2.0 * M * s.K * s.N, wbytes = 2.0 * s.K * s.N;
           const double peak = t == 1 ? h1.fma_peak_gflops_1thread : hn.fma_peak_gflops_all;
-          std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %10.2e %10.2e\n", s.name.c_str(),
+          std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %5.0f %10.2e %10.2e\n",
+                      s.name.c_str(),
                       static_cast<long long>(M), static_cast<long long>(s.K), static_cast<long long>(s.N), t,
                       linear_backend_name(lin.backend()), linear_precision_name(p), r.seconds_per_call * 1e3,
                       flops / r.seconds_per_call / 1e9, flops / r.seconds_per_call / 1e9 / peak,
-                      wbytes / r.seconds_per_call / 1e9, r.max_rel_err, r.nmse);
+                      wbytes / r.seconds_per_call / 1e9, 100 * r.cpu_share, r.max_rel_err, r.nmse);
           std::fflush(stdout);
+          if (s.per_model > 0) {
+            auto& [sec, count] = model_time[{M, t, static_cast<int>(p)}];
+            sec += s.per_model * r.seconds_per_call;
+            ++count;
+          }
         }
       }
     }
   }
+  print_model_estimate(model_time, model_shapes);
 }
 
 }  // namespace

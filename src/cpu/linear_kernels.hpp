@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <algorithm>
 
 namespace hanpu::cpu {
 
@@ -28,6 +29,8 @@ void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, 
 constexpr int64_t kAmxK = 32;
 constexpr int64_t kAmxN = 32;
 constexpr int64_t kAmxRows = 32;  // rows per GEMM strip (two 16-row tiles)
+/// k steps (of kAmxK) per k block of the packed weight: the GEMM's k block (linear_amx.cpp).
+constexpr int64_t kAmxKBlock = 4;
 
 /// CPUID (AMX-TILE, AMX-BF16, AVX512F/BW/VL, AVX512-BF16), XCR0 and the Linux tile-data
 /// permission (arch_prctl(ARCH_REQ_XCOMP_PERM)). Computed once.
@@ -37,8 +40,15 @@ inline int64_t amx_k_steps(int64_t K) { return (K + kAmxK - 1) / kAmxK; }
 inline int64_t amx_n_padded(int64_t N) { return (N + kAmxN - 1) / kAmxN * kAmxN; }
 /// Number of uint16_t in the repacked weight.
 inline int64_t amx_packed_weight_elems(int64_t N, int64_t K) { return amx_n_padded(N) * amx_k_steps(K) * kAmxK; }
-/// Repacks w [N, K] into `out` (amx_packed_weight_elems, zero padding included): tile (nb, ks)
-/// at ((nb * KS + ks) * 512): row r, column c holds the pair w[nb*16+c][ks*32+2r .. +1].
+/// Offset (uint16_t) of weight tile (nb, ks) in the packed weight of NB = N_padded / 16 column
+/// blocks: k-block major, so one k block of consecutive column blocks is one contiguous run (the
+/// GEMM reads it panel after panel, the GEMV streams the whole weight in order).
+inline int64_t amx_weight_tile(int64_t nb, int64_t ks, int64_t NB, int64_t KS) {
+  const int64_t kb0 = ks / kAmxKBlock * kAmxKBlock, kcs = std::min(kAmxKBlock, KS - kb0);
+  return (kb0 * NB + nb * kcs + (ks - kb0)) * 512;
+}
+/// Repacks w [N, K] into `out` (amx_packed_weight_elems, zero padding included): tile (nb, ks),
+/// row r, column c holds the pair w[nb*16+c][ks*32+2r .. +1].
 void amx_pack_weight(const uint16_t* w, int64_t N, int64_t K, uint16_t* out);
 
 /// Activation rows for the GEMM: rows [0, rows) of x go to `out` as tiles ((mb * KS + ks) * terms
@@ -52,7 +62,7 @@ void amx_pack_rows(const float* x, int64_t ldx, int64_t rows, int64_t rows_padde
 /// and the packed weight, columns [n0, n1) (n0 a multiple of kAmxN; n1 <= N) into y. cbuf: at
 /// least amx_cbuf_floats() floats of per-thread scratch, 64-byte aligned.
 void amx_gemm(const uint16_t* a_packed, int64_t strip0, int64_t strip1, int64_t rows, int terms,
-              const uint16_t* w_packed, int64_t K, int64_t n0, int64_t n1, float* y, int64_t ldy,
+              const uint16_t* w_packed, int64_t K, int64_t N, int64_t n0, int64_t n1, float* y, int64_t ldy,
               bool accumulate, float* cbuf);
 /// Scratch the GEMM needs for `strips` strips.
 int64_t amx_cbuf_floats(int64_t strips);
@@ -60,7 +70,7 @@ int64_t amx_cbuf_floats(int64_t strips);
 /// GEMV form for a few rows: xs holds, per row m and term t, K padded to kAmxK bf16 values at
 /// (m * terms + t) * Kp (Kp = amx_k_steps(K) * kAmxK). Columns [n0, n1), n0 a multiple of 16.
 void amx_pack_gemv_rows(const float* x, int64_t ldx, int64_t rows, int64_t K, int terms, uint16_t* out);
-void amx_gemv(const uint16_t* xs, int64_t rows, int terms, const uint16_t* w_packed, int64_t K, int64_t n0,
-              int64_t n1, float* y, int64_t ldy, bool accumulate);
+void amx_gemv(const uint16_t* xs, int64_t rows, int terms, const uint16_t* w_packed, int64_t K, int64_t N,
+              int64_t n0, int64_t n1, float* y, int64_t ldy, bool accumulate);
 
 }  // namespace hanpu::cpu

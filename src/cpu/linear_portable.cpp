@@ -1,8 +1,13 @@
 // Portable kernel of Bf16Linear (see linear_kernels.hpp): Highway, compiled once per SIMD target
-// and dispatched at run time. The weight stays in the checkpoint layout [N, K]; a register block
-// of MR activation rows x NR weight rows keeps MR*NR vector accumulators over k, each weight
-// vector is widened bf16 -> f32 in registers (a 16-bit shift: exact) and reused MR times, each
-// activation vector NR times. Reductions happen once per output, after the whole K.
+// and dispatched at run time. The weight stays in the checkpoint layout [N, K]. Two forms:
+//
+//   few rows (M < kGemmMinRows, decode): dot products. A register block of MR activation rows x
+//     NR weight rows keeps MR*NR vector accumulators over k; each weight vector is widened
+//     bf16 -> f32 in registers (a 16-bit shift: exact) and reused MR times. Reductions happen once
+//     per output, after the whole K. The weight is read once: memory bound, as decode must be.
+//   many rows (prefill): a GEMM in broadcast form. A panel of PN weight rows is widened once into
+//     an f32 buffer laid out [K][PN] (amortised over all M rows), then register tiles of MR rows x
+//     PN columns accumulate x[m,k] (broadcast) * panel[k, :] over the whole K.
 #include <algorithm>
 
 #include "cpu/linear_kernels.hpp"
@@ -14,6 +19,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "cpu/linear_portable.cpp"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
@@ -74,8 +80,92 @@ void RowBlock(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* 
   for (; n < n1; ++n) Block<MR, 1>(w, K, x, ldx, y, ldy, n, accumulate);
 }
 
+// GEMM register tile: kGemmMR rows x kGemmNV vectors. 32-register targets: 8 x 3 (24
+// accumulators, 3 panel vectors, 1 broadcast; the tile la_kernels.cpp measured best on AVX-512);
+// 16-register x86 targets: 4 x 2.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr int kGemmMR = 4;
+constexpr int kGemmNV = 2;
+#else
+constexpr int kGemmMR = 8;
+constexpr int kGemmNV = 3;
+#endif
+// From this many rows on the GEMM form is used: widening a panel (scalar, strided writes) costs
+// about as much as a few rows of dot products, and the broadcast tile needs full row blocks.
+constexpr int64_t kGemmMinRows = 16;
+
+// Rows [0, MR) x panel columns [0, width) (width <= kGemmNV * lanes; the panel is zero-padded).
+template <int MR>
+void GemmTile(const float* panel, int64_t pn, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
+              int64_t width, bool accumulate) {
+  const hn::ScalableTag<float> df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  using V = hn::Vec<decltype(df)>;
+  V acc[MR][kGemmNV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < kGemmNV; ++j) acc[i][j] = hn::Zero(df);
+  for (int64_t k = 0; k < K; ++k) {
+    V b[kGemmNV];
+    for (int j = 0; j < kGemmNV; ++j) b[j] = hn::Load(df, panel + k * pn + j * L);
+    for (int i = 0; i < MR; ++i) {
+      const V a = hn::Set(df, x[i * ldx + k]);
+      for (int j = 0; j < kGemmNV; ++j) acc[i][j] = hn::MulAdd(a, b[j], acc[i][j]);
+    }
+  }
+  HWY_ALIGN float tmp[kGemmNV * HWY_MAX_BYTES / sizeof(float)];
+  for (int i = 0; i < MR; ++i) {
+    float* yr = y + i * ldy;
+    if (width == pn) {
+      for (int j = 0; j < kGemmNV; ++j) {
+        V v = acc[i][j];
+        if (accumulate) v = hn::Add(v, hn::LoadU(df, yr + j * L));
+        hn::StoreU(v, df, yr + j * L);
+      }
+    } else {
+      for (int j = 0; j < kGemmNV; ++j) hn::Store(acc[i][j], df, tmp + j * L);
+      for (int64_t c = 0; c < width; ++c) yr[c] = accumulate ? yr[c] + tmp[c] : tmp[c];
+    }
+  }
+}
+
 void LinearPortable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                     int64_t n0, int64_t n1, bool accumulate) {
+  if (M >= kGemmMinRows) {
+    const hn::ScalableTag<float> df;
+    const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(df));
+    static thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buffer;
+    static thread_local size_t panel_floats = 0;
+    if (panel_floats < static_cast<size_t>(K * pn)) {
+      panel_floats = static_cast<size_t>(K * pn);
+      panel_buffer = hwy::AllocateAligned<float>(panel_floats);
+    }
+    float* panel = panel_buffer.get();
+    for (int64_t n = n0; n < n1; n += pn) {
+      const int64_t width = std::min(pn, n1 - n);
+      // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
+      // row are 128-byte runs and the writes stay in a 12-24 KiB (L1) part of the panel.
+      constexpr int64_t kWidenBlock = 64;
+      for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock) {
+        const int64_t k1 = std::min(K, k0 + kWidenBlock);
+        for (int64_t c = 0; c < pn; ++c) {
+          if (c < width) {
+            const uint16_t* wr = w + (n + c) * K;
+            for (int64_t k = k0; k < k1; ++k) {
+              const uint32_t bits = static_cast<uint32_t>(wr[k]) << 16;
+              __builtin_memcpy(panel + k * pn + c, &bits, 4);
+            }
+          } else {
+            for (int64_t k = k0; k < k1; ++k) panel[k * pn + c] = 0.f;
+          }
+        }
+      }
+      int64_t m = 0;
+      for (; m + kGemmMR <= M; m += kGemmMR)
+        GemmTile<kGemmMR>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
+      for (; m < M; ++m) GemmTile<1>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
+    }
+    return;
+  }
   // Columns in slices whose weight rows (kColumnSlice * K * 2 bytes, 256 KiB at K = 1024) stay in
   // L2 while every activation row passes over them.
   constexpr int64_t kColumnSlice = 128;
