@@ -17,7 +17,10 @@ Writes:
                                           the ids, and the raw bytes of every vocabulary id.
 
 Invalid UTF-8: a Python str cannot hold invalid UTF-8, so `tokenizers` never sees it (its
-Rust core takes &str). hanpu defines: a maximal run of bytes that are not part of a valid UTF-8
+Rust core takes &str): bytes decoded with errors="surrogateescape" are refused ("TypeError:
+TextInputSequence must be str", tokenizers 0.23.3), and with errors="replace" every bad sequence
+becomes U+FFFD, which loses the bytes (b"abc\xffdef" -> ids of "abc", "\ufffd", "def"). hanpu
+keeps the bytes instead: a maximal run of bytes that are not part of a valid UTF-8
 sequence is one pre-token of its own; it is not normalized or regex-split, its bytes go through
 the byte-level alphabet and BPE like any pre-token, and it ends the valid text around it (the
 text before and after is normalized and split on its own). The expected ids for such inputs are
@@ -294,7 +297,7 @@ def main():
     vocab = tok.get_vocab(with_added_tokens=True)
     special = {t for t in SPECIAL_TOKENS}
     token_bytes = {}
-    for token, idx in vocab.items():
+    for token, idx in sorted(vocab.items(), key=lambda item: item[1]):  # by id: reproducible file
         if all(c in char_byte for c in token) and token not in special and token not in NON_SPECIAL_TOKENS \
                 and token != NORMALIZED_TOKEN:
             token_bytes[str(idx)] = bytes(char_byte[c] for c in token).hex()

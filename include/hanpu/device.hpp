@@ -50,6 +50,8 @@ struct PathSpec {
 struct MatrixUnitSpec {
   Quantity tile_m, tile_k, tile_n;             // fractal shape, e.g. 16 x 16 x 16
   std::map<DType, Quantity> macs_per_cycle;    // per core, per input dtype (F16, BF16, F32 ...)
+  std::map<std::string, Quantity> macs_per_cycle_extra;  // dtypes hanpu tensors lack ("INT8", "INT4"),
+                                                        // kept for reports; same JSON object
   std::string input_a = "L0A", input_b = "L0B", output = "L0C";  // buffers it reads and writes
   Quantity energy_pj_per_mac;
 };
@@ -82,6 +84,11 @@ struct Device {
   /// Throws hanpu::Error naming the path ("GM->L1") if there is none.
   const PathSpec& path(const std::string& from, const std::string& to) const;
   bool has_path(const std::string& from, const std::string& to) const;
+  /// MACs per cycle per core of the matrix unit for inputs of `dt`; throws hanpu::Error naming the
+  /// device and the dtype if the unit does not take it (e.g. F32 on the Ascend Cube).
+  double matrix_macs_per_cycle(DType dt) const;
+  /// Vector lanes (elements per cycle per core) for `dt`; throws hanpu::Error likewise.
+  double vector_lanes(DType dt) const;
 };
 
 /// Parses and validates a device description; every problem (missing field, wrong type, a

@@ -17,3 +17,5 @@ void register_model_commands(CLI::App& app);
 void register_bench_linear_command(CLI::App& app);
 /// `hanpu tokenize`: encode text / decode ids with a checkpoint's tokenizer (cmd_tokenize.cpp).
 void register_tokenize_command(CLI::App& app);
+/// `hanpu device`: a device description as a table or JSON (cmd_device.cpp).
+void register_device_command(CLI::App& app);

@@ -1,0 +1,455 @@
+// Device descriptions: strict JSON reading and writing (devices/*.json) and the host CPU in the same
+// schema. The reader checks every field it knows and rejects every field it does not, so a typo in
+// a device file is an error naming the field rather than a silently defaulted number; messages
+// carry the file and the JSON path ("buffers[2].capacity_bytes.value").
+#include "hanpu/device.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "device/host.hpp"
+
+namespace hanpu {
+
+namespace {
+
+using nlohmann::json;
+
+const std::set<std::string>& known_statuses() {
+  static const std::set<std::string> s{"confirmed", "derived", "paper", "estimate", "detected", "measured"};
+  return s;
+}
+
+// Dtypes a device may list that hanpu tensors do not have (integer Cube/SIMD formats); they are kept
+// for reports in MatrixUnitSpec::macs_per_cycle_extra.
+const std::set<std::string>& extra_dtype_names() {
+  static const std::set<std::string> s{"INT8", "INT4"};
+  return s;
+}
+
+/// What a number must satisfy; checked on the value and on every alternative.
+enum class Constraint { kPositive, kPositiveInteger, kNonNegative, kPowerOfTwo };
+
+const char* expectation(Constraint c) {
+  switch (c) {
+    case Constraint::kPositive: return "a positive number";
+    case Constraint::kPositiveInteger: return "a positive integer";
+    case Constraint::kNonNegative: return "a non-negative number";
+    case Constraint::kPowerOfTwo: return "a positive power of two";
+  }
+  return "a number";
+}
+
+bool satisfies(double v, Constraint c) {
+  if (!std::isfinite(v)) return false;
+  const bool integral = v == std::floor(v);
+  switch (c) {
+    case Constraint::kPositive: return v > 0;
+    case Constraint::kPositiveInteger: return v >= 1 && integral;
+    case Constraint::kNonNegative: return v >= 0;
+    case Constraint::kPowerOfTwo: {
+      if (v < 1 || !integral || v > 9.007199254740992e15) return false;
+      const auto u = static_cast<uint64_t>(v);
+      return (u & (u - 1)) == 0;
+    }
+  }
+  return false;
+}
+
+std::string format_number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // Shortest form that reads back exactly: try fewer digits first.
+  for (int digits = 1; digits <= 17; ++digits) {
+    char shorter[64];
+    std::snprintf(shorter, sizeof shorter, "%.*g", digits, v);
+    if (std::strtod(shorter, nullptr) == v) return shorter;
+  }
+  return buf;
+}
+
+/// A short rendering of a JSON value for error messages (strings quoted, long values cut).
+std::string show(const json& j) {
+  std::string s = j.is_number() ? format_number(j.get<double>()) : j.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+/// Reads one device description, remembering the file for error messages.
+class DeviceReader {
+ public:
+  explicit DeviceReader(std::string origin) : origin_(std::move(origin)) {}
+
+  [[noreturn]] void fail(const std::string& path, const std::string& msg) const {
+    throw Error(origin_ + ": " + (path.empty() ? std::string("(top level)") : path) + ": " + msg);
+  }
+
+  static std::string join(const std::string& path, const std::string& key) {
+    return path.empty() ? key : path + "." + key;
+  }
+
+  void expect_type(const json& j, const std::string& path, json::value_t type, const char* name) const {
+    const bool ok = type == json::value_t::number_float ? j.is_number() : j.type() == type;
+    if (!ok) fail(path, std::string("got ") + j.type_name() + " " + show(j) + ", expected " + name);
+  }
+
+  void expect_object(const json& j, const std::string& path) const {
+    expect_type(j, path, json::value_t::object, "an object");
+  }
+
+  /// Rejects keys outside `allowed` (typos would otherwise silently fall back to defaults).
+  void only_keys(const json& obj, const std::string& path, std::initializer_list<const char*> allowed) const {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      bool known = false;
+      for (const char* a : allowed) known = known || it.key() == a;
+      if (known) continue;
+      std::string list;
+      for (const char* a : allowed) list += (list.empty() ? "" : ", ") + std::string(a);
+      fail(join(path, it.key()), "unknown field, expected one of: " + list);
+    }
+  }
+
+  const json& field(const json& obj, const std::string& path, const char* key) const {
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(join(path, key), "missing field");
+    return *it;
+  }
+
+  std::string string_field(const json& obj, const std::string& path, const char* key, bool required = true,
+                           const std::string& fallback = "") const {
+    if (!required && !obj.contains(key)) return fallback;
+    const json& j = field(obj, path, key);
+    expect_type(j, join(path, key), json::value_t::string, "a string");
+    std::string s = j.get<std::string>();
+    if (required && s.empty()) fail(join(path, key), "got an empty string, expected a non-empty string");
+    return s;
+  }
+
+  bool bool_field(const json& obj, const std::string& path, const char* key, bool fallback) const {
+    if (!obj.contains(key)) return fallback;
+    const json& j = obj.at(key);
+    expect_type(j, join(path, key), json::value_t::boolean, "true or false");
+    return j.get<bool>();
+  }
+
+  Quantity quantity(const json& j, const std::string& path, Constraint c, bool allow_alternatives = true) const {
+    expect_type(j, path, json::value_t::object, "an object {\"value\", \"source\", \"status\"}");
+    if (allow_alternatives)
+      only_keys(j, path, {"value", "source", "status", "alternatives"});
+    else
+      only_keys(j, path, {"value", "source", "status"});
+    Quantity q;
+    const json& v = field(j, path, "value");
+    expect_type(v, join(path, "value"), json::value_t::number_float, "a number");
+    q.value = v.get<double>();
+    if (!satisfies(q.value, c)) fail(join(path, "value"), "got " + show(v) + ", expected " + expectation(c));
+    q.source = string_field(j, path, "source");
+    q.status = string_field(j, path, "status");
+    if (!known_statuses().count(q.status))
+      fail(join(path, "status"),
+           "got \"" + q.status + "\", expected one of: confirmed, derived, paper, estimate, detected, measured");
+    if (auto it = j.find("alternatives"); it != j.end()) {
+      const std::string apath = join(path, "alternatives");
+      expect_type(*it, apath, json::value_t::array, "an array of {\"value\", \"source\", \"status\"}");
+      for (size_t i = 0; i < it->size(); ++i)
+        q.alternatives.push_back(quantity((*it)[i], apath + "[" + std::to_string(i) + "]", c, false));
+    }
+    return q;
+  }
+
+  Quantity quantity_field(const json& obj, const std::string& path, const char* key, Constraint c) const {
+    return quantity(field(obj, path, key), join(path, key), c);
+  }
+
+  /// A {dtype name: Quantity} object; names hanpu tensors have go to `typed`, INT8/INT4 to `extra`.
+  void dtype_map(const json& obj, const std::string& path, const char* key, std::map<DType, Quantity>* typed,
+                 std::map<std::string, Quantity>* extra) const {
+    const json& m = field(obj, path, key);
+    const std::string mpath = join(path, key);
+    expect_object(m, mpath);
+    if (m.empty()) fail(mpath, "got an empty object, expected at least one dtype (e.g. \"F16\")");
+    for (auto it = m.begin(); it != m.end(); ++it) {
+      const std::string name = it.key();
+      const Quantity q = quantity(it.value(), join(mpath, name), Constraint::kPositive);
+      if (extra_dtype_names().count(name)) {
+        if (!extra) fail(join(mpath, name), "unknown dtype, expected one of: F32, F16, BF16, F64, I32, I64");
+        (*extra)[name] = q;
+        continue;
+      }
+      DType dt;
+      try {
+        dt = dtype_from_name(name);
+      } catch (const Error&) {
+        fail(join(mpath, name), std::string("unknown dtype, expected one of: F32, F16, BF16, F64, I32, I64") +
+                                    (extra ? ", INT8, INT4" : ""));
+      }
+      (*typed)[dt] = q;
+    }
+  }
+
+  Device read(const json& j) const {
+    expect_object(j, "");
+    only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
+                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "notes"});
+    if (auto it = j.find("schema_version"); it != j.end()) {
+      if (!it->is_number_integer() || it->get<int64_t>() != 1)
+        fail("schema_version", "got " + show(*it) + ", expected 1");
+    }
+    Device d;
+    d.name = string_field(j, "", "name");
+    d.kind = string_field(j, "", "kind");
+    if (d.kind != "npu" && d.kind != "cpu") fail("kind", "got \"" + d.kind + "\", expected \"npu\" or \"cpu\"");
+    d.description = string_field(j, "", "description", false);
+    d.cores = quantity_field(j, "", "cores", Constraint::kPositiveInteger);
+    d.clock_ghz = quantity_field(j, "", "clock_ghz", Constraint::kPositive);
+    d.gm_bytes = quantity_field(j, "", "gm_bytes", Constraint::kPositiveInteger);
+    d.kernel_launch_us = quantity_field(j, "", "kernel_launch_us", Constraint::kNonNegative);
+    d.static_power_w = quantity_field(j, "", "static_power_w", Constraint::kNonNegative);
+
+    // Buffers first: the units and paths below refer to them by name.
+    const json& bufs = field(j, "", "buffers");
+    expect_type(bufs, "buffers", json::value_t::array, "an array of buffers");
+    if (bufs.empty()) fail("buffers", "got an empty array, expected at least one buffer");
+    for (size_t i = 0; i < bufs.size(); ++i) {
+      const std::string p = "buffers[" + std::to_string(i) + "]";
+      expect_object(bufs[i], p);
+      only_keys(bufs[i], p, {"name", "capacity_bytes", "alignment_bytes", "per_core"});
+      BufferSpec b;
+      b.name = string_field(bufs[i], p, "name");
+      if (b.name == "GM") fail(join(p, "name"), "got \"GM\", which is reserved for the device's global memory");
+      for (const BufferSpec& prev : d.buffers)
+        if (prev.name == b.name) fail(join(p, "name"), "got \"" + b.name + "\" twice, expected unique buffer names");
+      b.capacity_bytes = quantity_field(bufs[i], p, "capacity_bytes", Constraint::kPositiveInteger);
+      b.alignment_bytes = quantity_field(bufs[i], p, "alignment_bytes", Constraint::kPowerOfTwo);
+      b.per_core = bool_field(bufs[i], p, "per_core", true);
+      d.buffers.push_back(std::move(b));
+    }
+    auto known_buffer = [&](const std::string& name) {
+      return std::any_of(d.buffers.begin(), d.buffers.end(), [&](const BufferSpec& b) { return b.name == name; });
+    };
+    auto buffer_list = [&](bool with_gm) {
+      std::string s = with_gm ? "GM" : "";
+      for (const BufferSpec& b : d.buffers) s += (s.empty() ? "" : ", ") + b.name;
+      return s;
+    };
+    auto expect_buffer = [&](const std::string& name, const std::string& path, bool gm_ok) {
+      if ((gm_ok && name == "GM") || known_buffer(name)) return;
+      fail(path, "got \"" + name + "\", expected a buffer of this device (" + buffer_list(gm_ok) + ")");
+    };
+
+    const json& mat = field(j, "", "matrix");
+    expect_object(mat, "matrix");
+    only_keys(mat, "matrix",
+              {"tile_m", "tile_k", "tile_n", "macs_per_cycle", "input_a", "input_b", "output", "energy_pj_per_mac"});
+    d.matrix.tile_m = quantity_field(mat, "matrix", "tile_m", Constraint::kPositiveInteger);
+    d.matrix.tile_k = quantity_field(mat, "matrix", "tile_k", Constraint::kPositiveInteger);
+    d.matrix.tile_n = quantity_field(mat, "matrix", "tile_n", Constraint::kPositiveInteger);
+    dtype_map(mat, "matrix", "macs_per_cycle", &d.matrix.macs_per_cycle, &d.matrix.macs_per_cycle_extra);
+    d.matrix.input_a = string_field(mat, "matrix", "input_a");
+    d.matrix.input_b = string_field(mat, "matrix", "input_b");
+    d.matrix.output = string_field(mat, "matrix", "output");
+    expect_buffer(d.matrix.input_a, "matrix.input_a", false);
+    expect_buffer(d.matrix.input_b, "matrix.input_b", false);
+    expect_buffer(d.matrix.output, "matrix.output", false);
+    d.matrix.energy_pj_per_mac = quantity_field(mat, "matrix", "energy_pj_per_mac", Constraint::kNonNegative);
+
+    const json& vec = field(j, "", "vector");
+    expect_object(vec, "vector");
+    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op"});
+    dtype_map(vec, "vector", "lanes", &d.vector.lanes, nullptr);
+    d.vector.buffer = string_field(vec, "vector", "buffer");
+    expect_buffer(d.vector.buffer, "vector.buffer", false);
+    d.vector.energy_pj_per_op = quantity_field(vec, "vector", "energy_pj_per_op", Constraint::kNonNegative);
+
+    const json& paths = field(j, "", "paths");
+    expect_type(paths, "paths", json::value_t::array, "an array of data paths");
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const std::string p = "paths[" + std::to_string(i) + "]";
+      expect_object(paths[i], p);
+      only_keys(paths[i], p, {"from", "to", "engine", "bandwidth_gbs", "shared", "energy_pj_per_byte"});
+      PathSpec ps;
+      ps.from = string_field(paths[i], p, "from");
+      ps.to = string_field(paths[i], p, "to");
+      expect_buffer(ps.from, join(p, "from"), true);
+      expect_buffer(ps.to, join(p, "to"), true);
+      if (ps.from == ps.to) fail(join(p, "to"), "got \"" + ps.to + "\", expected a memory other than \"from\"");
+      for (const PathSpec& prev : d.paths)
+        if (prev.from == ps.from && prev.to == ps.to)
+          fail(p, "got path " + ps.name() + " twice, expected each path once");
+      ps.engine = string_field(paths[i], p, "engine");
+      ps.bandwidth_gbs = quantity_field(paths[i], p, "bandwidth_gbs", Constraint::kPositive);
+      ps.shared = bool_field(paths[i], p, "shared", false);
+      ps.energy_pj_per_byte = quantity_field(paths[i], p, "energy_pj_per_byte", Constraint::kNonNegative);
+      d.paths.push_back(std::move(ps));
+    }
+
+    if (auto it = j.find("notes"); it != j.end()) {
+      expect_type(*it, "notes", json::value_t::array, "an array of strings");
+      for (size_t i = 0; i < it->size(); ++i) {
+        const std::string p = "notes[" + std::to_string(i) + "]";
+        expect_type((*it)[i], p, json::value_t::string, "a string");
+        d.notes.push_back((*it)[i].get<std::string>());
+      }
+    }
+    return d;
+  }
+
+ private:
+  std::string origin_;
+};
+
+/// Integral values are written as JSON integers so files round-trip without "8.0".
+json number_to_json(double v) {
+  if (v == std::floor(v) && std::fabs(v) < 9.007199254740992e15) return static_cast<int64_t>(v);
+  return v;
+}
+
+json quantity_to_json(const Quantity& q) {
+  json j = {{"value", number_to_json(q.value)}, {"source", q.source}, {"status", q.status}};
+  if (!q.alternatives.empty()) {
+    json alts = json::array();
+    for (const Quantity& a : q.alternatives) alts.push_back(quantity_to_json(a));
+    j["alternatives"] = alts;
+  }
+  return j;
+}
+
+}  // namespace
+
+const BufferSpec& Device::buffer(const std::string& buffer_name) const {
+  for (const BufferSpec& b : buffers)
+    if (b.name == buffer_name) return b;
+  std::string have;
+  for (const BufferSpec& b : buffers) have += (have.empty() ? "" : ", ") + b.name;
+  throw Error("device " + name + ": no buffer named \"" + buffer_name + "\" (it has " + have + ")");
+}
+
+bool Device::has_path(const std::string& from, const std::string& to) const {
+  return std::any_of(paths.begin(), paths.end(), [&](const PathSpec& p) { return p.from == from && p.to == to; });
+}
+
+const PathSpec& Device::path(const std::string& from, const std::string& to) const {
+  for (const PathSpec& p : paths)
+    if (p.from == from && p.to == to) return p;
+  std::string have;
+  for (const PathSpec& p : paths) have += (have.empty() ? "" : ", ") + p.name();
+  throw Error("device " + name + ": no data path " + from + "->" + to + " (it has " + have + ")");
+}
+
+double Device::matrix_macs_per_cycle(DType dt) const {
+  auto it = matrix.macs_per_cycle.find(dt);
+  if (it != matrix.macs_per_cycle.end()) return it->second.value;
+  std::string have;
+  for (const auto& [d, q] : matrix.macs_per_cycle) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+  throw Error("device " + name + ": the matrix unit takes no " + dtype_name(dt) + " inputs (it takes " + have + ")");
+}
+
+double Device::vector_lanes(DType dt) const {
+  auto it = vector.lanes.find(dt);
+  if (it != vector.lanes.end()) return it->second.value;
+  std::string have;
+  for (const auto& [d, q] : vector.lanes) have += (have.empty() ? "" : ", ") + std::string(dtype_name(d));
+  throw Error("device " + name + ": the vector unit has no " + dtype_name(dt) + " lanes (it has " + have + ")");
+}
+
+Device device_from_json(const nlohmann::json& j, const std::string& origin) {
+  return DeviceReader(origin).read(j);
+}
+
+Device load_device(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open device file");
+  // nlohmann keeps the last of duplicate keys silently; in a hand-edited device file a repeated
+  // "value" is a mistake to report, so the parse callback tracks the keys of every open object.
+  struct OpenObject {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open;
+  auto check_keys = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        open.push_back({{}, {}});
+        break;
+      case json::parse_event_t::object_end:
+        if (!open.empty()) open.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        OpenObject& o = open.back();
+        const std::string key = parsed.get<std::string>();
+        if (!o.keys.insert(key).second) {
+          const std::string under =
+              open.size() >= 2 && !open[open.size() - 2].last_key.empty()
+                  ? " in the object under \"" + open[open.size() - 2].last_key + "\""
+                  : " at the top level";
+          throw Error(path + ": duplicate key \"" + key + "\"" + under + ", expected each key once");
+        }
+        o.last_key = key;
+        break;
+      }
+      default:
+        break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(in, check_keys);
+  } catch (const json::parse_error& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  return device_from_json(j, path);
+}
+
+nlohmann::json device_to_json(const Device& d) {
+  json j;
+  j["schema_version"] = 1;
+  j["name"] = d.name;
+  j["kind"] = d.kind;
+  j["description"] = d.description;
+  j["cores"] = quantity_to_json(d.cores);
+  j["clock_ghz"] = quantity_to_json(d.clock_ghz);
+  json macs = json::object();
+  for (const auto& [dt, q] : d.matrix.macs_per_cycle) macs[dtype_name(dt)] = quantity_to_json(q);
+  for (const auto& [name, q] : d.matrix.macs_per_cycle_extra) macs[name] = quantity_to_json(q);
+  j["matrix"] = {{"tile_m", quantity_to_json(d.matrix.tile_m)},
+                 {"tile_k", quantity_to_json(d.matrix.tile_k)},
+                 {"tile_n", quantity_to_json(d.matrix.tile_n)},
+                 {"macs_per_cycle", macs},
+                 {"input_a", d.matrix.input_a},
+                 {"input_b", d.matrix.input_b},
+                 {"output", d.matrix.output},
+                 {"energy_pj_per_mac", quantity_to_json(d.matrix.energy_pj_per_mac)}};
+  json lanes = json::object();
+  for (const auto& [dt, q] : d.vector.lanes) lanes[dtype_name(dt)] = quantity_to_json(q);
+  j["vector"] = {{"lanes", lanes},
+                 {"buffer", d.vector.buffer},
+                 {"energy_pj_per_op", quantity_to_json(d.vector.energy_pj_per_op)}};
+  json bufs = json::array();
+  for (const BufferSpec& b : d.buffers)
+    bufs.push_back({{"name", b.name},
+                    {"capacity_bytes", quantity_to_json(b.capacity_bytes)},
+                    {"alignment_bytes", quantity_to_json(b.alignment_bytes)},
+                    {"per_core", b.per_core}});
+  j["buffers"] = bufs;
+  json paths = json::array();
+  for (const PathSpec& p : d.paths)
+    paths.push_back({{"from", p.from},
+                     {"to", p.to},
+                     {"engine", p.engine},
+                     {"bandwidth_gbs", quantity_to_json(p.bandwidth_gbs)},
+                     {"shared", p.shared},
+                     {"energy_pj_per_byte", quantity_to_json(p.energy_pj_per_byte)}});
+  j["paths"] = paths;
+  j["gm_bytes"] = quantity_to_json(d.gm_bytes);
+  j["kernel_launch_us"] = quantity_to_json(d.kernel_launch_us);
+  j["static_power_w"] = quantity_to_json(d.static_power_w);
+  j["notes"] = d.notes;
+  return j;
+}
+
+}  // namespace hanpu

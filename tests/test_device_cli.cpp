@@ -1,0 +1,115 @@
+// `hanpu device` end to end: the table and the JSON of a device file, the host, and one-line errors
+// with exit code 1 for bad files and bad arguments. The executable's path comes from CMake.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "test_support.hpp"
+
+#ifndef HANPU_EXE
+#error "HANPU_EXE must be defined to the path of the hanpu executable"
+#endif
+
+namespace {
+
+namespace fs = std::filesystem;
+using hanpu::testing::TempDir;
+
+fs::path devices_dir() {
+  if (const char* src = std::getenv("HANPU_SOURCE_DIR"); src && *src) return fs::path(src) / "devices";
+  return fs::path(__FILE__).parent_path().parent_path() / "devices";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string quote(const std::string& s) {  // for /bin/sh
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct RunResult {
+  int code = -1;  // exit code; -1 if killed by a signal
+  std::string out, err;
+};
+
+RunResult run_hanpu(const TempDir& dir, const std::string& args) {
+  RunResult r;
+  const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
+  const int status =
+      std::system((quote(HANPU_EXE) + " " + args + " >" + quote(out_path) + " 2>" + quote(err_path)).c_str());
+  if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
+
+size_t lines(const std::string& s) {
+  size_t n = 0;
+  for (char c : s) n += c == '\n';
+  return n;
+}
+
+TEST(DeviceCli, TableShowsEveryNumberWithStatusAndSource) {
+  TempDir tmp;
+  const RunResult r = run_hanpu(tmp, "device --device " + quote((devices_dir() / "ascend310p.json").string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* s : {"field", "status", "source", "cores", "confirmed", "HAMi", "alternative", "GM->L1 [MTE2, shared]",
+                        "L0C->UB", "262144 (256 KiB)", "notes:"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+}
+
+TEST(DeviceCli, JsonIsTheFile) {
+  TempDir tmp;
+  const fs::path file = devices_dir() / "ascend310b.json";
+  const RunResult r = run_hanpu(tmp, "device --json --device " + quote(file.string()));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::ifstream in(file);
+  EXPECT_EQ(nlohmann::json::parse(r.out), nlohmann::json::parse(in));
+}
+
+TEST(DeviceCli, HostWithoutMeasurement) {
+  TempDir tmp;
+  const RunResult r = run_hanpu(tmp, "device --host --measure-seconds 0 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("kind"), "cpu");
+  EXPECT_GE(j.at("cores").at("value").get<double>(), 1);
+}
+
+TEST(DeviceCli, BadInputIsOneLineAndExitCode1) {
+  TempDir tmp;
+  std::ifstream in(devices_dir() / "ascend310p.json");
+  nlohmann::json j = nlohmann::json::parse(in);
+  j["buffers"][2]["capacity_bytes"]["value"] = -1;
+  const std::string bad = tmp.file("x.json");
+  std::ofstream(bad) << j.dump(2);
+  struct Case {
+    std::string args, expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"device --device " + quote(bad), "x.json: buffers[2].capacity_bytes.value: got -1, expected a positive integer"},
+           {"device --device " + quote(tmp.file("missing.json")), "missing.json: cannot open device file"},
+           {"device", "give exactly one of --device FILE or --host"},
+           {"device --host --measure-seconds -1", "--measure-seconds: got -1"},
+       }) {
+    const RunResult r = run_hanpu(tmp, c.args);
+    EXPECT_EQ(r.code, 1) << c.args;
+    EXPECT_EQ(lines(r.err), 1u) << c.args << "\n" << r.err;
+    EXPECT_NE(r.err.find(c.expected), std::string::npos) << c.args << "\n" << r.err;
+    EXPECT_TRUE(r.out.empty()) << c.args;
+  }
+}
+
+}  // namespace
