@@ -1,5 +1,5 @@
-// Plain F32 kernels of a Qwen3.5 layer (see qwen35_ops.hpp). Inner loops run over contiguous
-// memory with no dependencies so the compiler vectorizes them.
+// F32 kernels of a Qwen3.5 layer (see qwen35_ops.hpp): work split over threads and the data
+// layouts here, the per-row SIMD work in qwen35_kernels.cpp.
 #include "model/qwen35_ops.hpp"
 
 #include <algorithm>
