@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -450,6 +451,49 @@ TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
         }
       }
     EXPECT_LT(worst, 2e-5) << "T " << c.T << " p0 " << c.p0 << " hd " << c.hd;
+  }
+}
+
+}  // namespace
+}  // namespace hanpu
+
+namespace hanpu {
+namespace {
+
+// SafetensorsFile::map: same tensors as open() (including one at an offset misaligned for its
+// dtype, which gets an aligned copy), prefault reports progress, a truncated file is refused.
+TEST(SafetensorsMap, MappedViewsEqualReadViews) {
+  TempDir tmp;
+  const std::string path = tmp.file("m.safetensors");
+  Tensor a(DType::BF16, {3, 5}), b(DType::F32, {7}), c(DType::I64, {2});
+  for (int64_t i = 0; i < 15; ++i) a.set(i, i * 0.5 - 3);
+  for (int64_t i = 0; i < 7; ++i) b.set(i, i * 1.25);
+  c.set(0, 42), c.set(1, -7);
+  // a (30 bytes) first: b then starts at an offset that is not a multiple of 4.
+  write_safetensors(path, {{"a", a.view()}, {"b", b.view()}, {"c", c.view()}});
+  SafetensorsFile read = SafetensorsFile::open(path), mapped = SafetensorsFile::map(path);
+  EXPECT_EQ(mapped.names(), read.names());
+  EXPECT_EQ(mapped.data_bytes(), read.data_bytes());
+  for (const std::string& n : {"a", "b", "c"}) {
+    TensorView x = read.get(n), y = mapped.get(n);
+    ASSERT_EQ(x.shape_str(), y.shape_str());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(y.data) % dtype_size(y.dtype), 0u) << n;
+    EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<size_t>(x.numel()) * dtype_size(x.dtype)), 0) << n;
+  }
+  uint64_t last = 0;
+  mapped.prefault([&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, mapped.data_bytes());
+    last = done;
+  });
+  EXPECT_EQ(last, mapped.data_bytes());
+
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+  try {
+    SafetensorsFile::map(path);
+    ADD_FAILURE() << "truncated file accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'c'"), std::string::npos) << e.what();
   }
 }
 
