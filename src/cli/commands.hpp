@@ -11,6 +11,10 @@ class App;
 void register_la_commands(CLI::App& app);
 /// `hanpu bench`: performance measurements (cmd_bench.cpp).
 void register_bench_command(CLI::App& app);
+/// `hanpu run` and `hanpu bench-model`: Qwen3.5 models end to end (cmd_model.cpp).
+void register_model_commands(CLI::App& app);
+/// `hanpu bench-linear`: bf16-weight projection kernels (cmd_bench_linear.cpp).
+void register_bench_linear_command(CLI::App& app);
 /// `hanpu tokenize`: encode text / decode ids with a checkpoint's tokenizer (cmd_tokenize.cpp).
 void register_tokenize_command(CLI::App& app);
 /// `hanpu device`: a device description as a table or JSON (cmd_device.cpp).
@@ -19,5 +23,3 @@ void register_device_command(CLI::App& app);
 void register_plan_commands(CLI::App& app);
 /// `hanpu report`: sweep strategies and shapes on a device model into one HTML report (cmd_report.cpp).
 void register_report_command(CLI::App& app);
-/// `hanpu bench-linear`: bf16-weight projection kernels (cmd_bench_linear.cpp).
-void register_bench_linear_command(CLI::App& app);

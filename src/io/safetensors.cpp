@@ -10,6 +10,11 @@
 #include <set>
 #include <system_error>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cerrno>
+
 #include <nlohmann/json.hpp>
 
 namespace hanpu {
@@ -138,7 +143,26 @@ void SafetensorsFile::AlignedFree::operator()(std::byte* p) const {
   ::operator delete(p, std::align_val_t{kBufferAlignment});
 }
 
-SafetensorsFile SafetensorsFile::open(const std::string& path) {
+SafetensorsFile SafetensorsFile::open(const std::string& path) { return open_impl(path, false); }
+SafetensorsFile SafetensorsFile::map(const std::string& path) { return open_impl(path, true); }
+
+void SafetensorsFile::prefault(const std::function<void(uint64_t, uint64_t)>& progress) const {
+  if (!mapped_data_) return;
+  // 64 MiB steps: small enough for a smooth progress bar, large enough that the callback costs
+  // nothing next to the page reads.
+  constexpr uint64_t kStep = 64ull << 20;
+  constexpr uint64_t kPage = 4096;
+  volatile std::byte sink{};
+  for (uint64_t done = 0; done < data_bytes_;) {
+    const uint64_t end = std::min(data_bytes_, done + kStep);
+    for (uint64_t i = done; i < end; i += kPage) sink = mapped_data_[i];
+    done = end;
+    if (progress) progress(done, data_bytes_);
+  }
+  (void)sink;
+}
+
+SafetensorsFile SafetensorsFile::open_impl(const std::string& path, bool mapped) {
   SafetensorsFile file;
   file.path_ = path;
 
@@ -270,23 +294,43 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                      std::to_string(ranges[i].begin) + ".." + std::to_string(ranges[i].end) +
                      ") overlap in the data section");
 
-  // --- read the data section into aligned memory ---------------------------------------------
-  try {
-    if (data_size > static_cast<uint64_t>(std::numeric_limits<std::streamsize>::max()))
-      fail(path, "data section too large");
-    file.data_.reset(aligned_alloc_bytes(static_cast<size_t>(data_size)));
-  } catch (const std::bad_alloc&) {
-    fail(path, "cannot allocate " + std::to_string(data_size) + " bytes for the data section");
+  file.data_bytes_ = data_size;
+  std::byte* section = nullptr;
+  if (mapped) {
+    in.close();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fail(path, std::string("cannot open for mapping: ") + std::strerror(errno));
+    void* base = ::mmap(nullptr, static_cast<size_t>(file_size), PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);  // the mapping keeps the file referenced
+    if (base == MAP_FAILED) fail(path, std::string("cannot memory-map the file: ") + std::strerror(map_errno));
+    const size_t length = static_cast<size_t>(file_size);
+    file.mapping_ = std::shared_ptr<void>(base, [length](void* p) { ::munmap(p, length); });
+    // Checkpoint weights are read front to back once per forward pass.
+    ::madvise(base, length, MADV_WILLNEED);
+    section = static_cast<std::byte*>(base) + 8 + header_len;
+    file.mapped_data_ = section;
+  } else {
+    // --- read the data section into aligned memory -------------------------------------------
+    try {
+      if (data_size > static_cast<uint64_t>(std::numeric_limits<std::streamsize>::max()))
+        fail(path, "data section too large");
+      file.data_.reset(aligned_alloc_bytes(static_cast<size_t>(data_size)));
+    } catch (const std::bad_alloc&) {
+      fail(path, "cannot allocate " + std::to_string(data_size) + " bytes for the data section");
+    }
+    if (data_size > 0 && !in.read(reinterpret_cast<char*>(file.data_.get()), static_cast<std::streamsize>(data_size)))
+      fail(path, "cannot read the data section (" + std::to_string(data_size) + " bytes)");
+    section = file.data_.get();
   }
-  if (data_size > 0 && !in.read(reinterpret_cast<char*>(file.data_.get()), static_cast<std::streamsize>(data_size)))
-    fail(path, "cannot read the data section (" + std::to_string(data_size) + " bytes)");
 
-  // The data section starts 64-byte aligned, so a tensor is aligned iff its offset is a multiple
-  // of its element size. Writers normally guarantee that, but the format does not require it.
+  // The read data section starts 64-byte aligned, and a mapped one at 8 + header length from a
+  // page boundary; a tensor is aligned iff its address is a multiple of its element size. Writers
+  // normally guarantee that, but the format does not require it.
   for (auto& [name, e] : file.entries_) {
     const size_t esize = dtype_size(e.dtype);
-    std::byte* in_file = file.data_.get() + e.begin;
-    if (e.begin % esize == 0) {
+    std::byte* in_file = section + e.begin;
+    if (reinterpret_cast<uintptr_t>(in_file) % esize == 0) {
       e.data = in_file;
       continue;
     }

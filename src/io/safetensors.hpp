@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +28,16 @@ class SafetensorsFile {
  public:
   /// Reads and validates the whole file; throws hanpu::Error on any problem.
   static SafetensorsFile open(const std::string& path);
+  /// Same validation as open(), but the data section is memory-mapped read-only instead of read:
+  /// nothing is copied (except tensors misaligned for their dtype), pages come in on first use,
+  /// and several processes share them. For multi-gigabyte checkpoints. Views are read-only in
+  /// fact: writing through them faults.
+  static SafetensorsFile map(const std::string& path);
+  /// Size of the data section in bytes (what map() maps, what open() reads).
+  uint64_t data_bytes() const { return data_bytes_; }
+  /// Touches every page of a mapped file's data section (no-op for open()) so that later reads
+  /// do not fault; calls progress(done, total) in between (from the calling thread).
+  void prefault(const std::function<void(uint64_t done, uint64_t total)>& progress = {}) const;
 
   bool has(const std::string& name) const;
   /// A contiguous view of the tensor, aligned for its dtype. The view is mutable for API
@@ -55,8 +66,13 @@ class SafetensorsFile {
     AlignedBytes own_copy;      // set when the tensor's offset in the file is misaligned for its dtype
   };
 
+  static SafetensorsFile open_impl(const std::string& path, bool mapped);
+
   std::string path_;
-  AlignedBytes data_;  // the data section, 64-byte aligned
+  AlignedBytes data_;  // the data section, 64-byte aligned (open())
+  std::shared_ptr<void> mapping_;        // the whole file mapped read-only (map()); unmapped on release
+  const std::byte* mapped_data_ = nullptr;  // start of the data section inside mapping_
+  uint64_t data_bytes_ = 0;
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
 };

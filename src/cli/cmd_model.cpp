@@ -1,0 +1,306 @@
+// `hanpu run` (generate text from a Qwen3.5 checkpoint) and `hanpu bench-model` (prefill and decode
+// speed of a checkpoint or of a synthetic model with the real shapes, with the share of time per
+// part of the model).
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "cpu/thread_pool.hpp"
+#include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
+#include "io/safetensors.hpp"
+
+namespace {
+
+using namespace hanpu;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU seconds of the whole process (all threads): with other work on the machine, wall time
+// includes waiting for a core; CPU time / threads is what the run would take on idle cores.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+double peak_rss_mib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
+      throw Error("--prompt-ids: '" + item + "' is not a token id (expected comma-separated non-negative integers)");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw Error("--prompt-ids: no ids given");
+  return ids;
+}
+
+struct RunArgs {
+  std::string model_dir, prompt, prompt_ids, logits_out, system, precision = "exact";
+  int n_predict = 128;
+  bool chat = false, greedy = false, think = false, print_ids = false;
+  int threads = 0;
+  float temperature = 0.7f, top_p = 0.95f;
+  int top_k = 20;
+  uint64_t seed = 0;
+};
+
+void run_generate(const RunArgs& a) {
+  if (a.prompt.empty() == a.prompt_ids.empty()) throw Error("give exactly one of --prompt and --prompt-ids");
+  const int threads = a.threads > 0 ? a.threads : hardware_threads();
+  Qwen35Model model = Qwen35Model::load(a.model_dir, {.progress = true});
+  const Qwen35Config& cfg = model.config();
+
+  std::unique_ptr<Tokenizer> tok;
+  std::vector<int32_t> prompt;
+  if (!a.prompt_ids.empty()) {
+    if (a.chat) throw Error("--chat needs a text --prompt, not --prompt-ids");
+    prompt = parse_ids(a.prompt_ids);
+  }
+  if (std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json"))
+    tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
+  if (!a.prompt.empty()) {
+    if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tokenizer.json; use --prompt-ids");
+    std::string text = a.prompt;
+    if (a.chat) {
+      std::vector<ChatMessage> msgs;
+      if (!a.system.empty()) msgs.push_back({"system", a.system});
+      msgs.push_back({"user", a.prompt});
+      text = tok->apply_chat_template(msgs, true, a.think);
+    }
+    prompt = tok->encode(text, /*parse_special=*/a.chat);
+    if (prompt.empty()) throw Error("--prompt: the prompt encodes to no tokens");
+  }
+
+  std::set<int32_t> stop(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
+  if (tok)
+    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+      if (auto id = tok->token_to_id(s)) stop.insert(*id);
+
+  SamplingOptions so{.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
+  Sampler sampler(so);
+  Qwen35State st = model.new_state();
+
+  const auto t_prefill = Clock::now();
+  const LinearPrecision precision = linear_precision_from_name(a.precision);
+  Tensor logits =
+      model.forward(st, prompt, {.threads = threads, .all_logits = !a.logits_out.empty(), .precision = precision});
+  const double prefill_s = seconds_since(t_prefill);
+  const int64_t V = cfg.vocab_size;
+  if (!a.logits_out.empty()) {
+    Tensor ids(DType::I64, {static_cast<int64_t>(prompt.size())});
+    for (size_t i = 0; i < prompt.size(); ++i) ids.set(static_cast<int64_t>(i), prompt[i]);
+    write_safetensors(a.logits_out, {{"logits", logits.view()}, {"prompt_ids", ids.view()}},
+                      {{"model", a.model_dir}, {"generator", "hanpu run"}});
+  }
+  const float* last = logits.ptr<float>() + (logits.shape()[0] - 1) * V;
+
+  auto emit = [&](int32_t id) {
+    if (tok && !a.print_ids) {
+      std::cout << tok->token_bytes(id);
+      std::cout.flush();
+      return;
+    }
+    std::cout << id << ' ';
+    std::cout.flush();
+  };
+  int generated = 0;
+  double ttft = 0, decode_s = 0;
+  std::string stop_reason = "length";
+  if (a.n_predict > 0) {
+    int32_t next = sampler.sample({last, static_cast<size_t>(V)});
+    ttft = seconds_since(t_prefill);
+    const auto t_decode = Clock::now();
+    for (;;) {
+      if (stop.count(next)) {
+        stop_reason = "end of sequence";
+        break;
+      }
+      emit(next);
+      if (++generated >= a.n_predict) break;
+      const int32_t one[1] = {next};
+      Tensor l = model.forward(st, one, {.threads = threads, .precision = precision});
+      next = sampler.sample({l.ptr<float>(), static_cast<size_t>(V)});
+    }
+    decode_s = seconds_since(t_decode);
+  }
+  std::cout << '\n';
+  std::fprintf(stderr,
+               "\nprompt tokens %zu, generated %d (%s)\n"
+               "time to first token %.3f s, prefill %.1f tokens/s, decode %.2f tokens/s (%d threads)\n"
+               "peak memory %.0f MiB (weights %.0f MiB mapped, state %.1f MiB)\n",
+               prompt.size(), generated, stop_reason.c_str(), ttft,
+               static_cast<double>(prompt.size()) / prefill_s,
+               generated > 1 ? (generated - 1) / decode_s : 0.0, threads, peak_rss_mib(),
+               static_cast<double>(model.weight_bytes()) / 1048576.0, static_cast<double>(st.bytes()) / 1048576.0);
+}
+
+struct BenchModelArgs {
+  std::string model_dir, synthetic, precision = "exact";
+  std::vector<int64_t> prompt_lengths{512, 2048};
+  int threads = 0;
+  int decode_tokens = 16;
+  bool json = false;
+  uint64_t seed = 1;
+};
+
+void run_bench_model(const BenchModelArgs& a) {
+  if (a.model_dir.empty() == a.synthetic.empty()) throw Error("give exactly one of --model and --synthetic");
+  const int threads = a.threads > 0 ? a.threads : hardware_threads();
+  const LinearPrecision precision = linear_precision_from_name(a.precision);
+  const auto t_load = Clock::now();
+  Qwen35Model model = a.model_dir.empty() ? Qwen35Model::synthetic(qwen35_preset(a.synthetic), a.seed, threads)
+                                          : Qwen35Model::load(a.model_dir, {.progress = !a.json});
+  const double load_s = seconds_since(t_load);
+  const Qwen35Config& cfg = model.config();
+  const std::string name = a.model_dir.empty() ? a.synthetic : a.model_dir;
+  if (!a.json)
+    std::printf("%s%s\n%s\nweights %.2f GB, built/mapped in %.1f s, %d threads, projections %s\n\n", name.c_str(),
+                a.model_dir.empty() ? " (synthetic random bf16 weights)" : "", cfg.describe().c_str(),
+                static_cast<double>(model.weight_bytes()) / 1e9, load_s, threads, linear_precision_name(precision));
+  if (!a.json)
+    std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
+                "GDN", "attn", "MLP", "head", "other", "decode/s");
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t T : a.prompt_lengths) {
+    if (T < 1) throw Error("-p: prompt length " + std::to_string(T) + " must be >= 1");
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    uint64_t s = a.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(T);
+    for (int32_t& id : ids) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      id = static_cast<int32_t>(s % static_cast<uint64_t>(cfg.vocab_size));
+    }
+    Qwen35State st = model.new_state();
+    ForwardTimes pt;
+    const double cpu0 = process_cpu_seconds();
+    const auto t0 = Clock::now();
+    Tensor logits = model.forward(st, ids, {.threads = threads, .times = &pt, .precision = precision});
+    const double prefill_s = seconds_since(t0);
+    const double prefill_cpu_s = process_cpu_seconds() - cpu0;
+    ForwardTimes dt;
+    Sampler greedy({.temperature = 0});
+    int32_t next = greedy.sample({logits.ptr<float>(), static_cast<size_t>(cfg.vocab_size)});
+    const double cpu1 = process_cpu_seconds();
+    const auto t1 = Clock::now();
+    for (int i = 0; i < a.decode_tokens; ++i) {
+      const int32_t one[1] = {next};
+      Tensor l = model.forward(st, one, {.threads = threads, .times = &dt, .precision = precision});
+      next = greedy.sample({l.ptr<float>(), static_cast<size_t>(cfg.vocab_size)});
+    }
+    const double decode_s = seconds_since(t1);
+    const double decode_cpu_s = process_cpu_seconds() - cpu1;
+    const double tot = pt.total(), dtot = dt.total();
+    auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
+    nlohmann::json row = {
+        {"model", name},
+        {"prompt_tokens", T},
+        {"threads", threads},
+        {"linear_precision", linear_precision_name(precision)},
+        {"prefill_ms", prefill_s * 1e3},
+        {"prefill_tokens_per_s", static_cast<double>(T) / prefill_s},
+        {"prefill_cpu_ms", prefill_cpu_s * 1e3},
+        {"decode_tokens", a.decode_tokens},
+        {"decode_cpu_ms", decode_cpu_s * 1e3},
+        {"decode_tokens_per_s", a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0},
+        {"share_gdn", share(pt.gdn(), tot)},
+        {"share_attention", share(pt.attention(), tot)},
+        {"share_mlp", share(pt.mlp, tot)},
+        {"share_lm_head", share(pt.lm_head, tot)},
+        {"share_other", share(pt.embed + pt.norms, tot)},
+        {"prefill_seconds",
+         {{"gdn_projections", pt.gdn_proj}, {"gdn_conv", pt.gdn_conv}, {"gdn_engine", pt.gdn_engine}, {"gdn_gated_norm", pt.gdn_norm}, {"attention_projections", pt.attn_proj},
+          {"attention_core", pt.attn_core}, {"mlp", pt.mlp}, {"lm_head", pt.lm_head}, {"norms", pt.norms},
+          {"embedding", pt.embed}}},
+        {"decode_share_gdn", share(dt.gdn(), dtot)},
+        {"decode_share_attention", share(dt.attention(), dtot)},
+        {"decode_share_mlp", share(dt.mlp, dtot)},
+        {"decode_share_lm_head", share(dt.lm_head, dtot)},
+        {"peak_rss_mib", peak_rss_mib()},
+    };
+    if (a.json) {
+      std::cout << row.dump() << std::endl;
+    } else {
+      std::printf("%8lld %10.0f %10.1f %9.0f | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%% | %9.2f\n",
+                  static_cast<long long>(T), prefill_s * 1e3, static_cast<double>(T) / prefill_s, prefill_s * 1e3,
+                  100 * share(pt.gdn(), tot), 100 * share(pt.attention(), tot), 100 * share(pt.mlp, tot),
+                  100 * share(pt.lm_head, tot), 100 * share(pt.embed + pt.norms, tot),
+                  a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0);
+      std::printf("%8s   CPU time: prefill %.0f ms (%.1f tokens per CPU-second x %d threads), decode %.0f ms\n", "",
+                  prefill_cpu_s * 1e3, static_cast<double>(T) / prefill_cpu_s * threads, threads, decode_cpu_s * 1e3);
+      std::printf("%8s   GDN: projections %.0f ms, conv %.0f ms, engine %.0f ms, gated norm %.0f ms; attention: "
+                  "projections %.0f ms, core %.0f ms; MLP %.0f ms\n",
+                  "", pt.gdn_proj * 1e3, pt.gdn_conv * 1e3, pt.gdn_engine * 1e3, pt.gdn_norm * 1e3, pt.attn_proj * 1e3,
+                  pt.attn_core * 1e3, pt.mlp * 1e3);
+    }
+    std::fflush(stdout);
+  }
+  if (!a.json) std::printf("\npeak memory %.0f MiB\n", peak_rss_mib());
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  auto run = std::make_shared<RunArgs>();
+  CLI::App* r = app.add_subcommand("run", "generate text with a Qwen3.5 checkpoint (prefill, then decode)");
+  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  r->add_option("--prompt", run->prompt, "prompt text");
+  r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
+  r->add_option("-n,--n-predict", run->n_predict, "tokens to generate at most (default 128)")->check(CLI::Range(0, 1 << 30));
+  r->add_flag("--chat", run->chat, "wrap the prompt in the ChatML chat template as a user message");
+  r->add_option("--system", run->system, "system message (with --chat)");
+  r->add_flag("--think", run->think, "with --chat: let the model think (no empty <think></think> block)");
+  r->add_option("--threads", run->threads, "threads (default all)")->check(CLI::Range(1, 1024));
+  r->add_option("--temp", run->temperature, "sampling temperature (default 0.7; 0 = greedy)")->check(CLI::Range(0.0, 100.0));
+  r->add_option("--top-k", run->top_k, "keep the k most likely tokens (default 20, 0 = all)")->check(CLI::Range(0, 1 << 30));
+  r->add_option("--top-p", run->top_p, "nucleus sampling threshold (default 0.95)")->check(CLI::Range(0.0, 1.0));
+  r->add_option("--seed", run->seed, "sampling seed (default 0)");
+  r->add_flag("--greedy", run->greedy, "always take the most likely token");
+  r->add_option("--precision", run->precision,
+                "projection activations: exact (f32, default), bf16x2, bf16 (rounded like a bf16 model; fastest)");
+  r->add_flag("--ids", run->print_ids, "print the generated token ids instead of text");
+  r->add_option("--logits-out", run->logits_out, "write the prompt's logits (all positions) to this safetensors file");
+  r->callback([run] { run_generate(*run); });
+
+  auto bench = std::make_shared<BenchModelArgs>();
+  CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a Qwen3.5 model, with the time per part");
+  b->add_option("--model", bench->model_dir, "checkpoint directory");
+  std::string presets;
+  for (const std::string& p : qwen35_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  b->add_option("--synthetic", bench->synthetic, "random bf16 weights of a published size: " + presets);
+  b->add_option("-p,--prompt-lengths", bench->prompt_lengths, "prompt lengths (default 512,2048)")->delimiter(',');
+  b->add_option("--threads", bench->threads, "threads (default all)")->check(CLI::Range(1, 1024));
+  b->add_option("--decode-tokens", bench->decode_tokens, "decode steps measured after each prefill (default 16)")
+      ->check(CLI::Range(0, 1 << 20));
+  b->add_option("--seed", bench->seed, "seed of the synthetic weights and prompt (default 1)");
+  b->add_option("--precision", bench->precision, "projection activations: exact (default), bf16x2, bf16");
+  b->add_flag("--json", bench->json, "one JSON object per prompt length");
+  b->callback([bench] { run_bench_model(*bench); });
+}

@@ -1,0 +1,242 @@
+// Qwen3.5 config.json parsing (nested text_config or flat) and the published model sizes
+// (reference-models.md §1.1, §6).
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hanpu/model.hpp"
+
+namespace hanpu {
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw Error("config '" + source + "': " + what);
+}
+
+// Text-model fields come from text_config when the config is nested, else from the top level.
+struct Fields {
+  const json& text;
+  const json& top;
+  const std::string& source;
+  std::string where(const char* key) const { return (&text == &top ? "" : "text_config.") + std::string(key); }
+
+  int64_t required_int(const char* key) const {
+    if (!text.contains(key)) fail(source, "field '" + where(key) + "' is missing");
+    const json& v = text[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      fail(source, "field '" + where(key) + "' is " + v.dump() + ", expected a positive integer");
+    return v.get<int64_t>();
+  }
+  int64_t optional_int(const char* key, int64_t fallback) const {
+    return text.contains(key) && !text[key].is_null() ? required_int(key) : fallback;
+  }
+  double number(const json& obj, const char* key, const std::string& name) const {
+    const json& v = obj[key];
+    if (!v.is_number() || !(v.get<double>() > 0))
+      fail(source, "field '" + name + "' is " + v.dump() + ", expected a positive number");
+    return v.get<double>();
+  }
+};
+
+}  // namespace
+
+int64_t Qwen35Config::num_gdn_layers() const {
+  int64_t n = 0;
+  for (bool full : is_full_attention) n += full ? 0 : 1;
+  return n;
+}
+
+int64_t Qwen35Config::parameter_count() const {
+  const int64_t H = hidden_size;
+  const int64_t attn = H * num_heads * head_dim * 2 + 2 * H * num_kv_heads * head_dim + num_heads * head_dim * H +
+                       2 * head_dim;
+  const int64_t nv = linear_num_value_heads;
+  const int64_t gdn = H * gdn_conv_dim() + H * gdn_value_dim() + 2 * H * nv + gdn_conv_dim() * linear_conv_kernel +
+                      2 * nv + linear_value_head_dim + gdn_value_dim() * H;
+  const int64_t per_layer_common = 3 * H * intermediate_size + 2 * H;
+  int64_t total = 0;
+  for (bool full : is_full_attention) total += (full ? attn : gdn) + per_layer_common;
+  total += vocab_size * H * (tie_word_embeddings ? 1 : 2) + H;
+  return total;
+}
+
+std::string Qwen35Config::describe() const {
+  std::ostringstream os;
+  os << model_type << ": " << num_layers << " layers (" << num_gdn_layers() << " GDN + " << num_attention_layers()
+     << " attention), hidden " << hidden_size << ", MLP " << intermediate_size << ", vocab " << vocab_size
+     << ", attention " << num_heads << "q/" << num_kv_heads << "kv x " << head_dim << " (rope " << rotary_dim
+     << " dims, theta " << rope_theta << "), GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads
+     << "v x " << linear_key_head_dim << ", " << (tie_word_embeddings ? "tied" : "untied") << " head, "
+     << static_cast<double>(parameter_count()) / 1e9 << "B parameters";
+  return os.str();
+}
+
+Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source) {
+  json top;
+  try {
+    top = json::parse(json_text);
+  } catch (const json::exception& e) {
+    fail(source, std::string("not valid JSON: ") + e.what());
+  }
+  if (!top.is_object()) fail(source, "expected a JSON object");
+  const std::string top_type = top.value("model_type", "");
+  const bool nested = top.contains("text_config") && top["text_config"].is_object();
+  const json& text = nested ? top["text_config"] : top;
+  const std::string text_type = text.value("model_type", nested ? "" : top_type);
+
+  auto known = [](const std::string& t) { return t == "qwen3_5" || t == "qwen3_5_text"; };
+  if (top_type == "qwen3_next" || text_type == "qwen3_next" || top_type == "qwen3_5_moe" ||
+      text_type == "qwen3_5_moe_text")
+    fail(source, "model_type '" + (top_type.empty() ? text_type : top_type) +
+                     "' (mixture-of-experts hybrid) is not supported yet; hanpu runs the dense Qwen3.5 models "
+                     "(model_type qwen3_5 / qwen3_5_text)");
+  if (!known(top_type) || (nested && !text_type.empty() && !known(text_type)))
+    fail(source, "unknown model_type '" + (known(top_type) ? text_type : top_type) +
+                     "', expected 'qwen3_5' (nested text_config) or 'qwen3_5_text' (flat)");
+
+  Fields f{text, top, source};
+  Qwen35Config c;
+  c.model_type = "qwen3_5_text";
+  c.vocab_size = f.required_int("vocab_size");
+  c.hidden_size = f.required_int("hidden_size");
+  c.intermediate_size = f.required_int("intermediate_size");
+  c.num_layers = f.required_int("num_hidden_layers");
+  c.num_heads = f.required_int("num_attention_heads");
+  c.num_kv_heads = f.required_int("num_key_value_heads");
+  c.head_dim = f.optional_int("head_dim", c.hidden_size / c.num_heads);
+  c.linear_num_key_heads = f.required_int("linear_num_key_heads");
+  c.linear_num_value_heads = f.required_int("linear_num_value_heads");
+  c.linear_key_head_dim = f.required_int("linear_key_head_dim");
+  c.linear_value_head_dim = f.required_int("linear_value_head_dim");
+  c.linear_conv_kernel = f.optional_int("linear_conv_kernel_dim", 4);
+  if (text.contains("rms_norm_eps")) c.rms_norm_eps = f.number(text, "rms_norm_eps", f.where("rms_norm_eps"));
+
+  if (c.num_heads % c.num_kv_heads != 0)
+    fail(source, "num_attention_heads " + std::to_string(c.num_heads) + " is not a multiple of num_key_value_heads " +
+                     std::to_string(c.num_kv_heads));
+  if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    fail(source, "linear_num_value_heads " + std::to_string(c.linear_num_value_heads) +
+                     " is not a multiple of linear_num_key_heads " + std::to_string(c.linear_num_key_heads));
+
+  // RoPE: rope_parameters (transformers v5) or the older top-level keys.
+  double partial = 0.25;
+  bool have_theta = false;
+  for (const json* obj : std::initializer_list<const json*>{&text, &top}) {
+    for (const char* holder : {"rope_parameters", "rope_scaling"}) {
+      if (!obj->contains(holder) || !(*obj)[holder].is_object()) continue;
+      const json& rp = (*obj)[holder];
+      const std::string type = rp.value("rope_type", rp.value("type", "default"));
+      if (type != "default" && type != "mrope")
+        fail(source, std::string(holder) + ".rope_type '" + type + "' is not supported (expected 'default')");
+      if (!have_theta && rp.contains("rope_theta")) {
+        c.rope_theta = f.number(rp, "rope_theta", std::string(holder) + ".rope_theta");
+        have_theta = true;
+      }
+      if (rp.contains("partial_rotary_factor"))
+        partial = f.number(rp, "partial_rotary_factor", std::string(holder) + ".partial_rotary_factor");
+    }
+    if (!have_theta && obj->contains("rope_theta")) {
+      c.rope_theta = f.number(*obj, "rope_theta", "rope_theta");
+      have_theta = true;
+    }
+    if (obj->contains("partial_rotary_factor"))
+      partial = f.number(*obj, "partial_rotary_factor", "partial_rotary_factor");
+  }
+  if (!have_theta) fail(source, "no rope_theta (looked in rope_parameters and at the top level)");
+  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)
+    fail(source, "partial_rotary_factor " + std::to_string(partial) + " gives " + std::to_string(c.rotary_dim) +
+                     " rotary dims of head_dim " + std::to_string(c.head_dim) + ", expected an even count >= 2");
+
+  // The class whose config this is decides tying: the top level for a nested config.
+  const json& tie_src = top.contains("tie_word_embeddings") ? top : text;
+  if (tie_src.contains("tie_word_embeddings")) {
+    if (!tie_src["tie_word_embeddings"].is_boolean()) fail(source, "field 'tie_word_embeddings' is not a boolean");
+    c.tie_word_embeddings = tie_src["tie_word_embeddings"].get<bool>();
+  }
+
+  if (text.contains("layer_types") && !text["layer_types"].is_null()) {
+    const json& lt = text["layer_types"];
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.num_layers)
+      fail(source, "field '" + f.where("layer_types") + "' must be a list of " + std::to_string(c.num_layers) +
+                       " entries (num_hidden_layers), found " + lt.dump());
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      if (t != "full_attention" && t != "linear_attention")
+        fail(source, f.where("layer_types") + "[" + std::to_string(i) + "] is '" + t +
+                         "', expected 'full_attention' or 'linear_attention'");
+      c.is_full_attention.push_back(t == "full_attention");
+    }
+  } else {
+    const int64_t interval = f.optional_int("full_attention_interval", 4);
+    for (int64_t i = 0; i < c.num_layers; ++i) c.is_full_attention.push_back((i + 1) % interval == 0);
+  }
+
+  for (const json* obj : std::initializer_list<const json*>{&text, &top}) {
+    if (!c.eos_token_ids.empty() || !obj->contains("eos_token_id")) continue;
+    const json& e = (*obj)["eos_token_id"];
+    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int32_t>());
+    else if (e.is_array())
+      for (const json& x : e)
+        if (x.is_number_integer()) c.eos_token_ids.push_back(x.get<int32_t>());
+  }
+  return c;
+}
+
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t hidden, layers, heads, kv_heads, v_heads, intermediate;
+  bool tied;
+};
+// reference-models.md §1.1 (config and model-card values, checked by the parameter-count identity).
+constexpr Preset kPresets[] = {
+    {"qwen3.5-0.8b", 1024, 24, 8, 2, 16, 3584, true},
+    {"qwen3.5-2b", 2048, 24, 8, 2, 16, 6144, true},
+    {"qwen3.5-4b", 2560, 32, 16, 4, 32, 9216, true},
+    {"qwen3.5-9b", 4096, 32, 16, 4, 32, 12288, false},
+};
+
+}  // namespace
+
+std::vector<std::string> qwen35_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+Qwen35Config qwen35_preset(const std::string& name) {
+  for (const Preset& p : kPresets) {
+    if (name != p.name) continue;
+    Qwen35Config c;
+    c.model_type = "qwen3_5_text";
+    c.vocab_size = 248320;
+    c.hidden_size = p.hidden;
+    c.intermediate_size = p.intermediate;
+    c.num_layers = p.layers;
+    c.num_heads = p.heads;
+    c.num_kv_heads = p.kv_heads;
+    c.head_dim = 256;
+    c.rotary_dim = 64;
+    c.rope_theta = 1e7;
+    c.linear_num_key_heads = 16;
+    c.linear_num_value_heads = p.v_heads;
+    c.linear_key_head_dim = 128;
+    c.linear_value_head_dim = 128;
+    c.linear_conv_kernel = 4;
+    c.rms_norm_eps = 1e-6;
+    c.tie_word_embeddings = p.tied;
+    for (int64_t i = 0; i < p.layers; ++i) c.is_full_attention.push_back((i + 1) % 4 == 0);
+    c.eos_token_ids = {248044, 248046};
+    return c;
+  }
+  std::string names;
+  for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
+  throw Error("unknown model size '" + name + "', expected one of " + names);
+}
+
+}  // namespace hanpu

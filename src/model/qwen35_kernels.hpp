@@ -1,0 +1,52 @@
+// SIMD row kernels of the Qwen3.5 layer glue and the attention block kernel (qwen35_kernels.cpp,
+// compiled per SIMD target by Highway and dispatched at run time).
+#pragma once
+
+#include <cstddef>
+
+namespace hanpu::model {
+
+/// out = x * rsqrt(mean(x^2) + eps) * scale (n floats).
+void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale, float eps);
+/// g = silu(g) * u.
+void simd_silu_mul_row(float* g, const float* u, size_t n);
+/// y = silu(y).
+void simd_silu_row(float* y, size_t n);
+/// o = o * sigmoid(g).
+void simd_sigmoid_mul_row(float* o, const float* g, size_t n);
+/// o = (o * rsqrt(mean(o^2) + eps) * w) * silu(z).
+void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps);
+
+/// y[c] = silu(sum_j taps[j * tap_stride + c] * in[j][c]) for c < n (one token of the causal conv;
+/// in[j] is the input row j steps into the window, oldest first).
+void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_stride, size_t K, float* y, size_t n);
+
+/// Keys per score tile of attention_rows (2 vectors): the transposed keys are padded to a
+/// multiple of it.
+size_t attention_key_tile();
+
+/// Causal attention of `rows` query rows sharing one KV head:
+/// out[r] = softmax(scale * q[r] . keys[0..limit[r])) values[0..limit[r]).
+struct AttentionRowsArgs {
+  const float* const* q = nullptr;  // [rows] pointers to head_dim floats
+  float* const* out = nullptr;      // [rows] pointers to head_dim floats
+  const size_t* limit = nullptr;    // [rows] visible keys per row (>= 1)
+  size_t rows = 0, head_dim = 0;
+  /// Keys in transposed tiles of W = attention_key_tile(): dim i of key j at
+  /// keys_t[(j / W) * head_dim * W + i * W + j % W], zero past the last key.
+  const float* keys_t = nullptr;
+  /// Values blocked by W dims (head_dim % W == 0): dim i of value j at
+  /// values_blocked[(i / W) * values_block_stride + j * W + i % W]; null: use `values`.
+  const float* values_blocked = nullptr;
+  size_t values_block_stride = 0;
+  const float* values = nullptr;  // value j at values + j * kv_stride (when not blocked)
+  size_t kv_stride = 0;
+  float scale = 1.0f;
+  float* scores = nullptr;  // rows x score_stride scratch, score_stride >= max limit rounded up to the tile
+  size_t score_stride = 0;
+  const float* zero_row = nullptr;  // max(head_dim, score_stride) zeros
+  float* discard_row = nullptr;     // max(head_dim, score_stride) floats of scratch
+};
+void attention_rows(const AttentionRowsArgs& args);
+
+}  // namespace hanpu::model

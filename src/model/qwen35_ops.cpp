@@ -1,0 +1,171 @@
+// F32 kernels of a Qwen3.5 layer (see qwen35_ops.hpp): work split over threads and the data
+// layouts here, the per-row SIMD work in qwen35_kernels.cpp.
+#include "model/qwen35_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "cpu/thread_pool.hpp"
+#include "hanpu/tensor.hpp"
+#include "model/qwen35_kernels.hpp"
+
+namespace hanpu::model {
+
+void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn) {
+  if (n <= 0) return;
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  if (nt == 1) {
+    fn(0, n);
+    return;
+  }
+  ThreadPool::shared(threads).run(nt, [&](int t) {
+    const int64_t b = n * t / nt, e = n * (t + 1) / nt;
+    if (b < e) fn(b, e);
+  });
+}
+
+void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t rows, int64_t dim,
+                   const float* scale, float eps, int threads) {
+  parallel_for(rows, rows >= 16 ? threads : 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      simd_rms_norm_row(x + r * ldx, out + r * ldo, static_cast<size_t>(dim), scale, eps);
+    }
+  });
+}
+
+void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* taps, int64_t K,
+                      float* state, int threads) {
+  const int64_t S = K - 1;
+  auto input = [&](int64_t t) -> const float* {  // row t of [state; x], t in [-S, T)
+    return t < 0 ? state + (S + t) * channels : x + t * channels;
+  };
+  // Threads take ranges of tokens and walk each token's row front to back: rows are contiguous
+  // (a channel-blocked walk down the tokens would jump a whole row per step, a TLB miss each).
+  parallel_for(T, T >= 8 ? threads : 1, [&](int64_t t0, int64_t t1) {
+    std::vector<const float*> rows(static_cast<size_t>(K));
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < K; ++j) rows[static_cast<size_t>(j)] = input(t - S + j);
+      simd_conv_silu_row(rows.data(), taps, static_cast<size_t>(channels), static_cast<size_t>(K), y + t * channels,
+                         static_cast<size_t>(channels));
+    }
+  });
+  // New state: the last S rows of [state; x] (copied out first: with T < S they overlap).
+  std::vector<float> tail(static_cast<size_t>(S * channels));
+  for (int64_t r = 0; r < S; ++r) std::copy(input(T - S + r), input(T - S + r) + channels, tail.data() + r * channels);
+  std::copy(tail.begin(), tail.end(), state);
+}
+
+void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64_t dim, const float* w, float eps,
+                    int threads) {
+  const int64_t n = rows * heads;
+  parallel_for(n, n >= 64 ? threads : 1, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      simd_gated_norm_row(o + i * dim, z + i * dim, w, static_cast<size_t>(dim), eps);
+    }
+  });
+}
+
+void silu_mul(float* gate, const float* up, int64_t rows, int64_t n, int64_t ld, int threads) {
+  parallel_for(rows, rows >= 4 ? threads : 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      simd_silu_mul_row(gate + r * ld, up + r * ld, static_cast<size_t>(n));
+    }
+  });
+}
+
+void rope_rotate(float* head, int64_t rot, const float* cos_row, const float* sin_row) {
+  const int64_t half = rot / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = head[i], b = head[i + half];
+    head[i] = a * cos_row[i] - b * sin_row[i];
+    head[i + half] = b * cos_row[i] + a * sin_row[i];
+  }
+}
+
+void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
+                      int64_t nq, int64_t nkv, int64_t hd, float scale, int threads) {
+  const int64_t group = nq / nkv;
+  const int64_t ld = nkv * hd;  // cache row stride
+  // Work items: (KV head, block of tokens); an item's rows are the block's tokens times the
+  // group's query heads, all reading the same keys. About 32 rows per item: each key tile is
+  // reused 32 times from L1, and the item's score rows (32 x keys floats, 256 KiB at 2K keys)
+  // stay in L2. Later blocks see more keys, so items are dealt round-robin to even out threads.
+  constexpr int64_t kRowsPerItem = 32;
+  const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
+  const int64_t blocks = (T + tokens_per_item - 1) / tokens_per_item;
+  const int64_t items = nkv * blocks;
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
+  const size_t tile = attention_key_tile();
+  const size_t score_stride = static_cast<size_t>((p0 + T + static_cast<int64_t>(tile) - 1) / static_cast<int64_t>(tile)) * tile;
+  const size_t side = std::max(score_stride, static_cast<size_t>(hd));
+  // Keys in transposed tiles and values in blocks of `tile` dims, once per call (layouts in
+  // AttentionRowsArgs): the kernel's loops then read memory sequentially.
+  const size_t nkeys = static_cast<size_t>(p0 + T), W = tile, uhd = static_cast<size_t>(hd);
+  const bool blocked_values = uhd % W == 0;
+  static thread_local std::vector<float> keys_t_buffer, values_b_buffer;  // the caller's: pass pointers on
+  keys_t_buffer.assign(static_cast<size_t>(nkv) * uhd * score_stride, 0.0f);
+  if (blocked_values) values_b_buffer.resize(static_cast<size_t>(nkv) * uhd * nkeys);
+  float* const keys_t = keys_t_buffer.data();
+  float* const values_b = values_b_buffer.data();
+  const size_t tiles = score_stride / W;
+  parallel_for(nkv * static_cast<int64_t>(tiles), threads, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const size_t g = static_cast<size_t>(w) / tiles, tl = static_cast<size_t>(w) % tiles;
+      float* dst = keys_t + g * uhd * score_stride + tl * uhd * W;
+      for (size_t jj = 0; jj < W && tl * W + jj < nkeys; ++jj) {
+        const float* src = keys + (tl * W + jj) * static_cast<size_t>(ld) + g * uhd;
+        for (size_t i = 0; i < uhd; ++i) dst[i * W + jj] = src[i];
+      }
+      if (!blocked_values) continue;
+      for (size_t jj = 0; jj < W && tl * W + jj < nkeys; ++jj) {
+        const size_t j = tl * W + jj;
+        const float* src = values + j * static_cast<size_t>(ld) + g * uhd;
+        for (size_t b = 0; b < uhd / W; ++b)
+          std::copy(src + b * W, src + (b + 1) * W, values_b + g * uhd * nkeys + b * nkeys * W + j * W);
+      }
+    }
+  });
+  auto work = [&](int tid) {
+    const size_t max_rows = static_cast<size_t>(tokens_per_item * group);
+    ByteBuffer scratch((max_rows * score_stride + 2 * side) * sizeof(float));
+    float* scores = reinterpret_cast<float*>(scratch.data());
+    float* zero_row = scores + max_rows * score_stride;  // ByteBuffer is zero-initialised
+    float* discard = zero_row + side;
+    std::vector<const float*> qrows(max_rows);
+    std::vector<float*> orows(max_rows);
+    std::vector<size_t> limit(max_rows);
+    for (int64_t item = tid; item < items; item += nt) {
+      const int64_t g = item % nkv, b = item / nkv;
+      const int64_t t0 = b * tokens_per_item, t1 = std::min(T, t0 + tokens_per_item);
+      size_t rows = 0;
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t h = g * group; h < (g + 1) * group; ++h, ++rows) {
+          qrows[rows] = q + (t * nq + h) * hd;
+          orows[rows] = out + (t * nq + h) * hd;
+          limit[rows] = static_cast<size_t>(p0 + t + 1);
+        }
+      AttentionRowsArgs args;
+      args.q = qrows.data();
+      args.out = orows.data();
+      args.limit = limit.data();
+      args.rows = rows;
+      args.head_dim = static_cast<size_t>(hd);
+      args.keys_t = keys_t + static_cast<size_t>(g) * uhd * score_stride;
+      args.values_blocked = blocked_values ? values_b + static_cast<size_t>(g) * uhd * nkeys : nullptr;
+      args.values_block_stride = nkeys * W;
+      args.values = values + g * hd;
+      args.kv_stride = static_cast<size_t>(ld);
+      args.scale = scale;
+      args.scores = scores;
+      args.score_stride = score_stride;
+      args.zero_row = zero_row;
+      args.discard_row = discard;
+      attention_rows(args);
+    }
+  };
+  if (nt == 1) work(0);
+  else ThreadPool::shared(threads).run(nt, work);
+}
+
+}  // namespace hanpu::model

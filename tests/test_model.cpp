@@ -1,0 +1,501 @@
+// Qwen3.5 model tests against transformers itself (tests/golden/qwen35_tiny, made by
+// tools/make_qwen35_golden.py): logits at every position, the greedy continuation, prefill +
+// decode and chunked prefill against one whole prefill, checkpoint variants (flat config, single
+// file, tied head) and loader errors that name the file and the tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hanpu/model.hpp"
+#include "io/safetensors.hpp"
+#include "model/qwen35_ops.hpp"
+#include "test_support.hpp"
+
+namespace hanpu {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::TempDir;
+
+fs::path tiny_dir() { return testing::golden_dir() / "qwen35_tiny"; }
+
+struct Expected {
+  std::vector<int32_t> prompt, greedy;
+  Tensor logits;  // [prompt + greedy, V]
+};
+
+Expected load_expected() {
+  SafetensorsFile f = SafetensorsFile::open((tiny_dir() / "expected.safetensors").string());
+  Expected e;
+  Tensor p = f.load_copy("prompt_ids"), g = f.load_copy("greedy_ids");
+  for (int64_t i = 0; i < p.numel(); ++i) e.prompt.push_back(static_cast<int32_t>(p.get(i)));
+  for (int64_t i = 0; i < g.numel(); ++i) e.greedy.push_back(static_cast<int32_t>(g.get(i)));
+  e.logits = f.load_copy("logits");
+  return e;
+}
+
+// Normalized MSE of rows [row0, row0 + rows) of `got` against `want` rows starting at want_row0.
+double nmse(const float* got, const float* want, int64_t n) {
+  double err = 0, ref = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    err += d * d;
+    ref += static_cast<double>(want[i]) * want[i];
+  }
+  return err / ref;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+
+std::string load_error(const std::string& dir) {
+  try {
+    Qwen35Model::load(dir);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// Copies the golden checkpoint; `edit` may change any tensor map of any shard before writing.
+using TensorMap = std::map<std::string, Tensor>;
+void copy_checkpoint(const fs::path& dst, const std::function<void(const std::string& shard, TensorMap&)>& edit = {}) {
+  fs::create_directories(dst);
+  for (const auto& entry : fs::directory_iterator(tiny_dir())) {
+    const std::string name = entry.path().filename().string();
+    if (name == "expected.safetensors") continue;
+    if (entry.path().extension() != ".safetensors" || !edit) {
+      fs::copy_file(entry.path(), dst / name, fs::copy_options::overwrite_existing);
+      continue;
+    }
+    SafetensorsFile f = SafetensorsFile::open(entry.path().string());
+    TensorMap m;
+    for (const std::string& n : f.names()) m.emplace(n, f.load_copy(n));
+    edit(name, m);
+    std::vector<std::pair<std::string, TensorView>> out;
+    for (auto& [n, t] : m) out.emplace_back(n, t.view());
+    write_safetensors((dst / name).string(), out);
+  }
+}
+
+class Qwen35Golden : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = new Qwen35Model(Qwen35Model::load(tiny_dir().string()));
+    expected_ = new Expected(load_expected());
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete expected_;
+  }
+  static std::vector<int32_t> full_sequence() {
+    std::vector<int32_t> ids = expected_->prompt;
+    ids.insert(ids.end(), expected_->greedy.begin(), expected_->greedy.end());
+    return ids;
+  }
+  static Tensor all_logits(const Qwen35Model& m, std::span<const int32_t> ids, int threads = 1) {
+    Qwen35State st = m.new_state();
+    return m.forward(st, ids, {.threads = threads, .all_logits = true});
+  }
+  static Qwen35Model* model_;
+  static Expected* expected_;
+};
+Qwen35Model* Qwen35Golden::model_ = nullptr;
+Expected* Qwen35Golden::expected_ = nullptr;
+
+TEST_F(Qwen35Golden, ConfigReadFromNestedTextConfig) {
+  const Qwen35Config& c = model_->config();
+  EXPECT_EQ(c.vocab_size, 320);
+  EXPECT_EQ(c.num_layers, 4);
+  EXPECT_EQ(c.num_gdn_layers(), 3);
+  EXPECT_TRUE(c.is_full_attention[2]);
+  EXPECT_EQ(c.rotary_dim, 8);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 50000.0);
+  EXPECT_EQ(c.linear_num_value_heads, 4);
+  EXPECT_FALSE(c.tie_word_embeddings);
+}
+
+TEST_F(Qwen35Golden, LogitsMatchTransformersAtEveryPosition) {
+  const std::vector<int32_t> ids = full_sequence();
+  const int64_t V = model_->config().vocab_size;
+  for (int threads : {1, 2}) {
+    Tensor got = all_logits(*model_, ids, threads);
+    ASSERT_EQ(got.shape(), expected_->logits.shape());
+    const double e = nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel());
+    EXPECT_LE(e, 1e-8) << "threads " << threads;
+    double worst = 0;  // every position on its own, not only on average
+    for (size_t t = 0; t < ids.size(); ++t)
+      worst = std::max(worst, nmse(got.ptr<float>() + t * V, expected_->logits.ptr<float>() + t * V, V));
+    EXPECT_LE(worst, 1e-8) << "threads " << threads;
+    std::printf("threads %d: logits NMSE vs transformers %.3g (worst position %.3g)\n", threads, e, worst);
+  }
+}
+
+TEST_F(Qwen35Golden, GreedyDecodeMatchesTransformers) {
+  const int64_t V = model_->config().vocab_size;
+  const int64_t T0 = static_cast<int64_t>(expected_->prompt.size());
+  Qwen35State st = model_->new_state();
+  Tensor logits = model_->forward(st, expected_->prompt, {.threads = 2});
+  Sampler greedy({.temperature = 0});
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < expected_->greedy.size(); ++i) {
+    // The logits that chose this token are transformers' row T0 - 1 + i.
+    EXPECT_LE(nmse(logits.ptr<float>(), expected_->logits.ptr<float>() + (T0 - 1 + static_cast<int64_t>(i)) * V, V), 1e-8)
+        << "step " << i;
+    const int32_t next = greedy.sample({logits.ptr<float>(), static_cast<size_t>(V)});
+    got.push_back(next);
+    const int32_t one[1] = {next};
+    logits = model_->forward(st, one, {.threads = 1});
+  }
+  EXPECT_EQ(got, expected_->greedy);
+  EXPECT_EQ(st.position, T0 + static_cast<int64_t>(expected_->greedy.size()));
+}
+
+TEST_F(Qwen35Golden, PrefillPlusDecodeEqualsOneLongerPrefill) {
+  const std::vector<int32_t> ids = full_sequence();
+  const int64_t V = model_->config().vocab_size, T0 = static_cast<int64_t>(expected_->prompt.size());
+  Tensor whole = all_logits(*model_, ids);
+  Qwen35State st = model_->new_state();
+  model_->forward(st, std::span(ids).first(static_cast<size_t>(T0)));
+  for (size_t t = static_cast<size_t>(T0); t < ids.size(); ++t) {
+    Tensor step = model_->forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * V, V), 1e-10) << "token " << t;
+  }
+}
+
+TEST_F(Qwen35Golden, ChunkedPrefillEqualsWholePrefill) {
+  const std::vector<int32_t> ids = full_sequence();
+  const int64_t V = model_->config().vocab_size;
+  Tensor whole = all_logits(*model_, ids);
+  // Chunks cross the conv window (1, 2 tokens), a GDN chunk boundary (64) and end on a decode.
+  for (const std::vector<size_t>& split : {std::vector<size_t>{30, 1, 2, 40, 11, 1}, std::vector<size_t>{70, 15}}) {
+    Qwen35State st = model_->new_state();
+    size_t done = 0;
+    for (size_t len : split) {
+      Tensor part = model_->forward(st, std::span(ids).subspan(done, len), {.threads = 2, .all_logits = true});
+      EXPECT_LE(nmse(part.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(done) * V,
+                     static_cast<int64_t>(len) * V),
+                1e-10)
+          << "chunk at " << done;
+      done += len;
+    }
+    ASSERT_EQ(done, ids.size());
+  }
+}
+
+TEST_F(Qwen35Golden, FlatConfigSingleFileGivesTheSameLogits) {
+  TempDir tmp;
+  // Qwen3_5ForCausalLM layout: flat config (model_type qwen3_5_text), model.* names, one file.
+  nlohmann::json cfg = nlohmann::json::parse(read_file(tiny_dir() / "config.json"));
+  nlohmann::json flat = cfg["text_config"];
+  flat["tie_word_embeddings"] = false;
+  write_file(tmp.path() / "config.json", flat.dump());
+  TensorMap all;
+  for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
+    SafetensorsFile f = SafetensorsFile::open((tiny_dir() / shard).string());
+    for (const std::string& n : f.names()) {
+      if (n.rfind("model.visual.", 0) == 0 || n.rfind("mtp.", 0) == 0) continue;
+      std::string renamed = n;
+      if (n.rfind("model.language_model.", 0) == 0) renamed = "model." + n.substr(21);
+      all.emplace(renamed, f.load_copy(n));
+    }
+  }
+  std::vector<std::pair<std::string, TensorView>> out;
+  for (auto& [n, t] : all) out.emplace_back(n, t.view());
+  write_safetensors(tmp.file("model.safetensors"), out);
+  Qwen35Model m = Qwen35Model::load(tmp.path().string());
+  const std::vector<int32_t> ids = full_sequence();
+  Tensor a = all_logits(m, ids), b = all_logits(*model_, ids);
+  EXPECT_EQ(nmse(a.ptr<float>(), b.ptr<float>(), a.numel()), 0.0);
+}
+
+TEST_F(Qwen35Golden, TiedHeadUsesTheEmbedding) {
+  // Untied with lm_head := embed_tokens must equal tied without lm_head.
+  TempDir tmp;
+  const fs::path untied = tmp.path() / "untied", tied = tmp.path() / "tied";
+  Tensor embed;
+  {
+    SafetensorsFile f = SafetensorsFile::open((tiny_dir() / "model-00001-of-00002.safetensors").string());
+    embed = f.load_copy("model.language_model.embed_tokens.weight");
+  }
+  copy_checkpoint(untied, [&](const std::string&, TensorMap& m) {
+    if (m.count("lm_head.weight")) m["lm_head.weight"] = copy_to_tensor(embed.view());
+  });
+  copy_checkpoint(tied, [&](const std::string&, TensorMap& m) { m.erase("lm_head.weight"); });
+  nlohmann::json cfg = nlohmann::json::parse(read_file(tiny_dir() / "config.json"));
+  cfg["tie_word_embeddings"] = true;
+  write_file(tied / "config.json", cfg.dump());
+  nlohmann::json index = nlohmann::json::parse(read_file(tiny_dir() / "model.safetensors.index.json"));
+  index["weight_map"].erase("lm_head.weight");
+  write_file(tied / "model.safetensors.index.json", index.dump());
+
+  Qwen35Model a = Qwen35Model::load(untied.string()), b = Qwen35Model::load(tied.string());
+  EXPECT_TRUE(b.config().tie_word_embeddings);
+  const std::vector<int32_t> ids = expected_->prompt;
+  Tensor la = all_logits(a, ids), lb = all_logits(b, ids), lorig = all_logits(*model_, ids);
+  EXPECT_EQ(nmse(la.ptr<float>(), lb.ptr<float>(), la.numel()), 0.0);
+  EXPECT_GT(nmse(la.ptr<float>(), lorig.ptr<float>(), la.numel()), 1e-3);  // the head matters
+}
+
+TEST_F(Qwen35Golden, F32WeightsGiveTheSameLogits) {
+  // A checkpoint converted to F32 (exactly: BF16 -> F32 is lossless) runs the F32 projection path.
+  TempDir tmp;
+  copy_checkpoint(tmp.path(), [](const std::string&, TensorMap& m) {
+    for (auto& [n, t] : m) {
+      if (t.dtype() != DType::BF16) continue;
+      Tensor f(DType::F32, t.shape());
+      for (int64_t i = 0; i < t.numel(); ++i) f.set(i, t.get(i));
+      t = std::move(f);
+    }
+  });
+  Qwen35Model m = Qwen35Model::load(tmp.path().string());
+  const std::vector<int32_t> ids = full_sequence();
+  Tensor got = all_logits(m, ids, 2);
+  EXPECT_LE(nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel()), 1e-8);
+}
+
+TEST(Qwen35Loader, MissingTensorNamesFileAndTensor) {
+  TempDir tmp;
+  const std::string victim = "model.language_model.layers.1.linear_attn.A_log";
+  copy_checkpoint(tmp.path(), [&](const std::string&, TensorMap& m) { m.erase(victim); });
+  const std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find(victim), std::string::npos) << err;
+  EXPECT_NE(err.find("model-00001-of-00002.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("missing"), std::string::npos) << err;
+
+  // Gone from the index as well: the error names the tensor and the checkpoint.
+  nlohmann::json index = nlohmann::json::parse(read_file(tmp.path() / "model.safetensors.index.json"));
+  index["weight_map"].erase(victim);
+  write_file(tmp.path() / "model.safetensors.index.json", index.dump());
+  const std::string err2 = load_error(tmp.path().string());
+  EXPECT_NE(err2.find(victim), std::string::npos) << err2;
+  EXPECT_NE(err2.find(tmp.path().string()), std::string::npos) << err2;
+}
+
+TEST(Qwen35Loader, WrongShapeNamesFileTensorAndShapes) {
+  TempDir tmp;
+  const std::string victim = "model.language_model.layers.2.self_attn.k_proj.weight";
+  copy_checkpoint(tmp.path(), [&](const std::string&, TensorMap& m) {
+    if (m.count(victim)) m[victim] = Tensor(DType::BF16, {32, 64});
+  });
+  const std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find(victim), std::string::npos) << err;
+  EXPECT_NE(err.find("model-00002-of-00002.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("[32,64]"), std::string::npos) << err;
+  EXPECT_NE(err.find("[64,64]"), std::string::npos) << err;
+}
+
+TEST(Qwen35Loader, UnknownModelTypeNamesTheField) {
+  TempDir tmp;
+  copy_checkpoint(tmp.path());
+  nlohmann::json cfg = nlohmann::json::parse(read_file(tmp.path() / "config.json"));
+  cfg["model_type"] = "llama";
+  write_file(tmp.path() / "config.json", cfg.dump());
+  std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+  EXPECT_NE(err.find("unknown model_type 'llama'"), std::string::npos) << err;
+
+  cfg["model_type"] = "qwen3_next";
+  write_file(tmp.path() / "config.json", cfg.dump());
+  err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("qwen3_next"), std::string::npos) << err;
+  EXPECT_NE(err.find("not supported"), std::string::npos) << err;
+
+  cfg["model_type"] = "qwen3_5";
+  cfg["text_config"].erase("hidden_size");
+  write_file(tmp.path() / "config.json", cfg.dump());
+  err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("text_config.hidden_size"), std::string::npos) << err;
+}
+
+TEST(Qwen35Loader, TruncatedFileNamesFileAndTensor) {
+  TempDir tmp;
+  copy_checkpoint(tmp.path());
+  const fs::path shard = tmp.path() / "model-00002-of-00002.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 1000);
+  const std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("model-00002-of-00002.safetensors"), std::string::npos) << err;
+  EXPECT_NE(err.find("tensor '"), std::string::npos) << err;
+  EXPECT_NE(err.find("truncated"), std::string::npos) << err;
+}
+
+TEST(Qwen35Loader, NoWeightsOrNoConfig) {
+  TempDir tmp;
+  EXPECT_NE(load_error(tmp.path().string()).find("no config.json"), std::string::npos);
+  fs::copy_file(tiny_dir() / "config.json", tmp.path() / "config.json");
+  EXPECT_NE(load_error(tmp.path().string()).find("no model.safetensors"), std::string::npos);
+  EXPECT_NE(load_error(tmp.file("nope")).find("not a directory"), std::string::npos);
+}
+
+TEST(Qwen35Synthetic, PresetsHaveThePublishedParameterCounts) {
+  // Text parts of the safetensors totals of reference-models.md §1.1 (total minus vision and
+  // MTP): the presets have the real shapes.
+  const Qwen35Config c = qwen35_preset("qwen3.5-0.8b");
+  EXPECT_EQ(c.num_gdn_layers(), 18);
+  const int64_t H = 1024, I = 3584;
+  const int64_t attn = H * 8 * 256 * 2 + 2 * H * 2 * 256 + 8 * 256 * H + 2 * 256;
+  const int64_t mtp = 2 * H * H + 2 * H + (attn + 3 * H * I + 2 * H) + H;
+  const int64_t vision_08b = 873438784 - c.parameter_count() - mtp;
+  // vision(h=768, I=3072, d=12, out=1024) of §1.3
+  const int64_t h = 768, vi = 3072, d = 12, out = 1024;
+  const int64_t vision = 1536 * h + h + 2304 * h + d * (4 * h + 4 * h * h + 4 * h + 2 * h * vi + vi + h) + 2 * h +
+                         16 * h * h + 4 * h + 4 * h * out + out;
+  EXPECT_EQ(vision_08b, vision);
+  EXPECT_THROW(qwen35_preset("qwen3.5-7b"), Error);
+}
+
+TEST(Qwen35Synthetic, SmallSyntheticModelRunsAndDecodes) {
+  Qwen35Config c = qwen35_preset("qwen3.5-0.8b");
+  c.num_layers = 4;
+  c.is_full_attention = {false, false, false, true};
+  c.vocab_size = 1000;
+  c.hidden_size = 256;
+  c.intermediate_size = 512;
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  Qwen35Model m = Qwen35Model::synthetic(c, 7, 2);
+  Qwen35State st = m.new_state();
+  std::vector<int32_t> ids(40);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 17 % 1000);
+  Tensor l = m.forward(st, ids, {.threads = 2});
+  Tensor l2 = m.forward(st, std::vector<int32_t>{5}, {.threads = 2});
+  for (const Tensor* t : {&l, &l2})
+    for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite(t->ptr<float>()[i]));
+  EXPECT_EQ(st.position, 41);
+  int32_t bad[1] = {1000};
+  EXPECT_THROW(m.forward(st, bad), Error);
+}
+
+TEST(Sampler, GreedyTopKTopPAndSeeds) {
+  std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f};
+  Sampler g({.temperature = 0});
+  EXPECT_EQ(g.sample(logits), 1);
+  Sampler k1({.temperature = 1.0f, .top_k = 1, .top_p = 1.0f, .seed = 3});
+  EXPECT_EQ(k1.sample(logits), 1);
+  Sampler p({.temperature = 1.0f, .top_k = 0, .top_p = 0.01f, .seed = 3});  // nucleus of one
+  EXPECT_EQ(p.sample(logits), 1);
+  // top-k 2: only ids 1 and 3, in proportion exp(2.0) : exp(1.9).
+  Sampler k2({.temperature = 1.0f, .top_k = 2, .top_p = 1.0f, .seed = 11});
+  int count1 = 0, n = 20000;
+  for (int i = 0; i < n; ++i) {
+    const int32_t s = k2.sample(logits);
+    ASSERT_TRUE(s == 1 || s == 3);
+    count1 += s == 1;
+  }
+  const double want = std::exp(2.0) / (std::exp(2.0) + std::exp(1.9));
+  EXPECT_NEAR(count1 / static_cast<double>(n), want, 0.015);
+  // Same seed, same sequence.
+  Sampler a({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5}), b({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5});
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
+  EXPECT_THROW(Sampler({.temperature = 1.0f, .top_k = 0, .top_p = 0.0f}), Error);
+}
+
+}  // namespace
+}  // namespace hanpu
+
+namespace hanpu {
+namespace {
+
+// The attention block kernel against a plain double-precision softmax(q k^T) v, for head dims on
+// and off the vector width, GQA groups, and a cache that already holds p0 tokens.
+TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
+  struct Case {
+    int64_t T, p0, nq, nkv, hd;
+  };
+  for (const Case c : {Case{70, 0, 8, 2, 256}, Case{5, 33, 4, 2, 40}, Case{1, 100, 8, 2, 256}, Case{37, 3, 3, 3, 8}}) {
+    const int64_t keys = c.p0 + c.T, group = c.nq / c.nkv;
+    std::vector<float> q(static_cast<size_t>(c.T * c.nq * c.hd)), k(static_cast<size_t>(keys * c.nkv * c.hd)),
+        v(k.size()), out(q.size());
+    uint64_t s = 99;
+    auto rnd = [&] {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      return static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    };
+    for (auto* vec : {&q, &k, &v})
+      for (float& x : *vec) x = rnd();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
+    model::causal_attention(q.data(), k.data(), v.data(), out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale, 2);
+    double worst = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t h = 0; h < c.nq; ++h) {
+        const int64_t g = h / group, visible = c.p0 + t + 1;
+        std::vector<double> p(static_cast<size_t>(visible));
+        double mx = -1e300, sum = 0;
+        for (int64_t j = 0; j < visible; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < c.hd; ++i)
+            dot += static_cast<double>(q[static_cast<size_t>((t * c.nq + h) * c.hd + i)]) *
+                   k[static_cast<size_t>((j * c.nkv + g) * c.hd + i)];
+          p[static_cast<size_t>(j)] = dot * scale;
+          mx = std::max(mx, p[static_cast<size_t>(j)]);
+        }
+        for (double& x : p) sum += (x = std::exp(x - mx));
+        for (int64_t i = 0; i < c.hd; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j < visible; ++j)
+            o += p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((j * c.nkv + g) * c.hd + i)];
+          worst = std::max(worst, std::abs(o - out[static_cast<size_t>((t * c.nq + h) * c.hd + i)]));
+        }
+      }
+    EXPECT_LT(worst, 2e-5) << "T " << c.T << " p0 " << c.p0 << " hd " << c.hd;
+  }
+}
+
+}  // namespace
+}  // namespace hanpu
+
+namespace hanpu {
+namespace {
+
+// SafetensorsFile::map: same tensors as open() (including one at an offset misaligned for its
+// dtype, which gets an aligned copy), prefault reports progress, a truncated file is refused.
+TEST(SafetensorsMap, MappedViewsEqualReadViews) {
+  TempDir tmp;
+  const std::string path = tmp.file("m.safetensors");
+  Tensor a(DType::BF16, {3, 5}), b(DType::F32, {7}), c(DType::I64, {2});
+  for (int64_t i = 0; i < 15; ++i) a.set(i, i * 0.5 - 3);
+  for (int64_t i = 0; i < 7; ++i) b.set(i, i * 1.25);
+  c.set(0, 42), c.set(1, -7);
+  // a (30 bytes) first: b then starts at an offset that is not a multiple of 4.
+  write_safetensors(path, {{"a", a.view()}, {"b", b.view()}, {"c", c.view()}});
+  SafetensorsFile read = SafetensorsFile::open(path), mapped = SafetensorsFile::map(path);
+  EXPECT_EQ(mapped.names(), read.names());
+  EXPECT_EQ(mapped.data_bytes(), read.data_bytes());
+  for (const std::string& n : {"a", "b", "c"}) {
+    TensorView x = read.get(n), y = mapped.get(n);
+    ASSERT_EQ(x.shape_str(), y.shape_str());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(y.data) % dtype_size(y.dtype), 0u) << n;
+    EXPECT_EQ(std::memcmp(x.data, y.data, static_cast<size_t>(x.numel()) * dtype_size(x.dtype)), 0) << n;
+  }
+  uint64_t last = 0;
+  mapped.prefault([&](uint64_t done, uint64_t total) {
+    EXPECT_EQ(total, mapped.data_bytes());
+    last = done;
+  });
+  EXPECT_EQ(last, mapped.data_bytes());
+
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 4);
+  try {
+    SafetensorsFile::map(path);
+    ADD_FAILURE() << "truncated file accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'c'"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hanpu
