@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start, first command: install dependencies, build (Release), run `hanpu bench` on built-in
+# Linear-attention benchmark: install dependencies, build (Release), run `hanpu bench` on built-in
 # synthetic inputs. Extra arguments go to `hanpu bench` (e.g. --variant gdn --T 4096 --json).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -29,8 +29,19 @@ HeadMapping map_heads(const Problem& p, int cores, int quantum) {
   const int n = static_cast<int>(items.size());
   const int tail = n % P;
   std::vector<double> load(static_cast<size_t>(P), 0.0);
-  // Tier 1: whole heads, longest first to the least-loaded core.
-  for (int i = 0; i < n - tail; ++i) {
+  // Tier 1: whole heads, longest first to the least-loaded core. When every item costs the same
+  // (one sequence, or a batch of equal lengths), that rule deals heads out round robin; contiguous
+  // blocks instead give each core neighbouring heads, whose rows of q/k/v are adjacent in memory
+  // (a CPU core streaming a head group reads whole cache lines; an NPU does not care).
+  const bool uniform = n > 0 && items.front().cost == items[static_cast<size_t>(n - 1)].cost;
+  if (uniform) {
+    const int per_core = (n - tail) / P;
+    for (int i = 0; i < n - tail; ++i) {
+      m.cores[static_cast<size_t>(i / per_core)].push_back(items[static_cast<size_t>(i)].item);
+      load[static_cast<size_t>(i / per_core)] += items[static_cast<size_t>(i)].cost;
+    }
+  }
+  for (int i = uniform ? n - tail : 0; i < n - tail; ++i) {
     const size_t c = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     m.cores[c].push_back(items[static_cast<size_t>(i)].item);
     load[c] += items[static_cast<size_t>(i)].cost;
