@@ -239,8 +239,8 @@ void run_ablation(const BenchArgs& a) {
   const Device host = host_device(threads, 1.0);
   const double peak = host.matrix_macs_per_cycle(DType::F32) * 2 * host.clock_ghz.value * threads;
   if (!a.json) {
-    std::printf("hanpu bench --ablation: %s, %d threads; host model: FMA peak %.1f GFLOP/s (%s), GM %s\n",
-                host.description.c_str(), threads, peak, host.matrix.macs_per_cycle.at(DType::F32).status.c_str(),
+    std::printf("hanpu bench --ablation: %s; host model: FMA peak %.1f GFLOP/s (%s), GM %s\n",
+                host.description.c_str(), peak, host.matrix.macs_per_cycle.at(DType::F32).status.c_str(),
                 host.paths.empty() ? "?" : (std::to_string(static_cast<int>(host.path("GM", "L2").bandwidth_gbs.value)) + " GB/s").c_str());
     std::printf("%-4s %6s %5s %-4s %-31s %10s %9s %7s %10s %12s  %s\n", "var", "T", "heads", "dt", "step", "cpu ms",
                 "GFLOP/s", "%peak", "sim ms", "sim GM MiB", "executed as");
