@@ -193,6 +193,8 @@ TEST(Device, MalformedFilesNameTheField) {
       {"path to unknown buffer", [](json& j) { j["paths"][0]["to"] = "L9"; },
        "paths[0].to: got \"L9\", expected a buffer of this device"},
       {"matrix input unknown", [](json& j) { j["matrix"]["input_a"] = "L7"; }, "matrix.input_a: got \"L7\""},
+      {"operand layout unknown", [](json& j) { j["matrix"]["operand_layout"] = "nz"; },
+       "matrix.operand_layout: got \"nz\", expected \"blocked\" or \"dense\""},
       {"vector buffer unknown", [](json& j) { j["vector"]["buffer"] = "GM"; }, "vector.buffer: got \"GM\""},
       {"duplicate buffer", [](json& j) { j["buffers"][1]["name"] = "UB"; },
        "buffers[1].name: got \"UB\" twice"},

@@ -6,6 +6,7 @@
 #include "hanpu/device.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "la_testing.hpp"
+#include "test_support.hpp"
 
 namespace hanpu {
 namespace {
@@ -110,6 +111,39 @@ TEST(PlanExec, PlanForAnotherProblemIsRefused) {
   kda.variant = Variant::KDA;
   const Plan wrong_var = make_plan(kda, host(), "hanpu", po);
   EXPECT_THROW(cpu_execution_for(wrong_var, shape, prob.seqlens), Error);
+}
+
+TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
+  EXPECT_EQ(host().matrix.operand_layout, "dense");
+  ProblemSpec a;
+  a.T = 100, a.H = 2, a.HV = 2, a.K = 32, a.V = 32;
+  const auto p = make_problem(a);
+  const LaShape shape = validate_la(a.variant, p.inputs(), a.opt);
+  const Problem prob = problem_for_inputs(a.variant, p.inputs(), a.opt);
+  PlanOptions po;
+  po.cores = 2;
+  // On the host the layout planner keeps everything dense (the FMA units read rows), and the
+  // lowering places no layout transform.
+  const Plan on_host = make_plan(prob, host(), "hanpu", po);
+  EXPECT_TRUE(on_host.layout_planned);
+  for (const auto& [t, l] : on_host.layouts) EXPECT_EQ(l, Layout::Dense) << t;
+  for (const Kernel& k : on_host.kernels)
+    for (const Step& s : k.steps) EXPECT_NE(s.kind, "transform") << k.name << " " << s.op << " " << s.tensor;
+  EXPECT_NO_THROW(cpu_execution_for(on_host, shape, prob.seqlens));
+  // A plan for the Ascend 310P keeps some matrix results blocked (its Cube's fractal format): the
+  // CPU refuses it, naming the tensor.
+  const Device npu = load_device((testing::golden_dir().parent_path().parent_path() / "devices" / "ascend310p.json").string());
+  const Plan on_npu = make_plan(prob, npu, "hanpu", po);
+  std::string blocked;
+  for (const auto& [t, l] : on_npu.layouts)
+    if (l == Layout::Blocked && blocked.empty()) blocked = t;
+  ASSERT_FALSE(blocked.empty());
+  try {
+    cpu_execution_for(on_npu, shape, prob.seqlens);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan.layouts." + blocked + ": got blocked"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

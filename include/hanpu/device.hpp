@@ -53,6 +53,11 @@ struct MatrixUnitSpec {
   std::map<std::string, Quantity> macs_per_cycle_extra;  // dtypes hanpu tensors lack ("INT8", "INT4"),
                                                         // kept for reports; same JSON object
   std::string input_a = "L0A", input_b = "L0B", output = "L0C";  // buffers it reads and writes
+  /// The layout the unit reads its operands in and writes its results in: "blocked" (the Cube's
+  /// 16x16 fractals, NZ) or "dense" (row-major, e.g. a CPU's FMA units fed from cache rows). The
+  /// layout planner anchors matrix operands and results to it (JSON "operand_layout", optional,
+  /// default "blocked").
+  std::string operand_layout = "blocked";
   Quantity energy_pj_per_mac;
 };
 

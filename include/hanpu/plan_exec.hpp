@@ -1,9 +1,9 @@
 // Running a planner Plan (include/hanpu/plan.hpp) on the CPU backend: one Plan drives both the
-// simulator and the real execution (DESIGN.md). The CPU honours the plan's mapping (which core runs
-// which (sequence, head, column block), tail tiers included) and its operator order (GEMM-first or
-// W/U form, in-place or double-buffered state). It does not honour on-core layouts: the CPU kernels
-// read dense rows from caches and pack their own register tiles, so plan.layouts is reported, not
-// executed (docs/SIMULATION.md, "The same plans on the CPU").
+// simulator and the real execution (DESIGN.md). The CPU executes the plan's mapping (which core runs
+// which (sequence, head, column block), tail tiers included), its operator order (GEMM-first or W/U
+// form, in-place or double-buffered state) and its layouts, which for the host are all dense: the
+// host's matrix unit is described as reading and writing dense rows (host_device), so the layout
+// planner anchors matrix operands dense, and a plan with a blocked tensor is refused.
 #pragma once
 
 #include <string>

@@ -80,6 +80,13 @@ CpuExecution cpu_execution_for(const Plan& plan, const LaShape& shape, const std
     if (s == "flashqla") ex.summary += " (the CPU has no segment-parallel path: flashqla runs as fla)";
     return ex;
   }
+  // Layouts: the CPU kernels work on dense rows (the host's matrix unit is "dense" in its device
+  // description, so the layout planner chooses dense for it). A plan asking for a blocked tensor
+  // was made for another kind of device.
+  for (const auto& [tensor, layout] : plan.layouts)
+    if (layout != Layout::Dense)
+      throw Error("plan.layouts." + tensor + ": got blocked; the CPU backend executes dense layouts only (plan for "
+                  "the host device, whose matrix unit reads dense rows)");
   const Kernel* fused = nullptr;
   std::set<std::pair<int32_t, int32_t>> tail;
   for (const Kernel& k : plan.kernels) {
@@ -124,7 +131,7 @@ CpuExecution cpu_execution_for(const Plan& plan, const LaShape& shape, const std
                (cp.order.gemm_first ? "gemm-first" : "W/U form") + ", " +
                (cp.order.state_in_place ? "in-place state" : "double-buffered state") +
                (cp.chunk_parallel.empty() ? "" : ", " + std::to_string(cp.chunk_parallel.size()) + " tier-3 items chunk-parallel") +
-               (plan.layout_planned ? " (plan layouts not executed: CPU kernels pack their own tiles)" : "");
+               (plan.layout_planned ? ", layouts planned (all dense)" : "");
   return ex;
 }
 

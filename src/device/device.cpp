@@ -244,7 +244,8 @@ class DeviceReader {
     const json& mat = field(j, "", "matrix");
     expect_object(mat, "matrix");
     only_keys(mat, "matrix",
-              {"tile_m", "tile_k", "tile_n", "macs_per_cycle", "input_a", "input_b", "output", "energy_pj_per_mac"});
+              {"tile_m", "tile_k", "tile_n", "macs_per_cycle", "input_a", "input_b", "output", "operand_layout",
+               "energy_pj_per_mac"});
     d.matrix.tile_m = quantity_field(mat, "matrix", "tile_m", Constraint::kPositiveInteger);
     d.matrix.tile_k = quantity_field(mat, "matrix", "tile_k", Constraint::kPositiveInteger);
     d.matrix.tile_n = quantity_field(mat, "matrix", "tile_n", Constraint::kPositiveInteger);
@@ -255,6 +256,9 @@ class DeviceReader {
     expect_buffer(d.matrix.input_a, "matrix.input_a", false);
     expect_buffer(d.matrix.input_b, "matrix.input_b", false);
     expect_buffer(d.matrix.output, "matrix.output", false);
+    d.matrix.operand_layout = string_field(mat, "matrix", "operand_layout", false, "blocked");
+    if (d.matrix.operand_layout != "blocked" && d.matrix.operand_layout != "dense")
+      fail("matrix.operand_layout", "got \"" + d.matrix.operand_layout + "\", expected \"blocked\" or \"dense\"");
     d.matrix.energy_pj_per_mac = quantity_field(mat, "matrix", "energy_pj_per_mac", Constraint::kNonNegative);
 
     const json& vec = field(j, "", "vector");
@@ -423,6 +427,7 @@ nlohmann::json device_to_json(const Device& d) {
                  {"input_a", d.matrix.input_a},
                  {"input_b", d.matrix.input_b},
                  {"output", d.matrix.output},
+                 {"operand_layout", d.matrix.operand_layout},
                  {"energy_pj_per_mac", quantity_to_json(d.matrix.energy_pj_per_mac)}};
   json lanes = json::object();
   for (const auto& [dt, q] : d.vector.lanes) lanes[dtype_name(dt)] = quantity_to_json(q);

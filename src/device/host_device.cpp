@@ -111,6 +111,9 @@ Device host_device(int threads, double measure_seconds) {
   // would fail capacity checks the real kernels never face. Without an L2, fall back to L1D.
   const std::string working = info.data_cache(2) ? "L2" : "L1D";
   d.matrix.input_a = d.matrix.input_b = d.matrix.output = working;
+  // FMA units take their operands from cache rows and produce rows: there is no fractal format a
+  // CPU's "matrix unit" needs, so the layout planner anchors matrix operands dense here.
+  d.matrix.operand_layout = "dense";
   // ~1.5 pJ per f32 FMA lane: instruction fetch/decode/register-file overhead of an out-of-order
   // core amortised over the vector's lanes dominates the arithmetic (Horowitz, ISSCC 2014, scaled to
   // a 7-14 nm node).

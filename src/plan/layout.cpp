@@ -112,6 +112,9 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
     return d.rows != "1" && d.cols != "1";
   };
 
+  // The matrix unit's own layout (device data): its results arrive in it and its operands must be
+  // in it, so the other layout costs one conversion (pruning 2 anchors, on either side).
+  const size_t foreign = dev.matrix.operand_layout == "dense" ? 1 : 0;  // index of the layout that converts
   LayoutProblem lp;
   std::map<std::string, int> index;
   auto add = [&](const std::string& t) {
@@ -145,7 +148,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
     const OperatorDef& op = g.op(o);
     if (op.unit == Unit::Matrix) {
       for (const std::string& out : op.outputs)
-        if (is_layout_decision(g.tensor(out))) lp.unary[static_cast<size_t>(index.at(var(out)))][0] += xform(out);
+        if (is_layout_decision(g.tensor(out))) lp.unary[static_cast<size_t>(index.at(var(out)))][foreign] += xform(out);
       continue;
     }
     if (op.outputs.empty()) continue;
@@ -167,14 +170,15 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
         if (two_d(in) && is_layout_decision(g.tensor(in))) lp.unary[static_cast<size_t>(index.at(var(in)))][1] += xform(in);
     }
   }
-  // Matrix consumers: one conversion for all of them when the tensor is dense (pruning 2).
+  // Matrix consumers: one conversion for all of them when the tensor is not in the unit's layout
+  // (pruning 2).
   for (const std::string& t : lp.tensors) {
     bool matrix_use = false;
     for (const std::string& o : order) {
       const OperatorDef& op = g.op(o);
       if (op.unit == Unit::Matrix && std::find(op.inputs.begin(), op.inputs.end(), t) != op.inputs.end()) matrix_use = true;
     }
-    if (matrix_use) lp.unary[static_cast<size_t>(index.at(t))][0] += xform(t);
+    if (matrix_use) lp.unary[static_cast<size_t>(index.at(t))][foreign] += xform(t);
   }
   for (const auto& [ab, c] : pairs) lp.pairs.push_back({ab.first, ab.second, c});
   return lp;

@@ -88,6 +88,7 @@ class Lowerer {
     stage_ = staging_buffer(dev_);
     // Operands move as fp16 when the matrix unit multiplies fp16 (an NPU's Cube), else as fp32.
     operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) ? 2 : 4;
+    native_ = dev_.matrix.operand_layout == "dense" ? Layout::Dense : Layout::Blocked;
   }
 
   void run() {
@@ -110,6 +111,7 @@ class Lowerer {
   int64_t L_, Vc_;
   std::string ub_, l0a_, l0b_, l0c_, stage_;
   int operand_bytes_ = 2;
+  Layout native_ = Layout::Blocked;  // the matrix unit's operand and result layout (device data)
   std::map<std::string, std::map<std::string, Copy>> res_;
   std::map<std::string, std::vector<int>> readers_;  // steps reading each tensor (for in-place writes)
   std::map<std::pair<std::string, std::string>, int> arrival_step_;
@@ -222,7 +224,7 @@ class Lowerer {
       s.transit = p->to == kGM && to != kGM;
       const int i = add(s);
       read(t, at, i);
-      arrive(t, p->to, i, elem, p->to == stage_ || p->to == l0a_ || p->to == l0b_ ? Layout::Blocked : layout, gm_origin, keep);
+      arrive(t, p->to, i, elem, p->to == stage_ || p->to == l0a_ || p->to == l0b_ ? native_ : layout, gm_origin, keep);
       at = p->to;
       last = i;
     }
@@ -302,7 +304,7 @@ class Lowerer {
           read(t, ub_, ready);
           temp_first = ready;
         }
-        if (c.layout == Layout::Dense) {
+        if (c.layout != native_) {
           const int tr = transform(t, op, ready);
           ready = tr;
           if (temp_first < 0) temp_first = tr;
@@ -312,7 +314,7 @@ class Lowerer {
         if (r.hops.empty()) throw Error("device " + dev_.name + ": no data path from " + ub_ + " to " + stage_);
         // The converted copy exists in UB only until it has moved on.
         const Layout saved = c.layout;
-        c.layout = Layout::Blocked;
+        c.layout = native_;
         const int before = static_cast<int>(k_.steps.size());
         move(t, ub_, stage_, op, operand_bytes_);
         dep(before, ready);
@@ -403,15 +405,15 @@ class Lowerer {
     for (int r : ready) dep(c, r);
     for (const std::string& out : op.outputs) {
       if (l0c_ == ub_) {
-        arrive(out, ub_, c, 4, Layout::Blocked, false);
+        arrive(out, ub_, c, 4, native_, false);
       } else {
-        arrive(out, l0c_, c, 4, Layout::Blocked, false);
+        arrive(out, l0c_, c, 4, native_, false);
         move(out, l0c_, ub_, op.name, 4);
         drop(out, l0c_);
       }
-      if (layout_of(out) == Layout::Dense && is_layout_decision(g_.tensor(out))) {
+      if (layout_of(out) != native_ && is_layout_decision(g_.tensor(out))) {
         transform(out, op.name, res_[out][ub_].ready);
-        res_[out][ub_].layout = Layout::Dense;
+        res_[out][ub_].layout = layout_of(out);
         res_[out][ub_].ready = static_cast<int>(k_.steps.size()) - 1;
       }
       produced(out, op.name);
