@@ -49,39 +49,13 @@ std::string golden(const std::string& name) {
 }
 
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {  // for /bin/sh
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-struct RunResult {
-  bool exited = false;  // false: killed by a signal (or system() failed)
-  int code = -1;        // exit code when exited
-  std::string out, err;
-  std::string command;
-};
+using hanpu::testing::read_text;
+using RunResult = hanpu::testing::CommandResult;
+std::string quote(const std::string& s) { return hanpu::testing::shell_quote(s); }
 
 // Runs `hanpu <args>` with stdout and stderr captured to files in `dir`.
 RunResult run_hanpu(const TempDir& dir, const std::string& args) {
-  RunResult r;
-  const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
-  r.command = quote(HANPU_EXE) + " " + args;
-  const int status = std::system((r.command + " >" + quote(out_path) + " 2>" + quote(err_path)).c_str());
-  if (status != -1 && WIFEXITED(status)) {
-    r.exited = true;
-    r.code = WEXITSTATUS(status);
-  }
-  r.out = read_text(out_path);
-  r.err = read_text(err_path);
-  return r;
+  return hanpu::testing::run_command(dir, quote(HANPU_EXE) + " " + args);
 }
 
 // Inputs of a small problem, FLA names; mutable before writing.

@@ -26,33 +26,12 @@ fs::path devices_dir() {
   return fs::path(__FILE__).parent_path().parent_path() / "devices";
 }
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string quote(const std::string& s) {  // for /bin/sh
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-struct RunResult {
-  int code = -1;  // exit code; -1 if killed by a signal
-  std::string out, err;
-};
+using hanpu::testing::read_text;
+using RunResult = hanpu::testing::CommandResult;
+std::string quote(const std::string& s) { return hanpu::testing::shell_quote(s); }
 
 RunResult run_hanpu(const TempDir& dir, const std::string& args) {
-  RunResult r;
-  const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
-  const int status =
-      std::system((quote(HANPU_EXE) + " " + args + " >" + quote(out_path) + " 2>" + quote(err_path)).c_str());
-  if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
-  r.out = read_text(out_path);
-  r.err = read_text(err_path);
-  return r;
+  return hanpu::testing::run_command(dir, quote(HANPU_EXE) + " " + args);
 }
 
 size_t lines(const std::string& s) {

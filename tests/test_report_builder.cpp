@@ -198,26 +198,11 @@ TEST(ReportBuilder, BadListsAndOptionsAreErrorsNamingTheOption) {
 // ---------------------------------------------------------------------------------------------
 // The command line
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-struct RunResult {
-  int code = -1;
-  std::string out, err;
-};
+using hanpu::testing::read_text;
+using RunResult = hanpu::testing::CommandResult;
 
 RunResult run_hanpu(const TempDir& dir, const std::string& args) {
-  RunResult r;
-  const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
-  const int status = std::system((std::string("'") + HANPU_EXE + "' " + args + " >'" + out_path + "' 2>'" + err_path + "'").c_str());
-  if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
-  r.out = read_text(out_path);
-  r.err = read_text(err_path);
-  return r;
+  return hanpu::testing::run_command(dir, hanpu::testing::shell_quote(HANPU_EXE) + " " + args);
 }
 
 TEST(ReportCli, WritesReportJsonAndProgress) {

@@ -1,13 +1,17 @@
-// Small helpers shared by the test programs: where the committed fixtures are, and a scratch
-// directory per test that cleans up after itself.
+// Small helpers shared by the test programs: where the committed fixtures are, a scratch directory
+// per test that cleans up after itself, and running a command with its output captured.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <sys/wait.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace hanpu::testing {
@@ -42,5 +46,49 @@ class TempDir {
  private:
   std::filesystem::path dir_;
 };
+
+/// The whole file as bytes ("" if it cannot be read).
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+/// `s` quoted for /bin/sh.
+inline std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct CommandResult {
+  bool exited = false;  // false: killed by a signal (or system() failed)
+  int code = -1;        // exit code when exited
+  std::string out, err;
+  std::string command;
+};
+
+/// Runs `command` (a shell command line, arguments already quoted) with stdout and stderr captured
+/// to files in `dir`, and stdin from `stdin_text` if given.
+inline CommandResult run_command(const TempDir& dir, const std::string& command, const std::string* stdin_text = nullptr) {
+  CommandResult r;
+  const std::string out_path = dir.file("stdout.txt"), err_path = dir.file("stderr.txt");
+  std::string line = command;
+  if (stdin_text) {
+    const std::string in_path = dir.file("stdin.txt");
+    std::ofstream(in_path, std::ios::binary) << *stdin_text;
+    line += " <" + shell_quote(in_path);
+  }
+  r.command = command;
+  const int status = std::system((line + " >" + shell_quote(out_path) + " 2>" + shell_quote(err_path)).c_str());
+  if (status != -1 && WIFEXITED(status)) {
+    r.exited = true;
+    r.code = WEXITSTATUS(status);
+  }
+  r.out = read_text(out_path);
+  r.err = read_text(err_path);
+  return r;
+}
 
 }  // namespace hanpu::testing

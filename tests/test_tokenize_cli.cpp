@@ -22,35 +22,13 @@ namespace {
 namespace fs = std::filesystem;
 using hanpu::testing::TempDir;
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using hanpu::testing::read_text;
+using Result = hanpu::testing::CommandResult;
+std::string quote(const std::string& s) { return hanpu::testing::shell_quote(s); }
 
-std::string quote(const std::string& s) {  // for /bin/sh
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-struct Result {
-  int code = -1;  // exit code; -1 if killed or not run
-  std::string out, err;
-};
-
-// Runs `hanpu tokenize <args>` (stdin from `input` if given) and captures its output.
+// Runs `hanpu tokenize <args>` (stdin from `input`) and captures its output.
 Result tokenize(const TempDir& dir, const std::string& args, const std::string& input = "") {
-  const std::string in = dir.file("stdin.txt"), out = dir.file("stdout.txt"), err = dir.file("stderr.txt");
-  std::ofstream(in, std::ios::binary) << input;
-  const std::string command = quote(HANPU_EXE) + " tokenize " + args + " <" + quote(in) + " >" + quote(out) + " 2>" + quote(err);
-  const int status = std::system(command.c_str());
-  Result r;
-  if (status != -1 && WIFEXITED(status)) r.code = WEXITSTATUS(status);
-  r.out = read_text(out);
-  r.err = read_text(err);
-  return r;
+  return hanpu::testing::run_command(dir, quote(HANPU_EXE) + " tokenize " + args, &input);
 }
 
 std::string golden_tokenizer() { return (hanpu::testing::golden_dir() / "tokenizer" / "tokenizer.json").string(); }
