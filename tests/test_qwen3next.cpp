@@ -258,6 +258,26 @@ TEST_F(Qwen3NextGolden, TokenizerAndTextGreedyMatchTransformers) {
   EXPECT_EQ(got, expected_->text_greedy);
 }
 
+TEST_F(Qwen3NextGolden, SyntheticModelOfTheSameShapesRunsAndDecodes) {
+  // The synthetic builder (bench-model --synthetic) goes through the same fused-projection and MoE
+  // construction; its decode continues its prefill exactly as a longer prefill would.
+  Qwen35Model m = Qwen35Model::synthetic(model_->config(), 7);
+  const std::vector<int32_t> ids = full_sequence();
+  const int64_t V = m.config().vocab_size;
+  Tensor whole = all_logits(m, ids, 2);
+  Qwen35State st = m.new_state();
+  m.forward(st, std::span(ids).first(ids.size() - 3));
+  for (size_t t = ids.size() - 3; t < ids.size(); ++t) {
+    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * V, V), 1e-10) << "token " << t;
+  }
+  const std::vector<std::string> presets = qwen35_preset_names();
+  EXPECT_NE(std::find(presets.begin(), presets.end(), "qwen3-next-80b-a3b-slice"), presets.end());
+  const Qwen35Config slice = qwen35_preset("qwen3-next-80b-a3b-slice");
+  EXPECT_EQ(slice.num_moe_layers(), 4);
+  EXPECT_TRUE(slice.fused_gdn_projections);
+}
+
 TEST(Qwen3NextLoader, WrongFusedProjectionShapeNamesFileAndTensor) {
   TempDir tmp;
   const std::string victim = "model.layers.2.linear_attn.in_proj_qkvz.weight";

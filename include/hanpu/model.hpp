@@ -62,7 +62,9 @@ struct Qwen35Config {
 /// Throws hanpu::Error for an unknown model_type or a missing/invalid field, naming it.
 Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source);
 
-/// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b".
+/// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b";
+/// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +
+/// 1 attention) and 64 of its 512 experts, so it fits in a few GB.
 Qwen35Config qwen35_preset(const std::string& name);
 /// The names qwen35_preset accepts, for help texts.
 std::vector<std::string> qwen35_preset_names();

@@ -746,8 +746,9 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
   });
   tm->embed += seconds_since(t0);
 
-  float* gate = scratch(kGate, T * I);
-  float* up = scratch(kUp, T * I);
+  const int64_t dense_I = c.num_moe_layers() == c.num_layers ? 0 : I;  // all-MoE models use no dense MLP buffers
+  float* gate = scratch(kGate, T * dense_I);
+  float* up = scratch(kUp, T * dense_I);
   for (const Layer& L : im.layers) {
     t0 = Clock::now();
     model::rms_norm_rows(x, H, h, H, T, H, L.input_norm.data(), eps, th);
