@@ -278,6 +278,31 @@ TEST_F(Qwen3NextGolden, SyntheticModelOfTheSameShapesRunsAndDecodes) {
   EXPECT_TRUE(slice.fused_gdn_projections);
 }
 
+TEST(Qwen3NextLayout, RowMapsWrittenOutByHand) {
+  // nk = 2 groups, one row per head part. r = 1: [q0 k0 v0 z0 | q1 k1 v1 z1] -> q0 q1 k0 k1 v0 v1 z0 z1.
+  EXPECT_EQ(model::qwen3next_qkvz_source_rows(2, 2, 1, 1), (std::vector<int64_t>{0, 4, 1, 5, 2, 6, 3, 7}));
+  EXPECT_EQ(model::qwen3next_ba_source_rows(2, 2), (std::vector<int64_t>{0, 2, 1, 3}));
+  // r = 2: [q0 k0 v0 v1 z0 z1 | q1 k1 v2 v3 z2 z3] -> q0 q1 k0 k1 v0 v1 v2 v3 z0 z1 z2 z3;
+  // [b0 b1 a0 a1 | b2 b3 a2 a3] -> b0 b1 b2 b3 a0 a1 a2 a3.
+  EXPECT_EQ(model::qwen3next_qkvz_source_rows(2, 4, 1, 1),
+            (std::vector<int64_t>{0, 6, 1, 7, 2, 3, 8, 9, 4, 5, 10, 11}));
+  EXPECT_EQ(model::qwen3next_ba_source_rows(2, 4), (std::vector<int64_t>{0, 1, 4, 5, 2, 3, 6, 7}));
+  // gather_rows keeps whole rows and names the tensor for a bad row.
+  Tensor w(DType::F32, {3, 2});
+  for (int64_t i = 0; i < 6; ++i) w.set(i, static_cast<double>(i));
+  const std::vector<int64_t> order{2, 0, 1};
+  ByteBuffer g = model::gather_rows(w.view(), order, "w");
+  const auto* f = reinterpret_cast<const float*>(g.data());
+  EXPECT_EQ(std::vector<float>(f, f + 6), (std::vector<float>{4, 5, 0, 1, 2, 3}));
+  const std::vector<int64_t> bad{3};
+  try {
+    model::gather_rows(w.view(), bad, "layers.0.linear_attn.in_proj_ba.weight");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in_proj_ba"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Qwen3NextLoader, WrongFusedProjectionShapeNamesFileAndTensor) {
   TempDir tmp;
   const std::string victim = "model.layers.2.linear_attn.in_proj_qkvz.weight";
