@@ -1,5 +1,6 @@
-// `hanpu run` and `hanpu bench-model` end to end on the tiny transformers-made checkpoint
-// (tests/golden/qwen35_tiny): the greedy run reproduces transformers' continuation and its
+// `hanpu run` and `hanpu bench-model` end to end on the tiny transformers-made checkpoints
+// (tests/golden/qwen35_tiny; greedy, text-prompt and bench-model checks also on
+// tests/golden/qwen3next_tiny): the greedy run reproduces transformers' continuation and its
 // --logits-out file transformers' logits; bench-model --json prints well-formed rows; bad input
 // gives one error line naming the problem and exit code 1.
 #include <gtest/gtest.h>
@@ -31,14 +32,16 @@ RunResult run_hanpu(const TempDir& dir, const std::string& args) {
   return hanpu::testing::run_command(dir, quote(HANPU_EXE) + " " + args);
 }
 
-std::string tiny() { return (hanpu::testing::golden_dir() / "qwen35_tiny").string(); }
+std::string tiny(const char* name = "qwen35_tiny") { return (hanpu::testing::golden_dir() / name).string(); }
+// Both transformers-made checkpoints: Qwen3.5 and Qwen3-Next (fused projections, MoE).
+constexpr const char* kGoldens[] = {"qwen35_tiny", "qwen3next_tiny"};
 
 struct Expected {
   std::vector<long long> prompt, greedy;
   Tensor logits;
 };
-Expected expected() {
-  SafetensorsFile f = SafetensorsFile::open(tiny() + "/expected.safetensors");
+Expected expected(const char* name = "qwen35_tiny") {
+  SafetensorsFile f = SafetensorsFile::open(tiny(name) + "/expected.safetensors");
   Expected e;
   Tensor p = f.load_copy("prompt_ids"), g = f.load_copy("greedy_ids");
   for (int64_t i = 0; i < p.numel(); ++i) e.prompt.push_back(static_cast<long long>(p.get(i)));
@@ -48,51 +51,57 @@ Expected expected() {
 }
 
 TEST(ModelCli, GreedyRunReproducesTransformers) {
-  TempDir tmp;
-  const Expected e = expected();
-  std::string ids;
-  for (long long id : e.prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
-  const std::string logits_path = tmp.file("logits.safetensors");
-  const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny()) + " --prompt-ids " + ids + " -n " +
-                                         std::to_string(e.greedy.size()) + " --greedy --ids --threads 2 --logits-out " +
-                                         quote(logits_path));
-  ASSERT_EQ(r.code, 0) << r.err;
-  std::istringstream out(r.out);
-  std::vector<long long> got;
-  for (long long id; out >> id;) got.push_back(id);
-  EXPECT_EQ(got, e.greedy) << r.out;
-  for (const char* field : {"prompt tokens 75", "time to first token", "prefill", "decode", "peak memory"})
-    EXPECT_NE(r.err.find(field), std::string::npos) << field << " missing in: " << r.err;
+  for (const char* golden : kGoldens) {
+    SCOPED_TRACE(golden);
+    TempDir tmp;
+    const Expected e = expected(golden);
+    std::string ids;
+    for (long long id : e.prompt) ids += (ids.empty() ? "" : ",") + std::to_string(id);
+    const std::string logits_path = tmp.file("logits.safetensors");
+    const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny(golden)) + " --prompt-ids " + ids + " -n " +
+                                           std::to_string(e.greedy.size()) + " --greedy --ids --threads 2 --logits-out " +
+                                           quote(logits_path));
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::istringstream out(r.out);
+    std::vector<long long> got;
+    for (long long id; out >> id;) got.push_back(id);
+    EXPECT_EQ(got, e.greedy) << r.out;
+    for (const char* field : {"prompt tokens 75", "time to first token", "prefill", "decode", "peak memory"})
+      EXPECT_NE(r.err.find(field), std::string::npos) << field << " missing in: " << r.err;
 
-  SafetensorsFile f = SafetensorsFile::open(logits_path);
-  Tensor l = f.load_copy("logits");
-  const int64_t V = e.logits.shape()[1], T0 = static_cast<int64_t>(e.prompt.size());
-  ASSERT_EQ(l.shape(), (std::vector<int64_t>{T0, V}));
-  double err = 0, ref = 0;
-  for (int64_t i = 0; i < T0 * V; ++i) {
-    const double d = l.get(i) - e.logits.get(i);
-    err += d * d;
-    ref += e.logits.get(i) * e.logits.get(i);
+    SafetensorsFile f = SafetensorsFile::open(logits_path);
+    Tensor l = f.load_copy("logits");
+    const int64_t V = e.logits.shape()[1], T0 = static_cast<int64_t>(e.prompt.size());
+    ASSERT_EQ(l.shape(), (std::vector<int64_t>{T0, V}));
+    double err = 0, ref = 0;
+    for (int64_t i = 0; i < T0 * V; ++i) {
+      const double d = l.get(i) - e.logits.get(i);
+      err += d * d;
+      ref += e.logits.get(i) * e.logits.get(i);
+    }
+    EXPECT_LE(err / ref, 1e-8);
   }
-  EXPECT_LE(err / ref, 1e-8);
 }
 
 TEST(ModelCli, TextPromptRunReproducesTokenizersAndTransformers) {
   // The golden's text prompt, encoded by the tokenizers library, continued greedily by transformers.
-  TempDir tmp;
-  SafetensorsFile f = SafetensorsFile::open(tiny() + "/expected.safetensors");
-  const std::string text = f.metadata().at("text_prompt");
-  Tensor prompt = f.load_copy("text_prompt_ids"), greedy = f.load_copy("text_greedy_ids");
-  std::vector<long long> want;
-  for (int64_t i = 0; i < greedy.numel(); ++i) want.push_back(static_cast<long long>(greedy.get(i)));
-  const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny()) + " --prompt " + quote(text) + " -n " +
-                                         std::to_string(want.size()) + " --greedy --ids");
-  ASSERT_EQ(r.code, 0) << r.err;
-  std::istringstream out(r.out);
-  std::vector<long long> got;
-  for (long long id; out >> id;) got.push_back(id);
-  EXPECT_EQ(got, want) << r.out;
-  EXPECT_NE(r.err.find("prompt tokens " + std::to_string(prompt.numel())), std::string::npos) << r.err;
+  for (const char* golden : kGoldens) {
+    SCOPED_TRACE(golden);
+    TempDir tmp;
+    SafetensorsFile f = SafetensorsFile::open(tiny(golden) + "/expected.safetensors");
+    const std::string text = f.metadata().at("text_prompt");
+    Tensor prompt = f.load_copy("text_prompt_ids"), greedy = f.load_copy("text_greedy_ids");
+    std::vector<long long> want;
+    for (int64_t i = 0; i < greedy.numel(); ++i) want.push_back(static_cast<long long>(greedy.get(i)));
+    const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny(golden)) + " --prompt " + quote(text) + " -n " +
+                                           std::to_string(want.size()) + " --greedy --ids");
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::istringstream out(r.out);
+    std::vector<long long> got;
+    for (long long id; out >> id;) got.push_back(id);
+    EXPECT_EQ(got, want) << r.out;
+    EXPECT_NE(r.err.find("prompt tokens " + std::to_string(prompt.numel())), std::string::npos) << r.err;
+  }
 }
 
 TEST(ModelCli, SampledRunIsReproducibleWithASeed) {
@@ -105,23 +114,28 @@ TEST(ModelCli, SampledRunIsReproducibleWithASeed) {
 }
 
 TEST(ModelCli, BenchModelJsonRows) {
-  TempDir tmp;
-  const RunResult r = run_hanpu(tmp, "bench-model --model " + quote(tiny()) + " -p 8,70 --threads 2 --decode-tokens 3 --json");
-  ASSERT_EQ(r.code, 0) << r.err;
-  std::istringstream lines(r.out);
-  std::vector<nlohmann::json> rows;
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
-  ASSERT_EQ(rows.size(), 2u) << r.out;
-  EXPECT_EQ(rows[0]["prompt_tokens"], 8);
-  EXPECT_EQ(rows[1]["prompt_tokens"], 70);
-  for (const auto& row : rows) {
-    EXPECT_EQ(row["threads"], 2);
-    for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"}) EXPECT_GT(row[k].get<double>(), 0) << k;
-    double shares = 0;
-    for (const char* k : {"share_gdn", "share_attention", "share_mlp", "share_lm_head", "share_other"})
-      shares += row[k].get<double>();
-    EXPECT_NEAR(shares, 1.0, 1e-9);
+  for (const char* golden : kGoldens) {
+    SCOPED_TRACE(golden);
+    TempDir tmp;
+    const RunResult r =
+        run_hanpu(tmp, "bench-model --model " + quote(tiny(golden)) + " -p 8,70 --threads 2 --decode-tokens 3 --json");
+    ASSERT_EQ(r.code, 0) << r.err;
+    std::istringstream lines(r.out);
+    std::vector<nlohmann::json> rows;
+    for (std::string line; std::getline(lines, line);)
+      if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+    ASSERT_EQ(rows.size(), 2u) << r.out;
+    EXPECT_EQ(rows[0]["prompt_tokens"], 8);
+    EXPECT_EQ(rows[1]["prompt_tokens"], 70);
+    for (const auto& row : rows) {
+      EXPECT_EQ(row["threads"], 2);
+      for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"})
+        EXPECT_GT(row[k].get<double>(), 0) << k;
+      double shares = 0;
+      for (const char* k : {"share_gdn", "share_attention", "share_mlp", "share_lm_head", "share_other"})
+        shares += row[k].get<double>();
+      EXPECT_NEAR(shares, 1.0, 1e-9);
+    }
   }
 }
 

@@ -25,7 +25,7 @@ namespace hanpu {
 
 /// The text model's hyperparameters (config.json's text_config, or the top level when flat).
 struct Qwen35Config {
-  std::string model_type;  // of the text model: "qwen3_5_text"
+  std::string model_type;  // of the text model: "qwen3_5_text" or "qwen3_next"
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
   int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // full attention
   int64_t rotary_dim = 0;                                  // head_dim * partial_rotary_factor
@@ -36,23 +36,35 @@ struct Qwen35Config {
   bool tie_word_embeddings = false;
   std::vector<bool> is_full_attention;  // per layer (layer_types)
   std::vector<int32_t> eos_token_ids;
+  /// Qwen3-Next: the GDN projections are stored fused (in_proj_qkvz, in_proj_ba) in an interleaved
+  /// per-key-head-group layout; the loader permutes them into the Qwen3.5 layout.
+  bool fused_gdn_projections = false;
+  /// Mixture of experts (Qwen3-Next, reference-models.md §3.4); num_experts 0: dense MLPs only.
+  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0, shared_expert_intermediate_size = 0;
+  bool norm_topk_prob = true;
+  std::vector<bool> is_moe;  // per layer: MoE block, else the dense MLP of intermediate_size
 
   int64_t gdn_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
   int64_t gdn_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
   int64_t gdn_conv_dim() const { return 2 * gdn_key_dim() + gdn_value_dim(); }
   int64_t num_gdn_layers() const;
   int64_t num_attention_layers() const { return num_layers - num_gdn_layers(); }
+  bool layer_is_moe(int64_t layer) const { return layer < static_cast<int64_t>(is_moe.size()) && is_moe[static_cast<size_t>(layer)]; }
+  int64_t num_moe_layers() const;
   /// Number of parameters of the text model (embedding, layers, final norm, LM head if untied).
   int64_t parameter_count() const;
   /// One line: "qwen3_5_text: 24 layers (18 GDN + 6 attention), hidden 1024, ...".
   std::string describe() const;
 };
 
-/// Parses a config.json (nested text_config or flat). `source` names the file in errors.
+/// Parses a config.json (nested text_config or flat; Qwen3.5 or Qwen3-Next, which is flat with
+/// model_type "qwen3_next"). `source` names the file in errors.
 /// Throws hanpu::Error for an unknown model_type or a missing/invalid field, naming it.
 Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source);
 
-/// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b".
+/// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b";
+/// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +
+/// 1 attention) and 64 of its 512 experts, so it fits in a few GB.
 Qwen35Config qwen35_preset(const std::string& name);
 /// The names qwen35_preset accepts, for help texts.
 std::vector<std::string> qwen35_preset_names();

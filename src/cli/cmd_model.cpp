@@ -1,4 +1,4 @@
-// `hanpu run` (generate text from a Qwen3.5 checkpoint) and `hanpu bench-model` (prefill and decode
+// `hanpu run` (generate text from a Qwen3.5 or Qwen3-Next checkpoint) and `hanpu bench-model` (prefill and decode
 // speed of a checkpoint or of a synthetic model with the real shapes, with the share of time per
 // part of the model).
 #include <CLI/CLI.hpp>
@@ -269,7 +269,7 @@ void run_bench_model(const BenchModelArgs& a) {
 
 void register_model_commands(CLI::App& app) {
   auto run = std::make_shared<RunArgs>();
-  CLI::App* r = app.add_subcommand("run", "generate text with a Qwen3.5 checkpoint (prefill, then decode)");
+  CLI::App* r = app.add_subcommand("run", "generate text with a Qwen3.5 or Qwen3-Next checkpoint (prefill, then decode)");
   r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
@@ -290,7 +290,7 @@ void register_model_commands(CLI::App& app) {
   r->callback([run] { run_generate(*run); });
 
   auto bench = std::make_shared<BenchModelArgs>();
-  CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a Qwen3.5 model, with the time per part");
+  CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a Qwen3.5 or Qwen3-Next model, with the time per part");
   b->add_option("--model", bench->model_dir, "checkpoint directory");
   std::string presets;
   for (const std::string& p : qwen35_preset_names()) presets += (presets.empty() ? "" : ", ") + p;

@@ -1,6 +1,9 @@
 // Qwen3.5 text model: checkpoint loading (memory-mapped safetensors, sharded or not) and the
 // forward pass (reference-models.md §2-3): per layer, (1+w) RMSNorm, then the GDN block or the
 // gated full attention, residual add, (1+w) RMSNorm, SwiGLU MLP, residual add; final norm, LM head.
+// Qwen3-Next runs the same code: its fused GDN projections are permuted into the Qwen3.5 layout at
+// load time (qwen3next_layout.hpp), and its MoE blocks (§3.4) replace the MLP on the layers the
+// config names.
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "io/safetensors.hpp"
 #include "model/qwen35_kernels.hpp"
 #include "model/qwen35_ops.hpp"
+#include "model/qwen3next_layout.hpp"
 
 namespace hanpu {
 
@@ -103,11 +107,23 @@ struct AttnLayer {
   std::vector<float> q_norm, k_norm;  // 1 + w
 };
 
+// Qwen3-Next sparse MoE block (transformers' Qwen3NextSparseMoeBlock): a softmax router over the
+// experts, the top-k SwiGLU experts weighted by their (renormalised) probabilities, plus a shared
+// SwiGLU expert scaled by sigmoid(shared_expert_gate(x)).
+struct MoeBlock {
+  Projection router;  // mlp.gate.weight [experts, H]
+  std::vector<Projection> gate_proj, up_proj, down_proj;  // per expert
+  bool has_shared = false;
+  Projection shared_gate, shared_up, shared_down, shared_expert_gate;  // shared_expert_gate: [1, H]
+};
+
 struct Layer {
   bool full = false;
+  bool moe = false;  // MoE block instead of the dense MLP
   int64_t slot = 0;  // index among the layers of its kind (state / cache index)
   GdnLayer gdn;
   AttnLayer attn;
+  MoeBlock experts;
   Projection gate_proj, up_proj, down_proj;
   std::vector<float> input_norm, post_norm;  // 1 + w
 };
@@ -115,7 +131,11 @@ struct Layer {
 // Per-thread activation buffers reused across forward() calls: a prefill of 2K tokens needs
 // ~150 MiB of activations per layer, and fresh allocations would page-fault (and zero) all of it
 // for every layer. Each slot only grows.
-enum ScratchSlot { kX, kH, kGate, kUp, kMixed, kZ, kB, kA, kConv, kO, kQG, kQ, kAttn, kSlots };
+enum ScratchSlot {
+  kX, kH, kGate, kUp, kMixed, kZ, kB, kA, kConv, kO, kQG, kQ, kAttn,
+  kRouter, kExpertIn, kExpertGate, kExpertUp, kExpertOut, kSharedGate, kSharedUp, kSharedScore,
+  kSlots
+};
 float* scratch(ScratchSlot slot, int64_t floats) {
   static thread_local std::vector<float> buffers[kSlots];
   std::vector<float>& b = buffers[slot];
@@ -282,6 +302,7 @@ struct Qwen35Model::Impl {
   Qwen35Config cfg;
   std::vector<SafetensorsFile> files;  // mapped checkpoint (keeps the weight views valid)
   std::vector<ByteBuffer> synthetic;   // synthetic weights
+  std::vector<ByteBuffer> permuted;    // Qwen3-Next GDN projections in the Qwen3.5 row order
   uint64_t weight_bytes = 0;
   TensorView embed;  // [V, H]
   Projection lm_head;
@@ -322,10 +343,15 @@ struct Qwen35Model::Impl {
       } else {
         const std::string g = p + "linear_attn.";
         const int64_t nv = c.linear_num_value_heads;
-        L.gdn.in_qkv = proj(g + "in_proj_qkv.weight", c.gdn_conv_dim(), H);
-        L.gdn.in_z = proj(g + "in_proj_z.weight", c.gdn_value_dim(), H);
-        L.gdn.in_b = proj(g + "in_proj_b.weight", nv, H);
-        L.gdn.in_a = proj(g + "in_proj_a.weight", nv, H);
+        if (c.fused_gdn_projections) {
+          build_fused_gdn_projections(L.gdn, get(g + "in_proj_qkvz.weight", {c.gdn_conv_dim() + c.gdn_value_dim(), H}),
+                                      get(g + "in_proj_ba.weight", {2 * nv, H}), g);
+        } else {
+          L.gdn.in_qkv = proj(g + "in_proj_qkv.weight", c.gdn_conv_dim(), H);
+          L.gdn.in_z = proj(g + "in_proj_z.weight", c.gdn_value_dim(), H);
+          L.gdn.in_b = proj(g + "in_proj_b.weight", nv, H);
+          L.gdn.in_a = proj(g + "in_proj_a.weight", nv, H);
+        }
         L.gdn.out_proj = proj(g + "out_proj.weight", H, c.gdn_value_dim());
         const std::vector<float> w = to_f32(get(g + "conv1d.weight", {c.gdn_conv_dim(), 1, c.linear_conv_kernel}));
         L.gdn.conv_taps.resize(w.size());
@@ -337,9 +363,29 @@ struct Qwen35Model::Impl {
         L.gdn.dt_bias = to_f32(get(g + "dt_bias", {nv}));
         L.gdn.norm_w = to_f32(get(g + "norm.weight", {c.linear_value_head_dim}));
       }
-      L.gate_proj = proj(p + "mlp.gate_proj.weight", c.intermediate_size, H);
-      L.up_proj = proj(p + "mlp.up_proj.weight", c.intermediate_size, H);
-      L.down_proj = proj(p + "mlp.down_proj.weight", H, c.intermediate_size);
+      if (c.layer_is_moe(i)) {
+        L.moe = true;
+        const std::string m = p + "mlp.";
+        const int64_t E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+        L.experts.router = proj(m + "gate.weight", E, H);
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string x = m + "experts." + std::to_string(e) + ".";
+          L.experts.gate_proj.push_back(proj(x + "gate_proj.weight", Im, H));
+          L.experts.up_proj.push_back(proj(x + "up_proj.weight", Im, H));
+          L.experts.down_proj.push_back(proj(x + "down_proj.weight", H, Im));
+        }
+        if (Is > 0) {
+          L.experts.has_shared = true;
+          L.experts.shared_gate = proj(m + "shared_expert.gate_proj.weight", Is, H);
+          L.experts.shared_up = proj(m + "shared_expert.up_proj.weight", Is, H);
+          L.experts.shared_down = proj(m + "shared_expert.down_proj.weight", H, Is);
+          L.experts.shared_expert_gate = proj(m + "shared_expert_gate.weight", 1, H);
+        }
+      } else {
+        L.gate_proj = proj(p + "mlp.gate_proj.weight", c.intermediate_size, H);
+        L.up_proj = proj(p + "mlp.up_proj.weight", c.intermediate_size, H);
+        L.down_proj = proj(p + "mlp.down_proj.weight", H, c.intermediate_size);
+      }
       layers.push_back(std::move(L));
     }
     inv_freq.resize(static_cast<size_t>(c.rotary_dim / 2));
@@ -348,6 +394,29 @@ struct Qwen35Model::Impl {
           1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim));
   }
 
+  // Qwen3-Next: in_proj_qkvz / in_proj_ba rows permuted into owned copies in the Qwen3.5 order
+  // [q | k | v | z] and [b | a]; the four projections are views of those copies.
+  void build_fused_gdn_projections(GdnLayer& gdn, const TensorView& qkvz, const TensorView& ba, const std::string& g) {
+    const Qwen35Config& c = cfg;
+    const int64_t H = c.hidden_size, nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+    const int64_t cd = c.gdn_conv_dim(), vd = c.gdn_value_dim();
+    permuted.push_back(model::gather_rows(
+        qkvz, model::qwen3next_qkvz_source_rows(nk, nv, c.linear_key_head_dim, c.linear_value_head_dim),
+        g + "in_proj_qkvz.weight"));
+    std::byte* rows = permuted.back().data();
+    const size_t row_bytes = static_cast<size_t>(H) * dtype_size(qkvz.dtype);
+    gdn.in_qkv = Projection(TensorView::contiguous(rows, qkvz.dtype, {cd, H}), g + "in_proj_qkvz.weight (q|k|v rows)");
+    gdn.in_z = Projection(TensorView::contiguous(rows + static_cast<size_t>(cd) * row_bytes, qkvz.dtype, {vd, H}),
+                          g + "in_proj_qkvz.weight (z rows)");
+    permuted.push_back(model::gather_rows(ba, model::qwen3next_ba_source_rows(nk, nv), g + "in_proj_ba.weight"));
+    rows = permuted.back().data();
+    const size_t ba_row_bytes = static_cast<size_t>(H) * dtype_size(ba.dtype);
+    gdn.in_b = Projection(TensorView::contiguous(rows, ba.dtype, {nv, H}), g + "in_proj_ba.weight (b rows)");
+    gdn.in_a = Projection(TensorView::contiguous(rows + static_cast<size_t>(nv) * ba_row_bytes, ba.dtype, {nv, H}),
+                          g + "in_proj_ba.weight (a rows)");
+  }
+
+  void moe_forward(const Layer& L, const float* h, float* x, int64_t T, const ForwardOptions& opt) const;
   void gdn_forward(const Layer& L, Qwen35State& st, const float* h, float* x, int64_t T, const ForwardOptions& opt,
                    ForwardTimes* tm) const;
   void attn_forward(const Layer& L, Qwen35State& st, const float* h, float* x, int64_t T, const ForwardOptions& opt,
@@ -558,6 +627,91 @@ void Qwen35Model::Impl::attn_forward(const Layer& L, Qwen35State& st, const floa
   if (tm) tm->attn_proj += seconds_since(t0);
 }
 
+void Qwen35Model::Impl::moe_forward(const Layer& L, const float* h, float* x, int64_t T,
+                                    const ForwardOptions& opt) const {
+  const Qwen35Config& c = cfg;
+  const int64_t H = c.hidden_size, E = c.num_experts, K = c.num_experts_per_tok, Im = c.moe_intermediate_size;
+  const int th = opt.threads;
+  const MoeBlock& B = L.experts;
+
+  // Router: softmax over the experts in fp32, top-k, optionally renormalised (Qwen3NextTopKRouter).
+  float* logits = scratch(kRouter, T * E);
+  B.router.forward(h, H, logits, E, T, th, false, opt.precision);
+  std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // per expert: (token, weight)
+  std::vector<int64_t> order(static_cast<size_t>(E));
+  std::vector<float> prob(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits + t * E;
+    const float mx = *std::max_element(l, l + E);
+    float sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += prob[static_cast<size_t>(e)] = std::exp(l[e] - mx);
+    for (float& p : prob) p /= sum;
+    for (int64_t e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+    // Highest probability first; ties to the lower expert index.
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int64_t a, int64_t b) {
+      const float pa = prob[static_cast<size_t>(a)], pb = prob[static_cast<size_t>(b)];
+      return pa > pb || (pa == pb && a < b);
+    });
+    float top_sum = 0;
+    for (int64_t k = 0; k < K; ++k) top_sum += prob[static_cast<size_t>(order[static_cast<size_t>(k)])];
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t e = order[static_cast<size_t>(k)];
+      const float w = prob[static_cast<size_t>(e)];
+      routed[static_cast<size_t>(e)].emplace_back(t, c.norm_topk_prob ? w / top_sum : w);
+    }
+  }
+
+  // Experts: the rows routed to expert e gathered into one block, so a prefill runs each expert as
+  // a GEMM over its tokens (decode: one row); outputs scatter-added into the residual, weighted.
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& rows = routed[static_cast<size_t>(e)];
+    const int64_t n = static_cast<int64_t>(rows.size());
+    if (n == 0) continue;
+    float* xe = scratch(kExpertIn, n * H);
+    float* ge = scratch(kExpertGate, n * Im);
+    float* ue = scratch(kExpertUp, n * Im);
+    float* ye = scratch(kExpertOut, n * H);
+    const int row_threads = n >= 16 ? th : 1;  // few rows: copying is cheaper than waking threads
+    parallel_for(n, row_threads, [&](int64_t b, int64_t end) {
+      for (int64_t i = b; i < end; ++i)
+        std::memcpy(xe + i * H, h + rows[static_cast<size_t>(i)].first * H, static_cast<size_t>(H) * sizeof(float));
+    });
+    B.gate_proj[static_cast<size_t>(e)].forward(xe, H, ge, Im, n, th, false, opt.precision);
+    B.up_proj[static_cast<size_t>(e)].forward(xe, H, ue, Im, n, th, false, opt.precision);
+    model::silu_mul(ge, ue, n, Im, Im, row_threads);
+    B.down_proj[static_cast<size_t>(e)].forward(ge, Im, ye, H, n, th, false, opt.precision);
+    // Each token appears at most once per expert, so rows scatter to distinct residual rows.
+    parallel_for(n, row_threads, [&](int64_t b, int64_t end) {
+      for (int64_t i = b; i < end; ++i) {
+        const auto [t, w] = rows[static_cast<size_t>(i)];
+        float* xr = x + t * H;
+        const float* yr = ye + i * H;
+        for (int64_t j = 0; j < H; ++j) xr[j] += w * yr[j];
+      }
+    });
+  }
+
+  if (!B.has_shared) return;
+  const int64_t Is = c.shared_expert_intermediate_size;
+  float* sg = scratch(kSharedGate, T * Is);
+  float* su = scratch(kSharedUp, T * Is);
+  float* score = scratch(kSharedScore, T);
+  float* ys = scratch(kExpertOut, T * H);
+  B.shared_gate.forward(h, H, sg, Is, T, th, false, opt.precision);
+  B.shared_up.forward(h, H, su, Is, T, th, false, opt.precision);
+  model::silu_mul(sg, su, T, Is, Is, th);
+  B.shared_down.forward(sg, Is, ys, H, T, th, false, opt.precision);
+  B.shared_expert_gate.forward(h, H, score, 1, T, th, false, opt.precision);
+  parallel_for(T, T >= 16 ? th : 1, [&](int64_t b, int64_t end) {
+    for (int64_t t = b; t < end; ++t) {
+      const float gate = 1.0f / (1.0f + std::exp(-score[t]));
+      float* xr = x + t * H;
+      const float* yr = ys + t * H;
+      for (int64_t j = 0; j < H; ++j) xr[j] += gate * yr[j];
+    }
+  });
+}
+
 Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const ForwardOptions& opt) const {
   const Impl& im = *impl_;
   const Qwen35Config& c = im.cfg;
@@ -592,8 +746,9 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
   });
   tm->embed += seconds_since(t0);
 
-  float* gate = scratch(kGate, T * I);
-  float* up = scratch(kUp, T * I);
+  const int64_t dense_I = c.num_moe_layers() == c.num_layers ? 0 : I;  // all-MoE models use no dense MLP buffers
+  float* gate = scratch(kGate, T * dense_I);
+  float* up = scratch(kUp, T * dense_I);
   for (const Layer& L : im.layers) {
     t0 = Clock::now();
     model::rms_norm_rows(x, H, h, H, T, H, L.input_norm.data(), eps, th);
@@ -604,10 +759,14 @@ Tensor Qwen35Model::forward(Qwen35State& st, std::span<const int32_t> ids, const
     model::rms_norm_rows(x, H, h, H, T, H, L.post_norm.data(), eps, th);
     tm->norms += seconds_since(t0);
     t0 = Clock::now();
-    L.gate_proj.forward(h, H, gate, I, T, th, false, opt.precision);
-    L.up_proj.forward(h, H, up, I, T, th, false, opt.precision);
-    model::silu_mul(gate, up, T, I, I, th);
-    L.down_proj.forward(gate, I, x, H, T, th, true, opt.precision);
+    if (L.moe) {
+      im.moe_forward(L, h, x, T, opt);
+    } else {
+      L.gate_proj.forward(h, H, gate, I, T, th, false, opt.precision);
+      L.up_proj.forward(h, H, up, I, T, th, false, opt.precision);
+      model::silu_mul(gate, up, T, I, I, th);
+      L.down_proj.forward(gate, I, x, H, T, th, true, opt.precision);
+    }
     tm->mlp += seconds_since(t0);
   }
   st.position += T;
