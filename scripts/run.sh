@@ -10,6 +10,11 @@ bash scripts/setup.sh
 cmake --preset release >/dev/null
 cmake --build --preset release
 if [ "$#" -eq 0 ]; then
-  set -- --synthetic qwen3.5-0.8b -p 512,2048
+  set -- -p 512,2048
 fi
+# The embedded default model unless the arguments name one (--model DIR or --synthetic NAME).
+case " $* " in
+  *" --model"* | *" --synthetic"*) ;;
+  *) set -- --synthetic qwen3.5-0.8b "$@" ;;
+esac
 ./build/release/hanpu bench-model "$@"
