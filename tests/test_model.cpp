@@ -15,6 +15,7 @@
 #include "hanpu/model.hpp"
 #include "io/safetensors.hpp"
 #include "model/qwen35_ops.hpp"
+#include "model_testing.hpp"
 #include "test_support.hpp"
 
 namespace hanpu {
@@ -25,89 +26,26 @@ using testing::TempDir;
 
 fs::path tiny_dir() { return testing::golden_dir() / "qwen35_tiny"; }
 
-struct Expected {
-  std::vector<int32_t> prompt, greedy;
-  Tensor logits;  // [prompt + greedy, V]
-};
-
-Expected load_expected() {
-  SafetensorsFile f = SafetensorsFile::open((tiny_dir() / "expected.safetensors").string());
-  Expected e;
-  Tensor p = f.load_copy("prompt_ids"), g = f.load_copy("greedy_ids");
-  for (int64_t i = 0; i < p.numel(); ++i) e.prompt.push_back(static_cast<int32_t>(p.get(i)));
-  for (int64_t i = 0; i < g.numel(); ++i) e.greedy.push_back(static_cast<int32_t>(g.get(i)));
-  e.logits = f.load_copy("logits");
-  return e;
-}
-
-// Normalized MSE of rows [row0, row0 + rows) of `got` against `want` rows starting at want_row0.
-double nmse(const float* got, const float* want, int64_t n) {
-  double err = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    err += d * d;
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  return err / ref;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using testing::all_logits;
+using testing::copy_checkpoint;
+using testing::Expected;
+using testing::load_error;
+using testing::nmse;
+using testing::TensorMap;
+std::string read_file(const fs::path& p) { return testing::read_text(p.string()); }
 void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
-
-std::string load_error(const std::string& dir) {
-  try {
-    Qwen35Model::load(dir);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-// Copies the golden checkpoint; `edit` may change any tensor map of any shard before writing.
-using TensorMap = std::map<std::string, Tensor>;
-void copy_checkpoint(const fs::path& dst, const std::function<void(const std::string& shard, TensorMap&)>& edit = {}) {
-  fs::create_directories(dst);
-  for (const auto& entry : fs::directory_iterator(tiny_dir())) {
-    const std::string name = entry.path().filename().string();
-    if (name == "expected.safetensors") continue;
-    if (entry.path().extension() != ".safetensors" || !edit) {
-      fs::copy_file(entry.path(), dst / name, fs::copy_options::overwrite_existing);
-      continue;
-    }
-    SafetensorsFile f = SafetensorsFile::open(entry.path().string());
-    TensorMap m;
-    for (const std::string& n : f.names()) m.emplace(n, f.load_copy(n));
-    edit(name, m);
-    std::vector<std::pair<std::string, TensorView>> out;
-    for (auto& [n, t] : m) out.emplace_back(n, t.view());
-    write_safetensors((dst / name).string(), out);
-  }
-}
 
 class Qwen35Golden : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_ = new Qwen35Model(Qwen35Model::load(tiny_dir().string()));
-    expected_ = new Expected(load_expected());
+    expected_ = new Expected(testing::load_expected(tiny_dir()));
   }
   static void TearDownTestSuite() {
     delete model_;
     delete expected_;
   }
-  static std::vector<int32_t> full_sequence() {
-    std::vector<int32_t> ids = expected_->prompt;
-    ids.insert(ids.end(), expected_->greedy.begin(), expected_->greedy.end());
-    return ids;
-  }
-  static Tensor all_logits(const Qwen35Model& m, std::span<const int32_t> ids, int threads = 1) {
-    Qwen35State st = m.new_state();
-    return m.forward(st, ids, {.threads = threads, .all_logits = true});
-  }
+  static std::vector<int32_t> full_sequence() { return expected_->full_sequence(); }
   static Qwen35Model* model_;
   static Expected* expected_;
 };
@@ -229,10 +167,10 @@ TEST_F(Qwen35Golden, TiedHeadUsesTheEmbedding) {
     SafetensorsFile f = SafetensorsFile::open((tiny_dir() / "model-00001-of-00002.safetensors").string());
     embed = f.load_copy("model.language_model.embed_tokens.weight");
   }
-  copy_checkpoint(untied, [&](const std::string&, TensorMap& m) {
+  copy_checkpoint(tiny_dir(), untied, [&](const std::string&, TensorMap& m) {
     if (m.count("lm_head.weight")) m["lm_head.weight"] = copy_to_tensor(embed.view());
   });
-  copy_checkpoint(tied, [&](const std::string&, TensorMap& m) { m.erase("lm_head.weight"); });
+  copy_checkpoint(tiny_dir(), tied, [&](const std::string&, TensorMap& m) { m.erase("lm_head.weight"); });
   nlohmann::json cfg = nlohmann::json::parse(read_file(tiny_dir() / "config.json"));
   cfg["tie_word_embeddings"] = true;
   write_file(tied / "config.json", cfg.dump());
@@ -251,7 +189,7 @@ TEST_F(Qwen35Golden, TiedHeadUsesTheEmbedding) {
 TEST_F(Qwen35Golden, F32WeightsGiveTheSameLogits) {
   // A checkpoint converted to F32 (exactly: BF16 -> F32 is lossless) runs the F32 projection path.
   TempDir tmp;
-  copy_checkpoint(tmp.path(), [](const std::string&, TensorMap& m) {
+  copy_checkpoint(tiny_dir(), tmp.path(), [](const std::string&, TensorMap& m) {
     for (auto& [n, t] : m) {
       if (t.dtype() != DType::BF16) continue;
       Tensor f(DType::F32, t.shape());
@@ -268,7 +206,7 @@ TEST_F(Qwen35Golden, F32WeightsGiveTheSameLogits) {
 TEST(Qwen35Loader, MissingTensorNamesFileAndTensor) {
   TempDir tmp;
   const std::string victim = "model.language_model.layers.1.linear_attn.A_log";
-  copy_checkpoint(tmp.path(), [&](const std::string&, TensorMap& m) { m.erase(victim); });
+  copy_checkpoint(tiny_dir(), tmp.path(), [&](const std::string&, TensorMap& m) { m.erase(victim); });
   const std::string err = load_error(tmp.path().string());
   EXPECT_NE(err.find(victim), std::string::npos) << err;
   EXPECT_NE(err.find("model-00001-of-00002.safetensors"), std::string::npos) << err;
@@ -286,7 +224,7 @@ TEST(Qwen35Loader, MissingTensorNamesFileAndTensor) {
 TEST(Qwen35Loader, WrongShapeNamesFileTensorAndShapes) {
   TempDir tmp;
   const std::string victim = "model.language_model.layers.2.self_attn.k_proj.weight";
-  copy_checkpoint(tmp.path(), [&](const std::string&, TensorMap& m) {
+  copy_checkpoint(tiny_dir(), tmp.path(), [&](const std::string&, TensorMap& m) {
     if (m.count(victim)) m[victim] = Tensor(DType::BF16, {32, 64});
   });
   const std::string err = load_error(tmp.path().string());
@@ -298,7 +236,7 @@ TEST(Qwen35Loader, WrongShapeNamesFileTensorAndShapes) {
 
 TEST(Qwen35Loader, UnknownModelTypeNamesTheField) {
   TempDir tmp;
-  copy_checkpoint(tmp.path());
+  copy_checkpoint(tiny_dir(), tmp.path());
   nlohmann::json cfg = nlohmann::json::parse(read_file(tmp.path() / "config.json"));
   cfg["model_type"] = "llama";
   write_file(tmp.path() / "config.json", cfg.dump());
@@ -321,7 +259,7 @@ TEST(Qwen35Loader, UnknownModelTypeNamesTheField) {
 
 TEST(Qwen35Loader, TruncatedFileNamesFileAndTensor) {
   TempDir tmp;
-  copy_checkpoint(tmp.path());
+  copy_checkpoint(tiny_dir(), tmp.path());
   const fs::path shard = tmp.path() / "model-00002-of-00002.safetensors";
   fs::resize_file(shard, fs::file_size(shard) - 1000);
   const std::string err = load_error(tmp.path().string());

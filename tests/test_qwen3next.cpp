@@ -17,6 +17,7 @@
 #include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
 #include "model/qwen3next_layout.hpp"
+#include "model_testing.hpp"
 #include "test_support.hpp"
 
 namespace hanpu {
@@ -27,93 +28,25 @@ using testing::TempDir;
 
 fs::path next_dir() { return testing::golden_dir() / "qwen3next_tiny"; }
 
-std::vector<int32_t> ids_of(const Tensor& t) {
-  std::vector<int32_t> out;
-  for (int64_t i = 0; i < t.numel(); ++i) out.push_back(static_cast<int32_t>(t.get(i)));
-  return out;
-}
-
-struct Expected {
-  std::vector<int32_t> prompt, greedy, text_prompt, text_greedy;
-  Tensor logits;  // [prompt + greedy, V]
-};
-
-Expected load_expected() {
-  SafetensorsFile f = SafetensorsFile::open((next_dir() / "expected.safetensors").string());
-  Expected e;
-  e.prompt = ids_of(f.load_copy("prompt_ids"));
-  e.greedy = ids_of(f.load_copy("greedy_ids"));
-  e.text_prompt = ids_of(f.load_copy("text_prompt_ids"));
-  e.text_greedy = ids_of(f.load_copy("text_greedy_ids"));
-  e.logits = f.load_copy("logits");
-  return e;
-}
-
-double nmse(const float* got, const float* want, int64_t n) {
-  double err = 0, ref = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(got[i]) - want[i];
-    err += d * d;
-    ref += static_cast<double>(want[i]) * want[i];
-  }
-  return err / ref;
-}
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string load_error(const std::string& dir) {
-  try {
-    Qwen35Model::load(dir);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-using TensorMap = std::map<std::string, Tensor>;
-void copy_checkpoint(const fs::path& dst, const std::function<void(const std::string& shard, TensorMap&)>& edit = {}) {
-  fs::create_directories(dst);
-  for (const auto& entry : fs::directory_iterator(next_dir())) {
-    const std::string name = entry.path().filename().string();
-    if (name == "expected.safetensors") continue;
-    if (entry.path().extension() != ".safetensors" || !edit) {
-      fs::copy_file(entry.path(), dst / name, fs::copy_options::overwrite_existing);
-      continue;
-    }
-    SafetensorsFile f = SafetensorsFile::open(entry.path().string());
-    TensorMap m;
-    for (const std::string& n : f.names()) m.emplace(n, f.load_copy(n));
-    edit(name, m);
-    std::vector<std::pair<std::string, TensorView>> out;
-    for (auto& [n, t] : m) out.emplace_back(n, t.view());
-    write_safetensors((dst / name).string(), out);
-  }
-}
+using testing::all_logits;
+using testing::copy_checkpoint;
+using testing::Expected;
+using testing::load_error;
+using testing::nmse;
+using testing::TensorMap;
+std::string read_file(const fs::path& p) { return testing::read_text(p.string()); }
 
 class Qwen3NextGolden : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     model_ = new Qwen35Model(Qwen35Model::load(next_dir().string()));
-    expected_ = new Expected(load_expected());
+    expected_ = new Expected(testing::load_expected(next_dir()));
   }
   static void TearDownTestSuite() {
     delete model_;
     delete expected_;
   }
-  static std::vector<int32_t> full_sequence() {
-    std::vector<int32_t> ids = expected_->prompt;
-    ids.insert(ids.end(), expected_->greedy.begin(), expected_->greedy.end());
-    return ids;
-  }
-  static Tensor all_logits(const Qwen35Model& m, std::span<const int32_t> ids, int threads = 1) {
-    Qwen35State st = m.new_state();
-    return m.forward(st, ids, {.threads = threads, .all_logits = true});
-  }
+  static std::vector<int32_t> full_sequence() { return expected_->full_sequence(); }
   static Qwen35Model* model_;
   static Expected* expected_;
 };
@@ -306,7 +239,7 @@ TEST(Qwen3NextLayout, RowMapsWrittenOutByHand) {
 TEST(Qwen3NextLoader, WrongFusedProjectionShapeNamesFileAndTensor) {
   TempDir tmp;
   const std::string victim = "model.layers.2.linear_attn.in_proj_qkvz.weight";
-  copy_checkpoint(tmp.path(), [&](const std::string&, TensorMap& m) {
+  copy_checkpoint(next_dir(), tmp.path(), [&](const std::string&, TensorMap& m) {
     // The Qwen3.5 in_proj_qkv shape (no z rows): what a mixed-up conversion would hold.
     if (m.count(victim)) m[victim] = Tensor(DType::BF16, {192, 64});
   });
@@ -320,7 +253,7 @@ TEST(Qwen3NextLoader, WrongFusedProjectionShapeNamesFileAndTensor) {
 TEST(Qwen3NextLoader, MissingExpertTensorNamesFileAndTensor) {
   TempDir tmp;
   const std::string victim = "model.layers.0.mlp.experts.5.down_proj.weight";
-  copy_checkpoint(tmp.path(), [&](const std::string&, TensorMap& m) { m.erase(victim); });
+  copy_checkpoint(next_dir(), tmp.path(), [&](const std::string&, TensorMap& m) { m.erase(victim); });
   const std::string err = load_error(tmp.path().string());
   EXPECT_NE(err.find(victim), std::string::npos) << err;
   EXPECT_NE(err.find("model-00001-of-00002.safetensors"), std::string::npos) << err;
@@ -328,7 +261,7 @@ TEST(Qwen3NextLoader, MissingExpertTensorNamesFileAndTensor) {
 
   const std::string shared = "model.layers.3.mlp.shared_expert_gate.weight";
   TempDir tmp2;
-  copy_checkpoint(tmp2.path(), [&](const std::string&, TensorMap& m) { m.erase(shared); });
+  copy_checkpoint(next_dir(), tmp2.path(), [&](const std::string&, TensorMap& m) { m.erase(shared); });
   const std::string err2 = load_error(tmp2.path().string());
   EXPECT_NE(err2.find(shared), std::string::npos) << err2;
   EXPECT_NE(err2.find("model-00002-of-00002.safetensors"), std::string::npos) << err2;
@@ -336,7 +269,7 @@ TEST(Qwen3NextLoader, MissingExpertTensorNamesFileAndTensor) {
 
 TEST(Qwen3NextLoader, BadMoeConfigNamesTheField) {
   TempDir tmp;
-  copy_checkpoint(tmp.path());
+  copy_checkpoint(next_dir(), tmp.path());
   nlohmann::json cfg = nlohmann::json::parse(read_file(next_dir() / "config.json"));
   cfg["num_experts_per_tok"] = 9;
   std::ofstream(tmp.path() / "config.json") << cfg.dump();
