@@ -48,6 +48,9 @@ import sys
 import torch
 from safetensors.torch import save_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from qwen_golden_tokenizer import build_tokenizer  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SEED = 3801
@@ -102,33 +105,13 @@ TEXT_NEW_TOKENS = 8
 F32_SUFFIXES = ("linear_attn.A_log", "linear_attn.dt_bias")
 
 
-def build_tokenizer(out_dir):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    corpus = [
+# The lines the golden's tokenizer is trained on (tools/qwen_golden_tokenizer.py).
+TOKENIZER_CORPUS = [
         "The quick brown fox jumps over the lazy dog. " * 4,
         "Hello world! Hello there, hello again. The model routes tokens to experts.",
         "hanpu runs Qwen3-Next on the CPU: prefill, decode, the gated delta rule and the experts.",
         "the the the and and of of to to in in is is it it that that",
-    ]
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - len(SPECIAL_TOKENS), show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
-    tok.train_from_iterator(corpus, trainer)
-    tok.add_special_tokens(SPECIAL_TOKENS)
-    assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
-    tok.save(os.path.join(out_dir, "tokenizer.json"))
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "Qwen2Tokenizer", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                   "add_bos_token": False, "model_max_length": 4096}, f, indent=2)
-        f.write("\n")
-    return {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+]
 
 
 def stored_f32(name):
@@ -206,7 +189,7 @@ def main():
 
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
-    specials = build_tokenizer(args.out)
+    specials = build_tokenizer(args.out, QWEN2_SPLIT, TOKENIZER_CORPUS, VOCAB, SPECIAL_TOKENS)
 
     cfg = dict(CONFIG)
     cfg["eos_token_id"] = specials["<|endoftext|>"]
