@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "cpu/kernels.hpp"
 #include "hanpu/cpu_plan.hpp"
 #include "la_testing.hpp"
 
@@ -405,6 +406,49 @@ TEST(LaViews, StridedInputsMatchContiguous) {
   }
 }
 
+
+// GDN on bf16 q/k: the grams from bf16 dot products (ExecOptions::bf16_dot, AVX512-BF16) and from
+// f32 conversions both meet the bounds, with and without in-kernel L2 norms (the norms and scale
+// are then applied to the raw grams), odd K (a zero pads the last bf16 pair), tails, GVA, varlen.
+// The two differ only in f32 summation order: their final states agree to ~1e-12.
+TEST(LaBf16Dot, GramsFromBf16DotProductsAreExact) {
+  if (!cpu::gram_bf16_usable()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the bf16 gram path cannot run here";
+  struct Case {
+    int64_t T, H, HV, K, V;
+    std::vector<int64_t> seqlens;
+    bool l2norm;
+  };
+  const Case cases[] = {{150, 2, 4, 63, 100, {}, false}, {150, 2, 4, 63, 100, {}, true}, {65, 1, 1, 128, 128, {}, false},
+                        {64, 3, 3, 1, 60, {}, true},     {0, 1, 2, 100, 64, {15, 300, 64}, true},
+                        {200, 2, 2, 256, 32, {}, false}};
+  for (const Case& c : cases) {
+    ProblemSpec s;
+    s.variant = Variant::GDN;
+    s.T = c.T;
+    s.H = c.H;
+    s.HV = c.HV;
+    s.K = c.K;
+    s.V = c.V;
+    s.seqlens = c.seqlens;
+    s.dtype = DType::BF16;
+    s.gates = GateRegime::kStrong;
+    s.opt.qk_l2norm = c.l2norm;
+    s.opt.beta_sigmoid = true;
+    const Problem p = make_problem(s);
+    const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+    ExecOptions dot{CpuPath::HeadFused, 2, nullptr};
+    ExecOptions f32 = dot;
+    f32.bf16_dot = false;
+    for (const ExecOptions& ex : {dot, f32}) {
+      const Accuracy a = run_and_compare(p, ref, ex);
+      EXPECT_LE(a.o, output_bound(DType::BF16)) << "bf16_dot=" << ex.bf16_dot << " o: " << s.describe();
+      EXPECT_LE(a.state, kStateBound) << "bf16_dot=" << ex.bf16_dot << " state: " << s.describe();
+    }
+    const LaResult with_dot = la_prefill_alloc(s.variant, p.inputs(), s.opt, dot);
+    const LaResult without = la_prefill_alloc(s.variant, p.inputs(), s.opt, f32);
+    EXPECT_LE(nmse(with_dot.final_state, without.final_state), 1e-12) << s.describe();
+  }
+}
 
 // The operator orders a plan may choose (GEMM-first or the W/U form; in-place or double-buffered
 // state) give the reference's results, with tails (T = 150, K = 60, V = 100) and groups.

@@ -59,6 +59,11 @@ struct ExecOptions {
   /// If set, receives the bytes of working memory the call allocated beyond its inputs and
   /// outputs (per-thread arenas, and for the FLA-style path its main-memory intermediates).
   size_t* workspace_bytes = nullptr;
+  /// Head-fused GDN with bf16 q and k: form K K^T and Q K^T with the CPU's bf16 dot-product
+  /// instructions (AVX512-BF16) when it has them. Both factors are the caller's bf16 values and
+  /// their products are exact in f32, so only the summation order changes (docs/PERFORMANCE.md).
+  /// false: always convert to f32 first (for comparison).
+  bool bf16_dot = true;
 };
 
 /// Shapes after validation; produced by validate_la (throws hanpu::Error naming the tensor).

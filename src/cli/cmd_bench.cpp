@@ -39,6 +39,8 @@ struct BenchArgs {
   bool json = false;
   std::string json_out;  // also write the JSON rows to this file (the table still prints)
   bool ablation = false;  // run the planner's ablation steps for real, next to their simulation
+  // ExecOptions::bf16_dot settings to run the head-fused path with on bf16 GDN rows ("on", "off")
+  std::vector<std::string> bf16_dot{"on"};
 };
 
 struct Inputs {
@@ -76,6 +78,7 @@ Inputs make_inputs(Variant var, int64_t T, int64_t H, int64_t K, int64_t V, DTyp
 
 struct Row {
   std::string variant, path, dtype;
+  bool bf16_dot = false;  // the GDN grams ran on bf16 dot-product instructions
   int64_t T, heads, K, V;
   int threads;
   double ms, tokens_per_s, gflops, peak_gflops, peak_fraction;
@@ -120,7 +123,8 @@ void print_header() {
 }
 
 void print_row(const Row& r) {
-  std::printf("%-4s %-9s %6lld %5lld %-4s %3d %10.3f %11.0f %9.1f %6.1f%% %10.2f\n", r.variant.c_str(), r.path.c_str(),
+  const std::string path = r.bf16_dot ? r.path + "+dot" : r.path;
+  std::printf("%-4s %-9s %6lld %5lld %-4s %3d %10.3f %11.0f %9.1f %6.1f%% %10.2f\n", r.variant.c_str(), path.c_str(),
               static_cast<long long>(r.T), static_cast<long long>(r.heads), r.dtype.c_str(), r.threads, r.ms,
               r.tokens_per_s, r.gflops, 100.0 * r.peak_fraction, static_cast<double>(r.extra_bytes) / (1 << 20));
   std::fflush(stdout);
@@ -133,6 +137,8 @@ void validate_args(const BenchArgs& a) {
   for (const std::string& d : a.dtypes)
     if (d != "f32" && d != "bf16" && d != "f16") throw Error("unknown dtype '" + d + "' (expected f32, bf16 or f16)");
   for (const std::string& p : a.paths) parse_path(p);
+  for (const std::string& b : a.bf16_dot)
+    if (b != "on" && b != "off") throw Error("unknown --bf16-dot '" + b + "' (expected on or off)");
   for (int64_t t : a.Ts)
     if (t < 1) throw Error("--T " + std::to_string(t) + ": sequence lengths must be positive");
   for (int64_t h : a.heads)
@@ -184,11 +190,16 @@ void run_bench(const BenchArgs& a) {
           const LaOutputs lo{o.view(), ht.view()};
           for (const std::string& pname : a.paths) {
             const CpuPath path = parse_path(pname);
+            // bf16 dot products exist only for the head-fused GDN grams on bf16 inputs.
+            const bool dot_applies = path == CpuPath::HeadFused && var == Variant::GDN && dt == DType::BF16;
+            for (const std::string& dot : dot_applies ? a.bf16_dot : std::vector<std::string>{"off"})
             for (int th : thread_counts) {
               size_t extra = 0;
               ExecOptions ex{path, th, nullptr, &extra};
+              ex.bf16_dot = dot == "on";
               const std::vector<double> times = time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, ex); });
-              Row r{vname, pname, dname, T, H, a.dim, a.dim, th, 0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
+              Row r{vname, pname, dname, dot_applies && ex.bf16_dot && cpu::gram_bf16_usable(), T, H, a.dim, a.dim, th,
+                    0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
               const double sec = median(times);
               r.ms = sec * 1e3;
               r.tokens_per_s = static_cast<double>(T) / sec;
@@ -211,6 +222,7 @@ void run_bench(const BenchArgs& a) {
                                {"peak_fraction", r.peak_fraction},
                                {"extra_bytes", r.extra_bytes},
                                {"reps", r.reps},
+                               {"bf16_dot", r.bf16_dot},
                                {"mem_bandwidth_gbs", bandwidth}});
               }
               if (!a.json) print_row(r);
@@ -303,6 +315,10 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--path", args->paths, "hanpu, fla, recurrent (default all)")->delimiter(',');
   sub->add_option("--dim", args->dim, "K = V head dim (default 128)")->check(CLI::Range(1, 256));
   sub->add_option("--min-seconds", args->min_seconds, "time per row at least (default 0.2)");
+  sub->add_option("--bf16-dot", args->bf16_dot,
+                  "bf16 GDN rows of the hanpu path: on (K K^T and Q K^T with AVX512-BF16 dot products when the CPU "
+                  "has them), off (f32 conversion first), or on,off for both (default on)")
+      ->delimiter(',');
   sub->add_flag("--json", args->json, "print the rows as a JSON array");
   sub->add_option("--json-out", args->json_out, "also write the JSON rows to this file (updated after every row)");
   sub->add_flag("--ablation", args->ablation,

@@ -57,6 +57,18 @@ class DenormalGuard {
   unsigned saved_ = 0;
 };
 
+/// Whether gram_bf16_lower can run here: AMX present and permitted (amx_usable), and this build
+/// has the code (x86-64, GCC/Clang). gram_bf16.cpp.
+bool gram_bf16_usable();
+/// KK[i][j] = k_i . k_j and QK[i][j] = q_i . k_j from bf16 rows, for rows i < L and at least every
+/// column j <= i (whole 16 x 16 blocks on and below the diagonal are written, rows and columns up
+/// to L rounded up to 16: the masking pass discards the rest). k_rows, q_rows: rows of ld_rows
+/// bf16 (a multiple of 32, zero beyond K), L rounded up to 16 of them readable. kt_pairs: K^T as
+/// bf16 pairs, ld_rows / 2 rows of ld_pairs uint32, zero for columns >= L. The products of bf16
+/// values are exact in f32; only the summation order differs from the f32 path.
+void gram_bf16_lower(const uint16_t* k_rows, const uint16_t* q_rows, size_t ld_rows, const uint32_t* kt_pairs,
+                     size_t ld_pairs, size_t L, float* KK, float* QK, size_t ldc);
+
 /// GFLOP/s of the GEMM core on one thread for C(M x N) += A(M x Kd) B(Kd x N), cache-resident.
 double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds);
 

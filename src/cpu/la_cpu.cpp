@@ -43,6 +43,14 @@ int resolve_threads(int threads) {
   return threads > 0 ? threads : hardware_threads();
 }
 
+// GDN grams from raw bf16 rows (cpu::gram_bf16_lower): q and k bf16 with contiguous rows, and a
+// CPU with AVX512-BF16. KDA's grams multiply decay-scaled rows, which are no longer bf16 values.
+bool bf16_grams_possible(const LaJob& job) {
+  const LaInputs& in = job.in;
+  return job.variant() == Variant::GDN && in.q.dtype == DType::BF16 && in.k.dtype == DType::BF16 &&
+         in.q.stride[3] == 1 && in.k.stride[3] == 1 && cpu::gram_bf16_usable();
+}
+
 std::vector<int64_t> seq_lengths(const LaJob& job) {
   std::vector<int64_t> lens;
   for (const SeqSpan& s : job.seqs) lens.push_back(s.len);
@@ -178,7 +186,8 @@ std::vector<WorkItem> whole_items(const LaJob& job) {
 }  // namespace
 
 void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
-  const LaJob job = make_la_job(variant, in, opt, out);
+  LaJob job = make_la_job(variant, in, opt, out);
+  job.bf16_grams = ex.bf16_dot && ex.path == CpuPath::HeadFused && bf16_grams_possible(job);
   const int threads = resolve_threads(ex.threads);
   constexpr int kChunk = 64;  // C = 64 tokens, as FLA: the arena and the op count assume it
   size_t workspace = 0;

@@ -348,9 +348,11 @@ HWY_INLINE void SubScaled(float* HWY_RESTRICT y, float a, const float* HWY_RESTR
   for (size_t i = 0; i < n; i += N) hn::StoreU(hn::NegMulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
 }
 
-void L2Normalize(float* x, size_t n) {
+// Returns the factor applied, 1 / sqrt(sum x^2 + eps).
+float L2Normalize(float* x, size_t n) {
   const float inv = 1.0f / std::sqrt(Dot(x, x, n) + static_cast<float>(gates::kL2NormEps));
   Scale(x, inv, n);
+  return inv;
 }
 
 // out[i] = exp(float(a[i] − b[i])) (or exp(float(a[0] − b[i])) with kBroadcastA) for the fp64
@@ -435,6 +437,13 @@ struct ChunkRows {
   float* beta;   // [C]
   float* graw;   // scratch [K]
   bool v_times_beta = false;  // store beta_t v_t instead of v_t (the head-fused path's X init)
+  // bf16 grams (LaJob::bf16_grams): the raw bf16 rows of q and k [C x ldraw] (K, then zeros up
+  // to whole AMX tile steps of 32) and, with qk_l2norm, each row's 1/norm.
+  uint16_t* qraw = nullptr;
+  uint16_t* kraw = nullptr;
+  size_t ldraw = 0;
+  float* qinv = nullptr;
+  float* kinv = nullptr;
 };
 
 void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
@@ -480,9 +489,18 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
     LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q, job.opt.qk_l2norm ? 1.f : job.scale);
     LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
     if (job.opt.qk_l2norm) {
-      L2Normalize(q, K);
-      L2Normalize(k, K);
+      const float qi = L2Normalize(q, K), ki = L2Normalize(k, K);
       Scale(q, job.scale, K);
+      if (r.qinv) r.qinv[i] = qi;
+      if (r.kinv) r.kinv[i] = ki;
+    }
+    if (r.kraw) {  // the rows as stored (contiguous bf16, checked by bf16_grams_possible)
+      const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
+      const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
+      std::copy(qs, qs + K, r.qraw + i * r.ldraw);
+      std::copy(ks, ks + K, r.kraw + i * r.ldraw);
+      std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
+      std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
     }
     if (r.v) {
       float* v = r.v + i * r.ldv;
@@ -575,6 +593,9 @@ struct FusedLayout {
   size_t K, C, Vp, ldc, gk;  // Vp: leading dim of V-wide rows; ldc: of C-wide rows
   size_t KrQs, KnQg, Kt, AP, XO, G, beta, egam, graw, KQl, KrT, eg;
   size_t ldw, Tinv, W, U;  // only without GEMM-first: the inverse, W and U of the W/U form
+  // only with bf16 grams: raw q/k rows (ldraw bf16 each), K^T in bf16 pairs (ldc per pair row),
+  // the grams' row and column factors
+  size_t ldraw, raw, KtPairs, gram_scale;
   size_t total;
 };
 
@@ -608,6 +629,12 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
     l.Tinv = take(l.C * l.ldc);
     l.W = take(l.C * l.ldw);
     l.U = take(l.C * std::max(l.Vp, l.ldw));  // also stages T Kn (ld ldw)
+  }
+  if (job.bf16_grams) {
+    l.ldraw = RoundUp(l.K, 32);  // whole AMX tile steps (32 bf16 = 64 bytes per tile row)
+    l.raw = take(l.C * l.ldraw);  // two blocks of C x ldraw bf16 = C x ldraw floats
+    l.KtPairs = take(l.ldraw / 2 * l.ldc);
+    l.gram_scale = take(3 * l.C);
   }
   l.total = off;
   return l;
@@ -687,10 +714,19 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
   }
 }
 
+// Factors of grams formed from the raw bf16 rows (gram_bf16_lower), which carry neither scale
+// nor the L2 norms: KK_ij gets a_row[i] col[j], QK_ij gets p_row[i] col[j].
+struct GramScale {
+  const float* a_row;  // 1 / |k_i| (or 1)
+  const float* p_row;  // scale / |q_i| (or scale)
+  const float* col;    // 1 / |k_j| (or 1); readable up to L rounded up to the vector length
+};
+
 // A = strictly-lower(beta_i * gate_ij * KK), P = lower-inclusive(gate_ij * QK), in place; entries
 // outside the triangle (or beyond L) are set to 0 by selection. gate_ij = e^{Γi−Γj} for GDN and
-// already inside the products for KDA.
-void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, size_t ldc, float* AP, float* ftmp) {
+// already inside the products for KDA. With `sc`, the raw grams' factors are applied too.
+void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, size_t ldc, float* AP, float* ftmp,
+              const GramScale* sc = nullptr) {
   float* KK = AP;
   float* QK = AP + C * ldc;
   const size_t Lp = RoundUp(L, kPad);
@@ -702,14 +738,17 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
     // may hold anything (even inf/NaN from skipped tiles) and must come out as exact zeros.
     const DF d;
     const size_t N = hn::Lanes(d);
-    const VF vbeta = hn::Set(d, beta[i]);
+    const VF vbeta = hn::Set(d, sc ? beta[i] * sc->a_row[i] : beta[i]);
+    const VF vp = hn::Set(d, sc ? sc->p_row[i] : 1.f);
     for (size_t j0 = 0; j0 < Lp; j0 += N) {
       const size_t below = i > j0 ? i - j0 : 0;      // lanes with j < i
       const size_t upto = i + 1 > j0 ? i + 1 - j0 : 0;  // lanes with j <= i
-      const VF gate = gdn ? hn::IfThenElseZero(hn::FirstN(d, upto), hn::LoadU(d, ftmp + j0)) : hn::Set(d, 1.f);
+      VF gate = gdn ? hn::IfThenElseZero(hn::FirstN(d, upto), hn::LoadU(d, ftmp + j0)) : hn::Set(d, 1.f);
+      if (sc) gate = hn::Mul(gate, hn::LoadU(d, sc->col + j0));
       hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, below), hn::Mul(hn::Mul(vbeta, gate), hn::LoadU(d, a + j0))), d,
                  a + j0);
-      hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, upto), hn::Mul(gate, hn::LoadU(d, p + j0))), d, p + j0);
+      hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, upto), hn::Mul(hn::Mul(vp, gate), hn::LoadU(d, p + j0))), d,
+                 p + j0);
     }
   }
 }
@@ -746,7 +785,22 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
 
   for (size_t g = 0; g < count; ++g)
     LoadState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
-  const ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw, /*v_times_beta=*/true};
+  ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw, /*v_times_beta=*/true};
+  // bf16 grams: raw rows staged by LoadChunk; factors p_row (all `scale` without L2 norms), then
+  // a_row = col = the keys' inverse norms (all 1 without).
+  float* gram_scale = job.bf16_grams ? arena + l.gram_scale : nullptr;
+  const GramScale gram_sc{gram_scale + C, gram_scale, gram_scale + C};
+  if (job.bf16_grams) {
+    rows.qraw = reinterpret_cast<uint16_t*>(arena + l.raw);
+    rows.kraw = rows.qraw + C * l.ldraw;
+    rows.ldraw = l.ldraw;
+    std::fill(gram_scale, gram_scale + C, job.scale);
+    std::fill(gram_scale + C, gram_scale + 3 * C, 1.f);
+    if (job.opt.qk_l2norm) {
+      rows.qinv = gram_scale;
+      rows.kinv = gram_scale + C;
+    }
+  }
   ChunkPrefetcher prefetch;
   for (int64_t t0 = 0; t0 < seq.len; t0 += chunk)
   for (size_t g = 0; g < count; ++g) {
@@ -784,12 +838,24 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     const size_t Lp = RoundUp(L, kPad);
     if (kda) {
       KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP);
+    } else if (job.bf16_grams) {
+      // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
+      // applied by MaskGram. Kt (f32) is still needed by the state update. K^T in bf16 pairs is
+      // the transpose of the rows read as 32-bit words.
+      Transpose(Kr, L, K, Kt, ldc);
+      float* KtPairs = arena + l.KtPairs;
+      TransposeInto(reinterpret_cast<const float*>(rows.kraw), L, l.ldraw / 2, KtPairs, ldc, ldc);
+      gram_bf16_lower(rows.kraw, rows.qraw, l.ldraw, reinterpret_cast<const uint32_t*>(KtPairs), ldc, L, AP,
+                      AP + C * ldc, ldc);
+      prefetch.lines(kPrefetchLinesPerTile * L / 2);  // what the f32 grams' tiles would have issued
+      if (job.opt.qk_l2norm)
+        for (size_t i = 0; i < L; ++i) gram_scale[i] *= job.scale;  // p_row = scale / |q_i|
     } else {
       Transpose(Kr, L, K, Kt, ldc);
       Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
       Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
     }
-    MaskGram(!kda, G, beta, L, C, ldc, AP, graw);
+    MaskGram(!kda, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
     if (order.gemm_first) {
       // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
       SolveUnitLower(AP, ldc, X, Vp, L, width);

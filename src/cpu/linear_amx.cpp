@@ -69,6 +69,10 @@ HANPU_AMX_TARGET void load_tile_config() {
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
+  // GCC 12's ldtilecfg builtin does not tell the optimiser that it reads cfg: out of line, the
+  // stores above were dropped as dead (only palette_id survived) and the first tile instruction
+  // raised SIGILL. The barrier makes them happen.
+  __asm__ volatile("" : : "r"(&cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 
@@ -296,6 +300,9 @@ bool amx_usable() {
   return usable;
 }
 
+HANPU_AMX_TARGET void amx_configure_tiles() { load_tile_config(); }
+HANPU_AMX_TARGET void amx_release_tiles() { _tile_release(); }
+
 void amx_pack_weight(const uint16_t* w, int64_t N, int64_t K, uint16_t* out) {
   const int64_t KS = amx_k_steps(K), NB = amx_n_padded(N) / 16;
   for (int64_t nb = 0; nb < NB; ++nb) {
@@ -365,6 +372,8 @@ void amx_gemv(const uint16_t* xs, int64_t rows, int terms, const uint16_t* w_pac
 #else  // no AMX code on this architecture / compiler: the portable backend is used.
 
 bool amx_usable() { return false; }
+void amx_configure_tiles() {}
+void amx_release_tiles() {}
 void amx_pack_weight(const uint16_t*, int64_t, int64_t, uint16_t*) {}
 void amx_pack_rows(const float*, int64_t, int64_t, int64_t, int64_t, int, uint16_t*) {}
 void amx_pack_gemv_rows(const float*, int64_t, int64_t, int64_t, int, uint16_t*) {}

@@ -35,6 +35,11 @@ constexpr int64_t kAmxKBlock = 4;
 /// CPUID (AMX-TILE, AMX-BF16, AVX512F/BW/VL, AVX512-BF16), XCR0 and the Linux tile-data
 /// permission (arch_prctl(ARCH_REQ_XCOMP_PERM)). Computed once.
 bool amx_usable();
+/// Loads the tile configuration every AMX kernel here uses (palette 1, all 8 tiles 16 rows x 64
+/// bytes) on the calling thread / releases the tile state (the OS then need not save 8 KiB of
+/// tile data on context switches). Only after amx_usable().
+void amx_configure_tiles();
+void amx_release_tiles();
 
 inline int64_t amx_k_steps(int64_t K) { return (K + kAmxK - 1) / kAmxK; }
 inline int64_t amx_n_padded(int64_t N) { return (N + kAmxN - 1) / kAmxN * kAmxN; }

@@ -24,6 +24,9 @@ struct LaJob {
   LaInputs in;
   LaOutputs out;
   std::vector<SeqSpan> seqs;
+  /// The head-fused GDN grams run on the raw bf16 q/k rows with bf16 dot products
+  /// (ExecOptions::bf16_dot, set by the backend when the inputs and the CPU allow it).
+  bool bf16_grams = false;
 
   Variant variant() const { return shape.variant; }
   int64_t key_head(int64_t hv) const { return hv / group; }
