@@ -640,39 +640,42 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
   return l;
 }
 
+// KDA's per-token decay factors eg[t] = e^{g_t} = e^{Γt−Γ(t−1)} [L x K] (from the fp64
+// cumulative gates, so they equal the differences the anchors use).
+void KdaTokenFactors(const double* G, size_t L, size_t K, float* eg) {
+  ExpRow(G, eg, K);
+  for (size_t t = 1; t < L; ++t) ExpDiff(G + t * K, G + (t - 1) * K, eg + t * K, K);
+}
+
 // K K^T and Q K^T for KDA, anchored so that every exponent is a later-minus-earlier difference.
 // Rows in 16-row blocks with anchor n (the block's first row): for columns j < n,
 //   (k_i e^{Γi−Γn}) · (k_j e^{Γn−Γj})  — both factors <= 1;
 // inside a block, e^{Γi−Γj} = Π_{t=j+1..i} e^{g_t} is built by multiplying the per-token factors
-// (at most 15 of them, each <= 1: a few ulp, no exponential per pair). `eg` receives those
-// per-token factors [L x K].
+// `eg` [L x K] (KdaTokenFactors; at most 16 of them, each <= 1: a few ulp, no exponential per
+// pair). The factors that carry the previous block's columns to the new anchor are products too.
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
-             float* KrT, float* ftmp, float* eg, float* AP) {
+             float* KrT, float* ftmp, const float* eg, float* AP) {
   constexpr size_t kBlock = 16;  // sub-chunk size of FLA's KDA kernels: anchors every 16 rows
   float* KK = AP;
   float* QK = AP + C * ldc;
-  ExpRow(G, eg, K);
-  for (size_t t = 1; t < L; ++t) ExpDiff(G + t * K, G + (t - 1) * K, eg + t * K, K);
   const DF d;
   const size_t N = hn::Lanes(d);
   for (size_t n = 0; n < L; n += kBlock) {
     const size_t rows = std::min(kBlock, L - n);
-    const double* Gn = G + n * K;
     if (n > 0) {
       float* Kl = KQl;
       float* Ql = KQl + kBlock * K;
-      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n. Columns of the previous anchor p = n − 16
-      // move forward with one factor per row, e^{Γn−Γp} (a product of at most 3 exact
-      // exponentials); only the 16 new columns [p, n) need exponentials of their own.
+      // KrT[d][j] = k_j[d] e^{Γn[d]−Γj[d]} for j < n. The 16 new columns [p, n), p = n − 16:
+      // e^{Γn−Γj} = Π_{t=j+1..n} e^{g_t}, built from j = n − 1 down (at most 16 factors); the
+      // last product, e^{Γn−Γp}, then carries the older columns j < p forward to this anchor.
       const size_t p = n - kBlock;
-      if (p > 0) {
-        ExpDiff(Gn, G + p * K, ftmp, K);
-        for (size_t dd = 0; dd < K; ++dd) Scale(KrT + dd * ldc, ftmp[dd], p);
-      }
-      for (size_t j = p; j < n; ++j) {
-        ExpDiff(Gn, G + j * K, ftmp, K);
+      std::copy(eg + n * K, eg + (n + 1) * K, ftmp);
+      for (size_t j = n; j-- > p;) {
+        if (j + 1 < n) MulInPlace(ftmp, eg + (j + 1) * K, K);
         MulRows(Kr + j * K, ftmp, Kl + (j - p) * K, K);  // Kl as staging rows
       }
+      if (p > 0)
+        for (size_t dd = 0; dd < K; ++dd) Scale(KrT + dd * ldc, ftmp[dd], p);
       TransposeInto(Kl, kBlock, K, KrT + p, ldc, kBlock);
       for (size_t i = 0; i < rows; ++i) {
         // e^{Γi−Γn} = e^{Γ(i−1)−Γn} e^{g_i}, kept in ftmp.
@@ -817,9 +820,15 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
                     static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0 - chunk)), item.col0, item.col1);
     else
       prefetch.plan(job, seq, 0, 0, 0, 0, 0);
-    // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands.
+    // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands. KDA:
+    // the per-token factors e^{g_t} first; e^{Γi} is exact at the 16-row anchors and the last
+    // row (the state's decay) and a product of at most 15 factors in between.
+    if (kda) KdaTokenFactors(G, L, K, arena + l.eg);
     for (size_t i = 0; i < L; ++i) {
-      ExpRow(G + i * gk, egam + i * gk, gk);
+      if (kda && i % 16 != 0 && i + 1 != L)
+        MulRows(egam + (i - 1) * K, arena + l.eg + i * K, egam + i * K, K);
+      else
+        ExpRow(G + i * gk, egam + i * gk, gk);
       if (kda) {
         MulRowsScaled(Kr + i * K, egam + i * K, -beta[i], Kn + i * K, K);
         MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
@@ -892,16 +901,19 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       // gram's KrT (k_j e^{Γnl−Γj}) times e^{ΓL−Γnl}; the rest need exponentials of their own.
       constexpr size_t kBlock = 16;
       const size_t nl = (L - 1) / kBlock * kBlock;
+      // e^{ΓL−Γj} = Π_{t=j+1..L} e^{g_t} from j = L − 1 down (1 for the last row; at most 15
+      // factors); the last product, e^{ΓL−Γnl}, carries the gram's older columns.
       const float* KrT = arena + l.KrT;
-      if (nl > 0) {
-        ExpDiff(GL, G + nl * K, graw, K);
-        for (size_t d = 0; d < K; ++d) ScaleTo(KrT + d * ldc, graw[d], Kt + d * ldc, nl);
-      }
+      const float* eg = arena + l.eg;
       float* staging = arena + l.KQl;  // 32 x K rows, free after the gram
-      for (size_t j = nl; j < L; ++j) {
-        ExpDiff(GL, G + j * K, graw, K);
+      std::copy(Kr + (L - 1) * K, Kr + L * K, staging + (L - 1 - nl) * K);
+      std::fill(graw, graw + K, 1.f);
+      for (size_t j = L - 1; j-- > nl;) {
+        MulInPlace(graw, eg + (j + 1) * K, K);
         MulRows(Kr + j * K, graw, staging + (j - nl) * K, K);
       }
+      if (nl > 0)  // graw = e^{ΓL−Γnl} now; the gram left KrT[d][j] = k_j[d] e^{Γnl[d]−Γj[d]}
+        for (size_t d = 0; d < K; ++d) ScaleTo(KrT + d * ldc, graw[d], Kt + d * ldc, nl);
       TransposeInto(staging, L - nl, K, Kt + nl, ldc, L - nl);
       std::copy(egam + (L - 1) * K, egam + L * K, decay_rows);
     } else {
@@ -1067,6 +1079,7 @@ ChunkRef FlaPrepare(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   LoadChunk(job, ch.seq, hv, ch.t0, ch.L, 0, job.shape.V, rows);
   const size_t Lp = RoundUp(ch.L, kPad);
   if (s.gk > 1) {
+    KdaTokenFactors(G, ch.L, s.K, scratch + s.eg);
     KdaGram(k, q, G, ch.L, s.K, s.C, s.C, scratch + s.KQl, scratch + s.KrT, graw, scratch + s.eg, AP);
   } else {
     float* Kt = scratch + s.Kt;
