@@ -437,6 +437,7 @@ struct ChunkRows {
   float* beta;   // [C]
   float* graw;   // scratch [K]
   bool v_times_beta = false;  // store beta_t v_t instead of v_t (the head-fused path's X init)
+  bool skip_qk = false;       // q and k (and everything derived from them) are already loaded
   // bf16 grams (LaJob::bf16_grams): the raw bf16 rows of q and k [C x ldraw] (K, then zeros up
   // to whole AMX tile steps of 32) and, with qk_l2norm, each row's 1/norm.
   uint16_t* qraw = nullptr;
@@ -485,22 +486,24 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
         static_cast<float>(load_as_double(in.beta.data, in.beta.dtype, offset3(in.beta, b, t, hv))),
         job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
     r.beta[i] = beta_t;
-    // q is scaled as it is loaded unless it is normalised first.
-    LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q, job.opt.qk_l2norm ? 1.f : job.scale);
-    LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
-    if (job.opt.qk_l2norm) {
-      const float qi = L2Normalize(q, K), ki = L2Normalize(k, K);
-      Scale(q, job.scale, K);
-      if (r.qinv) r.qinv[i] = qi;
-      if (r.kinv) r.kinv[i] = ki;
-    }
-    if (r.kraw) {  // the rows as stored (contiguous bf16, checked by bf16_grams_possible)
-      const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
-      const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
-      std::copy(qs, qs + K, r.qraw + i * r.ldraw);
-      std::copy(ks, ks + K, r.kraw + i * r.ldraw);
-      std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
-      std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
+    if (!r.skip_qk) {
+      // q is scaled as it is loaded unless it is normalised first.
+      LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q, job.opt.qk_l2norm ? 1.f : job.scale);
+      LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
+      if (job.opt.qk_l2norm) {
+        const float qi = L2Normalize(q, K), ki = L2Normalize(k, K);
+        Scale(q, job.scale, K);
+        if (r.qinv) r.qinv[i] = qi;
+        if (r.kinv) r.kinv[i] = ki;
+      }
+      if (r.kraw) {  // the rows as stored (contiguous bf16, checked by bf16_grams_possible)
+        const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
+        const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
+        std::copy(qs, qs + K, r.qraw + i * r.ldraw);
+        std::copy(ks, ks + K, r.kraw + i * r.ldraw);
+        std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
+        std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
+      }
     }
     if (r.v) {
       float* v = r.v + i * r.ldv;
@@ -596,6 +599,7 @@ struct FusedLayout {
   // only with bf16 grams: raw q/k rows (ldraw bf16 each), K^T in bf16 pairs (ldc per pair row),
   // the grams' row and column factors
   size_t ldraw, raw, KtPairs, gram_scale;
+  size_t AP_unmasked;  // only for GDN with HV > H: the grams before masking, for the next value head
   size_t total;
 };
 
@@ -636,6 +640,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
     l.KtPairs = take(l.ldraw / 2 * l.ldc);
     l.gram_scale = take(3 * l.C);
   }
+  if (job.variant() == Variant::GDN && job.group > 1) l.AP_unmasked = take(2 * l.C * l.ldc);
   l.total = off;
   return l;
 }
@@ -811,6 +816,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     const int64_t hv = item.head;
     float* S = states + (parity * count + g) * state_floats;
     const size_t L = static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0));
+    // GDN value heads that read the same key head (HV > H) have the same q, k and grams before
+    // the per-head beta and decays: the group's previous head left them in the arena.
+    const bool keys_loaded = !kda && g > 0 && job.key_head(hv) == job.key_head(items[g - 1].head);
+    const bool keys_reused_next = !kda && g + 1 < count && job.key_head(items[g + 1].head) == job.key_head(hv);
+    rows.skip_qk = keys_loaded;
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
     // Prefetch what runs next: the group's next head on this chunk, or the first head on the next.
     if (g + 1 < count)
@@ -845,7 +855,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, nullptr);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
-    if (kda) {
+    if (keys_loaded) {
+      std::copy(arena + l.AP_unmasked, arena + l.AP_unmasked + 2 * C * ldc, AP);
+    } else if (kda) {
       KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP);
     } else if (job.bf16_grams) {
       // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
@@ -864,6 +876,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
       Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
     }
+    if (keys_reused_next && !keys_loaded) std::copy(AP, AP + 2 * C * ldc, arena + l.AP_unmasked);
     MaskGram(!kda, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
     if (order.gemm_first) {
       // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
