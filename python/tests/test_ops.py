@@ -283,3 +283,15 @@ def test_torch_non_contiguous_and_requires_grad():
     o, _ = call(CHUNK["gdn"], xt)
     np.testing.assert_array_equal(o.numpy(), ref)
     assert not o.requires_grad
+
+
+@needs_torch
+def test_state_v_first_bf16_initial_state():
+    """A V-first state of another dtype than fp32 takes the converting copy."""
+    x = {n: torch.from_numpy(a) for n, a in make_inputs("gdn", 1, 70, 2, 2, 32, 48).items()}
+    x["initial_state"] = x["initial_state"].to(torch.bfloat16)
+    o, ht = call(CHUNK["gdn"], x, output_final_state=True)
+    xv = dict(x, initial_state=x["initial_state"].transpose(-1, -2).contiguous())
+    ov, htv = call(CHUNK["gdn"], xv, output_final_state=True, state_v_first=True)
+    np.testing.assert_array_equal(ov.numpy(), o.numpy())
+    np.testing.assert_array_equal(htv.transpose(-1, -2).numpy(), ht.numpy())
