@@ -1,0 +1,480 @@
+#!/usr/bin/env python3
+"""Run a transformers Qwen3.5 model on the CPU with its Gated DeltaNet calls routed to hanpu.
+
+On a machine without a GPU, transformers runs the GDN layers of Qwen3.5 with its own pure-torch
+fallbacks (`torch_chunk_gated_delta_rule` for prefill, `torch_recurrent_gated_delta_rule` for
+decode) because FLA's Triton kernels need a GPU. hanpu's `chunk_gated_delta_rule` and
+`fused_recurrent_gated_delta_rule` have FLA's names and arguments, so they can stand in for those
+two calls without touching the rest of the model. This script:
+
+  1. builds a Qwen3.5 model: by default the text tower of Qwen3.5-0.8B (shapes from
+     docs reference-models.md §1.1) with random weights, nothing downloaded; `--model DIR` loads a
+     real checkpoint instead (an official Qwen3_5ForConditionalGeneration one works: transformers
+     maps it to Qwen3_5ForCausalLM and skips the vision tower);
+  2. runs a prefill of `--tokens` random token ids with transformers' own torch fallback and again
+     with the GDN calls routed to hanpu, and checks that the logits agree (see TOLERANCES);
+  3. times both: median over `--repeats` prefills each, the two paths interleaved so that a slow
+     spell of a shared machine hits both; the untimed checking run is the warm-up. The GDN calls
+     are wrapped with a timer, so the speedup is printed for the whole prefill and for the GDN
+     calls alone;
+  4. decodes a few greedy tokens after the prefill (hanpu's chunk final state feeding hanpu's
+     recurrent step: the prefill-to-decode handoff) and checks each step's logits against the
+     torch fallback fed the same tokens.
+
+How the routing works (transformers 5.x; nothing in transformers is edited): the GDN layer's
+forward (Qwen3_5GatedDeltaNet.forward) calls the module-level names `torch_chunk_gated_delta_rule`
+and `torch_recurrent_gated_delta_rule` of its modeling module, each a wrapper that transformers
+resolved once at import time (FLA if importable, else the torch function, kept as `__wrapped__`).
+`GdnRouting` swaps those two module globals for the duration of a `with` block and puts them
+back afterwards. The torch side of the comparison is always the wrapper's `__wrapped__` pure-torch
+function, so the baseline stays transformers' fallback even where fla is installed. Every model
+class whose name ends in "GatedDeltaNet" is handled the same way (Qwen3.5 dense and MoE). The
+causal conv1d in front of the GDN stays transformers' torch version on both sides.
+
+Usage:
+    python3 examples/qwen35_transformers.py                        # 0.8B shapes, 512 tokens, fp32
+    python3 examples/qwen35_transformers.py --tokens 2048 --dtype bf16 --json out.json
+    python3 examples/qwen35_transformers.py --model /path/to/Qwen3.5-0.8B
+    python3 examples/qwen35_transformers.py --config tiny --tokens 100 --repeats 1   # seconds
+
+Exit code 0 when the logits agree within tolerance, 1 when they do not or when the routing did
+not take effect (e.g. a transformers version that calls the GDN functions differently), 2 for bad
+arguments or a missing package.
+"""
+
+import argparse
+import contextlib
+import inspect
+import json
+import os
+import statistics
+import sys
+import time
+
+# Tolerances on the logits, hanpu against transformers' torch fallback on the same model.
+# Normalised MSE = sum((a - b)^2) / sum(b^2) over the compared logits.
+# - float32: both sides compute the gated delta rule in fp32 and differ only in summation order
+#   (~1e-7 relative per value); after 24 layers that stays far below 1e-8, while any real mistake
+#   in the GDN math (a wrong scale, gate, GVA mapping or state layout) moves the logits by NMSE
+#   1e-4 or more (the smoke test checks that a wrong routed function is caught).
+# - bfloat16: both sides take bf16 q/k/v and return bf16 o, so a different summation order can
+#   flip the last bit of an output (relative 2^-8); the flips feed the next bf16 layers, and the
+#   logits of two correct bf16 runs typically differ at NMSE ~1e-5..1e-4. 1e-3 leaves room for
+#   that and still catches a wrong formula.
+TOLERANCES = {"float32": 1e-8, "bfloat16": 1e-3}
+
+# The text tower of Qwen3.5-0.8B (docs reference-models.md §1.1; src/model/qwen35_config.cpp).
+QWEN35_0_8B = dict(
+    vocab_size=248320,
+    hidden_size=1024,
+    intermediate_size=3584,
+    num_hidden_layers=24,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    max_position_embeddings=262144,
+    tie_word_embeddings=True,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 1e7,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
+)
+
+# A model small enough for a test that takes seconds, with what the routing must get right:
+# both layer kinds, GVA (4 value heads per 2 q/k heads) and sequences longer than one 64-token chunk.
+TINY = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 50000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 2],
+        "mrope_interleaved": True,
+    },
+)
+
+CONFIGS = {"0.8b": QWEN35_0_8B, "tiny": TINY}
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def log(msg):
+    """Progress goes to stderr so that `--json -` keeps stdout machine-readable."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Routing
+
+
+class CallStats:
+    """Number of calls and seconds spent in the GDN functions, per kind ("chunk", "recurrent")."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.calls = {"chunk": 0, "recurrent": 0}
+        self.seconds = {"chunk": 0.0, "recurrent": 0.0}
+
+    def timed(self, kind, fn):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            result = fn(*args, **kwargs)
+            self.seconds[kind] += time.perf_counter() - start
+            self.calls[kind] += 1
+            return result
+
+        return call
+
+
+class GdnRouting:
+    """Swaps the GDN functions that a transformers model's linear-attention layers call.
+
+    The layers look the functions up as globals of their modeling module at every call, so
+    replacing `torch_chunk_gated_delta_rule` / `torch_recurrent_gated_delta_rule` there for the
+    duration of `routed()` reroutes every layer of every model built from that module.
+    """
+
+    CHUNK_NAME = "torch_chunk_gated_delta_rule"
+    RECURRENT_NAME = "torch_recurrent_gated_delta_rule"
+
+    def __init__(self, model):
+        layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+        if not layers:
+            raise RuntimeError(f"{type(model).__name__} has no *GatedDeltaNet layer: nothing to route")
+        self.num_layers = len(layers)
+        self.modules = []
+        for layer in layers:
+            module = sys.modules[type(layer).__module__]
+            if module in self.modules:
+                continue
+            for name in (self.CHUNK_NAME, self.RECURRENT_NAME):
+                if not callable(getattr(module, name, None)):
+                    raise RuntimeError(
+                        f"{module.__name__} has no function {name}: this transformers version calls the GDN "
+                        f"kernels differently ({type(layer).__name__}); the routing needs updating")
+            self.modules.append(module)
+        first = self.modules[0]
+        # transformers wraps the torch function with functools.wraps, so __wrapped__ is the pure
+        # torch fallback even when the wrapper would dispatch to FLA.
+        self.torch_chunk = _unwrapped(getattr(first, self.CHUNK_NAME))
+        self.torch_recurrent = _unwrapped(getattr(first, self.RECURRENT_NAME))
+
+    @contextlib.contextmanager
+    def routed(self, chunk_fn, recurrent_fn, stats):
+        saved = [(m, getattr(m, self.CHUNK_NAME), getattr(m, self.RECURRENT_NAME)) for m in self.modules]
+        try:
+            for module in self.modules:
+                setattr(module, self.CHUNK_NAME, stats.timed("chunk", chunk_fn))
+                setattr(module, self.RECURRENT_NAME, stats.timed("recurrent", recurrent_fn))
+            yield
+        finally:
+            for module, chunk, recurrent in saved:
+                setattr(module, self.CHUNK_NAME, chunk)
+                setattr(module, self.RECURRENT_NAME, recurrent)
+
+
+def _unwrapped(fn):
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+def fla_style_adapter(fn):
+    """Calls an FLA-signature function the way transformers' dispatch wrapper does.
+
+    The GDN layer passes its remaining TransformersKwargs (attention-implementation details that are
+    not GDN options) along with the GDN arguments; transformers' own wrapper forwards only the
+    keywords the implementation names, and so does this. hanpu rejects unknown keywords on purpose,
+    so without this filter it would refuse the call instead of silently ignoring an option.
+    """
+    params = inspect.signature(fn).parameters
+    named = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+
+    def call(query, key, value, g, beta, **kwargs):
+        if kwargs.get("chunk_size", 64) != 64:
+            raise NotImplementedError(f"chunk_size={kwargs['chunk_size']}: only the default 64 is routed")
+        kwargs = {k: v for k, v in kwargs.items() if k in named}
+        return fn(query, key, value, g=g, beta=beta, **kwargs)
+
+    return call
+
+
+def hanpu_functions():
+    import hanpu
+
+    return (fla_style_adapter(hanpu.chunk_gated_delta_rule),
+            fla_style_adapter(hanpu.fused_recurrent_gated_delta_rule))
+
+
+# ------------------------------------------------------------------------------------------------
+# Model
+
+
+def build_model(args, torch):
+    import transformers
+
+    dtype = getattr(torch, DTYPES[args.dtype])
+    start = time.perf_counter()
+    if args.model:
+        log(f"loading {args.model} ({args.dtype}) ...")
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+    else:
+        fields = dict(CONFIGS[args.config])
+        if args.layers:
+            fields["num_hidden_layers"] = args.layers
+            fields.pop("layer_types", None)  # derived from full_attention_interval (every 4th is attention)
+        config = transformers.Qwen3_5TextConfig(**fields)
+        log(f"building a random Qwen3.5 ({args.config}, {config.num_hidden_layers} layers, {args.dtype}) ...")
+        torch.manual_seed(args.seed)
+        model = transformers.Qwen3_5ForCausalLM(config).to(dtype)
+    model.eval()
+    params = sum(p.numel() for p in model.parameters())
+    log(f"  {params / 1e6:.1f} M parameters, {time.perf_counter() - start:.1f} s")
+    return model
+
+
+def output_cache(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def compare(test, ref):
+    """Max abs difference, NMSE and argmax agreement of two logit tensors [..., V]."""
+    test, ref = test.double(), ref.double()
+    diff = test - ref
+    nmse = float((diff * diff).sum() / (ref * ref).sum().clamp_min(1e-300))
+    return {
+        "max_abs_diff": float(diff.abs().max()),
+        "max_abs_ref": float(ref.abs().max()),
+        "nmse": nmse,
+        "argmax_agree": float((test.argmax(-1) == ref.argmax(-1)).double().mean()),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The run
+
+
+def run(args):
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as e:
+        log(f"error: {e}; this example needs torch and transformers (pip install torch transformers)")
+        return 2
+    try:
+        import hanpu
+    except ImportError as e:
+        log(f"error: {e}; build and install the package first: pip install . (from the repository root)")
+        return 2
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    hanpu.set_num_threads(threads)
+    tolerance = args.tolerance if args.tolerance is not None else TOLERANCES[DTYPES[args.dtype]]
+
+    model = build_model(args, torch)
+    routing = GdnRouting(model)
+    hanpu_chunk, hanpu_recurrent = hanpu_functions()
+    paths = {
+        "torch": (routing.torch_chunk, routing.torch_recurrent),
+        "hanpu": (hanpu_chunk, hanpu_recurrent),
+    }
+    if args.route_override is not None:  # tests: route a known-wrong function to see the check fail
+        paths["hanpu"] = args.route_override
+
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(args.seed)
+    ids = torch.randint(0, vocab, (1, args.tokens), generator=gen)
+    check_positions = args.tokens if args.check_positions == 0 else min(args.check_positions, args.tokens)
+    stats = CallStats()
+    result = {
+        "model": args.model or f"random Qwen3.5 {args.config}",
+        "layers": model.config.get_text_config().num_hidden_layers,
+        "gdn_layers": routing.num_layers,
+        "dtype": DTYPES[args.dtype],
+        "tokens": args.tokens,
+        "threads": threads,
+        "repeats": args.repeats,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hanpu": getattr(hanpu, "__version__", "?"),
+    }
+    failures = []
+
+    def expect_calls(what, kind, expected):
+        if stats.calls[kind] != expected:
+            failures.append(f"{what}: expected {expected} {kind} GDN calls, saw {stats.calls[kind]}")
+
+    # 1. Checking run (also the warm-up) and greedy decode: hanpu first, then torch teacher-forced on
+    #    hanpu's tokens, so every decode step compares the two on the same input.
+    logits, step_logits, tokens = {}, {}, None
+    with torch.inference_mode():
+        for name in ("hanpu", "torch"):
+            log(f"[{name}] checking prefill of {args.tokens} tokens (untimed warm-up) ...")
+            stats.reset()
+            start = time.perf_counter()
+            with routing.routed(*paths[name], stats):
+                out = model(ids, use_cache=True, logits_to_keep=check_positions)
+                expect_calls(f"{name} prefill", "chunk", routing.num_layers)
+                logits[name] = out.logits[0].float()
+                cache = output_cache(out)
+                log(f"  {time.perf_counter() - start:.2f} s; decoding {args.decode} tokens ...")
+                stats.reset()
+                step_logits[name] = []
+                chosen = []
+                next_id = out.logits[:, -1].argmax(-1)
+                for step in range(args.decode):
+                    token = next_id if name == "hanpu" else tokens[step]
+                    chosen.append(int(token))
+                    out = model(token.view(1, 1), cache=cache, use_cache=True)
+                    cache = output_cache(out)
+                    step_logits[name].append(out.logits[0, -1].float())
+                    next_id = out.logits[:, -1].argmax(-1)
+                expect_calls(f"{name} decode", "recurrent", routing.num_layers * args.decode)
+                expect_calls(f"{name} decode", "chunk", 0)
+                if name == "hanpu":
+                    tokens = [torch.tensor(t) for t in chosen]
+                    result["decode_tokens"] = chosen
+
+    prefill_check = compare(logits["hanpu"], logits["torch"])
+    prefill_check["positions"] = check_positions
+    result["prefill_check"] = prefill_check
+    if args.decode:
+        decode_check = compare(torch.stack(step_logits["hanpu"]), torch.stack(step_logits["torch"]))
+        result["decode_check"] = decode_check
+    result["tolerance_nmse"] = tolerance
+    for what, check in (("prefill", result["prefill_check"]), ("decode", result.get("decode_check"))):
+        if check is not None and not check["nmse"] <= tolerance:  # `not <=` also catches NaN
+            failures.append(f"{what} logits differ: NMSE {check['nmse']:.3e} > tolerance {tolerance:.0e}")
+
+    # 2. Timed prefills, the paths interleaved.
+    times = {name: {"total": [], "gdn": []} for name in paths}
+    with torch.inference_mode():
+        for rep in range(args.repeats):
+            for name in ("torch", "hanpu"):
+                stats.reset()
+                with routing.routed(*paths[name], stats):
+                    start = time.perf_counter()
+                    model(ids, use_cache=True, logits_to_keep=1)
+                    total = time.perf_counter() - start
+                times[name]["total"].append(total)
+                times[name]["gdn"].append(stats.seconds["chunk"])
+                log(f"[{name}] prefill {rep + 1}/{args.repeats}: {total:.3f} s (GDN calls {stats.seconds['chunk']:.3f} s)")
+
+    timing = {}
+    for name, t in times.items():
+        timing[name] = {
+            "prefill_s": statistics.median(t["total"]),
+            "gdn_s": statistics.median(t["gdn"]),
+            "prefill_s_all": t["total"],
+            "gdn_s_all": t["gdn"],
+            "tokens_per_s": args.tokens / statistics.median(t["total"]),
+        }
+    result["timing"] = timing
+    result["speedup_prefill"] = timing["torch"]["prefill_s"] / timing["hanpu"]["prefill_s"]
+    result["speedup_gdn"] = timing["torch"]["gdn_s"] / timing["hanpu"]["gdn_s"]
+    result["failures"] = failures
+
+    print_report(result, sys.stderr if args.json == "-" else sys.stdout)
+    if args.json:
+        text = json.dumps(result, indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 1 if failures else 0
+
+
+def print_report(r, out):
+    p = r["prefill_check"]
+    lines = [
+        "",
+        f"{r['model']}: {r['layers']} layers ({r['gdn_layers']} GDN), {r['dtype']}, {r['tokens']} tokens, "
+        f"{r['threads']} threads, median of {r['repeats']}",
+        f"  logits, last {p['positions']} positions: max |diff| {p['max_abs_diff']:.3e} (max |logit| "
+        f"{p['max_abs_ref']:.3g}), NMSE {p['nmse']:.3e} (tolerance {r['tolerance_nmse']:.0e}), "
+        f"argmax agree {100 * p['argmax_agree']:.1f}%",
+    ]
+    d = r.get("decode_check")
+    if d:
+        lines.append(f"  decode {len(r['decode_tokens'])} tokens {r['decode_tokens']}: max |diff| {d['max_abs_diff']:.3e}, "
+                     f"NMSE {d['nmse']:.3e}, torch's argmax agrees {100 * d['argmax_agree']:.0f}%")
+    t, h = r["timing"]["torch"], r["timing"]["hanpu"]
+    lines += [
+        f"  {'':24}{'torch fallback':>16}{'hanpu':>12}{'speedup':>10}",
+        f"  {'whole prefill (s)':24}{t['prefill_s']:16.3f}{h['prefill_s']:12.3f}{r['speedup_prefill']:9.2f}x",
+        f"  {'GDN calls only (s)':24}{t['gdn_s']:16.3f}{h['gdn_s']:12.3f}{r['speedup_gdn']:9.2f}x",
+        f"  {'tokens/s':24}{t['tokens_per_s']:16.1f}{h['tokens_per_s']:12.1f}",
+    ]
+    for failure in r["failures"]:
+        lines.append(f"FAILED: {failure}")
+    print("\n".join(lines), file=out, flush=True)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", help="checkpoint directory (default: random weights of --config)")
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="0.8b",
+                    help="shapes of the random model (default 0.8b: the Qwen3.5-0.8B text tower)")
+    ap.add_argument("--layers", type=int, default=0, help="override num_hidden_layers of --config")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--tokens", type=int, default=512, help="prefill length (default 512)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed prefills per path (default 3)")
+    ap.add_argument("--decode", type=int, default=4, help="greedy tokens decoded after the prefill (default 4)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for torch and hanpu alike (default: every CPU this process may use)")
+    ap.add_argument("--check-positions", type=int, default=128,
+                    help="last positions whose logits are compared (default 128; 0 = all)")
+    ap.add_argument("--tolerance", type=float, default=None,
+                    help=f"NMSE limit on the logits (default {TOLERANCES['float32']:.0e} fp32, "
+                         f"{TOLERANCES['bfloat16']:.0e} bf16)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", help="write the results as JSON to this file ('-' for stdout)")
+    args = ap.parse_args(argv)
+    for name in ("tokens", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    for name in ("decode", "threads", "layers", "check_positions"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
+    if args.model and args.layers:
+        ap.error("--layers only applies to the random model, not to --model")
+    args.route_override = None
+    return args
+
+
+def main(argv=None):
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
