@@ -17,3 +17,18 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Python package (docs/PYTHON.md): its build backend and test requirements from PyPI, then torch and
+# fla-core for the torch/FLA tests with the --no-deps recipe of tools/requirements-goldens.txt.
+# Only unsatisfied lines reach pip (a second run makes no pip call); a failing install fails setup.
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-python3}"
+pip_install() {
+  echo "setup: pip installing $*"
+  "$python" -m pip install -q --disable-pip-version-check --root-user-action=ignore "$@"
+}
+# (the check runs in a command substitution of its own, so a failing check stops setup too)
+py_missing=$("$python" "$repo/python/missing_requirements.py" "$repo/python/requirements-test.txt")
+if [ -n "$py_missing" ]; then pip_install $py_missing; fi
+py_missing=$("$python" "$repo/python/missing_requirements.py" --present-ok "$repo/tools/requirements-goldens.txt")
+if [ -n "$py_missing" ]; then pip_install --no-deps $py_missing; fi

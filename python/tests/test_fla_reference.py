@@ -1,0 +1,111 @@
+"""hanpu's functions against FLA's own naive references (fla-core's fla/ops/*/naive.py, loaded
+by file path: importing `fla` would need triton). Skipped when fla-core or torch is absent.
+
+FLA's naive references compute in fp32, token by token; hanpu's engine is within 1e-10 NMSE of
+the fp64 recurrence, so the two agree to fp32 accumulation noise (bound 1e-10 on inputs of
+FLA's test recipes)."""
+
+import numpy as np
+import pytest
+
+import hanpu
+from conftest import load_fla_function, load_fla_naive, make_inputs, nmse, torch
+
+BOUND = 1e-10
+
+
+def torch_inputs(x):
+    return {n: torch.from_numpy(a) for n, a in x.items()}
+
+
+def expand(t, G):
+    """GVA: q/k head h serves value heads h*G .. h*G+G-1 (repeat_interleave, as FLA)."""
+    return t.repeat_interleave(G, dim=2)
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_gdn_against_naive_recurrent(mode):
+    naive = load_fla_naive("gated_delta_rule/naive.py")
+    x = torch_inputs(make_inputs("gdn", 2, 100, 2, 4, 60, 100, seed=21))
+    fn = hanpu.chunk_gated_delta_rule if mode == "chunk" else hanpu.fused_recurrent_gated_delta_rule
+    o, ht = fn(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
+               output_final_state=True)
+    ro, rht = naive.naive_recurrent_gated_delta_rule(expand(x["q"], 2), expand(x["k"], 2), x["v"], x["beta"], x["g"],
+                                                     initial_state=x["initial_state"], output_final_state=True)
+    assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
+
+
+def test_gdn_against_naive_chunk():
+    naive = load_fla_naive("gated_delta_rule/naive.py")
+    x = torch_inputs(make_inputs("gdn", 1, 150, 2, 2, 64, 64, seed=22))
+    o, ht = hanpu.chunk_gated_delta_rule(**x, output_final_state=True)
+    ro, rht = naive.naive_chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                                 initial_state=x["initial_state"], output_final_state=True)
+    assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
+
+
+def test_gdn_varlen_against_per_sequence_naive():
+    """FLA's test_chunk_varlen recipe: the reference runs each sequence on its own, concatenated."""
+    naive = load_fla_naive("gated_delta_rule/naive.py")
+    cu = [0, 15, 100, 300]
+    x = torch_inputs(make_inputs("gdn", 1, cu[-1], 2, 4, 60, 100, seed=23, N=3))
+    o, ht = hanpu.chunk_gated_delta_rule(**x, cu_seqlens=torch.tensor(cu), output_final_state=True)
+    outs, states = [], []
+    for n in range(3):
+        s = slice(cu[n], cu[n + 1])
+        ro, rht = naive.naive_recurrent_gated_delta_rule(
+            expand(x["q"][:, s], 2), expand(x["k"][:, s], 2), x["v"][:, s], x["beta"][:, s], x["g"][:, s],
+            initial_state=x["initial_state"][n:n + 1], output_final_state=True)
+        outs.append(ro)
+        states.append(rht)
+    assert nmse(o, torch.cat(outs, 1)) <= BOUND and nmse(ht, torch.cat(states, 0)) <= BOUND
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_gdn_gate_in_kernel_against_naive_gate(mode):
+    naive = load_fla_naive("gated_delta_rule/naive.py")
+    gate = load_fla_function("gated_delta_rule/gate.py", "naive_gdn_gate")
+    x = torch_inputs(make_inputs("gdn", 1, 90, 2, 2, 32, 32, seed=24, raw_gate=True))
+    fn = hanpu.chunk_gated_delta_rule if mode == "chunk" else hanpu.fused_recurrent_gated_delta_rule
+    o, ht = fn(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], initial_state=x["initial_state"],
+               use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"], output_final_state=True)
+    g = gate(x["g"], x["A_log"], x["dt_bias"])
+    ro, rht = naive.naive_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["beta"], g,
+                                                     initial_state=x["initial_state"], output_final_state=True)
+    assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+def test_kda_against_naive_recurrent(mode):
+    naive = load_fla_naive("kda/naive.py")
+    x = torch_inputs(make_inputs("kda", 2, 100, 2, 4, 60, 100, seed=25))
+    fn = hanpu.chunk_kda if mode == "chunk" else hanpu.fused_recurrent_kda
+    o, ht = fn(**x, output_final_state=True)
+    ro, rht = naive.naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                        output_final_state=True)
+    assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
+
+
+def test_kda_gate_in_kernel_against_naive_gate():
+    naive = load_fla_naive("kda/naive.py")
+    gate = load_fla_function("kda/gate.py", "naive_kda_gate")
+    x = torch_inputs(make_inputs("kda", 1, 80, 2, 4, 32, 48, seed=26, raw_gate=True))
+    o, ht = hanpu.chunk_kda(**x, use_gate_in_kernel=True, output_final_state=True)
+    g = gate(x["g"], x["A_log"], x["dt_bias"])
+    ro, rht = naive.naive_recurrent_kda(x["q"], x["k"], x["v"], g, x["beta"], initial_state=x["initial_state"],
+                                        output_final_state=True)
+    assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
+
+
+def test_kda_bf16_like_fla_tests():
+    """bf16 q/k/v as in FLA's bf16 KDA grid: FLA's naive casts to fp32 and returns v's dtype."""
+    naive = load_fla_naive("kda/naive.py")
+    x = torch_inputs(make_inputs("kda", 1, 128, 2, 4, 64, 64, seed=27))
+    for n in ("q", "k", "v"):
+        x[n] = x[n].to(torch.bfloat16)
+    o, ht = hanpu.chunk_kda(**x, output_final_state=True)
+    ro, rht = naive.naive_recurrent_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["initial_state"],
+                                        output_final_state=True)
+    assert o.dtype == torch.bfloat16 and ro.dtype == torch.bfloat16
+    # both round o to bf16 (half an ulp each: NMSE about 2 x 1.3e-6 at most)
+    assert nmse(o, ro) <= 1e-5 and nmse(ht, rht) <= BOUND

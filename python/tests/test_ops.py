@@ -1,0 +1,285 @@
+"""The FLA-named functions against the package's fp64 reference (hanpu.reference): shapes with
+tails, odd head dims, GVA, varlen, state in/out and the V-first state layout, every in-kernel
+option, decode after prefill, f16/bf16 inputs, numpy and torch."""
+
+import numpy as np
+import pytest
+
+import hanpu
+from conftest import NMSE_BOUND, make_inputs, ml_dtypes, needs_torch, nmse, torch
+
+CHUNK = {"gdn": hanpu.chunk_gated_delta_rule, "kda": hanpu.chunk_kda}
+RECURRENT = {"gdn": hanpu.fused_recurrent_gated_delta_rule, "kda": hanpu.fused_recurrent_kda}
+REFERENCE = {"gdn": hanpu.reference.gated_delta_rule, "kda": hanpu.reference.kda}
+
+
+def call(fn, x, **kw):
+    """Calls an FLA-named function with the inputs of make_inputs by keyword (the recurrent GDN
+    function takes beta after gk/gv, so positional calls would differ)."""
+    args = {n: x[n] for n in ("q", "k", "v", "g", "beta")}
+    for n in ("initial_state", "A_log", "dt_bias", "cu_seqlens"):
+        if n in x:
+            args[n] = x[n]
+    return fn(**args, **kw)
+
+
+def reference(variant, x, **kw):
+    args = {n: x[n] for n in ("q", "k", "v", "g", "beta")}
+    for n in ("initial_state", "A_log", "dt_bias", "cu_seqlens"):
+        if n in x:
+            args[n] = x[n]
+    return REFERENCE[variant](**args, **kw)
+
+
+# (B, T, H, HV, K, V, cu_seqlens): T not a multiple of 64, odd head dims, GVA 2x and 4x, varlen
+# with a one-token and an empty sequence, a single token.
+SHAPES = {
+    "tails-odd-dims": (2, 100, 2, 2, 60, 100, None),
+    "gva2": (1, 130, 2, 4, 64, 64, None),
+    "gva4-odd": (2, 65, 1, 4, 32, 48, None),
+    "varlen": (1, 300, 2, 4, 60, 100, [0, 15, 100, 101, 101, 300]),
+    "one-token": (3, 1, 2, 2, 16, 16, None),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=list(SHAPES))
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_matches_fp64_reference(variant, mode, shape):
+    B, T, H, HV, K, V, cu = SHAPES[shape]
+    N = len(cu) - 1 if cu else B
+    x = make_inputs(variant, B, T, H, HV, K, V, seed=list(SHAPES).index(shape), N=N)
+    if cu:
+        x["cu_seqlens"] = np.asarray(cu, dtype=np.int64)
+    fn = (CHUNK if mode == "chunk" else RECURRENT)[variant]
+    o, ht = call(fn, x, output_final_state=True)
+    ro, rht = reference(variant, x)
+    assert o.shape == (B, T, HV, V) and o.dtype == np.float32
+    assert ht.shape == (N, HV, K, V) and ht.dtype == np.float32
+    assert nmse(o, ro) <= NMSE_BOUND["float32"]
+    assert nmse(ht, rht) <= NMSE_BOUND["float32"]
+
+
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_no_initial_state_no_final_state(variant):
+    x = make_inputs(variant, 2, 70, 2, 2, 32, 32, h0=False)
+    o, ht = call(CHUNK[variant], x)
+    assert ht is None
+    assert nmse(o, reference(variant, x)[0]) <= NMSE_BOUND["float32"]
+
+
+def test_int32_cu_seqlens_and_list():
+    x = make_inputs("gdn", 1, 90, 2, 2, 32, 32, N=3)
+    ref = reference("gdn", dict(x, cu_seqlens=np.array([0, 10, 50, 90], np.int64)))
+    for cu in (np.array([0, 10, 50, 90], np.int32), [0, 10, 50, 90]):
+        o, ht = call(CHUNK["gdn"], dict(x, cu_seqlens=cu), output_final_state=True)
+        assert nmse(o, ref[0]) <= NMSE_BOUND["float32"] and nmse(ht, ref[1]) <= NMSE_BOUND["float32"]
+
+
+# Every in-kernel option (reference-fla.md §1.4), alone and all together.
+OPTIONS = {
+    "scale": dict(scale=0.3),
+    "l2norm": dict(use_qk_l2norm_in_kernel=True),
+    "beta_sigmoid": dict(use_beta_sigmoid_in_kernel=True),
+    "neg_eigval": dict(use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True),
+    "gate": dict(use_gate_in_kernel=True),
+    "gate-no-dt_bias": dict(use_gate_in_kernel=True),
+    "all": dict(scale=0.5, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True, allow_neg_eigval=True,
+                use_gate_in_kernel=True),
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_in_kernel_options(variant, mode, option):
+    kw = OPTIONS[option]
+    gate = kw.get("use_gate_in_kernel", False)
+    x = make_inputs(variant, 1, 80, 2, 4, 48, 40, seed=7, raw_gate=gate)
+    if option == "gate-no-dt_bias":
+        del x["dt_bias"]
+    if kw.get("use_beta_sigmoid_in_kernel"):
+        x["beta"] = np.random.default_rng(3).standard_normal(x["beta"].shape).astype(np.float32)  # raw logits
+    if kw.get("use_qk_l2norm_in_kernel"):
+        x["k"] = (x["k"] * 3).astype(np.float32)  # un-normalized: the kernel must normalize
+    fn = (CHUNK if mode == "chunk" else RECURRENT)[variant]
+    o, ht = call(fn, x, output_final_state=True, **kw)
+    ro, rht = reference(variant, x, **kw)
+    assert nmse(o, ro) <= NMSE_BOUND["float32"]
+    assert nmse(ht, rht) <= NMSE_BOUND["float32"]
+
+
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_state_v_first(variant, mode):
+    """state_v_first takes and returns [N,HV,V,K]: the transpose of the default layout."""
+    x = make_inputs(variant, 1, 150, 2, 4, 60, 36, N=2)
+    x["cu_seqlens"] = np.array([0, 70, 150])
+    fn = (CHUNK if mode == "chunk" else RECURRENT)[variant]
+    o, ht = call(fn, x, output_final_state=True)
+    xv = dict(x, initial_state=np.ascontiguousarray(np.swapaxes(x["initial_state"], -1, -2)))
+    ov, htv = call(fn, xv, output_final_state=True, state_v_first=True)
+    assert htv.shape == (2, 4, 36, 60)
+    np.testing.assert_allclose(ov, o, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(htv, np.swapaxes(ht, -1, -2), rtol=1e-5, atol=1e-5)
+    ro, rht = reference(variant, xv, state_v_first=True)
+    assert nmse(htv, rht) <= NMSE_BOUND["float32"] and nmse(ov, ro) <= NMSE_BOUND["float32"]
+    with pytest.warns(DeprecationWarning):
+        o2, _ = call(fn, xv, transpose_state_layout=True)
+    np.testing.assert_array_equal(o2, ov)
+
+
+@pytest.mark.parametrize("state_v_first", [False, True])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_decode_after_prefill_equals_longer_prefill(variant, state_v_first):
+    """chunk over 100 tokens, then 3 single-token fused_recurrent steps from its final state: the
+    same outputs and state as one chunk call over 103 tokens (the FLA layers' prefill->decode)."""
+    T0, steps = 100, 3
+    x = make_inputs(variant, 2, T0 + steps, 2, 4, 64, 64, seed=11, h0=False)
+    full_o, full_ht = call(CHUNK[variant], x, output_final_state=True, state_v_first=state_v_first)
+    head = {n: a[:, :T0] for n, a in x.items()}
+    o, state = call(CHUNK[variant], head, output_final_state=True, state_v_first=state_v_first)
+    assert nmse(o, full_o[:, :T0]) <= NMSE_BOUND["float32"]
+    for t in range(T0, T0 + steps):
+        step = {n: a[:, t:t + 1] for n, a in x.items()}
+        o_t, state = call(RECURRENT[variant], dict(step, initial_state=state), output_final_state=True,
+                          state_v_first=state_v_first)
+        assert nmse(o_t, full_o[:, t:t + 1]) <= NMSE_BOUND["float32"]
+    assert nmse(state, full_ht) <= NMSE_BOUND["float32"]
+
+
+def test_fused_recurrent_gdn_defaults_and_gk():
+    """g=None: no decay; beta=None: ones; gk (per-key-channel decay) adds to g: KDA's recurrence."""
+    x = make_inputs("kda", 1, 40, 2, 2, 32, 32, seed=5)
+    q, k, v, gk, h0 = x["q"], x["k"], x["v"], x["g"], x["initial_state"]
+    zeros = np.zeros(v.shape[:3], np.float32)
+    ones = np.ones(v.shape[:3], np.float32)
+    o, _ = hanpu.fused_recurrent_gated_delta_rule(q, k, v, initial_state=h0)
+    assert nmse(o, hanpu.reference.gated_delta_rule(q, k, v, zeros, ones, initial_state=h0)[0]) <= 1e-10
+    g = np.log(np.full(v.shape[:3], 0.9, np.float32))
+    o, ht = hanpu.fused_recurrent_gated_delta_rule(q, k, v, g=g, gk=gk, beta=x["beta"], initial_state=h0,
+                                                   output_final_state=True)
+    ro, rht = hanpu.reference.kda(q, k, v, gk + g[..., None], x["beta"], initial_state=h0)
+    assert nmse(o, ro) <= 1e-10 and nmse(ht, rht) <= 1e-10
+
+
+def test_read_only_and_strided_numpy_inputs():
+    """Inputs are read in place: read-only arrays and non-contiguous views (here q, k, v slices of
+    one fused projection, as models produce them) give the same result as contiguous copies."""
+    B, T, H, K, V = 1, 90, 2, 32, 48
+    rng = np.random.default_rng(2)
+    fused = rng.standard_normal((B, T, H, 2 * K + V)).astype(np.float32)
+    fused[..., K:2 * K] /= np.linalg.norm(fused[..., K:2 * K], axis=-1, keepdims=True)
+    q, k, v = fused[..., :K], fused[..., K:2 * K], fused[..., 2 * K:]
+    g = np.log(np.full((B, T, H), 0.95, np.float32))
+    beta = np.full((B, T, H), 0.6, np.float32)
+    for a in (fused, g, beta):
+        a.setflags(write=False)
+    o, _ = hanpu.chunk_gated_delta_rule(q, k, v, g, beta)
+    o_c, _ = hanpu.chunk_gated_delta_rule(*map(np.ascontiguousarray, (q, k, v, g, beta)))
+    np.testing.assert_array_equal(o, o_c)
+    o_r, _ = hanpu.chunk_gated_delta_rule(q[:, ::-1], k[:, ::-1], v[:, ::-1], g[:, ::-1], beta[:, ::-1])
+    o_rc, _ = hanpu.chunk_gated_delta_rule(*(np.ascontiguousarray(a[:, ::-1]) for a in (q, k, v, g, beta)))
+    np.testing.assert_array_equal(o_r, o_rc)
+
+
+def test_threads():
+    x = make_inputs("gdn", 1, 200, 2, 4, 64, 64)
+    default = hanpu.get_num_threads()
+    assert default >= 1
+    o_all, _ = call(CHUNK["gdn"], x)
+    try:
+        hanpu.set_num_threads(1)
+        assert hanpu.get_num_threads() == 1
+        o_one, _ = call(CHUNK["gdn"], x)
+    finally:
+        hanpu.ops._num_threads = 0
+    assert hanpu.get_num_threads() == default
+    assert nmse(o_one, o_all) <= 1e-12
+    for bad in (0, -1, 1.5, "2"):
+        with pytest.raises(ValueError):
+            hanpu.set_num_threads(bad)
+
+
+# ---- reduced precision ------------------------------------------------------------------------
+
+def _rounded(x, torch_dtype):
+    return {n: torch.from_numpy(a).to(torch_dtype) if n in ("q", "k", "v") else torch.from_numpy(a)
+            for n, a in x.items()}
+
+
+@needs_torch
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_half_precision_inputs(variant, mode, dtype):
+    """q, k, v in f16/bf16 (g, beta, h0 fp32, as FLA's tests): o in q's dtype (chunk) or v's
+    (recurrent), within the NMSE bound of the fp64 reference on the same rounded inputs."""
+    td = getattr(torch, dtype)
+    x = _rounded(make_inputs(variant, 2, 100, 2, 4, 60, 100, seed=9), td)
+    fn = (CHUNK if mode == "chunk" else RECURRENT)[variant]
+    o, ht = call(fn, x, output_final_state=True)
+    assert o.dtype == td and ht.dtype == torch.float32
+    ro, rht = reference(variant, x)
+    assert nmse(o, ro) <= NMSE_BOUND[dtype]
+    assert nmse(ht, rht) <= NMSE_BOUND["float32"]
+
+
+@needs_torch
+def test_all_bf16_inputs():
+    """Everything bf16 (g, beta and the initial state too), as models call it."""
+    x = {n: torch.from_numpy(a).to(torch.bfloat16) for n, a in make_inputs("gdn", 1, 130, 2, 4, 64, 64).items()}
+    o, ht = call(CHUNK["gdn"], x, output_final_state=True)
+    ro, rht = reference("gdn", x)
+    assert nmse(o, ro) <= NMSE_BOUND["bfloat16"] and nmse(ht, rht) <= NMSE_BOUND["float32"]
+
+
+def test_float16_numpy():
+    x = make_inputs("kda", 1, 70, 1, 2, 32, 32)
+    for n in ("q", "k", "v"):
+        x[n] = x[n].astype(np.float16)
+    o, _ = call(CHUNK["kda"], x)
+    assert o.dtype == np.float16
+    assert nmse(o, reference("kda", x)[0]) <= NMSE_BOUND["float16"]
+
+
+@pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed")
+def test_bfloat16_numpy_ml_dtypes():
+    x = make_inputs("gdn", 1, 70, 1, 2, 32, 32)
+    for n in ("q", "k", "v"):
+        x[n] = x[n].astype(ml_dtypes.bfloat16)
+    o, _ = call(CHUNK["gdn"], x)
+    assert o.dtype == ml_dtypes.bfloat16
+    assert nmse(o.astype(np.float32), reference("gdn", x)[0]) <= NMSE_BOUND["bfloat16"]
+
+
+# ---- numpy and torch --------------------------------------------------------------------------
+
+@needs_torch
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_numpy_and_torch_give_the_same_results(variant, mode):
+    x = make_inputs(variant, 1, 140, 2, 4, 60, 40, N=2, raw_gate=True)
+    x["cu_seqlens"] = np.array([0, 64, 140], np.int64)
+    fn = (CHUNK if mode == "chunk" else RECURRENT)[variant]
+    kw = dict(output_final_state=True, use_gate_in_kernel=True, use_qk_l2norm_in_kernel=True)
+    o_np, ht_np = call(fn, x, **kw)
+    xt = {n: torch.from_numpy(a) for n, a in x.items()}
+    o_t, ht_t = call(fn, xt, **kw)
+    assert isinstance(o_t, torch.Tensor) and isinstance(ht_t, torch.Tensor)
+    np.testing.assert_array_equal(o_t.numpy(), o_np)
+    np.testing.assert_array_equal(ht_t.numpy(), ht_np)
+
+
+@needs_torch
+def test_torch_non_contiguous_and_requires_grad():
+    x = make_inputs("gdn", 2, 80, 2, 2, 32, 32)
+    ref, _ = call(CHUNK["gdn"], x)
+    # [B,H,T,K] storage viewed as [B,T,H,K] (FLA's old head-first layout, transposed by the caller)
+    xt = {n: torch.from_numpy(np.ascontiguousarray(np.swapaxes(a, 1, 2))).transpose(1, 2) if a.ndim == 4
+          else torch.from_numpy(a) for n, a in x.items()}
+    xt["q"].requires_grad_(True)
+    assert not xt["q"].is_contiguous()
+    o, _ = call(CHUNK["gdn"], xt)
+    np.testing.assert_array_equal(o.numpy(), ref)
+    assert not o.requires_grad
