@@ -8,7 +8,8 @@ decode) because FLA's Triton kernels need a GPU. hanpu's `chunk_gated_delta_rule
 two calls without touching the rest of the model. This script:
 
   1. builds a Qwen3.5 model: by default the text tower of Qwen3.5-0.8B (shapes from
-     docs reference-models.md §1.1) with random weights, nothing downloaded; `--model DIR` loads a
+     docs reference-models.md §1.1) with random weights drawn by transformers' own initialisation
+     (seeded), nothing downloaded; `--model DIR` loads a
      real checkpoint instead (an official Qwen3_5ForConditionalGeneration one works: transformers
      maps it to Qwen3_5ForCausalLM and skips the vision tower);
   2. runs a prefill of `--tokens` random token ids with transformers' own torch fallback and again
@@ -35,7 +36,9 @@ Usage:
     python3 examples/qwen35_transformers.py                        # 0.8B shapes, 512 tokens, fp32
     python3 examples/qwen35_transformers.py --tokens 2048 --dtype bf16 --json out.json
     python3 examples/qwen35_transformers.py --model /path/to/Qwen3.5-0.8B
-    python3 examples/qwen35_transformers.py --config tiny --tokens 100 --repeats 1   # seconds
+    python3 examples/qwen35_transformers.py --model tests/golden/qwen35_tiny --tokens 100 --repeats 1
+                                                   # seconds: the repo's 4-layer test checkpoint
+    python3 examples/qwen35_transformers.py --layers 4 --tokens 128    # 0.8B widths, 4 layers
 
 Exit code 0 when the logits agree within tolerance, 1 when they do not or when the routing did
 not take effect (e.g. a transformers version that calls the GDN functions differently), 2 for bad
@@ -61,6 +64,9 @@ import time
 #   flip the last bit of an output (relative 2^-8); the flips feed the next bf16 layers, and the
 #   logits of two correct bf16 runs typically differ at NMSE ~1e-5..1e-4. 1e-3 leaves room for
 #   that and still catches a wrong formula.
+# Both limits are far below what the GDN layers contribute: with their outputs zeroed, the logits
+# move by NMSE 1.3 on the random 0.8B-shaped model (4 layers, 128 tokens) and 0.7 on the repo's
+# tests/golden/qwen35_tiny checkpoint.
 TOLERANCES = {"float32": 1e-8, "bfloat16": 1e-3}
 
 # The text tower of Qwen3.5-0.8B (docs reference-models.md §1.1; src/model/qwen35_config.cpp).
@@ -90,36 +96,7 @@ QWEN35_0_8B = dict(
     },
 )
 
-# A model small enough for a test that takes seconds, with what the routing must get right:
-# both layer kinds, GVA (4 value heads per 2 q/k heads) and sequences longer than one 64-token chunk.
-TINY = dict(
-    vocab_size=320,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=4,
-    layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=32,
-    linear_value_head_dim=32,
-    linear_conv_kernel_dim=4,
-    hidden_act="silu",
-    rms_norm_eps=1e-6,
-    max_position_embeddings=4096,
-    tie_word_embeddings=False,
-    rope_parameters={
-        "rope_type": "default",
-        "rope_theta": 50000.0,
-        "partial_rotary_factor": 0.25,
-        "mrope_section": [1, 1, 2],
-        "mrope_interleaved": True,
-    },
-)
-
-CONFIGS = {"0.8b": QWEN35_0_8B, "tiny": TINY}
+CONFIGS = {"0.8b": QWEN35_0_8B}
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 
 

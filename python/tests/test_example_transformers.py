@@ -2,8 +2,9 @@
 routed to hanpu gives the logits of transformers' own torch fallback, prefill and decode.
 
 Skipped (not failed) when torch, transformers (with Qwen3.5) or hanpu is not importable. Each case
-builds a 4-layer model of hidden size 64 and runs 100 tokens, so the file takes seconds; most of it
-is importing transformers. The negative controls route a deliberately wrong function and expect
+loads the repo's 4-layer test checkpoint tests/golden/qwen35_tiny (hidden size 64, 3 GDN layers with
+GVA, weights scaled so that every part moves the logits) and runs 100 tokens (more than one 64-token
+chunk), so the file takes seconds; most of it is importing transformers. The negative controls route a deliberately wrong function and expect
 the example's check to fail, so a check that could never fail would be caught here.
 """
 
@@ -19,7 +20,9 @@ hanpu = pytest.importorskip("hanpu")
 if not hasattr(transformers, "Qwen3_5ForCausalLM"):
     pytest.skip(f"transformers {transformers.__version__} has no Qwen3.5", allow_module_level=True)
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "qwen35_transformers.py")
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+EXAMPLE = os.path.join(REPO, "examples", "qwen35_transformers.py")
+CHECKPOINT = os.path.join(REPO, "tests", "golden", "qwen35_tiny")
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ def example():
 
 def tiny_args(example, tmp_path, *extra):
     out = tmp_path / "result.json"
-    args = example.parse_args(["--config", "tiny", "--tokens", "100", "--repeats", "1", "--decode", "3",
+    args = example.parse_args(["--model", CHECKPOINT, "--tokens", "100", "--repeats", "1", "--decode", "3",
                                "--threads", "2", "--json", str(out), *extra])
     return args, out
 
