@@ -274,6 +274,18 @@ class MachineUse:
         own = resource.getrusage(resource.RUSAGE_SELF)
         return time.perf_counter(), busy, steal, own.ru_utime + own.ru_stime
 
+    @classmethod
+    def wait_until_quiet(cls, max_seconds, window=3.0):
+        """Waits until other processes use at most OTHERS_WARNING of the CPUs over `window` seconds,
+        or `max_seconds` have passed; returns the seconds waited."""
+        start = time.perf_counter()
+        while time.perf_counter() - start < max_seconds:
+            sample = cls()
+            time.sleep(window)
+            if sample.shares().get("other_cpu_share", 0.0) <= OTHERS_WARNING:
+                break
+        return time.perf_counter() - start
+
     def shares(self):
         end = self._sample()
         if self.start is None or end is None:
@@ -350,6 +362,10 @@ def run(args):
     def expect_calls(what, kind, expected):
         if stats.calls[kind] != expected:
             failures.append(f"{what}: expected {expected} {kind} GDN calls, saw {stats.calls[kind]}")
+
+    if args.wait_quiet:
+        log(f"waiting up to {args.wait_quiet:.0f} s for other processes to leave the CPUs ...")
+        log(f"  waited {MachineUse.wait_until_quiet(args.wait_quiet):.0f} s")
 
     # 1. Checking run (also the warm-up) and greedy decode: hanpu first, then torch teacher-forced on
     #    hanpu's tokens, so every decode step compares the two on the same input.
@@ -488,12 +504,15 @@ def parse_args(argv=None):
                     help=f"NMSE limit on the logits (default {TOLERANCES['float32']:.0e} fp32, "
                          f"{TOLERANCES['bfloat16']:.0e} bf16)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
+                    help="on a shared machine: after building the model, wait up to SECONDS for other "
+                         "processes to use under 10%% of the CPUs before running (default 0: no wait)")
     ap.add_argument("--json", help="write the results as JSON to this file ('-' for stdout)")
     args = ap.parse_args(argv)
     for name in ("tokens", "repeats"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    for name in ("decode", "threads", "layers", "check_positions"):
+    for name in ("decode", "threads", "layers", "check_positions", "wait_quiet"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must not be negative, got {getattr(args, name)}")
     if args.model and args.layers:
