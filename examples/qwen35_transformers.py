@@ -13,7 +13,8 @@ two calls without touching the rest of the model. This script:
      real checkpoint instead (an official Qwen3_5ForConditionalGeneration one works: transformers
      maps it to Qwen3_5ForCausalLM and skips the vision tower);
   2. runs a prefill of `--tokens` random token ids with transformers' own torch fallback and again
-     with the GDN calls routed to hanpu, and checks that the logits agree (see TOLERANCES);
+     with the GDN calls routed to hanpu, and checks that the logits agree (see FP32_NMSE and
+     BF16_ERROR_RATIO; a bf16 run also runs the same weights in fp32 once, as the reference);
   3. times both: median over `--repeats` prefills each, the two paths interleaved so that a slow
      spell of a shared machine hits both; the untimed checking run is the warm-up. The GDN calls
      are wrapped with a timer, so the speedup is printed for the whole prefill and for the GDN
@@ -40,7 +41,7 @@ Usage:
                                                    # seconds: the repo's 4-layer test checkpoint
     python3 examples/qwen35_transformers.py --layers 4 --tokens 128    # 0.8B widths, 4 layers
 
-Exit code 0 when the logits agree within tolerance, 1 when they do not or when the routing did
+Exit code 0 when the logits pass the check, 1 when they do not or when the routing did
 not take effect (e.g. a transformers version that calls the GDN functions differently), 2 for bad
 arguments or a missing package.
 """
@@ -54,20 +55,22 @@ import statistics
 import sys
 import time
 
-# Tolerances on the logits, hanpu against transformers' torch fallback on the same model.
-# Normalised MSE = sum((a - b)^2) / sum(b^2) over the compared logits.
-# - float32: both sides compute the gated delta rule in fp32 and differ only in summation order
-#   (~1e-7 relative per value); after 24 layers that stays far below 1e-8, while any real mistake
-#   in the GDN math (a wrong scale, gate, GVA mapping or state layout) moves the logits by NMSE
-#   1e-4 or more (the smoke test checks that a wrong routed function is caught).
-# - bfloat16: both sides take bf16 q/k/v and return bf16 o, so a different summation order can
-#   flip the last bit of an output (relative 2^-8); the flips feed the next bf16 layers, and the
-#   logits of two correct bf16 runs typically differ at NMSE ~1e-5..1e-4. 1e-3 leaves room for
-#   that and still catches a wrong formula.
-# Both limits are far below what the GDN layers contribute: with their outputs zeroed, the logits
-# move by NMSE 1.3 on the random 0.8B-shaped model (4 layers, 128 tokens) and 0.7 on the repo's
-# tests/golden/qwen35_tiny checkpoint.
-TOLERANCES = {"float32": 1e-8, "bfloat16": 1e-3}
+# How the logits are checked.
+# - float32 model: hanpu's logits against the torch fallback's, normalised MSE
+#   sum((a - b)^2) / sum(b^2) at most FP32_NMSE. Both sides compute the gated delta rule in fp32
+#   and differ only in summation order (~1e-7 relative per value); measured NMSE ~2e-11 on the
+#   0.8B shapes at 512 and 2048 tokens, 3e-12 on tests/golden/qwen35_tiny. Zeroing the GDN outputs
+#   moves the logits by NMSE 1.3 (random 0.8B-shaped model) and 0.7 (golden), and a wrong scale
+#   is caught (python/tests/test_example_transformers.py).
+# - bfloat16 model: two correct bf16 runs do not agree to a fixed NMSE: the bf16 rounding of every
+#   layer's output is itself an error of NMSE ~3.5e-3 at the logits of the 0.8B shapes (measured
+#   against the same weights in fp32), and where hanpu and torch round one output differently the
+#   difference travels through the following bf16 layers (hanpu vs torch: NMSE 6.8e-4 at 512
+#   tokens, 5.7e-4 at 2048). So the bf16 check asks that hanpu's bf16 logits be no further from the
+#   fp32 model's (torch fallback, same weights) than BF16_ERROR_RATIO times transformers' own bf16
+#   run is: measured 1.004x. A wrong formula is far outside (NMSE ~1 against fp32).
+FP32_NMSE = 1e-8
+BF16_ERROR_RATIO = 1.25
 
 # The text tower of Qwen3.5-0.8B (docs reference-models.md §1.1; src/model/qwen35_config.cpp).
 QWEN35_0_8B = dict(
@@ -215,22 +218,23 @@ def hanpu_functions():
 
 
 def build_model(args, torch):
+    """The model in float32 (bf16 checkpoints widen exactly); `run` narrows it to --dtype after the
+    fp32 reference run."""
     import transformers
 
-    dtype = getattr(torch, DTYPES[args.dtype])
     start = time.perf_counter()
     if args.model:
-        log(f"loading {args.model} ({args.dtype}) ...")
-        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
+        log(f"loading {args.model} ...")
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     else:
         fields = dict(CONFIGS[args.config])
         if args.layers:
             fields["num_hidden_layers"] = args.layers
             fields.pop("layer_types", None)  # derived from full_attention_interval (every 4th is attention)
         config = transformers.Qwen3_5TextConfig(**fields)
-        log(f"building a random Qwen3.5 ({args.config}, {config.num_hidden_layers} layers, {args.dtype}) ...")
+        log(f"building a random Qwen3.5 ({args.config}, {config.num_hidden_layers} layers) ...")
         torch.manual_seed(args.seed)
-        model = transformers.Qwen3_5ForCausalLM(config).to(dtype)
+        model = transformers.Qwen3_5ForCausalLM(config).float()
     model.eval()
     params = sum(p.numel() for p in model.parameters())
     log(f"  {params / 1e6:.1f} M parameters, {time.perf_counter() - start:.1f} s")
@@ -328,9 +332,9 @@ def run(args):
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     hanpu.set_num_threads(threads)
-    tolerance = args.tolerance if args.tolerance is not None else TOLERANCES[DTYPES[args.dtype]]
+    dtype = getattr(torch, DTYPES[args.dtype])
 
-    model = build_model(args, torch)
+    model = build_model(args, torch)  # float32 first: a bf16 run checks against it
     routing = GdnRouting(model)
     hanpu_chunk, hanpu_recurrent = hanpu_functions()
     paths = {
@@ -367,47 +371,70 @@ def run(args):
         log(f"waiting up to {args.wait_quiet:.0f} s for other processes to leave the CPUs ...")
         log(f"  waited {MachineUse.wait_until_quiet(args.wait_quiet):.0f} s")
 
-    # 1. Checking run (also the warm-up) and greedy decode: hanpu first, then torch teacher-forced on
-    #    hanpu's tokens, so every decode step compares the two on the same input.
-    logits, step_logits, tokens = {}, {}, None
-    with torch.inference_mode():
-        for name in ("hanpu", "torch"):
-            log(f"[{name}] checking prefill of {args.tokens} tokens (untimed warm-up) ...")
-            stats.reset()
-            start = time.perf_counter()
-            with routing.routed(*paths[name], stats):
-                out = model(ids, use_cache=True, logits_to_keep=check_positions)
-                expect_calls(f"{name} prefill", "chunk", routing.num_layers)
-                logits[name] = out.logits[0].float()
-                cache = output_cache(out)
-                log(f"  {time.perf_counter() - start:.2f} s; decoding {args.decode} tokens ...")
-                stats.reset()
-                step_logits[name] = []
-                chosen = []
-                next_id = out.logits[:, -1].argmax(-1)
-                for step in range(args.decode):
-                    token = next_id if name == "hanpu" else tokens[step]
-                    chosen.append(int(token))
-                    out = model(token.view(1, 1), cache=cache, use_cache=True)
-                    cache = output_cache(out)
-                    step_logits[name].append(out.logits[0, -1].float())
-                    next_id = out.logits[:, -1].argmax(-1)
-                expect_calls(f"{name} decode", "recurrent", routing.num_layers * args.decode)
-                expect_calls(f"{name} decode", "chunk", 0)
-                if name == "hanpu":
-                    tokens = [torch.tensor(t) for t in chosen]
-                    result["decode_tokens"] = chosen
+    # 1. Checking runs (also the warm-ups) and greedy decode. The first run picks the greedy tokens;
+    #    the others are fed the same tokens, so every decode step compares the paths on one input.
+    #    A bf16 run first runs the fp32 model with the torch fallback: the reference both bf16
+    #    paths are measured against.
+    logits, step_logits, forced = {}, {}, None
 
-    prefill_check = compare(logits["hanpu"], logits["torch"])
-    prefill_check["positions"] = check_positions
-    result["prefill_check"] = prefill_check
+    def checking_run(name, chunk_fn, recurrent_fn):
+        nonlocal forced
+        log(f"[{name}] checking prefill of {args.tokens} tokens (untimed warm-up) ...")
+        stats.reset()
+        start = time.perf_counter()
+        with routing.routed(chunk_fn, recurrent_fn, stats):
+            out = model(ids, use_cache=True, logits_to_keep=check_positions)
+            expect_calls(f"{name} prefill", "chunk", routing.num_layers)
+            logits[name] = out.logits[0].float()
+            cache = output_cache(out)
+            log(f"  {time.perf_counter() - start:.2f} s; decoding {args.decode} tokens ...")
+            stats.reset()
+            step_logits[name] = []
+            chosen = []
+            next_id = out.logits[:, -1].argmax(-1)
+            for step in range(args.decode):
+                token = next_id if forced is None else forced[step]
+                chosen.append(int(token))
+                out = model(token.view(1, 1), cache=cache, use_cache=True)
+                cache = output_cache(out)
+                step_logits[name].append(out.logits[0, -1].float())
+                next_id = out.logits[:, -1].argmax(-1)
+            expect_calls(f"{name} decode", "recurrent", routing.num_layers * args.decode)
+            expect_calls(f"{name} decode", "chunk", 0)
+        if forced is None:
+            forced = [torch.tensor(t) for t in chosen]
+            result["decode_tokens"] = chosen
+            result["decode_tokens_from"] = name
+
+    with torch.inference_mode():
+        if dtype != torch.float32:
+            checking_run("fp32 torch", *paths["torch"])
+            model.to(dtype)
+        checking_run("hanpu", *paths["hanpu"])
+        checking_run("torch", *paths["torch"])
+
+    def check(what, hanpu_logits, torch_logits, fp32_logits):
+        c = compare(hanpu_logits, torch_logits)
+        if fp32_logits is None:
+            c["limit"] = f"NMSE <= {FP32_NMSE:.0e}"
+            if not c["nmse"] <= FP32_NMSE:  # `not <=` also catches NaN
+                failures.append(f"{what} logits differ: NMSE {c['nmse']:.3e} > {FP32_NMSE:.0e}")
+        else:
+            c["nmse_vs_fp32"] = {"hanpu": compare(hanpu_logits, fp32_logits)["nmse"],
+                                 "torch": compare(torch_logits, fp32_logits)["nmse"]}
+            c["error_ratio"] = c["nmse_vs_fp32"]["hanpu"] / max(c["nmse_vs_fp32"]["torch"], 1e-300)
+            c["limit"] = f"error vs fp32 <= {BF16_ERROR_RATIO}x torch's"
+            if not c["error_ratio"] <= BF16_ERROR_RATIO:
+                failures.append(f"{what} logits: hanpu's NMSE against the fp32 model {c['nmse_vs_fp32']['hanpu']:.3e} "
+                                f"is {c['error_ratio']:.2f}x the torch fallback's "
+                                f"{c['nmse_vs_fp32']['torch']:.3e} (limit {BF16_ERROR_RATIO}x)")
+        return c
+
+    result["prefill_check"] = check("prefill", logits["hanpu"], logits["torch"], logits.get("fp32 torch"))
+    result["prefill_check"]["positions"] = check_positions
     if args.decode:
-        decode_check = compare(torch.stack(step_logits["hanpu"]), torch.stack(step_logits["torch"]))
-        result["decode_check"] = decode_check
-    result["tolerance_nmse"] = tolerance
-    for what, check in (("prefill", result["prefill_check"]), ("decode", result.get("decode_check"))):
-        if check is not None and not check["nmse"] <= tolerance:  # `not <=` also catches NaN
-            failures.append(f"{what} logits differ: NMSE {check['nmse']:.3e} > tolerance {tolerance:.0e}")
+        stacked = {name: torch.stack(steps) for name, steps in step_logits.items()}
+        result["decode_check"] = check("decode", stacked["hanpu"], stacked["torch"], stacked.get("fp32 torch"))
 
     # 2. Timed prefills, the paths interleaved. The CPU use of other processes is recorded because
     #    other work on the machine slows the torch fallback far more than hanpu: its many small
@@ -461,13 +488,17 @@ def print_report(r, out):
         f"{r['model']}: {r['layers']} layers ({r['gdn_layers']} GDN), {r['dtype']}, {r['tokens']} tokens, "
         f"{r['threads']} threads, median of {r['repeats']}",
         f"  logits, last {p['positions']} positions: max |diff| {p['max_abs_diff']:.3e} (max |logit| "
-        f"{p['max_abs_ref']:.3g}), NMSE {p['nmse']:.3e} (tolerance {r['tolerance_nmse']:.0e}), "
-        f"argmax agree {100 * p['argmax_agree']:.1f}%",
+        f"{p['max_abs_ref']:.3g}), NMSE {p['nmse']:.3e}, argmax agree {100 * p['argmax_agree']:.1f}%",
     ]
+    for what, c in (("prefill", p), ("decode", r.get("decode_check"))):
+        if c and "nmse_vs_fp32" in c:
+            lines.append(f"  {what} against the fp32 model: NMSE hanpu {c['nmse_vs_fp32']['hanpu']:.3e}, torch "
+                         f"{c['nmse_vs_fp32']['torch']:.3e} (ratio {c['error_ratio']:.3f}, limit {BF16_ERROR_RATIO})")
     d = r.get("decode_check")
     if d:
-        lines.append(f"  decode {len(r['decode_tokens'])} tokens {r['decode_tokens']}: max |diff| {d['max_abs_diff']:.3e}, "
-                     f"NMSE {d['nmse']:.3e}, torch's argmax agrees {100 * d['argmax_agree']:.0f}%")
+        lines.append(f"  decode {len(r['decode_tokens'])} tokens ({r['decode_tokens_from']}'s greedy picks, fed to all) "
+                     f"{r['decode_tokens']}: max |diff| {d['max_abs_diff']:.3e}, "
+                     f"NMSE {d['nmse']:.3e}, argmax agree {100 * d['argmax_agree']:.0f}%")
     t, h = r["timing"]["torch"], r["timing"]["hanpu"]
     lines += [
         f"  {'':24}{'torch fallback':>16}{'hanpu':>12}{'speedup':>10}",
@@ -500,9 +531,6 @@ def parse_args(argv=None):
                     help="threads for torch and hanpu alike (default: every CPU this process may use)")
     ap.add_argument("--check-positions", type=int, default=128,
                     help="last positions whose logits are compared (default 128; 0 = all)")
-    ap.add_argument("--tolerance", type=float, default=None,
-                    help=f"NMSE limit on the logits (default {TOLERANCES['float32']:.0e} fp32, "
-                         f"{TOLERANCES['bfloat16']:.0e} bf16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
                     help="on a shared machine: after building the model, wait up to SECONDS for other "
