@@ -30,8 +30,8 @@ resolved once at import time (FLA if importable, else the torch function, kept a
 `GdnRouting` swaps those two module globals for the duration of a `with` block and puts them
 back afterwards. The torch side of the comparison is always the wrapper's `__wrapped__` pure-torch
 function, so the baseline stays transformers' fallback even where fla is installed. Every model
-class whose name ends in "GatedDeltaNet" is handled the same way (Qwen3.5 dense and MoE). The
-causal conv1d in front of the GDN stays transformers' torch version on both sides.
+class whose name ends in "GatedDeltaNet" is handled the same way (tried on Qwen3.5 dense; the
+Qwen3.5-MoE modeling file uses the same two names). The causal conv1d in front of the GDN stays transformers' torch version on both sides.
 
 Usage:
     python3 examples/qwen35_transformers.py                        # 0.8B shapes, 512 tokens, fp32
@@ -329,13 +329,17 @@ def run(args):
         log(f"error: {e}; build and install the package first: pip install . (from the repository root)")
         return 2
 
-    threads = args.threads or len(os.sched_getaffinity(0))
+    threads = args.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
     torch.set_num_threads(threads)
     hanpu.set_num_threads(threads)
     dtype = getattr(torch, DTYPES[args.dtype])
 
     model = build_model(args, torch)  # float32 first: a bf16 run checks against it
-    routing = GdnRouting(model)
+    try:
+        routing = GdnRouting(model)
+    except RuntimeError as e:
+        log(f"error: {e}")
+        return 1
     hanpu_chunk, hanpu_recurrent = hanpu_functions()
     paths = {
         "torch": (routing.torch_chunk, routing.torch_recurrent),
