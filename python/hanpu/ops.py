@@ -164,10 +164,10 @@ def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=Non
     _unexpected(fname, kwargs)
     if gv is not None:
         _not_implemented(fname, "gv", "per-value-channel decay")
-    for name, x in (("q", q), ("v", v)):
+    for name, x, layout in (("q", q, "[B, T, H, K]"), ("v", v, "[B, T, HV, V]")):
         A.check_array(x, name)
         if len(x.shape) != 4:
-            raise ValueError(f"`{name}` must have shape [B, T, H, K], got {list(x.shape)}")
+            raise ValueError(f"`{name}` must have shape {layout}, got {list(x.shape)}")
     B, T, HV = v.shape[0], v.shape[1], v.shape[2]
     if beta is None:
         beta = A.full_like_kind(q, (B, T, HV), 1.0)

@@ -109,3 +109,33 @@ def test_kda_bf16_like_fla_tests():
     assert o.dtype == torch.bfloat16 and ro.dtype == torch.bfloat16
     # both round o to bf16 (half an ulp each: NMSE about 2 x 1.3e-6 at most)
     assert nmse(o, ro) <= 1e-5 and nmse(ht, rht) <= BOUND
+
+
+@pytest.mark.parametrize("relpath, name", [
+    ("gated_delta_rule/chunk.py", "chunk_gated_delta_rule"),
+    ("gated_delta_rule/fused_recurrent.py", "fused_recurrent_gated_delta_rule"),
+    ("kda/chunk.py", "chunk_kda"),
+    ("kda/fused_recurrent.py", "fused_recurrent_kda"),
+])
+def test_signatures_match_fla(relpath, name):
+    """Same parameters in the same order with the same defaults as FLA's function (read from its
+    source with `ast`: the module imports triton)."""
+    import ast
+    import inspect
+    import os
+
+    from conftest import fla_root
+
+    root = fla_root()
+    path = os.path.join(root, "fla", "ops", relpath) if root else None
+    if not path or not os.path.isfile(path):
+        pytest.skip("fla-core is not installed")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name)
+    args = fn.args.args
+    defaults = [None] * (len(args) - len(fn.args.defaults)) + list(fn.args.defaults)
+    fla = [(a.arg, ast.literal_eval(d) if d is not None else inspect.Parameter.empty) for a, d in zip(args, defaults)]
+    ours = [(p.name, p.default) for p in inspect.signature(getattr(hanpu, name)).parameters.values()
+            if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert ours == fla

@@ -283,3 +283,29 @@ def test_torch_non_contiguous_and_requires_grad():
     o, _ = call(CHUNK["gdn"], xt)
     np.testing.assert_array_equal(o.numpy(), ref)
     assert not o.requires_grad
+
+
+@needs_torch
+def test_state_v_first_bf16_initial_state():
+    """A V-first state of another dtype than fp32 takes the converting copy."""
+    x = {n: torch.from_numpy(a) for n, a in make_inputs("gdn", 1, 70, 2, 2, 32, 48).items()}
+    x["initial_state"] = x["initial_state"].to(torch.bfloat16)
+    o, ht = call(CHUNK["gdn"], x, output_final_state=True)
+    xv = dict(x, initial_state=x["initial_state"].transpose(-1, -2).contiguous())
+    ov, htv = call(CHUNK["gdn"], xv, output_final_state=True, state_v_first=True)
+    np.testing.assert_array_equal(ov.numpy(), o.numpy())
+    np.testing.assert_array_equal(htv.transpose(-1, -2).numpy(), ht.numpy())
+
+
+def test_outputs_are_aligned():
+    """o starts on a cache line (a huge page when large): the engine writes it row by row."""
+    x = make_inputs("gdn", 1, 3, 2, 2, 16, 16)
+    o, ht = call(CHUNK["gdn"], x, output_final_state=True)
+    assert o.ctypes.data % 64 == 0 and ht.ctypes.data % 64 == 0
+    big = make_inputs("gdn", 1, 2048, 4, 4, 128, 128, h0=False)  # o is 16 MiB
+    o, _ = call(RECURRENT["gdn"], {n: a[:, :1] for n, a in big.items()})
+    assert o.ctypes.data % 64 == 0
+    if torch is not None:
+        from hanpu._arrays import empty_like_kind
+        t = empty_like_kind(torch.zeros(1), (2048, 4, 4, 128), dtype_of=torch.zeros(1, dtype=torch.bfloat16))
+        assert t.dtype == torch.bfloat16 and t.shape == (2048, 4, 4, 128) and t.data_ptr() % (2 << 20) == 0
