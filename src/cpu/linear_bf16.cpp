@@ -15,7 +15,8 @@ namespace hanpu {
 namespace {
 
 // Up to this many rows the AMX backend uses the GEMV kernel: a TDPBF16PS costs the same for 1 or
-// 16 rows, so below ~3 rows VDPBF16PS (32 products per instruction, two per cycle) does as much
+// 16 rows, so below ~3 rows VDPBF16PS (32 products per instruction; one per cycle measured on this
+// Sapphire Rapids VM, src/cpu/gram_bf16.cpp) does as much
 // per weight byte, and decode (1 row) is bound by reading the weight anyway.
 constexpr int64_t kGemvMaxRows = 2;
 // Activation rows converted and multiplied per pass. With 64 rows the pass's packed rows (64 x K
