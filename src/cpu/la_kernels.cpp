@@ -645,6 +645,10 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
   return l;
 }
 
+// KDA's anchor spacing: the sub-chunk size of FLA's KDA kernels. Exponentials are exact at the
+// anchors; between them decays are products of at most kKdaBlock per-token factors (a few ulp).
+constexpr size_t kKdaBlock = 16;
+
 // KDA's per-token decay factors eg[t] = e^{g_t} = e^{Γt−Γ(t−1)} [L x K] (from the fp64
 // cumulative gates, so they equal the differences the anchors use).
 void KdaTokenFactors(const double* G, size_t L, size_t K, float* eg) {
@@ -660,7 +664,7 @@ void KdaTokenFactors(const double* G, size_t L, size_t K, float* eg) {
 // pair). The factors that carry the previous block's columns to the new anchor are products too.
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
              float* KrT, float* ftmp, const float* eg, float* AP) {
-  constexpr size_t kBlock = 16;  // sub-chunk size of FLA's KDA kernels: anchors every 16 rows
+  constexpr size_t kBlock = kKdaBlock;
   float* KK = AP;
   float* QK = AP + C * ldc;
   const DF d;
@@ -797,8 +801,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   // bf16 grams: raw rows staged by LoadChunk; factors p_row (all `scale` without L2 norms), then
   // a_row = col = the keys' inverse norms (all 1 without).
   float* gram_scale = job.bf16_grams ? arena + l.gram_scale : nullptr;
-  const GramScale gram_sc{gram_scale + C, gram_scale, gram_scale + C};
+  GramScale gram_sc{};
   if (job.bf16_grams) {
+    gram_sc = {gram_scale + C, gram_scale, gram_scale + C};
     rows.qraw = reinterpret_cast<uint16_t*>(arena + l.raw);
     rows.kraw = rows.qraw + C * l.ldraw;
     rows.ldraw = l.ldraw;
@@ -835,7 +840,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     // row (the state's decay) and a product of at most 15 factors in between.
     if (kda) KdaTokenFactors(G, L, K, arena + l.eg);
     for (size_t i = 0; i < L; ++i) {
-      if (kda && i % 16 != 0 && i + 1 != L)
+      if (kda && i % kKdaBlock != 0 && i + 1 != L)
         MulRows(egam + (i - 1) * K, arena + l.eg + i * K, egam + i * K, K);
       else
         ExpRow(G + i * gk, egam + i * gk, gk);
@@ -912,8 +917,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     if (kda) {
       // Kt[d][j] = k_j[d] e^{ΓL[d]−Γj[d]}: the columns before the last anchor nl come from the
       // gram's KrT (k_j e^{Γnl−Γj}) times e^{ΓL−Γnl}; the rest need exponentials of their own.
-      constexpr size_t kBlock = 16;
-      const size_t nl = (L - 1) / kBlock * kBlock;
+      const size_t nl = (L - 1) / kKdaBlock * kKdaBlock;
       // e^{ΓL−Γj} = Π_{t=j+1..L} e^{g_t} from j = L − 1 down (1 for the last row; at most 15
       // factors); the last product, e^{ΓL−Γnl}, carries the gram's older columns.
       const float* KrT = arena + l.KrT;
