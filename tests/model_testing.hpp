@@ -1,9 +1,14 @@
 // Helpers shared by the model tests against transformers' goldens (tests/golden/qwen35_tiny and
-// qwen3next_tiny): the recorded run, logits of a whole sequence, copies of a checkpoint with edited
-// tensors, and the loader's error message.
+// qwen3next_tiny): the recorded run, logits of a whole sequence, the two checks against the
+// recorded logits and greedy tokens, copies of a checkpoint with edited tensors, and the loader's
+// error message.
 #pragma once
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -64,6 +69,46 @@ inline double nmse(const float* got, const float* want, int64_t n) {
     ref += static_cast<double>(want[i]) * want[i];
   }
   return err / ref;
+}
+
+/// The whole golden sequence prefilled at once, on 1 and 2 threads: logits NMSE <= 1e-8 against
+/// transformers' over the sequence and at every position on its own.
+inline void expect_logits_match_at_every_position(const Qwen35Model& m, const Expected& e) {
+  const std::vector<int32_t> ids = e.full_sequence();
+  const int64_t V = m.config().vocab_size;
+  for (int threads : {1, 2}) {
+    Tensor got = all_logits(m, ids, threads);
+    ASSERT_EQ(got.shape(), e.logits.shape());
+    const double err = nmse(got.ptr<float>(), e.logits.ptr<float>(), got.numel());
+    EXPECT_LE(err, 1e-8) << "threads " << threads;
+    double worst = 0;  // every position on its own, not only on average
+    for (size_t t = 0; t < ids.size(); ++t)
+      worst = std::max(worst, nmse(got.ptr<float>() + t * V, e.logits.ptr<float>() + t * V, V));
+    EXPECT_LE(worst, 1e-8) << "threads " << threads;
+    std::printf("threads %d: logits NMSE vs transformers %.3g (worst position %.3g)\n", threads, err, worst);
+  }
+}
+
+/// Prefill of the golden's prompt, then greedy decode one token at a time: every step's logits
+/// within NMSE 1e-8 of transformers' and the same tokens. Returns the state after the last step.
+inline Qwen35State expect_greedy_decode_matches(const Qwen35Model& m, const Expected& e) {
+  const int64_t V = m.config().vocab_size;
+  const int64_t T0 = static_cast<int64_t>(e.prompt.size());
+  Qwen35State st = m.new_state();
+  Tensor logits = m.forward(st, e.prompt, {.threads = 2});
+  Sampler greedy({.temperature = 0});
+  std::vector<int32_t> got;
+  for (size_t i = 0; i < e.greedy.size(); ++i) {
+    // The logits that chose this token are transformers' row T0 - 1 + i.
+    EXPECT_LE(nmse(logits.ptr<float>(), e.logits.ptr<float>() + (T0 - 1 + static_cast<int64_t>(i)) * V, V), 1e-8)
+        << "step " << i;
+    const int32_t next = greedy.sample({logits.ptr<float>(), static_cast<size_t>(V)});
+    got.push_back(next);
+    const int32_t one[1] = {next};
+    logits = m.forward(st, one, {.threads = 1});
+  }
+  EXPECT_EQ(got, e.greedy);
+  return st;
 }
 
 /// The message Qwen35Model::load(dir) fails with, or "(no error)".

@@ -65,39 +65,12 @@ TEST_F(Qwen35Golden, ConfigReadFromNestedTextConfig) {
 }
 
 TEST_F(Qwen35Golden, LogitsMatchTransformersAtEveryPosition) {
-  const std::vector<int32_t> ids = full_sequence();
-  const int64_t V = model_->config().vocab_size;
-  for (int threads : {1, 2}) {
-    Tensor got = all_logits(*model_, ids, threads);
-    ASSERT_EQ(got.shape(), expected_->logits.shape());
-    const double e = nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel());
-    EXPECT_LE(e, 1e-8) << "threads " << threads;
-    double worst = 0;  // every position on its own, not only on average
-    for (size_t t = 0; t < ids.size(); ++t)
-      worst = std::max(worst, nmse(got.ptr<float>() + t * V, expected_->logits.ptr<float>() + t * V, V));
-    EXPECT_LE(worst, 1e-8) << "threads " << threads;
-    std::printf("threads %d: logits NMSE vs transformers %.3g (worst position %.3g)\n", threads, e, worst);
-  }
+  testing::expect_logits_match_at_every_position(*model_, *expected_);
 }
 
 TEST_F(Qwen35Golden, GreedyDecodeMatchesTransformers) {
-  const int64_t V = model_->config().vocab_size;
-  const int64_t T0 = static_cast<int64_t>(expected_->prompt.size());
-  Qwen35State st = model_->new_state();
-  Tensor logits = model_->forward(st, expected_->prompt, {.threads = 2});
-  Sampler greedy({.temperature = 0});
-  std::vector<int32_t> got;
-  for (size_t i = 0; i < expected_->greedy.size(); ++i) {
-    // The logits that chose this token are transformers' row T0 - 1 + i.
-    EXPECT_LE(nmse(logits.ptr<float>(), expected_->logits.ptr<float>() + (T0 - 1 + static_cast<int64_t>(i)) * V, V), 1e-8)
-        << "step " << i;
-    const int32_t next = greedy.sample({logits.ptr<float>(), static_cast<size_t>(V)});
-    got.push_back(next);
-    const int32_t one[1] = {next};
-    logits = model_->forward(st, one, {.threads = 1});
-  }
-  EXPECT_EQ(got, expected_->greedy);
-  EXPECT_EQ(st.position, T0 + static_cast<int64_t>(expected_->greedy.size()));
+  const Qwen35State st = testing::expect_greedy_decode_matches(*model_, *expected_);
+  EXPECT_EQ(st.position, static_cast<int64_t>(expected_->prompt.size() + expected_->greedy.size()));
 }
 
 TEST_F(Qwen35Golden, PrefillPlusDecodeEqualsOneLongerPrefill) {

@@ -111,37 +111,11 @@ TEST_F(Qwen3NextGolden, PermutedProjectionRowsEqualTransformersSplit) {
 }
 
 TEST_F(Qwen3NextGolden, LogitsMatchTransformersAtEveryPosition) {
-  const std::vector<int32_t> ids = full_sequence();
-  const int64_t V = model_->config().vocab_size;
-  for (int threads : {1, 2}) {
-    Tensor got = all_logits(*model_, ids, threads);
-    ASSERT_EQ(got.shape(), expected_->logits.shape());
-    const double e = nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel());
-    EXPECT_LE(e, 1e-8) << "threads " << threads;
-    double worst = 0;
-    for (size_t t = 0; t < ids.size(); ++t)
-      worst = std::max(worst, nmse(got.ptr<float>() + t * V, expected_->logits.ptr<float>() + t * V, V));
-    EXPECT_LE(worst, 1e-8) << "threads " << threads;
-    std::printf("threads %d: logits NMSE vs transformers %.3g (worst position %.3g)\n", threads, e, worst);
-  }
+  testing::expect_logits_match_at_every_position(*model_, *expected_);
 }
 
 TEST_F(Qwen3NextGolden, GreedyDecodeMatchesTransformers) {
-  const int64_t V = model_->config().vocab_size;
-  const int64_t T0 = static_cast<int64_t>(expected_->prompt.size());
-  Qwen35State st = model_->new_state();
-  Tensor logits = model_->forward(st, expected_->prompt, {.threads = 2});
-  Sampler greedy({.temperature = 0});
-  std::vector<int32_t> got;
-  for (size_t i = 0; i < expected_->greedy.size(); ++i) {
-    EXPECT_LE(nmse(logits.ptr<float>(), expected_->logits.ptr<float>() + (T0 - 1 + static_cast<int64_t>(i)) * V, V), 1e-8)
-        << "step " << i;
-    const int32_t next = greedy.sample({logits.ptr<float>(), static_cast<size_t>(V)});
-    got.push_back(next);
-    const int32_t one[1] = {next};
-    logits = model_->forward(st, one, {.threads = 1});
-  }
-  EXPECT_EQ(got, expected_->greedy);
+  testing::expect_greedy_decode_matches(*model_, *expected_);
 }
 
 TEST_F(Qwen3NextGolden, PrefillPlusDecodeEqualsOneLongerPrefill) {
