@@ -24,15 +24,7 @@
 namespace hanpu::report {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using hanpu::testing::error_of;
 
 BarChartSpec sample_bars() {
   BarChartSpec s;

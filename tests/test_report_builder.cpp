@@ -161,15 +161,7 @@ TEST(ReportBuilder, TableNumbersAreThoseOfTheSimulator) {
     EXPECT_EQ(j["ablation"][i], sim_result_to_json(simulate(make_plan(prob, dev, ablation_names()[i]), dev)));
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using hanpu::testing::error_of;
 
 TEST(ReportBuilder, BadListsAndOptionsAreErrorsNamingTheOption) {
   EXPECT_EQ(parse_size_list("512,1K,2k", "--T"), (std::vector<int64_t>{512, 1024, 2048}));

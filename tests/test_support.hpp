@@ -14,6 +14,8 @@
 #include <sstream>
 #include <string>
 
+#include "hanpu/tensor.hpp"
+
 namespace hanpu::testing {
 
 /// tests/golden of the source tree (CTest sets HANPU_SOURCE_DIR; otherwise next to this file).
@@ -89,6 +91,17 @@ inline CommandResult run_command(const TempDir& dir, const std::string& command,
   r.out = read_text(out_path);
   r.err = read_text(err_path);
   return r;
+}
+
+/// The message of the hanpu::Error that f() throws, or "" when it throws none.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace hanpu::testing
