@@ -140,16 +140,20 @@ enum class Tri {
   kLowerK,  // A[i][k] is zero for k > i: limit the reduction of each strip to k <= its last row
 };
 
-// Software prefetch of the next chunk's rows (q, k, v, KDA g; o is written with streaming stores). Rows of one head are
-// H*K elements apart, a page each, so the hardware streamers do not follow them and every row
-// would be a DRAM round trip. All lines of a chunk at once would exhaust the line-fill buffers and
-// stall, so the prefetches are spread over the GEMM row strips of the current chunk.
+// Software prefetch of the rows the next work item reads (q, k, v and KDA's g; o is written with
+// streaming stores). Rows of one head are H*K elements apart, a page or more, so the hardware
+// streamers follow them poorly and LoadChunk would wait on memory for most of them (measured: 14%
+// of a GDN chunk with inputs in L3, 21% from DRAM). Each prefetch holds a line-fill buffer until
+// its line arrives, and the GEMM tiles need those buffers for their own L2 refills: issuing too
+// many at once stalls the tiles. So the lines are handed out evenly over every GEMM tile of the
+// chunk (the tile count of the previous chunk sets the share), a few per tile.
 class ChunkPrefetcher {
  public:
   void plan(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0, int64_t col1) {
     count_ = 0;
     next_ = 0;
     offset_ = 0;
+    total_lines_ = 0;
     const LaInputs& in = job.in;
     const int64_t h = job.key_head(hv), t = seq.bos + t0;
     const size_t K = static_cast<size_t>(job.shape.K);
@@ -159,13 +163,27 @@ class ChunkPrefetcher {
       add(in.v, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0));
       if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K);
     }
+    // Share per tile from the previous chunk's tile count (+1 so that rounding leaves no rest).
+    per_tile_ = tiles_ ? total_lines_ / tiles_ + 1 : kFirstChunkLinesPerTile;
+    tiles_ = 0;
   }
-  // Issues the next `lines` cache lines of the planned rows: a few at a time from inside the
-  // GEMM loops keeps the line-fill buffers from filling up and stalling the core.
-  void lines(size_t lines) {
-    for (; lines > 0 && next_ < count_; --lines) {
+  // Called once per GEMM tile: issues this tile's share of the lines.
+  void tile() {
+    ++tiles_;
+    lines(per_tile_);
+  }
+  // Whatever the tiles did not issue (only when the chunk had fewer tiles than the last one).
+  void rest() { lines(~size_t{0}); }
+
+ private:
+  // Before any tile count is known: a GDN chunk of K = V = 128 has ~150 tiles and ~1.5K lines.
+  static constexpr size_t kFirstChunkLinesPerTile = 12;
+  void lines(size_t n) {
+    for (; n > 0 && next_ < count_; --n) {
       const Span& r = rows_[next_];
-      hwy::Prefetch(r.ptr + offset_);
+      // Locality 2 (x86: prefetcht1): into L2 only. The next item's rows do not fit in L1 next
+      // to the GEMM operands; LoadChunk then streams them from L2.
+      __builtin_prefetch(r.first + offset_, 0, 2);
       offset_ += 64;
       if (offset_ >= r.bytes) {
         offset_ = 0;
@@ -173,29 +191,27 @@ class ChunkPrefetcher {
       }
     }
   }
-  void rest() { lines(~size_t{0}); }
-
- private:
   struct Span {
-    const char* ptr;
-    size_t bytes;
+    const char* first;  // the first cache line of the row (64-byte aligned)
+    size_t bytes;       // from `first` to the row's end
   };
   void add(const TensorView& t, int64_t b, int64_t tok, int64_t h, int64_t col0, size_t n) {
     if (t.rank != 4 || t.stride[3] != 1 || count_ == kMaxRows) return;
     const size_t esz = dtype_size(t.dtype);
-    rows_[count_++] = {static_cast<const char*>(t.data) + offset4(t, b, tok, h, col0) * esz, n * esz};
+    const char* p = static_cast<const char*>(t.data) + offset4(t, b, tok, h, col0) * esz;
+    const char* first = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63});
+    const size_t bytes = static_cast<size_t>(p + n * esz - first);
+    rows_[count_++] = {first, bytes};
+    total_lines_ += (bytes + 63) / 64;
   }
   static constexpr size_t kMaxRows = 4 * 64;  // four row kinds of a 64-token chunk
   Span rows_[kMaxRows];
-  size_t count_ = 0, next_ = 0, offset_ = 0;
+  size_t count_ = 0, next_ = 0, offset_ = 0, total_lines_ = 0, tiles_ = 0,
+         per_tile_ = kFirstChunkLinesPerTile;
 };
 
 // C[M x N] (op)= A[M x Kd] B[Kd x N]; N a multiple of the vector length. Column panels outside,
 // row strips inside, so each B panel (Kd x NV vectors) stays in L1 while all strips stream by.
-// Cache lines of the next chunk prefetched per GEMM tile (a tile is >= 1.5K FMAs; a GDN chunk
-// of K = V = 128 has ~150 tiles and ~2K lines to fetch for f32 q, k, v and o).
-constexpr size_t kPrefetchLinesPerTile = 24;
-
 template <Acc kMode>
 void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N,
           size_t Kd, Tri tri = Tri::kNone, ChunkPrefetcher* pf = nullptr, const float* row_scale = nullptr) {
@@ -216,7 +232,7 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
       if (kd == 0 && kMode != Acc::kSet) continue;
       TileAny<kMode>(mr, tile_nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd,
                      row_scale ? row_scale + i0 : nullptr);
-      if (pf) pf->lines(kPrefetchLinesPerTile);
+      if (pf) pf->tile();
     }
   }
 }
@@ -663,7 +679,7 @@ void KdaTokenFactors(const double* G, size_t L, size_t K, float* eg) {
 // `eg` [L x K] (KdaTokenFactors; at most 16 of them, each <= 1: a few ulp, no exponential per
 // pair). The factors that carry the previous block's columns to the new anchor are products too.
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
-             float* KrT, float* ftmp, const float* eg, float* AP) {
+             float* KrT, float* ftmp, const float* eg, float* AP, ChunkPrefetcher* pf = nullptr) {
   constexpr size_t kBlock = kKdaBlock;
   float* KK = AP;
   float* QK = AP + C * ldc;
@@ -695,8 +711,8 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
         MulRows(Kr + (n + i) * K, ftmp, Kl + i * K, K);
         MulRows(Qs + (n + i) * K, ftmp, Ql + i * K, K);
       }
-      Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
-      Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K);
+      Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf);
+      Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf);
     }
     for (size_t i = 0; i < rows; ++i) {
       const size_t r = n + i;
@@ -854,16 +870,15 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     }
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
-    // stacked A operand, 2C x K, no longer stays in L1 next to the S panel). No prefetching from
-    // these tiles: they are the most sensitive to it (measured), the later GEMMs carry it.
-    if (order.gemm_first) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, nullptr);
-    Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, nullptr);
+    // stacked A operand, 2C x K, no longer stays in L1 next to the S panel).
+    if (order.gemm_first) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
+    Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (keys_loaded) {
       std::copy(arena + l.AP_unmasked, arena + l.AP_unmasked + 2 * C * ldc, AP);
     } else if (kda) {
-      KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP);
+      KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP, &prefetch);
     } else if (job.bf16_grams) {
       // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
       // applied by MaskGram. Kt (f32) is still needed by the state update. K^T in bf16 pairs is
@@ -873,7 +888,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       TransposeInto(reinterpret_cast<const float*>(rows.kraw), L, l.ldraw / 2, KtPairs, ldc, ldc);
       gram_bf16_lower(rows.kraw, rows.qraw, l.ldraw, reinterpret_cast<const uint32_t*>(KtPairs), ldc, L, AP,
                       AP + C * ldc, ldc);
-      prefetch.lines(kPrefetchLinesPerTile * L / 2);  // what the f32 grams' tiles would have issued
+      for (size_t i = 0; i < L / 2; ++i) prefetch.tile();  // the share of the f32 grams' tiles
       if (job.opt.qk_l2norm)
         for (size_t i = 0; i < L; ++i) gram_scale[i] *= job.scale;  // p_row = scale / |q_i|
     } else {
