@@ -74,8 +74,10 @@ constexpr size_t kNV = 3;
 constexpr size_t RowsFor(size_t /*nv*/) { return kMR; }
 
 // C = A B, C += A B, C -= A B, C = diag(row_scale) C + A B (the state update's decay, applied as
-// the accumulators are loaded instead of in a pass of its own).
-enum class Acc { kSet, kAdd, kSub, kScaleAdd };
+// the accumulators are loaded instead of in a pass of its own), and for GDN's scalar per-row
+// gates C = diag(row_scale) A B and C += diag(row_scale) A B (the gate applied as the
+// accumulators are stored, instead of a pass that scales the rows of A first).
+enum class Acc { kSet, kAdd, kSub, kScaleAdd, kSetRowScaled, kAddRowScaled };
 
 // C[MR x NV*lanes] (op)= A[MR x kd] (rows of stride lda, broadcast per element) * B[kd x NV*lanes]
 // (rows of stride ldb, loaded as vectors). A is a dense row-major operand, B a packed panel.
@@ -87,7 +89,7 @@ HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, size_t lda, const float* HWY
   VF acc[MR][NV];
   for (size_t i = 0; i < MR; ++i) {
     for (size_t v = 0; v < NV; ++v) {
-      if constexpr (kMode == Acc::kSet) {
+      if constexpr (kMode == Acc::kSet || kMode == Acc::kSetRowScaled || kMode == Acc::kAddRowScaled) {
         acc[i][v] = hn::Zero(d);
       } else if constexpr (kMode == Acc::kScaleAdd) {
         acc[i][v] = hn::Mul(hn::Set(d, row_scale[i]), hn::LoadU(d, C + i * ldc + v * N));
@@ -105,8 +107,16 @@ HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, size_t lda, const float* HWY
         acc[i][v] = kMode == Acc::kSub ? hn::NegMulAdd(a, b[v], acc[i][v]) : hn::MulAdd(a, b[v], acc[i][v]);
     }
   }
-  for (size_t i = 0; i < MR; ++i)
-    for (size_t v = 0; v < NV; ++v) hn::StoreU(acc[i][v], d, C + i * ldc + v * N);
+  for (size_t i = 0; i < MR; ++i) {
+    for (size_t v = 0; v < NV; ++v) {
+      if constexpr (kMode == Acc::kSetRowScaled) {
+        acc[i][v] = hn::Mul(hn::Set(d, row_scale[i]), acc[i][v]);
+      } else if constexpr (kMode == Acc::kAddRowScaled) {
+        acc[i][v] = hn::MulAdd(hn::Set(d, row_scale[i]), acc[i][v], hn::LoadU(d, C + i * ldc + v * N));
+      }
+      hn::StoreU(acc[i][v], d, C + i * ldc + v * N);
+    }
+  }
 }
 
 template <size_t M, size_t NV, Acc kMode>
@@ -229,7 +239,7 @@ void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size
         tile_nv = std::min(nv, (i0 + mr - j0 + lanes - 1) / lanes);
       }
       const size_t kd = tri == Tri::kLowerK ? std::min(Kd, i0 + mr) : Kd;
-      if (kd == 0 && kMode != Acc::kSet) continue;
+      if (kd == 0 && kMode != Acc::kSet && kMode != Acc::kSetRowScaled) continue;
       TileAny<kMode>(mr, tile_nv, A + i0 * lda, lda, B + j0, ldb, C + i0 * ldc + j0, ldc, kd,
                      row_scale ? row_scale + i0 : nullptr);
       if (pf) pf->tile();
@@ -882,6 +892,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
                     static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0 - chunk)), item.col0, item.col1);
     else
       prefetch.plan(job, seq, 0, 0, 0, 0, 0);
+    // GDN (GEMM-first): the X GEMM's row factors −β e^Γ, in egam's second half (the update's
+    // e^{Γ_L−Γ_j} go there only after the X GEMM).
+    float* gdn_x_scale = egam + C;
     // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands. KDA:
     // the per-token factors e^{g_t} first; e^{Γi} is exact at the 16-row anchors and the last
     // row (the state's decay) and a product of at most 15 factors in between.
@@ -897,16 +910,24 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       if (kda) {
         MulRowsScaled(Kr + i * K, egam + i * K, -beta[i], Kn + i * K, K);
         MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
+      } else if (order.gemm_first) {
+        gdn_x_scale[i] = -beta[i] * egam[i];
       } else {
-        ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);
-        ScaleTo(Qs + i * K, egam[i], Qg + i * K, K);
+        ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);  // the W/U form needs Kn itself
       }
     }
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
     // stacked A operand, 2C x K, no longer stays in L1 next to the S panel).
-    if (order.gemm_first) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
-    Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
+    // GDN's gates are one scalar per row: they scale the products as the tiles store them.
+    if (kda) {
+      if (order.gemm_first) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
+      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
+    } else {
+      if (order.gemm_first)
+        Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale);
+      Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam);
+    }
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (keys_loaded) {
