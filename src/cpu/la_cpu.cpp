@@ -69,11 +69,16 @@ size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
     Arena& arena = thread_arena();
     const std::vector<WorkItem>& items = plan.per_thread[static_cast<size_t>(t)];
     for (size_t i = 0; i < items.size();) {
-      // The longest run of following items with the same sequence and columns, up to max_group.
-      size_t n = 1;
-      while (i + n < items.size() && n < max_group && items[i + n].seq == items[i].seq &&
-             items[i + n].col0 == items[i].col0 && items[i + n].col1 == items[i].col1)
-        ++n;
+      // The run of following items with the same sequence and columns, cut into the fewest groups
+      // of at most max_group, of near-equal size: 8 heads with max_group 7 run as 4 + 4, not as
+      // 7 + 1 (a lone head reads isolated rows and streams no better than a group; measured on
+      // GDN f32 H = 16, 2 threads: 4 + 4 a few percent faster, KDA unchanged).
+      size_t run = 1;
+      while (i + run < items.size() && items[i + run].seq == items[i].seq &&
+             items[i + run].col0 == items[i].col0 && items[i + run].col1 == items[i].col1)
+        ++run;
+      const size_t groups = (run + max_group - 1) / max_group;
+      const size_t n = (run + groups - 1) / groups;
       const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, chunk, n, plan.order);
       arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
       cpu::fused_group(job, &items[i], n, arena.get(need), chunk, plan.order);
