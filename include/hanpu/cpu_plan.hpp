@@ -45,7 +45,8 @@ struct CpuPlan {
   /// Column block granularity in floats (the SIMD width the plan was made for).
   int column_quantum = 16;
   /// Up to this many consecutive items of a thread that share sequence and columns advance in
-  /// lockstep, chunk by chunk, each with its own state in the arena (sized to stay in L2).
+  /// lockstep, chunk by chunk, each with its own state in the arena (sized to stay in L2). A
+  /// longer run is cut into the fewest groups of near-equal size (8 items with 7: 4 + 4).
   int head_group = 1;
   /// Operator order of the head-fused path.
   OperatorOrder order;
