@@ -452,6 +452,15 @@ void ExpRow(const double* HWY_RESTRICT a, float* HWY_RESTRICT out, size_t n) {
   ExpTail(i, n, out, [&](size_t j) { return out[j]; });
 }
 
+// out[i] = exp(x[i]) (x <= 0)
+void ExpFloats(const float* HWY_RESTRICT x, float* HWY_RESTRICT out, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Exp(d, hn::LoadU(d, x + i)), d, out + i);
+  ExpTail(i, n, out, [&](size_t j) { return x[j]; });
+}
+
 // x *= w (element-wise, in place)
 HWY_INLINE void MulInPlace(float* HWY_RESTRICT x, const float* HWY_RESTRICT w, size_t n) {
   const DF d;
@@ -485,6 +494,10 @@ HWY_INLINE void MulRows(const float* HWY_RESTRICT src, const float* HWY_RESTRICT
 // ---------------------------------------------------------------------------------------------
 // Chunk loading: q, k (l2-normalised, q scaled), v columns, gates and beta for rows [t0, t0+L).
 
+// KDA's anchor spacing: the sub-chunk size of FLA's KDA kernels. Exponentials are exact at the
+// anchors; between them decays are products of at most kKdaBlock per-token factors (a few ulp).
+constexpr size_t kKdaBlock = 16;
+
 struct ChunkRows {
   float* q;      // [C x K], scaled
   float* k;      // [C x K]
@@ -502,6 +515,9 @@ struct ChunkRows {
   size_t ldraw = 0;
   float* qinv = nullptr;
   float* kinv = nullptr;
+  // KDA in the head-fused path: the per-token factors e^{g_t} [C x K] are written here, and G
+  // only at the kKdaBlock anchors and the last row (the only rows that path reads).
+  float* kda_factors = nullptr;
 };
 
 void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
@@ -535,6 +551,7 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
   const bool kda = job.variant() == Variant::KDA;
   const size_t width = static_cast<size_t>(col1 - col0);
   const size_t gk = kda ? K : 1;
+  double running[256];  // KDA with kda_factors: the cumulative gates of the current row (K <= 256)
   for (size_t i = 0; i < L; ++i) {
     const int64_t t = seq.bos + t0 + static_cast<int64_t>(i);
     float* q = r.q + i * K;
@@ -571,7 +588,14 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
     // Chunk-local cumulative log-decay in fp64 (the sums are exact enough that differences of
     // large cumulative values keep full fp32 precision).
     double* G = r.G + i * gk;
-    for (size_t d = 0; d < gk; ++d) G[d] = (i ? r.G[(i - 1) * gk + d] : 0.0) + static_cast<double>(r.graw[d]);
+    if (r.kda_factors) {
+      for (size_t d = 0; d < K; ++d) running[d] = (i ? running[d] : 0.0) + static_cast<double>(r.graw[d]);
+      if (i % kKdaBlock == 0 || i + 1 == L) std::copy(running, running + K, G);
+      // e^{g_t} from the gate row itself: the fp64 difference Γt − Γ(t−1) rounds to the same float.
+      ExpFloats(r.graw, r.kda_factors + i * K, K);
+    } else {
+      for (size_t d = 0; d < gk; ++d) G[d] = (i ? r.G[(i - 1) * gk + d] : 0.0) + static_cast<double>(r.graw[d]);
+    }
   }
 }
 
@@ -702,9 +726,6 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
   return l;
 }
 
-// KDA's anchor spacing: the sub-chunk size of FLA's KDA kernels. Exponentials are exact at the
-// anchors; between them decays are products of at most kKdaBlock per-token factors (a few ulp).
-constexpr size_t kKdaBlock = 16;
 
 // KDA's per-token decay factors eg[t] = e^{g_t} = e^{Γt−Γ(t−1)} [L x K] (from the fp64
 // cumulative gates, so they equal the differences the anchors use).
@@ -855,6 +876,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   for (size_t g = 0; g < count; ++g)
     LoadState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
   ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw, /*v_times_beta=*/true};
+  if (kda) rows.kda_factors = arena + l.eg;
   // bf16 grams: raw rows staged by LoadChunk; factors p_row (all `scale` without L2 norms), then
   // a_row = col = the keys' inverse norms (all 1 without).
   float* gram_scale = job.bf16_grams ? arena + l.gram_scale : nullptr;
@@ -898,10 +920,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands. KDA:
     // the per-token factors e^{g_t} first; e^{Γi} is exact at the 16-row anchors and the last
     // row (the state's decay) and a product of at most 15 factors in between.
-    if (kda)
-      KdaTokenFactors(G, L, K, arena + l.eg);
-    else
-      ExpRow(G, egam, L);  // one gate per row: the whole column at once
+    if (!kda) ExpRow(G, egam, L);  // one gate per row: the whole column at once (KDA: LoadChunk
+                                   // left the per-token factors in l.eg)
     for (size_t i = 0; i < L; ++i) {
       if (kda && i % kKdaBlock != 0 && i + 1 != L)
         MulRows(egam + (i - 1) * K, arena + l.eg + i * K, egam + i * K, K);
