@@ -740,6 +740,61 @@ void KdaTokenFactors(const double* G, size_t L, size_t K, float* eg) {
 // inside a block, e^{Γi−Γj} = Π_{t=j+1..i} e^{g_t} is built by multiplying the per-token factors
 // `eg` [L x K] (KdaTokenFactors; at most 16 of them, each <= 1: a few ulp, no exponential per
 // pair). The factors that carry the previous block's columns to the new anchor are products too.
+// The in-block pairs of KdaGram (rows n..n+rows−1, columns n..r) with the running decay product
+// e^{Γr−Γj} held in NV registers instead of a row in memory: per pair one multiply of the product
+// and the two dots, no load/store round trip of the product (the memory version was ~9% of a KDA
+// chunk). Same operations in the same order as the generic loop below, so the same results.
+template <size_t NV>
+void KdaBlockPairs(const float* HWY_RESTRICT Kr, const float* HWY_RESTRICT Qs, const float* HWY_RESTRICT eg,
+                   size_t n, size_t rows, size_t K, size_t ldc, float* HWY_RESTRICT KK, float* HWY_RESTRICT QK) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  for (size_t i = 0; i < rows; ++i) {
+    const size_t r = n + i;
+    const float* qr = Qs + r * K;
+    const float* kr = Kr + r * K;
+    VF f[NV];
+    for (size_t v = 0; v < NV; ++v) f[v] = hn::Set(d, 1.f);
+    for (size_t j = r + 1; j-- > n;) {
+      if (j < r)
+        for (size_t v = 0; v < NV; ++v) f[v] = hn::Mul(f[v], hn::LoadU(d, eg + (j + 1) * K + v * N));
+      const float* kj = Kr + j * K;
+      VF aq = hn::Zero(d), ak = hn::Zero(d);
+      for (size_t v = 0; v < NV; ++v) {
+        const VF kf = hn::Mul(hn::LoadU(d, kj + v * N), f[v]);
+        aq = hn::MulAdd(hn::LoadU(d, qr + v * N), kf, aq);
+        ak = hn::MulAdd(hn::LoadU(d, kr + v * N), kf, ak);
+      }
+      QK[r * ldc + j] = hn::GetLane(hn::SumOfLanes(d, aq));
+      KK[r * ldc + j] = j < r ? hn::GetLane(hn::SumOfLanes(d, ak)) : 0.f;
+    }
+  }
+}
+
+// Up to 8 vectors of product (K = 128 on AVX-512): with q, k and the accumulators that still fits
+// 32 registers; 16-register targets get K <= 64 this way.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kMaxPairVectors = 4;
+#else
+constexpr size_t kMaxPairVectors = 8;
+#endif
+
+// Runs KdaBlockPairs<nv> when K is exactly nv <= NV vectors; false otherwise (generic loop).
+template <size_t NV>
+bool KdaBlockPairsInRegisters(size_t nv, bool whole_vectors, const float* Kr, const float* Qs, const float* eg,
+                              size_t n, size_t rows, size_t K, size_t ldc, float* KK, float* QK) {
+  if constexpr (NV == 0) {
+    return false;
+  } else {
+    if (!whole_vectors || nv > NV) return false;
+    if (nv == NV) {
+      KdaBlockPairs<NV>(Kr, Qs, eg, n, rows, K, ldc, KK, QK);
+      return true;
+    }
+    return KdaBlockPairsInRegisters<NV - 1>(nv, whole_vectors, Kr, Qs, eg, n, rows, K, ldc, KK, QK);
+  }
+}
+
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
              float* KrT, float* ftmp, const float* eg, float* AP, ChunkPrefetcher* pf = nullptr) {
   constexpr size_t kBlock = kKdaBlock;
@@ -776,6 +831,7 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
       Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf);
       Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf);
     }
+    if (KdaBlockPairsInRegisters<kMaxPairVectors>(K / N, K % N == 0, Kr, Qs, eg, n, rows, K, ldc, KK, QK)) continue;
     for (size_t i = 0; i < rows; ++i) {
       const size_t r = n + i;
       const float* qr = Qs + r * K;
