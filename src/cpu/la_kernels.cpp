@@ -77,7 +77,9 @@ constexpr size_t RowsFor(size_t /*nv*/) { return kMR; }
 // the accumulators are loaded instead of in a pass of its own), and for GDN's scalar per-row
 // gates C = diag(row_scale) A B and C += diag(row_scale) A B (the gate applied as the
 // accumulators are stored, instead of a pass that scales the rows of A first).
-enum class Acc { kSet, kAdd, kSub, kScaleAdd, kSetRowScaled, kAddRowScaled };
+// kSubSolve: C −= A B over kd, then the strip's own unit-lower triangle, A's MR x MR block at
+// columns [kd, kd + MR), is solved on the accumulators (forward substitution in registers).
+enum class Acc { kSet, kAdd, kSub, kScaleAdd, kSetRowScaled, kAddRowScaled, kSubSolve };
 
 // C[MR x NV*lanes] (op)= A[MR x kd] (rows of stride lda, broadcast per element) * B[kd x NV*lanes]
 // (rows of stride ldb, loaded as vectors). A is a dense row-major operand, B a packed panel.
@@ -104,8 +106,16 @@ HWY_NOINLINE void Tile(const float* HWY_RESTRICT A, size_t lda, const float* HWY
     for (size_t i = 0; i < MR; ++i) {
       const VF a = hn::Set(d, A[i * lda + k]);
       for (size_t v = 0; v < NV; ++v)
-        acc[i][v] = kMode == Acc::kSub ? hn::NegMulAdd(a, b[v], acc[i][v]) : hn::MulAdd(a, b[v], acc[i][v]);
+        acc[i][v] = kMode == Acc::kSub || kMode == Acc::kSubSolve ? hn::NegMulAdd(a, b[v], acc[i][v])
+                                                                  : hn::MulAdd(a, b[v], acc[i][v]);
     }
+  }
+  if constexpr (kMode == Acc::kSubSolve) {
+    for (size_t r = 1; r < MR; ++r)
+      for (size_t j = 0; j < r; ++j) {
+        const VF a = hn::Set(d, A[r * lda + kd + j]);
+        for (size_t v = 0; v < NV; ++v) acc[r][v] = hn::NegMulAdd(a, acc[j][v], acc[r][v]);
+      }
   }
   for (size_t i = 0; i < MR; ++i) {
     for (size_t v = 0; v < NV; ++v) {
@@ -383,13 +393,6 @@ HWY_INLINE void ScaleTo(const float* HWY_RESTRICT src, float s, float* HWY_RESTR
   for (; i < n; ++i) dst[i] = s * src[i];
 }
 
-// y -= a * x  (Vp-wide rows: multiples of the vector length)
-HWY_INLINE void SubScaled(float* HWY_RESTRICT y, float a, const float* HWY_RESTRICT x, size_t n) {
-  const DF d;
-  const size_t N = hn::Lanes(d);
-  const VF va = hn::Set(d, a);
-  for (size_t i = 0; i < n; i += N) hn::StoreU(hn::NegMulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
-}
 
 // Returns the factor applied, 1 / sqrt(sum x^2 + eps).
 float L2Normalize(float* x, size_t n) {
@@ -655,18 +658,16 @@ void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) { T
 // [L x lda]. Row strips: the part below the strip is a GEMM on solved rows, the strip's own
 // triangle a short forward substitution.
 void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, size_t width) {
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
   for (size_t i0 = 0; i0 < L; i0 += kMR) {
     const size_t mr = std::min(kMR, L - i0);
-    if (i0 > 0) {
-      const DF d;
-      const size_t lanes = hn::Lanes(d);
-      for (size_t j0 = 0; j0 < width; j0 += kNV * lanes) {
-        const size_t nv = std::min(kNV, (width - j0) / lanes);
-        TileAny<Acc::kSub>(mr, nv, A + i0 * lda, lda, X + j0, ldx, X + i0 * ldx + j0, ldx, i0);
-      }
+    // The strip's triangle is solved in the tile's registers (kSubSolve): a separate pass of
+    // row updates through memory cost as much as the strip's GEMM part.
+    for (size_t j0 = 0; j0 < width; j0 += kNV * lanes) {
+      const size_t nv = std::min(kNV, (width - j0) / lanes);
+      TileAny<Acc::kSubSolve>(mr, nv, A + i0 * lda, lda, X + j0, ldx, X + i0 * ldx + j0, ldx, i0);
     }
-    for (size_t r = i0 + 1; r < i0 + mr; ++r)
-      for (size_t j = i0; j < r; ++j) SubScaled(X + r * ldx, A[r * lda + j], X + j * ldx, width);
   }
 }
 
