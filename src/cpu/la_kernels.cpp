@@ -645,15 +645,56 @@ void StoreOutputRows(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t
 // Transpose rows [L x K] (ld K) into columns [0, L) of [K x ldt], zero-filling columns
 // [L, zero_to). Each output vector is one gather of `lanes` rows' element d (a scalar loop was 6%
 // of the GDN chunk).
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+// dst[c * ldd + r] = src[r * lds + c] for r, c < 16: 64 in-register shuffles instead of 16
+// gathers of 16 loads each (the gather transpose was 3.7% of a GDN chunk).
+HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, size_t lds, float* HWY_RESTRICT dst, size_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * lds);
+  // Pairs of rows interleaved per 128-bit block: t[2i] = (r2i[4b], r2i+1[4b], r2i[4b+1], ...).
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // Quads: r[4g + c] holds, in block b, rows 4g..4g+3 of column 4b + c.
+  for (int g = 0; g < 4; ++g) {
+    const __m512d a0 = _mm512_castps_pd(t[4 * g]), a1 = _mm512_castps_pd(t[4 * g + 1]);
+    const __m512d a2 = _mm512_castps_pd(t[4 * g + 2]), a3 = _mm512_castps_pd(t[4 * g + 3]);
+    r[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a0, a2));
+    r[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a0, a2));
+    r[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(a1, a3));
+    r[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(a1, a3));
+  }
+  // Column 4b + c gathers block b of r[c], r[4 + c], r[8 + c], r[12 + c].
+  for (int c = 0; c < 4; ++c) {
+    const __m512 x0 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x44), x1 = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xEE);
+    const __m512 x2 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x44);
+    const __m512 x3 = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xEE);
+    _mm512_storeu_ps(dst + (0 + c) * ldd, _mm512_shuffle_f32x4(x0, x2, 0x88));
+    _mm512_storeu_ps(dst + (4 + c) * ldd, _mm512_shuffle_f32x4(x0, x2, 0xDD));
+    _mm512_storeu_ps(dst + (8 + c) * ldd, _mm512_shuffle_f32x4(x1, x3, 0x88));
+    _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x1, x3, 0xDD));
+  }
+}
+#endif
+
 void TransposeInto(const float* src, size_t L, size_t K, float* dst, size_t ldt, size_t zero_to) {
   const DF d;
   const hn::RebindToSigned<DF> di;
   const size_t N = hn::Lanes(d);
   const auto row_offsets = hn::Mul(hn::Iota(di, 0), hn::Set(di, static_cast<int32_t>(K)));
   const size_t full = L / N * N;
+  size_t blocked_rows = 0, blocked_cols = 0;  // dst rows [0, blocked_rows) done up to column blocked_cols
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  blocked_rows = K / 16 * 16;
+  blocked_cols = L / 16 * 16;
+  for (size_t k0 = 0; k0 < blocked_rows; k0 += 16)
+    for (size_t j0 = 0; j0 < blocked_cols; j0 += 16) Transpose16x16(src + j0 * K + k0, K, dst + k0 * ldt + j0, ldt);
+#endif
   for (size_t k = 0; k < K; ++k) {
     float* row = dst + k * ldt;
-    for (size_t j = 0; j < full; j += N) hn::StoreU(hn::GatherIndex(d, src + j * K + k, row_offsets), d, row + j);
+    for (size_t j = k < blocked_rows ? blocked_cols : 0; j < full; j += N)
+      hn::StoreU(hn::GatherIndex(d, src + j * K + k, row_offsets), d, row + j);
     for (size_t j = full; j < L; ++j) row[j] = src[j * K + k];
     for (size_t j = L; j < zero_to; ++j) row[j] = 0.f;
   }
