@@ -19,6 +19,7 @@
 #include "device/host.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
+#include "hanpu/operator_timers.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "hanpu/simulate.hpp"
 
@@ -39,6 +40,7 @@ struct BenchArgs {
   bool json = false;
   std::string json_out;  // also write the JSON rows to this file (the table still prints)
   bool ablation = false;  // run the planner's ablation steps for real, next to their simulation
+  bool operator_times = false;  // per-operator time of the head-fused rows (a "timers" build only)
   // ExecOptions::bf16_dot settings to run the head-fused path with on bf16 GDN rows ("on", "off")
   std::vector<std::string> bf16_dot{"on"};
 };
@@ -92,11 +94,12 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Runs `run` once to warm up (arenas, pool, caches), then times it until at least min_reps runs
-// and min_seconds have passed (at most 50 runs): the seconds of each timed run.
-template <class Run>
-std::vector<double> time_runs(const BenchArgs& a, Run&& run) {
+// Runs `run` once to warm up (arenas, pool, caches), calls `after_warmup`, then times it until at
+// least min_reps runs and min_seconds have passed (at most 50 runs): the seconds of each timed run.
+template <class Run, class AfterWarmup = void (*)()>
+std::vector<double> time_runs(const BenchArgs& a, Run&& run, AfterWarmup after_warmup = [] {}) {
   run();
+  after_warmup();
   std::vector<double> times;
   double total = 0;
   while (static_cast<int>(times.size()) < a.min_reps || total < a.min_seconds) {
@@ -145,6 +148,23 @@ void validate_args(const BenchArgs& a) {
     if (h < 1) throw Error("--heads " + std::to_string(h) + ": head counts must be positive");
   for (int t : a.threads)
     if (t < 1 || t > 1024) throw Error("--threads " + std::to_string(t) + ": expected 1..1024");
+  if (a.operator_times && !read_operator_times().enabled)
+    throw Error("--operator-times needs a build with the per-operator timers: cmake --preset timers && "
+                "cmake --build --preset timers, then build/timers/hanpu bench --operator-times");
+}
+
+// "load 15.0K, gate 2.1K, ..." per (value head, column block, chunk) step, and the total.
+std::string operator_times_line(const OperatorTimes& t) {
+  std::string line = "  operators, " + t.unit + " per head-chunk (" + std::to_string(t.head_chunks) + " measured):";
+  double total = 0;
+  char buf[64];
+  for (const auto& [name, v] : t.per_head_chunk) {
+    std::snprintf(buf, sizeof buf, " %s %.1fK,", name.c_str(), v / 1e3);
+    line += buf;
+    total += v;
+  }
+  std::snprintf(buf, sizeof buf, " total %.1fK", total / 1e3);
+  return line + buf;
 }
 
 void run_bench(const BenchArgs& a) {
@@ -197,7 +217,10 @@ void run_bench(const BenchArgs& a) {
               size_t extra = 0;
               ExecOptions ex{path, th, nullptr, &extra};
               ex.bf16_dot = dot == "on";
-              const std::vector<double> times = time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, ex); });
+              const bool timed_operators = a.operator_times && path == CpuPath::HeadFused;
+              const std::vector<double> times = time_runs(
+                  a, [&] { la_prefill(var, li, LaOptions{}, lo, ex); }, [] { reset_operator_times(); });
+              const OperatorTimes op_times = timed_operators ? read_operator_times() : OperatorTimes{};
               Row r{vname, pname, dname, dot_applies && ex.bf16_dot && cpu::gram_bf16_usable(), T, H, a.dim, a.dim, th,
                     0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
               const double sec = median(times);
@@ -224,8 +247,15 @@ void run_bench(const BenchArgs& a) {
                                {"reps", r.reps},
                                {"bf16_dot", r.bf16_dot},
                                {"mem_bandwidth_gbs", bandwidth}});
+                if (timed_operators) {
+                  nlohmann::json ops = nlohmann::json::object();
+                  for (const auto& [name, v] : op_times.per_head_chunk) ops[name] = v;
+                  out.back()["operator_times"] = {{"unit", op_times.unit}, {"head_chunks", op_times.head_chunks},
+                                                  {"per_head_chunk", ops}};
+                }
               }
               if (!a.json) print_row(r);
+              if (!a.json && timed_operators) std::printf("%s\n", operator_times_line(op_times).c_str());
               if (!a.json_out.empty()) {
                 std::ofstream f(a.json_out);
                 f << out.dump(2) << "\n";
@@ -321,6 +351,9 @@ void register_bench_command(CLI::App& app) {
       ->delimiter(',');
   sub->add_flag("--json", args->json, "print the rows as a JSON array");
   sub->add_option("--json-out", args->json_out, "also write the JSON rows to this file (updated after every row)");
+  sub->add_flag("--operator-times", args->operator_times,
+                 "per-operator time of the head-fused rows (load, gate, state GEMMs, grams, mask, solve, output, "
+                 "store, update) per head-chunk; needs a build with -DHANPU_OPERATOR_TIMERS=ON (preset timers)");
   sub->add_flag("--ablation", args->ablation,
                  "run the planner's ablation steps (fla, +mapping, +reordering, +layout) planned for this machine, "
                  "for real and simulated (defaults: --T 4096 --heads 16 --dtype f32 --threads all)");

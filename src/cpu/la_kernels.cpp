@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
+#include "cpu/operator_timers.hpp"
 #include "la/gates.hpp"
 
 // SVE/RVV vectors are sizeless and cannot live in the accumulator arrays the GEMM tile uses.
@@ -1003,6 +1004,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     }
   }
   ChunkPrefetcher prefetch;
+  OperatorClock clock;  // per-operator timers (operator_timers.hpp; empty unless compiled in)
+  clock.skip();         // the states' loads are nobody's
   for (int64_t t0 = 0; t0 < seq.len; t0 += chunk)
   for (size_t g = 0; g < count; ++g) {
     const WorkItem& item = items[g];
@@ -1015,6 +1018,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     const bool keys_reused_next = !kda && g + 1 < count && job.key_head(items[g + 1].head) == job.key_head(hv);
     rows.skip_qk = keys_loaded;
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
+    clock.mark(Op::kLoad);
     // Prefetch what runs next: the group's next head on this chunk, or the first head on the next.
     if (g + 1 < count)
       prefetch.plan(job, seq, items[g + 1].head, t0, L, item.col0, item.col1);
@@ -1045,6 +1049,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);  // the W/U form needs Kn itself
       }
     }
+    clock.mark(Op::kGate);
     // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
     // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
     // stacked A operand, 2C x K, no longer stays in L1 next to the S panel).
@@ -1057,6 +1062,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale);
       Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam);
     }
+    clock.mark(Op::kStateGemms);
     // #2 KKT and the intra-chunk Q K^T.
     const size_t Lp = RoundUp(L, kPad);
     if (keys_loaded) {
@@ -1081,7 +1087,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
     }
     if (keys_reused_next && !keys_loaded) std::copy(AP, AP + 2 * C * ldc, arena + l.AP_unmasked);
+    clock.mark(Op::kGrams);
     MaskGram(!kda, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
+    clock.mark(Op::kMask);
     if (order.gemm_first) {
       // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
       SolveUnitLower(AP, ldc, X, Vp, L, width);
@@ -1106,9 +1114,12 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       for (size_t i = 0; i < L; ++i) std::copy(U + i * Vp, U + (i + 1) * Vp, X + i * Vp);
       Gemm<Acc::kAdd>(W, l.ldw, S, Vp, X, Vp, L, width, K);  // X = U + (−W) S
     }
+    clock.mark(Op::kSolve);
     // #6 Output: O += P E, then store.
     Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
+    clock.mark(Op::kOutput);
     StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
+    clock.mark(Op::kStore);
     // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j; the decay of S is applied
     // by the GEMM as it loads S (kScaleAdd with one factor per row of S).
     const double* GL = G + (L - 1) * gk;
@@ -1146,6 +1157,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     Gemm<Acc::kScaleAdd>(Kt, ldc, X, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
     if (!order.state_in_place && g + 1 == count) parity = 1 - parity;
     prefetch.rest();  // whatever the tiles did not issue
+    clock.mark(Op::kUpdate);
+    clock.head_chunk_done();
   }
   for (size_t g = 0; g < count; ++g)
     StoreState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1,
