@@ -419,4 +419,17 @@ TEST(CliErrors, BenchLinearBadArguments) {
   }
 }
 
+// Per-operator times exist only in a build with HANPU_OPERATOR_TIMERS (preset timers); a default
+// build refuses the flag with a one-line error that says how to get such a build.
+#ifndef HANPU_OPERATOR_TIMERS
+TEST(CliErrors, BenchOperatorTimesNeedsTimersBuild) {
+  TempDir dir("hanpu_cli");
+  const RunResult r = run_hanpu(dir, "bench --operator-times --variant gdn --T 64 --heads 1 --threads 1");
+  EXPECT_TRUE(r.exited && r.code == 1) << r.command << "\n" << r.err;
+  EXPECT_NE(r.err.find("--operator-times"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--preset timers"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+#endif
+
 }  // namespace
