@@ -18,6 +18,7 @@ namespace hanpu {
 
 enum class Variant { GDN, KDA };
 const char* variant_name(Variant v);  // "gdn" / "kda"
+std::optional<Variant> variant_from_name(const std::string& name);  // inverse; nullopt otherwise
 
 /// Input transforms FLA can apply inside its kernels (reference-fla.md §1.4).
 struct LaOptions {
@@ -49,6 +50,7 @@ enum class CpuPath {
   Recurrent,  // the token-by-token recurrence (also the decode path)
 };
 const char* cpu_path_name(CpuPath p);  // "hanpu" / "fla" / "recurrent"
+std::optional<CpuPath> cpu_path_from_name(const std::string& name);  // inverse; nullopt otherwise
 
 struct CpuPlan;  // hanpu/cpu_plan.hpp
 

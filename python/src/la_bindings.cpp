@@ -24,15 +24,12 @@ namespace {
 std::mutex engine_mutex;
 
 Variant parse_variant(const std::string& s) {
-  if (s == "gdn") return Variant::GDN;
-  if (s == "kda") return Variant::KDA;
+  if (const std::optional<Variant> v = variant_from_name(s)) return *v;
   throw nb::value_error(("variant: got \"" + s + "\", expected \"gdn\" or \"kda\"").c_str());
 }
 
 CpuPath parse_path(const std::string& s) {
-  if (s == "hanpu") return CpuPath::HeadFused;
-  if (s == "fla") return CpuPath::FlaChunk;
-  if (s == "recurrent") return CpuPath::Recurrent;
+  if (const std::optional<CpuPath> p = cpu_path_from_name(s)) return *p;
   throw nb::value_error(("path: got \"" + s + "\", expected \"hanpu\", \"fla\" or \"recurrent\"").c_str());
 }
 

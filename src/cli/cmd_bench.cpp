@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -114,9 +115,7 @@ std::vector<double> time_runs(const BenchArgs& a, Run&& run, AfterWarmup after_w
 }
 
 CpuPath parse_path(const std::string& p) {
-  if (p == "hanpu") return CpuPath::HeadFused;
-  if (p == "fla") return CpuPath::FlaChunk;
-  if (p == "recurrent") return CpuPath::Recurrent;
+  if (const std::optional<CpuPath> path = cpu_path_from_name(p)) return *path;
   throw Error("unknown path '" + p + "' (expected hanpu, fla or recurrent)");
 }
 

@@ -18,6 +18,18 @@ const char* cpu_path_name(CpuPath p) {
   return "?";
 }
 
+std::optional<Variant> variant_from_name(const std::string& name) {
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    if (name == variant_name(v)) return v;
+  return std::nullopt;
+}
+
+std::optional<CpuPath> cpu_path_from_name(const std::string& name) {
+  for (CpuPath p : {CpuPath::HeadFused, CpuPath::FlaChunk, CpuPath::Recurrent})
+    if (name == cpu_path_name(p)) return p;
+  return std::nullopt;
+}
+
 namespace {
 
 std::string dims(std::initializer_list<int64_t> d) {
