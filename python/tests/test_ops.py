@@ -234,23 +234,20 @@ def test_all_bf16_inputs():
     assert nmse(o, ro) <= NMSE_BOUND["bfloat16"] and nmse(ht, rht) <= NMSE_BOUND["float32"]
 
 
-def test_float16_numpy():
-    x = make_inputs("kda", 1, 70, 1, 2, 32, 32)
+@pytest.mark.parametrize("variant,dtype,bound", [
+    pytest.param("kda", np.float16, "float16", id="kda-float16"),
+    pytest.param("gdn", ml_dtypes.bfloat16 if ml_dtypes is not None else None, "bfloat16",
+                 marks=pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed"),
+                 id="gdn-bfloat16-ml_dtypes"),
+])
+def test_half_precision_numpy(variant, dtype, bound):
+    """q, k, v as numpy float16 or ml_dtypes bfloat16: o comes back in the same dtype."""
+    x = make_inputs(variant, 1, 70, 1, 2, 32, 32)
     for n in ("q", "k", "v"):
-        x[n] = x[n].astype(np.float16)
-    o, _ = call(CHUNK["kda"], x)
-    assert o.dtype == np.float16
-    assert nmse(o, reference("kda", x)[0]) <= NMSE_BOUND["float16"]
-
-
-@pytest.mark.skipif(ml_dtypes is None, reason="ml_dtypes is not installed")
-def test_bfloat16_numpy_ml_dtypes():
-    x = make_inputs("gdn", 1, 70, 1, 2, 32, 32)
-    for n in ("q", "k", "v"):
-        x[n] = x[n].astype(ml_dtypes.bfloat16)
-    o, _ = call(CHUNK["gdn"], x)
-    assert o.dtype == ml_dtypes.bfloat16
-    assert nmse(o.astype(np.float32), reference("gdn", x)[0]) <= NMSE_BOUND["bfloat16"]
+        x[n] = x[n].astype(dtype)
+    o, _ = call(CHUNK[variant], x)
+    assert o.dtype == dtype
+    assert nmse(o.astype(np.float32), reference(variant, x)[0]) <= NMSE_BOUND[bound]
 
 
 # ---- numpy and torch --------------------------------------------------------------------------
