@@ -412,7 +412,7 @@ TEST(LaViews, StridedInputsMatchContiguous) {
 // are then applied to the raw grams), odd K (a zero pads the last bf16 pair), tails, GVA, varlen.
 // The two differ only in f32 summation order: their final states agree to ~1e-12.
 TEST(LaBf16Dot, GramsFromBf16DotProductsAreExact) {
-  if (!cpu::gram_bf16_usable()) GTEST_SKIP() << "no AVX512-BF16 on this CPU: the bf16 gram path cannot run here";
+  if (!cpu::gram_bf16_usable()) GTEST_SKIP() << "no usable AMX (AMX-BF16 with the OS tile permission, and HANPU_ISA unset or native): the bf16 gram path cannot run here";
   struct Case {
     int64_t T, H, HV, K, V;
     std::vector<int64_t> seqlens;

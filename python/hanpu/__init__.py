@@ -18,6 +18,7 @@ from .ops import (
     fused_recurrent_gdn,
     fused_recurrent_kda,
     get_num_threads,
+    isa,
     set_num_threads,
 )
 from .planning import ablation_steps, describe_plan, device, devices, plan, simulate, strategies
@@ -37,6 +38,7 @@ __all__ = [
     "fused_recurrent_gdn",
     "fused_recurrent_kda",
     "get_num_threads",
+    "isa",
     "plan",
     "reference",
     "set_num_threads",

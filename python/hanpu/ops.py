@@ -33,6 +33,15 @@ def get_num_threads():
     return _num_threads if _num_threads > 0 else _hanpu.hardware_threads()
 
 
+def isa():
+    """The SIMD target the kernels dispatch to: a dict with `target` (Highway's name, e.g. "AVX2"),
+    `requested` (the environment variable HANPU_ISA, "" when unset: the best target this CPU has),
+    `native` (no cap: the AMX / AVX512-BF16 kernels may run) and `choices` (values HANPU_ISA
+    accepts here). Set HANPU_ISA before importing hanpu, e.g. HANPU_ISA=avx2 to run the AVX2 code
+    on an AVX-512 machine; a bad value raises ValueError naming it."""
+    return dict(_hanpu.isa())
+
+
 def _unexpected(fname, kwargs):
     if kwargs:
         name = next(iter(kwargs))

@@ -12,6 +12,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
+#include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/reference.hpp"
@@ -160,6 +161,19 @@ nb::tuple reference(const std::string& variant, nb::handle q, nb::handle k, nb::
   return nb::make_tuple(to_numpy(r.o), to_numpy(r.final_state));
 }
 
+// HANPU_ISA as applied (cpu/isa.hpp); a bad value raises ValueError naming it.
+nb::dict isa_info() {
+  const cpu::IsaSelection& s = cpu::isa_selection();
+  nb::dict d;
+  d["requested"] = s.requested;
+  d["target"] = s.target;
+  d["native"] = s.native;
+  nb::list choices;
+  for (const std::string& c : cpu::isa_choices()) choices.append(c);
+  d["choices"] = choices;
+  return d;
+}
+
 }  // namespace
 
 void register_la(nb::module_& m) {
@@ -174,6 +188,7 @@ void register_la(nb::module_& m) {
         nb::arg("dt_bias").none(), nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"),
         nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"),
         "The fp64 token-by-token reference: returns (o, final_state) as float64 numpy arrays.");
+  m.def("isa", &isa_info, "The SIMD target the kernels dispatch to, after HANPU_ISA (requested, target, native, choices).");
   m.def("hardware_threads", &hardware_threads, "Hardware threads this process may run on (its CPU affinity).");
 }
 

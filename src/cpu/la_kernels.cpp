@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
+#include "cpu/isa.hpp"
 #include "cpu/operator_timers.hpp"
 #include "la/gates.hpp"
 
@@ -318,6 +319,17 @@ void LoadRow(const TensorView& t, int64_t off, int64_t stride, size_t n, float* 
   if (i < n) LoadRowScalar(t, off + i, 1, n - i, dst + i, scale);
 }
 
+// Whether Highway's f32 -> f16 DemoteTo is the hardware conversion (round to nearest even):
+// F16C on AVX2 and AVX-512, FCVTN on AArch64. Highway 1.0.3 emulates it on SSE4/SSSE3 and the
+// scalar targets by dropping the low mantissa bits (truncation: f16 output NMSE 1.7e-7 against
+// 7.7e-8 rounded, LaGrid under HANPU_ISA=sse4); there StoreRow rounds in scalar code instead.
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)) || \
+    (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128)
+constexpr bool kHardwareF16Demote = true;
+#else
+constexpr bool kHardwareF16Demote = false;
+#endif
+
 void StoreRow(const float* HWY_RESTRICT src, size_t n, const TensorView& t, int64_t off, int64_t stride) {
   if (stride == 1 && t.dtype == DType::F32) {
     float* dst = static_cast<float*>(t.data) + off;
@@ -347,7 +359,7 @@ void StoreRow(const float* HWY_RESTRICT src, size_t n, const TensorView& t, int6
       // Values are < 2^16 after the shift: the signed-to-unsigned demotion is exact.
       hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, hn::ShiftRight<16>(rounded))), d16, out + i);
     }
-  } else if (stride == 1 && t.dtype == DType::F16) {
+  } else if (stride == 1 && t.dtype == DType::F16 && kHardwareF16Demote) {
     const DF d;
     const hn::Rebind<hwy::float16_t, DF> d16;
     const size_t N = hn::Lanes(d);
@@ -409,15 +421,19 @@ float L2Normalize(float* x, size_t n) {
 // out[j] = exp(x(j)) for j in [i, n), fewer than one vector: one vector exponential over a
 // staging vector whose unused lanes hold 0 (never an argument of the caller's), not a scalar
 // exp per element. Still a scalar staging loop: MaskGram's rows use ExpDiffImpl's kWhole instead.
+// It loops, so it is also right for more than one vector's worth: the scalar target skips the
+// fp64 vector loop of ExpDiffImpl and hands ExpTail the whole row (before the loop, rows longer
+// than one lane read past `lanes`: inf/NaN outputs under HANPU_ISA=portable).
 template <class X>
 HWY_INLINE void ExpTail(size_t i, size_t n, float* HWY_RESTRICT out, X x) {
-  if (i >= n) return;
   const DF d;
   const size_t N = hn::Lanes(d);
   HWY_ALIGN float lanes[HWY_MAX_BYTES / sizeof(float)];
-  for (size_t t = 0; t < N; ++t) lanes[t] = i + t < n ? x(i + t) : 0.f;
-  hn::Store(hn::Exp(d, hn::Load(d, lanes)), d, lanes);
-  std::copy(lanes, lanes + (n - i), out + i);
+  for (; i < n; i += N) {
+    for (size_t t = 0; t < N; ++t) lanes[t] = i + t < n ? x(i + t) : 0.f;
+    hn::Store(hn::Exp(d, hn::Load(d, lanes)), d, lanes);
+    std::copy(lanes, lanes + std::min(N, n - i), out + i);
+  }
 }
 
 // kWhole: the last partial vector is computed as a whole one, its lanes >= n selected to 0 before
@@ -1470,33 +1486,33 @@ HWY_EXPORT(GemmProbeGflops);
 HWY_EXPORT(FloatLanes);
 
 size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order) {
-  return HWY_DYNAMIC_DISPATCH(FusedArenaFloats)(job, width, chunk, group, order);
+  return HANPU_DISPATCH(FusedArenaFloats)(job, width, chunk, group, order);
 }
 void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
                  const OperatorOrder& order) {
-  HWY_DYNAMIC_DISPATCH(FusedGroup)(job, items, count, arena, chunk, order);
+  HANPU_DISPATCH(FusedGroup)(job, items, count, arena, chunk, order);
 }
 size_t recurrent_arena_floats(const LaJob& job, int64_t width) {
-  return HWY_DYNAMIC_DISPATCH(RecurrentArenaFloats)(job, width);
+  return HANPU_DISPATCH(RecurrentArenaFloats)(job, width);
 }
 void recurrent_item(const LaJob& job, const WorkItem& item, float* arena) {
-  HWY_DYNAMIC_DISPATCH(RecurrentItem)(job, item, arena);
+  HANPU_DISPATCH(RecurrentItem)(job, item, arena);
 }
-size_t fla_scratch_floats(const LaJob& job, int chunk) { return HWY_DYNAMIC_DISPATCH(FlaScratchFloats)(job, chunk); }
+size_t fla_scratch_floats(const LaJob& job, int chunk) { return HANPU_DISPATCH(FlaScratchFloats)(job, chunk); }
 void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
-  HWY_DYNAMIC_DISPATCH(FlaMapChunk)(job, buf, c, hv, scratch);
+  HANPU_DISPATCH(FlaMapChunk)(job, buf, c, hv, scratch);
 }
 void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
-  HWY_DYNAMIC_DISPATCH(FlaReduceItem)(job, buf, item, scratch);
+  HANPU_DISPATCH(FlaReduceItem)(job, buf, item, scratch);
 }
 void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
-  HWY_DYNAMIC_DISPATCH(FlaOutputChunk)(job, buf, c, hv, scratch);
+  HANPU_DISPATCH(FlaOutputChunk)(job, buf, c, hv, scratch);
 }
-const char* simd_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+const char* simd_target_name() { return HANPU_DISPATCH(TargetName)(); }
 double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds) {
-  return HWY_DYNAMIC_DISPATCH(GemmProbeGflops)(M, N, Kd, seconds);
+  return HANPU_DISPATCH(GemmProbeGflops)(M, N, Kd, seconds);
 }
-int simd_float_lanes() { return HWY_DYNAMIC_DISPATCH(FloatLanes)(); }
+int simd_float_lanes() { return HANPU_DISPATCH(FloatLanes)(); }
 
 DenormalGuard::DenormalGuard() {
 #if defined(__x86_64__) || defined(__i386__)

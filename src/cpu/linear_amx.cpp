@@ -18,6 +18,7 @@
 // C tiles inside y are loaded from / stored to y directly on the first / last k block; edge
 // blocks (partial rows or columns) go through cbuf and a masked copy.
 #include "cpu/linear_kernels.hpp"
+#include "cpu/isa.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -296,8 +297,9 @@ bool detect_amx() {
 }  // namespace
 
 bool amx_usable() {
+  // HANPU_ISA below "native" turns the kernels outside Highway off (cpu/isa.hpp).
   static const bool usable = detect_amx();
-  return usable;
+  return usable && isa_selection().native;
 }
 
 HANPU_AMX_TARGET void amx_configure_tiles() { load_tile_config(); }

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "cpu/linear_kernels.hpp"
+#include "cpu/isa.hpp"
 
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
@@ -187,7 +188,7 @@ HWY_EXPORT(LinearPortable);
 
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                      int64_t n0, int64_t n1, bool accumulate) {
-  HWY_DYNAMIC_DISPATCH(LinearPortable)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate);
+  HANPU_DISPATCH(LinearPortable)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate);
 }
 }  // namespace hanpu::cpu
 #endif

@@ -103,6 +103,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 
 #include "device/host.hpp"
+#include "cpu/isa.hpp"
 
 #include <pthread.h>
 #include <sched.h>
@@ -334,7 +335,7 @@ HostInfo detect_host_uncached() {
   // SIMD target Highway dispatches to.
   int64_t target = 0;
   int lanes = 1;
-  HWY_DYNAMIC_DISPATCH(HostTargetInfo)(&target, &lanes);
+  HANPU_DISPATCH(HostTargetInfo)(&target, &lanes);
   h.simd_target = hwy::TargetName(target);
   h.simd_f32_lanes = lanes;
   return h;
@@ -413,9 +414,9 @@ double fma_gflops(int n, const std::vector<int>& cpus, int64_t iters, int repeat
       n, cpus,
       [&](int tid) {  // warm-up: lets the core reach its wide-vector frequency
         int64_t f = 0;
-        sums[tid] += HWY_DYNAMIC_DISPATCH(HostFmaKernel)(std::max<int64_t>(1, iters / 4), mul, add, &f);
+        sums[tid] += HANPU_DISPATCH(HostFmaKernel)(std::max<int64_t>(1, iters / 4), mul, add, &f);
       },
-      [&](int tid) { sums[tid] += HWY_DYNAMIC_DISPATCH(HostFmaKernel)(iters, mul, add, &fmas[tid]); },
+      [&](int tid) { sums[tid] += HANPU_DISPATCH(HostFmaKernel)(iters, mul, add, &fmas[tid]); },
       [&](int round, double) { return round < repeats; }, &per_thread);
   float total_sum = 0;
   for (float s : sums) total_sum += s;
@@ -493,10 +494,10 @@ HostMeasurement measure_host(int threads, double budget_seconds) {
   {
     volatile float vmul = 0.9999999f, vadd = 1e-7f;
     int64_t f = 0;
-    float s = HWY_DYNAMIC_DISPATCH(HostFmaKernel)(iters, vmul, vadd, &f);  // warm up
+    float s = HANPU_DISPATCH(HostFmaKernel)(iters, vmul, vadd, &f);  // warm up
     for (;;) {
       const auto t0 = Clock::now();
-      s += HWY_DYNAMIC_DISPATCH(HostFmaKernel)(iters, vmul, vadd, &f);
+      s += HANPU_DISPATCH(HostFmaKernel)(iters, vmul, vadd, &f);
       const double dt = seconds_since(t0);
       if (dt >= 0.002 || iters > (int64_t{1} << 40)) {
         iters = std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(iters) * run_s / std::max(dt, 1e-9)));
@@ -546,7 +547,7 @@ HostMeasurement measure_host(int threads, double budget_seconds) {
           std::fill(p, p + chunk, 1.0f);  // first touch by the reading thread
         },
         [&](int tid) {
-          sums[tid] += HWY_DYNAMIC_DISPATCH(HostReadSum)(buf + static_cast<size_t>(tid) * chunk, chunk);
+          sums[tid] += HANPU_DISPATCH(HostReadSum)(buf + static_cast<size_t>(tid) * chunk, chunk);
         },
         [&](int round, double) {
           // Round 1 is a warm-up (TLB, prefetchers); keep going to >= 4 timed rounds, at most 11,

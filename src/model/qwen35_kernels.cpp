@@ -18,6 +18,7 @@
 #include <cstring>
 
 #include "model/qwen35_kernels.hpp"
+#include "cpu/isa.hpp"
 
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
@@ -267,18 +268,18 @@ HWY_EXPORT(ConvSiluRow);
 HWY_EXPORT(AttentionRows);
 
 void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale, float eps) {
-  HWY_DYNAMIC_DISPATCH(RmsNormRow)(x, out, n, scale, eps);
+  HANPU_DISPATCH(RmsNormRow)(x, out, n, scale, eps);
 }
-void simd_silu_mul_row(float* g, const float* u, size_t n) { HWY_DYNAMIC_DISPATCH(SiluMulRow)(g, u, n); }
-void simd_silu_row(float* y, size_t n) { HWY_DYNAMIC_DISPATCH(SiluRow)(y, n); }
-void simd_sigmoid_mul_row(float* o, const float* g, size_t n) { HWY_DYNAMIC_DISPATCH(SigmoidMulRow)(o, g, n); }
+void simd_silu_mul_row(float* g, const float* u, size_t n) { HANPU_DISPATCH(SiluMulRow)(g, u, n); }
+void simd_silu_row(float* y, size_t n) { HANPU_DISPATCH(SiluRow)(y, n); }
+void simd_sigmoid_mul_row(float* o, const float* g, size_t n) { HANPU_DISPATCH(SigmoidMulRow)(o, g, n); }
 void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps) {
-  HWY_DYNAMIC_DISPATCH(GatedNormRow)(o, z, w, n, eps);
+  HANPU_DISPATCH(GatedNormRow)(o, z, w, n, eps);
 }
 void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_stride, size_t K, float* y, size_t n) {
-  HWY_DYNAMIC_DISPATCH(ConvSiluRow)(in, taps, tap_stride, K, y, n);
+  HANPU_DISPATCH(ConvSiluRow)(in, taps, tap_stride, K, y, n);
 }
-size_t attention_key_tile() { return HWY_DYNAMIC_DISPATCH(AttentionKeyTile)(); }
-void attention_rows(const AttentionRowsArgs& args) { HWY_DYNAMIC_DISPATCH(AttentionRows)(args); }
+size_t attention_key_tile() { return HANPU_DISPATCH(AttentionKeyTile)(); }
+void attention_rows(const AttentionRowsArgs& args) { HANPU_DISPATCH(AttentionRows)(args); }
 }  // namespace hanpu::model
 #endif
