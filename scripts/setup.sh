@@ -19,7 +19,8 @@ if ((${#missing[@]})); then
 fi
 
 # Python package (docs/PYTHON.md): its build backend and test requirements from PyPI, then torch and
-# fla-core for the torch/FLA tests with the --no-deps recipe of tools/requirements-goldens.txt.
+# fla-core for the torch/FLA tests with the --no-deps recipe of tools/requirements-goldens.txt, then
+# transformers for the example's tests (python/requirements-transformers.txt, also --no-deps).
 # Only unsatisfied lines reach pip (a second run makes no pip call); a failing install fails setup.
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -32,3 +33,10 @@ py_missing=$("$python" "$repo/python/missing_requirements.py" "$repo/python/requ
 if [ -n "$py_missing" ]; then pip_install $py_missing; fi
 py_missing=$("$python" "$repo/python/missing_requirements.py" --present-ok "$repo/tools/requirements-goldens.txt")
 if [ -n "$py_missing" ]; then pip_install --no-deps $py_missing; fi
+# transformers for the example's tests, pinned with everything it imports (no test may skip for a
+# missing package: scripts/test.sh fails on such a skip).
+py_missing=$("$python" "$repo/python/missing_requirements.py" "$repo/python/requirements-transformers.txt")
+if [ -n "$py_missing" ]; then pip_install --no-deps $py_missing; fi
+# Every pinned package must import together (a pin that no longer fits fails here, not in a test).
+"$python" -c "import torch, transformers, numpy, ml_dtypes, einops, safetensors; transformers.Qwen3_5ForCausalLM" \
+  || { echo "setup: the pinned Python packages do not import together" >&2; exit 1; }

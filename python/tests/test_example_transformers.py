@@ -3,8 +3,10 @@ routed to hanpu gives the logits of transformers' own torch fallback, prefill an
 
 Skipped (not failed) when torch, transformers (with Qwen3.5) or hanpu is not importable. Each case
 loads the repo's 4-layer test checkpoint tests/golden/qwen35_tiny (hidden size 64, 3 GDN layers with
-GVA, weights scaled so that every part moves the logits) and runs 100 tokens (more than one 64-token
-chunk), so the file takes seconds; most of it is importing transformers. The negative controls route a deliberately wrong function and expect
+GVA, weights scaled so that every part moves the logits), runs 100 tokens (more than one 64-token
+chunk) and decodes TEST_DECODE_TOKENS, so the file takes seconds; most of it is importing
+transformers. Every GDN call is also checked against the fp64 reference on its own inputs (the
+example's LayerCheck), with a bound derived from the output dtype's rounding. The negative controls route a deliberately wrong function and expect
 the example's check to fail, so a check that could never fail would be caught here.
 """
 
@@ -35,8 +37,9 @@ def example():
 
 def tiny_args(example, tmp_path, *extra):
     out = tmp_path / "result.json"
-    args = example.parse_args(["--model", CHECKPOINT, "--tokens", "100", "--repeats", "1", "--decode", "3",
-                               "--threads", "2", "--json", str(out), *extra])
+    args = example.parse_args(["--model", CHECKPOINT, "--tokens", "100", "--repeats", "1",
+                               "--decode", str(example.TEST_DECODE_TOKENS), "--threads", "2", "--json", str(out),
+                               *extra])
     return args, out
 
 
@@ -54,7 +57,17 @@ def test_routed_model_matches_torch_fallback(example, tmp_path, dtype):
         else:  # measured against the same weights in fp32, as close as transformers' own bf16 run
             assert check["error_ratio"] <= example.BF16_ERROR_RATIO
             assert check["nmse_vs_fp32"]["hanpu"] > 0
-    assert len(result["decode_tokens"]) == 3
+    assert len(result["decode_tokens"]) == example.TEST_DECODE_TOKENS
+    # Every GDN call was checked against the fp64 reference on its own inputs (the per-CPU claim):
+    layers = result["layer_check"]
+    assert layers["chunk"]["calls"] == 3
+    assert layers["recurrent"]["calls"] == 3 * example.TEST_DECODE_TOKENS
+    for kind in ("chunk", "recurrent"):
+        assert layers[kind]["worst_o_nmse"] <= layers[kind]["worst_o_bound"]
+        assert layers[kind]["worst_state_nmse"] <= example.LAYER_F32_NMSE
+        if dtype == "bf16":  # the bound is the exact result's own rounding, not a loose constant
+            assert 0 < layers[kind]["worst_o_rounding_nmse"] < 1e-5
+            assert layers[kind]["worst_o_bound"] < 1.2 * layers[kind]["worst_o_rounding_nmse"]
     for path in ("torch", "hanpu"):
         assert result["timing"][path]["prefill_s"] > result["timing"][path]["gdn_s"] > 0
 
@@ -86,6 +99,28 @@ def test_wrong_prefill_function_is_caught(example, tmp_path, dtype):
     else:
         assert result["prefill_check"]["error_ratio"] > example.BF16_ERROR_RATIO
     assert any(f.startswith("prefill logits") for f in result["failures"])
+    assert any(f.startswith("GDN chunk calls against the fp64 reference") for f in result["failures"])
+
+
+def test_truncated_bf16_outputs_are_caught(example, tmp_path):
+    # The prefill's bf16 outputs truncated instead of rounded to nearest (the kind of bug Highway's
+    # emulated f16 conversion had on SSE4): the per-call bound from the exact result's own rounding
+    # sees ~4x that rounding's error in every chunk call (measured 3.7-4.5x), on any CPU.
+    def truncating_chunk(q, k, v, g, beta, **kwargs):
+        # The same computation in fp32 (the bf16 inputs widen exactly), then cut to bf16.
+        o, state = example.hanpu_functions()[0](q.float(), k.float(), v.float(), g.float(), beta.float(), **kwargs)
+        bits = o.view(torch.int32) & ~0xFFFF
+        return bits.view(torch.float32).to(q.dtype), state
+
+    args, out = tiny_args(example, tmp_path, "--dtype", "bf16")
+    args.route_override = (truncating_chunk, example.hanpu_functions()[1])
+    assert example.run(args) == 1
+    result = json.loads(out.read_text())
+    chunk = result["layer_check"]["chunk"]
+    assert chunk["worst_o_nmse"] > chunk["worst_o_bound"]
+    assert min(chunk["o_over_rounding"]) > 2  # truncation: ~4x the rounding's error
+    assert any(f.startswith("GDN chunk calls against the fp64 reference") for f in result["failures"])
+    assert result["layer_check"]["recurrent"]["worst_o_nmse"] <= result["layer_check"]["recurrent"]["worst_o_bound"]
 
 
 def test_lost_decode_state_is_caught(example, tmp_path):
@@ -100,3 +135,4 @@ def test_lost_decode_state_is_caught(example, tmp_path):
     result = json.loads(out.read_text())
     assert result["prefill_check"]["nmse"] <= example.FP32_NMSE
     assert any(f.startswith("decode logits differ") for f in result["failures"])
+    assert any(f.startswith("GDN recurrent calls against the fp64 reference") for f in result["failures"])
