@@ -14,7 +14,8 @@ two calls without touching the rest of the model. This script:
      maps it to Qwen3_5ForCausalLM and skips the vision tower);
   2. runs a prefill of `--tokens` random token ids with transformers' own torch fallback and again
      with the GDN calls routed to hanpu, and checks that the logits agree (see FP32_NMSE and
-     BF16_ERROR_RATIO; a bf16 run also runs the same weights in fp32 once, as the reference);
+     BF16_DISCREPANCY; a bf16 run also runs the same weights in fp32 once, as the reference), and
+     every GDN call against the fp64 reference on its own inputs (LayerCheck);
   3. times both: median over `--repeats` prefills each, the two paths interleaved so that a slow
      spell of a shared machine hits both; the untimed checking run is the warm-up. The GDN calls
      are wrapped with a timer, so the speedup is printed for the whole prefill and for the GDN
@@ -83,20 +84,24 @@ LAYER_ROUNDING_FACTOR = 1.05
 #   is caught (python/tests/test_example_transformers.py).
 # - bfloat16 model: two correct bf16 runs do not agree to a fixed NMSE: the bf16 rounding of every
 #   layer's output is itself an error of NMSE ~3.5e-3 at the logits of the 0.8B shapes (measured
-#   against the same weights in fp32), and where hanpu and torch round one output differently the
-#   difference travels through the following bf16 layers (hanpu vs torch: NMSE 6.8e-4 at 512
-#   tokens, 5.7e-4 at 2048). So the bf16 check asks that hanpu's bf16 logits be no further from the
-#   fp32 model's (torch fallback, same weights) than BF16_ERROR_RATIO times transformers' own bf16
-#   run is. That ratio is a statistic, not a precision claim (the per-call check above is): the two
-#   bf16 runs' errors are mostly the same torch rounding, and which of them a one-ulp difference in a
-#   GDN output moves further from fp32 is chance, so over few tokens it is a coin toss around 1 (3
-#   decode tokens: 1.21 on an AMD EPYC Zen 4, 1.25 reported on a Zen 3). The tests decode
-#   TEST_DECODE_TOKENS tokens: over 12 seeds on the tiny golden model (100 prefill tokens, 16 decode
-#   tokens; Zen 4, HANPU_ISA native, avx2 and portable alike) the ratio was 0.970-1.038 at the
-#   prefill and 0.703-1.069 at decode, so 1.25 is far outside chance there, and a wrong formula is
-#   far outside it (NMSE ~1 against fp32, a ratio of ~1e3).
+#   against the same weights in fp32), and where hanpu and torch round one GDN output differently
+#   the difference travels through the following bf16 layers. The check: hanpu's bf16 logits differ
+#   from transformers' own bf16 run (torch fallback) by at most BF16_DISCREPANCY times that run's
+#   own distance from the fp32 model (same weights), NMSE(hanpu, torch) <= 1.0 * NMSE(torch, fp32).
+#   Why it holds: the per-call check above shows hanpu's GDN outputs correctly rounded, so the two
+#   runs differ only where the same values round differently, a subset of the roundings bf16's own
+#   error is made of; were hanpu's deviation an independent error as large as bf16's, the ratio
+#   would be 2. Measured over 20 draws (golden tiny model, 100 prefill tokens, 32 decode steps,
+#   10 seeds each with HANPU_ISA native and with hanpu and torch both capped at AVX2 through
+#   HANPU_ISA, ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA; AMD EPYC Zen 4): 0.004-0.17 at the
+#   prefill, 0.07-0.34 at decode. Truncated bf16 GDN outputs give 3.6, a wrong scale far more.
+#   The earlier check, hanpu's distance from fp32 at most 1.25x torch's, compared two errors that are
+#   mostly the same torch rounding, and which run a one-ulp flip moves further from fp32 is chance:
+#   a coin toss around 1 (3 decode tokens: seed 0 gave 1.253 with torch capped at AVX2, exactly the
+#   2.766e-4 / 2.207e-4 reported on a Zen 3, and seed 5 gave 2.69; 64 tokens: 0.88-1.18 over 24
+#   draws). That ratio is still printed ("ratio" in the JSON: error_ratio) but not checked.
 FP32_NMSE = 1e-8
-BF16_ERROR_RATIO = 1.25
+BF16_DISCREPANCY = 1.0
 TEST_DECODE_TOKENS = 32
 
 # The text tower of Qwen3.5-0.8B (docs reference-models.md §1.1; src/model/qwen35_config.cpp).
@@ -547,11 +552,12 @@ def run(args):
             c["nmse_vs_fp32"] = {"hanpu": compare(hanpu_logits, fp32_logits)["nmse"],
                                  "torch": compare(torch_logits, fp32_logits)["nmse"]}
             c["error_ratio"] = c["nmse_vs_fp32"]["hanpu"] / max(c["nmse_vs_fp32"]["torch"], 1e-300)
-            c["limit"] = f"error vs fp32 <= {BF16_ERROR_RATIO}x torch's"
-            if not c["error_ratio"] <= BF16_ERROR_RATIO:
-                failures.append(f"{what} logits: hanpu's NMSE against the fp32 model {c['nmse_vs_fp32']['hanpu']:.3e} "
-                                f"is {c['error_ratio']:.2f}x the torch fallback's "
-                                f"{c['nmse_vs_fp32']['torch']:.3e} (limit {BF16_ERROR_RATIO}x)")
+            c["discrepancy"] = c["nmse"] / max(c["nmse_vs_fp32"]["torch"], 1e-300)
+            c["limit"] = f"NMSE(hanpu, torch) <= {BF16_DISCREPANCY} x NMSE(torch, fp32)"
+            if not c["discrepancy"] <= BF16_DISCREPANCY:
+                failures.append(f"{what} logits: hanpu's bf16 logits differ from the torch fallback's by NMSE "
+                                f"{c['nmse']:.3e}, {c['discrepancy']:.2f}x the torch fallback's own distance from "
+                                f"the fp32 model {c['nmse_vs_fp32']['torch']:.3e} (limit {BF16_DISCREPANCY}x)")
         return c
 
     if layer_check is not None:
@@ -619,7 +625,8 @@ def print_report(r, out):
     for what, c in (("prefill", p), ("decode", r.get("decode_check"))):
         if c and "nmse_vs_fp32" in c:
             lines.append(f"  {what} against the fp32 model: NMSE hanpu {c['nmse_vs_fp32']['hanpu']:.3e}, torch "
-                         f"{c['nmse_vs_fp32']['torch']:.3e} (ratio {c['error_ratio']:.3f}, limit {BF16_ERROR_RATIO})")
+                         f"{c['nmse_vs_fp32']['torch']:.3e} (ratio {c['error_ratio']:.3f}); hanpu vs torch "
+                         f"{c['discrepancy']:.3f}x torch's distance (limit {BF16_DISCREPANCY})")
     for kind, c in r.get("layer_check", {}).items():
         ratio = lambda xs: f"{min(xs):.3f}-{max(xs):.3f}x" if xs else "-"  # noqa: E731
         state = (f"; final states NMSE {c['worst_state_nmse']:.1e} (torch {c['torch_worst_state_nmse']:.1e})"

@@ -23,7 +23,11 @@ run_suite() {  # LABEL HANPU_ISA [ctest args]
   shift 2
   echo "== test suite: HANPU_ISA=${isa:-native} =="
   HANPU_ISA="$isa" ctest --preset release --output-junit "$results/ctest-$label.xml" "$@"
-  HANPU_ISA="$isa" python3 -m pytest -q python/tests --junitxml "$results/pytest-$label.xml"
+  # torch (the transformers tests' baseline) capped alike, so that the AVX2 run also runs torch's
+  # and oneDNN's AVX2 code, as an AVX2-only machine would (its bf16 arithmetic differs by CPU).
+  local torch_env=()
+  [ "$isa" = avx2 ] && torch_env=(ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
+  env HANPU_ISA="$isa" "${torch_env[@]}" python3 -m pytest -q python/tests --junitxml "$results/pytest-$label.xml"
   summary_args+=("ctest/$label=$results/ctest-$label.xml" "pytest/$label=$results/pytest-$label.xml")
 }
 run_suite native "" "$@"
