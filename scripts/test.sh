@@ -2,7 +2,8 @@
 # Quick start, second command: install dependencies, build (Release), run the test suite (CTest +
 # the Python package's pytest) on the best SIMD target of this CPU, then again with the kernels
 # capped at AVX2 (where the CPU has it) and at the portable C++ target (HANPU_ISA, src/cpu/isa.hpp),
-# so that a test passing on one ISA only is caught. Ends with the skipped tests and their reasons and
+# and the LA kernels' tests on every other target the CPU runs, so that a test passing on one ISA
+# only is caught. Ends with the skipped tests and their reasons and
 # one line of counts over every run. Arguments go to each ctest run (e.g. -R LaGrid).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +38,14 @@ else
   echo "== test suite: no AVX2 run (this CPU cannot run the AVX2 target) =="
 fi
 run_suite portable portable "$@"
+# The LA kernels' tests (the random grid against the fp64 reference, every path, plan execution,
+# FLA's goldens) also on every other target this CPU runs (SSE4, SSSE3, ... : seconds each).
+# (choices: native, the runnable targets best first, portable; the best one is native's, the last
+# one portable's.)
+for isa in $(python3 -c "import hanpu; print(' '.join(hanpu.isa()['choices'][2:-2]))"); do
+  [ "$isa" = avx2 ] && continue
+  echo "== LA tests: HANPU_ISA=$isa =="
+  HANPU_ISA="$isa" ctest --preset release -R '^(La|PlanExec|Golden)' --output-junit "$results/ctest-la-$isa.xml"
+  summary_args+=("ctest-la/$isa=$results/ctest-la-$isa.xml")
+done
 python3 scripts/test_summary.py "${summary_args[@]}"
