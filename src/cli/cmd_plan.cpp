@@ -14,6 +14,8 @@
 #include "hanpu/device.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 
 namespace {
 
@@ -81,12 +83,7 @@ Problem make_problem(const ProblemArgs& a) {
   return p;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) throw Error(path + ": cannot open for writing");
-  f << text;
-  if (!f) throw Error(path + ": write failed");
-}
+void write_file(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 std::string human_bytes(double b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -164,15 +161,7 @@ void register_plan_commands(CLI::App& app) {
       const Device dev = load_device(a->device);
       std::vector<Plan> plans;
       if (!file.empty()) {
-        std::ifstream f(file);
-        if (!f) throw Error(file + ": cannot open");
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(f);
-        } catch (const nlohmann::json::parse_error& e) {
-          throw Error(file + ": not valid JSON (" + e.what() + ")");
-        }
-        plans.push_back(plan_from_json(j, file));
+        plans.push_back(plan_from_json(parse_json(read_regular_file(file, "plan file", kMaxJsonFileBytes), file), file));
       } else {
         const Problem p = make_problem(*a);
         PlanOptions po;
