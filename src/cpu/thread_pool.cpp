@@ -1,6 +1,11 @@
 #include "cpu/thread_pool.hpp"
 
+#include <atomic>
 #include <memory>
+#include <string>
+#include <system_error>
+
+#include "hanpu/tensor.hpp"
 
 #ifdef __linux__
 #include <pthread.h>
@@ -32,21 +37,44 @@ void pin_to_cpu(std::thread& t, int cpu) {
 }
 }  // namespace
 
+namespace {
+std::atomic<int> g_fail_spawn_at{0};  // test hook: 0 = off
+}  // namespace
+
+void ThreadPool::fail_thread_creation_for_testing(int worker) { g_fail_spawn_at.store(worker); }
+
 ThreadPool::ThreadPool(int threads) {
+  if (threads > kMaxThreads)
+    throw Error("thread pool: got " + std::to_string(threads) + " threads, expected at most " + std::to_string(kMaxThreads));
+  workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i); });
+    try {
+      if (g_fail_spawn_at.load() == i)
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again), "injected by the test hook");
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::system_error& e) {
+      // The OS refused a thread (RLIMIT_NPROC, address space): stop and join the workers already
+      // running (a joinable std::thread left behind would call std::terminate), then say so.
+      stop_and_join();
+      throw Error("thread pool: cannot create worker thread " + std::to_string(i) + " of " + std::to_string(threads) +
+                  " (" + e.what() + "); use fewer threads");
+    }
     if (threads <= hardware_threads()) pin_to_cpu(workers_.back(), i);
   }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_start_.notify_all();
-  for (auto& w : workers_) w.join();
+  for (auto& w : workers_)
+    if (w.joinable()) w.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_and_join(); }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;

@@ -24,8 +24,15 @@ class ThreadPool {
   /// A process-wide pool with `threads` threads (re-created when the count changes).
   static ThreadPool& shared(int threads);
 
+  /// Upper bound on threads per pool (docs/RELIABILITY.md).
+  static constexpr int kMaxThreads = 1024;
+  /// Test hook: make the creation of worker `worker` (1-based; 0 = off) fail as if the OS refused
+  /// the thread. A failing constructor joins the workers it made and throws hanpu::Error.
+  static void fail_thread_creation_for_testing(int worker);
+
  private:
   void worker_loop(int index);
+  void stop_and_join();
   std::vector<std::thread> workers_;
   std::mutex mu_;
   std::condition_variable cv_start_, cv_done_;
