@@ -193,13 +193,13 @@ void register_bench_linear_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-linear",
                                  "Benchmark the bf16-weight projections (GFLOP/s, weight GB/s, error) next to the "
                                  "machine's FMA peak and bandwidth");
-  cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',');
-  cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)");
-  cmd->add_option("--N", args->N, "out_features");
-  cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',');
+  cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--N", args->N, "out_features")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',')->check(CLI::Range(1, 1024));
   cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16 (comma separated)")->delimiter(',');
   cmd->add_option("--backend", args->backend, "auto, portable or amx");
-  cmd->add_option("--seconds", args->min_seconds, "minimum time per row");
+  cmd->add_option("--seconds", args->min_seconds, "minimum time per row")->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--lm-head", args->lm_head, "include the LM head (248320 x 1024) in the default shapes");
   cmd->callback([args] { run(*args); });
 }

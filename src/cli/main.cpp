@@ -24,6 +24,9 @@ int main(int argc, char** argv) {
   // below also cover the commands themselves, not just argument parsing.
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ValidationError& e) {  // a value out of its ->check() range: one line, exit 1
+    std::cerr << "hanpu: error: " << e.what() << '\n';
+    return 1;
   } catch (const CLI::ParseError& e) {  // also --help, which exits with 0
     return app.exit(e);
   } catch (const hanpu::Error& e) {
