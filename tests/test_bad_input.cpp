@@ -352,6 +352,34 @@ TEST(Silent, PlanJsonIntegersAndRangesAreValidated) {
   }
 }
 
+// A plan edited after planning: peaks that disagree with the lifetimes are refused, and a plan
+// whose peaks do not fit the device's buffers is refused by the simulator.
+TEST(Silent, PlanFieldsChangedAfterPlanningAreRefused) {
+  const Device dev = load_device(device_file());
+  Problem p;
+  p.seqlens = {256};
+  p.H = p.HV = 4;
+  const json good = plan_to_json(make_plan(p, dev, "hanpu"));
+  json j = good;
+  auto it = j["kernels"][0]["peak_bytes"].begin();
+  const std::string buf = it.key();
+  const int64_t real = it.value().get<int64_t>();
+  it.value() = real / 2;
+  EXPECT_CONTAINS(error_of([&] { plan_from_json(j, "plan.json"); }),
+                  "plan.json: plan.kernels[0].peak_bytes." + buf + ": got " + std::to_string(real / 2) + ", expected " +
+                      std::to_string(real) + ", the peak of the kernel's lifetimes");
+  j = good;
+  j["kernels"][0]["peak_bytes"]["L9"] = 0;
+  EXPECT_CONTAINS(error_of([&] { plan_from_json(j, "plan.json"); }), "no lifetime of this kernel is in buffer L9");
+  // Consistent but impossible on this device: every lifetime 1,000x larger.
+  j = good;
+  for (json& lt : j["kernels"][0]["lifetimes"]) lt["bytes"] = lt["bytes"].get<int64_t>() * 1000;
+  for (auto b = j["kernels"][0]["peak_bytes"].begin(); b != j["kernels"][0]["peak_bytes"].end(); ++b)
+    b.value() = b.value().get<int64_t>() * 1000;
+  const Plan big = plan_from_json(j, "plan.json");
+  EXPECT_CONTAINS(error_of([&] { simulate(big, dev); }), "bytes of L0A, but device \"ascend310p\" has a capacity of 65536 bytes");
+}
+
 // The device's memory (gm_bytes) was never compared with what a plan needs.
 TEST(Silent, PlanExceedingDeviceMemoryIsRefused) {
   json dj = device_to_json(load_device(device_file()));

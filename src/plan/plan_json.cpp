@@ -1,6 +1,8 @@
 // Plan <-> JSON. The JSON is the plan exactly (plan_from_json(plan_to_json(p)) == p); every field a
 // reader needs is checked, and an error names its JSON path, what it got and what it expected.
+#include <algorithm>
 #include <limits>
+#include <map>
 #include <string>
 
 #include "hanpu/plan.hpp"
@@ -289,6 +291,29 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     const json& pb = r.field(kj, "peak_bytes", kp);
     if (!pb.is_object()) r.fail(kp + ".peak_bytes", &pb, "an object (buffer -> bytes)");
     for (auto it = pb.begin(); it != pb.end(); ++it) k.peak_bytes[it.key()] = r.integer_in(pb, it.key(), kp + ".peak_bytes", 0, kMaxPlanBytes);
+    // Peaks are derived from the lifetimes (src/plan/lower.cpp, finish): a peak edited after
+    // planning, or one for a buffer no lifetime uses, is inconsistent and refused.
+    {
+      std::map<std::string, int64_t> derived;
+      for (const Lifetime& lt : k.lifetimes) derived.emplace(lt.buffer, 0);
+      for (auto& [b, best] : derived)
+        for (size_t i = 0; i < k.steps.size(); ++i) {
+          int64_t live = 0;
+          for (const Lifetime& lt : k.lifetimes)
+            if (lt.buffer == b && lt.first <= static_cast<int>(i) && static_cast<int>(i) <= lt.last) live += lt.bytes * lt.copies;
+          best = std::max(best, live);
+        }
+      for (const auto& [b, bytes] : k.peak_bytes) {
+        auto d = derived.find(b);
+        if (d == derived.end())
+          r.fail(kp + ".peak_bytes." + printable(b), &pb.at(b), "no peak: no lifetime of this kernel is in buffer " + printable(b));
+        if (d->second != bytes)
+          r.fail(kp + ".peak_bytes." + printable(b), &pb.at(b),
+                 std::to_string(d->second) + ", the peak of the kernel's lifetimes in " + printable(b) + " (re-plan after editing)");
+      }
+      for (const auto& [b, bytes] : derived)
+        if (!k.peak_bytes.count(b)) r.fail(kp + ".peak_bytes", &pb, "an entry for buffer " + printable(b) + " (lifetimes use it)");
+    }
     const json& pt = r.field(kj, "peak_tensors", kp);
     if (!pt.is_object()) r.fail(kp + ".peak_tensors", &pt, "an object (buffer -> tensor names)");
     for (auto it = pt.begin(); it != pt.end(); ++it) k.peak_tensors[it.key()] = r.strings(pt, it.key(), kp + ".peak_tensors");

@@ -65,6 +65,14 @@ class Simulator {
       throw Error("plan (" + plan_.strategy + "): needs " + std::to_string(gm_peak) + " bytes of device memory (GM) at peak, " +
                   "but device \"" + dev_.name + "\" has gm_bytes " + std::to_string(static_cast<int64_t>(dev_.gm_bytes.value)) +
                   "; use fewer tokens or heads");
+    // Every on-chip peak must fit its buffer on this device (plans from files are not trusted).
+    for (const Kernel& k : plan_.kernels)
+      for (const auto& [b, bytes] : k.peak_bytes) {
+        const double cap = dev_.buffer(b).capacity_bytes.value;
+        if (static_cast<double>(bytes) > cap)
+          throw Error("plan (" + plan_.strategy + "): kernel " + k.name + " peaks at " + std::to_string(bytes) + " bytes of " + b +
+                      ", but device \"" + dev_.name + "\" has a capacity of " + std::to_string(static_cast<int64_t>(cap)) + " bytes");
+      }
     SimResult r;
     r.strategy = plan_.strategy;
     r.device = dev_.name;
