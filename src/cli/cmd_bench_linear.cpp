@@ -139,6 +139,18 @@ void run(const Args& a) {
   }
   for (int64_t M : a.Ms)
     if (M <= 0) throw Error("bench-linear: --M must be positive, got " + std::to_string(M));
+  // Sizes are checked before anything is allocated (docs/RELIABILITY.md): at most 2^31 elements
+  // per matrix (4 GiB of bf16 weights), not a bare std::bad_alloc later.
+  constexpr int64_t kMaxElems = int64_t{1} << 31;
+  for (const auto& s : shapes) {
+    if (s.K * s.N > kMaxElems)
+      throw Error("bench-linear: --K x --N = " + std::to_string(s.K) + " x " + std::to_string(s.N) +
+                  " weights, expected at most 2^31 elements");
+    for (int64_t M : a.Ms)
+      if (M * std::max(s.K, s.N) > kMaxElems)
+        throw Error("bench-linear: --M " + std::to_string(M) + " x " + std::to_string(std::max(s.K, s.N)) +
+                    " activations, expected at most 2^31 elements");
+  }
   for (int t : a.threads)
     if (t <= 0) throw Error("bench-linear: --threads must be positive, got " + std::to_string(t));
 

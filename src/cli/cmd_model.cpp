@@ -24,6 +24,11 @@
 
 namespace {
 
+// 262,144 tokens: the native context length of Qwen3.5 and Qwen3-Next (max_position_embeddings in
+// their Hugging Face config.json); longer prompts would not be served by the model anyway.
+constexpr int64_t kMaxPromptTokens = int64_t{1} << 18;
+
+
 using namespace hanpu;
 using Clock = std::chrono::steady_clock;
 
@@ -190,6 +195,11 @@ void run_bench_model(const BenchModelArgs& a) {
     std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
                 "GDN", "attn", "MLP", "head", "other", "decode/s");
   nlohmann::json rows = nlohmann::json::array();
+  // Checked before the first row (docs/RELIABILITY.md): Qwen3.5's context is 262,144 tokens.
+  for (int64_t T : a.prompt_lengths)
+    if (T > kMaxPromptTokens)
+      throw Error("-p: prompt length " + std::to_string(T) + ", expected at most " + std::to_string(kMaxPromptTokens) +
+                  " tokens (the models' context length)");
   for (int64_t T : a.prompt_lengths) {
     if (T < 1) throw Error("-p: prompt length " + std::to_string(T) + " must be >= 1");
     std::vector<int32_t> ids(static_cast<size_t>(T));
