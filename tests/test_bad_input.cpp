@@ -609,6 +609,10 @@ TEST(Hang, HugeCliSizesAreRefusedAtOnce) {
   expect_one_line_error(hanpu_cli(tmp, "simulate " + dev + " --V 1000000000"), "problem.V: got 1000000000");
   expect_one_line_error(hanpu_cli(tmp, "plan " + dev + " --T 1000000000000"), "expected at most 2097152");
   expect_one_line_error(hanpu_cli(tmp, "bench --T 1000000000 --path hanpu --variant gdn"), "--T 1000000000: expected at most 2097152");
+  // These used to end in a bare std::bad_alloc (or build 1.6 GB of weights first).
+  expect_one_line_error(hanpu_cli(tmp, "bench-linear --K 1048576 --N 1048576"), "--K x --N = 1048576 x 1048576 weights, expected at most 2^31");
+  expect_one_line_error(hanpu_cli(tmp, "bench-linear --K 4096 --N 4096 --M 1048576"), "--M 1048576 x 4096 activations");
+  expect_one_line_error(hanpu_cli(tmp, "bench-model --synthetic qwen3.5-0.8b -p 100000000"), "-p: prompt length 100000000, expected at most 262144");
 }
 
 TEST(Outputs, CliOutputsAreWrittenAtomically) {

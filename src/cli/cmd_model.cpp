@@ -179,6 +179,11 @@ struct BenchModelArgs {
 
 void run_bench_model(const BenchModelArgs& a) {
   if (a.model_dir.empty() == a.synthetic.empty()) throw Error("give exactly one of --model and --synthetic");
+  // Checked before the model is built (docs/RELIABILITY.md): Qwen3.5's context is 262,144 tokens.
+  for (int64_t T : a.prompt_lengths)
+    if (T > kMaxPromptTokens)
+      throw Error("-p: prompt length " + std::to_string(T) + ", expected at most " + std::to_string(kMaxPromptTokens) +
+                  " tokens (the models' context length)");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   const LinearPrecision precision = linear_precision_from_name(a.precision);
   const auto t_load = Clock::now();
@@ -195,11 +200,6 @@ void run_bench_model(const BenchModelArgs& a) {
     std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
                 "GDN", "attn", "MLP", "head", "other", "decode/s");
   nlohmann::json rows = nlohmann::json::array();
-  // Checked before the first row (docs/RELIABILITY.md): Qwen3.5's context is 262,144 tokens.
-  for (int64_t T : a.prompt_lengths)
-    if (T > kMaxPromptTokens)
-      throw Error("-p: prompt length " + std::to_string(T) + ", expected at most " + std::to_string(kMaxPromptTokens) +
-                  " tokens (the models' context length)");
   for (int64_t T : a.prompt_lengths) {
     if (T < 1) throw Error("-p: prompt length " + std::to_string(T) + " must be >= 1");
     std::vector<int32_t> ids(static_cast<size_t>(T));
