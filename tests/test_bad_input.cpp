@@ -233,7 +233,10 @@ TEST(Hang, ConfigWithHugeSizesIsRefusedBeforeLooping) {
            {"num_hidden_layers", "1000000000000000", "expected a positive integer at most 1024"},
            {"vocab_size", "100000000000", "at most 16777216"},
            {"hidden_size", "18446744073709551615", "at most 65536"},
-           {"intermediate_size", "-5", "is an integer -5, expected a positive integer"}}) {
+           {"intermediate_size", "-5", "is an integer -5, expected a positive integer"},
+           // found by fuzz_config_json: 0 (stored unsigned) passed and divided by zero
+           {"num_key_value_heads", "0", "is an integer 0, expected a positive integer"},
+           {"linear_num_key_heads", "0", "is an integer 0, expected a positive integer"}}) {
     json j = json::parse(cfg);
     json& text = j.contains("text_config") ? j["text_config"] : j;
     text[key] = json::parse(value);

@@ -44,8 +44,9 @@ struct Fields {
     if (!text.contains(key)) fail(source, "field '" + where(key) + "' is missing");
     const json& v = text[key];
     const int64_t limit = config_int_limit(key);
-    if (!v.is_number_integer() || (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(limit)
-                                                           : v.get<int64_t>() < 1 || v.get<int64_t>() > limit))
+    // Unsigned first (nlohmann stores non-negative literals as unsigned): compare before narrowing.
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(limit)) ||
+        v.get<int64_t>() < 1 || v.get<int64_t>() > limit)
       fail(source, "field '" + where(key) + "' is " + json_got(v) + ", expected a positive integer at most " +
                        std::to_string(limit) + " (docs/RELIABILITY.md, input limits)");
     return v.get<int64_t>();
