@@ -454,6 +454,15 @@ TEST(Unclear, ParseErrorsNameTheFileAndDoNotDumpTheValue) {
   EXPECT_EQ(json_summary(json::array({1, 2})), "[1,2]");
 }
 
+// Found by fuzz_device_json and fuzz_config_json: a number too large for a double ("2e22222")
+// made nlohmann throw out_of_range, which escaped every reader (std::terminate).
+TEST(Unclear, NumberOverflowIsAnErrorNamingTheFile) {
+  EXPECT_CONTAINS(error_of([] { parse_json("{\"x\": 2e22222}", "device.json"); }),
+                  "device.json: not valid JSON: number overflow parsing '2e22222'");
+  EXPECT_CONTAINS(error_of([] { parse_qwen35_config("{\"vocab_size\": 6666666E666666666}", "config.json"); }),
+                  "config 'config.json': not valid JSON: number overflow");
+}
+
 TEST(Unclear, ThreadCountsAboveTheLimitAreAClearError) {
   EXPECT_CONTAINS(error_of([] { ThreadPool pool(100000); }), "thread pool: got 100000 threads, expected at most 1024");
 }

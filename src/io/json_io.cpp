@@ -42,7 +42,7 @@ std::string pointer(const std::vector<Frame>& stack, size_t levels) {
 
 // nlohmann's parse_error text without its "[json.exception.parse_error.101] " prefix, cut short:
 // its "last read" part can hold a long token.
-std::string parse_error_text(const json::parse_error& e) {
+std::string parse_error_text(const json::exception& e) {
   std::string s = e.what();
   if (s.rfind("[json.exception.", 0) == 0) {
     const size_t close = s.find("] ");
@@ -113,7 +113,7 @@ json parse_json(std::string_view text, const std::string& origin, const JsonRead
   };
   try {
     return json::parse(text.begin(), text.end(), cb);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
     throw Error(origin + ": not valid JSON: " + parse_error_text(e));
   }
 }
