@@ -1,6 +1,7 @@
 #include "cpu/thread_pool.hpp"
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -105,7 +106,11 @@ void ThreadPool::worker_loop(int index) {
 }
 
 void ThreadPool::run(int n, const std::function<void(int)>& fn) {
-  if (n <= 1 || workers_.empty()) {
+  // One run at a time per pool: a second caller (another thread calling the engine, or a nested
+  // run from inside a job) runs its n parts itself, in order. The parts are independent by the
+  // contract of run(), so the results are the same; only that caller's speed changes.
+  std::unique_lock<std::mutex> running(run_mu_, std::try_to_lock);
+  if (n <= 1 || workers_.empty() || !running.owns_lock()) {
     for (int t = 0; t < n; ++t) fn(t);
     return;
   }
@@ -131,13 +136,13 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
 }
 
 ThreadPool& ThreadPool::shared(int threads) {
+  // One pool per thread count, kept for the life of the process: a pool is never destroyed while
+  // another caller may be running on it (re-creating it on a count change did exactly that).
   static std::mutex mu;
-  static std::unique_ptr<ThreadPool> pool;
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
   std::lock_guard<std::mutex> lock(mu);
-  if (!pool || pool->size() != threads) {
-    pool.reset();
-    pool = std::make_unique<ThreadPool>(threads);
-  }
+  std::unique_ptr<ThreadPool>& pool = pools[threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(threads);
   return *pool;
 }
 
