@@ -249,6 +249,19 @@ TEST(Hang, ConfigWithHugeSizesIsRefusedBeforeLooping) {
   }
 }
 
+// Found by fuzz_tokenizer_json: a vocabulary id of 107,333,333 (in int32 range) sized the id
+// tables to 107 M entries (3.4 GB) before anything else was checked.
+TEST(Hang, TokenizerWithHugeTokenIdIsRefusedBeforeAllocating) {
+  TempDir tmp("hanpu_bad");
+  json j = json::parse(testing::read_text((testing::golden_dir() / "qwen35_tiny" / "tokenizer.json").string()));
+  j["model"]["vocab"]["zzz"] = 107333333;
+  const std::string path = tmp.file("tokenizer.json");
+  write_text(path, j.dump());
+  const std::string msg = error_of([&] { Tokenizer::from_file(path); });
+  EXPECT_CONTAINS(msg, path);
+  EXPECT_CONTAINS(msg, "model.vocab[\"zzz\"]\" is 107333333, expected a token id (integer 0..16777215)");
+}
+
 // --- Silent --------------------------------------------------------------------------------------
 
 // NaN in g used to act as -inf on the chunk and FLA-style paths (a finite wrong answer) while the

@@ -114,6 +114,11 @@ class AddedTokenMatcher {
 // (a vocabulary entry given twice) rejected with their JSON pointer.
 json parse_json_file(const std::string& path) { return read_json_file(path); }
 
+// Token ids index dense tables (one entry per id up to the largest), so they are limited like
+// config.json's vocab_size (docs/RELIABILITY.md): a 100-byte file naming id 107,333,333 made
+// the loader allocate 3.4 GB (found by fuzz_tokenizer_json).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
 std::string type_name(const json& j) { return j.type_name(); }
 
 // Small accessors that name the file and field in every error.
@@ -136,8 +141,9 @@ struct JsonReader {
   }
   int32_t id_at(const json& obj, const std::string& key, const std::string& field) const {
     const json& v = get(obj, key, field);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-      throw Error(file + ": field \"" + field + "\" is " + json_summary(v) + ", expected a token id (integer 0..2^31-1)");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId)
+      throw Error(file + ": field \"" + field + "\" is " + json_summary(v) + ", expected a token id (integer 0.." +
+                  std::to_string(kMaxTokenId) + ")");
     return static_cast<int32_t>(v.get<int64_t>());
   }
   [[noreturn]] void unsupported(const std::string& field, const std::string& got, const std::string& supported) const {
@@ -242,9 +248,9 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
   token_ids.reserve(vocab.size() + 1024);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const json& id = it.value();
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
       throw Error(source + ": field \"model.vocab[\"" + printable(it.key()) + "\"]\" is " + json_summary(id) +
-                  ", expected a token id (integer 0..2^31-1)");
+                  ", expected a token id (integer 0.." + std::to_string(kMaxTokenId) + ")");
     set_token(static_cast<int32_t>(id.get<int64_t>()), it.key(), false, false);
   }
   bpe.byte_ids.fill(-1);
@@ -503,7 +509,8 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
         if (used != id_text.size()) id = -1;
       } catch (const std::exception&) {
       }
-      if (id < 0 || id > INT32_MAX) throw Error(config_file + ": " + field + " has a key that is not a token id");
+      if (id < 0 || id > kMaxTokenId)
+        throw Error(config_file + ": " + field + " has a key that is not a token id (0.." + std::to_string(kMaxTokenId) + ")");
       const std::string content = r.string_at(entry, "content", field + ".content");
       if (content.empty()) throw Error(config_file + ": " + field + ".content is empty");
       const auto known = impl.token_ids.find(content);
