@@ -29,12 +29,15 @@ for t in "${targets[@]}"; do
   work="build/fuzz/corpus/$t"
   mkdir -p "$work"
   log="build/fuzz/$t.log"
+  # -jobs makes libFuzzer fork workers that log to ./fuzz-N.log; one job runs in this process.
+  parallel=()
+  [[ $jobs -gt 1 ]] && parallel=(-jobs="$jobs" -workers="$jobs")
   # -rss_limit_mb / -timeout: a reader using GBs or seconds on one input is a finding too.
   set +e
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "build/fuzz/tests/fuzz/fuzz_$t" "$work" "tests/fuzz/corpus/$t" $([[ -d tests/fuzz/regressions/$t ]] && echo "tests/fuzz/regressions/$t") \
     -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-    -jobs="$jobs" -workers="$jobs" -artifact_prefix="build/fuzz/findings/$t-" >"$log" 2>&1
+    "${parallel[@]}" -artifact_prefix="build/fuzz/findings/$t-" >"$log" 2>&1
   rc=$?
   set -e
   [[ $jobs -gt 1 ]] && cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log
