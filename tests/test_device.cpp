@@ -259,7 +259,7 @@ TEST(Device, LoadDeviceReportsFileProblems) {
     load_device(dup);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(dup + ": duplicate key \"value\" in the object under \"cores\""),
+    EXPECT_NE(std::string(e.what()).find(dup + ": /cores: duplicate key \"value\", expected each key once"),
               std::string::npos)
         << e.what();
   }

@@ -48,6 +48,19 @@ struct Problem {
   bool operator==(const Problem&) const = default;
 };
 
+/// Limits on problem sizes (docs/RELIABILITY.md, "Input limits"), checked by validate_problem
+/// before anything is planned, simulated or allocated: the planner and simulator do work per
+/// (head, chunk), so unbounded sizes would run for minutes or exhaust memory. They are far above
+/// the models hanpu targets (Qwen3.5: 16-64 heads of 128, contexts up to 262,144 tokens).
+constexpr int64_t kMaxTokens = int64_t{1} << 21;      // total tokens of a problem (2,097,152)
+constexpr int64_t kMaxSequences = int64_t{1} << 16;   // sequences of a batch
+constexpr int64_t kMaxHeads = 1024;                   // H and HV
+constexpr int64_t kMaxHeadDim = 1024;                 // K, V and chunk
+constexpr int64_t kMaxCores = 4096;                   // cores of a plan
+constexpr int64_t kMaxPlanBytes = int64_t{1} << 50;   // any byte count in a plan (1 PiB)
+/// Planned work items: value heads x chunks of all sequences (the planner's and simulator's cost).
+constexpr int64_t kMaxHeadChunks = int64_t{1} << 22;
+
 /// Throws hanpu::Error naming the field (e.g. "problem.HV: got 6, expected a multiple of H = 4").
 void validate_problem(const Problem& p);
 

@@ -153,6 +153,11 @@ def as_cu_seqlens(cu_seqlens):
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, (list, tuple)):
+        # np.asarray(..., dtype=np.int64) would truncate 1.5 to 1 silently: every entry must be an
+        # integer already (bool is not an offset either).
+        for i, x in enumerate(cu_seqlens):
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+                raise TypeError(f"`cu_seqlens[{i}]` is {x!r} ({type(x).__name__}), expected an integer offset")
         cu_seqlens = np.asarray(cu_seqlens, dtype=np.int64)
     check_array(cu_seqlens, "cu_seqlens", kind="int")
     if len(cu_seqlens.shape) != 1:

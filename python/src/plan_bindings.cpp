@@ -11,17 +11,13 @@
 #include "hanpu/device.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
+#include "io/json_io.hpp"
 
 namespace hanpu::python {
 namespace {
 
-nlohmann::json parse(const std::string& text, const std::string& origin) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(origin + ": not valid JSON (" + e.what() + ")");
-  }
-}
+// The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
+nlohmann::json parse(const std::string& text, const std::string& origin) { return parse_json(text, origin); }
 
 Device device_from_text(const std::string& text, const std::string& origin) {
   return device_from_json(parse(text, origin), origin);

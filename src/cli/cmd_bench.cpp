@@ -22,7 +22,9 @@
 #include "hanpu/la.hpp"
 #include "hanpu/operator_timers.hpp"
 #include "hanpu/plan_exec.hpp"
+#include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
+#include "io/file_io.hpp"
 
 namespace {
 
@@ -143,8 +145,11 @@ void validate_args(const BenchArgs& a) {
     if (b != "on" && b != "off") throw Error("unknown --bf16-dot '" + b + "' (expected on or off)");
   for (int64_t t : a.Ts)
     if (t < 1) throw Error("--T " + std::to_string(t) + ": sequence lengths must be positive");
+    else if (t > kMaxTokens)
+      throw Error("--T " + std::to_string(t) + ": expected at most " + std::to_string(kMaxTokens) + " tokens (docs/RELIABILITY.md)");
   for (int64_t h : a.heads)
     if (h < 1) throw Error("--heads " + std::to_string(h) + ": head counts must be positive");
+    else if (h > kMaxHeads) throw Error("--heads " + std::to_string(h) + ": expected at most " + std::to_string(kMaxHeads));
   for (int t : a.threads)
     if (t < 1 || t > 1024) throw Error("--threads " + std::to_string(t) + ": expected 1..1024");
   if (a.operator_times && !read_operator_times().enabled)
@@ -256,9 +261,7 @@ void run_bench(const BenchArgs& a) {
               if (!a.json) print_row(r);
               if (!a.json && timed_operators) std::printf("%s\n", operator_times_line(op_times).c_str());
               if (!a.json_out.empty()) {
-                std::ofstream f(a.json_out);
-                f << out.dump(2) << "\n";
-                if (!f) throw Error("cannot write '" + a.json_out + "'");
+                write_file_atomic(a.json_out, out.dump(2) + "\n");  // io/file_io.hpp
               }
             }
           }
@@ -325,9 +328,7 @@ void run_ablation(const BenchArgs& a) {
   }
   if (a.json) std::cout << out.dump(2) << std::endl;
   if (!a.json_out.empty()) {
-    std::ofstream f(a.json_out);
-    f << out.dump(2) << "\n";
-    if (!f) throw Error("cannot write '" + a.json_out + "'");
+    write_file_atomic(a.json_out, out.dump(2) + "\n");
   }
 }
 
@@ -343,7 +344,7 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--threads", args->threads, "thread counts (default 1 and all)")->delimiter(',');
   sub->add_option("--path", args->paths, "hanpu, fla, recurrent (default all)")->delimiter(',');
   sub->add_option("--dim", args->dim, "K = V head dim (default 128)")->check(CLI::Range(1, 256));
-  sub->add_option("--min-seconds", args->min_seconds, "time per row at least (default 0.2)");
+  sub->add_option("--min-seconds", args->min_seconds, "time per row at least (default 0.2)")->check(CLI::Range(0.0, 3600.0));
   sub->add_option("--bf16-dot", args->bf16_dot,
                   "bf16 GDN rows of the hanpu path: on (K K^T and Q K^T with AVX512-BF16 dot products when the CPU "
                   "has them), off (f32 conversion first), or on,off for both (default on)")

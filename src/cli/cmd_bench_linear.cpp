@@ -139,6 +139,18 @@ void run(const Args& a) {
   }
   for (int64_t M : a.Ms)
     if (M <= 0) throw Error("bench-linear: --M must be positive, got " + std::to_string(M));
+  // Sizes are checked before anything is allocated (docs/RELIABILITY.md): at most 2^31 elements
+  // per matrix (4 GiB of bf16 weights), not a bare std::bad_alloc later.
+  constexpr int64_t kMaxElems = int64_t{1} << 31;
+  for (const auto& s : shapes) {
+    if (s.K * s.N > kMaxElems)
+      throw Error("bench-linear: --K x --N = " + std::to_string(s.K) + " x " + std::to_string(s.N) +
+                  " weights, expected at most 2^31 elements");
+    for (int64_t M : a.Ms)
+      if (M * std::max(s.K, s.N) > kMaxElems)
+        throw Error("bench-linear: --M " + std::to_string(M) + " x " + std::to_string(std::max(s.K, s.N)) +
+                    " activations, expected at most 2^31 elements");
+  }
   for (int t : a.threads)
     if (t <= 0) throw Error("bench-linear: --threads must be positive, got " + std::to_string(t));
 
@@ -193,13 +205,13 @@ void register_bench_linear_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-linear",
                                  "Benchmark the bf16-weight projections (GFLOP/s, weight GB/s, error) next to the "
                                  "machine's FMA peak and bandwidth");
-  cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',');
-  cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)");
-  cmd->add_option("--N", args->N, "out_features");
-  cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',');
+  cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--N", args->N, "out_features")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',')->check(CLI::Range(1, 1024));
   cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16 (comma separated)")->delimiter(',');
   cmd->add_option("--backend", args->backend, "auto, portable or amx");
-  cmd->add_option("--seconds", args->min_seconds, "minimum time per row");
+  cmd->add_option("--seconds", args->min_seconds, "minimum time per row")->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--lm-head", args->lm_head, "include the LM head (248320 x 1024) in the default shapes");
   cmd->callback([args] { run(*args); });
 }

@@ -117,7 +117,8 @@ void register_device_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("device", "Show a device description: every number with its status and source");
   cmd->add_option("--device", args->file, "Device file (devices/ascend310p.json, ...)");
   cmd->add_flag("--host", args->host, "Describe this machine (detected and measured)");
-  cmd->add_option("--threads", args->threads, "With --host: threads to count as cores and to measure with (0 = all)");
+  cmd->add_option("--threads", args->threads, "With --host: threads to count as cores and to measure with (0 = all)")
+      ->check(CLI::Range(0, 1024));
   cmd->add_option("--measure-seconds", args->measure_seconds,
                   "With --host: time budget for measuring FMA peak and bandwidth (0 = no measurement, estimates)");
   cmd->add_flag("--json", args->json, "Print the description as JSON (the devices/*.json schema)");

@@ -24,6 +24,11 @@
 
 namespace {
 
+// 262,144 tokens: the native context length of Qwen3.5 and Qwen3-Next (max_position_embeddings in
+// their Hugging Face config.json); longer prompts would not be served by the model anyway.
+constexpr int64_t kMaxPromptTokens = int64_t{1} << 18;
+
+
 using namespace hanpu;
 using Clock = std::chrono::steady_clock;
 
@@ -174,6 +179,11 @@ struct BenchModelArgs {
 
 void run_bench_model(const BenchModelArgs& a) {
   if (a.model_dir.empty() == a.synthetic.empty()) throw Error("give exactly one of --model and --synthetic");
+  // Checked before the model is built (docs/RELIABILITY.md): Qwen3.5's context is 262,144 tokens.
+  for (int64_t T : a.prompt_lengths)
+    if (T > kMaxPromptTokens)
+      throw Error("-p: prompt length " + std::to_string(T) + ", expected at most " + std::to_string(kMaxPromptTokens) +
+                  " tokens (the models' context length)");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   const LinearPrecision precision = linear_precision_from_name(a.precision);
   const auto t_load = Clock::now();

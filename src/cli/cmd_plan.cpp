@@ -14,6 +14,8 @@
 #include "hanpu/device.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 
 namespace {
 
@@ -38,14 +40,15 @@ void add_problem_options(CLI::App* c, ProblemArgs& a, bool device_required) {
   c->add_option("--variant", a.variant, "gdn or kda")->capture_default_str();
   c->add_option("--T", a.T, "tokens per sequence")->capture_default_str();
   c->add_option("--heads", a.heads, "q/k heads H")->capture_default_str();
-  c->add_option("--value-heads", a.value_heads, "value heads HV (a multiple of H; default H)");
+  // Negative or zero values are errors (CLI11 Range), never "the default".
+  c->add_option("--value-heads", a.value_heads, "value heads HV (a multiple of H; default H)")->check(CLI::Range(int64_t{1}, kMaxHeads));
   c->add_option("--batch", a.batch, "sequences of T tokens each")->capture_default_str();
   c->add_option("--seqlens", a.seqlens, "comma-separated sequence lengths (varlen; replaces --T/--batch)");
   c->add_option("--K", a.K, "key head dim")->capture_default_str();
   c->add_option("--V", a.V, "value head dim")->capture_default_str();
   c->add_flag("--no-initial-state", a.no_initial_state, "do not read an initial state");
   c->add_flag("--no-final-state", a.no_final_state, "do not write the final state");
-  c->add_option("--cores", a.cores, "override the device's core count");
+  c->add_option("--cores", a.cores, "override the device's core count")->check(CLI::Range(1, static_cast<int>(kMaxCores)));
 }
 
 Problem make_problem(const ProblemArgs& a) {
@@ -81,12 +84,7 @@ Problem make_problem(const ProblemArgs& a) {
   return p;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream f(path);
-  if (!f) throw Error(path + ": cannot open for writing");
-  f << text;
-  if (!f) throw Error(path + ": write failed");
-}
+void write_file(const std::string& path, const std::string& text) { write_file_atomic(path, text); }
 
 std::string human_bytes(double b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -155,7 +153,7 @@ void register_plan_commands(CLI::App& app) {
     c->add_flag("--json", *json, "print a JSON array, one object per strategy");
     c->add_flag("--detail", *detail, "with --json: per-operator and per-kernel figures");
     c->add_option("--timeline", *timeline, "write the per-core timeline (first chunks of every core and kernel) of the first plan as JSON");
-    c->add_option("--timeline-chunks", *timeline_chunks, "chunks per core and kernel in the timeline")->capture_default_str();
+    c->add_option("--timeline-chunks", *timeline_chunks, "chunks per core and kernel in the timeline")->capture_default_str()->check(CLI::Range(1, 1 << 20));
     c->callback([=] {
       // `--strategies all` reads naturally; CLI11 flags take no value, so accept "all" as the plan slot.
       bool every = *all;
@@ -164,15 +162,7 @@ void register_plan_commands(CLI::App& app) {
       const Device dev = load_device(a->device);
       std::vector<Plan> plans;
       if (!file.empty()) {
-        std::ifstream f(file);
-        if (!f) throw Error(file + ": cannot open");
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(f);
-        } catch (const nlohmann::json::parse_error& e) {
-          throw Error(file + ": not valid JSON (" + e.what() + ")");
-        }
-        plans.push_back(plan_from_json(j, file));
+        plans.push_back(plan_from_json(parse_json(read_regular_file(file, "plan file", kMaxJsonFileBytes), file), file));
       } else {
         const Problem p = make_problem(*a);
         PlanOptions po;

@@ -11,6 +11,7 @@
 #include "cli/commands.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/tensor.hpp"
+#include "io/file_io.hpp"
 #include "report/html_report.hpp"
 #include "report/report_builder.hpp"
 
@@ -27,13 +28,8 @@ struct ReportArgs {
   bool quiet = false;
 };
 
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) throw hanpu::Error(path + ": cannot open for writing");
-  f << text;
-  f.flush();
-  if (!f) throw hanpu::Error(path + ": write failed");
-}
+// Atomic (io/file_io.hpp): a failed write leaves the previous report in place.
+void write_text(const std::string& path, const std::string& text) { hanpu::write_file_atomic(path, text); }
 
 }  // namespace
 

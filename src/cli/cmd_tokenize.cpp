@@ -2,6 +2,7 @@
 // and prints the ids with the piece each stands for, or decodes ids back to text. With --stats it
 // also reports the encode speed (tokens/s), measured over the one call.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -22,7 +23,8 @@ struct TokenizeArgs {
   std::string tokenizer;
   std::string text;
   std::string file;
-  std::vector<int64_t> decode_ids;
+  std::string decode;  // --decode: comma-separated ids, parsed strictly (CLI11 reads "" as 0)
+  bool decode_given = false;
   bool ids_only = false;
   bool chat = false;
   bool think = false;
@@ -56,6 +58,24 @@ std::string printable(const std::string& bytes) {
   return out;
 }
 
+// "1,2,3" -> ids; every item must be a whole decimal integer (an empty list or item is an error).
+std::vector<int64_t> parse_ids(const std::string& s) {
+  std::vector<int64_t> out;
+  size_t pos = 0;
+  for (;;) {
+    const size_t comma = s.find(',', pos);
+    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (item.empty() || ec != std::errc() || end != item.data() + item.size())
+      throw Error("--decode: got \"" + printable(item) + "\" in \"" + printable(s) +
+                  "\", expected comma-separated token ids (integers)");
+    out.push_back(v);
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
+  }
+}
+
 Tokenizer load(const std::string& path) {
   if (std::filesystem::is_directory(path)) return Tokenizer::from_dir(path);
   return Tokenizer::from_file(path);
@@ -63,9 +83,9 @@ Tokenizer load(const std::string& path) {
 
 void run_tokenize(const TokenizeArgs& a) {
   const Tokenizer tok = load(a.tokenizer);
-  if (!a.decode_ids.empty()) {
+  if (a.decode_given) {
     std::vector<int32_t> ids;
-    for (int64_t id : a.decode_ids) {
+    for (int64_t id : parse_ids(a.decode)) {
       if (id < 0 || id >= tok.vocab_size())
         throw Error("--decode: token id " + std::to_string(id) + " is outside the vocabulary (0.." +
                     std::to_string(tok.vocab_size() - 1) + ")");
@@ -114,12 +134,12 @@ void register_tokenize_command(CLI::App& app) {
   sub->add_flag("--think", args->think, "with --chat: open a <think> block (thinking mode) instead of an empty one");
   sub->add_flag("--no-special", args->no_special, "treat special tokens written in the text as plain text");
   sub->add_flag("--stats", args->stats, "report token count and encode speed on stderr");
-  sub->add_option("--decode", args->decode_ids, "decode these comma-separated ids instead of encoding")
-      ->delimiter(',')
+  sub->add_option("--decode", args->decode, "decode these comma-separated ids instead of encoding")
       ->excludes(text)
       ->excludes(file);
   sub->callback([args, sub] {
     args->text_given = sub->count("--text") > 0;
+    args->decode_given = sub->count("--decode") > 0;
     run_tokenize(*args);
   });
 }

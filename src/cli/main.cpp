@@ -4,6 +4,7 @@
 
 #include <exception>
 #include <iostream>
+#include <new>
 
 #include "cli/commands.hpp"
 #include "cpu/isa.hpp"
@@ -31,8 +32,15 @@ int main(int argc, char** argv) {
   // below also cover the commands themselves, not just argument parsing.
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ValidationError& e) {  // a value out of its ->check() range: one line, exit 1
+    std::cerr << "hanpu: error: " << e.what() << '\n';
+    return 1;
   } catch (const CLI::ParseError& e) {  // also --help, which exits with 0
     return app.exit(e);
+  } catch (const std::bad_alloc&) {  // a size no check caught: still one clear line
+    std::cerr << "hanpu: error: out of memory (std::bad_alloc): the sizes asked for need more memory than this "
+                 "machine gives; ask for smaller sizes\n";
+    return 1;
   } catch (const hanpu::Error& e) {
     std::cerr << "hanpu: error: " << e.what() << '\n';
     return 1;

@@ -1,6 +1,12 @@
 #include "cpu/thread_pool.hpp"
 
+#include <atomic>
+#include <map>
 #include <memory>
+#include <string>
+#include <system_error>
+
+#include "hanpu/tensor.hpp"
 
 #ifdef __linux__
 #include <pthread.h>
@@ -32,21 +38,44 @@ void pin_to_cpu(std::thread& t, int cpu) {
 }
 }  // namespace
 
+namespace {
+std::atomic<int> g_fail_spawn_at{0};  // test hook: 0 = off
+}  // namespace
+
+void ThreadPool::fail_thread_creation_for_testing(int worker) { g_fail_spawn_at.store(worker); }
+
 ThreadPool::ThreadPool(int threads) {
+  if (threads > kMaxThreads)
+    throw Error("thread pool: got " + std::to_string(threads) + " threads, expected at most " + std::to_string(kMaxThreads));
+  workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
-    workers_.emplace_back([this, i] { worker_loop(i); });
+    try {
+      if (g_fail_spawn_at.load() == i)
+        throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again), "injected by the test hook");
+      workers_.emplace_back([this, i] { worker_loop(i); });
+    } catch (const std::system_error& e) {
+      // The OS refused a thread (RLIMIT_NPROC, address space): stop and join the workers already
+      // running (a joinable std::thread left behind would call std::terminate), then say so.
+      stop_and_join();
+      throw Error("thread pool: cannot create worker thread " + std::to_string(i) + " of " + std::to_string(threads) +
+                  " (" + e.what() + "); use fewer threads");
+    }
     if (threads <= hardware_threads()) pin_to_cpu(workers_.back(), i);
   }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_and_join() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
   cv_start_.notify_all();
-  for (auto& w : workers_) w.join();
+  for (auto& w : workers_)
+    if (w.joinable()) w.join();
+  workers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_and_join(); }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
@@ -77,7 +106,11 @@ void ThreadPool::worker_loop(int index) {
 }
 
 void ThreadPool::run(int n, const std::function<void(int)>& fn) {
-  if (n <= 1 || workers_.empty()) {
+  // One run at a time per pool: a second caller (another thread calling the engine, or a nested
+  // run from inside a job) runs its n parts itself, in order. The parts are independent by the
+  // contract of run(), so the results are the same; only that caller's speed changes.
+  std::unique_lock<std::mutex> running(run_mu_, std::try_to_lock);
+  if (n <= 1 || workers_.empty() || !running.owns_lock()) {
     for (int t = 0; t < n; ++t) fn(t);
     return;
   }
@@ -103,13 +136,13 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
 }
 
 ThreadPool& ThreadPool::shared(int threads) {
+  // One pool per thread count, kept for the life of the process: a pool is never destroyed while
+  // another caller may be running on it (re-creating it on a count change did exactly that).
   static std::mutex mu;
-  static std::unique_ptr<ThreadPool> pool;
+  static std::map<int, std::unique_ptr<ThreadPool>> pools;
   std::lock_guard<std::mutex> lock(mu);
-  if (!pool || pool->size() != threads) {
-    pool.reset();
-    pool = std::make_unique<ThreadPool>(threads);
-  }
+  std::unique_ptr<ThreadPool>& pool = pools[threads];
+  if (!pool) pool = std::make_unique<ThreadPool>(threads);
   return *pool;
 }
 

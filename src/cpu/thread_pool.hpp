@@ -19,15 +19,25 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
   /// Runs fn(t) for t in [0, n), n <= size(); rethrows the first exception a worker raised.
+  /// Thread-safe: while the pool runs one call, other calls (from other threads, or nested) run
+  /// their parts on the calling thread, in order.
   void run(int n, const std::function<void(int)>& fn);
 
-  /// A process-wide pool with `threads` threads (re-created when the count changes).
+  /// A process-wide pool with `threads` threads (one per count, created on first use).
   static ThreadPool& shared(int threads);
+
+  /// Upper bound on threads per pool (docs/RELIABILITY.md).
+  static constexpr int kMaxThreads = 1024;
+  /// Test hook: make the creation of worker `worker` (1-based; 0 = off) fail as if the OS refused
+  /// the thread. A failing constructor joins the workers it made and throws hanpu::Error.
+  static void fail_thread_creation_for_testing(int worker);
 
  private:
   void worker_loop(int index);
+  void stop_and_join();
   std::vector<std::thread> workers_;
   std::mutex mu_;
+  std::mutex run_mu_;  // held for the whole of a run() that uses the workers
   std::condition_variable cv_start_, cv_done_;
   const std::function<void(int)>* job_ = nullptr;
   int job_n_ = 0;

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "device/host.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 
 namespace hanpu {
 
@@ -74,9 +76,8 @@ std::string format_number(double v) {
 
 /// A short rendering of a JSON value for error messages (strings quoted, long values cut).
 std::string show(const json& j) {
-  std::string s = j.is_number() ? format_number(j.get<double>()) : j.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
+  // Containers are summarised, never dumped (json_summary does not recurse).
+  return j.is_number() ? format_number(j.get<double>()) : json_summary(j);
 }
 
 /// Reads one device description, remembering the file for error messages.
@@ -365,47 +366,9 @@ Device device_from_json(const nlohmann::json& j, const std::string& origin) {
 }
 
 Device load_device(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open device file");
-  // nlohmann keeps the last of duplicate keys silently; in a hand-edited device file a repeated
-  // "value" is a mistake to report, so the parse callback tracks the keys of every open object.
-  struct OpenObject {
-    std::set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<OpenObject> open;
-  auto check_keys = [&](int, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start:
-        open.push_back({{}, {}});
-        break;
-      case json::parse_event_t::object_end:
-        if (!open.empty()) open.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        OpenObject& o = open.back();
-        const std::string key = parsed.get<std::string>();
-        if (!o.keys.insert(key).second) {
-          const std::string under =
-              open.size() >= 2 && !open[open.size() - 2].last_key.empty()
-                  ? " in the object under \"" + open[open.size() - 2].last_key + "\""
-                  : " at the top level";
-          throw Error(path + ": duplicate key \"" + key + "\"" + under + ", expected each key once");
-        }
-        o.last_key = key;
-        break;
-      }
-      default:
-        break;
-    }
-    return true;
-  };
-  json j;
-  try {
-    j = json::parse(in, check_keys);
-  } catch (const json::parse_error& e) {
-    throw Error(path + ": not valid JSON: " + e.what());
-  }
+  // The project's JSON layer (io/json_io.hpp): regular files only, nesting limited, duplicate
+  // keys (a repeated "value" in a hand-edited file) rejected with their JSON pointer.
+  const json j = parse_json(read_regular_file(path, "device file", kMaxJsonFileBytes), path);
   return device_from_json(j, path);
 }
 

@@ -17,6 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
+
 namespace hanpu {
 
 // Safetensors is little-endian and we hand out views of the file bytes as-is.
@@ -30,9 +33,10 @@ constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // real headers are kilobyte
 constexpr size_t kBufferAlignment = 64;             // cache line; also enough for every dtype
 // A valid header nests objects/arrays 3 deep ({name: {shape: [...]}}); anything much deeper is not
 // safetensors and is refused before parsing so a hostile file cannot exhaust the stack.
-constexpr int kMaxJsonDepth = 16;
+constexpr int kMaxHeaderJsonDepth = 16;
 
-std::string quoted(const std::string& s) { return "'" + s + "'"; }
+// Names come from files: control characters are escaped so a name cannot forge output lines.
+std::string quoted(const std::string& s) { return "'" + printable(s) + "'"; }
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw Error("safetensors file " + quoted(path) + ": " + what);
@@ -169,6 +173,12 @@ SafetensorsFile SafetensorsFile::open_impl(const std::string& path, bool mapped)
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) fail(path, "file does not exist");
   if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, expected a file");
+  // A FIFO or device must not block the open below: check it is a regular file first.
+  try {
+    ::close(open_regular_file(path, "safetensors file", nullptr));
+  } catch (const Error& e) {
+    fail(path, e.what());
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot open for reading");
   in.seekg(0, std::ios::end);
@@ -192,14 +202,12 @@ SafetensorsFile SafetensorsFile::open_impl(const std::string& path, bool mapped)
 
   std::string header_text(header_len, '\0');
   if (!in.read(header_text.data(), static_cast<std::streamsize>(header_len))) fail(path, "cannot read the header");
-  if (json_nesting_depth(header_text, kMaxJsonDepth) > kMaxJsonDepth)
-    fail(path, "header JSON is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels; not a safetensors header");
-  json header;
-  try {
-    header = json::parse(header_text);
-  } catch (const json::exception& e) {
-    fail(path, std::string("header is not valid JSON: ") + e.what());
-  }
+  if (json_nesting_depth(header_text, kMaxHeaderJsonDepth) > kMaxHeaderJsonDepth)
+    fail(path, "header JSON is nested deeper than " + std::to_string(kMaxHeaderJsonDepth) + " levels; not a safetensors header");
+  // Duplicate tensor names are rejected here (nlohmann would keep the last one silently).
+  JsonReadOptions jopt;
+  jopt.max_depth = kMaxHeaderJsonDepth;
+  const json header = parse_json(header_text, "safetensors file " + quoted(path) + ": header", jopt);
   if (!header.is_object()) fail(path, std::string("header must be a JSON object, found ") + json_kind(header));
 
   const uint64_t data_size = file_size - 8 - header_len;
@@ -401,42 +409,27 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   // which keeps every tensor aligned for readers that mmap it.
   header_text.append((8 - (8 + header_text.size()) % 8) % 8, ' ');
 
-  const std::string tmp_path = path + ".tmp";
-  {
-    std::ofstream out(tmp_path, std::ios::binary | std::ios::trunc);
-    if (!out) fail(path, "cannot open " + quoted(tmp_path) + " for writing");
-    unsigned char length_bytes[8];
-    uint64_t len = header_text.size();
-    for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
-    out.write(reinterpret_cast<const char*>(length_bytes), 8);
-    out.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-    std::vector<std::byte> scratch;
-    for (const auto& [name, v] : tensors) {
-      const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-      if (bytes == 0) continue;
-      const std::byte* src = static_cast<const std::byte*>(v.data);
-      if (!v.is_contiguous()) {
-        scratch.resize(bytes);
-        gather_contiguous(v, scratch.data());
-        src = scratch.data();
-      }
-      out.write(reinterpret_cast<const char*>(src), static_cast<std::streamsize>(bytes));
+  // A unique temporary file beside the target, fsync'ed and renamed over it (io/file_io.hpp): a
+  // failed write leaves the old file, and two writers of one output never mix their bytes.
+  AtomicFile out(path);
+  unsigned char length_bytes[8];
+  const uint64_t len = header_text.size();
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(len >> (8 * i));
+  out.write(length_bytes, 8);
+  out.write(header_text);
+  std::vector<std::byte> scratch;
+  for (const auto& [name, v] : tensors) {
+    const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+    if (bytes == 0) continue;
+    const std::byte* src = static_cast<const std::byte*>(v.data);
+    if (!v.is_contiguous()) {
+      scratch.resize(bytes);
+      gather_contiguous(v, scratch.data());
+      src = scratch.data();
     }
-    out.flush();
-    if (!out) {
-      out.close();
-      std::error_code ignored;
-      std::filesystem::remove(tmp_path, ignored);
-      fail(path, "write failed (disk full or not writable?)");
-    }
+    out.write(src, bytes);
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp_path, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp_path, ignored);
-    fail(path, "cannot rename " + quoted(tmp_path) + " to the destination: " + ec.message());
-  }
+  out.commit();
 }
 
 }  // namespace hanpu

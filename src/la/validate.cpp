@@ -1,7 +1,11 @@
 // Input validation for the LA operators: every error names the tensor, what it got and what it
 // expected, so that a user with a wrong file or a wrong call knows what to fix.
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <sstream>
+#include <type_traits>
 
 #include "la/job.hpp"
 
@@ -73,6 +77,74 @@ void require_shape(const TensorView& t, const char* name, std::initializer_list<
   if (!ok)
     fail(std::string("tensor '") + name + "' has shape " + t.shape_str() + ", expected " + dims(expect) + " " +
          layout);
+}
+
+// An IEEE value is Inf or NaN iff its exponent bits are all ones, i.e. iff its bits without the
+// sign, read as a signed integer, exceed those of the largest finite value (kExp - 1). Counting
+// that compare over a block is branch-free integer code the compiler vectorises (pcmpgt on SSE2),
+// so the scan runs at memory speed; the block with a bad value is then searched element by element.
+template <typename Bits, Bits kExp>
+int64_t first_non_finite_run(const Bits* p, int64_t n, int64_t stride) {
+  using Signed = std::make_signed_t<Bits>;
+  constexpr Bits kAbs = static_cast<Bits>(~Bits{0} >> 1);
+  if (stride == 1) {
+    for (int64_t i0 = 0; i0 < n; i0 += 1024) {  // blocks: test a whole block, then locate
+      const int64_t e = std::min<int64_t>(n, i0 + 1024);
+      Signed bad = 0;
+      for (int64_t i = i0; i < e; ++i) bad |= static_cast<Signed>(p[i] & kAbs) > static_cast<Signed>(kExp - 1);
+      if (bad)
+        for (int64_t i = i0; i < e; ++i)
+          if ((p[i] & kExp) == kExp) return i;
+    }
+    return -1;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if ((p[i * stride] & kExp) == kExp) return i;
+  return -1;
+}
+
+int64_t first_non_finite(const void* base, DType dt, int64_t n, int64_t stride) {
+  switch (dt) {
+    case DType::F32: return first_non_finite_run<uint32_t, 0x7f800000u>(static_cast<const uint32_t*>(base), n, stride);
+    case DType::F64:
+      return first_non_finite_run<uint64_t, 0x7ff0000000000000ull>(static_cast<const uint64_t*>(base), n, stride);
+    case DType::F16: return first_non_finite_run<uint16_t, 0x7c00>(static_cast<const uint16_t*>(base), n, stride);
+    case DType::BF16: return first_non_finite_run<uint16_t, 0x7f80>(static_cast<const uint16_t*>(base), n, stride);
+    default: return -1;
+  }
+}
+
+// The NaN/Inf policy (docs/RELIABILITY.md): gates must be finite on every path. The chunked paths
+// work on cumulative sums of g, where a NaN or an infinity cannot behave as it does in the
+// token-by-token recurrence, so a non-finite gate is an error naming the tensor and the element
+// rather than a path-dependent answer.
+void require_finite(const TensorView& t, const char* name) {
+  if (t.empty() || t.rank == 0 || t.numel() == 0) return;
+  const size_t esize = dtype_size(t.dtype);
+  if (t.is_contiguous() && first_non_finite(t.data, t.dtype, t.numel(), 1) < 0) return;  // the common case: one pass
+  // Strided, or a bad value to locate: walk the rows.
+  const int inner = t.rank - 1;
+  const int64_t inner_len = t.rank == 0 ? 1 : t.shape[inner], inner_stride = t.rank == 0 ? 1 : t.stride[inner];
+  std::array<int64_t, kMaxRank> index{};
+  const int64_t n = t.numel();
+  for (int64_t done = 0; done < n; done += inner_len) {
+    int64_t base = 0;
+    for (int d = 0; d < inner; ++d) base += index[d] * t.stride[d];
+    const auto* p = static_cast<const std::byte*>(t.data) + base * static_cast<int64_t>(esize);
+    const int64_t bad = first_non_finite(p, t.dtype, inner_len, inner_stride);
+    if (bad >= 0) {
+      index[inner] = bad;
+      std::string at = "[";
+      for (int d = 0; d < t.rank; ++d) at += (d ? "," : "") + std::to_string(index[d]);
+      const double v = load_as_double(p, t.dtype, bad * inner_stride);
+      fail(std::string("tensor '") + name + "' has " + (std::isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf") +
+           " at index " + at + "] (shape " + t.shape_str() + "), expected finite values (NaN/Inf policy, docs/RELIABILITY.md)");
+    }
+    for (int d = inner - 1; d >= 0; --d) {  // odometer over the outer dimensions
+      if (++index[d] < t.shape[d]) break;
+      index[d] = 0;
+    }
+  }
 }
 
 int64_t cu_at(const TensorView& cu, int64_t i) {
@@ -179,6 +251,13 @@ LaJob make_la_job(Variant variant, const LaInputs& in, const LaOptions& opt, con
   LaJob job;
   job.shape = validate_la(variant, in, opt);
   validate_la_outputs(job.shape, out);
+  // Values, once per run (every path, the fp64 reference included, builds its job here).
+  require_finite(in.g, "g");
+  require_finite(in.beta, "beta");
+  if (opt.gate_in_kernel) {
+    require_finite(in.A_log, "A_log");
+    require_finite(in.dt_bias, "dt_bias");
+  }
   job.opt = opt;
   job.in = in;
   job.out = out;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "hanpu/model.hpp"
+#include "io/json_io.hpp"
 
 namespace hanpu {
 
@@ -14,6 +15,22 @@ using json = nlohmann::json;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) {
   throw Error("config '" + source + "': " + what);
+}
+
+// Upper bounds on config sizes (docs/RELIABILITY.md): checked before anything loops over layers or
+// allocates, and far above every published model (Qwen3.5-9B: 32 layers, vocab 248,320; the
+// largest Qwen3-Next: 48 layers, 512 experts), so products of them stay well inside 64 bits.
+int64_t config_int_limit(const std::string& key) {
+  if (key == "vocab_size") return int64_t{1} << 24;
+  if (key == "hidden_size") return int64_t{1} << 16;
+  if (key == "num_hidden_layers" || key == "full_attention_interval" || key == "decoder_sparse_step") return 1024;
+  if (key == "num_attention_heads" || key == "num_key_value_heads" || key == "linear_num_key_heads" ||
+      key == "linear_num_value_heads")
+    return 1024;
+  if (key == "head_dim" || key == "linear_key_head_dim" || key == "linear_value_head_dim") return 4096;
+  if (key == "linear_conv_kernel_dim") return 64;
+  if (key == "num_experts" || key == "num_experts_per_tok") return 4096;
+  return int64_t{1} << 20;  // intermediate sizes
 }
 
 // Text-model fields come from text_config when the config is nested, else from the top level.
@@ -26,8 +43,12 @@ struct Fields {
   int64_t required_int(const char* key) const {
     if (!text.contains(key)) fail(source, "field '" + where(key) + "' is missing");
     const json& v = text[key];
-    if (!v.is_number_integer() || v.get<int64_t>() < 1)
-      fail(source, "field '" + where(key) + "' is " + v.dump() + ", expected a positive integer");
+    const int64_t limit = config_int_limit(key);
+    // Unsigned first (nlohmann stores non-negative literals as unsigned): compare before narrowing.
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(limit)) ||
+        v.get<int64_t>() < 1 || v.get<int64_t>() > limit)
+      fail(source, "field '" + where(key) + "' is " + json_got(v) + ", expected a positive integer at most " +
+                       std::to_string(limit) + " (docs/RELIABILITY.md, input limits)");
     return v.get<int64_t>();
   }
   int64_t optional_int(const char* key, int64_t fallback) const {
@@ -35,8 +56,8 @@ struct Fields {
   }
   double number(const json& obj, const char* key, const std::string& name) const {
     const json& v = obj[key];
-    if (!v.is_number() || !(v.get<double>() > 0))
-      fail(source, "field '" + name + "' is " + v.dump() + ", expected a positive number");
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+      fail(source, "field '" + name + "' is " + json_got(v) + ", expected a positive number");
     return v.get<double>();
   }
 };
@@ -87,13 +108,24 @@ std::string Qwen35Config::describe() const {
   return os.str();
 }
 
+namespace {
+Qwen35Config parse_config_json(const json& top, const std::string& source);
+}
+
 Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source) {
-  json top;
+  // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
+  const json top = parse_json(json_text, "config '" + source + "'");
   try {
-    top = json::parse(json_text);
-  } catch (const json::exception& e) {
-    fail(source, std::string("not valid JSON: ") + e.what());
+    return parse_config_json(top, source);
+  } catch (const json::exception& e) {  // a field of an unexpected type read by value()/get()
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) what = what.substr(what.find("] ") + 2);
+    fail(source, "a field has an unexpected JSON type: " + what);
   }
+}
+
+namespace {
+Qwen35Config parse_config_json(const json& top, const std::string& source) {
   if (!top.is_object()) fail(source, "expected a JSON object");
   const std::string top_type = top.value("model_type", "");
   const bool nested = top.contains("text_config") && top["text_config"].is_object();
@@ -176,9 +208,9 @@ Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string
     const json& lt = text["layer_types"];
     if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.num_layers)
       fail(source, "field '" + f.where("layer_types") + "' must be a list of " + std::to_string(c.num_layers) +
-                       " entries (num_hidden_layers), found " + lt.dump());
+                       " entries (num_hidden_layers), found " + json_got(lt));
     for (size_t i = 0; i < lt.size(); ++i) {
-      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : json_summary(lt[i]);
       if (t != "full_attention" && t != "linear_attention")
         fail(source, f.where("layer_types") + "[" + std::to_string(i) + "] is '" + t +
                          "', expected 'full_attention' or 'linear_attention'");
@@ -211,10 +243,10 @@ Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string
     std::vector<bool> dense_only(static_cast<size_t>(c.num_layers), false);
     if (text.contains("mlp_only_layers") && !text["mlp_only_layers"].is_null()) {
       const json& ml = text["mlp_only_layers"];
-      if (!ml.is_array()) fail(source, "field '" + f.where("mlp_only_layers") + "' is " + ml.dump() + ", expected a list");
+      if (!ml.is_array()) fail(source, "field '" + f.where("mlp_only_layers") + "' is " + json_got(ml) + ", expected a list");
       for (const json& x : ml) {
         if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= c.num_layers)
-          fail(source, "field '" + f.where("mlp_only_layers") + "' holds " + x.dump() + ", expected layer indices in [0, " +
+          fail(source, "field '" + f.where("mlp_only_layers") + "' holds " + json_got(x) + ", expected layer indices in [0, " +
                            std::to_string(c.num_layers) + ")");
         dense_only[static_cast<size_t>(x.get<int64_t>())] = true;
       }
@@ -223,16 +255,26 @@ Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string
       c.is_moe[static_cast<size_t>(i)] = !dense_only[static_cast<size_t>(i)] && (i + 1) % step == 0;
   }
 
+  // Token ids are 32-bit (and non-negative): an id outside that range is an error, never cut.
+  auto eos_id = [&](const json& x, const std::string& name) {
+    if (!x.is_number_integer() || (x.is_number_unsigned() ? x.get<uint64_t>() > 2147483647u : x.get<int64_t>() < 0))
+      fail(source, "field '" + name + "' is " + json_got(x) + ", expected a token id in [0, 2147483647]");
+    c.eos_token_ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  };
   for (const json* obj : std::initializer_list<const json*>{&text, &top}) {
     if (!c.eos_token_ids.empty() || !obj->contains("eos_token_id")) continue;
+    const std::string name = (obj == &text ? f.where("eos_token_id") : std::string("eos_token_id"));
     const json& e = (*obj)["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int32_t>());
-    else if (e.is_array())
-      for (const json& x : e)
-        if (x.is_number_integer()) c.eos_token_ids.push_back(x.get<int32_t>());
+    if (e.is_null()) continue;
+    if (e.is_array()) {
+      for (size_t i = 0; i < e.size(); ++i) eos_id(e[i], name + "[" + std::to_string(i) + "]");
+    } else {
+      eos_id(e, name);
+    }
   }
   return c;
 }
+}  // namespace
 
 namespace {
 

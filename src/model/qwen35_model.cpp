@@ -19,6 +19,8 @@
 #include <set>
 #include <sstream>
 
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/linear.hpp"
 #include "hanpu/model.hpp"
@@ -37,13 +39,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::string read_text_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw Error("cannot read '" + p.string() + "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// Regular files only (a FIFO is an error, not a hang), size-limited, named in every error.
+std::string read_text_file(const fs::path& p) { return read_regular_file(p.string(), "JSON file", kMaxJsonFileBytes); }
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -186,19 +183,15 @@ class CheckpointSource : public TensorSource {
     const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
     std::vector<std::string> shard_names;
     if (fs::exists(index)) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(read_text_file(index));
-      } catch (const nlohmann::json::exception& e) {
-        throw Error("'" + index.string() + "': not valid JSON: " + e.what());
-      }
+      const nlohmann::json j = parse_json(read_text_file(index), index.string());
       if (!j.contains("weight_map") || !j["weight_map"].is_object())
         throw Error("'" + index.string() + "': no 'weight_map' object");
       std::map<std::string, size_t> shard_index;
       for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-        if (!it.value().is_string()) throw Error("'" + index.string() + "': weight_map['" + it.key() + "'] is not a file name");
+        if (!it.value().is_string()) throw Error("'" + index.string() + "': weight_map['" + printable(it.key()) + "'] is " + json_got(it.value()) + ", expected a file name");
         const std::string f = it.value().get<std::string>();
         if (skipped(it.key())) continue;
+        check_shard_name(index.string(), it.key(), f);
         auto [pos, fresh] = shard_index.emplace(f, shard_names.size());
         if (fresh) shard_names.push_back(f);
         map_[it.key()] = pos->second;
@@ -217,6 +210,17 @@ class CheckpointSource : public TensorSource {
     if (map_.empty())  // single file: every tensor is in file 0
       for (const std::string& n : files_[0].names())
         if (!skipped(n)) map_[n] = 0;
+  }
+  // Shards live in the checkpoint directory: an absolute name or a ".." component is refused, so an
+  // index cannot make the loader open files outside it.
+  static void check_shard_name(const std::string& index, const std::string& tensor, const std::string& f) {
+    const fs::path p(f);
+    bool ok = !f.empty() && p.is_relative() && f.find('\0') == std::string::npos;
+    for (const fs::path& part : p) ok = ok && part != "..";
+    ok = ok && p.has_filename();
+    if (!ok)
+      throw Error("'" + index + "': weight_map['" + printable(tensor) + "'] is \"" + printable(f) +
+                  "\", expected a relative path inside the checkpoint directory (no '..', not absolute)");
   }
   static bool skipped(const std::string& name) {
     return name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0;

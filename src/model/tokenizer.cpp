@@ -36,6 +36,7 @@
 #include <unordered_map>
 
 #include "hanpu/tensor.hpp"
+#include "io/json_io.hpp"
 #include "model/tokenizer_bpe.hpp"
 #include "model/tokenizer_text.hpp"
 
@@ -109,22 +110,14 @@ class AddedTokenMatcher {
   std::array<std::vector<const AddedToken*>, 256> by_first_byte_;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open the file (" + (std::filesystem::exists(path) ? "not readable" : "no such file") + ")");
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+// The project's JSON layer (io/json_io.hpp): regular files only, nesting limited, duplicate keys
+// (a vocabulary entry given twice) rejected with their JSON pointer.
+json parse_json_file(const std::string& path) { return read_json_file(path); }
 
-json parse_json_file(const std::string& path) {
-  const std::string text = read_file(path);
-  try {
-    return json::parse(text);
-  } catch (const json::parse_error& e) {
-    throw Error(path + ": not valid JSON (" + e.what() + ")");
-  }
-}
+// Token ids index dense tables (one entry per id up to the largest), so they are limited like
+// config.json's vocab_size (docs/RELIABILITY.md): a 100-byte file naming id 107,333,333 made
+// the loader allocate 3.4 GB (found by fuzz_tokenizer_json).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
 
 std::string type_name(const json& j) { return j.type_name(); }
 
@@ -148,8 +141,9 @@ struct JsonReader {
   }
   int32_t id_at(const json& obj, const std::string& key, const std::string& field) const {
     const json& v = get(obj, key, field);
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
-      throw Error(file + ": field \"" + field + "\" is " + v.dump() + ", expected a token id (integer 0..2^31-1)");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > kMaxTokenId)
+      throw Error(file + ": field \"" + field + "\" is " + json_summary(v) + ", expected a token id (integer 0.." +
+                  std::to_string(kMaxTokenId) + ")");
     return static_cast<int32_t>(v.get<int64_t>());
   }
   [[noreturn]] void unsupported(const std::string& field, const std::string& got, const std::string& supported) const {
@@ -172,10 +166,10 @@ void check_post_processor(const json& pp, const std::string& field, const JsonRe
   if (type == "TemplateProcessing" && pp.contains("single") && pp.at("single").is_array()) {
     for (const json& item : pp.at("single"))
       if (!item.is_object() || !item.contains("Sequence"))
-        r.unsupported(field + ".single", pp.at("single").dump(), "only templates without added tokens (hanpu adds no BOS/EOS)");
+        r.unsupported(field + ".single", json_summary(pp.at("single")), "only templates without added tokens (hanpu adds no BOS/EOS)");
     return;
   }
-  r.unsupported(field + ".type", type.empty() ? pp.dump() : "\"" + type + "\"",
+  r.unsupported(field + ".type", type.empty() ? json_summary(pp) : "\"" + type + "\"",
                 "null, \"ByteLevel\", or a TemplateProcessing that adds no tokens");
 }
 
@@ -238,10 +232,10 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
   }
   if (model.contains("dropout") && !model.at("dropout").is_null() &&
       !(model.at("dropout").is_number() && model.at("dropout").get<double>() == 0.0))
-    r.unsupported("model.dropout", model.at("dropout").dump(), "only null (no BPE dropout)");
+    r.unsupported("model.dropout", json_summary(model.at("dropout")), "only null (no BPE dropout)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (!is_empty_string_or_null(model, key))
-      r.unsupported(std::string("model.") + key, model.at(key).dump(), "only null or \"\" (byte-level BPE)");
+      r.unsupported(std::string("model.") + key, json_summary(model.at(key)), "only null or \"\" (byte-level BPE)");
   if (r.bool_or(model, "byte_fallback", "model.byte_fallback", false))
     r.unsupported("model.byte_fallback", "true", "only false (byte-level BPE needs no fallback)");
   bpe.fuse_unk = r.bool_or(model, "fuse_unk", "model.fuse_unk", false);
@@ -254,9 +248,9 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
   token_ids.reserve(vocab.size() + 1024);
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     const json& id = it.value();
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
-      throw Error(source + ": field \"model.vocab[\"" + it.key() + "\"]\" is " + id.dump() +
-                  ", expected a token id (integer 0..2^31-1)");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId)
+      throw Error(source + ": field \"model.vocab[\"" + printable(it.key()) + "\"]\" is " + json_summary(id) +
+                  ", expected a token id (integer 0.." + std::to_string(kMaxTokenId) + ")");
     set_token(static_cast<int32_t>(id.get<int64_t>()), it.key(), false, false);
   }
   bpe.byte_ids.fill(-1);
@@ -298,7 +292,7 @@ void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
       left = m[0].get_ref<const std::string&>();
       right = m[1].get_ref<const std::string&>();
     } else {
-      throw Error(source + ": model.merges[" + std::to_string(rank) + "] is " + m.dump() +
+      throw Error(source + ": model.merges[" + std::to_string(rank) + "] is " + json_summary(m) +
                   ", expected \"left right\" or [\"left\", \"right\"]");
     }
     bpe.add_merge(vocab_id(left, rank), vocab_id(right, rank), static_cast<uint32_t>(rank), vocab_id(left + right, rank));
@@ -347,7 +341,7 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& root, const JsonReader& r) 
         text = r.string_at(pattern, "String", field + ".pattern.String");
         literal = true;
       } else {
-        r.unsupported(field + ".pattern", pattern.dump(), "{\"Regex\": ...} or {\"String\": ...}");
+        r.unsupported(field + ".pattern", json_summary(pattern), "{\"Regex\": ...} or {\"String\": ...}");
       }
       const std::string behavior = r.string_at(*step, "behavior", field + ".behavior");
       static const std::map<std::string, SplitBehavior> behaviors{
@@ -376,11 +370,11 @@ void Tokenizer::Impl::load_pre_tokenizer(const json& root, const JsonReader& r) 
   if (!byte_level_seen) r.unsupported("pre_tokenizer", "without a ByteLevel step", "byte-level BPE (a ByteLevel step last)");
 
   const json& decoder = r.get(root, "decoder", "decoder");
-  const std::string decoder_type = decoder.is_object() && decoder.contains("type") ? decoder.at("type").dump() : decoder.dump();
+  const std::string decoder_type = decoder.is_object() && decoder.contains("type") ? json_summary(decoder.at("type")) : json_summary(decoder);
   if (decoder_type != "\"ByteLevel\"") r.unsupported("decoder.type", decoder_type, "only \"ByteLevel\"");
   if (root.contains("post_processor")) check_post_processor(root.at("post_processor"), "post_processor", r);
   for (const char* key : {"truncation", "padding"})
-    if (root.contains(key) && !root.at(key).is_null()) r.unsupported(key, root.at(key).dump(), "only null");
+    if (root.contains(key) && !root.at(key).is_null()) r.unsupported(key, json_summary(root.at(key)), "only null");
 }
 
 void Tokenizer::Impl::load_added_tokens(const json& root, const JsonReader& r) {
@@ -468,17 +462,26 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
-  Tokenizer t;
-  Impl& impl = *t.impl_;
-  impl.source = tokenizer_json;
-  const json root = parse_json_file(tokenizer_json);
-  if (!root.is_object()) throw Error(tokenizer_json + ": the top level is " + type_name(root) + ", expected an object");
-  const JsonReader r{impl.source};
-  impl.load_model(root, r);
-  impl.load_normalizer(root, r);
-  impl.load_pre_tokenizer(root, r);
-  impl.load_added_tokens(root, r);
-  return t;
+  auto load = [&] {
+    Tokenizer t;
+    Impl& impl = *t.impl_;
+    impl.source = tokenizer_json;
+    const json root = parse_json_file(tokenizer_json);
+    if (!root.is_object()) throw Error(tokenizer_json + ": the top level is " + type_name(root) + ", expected an object");
+    const JsonReader r{impl.source};
+    impl.load_model(root, r);
+    impl.load_normalizer(root, r);
+    impl.load_pre_tokenizer(root, r);
+    impl.load_added_tokens(root, r);
+    return t;
+  };
+  try {
+    return load();
+  } catch (const json::exception& e) {  // a field of an unexpected type read by get()/value()
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) what = what.substr(what.find("] ") + 2);
+    throw Error(tokenizer_json + ": a field has an unexpected JSON type: " + what);
+  }
 }
 
 Tokenizer Tokenizer::from_dir(const std::string& dir) {
@@ -506,7 +509,8 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
         if (used != id_text.size()) id = -1;
       } catch (const std::exception&) {
       }
-      if (id < 0 || id > INT32_MAX) throw Error(config_file + ": " + field + " has a key that is not a token id");
+      if (id < 0 || id > kMaxTokenId)
+        throw Error(config_file + ": " + field + " has a key that is not a token id (0.." + std::to_string(kMaxTokenId) + ")");
       const std::string content = r.string_at(entry, "content", field + ".content");
       if (content.empty()) throw Error(config_file + ": " + field + ".content is empty");
       const auto known = impl.token_ids.find(content);

@@ -330,15 +330,29 @@ void validate_problem(const Problem& p) {
   auto bad = [](const std::string& field, const std::string& got, const std::string& want) {
     throw Error("problem." + field + ": got " + got + ", expected " + want);
   };
+  // Limits first (include/hanpu/plan.hpp, docs/RELIABILITY.md), and sums without overflow.
+  const std::string limit = " (hanpu's limit, docs/RELIABILITY.md)";
   if (p.seqlens.empty()) bad("seqlens", "an empty list", "at least one sequence");
-  for (size_t i = 0; i < p.seqlens.size(); ++i)
+  if (p.sequences() > kMaxSequences)
+    bad("seqlens", std::to_string(p.sequences()) + " sequences", "at most " + std::to_string(kMaxSequences) + limit);
+  int64_t tokens = 0;
+  for (size_t i = 0; i < p.seqlens.size(); ++i) {
     if (p.seqlens[i] < 0) bad("seqlens[" + std::to_string(i) + "]", std::to_string(p.seqlens[i]), "a length >= 0");
-  if (p.total_tokens() <= 0) bad("seqlens", "no tokens", "at least one token");
-  if (p.H < 1) bad("H", std::to_string(p.H), "at least 1");
-  if (p.HV < 1 || p.HV % p.H != 0) bad("HV", std::to_string(p.HV), "a positive multiple of H = " + std::to_string(p.H));
-  if (p.K < 1) bad("K", std::to_string(p.K), "at least 1");
-  if (p.V < 1) bad("V", std::to_string(p.V), "at least 1");
-  if (p.chunk < 16 || p.chunk % 16 != 0) bad("chunk", std::to_string(p.chunk), "a positive multiple of 16 (the substitution block)");
+    if (p.seqlens[i] > kMaxTokens || (tokens += p.seqlens[i]) > kMaxTokens)
+      bad(p.seqlens.size() == 1 ? "seqlens[0] (T)" : "seqlens", p.seqlens.size() == 1 ? std::to_string(p.seqlens[0]) : "more tokens",
+          "at most " + std::to_string(kMaxTokens) + " tokens in total" + limit);
+  }
+  if (tokens <= 0) bad("seqlens", "no tokens", "at least one token");
+  if (p.H < 1 || p.H > kMaxHeads) bad("H", std::to_string(p.H), "1.." + std::to_string(kMaxHeads) + limit);
+  if (p.HV < 1 || p.HV > kMaxHeads || p.HV % p.H != 0)
+    bad("HV", std::to_string(p.HV), "a positive multiple of H = " + std::to_string(p.H) + ", at most " + std::to_string(kMaxHeads));
+  if (p.K < 1 || p.K > kMaxHeadDim) bad("K", std::to_string(p.K), "1.." + std::to_string(kMaxHeadDim) + limit);
+  if (p.V < 1 || p.V > kMaxHeadDim) bad("V", std::to_string(p.V), "1.." + std::to_string(kMaxHeadDim) + limit);
+  if (p.chunk < 16 || p.chunk % 16 != 0 || p.chunk > kMaxHeadDim)
+    bad("chunk", std::to_string(p.chunk), "a positive multiple of 16 (the substitution block), at most " + std::to_string(kMaxHeadDim));
+  if (p.HV * p.total_chunks() > kMaxHeadChunks)
+    bad("HV x chunks", std::to_string(p.HV) + " x " + std::to_string(p.total_chunks()),
+        "at most " + std::to_string(kMaxHeadChunks) + " (value heads x chunks of all sequences)" + limit);
 }
 
 }  // namespace hanpu

@@ -1,8 +1,12 @@
 // Plan <-> JSON. The JSON is the plan exactly (plan_from_json(plan_to_json(p)) == p); every field a
 // reader needs is checked, and an error names its JSON path, what it got and what it expected.
+#include <algorithm>
+#include <limits>
+#include <map>
 #include <string>
 
 #include "hanpu/plan.hpp"
+#include "io/json_io.hpp"
 
 namespace hanpu {
 
@@ -16,8 +20,7 @@ struct Reader {
   std::string origin;
 
   [[noreturn]] void fail(const std::string& path, const json* got, const std::string& want) const {
-    std::string g = got ? got->dump() : "nothing";
-    if (g.size() > 60) g = g.substr(0, 57) + "...";
+    const std::string g = got ? json_summary(*got) : "nothing";  // never dumps a whole value
     throw Error(origin + ": " + path + ": got " + g + ", expected " + want);
   }
   const json& field(const json& j, const std::string& key, const std::string& path) const {
@@ -29,6 +32,18 @@ struct Reader {
   int64_t integer(const json& j, const std::string& key, const std::string& path) const {
     const json& v = field(j, key, path);
     if (!v.is_number_integer()) fail(path + "." + key, &v, "an integer");
+    return v.get<int64_t>();
+  }
+  // An integer in [lo, hi]: plan fields are stored in 32-bit ints, and a value that does not fit is
+  // an error, never silently cut.
+  int64_t integer_in(const json& j, const std::string& key, const std::string& path, int64_t lo, int64_t hi) const {
+    const json& v = field(j, key, path);
+    return integer_value(v, path + "." + key, lo, hi);
+  }
+  int64_t integer_value(const json& v, const std::string& path, int64_t lo, int64_t hi) const {
+    const bool ok = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi)) &&
+                    v.get<int64_t>() >= lo && v.get<int64_t>() <= hi;
+    if (!ok) fail(path, &v, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     return v.get<int64_t>();
   }
   bool boolean(const json& j, const std::string& key, const std::string& path) const {
@@ -100,15 +115,14 @@ Problem problem_from_json(const Reader& r, const json& j, const std::string& pat
   p.variant = v == "kda" ? Variant::KDA : Variant::GDN;
   const json& sl = r.array(j, "seqlens", path);
   for (size_t i = 0; i < sl.size(); ++i) {
-    if (!sl[i].is_number_integer()) r.fail(path + ".seqlens[" + std::to_string(i) + "]", &sl[i], "an integer");
-    p.seqlens.push_back(sl[i].get<int64_t>());
+    p.seqlens.push_back(r.integer_value(sl[i], path + ".seqlens[" + std::to_string(i) + "]", 0, kMaxTokens));
   }
   p.varlen = r.boolean(j, "varlen", path);
-  p.H = r.integer(j, "H", path);
-  p.HV = r.integer(j, "HV", path);
-  p.K = r.integer(j, "K", path);
-  p.V = r.integer(j, "V", path);
-  p.chunk = r.integer(j, "chunk", path);
+  p.H = r.integer_in(j, "H", path, 1, kMaxHeads);
+  p.HV = r.integer_in(j, "HV", path, 1, kMaxHeads);
+  p.K = r.integer_in(j, "K", path, 1, kMaxHeadDim);
+  p.V = r.integer_in(j, "V", path, 1, kMaxHeadDim);
+  p.chunk = r.integer_in(j, "chunk", path, 1, kMaxHeadDim);
   const json& d = r.field(j, "dtypes", path);
   p.qkv_dtype = r.dtype(d, "qkv", path + ".dtypes");
   p.out_dtype = r.dtype(d, "o", path + ".dtypes");
@@ -190,8 +204,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
   Plan plan;
   plan.problem = problem_from_json(r, r.field(j, "problem", P), P + ".problem");
   plan.device = r.string(j, "device", P);
-  plan.cores = static_cast<int>(r.integer(j, "cores", P));
-  if (plan.cores < 1) r.fail(P + ".cores", &j.at("cores"), "at least 1");
+  plan.cores = static_cast<int>(r.integer_in(j, "cores", P, 1, kMaxCores));
   plan.strategy = r.string(j, "strategy", P);
   plan.form = graph_form_from_name(r.one_of(j, "form", P, {"wu", "inverse", "gemm_first"}));
   plan.state_in_place = r.boolean(j, "state_in_place", P);
@@ -219,8 +232,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       for (const OperatorDef& op : g.ops) known |= op.name == k.order[i];
       if (!known) r.fail(kp + ".order[" + std::to_string(i) + "]", &kj.at("order")[i], "an operator of the " + std::string(graph_form_name(plan.form)) + " graph");
     }
-    k.buffering = static_cast<int>(r.integer(kj, "buffering", kp));
-    if (k.buffering != 1 && k.buffering != 2) r.fail(kp + ".buffering", &kj.at("buffering"), "1 or 2");
+    k.buffering = static_cast<int>(r.integer_in(kj, "buffering", kp, 1, 2));
     k.double_buffered = r.strings(kj, "double_buffered", kp);
     k.state_in = r.one_of(kj, "state_in", kp, {"none", "initial", "zero"});
     k.state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
@@ -247,18 +259,17 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       }
       if (sj.contains("path")) s.path = r.string(sj, "path", sp);
       else if (s.kind == "move") r.fail(sp + ".path", nullptr, "the device path of a move (e.g. \"GM->L1\")");
-      if (sj.contains("elem_bytes")) s.elem_bytes = static_cast<int>(r.integer(sj, "elem_bytes", sp));
+      if (sj.contains("elem_bytes")) s.elem_bytes = static_cast<int>(r.integer_in(sj, "elem_bytes", sp, 0, 64));
       if (s.kind == "move" && s.elem_bytes <= 0) r.fail(sp + ".elem_bytes", sj.contains("elem_bytes") ? &sj.at("elem_bytes") : nullptr, "a positive byte count");
       const json& deps = r.array(sj, "deps", sp);
       for (size_t d = 0; d < deps.size(); ++d) {
-        if (!deps[d].is_number_integer() || deps[d].get<int64_t>() < 0 || deps[d].get<int64_t>() >= static_cast<int64_t>(si))
+        if (!deps[d].is_number_integer() || (deps[d].is_number_unsigned() && deps[d].get<uint64_t>() >= si) ||
+            deps[d].get<int64_t>() < 0 || deps[d].get<int64_t>() >= static_cast<int64_t>(si))
           r.fail(sp + ".deps[" + std::to_string(d) + "]", &deps[d], "the index of an earlier step (0.." + std::to_string(static_cast<int64_t>(si) - 1) + ")");
-        s.deps.push_back(deps[d].get<int>());
+        s.deps.push_back(static_cast<int>(deps[d].get<int64_t>()));
       }
       if (sj.contains("reuse_of")) {
-        s.reuse_of = static_cast<int>(r.integer(sj, "reuse_of", sp));
-        if (s.reuse_of < 0 || s.reuse_of >= static_cast<int>(steps.size()))
-          r.fail(sp + ".reuse_of", &sj.at("reuse_of"), "a step index of this kernel");
+        s.reuse_of = static_cast<int>(r.integer_in(sj, "reuse_of", sp, 0, static_cast<int64_t>(steps.size()) - 1));
       }
       if (sj.contains("transit")) s.transit = r.boolean(sj, "transit", sp);
       k.steps.push_back(s);
@@ -269,16 +280,40 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       Lifetime lt;
       lt.tensor = r.string(lts[li], "tensor", lp);
       lt.buffer = r.string(lts[li], "buffer", lp);
-      lt.first = static_cast<int>(r.integer(lts[li], "first", lp));
-      lt.last = static_cast<int>(r.integer(lts[li], "last", lp));
-      lt.bytes = r.integer(lts[li], "bytes", lp);
-      lt.copies = static_cast<int>(r.integer(lts[li], "copies", lp));
-      if (lt.first < 0 || lt.last < lt.first) r.fail(lp + ".last", &lts[li].at("last"), "a step index >= first");
+      // Lifetimes span steps of this kernel: first <= last < number of steps.
+      const int64_t last_step = static_cast<int64_t>(k.steps.size()) - 1;
+      lt.first = static_cast<int>(r.integer_in(lts[li], "first", lp, 0, last_step));
+      lt.last = static_cast<int>(r.integer_in(lts[li], "last", lp, lt.first, last_step));
+      lt.bytes = r.integer_in(lts[li], "bytes", lp, 0, kMaxPlanBytes);
+      lt.copies = static_cast<int>(r.integer_in(lts[li], "copies", lp, 1, 2));
       k.lifetimes.push_back(lt);
     }
     const json& pb = r.field(kj, "peak_bytes", kp);
     if (!pb.is_object()) r.fail(kp + ".peak_bytes", &pb, "an object (buffer -> bytes)");
-    for (auto it = pb.begin(); it != pb.end(); ++it) k.peak_bytes[it.key()] = r.integer(pb, it.key(), kp + ".peak_bytes");
+    for (auto it = pb.begin(); it != pb.end(); ++it) k.peak_bytes[it.key()] = r.integer_in(pb, it.key(), kp + ".peak_bytes", 0, kMaxPlanBytes);
+    // Peaks are derived from the lifetimes (src/plan/lower.cpp, finish): a peak edited after
+    // planning, or one for a buffer no lifetime uses, is inconsistent and refused.
+    {
+      std::map<std::string, int64_t> derived;
+      for (const Lifetime& lt : k.lifetimes) derived.emplace(lt.buffer, 0);
+      for (auto& [b, best] : derived)
+        for (size_t i = 0; i < k.steps.size(); ++i) {
+          int64_t live = 0;
+          for (const Lifetime& lt : k.lifetimes)
+            if (lt.buffer == b && lt.first <= static_cast<int>(i) && static_cast<int>(i) <= lt.last) live += lt.bytes * lt.copies;
+          best = std::max(best, live);
+        }
+      for (const auto& [b, bytes] : k.peak_bytes) {
+        auto d = derived.find(b);
+        if (d == derived.end())
+          r.fail(kp + ".peak_bytes." + printable(b), &pb.at(b), "no peak: no lifetime of this kernel is in buffer " + printable(b));
+        if (d->second != bytes)
+          r.fail(kp + ".peak_bytes." + printable(b), &pb.at(b),
+                 std::to_string(d->second) + ", the peak of the kernel's lifetimes in " + printable(b) + " (re-plan after editing)");
+      }
+      for (const auto& [b, bytes] : derived)
+        if (!k.peak_bytes.count(b)) r.fail(kp + ".peak_bytes", &pb, "an entry for buffer " + printable(b) + " (lifetimes use it)");
+    }
     const json& pt = r.field(kj, "peak_tensors", kp);
     if (!pt.is_object()) r.fail(kp + ".peak_tensors", &pt, "an object (buffer -> tensor names)");
     for (auto it = pt.begin(); it != pt.end(); ++it) k.peak_tensors[it.key()] = r.strings(pt, it.key(), kp + ".peak_tensors");
@@ -294,10 +329,14 @@ Plan plan_from_json(const json& j, const std::string& origin) {
         const std::string ip = cp + "[" + std::to_string(ii) + "]";
         if (!a.is_array() || a.size() != 7)
           r.fail(ip, &a, "[seq, head, col0, col1, chunk0, chunk1, tier]");
-        for (const json& x : a)
-          if (!x.is_number_integer()) r.fail(ip, &a, "seven integers [seq, head, col0, col1, chunk0, chunk1, tier]");
-        list.push_back({a[0].get<int32_t>(), a[1].get<int32_t>(), a[2].get<int32_t>(), a[3].get<int32_t>(), a[4].get<int64_t>(),
-                        a[5].get<int64_t>(), a[6].get<int32_t>()});
+        // Each field must fit its type (no silent 32-bit cut); validate_plan checks the ranges.
+        const int64_t i32 = std::numeric_limits<int32_t>::max();
+        const int64_t seq = r.integer_value(a[0], ip + "[0] (seq)", 0, i32), head = r.integer_value(a[1], ip + "[1] (head)", 0, i32);
+        const int64_t col0 = r.integer_value(a[2], ip + "[2] (col0)", 0, i32), col1 = r.integer_value(a[3], ip + "[3] (col1)", 0, i32);
+        const int64_t c0 = r.integer_value(a[4], ip + "[4] (chunk0)", 0, kMaxTokens), c1 = r.integer_value(a[5], ip + "[5] (chunk1)", 0, kMaxTokens);
+        const int64_t tier = r.integer_value(a[6], ip + "[6] (tier)", 0, i32);
+        list.push_back({static_cast<int32_t>(seq), static_cast<int32_t>(head), static_cast<int32_t>(col0), static_cast<int32_t>(col1), c0, c1,
+                        static_cast<int32_t>(tier)});
       }
       k.cores.push_back(list);
     }

@@ -1,5 +1,6 @@
 // HtmlReport: sections collected as escaped HTML fragments, wrapped in one page with inline CSS.
 #include "report/html_report.hpp"
+#include "io/file_io.hpp"
 
 #include <cstdlib>
 #include <fstream>
@@ -115,11 +116,7 @@ std::string HtmlReport::html() const {
 }
 
 void HtmlReport::write(const std::string& path) const {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) throw Error(path + ": cannot open for writing");
-  out << html();
-  out.flush();
-  if (!out) throw Error(path + ": write failed");
+  write_file_atomic(path, html());  // io/file_io.hpp: temp file, fsync, rename
 }
 
 }  // namespace hanpu::report

@@ -58,6 +58,21 @@ class Simulator {
   SimResult run() {
     if (plan_.device != dev_.name)
       throw Error("plan for device \"" + plan_.device + "\" cannot be simulated on device \"" + dev_.name + "\"");
+    // The problem must fit the device's memory (gm_bytes): a plan that cannot run is refused
+    // before any accounting, not simulated as if memory were unbounded.
+    const int64_t gm_peak = plan_peak_gm_bytes(plan_);
+    if (static_cast<double>(gm_peak) > dev_.gm_bytes.value)
+      throw Error("plan (" + plan_.strategy + "): needs " + std::to_string(gm_peak) + " bytes of device memory (GM) at peak, " +
+                  "but device \"" + dev_.name + "\" has gm_bytes " + std::to_string(static_cast<int64_t>(dev_.gm_bytes.value)) +
+                  "; use fewer tokens or heads");
+    // Every on-chip peak must fit its buffer on this device (plans from files are not trusted).
+    for (const Kernel& k : plan_.kernels)
+      for (const auto& [b, bytes] : k.peak_bytes) {
+        const double cap = dev_.buffer(b).capacity_bytes.value;
+        if (static_cast<double>(bytes) > cap)
+          throw Error("plan (" + plan_.strategy + "): kernel " + k.name + " peaks at " + std::to_string(bytes) + " bytes of " + b +
+                      ", but device \"" + dev_.name + "\" has a capacity of " + std::to_string(static_cast<int64_t>(cap)) + " bytes");
+      }
     SimResult r;
     r.strategy = plan_.strategy;
     r.device = dev_.name;
@@ -73,7 +88,7 @@ class Simulator {
     r.energy_j = r.dynamic_energy_j + r.static_energy_j;
     const double peak = mac_rate_ * plan_.cores * r.latency_s;
     r.matrix_utilization = peak > 0 ? r.macs / peak : 0;
-    r.peak_gm_bytes = plan_peak_gm_bytes(plan_);
+    r.peak_gm_bytes = gm_peak;
     r.gm_intermediate_bytes = r.peak_gm_bytes - io_bytes();
     return r;
   }

@@ -1,0 +1,116 @@
+// Concurrency soak (issue 15, item 4): several threads call the engine at once with random shapes,
+// CPU paths, thread counts and plans, and every result is compared with the fp64 reference (the
+// bounds of docs/ACCURACY.md for f32 inputs). Bounded: a fixed number of rounds of small problems.
+// scripts/soak.sh runs it for longer and under ThreadSanitizer.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hanpu/cpu_plan.hpp"
+#include "hanpu/la.hpp"
+#include "hanpu/model.hpp"
+#include "hanpu/reference.hpp"
+#include "la_testing.hpp"
+#include "test_support.hpp"
+
+namespace hanpu {
+namespace {
+
+int rounds() {
+  const char* r = std::getenv("HANPU_SOAK_ROUNDS");
+  return r && *r ? std::atoi(r) : 40;
+}
+
+TEST(Soak, ConcurrentCallersGetReferenceResults) {
+  constexpr int kCallers = 4;
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  std::string first_failure;
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      std::mt19937_64 rng(1000 + c);
+      auto pick = [&](std::initializer_list<int64_t> xs) { return *(xs.begin() + rng() % xs.size()); };
+      for (int i = 0; i < rounds(); ++i) {
+        testing::ProblemSpec spec;
+        spec.variant = rng() % 2 ? Variant::KDA : Variant::GDN;
+        spec.T = pick({1, 15, 64, 65, 130});
+        spec.H = pick({1, 2});
+        spec.HV = spec.H * pick({1, 2});
+        spec.K = pick({16, 33, 64});
+        spec.V = pick({16, 40, 64});
+        spec.B = pick({1, 2});
+        if (rng() % 4 == 0) spec.seqlens = {pick({1, 20, 64}), pick({15, 70})}, spec.B = 1;
+        spec.initial_state = rng() % 2;
+        spec.seed = rng();
+        const testing::Problem prob = testing::make_problem(spec);
+        const LaReference ref = la_reference(spec.variant, prob.inputs(), spec.opt);
+        ExecOptions ex;
+        ex.path = static_cast<CpuPath>(pick({0, 1, 2}));
+        ex.threads = static_cast<int>(pick({1, 2, 3}));
+        CpuPlan plan;
+        if (ex.path == CpuPath::HeadFused && rng() % 2) {  // an explicit head-level plan
+          plan = default_cpu_plan(spec.variant, prob.inputs(), spec.opt, ex.threads);
+          ex.plan = &plan;
+        }
+        try {
+          const testing::Accuracy a = testing::run_and_compare(prob, ref, ex);
+          if (!(a.o <= 1e-10) || !(a.state <= 1e-10)) {
+            std::lock_guard<std::mutex> lock(mu);
+            if (failures++ == 0)
+              first_failure = spec.describe() + " path " + cpu_path_name(ex.path) + " threads " + std::to_string(ex.threads) +
+                              ": nmse o " + std::to_string(a.o) + " state " + std::to_string(a.state);
+          }
+        } catch (const std::exception& e) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (failures++ == 0) first_failure = spec.describe() + ": " + e.what();
+        }
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(failures.load(), 0) << first_failure;
+}
+
+// Two models in one process, each run by two threads at once: every forward must give the logits
+// of the same forward run alone, bit for bit (the same parts run, whichever thread runs them).
+TEST(Soak, TwoModelsFromSeveralThreadsGiveTheirSoloLogits) {
+  const std::vector<std::string> dirs = {(testing::golden_dir() / "qwen35_tiny").string(),
+                                         (testing::golden_dir() / "qwen3next_tiny").string()};
+  std::vector<Qwen35Model> models;
+  for (const std::string& d : dirs) models.push_back(Qwen35Model::load(d));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % 300));
+  ForwardOptions fo;
+  fo.threads = 2;
+  fo.all_logits = true;
+  std::vector<Tensor> solo;
+  for (const Qwen35Model& m : models) {
+    Qwen35State st = m.new_state();
+    solo.push_back(m.forward(st, ids, fo));
+  }
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&, c] {
+      const Qwen35Model& m = models[static_cast<size_t>(c % 2)];
+      const Tensor& want = solo[static_cast<size_t>(c % 2)];
+      for (int r = 0; r < rounds() / 4 + 1; ++r) {
+        Qwen35State st = m.new_state();
+        const Tensor got = m.forward(st, ids, fo);
+        if (got.shape() != want.shape() || std::memcmp(got.data(), want.data(), want.bytes()) != 0) ++mismatches;
+      }
+    });
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace hanpu
