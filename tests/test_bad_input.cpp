@@ -315,15 +315,19 @@ TEST(Silent, NanInGateIsAnErrorInDecode) {
 }
 
 // nlohmann keeps the last of duplicate keys: two tensors of one name used to be read as one.
+// A safetensors file: the 8-byte little-endian header length, the header, `payload` zero bytes.
+std::string safetensors_bytes(const std::string& header, size_t payload) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return bytes + header + std::string(payload, '\0');
+}
+
 TEST(Silent, DuplicateSafetensorsTensorNamesAreRejected) {
   TempDir tmp("hanpu_bad");
   const std::string header =
       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  bytes += header + std::string(8, '\0');
   const std::string path = tmp.file("dup.safetensors");
-  write_text(path, bytes);
+  write_text(path, safetensors_bytes(header, 8));
   const std::string msg = error_of([&] { SafetensorsFile::open(path); });
   EXPECT_CONTAINS(msg, path);
   EXPECT_CONTAINS(msg, "duplicate key \"w\", expected each key once");
@@ -580,11 +584,8 @@ TEST(Paths, ControlCharactersInNamesAreEscaped) {
   TempDir tmp("hanpu_bad");
   const std::string name = "evil\x1b[2J\nname";
   const std::string header = json{{name, {{"dtype", "U8"}, {"shape", {1}}, {"data_offsets", {0, 1}}}}}.dump();
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-  bytes += header + std::string(1, '\0');
   const std::string path = tmp.file("ctl.safetensors");
-  write_text(path, bytes);
+  write_text(path, safetensors_bytes(header, 1));
   const std::string msg = error_of([&] { SafetensorsFile::open(path); });
   EXPECT_CONTAINS(msg, "evil\\x1b[2J\\nname");
   EXPECT_EQ(msg.find('\x1b'), std::string::npos);
