@@ -341,13 +341,18 @@ TEST(Silent, DuplicateKeysAreRejectedInEveryJsonFile) {
   EXPECT_CONTAINS(error_of([&] { parse_qwen35_config(twice, "config.json"); }), "duplicate key \"model_type\"");
 }
 
-// Plan JSON used to be trusted: integers cut to 32 bits, lifetimes past the steps, negative peaks.
-TEST(Silent, PlanJsonIntegersAndRangesAreValidated) {
-  const Device dev = load_device(device_file());
+// hanpu's plan of a small GDN problem (256 tokens, 4 heads) on `dev`, as JSON.
+json small_plan_json(const Device& dev) {
   Problem p;
   p.seqlens = {256};
   p.H = p.HV = 4;
-  const json good = plan_to_json(make_plan(p, dev, "hanpu"));
+  return plan_to_json(make_plan(p, dev, "hanpu"));
+}
+
+// Plan JSON used to be trusted: integers cut to 32 bits, lifetimes past the steps, negative peaks.
+TEST(Silent, PlanJsonIntegersAndRangesAreValidated) {
+  const Device dev = load_device(device_file());
+  const json good = small_plan_json(dev);
   ASSERT_NO_THROW(plan_from_json(good, "plan.json"));
   struct Case {
     std::function<void(json&)> edit;
@@ -376,10 +381,7 @@ TEST(Silent, PlanJsonIntegersAndRangesAreValidated) {
 // whose peaks do not fit the device's buffers is refused by the simulator.
 TEST(Silent, PlanFieldsChangedAfterPlanningAreRefused) {
   const Device dev = load_device(device_file());
-  Problem p;
-  p.seqlens = {256};
-  p.H = p.HV = 4;
-  const json good = plan_to_json(make_plan(p, dev, "hanpu"));
+  const json good = small_plan_json(dev);
   json j = good;
   auto it = j["kernels"][0]["peak_bytes"].begin();
   const std::string buf = it.key();
