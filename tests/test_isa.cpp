@@ -97,4 +97,21 @@ TEST(Isa, BadValueIsAOneLineErrorNamingIt) {
   EXPECT_NE(r.err.find("HANPU_ISA=nope"), std::string::npos) << r.err;
 }
 
+TEST(Isa, IsaCommandListsTheChoicesAndTheTarget) {
+  TempDir dir;
+  const auto listed = hanpu::testing::run_command(dir, "HANPU_ISA= " + shell_quote(HANPU_EXE) + " isa --choices");
+  ASSERT_EQ(listed.code, 0) << listed.err;
+  std::string expected;
+  for (const std::string& c : hanpu::cpu::isa_choices()) expected += c + "\n";
+  EXPECT_EQ(listed.out, expected);
+  const std::vector<std::string> choices = hanpu::cpu::isa_choices();
+  const std::string lowest = choices[choices.size() - 2];
+  const auto shown = hanpu::testing::run_command(dir, "HANPU_ISA= " + shell_quote(HANPU_EXE) + " --isa " + lowest + " isa");
+  ASSERT_EQ(shown.code, 0) << shown.err;
+  EXPECT_NE(shown.out.find("kernels: " + upper(lowest) + " (HANPU_ISA=" + lowest + ")"), std::string::npos) << shown.out;
+  const auto bad = hanpu::testing::run_command(dir, "HANPU_ISA=avx9 " + shell_quote(HANPU_EXE) + " isa");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("HANPU_ISA=avx9"), std::string::npos) << bad.err;
+}
+
 }  // namespace

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# ARM64: cross-builds the CPU kernels' tests with Debian's aarch64 toolchain against Debian's
+# multiarch arm64 packages and runs the LA, plan-execution and golden tests under qemu-user, once on
+# the emulated CPU's best SIMD target and once on every other target Highway compiled for ARM64
+# (HANPU_ISA, as scripts/test.sh does on x86). CI runs it after the sanitizer runs.
+#
+#   scripts/test_arm64.sh            (installs what it needs on Debian 12; run as root or with sudo)
+#
+# qemu-user emulates a CPU with SVE/SVE2 ("max"); its speed says nothing about a real ARM64 core.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  echo "test_arm64: adding the arm64 architecture to dpkg"
+  $SUDO dpkg --add-architecture arm64
+  $SUDO apt-get update -qq
+fi
+packages=(g++-aarch64-linux-gnu qemu-user libhwy-dev:arm64 libgtest-dev:arm64 libpcre2-dev:arm64
+          libutf8proc-dev:arm64 libexpat1-dev:arm64 nlohmann-json3-dev libcli11-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "test_arm64: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+build=build/arm64
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/toolchains/aarch64-linux-gnu.cmake" >/dev/null
+cmake --build "$build" --target hanpu test_la test_plan_exec test_golden
+
+run_arm64() { qemu-aarch64 -L / "$@"; }
+target_of() { HANPU_ISA="$1" run_arm64 "$build/hanpu" isa | sed -n 's/^kernels: \([^ ]*\).*/\1/p'; }
+native=$(target_of native)
+echo "== ARM64 under qemu-user: kernels on $native; HANPU_ISA choices: $(run_arm64 "$build/hanpu" isa --choices | tr '\n' ' ')=="
+tests='^(La|PlanExec|Golden)'
+results="$build/test-results"
+mkdir -p "$results"
+ctest --test-dir "$build" -R "$tests" -j2 --output-on-failure --output-junit "$PWD/$results/ctest-arm64-native.xml"
+# Every other target once (Debian 12's arm64 Highway 1.0.3 compiles NEON only, so "portable" is
+# NEON too and nothing runs twice).
+done_targets=" $native "
+for isa in $(run_arm64 "$build/hanpu" isa --choices | sed 1d); do
+  t=$(target_of "$isa")
+  [[ $done_targets == *" $t "* ]] && { echo "(HANPU_ISA=$isa is $t again: not run twice)"; continue; }
+  done_targets+="$t "
+  echo "== ARM64 under qemu-user, HANPU_ISA=$isa ($t) =="
+  HANPU_ISA="$isa" ctest --test-dir "$build" -R "$tests" -j2 --output-on-failure \
+    --output-junit "$PWD/$results/ctest-arm64-$isa.xml"
+done
