@@ -46,8 +46,11 @@ Qwen35Config parse_config_json(const json& top, const std::string& source) {
   const bool next = top_type == "qwen3_next" && (!nested || text_type.empty() || text_type == "qwen3_next");
   const bool q35_moe = moe(top_type) && (!nested || text_type.empty() || moe(text_type));
   const bool q35 = dense(top_type) && (!nested || text_type.empty() || dense(text_type));
+  if (!next && !q35 && !q35_moe && (dense(top_type) || moe(top_type) || top_type == "qwen3_next"))
+    fail(source, "model_type '" + top_type + "' with text_config.model_type '" + text_type +
+                     "': the text model's type does not belong to it");
   if (!next && !q35 && !q35_moe)
-    fail(source, "unknown model_type '" + (dense(top_type) || moe(top_type) ? text_type : top_type) +
+    fail(source, "unknown model_type '" + top_type +
                      "', expected 'qwen3_5' / 'qwen3_5_moe' (nested text_config), 'qwen3_5_text' / 'qwen3_5_moe_text' "
                      "(flat), 'qwen3_next' or 'kimi_linear'");
 
