@@ -36,9 +36,10 @@ std::string tiny(const char* name = "qwen35_tiny") { return (hanpu::testing::gol
 // The transformers-made checkpoints with a text-prompt record: Qwen3.5 and Qwen3-Next (fused
 // projections, MoE).
 constexpr const char* kGoldens[] = {"qwen35_tiny", "qwen3next_tiny"};
-// Every family's checkpoint: those two, Qwen3.5-MoE and Kimi Linear (KDA, MLA, sigmoid MoE; no
-// tokenizer.json: Kimi ships a tiktoken tokenizer, so it runs with --prompt-ids).
-constexpr const char* kAllFamilies[] = {"qwen35_tiny", "qwen3next_tiny", "qwen35moe_tiny", "kimi_linear_tiny"};
+// Every family's checkpoint: those two, Qwen3.5-MoE, Kimi Linear and Ling 3.0 (KDA, MLA, sigmoid
+// MoE; no tokenizer.json: they run with --prompt-ids).
+constexpr const char* kAllFamilies[] = {"qwen35_tiny", "qwen3next_tiny", "qwen35moe_tiny", "kimi_linear_tiny",
+                                        "bailing_hybrid_tiny"};
 
 struct Expected {
   std::vector<long long> prompt, greedy;
@@ -140,7 +141,7 @@ TEST(ModelCli, BenchModelJsonRows) {
         shares += row[k].get<double>();
       EXPECT_NEAR(shares, 1.0, 1e-9);
       // Time lands in the block kinds the model has, and only there.
-      const bool kda = std::string(golden) == "kimi_linear_tiny";
+      const bool kda = std::string(golden) == "kimi_linear_tiny" || std::string(golden) == "bailing_hybrid_tiny";
       EXPECT_EQ(row["share_kda"].get<double>() > 0, kda);
       EXPECT_EQ(row["share_gdn"].get<double>() > 0, !kda);
     }

@@ -30,18 +30,20 @@ using testing::TensorMap;
 
 fs::path qwen_moe_dir() { return testing::golden_dir() / "qwen35moe_tiny"; }
 fs::path kimi_dir() { return testing::golden_dir() / "kimi_linear_tiny"; }
+fs::path ling_dir() { return testing::golden_dir() / "bailing_hybrid_tiny"; }
 std::string read_file(const fs::path& p) { return testing::read_text(p.string()); }
 void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 
-// The sum of the elements of a checkpoint's text-model tensors (model.visual.* skipped).
-int64_t stored_parameters(const fs::path& dir) {
+// The sum of the elements of a checkpoint's text-model tensors (model.visual.* and names starting
+// with `skipped` left out).
+int64_t stored_parameters(const fs::path& dir, const std::string& skipped = "model.visual.") {
   int64_t n = 0;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
     if (name.rfind("model-", 0) != 0) continue;
     SafetensorsFile f = SafetensorsFile::open(e.path().string());
     for (const std::string& t : f.names())
-      if (t.rfind("model.visual.", 0) != 0) n += f.get(t).numel();
+      if (t.rfind("model.visual.", 0) != 0 && t.rfind(skipped, 0) != 0) n += f.get(t).numel();
   }
   return n;
 }
@@ -50,7 +52,7 @@ int64_t stored_parameters(const fs::path& dir) {
 template <int kWhich>
 class FamilyGolden : public ::testing::Test {
  protected:
-  static fs::path dir() { return kWhich == 0 ? qwen_moe_dir() : kimi_dir(); }
+  static fs::path dir() { return kWhich == 0 ? qwen_moe_dir() : kWhich == 1 ? kimi_dir() : ling_dir(); }
   static void SetUpTestSuite() {
     model_ = new HybridModel(HybridModel::load(dir().string()));
     expected_ = new Expected(testing::load_expected(dir()));
@@ -94,6 +96,7 @@ Expected* FamilyGolden<kWhich>::expected_ = nullptr;
 
 using Qwen35MoeGolden = FamilyGolden<0>;
 using KimiLinearGolden = FamilyGolden<1>;
+using BailingHybridGolden = FamilyGolden<2>;
 
 // ---- Qwen3.5-MoE ---------------------------------------------------------------------------------
 
@@ -337,6 +340,76 @@ TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
     Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
     EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 500, 500), 1e-10) << t;
   }
+}
+
+// ---- Ling 3.0 (bailing_hybrid) ----------------------------------------------------------------------
+
+TEST_F(BailingHybridGolden, ConfigReadFromTheBailingHybridConfig) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.model_type, "bailing_hybrid");
+  EXPECT_EQ(c.linear_mixer, TokenMixer::kKda);
+  EXPECT_EQ(c.attention_mixer, TokenMixer::kMla);
+  EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false, true}));
+  EXPECT_EQ(c.is_moe, (std::vector<bool>{false, true, true, true, true}));
+  EXPECT_FALSE(c.kda_low_rank_gates);
+  EXPECT_TRUE(c.kda_safe_gate);
+  EXPECT_DOUBLE_EQ(c.kda_lower_bound, -5.0);
+  EXPECT_EQ(c.linear_key_head_dim, 24);
+  EXPECT_TRUE(c.mla_rope);
+  EXPECT_TRUE(c.mla_head_gate);
+  EXPECT_EQ(c.mla_q_lora_rank, 20);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.num_expert_groups, 4);
+  EXPECT_EQ(c.topk_groups, 2);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  // The MTP layer (layers.5.*, after num_hidden_layers) is in the checkpoint but not in the model.
+  EXPECT_EQ(c.parameter_count(), stored_parameters(ling_dir(), "model.layers.5."));
+}
+
+TEST_F(BailingHybridGolden, LogitsMatchTransformersAtEveryPosition) {
+  testing::expect_logits_match_at_every_position(*model_, *expected_);
+}
+
+TEST_F(BailingHybridGolden, GreedyDecodeMatchesTransformers) {
+  testing::expect_greedy_decode_matches(*model_, *expected_);
+}
+
+TEST_F(BailingHybridGolden, PrefillPlusDecodeAndChunkedPrefillEqualOneWholePrefill) {
+  expect_decode_and_chunks_equal_whole_prefill();
+}
+
+TEST(BailingHybridConfig, UnsupportedOptionsAreNamed) {
+  const nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+  auto error_of = [&](const nlohmann::json& cfg) {
+    try {
+      parse_model_config(cfg.dump(), "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  nlohmann::json bad = j;
+  bad["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  EXPECT_NE(error_of(bad).find("rope_type 'yarn'"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["kda_lower_bound"] = 1.0;
+  EXPECT_NE(error_of(bad).find("kda_lower_bound"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["num_expert_group"] = 3;
+  EXPECT_NE(error_of(bad).find("expert groups"), std::string::npos) << error_of(bad);
+  // Without the safe gate the KDA gate is Kimi's softplus one (computed in the engine).
+  bad = j;
+  bad["kda_safe_gate"] = false;
+  EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda_safe_gate);
+}
+
+TEST(BailingHybridLoader, MissingTensorsNamed) {
+  TempDir tmp;
+  copy_checkpoint(ling_dir(), tmp.path(), [](const std::string&, TensorMap& m) {
+    m.erase("model.layers.2.attention.g_proj.weight");
+  });
+  std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("model.layers.2.attention.g_proj.weight"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -17,6 +17,17 @@ Writes (see tests/golden/README.md):
                                  3 KDA heads of 24; MLA 3 heads, kv_lora_rank 40, qk 16 nope + 8
                                  rope, v 20, no RoPE (kimi_linear has none); untied head; no
                                  tokenizer (Kimi's is tiktoken: hanpu runs it with --prompt-ids)
+  tests/golden/bailing_hybrid_tiny/ BailingHybridForCausalLM (model_type bailing_hybrid, Ling 3.0):
+                                 KDA, KDA, MLA, KDA, MLA; 3 KDA heads of 24 with full-rank f_proj /
+                                 g_proj and the safe gate (lower bound -5); MLA 3 heads with a q
+                                 LoRA of 20, kv_lora_rank 40, qk 16 + 8 with interleaved RoPE
+                                 (theta 1e4), v 20, the head-wise sigmoid output gate; layer 0
+                                 dense, the rest MoE (8 experts in 4 groups, best 2 groups, top-2,
+                                 sigmoid + expert_bias, scaling 2.5, a shared expert); an MTP layer
+                                 (layers.5.*) in its own shard that both sides skip; no tokenizer.
+                                 config.json's head_dim is set back to the KDA head dim after
+                                 save_pretrained (transformers writes qk_rope_head_dim there, which
+                                 would not reload the same model)
 Each directory holds what save_pretrained wrote (config.json, sharded model-*.safetensors and
 model.safetensors.index.json, BF16 weights: transformers writes the official layouts, i.e. one
 tensor set per expert, Kimi's block_sparse_moe.* / q_conv1d / k_conv1d / v_conv1d / f_a_proj
@@ -139,7 +150,7 @@ def kimi_router_gap(model, router_logits, cfg):
     return gap
 
 
-def write_golden(name, model, model_cls, out, gen, router_gap_fn, specials=None, meta_extra=None):
+def write_golden(name, model, model_cls, out, gen, router_gap_fn, specials=None, meta_extra=None, fix_checkpoint=None):
     import transformers
 
     os.makedirs(out, exist_ok=True)
@@ -147,6 +158,8 @@ def write_golden(name, model, model_cls, out, gen, router_gap_fn, specials=None,
         if f.endswith(".safetensors") or f == "model.safetensors.index.json":
             os.remove(os.path.join(out, f))
     copy.deepcopy(model).to(torch.bfloat16).save_pretrained(out, max_shard_size=SHARD_SIZE)
+    if fix_checkpoint:
+        fix_checkpoint(out)
 
     high = min(specials.values()) if specials else model.config.get_text_config().vocab_size
     prompt = torch.randint(0, high, (PROMPT_LEN,), generator=gen)
@@ -240,9 +253,61 @@ def make_kimi_linear(seed):
                  lambda rl: kimi_router_gap(model, rl, config), None, {"seed": str(seed)})
 
 
+def make_bailing_hybrid(seed):
+    import json
+
+    from safetensors.torch import save_file as save
+    from transformers import BailingHybridConfig, BailingHybridForCausalLM
+
+    out = os.path.join(GOLDEN, "bailing_hybrid_tiny")
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    config = BailingHybridConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=16, num_hidden_layers=5,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"],
+        first_k_dense_replace=1, num_attention_heads=3, num_key_value_heads=3, head_dim=24, kv_lora_rank=40,
+        q_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=20, short_conv_kernel_size=4,
+        num_local_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2, n_shared_experts=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, kda_safe_gate=True, kda_lower_bound=-5.0,
+        num_mtp_layers=1, pad_token_id=0, eos_token_id=2,
+    )
+    config._attn_implementation = "eager"
+    assert config.linear_head_dim == 24 and config.linear_num_heads == 3
+    model = BailingHybridForCausalLM(config).float().eval()
+    randomize(model, gen, plus_one_norms=False)
+
+    def fix_checkpoint(directory):
+        # BailingHybridConfig reads the KDA head dim from head_dim and then overwrites head_dim with
+        # qk_rope_head_dim, so save_pretrained writes 8 and from_pretrained would build 8-dim KDA
+        # heads; the official config carries the KDA head dim there. Restore it.
+        path = os.path.join(directory, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["head_dim"] = config.linear_head_dim
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=2, sort_keys=True)
+            f.write("\n")
+        # An MTP layer after the decoder, as Ling checkpoints store one (num_mtp_layers 1): both
+        # transformers and hanpu skip it.
+        mtp = {"model.layers.5.attention.dense.weight": torch.randn(64, 60, generator=gen).to(torch.bfloat16)}
+        save(mtp, os.path.join(directory, "model-mtp.safetensors"), metadata={"format": "pt"})
+        index_path = os.path.join(directory, "model.safetensors.index.json")
+        with open(index_path) as f:
+            index = json.load(f)
+        index["weight_map"].update({k: "model-mtp.safetensors" for k in mtp})
+        with open(index_path, "w") as f:
+            json.dump(index, f, indent=2, sort_keys=True)
+            f.write("\n")
+
+    write_golden("bailing_hybrid", model, BailingHybridForCausalLM, out, gen,
+                 lambda rl: kimi_router_gap(model, rl, config), None, {"seed": str(seed)}, fix_checkpoint)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", choices=["qwen3_5_moe", "kimi_linear"])
+    ap.add_argument("--only", choices=["qwen3_5_moe", "kimi_linear", "bailing_hybrid"])
+    ap.add_argument("--bailing-seed", type=int, default=5301)
     ap.add_argument("--qwen-seed", type=int, default=3555)
     ap.add_argument("--kimi-seed", type=int, default=4802)
     args = ap.parse_args()
@@ -250,6 +315,8 @@ def main():
         make_qwen35_moe(args.qwen_seed)
     if args.only in (None, "kimi_linear"):
         make_kimi_linear(args.kimi_seed)
+    if args.only in (None, "bailing_hybrid"):
+        make_bailing_hybrid(args.bailing_seed)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ enum class TokenMixer {
   kGdn,             // Gated DeltaNet (Qwen3.5, Qwen3-Next linear_attn)
   kKda,             // Kimi Delta Attention, FLA's KimiDeltaAttention layer (Kimi Linear)
   kGatedAttention,  // GQA with q/k norms, partial RoPE and a sigmoid output gate (Qwen3.5, Qwen3-Next)
-  kMla,             // multi-head latent attention with a compressed KV cache (Kimi Linear: no RoPE)
+  kMla,             // multi-head latent attention with a compressed KV cache (Kimi Linear: no RoPE; Ling: RoPE)
 };
 const char* token_mixer_name(TokenMixer m);  // "GDN", "KDA", "attention", "MLA"
 
@@ -48,6 +48,10 @@ enum class RouterScoring {
 /// Checkpoint names that differ between families (the rest are shared: embed_tokens, layers.{i}.
 /// input_layernorm / post_attention_layernorm, norm, lm_head).
 struct CheckpointNames {
+  std::string embed_tokens = "embed_tokens.";     // Ling: word_embeddings.
+  std::string attention = "self_attn.";           // module of the full-attention layers (Ling: attention.)
+  std::string attention_out = "o_proj";           // output projection of attention and KDA (Ling: dense)
+  std::string router_score_bias = "gate.e_score_correction_bias";  // Ling: gate.expert_bias
   std::string linear_attention = "linear_attn.";  // module of the GDN/KDA layers
   /// Module of the channel mixer, in the order tried: Kimi's official checkpoints use
   /// block_sparse_moe. for MoE layers and mlp. for dense ones; save_pretrained writes
@@ -61,7 +65,7 @@ struct CheckpointNames {
 /// Layer i's token mixer is `attention_mixer` when is_full_attention[i], else `linear_mixer`;
 /// its channel mixer is the MoE block when is_moe[i], else the SwiGLU MLP of intermediate_size.
 struct ModelConfig {
-  std::string model_type;  // of the text model: "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "kimi_linear"
+  std::string model_type;  // of the text model: "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "kimi_linear", "bailing_hybrid"
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
   TokenMixer linear_mixer = TokenMixer::kGdn, attention_mixer = TokenMixer::kGatedAttention;
   /// Qwen's zero-centred RMSNorms multiply by (1 + w); Kimi's by w.
@@ -74,6 +78,18 @@ struct ModelConfig {
   /// MLA: q_lora_rank 0 means a full-rank q_proj; keys are [nope | rope] dims, values v_head_dim.
   int64_t mla_q_lora_rank = 0, mla_kv_lora_rank = 0, mla_qk_nope_head_dim = 0, mla_qk_rope_head_dim = 0,
           mla_v_head_dim = 0;
+  /// MLA RoPE (Ling): DeepSeek's interleaved-pair rotation of the rope dims of q and of the cached
+  /// shared key, theta rope_theta; Kimi's MLA has none.
+  bool mla_rope = false;
+  /// MLA head-wise output gate (Ling): each head's output times sigmoid(g_proj(x))[head].
+  bool mla_head_gate = false;
+  /// KDA gate projections: Kimi's low-rank f_a/f_b and g_a/g_b (rank head_dim, A_log stored
+  /// [1,1,H,1]), or Ling's full-rank f_proj and g_proj (A_log [H]).
+  bool kda_low_rank_gates = true;
+  /// KDA safe gate (Ling): g = kda_lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), in (lower_bound, 0),
+  /// instead of -exp(A_log) * softplus(f + dt_bias).
+  bool kda_safe_gate = false;
+  double kda_lower_bound = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   std::vector<bool> is_full_attention;  // per layer (layer_types)
@@ -124,7 +140,7 @@ struct ModelConfig {
 using Qwen35Config = ModelConfig;  // the name from when Qwen3.5 was the only family
 
 /// Parses a config.json of any supported family, dispatching on model_type: qwen3_5 (nested
-/// text_config) / qwen3_5_text, qwen3_5_moe / qwen3_5_moe_text, qwen3_next, kimi_linear.
+/// text_config) / qwen3_5_text, qwen3_5_moe / qwen3_5_moe_text, qwen3_next, kimi_linear, bailing_hybrid.
 /// `source` names the file in errors. Throws hanpu::Error for an unsupported model_type (naming
 /// it and the supported ones) or a missing/invalid field, naming it.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
@@ -133,6 +149,8 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source);
 /// The Kimi Linear parser (kimi_linear).
 ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source);
+/// The Ling 3.0 parser (bailing_hybrid).
+ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source);
 
 /// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b";
 /// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +

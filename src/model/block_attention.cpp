@@ -1,4 +1,5 @@
 // The full-attention token mixers: gated GQA attention and multi-head latent attention (blocks.hpp).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -102,7 +103,14 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
   }
   kv_a_proj = w.projection(a + "kv_a_proj_with_mqa.weight", r + rope, H);
   kv_a_norm = w.norm_scale(a + "kv_a_layernorm.weight", r, c.norm_weight_plus_one);
-  o_proj = w.projection(a + "o_proj.weight", H, nh * dv);
+  o_proj = w.projection(a + c.names.attention_out + ".weight", H, nh * dv);
+  if (c.mla_head_gate) head_gate = w.projection(a + "g_proj.weight", nh, H);
+  if (c.mla_rope) {
+    inv_freq.resize(static_cast<size_t>(rope / 2));
+    for (int64_t i = 0; i < rope / 2; ++i)  // as transformers: float32 theta^(2i/dim), dim = qk_rope_head_dim
+      inv_freq[static_cast<size_t>(i)] =
+          1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(rope));
+  }
   // kv_b_proj [nh·(nope + v), r]: per head nope rows of W_uk, then v rows of W_uv. The absorbed
   // query projection needs W_ukᵀ: a transposed copy of the same values (bit-exact in any dtype).
   const std::string kvb = a + "kv_b_proj.weight";
@@ -145,6 +153,33 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   float* fresh = cache.data() + p0 * cdim;
   kv_a_proj.forward(h, H, fresh, cdim, T, th, false, prec);
   rms_norm_rows(fresh, cdim, fresh, cdim, T, r, kv_a_norm.data(), eps, th);
+  if (c.mla_rope) {
+    // DeepSeek's interleaved RoPE (transformers' apply_rotary_pos_emb_interleave): the pairs
+    // (x0, x1), (x2, x3), ... rotate by one angle each and come out de-interleaved,
+    // [x_even·cos - x_odd·sin | x_odd·cos + x_even·sin], for q and the cached shared key alike.
+    const int64_t half = rope / 2;
+    parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+      std::vector<float> cs(static_cast<size_t>(rope)), tmp(static_cast<size_t>(rope));
+      auto rotate = [&](float* x) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float even = x[2 * i], odd = x[2 * i + 1];
+          tmp[static_cast<size_t>(i)] = even * cs[static_cast<size_t>(i)] - odd * cs[static_cast<size_t>(half + i)];
+          tmp[static_cast<size_t>(half + i)] = odd * cs[static_cast<size_t>(i)] + even * cs[static_cast<size_t>(half + i)];
+        }
+        std::copy(tmp.begin(), tmp.end(), x);
+      };
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const float pos = static_cast<float>(p0 + t);
+        for (int64_t i = 0; i < half; ++i) {  // float32 angle, then cos/sin, as transformers
+          const float ang = pos * inv_freq[static_cast<size_t>(i)];
+          cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(static_cast<double>(ang)));
+          cs[static_cast<size_t>(half + i)] = static_cast<float>(std::sin(static_cast<double>(ang)));
+        }
+        rotate(fresh + t * cdim + r);
+        for (int64_t hh = 0; hh < nh; ++hh) rotate(q + (t * nh + hh) * qk + nope);
+      }
+    });
+  }
   // Absorbed queries [W_ukᵀ q_nope | q_rope] per head, in the cache's row layout.
   float* ql = scratch(kLatentQ, T * nh * cdim);
   for (int64_t hh = 0; hh < nh; ++hh)
@@ -168,6 +203,16 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   float* attn = scratch(kAttn, T * nh * dv);
   for (int64_t hh = 0; hh < nh; ++hh)
     value_up[static_cast<size_t>(hh)].forward(ol + hh * cdim, nh * cdim, attn + hh * dv, nh * dv, T, th, false, prec);
+  if (c.mla_head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
+    float* score = scratch(kSharedScore, T * nh);
+    head_gate.forward(h, H, score, nh, T, th, false, prec);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const float g = 1.0f / (1.0f + std::exp(-score[t * nh + hh]));
+        float* o = attn + (t * nh + hh) * dv;
+        for (int64_t i = 0; i < dv; ++i) o[i] *= g;
+      }
+  }
   o_proj.forward(attn, nh * dv, x, H, T, th, true, prec);
   run.times.attn_proj += seconds_since(t0);
 }

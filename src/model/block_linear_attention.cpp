@@ -1,6 +1,7 @@
 // The linear-attention token mixers: Gated DeltaNet and Kimi Delta Attention (blocks.hpp). Both run
 // the LA engine of include/hanpu/la.hpp from the layer's recurrent state: a prefill (T > 1) through
 // gdn_prefill / kda_prefill, a decode step (T = 1) through gdn_decode / kda_decode.
+#include <cmath>
 #include <cstring>
 
 #include "hanpu/la.hpp"
@@ -23,9 +24,11 @@ namespace {
 
 // Runs the LA engine over the conv output `conv` ([T, conv_dim] rows holding q | k | v) into `o`
 // [T, HV, V]: a prefill from the recurrent state (replaced by the final state), or decode steps.
+// With gate_in_kernel the engine turns the raw g into -exp(A_log)·softplus(g + dt_bias); without, g
+// is the finished log decay.
 void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t conv_dim, int64_t nk, int64_t nv,
-                int64_t dk, int64_t dv, TensorView g, TensorView beta, const std::vector<float>& A_log,
-                const std::vector<float>& dt_bias, Tensor& state, float* o) {
+                int64_t dk, int64_t dv, TensorView g, TensorView beta, bool gate_in_kernel,
+                const std::vector<float>& A_log, const std::vector<float>& dt_bias, Tensor& state, float* o) {
   const int64_t T = r.T, kd = nk * dk;
   LaInputs in;
   auto view = [&](const float* base, int64_t heads, int64_t dim) {
@@ -39,12 +42,14 @@ void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t c
   in.v = view(conv + 2 * kd, nv, dv);
   in.g = g;
   in.beta = beta;
-  in.A_log = TensorView::contiguous(const_cast<float*>(A_log.data()), DType::F32, {nv});
-  in.dt_bias = TensorView::contiguous(const_cast<float*>(dt_bias.data()), DType::F32,
-                                      {static_cast<int64_t>(dt_bias.size())});
   LaOptions lo;
   lo.qk_l2norm = true;
-  lo.gate_in_kernel = true;  // g = -exp(A_log) * softplus(raw + dt_bias), in fp32
+  if (gate_in_kernel) {
+    in.A_log = TensorView::contiguous(const_cast<float*>(A_log.data()), DType::F32, {nv});
+    in.dt_bias = TensorView::contiguous(const_cast<float*>(dt_bias.data()), DType::F32,
+                                        {static_cast<int64_t>(dt_bias.size())});
+    lo.gate_in_kernel = true;  // g = -exp(A_log) * softplus(raw + dt_bias), in fp32
+  }
   lo.beta_sigmoid = true;
   TensorView ov = TensorView::contiguous(o, DType::F32, {1, T, nv, dv});
   const int th = r.opt.threads;
@@ -126,7 +131,7 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   float* o = scratch(kO, T * vd);
   run_engine(Variant::GDN, r, conv, cd, c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
              TensorView::contiguous(a, DType::F32, {1, T, nv}), TensorView::contiguous(b, DType::F32, {1, T, nv}),
-             A_log, dt_bias, recurrent_state, o);
+             true, A_log, dt_bias, recurrent_state, o);
   r.times.gdn_engine += seconds_since(t0);
 
   t0 = Clock::now();
@@ -154,17 +159,24 @@ void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
   } else {
     append_conv_taps(w.floats(p + "conv1d.weight", {3 * qkv, 1, K}), 3 * qkv, K, 0, 3 * qkv, conv_taps);
   }
-  // The forget gate: official names sit on the layer; transformers' module nests them in forget_gate.
-  const std::string f = w.has(p + "f_a_proj.weight") || !w.has(p + "forget_gate.f_a_proj.weight") ? p : p + "forget_gate.";
-  f_a = w.projection(f + "f_a_proj.weight", dk, H);
-  f_b = w.projection(f + "f_b_proj.weight", qkv, dk);
-  A_log = w.floats(f + "A_log", {1, 1, nh, 1});
+  // The gates: official names sit on the layer; transformers' module nests the forget gate's in
+  // forget_gate.
+  const std::string f = w.has(p + "forget_gate.A_log") && !w.has(p + "A_log") ? p + "forget_gate." : p;
+  if (c.kda_low_rank_gates) {
+    f_a = w.projection(f + "f_a_proj.weight", dk, H);
+    f_b = w.projection(f + "f_b_proj.weight", qkv, dk);
+    g_a = w.projection(p + "g_a_proj.weight", dk, H);
+    g_b = w.projection(p + "g_b_proj.weight", qkv, dk);
+    A_log = w.floats(f + "A_log", {1, 1, nh, 1});
+  } else {
+    f_proj = w.projection(f + "f_proj.weight", qkv, H);
+    g_proj = w.projection(p + "g_proj.weight", qkv, H);
+    A_log = w.floats(f + "A_log", {nh});
+  }
   dt_bias = w.floats(f + "dt_bias", {qkv});
   b_proj = w.projection(p + "b_proj.weight", nh, H);
-  g_a = w.projection(p + "g_a_proj.weight", dk, H);
-  g_b = w.projection(p + "g_b_proj.weight", qkv, dk);
   o_norm = w.floats(p + "o_norm.weight", {dk});
-  o_proj = w.projection(p + "o_proj.weight", H, qkv);
+  o_proj = w.projection(p + c.names.attention_out + ".weight", H, qkv);
 }
 
 void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_state, const float* h, float* x) const {
@@ -178,15 +190,20 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   q_proj.forward(h, H, mixed, cd, T, th, false, prec);
   k_proj.forward(h, H, mixed + qkv, cd, T, th, false, prec);
   v_proj.forward(h, H, mixed + 2 * qkv, cd, T, th, false, prec);
-  float* low = scratch(kLowRank, T * dk);
   float* f = scratch(kA, T * qkv);
-  f_a.forward(h, H, low, dk, T, th, false, prec);
-  f_b.forward(low, dk, f, qkv, T, th, false, prec);
+  float* gate = scratch(kGateOut, T * qkv);
+  if (c.kda_low_rank_gates) {
+    float* low = scratch(kLowRank, T * dk);
+    f_a.forward(h, H, low, dk, T, th, false, prec);
+    f_b.forward(low, dk, f, qkv, T, th, false, prec);
+    g_a.forward(h, H, low, dk, T, th, false, prec);
+    g_b.forward(low, dk, gate, qkv, T, th, false, prec);
+  } else {
+    f_proj.forward(h, H, f, qkv, T, th, false, prec);
+    g_proj.forward(h, H, gate, qkv, T, th, false, prec);
+  }
   float* b = scratch(kB, T * nh);
   b_proj.forward(h, H, b, nh, T, th, false, prec);
-  float* gate = scratch(kGateOut, T * qkv);
-  g_a.forward(h, H, low, dk, T, th, false, prec);
-  g_b.forward(low, dk, gate, qkv, T, th, false, prec);
   r.times.kda_proj += seconds_since(t0);
 
   t0 = Clock::now();
@@ -195,9 +212,23 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   r.times.kda_conv += seconds_since(t0);
 
   t0 = Clock::now();
+  if (c.kda_safe_gate) {
+    // Ling's safe gate, as BailingHybridForgetGate: lower_bound · sigmoid(exp(A_log[h]) · (f + dt_bias)),
+    // in fp32; the engine then takes it as the finished log decay.
+    const float lb = static_cast<float>(c.kda_lower_bound);
+    parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t t = t_begin; t < t_end; ++t)
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          const float rate = std::exp(A_log[static_cast<size_t>(hh)]);
+          float* fr = f + t * qkv + hh * dk;
+          const float* bias = dt_bias.data() + hh * dk;
+          for (int64_t i = 0; i < dk; ++i) fr[i] = lb / (1.0f + std::exp(-(rate * (fr[i] + bias[i]))));
+        }
+    });
+  }
   float* o = scratch(kO, T * qkv);
   run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, TensorView::contiguous(f, DType::F32, {1, T, nh, dk}),
-             TensorView::contiguous(b, DType::F32, {1, T, nh}), A_log, dt_bias, recurrent_state, o);
+             TensorView::contiguous(b, DType::F32, {1, T, nh}), !c.kda_safe_gate, A_log, dt_bias, recurrent_state, o);
   r.times.kda_engine += seconds_since(t0);
 
   // o_norm: RMSNorm per head with the raw weight, times sigmoid of the output gate (FLA's

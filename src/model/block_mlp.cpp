@@ -30,7 +30,7 @@ void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot
 void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::string& m) {
   const int64_t H = c.hidden_size, E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   router = w.projection(m + "gate.weight", E, H);
-  if (c.router_score_bias) score_bias = w.floats(m + "gate.e_score_correction_bias", {E});
+  if (c.router_score_bias) score_bias = w.floats(m + c.names.router_score_bias, {E});
   const CheckpointNames& n = c.names;
   // Experts: one tensor set per expert (official checkpoints, save_pretrained), or the fused 3-D
   // tensors of transformers' in-memory layout (gate_up_proj [E, 2·Im, H]: gate rows then up rows).

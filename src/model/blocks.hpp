@@ -39,11 +39,12 @@ struct GdnMixer {
 /// Kimi Delta Attention as FLA's KimiDeltaAttention layer (reference-models.md §4.1-4.2): q/k/v
 /// projections each with its own causal depthwise conv + SiLU (stored as q_conv1d / k_conv1d /
 /// v_conv1d, or concatenated as one conv1d by transformers' in-memory layout), the low-rank forget
-/// gate f_b(f_a(x)) turned into g = -exp(A_log[h])·softplus(f + dt_bias) per channel inside the KDA
-/// engine, beta = sigmoid(b_proj(x)), q/k L2 norm in the engine, then o_norm(o)·sigmoid(g_b(g_a(x)))
-/// and o_proj.
+/// gate f_b(f_a(x)) (Ling: full-rank f_proj(x)) turned into g = -exp(A_log[h])·softplus(f + dt_bias)
+/// per channel inside the KDA engine (Ling's safe gate lower_bound·sigmoid(exp(A_log)·(f + dt_bias))
+/// computed here and passed as the finished g), beta = sigmoid(b_proj(x)), q/k L2 norm in the
+/// engine, then o_norm(o)·sigmoid(g_b(g_a(x))) (Ling: g_proj(x)) and o_proj.
 struct KdaMixer {
-  Projection q_proj, k_proj, v_proj, f_a, f_b, b_proj, g_a, g_b, o_proj;
+  Projection q_proj, k_proj, v_proj, f_a, f_b, f_proj, b_proj, g_a, g_b, g_proj, o_proj;
   std::vector<float> conv_taps;  // [K, 3·H·K]: the q, k and v convs side by side, transposed
   std::vector<float> A_log, dt_bias, o_norm;  // [H], [H·K], [K] (raw weight)
 
@@ -64,14 +65,17 @@ struct GatedAttention {
                float* x) const;
 };
 
-/// Multi-head latent attention without RoPE (reference-models.md §4.4; KimiLinearAttention): queries
+/// Multi-head latent attention (reference-models.md §4.4; KimiLinearAttention, BailingHybridAttention): queries
 /// from q_proj (or q_b(norm(q_a(x))) with a q LoRA), the compressed row [c | k_rope] =
 /// kv_a_proj_with_mqa(x) with c RMS-normed, keys [W_uk c | k_rope] and values W_uv c per head from
 /// kv_b_proj. The cache holds only [c | k_rope] per token. Attention runs in the latent space with
 /// W_uk absorbed into the queries (q_lat = [W_ukᵀ q_nope | q_rope], one shared "KV head" of the
 /// cached rows) and W_uv applied after: softmax(q·k) v = W_uv Σ p c, exactly the expanded form.
+/// With RoPE (Ling) the rope dims of q and of the shared key are rotated (interleaved pairs) before
+/// the key is cached; with the head gate each head's output is scaled by sigmoid(g_proj(x)).
 struct MlaAttention {
-  Projection q_proj, q_a_proj, q_b_proj, kv_a_proj, o_proj;
+  Projection q_proj, q_a_proj, q_b_proj, kv_a_proj, o_proj, head_gate;
+  std::vector<float> inv_freq;  // [qk_rope_head_dim / 2], with RoPE
   std::vector<float> q_a_norm, kv_a_norm;
   std::vector<Projection> key_absorb;  // per head: W_uk_hᵀ [kv_lora_rank, qk_nope_head_dim]
   std::vector<Projection> value_up;    // per head: W_uv_h [v_head_dim, kv_lora_rank]

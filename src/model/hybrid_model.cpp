@@ -232,11 +232,11 @@ struct HybridModel::Impl {
     const ModelConfig& c = cfg;
     c.check();
     const int64_t H = c.hidden_size;
-    embed = w.get(prefix + "embed_tokens.weight", {c.vocab_size, H});
+    embed = w.get(prefix + c.names.embed_tokens + "weight", {c.vocab_size, H});
     final_norm = w.norm_scale(prefix + "norm.weight", H, c.norm_weight_plus_one);
     if (c.tie_word_embeddings || !have_lm_head) {
       if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
-      lm_head = model::Projection(embed, prefix + "embed_tokens.weight (tied LM head)");
+      lm_head = model::Projection(embed, prefix + c.names.embed_tokens + "weight (tied LM head)");
     } else {
       lm_head = w.projection("lm_head.weight", c.vocab_size, H);
     }
@@ -252,8 +252,8 @@ struct HybridModel::Impl {
       switch (L.mixer) {
         case TokenMixer::kGdn: L.gdn.load(c, w, p + c.names.linear_attention); break;
         case TokenMixer::kKda: L.kda.load(c, w, p + c.names.linear_attention); break;
-        case TokenMixer::kGatedAttention: L.attn.load(c, w, p + "self_attn."); break;
-        case TokenMixer::kMla: L.mla.load(c, w, p + "self_attn."); break;
+        case TokenMixer::kGatedAttention: L.attn.load(c, w, p + c.names.attention); break;
+        case TokenMixer::kMla: L.mla.load(c, w, p + c.names.attention); break;
       }
       L.moe = c.layer_is_moe(i);
       const std::string m = channel_module(w, p, L.moe);
@@ -310,8 +310,8 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
     if (ends("linear_attn.norm.weight") || ends("o_norm.weight")) return src.make(shape, 0.1, 1.0);
     if (ends("norm.weight")) return src.make(shape, 0.1, c.norm_weight_plus_one ? 0.0 : 1.0);
     if (ends("conv1d.weight")) return src.make(shape, 0.5);
-    if (ends("embed_tokens.weight")) return src.make(shape, 1.0);
-    if (ends("e_score_correction_bias")) return src.make(shape, 0.01);
+    if (ends("embed_tokens.weight") || ends("word_embeddings.weight")) return src.make(shape, 1.0);
+    if (ends("e_score_correction_bias") || ends("expert_bias")) return src.make(shape, 0.01);
     return src.make(shape, 1.0 / std::sqrt(static_cast<double>(shape.back())));
   };
   model::WeightReader w;
@@ -319,6 +319,7 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
   // The synthetic layout is the official one: separate KDA convs, per-expert tensors, mlp. names.
   w.has = [&](const std::string& name) {
     return name.find("q_conv1d") != std::string::npos || name.find("f_a_proj") != std::string::npos ||
+           name.find("f_proj") != std::string::npos ||
            name.find("experts.0.") != std::string::npos ||
            name.find(c.names.channel_mixer.front()) != std::string::npos;
   };

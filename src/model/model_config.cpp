@@ -58,6 +58,8 @@ void ModelConfig::check() const {
     if (attention_mixer == TokenMixer::kMla &&
         (mla_kv_lora_rank < 1 || mla_qk_nope_head_dim < 1 || mla_qk_rope_head_dim < 1 || mla_v_head_dim < 1))
       fail("MLA needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim >= 1");
+    if (attention_mixer == TokenMixer::kMla && mla_rope && mla_qk_rope_head_dim % 2 != 0)
+      fail("MLA RoPE needs an even qk_rope_head_dim");
   }
   if (num_moe_layers() > 0) {
     if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
@@ -80,7 +82,8 @@ int64_t ModelConfig::parameter_count() const {
   } else {
     const int64_t nh = num_heads, qk = mla_qk_head_dim(), r = mla_kv_lora_rank;
     attn = (mla_q_lora_rank > 0 ? H * mla_q_lora_rank + mla_q_lora_rank + mla_q_lora_rank * nh * qk : H * nh * qk) +
-           H * (r + mla_qk_rope_head_dim) + r + r * nh * (mla_qk_nope_head_dim + mla_v_head_dim) + nh * mla_v_head_dim * H;
+           H * (r + mla_qk_rope_head_dim) + r + r * nh * (mla_qk_nope_head_dim + mla_v_head_dim) + nh * mla_v_head_dim * H +
+           (mla_head_gate ? H * nh : 0);
   }
   int64_t linear = 0;
   const int64_t nv = linear_num_value_heads;
@@ -89,8 +92,8 @@ int64_t ModelConfig::parameter_count() const {
              linear_value_head_dim + gdn_value_dim() * H;
   } else {
     const int64_t dk = linear_key_head_dim, qkv = nv * dk;
-    linear = 3 * H * qkv + 3 * qkv * linear_conv_kernel + (H * dk + dk * qkv) + nv + qkv + H * nv + (H * dk + dk * qkv) +
-             dk + qkv * H;
+    const int64_t gate = kda_low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
+    linear = 3 * H * qkv + 3 * qkv * linear_conv_kernel + gate + nv + qkv + H * nv + gate + dk + qkv * H;
   }
   const int64_t dense_mlp = 3 * H * intermediate_size;
   const int64_t moe = H * num_experts + (router_score_bias ? num_experts : 0) + num_experts * 3 * H * moe_intermediate_size +
@@ -123,11 +126,15 @@ std::string ModelConfig::describe() const {
        << " dims, theta " << rope_theta << ")";
   else
     os << ", MLA " << num_heads << " heads, latent " << mla_kv_lora_rank << " + " << mla_qk_rope_head_dim << " (qk "
-       << mla_qk_nope_head_dim << "+" << mla_qk_rope_head_dim << ", v " << mla_v_head_dim << ", no RoPE)";
+       << mla_qk_nope_head_dim << "+" << mla_qk_rope_head_dim << ", v " << mla_v_head_dim
+       << (mla_q_lora_rank > 0 ? ", q LoRA " + std::to_string(mla_q_lora_rank) : std::string())
+       << (mla_rope ? ", RoPE theta " + std::to_string(static_cast<int64_t>(rope_theta)) : std::string(", no RoPE"))
+       << (mla_head_gate ? ", head gate" : "") << ")";
   if (linear_mixer == TokenMixer::kGdn)
     os << ", GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads << "v x " << linear_key_head_dim;
   else
-    os << ", KDA " << linear_num_value_heads << " heads x " << linear_key_head_dim;
+    os << ", KDA " << linear_num_value_heads << " heads x " << linear_key_head_dim
+       << (kda_safe_gate ? " (safe gate, lower bound " + std::to_string(kda_lower_bound) + ")" : "");
   os << ", " << (tie_word_embeddings ? "tied" : "untied") << " head, " << static_cast<double>(parameter_count()) / 1e9
      << "B parameters";
   return os.str();
@@ -164,11 +171,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                                ? top["model_type"].get<std::string>()
                                : "";
   if (type == "kimi_linear") return parse_kimi_linear_config(json_text, source);
-  if (type == "bailing_hybrid" || type == "bailing_moe_v3")
-    model::config_fail(source, "model_type '" + type +
-                                   "' (Ling 3.0: KDA with the safe gate and lower bound, MLA with RoPE) is not supported "
-                                   "yet; hanpu runs qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next and "
-                                   "kimi_linear");
+  if (type == "bailing_hybrid") return parse_bailing_hybrid_config(json_text, source);
   return parse_qwen35_config(json_text, source);  // the Qwen family, and the errors for unknown types
 }
 
