@@ -403,6 +403,23 @@ TEST(BailingHybridConfig, UnsupportedOptionsAreNamed) {
   EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda_safe_gate);
 }
 
+TEST_F(BailingHybridGolden, SafeGateAndRopeEachMoveTheLogits) {
+  // The golden is sensitive to both Ling-specific parts: the softplus gate instead of the safe
+  // gate, or another RoPE theta, each leave transformers' logits far behind.
+  const std::vector<int32_t> ids = expected_->full_sequence();
+  for (const char* edit : {"no safe gate", "rope theta"}) {
+    TempDir tmp;
+    copy_checkpoint(ling_dir(), tmp.path());
+    nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+    if (std::string(edit) == "no safe gate") j["kda_safe_gate"] = false;
+    else j["rope_parameters"]["rope_theta"] = 500.0;
+    write_file(tmp.path() / "config.json", j.dump());
+    HybridModel m = HybridModel::load(tmp.path().string());
+    Tensor got = all_logits(m, ids);
+    EXPECT_GT(nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel()), 1e-3) << edit;
+  }
+}
+
 TEST(BailingHybridLoader, MissingTensorsNamed) {
   TempDir tmp;
   copy_checkpoint(ling_dir(), tmp.path(), [](const std::string&, TensorMap& m) {
