@@ -148,6 +148,17 @@ TEST(ModelCli, BenchModelJsonRows) {
   }
 }
 
+TEST(ModelCli, BenchModelSyntheticFromAConfigJson) {
+  // Random weights of the shapes any family's config.json gives (here the Ling golden's).
+  TempDir tmp;
+  const RunResult r = run_hanpu(tmp, "bench-model --synthetic " + quote(tiny("bailing_hybrid_tiny") + "/config.json") +
+                                         " -p 20 --threads 1 --decode-tokens 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json row = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  EXPECT_GT(row["share_kda"].get<double>(), 0);
+  EXPECT_GT(row["decode_tokens_per_s"].get<double>(), 0);
+}
+
 TEST(ModelCli, TextPromptWithoutTokenizerNamesTheFix) {
   TempDir tmp;
   const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny("kimi_linear_tiny")) + " --prompt hello -n 2");

@@ -20,6 +20,8 @@
 #include "cpu/thread_pool.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 
 namespace {
@@ -178,7 +180,8 @@ struct BenchModelArgs {
 };
 
 void run_bench_model(const BenchModelArgs& a) {
-  if (a.model_dir.empty() == a.synthetic.empty()) throw Error("give exactly one of --model and --synthetic");
+  if (a.model_dir.empty() == a.synthetic.empty())
+    throw Error("give exactly one of --model and --synthetic (a preset name or a config.json)");
   // Checked before the model is built (docs/RELIABILITY.md): Qwen3.5's context is 262,144 tokens.
   for (int64_t T : a.prompt_lengths)
     if (T > kMaxPromptTokens)
@@ -187,7 +190,13 @@ void run_bench_model(const BenchModelArgs& a) {
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   const LinearPrecision precision = linear_precision_from_name(a.precision);
   const auto t_load = Clock::now();
-  HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(qwen35_preset(a.synthetic), a.seed, threads)
+  // --synthetic takes a preset name or any family's config.json (random weights of its shapes).
+  auto synthetic_config = [&]() -> ModelConfig {
+    if (a.synthetic.size() > 5 && a.synthetic.compare(a.synthetic.size() - 5, 5, ".json") == 0)
+      return parse_model_config(read_regular_file(a.synthetic, "config file", kMaxJsonFileBytes), a.synthetic);
+    return qwen35_preset(a.synthetic);
+  };
+  HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(synthetic_config(), a.seed, threads)
                                           : HybridModel::load(a.model_dir, {.progress = !a.json});
   const double load_s = seconds_since(t_load);
   const ModelConfig& cfg = model.config();
@@ -313,7 +322,8 @@ void register_model_commands(CLI::App& app) {
   b->add_option("--model", bench->model_dir, "checkpoint directory");
   std::string presets;
   for (const std::string& p : qwen35_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
-  b->add_option("--synthetic", bench->synthetic, "random bf16 weights of a published size: " + presets);
+  b->add_option("--synthetic", bench->synthetic,
+                "random bf16 weights of a published size (" + presets + ") or of the shapes a config.json (any family) gives");
   b->add_option("-p,--prompt-lengths", bench->prompt_lengths, "prompt lengths (default 512,2048)")->delimiter(',');
   b->add_option("--threads", bench->threads, "threads (default all)")->check(CLI::Range(1, 1024));
   b->add_option("--decode-tokens", bench->decode_tokens, "decode steps measured after each prefill (default 16)")
