@@ -310,7 +310,7 @@ TEST(KimiLinearLoader, OfficialDenseMlpNameAndMissingTensorsNamed) {
 }
 
 TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
-  const ModelConfig c = qwen35_preset("kimi-linear-48b-a3b-slice");
+  const ModelConfig c = model_preset("kimi-linear-48b-a3b-slice");
   EXPECT_EQ(c.num_kda_layers(), 3);
   EXPECT_EQ(c.num_attention_layers(), 1);
   EXPECT_EQ(c.mla_cache_dim(), 576);  // reference-models.md §4.4: 576 values per token per layer

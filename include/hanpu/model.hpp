@@ -157,9 +157,11 @@ ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std:
 /// 1 attention) and 64 of its 512 experts, so it fits in a few GB; "kimi-linear-48b-a3b-slice":
 /// Kimi-Linear-48B-A3B's layer shapes, 4 of its 27 layers (dense KDA layer 0, two MoE KDA layers,
 /// one MoE MLA layer) and 64 of its 256 experts.
-ModelConfig qwen35_preset(const std::string& name);
-/// The names qwen35_preset accepts, for help texts.
-std::vector<std::string> qwen35_preset_names();
+ModelConfig model_preset(const std::string& name);
+/// The names model_preset accepts, for help texts.
+std::vector<std::string> model_preset_names();
+inline ModelConfig qwen35_preset(const std::string& name) { return model_preset(name); }  // older names
+inline std::vector<std::string> qwen35_preset_names() { return model_preset_names(); }
 
 struct ModelLoadOptions {
   /// Draw a progress bar on stderr while the weights are paged in (done for files above

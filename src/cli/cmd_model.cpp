@@ -194,7 +194,7 @@ void run_bench_model(const BenchModelArgs& a) {
   auto synthetic_config = [&]() -> ModelConfig {
     if (a.synthetic.size() > 5 && a.synthetic.compare(a.synthetic.size() - 5, 5, ".json") == 0)
       return parse_model_config(read_regular_file(a.synthetic, "config file", kMaxJsonFileBytes), a.synthetic);
-    return qwen35_preset(a.synthetic);
+    return model_preset(a.synthetic);
   };
   HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(synthetic_config(), a.seed, threads)
                                           : HybridModel::load(a.model_dir, {.progress = !a.json});
@@ -321,7 +321,7 @@ void register_model_commands(CLI::App& app) {
   CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a hybrid model (checkpoint or synthetic), with the time per block kind");
   b->add_option("--model", bench->model_dir, "checkpoint directory");
   std::string presets;
-  for (const std::string& p : qwen35_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   b->add_option("--synthetic", bench->synthetic,
                 "random bf16 weights of a published size (" + presets + ") or of the shapes a config.json (any family) gives");
   b->add_option("-p,--prompt-lengths", bench->prompt_lengths, "prompt lengths (default 512,2048)")->delimiter(',');

@@ -16,11 +16,11 @@ using model::ConfigFields;
 
 [[noreturn]] void fail(const std::string& source, const std::string& what) { model::config_fail(source, what); }
 
-Qwen35Config parse_config_json(const json& top, const std::string& source);
+ModelConfig parse_config_json(const json& top, const std::string& source);
 
 }  // namespace
 
-Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source) {
   // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
   const json top = parse_json(json_text, "config '" + source + "'");
   try {
@@ -33,7 +33,7 @@ Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string
 }
 
 namespace {
-Qwen35Config parse_config_json(const json& top, const std::string& source) {
+ModelConfig parse_config_json(const json& top, const std::string& source) {
   if (!top.is_object()) fail(source, "expected a JSON object");
   const std::string top_type = top.value("model_type", "");
   const bool nested = top.contains("text_config") && top["text_config"].is_object();
@@ -55,7 +55,7 @@ Qwen35Config parse_config_json(const json& top, const std::string& source) {
                      "(flat), 'qwen3_next' or 'kimi_linear'");
 
   ConfigFields f{text, top, source};
-  Qwen35Config c;
+  ModelConfig c;
   c.model_type = next ? "qwen3_next" : q35_moe ? "qwen3_5_moe_text" : "qwen3_5_text";
   c.fused_gdn_projections = next;
   c.vocab_size = f.required_int("vocab_size");
@@ -200,8 +200,8 @@ constexpr Preset kPresets[] = {
 // 151936 head); in a prefill each expert gets 8x more tokens than in the full model.
 constexpr const char* kQwen3NextSlice = "qwen3-next-80b-a3b-slice";
 
-Qwen35Config qwen3next_slice() {
-  Qwen35Config c;
+ModelConfig qwen3next_slice() {
+  ModelConfig c;
   c.model_type = "qwen3_next";
   c.fused_gdn_projections = true;
   c.vocab_size = 151936;
@@ -236,8 +236,8 @@ Qwen35Config qwen3next_slice() {
 // MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
 constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";
 
-Qwen35Config kimi_linear_slice() {
-  Qwen35Config c;
+ModelConfig kimi_linear_slice() {
+  ModelConfig c;
   c.model_type = "kimi_linear";
   c.linear_mixer = TokenMixer::kKda;
   c.attention_mixer = TokenMixer::kMla;
@@ -281,7 +281,7 @@ Qwen35Config kimi_linear_slice() {
 
 }  // namespace
 
-std::vector<std::string> qwen35_preset_names() {
+std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.emplace_back(p.name);
   names.emplace_back(kQwen3NextSlice);
@@ -289,12 +289,12 @@ std::vector<std::string> qwen35_preset_names() {
   return names;
 }
 
-Qwen35Config qwen35_preset(const std::string& name) {
+ModelConfig model_preset(const std::string& name) {
   if (name == kQwen3NextSlice) return qwen3next_slice();
   if (name == kKimiLinearSlice) return kimi_linear_slice();
   for (const Preset& p : kPresets) {
     if (name != p.name) continue;
-    Qwen35Config c;
+    ModelConfig c;
     c.model_type = "qwen3_5_text";
     c.vocab_size = 248320;
     c.hidden_size = p.hidden;
