@@ -196,7 +196,9 @@ class SyntheticSource : public TensorSource {
 
 }  // namespace
 
-// One decoder layer: its token mixer (one of the four, by config) and channel mixer.
+// One decoder layer: its token mixer (one of the four, by config) and channel mixer. Only the
+// block `mixer` names and one of mlp / experts are loaded; the others stay empty (a few empty
+// vectors each), which keeps the dispatch in forward() a plain switch.
 struct Layer {
   TokenMixer mixer = TokenMixer::kGdn;
   bool moe = false;  // MoE block instead of the dense MLP
