@@ -234,10 +234,9 @@ class HybridModel {
   /// Throws hanpu::Error for an empty input or an id outside the vocabulary.
   Tensor forward(HybridState& state, std::span<const int32_t> ids, const ForwardOptions& opt = {}) const;
 
-  struct Impl;  // src/model/hybrid_model.cpp
-
  private:
   HybridModel();
+  struct Impl;  // src/model/hybrid_model.cpp
   std::unique_ptr<Impl> impl_;
 };
 using Qwen35Model = HybridModel;
