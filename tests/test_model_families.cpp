@@ -171,6 +171,34 @@ TEST_F(Qwen35MoeGolden, TokenizerFromTheCheckpointRuns) {
   EXPECT_FALSE(tok.encode("Hello world!").empty());
 }
 
+TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
+  const ModelConfig c = model_preset("qwen3.5-35b-a3b-slice");
+  EXPECT_EQ(c.num_moe_layers(), 4);
+  EXPECT_EQ(c.num_gdn_layers(), 3);
+  ModelConfig small = c;  // the same composition at small sizes
+  small.vocab_size = 400;
+  small.hidden_size = 64;
+  small.linear_num_key_heads = 2;
+  small.linear_num_value_heads = 4;
+  small.linear_key_head_dim = small.linear_value_head_dim = 16;
+  small.num_heads = 4;
+  small.num_kv_heads = 2;
+  small.head_dim = 32;
+  small.rotary_dim = 8;
+  small.num_experts = 8;
+  small.moe_intermediate_size = small.shared_expert_intermediate_size = 16;
+  HybridModel m = HybridModel::synthetic(small, 3, 2);
+  std::vector<int32_t> ids(70);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 29 % 400);
+  Tensor whole = all_logits(m, ids, 2);
+  HybridState st = m.new_state();
+  m.forward(st, std::span(ids).first(67), {.threads = 2});
+  for (size_t t = 67; t < ids.size(); ++t) {
+    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 400, 400), 1e-10) << t;
+  }
+}
+
 TEST(Qwen35MoeLoader, MissingExpertAndSharedGateNameTheTensor) {
   TempDir tmp;
   copy_checkpoint(qwen_moe_dir(), tmp.path(), [](const std::string&, TensorMap& m) {

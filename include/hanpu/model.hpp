@@ -156,7 +156,8 @@ ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std:
 /// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +
 /// 1 attention) and 64 of its 512 experts, so it fits in a few GB; "kimi-linear-48b-a3b-slice":
 /// Kimi-Linear-48B-A3B's layer shapes, 4 of its 27 layers (dense KDA layer 0, two MoE KDA layers,
-/// one MoE MLA layer) and 64 of its 256 experts.
+/// one MoE MLA layer) and 64 of its 256 experts; "qwen3.5-35b-a3b-slice": transformers'
+/// Qwen3_5MoeTextConfig default shapes (Qwen3.5-35B-A3B), 4 of 40 layers, 64 of 256 experts.
 ModelConfig model_preset(const std::string& name);
 /// The names model_preset accepts, for help texts.
 std::vector<std::string> model_preset_names();

@@ -231,6 +231,41 @@ ModelConfig qwen3next_slice() {
   return c;
 }
 
+// A slice of Qwen3.5-35B-A3B with the shapes of transformers 5.24's Qwen3_5MoeTextConfig defaults
+// (whose docstring names that checkpoint; no official config was read): hidden 2048, GDN 16 qk /
+// 32 v heads of 128, attention 16q/2kv x 256, 256 experts top-8 of 512 plus a shared expert of 512,
+// vocabulary 248320, untied. One 3 GDN + 1 attention block of the 40 layers, 64 of the 256 experts.
+constexpr const char* kQwen35MoeSlice = "qwen3.5-35b-a3b-slice";
+
+ModelConfig qwen35_moe_slice() {
+  ModelConfig c;
+  c.model_type = "qwen3_5_moe_text";
+  c.vocab_size = 248320;
+  c.hidden_size = 2048;
+  c.num_layers = 4;
+  c.num_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 256;
+  c.rotary_dim = 64;
+  c.rope_theta = 10000.0;  // the config default; it does not change the work
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = 128;
+  c.linear_value_head_dim = 128;
+  c.linear_conv_kernel = 4;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = false;
+  c.is_full_attention = {false, false, false, true};
+  c.num_experts = 64;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 512;
+  c.shared_expert_intermediate_size = 512;
+  c.norm_topk_prob = true;
+  c.is_moe.assign(4, true);
+  c.eos_token_ids = {248044, 248046};
+  return c;
+}
+
 // A slice of Kimi-Linear-48B-A3B (reference-models.md §1.4) with its real layer shapes: the dense
 // KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
 // MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
@@ -285,6 +320,7 @@ std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.emplace_back(p.name);
   names.emplace_back(kQwen3NextSlice);
+  names.emplace_back(kQwen35MoeSlice);
   names.emplace_back(kKimiLinearSlice);
   return names;
 }
@@ -292,6 +328,7 @@ std::vector<std::string> model_preset_names() {
 ModelConfig model_preset(const std::string& name) {
   if (name == kQwen3NextSlice) return qwen3next_slice();
   if (name == kKimiLinearSlice) return kimi_linear_slice();
+  if (name == kQwen35MoeSlice) return qwen35_moe_slice();
   for (const Preset& p : kPresets) {
     if (name != p.name) continue;
     ModelConfig c;
@@ -318,7 +355,7 @@ ModelConfig model_preset(const std::string& name) {
   }
   std::string names;
   for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
-  names += std::string(", ") + kQwen3NextSlice + ", " + kKimiLinearSlice;
+  names += std::string(", ") + kQwen3NextSlice + ", " + kQwen35MoeSlice + ", " + kKimiLinearSlice;
   throw Error("unknown model size '" + name + "', expected one of " + names);
 }
 
