@@ -18,12 +18,7 @@ namespace {
 using json = nlohmann::json;
 using model::config_fail;
 using model::ConfigFields;
-
-const char* first_present(const json& obj, std::initializer_list<const char*> keys) {
-  for (const char* k : keys)
-    if (obj.contains(k) && !obj[k].is_null()) return k;
-  return nullptr;
-}
+using model::first_present;
 
 // A list of per-layer kinds: each entry one of `a` (true) or `b` (false).
 std::vector<bool> kinds(const json& top, const char* key, const char* a, const char* b, int64_t layers,

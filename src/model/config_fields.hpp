@@ -74,6 +74,14 @@ struct ConfigFields {
   }
 };
 
+/// The first of `keys` present (and not null) in `obj`: aliases of one setting, as configs spell
+/// them differently (num_experts_per_token / num_experts_per_tok); nullptr when none is.
+inline const char* first_present(const nlohmann::json& obj, std::initializer_list<const char*> keys) {
+  for (const char* k : keys)
+    if (obj.contains(k) && !obj[k].is_null()) return k;
+  return nullptr;
+}
+
 /// eos_token_id (a number or a list) of `text`, else of `top`, as 32-bit non-negative ids.
 std::vector<int32_t> read_eos_token_ids(const ConfigFields& f);
 

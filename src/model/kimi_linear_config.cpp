@@ -17,13 +17,7 @@ namespace {
 using json = nlohmann::json;
 using model::config_fail;
 using model::ConfigFields;
-
-// The first of `keys` present in `obj` (aliases of one setting), or nullptr.
-const char* first_present(const json& obj, std::initializer_list<const char*> keys) {
-  for (const char* k : keys)
-    if (obj.contains(k) && !obj[k].is_null()) return k;
-  return nullptr;
-}
+using model::first_present;
 
 ModelConfig parse(const json& top, const std::string& source) {
   if (!top.is_object()) config_fail(source, "expected a JSON object");
