@@ -217,13 +217,16 @@ TEST(Qwen35Loader, UnknownModelTypeNamesTheField) {
   EXPECT_NE(err.find("config.json"), std::string::npos) << err;
   EXPECT_NE(err.find("unknown model_type 'llama'"), std::string::npos) << err;
 
-  cfg["model_type"] = "qwen3_5_moe";  // Qwen3-Next runs (test_qwen3next.cpp); Qwen3.5-MoE does not yet
+  cfg["model_type"] = "qwen3_5_moe";  // Qwen3.5-MoE runs (test_qwen35moe.cpp), but needs its MoE fields
+  err = (write_file(tmp.path() / "config.json", cfg.dump()), load_error(tmp.path().string()));
+  EXPECT_NE(err.find("text_config.model_type 'qwen3_5_text'"), std::string::npos) << err;
+  cfg["text_config"]["model_type"] = "qwen3_5_moe_text";
   write_file(tmp.path() / "config.json", cfg.dump());
   err = load_error(tmp.path().string());
-  EXPECT_NE(err.find("qwen3_5_moe"), std::string::npos) << err;
-  EXPECT_NE(err.find("not supported"), std::string::npos) << err;
+  EXPECT_NE(err.find("text_config.num_experts"), std::string::npos) << err;
 
   cfg["model_type"] = "qwen3_5";
+  cfg["text_config"]["model_type"] = "qwen3_5_text";
   cfg["text_config"].erase("hidden_size");
   write_file(tmp.path() / "config.json", cfg.dump());
   err = load_error(tmp.path().string());

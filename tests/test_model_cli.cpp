@@ -33,8 +33,13 @@ RunResult run_hanpu(const TempDir& dir, const std::string& args) {
 }
 
 std::string tiny(const char* name = "qwen35_tiny") { return (hanpu::testing::golden_dir() / name).string(); }
-// Both transformers-made checkpoints: Qwen3.5 and Qwen3-Next (fused projections, MoE).
+// The transformers-made checkpoints with a text-prompt record: Qwen3.5 and Qwen3-Next (fused
+// projections, MoE).
 constexpr const char* kGoldens[] = {"qwen35_tiny", "qwen3next_tiny"};
+// Every family's checkpoint: those two, Qwen3.5-MoE, Kimi Linear and Ling 3.0 (KDA, MLA, sigmoid
+// MoE; no tokenizer.json: they run with --prompt-ids).
+constexpr const char* kAllFamilies[] = {"qwen35_tiny", "qwen3next_tiny", "qwen35moe_tiny", "kimi_linear_tiny",
+                                        "bailing_hybrid_tiny"};
 
 struct Expected {
   std::vector<long long> prompt, greedy;
@@ -51,7 +56,7 @@ Expected expected(const char* name = "qwen35_tiny") {
 }
 
 TEST(ModelCli, GreedyRunReproducesTransformers) {
-  for (const char* golden : kGoldens) {
+  for (const char* golden : kAllFamilies) {
     SCOPED_TRACE(golden);
     TempDir tmp;
     const Expected e = expected(golden);
@@ -114,7 +119,7 @@ TEST(ModelCli, SampledRunIsReproducibleWithASeed) {
 }
 
 TEST(ModelCli, BenchModelJsonRows) {
-  for (const char* golden : kGoldens) {
+  for (const char* golden : kAllFamilies) {
     SCOPED_TRACE(golden);
     TempDir tmp;
     const RunResult r =
@@ -132,11 +137,33 @@ TEST(ModelCli, BenchModelJsonRows) {
       for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"})
         EXPECT_GT(row[k].get<double>(), 0) << k;
       double shares = 0;
-      for (const char* k : {"share_gdn", "share_attention", "share_mlp", "share_lm_head", "share_other"})
+      for (const char* k : {"share_gdn", "share_kda", "share_attention", "share_mlp", "share_lm_head", "share_other"})
         shares += row[k].get<double>();
       EXPECT_NEAR(shares, 1.0, 1e-9);
+      // Time lands in the block kinds the model has, and only there.
+      const bool kda = std::string(golden) == "kimi_linear_tiny" || std::string(golden) == "bailing_hybrid_tiny";
+      EXPECT_EQ(row["share_kda"].get<double>() > 0, kda);
+      EXPECT_EQ(row["share_gdn"].get<double>() > 0, !kda);
     }
   }
+}
+
+TEST(ModelCli, BenchModelSyntheticFromAConfigJson) {
+  // Random weights of the shapes any family's config.json gives (here the Ling golden's).
+  TempDir tmp;
+  const RunResult r = run_hanpu(tmp, "bench-model --synthetic " + quote(tiny("bailing_hybrid_tiny") + "/config.json") +
+                                         " -p 20 --threads 1 --decode-tokens 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json row = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  EXPECT_GT(row["share_kda"].get<double>(), 0);
+  EXPECT_GT(row["decode_tokens_per_s"].get<double>(), 0);
+}
+
+TEST(ModelCli, TextPromptWithoutTokenizerNamesTheFix) {
+  TempDir tmp;
+  const RunResult r = run_hanpu(tmp, "run --model " + quote(tiny("kimi_linear_tiny")) + " --prompt hello -n 2");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("no tokenizer.json; use --prompt-ids"), std::string::npos) << r.err;
 }
 
 TEST(ModelCli, BadInputGivesOneErrorLine) {

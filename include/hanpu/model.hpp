@@ -1,15 +1,22 @@
-// Qwen3.5 dense text models (Gated DeltaNet + gated full attention hybrids) from Hugging Face
-// checkpoints, run on the CPU: loading, prefill, decode (reference-models.md §1-3, §5-6).
+// Hybrid decoder models (linear attention + full attention layers) from Hugging Face
+// checkpoints, run on the CPU: loading, prefill, decode (reference-models.md §1-6).
 //
-//   Qwen35Model model = Qwen35Model::load("Qwen3.5-0.8B");   // config.json + safetensors, mmapped
-//   Qwen35State state = model.new_state();
-//   Tensor logits = model.forward(state, prompt_ids);        // [1, vocab]: last position
+//   HybridModel model = HybridModel::load("Qwen3.5-0.8B");  // config.json + safetensors, mmapped
+//   HybridState state = model.new_state();
+//   Tensor logits = model.forward(state, prompt_ids);       // [1, vocab]: last position
 //   ... sample, then model.forward(state, {next_id}) token by token.
 //
-// forward() with several tokens is a (chunked) prefill: GDN layers run through the plan-driven
-// engine (gdn_prefill) from the state's recurrent and conv states, attention layers append to the
-// KV cache. With one token it is a decode step (gdn_decode). Both continue any state, so a prompt
-// may be fed in several chunks and the result is the same as one prefill.
+// A model is a stack of decoder layers, each `x += token_mixer(norm(x)); x += channel_mixer(norm(x))`.
+// Token mixers: Gated DeltaNet (GDN), Kimi Delta Attention (KDA), gated GQA attention, multi-head
+// latent attention (MLA). Channel mixers: the SwiGLU MLP and a mixture of experts (softmax or sigmoid
+// routing, expert-score bias, grouped top-k, routed scaling, shared experts with or without a gate).
+// One config parser per family (parse_model_config dispatches on model_type) fills one
+// ModelConfig; one runtime runs them all.
+//
+// forward() with several tokens is a (chunked) prefill: GDN/KDA layers run through the plan-driven
+// engine (gdn_prefill / kda_prefill) from the state's recurrent and conv states, attention layers
+// append to their cache. With one token it is a decode step (gdn_decode / kda_decode). Both continue
+// any state, so a prompt may be fed in several chunks and the result is the same as one prefill.
 #pragma once
 
 #include <cstdint>
@@ -23,15 +30,66 @@
 
 namespace hanpu {
 
-/// The text model's hyperparameters (config.json's text_config, or the top level when flat).
-struct Qwen35Config {
-  std::string model_type;  // of the text model: "qwen3_5_text" or "qwen3_next"
+/// The token mixer of a layer.
+enum class TokenMixer {
+  kGdn,             // Gated DeltaNet (Qwen3.5, Qwen3-Next linear_attn)
+  kKda,             // Kimi Delta Attention, FLA's KimiDeltaAttention layer (Kimi Linear)
+  kGatedAttention,  // GQA with q/k norms, partial RoPE and a sigmoid output gate (Qwen3.5, Qwen3-Next)
+  kMla,             // multi-head latent attention with a compressed KV cache (Kimi Linear: no RoPE; Ling: RoPE)
+};
+const char* token_mixer_name(TokenMixer m);  // "GDN", "KDA", "attention", "MLA"
+
+/// How a MoE router turns its logits into expert scores.
+enum class RouterScoring {
+  kSoftmax,  // softmax over the experts (Qwen3-Next, Qwen3.5-MoE)
+  kSigmoid,  // independent sigmoids (Kimi Linear, DeepSeek-V3 style)
+};
+
+/// Checkpoint names that differ between families (the rest are shared: embed_tokens, layers.{i}.
+/// input_layernorm / post_attention_layernorm, norm, lm_head).
+struct CheckpointNames {
+  std::string embed_tokens = "embed_tokens.";     // Ling: word_embeddings.
+  std::string attention = "self_attn.";           // module of the full-attention layers (Ling: attention.)
+  std::string attention_out = "o_proj";           // output projection of attention and KDA (Ling: dense)
+  std::string router_score_bias = "gate.e_score_correction_bias";  // Ling: gate.expert_bias
+  std::string linear_attention = "linear_attn.";  // module of the GDN/KDA layers
+  /// Module of the channel mixer, in the order tried: Kimi's official checkpoints use
+  /// block_sparse_moe. for MoE layers and mlp. for dense ones; save_pretrained writes
+  /// block_sparse_moe. for both.
+  std::vector<std::string> channel_mixer = {"mlp."};
+  std::string expert_gate = "gate_proj", expert_up = "up_proj", expert_down = "down_proj";  // experts.{e}.*.weight
+  std::string shared_expert = "shared_expert.";
+};
+
+/// The model description: hyperparameters of the text model and its block composition.
+/// Layer i's token mixer is `attention_mixer` when is_full_attention[i], else `linear_mixer`;
+/// its channel mixer is the MoE block when is_moe[i], else the SwiGLU MLP of intermediate_size.
+struct ModelConfig {
+  std::string model_type;  // of the text model: "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "kimi_linear", "bailing_hybrid"
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
-  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // full attention
+  TokenMixer linear_mixer = TokenMixer::kGdn, attention_mixer = TokenMixer::kGatedAttention;
+  /// Qwen's zero-centred RMSNorms multiply by (1 + w); Kimi's by w.
+  bool norm_weight_plus_one = true;
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // full attention (MLA: num_heads)
   int64_t rotary_dim = 0;                                  // head_dim * partial_rotary_factor
   double rope_theta = 0;
-  int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;  // GDN
-  int64_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel = 0;
+  int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;  // GDN; KDA: both = its head count
+  int64_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel = 0;  // KDA: both = head_dim
+  /// MLA: q_lora_rank 0 means a full-rank q_proj; keys are [nope | rope] dims, values v_head_dim.
+  int64_t mla_q_lora_rank = 0, mla_kv_lora_rank = 0, mla_qk_nope_head_dim = 0, mla_qk_rope_head_dim = 0,
+          mla_v_head_dim = 0;
+  /// MLA RoPE (Ling): DeepSeek's interleaved-pair rotation of the rope dims of q and of the cached
+  /// shared key, theta rope_theta; Kimi's MLA has none.
+  bool mla_rope = false;
+  /// MLA head-wise output gate (Ling): each head's output times sigmoid(g_proj(x))[head].
+  bool mla_head_gate = false;
+  /// KDA gate projections: Kimi's low-rank f_a/f_b and g_a/g_b (rank head_dim, A_log stored
+  /// [1,1,H,1]), or Ling's full-rank f_proj and g_proj (A_log [H]).
+  bool kda_low_rank_gates = true;
+  /// KDA safe gate (Ling): g = kda_lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), in (lower_bound, 0),
+  /// instead of -exp(A_log) * softplus(f + dt_bias).
+  bool kda_safe_gate = false;
+  double kda_lower_bound = 0;
   double rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
   std::vector<bool> is_full_attention;  // per layer (layer_types)
@@ -39,35 +97,72 @@ struct Qwen35Config {
   /// Qwen3-Next: the GDN projections are stored fused (in_proj_qkvz, in_proj_ba) in an interleaved
   /// per-key-head-group layout; the loader permutes them into the Qwen3.5 layout.
   bool fused_gdn_projections = false;
-  /// Mixture of experts (Qwen3-Next, reference-models.md §3.4); num_experts 0: dense MLPs only.
+  /// Mixture of experts (reference-models.md §3.4, §4.4); num_experts 0: dense MLPs only.
   int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0, shared_expert_intermediate_size = 0;
   bool norm_topk_prob = true;
+  RouterScoring router_scoring = RouterScoring::kSoftmax;
+  /// Sigmoid routers: e_score_correction_bias is added to the scores to choose experts (not to weigh them).
+  bool router_score_bias = false;
+  /// Grouped top-k: the experts split into num_expert_groups groups, a group scores the sum of its
+  /// two best experts, and only the topk_groups best groups are eligible.
+  int64_t num_expert_groups = 1, topk_groups = 1;
+  double routed_scaling_factor = 1.0;  // multiplies the routed experts' weights
+  double topk_norm_eps = 0;            // added to the top-k sum when renormalising (Kimi: 1e-20)
+  bool shared_expert_gated = true;     // shared expert scaled by sigmoid(shared_expert_gate(x))
   std::vector<bool> is_moe;  // per layer: MoE block, else the dense MLP of intermediate_size
+  CheckpointNames names;
 
+  TokenMixer token_mixer(int64_t layer) const {
+    return is_full_attention[static_cast<size_t>(layer)] ? attention_mixer : linear_mixer;
+  }
   int64_t gdn_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
   int64_t gdn_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
+  /// Channels of the linear-attention conv: q, k and v.
   int64_t gdn_conv_dim() const { return 2 * gdn_key_dim() + gdn_value_dim(); }
-  int64_t num_gdn_layers() const;
-  int64_t num_attention_layers() const { return num_layers - num_gdn_layers(); }
+  int64_t mla_qk_head_dim() const { return mla_qk_nope_head_dim + mla_qk_rope_head_dim; }
+  /// Floats per token of an MLA layer's cache: the normed latent and the (shared) rope key part.
+  int64_t mla_cache_dim() const { return mla_kv_lora_rank + mla_qk_rope_head_dim; }
+  /// Linear-attention layers (GDN or KDA): the ones with conv and recurrent states.
+  int64_t num_linear_layers() const;
+  int64_t num_gdn_layers() const { return linear_mixer == TokenMixer::kGdn ? num_linear_layers() : 0; }
+  int64_t num_kda_layers() const { return linear_mixer == TokenMixer::kKda ? num_linear_layers() : 0; }
+  int64_t num_attention_layers() const { return num_layers - num_linear_layers(); }
   bool layer_is_moe(int64_t layer) const { return layer < static_cast<int64_t>(is_moe.size()) && is_moe[static_cast<size_t>(layer)]; }
   int64_t num_moe_layers() const;
   /// Number of parameters of the text model (embedding, layers, final norm, LM head if untied).
   int64_t parameter_count() const;
   /// One line: "qwen3_5_text: 24 layers (18 GDN + 6 attention), hidden 1024, ...".
   std::string describe() const;
+  /// Throws hanpu::Error naming the field when the description is inconsistent (per-layer lists
+  /// of the wrong length, head counts that do not divide, a block the runtime cannot run).
+  void check() const;
 };
+using Qwen35Config = ModelConfig;  // the name from when Qwen3.5 was the only family
 
-/// Parses a config.json (nested text_config or flat; Qwen3.5 or Qwen3-Next, which is flat with
-/// model_type "qwen3_next"). `source` names the file in errors.
-/// Throws hanpu::Error for an unknown model_type or a missing/invalid field, naming it.
-Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source);
+/// Parses a config.json of any supported family, dispatching on model_type: qwen3_5 (nested
+/// text_config) / qwen3_5_text, qwen3_5_moe / qwen3_5_moe_text, qwen3_next, kimi_linear, bailing_hybrid.
+/// `source` names the file in errors. Throws hanpu::Error for an unsupported model_type (naming
+/// it and the supported ones) or a missing/invalid field, naming it.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+
+/// The Qwen family's parser (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next).
+ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source);
+/// The Kimi Linear parser (kimi_linear).
+ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source);
+/// The Ling 3.0 parser (bailing_hybrid).
+ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source);
 
 /// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b";
 /// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +
-/// 1 attention) and 64 of its 512 experts, so it fits in a few GB.
-Qwen35Config qwen35_preset(const std::string& name);
-/// The names qwen35_preset accepts, for help texts.
-std::vector<std::string> qwen35_preset_names();
+/// 1 attention) and 64 of its 512 experts, so it fits in a few GB; "kimi-linear-48b-a3b-slice":
+/// Kimi-Linear-48B-A3B's layer shapes, 4 of its 27 layers (dense KDA layer 0, two MoE KDA layers,
+/// one MoE MLA layer) and 64 of its 256 experts; "qwen3.5-35b-a3b-slice": transformers'
+/// Qwen3_5MoeTextConfig default shapes (Qwen3.5-35B-A3B), 4 of 40 layers, 64 of 256 experts.
+ModelConfig model_preset(const std::string& name);
+/// The names model_preset accepts, for help texts.
+std::vector<std::string> model_preset_names();
+inline ModelConfig qwen35_preset(const std::string& name) { return model_preset(name); }  // older names
+inline std::vector<std::string> qwen35_preset_names() { return model_preset_names(); }
 
 struct ModelLoadOptions {
   /// Draw a progress bar on stderr while the weights are paged in (done for files above
@@ -76,26 +171,32 @@ struct ModelLoadOptions {
   uint64_t progress_min_bytes = 256ull << 20;
 };
 
-/// Per-sequence inference state: GDN conv and recurrent states, the attention KV cache and the
-/// number of tokens consumed so far (the next token's position).
-struct Qwen35State {
+/// Per-sequence inference state: the linear-attention layers' conv and recurrent states, the
+/// attention layers' caches and the number of tokens consumed so far (the next token's position).
+struct HybridState {
   int64_t position = 0;
-  std::vector<Tensor> conv_state;       // per GDN layer: [conv_kernel-1, conv_dim] F32, oldest first
-  std::vector<Tensor> recurrent_state;  // per GDN layer: [1, HV, K, V] F32
-  std::vector<std::vector<float>> key_cache, value_cache;  // per attention layer: [position, kv_heads, head_dim]
+  std::vector<Tensor> conv_state;       // per GDN/KDA layer: [conv_kernel-1, conv_dim] F32, oldest first
+  std::vector<Tensor> recurrent_state;  // per GDN/KDA layer: [1, HV, K, V] F32
+  /// Per attention layer. Gated attention: keys and values [position, kv_heads, head_dim].
+  /// MLA: key_cache holds the compressed rows [position, kv_lora_rank + qk_rope_head_dim] (normed
+  /// latent, then the shared rope-part key), never expanded K/V; value_cache stays empty.
+  std::vector<std::vector<float>> key_cache, value_cache;
   /// Bytes held (states and caches).
   size_t bytes() const;
 };
+using Qwen35State = HybridState;
 
 /// Where forward() spent its time, in seconds, accumulated over calls (for bench-model).
 struct ForwardTimes {
   double embed = 0, gdn_proj = 0, attn_proj = 0, attn_core = 0, mlp = 0, norms = 0, lm_head = 0;
   double gdn_conv = 0, gdn_engine = 0, gdn_norm = 0;  // GDN besides projections: conv+SiLU, the
                                                       // GDN engine (prefill/decode), gated RMSNorm
+  double kda_proj = 0, kda_conv = 0, kda_engine = 0, kda_norm = 0;  // the same parts of KDA layers
   double gdn_core() const { return gdn_conv + gdn_engine + gdn_norm; }
   double gdn() const { return gdn_proj + gdn_core(); }
-  double attention() const { return attn_proj + attn_core; }
-  double total() const { return embed + gdn() + attention() + mlp + norms + lm_head; }
+  double kda() const { return kda_proj + kda_conv + kda_engine + kda_norm; }
+  double attention() const { return attn_proj + attn_core; }  // gated attention or MLA
+  double total() const { return embed + gdn() + kda() + attention() + mlp + norms + lm_head; }
   void clear() { *this = ForwardTimes{}; }
 };
 
@@ -108,35 +209,38 @@ struct ForwardOptions {
   LinearPrecision precision = LinearPrecision::kExact;
 };
 
-class Qwen35Model {
+class HybridModel {
  public:
   /// A checkpoint directory: config.json and model.safetensors or model.safetensors.index.json
-  /// with its shards. model.visual.* and mtp.* are skipped. Throws hanpu::Error naming the file
-  /// and tensor for a missing tensor, a wrong shape or dtype, an unknown model_type or a truncated file.
-  static Qwen35Model load(const std::string& dir, const ModelLoadOptions& opt = {});
+  /// with its shards. model.visual.* and mtp.* are skipped (MTP layers by design: a text engine
+  /// decoding one token at a time does not use them). Throws hanpu::Error naming the file and
+  /// tensor for a missing tensor, a wrong shape or dtype, an unsupported model_type or option,
+  /// or a truncated file.
+  static HybridModel load(const std::string& dir, const ModelLoadOptions& opt = {});
   /// Random BF16 weights of the given shapes, built in memory (benchmarks without a download).
   /// Scales keep activations O(1) through all layers.
-  static Qwen35Model synthetic(const Qwen35Config& config, uint64_t seed = 1, int threads = 1);
+  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1);
 
-  Qwen35Model(Qwen35Model&&) noexcept;
-  Qwen35Model& operator=(Qwen35Model&&) noexcept;
-  ~Qwen35Model();
+  HybridModel(HybridModel&&) noexcept;
+  HybridModel& operator=(HybridModel&&) noexcept;
+  ~HybridModel();
 
-  const Qwen35Config& config() const;
+  const ModelConfig& config() const;
   /// Bytes of weights (as stored: mapped files or synthetic buffers).
   uint64_t weight_bytes() const;
 
-  Qwen35State new_state() const;
+  HybridState new_state() const;
   /// Runs `ids` through the model from `state` (which it advances) and returns the logits:
   /// [ids.size(), vocab] with all_logits, else [1, vocab] for the last token. F32.
   /// Throws hanpu::Error for an empty input or an id outside the vocabulary.
-  Tensor forward(Qwen35State& state, std::span<const int32_t> ids, const ForwardOptions& opt = {}) const;
+  Tensor forward(HybridState& state, std::span<const int32_t> ids, const ForwardOptions& opt = {}) const;
 
  private:
-  Qwen35Model();
-  struct Impl;
+  HybridModel();
+  struct Impl;  // src/model/hybrid_model.cpp
   std::unique_ptr<Impl> impl_;
 };
+using Qwen35Model = HybridModel;
 
 /// Sampling settings; greedy when temperature <= 0 or top_k == 1.
 struct SamplingOptions {

@@ -1,4 +1,4 @@
-// `hanpu run` (generate text from a Qwen3.5 or Qwen3-Next checkpoint) and `hanpu bench-model` (prefill and decode
+// `hanpu run` (generate text from a checkpoint of any supported hybrid family) and `hanpu bench-model` (prefill and decode
 // speed of a checkpoint or of a synthetic model with the real shapes, with the share of time per
 // part of the model).
 #include <CLI/CLI.hpp>
@@ -20,6 +20,8 @@
 #include "cpu/thread_pool.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 
 namespace {
@@ -81,8 +83,8 @@ struct RunArgs {
 void run_generate(const RunArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty()) throw Error("give exactly one of --prompt and --prompt-ids");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
-  Qwen35Model model = Qwen35Model::load(a.model_dir, {.progress = true});
-  const Qwen35Config& cfg = model.config();
+  HybridModel model = HybridModel::load(a.model_dir, {.progress = true});
+  const ModelConfig& cfg = model.config();
 
   std::unique_ptr<Tokenizer> tok;
   std::vector<int32_t> prompt;
@@ -112,7 +114,7 @@ void run_generate(const RunArgs& a) {
 
   SamplingOptions so{.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
   Sampler sampler(so);
-  Qwen35State st = model.new_state();
+  HybridState st = model.new_state();
 
   const auto t_prefill = Clock::now();
   const LinearPrecision precision = linear_precision_from_name(a.precision);
@@ -178,7 +180,8 @@ struct BenchModelArgs {
 };
 
 void run_bench_model(const BenchModelArgs& a) {
-  if (a.model_dir.empty() == a.synthetic.empty()) throw Error("give exactly one of --model and --synthetic");
+  if (a.model_dir.empty() == a.synthetic.empty())
+    throw Error("give exactly one of --model and --synthetic (a preset name or a config.json)");
   // Checked before the model is built (docs/RELIABILITY.md): Qwen3.5's context is 262,144 tokens.
   for (int64_t T : a.prompt_lengths)
     if (T > kMaxPromptTokens)
@@ -187,10 +190,16 @@ void run_bench_model(const BenchModelArgs& a) {
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   const LinearPrecision precision = linear_precision_from_name(a.precision);
   const auto t_load = Clock::now();
-  Qwen35Model model = a.model_dir.empty() ? Qwen35Model::synthetic(qwen35_preset(a.synthetic), a.seed, threads)
-                                          : Qwen35Model::load(a.model_dir, {.progress = !a.json});
+  // --synthetic takes a preset name or any family's config.json (random weights of its shapes).
+  auto synthetic_config = [&]() -> ModelConfig {
+    if (a.synthetic.size() > 5 && a.synthetic.compare(a.synthetic.size() - 5, 5, ".json") == 0)
+      return parse_model_config(read_regular_file(a.synthetic, "config file", kMaxJsonFileBytes), a.synthetic);
+    return model_preset(a.synthetic);
+  };
+  HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(synthetic_config(), a.seed, threads)
+                                          : HybridModel::load(a.model_dir, {.progress = !a.json});
   const double load_s = seconds_since(t_load);
-  const Qwen35Config& cfg = model.config();
+  const ModelConfig& cfg = model.config();
   const std::string name = a.model_dir.empty() ? a.synthetic : a.model_dir;
   if (!a.json)
     std::printf("%s%s\n%s\nweights %.2f GB, built/mapped in %.1f s, %d threads, projections %s\n\n", name.c_str(),
@@ -198,7 +207,8 @@ void run_bench_model(const BenchModelArgs& a) {
                 static_cast<double>(model.weight_bytes()) / 1e9, load_s, threads, linear_precision_name(precision));
   if (!a.json)
     std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
-                "GDN", "attn", "MLP", "head", "other", "decode/s");
+                token_mixer_name(cfg.linear_mixer), token_mixer_name(cfg.attention_mixer), "MLP", "head", "other",
+                "decode/s");
   nlohmann::json rows = nlohmann::json::array();
   for (int64_t T : a.prompt_lengths) {
     if (T < 1) throw Error("-p: prompt length " + std::to_string(T) + " must be >= 1");
@@ -208,7 +218,7 @@ void run_bench_model(const BenchModelArgs& a) {
       s ^= s << 13, s ^= s >> 7, s ^= s << 17;
       id = static_cast<int32_t>(s % static_cast<uint64_t>(cfg.vocab_size));
     }
-    Qwen35State st = model.new_state();
+    HybridState st = model.new_state();
     ForwardTimes pt;
     const double cpu0 = process_cpu_seconds();
     const auto t0 = Clock::now();
@@ -241,15 +251,19 @@ void run_bench_model(const BenchModelArgs& a) {
         {"decode_cpu_ms", decode_cpu_s * 1e3},
         {"decode_tokens_per_s", a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0},
         {"share_gdn", share(pt.gdn(), tot)},
+        {"share_kda", share(pt.kda(), tot)},
         {"share_attention", share(pt.attention(), tot)},
         {"share_mlp", share(pt.mlp, tot)},
         {"share_lm_head", share(pt.lm_head, tot)},
         {"share_other", share(pt.embed + pt.norms, tot)},
         {"prefill_seconds",
-         {{"gdn_projections", pt.gdn_proj}, {"gdn_conv", pt.gdn_conv}, {"gdn_engine", pt.gdn_engine}, {"gdn_gated_norm", pt.gdn_norm}, {"attention_projections", pt.attn_proj},
+         {{"gdn_projections", pt.gdn_proj}, {"gdn_conv", pt.gdn_conv}, {"gdn_engine", pt.gdn_engine}, {"gdn_gated_norm", pt.gdn_norm},
+          {"kda_projections", pt.kda_proj}, {"kda_conv", pt.kda_conv}, {"kda_engine", pt.kda_engine},
+          {"kda_gated_norm", pt.kda_norm}, {"attention_projections", pt.attn_proj},
           {"attention_core", pt.attn_core}, {"mlp", pt.mlp}, {"lm_head", pt.lm_head}, {"norms", pt.norms},
           {"embedding", pt.embed}}},
         {"decode_share_gdn", share(dt.gdn(), dtot)},
+        {"decode_share_kda", share(dt.kda(), dtot)},
         {"decode_share_attention", share(dt.attention(), dtot)},
         {"decode_share_mlp", share(dt.mlp, dtot)},
         {"decode_share_lm_head", share(dt.lm_head, dtot)},
@@ -260,15 +274,19 @@ void run_bench_model(const BenchModelArgs& a) {
     } else {
       std::printf("%8lld %10.0f %10.1f %9.0f | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%% | %9.2f\n",
                   static_cast<long long>(T), prefill_s * 1e3, static_cast<double>(T) / prefill_s, prefill_s * 1e3,
-                  100 * share(pt.gdn(), tot), 100 * share(pt.attention(), tot), 100 * share(pt.mlp, tot),
+                  100 * share(pt.gdn() + pt.kda(), tot), 100 * share(pt.attention(), tot), 100 * share(pt.mlp, tot),
                   100 * share(pt.lm_head, tot), 100 * share(pt.embed + pt.norms, tot),
                   a.decode_tokens > 0 ? a.decode_tokens / decode_s : 0.0);
       std::printf("%8s   CPU time: prefill %.0f ms (%.1f tokens per CPU-second x %d threads), decode %.0f ms\n", "",
                   prefill_cpu_s * 1e3, static_cast<double>(T) / prefill_cpu_s * threads, threads, decode_cpu_s * 1e3);
-      std::printf("%8s   GDN: projections %.0f ms, conv %.0f ms, engine %.0f ms, gated norm %.0f ms; attention: "
-                  "projections %.0f ms, core %.0f ms; MLP %.0f ms\n",
-                  "", pt.gdn_proj * 1e3, pt.gdn_conv * 1e3, pt.gdn_engine * 1e3, pt.gdn_norm * 1e3, pt.attn_proj * 1e3,
-                  pt.attn_core * 1e3, pt.mlp * 1e3);
+      if (cfg.linear_mixer == TokenMixer::kKda)
+        std::printf("%8s   KDA: projections %.0f ms, conv %.0f ms, engine %.0f ms, gated norm %.0f ms; ", "",
+                    pt.kda_proj * 1e3, pt.kda_conv * 1e3, pt.kda_engine * 1e3, pt.kda_norm * 1e3);
+      else
+        std::printf("%8s   GDN: projections %.0f ms, conv %.0f ms, engine %.0f ms, gated norm %.0f ms; ", "",
+                    pt.gdn_proj * 1e3, pt.gdn_conv * 1e3, pt.gdn_engine * 1e3, pt.gdn_norm * 1e3);
+      std::printf("%s: projections %.0f ms, core %.0f ms; MLP %.0f ms\n", token_mixer_name(cfg.attention_mixer),
+                  pt.attn_proj * 1e3, pt.attn_core * 1e3, pt.mlp * 1e3);
     }
     std::fflush(stdout);
   }
@@ -279,7 +297,7 @@ void run_bench_model(const BenchModelArgs& a) {
 
 void register_model_commands(CLI::App& app) {
   auto run = std::make_shared<RunArgs>();
-  CLI::App* r = app.add_subcommand("run", "generate text with a Qwen3.5 or Qwen3-Next checkpoint (prefill, then decode)");
+  CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint: qwen3_5, qwen3_5_moe, qwen3_next, kimi_linear (prefill, then decode)");
   r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
@@ -300,11 +318,12 @@ void register_model_commands(CLI::App& app) {
   r->callback([run] { run_generate(*run); });
 
   auto bench = std::make_shared<BenchModelArgs>();
-  CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a Qwen3.5 or Qwen3-Next model, with the time per part");
+  CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a hybrid model (checkpoint or synthetic), with the time per block kind");
   b->add_option("--model", bench->model_dir, "checkpoint directory");
   std::string presets;
-  for (const std::string& p : qwen35_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
-  b->add_option("--synthetic", bench->synthetic, "random bf16 weights of a published size: " + presets);
+  for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
+  b->add_option("--synthetic", bench->synthetic,
+                "random bf16 weights of a published size (" + presets + ") or of the shapes a config.json (any family) gives");
   b->add_option("-p,--prompt-lengths", bench->prompt_lengths, "prompt lengths (default 512,2048)")->delimiter(',');
   b->add_option("--threads", bench->threads, "threads (default all)")->check(CLI::Range(1, 1024));
   b->add_option("--decode-tokens", bench->decode_tokens, "decode steps measured after each prefill (default 16)")

@@ -1,118 +1,26 @@
-// Qwen3.5 config.json parsing (nested text_config or flat) and the published model sizes
-// (reference-models.md §1.1, §6).
+// The Qwen family's config.json parser (Qwen3.5 dense and MoE, nested text_config or flat;
+// Qwen3-Next) and the published model sizes (reference-models.md §1.1-1.2, §6).
 #include <cmath>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "hanpu/model.hpp"
 #include "io/json_io.hpp"
+#include "model/config_fields.hpp"
 
 namespace hanpu {
 
 namespace {
 
 using json = nlohmann::json;
+using model::ConfigFields;
 
-[[noreturn]] void fail(const std::string& source, const std::string& what) {
-  throw Error("config '" + source + "': " + what);
-}
+[[noreturn]] void fail(const std::string& source, const std::string& what) { model::config_fail(source, what); }
 
-// Upper bounds on config sizes (docs/RELIABILITY.md): checked before anything loops over layers or
-// allocates, and far above every published model (Qwen3.5-9B: 32 layers, vocab 248,320; the
-// largest Qwen3-Next: 48 layers, 512 experts), so products of them stay well inside 64 bits.
-int64_t config_int_limit(const std::string& key) {
-  if (key == "vocab_size") return int64_t{1} << 24;
-  if (key == "hidden_size") return int64_t{1} << 16;
-  if (key == "num_hidden_layers" || key == "full_attention_interval" || key == "decoder_sparse_step") return 1024;
-  if (key == "num_attention_heads" || key == "num_key_value_heads" || key == "linear_num_key_heads" ||
-      key == "linear_num_value_heads")
-    return 1024;
-  if (key == "head_dim" || key == "linear_key_head_dim" || key == "linear_value_head_dim") return 4096;
-  if (key == "linear_conv_kernel_dim") return 64;
-  if (key == "num_experts" || key == "num_experts_per_tok") return 4096;
-  return int64_t{1} << 20;  // intermediate sizes
-}
-
-// Text-model fields come from text_config when the config is nested, else from the top level.
-struct Fields {
-  const json& text;
-  const json& top;
-  const std::string& source;
-  std::string where(const char* key) const { return (&text == &top ? "" : "text_config.") + std::string(key); }
-
-  int64_t required_int(const char* key) const {
-    if (!text.contains(key)) fail(source, "field '" + where(key) + "' is missing");
-    const json& v = text[key];
-    const int64_t limit = config_int_limit(key);
-    // Unsigned first (nlohmann stores non-negative literals as unsigned): compare before narrowing.
-    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(limit)) ||
-        v.get<int64_t>() < 1 || v.get<int64_t>() > limit)
-      fail(source, "field '" + where(key) + "' is " + json_got(v) + ", expected a positive integer at most " +
-                       std::to_string(limit) + " (docs/RELIABILITY.md, input limits)");
-    return v.get<int64_t>();
-  }
-  int64_t optional_int(const char* key, int64_t fallback) const {
-    return text.contains(key) && !text[key].is_null() ? required_int(key) : fallback;
-  }
-  double number(const json& obj, const char* key, const std::string& name) const {
-    const json& v = obj[key];
-    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
-      fail(source, "field '" + name + "' is " + json_got(v) + ", expected a positive number");
-    return v.get<double>();
-  }
-};
+ModelConfig parse_config_json(const json& top, const std::string& source);
 
 }  // namespace
 
-int64_t Qwen35Config::num_gdn_layers() const {
-  int64_t n = 0;
-  for (bool full : is_full_attention) n += full ? 0 : 1;
-  return n;
-}
-
-int64_t Qwen35Config::num_moe_layers() const {
-  int64_t n = 0;
-  for (int64_t i = 0; i < num_layers; ++i) n += layer_is_moe(i) ? 1 : 0;
-  return n;
-}
-
-int64_t Qwen35Config::parameter_count() const {
-  const int64_t H = hidden_size;
-  const int64_t attn = H * num_heads * head_dim * 2 + 2 * H * num_kv_heads * head_dim + num_heads * head_dim * H +
-                       2 * head_dim;
-  const int64_t nv = linear_num_value_heads;
-  const int64_t gdn = H * gdn_conv_dim() + H * gdn_value_dim() + 2 * H * nv + gdn_conv_dim() * linear_conv_kernel +
-                      2 * nv + linear_value_head_dim + gdn_value_dim() * H;
-  const int64_t dense_mlp = 3 * H * intermediate_size;
-  const int64_t moe = H * num_experts + num_experts * 3 * H * moe_intermediate_size +
-                      (shared_expert_intermediate_size > 0 ? 3 * H * shared_expert_intermediate_size + H : 0);
-  int64_t total = 0;
-  for (int64_t i = 0; i < num_layers; ++i)
-    total += (is_full_attention[static_cast<size_t>(i)] ? attn : gdn) + (layer_is_moe(i) ? moe : dense_mlp) + 2 * H;
-  total += vocab_size * H * (tie_word_embeddings ? 1 : 2) + H;
-  return total;
-}
-
-std::string Qwen35Config::describe() const {
-  std::ostringstream os;
-  os << model_type << ": " << num_layers << " layers (" << num_gdn_layers() << " GDN + " << num_attention_layers()
-     << " attention), hidden " << hidden_size << ", MLP " << intermediate_size;
-  if (num_moe_layers() > 0)
-    os << ", MoE on " << num_moe_layers() << " layers (" << num_experts << " experts, top-" << num_experts_per_tok
-       << " x " << moe_intermediate_size << ", shared " << shared_expert_intermediate_size << ")";
-  os << ", vocab " << vocab_size
-     << ", attention " << num_heads << "q/" << num_kv_heads << "kv x " << head_dim << " (rope " << rotary_dim
-     << " dims, theta " << rope_theta << "), GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads
-     << "v x " << linear_key_head_dim << ", " << (tie_word_embeddings ? "tied" : "untied") << " head, "
-     << static_cast<double>(parameter_count()) / 1e9 << "B parameters";
-  return os.str();
-}
-
-namespace {
-Qwen35Config parse_config_json(const json& top, const std::string& source);
-}
-
-Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source) {
   // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
   const json top = parse_json(json_text, "config '" + source + "'");
   try {
@@ -125,30 +33,35 @@ Qwen35Config parse_qwen35_config(const std::string& json_text, const std::string
 }
 
 namespace {
-Qwen35Config parse_config_json(const json& top, const std::string& source) {
+ModelConfig parse_config_json(const json& top, const std::string& source) {
   if (!top.is_object()) fail(source, "expected a JSON object");
   const std::string top_type = top.value("model_type", "");
   const bool nested = top.contains("text_config") && top["text_config"].is_object();
   const json& text = nested ? top["text_config"] : top;
   const std::string text_type = text.value("model_type", nested ? "" : top_type);
 
-  auto known = [](const std::string& t) { return t == "qwen3_5" || t == "qwen3_5_text"; };
+  // Qwen3.5 dense and MoE: nested (qwen3_5 / qwen3_5_moe with a text_config) or flat (*_text).
+  auto dense = [](const std::string& t) { return t == "qwen3_5" || t == "qwen3_5_text"; };
+  auto moe = [](const std::string& t) { return t == "qwen3_5_moe" || t == "qwen3_5_moe_text"; };
   const bool next = top_type == "qwen3_next" && (!nested || text_type.empty() || text_type == "qwen3_next");
-  if (top_type == "qwen3_5_moe" || text_type == "qwen3_5_moe_text")
-    fail(source, "model_type '" + (top_type.empty() ? text_type : top_type) +
-                     "' (Qwen3.5 mixture-of-experts) is not supported yet; hanpu runs the dense Qwen3.5 models "
-                     "(model_type qwen3_5 / qwen3_5_text) and Qwen3-Next (qwen3_next)");
-  if (!next && (!known(top_type) || (nested && !text_type.empty() && !known(text_type))))
-    fail(source, "unknown model_type '" + (known(top_type) ? text_type : top_type) +
-                     "', expected 'qwen3_5' (nested text_config), 'qwen3_5_text' (flat) or 'qwen3_next'");
+  const bool q35_moe = moe(top_type) && (!nested || text_type.empty() || moe(text_type));
+  const bool q35 = dense(top_type) && (!nested || text_type.empty() || dense(text_type));
+  if (!next && !q35 && !q35_moe && (dense(top_type) || moe(top_type) || top_type == "qwen3_next"))
+    fail(source, "model_type '" + top_type + "' with text_config.model_type '" + text_type +
+                     "': the text model's type does not belong to it");
+  if (!next && !q35 && !q35_moe)
+    fail(source, "unknown model_type '" + top_type +
+                     "', expected 'qwen3_5' / 'qwen3_5_moe' (nested text_config), 'qwen3_5_text' / 'qwen3_5_moe_text' "
+                     "(flat), 'qwen3_next' or 'kimi_linear'");
 
-  Fields f{text, top, source};
-  Qwen35Config c;
-  c.model_type = next ? "qwen3_next" : "qwen3_5_text";
+  ConfigFields f{text, top, source};
+  ModelConfig c;
+  c.model_type = next ? "qwen3_next" : q35_moe ? "qwen3_5_moe_text" : "qwen3_5_text";
   c.fused_gdn_projections = next;
   c.vocab_size = f.required_int("vocab_size");
   c.hidden_size = f.required_int("hidden_size");
-  c.intermediate_size = f.required_int("intermediate_size");
+  // Qwen3.5-MoE has no dense MLP (every layer is MoE): no intermediate_size.
+  c.intermediate_size = q35_moe ? f.optional_int("intermediate_size", 0) : f.required_int("intermediate_size");
   c.num_layers = f.required_int("num_hidden_layers");
   c.num_heads = f.required_int("num_attention_heads");
   c.num_kv_heads = f.required_int("num_key_value_heads");
@@ -223,25 +136,26 @@ Qwen35Config parse_config_json(const json& top, const std::string& source) {
 
   // Qwen3-Next MoE (reference-models.md §1.2, §3.4): layer i is MoE unless listed in mlp_only_layers
   // or (i + 1) is not a multiple of decoder_sparse_step, as Qwen3NextDecoderLayer decides.
+  // Qwen3.5-MoE (Qwen3_5MoeDecoderLayer): every layer is MoE, the top-k always renormalised, the
+  // shared expert always there with its sigmoid gate.
   c.is_moe.assign(static_cast<size_t>(c.num_layers), false);
-  if (next && text.contains("num_experts") && !text["num_experts"].is_null() && text["num_experts"] != 0) {
+  const bool has_experts = text.contains("num_experts") && !text["num_experts"].is_null() && text["num_experts"] != 0;
+  if (q35_moe || (next && has_experts)) {
     c.num_experts = f.required_int("num_experts");
     c.num_experts_per_tok = f.required_int("num_experts_per_tok");
     c.moe_intermediate_size = f.required_int("moe_intermediate_size");
-    c.shared_expert_intermediate_size = text.contains("shared_expert_intermediate_size") &&
+    c.shared_expert_intermediate_size = q35_moe ? f.required_int("shared_expert_intermediate_size")
+                                        : text.contains("shared_expert_intermediate_size") &&
                                                 text["shared_expert_intermediate_size"] == 0
                                             ? 0
                                             : f.optional_int("shared_expert_intermediate_size", 0);
     if (c.num_experts_per_tok > c.num_experts)
       fail(source, "num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " exceeds num_experts " +
                        std::to_string(c.num_experts));
-    if (text.contains("norm_topk_prob")) {
-      if (!text["norm_topk_prob"].is_boolean()) fail(source, "field '" + f.where("norm_topk_prob") + "' is not a boolean");
-      c.norm_topk_prob = text["norm_topk_prob"].get<bool>();
-    }  // absent: true, Qwen3NextConfig's default
-    const int64_t step = f.optional_int("decoder_sparse_step", 1);
+    if (next) c.norm_topk_prob = f.boolean("norm_topk_prob", true);  // absent: true, Qwen3NextConfig's default
+    const int64_t step = next ? f.optional_int("decoder_sparse_step", 1) : 1;
     std::vector<bool> dense_only(static_cast<size_t>(c.num_layers), false);
-    if (text.contains("mlp_only_layers") && !text["mlp_only_layers"].is_null()) {
+    if (next && text.contains("mlp_only_layers") && !text["mlp_only_layers"].is_null()) {
       const json& ml = text["mlp_only_layers"];
       if (!ml.is_array()) fail(source, "field '" + f.where("mlp_only_layers") + "' is " + json_got(ml) + ", expected a list");
       for (const json& x : ml) {
@@ -253,27 +167,15 @@ Qwen35Config parse_config_json(const json& top, const std::string& source) {
     }
     for (int64_t i = 0; i < c.num_layers; ++i)
       c.is_moe[static_cast<size_t>(i)] = !dense_only[static_cast<size_t>(i)] && (i + 1) % step == 0;
+    if (c.num_moe_layers() < c.num_layers && c.intermediate_size < 1)
+      fail(source, "field '" + f.where("intermediate_size") + "' is missing (needed by the dense MLP layers)");
   }
 
-  // Token ids are 32-bit (and non-negative): an id outside that range is an error, never cut.
-  auto eos_id = [&](const json& x, const std::string& name) {
-    if (!x.is_number_integer() || (x.is_number_unsigned() ? x.get<uint64_t>() > 2147483647u : x.get<int64_t>() < 0))
-      fail(source, "field '" + name + "' is " + json_got(x) + ", expected a token id in [0, 2147483647]");
-    c.eos_token_ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
-  };
-  for (const json* obj : std::initializer_list<const json*>{&text, &top}) {
-    if (!c.eos_token_ids.empty() || !obj->contains("eos_token_id")) continue;
-    const std::string name = (obj == &text ? f.where("eos_token_id") : std::string("eos_token_id"));
-    const json& e = (*obj)["eos_token_id"];
-    if (e.is_null()) continue;
-    if (e.is_array()) {
-      for (size_t i = 0; i < e.size(); ++i) eos_id(e[i], name + "[" + std::to_string(i) + "]");
-    } else {
-      eos_id(e, name);
-    }
-  }
+  c.eos_token_ids = model::read_eos_token_ids(f);
+  c.check();
   return c;
 }
+
 }  // namespace
 
 namespace {
@@ -298,8 +200,8 @@ constexpr Preset kPresets[] = {
 // 151936 head); in a prefill each expert gets 8x more tokens than in the full model.
 constexpr const char* kQwen3NextSlice = "qwen3-next-80b-a3b-slice";
 
-Qwen35Config qwen3next_slice() {
-  Qwen35Config c;
+ModelConfig qwen3next_slice() {
+  ModelConfig c;
   c.model_type = "qwen3_next";
   c.fused_gdn_projections = true;
   c.vocab_size = 151936;
@@ -329,20 +231,107 @@ Qwen35Config qwen3next_slice() {
   return c;
 }
 
+// A slice of Qwen3.5-35B-A3B with the shapes of transformers 5.24's Qwen3_5MoeTextConfig defaults
+// (whose docstring names that checkpoint; no official config was read): hidden 2048, GDN 16 qk /
+// 32 v heads of 128, attention 16q/2kv x 256, 256 experts top-8 of 512 plus a shared expert of 512,
+// vocabulary 248320, untied. One 3 GDN + 1 attention block of the 40 layers, 64 of the 256 experts.
+constexpr const char* kQwen35MoeSlice = "qwen3.5-35b-a3b-slice";
+
+ModelConfig qwen35_moe_slice() {
+  ModelConfig c;
+  c.model_type = "qwen3_5_moe_text";
+  c.vocab_size = 248320;
+  c.hidden_size = 2048;
+  c.num_layers = 4;
+  c.num_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = 256;
+  c.rotary_dim = 64;
+  c.rope_theta = 10000.0;  // the config default; it does not change the work
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = 128;
+  c.linear_value_head_dim = 128;
+  c.linear_conv_kernel = 4;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = false;
+  c.is_full_attention = {false, false, false, true};
+  c.num_experts = 64;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 512;
+  c.shared_expert_intermediate_size = 512;
+  c.norm_topk_prob = true;
+  c.is_moe.assign(4, true);
+  c.eos_token_ids = {248044, 248046};
+  return c;
+}
+
+// A slice of Kimi-Linear-48B-A3B (reference-models.md §1.4) with its real layer shapes: the dense
+// KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
+// MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
+constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";
+
+ModelConfig kimi_linear_slice() {
+  ModelConfig c;
+  c.model_type = "kimi_linear";
+  c.linear_mixer = TokenMixer::kKda;
+  c.attention_mixer = TokenMixer::kMla;
+  c.norm_weight_plus_one = false;
+  c.vocab_size = 163840;
+  c.hidden_size = 2304;
+  c.intermediate_size = 9216;
+  c.num_layers = 4;
+  c.num_heads = c.num_kv_heads = 32;
+  c.mla_kv_lora_rank = 512;
+  c.mla_qk_nope_head_dim = 128;
+  c.mla_qk_rope_head_dim = 64;
+  c.mla_v_head_dim = 128;
+  c.head_dim = 192;
+  c.linear_num_key_heads = c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = c.linear_value_head_dim = 128;
+  c.linear_conv_kernel = 4;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = false;
+  c.is_full_attention = {false, false, false, true};
+  c.is_moe = {false, true, true, true};
+  c.num_experts = 64;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 1024;
+  c.shared_expert_intermediate_size = 1024;
+  c.shared_expert_gated = false;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.router_score_bias = true;
+  c.norm_topk_prob = true;
+  c.topk_norm_eps = 1e-20;
+  c.routed_scaling_factor = 2.446;
+  c.names.linear_attention = "self_attn.";
+  c.names.channel_mixer = {"block_sparse_moe.", "mlp."};
+  c.names.expert_gate = "w1";
+  c.names.expert_up = "w3";
+  c.names.expert_down = "w2";
+  c.names.shared_expert = "shared_experts.";
+  c.eos_token_ids = {163586};
+  return c;
+}
+
 }  // namespace
 
-std::vector<std::string> qwen35_preset_names() {
+std::vector<std::string> model_preset_names() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.emplace_back(p.name);
   names.emplace_back(kQwen3NextSlice);
+  names.emplace_back(kQwen35MoeSlice);
+  names.emplace_back(kKimiLinearSlice);
   return names;
 }
 
-Qwen35Config qwen35_preset(const std::string& name) {
+ModelConfig model_preset(const std::string& name) {
   if (name == kQwen3NextSlice) return qwen3next_slice();
+  if (name == kKimiLinearSlice) return kimi_linear_slice();
+  if (name == kQwen35MoeSlice) return qwen35_moe_slice();
   for (const Preset& p : kPresets) {
     if (name != p.name) continue;
-    Qwen35Config c;
+    ModelConfig c;
     c.model_type = "qwen3_5_text";
     c.vocab_size = 248320;
     c.hidden_size = p.hidden;
@@ -366,7 +355,7 @@ Qwen35Config qwen35_preset(const std::string& name) {
   }
   std::string names;
   for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
-  names += std::string(", ") + kQwen3NextSlice;
+  names += std::string(", ") + kQwen3NextSlice + ", " + kQwen35MoeSlice + ", " + kKimiLinearSlice;
   throw Error("unknown model size '" + name + "', expected one of " + names);
 }
 

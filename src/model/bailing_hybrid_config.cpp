@@ -1,0 +1,177 @@
+// Ling 3.0's config.json parser (model_type bailing_hybrid; reference-models.md §1.6,
+// transformers 5.24's BailingHybridConfig): KDA layers with full-rank gate projections and the
+// safe gate, MLA with interleaved RoPE and a head-wise output gate, sigmoid grouped top-k MoE.
+// Absent optional keys take BailingHybridConfig's defaults. Options the BailingHybrid model does
+// not compute either, or that hanpu does not run (a RoPE type other than default, biases), are
+// refused, naming the key.
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "hanpu/model.hpp"
+#include "io/json_io.hpp"
+#include "model/config_fields.hpp"
+
+namespace hanpu {
+
+namespace {
+
+using json = nlohmann::json;
+using model::config_fail;
+using model::ConfigFields;
+using model::first_present;
+
+// A list of per-layer kinds: each entry one of `a` (true) or `b` (false).
+std::vector<bool> kinds(const json& top, const char* key, const char* a, const char* b, int64_t layers,
+                        const std::string& source) {
+  const json& v = top[key];
+  if (!v.is_array() || static_cast<int64_t>(v.size()) != layers)
+    config_fail(source, std::string("field '") + key + "' must be a list of " + std::to_string(layers) +
+                            " entries (num_hidden_layers), found " + json_got(v));
+  std::vector<bool> out;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string t = v[i].is_string() ? v[i].get<std::string>() : json_summary(v[i]);
+    if (t != a && t != b)
+      config_fail(source, std::string(key) + "[" + std::to_string(i) + "] is '" + t + "', expected '" + a + "' or '" + b + "'");
+    out.push_back(t == a);
+  }
+  return out;
+}
+
+ModelConfig parse(const json& top, const std::string& source) {
+  if (!top.is_object()) config_fail(source, "expected a JSON object");
+  const ConfigFields f{top, top, source};
+  ModelConfig c;
+  c.model_type = "bailing_hybrid";
+  c.linear_mixer = TokenMixer::kKda;
+  c.attention_mixer = TokenMixer::kMla;
+  c.norm_weight_plus_one = false;  // BailingHybridRMSNorm: weight * normed
+  c.vocab_size = f.required_int("vocab_size");
+  c.hidden_size = f.required_int("hidden_size");
+  c.num_layers = f.required_int("num_hidden_layers");
+  c.rms_norm_eps = f.present("rms_norm_eps") ? f.number(top, "rms_norm_eps", "rms_norm_eps") : 1e-6;
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  if (top.contains("hidden_act") && top["hidden_act"] != "silu")
+    config_fail(source, "field 'hidden_act' is " + json_got(top["hidden_act"]) + ", hanpu runs Ling 3.0 with 'silu' only");
+  if (f.boolean("attention_bias", false))
+    config_fail(source, "field 'attention_bias' is true: MLA projections with biases are not supported");
+
+  // KDA: BailingHybridConfig takes its head dim from head_dim and its head count from
+  // num_attention_heads (head_dim is the KDA head dim in the official config; transformers'
+  // save_pretrained overwrites it with qk_rope_head_dim, which does not reload the same model).
+  c.num_heads = f.required_int("num_attention_heads");
+  c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
+  if (c.num_kv_heads != c.num_heads)
+    config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
+                            std::to_string(c.num_heads) + ": the MLA latent expands to one key/value head per query head");
+  c.linear_num_key_heads = c.linear_num_value_heads = c.num_heads;
+  c.linear_key_head_dim = c.linear_value_head_dim = f.optional_int("head_dim", 128);
+  c.linear_conv_kernel = f.optional_int("short_conv_kernel_size", 4);
+  c.kda_low_rank_gates = false;
+  c.kda_safe_gate = f.boolean("kda_safe_gate", true);
+  if (c.kda_safe_gate) {
+    c.kda_lower_bound = -5.0;
+    if (f.present("kda_lower_bound")) {
+      const json& v = top["kda_lower_bound"];
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() < 0))
+        config_fail(source, "field 'kda_lower_bound' is " + json_got(v) + ", expected a negative number");
+      c.kda_lower_bound = v.get<double>();
+    }
+  }
+
+  // MLA with RoPE and the head-wise output gate.
+  c.mla_q_lora_rank = f.optional_int("q_lora_rank", 0);
+  c.mla_kv_lora_rank = f.optional_int("kv_lora_rank", 512);
+  c.mla_qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
+  c.mla_qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
+  c.mla_v_head_dim = f.optional_int("v_head_dim", 128);
+  c.head_dim = c.mla_qk_head_dim();
+  c.mla_rope = true;
+  c.mla_head_gate = true;
+  c.rope_theta = 6e6;
+  if (f.present("rope_parameters")) {
+    const json& rp = top["rope_parameters"];
+    if (!rp.is_object()) config_fail(source, "field 'rope_parameters' is " + json_got(rp) + ", expected an object");
+    const std::string type = rp.value("rope_type", "default");
+    if (type != "default")
+      config_fail(source, "rope_parameters.rope_type '" + type + "' is not supported (expected 'default'; YaRN and other "
+                          "scalings are not implemented)");
+    if (rp.contains("rope_theta")) c.rope_theta = f.number(rp, "rope_theta", "rope_parameters.rope_theta");
+  } else if (f.present("rope_theta")) {
+    c.rope_theta = f.number(top, "rope_theta", "rope_theta");
+  }
+  if (c.mla_qk_rope_head_dim % 2 != 0)
+    config_fail(source, "qk_rope_head_dim " + std::to_string(c.mla_qk_rope_head_dim) + " is odd; RoPE rotates pairs");
+  c.rotary_dim = c.mla_qk_rope_head_dim;
+
+  // Layer kinds: layer_types, else the last layer of every layer_group_size group is MLA.
+  if (f.present("layer_types")) {
+    c.is_full_attention = kinds(top, "layer_types", "full_attention", "linear_attention", c.num_layers, source);
+  } else {
+    const int64_t group = f.optional_int("layer_group_size", 6);
+    for (int64_t i = 0; i < c.num_layers; ++i) c.is_full_attention.push_back((i + 1) % group == 0);
+  }
+  if (f.present("mlp_layer_types")) {
+    c.is_moe = kinds(top, "mlp_layer_types", "sparse", "dense", c.num_layers, source);
+  } else {
+    int64_t dense_first = 2;
+    if (top.contains("first_k_dense_replace")) {
+      const json& v = top["first_k_dense_replace"];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > c.num_layers)
+        config_fail(source, "field 'first_k_dense_replace' is " + json_got(v) + ", expected a layer count in [0, " +
+                                std::to_string(c.num_layers) + "]");
+      dense_first = v.get<int64_t>();
+    }
+    for (int64_t i = 0; i < c.num_layers; ++i) c.is_moe.push_back(i >= dense_first);
+  }
+  if (c.num_moe_layers() < c.num_layers) c.intermediate_size = f.required_int("intermediate_size");
+  if (c.num_moe_layers() > 0) {
+    const char* experts = first_present(top, {"num_experts", "num_local_experts"});
+    c.num_experts = experts ? f.required_int(experts) : 512;
+    const char* per_tok = first_present(top, {"num_experts_per_token", "num_experts_per_tok"});
+    c.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
+    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
+    const bool no_shared = shared && top[shared] == 0;
+    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe_intermediate_size;
+    c.shared_expert_gated = false;
+    c.router_scoring = RouterScoring::kSigmoid;
+    c.router_score_bias = true;
+    const char* groups = first_present(top, {"num_expert_group", "n_group"});
+    c.num_expert_groups = groups ? f.required_int(groups) : 8;
+    c.topk_groups = f.optional_int("topk_group", 4);
+    const char* renorm = first_present(top, {"moe_renormalize", "norm_topk_prob"});
+    c.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
+    c.topk_norm_eps = 1e-20;
+    c.routed_scaling_factor =
+        f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.5;
+  }
+
+  // Checkpoint names (transformers' conversion_mapping for bailing_hybrid, reversed): the MTP
+  // layers stored after num_hidden_layers are never read (skipped by design: a text engine
+  // decoding one token at a time does not use them).
+  c.names.embed_tokens = "word_embeddings.";
+  c.names.attention = "attention.";
+  c.names.linear_attention = "attention.";
+  c.names.attention_out = "dense";
+  c.names.router_score_bias = "gate.expert_bias";
+  c.names.channel_mixer = {"mlp."};
+  c.names.shared_expert = "shared_experts.";
+  c.eos_token_ids = model::read_eos_token_ids(f);
+  c.check();
+  return c;
+}
+
+}  // namespace
+
+ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source) {
+  const json top = parse_json(json_text, "config '" + source + "'");
+  try {
+    return parse(top, source);
+  } catch (const json::exception& e) {
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) what = what.substr(what.find("] ") + 2);
+    config_fail(source, "a field has an unexpected JSON type: " + what);
+  }
+}
+
+}  // namespace hanpu

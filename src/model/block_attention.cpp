@@ -1,0 +1,220 @@
+// The full-attention token mixers: gated GQA attention and multi-head latent attention (blocks.hpp).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model/blocks.hpp"
+#include "model/qwen35_kernels.hpp"
+#include "model/qwen35_ops.hpp"
+
+namespace hanpu::model {
+
+// ---- Gated GQA attention -----------------------------------------------------------------------
+
+void GatedAttention::load(const ModelConfig& c, const WeightReader& w, const std::string& a) {
+  const int64_t H = c.hidden_size;
+  q_proj = w.projection(a + "q_proj.weight", c.num_heads * c.head_dim * 2, H);
+  k_proj = w.projection(a + "k_proj.weight", c.num_kv_heads * c.head_dim, H);
+  v_proj = w.projection(a + "v_proj.weight", c.num_kv_heads * c.head_dim, H);
+  o_proj = w.projection(a + "o_proj.weight", H, c.num_heads * c.head_dim);
+  q_norm = w.norm_scale(a + "q_norm.weight", c.head_dim, c.norm_weight_plus_one);
+  k_norm = w.norm_scale(a + "k_norm.weight", c.head_dim, c.norm_weight_plus_one);
+  inv_freq.resize(static_cast<size_t>(c.rotary_dim / 2));
+  for (int64_t i = 0; i < c.rotary_dim / 2; ++i)  // as transformers: float32 theta^(2i/rot)
+    inv_freq[static_cast<size_t>(i)] =
+        1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim));
+}
+
+void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vector<float>& vc, const float* h,
+                             float* x) const {
+  const ModelConfig& c = r.cfg;
+  const int64_t T = r.T, H = c.hidden_size, nq = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int th = r.opt.threads;
+  const LinearPrecision prec = r.opt.precision;
+  const int64_t p0 = r.p0;
+  auto t0 = Clock::now();
+  float* qg = scratch(kQG, T * nq * 2 * hd);
+  const size_t row = static_cast<size_t>(nkv * hd);
+  kc.resize(static_cast<size_t>(p0 + T) * row);
+  vc.resize(static_cast<size_t>(p0 + T) * row);
+  float* knew = kc.data() + static_cast<size_t>(p0) * row;
+  float* vnew = vc.data() + static_cast<size_t>(p0) * row;
+  q_proj.forward(h, H, qg, nq * 2 * hd, T, th, false, prec);
+  k_proj.forward(h, H, knew, nkv * hd, T, th, false, prec);
+  v_proj.forward(h, H, vnew, nkv * hd, T, th, false, prec);
+  r.times.attn_proj += seconds_since(t0);
+
+  t0 = Clock::now();
+  // Query heads out of the per-head [query | gate] interleave, normed and rotated; keys normed
+  // and rotated in the cache.
+  const int64_t half = c.rotary_dim / 2;
+  float* q = scratch(kQ, T * nq * hd);
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+    std::vector<float> cs(static_cast<size_t>(c.rotary_dim));
+    for (int64_t t = t_begin; t < t_end; ++t) {
+      const float pos = static_cast<float>(p0 + t);
+      for (int64_t i = 0; i < half; ++i) {  // as transformers: float32 angle, then cos/sin
+        const float ang = pos * inv_freq[static_cast<size_t>(i)];
+        cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(static_cast<double>(ang)));
+        cs[static_cast<size_t>(half + i)] = static_cast<float>(std::sin(static_cast<double>(ang)));
+      }
+      for (int64_t hh = 0; hh < nq; ++hh) {
+        float* dst = q + (t * nq + hh) * hd;
+        rms_norm_rows(qg + (t * nq + hh) * 2 * hd, hd, dst, hd, 1, hd, q_norm.data(), eps, 1);
+        rope_rotate(dst, c.rotary_dim, cs.data(), cs.data() + half);
+      }
+      for (int64_t hh = 0; hh < nkv; ++hh) {
+        float* kr = knew + t * nkv * hd + hh * hd;
+        rms_norm_rows(kr, hd, kr, hd, 1, hd, k_norm.data(), eps, 1);
+        rope_rotate(kr, c.rotary_dim, cs.data(), cs.data() + half);
+      }
+    }
+  });
+  float* attn = scratch(kAttn, T * nq * hd);
+  causal_attention(q, kc.data(), vc.data(), attn, T, p0, nq, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)), th);
+  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {  // sigmoid output gate
+    for (int64_t t = t_begin; t < t_end; ++t)
+      for (int64_t hh = 0; hh < nq; ++hh) {
+        float* o = attn + (t * nq + hh) * hd;
+        const float* g = qg + (t * nq + hh) * 2 * hd + hd;
+        simd_sigmoid_mul_row(o, g, static_cast<size_t>(hd));
+      }
+  });
+  r.times.attn_core += seconds_since(t0);
+
+  t0 = Clock::now();
+  o_proj.forward(attn, nq * hd, x, H, T, th, true, prec);
+  r.times.attn_proj += seconds_since(t0);
+}
+
+// ---- Multi-head latent attention ---------------------------------------------------------------
+
+void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::string& a) {
+  const int64_t H = c.hidden_size, nh = c.num_heads, r = c.mla_kv_lora_rank;
+  const int64_t nope = c.mla_qk_nope_head_dim, rope = c.mla_qk_rope_head_dim, dv = c.mla_v_head_dim;
+  const int64_t qk = c.mla_qk_head_dim();
+  if (c.mla_q_lora_rank > 0) {
+    q_a_proj = w.projection(a + "q_a_proj.weight", c.mla_q_lora_rank, H);
+    q_a_norm = w.norm_scale(a + "q_a_layernorm.weight", c.mla_q_lora_rank, c.norm_weight_plus_one);
+    q_b_proj = w.projection(a + "q_b_proj.weight", nh * qk, c.mla_q_lora_rank);
+  } else {
+    q_proj = w.projection(a + "q_proj.weight", nh * qk, H);
+  }
+  kv_a_proj = w.projection(a + "kv_a_proj_with_mqa.weight", r + rope, H);
+  kv_a_norm = w.norm_scale(a + "kv_a_layernorm.weight", r, c.norm_weight_plus_one);
+  o_proj = w.projection(a + c.names.attention_out + ".weight", H, nh * dv);
+  if (c.mla_head_gate) head_gate = w.projection(a + "g_proj.weight", nh, H);
+  if (c.mla_rope) {
+    inv_freq.resize(static_cast<size_t>(rope / 2));
+    for (int64_t i = 0; i < rope / 2; ++i)  // as transformers: float32 theta^(2i/dim), dim = qk_rope_head_dim
+      inv_freq[static_cast<size_t>(i)] =
+          1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(rope));
+  }
+  // kv_b_proj [nh·(nope + v), r]: per head nope rows of W_uk, then v rows of W_uv. The absorbed
+  // query projection needs W_ukᵀ: a transposed copy of the same values (bit-exact in any dtype).
+  const std::string kvb = a + "kv_b_proj.weight";
+  const TensorView wb = w.get(kvb, {nh * (nope + dv), r});
+  const size_t es = dtype_size(wb.dtype);
+  for (int64_t hh = 0; hh < nh; ++hh) {
+    const auto* head = static_cast<const std::byte*>(wb.data) + static_cast<size_t>(hh * (nope + dv) * r) * es;
+    const TensorView uk = TensorView::contiguous(const_cast<std::byte*>(head), wb.dtype, {nope, r});
+    w.owned->push_back(transpose_copy(uk));
+    key_absorb.emplace_back(TensorView::contiguous(w.owned->back().data(), wb.dtype, {r, nope}),
+                            kvb + " (head " + std::to_string(hh) + " keys, transposed)");
+    const TensorView uv = TensorView::contiguous(const_cast<std::byte*>(head + static_cast<size_t>(nope * r) * es),
+                                                 wb.dtype, {dv, r});
+    value_up.emplace_back(uv, kvb + " (head " + std::to_string(hh) + " values)");
+  }
+}
+
+void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const float* h, float* x) const {
+  const ModelConfig& c = run.cfg;
+  const int64_t T = run.T, H = c.hidden_size, nh = c.num_heads, r = c.mla_kv_lora_rank;
+  const int64_t nope = c.mla_qk_nope_head_dim, rope = c.mla_qk_rope_head_dim, dv = c.mla_v_head_dim;
+  const int64_t qk = c.mla_qk_head_dim(), cdim = c.mla_cache_dim();
+  const int th = run.opt.threads;
+  const LinearPrecision prec = run.opt.precision;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t p0 = run.p0;
+  auto t0 = Clock::now();
+  float* q = scratch(kQ, T * nh * qk);
+  if (c.mla_q_lora_rank > 0) {
+    const int64_t qr = c.mla_q_lora_rank;
+    float* low = scratch(kLowRank, T * qr);
+    q_a_proj.forward(h, H, low, qr, T, th, false, prec);
+    rms_norm_rows(low, qr, low, qr, T, qr, q_a_norm.data(), eps, th);
+    q_b_proj.forward(low, qr, q, nh * qk, T, th, false, prec);
+  } else {
+    q_proj.forward(h, H, q, nh * qk, T, th, false, prec);
+  }
+  // The compressed rows go straight into the cache: [c (normed below) | k_rope].
+  cache.resize(static_cast<size_t>((p0 + T) * cdim));
+  float* fresh = cache.data() + p0 * cdim;
+  kv_a_proj.forward(h, H, fresh, cdim, T, th, false, prec);
+  rms_norm_rows(fresh, cdim, fresh, cdim, T, r, kv_a_norm.data(), eps, th);
+  if (c.mla_rope) {
+    // DeepSeek's interleaved RoPE (transformers' apply_rotary_pos_emb_interleave): the pairs
+    // (x0, x1), (x2, x3), ... rotate by one angle each and come out de-interleaved,
+    // [x_even·cos - x_odd·sin | x_odd·cos + x_even·sin], for q and the cached shared key alike.
+    const int64_t half = rope / 2;
+    parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+      std::vector<float> cs(static_cast<size_t>(rope)), tmp(static_cast<size_t>(rope));
+      auto rotate = [&](float* x) {
+        for (int64_t i = 0; i < half; ++i) {
+          const float even = x[2 * i], odd = x[2 * i + 1];
+          tmp[static_cast<size_t>(i)] = even * cs[static_cast<size_t>(i)] - odd * cs[static_cast<size_t>(half + i)];
+          tmp[static_cast<size_t>(half + i)] = odd * cs[static_cast<size_t>(i)] + even * cs[static_cast<size_t>(half + i)];
+        }
+        std::copy(tmp.begin(), tmp.end(), x);
+      };
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const float pos = static_cast<float>(p0 + t);
+        for (int64_t i = 0; i < half; ++i) {  // float32 angle, then cos/sin, as transformers
+          const float ang = pos * inv_freq[static_cast<size_t>(i)];
+          cs[static_cast<size_t>(i)] = static_cast<float>(std::cos(static_cast<double>(ang)));
+          cs[static_cast<size_t>(half + i)] = static_cast<float>(std::sin(static_cast<double>(ang)));
+        }
+        rotate(fresh + t * cdim + r);
+        for (int64_t hh = 0; hh < nh; ++hh) rotate(q + (t * nh + hh) * qk + nope);
+      }
+    });
+  }
+  // Absorbed queries [W_ukᵀ q_nope | q_rope] per head, in the cache's row layout.
+  float* ql = scratch(kLatentQ, T * nh * cdim);
+  for (int64_t hh = 0; hh < nh; ++hh)
+    key_absorb[static_cast<size_t>(hh)].forward(q + hh * qk, nh * qk, ql + hh * cdim, nh * cdim, T, th, false, prec);
+  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+    for (int64_t t = t_begin; t < t_end; ++t)
+      for (int64_t hh = 0; hh < nh; ++hh)
+        std::memcpy(ql + (t * nh + hh) * cdim + r, q + (t * nh + hh) * qk + nope, static_cast<size_t>(rope) * sizeof(float));
+  });
+  run.times.attn_proj += seconds_since(t0);
+
+  t0 = Clock::now();
+  // One shared KV head whose keys and values are both the cached rows: the first r dims of each
+  // output are Σ p c (the rope dims of the output are discarded). Scale 1/sqrt(nope + rope), as
+  // the expanded attention's.
+  float* ol = scratch(kLatentOut, T * nh * cdim);
+  causal_attention(ql, cache.data(), cache.data(), ol, T, p0, nh, 1, cdim, 1.0f / std::sqrt(static_cast<float>(qk)), th);
+  run.times.attn_core += seconds_since(t0);
+
+  t0 = Clock::now();
+  float* attn = scratch(kAttn, T * nh * dv);
+  for (int64_t hh = 0; hh < nh; ++hh)
+    value_up[static_cast<size_t>(hh)].forward(ol + hh * cdim, nh * cdim, attn + hh * dv, nh * dv, T, th, false, prec);
+  if (c.mla_head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
+    float* score = scratch(kSharedScore, T * nh);
+    head_gate.forward(h, H, score, nh, T, th, false, prec);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t hh = 0; hh < nh; ++hh) {
+        const float g = 1.0f / (1.0f + std::exp(-score[t * nh + hh]));
+        float* o = attn + (t * nh + hh) * dv;
+        for (int64_t i = 0; i < dv; ++i) o[i] *= g;
+      }
+  }
+  o_proj.forward(attn, nh * dv, x, H, T, th, true, prec);
+  run.times.attn_proj += seconds_since(t0);
+}
+
+}  // namespace hanpu::model

@@ -1,0 +1,424 @@
+// The hybrid model runtime (include/hanpu/model.hpp): checkpoint loading (memory-mapped
+// safetensors, sharded or not) or synthetic weights, the per-layer composition of blocks
+// (blocks.hpp) the config describes, and the forward pass: per layer, RMSNorm, token mixer,
+// residual add, RMSNorm, channel mixer, residual add; final norm, LM head. The same code runs
+// every family; what differs is the config (parsers in *_config.cpp) and the blocks it names.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hanpu/model.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
+#include "io/safetensors.hpp"
+#include "model/blocks.hpp"
+#include "model/qwen35_ops.hpp"
+
+namespace hanpu {
+
+namespace fs = std::filesystem;
+using model::Clock;
+using model::parallel_for;
+using model::scratch;
+using model::seconds_since;
+
+namespace {
+
+// Regular files only (a FIFO is an error, not a hang), size-limited, named in every error.
+std::string read_text_file(const fs::path& p) { return read_regular_file(p.string(), "JSON file", kMaxJsonFileBytes); }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Where each tensor of a checkpoint lives, with shape/dtype checks that name file and tensor.
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  virtual TensorView find(const std::string& name, std::string* file) const = 0;
+  virtual std::string where() const = 0;
+
+  TensorView get(const std::string& name, const std::vector<int64_t>& shape, bool float_only = true) const {
+    std::string file;
+    TensorView v = find(name, &file);
+    if (v.empty()) throw Error(where() + ": tensor '" + name + "' is missing");
+    std::vector<int64_t> got(v.shape.begin(), v.shape.begin() + v.rank);
+    if (got != shape)
+      throw Error("'" + file + "': tensor '" + name + "' has shape " + shape_str(got) + ", expected " +
+                  shape_str(shape) + " from config.json");
+    if (float_only && v.dtype != DType::BF16 && v.dtype != DType::F32 && v.dtype != DType::F16)
+      throw Error("'" + file + "': tensor '" + name + "' has dtype " + dtype_name(v.dtype) +
+                  ", expected BF16, F32 or F16");
+    return v;
+  }
+  bool has(const std::string& name) const {
+    std::string file;
+    return !find(name, &file).empty();
+  }
+};
+
+class CheckpointSource : public TensorSource {
+ public:
+  CheckpointSource(const fs::path& dir, const ModelLoadOptions& opt, std::vector<SafetensorsFile>& files)
+      : dir_(dir), files_(files) {
+    const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+    std::vector<std::string> shard_names;
+    if (fs::exists(index)) {
+      const nlohmann::json j = parse_json(read_text_file(index), index.string());
+      if (!j.contains("weight_map") || !j["weight_map"].is_object())
+        throw Error("'" + index.string() + "': no 'weight_map' object");
+      std::map<std::string, size_t> shard_index;
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        if (!it.value().is_string()) throw Error("'" + index.string() + "': weight_map['" + printable(it.key()) + "'] is " + json_got(it.value()) + ", expected a file name");
+        const std::string f = it.value().get<std::string>();
+        if (skipped(it.key())) continue;
+        check_shard_name(index.string(), it.key(), f);
+        auto [pos, fresh] = shard_index.emplace(f, shard_names.size());
+        if (fresh) shard_names.push_back(f);
+        map_[it.key()] = pos->second;
+      }
+    } else if (fs::exists(single)) {
+      shard_names.push_back("model.safetensors");
+    } else {
+      throw Error("checkpoint '" + dir.string() + "': no model.safetensors or model.safetensors.index.json");
+    }
+    for (const std::string& name : shard_names) {
+      const std::string path = (dir / name).string();
+      files_.push_back(SafetensorsFile::map(path));
+      const SafetensorsFile& f = files_.back();
+      if (opt.progress && f.data_bytes() >= opt.progress_min_bytes) prefault_with_bar(f, name);
+    }
+    if (map_.empty())  // single file: every tensor is in file 0
+      for (const std::string& n : files_[0].names())
+        if (!skipped(n)) map_[n] = 0;
+  }
+  // Shards live in the checkpoint directory: an absolute name or a ".." component is refused, so an
+  // index cannot make the loader open files outside it.
+  static void check_shard_name(const std::string& index, const std::string& tensor, const std::string& f) {
+    const fs::path p(f);
+    bool ok = !f.empty() && p.is_relative() && f.find('\0') == std::string::npos;
+    for (const fs::path& part : p) ok = ok && part != "..";
+    ok = ok && p.has_filename();
+    if (!ok)
+      throw Error("'" + index + "': weight_map['" + printable(tensor) + "'] is \"" + printable(f) +
+                  "\", expected a relative path inside the checkpoint directory (no '..', not absolute)");
+  }
+  static bool skipped(const std::string& name) {
+    return name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0;
+  }
+  TensorView find(const std::string& name, std::string* file) const override {
+    auto it = map_.find(name);
+    if (it == map_.end()) return {};
+    const SafetensorsFile& f = files_[it->second];
+    *file = f.path();
+    if (!f.has(name))
+      throw Error("'" + f.path() + "': tensor '" + name + "' is missing (model.safetensors.index.json places it in this file)");
+    return f.get(name);
+  }
+  std::string where() const override { return "checkpoint '" + dir_.string() + "'"; }
+  bool any_with_prefix(const std::string& prefix) const {
+    auto it = map_.lower_bound(prefix);
+    return it != map_.end() && it->first.rfind(prefix, 0) == 0;
+  }
+
+ private:
+  static void prefault_with_bar(const SafetensorsFile& f, const std::string& name) {
+    const bool tty = isatty(STDERR_FILENO);
+    int last = -1;
+    f.prefault([&](uint64_t done, uint64_t total) {
+      const int pct = static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total));
+      if (pct == last) return;
+      last = pct;
+      if (!tty && pct != 100) return;
+      constexpr int kWidth = 30;
+      const int filled = pct * kWidth / 100;
+      std::fprintf(stderr, "\rloading %s [%s%s] %3d%% %.2f/%.2f GB", name.c_str(), std::string(filled, '#').c_str(),
+                   std::string(kWidth - filled, '.').c_str(), pct, static_cast<double>(done) / 1e9,
+                   static_cast<double>(total) / 1e9);
+      if (pct == 100) std::fprintf(stderr, "\n");
+      std::fflush(stderr);
+    });
+  }
+  fs::path dir_;
+  std::vector<SafetensorsFile>& files_;
+  std::map<std::string, size_t> map_;
+};
+
+// Random BF16 weights of the configured shapes, generated on request (synthetic models).
+class SyntheticSource : public TensorSource {
+ public:
+  SyntheticSource(uint64_t seed, int threads, std::vector<ByteBuffer>& buffers)
+      : seed_(seed), threads_(threads), buffers_(buffers) {}
+  TensorView find(const std::string& name, std::string* file) const override { return {}; }
+  std::string where() const override { return "synthetic model"; }
+  // Uniform in [-a, a] with a = sqrt(3) * std: the variance of the real init, no normal sampling.
+  TensorView make(const std::vector<int64_t>& shape, double stddev, double mean = 0.0) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    buffers_.emplace_back(static_cast<size_t>(n) * 2);
+    auto* p = reinterpret_cast<uint16_t*>(buffers_.back().data());
+    const uint64_t stream = seed_ * 0x9E3779B97F4A7C15ull + (++counter_);
+    const float a = static_cast<float>(std::sqrt(3.0) * stddev), m = static_cast<float>(mean);
+    parallel_for(n, threads_, [&](int64_t b, int64_t e) {
+      uint64_t s = stream ^ (static_cast<uint64_t>(b) * 0xD1B54A32D192ED03ull) ^ 1;
+      uint64_t bits = 0;
+      for (int64_t i = b; i < e; ++i) {
+        if ((i - b) % 4 == 0) {  // xorshift64: one draw gives four 16-bit uniforms
+          s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+          bits = s;
+        }
+        const float u = (static_cast<float>(bits & 0xFFFF) + 0.5f) * (1.0f / 65536.0f);  // (0, 1)
+        bits >>= 16;
+        const float v = m + a * (2.f * u - 1.f);
+        uint32_t f;
+        std::memcpy(&f, &v, 4);
+        p[i] = static_cast<uint16_t>((f + 0x7FFFu + ((f >> 16) & 1u)) >> 16);  // round to nearest even
+      }
+    });
+    return TensorView::contiguous(p, DType::BF16, shape);
+  }
+
+ private:
+  uint64_t seed_;
+  int threads_;
+  std::vector<ByteBuffer>& buffers_;
+  uint64_t counter_ = 0;
+};
+
+}  // namespace
+
+// One decoder layer: its token mixer (one of the four, by config) and channel mixer. Only the
+// block `mixer` names and one of mlp / experts are loaded; the others stay empty (a few empty
+// vectors each), which keeps the dispatch in forward() a plain switch.
+struct Layer {
+  TokenMixer mixer = TokenMixer::kGdn;
+  bool moe = false;  // MoE block instead of the dense MLP
+  int64_t slot = 0;  // index among the layers of its kind (linear: state index; attention: cache index)
+  model::GdnMixer gdn;
+  model::KdaMixer kda;
+  model::GatedAttention attn;
+  model::MlaAttention mla;
+  model::SwiGluMlp mlp;
+  model::MoeBlock experts;
+  std::vector<float> input_norm, post_norm;  // norm multipliers
+};
+
+struct HybridModel::Impl {
+  ModelConfig cfg;
+  std::vector<SafetensorsFile> files;  // mapped checkpoint (keeps the weight views valid)
+  std::vector<ByteBuffer> synthetic;   // synthetic weights
+  std::vector<ByteBuffer> owned;       // weight copies made at load (permuted / transposed rows)
+  uint64_t weight_bytes = 0;
+  TensorView embed;  // [V, H]
+  model::Projection lm_head;
+  std::vector<float> final_norm;
+  std::vector<Layer> layers;
+
+  // The channel-mixer module of layer prefix p: the first of the family's candidates with a tensor.
+  std::string channel_module(const model::WeightReader& w, const std::string& p, bool moe) const {
+    for (const std::string& m : cfg.names.channel_mixer)
+      if (w.has(p + m + (moe ? "gate.weight" : "gate_proj.weight"))) return p + m;
+    return p + cfg.names.channel_mixer.front();  // absent everywhere: the loader names this one
+  }
+
+  void build(const model::WeightReader& w, const std::string& prefix, bool have_lm_head) {
+    const ModelConfig& c = cfg;
+    c.check();
+    const int64_t H = c.hidden_size;
+    embed = w.get(prefix + c.names.embed_tokens + "weight", {c.vocab_size, H});
+    final_norm = w.norm_scale(prefix + "norm.weight", H, c.norm_weight_plus_one);
+    if (c.tie_word_embeddings || !have_lm_head) {
+      if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
+      lm_head = model::Projection(embed, prefix + c.names.embed_tokens + "weight (tied LM head)");
+    } else {
+      lm_head = w.projection("lm_head.weight", c.vocab_size, H);
+    }
+    int64_t linear_slot = 0, attn_slot = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const std::string p = prefix + "layers." + std::to_string(i) + ".";
+      Layer L;
+      L.mixer = c.token_mixer(i);
+      const bool full = c.is_full_attention[static_cast<size_t>(i)];
+      L.slot = full ? attn_slot++ : linear_slot++;
+      L.input_norm = w.norm_scale(p + "input_layernorm.weight", H, c.norm_weight_plus_one);
+      L.post_norm = w.norm_scale(p + "post_attention_layernorm.weight", H, c.norm_weight_plus_one);
+      switch (L.mixer) {
+        case TokenMixer::kGdn: L.gdn.load(c, w, p + c.names.linear_attention); break;
+        case TokenMixer::kKda: L.kda.load(c, w, p + c.names.linear_attention); break;
+        case TokenMixer::kGatedAttention: L.attn.load(c, w, p + c.names.attention); break;
+        case TokenMixer::kMla: L.mla.load(c, w, p + c.names.attention); break;
+      }
+      L.moe = c.layer_is_moe(i);
+      const std::string m = channel_module(w, p, L.moe);
+      if (L.moe) L.experts.load(c, w, m);
+      else L.mlp.load(w, m, H, c.intermediate_size);
+      layers.push_back(std::move(L));
+    }
+  }
+};
+
+HybridModel::HybridModel() : impl_(std::make_unique<Impl>()) {}
+HybridModel::HybridModel(HybridModel&&) noexcept = default;
+HybridModel& HybridModel::operator=(HybridModel&&) noexcept = default;
+HybridModel::~HybridModel() = default;
+
+const ModelConfig& HybridModel::config() const { return impl_->cfg; }
+uint64_t HybridModel::weight_bytes() const { return impl_->weight_bytes; }
+
+HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& opt) {
+  const fs::path d(dir);
+  if (!fs::is_directory(d)) throw Error("checkpoint '" + dir + "': not a directory");
+  const fs::path cfg_path = d / "config.json";
+  if (!fs::exists(cfg_path)) throw Error("checkpoint '" + dir + "': no config.json");
+  HybridModel m;
+  Impl& im = *m.impl_;
+  im.cfg = parse_model_config(read_text_file(cfg_path), cfg_path.string());
+  CheckpointSource src(d, opt, im.files);
+  for (const SafetensorsFile& f : im.files) im.weight_bytes += f.data_bytes();
+  // Qwen3.5 official checkpoints are ...ForConditionalGeneration (model.language_model.*);
+  // text-only ones and the other families are ...ForCausalLM (model.*).
+  const std::string prefix = src.any_with_prefix("model.language_model.") ? "model.language_model." : "model.";
+  model::WeightReader w;
+  w.get = [&](const std::string& name, const std::vector<int64_t>& shape) { return src.get(name, shape); };
+  w.has = [&](const std::string& name) { return src.has(name); };
+  w.owned = &im.owned;
+  im.build(w, prefix, src.has("lm_head.weight"));
+  return m;
+}
+
+HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads) {
+  HybridModel m;
+  Impl& im = *m.impl_;
+  im.cfg = c;
+  SyntheticSource src(seed, threads, im.synthetic);
+  auto get = [&](const std::string& name, const std::vector<int64_t>& shape) -> TensorView {
+    auto ends = [&](const char* s) {
+      const std::string t(s);
+      return name.size() >= t.size() && name.compare(name.size() - t.size(), t.size(), t) == 0;
+    };
+    // Scales as a trained model's: projections ~ 1/sqrt(fan_in) so activations stay O(1);
+    // zero-centred norm offsets near 0 (multiplier 1 + w), raw norm weights near 1; decays moderate.
+    if (ends("A_log")) return src.make(shape, 0.5, 0.5);
+    if (ends("dt_bias")) return src.make(shape, 0.5);
+    if (ends("linear_attn.norm.weight") || ends("o_norm.weight")) return src.make(shape, 0.1, 1.0);
+    if (ends("norm.weight")) return src.make(shape, 0.1, c.norm_weight_plus_one ? 0.0 : 1.0);
+    if (ends("conv1d.weight")) return src.make(shape, 0.5);
+    if (ends("embed_tokens.weight") || ends("word_embeddings.weight")) return src.make(shape, 1.0);
+    if (ends("e_score_correction_bias") || ends("expert_bias")) return src.make(shape, 0.01);
+    return src.make(shape, 1.0 / std::sqrt(static_cast<double>(shape.back())));
+  };
+  model::WeightReader w;
+  w.get = get;
+  // The synthetic layout is the official one: separate KDA convs, per-expert tensors, mlp. names.
+  w.has = [&](const std::string& name) {
+    return name.find("q_conv1d") != std::string::npos || name.find("f_a_proj") != std::string::npos ||
+           name.find("f_proj") != std::string::npos ||
+           name.find("experts.0.") != std::string::npos ||
+           name.find(c.names.channel_mixer.front()) != std::string::npos;
+  };
+  w.owned = &im.owned;
+  im.build(w, "model.", !c.tie_word_embeddings);
+  for (const ByteBuffer& b : im.synthetic) im.weight_bytes += b.size();
+  return m;
+}
+
+size_t HybridState::bytes() const {
+  size_t n = 0;
+  for (const Tensor& t : conv_state) n += t.bytes();
+  for (const Tensor& t : recurrent_state) n += t.bytes();
+  for (const auto& v : key_cache) n += v.capacity() * sizeof(float);
+  for (const auto& v : value_cache) n += v.capacity() * sizeof(float);
+  return n;
+}
+
+HybridState HybridModel::new_state() const {
+  const ModelConfig& c = impl_->cfg;
+  HybridState s;
+  for (int64_t i = 0; i < c.num_linear_layers(); ++i) {
+    s.conv_state.emplace_back(DType::F32, std::vector<int64_t>{c.linear_conv_kernel - 1, c.gdn_conv_dim()});
+    s.recurrent_state.emplace_back(DType::F32, std::vector<int64_t>{1, c.linear_num_value_heads,
+                                                                    c.linear_key_head_dim, c.linear_value_head_dim});
+  }
+  s.key_cache.resize(static_cast<size_t>(c.num_attention_layers()));
+  s.value_cache.resize(static_cast<size_t>(c.num_attention_layers()));
+  return s;
+}
+
+Tensor HybridModel::forward(HybridState& st, std::span<const int32_t> ids, const ForwardOptions& opt) const {
+  const Impl& im = *impl_;
+  const ModelConfig& c = im.cfg;
+  const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
+  if (T == 0) throw Error("forward: no input tokens");
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[static_cast<size_t>(t)] < 0 || ids[static_cast<size_t>(t)] >= c.vocab_size)
+      throw Error("forward: token id " + std::to_string(ids[static_cast<size_t>(t)]) + " at position " +
+                  std::to_string(t) + " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+  if (st.conv_state.size() != static_cast<size_t>(c.num_linear_layers()) ||
+      st.key_cache.size() != static_cast<size_t>(c.num_attention_layers()))
+    throw Error("forward: the state was not made by this model's new_state()");
+  ForwardTimes local;
+  ForwardTimes* tm = opt.times ? opt.times : &local;
+  const int th = opt.threads;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const model::BlockRun run{c, opt, *tm, T, st.position};
+
+  auto t0 = Clock::now();
+  float* x = scratch(model::kX, T * H);
+  float* h = scratch(model::kH, T * H);
+  parallel_for(T, T >= 16 ? th : 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t id = ids[static_cast<size_t>(t)];
+      float* xr = x + t * H;
+      if (im.embed.dtype == DType::BF16) {
+        const auto* src = static_cast<const uint16_t*>(im.embed.data) + id * H;
+        for (int64_t i = 0; i < H; ++i) xr[i] = bf16_to_f32(src[i]);
+      } else {
+        for (int64_t i = 0; i < H; ++i) xr[i] = static_cast<float>(load_as_double(im.embed.data, im.embed.dtype, id * H + i));
+      }
+    }
+  });
+  tm->embed += seconds_since(t0);
+
+  for (const Layer& L : im.layers) {
+    t0 = Clock::now();
+    model::rms_norm_rows(x, H, h, H, T, H, L.input_norm.data(), eps, th);
+    tm->norms += seconds_since(t0);
+    const size_t s = static_cast<size_t>(L.slot);
+    switch (L.mixer) {
+      case TokenMixer::kGdn: L.gdn.forward(run, st.conv_state[s], st.recurrent_state[s], h, x); break;
+      case TokenMixer::kKda: L.kda.forward(run, st.conv_state[s], st.recurrent_state[s], h, x); break;
+      case TokenMixer::kGatedAttention: L.attn.forward(run, st.key_cache[s], st.value_cache[s], h, x); break;
+      case TokenMixer::kMla: L.mla.forward(run, st.key_cache[s], h, x); break;
+    }
+    t0 = Clock::now();
+    model::rms_norm_rows(x, H, h, H, T, H, L.post_norm.data(), eps, th);
+    tm->norms += seconds_since(t0);
+    t0 = Clock::now();
+    if (L.moe) L.experts.forward(run, h, x);
+    else L.mlp.forward(run, h, x);
+    tm->mlp += seconds_since(t0);
+  }
+  st.position += T;
+
+  t0 = Clock::now();
+  const int64_t rows = opt.all_logits ? T : 1;
+  const float* last = x + (T - rows) * H;
+  model::rms_norm_rows(last, H, h, H, rows, H, im.final_norm.data(), eps, th);
+  tm->norms += seconds_since(t0);
+  t0 = Clock::now();
+  Tensor logits(DType::F32, {rows, c.vocab_size});
+  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, rows, th, false, opt.precision);
+  tm->lm_head += seconds_since(t0);
+  return logits;
+}
+
+}  // namespace hanpu

@@ -1,0 +1,192 @@
+// Kimi Linear's config.json parser (model_type kimi_linear; reference-models.md §1.4, §4): the
+// official checkpoints' keys (linear_attn_config with 1-indexed kda_layers / full_attn_layers,
+// num_experts_per_token, first_k_dense_replace, ...) and the ones transformers' save_pretrained
+// writes (layer_types, mlp_layer_types, linear_num_heads, ...), with transformers 5.24's
+// KimiLinearConfig defaults for absent optional keys. Options transformers' KimiLinear model does
+// not run either (RoPE in MLA, biases, other activations) are refused, naming the key.
+#include <nlohmann/json.hpp>
+
+#include "hanpu/model.hpp"
+#include "io/json_io.hpp"
+#include "model/config_fields.hpp"
+
+namespace hanpu {
+
+namespace {
+
+using json = nlohmann::json;
+using model::config_fail;
+using model::ConfigFields;
+using model::first_present;
+
+ModelConfig parse(const json& top, const std::string& source) {
+  if (!top.is_object()) config_fail(source, "expected a JSON object");
+  const ConfigFields f{top, top, source};
+  ModelConfig c;
+  c.model_type = "kimi_linear";
+  c.linear_mixer = TokenMixer::kKda;
+  c.attention_mixer = TokenMixer::kMla;
+  c.norm_weight_plus_one = false;  // KimiLinearRMSNorm: weight * normed
+  c.vocab_size = f.required_int("vocab_size");
+  c.hidden_size = f.required_int("hidden_size");
+  c.num_layers = f.required_int("num_hidden_layers");
+  c.rms_norm_eps = f.present("rms_norm_eps") ? f.number(top, "rms_norm_eps", "rms_norm_eps") : 1e-5;
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+
+  // Options outside what the KimiLinear layers compute.
+  if (top.contains("hidden_act") && top["hidden_act"] != "silu")
+    config_fail(source, "field 'hidden_act' is " + json_got(top["hidden_act"]) + ", hanpu runs Kimi Linear with 'silu' only");
+  if (f.boolean("attention_bias", false))
+    config_fail(source, "field 'attention_bias' is true: MLA projections with biases are not supported");
+  if (!f.boolean("mla_use_nope", true))
+    config_fail(source, "field 'mla_use_nope' is false (MLA with RoPE) is not supported for kimi_linear; hanpu runs "
+                        "its MLA without RoPE, as the published Kimi Linear checkpoints");
+  if (top.contains("moe_router_activation_func") && top["moe_router_activation_func"] != "sigmoid")
+    config_fail(source, "field 'moe_router_activation_func' is " + json_got(top["moe_router_activation_func"]) +
+                            ", expected 'sigmoid' (the Kimi Linear router)");
+  if (top.contains("moe_layer_freq") && top["moe_layer_freq"] != 1)
+    config_fail(source, "field 'moe_layer_freq' is " + json_got(top["moe_layer_freq"]) +
+                            ", only 1 (every layer from first_k_dense_replace on is MoE) is supported");
+  if (top.contains("num_nextn_predict_layers") && top["num_nextn_predict_layers"].is_number_integer() &&
+      top["num_nextn_predict_layers"].get<int64_t>() > 0)
+    config_fail(source, "field 'num_nextn_predict_layers' > 0: Kimi Linear MTP layers are not supported");
+
+  // KDA layers: linear_attn_config (official) or the flat keys save_pretrained writes.
+  const json empty = json::object();
+  const json& lac = top.contains("linear_attn_config") && top["linear_attn_config"].is_object() ? top["linear_attn_config"] : empty;
+  const ConfigFields lf{lac, top, source};
+  auto kda_int = [&](const char* nested, const char* flat, int64_t fallback) {
+    if (lac.contains(nested) && !lac[nested].is_null())
+      return lf.int_value(lac[nested], nested, std::string("linear_attn_config.") + nested);
+    return f.optional_int(flat, fallback);
+  };
+  const int64_t kda_heads = kda_int("num_heads", "linear_num_heads", 32);
+  const int64_t kda_dim = kda_int("head_dim", "linear_head_dim", 128);
+  c.linear_num_key_heads = c.linear_num_value_heads = kda_heads;
+  c.linear_key_head_dim = c.linear_value_head_dim = kda_dim;
+  c.linear_conv_kernel = kda_int("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
+
+  // Layer kinds: layer_types, else linear_attn_config's 1-indexed lists, else transformers' default.
+  c.is_full_attention.assign(static_cast<size_t>(c.num_layers), false);
+  if (f.present("layer_types")) {
+    const json& lt = top["layer_types"];
+    if (!lt.is_array() || static_cast<int64_t>(lt.size()) != c.num_layers)
+      config_fail(source, "field 'layer_types' must be a list of " + std::to_string(c.num_layers) +
+                              " entries (num_hidden_layers), found " + json_got(lt));
+    for (size_t i = 0; i < lt.size(); ++i) {
+      const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : json_summary(lt[i]);
+      if (t != "full_attention" && t != "linear_attention")
+        config_fail(source, "layer_types[" + std::to_string(i) + "] is '" + t + "', expected 'full_attention' or 'linear_attention'");
+      c.is_full_attention[i] = t == "full_attention";
+    }
+  } else if (lac.contains("full_attn_layers") && lac.contains("kda_layers")) {
+    std::vector<int> seen(static_cast<size_t>(c.num_layers), 0);
+    for (const char* key : {"full_attn_layers", "kda_layers"}) {
+      const json& list = lac[key];
+      if (!list.is_array()) config_fail(source, std::string("field 'linear_attn_config.") + key + "' is " + json_got(list) + ", expected a list");
+      for (const json& x : list) {
+        if (!x.is_number_integer() || x.get<int64_t>() < 1 || x.get<int64_t>() > c.num_layers)
+          config_fail(source, std::string("field 'linear_attn_config.") + key + "' holds " + json_got(x) +
+                                  ", expected 1-indexed layer numbers in [1, " + std::to_string(c.num_layers) + "]");
+        const size_t i = static_cast<size_t>(x.get<int64_t>() - 1);
+        ++seen[i];
+        c.is_full_attention[i] = std::string(key) == "full_attn_layers";
+      }
+    }
+    for (size_t i = 0; i < seen.size(); ++i)
+      if (seen[i] != 1)
+        config_fail(source, "linear_attn_config: layer " + std::to_string(i + 1) + " is listed " + std::to_string(seen[i]) +
+                                " times in full_attn_layers + kda_layers, expected exactly once");
+  } else {
+    for (int64_t i = 0; i < c.num_layers; ++i) c.is_full_attention[static_cast<size_t>(i)] = i > 0 && i % 4 == 0;
+  }
+
+  // MLA (KimiLinearAttention): one KV head per query head after kv_b_proj.
+  c.num_heads = f.required_int("num_attention_heads");
+  c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
+  if (c.num_kv_heads != c.num_heads)
+    config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
+                            std::to_string(c.num_heads) + ": Kimi Linear's MLA expands the latent to one key/value head "
+                            "per query head");
+  c.mla_q_lora_rank = f.optional_int("q_lora_rank", 0);
+  c.mla_kv_lora_rank = f.optional_int("kv_lora_rank", 512);
+  c.mla_qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
+  c.mla_qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
+  c.mla_v_head_dim = f.optional_int("v_head_dim", 128);
+  c.head_dim = c.mla_qk_head_dim();
+
+  // Channel mixers: mlp_layer_types ("dense" / "sparse"), else the first first_k_dense_replace
+  // layers dense and the rest MoE.
+  c.is_moe.assign(static_cast<size_t>(c.num_layers), false);
+  if (f.present("mlp_layer_types")) {
+    const json& mt = top["mlp_layer_types"];
+    if (!mt.is_array() || static_cast<int64_t>(mt.size()) != c.num_layers)
+      config_fail(source, "field 'mlp_layer_types' must be a list of " + std::to_string(c.num_layers) + " entries, found " + json_got(mt));
+    for (size_t i = 0; i < mt.size(); ++i) {
+      const std::string t = mt[i].is_string() ? mt[i].get<std::string>() : json_summary(mt[i]);
+      if (t != "dense" && t != "sparse")
+        config_fail(source, "mlp_layer_types[" + std::to_string(i) + "] is '" + t + "', expected 'dense' or 'sparse'");
+      c.is_moe[i] = t == "sparse";
+    }
+  } else {
+    int64_t dense_first = 1;
+    if (top.contains("first_k_dense_replace")) {
+      const json& v = top["first_k_dense_replace"];
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > c.num_layers)
+        config_fail(source, "field 'first_k_dense_replace' is " + json_got(v) + ", expected a layer count in [0, " +
+                                std::to_string(c.num_layers) + "]");
+      dense_first = v.get<int64_t>();
+    }
+    for (int64_t i = dense_first; i < c.num_layers; ++i) c.is_moe[static_cast<size_t>(i)] = true;
+  }
+  if (c.num_moe_layers() < c.num_layers) c.intermediate_size = f.required_int("intermediate_size");
+  if (c.num_moe_layers() > 0) {
+    const char* experts = first_present(top, {"num_experts", "num_local_experts", "n_routed_experts"});
+    if (!experts) config_fail(source, "field 'num_experts' is missing (needed by the MoE layers)");
+    c.num_experts = f.required_int(experts);
+    const char* per_tok = first_present(top, {"num_experts_per_token", "num_experts_per_tok"});
+    c.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
+    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
+    const bool no_shared = shared && top[shared] == 0;
+    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe_intermediate_size;
+    c.shared_expert_gated = false;
+    c.router_scoring = RouterScoring::kSigmoid;
+    c.router_score_bias = true;  // KimiLinearTopkRouter.e_score_correction_bias
+    const char* groups = first_present(top, {"num_expert_group", "n_group"});
+    c.num_expert_groups = groups ? f.required_int(groups) : 1;
+    c.topk_groups = f.optional_int("topk_group", 1);
+    const char* renorm = first_present(top, {"moe_renormalize", "norm_topk_prob"});
+    c.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
+    c.topk_norm_eps = 1e-20;
+    c.routed_scaling_factor =
+        f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.446;
+  }
+
+  // Checkpoint names (reference-models.md §4.1, §4.4): the KDA module is self_attn; MoE layers are
+  // block_sparse_moe (dense ones mlp in official checkpoints, block_sparse_moe in save_pretrained's).
+  c.names.linear_attention = "self_attn.";
+  c.names.channel_mixer = {"block_sparse_moe.", "mlp."};
+  c.names.expert_gate = "w1";
+  c.names.expert_up = "w3";
+  c.names.expert_down = "w2";
+  c.names.shared_expert = "shared_experts.";
+  c.eos_token_ids = model::read_eos_token_ids(f);
+  c.check();
+  return c;
+}
+
+}  // namespace
+
+ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source) {
+  const json top = parse_json(json_text, "config '" + source + "'");
+  try {
+    return parse(top, source);
+  } catch (const json::exception& e) {  // a field of an unexpected type read by get()
+    std::string what = e.what();
+    if (what.rfind("[json.exception.", 0) == 0 && what.find("] ") != std::string::npos) what = what.substr(what.find("] ") + 2);
+    config_fail(source, "a field has an unexpected JSON type: " + what);
+  }
+}
+
+}  // namespace hanpu

@@ -1,0 +1,178 @@
+// The model description (ModelConfig in include/hanpu/model.hpp): consistency checks, parameter
+// count, the one-line summary, the model_type dispatch to each family's parser, and the synthetic
+// presets of published shapes (reference-models.md §1).
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hanpu/model.hpp"
+#include "io/json_io.hpp"
+#include "model/config_fields.hpp"
+
+namespace hanpu {
+
+const char* token_mixer_name(TokenMixer m) {
+  switch (m) {
+    case TokenMixer::kGdn: return "GDN";
+    case TokenMixer::kKda: return "KDA";
+    case TokenMixer::kGatedAttention: return "attention";
+    case TokenMixer::kMla: return "MLA";
+  }
+  return "?";
+}
+
+int64_t ModelConfig::num_linear_layers() const {
+  int64_t n = 0;
+  for (bool full : is_full_attention) n += full ? 0 : 1;
+  return n;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t i = 0; i < num_layers; ++i) n += layer_is_moe(i) ? 1 : 0;
+  return n;
+}
+
+void ModelConfig::check() const {
+  auto fail = [&](const std::string& what) { throw Error("model description (" + model_type + "): " + what); };
+  if (static_cast<int64_t>(is_full_attention.size()) != num_layers)
+    fail("layer kinds list " + std::to_string(is_full_attention.size()) + " layers, expected num_layers " +
+         std::to_string(num_layers));
+  if (!is_moe.empty() && static_cast<int64_t>(is_moe.size()) != num_layers)
+    fail("MoE layer list has " + std::to_string(is_moe.size()) + " entries, expected num_layers " + std::to_string(num_layers));
+  if (linear_mixer != TokenMixer::kGdn && linear_mixer != TokenMixer::kKda)
+    fail(std::string("linear-attention layers must be GDN or KDA, got ") + token_mixer_name(linear_mixer));
+  if (attention_mixer != TokenMixer::kGatedAttention && attention_mixer != TokenMixer::kMla)
+    fail(std::string("full-attention layers must be gated attention or MLA, got ") + token_mixer_name(attention_mixer));
+  if (num_linear_layers() > 0) {
+    if (linear_num_key_heads < 1 || linear_num_value_heads % linear_num_key_heads != 0)
+      fail("linear_num_value_heads " + std::to_string(linear_num_value_heads) + " is not a multiple of linear_num_key_heads " +
+           std::to_string(linear_num_key_heads));
+    if (linear_mixer == TokenMixer::kKda &&
+        (linear_num_key_heads != linear_num_value_heads || linear_key_head_dim != linear_value_head_dim))
+      fail("KDA layers have one head count and one head dim for q, k and v");
+  }
+  if (num_attention_layers() > 0) {
+    if (attention_mixer == TokenMixer::kGatedAttention && (num_kv_heads < 1 || num_heads % num_kv_heads != 0))
+      fail("num_attention_heads " + std::to_string(num_heads) + " is not a multiple of num_key_value_heads " +
+           std::to_string(num_kv_heads));
+    if (attention_mixer == TokenMixer::kMla &&
+        (mla_kv_lora_rank < 1 || mla_qk_nope_head_dim < 1 || mla_qk_rope_head_dim < 1 || mla_v_head_dim < 1))
+      fail("MLA needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim >= 1");
+    if (attention_mixer == TokenMixer::kMla && mla_rope && mla_qk_rope_head_dim % 2 != 0)
+      fail("MLA RoPE needs an even qk_rope_head_dim");
+  }
+  if (num_moe_layers() > 0) {
+    if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
+      fail("num_experts_per_tok " + std::to_string(num_experts_per_tok) + " must be in [1, num_experts " +
+           std::to_string(num_experts) + "]");
+    if (num_expert_groups < 1 || num_experts % num_expert_groups != 0 || topk_groups < 1 || topk_groups > num_expert_groups)
+      fail("expert groups: " + std::to_string(num_experts) + " experts in " + std::to_string(num_expert_groups) +
+           " groups, top " + std::to_string(topk_groups) + " groups; expected groups dividing the experts and 1 <= topk_group <= groups");
+    if (num_expert_groups > 1 && (num_experts / num_expert_groups < 2 ||
+                                  num_experts_per_tok > topk_groups * (num_experts / num_expert_groups)))
+      fail("grouped top-k needs >= 2 experts per group and num_experts_per_tok <= topk_group x experts per group");
+  }
+}
+
+int64_t ModelConfig::parameter_count() const {
+  const int64_t H = hidden_size;
+  int64_t attn = 0;
+  if (attention_mixer == TokenMixer::kGatedAttention) {
+    attn = H * num_heads * head_dim * 2 + 2 * H * num_kv_heads * head_dim + num_heads * head_dim * H + 2 * head_dim;
+  } else {
+    const int64_t nh = num_heads, qk = mla_qk_head_dim(), r = mla_kv_lora_rank;
+    attn = (mla_q_lora_rank > 0 ? H * mla_q_lora_rank + mla_q_lora_rank + mla_q_lora_rank * nh * qk : H * nh * qk) +
+           H * (r + mla_qk_rope_head_dim) + r + r * nh * (mla_qk_nope_head_dim + mla_v_head_dim) + nh * mla_v_head_dim * H +
+           (mla_head_gate ? H * nh : 0);
+  }
+  int64_t linear = 0;
+  const int64_t nv = linear_num_value_heads;
+  if (linear_mixer == TokenMixer::kGdn) {
+    linear = H * gdn_conv_dim() + H * gdn_value_dim() + 2 * H * nv + gdn_conv_dim() * linear_conv_kernel + 2 * nv +
+             linear_value_head_dim + gdn_value_dim() * H;
+  } else {
+    const int64_t dk = linear_key_head_dim, qkv = nv * dk;
+    const int64_t gate = kda_low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
+    linear = 3 * H * qkv + 3 * qkv * linear_conv_kernel + gate + nv + qkv + H * nv + gate + dk + qkv * H;
+  }
+  const int64_t dense_mlp = 3 * H * intermediate_size;
+  const int64_t moe = H * num_experts + (router_score_bias ? num_experts : 0) + num_experts * 3 * H * moe_intermediate_size +
+                      (shared_expert_intermediate_size > 0
+                           ? 3 * H * shared_expert_intermediate_size + (shared_expert_gated ? H : 0)
+                           : 0);
+  int64_t total = 0;
+  for (int64_t i = 0; i < num_layers; ++i)
+    total += (is_full_attention[static_cast<size_t>(i)] ? attn : linear) + (layer_is_moe(i) ? moe : dense_mlp) + 2 * H;
+  total += vocab_size * H * (tie_word_embeddings ? 1 : 2) + H;
+  return total;
+}
+
+std::string ModelConfig::describe() const {
+  std::ostringstream os;
+  os << model_type << ": " << num_layers << " layers (" << num_linear_layers() << " " << token_mixer_name(linear_mixer)
+     << " + " << num_attention_layers() << " " << token_mixer_name(attention_mixer) << "), hidden " << hidden_size;
+  if (num_moe_layers() < num_layers) os << ", MLP " << intermediate_size;
+  if (num_moe_layers() > 0) {
+    os << ", MoE on " << num_moe_layers() << " layers (" << num_experts << " experts, "
+       << (router_scoring == RouterScoring::kSoftmax ? "softmax" : "sigmoid") << " top-" << num_experts_per_tok;
+    if (num_expert_groups > 1) os << " of " << topk_groups << "/" << num_expert_groups << " groups";
+    os << " x " << moe_intermediate_size << ", shared " << shared_expert_intermediate_size;
+    if (routed_scaling_factor != 1.0) os << ", scaling " << routed_scaling_factor;
+    os << ")";
+  }
+  os << ", vocab " << vocab_size;
+  if (attention_mixer == TokenMixer::kGatedAttention)
+    os << ", attention " << num_heads << "q/" << num_kv_heads << "kv x " << head_dim << " (rope " << rotary_dim
+       << " dims, theta " << rope_theta << ")";
+  else
+    os << ", MLA " << num_heads << " heads, latent " << mla_kv_lora_rank << " + " << mla_qk_rope_head_dim << " (qk "
+       << mla_qk_nope_head_dim << "+" << mla_qk_rope_head_dim << ", v " << mla_v_head_dim
+       << (mla_q_lora_rank > 0 ? ", q LoRA " + std::to_string(mla_q_lora_rank) : std::string())
+       << (mla_rope ? ", RoPE theta " + std::to_string(static_cast<int64_t>(rope_theta)) : std::string(", no RoPE"))
+       << (mla_head_gate ? ", head gate" : "") << ")";
+  if (linear_mixer == TokenMixer::kGdn)
+    os << ", GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads << "v x " << linear_key_head_dim;
+  else
+    os << ", KDA " << linear_num_value_heads << " heads x " << linear_key_head_dim
+       << (kda_safe_gate ? " (safe gate, lower bound " + std::to_string(kda_lower_bound) + ")" : "");
+  os << ", " << (tie_word_embeddings ? "tied" : "untied") << " head, " << static_cast<double>(parameter_count()) / 1e9
+     << "B parameters";
+  return os.str();
+}
+
+namespace model {
+std::vector<int32_t> read_eos_token_ids(const ConfigFields& f) {
+  // Token ids are 32-bit (and non-negative): an id outside that range is an error, never cut.
+  std::vector<int32_t> ids;
+  auto eos_id = [&](const nlohmann::json& x, const std::string& name) {
+    if (!x.is_number_integer() || (x.is_number_unsigned() ? x.get<uint64_t>() > 2147483647u : x.get<int64_t>() < 0))
+      config_fail(f.source, "field '" + name + "' is " + json_got(x) + ", expected a token id in [0, 2147483647]");
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  };
+  for (const nlohmann::json* obj : std::initializer_list<const nlohmann::json*>{&f.text, &f.top}) {
+    if (!ids.empty() || !obj->contains("eos_token_id")) continue;
+    const std::string name = (obj == &f.text ? f.where("eos_token_id") : std::string("eos_token_id"));
+    const nlohmann::json& e = (*obj)["eos_token_id"];
+    if (e.is_null()) continue;
+    if (e.is_array()) {
+      for (size_t i = 0; i < e.size(); ++i) eos_id(e[i], name + "[" + std::to_string(i) + "]");
+    } else {
+      eos_id(e, name);
+    }
+  }
+  return ids;
+}
+}  // namespace model
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
+  // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
+  const nlohmann::json top = parse_json(json_text, "config '" + source + "'");
+  const std::string type = top.is_object() && top.contains("model_type") && top["model_type"].is_string()
+                               ? top["model_type"].get<std::string>()
+                               : "";
+  if (type == "kimi_linear") return parse_kimi_linear_config(json_text, source);
+  if (type == "bailing_hybrid") return parse_bailing_hybrid_config(json_text, source);
+  return parse_qwen35_config(json_text, source);  // the Qwen family, and the errors for unknown types
+}
+
+}  // namespace hanpu

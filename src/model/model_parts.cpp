@@ -1,0 +1,72 @@
+// Projections, activation scratch and weight helpers shared by the blocks (model_parts.hpp).
+#include "model/model_parts.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "model/qwen35_ops.hpp"
+
+namespace hanpu::model {
+
+std::vector<float> to_f32(const TensorView& v) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (int64_t i = 0; i < v.numel(); ++i) out[static_cast<size_t>(i)] = static_cast<float>(load_as_double(v.data, v.dtype, i));
+  return out;
+}
+
+Projection::Projection(const TensorView& w, const std::string& name) : out_(w.shape[0]), in_(w.shape[1]) {
+  if (w.dtype == DType::BF16) bf16_.emplace(w, name);
+  else f32_ = to_f32(w);
+}
+
+void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
+                         LinearPrecision precision) const {
+  if (bf16_) {
+    TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
+    xv.stride[0] = ldx;
+    TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
+    yv.stride[0] = ldy;
+    bf16_->forward(xv, yv, threads, accumulate, precision);
+    return;
+  }
+  parallel_for(out_, threads, [&](int64_t n0, int64_t n1) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* wr = f32_.data() + n * in_;
+        const float* xr = x + m * ldx;
+        float acc = 0;
+        for (int64_t k = 0; k < in_; ++k) acc += xr[k] * wr[k];
+        y[m * ldy + n] = accumulate ? y[m * ldy + n] + acc : acc;
+      }
+  });
+}
+
+float* scratch(ScratchSlot slot, int64_t floats) {
+  static thread_local ByteBuffer buffers[kSlots];
+  ByteBuffer& b = buffers[slot];
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, 1)) * sizeof(float);
+  if (b.size() < bytes) b = ByteBuffer(bytes);  // contents are scratch: nothing to keep on growth
+  return reinterpret_cast<float*>(b.data());
+}
+
+std::vector<float> WeightReader::norm_scale(const std::string& name, int64_t dim, bool plus_one) const {
+  std::vector<float> v = floats(name, {dim});
+  if (plus_one)
+    for (float& x : v) x = 1.0f + x;
+  return v;
+}
+
+ByteBuffer transpose_copy(const TensorView& w) {
+  if (w.rank != 2) throw Error("transpose_copy: expected a rank-2 tensor, got " + w.shape_str());
+  const int64_t rows = w.shape[0], cols = w.shape[1];
+  const size_t es = dtype_size(w.dtype);
+  ByteBuffer out(static_cast<size_t>(rows * cols) * es);
+  const auto* src = static_cast<const std::byte*>(w.data);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      std::memcpy(out.data() + static_cast<size_t>(c * rows + r) * es,
+                  src + static_cast<size_t>(r * w.stride[0] + c * w.stride[1]) * es, es);
+  return out;
+}
+
+}  // namespace hanpu::model

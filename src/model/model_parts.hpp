@@ -1,0 +1,78 @@
+// The pieces every block of a hybrid model is built from: projections over BF16 (or F32/F16)
+// weights, the per-thread activation scratch, the weight reader the loader hands to each block,
+// and timing. Internal to src/model.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hanpu/linear.hpp"
+#include "hanpu/tensor.hpp"
+
+namespace hanpu::model {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// A tensor's values as F32 (any float dtype).
+std::vector<float> to_f32(const TensorView& v);
+
+/// y = x W^T with a BF16 weight through Bf16Linear, or an F32/F16 weight (converted to F32 once)
+/// through a plain loop: checkpoints are BF16, the F32 path exists so converted or test
+/// checkpoints still run.
+class Projection {
+ public:
+  Projection() = default;
+  Projection(const TensorView& w, const std::string& name);
+  int64_t out_features() const { return out_; }
+  int64_t in_features() const { return in_; }
+  /// y[m, :out] (+)= x[m, :in] W^T for m < M; rows of x and y are ldx / ldy floats apart.
+  void forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
+               LinearPrecision precision = LinearPrecision::kExact) const;
+
+ private:
+  int64_t out_ = 0, in_ = 0;
+  std::optional<Bf16Linear> bf16_;
+  std::vector<float> f32_;
+};
+
+/// Per-thread activation buffers reused across forward() calls: a prefill of 2K tokens needs
+/// ~150 MiB of activations per layer, and fresh allocations would page-fault (and zero) all of it
+/// for every layer. Each slot only grows. They are ByteBuffers, not vectors: 64-byte aligned rows and,
+/// from 2 MiB on, huge pages. The LA engine reads q/k/v as 512-byte pieces of rows 24 KiB apart (one
+/// per token and head); from malloc'd memory every piece straddled a cache line and every row cost a
+/// TLB miss, which made the engine ~2.5x slower here than on the same views standalone.
+enum ScratchSlot {
+  kX, kH, kGate, kUp, kMixed, kZ, kB, kA, kConv, kO, kQG, kQ, kAttn,
+  kRouter, kExpertIn, kExpertGate, kExpertUp, kExpertOut, kSharedGate, kSharedUp, kSharedScore,
+  kLowRank, kGateOut, kLatentQ, kLatentOut,
+  kSlots
+};
+float* scratch(ScratchSlot slot, int64_t floats);
+
+/// What the loader gives each block: checked tensors by name and expected shape (a missing tensor
+/// or a wrong shape throws, naming the file and tensor), whether a tensor exists, and a place to
+/// keep weight copies a block makes at load (permuted or transposed rows).
+struct WeightReader {
+  std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get;
+  std::function<bool(const std::string& name)> has;
+  std::vector<ByteBuffer>* owned = nullptr;
+
+  Projection projection(const std::string& name, int64_t out, int64_t in) const {
+    return Projection(get(name, {out, in}), name);
+  }
+  std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) const {
+    return to_f32(get(name, shape));
+  }
+  /// An RMSNorm weight as the multiplier the kernels take: 1 + w for Qwen's zero-centred norms.
+  std::vector<float> norm_scale(const std::string& name, int64_t dim, bool plus_one) const;
+};
+
+/// A copy of the rank-2 tensor `w` ([rows, cols]) transposed to [cols, rows], same dtype.
+ByteBuffer transpose_copy(const TensorView& w);
+
+}  // namespace hanpu::model

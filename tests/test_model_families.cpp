@@ -1,0 +1,461 @@
+// Qwen3.5-MoE and Kimi Linear against transformers itself (tests/golden/qwen35moe_tiny and
+// kimi_linear_tiny, made by tools/make_moe_family_goldens.py with save_pretrained): logits at every
+// position, the greedy continuation, prefill + decode and chunked prefill against one whole
+// prefill, the compressed MLA cache, the configs read from both key spellings, and errors that
+// name the tensor or field.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
+#include "io/safetensors.hpp"
+#include "model_testing.hpp"
+#include "test_support.hpp"
+
+namespace hanpu {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::all_logits;
+using testing::copy_checkpoint;
+using testing::Expected;
+using testing::load_error;
+using testing::nmse;
+using testing::TempDir;
+using testing::TensorMap;
+
+fs::path qwen_moe_dir() { return testing::golden_dir() / "qwen35moe_tiny"; }
+fs::path kimi_dir() { return testing::golden_dir() / "kimi_linear_tiny"; }
+fs::path ling_dir() { return testing::golden_dir() / "bailing_hybrid_tiny"; }
+std::string read_file(const fs::path& p) { return testing::read_text(p.string()); }
+void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
+
+// The sum of the elements of a checkpoint's text-model tensors (model.visual.* and names starting
+// with `skipped` left out).
+int64_t stored_parameters(const fs::path& dir, const std::string& skipped = "model.visual.") {
+  int64_t n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model-", 0) != 0) continue;
+    SafetensorsFile f = SafetensorsFile::open(e.path().string());
+    for (const std::string& t : f.names())
+      if (t.rfind("model.visual.", 0) != 0 && t.rfind(skipped, 0) != 0) n += f.get(t).numel();
+  }
+  return n;
+}
+
+// One fixture per golden: the model loaded once, and the recorded run.
+template <int kWhich>
+class FamilyGolden : public ::testing::Test {
+ protected:
+  static fs::path dir() { return kWhich == 0 ? qwen_moe_dir() : kWhich == 1 ? kimi_dir() : ling_dir(); }
+  static void SetUpTestSuite() {
+    model_ = new HybridModel(HybridModel::load(dir().string()));
+    expected_ = new Expected(testing::load_expected(dir()));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete expected_;
+  }
+
+  // Prefill + one token at a time equals one longer prefill; chunked prefill equals whole.
+  static void expect_decode_and_chunks_equal_whole_prefill() {
+    const std::vector<int32_t> ids = expected_->full_sequence();
+    const int64_t V = model_->config().vocab_size, T0 = static_cast<int64_t>(expected_->prompt.size());
+    Tensor whole = all_logits(*model_, ids);
+    HybridState st = model_->new_state();
+    model_->forward(st, std::span(ids).first(static_cast<size_t>(T0)));
+    for (size_t t = static_cast<size_t>(T0); t < ids.size(); ++t) {
+      Tensor step = model_->forward(st, std::span(ids).subspan(t, 1));
+      EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * V, V), 1e-10) << "token " << t;
+    }
+    HybridState chunked = model_->new_state();
+    size_t done = 0;
+    for (size_t len : {30, 1, 2, 40, 11, 1}) {
+      Tensor part = model_->forward(chunked, std::span(ids).subspan(done, len), {.threads = 2, .all_logits = true});
+      EXPECT_LE(nmse(part.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(done) * V,
+                     static_cast<int64_t>(len) * V),
+                1e-10)
+          << "chunk at " << done;
+      done += len;
+    }
+    ASSERT_EQ(done, ids.size());
+  }
+
+  static HybridModel* model_;
+  static Expected* expected_;
+};
+template <int kWhich>
+HybridModel* FamilyGolden<kWhich>::model_ = nullptr;
+template <int kWhich>
+Expected* FamilyGolden<kWhich>::expected_ = nullptr;
+
+using Qwen35MoeGolden = FamilyGolden<0>;
+using KimiLinearGolden = FamilyGolden<1>;
+using BailingHybridGolden = FamilyGolden<2>;
+
+// ---- Qwen3.5-MoE ---------------------------------------------------------------------------------
+
+TEST_F(Qwen35MoeGolden, ConfigReadFromTheNestedQwen35MoeConfig) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(c.linear_mixer, TokenMixer::kGdn);
+  EXPECT_EQ(c.attention_mixer, TokenMixer::kGatedAttention);
+  EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false}));
+  EXPECT_EQ(c.is_moe, (std::vector<bool>{true, true, true, true}));
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.num_experts_per_tok, 2);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(c.shared_expert_gated);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.router_scoring, RouterScoring::kSoftmax);
+  EXPECT_EQ(c.linear_key_head_dim, 16);
+  EXPECT_EQ(c.linear_value_head_dim, 24);
+  EXPECT_EQ(c.parameter_count(), stored_parameters(qwen_moe_dir()));
+}
+
+TEST_F(Qwen35MoeGolden, LogitsMatchTransformersAtEveryPosition) {
+  testing::expect_logits_match_at_every_position(*model_, *expected_);
+}
+
+TEST_F(Qwen35MoeGolden, GreedyDecodeMatchesTransformers) { testing::expect_greedy_decode_matches(*model_, *expected_); }
+
+TEST_F(Qwen35MoeGolden, PrefillPlusDecodeAndChunkedPrefillEqualOneWholePrefill) {
+  expect_decode_and_chunks_equal_whole_prefill();
+}
+
+TEST_F(Qwen35MoeGolden, FusedExpertTensorsGiveTheSameLogits) {
+  // transformers' in-memory layout (experts.gate_up_proj [E, 2·Im, H], experts.down_proj [E, H, Im])
+  // read from a single-file checkpoint: the same model.
+  TempDir tmp;
+  const ModelConfig& c = model_->config();
+  TensorMap all;
+  for (const auto& e : fs::directory_iterator(qwen_moe_dir())) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("model-", 0) != 0) continue;
+    SafetensorsFile f = SafetensorsFile::open(e.path().string());
+    for (const std::string& n : f.names()) all.emplace(n, f.load_copy(n));
+  }
+  const int64_t E = c.num_experts, Im = c.moe_intermediate_size, H = c.hidden_size;
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const std::string m = "model.language_model.layers." + std::to_string(layer) + ".mlp.experts.";
+    Tensor gu(DType::BF16, {E, 2 * Im, H}), dn(DType::BF16, {E, H, Im});
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string x = m + std::to_string(e) + ".";
+      const size_t w = static_cast<size_t>(Im * H) * 2;
+      std::memcpy(gu.ptr<uint16_t>() + e * 2 * Im * H, all.at(x + "gate_proj.weight").ptr<uint16_t>(), w);
+      std::memcpy(gu.ptr<uint16_t>() + e * 2 * Im * H + Im * H, all.at(x + "up_proj.weight").ptr<uint16_t>(), w);
+      std::memcpy(dn.ptr<uint16_t>() + e * H * Im, all.at(x + "down_proj.weight").ptr<uint16_t>(), w);
+      for (const char* p : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) all.erase(x + p);
+    }
+    all.emplace(m + "gate_up_proj", std::move(gu));
+    all.emplace(m + "down_proj", std::move(dn));
+  }
+  std::vector<std::pair<std::string, TensorView>> out;
+  for (auto& [n, t] : all) out.emplace_back(n, t.view());
+  write_safetensors((tmp.path() / "model.safetensors").string(), out);
+  fs::copy_file(qwen_moe_dir() / "config.json", tmp.path() / "config.json");
+  HybridModel fused = HybridModel::load(tmp.path().string());
+  const std::vector<int32_t> ids = expected_->full_sequence();
+  Tensor a = all_logits(*model_, ids), b = all_logits(fused, ids);
+  ASSERT_EQ(a.numel(), b.numel());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.bytes()), 0);
+}
+
+TEST_F(Qwen35MoeGolden, TokenizerFromTheCheckpointRuns) {
+  Tokenizer tok = Tokenizer::from_dir(qwen_moe_dir().string());
+  EXPECT_FALSE(tok.encode("Hello world!").empty());
+}
+
+TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
+  const ModelConfig c = model_preset("qwen3.5-35b-a3b-slice");
+  EXPECT_EQ(c.num_moe_layers(), 4);
+  EXPECT_EQ(c.num_gdn_layers(), 3);
+  ModelConfig small = c;  // the same composition at small sizes
+  small.vocab_size = 400;
+  small.hidden_size = 64;
+  small.linear_num_key_heads = 2;
+  small.linear_num_value_heads = 4;
+  small.linear_key_head_dim = small.linear_value_head_dim = 16;
+  small.num_heads = 4;
+  small.num_kv_heads = 2;
+  small.head_dim = 32;
+  small.rotary_dim = 8;
+  small.num_experts = 8;
+  small.moe_intermediate_size = small.shared_expert_intermediate_size = 16;
+  HybridModel m = HybridModel::synthetic(small, 3, 2);
+  std::vector<int32_t> ids(70);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 29 % 400);
+  Tensor whole = all_logits(m, ids, 2);
+  HybridState st = m.new_state();
+  m.forward(st, std::span(ids).first(67), {.threads = 2});
+  for (size_t t = 67; t < ids.size(); ++t) {
+    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 400, 400), 1e-10) << t;
+  }
+}
+
+TEST(Qwen35MoeLoader, MissingExpertAndSharedGateNameTheTensor) {
+  TempDir tmp;
+  copy_checkpoint(qwen_moe_dir(), tmp.path(), [](const std::string&, TensorMap& m) {
+    m.erase("model.language_model.layers.3.mlp.experts.5.up_proj.weight");
+  });
+  std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("model.language_model.layers.3.mlp.experts.5.up_proj.weight"), std::string::npos) << err;
+  TempDir tmp2;
+  copy_checkpoint(qwen_moe_dir(), tmp2.path(), [](const std::string&, TensorMap& m) {
+    m.erase("model.language_model.layers.1.mlp.shared_expert_gate.weight");
+  });
+  err = load_error(tmp2.path().string());
+  EXPECT_NE(err.find("layers.1.mlp.shared_expert_gate.weight"), std::string::npos) << err;
+}
+
+// ---- Kimi Linear ---------------------------------------------------------------------------------
+
+TEST_F(KimiLinearGolden, ConfigReadFromTheSavedKimiLinearConfig) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.model_type, "kimi_linear");
+  EXPECT_EQ(c.linear_mixer, TokenMixer::kKda);
+  EXPECT_EQ(c.attention_mixer, TokenMixer::kMla);
+  EXPECT_FALSE(c.norm_weight_plus_one);
+  EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false, true}));
+  EXPECT_EQ(c.is_moe, (std::vector<bool>{false, true, true, true, true}));
+  EXPECT_EQ(c.linear_num_value_heads, 3);
+  EXPECT_EQ(c.linear_key_head_dim, 24);
+  EXPECT_EQ(c.mla_kv_lora_rank, 40);
+  EXPECT_EQ(c.mla_qk_nope_head_dim, 16);
+  EXPECT_EQ(c.mla_qk_rope_head_dim, 8);
+  EXPECT_EQ(c.mla_v_head_dim, 20);
+  EXPECT_EQ(c.router_scoring, RouterScoring::kSigmoid);
+  EXPECT_TRUE(c.router_score_bias);
+  EXPECT_EQ(c.num_expert_groups, 2);
+  EXPECT_EQ(c.topk_groups, 1);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.446);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 16);
+  EXPECT_FALSE(c.shared_expert_gated);
+  EXPECT_EQ(c.parameter_count(), stored_parameters(kimi_dir()));
+}
+
+TEST_F(KimiLinearGolden, LogitsMatchTransformersAtEveryPosition) {
+  testing::expect_logits_match_at_every_position(*model_, *expected_);
+}
+
+TEST_F(KimiLinearGolden, GreedyDecodeMatchesTransformers) {
+  const HybridState st = testing::expect_greedy_decode_matches(*model_, *expected_);
+  // The MLA cache holds the compressed rows only: kv_lora_rank + rope floats per token and layer.
+  const ModelConfig& c = model_->config();
+  ASSERT_EQ(st.key_cache.size(), 2u);
+  for (size_t i = 0; i < st.key_cache.size(); ++i) {
+    EXPECT_EQ(static_cast<int64_t>(st.key_cache[i].size()), st.position * c.mla_cache_dim());
+    EXPECT_TRUE(st.value_cache[i].empty());
+  }
+  EXPECT_EQ(c.mla_cache_dim(), 48);
+}
+
+TEST_F(KimiLinearGolden, PrefillPlusDecodeAndChunkedPrefillEqualOneWholePrefill) {
+  expect_decode_and_chunks_equal_whole_prefill();
+}
+
+TEST(KimiLinearConfig, OfficialKeysGiveTheSameDescription) {
+  // The official checkpoints' config (reference-models.md §1.4): linear_attn_config with 1-indexed
+  // layer lists, num_experts_per_token, first_k_dense_replace, the router keys.
+  const ModelConfig saved = parse_model_config(read_file(kimi_dir() / "config.json"), "config.json");
+  nlohmann::json j = nlohmann::json::parse(read_file(kimi_dir() / "config.json"));
+  for (const char* k : {"layer_types", "mlp_layer_types", "linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"})
+    j.erase(k);
+  j["linear_attn_config"] = {{"num_heads", 3}, {"head_dim", 24}, {"short_conv_kernel_size", 4},
+                             {"kda_layers", {1, 2, 4}}, {"full_attn_layers", {3, 5}}};
+  j["first_k_dense_replace"] = 1;
+  j["moe_router_activation_func"] = "sigmoid";
+  j["mla_use_nope"] = true;
+  const ModelConfig official = parse_model_config(j.dump(), "config.json");
+  EXPECT_EQ(official.describe(), saved.describe());
+  EXPECT_EQ(official.is_full_attention, saved.is_full_attention);
+  EXPECT_EQ(official.is_moe, saved.is_moe);
+
+  auto error_of = [&](const nlohmann::json& cfg) {
+    try {
+      parse_model_config(cfg.dump(), "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  nlohmann::json bad = j;
+  bad["mla_use_nope"] = false;
+  EXPECT_NE(error_of(bad).find("mla_use_nope"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["moe_router_activation_func"] = "softmax";
+  EXPECT_NE(error_of(bad).find("moe_router_activation_func"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["linear_attn_config"]["kda_layers"] = {1, 2, 3, 4};  // layer 3 twice
+  EXPECT_NE(error_of(bad).find("layer 3 is listed 2 times"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["num_key_value_heads"] = 1;
+  EXPECT_NE(error_of(bad).find("num_key_value_heads 1"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["num_expert_group"] = 3;  // 8 experts do not split into 3 groups
+  EXPECT_NE(error_of(bad).find("expert groups"), std::string::npos) << error_of(bad);
+}
+
+TEST(KimiLinearLoader, OfficialDenseMlpNameAndMissingTensorsNamed) {
+  // Official checkpoints name layer 0's dense MLP mlp.*; save_pretrained writes block_sparse_moe.*.
+  TempDir tmp;
+  copy_checkpoint(kimi_dir(), tmp.path(), [](const std::string&, TensorMap& m) {
+    for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+      auto it = m.find(std::string("model.layers.0.block_sparse_moe.") + p + ".weight");
+      if (it == m.end()) continue;
+      Tensor t = std::move(it->second);
+      m.erase(it);
+      m.emplace(std::string("model.layers.0.mlp.") + p + ".weight", std::move(t));
+    }
+  });
+  nlohmann::json index = nlohmann::json::parse(read_file(tmp.path() / "model.safetensors.index.json"));
+  nlohmann::json& wm = index["weight_map"];
+  for (const char* p : {"gate_proj", "up_proj", "down_proj"}) {
+    const std::string from = std::string("model.layers.0.block_sparse_moe.") + p + ".weight";
+    wm[std::string("model.layers.0.mlp.") + p + ".weight"] = wm[from];
+    wm.erase(from);
+  }
+  write_file(tmp.path() / "model.safetensors.index.json", index.dump());
+  HybridModel renamed = HybridModel::load(tmp.path().string());
+  const Expected e = testing::load_expected(kimi_dir());
+  const std::vector<int32_t> ids = e.full_sequence();
+  Tensor got = all_logits(renamed, ids);
+  EXPECT_LE(nmse(got.ptr<float>(), e.logits.ptr<float>(), got.numel()), 1e-8);
+
+  TempDir tmp2;
+  copy_checkpoint(kimi_dir(), tmp2.path(), [](const std::string&, TensorMap& m) {
+    m.erase("model.layers.3.self_attn.k_conv1d.weight");
+    m.erase("model.layers.4.block_sparse_moe.gate.e_score_correction_bias");
+  });
+  const std::string err = load_error(tmp2.path().string());
+  EXPECT_NE(err.find("model.layers.3.self_attn.k_conv1d.weight"), std::string::npos) << err;
+}
+
+TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
+  const ModelConfig c = model_preset("kimi-linear-48b-a3b-slice");
+  EXPECT_EQ(c.num_kda_layers(), 3);
+  EXPECT_EQ(c.num_attention_layers(), 1);
+  EXPECT_EQ(c.mla_cache_dim(), 576);  // reference-models.md §4.4: 576 values per token per layer
+  // A tiny model of the same composition runs and its decode continues its prefill exactly.
+  ModelConfig small = c;
+  small.vocab_size = 500;
+  small.hidden_size = 96;
+  small.intermediate_size = 128;
+  small.linear_num_key_heads = small.linear_num_value_heads = 2;
+  small.linear_key_head_dim = small.linear_value_head_dim = 32;
+  small.num_heads = small.num_kv_heads = 2;
+  small.mla_kv_lora_rank = 56;
+  small.mla_qk_nope_head_dim = 16;
+  small.mla_qk_rope_head_dim = 8;
+  small.mla_v_head_dim = 16;
+  small.num_experts = 8;
+  small.num_experts_per_tok = 2;
+  small.moe_intermediate_size = 32;
+  small.shared_expert_intermediate_size = 32;
+  HybridModel m = HybridModel::synthetic(small, 5, 2);
+  std::vector<int32_t> ids(70);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 37 % 500);
+  Tensor whole = all_logits(m, ids, 2);
+  HybridState st = m.new_state();
+  m.forward(st, std::span(ids).first(66), {.threads = 2});
+  for (size_t t = 66; t < ids.size(); ++t) {
+    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 500, 500), 1e-10) << t;
+  }
+}
+
+// ---- Ling 3.0 (bailing_hybrid) ----------------------------------------------------------------------
+
+TEST_F(BailingHybridGolden, ConfigReadFromTheBailingHybridConfig) {
+  const ModelConfig& c = model_->config();
+  EXPECT_EQ(c.model_type, "bailing_hybrid");
+  EXPECT_EQ(c.linear_mixer, TokenMixer::kKda);
+  EXPECT_EQ(c.attention_mixer, TokenMixer::kMla);
+  EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false, true}));
+  EXPECT_EQ(c.is_moe, (std::vector<bool>{false, true, true, true, true}));
+  EXPECT_FALSE(c.kda_low_rank_gates);
+  EXPECT_TRUE(c.kda_safe_gate);
+  EXPECT_DOUBLE_EQ(c.kda_lower_bound, -5.0);
+  EXPECT_EQ(c.linear_key_head_dim, 24);
+  EXPECT_TRUE(c.mla_rope);
+  EXPECT_TRUE(c.mla_head_gate);
+  EXPECT_EQ(c.mla_q_lora_rank, 20);
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.num_expert_groups, 4);
+  EXPECT_EQ(c.topk_groups, 2);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  // The MTP layer (layers.5.*, after num_hidden_layers) is in the checkpoint but not in the model.
+  EXPECT_EQ(c.parameter_count(), stored_parameters(ling_dir(), "model.layers.5."));
+}
+
+TEST_F(BailingHybridGolden, LogitsMatchTransformersAtEveryPosition) {
+  testing::expect_logits_match_at_every_position(*model_, *expected_);
+}
+
+TEST_F(BailingHybridGolden, GreedyDecodeMatchesTransformers) {
+  testing::expect_greedy_decode_matches(*model_, *expected_);
+}
+
+TEST_F(BailingHybridGolden, PrefillPlusDecodeAndChunkedPrefillEqualOneWholePrefill) {
+  expect_decode_and_chunks_equal_whole_prefill();
+}
+
+TEST(BailingHybridConfig, UnsupportedOptionsAreNamed) {
+  const nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+  auto error_of = [&](const nlohmann::json& cfg) {
+    try {
+      parse_model_config(cfg.dump(), "config.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  nlohmann::json bad = j;
+  bad["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0}};
+  EXPECT_NE(error_of(bad).find("rope_type 'yarn'"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["kda_lower_bound"] = 1.0;
+  EXPECT_NE(error_of(bad).find("kda_lower_bound"), std::string::npos) << error_of(bad);
+  bad = j;
+  bad["num_expert_group"] = 3;
+  EXPECT_NE(error_of(bad).find("expert groups"), std::string::npos) << error_of(bad);
+  // Without the safe gate the KDA gate is Kimi's softplus one (computed in the engine).
+  bad = j;
+  bad["kda_safe_gate"] = false;
+  EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda_safe_gate);
+}
+
+TEST_F(BailingHybridGolden, SafeGateAndRopeEachMoveTheLogits) {
+  // The golden is sensitive to both Ling-specific parts: the softplus gate instead of the safe
+  // gate, or another RoPE theta, each leave transformers' logits far behind.
+  const std::vector<int32_t> ids = expected_->full_sequence();
+  for (const char* edit : {"no safe gate", "rope theta"}) {
+    TempDir tmp;
+    copy_checkpoint(ling_dir(), tmp.path());
+    nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+    if (std::string(edit) == "no safe gate") j["kda_safe_gate"] = false;
+    else j["rope_parameters"]["rope_theta"] = 500.0;
+    write_file(tmp.path() / "config.json", j.dump());
+    HybridModel m = HybridModel::load(tmp.path().string());
+    Tensor got = all_logits(m, ids);
+    EXPECT_GT(nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel()), 1e-3) << edit;
+  }
+}
+
+TEST(BailingHybridLoader, MissingTensorsNamed) {
+  TempDir tmp;
+  copy_checkpoint(ling_dir(), tmp.path(), [](const std::string&, TensorMap& m) {
+    m.erase("model.layers.2.attention.g_proj.weight");
+  });
+  std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("model.layers.2.attention.g_proj.weight"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace hanpu
