@@ -200,6 +200,11 @@ struct Kernel {
   std::string state_in = "none";     // "initial" | "segment" (from GM) | "none"
   std::string state_out = "none";    // "final" | "segment" | "none"
   std::vector<std::vector<PlanItem>> cores;  // per core, in order
+  /// Lockstep groups of a head-parallel kernel, per core: the sizes of consecutive runs of that
+  /// core's items (same sequence, columns and chunks) that advance chunk by chunk together, every
+  /// item of a group with its own state live in the working buffer. The sizes of a core sum to its
+  /// item count; an empty list (or an empty `groups`) runs every item on its own (groups of 1).
+  std::vector<std::vector<int32_t>> groups;
   bool operator==(const Kernel&) const = default;
 };
 
@@ -229,6 +234,10 @@ std::vector<std::string> ablation_names();
 
 struct PlanOptions {
   int cores = 0;  // 0: the device's core count
+  /// Head-mapped strategies: the operator order of the fused kernel instead of the graph's
+  /// default (any order in which every operator follows the producers of its inputs; make_plan
+  /// throws naming the operator otherwise). Empty: the default order.
+  std::vector<std::string> order;
 };
 
 /// Plans `p` on `dev` with a strategy. Throws hanpu::Error for an unknown strategy, an invalid
@@ -244,6 +253,16 @@ struct HeadMapping {
   std::vector<PlanItem> chunk_parallel;
 };
 HeadMapping map_heads(const Problem& p, int cores, int quantum);
+
+/// Lockstep groups of one core's items (Kernel::groups): every run of consecutive items with the
+/// same sequence, columns and chunks is cut into the fewest groups of at most `max_group` items, of
+/// near-equal sizes (8 items with max_group 7: 4 + 4, not 7 + 1).
+std::vector<int32_t> lockstep_groups(const std::vector<PlanItem>& items, int max_group);
+
+/// The largest lockstep group on `dev` for items of K x width fp32 states: as many states as a
+/// quarter of the matrix unit's working buffer holds (the rest holds the chunk's intermediates and
+/// the rows in flight), at least 1, at most 64.
+int max_lockstep_group(const Device& dev, int64_t K, int64_t width);
 
 /// Chunk-parallel mapping (FLA's Map phases): the (sequence, head, column block, chunk) tasks of
 /// `items` in order, cut into `cores` contiguous, equally sized ranges.

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hanpu/cpu_plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "la/job.hpp"
 
 namespace hanpu::cpu {
@@ -13,12 +13,12 @@ namespace hanpu::cpu {
 /// Floats of per-core scratch the head-fused path needs for a group of `group` items of `width`
 /// state columns. Independent of T: the states and every per-chunk intermediate live here,
 /// nothing per chunk goes to main memory.
-size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order);
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const FusedProgram& program);
 
 /// Head-fused: all chunks of a group of items (same sequence and columns), every operator,
 /// states in the arena; the group advances chunk by chunk in lockstep.
 void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
-                 const OperatorOrder& order);
+                 const FusedProgram& program);
 
 /// Recurrent form (and decode): token by token, state in the arena. Reads the item's columns of
 /// job.in.initial_state (or zeros), writes job.out.o and job.out.final_state (if present).

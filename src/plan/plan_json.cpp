@@ -191,6 +191,7 @@ json plan_to_json(const Plan& plan) {
       cores.push_back(cl);
     }
     kj["cores"] = cores;
+    if (!k.groups.empty()) kj["groups"] = k.groups;
     kernels.push_back(kj);
   }
   j["kernels"] = kernels;
@@ -339,6 +340,18 @@ Plan plan_from_json(const json& j, const std::string& origin) {
                         static_cast<int32_t>(tier)});
       }
       k.cores.push_back(list);
+    }
+    // Optional (plans written before lockstep groups were a plan field): every item on its own.
+    if (kj.contains("groups")) {
+      const json& groups = r.array(kj, "groups", kp);
+      for (size_t ci = 0; ci < groups.size(); ++ci) {
+        const std::string gp = kp + ".groups[" + std::to_string(ci) + "]";
+        if (!groups[ci].is_array()) r.fail(gp, &groups[ci], "an array of group sizes");
+        std::vector<int32_t> sizes;
+        for (size_t gi = 0; gi < groups[ci].size(); ++gi)
+          sizes.push_back(static_cast<int32_t>(r.integer_value(groups[ci][gi], gp + "[" + std::to_string(gi) + "]", 1, kMaxHeadChunks)));
+        k.groups.push_back(sizes);
+      }
     }
     plan.kernels.push_back(k);
   }

@@ -165,12 +165,13 @@ struct Recipe {
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
 
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
-std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores) {
+std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores,
+                                        const std::vector<std::string>& order) {
   const HeadMapping m = map_heads(p, cores, matrix_quantum(dev));
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
   if (any) {
-    Kernel fused = kernel("fused", "head", default_order(g));
+    Kernel fused = kernel("fused", "head", order.empty() ? default_order(g) : order);
     fused.cores = m.cores;
     fused.state_in = "initial", fused.state_out = "final";
     ks.push_back(fused);
@@ -254,13 +255,37 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
       }
     }
   }
+  const int64_t quantum = matrix_quantum(dev);
   for (size_t i = 0; i < ks.size(); ++i) {
     LowerContext& cx = cxs[i];
     cx.f16_in_gm = f16_in_gm;
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
-    plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
+    const std::vector<std::string> spilled = ks[i].spilled;
+    for (;;) {
+      try {
+        ks[i].spilled = spilled;  // a narrower retry starts from the kernel's own spills
+        plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
+        break;
+      } catch (const Error&) {
+        // FLA's kernels tile the value columns (BV): a kernel other than the fused one whose chunk
+        // does not fit the buffers runs on column blocks half as wide (the fused kernel's own loop
+        // in make_plan does this for it). Plans that fit are unchanged.
+        if (ks[i].name == "fused" || width <= quantum) throw;
+        width = (width / 2 + quantum - 1) / quantum * quantum;
+        for (auto& list : ks[i].cores) {
+          std::vector<PlanItem> split;
+          for (const PlanItem& it : list)
+            for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
+              PlanItem b = it;
+              b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
+              split.push_back(b);
+            }
+          list = split;
+        }
+      }
+    }
   }
 }
 
@@ -312,12 +337,15 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
   const OpGraph g = plan.graph();
   plan_layouts(plan, dev, g);
 
+  if (!opt.order.empty() && !(strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0))
+    throw Error("PlanOptions.order: strategy " + strategy + " has no fused kernel whose order could be given");
+  for (const std::string& o : opt.order) g.op(o);  // throws naming an unknown operator
   if (strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0) {
     // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
     // independent) run one after another on its core: halve the block until the plan fits.
     const int64_t quantum = matrix_quantum(dev);
     for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
-      plan.kernels = head_mapped_kernels(p, dev, g, cores);
+      plan.kernels = head_mapped_kernels(p, dev, g, cores, opt.order);
       for (Kernel& k : plan.kernels) {
         if (k.name != "fused") continue;
         for (auto& list : k.cores) {
@@ -336,6 +364,17 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
         break;
       } catch (const Error&) {
         if (width <= quantum) throw;
+      }
+    }
+    // Lockstep groups of the fused kernel: consecutive items of a core that share sequence and
+    // columns advance chunk by chunk together, as many as the working buffer holds states of.
+    for (Kernel& k : plan.kernels) {
+      if (k.name != "fused") continue;
+      k.groups.clear();
+      for (const auto& list : k.cores) {
+        int64_t w = 0;
+        for (const PlanItem& it : list) w = std::max<int64_t>(w, it.col1 - it.col0);
+        k.groups.push_back(lockstep_groups(list, max_lockstep_group(dev, p.K, w)));
       }
     }
     validate_plan(plan);
@@ -541,6 +580,39 @@ void validate_plan(const Plan& plan) {
       }
     }
   }
+  // Lockstep groups (after coverage, whose errors say more about a broken mapping): per core,
+  // sizes summing to its items, each group of like items.
+  for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
+    const Kernel& k = plan.kernels[ki];
+    if (!k.groups.empty()) {
+      if (k.groups.size() != k.cores.size())
+        throw Error(where(ki) + ".groups: " + std::to_string(k.groups.size()) + " lists for " + std::to_string(k.cores.size()) +
+                    " cores (one list of group sizes per core, or none)");
+      if (k.parallel != "head" && std::any_of(k.groups.begin(), k.groups.end(), [](const auto& l) { return !l.empty(); }))
+        throw Error(where(ki) + ".groups: lockstep groups need a head-parallel kernel, this one is " + k.parallel + "-parallel");
+      for (size_t ci = 0; ci < k.groups.size(); ++ci) {
+        const std::vector<int32_t>& sizes = k.groups[ci];
+        if (sizes.empty()) continue;
+        const std::string at = where(ki) + ".groups[" + std::to_string(ci) + "]";
+        size_t i = 0;
+        for (size_t gi = 0; gi < sizes.size(); ++gi) {
+          if (sizes[gi] < 1 || i + static_cast<size_t>(sizes[gi]) > k.cores[ci].size())
+            throw Error(at + "[" + std::to_string(gi) + "]: group size " + std::to_string(sizes[gi]) + " at item " + std::to_string(i) +
+                        " of " + std::to_string(k.cores[ci].size()) + " items (sizes must be positive and sum to the core's items)");
+          const PlanItem& a = k.cores[ci][i];
+          for (size_t j = i + 1; j < i + static_cast<size_t>(sizes[gi]); ++j) {
+            const PlanItem& b = k.cores[ci][j];
+            if (b.seq != a.seq || b.col0 != a.col0 || b.col1 != a.col1 || b.chunk0 != a.chunk0 || b.chunk1 != a.chunk1)
+              throw Error(at + "[" + std::to_string(gi) + "]: items " + std::to_string(i) + " and " + std::to_string(j) +
+                          " differ in sequence, columns or chunks; a lockstep group advances like items together");
+          }
+          i += static_cast<size_t>(sizes[gi]);
+        }
+        if (i != k.cores[ci].size())
+          throw Error(at + ": group sizes sum to " + std::to_string(i) + ", the core has " + std::to_string(k.cores[ci].size()) + " items");
+      }
+    }
+  }
 }
 
 std::string describe_plan(const Plan& plan) {
@@ -592,6 +664,10 @@ std::string describe_plan(const Plan& plan) {
         os << ")";
       }
       if (l.size() > limit) os << " ... (" << l.size() << " items)";
+      if (c < k.groups.size() && !k.groups[c].empty()) {
+        os << " lockstep groups:";
+        for (int32_t g : k.groups[c]) os << " " << g;
+      }
       os << "\n";
     }
   }
