@@ -110,6 +110,32 @@ TEST(PlanExec, EveryStrategyAndAblationStepMatchesTheReferenceOrIsRefused) {
       EXPECT_FALSE(rep.plan_cache_hit);
       const Kernel* fused = fused_kernel(plan);
       EXPECT_EQ(ex.path, fused || plan.kernels.front().name == "tail_map" ? CpuPath::HeadFused : CpuPath::FlaChunk);
+      // The chunk-parallel phases (FLA-style kernels, or the tier-3 tail kernels) run the plan's
+      // mapping: the state kernel's items and the output kernel's (chunk, column block) tasks per
+      // core, in order; the Map kernels' (chunk, head)s.
+      for (const Kernel& k : plan.kernels) {
+        const bool state = k.name == "fwd_h" || k.name == "chunk_gated_delta_rule_fwd_h" || k.name == "tail_state";
+        const bool output = k.name == "fwd_o" || k.name == "chunk_fwd_o" || k.name == "tail_output";
+        for (size_t t = 0; t < k.cores.size(); ++t) {
+          if (state) {
+            std::vector<WorkItem> want;
+            for (const PlanItem& it : k.cores[t]) want.push_back({it.seq, it.head, it.col0, it.col1});
+            const size_t empty_copies = t == 0 && ex.path == CpuPath::FlaChunk ? ex.fla_state[0].size() - want.size() : 0;
+            EXPECT_EQ(std::vector<WorkItem>(ex.fla_state[t].begin(), ex.fla_state[t].end() - static_cast<long>(empty_copies)), want) << k.name;
+          }
+          if (output) {
+            std::vector<ChunkTask> want;
+            for (const PlanItem& it : k.cores[t])
+              for (int64_t ch = it.chunk0; ch < it.chunk1; ++ch) want.push_back({it.seq, it.head, ch, it.col0, it.col1});
+            EXPECT_EQ(ex.fla_output[t], want) << k.name;
+          }
+          if (&k == &plan.kernels.front() && !fused) {
+            size_t chunks = 0;
+            for (const PlanItem& it : k.cores[t]) chunks += static_cast<size_t>(it.chunk1 - it.chunk0);
+            EXPECT_EQ(ex.fla_map[t].size(), chunks) << k.name;  // whole-width Map kernels: one task per chunk
+          }
+        }
+      }
       if (ex.path != CpuPath::HeadFused || !fused) continue;
       // The CPU runs the plan's mapping as planned: per thread the fused kernel's items in order,
       // in the plan's lockstep groups; tier-3 heads chunk-parallel.
@@ -390,6 +416,11 @@ TEST(PlanExec, UnrunnablePlansAreRefusedByName) {
   EXPECT_NE(cpu_cannot_run(mixed).find("plan.kernels[1] (kkt_solve).order: operators of the map and output phases in one kernel"),
             std::string::npos)
       << cpu_cannot_run(mixed);
+  Plan remapped = fla;  // the W/U kernel's chunks on other cores than the cumsum's: the CPU fuses them
+  std::swap(remapped.kernels[2].cores[0], remapped.kernels[2].cores[1]);
+  EXPECT_NE(cpu_cannot_run(remapped).find("plan.kernels[2] (recompute_w_u).cores: mapped differently from plan.kernels[0] (chunk_local_cumsum)"),
+            std::string::npos)
+      << cpu_cannot_run(remapped);
   Plan cores = fla;
   cores.cores = 0;
   EXPECT_NE(cpu_cannot_run(cores).find("plan.cores: got 0"), std::string::npos);

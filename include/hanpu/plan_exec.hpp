@@ -59,6 +59,15 @@ struct FusedProgram {
   bool operator==(const FusedProgram&) const = default;
 };
 
+/// A task of the CPU's chunk-parallel (FLA-style) path: chunk `chunk` (counted within its
+/// sequence) of one (sequence, value head), state columns [col0, col1).
+struct ChunkTask {
+  int32_t seq = 0, head = 0;
+  int64_t chunk = 0;
+  int32_t col0 = 0, col1 = 0;
+  bool operator==(const ChunkTask&) const = default;
+};
+
 /// The CPU backend's private execution schedule, lowered from a Plan.
 struct CpuSchedule {
   CpuPath path = CpuPath::HeadFused;
@@ -69,8 +78,14 @@ struct CpuSchedule {
   std::vector<std::vector<WorkItem>> per_thread;
   std::vector<std::vector<int32_t>> groups;
   /// Tier 3 of the head mapping: whole heads the plan runs chunk-parallel (its tail_ kernels); the
-  /// CPU runs them on its chunk-parallel (FLA-style) path on all threads.
+  /// CPU runs them on its chunk-parallel (FLA-style) path with the tail kernels' mapping (below).
   std::vector<WorkItem> chunk_parallel;
+  /// The chunk-parallel path (FlaChunk, and HeadFused's tier 3), per thread in order, as the plan
+  /// maps its kernels: the W/U Map phase per (chunk, head) (whole heads: the CPU fuses the Map
+  /// kernels, so they must map alike), the state recurrence per (head, column block) item, the
+  /// output per (chunk, head, column block).
+  std::vector<std::vector<ChunkTask>> fla_map, fla_output;
+  std::vector<std::vector<WorkItem>> fla_state;
   FusedProgram program;
   /// How the plan is executed, in words (--show-plan).
   std::string summary;

@@ -43,8 +43,11 @@ struct FlaBuffers {
 };
 size_t fla_scratch_floats(const LaJob& job, int chunk);
 void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+/// The state recurrence of the item's columns (a block of them or the whole head).
 void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch);
-void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+/// Columns [col0, col1) of the output of one (chunk, value head).
+void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, int64_t col0, int64_t col1,
+                      float* scratch);
 
 /// Flush denormals to zero on this thread while alive (decays underflow routinely; denormal
 /// arithmetic is ~100x slower on x86 and changes results by less than 1e-38).

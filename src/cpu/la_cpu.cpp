@@ -59,7 +59,7 @@ std::vector<int64_t> seq_lengths(const LaJob& job) {
   return lens;
 }
 
-size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk);
+size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan);
 
 // Returns the workspace bytes: the largest arena each thread needed, summed over threads.
 size_t run_head_fused(const LaJob& job, const CpuSchedule& plan) {
@@ -81,8 +81,7 @@ size_t run_head_fused(const LaJob& job, const CpuSchedule& plan) {
   });
   size_t bytes = 0;
   for (size_t f : arena_floats) bytes += f * sizeof(float);
-  if (!plan.chunk_parallel.empty())
-    bytes = std::max(bytes, run_fla_items(job, plan.chunk_parallel, plan.threads, plan.chunk));
+  if (!plan.chunk_parallel.empty()) bytes = std::max(bytes, run_chunk_parallel(job, plan));
   return bytes;
 }
 
@@ -109,9 +108,12 @@ size_t run_recurrent(const LaJob& job, const CpuSchedule& plan) {
   return bytes;
 }
 
-// FLA-style: all items' Map phases chunk-parallel, then the Reduce per item, then the output Map.
-size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk) {
+// The chunk-parallel (FLA-style) path as the schedule maps it: every thread runs its Map tasks,
+// then (after all Map tasks) its state items, then its output tasks; intermediates in main memory
+// as FLA materialises them between its kernels.
+size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
   const LaShape& s = job.shape;
+  const int threads = plan.threads, chunk = plan.chunk;
   cpu::FlaBuffers buf;
   buf.chunk = chunk;
   std::vector<int64_t> chunk_seq, chunk_start, first(static_cast<size_t>(s.N), 0);
@@ -130,10 +132,8 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   const size_t Kp = (K + 15) / 16 * 16, Vp = (static_cast<size_t>(s.V) + 15) / 16 * 16;
   const size_t gk = s.variant == Variant::KDA ? K : 1;
   const size_t slots = static_cast<size_t>(buf.total_chunks * s.HV);
-  // Intermediates in main memory, as FLA materialises them between its kernels.
   std::vector<double> gamma(slots * C * gk);
-  std::vector<float> T(slots * C * C), W(slots * C * Kp), U(slots * C * Vp),
-      h(slots * K * Vp), v_new(slots * C * Vp);
+  std::vector<float> T(slots * C * C), W(slots * C * Kp), U(slots * C * Vp), h(slots * K * Vp), v_new(slots * C * Vp);
   buf.gamma = gamma.data();
   buf.T = T.data();
   buf.W = W.data();
@@ -141,29 +141,21 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   buf.h = h.data();
   buf.v_new = v_new.data();
 
-  // Which (chunk, head) pairs belong to the requested items (whole heads: the baseline does not
-  // split columns).
-  std::vector<std::pair<int64_t, int64_t>> map_tasks;
-  for (const WorkItem& w : items) {
-    const int64_t c0 = first[static_cast<size_t>(w.seq)];
-    const int64_t nc = (job.seqs[static_cast<size_t>(w.seq)].len + chunk - 1) / chunk;
-    for (int64_t c = c0; c < c0 + nc; ++c) map_tasks.emplace_back(c, w.head);
-  }
   ThreadPool& pool = ThreadPool::shared(threads);
   const size_t scratch_floats = cpu::fla_scratch_floats(job, chunk);
-  auto parallel_tasks = [&](const auto& fn, size_t count) {
+  auto phase = [&](const auto& per_thread, const auto& fn) {
     pool.run(threads, [&](int t) {
       cpu::DenormalGuard ftz;
       float* scratch = thread_arena().get(scratch_floats);
-      for (size_t i = static_cast<size_t>(t); i < count; i += static_cast<size_t>(threads)) fn(i, scratch);
+      for (const auto& task : per_thread[static_cast<size_t>(t)]) fn(task, scratch);
     });
   };
-  parallel_tasks([&](size_t i, float* sc) { cpu::fla_map_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
-                 map_tasks.size());
-  parallel_tasks([&](size_t i, float* sc) { cpu::fla_reduce_item(job, buf, items[i], sc); }, items.size());
-  parallel_tasks(
-      [&](size_t i, float* sc) { cpu::fla_output_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
-      map_tasks.size());
+  auto global_chunk = [&](const ChunkTask& t) { return first[static_cast<size_t>(t.seq)] + t.chunk; };
+  phase(plan.fla_map, [&](const ChunkTask& t, float* sc) { cpu::fla_map_chunk(job, buf, global_chunk(t), t.head, sc); });
+  phase(plan.fla_state, [&](const WorkItem& w, float* sc) { cpu::fla_reduce_item(job, buf, w, sc); });
+  phase(plan.fla_output, [&](const ChunkTask& t, float* sc) {
+    cpu::fla_output_chunk(job, buf, global_chunk(t), t.head, t.col0, t.col1, sc);
+  });
   const size_t intermediates = gamma.size() * sizeof(double) +
                                (T.size() + W.size() + U.size() + h.size() + v_new.size()) * sizeof(float);
   return intermediates + static_cast<size_t>(threads) * scratch_floats * sizeof(float);
@@ -235,7 +227,7 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
     job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
     workspace = run_head_fused(job, s);
   } else {
-    workspace = run_fla_items(job, whole_items(job), s.threads, s.chunk);
+    workspace = run_chunk_parallel(job, s);
   }
   if (ex.workspace_bytes) *ex.workspace_bytes = workspace;
 }

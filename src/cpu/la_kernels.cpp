@@ -1420,25 +1420,37 @@ void FlaMapChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv,
   Gemm<Acc::kSet>(T, C, Vb, Vp, U, Vp, L, Vp, L, Tri::kLowerK);
 }
 
+// The item's columns [col0, col1) only (FLA's BV tiling): the state, v_new and the snapshots h of
+// those columns; sibling column blocks may run on other threads at the same time, so v_new is
+// formed in scratch and only the item's columns are written to the shared buffers.
 void FlaReduceItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
   const FlaScratch s = MakeFlaScratch(job, buf.chunk);
   const size_t K = s.K, C = s.C, Vp = s.Vp, gk = s.gk;
   const int64_t HV = job.shape.HV, hv = item.head;
   const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
   const size_t Kp = RoundUp(K, kPad);
-  float* S = scratch;  // K x Vp: the running state (FlaScratchFloats reserves room)
+  const size_t c0 = static_cast<size_t>(item.col0), w = static_cast<size_t>(item.col1 - item.col0);
+  // GEMM width: whole heads as always (Vp); a block in whole vectors, which stays inside Vp
+  // because blocks start at multiples of the column quantum (the vector length or a multiple).
+  const size_t N = item.col0 == 0 && item.col1 == job.shape.V ? Vp : RoundUp(w, hn::Lanes(DF()));
+  float* S = scratch;  // K x Vp: the running state of the item's columns (FlaScratchFloats reserves room)
   float* krow = S + RoundUp(K * Vp, kPad);
   float* Kt = krow + Kp;  // K x C: decayed keys of the chunk
-  LoadState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+  float* vnew = Kt + RoundUp(K * C, kPad);  // C x Vp: v_new of the item's columns
+  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
   int64_t c = buf.seq_first_chunk[item.seq];
   for (int64_t t0 = 0; t0 < seq.len; t0 += buf.chunk, ++c) {
     const size_t L = static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0));
     const size_t slot = static_cast<size_t>(c * HV + hv);
-    std::memcpy(buf.h + slot * K * Vp, S, K * Vp * sizeof(float));
+    for (size_t d = 0; d < K; ++d) std::memcpy(buf.h + slot * K * Vp + d * Vp + c0, S + d * Vp, w * sizeof(float));
     // v_new = U − W S
-    float* vnew = buf.v_new + slot * C * Vp;
-    std::memcpy(vnew, buf.U + slot * C * Vp, L * Vp * sizeof(float));
-    Gemm<Acc::kSub>(buf.W + slot * C * Kp, Kp, S, Vp, vnew, Vp, L, Vp, K);
+    const float* U = buf.U + slot * C * Vp;
+    for (size_t i = 0; i < L; ++i) {
+      std::memcpy(vnew + i * Vp, U + i * Vp + c0, w * sizeof(float));
+      std::fill(vnew + i * Vp + w, vnew + i * Vp + N, 0.f);
+    }
+    Gemm<Acc::kSub>(buf.W + slot * C * Kp, Kp, S, Vp, vnew, Vp, L, N, K);
+    for (size_t i = 0; i < L; ++i) std::memcpy(buf.v_new + slot * C * Vp + i * Vp + c0, vnew + i * Vp, w * sizeof(float));
     const double* gam = buf.gamma + slot * C * gk;
     const double* GL = gam + (L - 1) * gk;
     // FLA's state kernel re-reads the chunk's keys from main memory.
@@ -1451,18 +1463,22 @@ void FlaReduceItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item
         Kt[d * C + j] = krow[d] * e;
       }
     }
-    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), Vp);
-    Gemm<Acc::kAdd>(Kt, C, vnew, Vp, S, Vp, K, Vp, L);
+    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), N);
+    Gemm<Acc::kAdd>(Kt, C, vnew, Vp, S, Vp, K, N, L);
   }
-  StoreState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
   hwy::FlushStream();
 }
 
-void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+// Columns [col0, col1) of the chunk's output (FLA's BV tiling of chunk_fwd_o).
+void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                    float* scratch) {
   const FlaScratch s = MakeFlaScratch(job, buf.chunk);
   const ChunkRef ch = FlaPrepare(job, buf, c, hv, scratch, false);
   const size_t K = s.K, C = s.C, Vp = s.Vp, L = ch.L, gk = s.gk;
   const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  const size_t c0 = static_cast<size_t>(col0), w = static_cast<size_t>(col1 - col0);
+  const size_t N = col0 == 0 && col1 == job.shape.V ? Vp : RoundUp(w, hn::Lanes(DF()));  // as FlaReduceItem
   const float* q = scratch + s.q;
   const double* G = reinterpret_cast<const double*>(scratch + s.G);
   float* Qg = scratch + s.tmpA;
@@ -1475,15 +1491,15 @@ void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
     else
       ScaleTo(q + i * K, egam[0], Qg + i * K, K);
   }
-  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp, Vp, O, Vp, L, Vp, K);
-  Gemm<Acc::kAdd>(scratch + s.AP + C * C, C, buf.v_new + slot * C * Vp, Vp, O, Vp, L, Vp, L, Tri::kLowerK);
-  StoreOutputRows(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, O, Vp);
+  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp + c0, Vp, O, Vp, L, N, K);
+  Gemm<Acc::kAdd>(scratch + s.AP + C * C, C, buf.v_new + slot * C * Vp + c0, Vp, O, Vp, L, N, L, Tri::kLowerK);
+  StoreOutputRows(job, ch.seq, hv, ch.t0, L, col0, col1, O, Vp);
   hwy::FlushStream();
 }
 
 size_t FlaScratchFloats(const LaJob& job, int chunk) {
   const FlaScratch s = MakeFlaScratch(job, chunk);
-  const size_t reduce = RoundUp(s.K * s.Vp, kPad) + RoundUp(s.K, kPad) + s.K * s.C + kPad;
+  const size_t reduce = RoundUp(s.K * s.Vp, kPad) + RoundUp(s.K, kPad) + RoundUp(s.K * s.C, kPad) + s.C * s.Vp + kPad;
   return std::max(s.total, reduce);
 }
 
@@ -1546,8 +1562,9 @@ void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t h
 void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
   HANPU_DISPATCH(FlaReduceItem)(job, buf, item, scratch);
 }
-void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
-  HANPU_DISPATCH(FlaOutputChunk)(job, buf, c, hv, scratch);
+void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                      float* scratch) {
+  HANPU_DISPATCH(FlaOutputChunk)(job, buf, c, hv, col0, col1, scratch);
 }
 const char* simd_target_name() { return HANPU_DISPATCH(TargetName)(); }
 double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds) {

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 
@@ -212,6 +213,63 @@ bool runs_whole_graph(const Kernel& k, const OpGraph& g) {
   return true;
 }
 
+// The per-thread task lists of the chunk-parallel path from the plan's map, state and output
+// kernels (none: nothing to fill). The CPU's Map phase computes a (chunk, head) whole, once: every
+// Map kernel must put it on the same core (and only one), in the same order.
+std::string chunk_parallel_mapping(const Plan& plan, const std::vector<size_t> (&phase)[3], CpuSchedule& s) {
+  const size_t P = static_cast<size_t>(plan.cores);
+  s.fla_map.assign(P, {});
+  s.fla_state.assign(P, {});
+  s.fla_output.assign(P, {});
+  if (phase[0].empty() && phase[1].empty() && phase[2].empty()) return "";
+  const char* names[] = {"map", "state", "output"};
+  for (int ph = 0; ph < 3; ++ph)
+    if (phase[ph].empty())
+      return std::string("plan.kernels: no ") + names[ph] + " kernel; the CPU's chunk-parallel path runs map, state and output phases";
+  if (phase[1].size() > 1)
+    return kernel_at(phase[1][1], plan.kernels[phase[1][1]]) + ": a second state kernel; the CPU's chunk-parallel path has one state phase";
+  // Map: whole (chunk, head) tasks per core, in first-appearance order.
+  auto map_tasks = [&](const Kernel& k) {
+    std::vector<std::vector<ChunkTask>> per(P);
+    for (size_t c = 0; c < k.cores.size(); ++c) {
+      std::set<std::tuple<int32_t, int32_t, int64_t>> on_core;  // column blocks of one task count once
+      for (const PlanItem& it : k.cores[c])
+        for (int64_t ch = it.chunk0; ch < it.chunk1; ++ch)
+          if (on_core.insert({it.seq, it.head, ch}).second)
+            per[c].push_back({it.seq, it.head, ch, 0, static_cast<int32_t>(plan.problem.V)});
+    }
+    return per;
+  };
+  s.fla_map = map_tasks(plan.kernels[phase[0][0]]);
+  std::set<std::tuple<int32_t, int32_t, int64_t>> seen;
+  for (size_t c = 0; c < P; ++c)
+    for (const ChunkTask& t : s.fla_map[c])
+      if (!seen.insert({t.seq, t.head, t.chunk}).second)
+        return kernel_at(phase[0][0], plan.kernels[phase[0][0]]) + ".cores[" + std::to_string(c) + "]: (seq " + std::to_string(t.seq) +
+               ", head " + std::to_string(t.head) + ", chunk " + std::to_string(t.chunk) +
+               ") is on two cores; the CPU's Map phase computes a (chunk, head) whole, on one thread";
+  for (size_t i = 1; i < phase[0].size(); ++i)
+    if (map_tasks(plan.kernels[phase[0][i]]) != s.fla_map)
+      return kernel_at(phase[0][i], plan.kernels[phase[0][i]]) + ".cores: mapped differently from " +
+             kernel_at(phase[0][0], plan.kernels[phase[0][0]]) + "; the CPU runs the Map kernels fused, with one mapping";
+  for (size_t c = 0; c < plan.kernels[phase[1][0]].cores.size(); ++c)
+    for (const PlanItem& it : plan.kernels[phase[1][0]].cores[c]) s.fla_state[c].push_back({it.seq, it.head, it.col0, it.col1});
+  // Output: (chunk, head, column block) tasks; several output kernels must map alike.
+  auto output_tasks = [&](const Kernel& k) {
+    std::vector<std::vector<ChunkTask>> per(P);
+    for (size_t c = 0; c < k.cores.size(); ++c)
+      for (const PlanItem& it : k.cores[c])
+        for (int64_t ch = it.chunk0; ch < it.chunk1; ++ch) per[c].push_back({it.seq, it.head, ch, it.col0, it.col1});
+    return per;
+  };
+  s.fla_output = output_tasks(plan.kernels[phase[2][0]]);
+  for (size_t i = 1; i < phase[2].size(); ++i)
+    if (output_tasks(plan.kernels[phase[2][i]]) != s.fla_output)
+      return kernel_at(phase[2][i], plan.kernels[phase[2][i]]) + ".cores: mapped differently from " +
+             kernel_at(phase[2][0], plan.kernels[phase[2][0]]) + "; the CPU runs the output kernels fused, with one mapping";
+  return "";
+}
+
 // Checks everything but the problem; fills `out` when given. "" when the CPU runs the plan.
 std::string check_plan(const Plan& plan, CpuSchedule* out) {
   if (plan.cores < 1 || plan.cores > 1024)
@@ -237,6 +295,7 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
   int fused = -1, last_phase = 0;
   bool fla_kernels = false, state_kernel = false;
   std::set<std::pair<int32_t, int32_t>> tail;
+  std::vector<size_t> phase_kernels[3];  // map, state, output kernels of the chunk-parallel path
   for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
     const Kernel& k = plan.kernels[ki];
     if (runs_whole_graph(k, g)) {
@@ -258,6 +317,9 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     if (is_tail_kernel(k)) {
       for (const auto& list : k.cores)
         for (const PlanItem& it : list) tail.insert({it.seq, it.head});
+      const int phase = k.name == "tail_map" ? 0 : k.name == "tail_state" ? 1 : k.name == "tail_output" ? 2 : -1;
+      if (phase < 0) return kernel_at(ki, k) + ": a tier-3 kernel other than tail_map, tail_state, tail_output";
+      phase_kernels[phase].push_back(ki);
       continue;
     }
     // A kernel of the FLA-style path: all its operators in one phase, phases in order.
@@ -287,9 +349,11 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     }
     last_phase = phase;
     fla_kernels = true;
+    phase_kernels[phase].push_back(ki);
   }
   if (fused >= 0 && fla_kernels)
     return "plan.kernels: a fused kernel next to FLA-style phase kernels; the CPU runs one or the other";
+  if (std::string why = chunk_parallel_mapping(plan, phase_kernels, s); !why.empty()) return why;
   if (fla_kernels) {
     if (!state_kernel) return "plan.kernels: no state kernel (ws .. state_add); the CPU's FLA-style path needs one";
     s.path = CpuPath::FlaChunk;
@@ -302,7 +366,7 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     s.summary = "head-fused, " + std::to_string(s.threads) + " threads, " +
                 (s.program.gemm_first ? "gemm-first" : "W/U form") + ", " +
                 (s.program.state_in_place ? "in-place state" : "double-buffered state") + ", stages " + stages +
-                (s.chunk_parallel.empty() ? "" : ", " + std::to_string(s.chunk_parallel.size()) + " tier-3 heads chunk-parallel (W/U form)") +
+                (s.chunk_parallel.empty() ? "" : ", " + std::to_string(s.chunk_parallel.size()) + " tier-3 heads on the chunk-parallel path (W/U form)") +
                 (plan.layout_planned ? ", layouts planned (all dense)" : "");
   }
   if (out) *out = std::move(s);
@@ -317,16 +381,19 @@ CpuSchedule lower_plan_for_cpu(const Plan& plan, const LaShape& shape, const std
   check_problem(plan.problem, shape, seq_lens);
   CpuSchedule s;
   if (std::string why = check_plan(plan, &s); !why.empty()) throw Error(why);
-  if (s.path == CpuPath::HeadFused) {
-    // The planner gives an empty sequence no work (it has no chunks); the CPU still has to copy its
-    // initial state to its final state, which a whole-head item on thread 0 does.
-    for (size_t n = 0; n < seq_lens.size(); ++n)
-      if (seq_lens[n] == 0)
-        for (int64_t h = 0; h < shape.HV; ++h) {
-          s.per_thread[0].push_back({static_cast<int32_t>(n), static_cast<int32_t>(h), 0, static_cast<int32_t>(shape.V)});
+  // The planner gives an empty sequence no work (it has no chunks); the CPU still has to copy its
+  // initial state to its final state, which a whole-head item on thread 0 does.
+  for (size_t n = 0; n < seq_lens.size(); ++n)
+    if (seq_lens[n] == 0)
+      for (int64_t h = 0; h < shape.HV; ++h) {
+        const WorkItem copy{static_cast<int32_t>(n), static_cast<int32_t>(h), 0, static_cast<int32_t>(shape.V)};
+        if (s.path == CpuPath::HeadFused) {
+          s.per_thread[0].push_back(copy);
           s.groups[0].push_back(1);
+        } else {
+          s.fla_state[0].push_back(copy);
         }
-  }
+      }
   return s;
 }
 
