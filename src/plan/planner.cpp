@@ -301,169 +301,220 @@ void plan_layouts(Plan& plan, const Device& dev, const OpGraph& g) {
   for (size_t i = 0; i < lp.tensors.size(); ++i) plan.layouts[lp.tensors[i]] = sol.layout[i];
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The strategies: each a recipe (form, state handling, layout planning, spills) and a way to
+// group the operators into kernels mapped onto cores.
+
+using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const OpGraph& g, int cores);
+
+std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, bool megakernel) {
+  const auto items = whole_items(p, static_cast<int>(p.V));
+  Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
+  Kernel kkt_solve = kernel("kkt_solve", "chunk", {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
+  Kernel wu = kernel("recompute_w_u", "chunk", {"wu_scale", "wu"});
+  std::vector<std::string> h_ops = {"ws", "vnew"};
+  if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+  h_ops.insert(h_ops.end(), {"update", "state_add"});
+  Kernel h = kernel("fwd_h", "head", h_ops);
+  h.state_in = "initial", h.state_out = "final";
+  h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
+  Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
+  for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
+  std::vector<Kernel> ks = {cumsum, kkt_solve, wu, h, o};
+  add_decay(ks, g);
+  if (megakernel)
+    for (size_t i = 1; i < ks.size(); ++i) ks[i].launch = false;
+  return ks;
+}
+
+std::vector<Kernel> fla_separate_kernels(const Problem& p, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, false); }
+std::vector<Kernel> fla_megakernel_kernels(const Problem& p, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, true); }
+
+std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int cores) {
+  // Every operator of the paper its own general-purpose kernel; the recurrence and the output
+  // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
+  const auto items = whole_items(p, static_cast<int>(p.V));
+  // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
+  // operator here), before the two AscendC kernels.
+  std::vector<Kernel> ks;
+  for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
+    if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, "chunk", {op}));
+  for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
+  std::vector<std::string> h_ops = {"ws", "vnew"};
+  if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+  h_ops.insert(h_ops.end(), {"update", "state_add"});
+  Kernel h = kernel("chunk_gated_delta_rule_fwd_h", "head", h_ops);
+  h.state_in = "initial", h.state_out = "final";
+  h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
+  Kernel o = kernel("chunk_fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
+  o.cores = map_chunks(p, items, cores);
+  ks.push_back(h);
+  ks.push_back(o);
+  return ks;
+}
+
+std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cores) {
+  // kkt_solve chunk-parallel; then per segment its end state from a zero start (the extra
+  // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
+  // next segment's start state; then all segments in parallel, fused.
+  const auto items = whole_items(p, static_cast<int>(p.V));
+  std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
+  Kernel ks0 = kernel("kkt_solve", "chunk", prep);
+  ks0.cores = map_chunks(p, items, cores);
+  const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
+  const int64_t seg = std::max<int64_t>(kFlashQlaMinSegmentChunks,
+                                        static_cast<int64_t>(std::pow(2.0, std::round(std::log2(kFlashQlaSegmentFactor * std::sqrt(per_core))))));
+  // Column block: the widest of 128/64/32 that still gives every core an item.
+  int64_t segments = 0;
+  for (int64_t s = 0; s < p.sequences(); ++s) segments += (p.chunks_of(s) + seg - 1) / seg;
+  int64_t bdv = 32;
+  for (int64_t w : {128, 64, 32})
+    if ((p.V + w - 1) / w * p.HV * segments >= cores) {
+      bdv = w;
+      break;
+    }
+  std::vector<PlanItem> seg_items, state_items;
+  for (const PlanItem& it : whole_items(p, static_cast<int>(bdv))) {
+    for (int64_t c0 = it.chunk0; c0 < it.chunk1; c0 += seg) {
+      PlanItem s = it;
+      s.chunk0 = c0, s.chunk1 = std::min(it.chunk1, c0 + seg);
+      seg_items.push_back(s);
+      if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
+    }
+  }
+  std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
+  if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
+  state_ops.insert(state_ops.end(), {"update", "state_add"});
+  Kernel ks1 = kernel("segment_states", "segment", state_ops);
+  ks1.state_in = "zero", ks1.state_out = "segment";
+  ks1.cores = round_robin(state_items, cores);
+  std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
+  if (p.variant == Variant::GDN) fwd.push_back("update_gate");
+  fwd.insert(fwd.end(), {"update", "state_add"});
+  Kernel ks2 = kernel("fused_fwd", "segment", fwd);
+  ks2.state_in = "initial", ks2.state_out = "final";
+  ks2.cores = round_robin(seg_items, cores);
+  std::vector<Kernel> ks = {ks0};
+  if (!state_items.empty()) ks.push_back(ks1);
+  ks.push_back(ks2);
+  add_decay(ks, g);
+  return ks;
+}
+
+struct StrategyDef {
+  const char* name;
+  bool listed;    // in strategy_names() (the strategies the paper compares)
+  bool ablation;  // a step of ablation_names() (FLA -> HA-NPU)
+  Recipe recipe;
+  KernelBuilder build;  // null: HA-NPU's head-level mapping of one fused kernel (with tail tiers)
+};
+
+// In strategy_names() / ablation_names() order.
+const std::vector<StrategyDef>& strategies() {
+  static const std::vector<StrategyDef> defs = {
+      {"vllm-ascend", true, false, {GraphForm::WU, false, false, true}, vllm_ascend_kernels},
+      {"fla", true, true, {GraphForm::WU, false, false, true}, fla_separate_kernels},
+      {"fla-megakernel", true, false, {GraphForm::WU, false, false, true}, fla_megakernel_kernels},
+      {"flashqla", true, false, {GraphForm::Inverse, true, false, true}, flashqla_kernels},
+      {"hanpu", true, false, {GraphForm::GemmFirst, true, true, false}, nullptr},
+      {"fla+mapping", false, true, {GraphForm::WU, false, false, true}, nullptr},
+      {"fla+mapping+reordering", false, true, {GraphForm::GemmFirst, true, false, true}, nullptr},
+      {"fla+mapping+reordering+layout", false, true, {GraphForm::GemmFirst, true, true, false}, nullptr},
+  };
+  return defs;
+}
+
+const StrategyDef& strategy_def(const std::string& name) {
+  for (const StrategyDef& d : strategies())
+    if (name == d.name) return d;
+  std::string names;
+  for (const StrategyDef& d : strategies()) names += std::string(" ") + d.name;
+  throw Error("strategy: got \"" + name + "\", expected one of" + names);
+}
+
+// HA-NPU's head-mapped plan (hanpu and the fla+mapping... steps).
+void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores, const PlanOptions& opt) {
+  const Problem& p = plan.problem;
+  // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
+  // independent) run one after another on its core: halve the block until the plan fits.
+  const int64_t quantum = matrix_quantum(dev);
+  for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
+    plan.kernels = head_mapped_kernels(p, dev, g, cores, opt.order);
+    for (Kernel& k : plan.kernels) {
+      if (k.name != "fused") continue;
+      for (auto& list : k.cores) {
+        std::vector<PlanItem> split;
+        for (const PlanItem& it : list)
+          for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
+            PlanItem b = it;
+            b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
+            split.push_back(b);
+          }
+        list = split;
+      }
+    }
+    try {
+      finish_plan(plan, dev, g);
+      break;
+    } catch (const Error&) {
+      if (width <= quantum) throw;
+    }
+  }
+  // Lockstep groups of the fused kernel: consecutive items of a core that share sequence and
+  // columns advance chunk by chunk together, as many as the working buffer holds states of.
+  for (Kernel& k : plan.kernels) {
+    if (k.name != "fused") continue;
+    k.groups.clear();
+    for (const auto& list : k.cores) {
+      int64_t w = 0;
+      for (const PlanItem& it : list) w = std::max<int64_t>(w, it.col1 - it.col0);
+      k.groups.push_back(lockstep_groups(list, max_lockstep_group(dev, p.K, w)));
+    }
+  }
+}
+
 }  // namespace
 
-std::vector<std::string> strategy_names() { return {"vllm-ascend", "fla", "fla-megakernel", "flashqla", "hanpu"}; }
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> out;
+  for (const StrategyDef& d : strategies())
+    if (d.listed) out.push_back(d.name);
+  return out;
+}
 std::vector<std::string> ablation_names() {
-  return {"fla", "fla+mapping", "fla+mapping+reordering", "fla+mapping+reordering+layout"};
+  std::vector<std::string> out;
+  for (const StrategyDef& d : strategies())
+    if (d.ablation) out.push_back(d.name);
+  return out;
 }
 
 Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt) {
   validate_problem(p);
   const int cores = opt.cores > 0 ? opt.cores : dev.core_count();
   if (cores < 1) throw Error("device " + dev.name + ": cores.value must be at least 1");
+  const StrategyDef& def = strategy_def(strategy);
   Plan plan;
   plan.problem = p;
   plan.device = dev.name;
   plan.cores = cores;
   plan.strategy = strategy;
-
-  Recipe r;
-  if (strategy == "hanpu" || strategy == "fla+mapping+reordering+layout") r = {GraphForm::GemmFirst, true, true, false};
-  else if (strategy == "fla+mapping+reordering") r = {GraphForm::GemmFirst, true, false, true};
-  else if (strategy == "fla+mapping") r = {GraphForm::WU, false, false, true};
-  else if (strategy == "fla" || strategy == "fla-megakernel" || strategy == "vllm-ascend") r = {GraphForm::WU, false, false, true};
-  else if (strategy == "flashqla") r = {GraphForm::Inverse, true, false, true};
-  else {
-    std::string names;
-    for (const auto& n : strategy_names()) names += " " + n;
-    for (const auto& n : ablation_names()) names += " " + n;
-    throw Error("strategy: got \"" + strategy + "\", expected one of" + names);
-  }
+  const Recipe& r = def.recipe;
   plan.form = r.form;
   plan.state_in_place = r.in_place;
   plan.layout_planned = r.layout;
   plan.allow_spill = r.spill;
   const OpGraph g = plan.graph();
   plan_layouts(plan, dev, g);
-
-  if (!opt.order.empty() && !(strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0))
+  if (!opt.order.empty() && def.build)
     throw Error("PlanOptions.order: strategy " + strategy + " has no fused kernel whose order could be given");
   for (const std::string& o : opt.order) g.op(o);  // throws naming an unknown operator
-  if (strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0) {
-    // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
-    // independent) run one after another on its core: halve the block until the plan fits.
-    const int64_t quantum = matrix_quantum(dev);
-    for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
-      plan.kernels = head_mapped_kernels(p, dev, g, cores, opt.order);
-      for (Kernel& k : plan.kernels) {
-        if (k.name != "fused") continue;
-        for (auto& list : k.cores) {
-          std::vector<PlanItem> split;
-          for (const PlanItem& it : list)
-            for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
-              PlanItem b = it;
-              b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
-              split.push_back(b);
-            }
-          list = split;
-        }
-      }
-      try {
-        finish_plan(plan, dev, g);
-        break;
-      } catch (const Error&) {
-        if (width <= quantum) throw;
-      }
-    }
-    // Lockstep groups of the fused kernel: consecutive items of a core that share sequence and
-    // columns advance chunk by chunk together, as many as the working buffer holds states of.
-    for (Kernel& k : plan.kernels) {
-      if (k.name != "fused") continue;
-      k.groups.clear();
-      for (const auto& list : k.cores) {
-        int64_t w = 0;
-        for (const PlanItem& it : list) w = std::max<int64_t>(w, it.col1 - it.col0);
-        k.groups.push_back(lockstep_groups(list, max_lockstep_group(dev, p.K, w)));
-      }
-    }
-    validate_plan(plan);
-    return plan;
-  } else if (strategy == "fla" || strategy == "fla-megakernel") {
-    const auto items = whole_items(p, static_cast<int>(p.V));
-    Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
-    Kernel kkt_solve = kernel("kkt_solve", "chunk", {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
-    Kernel wu = kernel("recompute_w_u", "chunk", {"wu_scale", "wu"});
-    std::vector<std::string> h_ops = {"ws", "vnew"};
-    if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
-    h_ops.insert(h_ops.end(), {"update", "state_add"});
-    Kernel h = kernel("fwd_h", "head", h_ops);
-    h.state_in = "initial", h.state_out = "final";
-    h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
-    Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
-    for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
-    plan.kernels = {cumsum, kkt_solve, wu, h, o};
-    add_decay(plan.kernels, g);
-    if (strategy == "fla-megakernel")
-      for (size_t i = 1; i < plan.kernels.size(); ++i) plan.kernels[i].launch = false;
-  } else if (strategy == "vllm-ascend") {
-    // Every operator of the paper its own general-purpose kernel; the recurrence and the output
-    // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
-    const auto items = whole_items(p, static_cast<int>(p.V));
-    // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
-    // operator here), before the two AscendC kernels.
-    std::vector<Kernel> ks;
-    for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
-      if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, "chunk", {op}));
-    for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
-    std::vector<std::string> h_ops = {"ws", "vnew"};
-    if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
-    h_ops.insert(h_ops.end(), {"update", "state_add"});
-    Kernel h = kernel("chunk_gated_delta_rule_fwd_h", "head", h_ops);
-    h.state_in = "initial", h.state_out = "final";
-    h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
-    Kernel o = kernel("chunk_fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
-    o.cores = map_chunks(p, items, cores);
-    ks.push_back(h);
-    ks.push_back(o);
-    plan.kernels = ks;
-  } else if (strategy == "flashqla") {
-    // kkt_solve chunk-parallel; then per segment its end state from a zero start (the extra
-    // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
-    // next segment's start state; then all segments in parallel, fused.
-    const auto items = whole_items(p, static_cast<int>(p.V));
-    std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
-    Kernel ks0 = kernel("kkt_solve", "chunk", prep);
-    ks0.cores = map_chunks(p, items, cores);
-    const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
-    const int64_t seg = std::max<int64_t>(kFlashQlaMinSegmentChunks,
-                                          static_cast<int64_t>(std::pow(2.0, std::round(std::log2(kFlashQlaSegmentFactor * std::sqrt(per_core))))));
-    // Column block: the widest of 128/64/32 that still gives every core an item.
-    int64_t segments = 0;
-    for (int64_t s = 0; s < p.sequences(); ++s) segments += (p.chunks_of(s) + seg - 1) / seg;
-    int64_t bdv = 32;
-    for (int64_t w : {128, 64, 32})
-      if ((p.V + w - 1) / w * p.HV * segments >= cores) {
-        bdv = w;
-        break;
-      }
-    std::vector<PlanItem> seg_items, state_items;
-    for (const PlanItem& it : whole_items(p, static_cast<int>(bdv))) {
-      for (int64_t c0 = it.chunk0; c0 < it.chunk1; c0 += seg) {
-        PlanItem s = it;
-        s.chunk0 = c0, s.chunk1 = std::min(it.chunk1, c0 + seg);
-        seg_items.push_back(s);
-        if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
-      }
-    }
-    std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
-    if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
-    state_ops.insert(state_ops.end(), {"update", "state_add"});
-    Kernel ks1 = kernel("segment_states", "segment", state_ops);
-    ks1.state_in = "zero", ks1.state_out = "segment";
-    ks1.cores = round_robin(state_items, cores);
-    std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
-    if (p.variant == Variant::GDN) fwd.push_back("update_gate");
-    fwd.insert(fwd.end(), {"update", "state_add"});
-    Kernel ks2 = kernel("fused_fwd", "segment", fwd);
-    ks2.state_in = "initial", ks2.state_out = "final";
-    ks2.cores = round_robin(seg_items, cores);
-    plan.kernels = {ks0};
-    if (!state_items.empty()) plan.kernels.push_back(ks1);
-    plan.kernels.push_back(ks2);
-    add_decay(plan.kernels, g);
+  if (def.build) {
+    plan.kernels = def.build(p, g, cores);
+    finish_plan(plan, dev, g);
+  } else {
+    plan_head_mapped(plan, dev, g, cores, opt);
   }
-  finish_plan(plan, dev, g);
   validate_plan(plan);
   return plan;
 }
