@@ -5,14 +5,15 @@
 //     ablation steps' "fused"): the head-fused path. Its per-core item lists become the threads'
 //     lists verbatim (column blocks included), its lockstep groups the threads' groups, and its
 //     operator order a sequence of CPU stages (plan_exec.hpp, CpuStage) run in that order;
-//   the tier-3 "tail_" kernels of a head mapping: their whole heads run on the CPU's chunk-parallel
-//     path (all threads share each head's chunks). That path computes in the W/U form whatever the
-//     plan's form (docs/SIMULATION.md says so);
 //   chunk-parallel Map kernels, one head-parallel state kernel and chunk-parallel output kernels
-//     (fla, fla-megakernel, vllm-ascend): the CPU's FLA-style path, whose three phases are the
-//     W/U form's Map (gate .. wu), state recurrence (ws .. state_add) and output (qkt .. out); each
-//     kernel must fall into one phase. On a CPU a kernel launch is a function call, so fla,
-//     fla-megakernel and vllm-ascend differ only in what the simulator charges for launches;
+//     (fla, fla-megakernel, vllm-ascend): the CPU's chunk-parallel (FLA-style) path, whose three
+//     phases are the W/U form's Map (gate .. wu), state recurrence (ws .. state_add) and output
+//     (qkt .. out); each kernel must fall into one phase, and each thread runs its core's tasks of
+//     those kernels in order (the Map kernels fused: they must map alike). On a CPU a kernel
+//     launch is a function call, so the three differ only in what the simulator charges;
+//   the tier-3 "tail_" kernels of a head mapping: their heads run on the same chunk-parallel path
+//     with the tail kernels' mapping. That path computes in the W/U form whatever the plan's form
+//     (it has no GEMM-first Map phase; the summary and docs/SIMULATION.md say so);
 //   anything else (segment-parallel kernels: flashqla; the inverse form; blocked layouts; a chunk
 //     other than 64) is refused, naming the field.
 #include "hanpu/plan_exec.hpp"
@@ -357,7 +358,7 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
   if (fla_kernels) {
     if (!state_kernel) return "plan.kernels: no state kernel (ws .. state_add); the CPU's FLA-style path needs one";
     s.path = CpuPath::FlaChunk;
-    s.summary = "FLA-style chunk path (W/U form), " + std::to_string(s.threads) + " threads";
+    s.summary = "FLA-style chunk path (W/U form), " + std::to_string(s.threads) + " threads, the plan's mapping";
   } else {
     s.path = CpuPath::HeadFused;
     for (const auto& [seq, head] : tail) s.chunk_parallel.push_back({seq, head, 0, static_cast<int32_t>(plan.problem.V)});
