@@ -56,6 +56,9 @@ std::vector<Case> cases() {
     ProblemSpec e = a;  // one head of V = 16 on 2 cores: tier 3 (chunk-parallel) once the quantum is 16
     e.T = 300, e.HV = 1, e.K = 32, e.V = 16, e.seed = 7;
     out.push_back({e, 2});
+    ProblemSpec f = a;  // one head of V = 32 on 3 cores: tier 3 with its state in two column blocks
+    f.T = 200, f.HV = 1, f.K = 40, f.V = 32, f.seed = 8;
+    out.push_back({f, 3});
   }
   return out;
 }
@@ -136,6 +139,16 @@ TEST(PlanExec, EveryStrategyAndAblationStepMatchesTheReferenceOrIsRefused) {
           }
         }
       }
+      size_t tier3 = 0;
+      for (const Kernel& k : plan.kernels)
+        if (k.name == "tail_map") {
+          std::set<std::pair<int32_t, int32_t>> heads;
+          for (const auto& l : k.cores)
+            for (const PlanItem& it : l) heads.insert({it.seq, it.head});
+          tier3 = heads.size();
+        }
+      EXPECT_EQ(ex.chunk_parallel.size(), tier3);
+      if (tier3) EXPECT_EQ(ex.chunk_parallel_gemm_first, plan.form == GraphForm::GemmFirst);
       if (ex.path != CpuPath::HeadFused || !fused) continue;
       // The CPU runs the plan's mapping as planned: per thread the fused kernel's items in order,
       // in the plan's lockstep groups; tier-3 heads chunk-parallel.
@@ -152,15 +165,6 @@ TEST(PlanExec, EveryStrategyAndAblationStepMatchesTheReferenceOrIsRefused) {
         const std::vector<int32_t> planned(ex.groups[t].begin(), ex.groups[t].begin() + static_cast<long>(fused->groups[t].size()));
         EXPECT_EQ(planned, fused->groups[t]);
       }
-      size_t tier3 = 0;
-      for (const Kernel& k : plan.kernels)
-        if (k.name == "tail_map") {
-          std::set<std::pair<int32_t, int32_t>> heads;
-          for (const auto& l : k.cores)
-            for (const PlanItem& it : l) heads.insert({it.seq, it.head});
-          tier3 = heads.size();
-        }
-      EXPECT_EQ(ex.chunk_parallel.size(), tier3);
       EXPECT_EQ(ex.program.gemm_first, plan.form == GraphForm::GemmFirst);
       EXPECT_EQ(ex.program.state_in_place, plan.state_in_place);
     }
@@ -185,6 +189,19 @@ TEST(PlanExec, TailTiersReachTheCpu) {
   s = lower_plan_for_cpu(make_plan(p, dev, "hanpu", po), shape, p.seqlens);
   EXPECT_EQ(s.chunk_parallel.size(), 1u);
   EXPECT_TRUE(s.per_thread[0].empty() && s.per_thread[1].empty());
+  EXPECT_TRUE(s.chunk_parallel_gemm_first);
+  // V = 32 on 3 cores: tier 3, the state recurrence in two column blocks of 16 on two threads.
+  p.V = shape.V = 32;
+  po.cores = 3;
+  s = lower_plan_for_cpu(make_plan(p, dev, "hanpu", po), shape, p.seqlens);
+  ASSERT_EQ(s.chunk_parallel.size(), 1u);
+  size_t blocks = 0;
+  for (const auto& items : s.fla_state)
+    for (const WorkItem& w : items) {
+      EXPECT_EQ(w.col1 - w.col0, 16);
+      ++blocks;
+    }
+  EXPECT_EQ(blocks, 2u);
 }
 
 // Plans written to JSON and read back run exactly as the plan they came from.

@@ -78,7 +78,7 @@ struct CpuSchedule {
   std::vector<std::vector<WorkItem>> per_thread;
   std::vector<std::vector<int32_t>> groups;
   /// Tier 3 of the head mapping: whole heads the plan runs chunk-parallel (its tail_ kernels); the
-  /// CPU runs them on its chunk-parallel (FLA-style) path with the tail kernels' mapping (below).
+  /// CPU runs them on its chunk-parallel path with the tail kernels' mapping and form (below).
   std::vector<WorkItem> chunk_parallel;
   /// The chunk-parallel path (FlaChunk, and HeadFused's tier 3), per thread in order, as the plan
   /// maps its kernels: the W/U Map phase per (chunk, head) (whole heads: the CPU fuses the Map
@@ -86,6 +86,9 @@ struct CpuSchedule {
   /// output per (chunk, head, column block).
   std::vector<std::vector<ChunkTask>> fla_map, fla_output;
   std::vector<std::vector<WorkItem>> fla_state;
+  /// The chunk-parallel phases in the GEMM-first form (a GEMM-first plan's tier-3 kernels: Map
+  /// forms the masked grams, the state phase solves for v_new) rather than the W/U form.
+  bool chunk_parallel_gemm_first = false;
   FusedProgram program;
   /// How the plan is executed, in words (--show-plan).
   std::string summary;

@@ -40,6 +40,7 @@ struct FlaBuffers {
   float* U = nullptr;      // [chunks, HV, C, V]
   float* h = nullptr;      // state at the start of each chunk [chunks, HV, K, V]
   float* v_new = nullptr;  // [chunks, HV, C, V]
+  float* P = nullptr;      // GEMM-first form only: the masked gated Q K^T [chunks, HV, C, C] (T holds A)
 };
 size_t fla_scratch_floats(const LaJob& job, int chunk);
 void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
@@ -48,6 +49,13 @@ void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& it
 /// Columns [col0, col1) of the output of one (chunk, value head).
 void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, int64_t col0, int64_t col1,
                       float* scratch);
+/// The same three phases in the GEMM-first form (a GEMM-first plan's tier-3 kernels): Map forms
+/// the masked grams A (into T) and P; the state phase solves (I + A) v_new = diag(β)V −
+/// diag(β e^Γ) K S per item's columns; the output is diag(e^Γ) Q h + P v_new. Same scratch.
+void gf_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+void gf_state_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch);
+void gf_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, int64_t col0, int64_t col1,
+                     float* scratch);
 
 /// Flush denormals to zero on this thread while alive (decays underflow routinely; denormal
 /// arithmetic is ~100x slower on x86 and changes results by less than 1e-38).

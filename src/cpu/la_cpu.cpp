@@ -132,12 +132,16 @@ size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
   const size_t Kp = (K + 15) / 16 * 16, Vp = (static_cast<size_t>(s.V) + 15) / 16 * 16;
   const size_t gk = s.variant == Variant::KDA ? K : 1;
   const size_t slots = static_cast<size_t>(buf.total_chunks * s.HV);
+  // The W/U form keeps T, W, U per (chunk, head); the GEMM-first form A (in T) and P.
+  const bool gemm_first = plan.chunk_parallel_gemm_first;
   std::vector<double> gamma(slots * C * gk);
-  std::vector<float> T(slots * C * C), W(slots * C * Kp), U(slots * C * Vp), h(slots * K * Vp), v_new(slots * C * Vp);
+  std::vector<float> T(slots * C * C), W(gemm_first ? 0 : slots * C * Kp), U(gemm_first ? 0 : slots * C * Vp),
+      P(gemm_first ? slots * C * C : 0), h(slots * K * Vp), v_new(slots * C * Vp);
   buf.gamma = gamma.data();
   buf.T = T.data();
   buf.W = W.data();
   buf.U = U.data();
+  buf.P = P.data();
   buf.h = h.data();
   buf.v_new = v_new.data();
 
@@ -151,13 +155,17 @@ size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
     });
   };
   auto global_chunk = [&](const ChunkTask& t) { return first[static_cast<size_t>(t.seq)] + t.chunk; };
-  phase(plan.fla_map, [&](const ChunkTask& t, float* sc) { cpu::fla_map_chunk(job, buf, global_chunk(t), t.head, sc); });
-  phase(plan.fla_state, [&](const WorkItem& w, float* sc) { cpu::fla_reduce_item(job, buf, w, sc); });
+  phase(plan.fla_map, [&](const ChunkTask& t, float* sc) {
+    (gemm_first ? cpu::gf_map_chunk : cpu::fla_map_chunk)(job, buf, global_chunk(t), t.head, sc);
+  });
+  phase(plan.fla_state, [&](const WorkItem& w, float* sc) {
+    (gemm_first ? cpu::gf_state_item : cpu::fla_reduce_item)(job, buf, w, sc);
+  });
   phase(plan.fla_output, [&](const ChunkTask& t, float* sc) {
-    cpu::fla_output_chunk(job, buf, global_chunk(t), t.head, t.col0, t.col1, sc);
+    (gemm_first ? cpu::gf_output_chunk : cpu::fla_output_chunk)(job, buf, global_chunk(t), t.head, t.col0, t.col1, sc);
   });
   const size_t intermediates = gamma.size() * sizeof(double) +
-                               (T.size() + W.size() + U.size() + h.size() + v_new.size()) * sizeof(float);
+                               (T.size() + W.size() + U.size() + P.size() + h.size() + v_new.size()) * sizeof(float);
   return intermediates + static_cast<size_t>(threads) * scratch_floats * sizeof(float);
 }
 

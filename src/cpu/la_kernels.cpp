@@ -1497,10 +1497,128 @@ void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
   hwy::FlushStream();
 }
 
+// ---------------------------------------------------------------------------------------------
+// The chunk-parallel path in the GEMM-first form: the tier-3 kernels (tail_map, tail_state,
+// tail_output) of a GEMM-first plan, with the plan's operators in the plan's phases. Map (gate,
+// kkt, qkt, kkt_gate, qkt_gate, solve_diag): the masked gated grams A and P of a (chunk, head)
+// into main memory (A in buf.T, P in buf.P). State (ks, rhs, solve, update): per item's columns,
+// chunk by chunk, X = diag(β)V − diag(β e^Γ) K S solved in place against (I + A) into v_new, the
+// state snapshot h, then the update. Output (qs, pv, out): O = diag(e^Γ) Q h + P v_new.
+
+void GfMapChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaChunk(job, buf, c);
+  const size_t K = s.K, C = s.C, L = ch.L, gk = s.gk;
+  float* q = scratch + s.q;
+  float* k = scratch + s.k;
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  float* beta = scratch + s.beta;
+  float* graw = scratch + s.graw;
+  float* AP = scratch + s.AP;
+  const ChunkRows rows{q, k, nullptr, s.Vp, G, beta, graw};
+  LoadChunk(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, rows);
+  if (gk > 1) {
+    KdaTokenFactors(G, L, K, scratch + s.eg);
+    KdaGram(k, q, G, L, K, C, C, scratch + s.KQl, scratch + s.KrT, graw, scratch + s.eg, AP);
+  } else {
+    float* Kt = scratch + s.Kt;
+    const size_t Lp = RoundUp(L, kPad);
+    Transpose(k, L, K, Kt, C);
+    Gemm<Acc::kSet>(k, K, Kt, C, AP, C, L, Lp, K, Tri::kLowerN);
+    Gemm<Acc::kSet>(q, K, Kt, C, AP + C * C, C, L, Lp, K, Tri::kLowerN);
+  }
+  MaskGram(gk == 1, G, beta, L, C, C, AP, graw);
+  const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  std::memcpy(buf.T + slot * C * C, AP, C * C * sizeof(float));
+  std::memcpy(buf.P + slot * C * C, AP + C * C, C * C * sizeof(float));
+  std::memcpy(buf.gamma + slot * C * gk, G, L * gk * sizeof(double));
+}
+
+void GfStateItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, gk = s.gk;
+  const int64_t HV = job.shape.HV, hv = item.head;
+  const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
+  const size_t c0 = static_cast<size_t>(item.col0), w = static_cast<size_t>(item.col1 - item.col0);
+  const size_t N = RoundUp(w, kPad);  // private rows of Vp floats: whole pads, as the fused path
+  float* q = scratch + s.q;
+  float* k = scratch + s.k;
+  float* X = scratch + s.v;  // β v of the item's columns, then v_new
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  float* beta = scratch + s.beta;
+  float* graw = scratch + s.graw;
+  float* Kn = scratch + s.tmpA;  // KDA: −β e^Γ ⊙ k; GDN: the row factors −β e^Γ
+  float* Kt = scratch + s.Kt;    // K x C: k_j e^{Γ_L−Γ_j}
+  float* S = scratch + s.total;  // K x Vp (GfScratchFloats reserves it)
+  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  ChunkRows rows{q, k, X, Vp, G, beta, graw, /*v_times_beta=*/true};
+  int64_t c = buf.seq_first_chunk[item.seq];
+  for (int64_t t0 = 0; t0 < seq.len; t0 += buf.chunk, ++c) {
+    const size_t L = static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0));
+    const size_t slot = static_cast<size_t>(c * HV + hv);
+    LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
+    for (size_t d = 0; d < K; ++d) std::memcpy(buf.h + slot * K * Vp + d * Vp + c0, S + d * Vp, w * sizeof(float));
+    // ks, rhs: X = diag(β)V − diag(β e^Γ) K S.
+    if (gk > 1) {
+      for (size_t i = 0; i < L; ++i) {
+        ExpRow(G + i * K, graw, K);
+        MulRowsScaled(k + i * K, graw, -beta[i], Kn + i * K, K);
+      }
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, N, K);
+    } else {
+      ExpRow(G, graw, L);
+      for (size_t i = 0; i < L; ++i) Kn[i] = -beta[i] * graw[i];
+      Gemm<Acc::kAddRowScaled>(k, K, S, Vp, X, Vp, L, N, K, Tri::kNone, nullptr, Kn);
+    }
+    // solve: (I + A) v_new = X, A from the Map phase.
+    SolveUnitLower(buf.T + slot * C * C, C, X, Vp, L, N);
+    for (size_t i = 0; i < L; ++i) std::memcpy(buf.v_new + slot * C * Vp + i * Vp + c0, X + i * Vp, w * sizeof(float));
+    // update: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T v_new_j.
+    const double* GL = G + (L - 1) * gk;
+    for (size_t j = 0; j < L; ++j)
+      for (size_t d = 0; d < K; ++d)
+        Kt[d * C + j] = k[j * K + d] * std::exp(static_cast<float>(GL[gk > 1 ? d : 0] - G[j * gk + (gk > 1 ? d : 0)]));
+    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), N);
+    Gemm<Acc::kAdd>(Kt, C, X, Vp, S, Vp, K, N, L);
+  }
+  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  hwy::FlushStream();
+}
+
+void GfOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                   float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaChunk(job, buf, c);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, L = ch.L, gk = s.gk;
+  const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  const size_t c0 = static_cast<size_t>(col0), w = static_cast<size_t>(col1 - col0);
+  const size_t N = col0 == 0 && col1 == job.shape.V ? Vp : RoundUp(w, hn::Lanes(DF()));  // as FlaOutputChunk
+  float* q = scratch + s.q;
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  const ChunkRows rows{q, scratch + s.k, nullptr, Vp, G, scratch + s.beta, scratch + s.graw};
+  LoadChunk(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, rows);
+  float* Qg = scratch + s.tmpA;
+  float* O = scratch + s.tmpB;
+  float* egam = scratch + s.graw;
+  for (size_t i = 0; i < L; ++i) {
+    ExpRow(G + i * gk, egam, gk);
+    if (gk > 1)
+      MulRows(q + i * K, egam, Qg + i * K, K);
+    else
+      ScaleTo(q + i * K, egam[0], Qg + i * K, K);
+  }
+  // qs, then pv and out with the Map phase's P.
+  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp + c0, Vp, O, Vp, L, N, K);
+  Gemm<Acc::kAdd>(buf.P + slot * C * C, C, buf.v_new + slot * C * Vp + c0, Vp, O, Vp, L, N, L, Tri::kLowerK);
+  StoreOutputRows(job, ch.seq, hv, ch.t0, L, col0, col1, O, Vp);
+  hwy::FlushStream();
+}
+
 size_t FlaScratchFloats(const LaJob& job, int chunk) {
   const FlaScratch s = MakeFlaScratch(job, chunk);
   const size_t reduce = RoundUp(s.K * s.Vp, kPad) + RoundUp(s.K, kPad) + RoundUp(s.K * s.C, kPad) + s.C * s.Vp + kPad;
-  return std::max(s.total, reduce);
+  const size_t gemm_first_state = s.total + RoundUp(s.K * s.Vp, kPad);  // GfStateItem's S after the chunk buffers
+  return std::max({s.total, reduce, gemm_first_state});
 }
 
 // Times C += A B (M x Kd times Kd x N, operands resident in cache) on this thread: the GEMM
@@ -1537,6 +1655,9 @@ HWY_EXPORT(RecurrentArenaFloats);
 HWY_EXPORT(FlaMapChunk);
 HWY_EXPORT(FlaReduceItem);
 HWY_EXPORT(FlaOutputChunk);
+HWY_EXPORT(GfMapChunk);
+HWY_EXPORT(GfStateItem);
+HWY_EXPORT(GfOutputChunk);
 HWY_EXPORT(FlaScratchFloats);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmProbeGflops);
@@ -1565,6 +1686,16 @@ void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& it
 void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
                       float* scratch) {
   HANPU_DISPATCH(FlaOutputChunk)(job, buf, c, hv, col0, col1, scratch);
+}
+void gf_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  HANPU_DISPATCH(GfMapChunk)(job, buf, c, hv, scratch);
+}
+void gf_state_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
+  HANPU_DISPATCH(GfStateItem)(job, buf, item, scratch);
+}
+void gf_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                     float* scratch) {
+  HANPU_DISPATCH(GfOutputChunk)(job, buf, c, hv, col0, col1, scratch);
 }
 const char* simd_target_name() { return HANPU_DISPATCH(TargetName)(); }
 double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds) {

@@ -12,8 +12,9 @@
 //     those kernels in order (the Map kernels fused: they must map alike). On a CPU a kernel
 //     launch is a function call, so the three differ only in what the simulator charges;
 //   the tier-3 "tail_" kernels of a head mapping: their heads run on the same chunk-parallel path
-//     with the tail kernels' mapping. That path computes in the W/U form whatever the plan's form
-//     (it has no GEMM-first Map phase; the summary and docs/SIMULATION.md say so);
+//     with the tail kernels' mapping, in the plan's form (GEMM-first: Map forms the masked grams
+//     A and P, the state phase solves for v_new, the output reads P; W/U: as FLA's kernels, with
+//     Q K^T recomputed in the output phase instead of stored by the Map phase);
 //   anything else (segment-parallel kernels: flashqla; the inverse form; blocked layouts; a chunk
 //     other than 64) is refused, naming the field.
 #include "hanpu/plan_exec.hpp"
@@ -362,12 +363,14 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
   } else {
     s.path = CpuPath::HeadFused;
     for (const auto& [seq, head] : tail) s.chunk_parallel.push_back({seq, head, 0, static_cast<int32_t>(plan.problem.V)});
+    s.chunk_parallel_gemm_first = plan.form == GraphForm::GemmFirst;
     std::string stages;
     for (CpuStage st : s.program.stages) stages += std::string(stages.empty() ? "" : " ") + cpu_stage_name(st);
     s.summary = "head-fused, " + std::to_string(s.threads) + " threads, " +
                 (s.program.gemm_first ? "gemm-first" : "W/U form") + ", " +
                 (s.program.state_in_place ? "in-place state" : "double-buffered state") + ", stages " + stages +
-                (s.chunk_parallel.empty() ? "" : ", " + std::to_string(s.chunk_parallel.size()) + " tier-3 heads on the chunk-parallel path (W/U form)") +
+                (s.chunk_parallel.empty() ? "" : ", " + std::to_string(s.chunk_parallel.size()) + " tier-3 heads on the chunk-parallel path (" +
+                                                      (s.chunk_parallel_gemm_first ? "gemm-first" : "W/U form") + ")") +
                 (plan.layout_planned ? ", layouts planned (all dense)" : "");
   }
   if (out) *out = std::move(s);
