@@ -183,11 +183,23 @@ struct Lifetime {
   bool operator==(const Lifetime&) const = default;
 };
 
+/// How a kernel's items are parallel: Head, items carry the state chunk to chunk; Segment, the
+/// same over a chunk range with the segment's start state from GM; Chunk, every chunk independent.
+enum class Parallel { Head, Segment, Chunk };
+/// Where a kernel's state comes from: None (not carried), Initial (the initial state, or for a
+/// segment not at the start the chained state from GM), Zero (a zero start state).
+enum class StateIn { None, Initial, Zero };
+/// Where it goes: None, Final (the final state), Segment (a segment's end state to GM).
+enum class StateOut { None, Final, Segment };
+/// The names at the JSON edge: "head" / "segment" / "chunk"; "none" / "initial" / "zero";
+/// "none" / "final" / "segment".
+const char* parallel_name(Parallel p);
+const char* state_in_name(StateIn s);
+const char* state_out_name(StateOut s);
+
 struct Kernel {
   std::string name;
-  /// "head": items carry the state chunk to chunk; "segment": the same over a chunk range with
-  /// the segment's start state from GM; "chunk": every chunk independent.
-  std::string parallel = "head";
+  Parallel parallel = Parallel::Head;
   bool launch = true;  // pays a kernel launch (false inside a megakernel after its first phase)
   std::vector<std::string> order;  // operators in program order
   std::vector<Step> steps;
@@ -197,8 +209,8 @@ struct Kernel {
   std::vector<std::string> spilled;  // tensors kept in GM between producer and consumers
   int buffering = 1;                 // 2: some GM inputs double-buffered (prefetch of the next chunk)
   std::vector<std::string> double_buffered;  // those tensors (two copies each in their buffers)
-  std::string state_in = "none";     // "initial" | "segment" (from GM) | "none"
-  std::string state_out = "none";    // "final" | "segment" | "none"
+  StateIn state_in = StateIn::None;
+  StateOut state_out = StateOut::None;
   std::vector<std::vector<PlanItem>> cores;  // per core, in order
   /// Lockstep groups of a head-parallel kernel, per core: the sizes of consecutive runs of that
   /// core's items (same sequence, columns and chunks) that advance chunk by chunk together, every

@@ -209,7 +209,7 @@ bool is_tail_kernel(const Kernel& k) {
 }
 
 bool runs_whole_graph(const Kernel& k, const OpGraph& g) {
-  if (k.parallel != "head") return false;
+  if (k.parallel != Parallel::Head) return false;
   for (const OperatorDef& op : g.ops)
     if (std::find(k.order.begin(), k.order.end(), op.name) == k.order.end()) return false;
   return true;
@@ -279,7 +279,7 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
   if (plan.problem.chunk != 64)
     return "plan.problem.chunk: got " + std::to_string(plan.problem.chunk) + ", the CPU backend runs chunk 64";
   for (size_t ki = 0; ki < plan.kernels.size(); ++ki)
-    if (plan.kernels[ki].parallel == "segment")
+    if (plan.kernels[ki].parallel == Parallel::Segment)
       return kernel_at(ki, plan.kernels[ki]) + ".parallel: got \"segment\"; the CPU backend has no segment-parallel execution";
   if (plan.form == GraphForm::Inverse)
     return "plan.form: got \"inverse\"; the CPU backend runs the gemm_first and wu forms";
@@ -341,10 +341,10 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     if (phase < last_phase)
       return kernel_at(ki, k) + ": a " + fla_phase_name(phase) + " kernel after a " + fla_phase_name(last_phase) +
              " kernel; the CPU's FLA-style path runs map, state, output in that order";
-    const std::string want = phase == 1 ? "head" : "chunk";
+    const Parallel want = phase == 1 ? Parallel::Head : Parallel::Chunk;
     if (k.parallel != want)
-      return kernel_at(ki, k) + ".parallel: got \"" + k.parallel + "\", the CPU runs the " + fla_phase_name(phase) +
-             " phase " + want + "-parallel";
+      return kernel_at(ki, k) + ".parallel: got \"" + parallel_name(k.parallel) + "\", the CPU runs the " + fla_phase_name(phase) +
+             " phase " + parallel_name(want) + "-parallel";
     if (phase == 1) {
       if (state_kernel) return kernel_at(ki, k) + ": a second state kernel; the CPU's FLA-style path has one state phase";
       state_kernel = true;

@@ -47,7 +47,7 @@ std::vector<std::vector<PlanItem>> round_robin(const std::vector<PlanItem>& item
   return out;
 }
 
-Kernel kernel(const std::string& name, const std::string& parallel, std::vector<std::string> order) {
+Kernel kernel(const std::string& name, Parallel parallel, std::vector<std::string> order) {
   Kernel k;
   k.name = name;
   k.parallel = parallel;
@@ -133,10 +133,10 @@ std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, c
                                            const std::string& prefix) {
   const Phases ph = split_phases(g, order);
   std::vector<Kernel> ks;
-  Kernel map = kernel(prefix + "map", "chunk", ph.map);
+  Kernel map = kernel(prefix + "map", Parallel::Chunk, ph.map);
   map.cores = map_chunks(p, items, cores);
   ks.push_back(map);
-  Kernel red = kernel(prefix + "state", "head", ph.reduce);
+  Kernel red = kernel(prefix + "state", Parallel::Head, ph.reduce);
   std::vector<PlanItem> blocks;
   for (const PlanItem& it : items)
     for (int32_t c0 = it.col0; c0 < it.col1; c0 += state_cols) {
@@ -145,9 +145,9 @@ std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, c
       blocks.push_back(b);
     }
   red.cores = round_robin(blocks, cores);
-  red.state_in = "initial", red.state_out = "final";
+  red.state_in = StateIn::Initial, red.state_out = StateOut::Final;
   ks.push_back(red);
-  Kernel out = kernel(prefix + "output", "chunk", ph.output);
+  Kernel out = kernel(prefix + "output", Parallel::Chunk, ph.output);
   out.cores = map_chunks(p, items, cores);
   ks.push_back(out);
   return ks;
@@ -171,9 +171,9 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
   if (any) {
-    Kernel fused = kernel("fused", "head", order.empty() ? default_order(g) : order);
+    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? default_order(g) : order);
     fused.cores = m.cores;
-    fused.state_in = "initial", fused.state_out = "final";
+    fused.state_in = StateIn::Initial, fused.state_out = StateOut::Final;
     ks.push_back(fused);
   }
   if (!m.chunk_parallel.empty()) {
@@ -227,13 +227,13 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
       if (t.role == TensorRole::Input) cx.from_gm.insert(t.name);
     for (const TensorDef& t : g.tensors) {
       if (t.role == TensorRole::Input) continue;
-      const bool carried_here = t.role == TensorRole::State && ks[i].state_in != "none";
+      const bool carried_here = t.role == TensorRole::State && ks[i].state_in != StateIn::None;
       if (reads(g, ks[i], t.name) && !carried_here && !produced_before_read(g, ks[i], t.name)) cx.from_gm.insert(t.name);
       // Stored if a later kernel reads it without producing it first, before another producer.
       if (produces(g, ks[i], t.name) || (t.name == "S" && carried_here)) {
         bool later_matrix_only = true, stored = false;
         for (size_t j = i + 1; j < ks.size(); ++j) {
-          const bool carried_there = t.role == TensorRole::State && ks[j].state_in != "none";
+          const bool carried_there = t.role == TensorRole::State && ks[j].state_in != StateIn::None;
           if (reads(g, ks[j], t.name) && !carried_there && !produced_before_read(g, ks[j], t.name)) {
             stored = true;
             for (const std::string& o : ks[j].order) {
@@ -310,16 +310,16 @@ using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const OpGraph& g
 
 std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, bool megakernel) {
   const auto items = whole_items(p, static_cast<int>(p.V));
-  Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
-  Kernel kkt_solve = kernel("kkt_solve", "chunk", {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
-  Kernel wu = kernel("recompute_w_u", "chunk", {"wu_scale", "wu"});
+  Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, {"gate"});
+  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
+  Kernel wu = kernel("recompute_w_u", Parallel::Chunk, {"wu_scale", "wu"});
   std::vector<std::string> h_ops = {"ws", "vnew"};
   if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
   h_ops.insert(h_ops.end(), {"update", "state_add"});
-  Kernel h = kernel("fwd_h", "head", h_ops);
-  h.state_in = "initial", h.state_out = "final";
+  Kernel h = kernel("fwd_h", Parallel::Head, h_ops);
+  h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
-  Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
+  Kernel o = kernel("fwd_o", Parallel::Chunk, {"qkt", "qkt_gate", "qs", "pv", "out"});
   for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
   std::vector<Kernel> ks = {cumsum, kkt_solve, wu, h, o};
   add_decay(ks, g);
@@ -339,15 +339,15 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
   // operator here), before the two AscendC kernels.
   std::vector<Kernel> ks;
   for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
-    if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, "chunk", {op}));
+    if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, Parallel::Chunk, {op}));
   for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
   std::vector<std::string> h_ops = {"ws", "vnew"};
   if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
   h_ops.insert(h_ops.end(), {"update", "state_add"});
-  Kernel h = kernel("chunk_gated_delta_rule_fwd_h", "head", h_ops);
-  h.state_in = "initial", h.state_out = "final";
+  Kernel h = kernel("chunk_gated_delta_rule_fwd_h", Parallel::Head, h_ops);
+  h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
-  Kernel o = kernel("chunk_fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
+  Kernel o = kernel("chunk_fwd_o", Parallel::Chunk, {"qkt", "qkt_gate", "qs", "pv", "out"});
   o.cores = map_chunks(p, items, cores);
   ks.push_back(h);
   ks.push_back(o);
@@ -360,7 +360,7 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
   // next segment's start state; then all segments in parallel, fused.
   const auto items = whole_items(p, static_cast<int>(p.V));
   std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
-  Kernel ks0 = kernel("kkt_solve", "chunk", prep);
+  Kernel ks0 = kernel("kkt_solve", Parallel::Chunk, prep);
   ks0.cores = map_chunks(p, items, cores);
   const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
   const int64_t seg = std::max<int64_t>(kFlashQlaMinSegmentChunks,
@@ -386,14 +386,14 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
   std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
   if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
   state_ops.insert(state_ops.end(), {"update", "state_add"});
-  Kernel ks1 = kernel("segment_states", "segment", state_ops);
-  ks1.state_in = "zero", ks1.state_out = "segment";
+  Kernel ks1 = kernel("segment_states", Parallel::Segment, state_ops);
+  ks1.state_in = StateIn::Zero, ks1.state_out = StateOut::Segment;
   ks1.cores = round_robin(state_items, cores);
   std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
   if (p.variant == Variant::GDN) fwd.push_back("update_gate");
   fwd.insert(fwd.end(), {"update", "state_add"});
-  Kernel ks2 = kernel("fused_fwd", "segment", fwd);
-  ks2.state_in = "initial", ks2.state_out = "final";
+  Kernel ks2 = kernel("fused_fwd", Parallel::Segment, fwd);
+  ks2.state_in = StateIn::Initial, ks2.state_out = StateOut::Final;
   ks2.cores = round_robin(seg_items, cores);
   std::vector<Kernel> ks = {ks0};
   if (!state_items.empty()) ks.push_back(ks1);
@@ -475,6 +475,31 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
 }
 
 }  // namespace
+
+const char* parallel_name(Parallel p) {
+  switch (p) {
+    case Parallel::Head: return "head";
+    case Parallel::Segment: return "segment";
+    case Parallel::Chunk: return "chunk";
+  }
+  return "?";
+}
+const char* state_in_name(StateIn s) {
+  switch (s) {
+    case StateIn::None: return "none";
+    case StateIn::Initial: return "initial";
+    case StateIn::Zero: return "zero";
+  }
+  return "?";
+}
+const char* state_out_name(StateOut s) {
+  switch (s) {
+    case StateOut::None: return "none";
+    case StateOut::Final: return "final";
+    case StateOut::Segment: return "segment";
+  }
+  return "?";
+}
 
 std::vector<std::string> strategy_names() {
   std::vector<std::string> out;
@@ -564,7 +589,7 @@ void validate_plan(const Plan& plan) {
           throw Error(at + ": item (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", columns " +
                       std::to_string(it.col0) + ":" + std::to_string(it.col1) + ", chunks " + std::to_string(it.chunk0) + ":" +
                       std::to_string(it.chunk1) + ") is out of range");
-        if (k.parallel == "head" && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
+        if (k.parallel == Parallel::Head && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
           throw Error(at + ": a head-parallel kernel's item must run all chunks of its sequence in order (the state depends on every earlier chunk)");
         per_head[{it.seq, it.head}].push_back({ki, ci, ii, it});
       }
@@ -573,7 +598,7 @@ void validate_plan(const Plan& plan) {
     for (const std::string& o : k.order) {
       const OperatorDef& op = g.op(o);
       for (const std::string& in : op.inputs) {
-        const bool carried = g.tensor(in).role == TensorRole::State && k.state_in != "none" && k.parallel != "chunk";
+        const bool carried = g.tensor(in).role == TensorRole::State && k.state_in != StateIn::None && k.parallel != Parallel::Chunk;
         if (!here.count(in) && !carried && !available.count(in))
           throw Error(where(ki) + ".order: operator " + o + " reads " + in + ", which is not produced before it in kernel " + k.name +
                       (g.tensor(in).role == TensorRole::State ? " (a chunk-parallel kernel cannot carry the state)" : "") +
@@ -582,7 +607,7 @@ void validate_plan(const Plan& plan) {
       for (const std::string& out : op.outputs) here.insert(out);
     }
     for (const std::string& t : here) available.insert(t);
-    if (k.state_in != "none" || k.state_out != "none") available.insert("S");
+    if (k.state_in != StateIn::None || k.state_out != StateOut::None) available.insert("S");
   }
 
   // Coverage: no kernel twice on a cell, the output once everywhere, every operator at least once.
@@ -639,8 +664,8 @@ void validate_plan(const Plan& plan) {
       if (k.groups.size() != k.cores.size())
         throw Error(where(ki) + ".groups: " + std::to_string(k.groups.size()) + " lists for " + std::to_string(k.cores.size()) +
                     " cores (one list of group sizes per core, or none)");
-      if (k.parallel != "head" && std::any_of(k.groups.begin(), k.groups.end(), [](const auto& l) { return !l.empty(); }))
-        throw Error(where(ki) + ".groups: lockstep groups need a head-parallel kernel, this one is " + k.parallel + "-parallel");
+      if (k.parallel != Parallel::Head && std::any_of(k.groups.begin(), k.groups.end(), [](const auto& l) { return !l.empty(); }))
+        throw Error(where(ki) + ".groups: lockstep groups need a head-parallel kernel, this one is " + std::string(parallel_name(k.parallel)) + "-parallel");
       for (size_t ci = 0; ci < k.groups.size(); ++ci) {
         const std::vector<int32_t>& sizes = k.groups[ci];
         if (sizes.empty()) continue;
@@ -678,7 +703,7 @@ std::string describe_plan(const Plan& plan) {
   os.precision(4);
   os << "  total MACs (useful, " << graph_form_name(plan.form) << " form): " << layer_macs(p, plan.form) << "\n";
   for (const Kernel& k : plan.kernels) {
-    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", double-buffered:" << (k.double_buffered.empty() ? std::string(" none") : "") << [&] {
+    os << "  kernel " << k.name << " (" << parallel_name(k.parallel) << "-parallel" << (k.launch ? "" : ", same launch") << ", double-buffered:" << (k.double_buffered.empty() ? std::string(" none") : "") << [&] {
       std::string s;
       for (const auto& t : k.double_buffered) s += " " + t;
       return s;

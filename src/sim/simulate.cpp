@@ -244,8 +244,8 @@ class Simulator {
             if (costs.empty())
               for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], L, Vc, busy));
             const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
-            const bool load_state = k.state_in == "initial" && (p_.read_initial_state || it.chunk0 > 0);
-            const bool store_state = k.state_out == "segment" || (k.state_out == "final" && p_.write_final_state && it.chunk1 == nchunks);
+            const bool load_state = k.state_in == StateIn::Initial && (p_.read_initial_state || it.chunk0 > 0);
+            const bool store_state = k.state_out == StateOut::Segment || (k.state_out == StateOut::Final && p_.write_final_state && it.chunk1 == nchunks);
             for (size_t i = 0; i < n; ++i) {
               const StepInfo& si = info[i];
               const Step& s = *si.step;
@@ -349,7 +349,7 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
       if (s.kind != "move" || s.path.size() < 4 || s.path.compare(s.path.size() - 4, 4, "->GM") != 0) continue;
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
       const bool state_store = s.op == "state_out";
-      if (state_store && k.state_out != "segment") continue;  // the final state, counted above
+      if (state_store && k.state_out != StateOut::Segment) continue;  // the final state, counted above
       // Spills, and results routed through GM for want of an on-core path (L0C->GM->UB on a 310B),
       // are read back by the same kernel: per-core scratch reused every chunk, not a materialized
       // intermediate.
