@@ -59,7 +59,7 @@ struct CpuSchedule;  // hanpu/plan_exec.hpp
 /// What a call ran (ExecOptions::report): the plan, whether the plan cache had it, and the cost
 /// of getting it.
 struct ExecReport {
-  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const Plan> plan;  // null when there was nothing to plan (no tokens at all)
   std::shared_ptr<const CpuSchedule> schedule;
   bool plan_cache_hit = false;  // false also when the caller passed the plan
   double planning_seconds = 0;  // plan look-up (and on a miss planning) plus lowering
