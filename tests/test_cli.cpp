@@ -346,7 +346,7 @@ TEST(CliRun, GivenPlanAndShowPlan) {
   ASSERT_TRUE(d.exited && d.code == 0) << d.err;
   EXPECT_NE(d.err.find("planned for the host (planned in this call)"), std::string::npos) << d.err;
   EXPECT_NE(d.err.find("lockstep groups:"), std::string::npos) << d.err;
-  EXPECT_NE(d.err.find("stages: gate grams"), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find("stages: gate state_k state_q grams mask solve output update"), std::string::npos) << d.err;
   // Refused: a plan for 76 tokens, and --plan with --mode.
   const std::string other = dir.file("other.json");
   ASSERT_EQ(run_hanpu(dir, "plan --device " + quote(host_json) + " --variant gdn --T 76 --batch 2 --heads 2 --value-heads 4 "

@@ -253,9 +253,17 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     const LaResult r = run_plan(a, p, plan);
     EXPECT_LT(nmse(r.o, ref.o), 1e-10);
     EXPECT_LT(nmse(r.final_state, ref.final_state), 1e-10);
-    // The default order runs the grams first.
+    // The host plan's default order is that one too (the hand-wired CPU order); the graph's default
+    // order, the grams first, is what an NPU plan runs.
     const CpuSchedule d = lower_plan_for_cpu(make_plan(prob, host(2), "hanpu", PlanOptions{2, {}}), shape, prob.seqlens);
-    EXPECT_EQ(d.program.stages.at(1), CpuStage::Grams);
+    EXPECT_EQ(d.program.stages, want);
+    std::vector<std::string> graph_order;
+    for (const OperatorDef& op : make_op_graph(v, GraphForm::GemmFirst, true).ops) graph_order.push_back(op.name);
+    const CpuSchedule n = lower_plan_for_cpu(make_plan(prob, host(2), "hanpu", PlanOptions{2, graph_order}), shape, prob.seqlens);
+    EXPECT_EQ(n.program.stages.at(1), CpuStage::Grams);
+    const LaResult rn = run_plan(a, p, make_plan(prob, host(2), "hanpu", PlanOptions{2, graph_order}));
+    EXPECT_LT(nmse(rn.o, ref.o), 1e-10);
+    EXPECT_LT(nmse(rn.final_state, ref.final_state), 1e-10);
     // FLA's order (the W/U form, the next state built before the output): GDN keeps v_new apart.
     const CpuSchedule f = lower_plan_for_cpu(make_plan(prob, host(2), "fla+mapping", PlanOptions{2, {}}), shape, prob.seqlens);
     EXPECT_FALSE(f.program.gemm_first);

@@ -164,6 +164,23 @@ struct Recipe {
 
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
 
+// The fused kernel's order when none is given: the graph's default; on a CPU in the GEMM-first
+// form the state GEMMs (ks, qs) right after the gate, before the grams. That is the order of the
+// hand-wired CPU schedule that plans replaced, whose speed the default path must keep; the grams
+// first measured no faster on the bench shapes (docs/PERFORMANCE.md, "One plan drives the CPU").
+std::vector<std::string> fused_order(const OpGraph& g, const Device& dev) {
+  std::vector<std::string> order = default_order(g);
+  if (dev.kind != "cpu" || g.form != GraphForm::GemmFirst) return order;
+  std::vector<std::string> front, rest;
+  for (const std::string& o : order) (o == "gate" || o == "decay_q" || o == "decay_k" ? front : rest).push_back(o);
+  for (const char* o : {"ks", "qs"}) {
+    rest.erase(std::find(rest.begin(), rest.end(), o));
+    front.push_back(o);
+  }
+  front.insert(front.end(), rest.begin(), rest.end());
+  return front;
+}
+
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
 std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores,
                                         const std::vector<std::string>& order) {
@@ -171,7 +188,7 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
   if (any) {
-    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? default_order(g) : order);
+    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? fused_order(g, dev) : order);
     fused.cores = m.cores;
     fused.state_in = StateIn::Initial, fused.state_out = StateOut::Final;
     ks.push_back(fused);
