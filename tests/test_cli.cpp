@@ -315,6 +315,49 @@ TEST(CliRun, GdnBasicGoldenAllModes) {
   }
 }
 
+// --plan runs a plan made with `hanpu plan` for the host; --show-plan prints the plan a call ran
+// and how the CPU executed it; a plan for other inputs or one with --mode is refused by name.
+TEST(CliRun, GivenPlanAndShowPlan) {
+  TempDir dir("hanpu_cli");
+  const std::string in = golden("gdn_basic");  // B = 2, T = 75, H = 2, HV = 4, K = V = 32
+  const SafetensorsFile ref = SafetensorsFile::open(in);
+  const RunResult host = run_hanpu(dir, "device --host --threads 2 --measure-seconds 0 --json");
+  ASSERT_TRUE(host.exited && host.code == 0) << host.err;
+  const std::string host_json = dir.file("host.json");
+  write_bytes(host_json, host.out);
+  for (const auto& [strategy, how] : std::vector<std::pair<std::string, std::string>>{
+           {"hanpu", "executed as: head-fused, 2 threads, gemm-first"}, {"fla", "executed as: FLA-style chunk path"}}) {
+    SCOPED_TRACE(strategy);
+    const std::string plan = dir.file(strategy + ".json"), out = dir.file("out.safetensors");
+    const RunResult p = run_hanpu(dir, "plan --device " + quote(host_json) + " --variant gdn --T 75 --batch 2 --heads 2 "
+                                       "--value-heads 4 --K 32 --V 32 --cores 2 --strategy " + strategy + " -o " + quote(plan));
+    ASSERT_TRUE(p.exited && p.code == 0) << p.command << "\n" << p.err;
+    const RunResult r = run_hanpu(dir, "gdn --in " + quote(in) + " --out " + quote(out) + " --plan " + quote(plan) + " --show-plan");
+    ASSERT_TRUE(r.exited && r.code == 0) << r.command << "\n" << r.err;
+    EXPECT_NE(r.err.find("plan from " + plan), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("plan " + strategy + " for gdn on host (2 cores)"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(how), std::string::npos) << r.err;
+    const SafetensorsFile f = SafetensorsFile::open(out);
+    EXPECT_LE(nmse(f.get("o"), ref.get("o_ref")), 1e-9);
+    EXPECT_LE(nmse(f.get("final_state"), ref.get("final_state_ref")), 1e-9);
+  }
+  // Without --plan: the host plan of this call, planned in this process.
+  const RunResult d = run_hanpu(dir, "gdn --in " + quote(in) + " --out " + quote(dir.file("d.safetensors")) + " --threads 2 --show-plan");
+  ASSERT_TRUE(d.exited && d.code == 0) << d.err;
+  EXPECT_NE(d.err.find("planned for the host (planned in this call)"), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find("lockstep groups:"), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find("stages: gate state_k state_q grams mask solve output update"), std::string::npos) << d.err;
+  // Refused: a plan for 76 tokens, and --plan with --mode.
+  const std::string other = dir.file("other.json");
+  ASSERT_EQ(run_hanpu(dir, "plan --device " + quote(host_json) + " --variant gdn --T 76 --batch 2 --heads 2 --value-heads 4 "
+                           "--K 32 --V 32 --cores 2 -o " + quote(other)).code, 0);
+  expect_clean_failure(dir, "gdn --in " + quote(in) + " --out " + quote(dir.file("x.safetensors")) + " --plan " + quote(other),
+                       {"sequence lengths are [76,76] in the plan, [75,75] in the inputs"}, dir.file("x.safetensors"));
+  expect_clean_failure(dir, "gdn --in " + quote(in) + " --out " + quote(dir.file("y.safetensors")) + " --plan " +
+                                quote(dir.file("hanpu.json")) + " --mode recurrent",
+                       {"--plan with --mode recurrent"}, dir.file("y.safetensors"));
+}
+
 TEST(CliRun, KdaGateVarlenGolden) {
   TempDir dir("hanpu_cli");
   const std::string in = golden("kda_gate_varlen"), out = dir.file("tmp.safetensors");

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "cpu/kernels.hpp"
-#include "hanpu/cpu_plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "la_testing.hpp"
 
 namespace hanpu::testing {
@@ -147,43 +147,28 @@ TEST(LaPaths, ExplicitPlansGiveTheSameResult) {
   s.V = 64;
   const Problem p = make_problem(s);
   const LaResult base = la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 1, nullptr});
-  // One head on many threads: every column of V in its own block, spread over 3 threads.
-  CpuPlan plan;
-  plan.threads = 3;
-  plan.per_thread.resize(3);
+  // A planner plan with its mapping replaced: every 16 columns of V in a block of their own, spread
+  // over 3 cores (the plan still validates: columns are independent).
+  const hanpu::Problem prob = problem_for_inputs(s.variant, p.inputs(), s.opt);
+  PlanOptions po;
+  po.cores = 3;
+  Plan plan = make_plan(prob, host_device(3, 0.0), "hanpu", po);
+  ASSERT_EQ(plan.kernels.size(), 1u);
+  Kernel& fused = plan.kernels[0];
+  fused.cores.assign(3, {});
+  fused.groups.clear();
   int t = 0;
   for (int hv = 0; hv < 2; ++hv)
-    for (int c = 0; c < 64; c += 16) plan.per_thread[(t++) % 3].push_back({0, hv, c, c + 16});
-  const LaResult split = la_prefill_alloc(s.variant, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 3, &plan});
+    for (int c = 0; c < 64; c += 16) fused.cores[(t++) % 3].push_back({0, hv, c, c + 16, 0, 3, 2});
+  ExecOptions ex;
+  ex.plan = &plan;
+  const LaResult split = la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
   EXPECT_LE(nmse(split.o, [&] {
               Tensor d(DType::F64, base.o.shape());
               for (int64_t i = 0; i < d.numel(); ++i) d.set(i, base.o.get(i));
               return d;
             }()),
             1e-12);
-}
-
-TEST(LaPlan, TailTiers) {
-  LaShape s;
-  s.HV = 3;
-  s.V = 128;
-  s.N = 1;
-  // 3 heads on 2 threads: 2 whole heads + the third split in two column blocks.
-  CpuPlan p = make_cpu_plan(s, {1024}, 2);
-  size_t items = p.per_thread[0].size() + p.per_thread[1].size();
-  EXPECT_EQ(items, 4u);
-  EXPECT_TRUE(p.chunk_parallel.empty());
-  // One head, 4 threads: four column blocks of 32.
-  s.HV = 1;
-  p = make_cpu_plan(s, {1024}, 4);
-  for (const auto& per : p.per_thread) {
-    ASSERT_EQ(per.size(), 1u);
-    EXPECT_EQ(per[0].col1 - per[0].col0, 32);
-  }
-  // One head of V = 16 on 2 threads: cannot split columns: chunk-parallel fallback.
-  s.V = 16;
-  p = make_cpu_plan(s, {1024}, 2);
-  EXPECT_EQ(p.chunk_parallel.size(), 1u);
 }
 
 TEST(LaPaths, ChunkParallelFallbackIsExact) {
@@ -452,6 +437,8 @@ TEST(LaBf16Dot, GramsFromBf16DotProductsAreExact) {
 
 // The operator orders a plan may choose (GEMM-first or the W/U form; in-place or double-buffered
 // state) give the reference's results, with tails (T = 150, K = 60, V = 100) and groups.
+// The operator orders of the planner's head-mapped strategies (GEMM-first with the state in place;
+// FLA's W/U form with the next state built before the output), in lockstep groups of 2, with GVA.
 TEST(LaPlan, OperatorOrdersAreExact) {
   for (Variant var : {Variant::GDN, Variant::KDA}) {
     ProblemSpec s;
@@ -464,17 +451,18 @@ TEST(LaPlan, OperatorOrdersAreExact) {
     s.gates = GateRegime::kMasked;
     const Problem p = make_problem(s);
     const LaReference ref = la_reference(var, p.inputs(), s.opt);
-    std::vector<int64_t> lens{s.T};
-    LaShape shape = validate_la(var, p.inputs(), s.opt);
-    for (bool gemm_first : {true, false}) {
-      for (bool in_place : {true, false}) {
-        CpuPlan plan = make_cpu_plan(shape, lens, 2);
-        plan.head_group = 2;
-        plan.order = {gemm_first, in_place};
-        const LaResult r = la_prefill_alloc(var, p.inputs(), s.opt, ExecOptions{CpuPath::HeadFused, 2, &plan});
-        EXPECT_LE(nmse(r.o, ref.o), 1e-10) << "gemm_first=" << gemm_first << " in_place=" << in_place;
-        EXPECT_LE(nmse(r.final_state, ref.final_state), 1e-10) << "gemm_first=" << gemm_first << " in_place=" << in_place;
-      }
+    const hanpu::Problem prob = problem_for_inputs(var, p.inputs(), s.opt);
+    for (const std::string strategy : {"hanpu", "fla+mapping"}) {
+      PlanOptions po;
+      po.cores = 2;
+      Plan plan = make_plan(prob, host_device(2, 0.0), strategy, po);
+      for (Kernel& k : plan.kernels)
+        for (auto& g : k.groups) g = lockstep_groups(k.cores[&g - &k.groups[0]], 2);
+      ExecOptions ex;
+      ex.plan = &plan;
+      const LaResult r = la_prefill_alloc(var, p.inputs(), s.opt, ex);
+      EXPECT_LE(nmse(r.o, ref.o), 1e-10) << strategy;
+      EXPECT_LE(nmse(r.final_state, ref.final_state), 1e-10) << strategy;
     }
   }
 }

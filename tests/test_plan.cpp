@@ -190,7 +190,7 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
           auto it = arrived.find({t, buf});
           if (it == arrived.end()) {
             // Only the carried state may be there from the previous chunk.
-            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != "none") << s.op << " reads " << t << " from " << buf;
+            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != StateIn::None) << s.op << " reads " << t << " from " << buf;
             continue;
           }
           EXPECT_TRUE(closure[i].count(it->second)) << s.op << " does not wait for " << t << " in " << buf;
@@ -231,7 +231,7 @@ TEST(Plans, TierThreeUsesChunkParallelFallbackKernels) {
   o.cores = 10;
   const Plan plan = make_plan(problem(Variant::GDN, {300}, 11), ascend310p(), "hanpu", o);
   std::vector<std::string> names;
-  for (const Kernel& k : plan.kernels) names.push_back(k.name + ":" + k.parallel);
+  for (const Kernel& k : plan.kernels) names.push_back(k.name + ":" + parallel_name(k.parallel));
   EXPECT_EQ(names, (std::vector<std::string>{"fused:head", "tail_map:chunk", "tail_state:head", "tail_output:chunk"}));
 }
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "hanpu/cpu_plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/reference.hpp"
@@ -55,9 +55,11 @@ TEST(Soak, ConcurrentCallersGetReferenceResults) {
         ExecOptions ex;
         ex.path = static_cast<CpuPath>(pick({0, 1, 2}));
         ex.threads = static_cast<int>(pick({1, 2, 3}));
-        CpuPlan plan;
-        if (ex.path == CpuPath::HeadFused && rng() % 2) {  // an explicit head-level plan
-          plan = default_cpu_plan(spec.variant, prob.inputs(), spec.opt, ex.threads);
+        Plan plan;
+        if (ex.path == CpuPath::HeadFused && rng() % 2) {  // an explicit plan, made here for the host
+          PlanOptions po;
+          po.cores = ex.threads;
+          plan = make_plan(problem_for_inputs(spec.variant, prob.inputs(), spec.opt), host_device(ex.threads, 0.0), "hanpu", po);
           ex.plan = &plan;
         }
         try {

@@ -9,6 +9,7 @@
 // first decays the state, then applies the delta-rule error, and its output reads the updated state.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -52,12 +53,25 @@ enum class CpuPath {
 const char* cpu_path_name(CpuPath p);  // "hanpu" / "fla" / "recurrent"
 std::optional<CpuPath> cpu_path_from_name(const std::string& name);  // inverse; nullopt otherwise
 
-struct CpuPlan;  // hanpu/cpu_plan.hpp
+struct Plan;         // hanpu/plan.hpp
+struct CpuSchedule;  // hanpu/plan_exec.hpp
+
+/// What a call ran (ExecOptions::report): the plan, whether the plan cache had it, and the cost
+/// of getting it.
+struct ExecReport {
+  std::shared_ptr<const Plan> plan;  // null when there was nothing to plan (no tokens at all)
+  std::shared_ptr<const CpuSchedule> schedule;
+  bool plan_cache_hit = false;  // false also when the caller passed the plan
+  double planning_seconds = 0;  // plan look-up (and on a miss planning) plus lowering
+};
 
 struct ExecOptions {
+  /// Which strategy to plan when `plan` is null: HeadFused plans "hanpu", FlaChunk plans "fla",
+  /// Recurrent runs the "hanpu" plan's mapping token by token. With a `plan`, the plan decides:
+  /// the path must be left at HeadFused (or be the one the plan lowers to).
   CpuPath path = CpuPath::HeadFused;
-  int threads = 0;                // 0: all hardware threads
-  const CpuPlan* plan = nullptr;  // optional explicit plan (HeadFused); made from the shapes if null
+  int threads = 0;             // 0: all hardware threads (with a plan: 0 or the plan's cores)
+  const Plan* plan = nullptr;  // a planner Plan to run; planned for the host (plan cache) if null
   /// If set, receives the bytes of working memory the call allocated beyond its inputs and
   /// outputs (per-thread arenas, and for the FLA-style path its main-memory intermediates).
   size_t* workspace_bytes = nullptr;
@@ -66,6 +80,8 @@ struct ExecOptions {
   /// their products are exact in f32, so only the summation order changes (docs/PERFORMANCE.md).
   /// false: always convert to f32 first (for comparison).
   bool bf16_dot = true;
+  /// If set, receives the plan the call ran and the planning cost.
+  ExecReport* report = nullptr;
 };
 
 /// Shapes after validation; produced by validate_la (throws hanpu::Error naming the tensor).

@@ -183,11 +183,23 @@ struct Lifetime {
   bool operator==(const Lifetime&) const = default;
 };
 
+/// How a kernel's items are parallel: Head, items carry the state chunk to chunk; Segment, the
+/// same over a chunk range with the segment's start state from GM; Chunk, every chunk independent.
+enum class Parallel { Head, Segment, Chunk };
+/// Where a kernel's state comes from: None (not carried), Initial (the initial state, or for a
+/// segment not at the start the chained state from GM), Zero (a zero start state).
+enum class StateIn { None, Initial, Zero };
+/// Where it goes: None, Final (the final state), Segment (a segment's end state to GM).
+enum class StateOut { None, Final, Segment };
+/// The names at the JSON edge: "head" / "segment" / "chunk"; "none" / "initial" / "zero";
+/// "none" / "final" / "segment".
+const char* parallel_name(Parallel p);
+const char* state_in_name(StateIn s);
+const char* state_out_name(StateOut s);
+
 struct Kernel {
   std::string name;
-  /// "head": items carry the state chunk to chunk; "segment": the same over a chunk range with
-  /// the segment's start state from GM; "chunk": every chunk independent.
-  std::string parallel = "head";
+  Parallel parallel = Parallel::Head;
   bool launch = true;  // pays a kernel launch (false inside a megakernel after its first phase)
   std::vector<std::string> order;  // operators in program order
   std::vector<Step> steps;
@@ -197,9 +209,14 @@ struct Kernel {
   std::vector<std::string> spilled;  // tensors kept in GM between producer and consumers
   int buffering = 1;                 // 2: some GM inputs double-buffered (prefetch of the next chunk)
   std::vector<std::string> double_buffered;  // those tensors (two copies each in their buffers)
-  std::string state_in = "none";     // "initial" | "segment" (from GM) | "none"
-  std::string state_out = "none";    // "final" | "segment" | "none"
+  StateIn state_in = StateIn::None;
+  StateOut state_out = StateOut::None;
   std::vector<std::vector<PlanItem>> cores;  // per core, in order
+  /// Lockstep groups of a head-parallel kernel, per core: the sizes of consecutive runs of that
+  /// core's items (same sequence, columns and chunks) that advance chunk by chunk together, every
+  /// item of a group with its own state live in the working buffer. The sizes of a core sum to its
+  /// item count; an empty list (or an empty `groups`) runs every item on its own (groups of 1).
+  std::vector<std::vector<int32_t>> groups;
   bool operator==(const Kernel&) const = default;
 };
 
@@ -229,6 +246,10 @@ std::vector<std::string> ablation_names();
 
 struct PlanOptions {
   int cores = 0;  // 0: the device's core count
+  /// Head-mapped strategies: the operator order of the fused kernel instead of the graph's
+  /// default (any order in which every operator follows the producers of its inputs; make_plan
+  /// throws naming the operator otherwise). Empty: the default order.
+  std::vector<std::string> order;
 };
 
 /// Plans `p` on `dev` with a strategy. Throws hanpu::Error for an unknown strategy, an invalid
@@ -244,6 +265,16 @@ struct HeadMapping {
   std::vector<PlanItem> chunk_parallel;
 };
 HeadMapping map_heads(const Problem& p, int cores, int quantum);
+
+/// Lockstep groups of one core's items (Kernel::groups): every run of consecutive items with the
+/// same sequence, columns and chunks is cut into the fewest groups of at most `max_group` items, of
+/// near-equal sizes (8 items with max_group 7: 4 + 4, not 7 + 1).
+std::vector<int32_t> lockstep_groups(const std::vector<PlanItem>& items, int max_group);
+
+/// The largest lockstep group on `dev` for items of K x width fp32 states: as many states as a
+/// quarter of the matrix unit's working buffer holds (the rest holds the chunk's intermediates and
+/// the rows in flight), at least 1, at most 64.
+int max_lockstep_group(const Device& dev, int64_t K, int64_t width);
 
 /// Chunk-parallel mapping (FLA's Map phases): the (sequence, head, column block, chunk) tasks of
 /// `items` in order, cut into `cores` contiguous, equally sized ranges.

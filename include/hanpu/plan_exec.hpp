@@ -1,35 +1,130 @@
 // Running a planner Plan (include/hanpu/plan.hpp) on the CPU backend: one Plan drives both the
-// simulator and the real execution (DESIGN.md). The CPU executes the plan's mapping (which core runs
-// which (sequence, head, column block), tail tiers included), its operator order (GEMM-first or W/U
-// form, in-place or double-buffered state) and its layouts, which for the host are all dense: the
-// host's matrix unit is described as reading and writing dense rows (host_device), so the layout
-// planner anchors matrix operands dense, and a plan with a blocked tensor is refused.
+// simulator and the real execution (docs/SIMULATION.md, "One plan, two backends"). Every CPU entry
+// point (la_prefill and its wrappers, decode, the CLI, Python, the model's GDN layers, the bench)
+// gets its Plan from the planner for the host device, through a plan cache keyed by the problem,
+// or runs a Plan it is given; the backend then *lowers* the Plan into its private CpuSchedule.
+//
+// The lowering executes what the plan says or refuses it, naming the field (in the manner of
+// ggml's supports_op, but with the reason): the mapping with its tail tiers (per-core item lists in
+// order), the lockstep groups, the operator order of the fused kernel as a sequence of CPU stages
+// run in plan order, the state kept in place or double-buffered, and the layouts (the host's matrix
+// unit reads dense rows, so a plan with a blocked tensor is refused). docs/SIMULATION.md lists what
+// is executed and what is refused.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "hanpu/cpu_plan.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/plan.hpp"
 
 namespace hanpu {
 
-struct CpuExecution {
-  CpuPath path = CpuPath::HeadFused;
-  CpuPlan plan;     // used when path == HeadFused
-  int threads = 1;  // = plan.cores
-  /// How the plan was executed, in words, e.g. "head-fused, 2 threads, gemm_first, in-place state"
-  /// or "FLA-style chunk path (the CPU has no segment-parallel path; flashqla runs as fla)".
-  std::string summary;
+/// One unit of head-level work: all chunks of one (sequence, value head) restricted to the state
+/// columns [col0, col1) of V. Columns of S, v_new and o are independent, so a column block needs
+/// no reduction with its sibling blocks.
+struct WorkItem {
+  int32_t seq = 0;
+  int32_t head = 0;  // value head
+  int32_t col0 = 0, col1 = 0;
+  bool operator==(const WorkItem&) const = default;
 };
 
-/// Translates a plan into the CPU backend's execution for inputs of shape `shape` with these
-/// sequence lengths. Throws hanpu::Error if the plan's problem does not match the inputs (variant,
-/// heads, dims, sequence lengths) or its mapping is not one the CPU can run.
-CpuExecution cpu_execution_for(const Plan& plan, const LaShape& shape, const std::vector<int64_t>& seq_lens);
+/// The stages of the CPU's head-fused chunk program. Each runs a fixed set of the plan's
+/// operators (the CPU fuses the vector work into the neighbouring GEMM where the plan keeps them
+/// apart, e.g. rhs into the K S GEMM's store); a stage runs where the plan's order has the first
+/// of its operators.
+///   gate     gate (+ KDA's decay_q, decay_k)        grams    kkt, qkt
+///   mask     kkt_gate, qkt_gate                     state_k  ks, rhs (GEMM-first)
+///   state_q  qs                                     solve    solve_diag, solve (GEMM-first)
+///   inverse  solve_diag, solve_inv (W/U)            wu       wu_scale, wu (W/U)
+///   state_w  ws, vnew (W/U)                         output   pv, out (and the store of o)
+///   update   update_gate, update, state_add
+enum class CpuStage { Gate, Grams, Mask, StateK, StateQ, Solve, Inverse, WU, StateW, Output, Update };
+const char* cpu_stage_name(CpuStage s);
+
+/// The head-fused chunk program lowered from the fused kernel's order.
+struct FusedProgram {
+  std::vector<CpuStage> stages;  // in plan order
+  /// true: GEMM-first form (v_new solved in place, T, W, U never formed); false: the W/U form.
+  bool gemm_first = true;
+  /// true: one state per item, updated in place after its last reader; false: the next state is
+  /// built in a second buffer (two states live per item).
+  bool state_in_place = true;
+  /// GDN: the update scales v_new by its decays into a buffer of its own, because a later stage
+  /// still reads v_new (the state is updated before the output, as FLA orders it).
+  bool update_keeps_vnew = false;
+  bool operator==(const FusedProgram&) const = default;
+};
+
+/// A task of the CPU's chunk-parallel (FLA-style) path: chunk `chunk` (counted within its
+/// sequence) of one (sequence, value head), state columns [col0, col1).
+struct ChunkTask {
+  int32_t seq = 0, head = 0;
+  int64_t chunk = 0;
+  int32_t col0 = 0, col1 = 0;
+  bool operator==(const ChunkTask&) const = default;
+};
+
+/// The CPU backend's private execution schedule, lowered from a Plan.
+struct CpuSchedule {
+  CpuPath path = CpuPath::HeadFused;
+  int threads = 1;
+  int chunk = 64;
+  /// HeadFused: the fused kernel's items, thread t runs per_thread[t] in order, in lockstep groups
+  /// of groups[t][i] consecutive items (summing to per_thread[t].size()).
+  std::vector<std::vector<WorkItem>> per_thread;
+  std::vector<std::vector<int32_t>> groups;
+  /// Tier 3 of the head mapping: whole heads the plan runs chunk-parallel (its tail_ kernels); the
+  /// CPU runs them on its chunk-parallel path with the tail kernels' mapping and form (below).
+  std::vector<WorkItem> chunk_parallel;
+  /// The chunk-parallel path (FlaChunk, and HeadFused's tier 3), per thread in order, as the plan
+  /// maps its kernels: the W/U Map phase per (chunk, head) (whole heads: the CPU fuses the Map
+  /// kernels, so they must map alike), the state recurrence per (head, column block) item, the
+  /// output per (chunk, head, column block).
+  std::vector<std::vector<ChunkTask>> fla_map, fla_output;
+  std::vector<std::vector<WorkItem>> fla_state;
+  /// The chunk-parallel phases in the GEMM-first form (a GEMM-first plan's tier-3 kernels: Map
+  /// forms the masked grams, the state phase solves for v_new) rather than the W/U form.
+  bool chunk_parallel_gemm_first = false;
+  FusedProgram program;
+  /// How the plan is executed, in words (--show-plan).
+  std::string summary;
+
+  std::string describe() const;
+};
+
+/// ggml-style capability check: "" if the CPU backend can run every field of the plan (apart from
+/// the problem, checked against the inputs by lower_plan_for_cpu), else the first field it cannot
+/// run, its value and why, e.g. "plan.kernels[1].parallel: got \"segment\" (kernel segment_states);
+/// the CPU backend has no segment-parallel execution".
+std::string cpu_cannot_run(const Plan& plan);
+
+/// Lowers a plan into the CPU schedule for inputs of shape `shape` with these sequence lengths.
+/// Throws hanpu::Error if the plan is for another problem (variant, heads, dims, sequence
+/// lengths) or cpu_cannot_run names a field.
+CpuSchedule lower_plan_for_cpu(const Plan& plan, const LaShape& shape, const std::vector<int64_t>& seq_lens);
 
 /// The Problem of LA inputs (to plan for them): shapes, sequence lengths, dtypes, state flags.
 Problem problem_for_inputs(Variant variant, const LaInputs& in, const LaOptions& opt);
+
+/// A plan for the host and its lowering, from the plan cache.
+struct HostPlan {
+  std::shared_ptr<const Plan> plan;
+  std::shared_ptr<const CpuSchedule> schedule;
+  bool cache_hit = false;
+  double seconds = 0;  // this lookup: the key and the look-up, plus on a miss planning and lowering
+};
+
+/// The plan of `strategy` for problem `p` on the host device with `threads` cores (planned with
+/// make_plan and lowered on the first call for this signature, then taken from the cache: a decode
+/// step or a model layer with the same signature does not re-plan). Thread-safe; the cache keeps
+/// the most recently used kPlanCacheEntries signatures.
+HostPlan host_plan(const Problem& p, int threads, const std::string& strategy = "hanpu");
+constexpr size_t kPlanCacheEntries = 256;
+void clear_plan_cache();
+size_t plan_cache_size();
 
 }  // namespace hanpu

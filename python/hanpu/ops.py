@@ -12,6 +12,7 @@ unknown keyword arguments raise TypeError (FLA silently ignores them); no autogr
 carry no gradient).
 """
 
+import json
 import warnings
 
 from . import _arrays as A
@@ -79,8 +80,19 @@ def _check_varlen(q, initial_state, cu_seqlens):
             f"i.e., {len(cu_seqlens) - 1} rather than {initial_state.shape[0]}.")
 
 
+def _plan_text(plan):
+    """plan=: a plan dict (hanpu.plan(device="host", ...)) or its JSON text; None plans for the host."""
+    if plan is None:
+        return ""
+    if isinstance(plan, dict):
+        return json.dumps(plan)
+    if isinstance(plan, str):
+        return plan
+    raise TypeError(f"`plan` must be a dict (hanpu.plan(...)) or JSON text, got {type(plan).__name__}")
+
+
 def _run(variant, fname, path, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, gate_in_kernel,
-         A_log, dt_bias, beta_sigmoid, allow_neg_eigval, state_v_first, cu_seqlens, o_like):
+         A_log, dt_bias, beta_sigmoid, allow_neg_eigval, state_v_first, cu_seqlens, o_like, plan=None):
     """Checks arguments the way FLA does, allocates o (dtype of o_like) and the fp32 final state in
     the kind of q, and runs the engine on `path` ("hanpu" head-fused chunks, "recurrent")."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -124,7 +136,7 @@ def _run(variant, fname, path, q, k, v, g, beta, scale, initial_state, output_fi
     e = A.to_engine
     _hanpu.la_prefill(variant, e(q), e(k), e(v), e(g), e(beta), e(h0), e(cu_seqlens), e(A_log), e(dt_bias),
                       e(o), e(ht), scale, bool(l2norm), bool(gate_in_kernel), bool(beta_sigmoid),
-                      bool(allow_neg_eigval), path, _num_threads)
+                      bool(allow_neg_eigval), path, _num_threads, _plan_text(plan))
     return o, final_state
 
 
@@ -132,7 +144,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                            use_qk_l2norm_in_kernel=False, use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
                            state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None, chunk_indices=None,
                            cp_context=None, *, chunk_size=64, use_gate_in_kernel=False, A_log=None, dt_bias=None,
-                           **kwargs):
+                           plan=None, **kwargs):
     """Gated DeltaNet prefill, chunked (hanpu's head-fused CPU path). As FLA's
     `fla.ops.gated_delta_rule.chunk_gated_delta_rule`:
 
@@ -142,6 +154,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     Returns (o [B,T,HV,V] in q's dtype, final_state fp32 or None).
     cu_seqlens_cpu and chunk_indices are accepted (FLA's GPU-side hints; nothing to precompute on
     the CPU). chunk_size must be 64; cp_context (context parallelism) is not supported.
+    plan (hanpu's own): a plan dict from hanpu.plan(device="host", ...) (or its JSON text) to run
+    instead of the host plan made for these shapes; refused, naming the field, if it does not fit.
     """
     fname = "chunk_gated_delta_rule"
     state_v_first = _state_layout(state_v_first, kwargs)
@@ -154,7 +168,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         _not_implemented(fname, "cp_context", "context parallelism across devices")
     return _run("gdn", fname, "hanpu", q, k, v, g, beta, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval, state_v_first, cu_seqlens, o_like=q)
+                allow_neg_eigval, state_v_first, cu_seqlens, o_like=q, plan=plan)
 
 
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None, initial_state=None,
@@ -209,14 +223,14 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
               allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
               return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
               cp_context=None, use_graph=False, max_num_seqs=None, *, chunk_size=64, A_log=None, dt_bias=None,
-              **kwargs):
+              plan=None, **kwargs):
     """Kimi Delta Attention prefill, chunked (hanpu's head-fused CPU path). As FLA's
     `fla.ops.kda.chunk_kda`: g [B,T,HV,K] per-key-channel log decay (raw with use_gate_in_kernel,
     then A_log [HV] and dt_bias [HV*K]); other tensors as chunk_gated_delta_rule.
     Returns (o [B,T,HV,V] in q's dtype, final_state fp32 or None).
     Not supported: safe_gate / lower_bound, return_intermediate_states, cp_context, chunk_size 32.
     disable_recompute (backward only), use_graph and max_num_seqs (Ascend graph mode) have no
-    effect here, as in FLA off the NPU.
+    effect here, as in FLA off the NPU. plan: as chunk_gated_delta_rule's.
     """
     fname = "chunk_kda"
     state_v_first = _state_layout(state_v_first, kwargs)
@@ -235,7 +249,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         _not_implemented(fname, "cp_context", "context parallelism across devices")
     return _run("kda", fname, "hanpu", q, k, v, g, beta, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval, state_v_first, cu_seqlens, o_like=q)
+                allow_neg_eigval, state_v_first, cu_seqlens, o_like=q, plan=plan)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,

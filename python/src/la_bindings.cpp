@@ -15,7 +15,9 @@
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/la.hpp"
+#include "hanpu/plan.hpp"
 #include "hanpu/reference.hpp"
+#include "io/json_io.hpp"
 
 namespace hanpu::python {
 namespace {
@@ -110,8 +112,13 @@ void read_inputs(Args& a, nb::handle q, nb::handle k, nb::handle v, nb::handle g
 void prefill(const std::string& variant, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
              nb::handle initial_state, nb::handle cu_seqlens, nb::handle A_log, nb::handle dt_bias, nb::handle o,
              nb::handle final_state, std::optional<double> scale, bool qk_l2norm, bool gate_in_kernel,
-             bool beta_sigmoid, bool allow_neg_eigval, const std::string& path, int threads) {
+             bool beta_sigmoid, bool allow_neg_eigval, const std::string& path, int threads,
+             const std::string& plan_json) {
   const Variant var = parse_variant(variant);
+  // plan=: the plan JSON (hanpu.plan(...) or `hanpu plan -o`), parsed and validated before the run;
+  // errors name the field ("plan.kernels[0].cores: ...").
+  std::optional<Plan> plan;
+  if (!plan_json.empty()) plan = plan_from_json(parse_json(plan_json, "plan"), "plan");
   Args a;
   read_inputs(a, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm, gate_in_kernel,
               beta_sigmoid, allow_neg_eigval);
@@ -120,7 +127,8 @@ void prefill(const std::string& variant, nb::handle q, nb::handle k, nb::handle 
   out.final_state = array_view(final_state, "final_state", a.refs, /*writable=*/true);
   ExecOptions ex;
   ex.path = parse_path(path);
-  ex.threads = threads;
+  ex.threads = plan ? 0 : threads;  // a plan brings its own core count
+  if (plan) ex.plan = &*plan;
   nb::gil_scoped_release no_gil;
   std::lock_guard<std::mutex> lock(engine_mutex);
   if (needs_state_copy(a.in.initial_state)) {
@@ -181,7 +189,7 @@ void register_la(nb::module_& m) {
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("o"), nb::arg("final_state").none(), nb::arg("scale").none(),
         nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"), nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"),
-        nb::arg("path"), nb::arg("threads"),
+        nb::arg("path"), nb::arg("threads"), nb::arg("plan_json") = "",
         "Runs GDN/KDA prefill into the given o / final_state arrays (no copies; GIL released).");
   m.def("la_reference", &reference, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),

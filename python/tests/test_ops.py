@@ -2,6 +2,8 @@
 tails, odd head dims, GVA, varlen, state in/out and the V-first state layout, every in-kernel
 option, decode after prefill, f16/bf16 inputs, numpy and torch."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -306,3 +308,34 @@ def test_outputs_are_aligned():
         from hanpu._arrays import empty_like_kind
         t = empty_like_kind(torch.zeros(1), (2048, 4, 4, 128), dtype_of=torch.zeros(1, dtype=torch.bfloat16))
         assert t.dtype == torch.bfloat16 and t.shape == (2048, 4, 4, 128) and t.data_ptr() % (2 << 20) == 0
+
+
+@pytest.mark.parametrize("strategy", ["hanpu", "fla", "fla+mapping"])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_plan_keyword_runs_a_given_host_plan(variant, strategy):
+    # plan=: a plan made for these shapes on the host runs as given (here on 3 cores, 2 value heads
+    # per key head: tier-2 column blocks), as a dict or as JSON text, and matches the reference.
+    x = make_inputs(variant, 1, 150, 1, 2, 32, 48, seed=21)
+    p = hanpu.plan(device="host", variant=variant, T=150, heads=1, value_heads=2, K=32, V=48, strategy=strategy,
+                   cores=3)
+    ro, rht = reference(variant, x)
+    for given in (p, json.dumps(p)):
+        o, ht = call(CHUNK[variant], x, output_final_state=True, plan=given)
+        assert nmse(o, ro) <= NMSE_BOUND["float32"]
+        assert nmse(ht, rht) <= NMSE_BOUND["float32"]
+
+
+def test_plan_keyword_refuses_a_plan_for_other_shapes_or_one_the_cpu_cannot_run():
+    x = make_inputs("gdn", 1, 150, 1, 2, 32, 48, seed=22)
+    other = hanpu.plan(device="host", variant="gdn", T=151, heads=1, value_heads=2, K=32, V=48, cores=2)
+    with pytest.raises(ValueError, match=r"sequence lengths are \[151\] in the plan, \[150\] in the inputs"):
+        call(CHUNK["gdn"], x, plan=other)
+    segment = hanpu.plan(device="host", variant="gdn", T=150, heads=1, value_heads=2, K=32, V=48,
+                         strategy="flashqla", cores=2)
+    with pytest.raises(ValueError, match=r"\.parallel: got \"segment\""):
+        call(CHUNK["gdn"], x, plan=segment)
+    npu = hanpu.plan(device="ascend310p", variant="gdn", T=150, heads=1, value_heads=2, K=32, V=48, cores=2)
+    with pytest.raises(ValueError, match=r"plan\.layouts\.\w+: got blocked"):
+        call(CHUNK["gdn"], x, plan=npu)
+    with pytest.raises(TypeError, match="`plan` must be a dict"):
+        call(CHUNK["gdn"], x, plan=3)

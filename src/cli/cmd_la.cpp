@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -15,8 +16,11 @@
 #include <vector>
 
 #include "cli/commands.hpp"
-#include "hanpu/cpu_plan.hpp"
 #include "hanpu/la.hpp"
+#include "hanpu/plan.hpp"
+#include "hanpu/plan_exec.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 
 namespace {
@@ -31,6 +35,7 @@ struct LaCommandArgs {
   bool beta_sigmoid = false;
   bool allow_neg_eigval = false;
   bool show_plan = false;
+  std::string plan_path;  // --plan: a plan JSON (hanpu plan -o) to run instead of planning
   std::string mode = "chunk";
   int threads = 0;
 };
@@ -101,23 +106,32 @@ void run_la_command(hanpu::Variant variant, const LaCommandArgs& args) {
   hanpu::ExecOptions ex;
   ex.path = cpu_path_for_mode(args.mode);
   ex.threads = args.threads;
-
-  if (args.show_plan) {
-    if (ex.path == hanpu::CpuPath::HeadFused)
-      std::cerr << "hanpu " << command << ": plan: " << hanpu::default_cpu_plan(variant, in, opt, args.threads).describe()
-                << '\n';
-    else
-      std::cerr << "hanpu " << command << ": --show-plan: the " << hanpu::cpu_path_name(ex.path)
-                << " path has no head-level plan\n";
+  std::optional<hanpu::Plan> given;
+  if (!args.plan_path.empty()) {
+    if (ex.path != hanpu::CpuPath::HeadFused)
+      throw hanpu::Error(command + ": --plan with --mode " + args.mode + "; the plan decides how it runs (drop --mode)");
+    given = hanpu::plan_from_json(
+        hanpu::parse_json(hanpu::read_regular_file(args.plan_path, "plan file", hanpu::kMaxJsonFileBytes), args.plan_path),
+        args.plan_path);
+    ex.plan = &*given;
   }
+  hanpu::ExecReport report;
+  ex.report = &report;
   const auto start = std::chrono::steady_clock::now();
   const hanpu::LaResult result = hanpu::la_prefill_alloc(variant, in, opt, ex);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const hanpu::CpuPath ran = given ? report.schedule->path : ex.path;  // a given plan decides the path
+  if (args.show_plan && report.plan) {
+    std::cerr << "hanpu " << command << ": " << (given ? "plan from " + args.plan_path : std::string("planned for the host"))
+              << (given ? "" : report.plan_cache_hit ? " (plan cache hit)" : " (planned in this call)") << ", "
+              << report.planning_seconds * 1e3 << " ms to plan and lower\n"
+              << hanpu::describe_plan(*report.plan) << "executed as: " << report.schedule->describe() << '\n';
+  }
 
   std::vector<std::pair<std::string, hanpu::TensorView>> outputs{{"o", result.o.view()}};
   if (result.final_state.defined()) outputs.emplace_back("final_state", result.final_state.view());
   hanpu::write_safetensors(args.out_path, outputs,
-                           {{"producer", "hanpu"}, {"variant", command}, {"path", hanpu::cpu_path_name(ex.path)}});
+                           {{"producer", "hanpu"}, {"variant", command}, {"path", hanpu::cpu_path_name(ran)}});
 
   std::ostringstream summary;
   summary << "hanpu " << command << ": " << describe("q", in.q) << ", " << describe("v", in.v) << ", "
@@ -125,7 +139,7 @@ void run_la_command(hanpu::Variant variant, const LaCommandArgs& args) {
   if (!in.cu_seqlens.empty()) summary << ", " << in.cu_seqlens.numel() - 1 << " sequences (varlen)";
   summary << " -> " << describe("o", result.o.view());
   if (result.final_state.defined()) summary << ", " << describe("final_state", result.final_state.view());
-  summary << "; path " << hanpu::cpu_path_name(ex.path) << ", threads ";
+  summary << "; path " << hanpu::cpu_path_name(ran) << ", threads ";
   if (args.threads > 0) summary << args.threads;
   else summary << "all (" << std::thread::hardware_concurrency() << ")";
   char ms_text[32];
@@ -153,7 +167,11 @@ void add_la_subcommand(CLI::App& app, hanpu::Variant variant, const std::string&
                   "chunk: hanpu's head-fused chunked path; fla: FLA-style chunked baseline; recurrent: token by token")
       ->check(CLI::IsMember(std::vector<std::string>{"chunk", "recurrent", "fla"}))
       ->capture_default_str();
-  sub->add_flag("--show-plan", args->show_plan, "print the head-level plan (threads, items, head groups, order)");
+  sub->add_flag("--show-plan", args->show_plan,
+                "print the plan the call ran (mapping, lockstep groups, order, layouts) and how the CPU executed it");
+  sub->add_option("--plan", args->plan_path,
+                  "run this plan (JSON from `hanpu plan --device host -o`) instead of planning; refused, naming the "
+                  "field, if it is for another problem or asks for something the CPU cannot run");
   sub->add_option("--threads", args->threads, "worker threads (0: all hardware threads)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "hanpu/cpu_plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "la/job.hpp"
 
 namespace hanpu::cpu {
@@ -13,12 +13,12 @@ namespace hanpu::cpu {
 /// Floats of per-core scratch the head-fused path needs for a group of `group` items of `width`
 /// state columns. Independent of T: the states and every per-chunk intermediate live here,
 /// nothing per chunk goes to main memory.
-size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order);
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const FusedProgram& program);
 
 /// Head-fused: all chunks of a group of items (same sequence and columns), every operator,
 /// states in the arena; the group advances chunk by chunk in lockstep.
 void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
-                 const OperatorOrder& order);
+                 const FusedProgram& program);
 
 /// Recurrent form (and decode): token by token, state in the arena. Reads the item's columns of
 /// job.in.initial_state (or zeros), writes job.out.o and job.out.final_state (if present).
@@ -40,11 +40,22 @@ struct FlaBuffers {
   float* U = nullptr;      // [chunks, HV, C, V]
   float* h = nullptr;      // state at the start of each chunk [chunks, HV, K, V]
   float* v_new = nullptr;  // [chunks, HV, C, V]
+  float* P = nullptr;      // GEMM-first form only: the masked gated Q K^T [chunks, HV, C, C] (T holds A)
 };
 size_t fla_scratch_floats(const LaJob& job, int chunk);
 void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+/// The state recurrence of the item's columns (a block of them or the whole head).
 void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch);
-void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+/// Columns [col0, col1) of the output of one (chunk, value head).
+void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, int64_t col0, int64_t col1,
+                      float* scratch);
+/// The same three phases in the GEMM-first form (a GEMM-first plan's tier-3 kernels): Map forms
+/// the masked grams A (into T) and P; the state phase solves (I + A) v_new = diag(β)V −
+/// diag(β e^Γ) K S per item's columns; the output is diag(e^Γ) Q h + P v_new. Same scratch.
+void gf_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, float* scratch);
+void gf_state_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch);
+void gf_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t chunk_index, int64_t hv, int64_t col0, int64_t col1,
+                     float* scratch);
 
 /// Flush denormals to zero on this thread while alive (decays underflow routinely; denormal
 /// arithmetic is ~100x slower on x86 and changes results by less than 1e-38).

@@ -1,12 +1,14 @@
-// The CPU backend's driver: validates, builds the job, runs the chosen path on the thread pool.
+// The CPU backend's driver: validates, builds the job, gets the call's Plan (given, or from the
+// host plan cache) and its lowered CpuSchedule (plan_exec.hpp), runs it on the thread pool.
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <vector>
 
 #include "cpu/kernels.hpp"
+#include "cpu/lowering.hpp"
 #include "cpu/thread_pool.hpp"
-#include "device/host.hpp"
-#include "hanpu/cpu_plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "la/job.hpp"
 
 namespace hanpu {
@@ -57,44 +59,36 @@ std::vector<int64_t> seq_lengths(const LaJob& job) {
   return lens;
 }
 
-size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk);
+size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan);
 
 // Returns the workspace bytes: the largest arena each thread needed, summed over threads.
-size_t run_head_fused(const LaJob& job, const CpuPlan& plan, int chunk) {
+size_t run_head_fused(const LaJob& job, const CpuSchedule& plan) {
   ThreadPool& pool = ThreadPool::shared(plan.threads);
   std::vector<size_t> arena_floats(static_cast<size_t>(plan.threads), 0);
-  const size_t max_group = static_cast<size_t>(std::max(1, plan.head_group));
   pool.run(plan.threads, [&](int t) {
     cpu::DenormalGuard ftz;
     Arena& arena = thread_arena();
     const std::vector<WorkItem>& items = plan.per_thread[static_cast<size_t>(t)];
-    for (size_t i = 0; i < items.size();) {
-      // The run of following items with the same sequence and columns, cut into the fewest groups
-      // of at most max_group, of near-equal size: 8 heads with max_group 7 run as 4 + 4, not as
-      // 7 + 1 (a lone head reads isolated rows and streams no better than a group; measured on
-      // GDN f32 H = 16, 2 threads: 4 + 4 a few percent faster, KDA unchanged).
-      size_t run = 1;
-      while (i + run < items.size() && items[i + run].seq == items[i].seq &&
-             items[i + run].col0 == items[i].col0 && items[i + run].col1 == items[i].col1)
-        ++run;
-      const size_t groups = (run + max_group - 1) / max_group;
-      const size_t n = (run + groups - 1) / groups;
-      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, chunk, n, plan.order);
+    size_t i = 0;
+    // The plan's lockstep groups, in order (lower_plan_for_cpu checked that they sum to the items).
+    for (const int32_t n : plan.groups[static_cast<size_t>(t)]) {
+      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, plan.chunk,
+                                                  static_cast<size_t>(n), plan.program);
       arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
-      cpu::fused_group(job, &items[i], n, arena.get(need), chunk, plan.order);
-      i += n;
+      cpu::fused_group(job, &items[i], static_cast<size_t>(n), arena.get(need), plan.chunk, plan.program);
+      i += static_cast<size_t>(n);
     }
   });
   size_t bytes = 0;
   for (size_t f : arena_floats) bytes += f * sizeof(float);
-  if (!plan.chunk_parallel.empty()) bytes = std::max(bytes, run_fla_items(job, plan.chunk_parallel, plan.threads, chunk));
+  if (!plan.chunk_parallel.empty()) bytes = std::max(bytes, run_chunk_parallel(job, plan));
   return bytes;
 }
 
-size_t run_recurrent(const LaJob& job, int threads) {
+size_t run_recurrent(const LaJob& job, const CpuSchedule& plan) {
   // The recurrence has nothing to share along the sequence: the plan's head-level assignment as
-  // it is, and the items it would run chunk-parallel spread round-robin instead.
-  const CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
+  // it is, and the heads it runs chunk-parallel (tier 3) spread round-robin instead.
+  const int threads = plan.threads;
   std::vector<std::vector<WorkItem>> per = plan.per_thread;
   for (size_t i = 0; i < plan.chunk_parallel.size(); ++i)
     per[i % static_cast<size_t>(threads)].push_back(plan.chunk_parallel[i]);
@@ -114,9 +108,12 @@ size_t run_recurrent(const LaJob& job, int threads) {
   return bytes;
 }
 
-// FLA-style: all items' Map phases chunk-parallel, then the Reduce per item, then the output Map.
-size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int threads, int chunk) {
+// The chunk-parallel (FLA-style) path as the schedule maps it: every thread runs its Map tasks,
+// then (after all Map tasks) its state items, then its output tasks; intermediates in main memory
+// as FLA materialises them between its kernels.
+size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
   const LaShape& s = job.shape;
+  const int threads = plan.threads, chunk = plan.chunk;
   cpu::FlaBuffers buf;
   buf.chunk = chunk;
   std::vector<int64_t> chunk_seq, chunk_start, first(static_cast<size_t>(s.N), 0);
@@ -135,49 +132,41 @@ size_t run_fla_items(const LaJob& job, const std::vector<WorkItem>& items, int t
   const size_t Kp = (K + 15) / 16 * 16, Vp = (static_cast<size_t>(s.V) + 15) / 16 * 16;
   const size_t gk = s.variant == Variant::KDA ? K : 1;
   const size_t slots = static_cast<size_t>(buf.total_chunks * s.HV);
-  // Intermediates in main memory, as FLA materialises them between its kernels.
+  // The W/U form keeps T, W, U per (chunk, head); the GEMM-first form A (in T) and P.
+  const bool gemm_first = plan.chunk_parallel_gemm_first;
   std::vector<double> gamma(slots * C * gk);
-  std::vector<float> T(slots * C * C), W(slots * C * Kp), U(slots * C * Vp),
-      h(slots * K * Vp), v_new(slots * C * Vp);
+  std::vector<float> T(slots * C * C), W(gemm_first ? 0 : slots * C * Kp), U(gemm_first ? 0 : slots * C * Vp),
+      P(gemm_first ? slots * C * C : 0), h(slots * K * Vp), v_new(slots * C * Vp);
   buf.gamma = gamma.data();
   buf.T = T.data();
   buf.W = W.data();
   buf.U = U.data();
+  buf.P = P.data();
   buf.h = h.data();
   buf.v_new = v_new.data();
 
-  // Which (chunk, head) pairs belong to the requested items (whole heads: the baseline does not
-  // split columns).
-  std::vector<std::pair<int64_t, int64_t>> map_tasks;
-  for (const WorkItem& w : items) {
-    const int64_t c0 = first[static_cast<size_t>(w.seq)];
-    const int64_t nc = (job.seqs[static_cast<size_t>(w.seq)].len + chunk - 1) / chunk;
-    for (int64_t c = c0; c < c0 + nc; ++c) map_tasks.emplace_back(c, w.head);
-  }
   ThreadPool& pool = ThreadPool::shared(threads);
   const size_t scratch_floats = cpu::fla_scratch_floats(job, chunk);
-  auto parallel_tasks = [&](const auto& fn, size_t count) {
+  auto phase = [&](const auto& per_thread, const auto& fn) {
     pool.run(threads, [&](int t) {
       cpu::DenormalGuard ftz;
       float* scratch = thread_arena().get(scratch_floats);
-      for (size_t i = static_cast<size_t>(t); i < count; i += static_cast<size_t>(threads)) fn(i, scratch);
+      for (const auto& task : per_thread[static_cast<size_t>(t)]) fn(task, scratch);
     });
   };
-  parallel_tasks([&](size_t i, float* sc) { cpu::fla_map_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
-                 map_tasks.size());
-  parallel_tasks([&](size_t i, float* sc) { cpu::fla_reduce_item(job, buf, items[i], sc); }, items.size());
-  parallel_tasks(
-      [&](size_t i, float* sc) { cpu::fla_output_chunk(job, buf, map_tasks[i].first, map_tasks[i].second, sc); },
-      map_tasks.size());
+  auto global_chunk = [&](const ChunkTask& t) { return first[static_cast<size_t>(t.seq)] + t.chunk; };
+  phase(plan.fla_map, [&](const ChunkTask& t, float* sc) {
+    (gemm_first ? cpu::gf_map_chunk : cpu::fla_map_chunk)(job, buf, global_chunk(t), t.head, sc);
+  });
+  phase(plan.fla_state, [&](const WorkItem& w, float* sc) {
+    (gemm_first ? cpu::gf_state_item : cpu::fla_reduce_item)(job, buf, w, sc);
+  });
+  phase(plan.fla_output, [&](const ChunkTask& t, float* sc) {
+    (gemm_first ? cpu::gf_output_chunk : cpu::fla_output_chunk)(job, buf, global_chunk(t), t.head, t.col0, t.col1, sc);
+  });
   const size_t intermediates = gamma.size() * sizeof(double) +
-                               (T.size() + W.size() + U.size() + h.size() + v_new.size()) * sizeof(float);
+                               (T.size() + W.size() + U.size() + P.size() + h.size() + v_new.size()) * sizeof(float);
   return intermediates + static_cast<size_t>(threads) * scratch_floats * sizeof(float);
-}
-
-CpuPlan default_plan(const LaJob& job, int threads) {
-  CpuPlan plan = make_cpu_plan(job.shape, seq_lengths(job), threads);
-  plan.head_group = head_group_for_cache(job.shape, detect_host().l2_bytes());
-  return plan;
 }
 
 std::vector<WorkItem> whole_items(const LaJob& job) {
@@ -188,43 +177,67 @@ std::vector<WorkItem> whole_items(const LaJob& job) {
   return items;
 }
 
+// The call's plan and schedule: the caller's plan lowered, or the host plan cache's.
+HostPlan schedule_for(const LaJob& job, const ExecOptions& ex, bool recurrent) {
+  const bool no_tokens = std::all_of(job.seqs.begin(), job.seqs.end(), [](const SeqSpan& s) { return s.len == 0; });
+  if (!ex.plan && no_tokens) {
+    // Nothing to plan (the planner refuses a problem without tokens): each head's final state is
+    // its initial state, copied by a whole-head item on one thread.
+    auto s = std::make_shared<CpuSchedule>();
+    s->per_thread = {whole_items(job)};
+    s->groups = {std::vector<int32_t>(s->per_thread[0].size(), 1)};
+    s->summary = "no tokens: the initial states copied to the final states";
+    return HostPlan{nullptr, s, false, 0};
+  }
+  if (!ex.plan) {
+    const int threads = resolve_threads(ex.threads);
+    return host_plan(cpu::problem_of_job(job), threads, ex.path == CpuPath::FlaChunk ? "fla" : "hanpu");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const Plan& plan = *ex.plan;
+  if (recurrent)
+    throw Error("ExecOptions.path: recurrent with a plan; a plan's chunk program is not the token-by-token "
+                "recurrence (leave path at hanpu, the plan decides)");
+  if (ex.threads > 0 && ex.threads != plan.cores)
+    throw Error("ExecOptions.threads: got " + std::to_string(ex.threads) + ", but the plan is for " +
+                std::to_string(plan.cores) + " cores (plan.cores); pass 0 or re-plan");
+  validate_plan(plan);
+  auto schedule = std::make_shared<const CpuSchedule>(lower_plan_for_cpu(plan, job.shape, seq_lengths(job)));
+  if (ex.path == CpuPath::FlaChunk && schedule->path != CpuPath::FlaChunk)
+    throw Error("ExecOptions.path: fla with a plan of strategy " + plan.strategy +
+                ", which the CPU runs head-fused (leave path at hanpu, the plan decides)");
+  HostPlan hp{std::make_shared<const Plan>(plan), schedule, false, 0};
+  hp.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return hp;
+}
+
+void report(const ExecOptions& ex, const HostPlan& hp) {
+  if (!ex.report) return;
+  ex.report->plan = hp.plan;
+  ex.report->schedule = hp.schedule;
+  ex.report->plan_cache_hit = hp.cache_hit;
+  ex.report->planning_seconds = hp.seconds;
+}
+
 }  // namespace
 
 void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
   LaJob job = make_la_job(variant, in, opt, out);
-  job.bf16_grams = ex.bf16_dot && ex.path == CpuPath::HeadFused && bf16_grams_possible(job);
-  const int threads = resolve_threads(ex.threads);
-  constexpr int kChunk = 64;  // C = 64 tokens, as FLA: the arena and the op count assume it
+  resolve_threads(ex.threads);  // the thread limit before any planning
+  const bool recurrent = ex.path == CpuPath::Recurrent;
+  const HostPlan hp = schedule_for(job, ex, recurrent);
+  report(ex, hp);
+  const CpuSchedule& s = *hp.schedule;
   size_t workspace = 0;
-  switch (ex.path) {
-    case CpuPath::HeadFused: {
-      if (ex.plan) {
-        validate_cpu_plan(*ex.plan, job.shape);
-        if (ex.plan->chunk != kChunk)
-          throw Error("CpuPlan: chunk " + std::to_string(ex.plan->chunk) + " is not supported, expected 64");
-        workspace = run_head_fused(job, *ex.plan, ex.plan->chunk);
-      } else {
-        workspace = run_head_fused(job, default_plan(job, threads), kChunk);
-      }
-      break;
-    }
-    case CpuPath::FlaChunk:
-      workspace = run_fla_items(job, whole_items(job), threads, kChunk);
-      break;
-    case CpuPath::Recurrent:
-      workspace = run_recurrent(job, threads);
-      break;
+  if (recurrent) {
+    workspace = run_recurrent(job, s);
+  } else if (s.path == CpuPath::HeadFused) {
+    job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
+    workspace = run_head_fused(job, s);
+  } else {
+    workspace = run_chunk_parallel(job, s);
   }
   if (ex.workspace_bytes) *ex.workspace_bytes = workspace;
-}
-
-CpuPlan default_cpu_plan(Variant variant, const LaInputs& in, const LaOptions& opt, int threads) {
-  const LaShape s = validate_la(variant, in, opt);
-  // The job needs an output view to validate; planning never touches it.
-  static float placeholder;
-  const TensorView o = TensorView::contiguous(&placeholder, DType::F32, {s.B, s.T, s.HV, s.V});
-  const LaJob job = make_la_job(variant, in, opt, LaOutputs{o, TensorView{}});
-  return default_plan(job, resolve_threads(threads));
 }
 
 void gdn_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
@@ -243,7 +256,10 @@ void la_decode(Variant variant, const LaInputs& in, const LaOptions& opt, Tensor
   din.initial_state = state;  // read, then written back in place: items own disjoint columns
   LaOutputs out{o, state};
   const LaJob job = make_la_job(variant, din, opt, out);
-  run_recurrent(job, resolve_threads(threads));
+  // The mapping of the "hanpu" plan for this signature (cached: a decode step does not re-plan).
+  ExecOptions ex;
+  ex.threads = threads;
+  run_recurrent(job, *schedule_for(job, ex, false).schedule);
 }
 }  // namespace
 

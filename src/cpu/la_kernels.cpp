@@ -747,10 +747,11 @@ struct FusedLayout {
   // the grams' row and column factors
   size_t ldraw, raw, KtPairs, gram_scale;
   size_t AP_unmasked;  // only for GDN with HV > H: the grams before masking, for the next value head
+  size_t Eg;  // only with update_keeps_vnew: v_new scaled by e^{Γ_L−Γ_j} for the update
   size_t total;
 };
 
-FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const OperatorOrder& order) {
+FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const FusedProgram& program) {
   FusedLayout l{};
   l.K = static_cast<size_t>(job.shape.K);
   l.C = static_cast<size_t>(chunk);
@@ -776,7 +777,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
   l.KrT = take(l.K * l.ldc);
   l.eg = take(l.C * l.gk);  // KDA: per-token decay factors of the chunk
   l.ldw = LeadingDim(l.K);
-  if (!order.gemm_first) {
+  if (!program.gemm_first) {
     l.Tinv = take(l.C * l.ldc);
     l.W = take(l.C * l.ldw);
     l.U = take(l.C * std::max(l.Vp, l.ldw));  // also stages T Kn (ld ldw)
@@ -788,6 +789,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Op
     l.gram_scale = take(3 * l.C);
   }
   if (job.variant() == Variant::GDN && job.group > 1) l.AP_unmasked = take(2 * l.C * l.ldc);
+  if (program.update_keeps_vnew) l.Eg = take(l.C * l.Vp);
   l.total = off;
   return l;
 }
@@ -973,12 +975,15 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
 // all run chunk c before any runs chunk c+1, each with its own state in the arena. The heads'
 // rows of one token are adjacent in q, k, v and o, so the group reads and writes memory in runs
 // the hardware prefetchers follow, instead of one isolated row per head and token.
+//
+// Per chunk the rows are loaded, then the stages of `program` run in the plan's order (one case
+// of the switch below each; plan_exec.hpp lists the plan operators each stage runs).
 void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
-                const OperatorOrder& order) {
+                const FusedProgram& program) {
   const WorkItem& first = items[0];
   const SeqSpan seq = job.seqs[static_cast<size_t>(first.seq)];
   const bool kda = job.variant() == Variant::KDA;
-  const FusedLayout l = MakeFusedLayout(job, first.col1 - first.col0, chunk, order);
+  const FusedLayout l = MakeFusedLayout(job, first.col1 - first.col0, chunk, program);
   const size_t K = l.K, C = l.C, Vp = l.Vp, ldc = l.ldc, gk = l.gk;
   const size_t width = RoundUp(static_cast<size_t>(first.col1 - first.col0), kPad);  // GEMM N
   // count states of K x Vp after the shared buffers (twice as many without the in-place update:
@@ -1022,12 +1027,16 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   ChunkPrefetcher prefetch;
   OperatorClock clock;  // per-operator timers (operator_timers.hpp; empty unless compiled in)
   clock.skip();         // the states' loads are nobody's
+  // GDN (GEMM-first): the X GEMM's row factors −β e^Γ, in egam's second half (the update's
+  // e^{Γ_L−Γ_j} go there only after the X GEMM).
+  float* gdn_x_scale = egam + C;
   for (int64_t t0 = 0; t0 < seq.len; t0 += chunk)
   for (size_t g = 0; g < count; ++g) {
     const WorkItem& item = items[g];
     const int64_t hv = item.head;
     float* S = states + (parity * count + g) * state_floats;
     const size_t L = static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0));
+    const size_t Lp = RoundUp(L, kPad);
     // GDN value heads that read the same key head (HV > H) have the same q, k and grams before
     // the per-head beta and decays: the group's previous head left them in the arena.
     const bool keys_loaded = !kda && g > 0 && job.key_head(hv) == job.key_head(items[g - 1].head);
@@ -1043,137 +1052,169 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
                     static_cast<size_t>(std::min<int64_t>(chunk, seq.len - t0 - chunk)), item.col0, item.col1);
     else
       prefetch.plan(job, seq, 0, 0, 0, 0, 0);
-    // GDN (GEMM-first): the X GEMM's row factors −β e^Γ, in egam's second half (the update's
-    // e^{Γ_L−Γ_j} go there only after the X GEMM).
-    float* gdn_x_scale = egam + C;
-    // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands. KDA:
-    // the per-token factors e^{g_t} first; e^{Γi} is exact at the 16-row anchors and the last
-    // row (the state's decay) and a product of at most 15 factors in between.
-    if (!kda) ExpRow(G, egam, L);  // one gate per row: the whole column at once (KDA: LoadChunk
-                                   // left the per-token factors in l.eg)
-    for (size_t i = 0; i < L; ++i) {
-      if (kda && i % kKdaBlock != 0 && i + 1 != L)
-        MulRows(egam + (i - 1) * K, arena + l.eg + i * K, egam + i * K, K);
-      else if (kda)
-        ExpRow(G + i * K, egam + i * K, K);
-      if (kda) {
-        MulRowsScaled(Kr + i * K, egam + i * K, -beta[i], Kn + i * K, K);
-        MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
-      } else if (order.gemm_first) {
-        gdn_x_scale[i] = -beta[i] * egam[i];
-      } else {
-        ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);  // the W/U form needs Kn itself
+    for (const CpuStage stage : program.stages) switch (stage) {
+      case CpuStage::Gate: {
+        // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands. KDA:
+        // the per-token factors e^{g_t} first; e^{Γi} is exact at the 16-row anchors and the last
+        // row (the state's decay) and a product of at most 15 factors in between.
+        if (!kda) ExpRow(G, egam, L);  // one gate per row: the whole column at once (KDA: LoadChunk
+                                       // left the per-token factors in l.eg)
+        for (size_t i = 0; i < L; ++i) {
+          if (kda && i % kKdaBlock != 0 && i + 1 != L)
+            MulRows(egam + (i - 1) * K, arena + l.eg + i * K, egam + i * K, K);
+          else if (kda)
+            ExpRow(G + i * K, egam + i * K, K);
+          if (kda) {
+            MulRowsScaled(Kr + i * K, egam + i * K, -beta[i], Kn + i * K, K);
+            MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
+          } else if (program.gemm_first) {
+            gdn_x_scale[i] = -beta[i] * egam[i];
+          } else {
+            ScaleTo(Kr + i * K, -beta[i] * egam[i], Kn + i * K, K);  // the W/U form needs Kn itself
+          }
+        }
+        clock.mark(Op::kGate);
+        break;
+      }
+      case CpuStage::StateK:
+        // GEMM-first: X = diag(β)V − diag(β e^Γ) K S (LoadChunk left diag(β)V in X). GDN's gates are
+        // one scalar per row: they scale the products as the tiles store them.
+        if (kda) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
+        else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale);
+        clock.mark(Op::kStateGemms);
+        break;
+      case CpuStage::StateQ:
+        // O = diag(e^Γ) Q S. Kept apart from the X GEMM rather than one GEMM over the stacked
+        // [Kn; Qg]: measured faster on AVX-512 (the stacked A operand, 2C x K, no longer stays in
+        // L1 next to the S panel).
+        if (kda) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
+        else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam);
+        clock.mark(Op::kStateGemms);
+        break;
+      case CpuStage::Grams:
+        // #2 KKT and the intra-chunk Q K^T.
+        if (keys_loaded) {
+          std::copy(arena + l.AP_unmasked, arena + l.AP_unmasked + 2 * C * ldc, AP);
+        } else if (kda) {
+          KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP, &prefetch);
+        } else if (job.bf16_grams) {
+          // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
+          // applied by MaskGram. Kt (f32) is still needed by the state update. K^T in bf16 pairs is
+          // the transpose of the rows read as 32-bit words.
+          Transpose(Kr, L, K, Kt, ldc);
+          float* KtPairs = arena + l.KtPairs;
+          TransposeInto(reinterpret_cast<const float*>(rows.kraw), L, l.ldraw / 2, KtPairs, ldc, ldc);
+          gram_bf16_lower(rows.kraw, rows.qraw, l.ldraw, reinterpret_cast<const uint32_t*>(KtPairs), ldc, L, AP,
+                          AP + C * ldc, ldc);
+          for (size_t i = 0; i < L / 2; ++i) prefetch.tile();  // the share of the f32 grams' tiles
+          if (job.opt.qk_l2norm)
+            for (size_t i = 0; i < L; ++i) gram_scale[i] *= job.scale;  // p_row = scale / |q_i|
+        } else {
+          Transpose(Kr, L, K, Kt, ldc);
+          Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
+          Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
+        }
+        if (keys_reused_next && !keys_loaded) std::copy(AP, AP + 2 * C * ldc, arena + l.AP_unmasked);
+        clock.mark(Op::kGrams);
+        break;
+      case CpuStage::Mask:
+        MaskGram(!kda, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
+        clock.mark(Op::kMask);
+        break;
+      case CpuStage::Solve:
+        // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
+        SolveUnitLower(AP, ldc, X, Vp, L, width);
+        clock.mark(Op::kSolve);
+        break;
+      case CpuStage::Inverse: {
+        // #3 as FLA orders it: T = (I + A)^-1.
+        float* Tinv = arena + l.Tinv;
+        for (size_t i = 0; i < L; ++i) {
+          std::fill(Tinv + i * ldc, Tinv + i * ldc + Lp, 0.f);
+          Tinv[i * ldc + i] = 1.f;
+        }
+        SolveUnitLower(AP, ldc, Tinv, ldc, L, Lp);
+        clock.mark(Op::kSolve);
+        break;
+      }
+      case CpuStage::WU: {
+        // #4 W = T diag(β e^Γ) K (here −W, from Kn), U = T diag(β) V (LoadChunk left diag(β)V in X).
+        const float* Tinv = arena + l.Tinv;
+        float* W = arena + l.W;
+        float* U = arena + l.U;
+        for (size_t i = 0; i < L; ++i) {
+          std::copy(Kn + i * K, Kn + (i + 1) * K, W + i * l.ldw);  // staging for T Kn
+          std::fill(W + i * l.ldw + K, W + (i + 1) * l.ldw, 0.f);
+        }
+        float* Wm = U;  // T Kn into U's storage first, then copied back into W
+        Gemm<Acc::kSet>(Tinv, ldc, W, l.ldw, Wm, l.ldw, L, RoundUp(K, kPad), L, Tri::kLowerK);
+        for (size_t i = 0; i < L; ++i) std::copy(Wm + i * l.ldw, Wm + (i + 1) * l.ldw, W + i * l.ldw);
+        Gemm<Acc::kSet>(Tinv, ldc, X, Vp, U, Vp, L, width, L, Tri::kLowerK);
+        for (size_t i = 0; i < L; ++i) std::copy(U + i * Vp, U + (i + 1) * Vp, X + i * Vp);
+        clock.mark(Op::kSolve);
+        break;
+      }
+      case CpuStage::StateW:
+        // #5 read in the W/U form: v_new = U − W S, i.e. X = U + (−W) S.
+        Gemm<Acc::kAdd>(arena + l.W, l.ldw, S, Vp, X, Vp, L, width, K);
+        clock.mark(Op::kStateGemms);
+        break;
+      case CpuStage::Output:
+        // #6 Output: O += P E, then store.
+        Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
+        clock.mark(Op::kOutput);
+        StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
+        clock.mark(Op::kStore);
+        break;
+      case CpuStage::Update: {
+        // #5 update: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j; the decay of S is applied by the
+        // GEMM as it loads S (kScaleAdd with one factor per row of S).
+        const double* GL = G + (L - 1) * gk;
+        float* decay_rows = graw;  // K factors (graw holds max(K, C) floats)
+        const float* E = X;        // v_new, or (GDN) v_new scaled by e^{Γ_L−Γ_j}
+        if (kda) {
+          // Kt[d][j] = k_j[d] e^{ΓL[d]−Γj[d]}: the columns before the last anchor nl come from the
+          // gram's KrT (k_j e^{Γnl−Γj}) times e^{ΓL−Γnl}; the rest need exponentials of their own.
+          const size_t nl = (L - 1) / kKdaBlock * kKdaBlock;
+          // e^{ΓL−Γj} = Π_{t=j+1..L} e^{g_t} from j = L − 1 down (1 for the last row; at most 15
+          // factors); the last product, e^{ΓL−Γnl}, carries the gram's older columns.
+          const float* KrT = arena + l.KrT;
+          const float* eg = arena + l.eg;
+          float* staging = arena + l.KQl;  // 32 x K rows, free after the gram
+          std::copy(Kr + (L - 1) * K, Kr + L * K, staging + (L - 1 - nl) * K);
+          std::fill(graw, graw + K, 1.f);
+          for (size_t j = L - 1; j-- > nl;) {
+            MulInPlace(graw, eg + (j + 1) * K, K);
+            MulRows(Kr + j * K, graw, staging + (j - nl) * K, K);
+          }
+          if (nl > 0)  // graw = e^{ΓL−Γnl} now; the gram left KrT[d][j] = k_j[d] e^{Γnl[d]−Γj[d]}
+            for (size_t d = 0; d < K; ++d) ScaleTo(KrT + d * ldc, graw[d], Kt + d * ldc, nl);
+          TransposeInto(staging, L - nl, K, Kt + nl, ldc, L - nl);
+          std::copy(egam + (L - 1) * K, egam + L * K, decay_rows);
+        } else {
+          float* to_end = egam + C;  // GDN uses egam's first C floats only; e^{Γ_L−Γ_j} after them
+          ExpDiffFrom(GL[0], G, to_end, L);
+          if (program.update_keeps_vnew) {  // a later stage still reads v_new: scale a copy
+            float* Eg = arena + l.Eg;
+            for (size_t j = 0; j < L; ++j) ScaleTo(X + j * Vp, to_end[j], Eg + j * Vp, width);
+            E = Eg;
+          } else {
+            for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, to_end[j], width);
+          }
+          std::fill(decay_rows, decay_rows + K, egam[L - 1]);
+        }
+        float* S_next = S;
+        if (!program.state_in_place) {  // the next state in the other half, from a copy of this one
+          S_next = states + ((1 - parity) * count + g) * state_floats;
+          std::copy(S, S + K * Vp, S_next);
+        }
+        Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
+        clock.mark(Op::kUpdate);
+        break;
       }
     }
-    clock.mark(Op::kGate);
-    // GEMM-first: X = diag(β)V − diag(β e^Γ) K S ; O = diag(e^Γ) Q S — both read the incoming
-    // state, back to back. Two GEMMs rather than one over the stacked [Kn; Qg]: measured faster on AVX-512 (the
-    // stacked A operand, 2C x K, no longer stays in L1 next to the S panel).
-    // GDN's gates are one scalar per row: they scale the products as the tiles store them.
-    if (kda) {
-      if (order.gemm_first) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
-      Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
-    } else {
-      if (order.gemm_first)
-        Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale);
-      Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam);
-    }
-    clock.mark(Op::kStateGemms);
-    // #2 KKT and the intra-chunk Q K^T.
-    const size_t Lp = RoundUp(L, kPad);
-    if (keys_loaded) {
-      std::copy(arena + l.AP_unmasked, arena + l.AP_unmasked + 2 * C * ldc, AP);
-    } else if (kda) {
-      KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP, &prefetch);
-    } else if (job.bf16_grams) {
-      // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
-      // applied by MaskGram. Kt (f32) is still needed by the state update. K^T in bf16 pairs is
-      // the transpose of the rows read as 32-bit words.
-      Transpose(Kr, L, K, Kt, ldc);
-      float* KtPairs = arena + l.KtPairs;
-      TransposeInto(reinterpret_cast<const float*>(rows.kraw), L, l.ldraw / 2, KtPairs, ldc, ldc);
-      gram_bf16_lower(rows.kraw, rows.qraw, l.ldraw, reinterpret_cast<const uint32_t*>(KtPairs), ldc, L, AP,
-                      AP + C * ldc, ldc);
-      for (size_t i = 0; i < L / 2; ++i) prefetch.tile();  // the share of the f32 grams' tiles
-      if (job.opt.qk_l2norm)
-        for (size_t i = 0; i < L; ++i) gram_scale[i] *= job.scale;  // p_row = scale / |q_i|
-    } else {
-      Transpose(Kr, L, K, Kt, ldc);
-      Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
-      Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
-    }
-    if (keys_reused_next && !keys_loaded) std::copy(AP, AP + 2 * C * ldc, arena + l.AP_unmasked);
-    clock.mark(Op::kGrams);
-    MaskGram(!kda, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
-    clock.mark(Op::kMask);
-    if (order.gemm_first) {
-      // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
-      SolveUnitLower(AP, ldc, X, Vp, L, width);
-    } else {
-      // #3-#4 as FLA orders them: T = (I + A)^-1, W = T diag(β e^Γ) K (here −W, from Kn),
-      // U = T diag(β) V, then #5 v_new = U − W S.
-      float* Tinv = arena + l.Tinv;
-      float* W = arena + l.W;
-      float* U = arena + l.U;
-      const size_t Lp16 = RoundUp(L, kPad);
-      for (size_t i = 0; i < L; ++i) {
-        std::fill(Tinv + i * ldc, Tinv + i * ldc + Lp16, 0.f);
-        Tinv[i * ldc + i] = 1.f;
-        std::copy(Kn + i * K, Kn + (i + 1) * K, W + i * l.ldw);  // staging for T Kn
-        std::fill(W + i * l.ldw + K, W + (i + 1) * l.ldw, 0.f);
-      }
-      SolveUnitLower(AP, ldc, Tinv, ldc, L, Lp16);
-      float* Wm = U;  // T Kn into U's storage first, then copied back into W
-      Gemm<Acc::kSet>(Tinv, ldc, W, l.ldw, Wm, l.ldw, L, RoundUp(K, kPad), L, Tri::kLowerK);
-      for (size_t i = 0; i < L; ++i) std::copy(Wm + i * l.ldw, Wm + (i + 1) * l.ldw, W + i * l.ldw);
-      Gemm<Acc::kSet>(Tinv, ldc, X, Vp, U, Vp, L, width, L, Tri::kLowerK);
-      for (size_t i = 0; i < L; ++i) std::copy(U + i * Vp, U + (i + 1) * Vp, X + i * Vp);
-      Gemm<Acc::kAdd>(W, l.ldw, S, Vp, X, Vp, L, width, K);  // X = U + (−W) S
-    }
-    clock.mark(Op::kSolve);
-    // #6 Output: O += P E, then store.
-    Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
-    clock.mark(Op::kOutput);
-    StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
-    clock.mark(Op::kStore);
-    // #5 update, in place: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T E_j; the decay of S is applied
-    // by the GEMM as it loads S (kScaleAdd with one factor per row of S).
-    const double* GL = G + (L - 1) * gk;
-    float* decay_rows = graw;  // K factors (graw holds max(K, C) floats)
-    if (kda) {
-      // Kt[d][j] = k_j[d] e^{ΓL[d]−Γj[d]}: the columns before the last anchor nl come from the
-      // gram's KrT (k_j e^{Γnl−Γj}) times e^{ΓL−Γnl}; the rest need exponentials of their own.
-      const size_t nl = (L - 1) / kKdaBlock * kKdaBlock;
-      // e^{ΓL−Γj} = Π_{t=j+1..L} e^{g_t} from j = L − 1 down (1 for the last row; at most 15
-      // factors); the last product, e^{ΓL−Γnl}, carries the gram's older columns.
-      const float* KrT = arena + l.KrT;
-      const float* eg = arena + l.eg;
-      float* staging = arena + l.KQl;  // 32 x K rows, free after the gram
-      std::copy(Kr + (L - 1) * K, Kr + L * K, staging + (L - 1 - nl) * K);
-      std::fill(graw, graw + K, 1.f);
-      for (size_t j = L - 1; j-- > nl;) {
-        MulInPlace(graw, eg + (j + 1) * K, K);
-        MulRows(Kr + j * K, graw, staging + (j - nl) * K, K);
-      }
-      if (nl > 0)  // graw = e^{ΓL−Γnl} now; the gram left KrT[d][j] = k_j[d] e^{Γnl[d]−Γj[d]}
-        for (size_t d = 0; d < K; ++d) ScaleTo(KrT + d * ldc, graw[d], Kt + d * ldc, nl);
-      TransposeInto(staging, L - nl, K, Kt + nl, ldc, L - nl);
-      std::copy(egam + (L - 1) * K, egam + L * K, decay_rows);
-    } else {
-      float* to_end = egam + C;  // GDN uses egam's first C floats only; e^{Γ_L−Γ_j} after them
-      ExpDiffFrom(GL[0], G, to_end, L);
-      for (size_t j = 0; j < L; ++j) Scale(X + j * Vp, to_end[j], width);
-      std::fill(decay_rows, decay_rows + K, egam[L - 1]);
-    }
-    float* S_next = S;
-    if (!order.state_in_place) {  // the next state in the other half, from a copy of this one
-      S_next = states + ((1 - parity) * count + g) * state_floats;
-      std::copy(S, S + K * Vp, S_next);
-    }
-    Gemm<Acc::kScaleAdd>(Kt, ldc, X, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
-    if (!order.state_in_place && g + 1 == count) parity = 1 - parity;
+    if (!program.state_in_place && g + 1 == count) parity = 1 - parity;
     prefetch.rest();  // whatever the tiles did not issue
-    clock.mark(Op::kUpdate);
     clock.head_chunk_done();
   }
   for (size_t g = 0; g < count; ++g)
@@ -1182,9 +1223,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   hwy::FlushStream();  // order the streaming stores of o before the pool hands the results over
 }
 
-size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order) {
-  const FusedLayout l = MakeFusedLayout(job, width, chunk, order);
-  return l.total + (order.state_in_place ? 1 : 2) * group * RoundUp(l.K * l.Vp, kPad);
+size_t FusedArenaFloats(const LaJob& job, int64_t width, int chunk, size_t group, const FusedProgram& program) {
+  const FusedLayout l = MakeFusedLayout(job, width, chunk, program);
+  return l.total + (program.state_in_place ? 1 : 2) * group * RoundUp(l.K * l.Vp, kPad);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1379,25 +1420,37 @@ void FlaMapChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv,
   Gemm<Acc::kSet>(T, C, Vb, Vp, U, Vp, L, Vp, L, Tri::kLowerK);
 }
 
+// The item's columns [col0, col1) only (FLA's BV tiling): the state, v_new and the snapshots h of
+// those columns; sibling column blocks may run on other threads at the same time, so v_new is
+// formed in scratch and only the item's columns are written to the shared buffers.
 void FlaReduceItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
   const FlaScratch s = MakeFlaScratch(job, buf.chunk);
   const size_t K = s.K, C = s.C, Vp = s.Vp, gk = s.gk;
   const int64_t HV = job.shape.HV, hv = item.head;
   const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
   const size_t Kp = RoundUp(K, kPad);
-  float* S = scratch;  // K x Vp: the running state (FlaScratchFloats reserves room)
+  const size_t c0 = static_cast<size_t>(item.col0), w = static_cast<size_t>(item.col1 - item.col0);
+  // GEMM width: whole heads as always (Vp); a block in whole vectors, which stays inside Vp
+  // because blocks start at multiples of the column quantum (the vector length or a multiple).
+  const size_t N = item.col0 == 0 && item.col1 == job.shape.V ? Vp : RoundUp(w, hn::Lanes(DF()));
+  float* S = scratch;  // K x Vp: the running state of the item's columns (FlaScratchFloats reserves room)
   float* krow = S + RoundUp(K * Vp, kPad);
   float* Kt = krow + Kp;  // K x C: decayed keys of the chunk
-  LoadState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+  float* vnew = Kt + RoundUp(K * C, kPad);  // C x Vp: v_new of the item's columns
+  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
   int64_t c = buf.seq_first_chunk[item.seq];
   for (int64_t t0 = 0; t0 < seq.len; t0 += buf.chunk, ++c) {
     const size_t L = static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0));
     const size_t slot = static_cast<size_t>(c * HV + hv);
-    std::memcpy(buf.h + slot * K * Vp, S, K * Vp * sizeof(float));
+    for (size_t d = 0; d < K; ++d) std::memcpy(buf.h + slot * K * Vp + d * Vp + c0, S + d * Vp, w * sizeof(float));
     // v_new = U − W S
-    float* vnew = buf.v_new + slot * C * Vp;
-    std::memcpy(vnew, buf.U + slot * C * Vp, L * Vp * sizeof(float));
-    Gemm<Acc::kSub>(buf.W + slot * C * Kp, Kp, S, Vp, vnew, Vp, L, Vp, K);
+    const float* U = buf.U + slot * C * Vp;
+    for (size_t i = 0; i < L; ++i) {
+      std::memcpy(vnew + i * Vp, U + i * Vp + c0, w * sizeof(float));
+      std::fill(vnew + i * Vp + w, vnew + i * Vp + N, 0.f);
+    }
+    Gemm<Acc::kSub>(buf.W + slot * C * Kp, Kp, S, Vp, vnew, Vp, L, N, K);
+    for (size_t i = 0; i < L; ++i) std::memcpy(buf.v_new + slot * C * Vp + i * Vp + c0, vnew + i * Vp, w * sizeof(float));
     const double* gam = buf.gamma + slot * C * gk;
     const double* GL = gam + (L - 1) * gk;
     // FLA's state kernel re-reads the chunk's keys from main memory.
@@ -1410,18 +1463,22 @@ void FlaReduceItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item
         Kt[d * C + j] = krow[d] * e;
       }
     }
-    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), Vp);
-    Gemm<Acc::kAdd>(Kt, C, vnew, Vp, S, Vp, K, Vp, L);
+    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), N);
+    Gemm<Acc::kAdd>(Kt, C, vnew, Vp, S, Vp, K, N, L);
   }
-  StoreState(job, item.seq, hv, 0, job.shape.V, S, Vp);
+  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
   hwy::FlushStream();
 }
 
-void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+// Columns [col0, col1) of the chunk's output (FLA's BV tiling of chunk_fwd_o).
+void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                    float* scratch) {
   const FlaScratch s = MakeFlaScratch(job, buf.chunk);
   const ChunkRef ch = FlaPrepare(job, buf, c, hv, scratch, false);
   const size_t K = s.K, C = s.C, Vp = s.Vp, L = ch.L, gk = s.gk;
   const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  const size_t c0 = static_cast<size_t>(col0), w = static_cast<size_t>(col1 - col0);
+  const size_t N = col0 == 0 && col1 == job.shape.V ? Vp : RoundUp(w, hn::Lanes(DF()));  // as FlaReduceItem
   const float* q = scratch + s.q;
   const double* G = reinterpret_cast<const double*>(scratch + s.G);
   float* Qg = scratch + s.tmpA;
@@ -1434,16 +1491,134 @@ void FlaOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t 
     else
       ScaleTo(q + i * K, egam[0], Qg + i * K, K);
   }
-  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp, Vp, O, Vp, L, Vp, K);
-  Gemm<Acc::kAdd>(scratch + s.AP + C * C, C, buf.v_new + slot * C * Vp, Vp, O, Vp, L, Vp, L, Tri::kLowerK);
-  StoreOutputRows(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, O, Vp);
+  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp + c0, Vp, O, Vp, L, N, K);
+  Gemm<Acc::kAdd>(scratch + s.AP + C * C, C, buf.v_new + slot * C * Vp + c0, Vp, O, Vp, L, N, L, Tri::kLowerK);
+  StoreOutputRows(job, ch.seq, hv, ch.t0, L, col0, col1, O, Vp);
+  hwy::FlushStream();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The chunk-parallel path in the GEMM-first form: the tier-3 kernels (tail_map, tail_state,
+// tail_output) of a GEMM-first plan, with the plan's operators in the plan's phases. Map (gate,
+// kkt, qkt, kkt_gate, qkt_gate, solve_diag): the masked gated grams A and P of a (chunk, head)
+// into main memory (A in buf.T, P in buf.P). State (ks, rhs, solve, update): per item's columns,
+// chunk by chunk, X = diag(β)V − diag(β e^Γ) K S solved in place against (I + A) into v_new, the
+// state snapshot h, then the update. Output (qs, pv, out): O = diag(e^Γ) Q h + P v_new.
+
+void GfMapChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaChunk(job, buf, c);
+  const size_t K = s.K, C = s.C, L = ch.L, gk = s.gk;
+  float* q = scratch + s.q;
+  float* k = scratch + s.k;
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  float* beta = scratch + s.beta;
+  float* graw = scratch + s.graw;
+  float* AP = scratch + s.AP;
+  const ChunkRows rows{q, k, nullptr, s.Vp, G, beta, graw};
+  LoadChunk(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, rows);
+  if (gk > 1) {
+    KdaTokenFactors(G, L, K, scratch + s.eg);
+    KdaGram(k, q, G, L, K, C, C, scratch + s.KQl, scratch + s.KrT, graw, scratch + s.eg, AP);
+  } else {
+    float* Kt = scratch + s.Kt;
+    const size_t Lp = RoundUp(L, kPad);
+    Transpose(k, L, K, Kt, C);
+    Gemm<Acc::kSet>(k, K, Kt, C, AP, C, L, Lp, K, Tri::kLowerN);
+    Gemm<Acc::kSet>(q, K, Kt, C, AP + C * C, C, L, Lp, K, Tri::kLowerN);
+  }
+  MaskGram(gk == 1, G, beta, L, C, C, AP, graw);
+  const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  std::memcpy(buf.T + slot * C * C, AP, C * C * sizeof(float));
+  std::memcpy(buf.P + slot * C * C, AP + C * C, C * C * sizeof(float));
+  std::memcpy(buf.gamma + slot * C * gk, G, L * gk * sizeof(double));
+}
+
+void GfStateItem(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, gk = s.gk;
+  const int64_t HV = job.shape.HV, hv = item.head;
+  const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
+  const size_t c0 = static_cast<size_t>(item.col0), w = static_cast<size_t>(item.col1 - item.col0);
+  const size_t N = RoundUp(w, kPad);  // private rows of Vp floats: whole pads, as the fused path
+  float* q = scratch + s.q;
+  float* k = scratch + s.k;
+  float* X = scratch + s.v;  // β v of the item's columns, then v_new
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  float* beta = scratch + s.beta;
+  float* graw = scratch + s.graw;
+  float* Kn = scratch + s.tmpA;  // KDA: −β e^Γ ⊙ k; GDN: the row factors −β e^Γ
+  float* Kt = scratch + s.Kt;    // K x C: k_j e^{Γ_L−Γ_j}
+  float* S = scratch + s.total;  // K x Vp (GfScratchFloats reserves it)
+  LoadState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  ChunkRows rows{q, k, X, Vp, G, beta, graw, /*v_times_beta=*/true};
+  int64_t c = buf.seq_first_chunk[item.seq];
+  for (int64_t t0 = 0; t0 < seq.len; t0 += buf.chunk, ++c) {
+    const size_t L = static_cast<size_t>(std::min<int64_t>(buf.chunk, seq.len - t0));
+    const size_t slot = static_cast<size_t>(c * HV + hv);
+    LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
+    for (size_t d = 0; d < K; ++d) std::memcpy(buf.h + slot * K * Vp + d * Vp + c0, S + d * Vp, w * sizeof(float));
+    // ks, rhs: X = diag(β)V − diag(β e^Γ) K S.
+    if (gk > 1) {
+      for (size_t i = 0; i < L; ++i) {
+        ExpRow(G + i * K, graw, K);
+        MulRowsScaled(k + i * K, graw, -beta[i], Kn + i * K, K);
+      }
+      Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, N, K);
+    } else {
+      ExpRow(G, graw, L);
+      for (size_t i = 0; i < L; ++i) Kn[i] = -beta[i] * graw[i];
+      Gemm<Acc::kAddRowScaled>(k, K, S, Vp, X, Vp, L, N, K, Tri::kNone, nullptr, Kn);
+    }
+    // solve: (I + A) v_new = X, A from the Map phase.
+    SolveUnitLower(buf.T + slot * C * C, C, X, Vp, L, N);
+    for (size_t i = 0; i < L; ++i) std::memcpy(buf.v_new + slot * C * Vp + i * Vp + c0, X + i * Vp, w * sizeof(float));
+    // update: S <- e^{Γ_L} S + Σ_j (e^{Γ_L−Γ_j} k_j)^T v_new_j.
+    const double* GL = G + (L - 1) * gk;
+    for (size_t j = 0; j < L; ++j)
+      for (size_t d = 0; d < K; ++d)
+        Kt[d * C + j] = k[j * K + d] * std::exp(static_cast<float>(GL[gk > 1 ? d : 0] - G[j * gk + (gk > 1 ? d : 0)]));
+    for (size_t d = 0; d < K; ++d) Scale(S + d * Vp, std::exp(static_cast<float>(GL[gk > 1 ? d : 0])), N);
+    Gemm<Acc::kAdd>(Kt, C, X, Vp, S, Vp, K, N, L);
+  }
+  StoreState(job, item.seq, hv, item.col0, item.col1, S, Vp);
+  hwy::FlushStream();
+}
+
+void GfOutputChunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                   float* scratch) {
+  const FlaScratch s = MakeFlaScratch(job, buf.chunk);
+  const ChunkRef ch = FlaChunk(job, buf, c);
+  const size_t K = s.K, C = s.C, Vp = s.Vp, L = ch.L, gk = s.gk;
+  const size_t slot = static_cast<size_t>(c * job.shape.HV + hv);
+  const size_t c0 = static_cast<size_t>(col0), w = static_cast<size_t>(col1 - col0);
+  const size_t N = col0 == 0 && col1 == job.shape.V ? Vp : RoundUp(w, hn::Lanes(DF()));  // as FlaOutputChunk
+  float* q = scratch + s.q;
+  double* G = reinterpret_cast<double*>(scratch + s.G);
+  const ChunkRows rows{q, scratch + s.k, nullptr, Vp, G, scratch + s.beta, scratch + s.graw};
+  LoadChunk(job, ch.seq, hv, ch.t0, L, 0, job.shape.V, rows);
+  float* Qg = scratch + s.tmpA;
+  float* O = scratch + s.tmpB;
+  float* egam = scratch + s.graw;
+  for (size_t i = 0; i < L; ++i) {
+    ExpRow(G + i * gk, egam, gk);
+    if (gk > 1)
+      MulRows(q + i * K, egam, Qg + i * K, K);
+    else
+      ScaleTo(q + i * K, egam[0], Qg + i * K, K);
+  }
+  // qs, then pv and out with the Map phase's P.
+  Gemm<Acc::kSet>(Qg, K, buf.h + slot * K * Vp + c0, Vp, O, Vp, L, N, K);
+  Gemm<Acc::kAdd>(buf.P + slot * C * C, C, buf.v_new + slot * C * Vp + c0, Vp, O, Vp, L, N, L, Tri::kLowerK);
+  StoreOutputRows(job, ch.seq, hv, ch.t0, L, col0, col1, O, Vp);
   hwy::FlushStream();
 }
 
 size_t FlaScratchFloats(const LaJob& job, int chunk) {
   const FlaScratch s = MakeFlaScratch(job, chunk);
-  const size_t reduce = RoundUp(s.K * s.Vp, kPad) + RoundUp(s.K, kPad) + s.K * s.C + kPad;
-  return std::max(s.total, reduce);
+  const size_t reduce = RoundUp(s.K * s.Vp, kPad) + RoundUp(s.K, kPad) + RoundUp(s.K * s.C, kPad) + s.C * s.Vp + kPad;
+  const size_t gemm_first_state = s.total + RoundUp(s.K * s.Vp, kPad);  // GfStateItem's S after the chunk buffers
+  return std::max({s.total, reduce, gemm_first_state});
 }
 
 // Times C += A B (M x Kd times Kd x N, operands resident in cache) on this thread: the GEMM
@@ -1480,16 +1655,19 @@ HWY_EXPORT(RecurrentArenaFloats);
 HWY_EXPORT(FlaMapChunk);
 HWY_EXPORT(FlaReduceItem);
 HWY_EXPORT(FlaOutputChunk);
+HWY_EXPORT(GfMapChunk);
+HWY_EXPORT(GfStateItem);
+HWY_EXPORT(GfOutputChunk);
 HWY_EXPORT(FlaScratchFloats);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmProbeGflops);
 HWY_EXPORT(FloatLanes);
 
-size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const OperatorOrder& order) {
+size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const FusedProgram& order) {
   return HANPU_DISPATCH(FusedArenaFloats)(job, width, chunk, group, order);
 }
 void fused_group(const LaJob& job, const WorkItem* items, size_t count, float* arena, int chunk,
-                 const OperatorOrder& order) {
+                 const FusedProgram& order) {
   HANPU_DISPATCH(FusedGroup)(job, items, count, arena, chunk, order);
 }
 size_t recurrent_arena_floats(const LaJob& job, int64_t width) {
@@ -1505,8 +1683,19 @@ void fla_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t h
 void fla_reduce_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
   HANPU_DISPATCH(FlaReduceItem)(job, buf, item, scratch);
 }
-void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
-  HANPU_DISPATCH(FlaOutputChunk)(job, buf, c, hv, scratch);
+void fla_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                      float* scratch) {
+  HANPU_DISPATCH(FlaOutputChunk)(job, buf, c, hv, col0, col1, scratch);
+}
+void gf_map_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, float* scratch) {
+  HANPU_DISPATCH(GfMapChunk)(job, buf, c, hv, scratch);
+}
+void gf_state_item(const LaJob& job, const FlaBuffers& buf, const WorkItem& item, float* scratch) {
+  HANPU_DISPATCH(GfStateItem)(job, buf, item, scratch);
+}
+void gf_output_chunk(const LaJob& job, const FlaBuffers& buf, int64_t c, int64_t hv, int64_t col0, int64_t col1,
+                     float* scratch) {
+  HANPU_DISPATCH(GfOutputChunk)(job, buf, c, hv, col0, col1, scratch);
 }
 const char* simd_target_name() { return HANPU_DISPATCH(TargetName)(); }
 double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds) {

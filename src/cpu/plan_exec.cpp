@@ -1,26 +1,82 @@
-// Plan -> CPU execution (include/hanpu/plan_exec.hpp).
+// Plan -> CPU schedule (include/hanpu/plan_exec.hpp), and the host plan cache.
 //
-// Which CPU path runs which strategy, and why:
-//   hanpu and the fla+mapping... ablation steps: their head-parallel "fused" kernel is a head-level
-//     mapping; its per-core item lists become the CpuPlan's per-thread lists verbatim (a head the
-//     planner split into column blocks for buffer capacity stays split), and the items of the
-//     tier-3 "tail_" kernels go to the CPU's chunk-parallel fallback. The graph form picks the
-//     operator order: gemm_first for GemmFirst, the W/U form for WU.
-//   fla, fla-megakernel, vllm-ascend: chunk-parallel Map phases with intermediates in memory, the
-//     CPU's FLA-style path (on a CPU a kernel launch is a function call, so the three differ only
-//     in what the simulator charges for launches and kernel boundaries).
-//   flashqla: the CPU has no segment-parallel (chunk-seg-seg) path; it runs as the FLA-style path
-//     and the summary says so.
+// Which kernels of a plan the CPU runs, and how:
+//   a head-parallel kernel that runs every operator of the graph (hanpu's and the fla+mapping...
+//     ablation steps' "fused"): the head-fused path. Its per-core item lists become the threads'
+//     lists verbatim (column blocks included), its lockstep groups the threads' groups, and its
+//     operator order a sequence of CPU stages (plan_exec.hpp, CpuStage) run in that order;
+//   chunk-parallel Map kernels, one head-parallel state kernel and chunk-parallel output kernels
+//     (fla, fla-megakernel, vllm-ascend): the CPU's chunk-parallel (FLA-style) path, whose three
+//     phases are the W/U form's Map (gate .. wu), state recurrence (ws .. state_add) and output
+//     (qkt .. out); each kernel must fall into one phase, and each thread runs its core's tasks of
+//     those kernels in order (the Map kernels fused: they must map alike). On a CPU a kernel
+//     launch is a function call, so the three differ only in what the simulator charges;
+//   the tier-3 "tail_" kernels of a head mapping: their heads run on the same chunk-parallel path
+//     with the tail kernels' mapping, in the plan's form (GEMM-first: Map forms the masked grams
+//     A and P, the state phase solves for v_new, the output reads P; W/U: as FLA's kernels, with
+//     Q K^T recomputed in the output phase instead of stored by the Map phase);
+//   anything else (segment-parallel kernels: flashqla; the inverse form; blocked layouts; a chunk
+//     other than 64) is refused, naming the field.
 #include "hanpu/plan_exec.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <list>
+#include <map>
+#include <mutex>
 #include <set>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
 #include <utility>
 
-#include "device/host.hpp"
+#include "cpu/lowering.hpp"
 #include "la/job.hpp"
 
 namespace hanpu {
+
+const char* cpu_stage_name(CpuStage s) {
+  switch (s) {
+    case CpuStage::Gate: return "gate";
+    case CpuStage::Grams: return "grams";
+    case CpuStage::Mask: return "mask";
+    case CpuStage::StateK: return "state_k";
+    case CpuStage::StateQ: return "state_q";
+    case CpuStage::Solve: return "solve";
+    case CpuStage::Inverse: return "inverse";
+    case CpuStage::WU: return "wu";
+    case CpuStage::StateW: return "state_w";
+    case CpuStage::Output: return "output";
+    case CpuStage::Update: return "update";
+  }
+  return "?";
+}
+
+std::string CpuSchedule::describe() const {
+  std::ostringstream os;
+  os << summary << "\n  threads=" << threads << " chunk=" << chunk;
+  if (path == CpuPath::HeadFused) {
+    os << " stages:";
+    for (CpuStage s : program.stages) os << " " << cpu_stage_name(s);
+    for (size_t t = 0; t < per_thread.size(); ++t) {
+      os << "\n  thread " << t << ":";
+      size_t i = 0;
+      for (size_t g = 0; g < groups[t].size(); ++g) {
+        os << " [";
+        for (int32_t n = 0; n < groups[t][g]; ++n, ++i) {
+          const WorkItem& w = per_thread[t][i];
+          os << (n ? " " : "") << "s" << w.seq << ",h" << w.head << ",v" << w.col0 << ":" << w.col1;
+        }
+        os << "]";
+      }
+    }
+    if (!chunk_parallel.empty()) {
+      os << "\n  chunk-parallel (tier 3):";
+      for (const WorkItem& w : chunk_parallel) os << " (s" << w.seq << ",h" << w.head << ")";
+    }
+  }
+  return os.str();
+}
 
 namespace {
 
@@ -31,13 +87,12 @@ std::string shape_mismatch(const std::string& what, int64_t plan_value, int64_t 
 
 void check_problem(const Problem& p, const LaShape& shape, const std::vector<int64_t>& seq_lens) {
   if (p.variant != shape.variant)
-    throw Error(std::string("plan for another problem: variant is ") + (p.variant == Variant::GDN ? "gdn" : "kda") +
-                " in the plan, " + (shape.variant == Variant::GDN ? "gdn" : "kda") + " in the inputs");
+    throw Error(std::string("plan for another problem: variant is ") + variant_name(p.variant) + " in the plan, " +
+                variant_name(shape.variant) + " in the inputs");
   if (p.H != shape.H) throw Error(shape_mismatch("H", p.H, shape.H));
   if (p.HV != shape.HV) throw Error(shape_mismatch("HV", p.HV, shape.HV));
   if (p.K != shape.K) throw Error(shape_mismatch("K", p.K, shape.K));
   if (p.V != shape.V) throw Error(shape_mismatch("V", p.V, shape.V));
-  if (p.chunk != 64) throw Error("plan.problem.chunk: got " + std::to_string(p.chunk) + ", the CPU backend runs chunk 64");
   if (p.seqlens != seq_lens) {
     std::string a, b;
     for (int64_t x : p.seqlens) a += (a.empty() ? "" : ",") + std::to_string(x);
@@ -46,93 +101,422 @@ void check_problem(const Problem& p, const LaShape& shape, const std::vector<int
   }
 }
 
+std::string kernel_at(size_t ki, const Kernel& k) { return "plan.kernels[" + std::to_string(ki) + "] (" + k.name + ")"; }
+
+// The plan operators each CPU stage runs, per form (plan_exec.hpp, CpuStage).
+struct StageOps {
+  CpuStage stage;
+  std::vector<std::string> ops;
+};
+const std::vector<StageOps>& stage_table(GraphForm form) {
+  static const std::vector<StageOps> gemm_first = {
+      {CpuStage::Gate, {"gate", "decay_q", "decay_k"}}, {CpuStage::Grams, {"kkt", "qkt"}},
+      {CpuStage::Mask, {"kkt_gate", "qkt_gate"}},       {CpuStage::StateK, {"ks", "rhs"}},
+      {CpuStage::StateQ, {"qs"}},                       {CpuStage::Solve, {"solve_diag", "solve"}},
+      {CpuStage::Output, {"pv", "out"}},                {CpuStage::Update, {"update_gate", "update", "state_add"}}};
+  static const std::vector<StageOps> wu = {
+      {CpuStage::Gate, {"gate", "decay_q", "decay_k"}}, {CpuStage::Grams, {"kkt", "qkt"}},
+      {CpuStage::Mask, {"kkt_gate", "qkt_gate"}},       {CpuStage::Inverse, {"solve_diag", "solve_inv"}},
+      {CpuStage::WU, {"wu_scale", "wu"}},               {CpuStage::StateW, {"ws", "vnew"}},
+      {CpuStage::StateQ, {"qs"}},                       {CpuStage::Output, {"pv", "out"}},
+      {CpuStage::Update, {"update_gate", "update", "state_add"}}};
+  return form == GraphForm::WU ? wu : gemm_first;
+}
+
+// The fused kernel's order as CPU stages; "" on success, else why not (naming the field).
+std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
+  const Kernel& k = plan.kernels[ki];
+  const OpGraph g = plan.graph();
+  const auto& table = stage_table(plan.form);
+  std::map<std::string, size_t> stage_of;  // operator -> index into table
+  for (size_t s = 0; s < table.size(); ++s)
+    for (const std::string& op : table[s].ops) stage_of[op] = s;
+  const std::string at = kernel_at(ki, k) + ".order";
+  std::vector<size_t> stages;
+  for (const std::string& op : k.order) {
+    const auto it = stage_of.find(op);
+    if (it == stage_of.end())
+      return at + ": operator \"" + op + "\" has no CPU stage in the " + graph_form_name(plan.form) + " form";
+    if (std::find(stages.begin(), stages.end(), it->second) == stages.end()) stages.push_back(it->second);
+  }
+  // A stage runs all its operators where the first of them stands: every tensor one of them reads
+  // must be an input, the state, or made by an earlier stage (or inside the stage).
+  std::set<std::string> made;
+  for (const TensorDef& t : g.tensors)
+    if (t.role == TensorRole::Input) made.insert(t.name);
+  bool state_written = false, grams_done = false;
+  const std::string vnew = plan.form == GraphForm::WU ? "vn" : "E";
+  bool update_done = false;
+  for (size_t s : stages) {
+    const StageOps& so = table[s];
+    std::set<std::string> inside;
+    for (const std::string& op : so.ops)
+      if (std::find(k.order.begin(), k.order.end(), op) != k.order.end())
+        for (const std::string& out : g.op(op).outputs) inside.insert(out);
+    for (const std::string& op : so.ops) {
+      if (std::find(k.order.begin(), k.order.end(), op) == k.order.end()) continue;
+      for (const std::string& in : g.op(op).inputs) {
+        if (in == "S") {
+          if (state_written && plan.state_in_place)
+            return at + ": stage " + cpu_stage_name(so.stage) + " (operator " + op +
+                   ") reads the state after the in-place update overwrote it";
+          continue;
+        }
+        if (!made.count(in) && !inside.count(in))
+          return at + ": the CPU runs " + op + " in stage " + cpu_stage_name(so.stage) + ", where the first of its operators stands, but it reads " +
+                 in + ", which no earlier stage has made";
+      }
+      if (update_done && so.stage != CpuStage::Update)
+        for (const std::string& in : g.op(op).inputs)
+          if (in == vnew && g.variant == Variant::GDN) prog.update_keeps_vnew = true;
+    }
+    // The CPU's update reuses the transposed (KDA: decayed) keys the grams stage leaves behind.
+    if (so.stage == CpuStage::Update) {
+      if (!grams_done) return at + ": the state update stands before kkt; the CPU's update reuses the keys the grams stage transposes";
+      state_written = true;
+      update_done = true;
+    }
+    if (so.stage == CpuStage::Grams) grams_done = true;
+    for (const std::string& t : inside) made.insert(t);
+    prog.stages.push_back(so.stage);
+  }
+  prog.gemm_first = plan.form == GraphForm::GemmFirst;
+  prog.state_in_place = plan.state_in_place;
+  return "";
+}
+
+// The CPU's FLA-style phases (W/U form): which operators each runs (KDA's decays are recomputed in
+// every phase that needs them, as FLA's kernels do).
+int fla_phase(const std::string& op) {
+  static const std::map<std::string, int> phase = {
+      {"gate", 0}, {"kkt", 0},  {"kkt_gate", 0}, {"solve_diag", 0}, {"solve_inv", 0},  {"wu_scale", 0}, {"wu", 0},
+      {"ws", 1},   {"vnew", 1}, {"update_gate", 1}, {"update", 1}, {"state_add", 1},
+      {"qkt", 2},  {"qkt_gate", 2}, {"qs", 2},   {"pv", 2},         {"out", 2}};
+  if (op == "decay_q" || op == "decay_k") return -1;
+  const auto it = phase.find(op);
+  return it == phase.end() ? -2 : it->second;
+}
+const char* fla_phase_name(int p) { return p == 0 ? "map" : p == 1 ? "state" : "output"; }
+
+bool is_tail_kernel(const Kernel& k) {
+  bool any = false;
+  for (const auto& list : k.cores)
+    for (const PlanItem& it : list) {
+      if (it.tier != 3) return false;
+      any = true;
+    }
+  return any && k.name.rfind("tail_", 0) == 0;
+}
+
+bool runs_whole_graph(const Kernel& k, const OpGraph& g) {
+  if (k.parallel != Parallel::Head) return false;
+  for (const OperatorDef& op : g.ops)
+    if (std::find(k.order.begin(), k.order.end(), op.name) == k.order.end()) return false;
+  return true;
+}
+
+// The per-thread task lists of the chunk-parallel path from the plan's map, state and output
+// kernels (none: nothing to fill). The CPU's Map phase computes a (chunk, head) whole, once: every
+// Map kernel must put it on the same core (and only one), in the same order.
+std::string chunk_parallel_mapping(const Plan& plan, const std::vector<size_t> (&phase)[3], CpuSchedule& s) {
+  const size_t P = static_cast<size_t>(plan.cores);
+  s.fla_map.assign(P, {});
+  s.fla_state.assign(P, {});
+  s.fla_output.assign(P, {});
+  if (phase[0].empty() && phase[1].empty() && phase[2].empty()) return "";
+  const char* names[] = {"map", "state", "output"};
+  for (int ph = 0; ph < 3; ++ph)
+    if (phase[ph].empty())
+      return std::string("plan.kernels: no ") + names[ph] + " kernel; the CPU's chunk-parallel path runs map, state and output phases";
+  if (phase[1].size() > 1)
+    return kernel_at(phase[1][1], plan.kernels[phase[1][1]]) + ": a second state kernel; the CPU's chunk-parallel path has one state phase";
+  // Map: whole (chunk, head) tasks per core, in first-appearance order.
+  auto map_tasks = [&](const Kernel& k) {
+    std::vector<std::vector<ChunkTask>> per(P);
+    for (size_t c = 0; c < k.cores.size(); ++c) {
+      std::set<std::tuple<int32_t, int32_t, int64_t>> on_core;  // column blocks of one task count once
+      for (const PlanItem& it : k.cores[c])
+        for (int64_t ch = it.chunk0; ch < it.chunk1; ++ch)
+          if (on_core.insert({it.seq, it.head, ch}).second)
+            per[c].push_back({it.seq, it.head, ch, 0, static_cast<int32_t>(plan.problem.V)});
+    }
+    return per;
+  };
+  s.fla_map = map_tasks(plan.kernels[phase[0][0]]);
+  std::set<std::tuple<int32_t, int32_t, int64_t>> seen;
+  for (size_t c = 0; c < P; ++c)
+    for (const ChunkTask& t : s.fla_map[c])
+      if (!seen.insert({t.seq, t.head, t.chunk}).second)
+        return kernel_at(phase[0][0], plan.kernels[phase[0][0]]) + ".cores[" + std::to_string(c) + "]: (seq " + std::to_string(t.seq) +
+               ", head " + std::to_string(t.head) + ", chunk " + std::to_string(t.chunk) +
+               ") is on two cores; the CPU's Map phase computes a (chunk, head) whole, on one thread";
+  for (size_t i = 1; i < phase[0].size(); ++i)
+    if (map_tasks(plan.kernels[phase[0][i]]) != s.fla_map)
+      return kernel_at(phase[0][i], plan.kernels[phase[0][i]]) + ".cores: mapped differently from " +
+             kernel_at(phase[0][0], plan.kernels[phase[0][0]]) + "; the CPU runs the Map kernels fused, with one mapping";
+  for (size_t c = 0; c < plan.kernels[phase[1][0]].cores.size(); ++c)
+    for (const PlanItem& it : plan.kernels[phase[1][0]].cores[c]) s.fla_state[c].push_back({it.seq, it.head, it.col0, it.col1});
+  // Output: (chunk, head, column block) tasks; several output kernels must map alike.
+  auto output_tasks = [&](const Kernel& k) {
+    std::vector<std::vector<ChunkTask>> per(P);
+    for (size_t c = 0; c < k.cores.size(); ++c)
+      for (const PlanItem& it : k.cores[c])
+        for (int64_t ch = it.chunk0; ch < it.chunk1; ++ch) per[c].push_back({it.seq, it.head, ch, it.col0, it.col1});
+    return per;
+  };
+  s.fla_output = output_tasks(plan.kernels[phase[2][0]]);
+  for (size_t i = 1; i < phase[2].size(); ++i)
+    if (output_tasks(plan.kernels[phase[2][i]]) != s.fla_output)
+      return kernel_at(phase[2][i], plan.kernels[phase[2][i]]) + ".cores: mapped differently from " +
+             kernel_at(phase[2][0], plan.kernels[phase[2][0]]) + "; the CPU runs the output kernels fused, with one mapping";
+  return "";
+}
+
+// Checks everything but the problem; fills `out` when given. "" when the CPU runs the plan.
+std::string check_plan(const Plan& plan, CpuSchedule* out) {
+  if (plan.cores < 1 || plan.cores > 1024)
+    return "plan.cores: got " + std::to_string(plan.cores) + ", the CPU backend runs 1..1024 threads";
+  if (plan.problem.chunk != 64)
+    return "plan.problem.chunk: got " + std::to_string(plan.problem.chunk) + ", the CPU backend runs chunk 64";
+  for (size_t ki = 0; ki < plan.kernels.size(); ++ki)
+    if (plan.kernels[ki].parallel == Parallel::Segment)
+      return kernel_at(ki, plan.kernels[ki]) + ".parallel: got \"segment\"; the CPU backend has no segment-parallel execution";
+  if (plan.form == GraphForm::Inverse)
+    return "plan.form: got \"inverse\"; the CPU backend runs the gemm_first and wu forms";
+  // Layouts: the CPU kernels work on dense rows (the host's matrix unit is "dense" in its device
+  // description, so the layout planner chooses dense for it).
+  for (const auto& [tensor, layout] : plan.layouts)
+    if (layout != Layout::Dense)
+      return "plan.layouts." + tensor + ": got blocked; the CPU backend executes dense layouts only (plan for the host "
+             "device, whose matrix unit reads dense rows)";
+  const OpGraph g = plan.graph();
+  CpuSchedule s;
+  s.threads = plan.cores;
+  s.per_thread.assign(static_cast<size_t>(plan.cores), {});
+  s.groups.assign(static_cast<size_t>(plan.cores), {});
+  int fused = -1, last_phase = 0;
+  bool fla_kernels = false, state_kernel = false;
+  std::set<std::pair<int32_t, int32_t>> tail;
+  std::vector<size_t> phase_kernels[3];  // map, state, output kernels of the chunk-parallel path
+  for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
+    const Kernel& k = plan.kernels[ki];
+    if (runs_whole_graph(k, g)) {
+      if (fused >= 0) return kernel_at(ki, k) + ": a second fused kernel; the CPU runs one head-fused pass";
+      fused = static_cast<int>(ki);
+      if (std::string why = lower_order(plan, ki, s.program); !why.empty()) return why;
+      for (size_t c = 0; c < k.cores.size(); ++c) {
+        for (const PlanItem& it : k.cores[c]) {
+          if (it.chunk0 != 0 || it.chunk1 != plan.problem.chunks_of(it.seq))
+            return kernel_at(ki, k) + ".cores[" + std::to_string(c) + "]: an item covers chunks [" + std::to_string(it.chunk0) +
+                   ", " + std::to_string(it.chunk1) + "); the CPU's head-fused path runs whole sequences";
+          s.per_thread[c].push_back({it.seq, it.head, it.col0, it.col1});
+        }
+        if (c < k.groups.size() && !k.groups[c].empty()) s.groups[c] = k.groups[c];
+        else s.groups[c].assign(k.cores[c].size(), 1);
+      }
+      continue;
+    }
+    if (is_tail_kernel(k)) {
+      for (const auto& list : k.cores)
+        for (const PlanItem& it : list) tail.insert({it.seq, it.head});
+      const int phase = k.name == "tail_map" ? 0 : k.name == "tail_state" ? 1 : k.name == "tail_output" ? 2 : -1;
+      if (phase < 0) return kernel_at(ki, k) + ": a tier-3 kernel other than tail_map, tail_state, tail_output";
+      phase_kernels[phase].push_back(ki);
+      continue;
+    }
+    // A kernel of the FLA-style path: all its operators in one phase, phases in order.
+    int phase = -1;
+    for (const std::string& op : k.order) {
+      const int p = fla_phase(op);
+      if (p == -2) return kernel_at(ki, k) + ".order: operator \"" + op + "\" has no phase on the CPU's FLA-style path";
+      if (p < 0) continue;
+      if (phase >= 0 && p != phase)
+        return kernel_at(ki, k) + ".order: operators of the " + fla_phase_name(phase) + " and " + fla_phase_name(p) +
+               " phases in one kernel; the CPU's FLA-style path runs them in separate phases";
+      phase = p;
+    }
+    // A kernel of decays only (vllm-ascend's decay_q, decay_k): the CPU recomputes them inside the
+    // phase it stands in.
+    if (phase < 0) phase = last_phase;
+    if (phase < last_phase)
+      return kernel_at(ki, k) + ": a " + fla_phase_name(phase) + " kernel after a " + fla_phase_name(last_phase) +
+             " kernel; the CPU's FLA-style path runs map, state, output in that order";
+    const Parallel want = phase == 1 ? Parallel::Head : Parallel::Chunk;
+    if (k.parallel != want)
+      return kernel_at(ki, k) + ".parallel: got \"" + parallel_name(k.parallel) + "\", the CPU runs the " + fla_phase_name(phase) +
+             " phase " + parallel_name(want) + "-parallel";
+    if (phase == 1) {
+      if (state_kernel) return kernel_at(ki, k) + ": a second state kernel; the CPU's FLA-style path has one state phase";
+      state_kernel = true;
+    }
+    last_phase = phase;
+    fla_kernels = true;
+    phase_kernels[phase].push_back(ki);
+  }
+  if (fused >= 0 && fla_kernels)
+    return "plan.kernels: a fused kernel next to FLA-style phase kernels; the CPU runs one or the other";
+  if (std::string why = chunk_parallel_mapping(plan, phase_kernels, s); !why.empty()) return why;
+  if (fla_kernels) {
+    if (!state_kernel) return "plan.kernels: no state kernel (ws .. state_add); the CPU's FLA-style path needs one";
+    s.path = CpuPath::FlaChunk;
+    s.summary = "FLA-style chunk path (W/U form), " + std::to_string(s.threads) + " threads, the plan's mapping";
+  } else {
+    s.path = CpuPath::HeadFused;
+    for (const auto& [seq, head] : tail) s.chunk_parallel.push_back({seq, head, 0, static_cast<int32_t>(plan.problem.V)});
+    s.chunk_parallel_gemm_first = plan.form == GraphForm::GemmFirst;
+    std::string stages;
+    for (CpuStage st : s.program.stages) stages += std::string(stages.empty() ? "" : " ") + cpu_stage_name(st);
+    s.summary = "head-fused, " + std::to_string(s.threads) + " threads, " +
+                (s.program.gemm_first ? "gemm-first" : "W/U form") + ", " +
+                (s.program.state_in_place ? "in-place state" : "double-buffered state") + ", stages " + stages +
+                (s.chunk_parallel.empty() ? "" : ", " + std::to_string(s.chunk_parallel.size()) + " tier-3 heads on the chunk-parallel path (" +
+                                                      (s.chunk_parallel_gemm_first ? "gemm-first" : "W/U form") + ")") +
+                (plan.layout_planned ? ", layouts planned (all dense)" : "");
+  }
+  if (out) *out = std::move(s);
+  return "";
+}
+
 }  // namespace
+
+std::string cpu_cannot_run(const Plan& plan) { return check_plan(plan, nullptr); }
+
+CpuSchedule lower_plan_for_cpu(const Plan& plan, const LaShape& shape, const std::vector<int64_t>& seq_lens) {
+  check_problem(plan.problem, shape, seq_lens);
+  CpuSchedule s;
+  if (std::string why = check_plan(plan, &s); !why.empty()) throw Error(why);
+  // The planner gives an empty sequence no work (it has no chunks); the CPU still has to copy its
+  // initial state to its final state, which a whole-head item on thread 0 does.
+  for (size_t n = 0; n < seq_lens.size(); ++n)
+    if (seq_lens[n] == 0)
+      for (int64_t h = 0; h < shape.HV; ++h) {
+        const WorkItem copy{static_cast<int32_t>(n), static_cast<int32_t>(h), 0, static_cast<int32_t>(shape.V)};
+        if (s.path == CpuPath::HeadFused) {
+          s.per_thread[0].push_back(copy);
+          s.groups[0].push_back(1);
+        } else {
+          s.fla_state[0].push_back(copy);
+        }
+      }
+  return s;
+}
+
+Problem cpu::problem_of_job(const LaJob& job) {
+  const LaShape& s = job.shape;
+  Problem p;
+  p.variant = s.variant;
+  p.seqlens.reserve(job.seqs.size());
+  for (const SeqSpan& sp : job.seqs) p.seqlens.push_back(sp.len);
+  p.varlen = s.varlen;
+  p.H = s.H, p.HV = s.HV, p.K = s.K, p.V = s.V;
+  p.qkv_dtype = job.in.q.dtype;
+  p.out_dtype = job.in.v.dtype;
+  p.gate_dtype = job.in.g.dtype;
+  p.beta_dtype = job.in.beta.dtype;
+  p.read_initial_state = !job.in.initial_state.empty();
+  p.write_final_state = true;  // la_prefill always returns the final state when asked; planning assumes it
+  return p;
+}
 
 Problem problem_for_inputs(Variant variant, const LaInputs& in, const LaOptions& opt) {
   const LaShape s = validate_la(variant, in, opt);
   static float placeholder;  // make_la_job validates an output view; planning never touches it
   const TensorView o = TensorView::contiguous(&placeholder, DType::F32, {s.B, s.T, s.HV, s.V});
-  const LaJob job = make_la_job(variant, in, opt, LaOutputs{o, TensorView{}});
-  Problem p;
-  p.variant = variant;
-  for (const SeqSpan& sp : job.seqs) p.seqlens.push_back(sp.len);
-  p.varlen = s.varlen;
-  p.H = s.H, p.HV = s.HV, p.K = s.K, p.V = s.V;
-  p.qkv_dtype = in.q.dtype;
-  p.out_dtype = in.v.dtype;
-  p.gate_dtype = in.g.dtype;
-  p.beta_dtype = in.beta.dtype;
-  p.read_initial_state = !in.initial_state.empty();
-  p.write_final_state = true;  // la_prefill always returns the final state when asked; planning assumes it
-  return p;
+  return cpu::problem_of_job(make_la_job(variant, in, opt, LaOutputs{o, TensorView{}}));
 }
 
-CpuExecution cpu_execution_for(const Plan& plan, const LaShape& shape, const std::vector<int64_t>& seq_lens) {
-  check_problem(plan.problem, shape, seq_lens);
-  if (plan.cores < 1 || plan.cores > 1024)
-    throw Error("plan.cores: got " + std::to_string(plan.cores) + ", the CPU backend runs 1..1024 threads");
-  CpuExecution ex;
-  ex.threads = plan.cores;
-  const std::string& s = plan.strategy;
-  if (s == "fla" || s == "fla-megakernel" || s == "vllm-ascend" || s == "flashqla") {
-    ex.path = CpuPath::FlaChunk;
-    ex.summary = "FLA-style chunk path, " + std::to_string(ex.threads) + " threads";
-    if (s == "flashqla") ex.summary += " (the CPU has no segment-parallel path: flashqla runs as fla)";
-    return ex;
+// ---------------------------------------------------------------------------------------------
+// The plan cache: signature -> (plan, lowered schedule), least recently used evicted.
+
+namespace {
+
+struct PlanCache {
+  std::mutex mu;
+  std::list<std::string> lru;  // most recent first
+  struct Entry {
+    HostPlan value;
+    std::list<std::string>::iterator pos;
+  };
+  std::unordered_map<std::string, Entry> entries;
+  std::map<int, Device> devices;  // the host as a planning device, per thread count
+};
+
+PlanCache& cache() {
+  static PlanCache c;
+  return c;
+}
+
+// Everything make_plan reads from the problem, plus the cores and the strategy.
+std::string signature(const Problem& p, int threads, const std::string& strategy) {
+  std::string key;
+  key.reserve(64 + p.seqlens.size() * 6);
+  auto add = [&](int64_t x) {
+    key += std::to_string(x);
+    key += ',';
+  };
+  key += strategy;
+  key += '|';
+  for (int64_t x : {static_cast<int64_t>(p.variant), static_cast<int64_t>(threads), p.H, p.HV, p.K, p.V, p.chunk,
+                    static_cast<int64_t>(p.varlen), static_cast<int64_t>(p.qkv_dtype), static_cast<int64_t>(p.out_dtype),
+                    static_cast<int64_t>(p.gate_dtype), static_cast<int64_t>(p.beta_dtype),
+                    static_cast<int64_t>(p.state_dtype), static_cast<int64_t>(p.read_initial_state),
+                    static_cast<int64_t>(p.write_final_state)})
+    add(x);
+  key += '|';
+  for (int64_t x : p.seqlens) add(x);
+  return key;
+}
+
+}  // namespace
+
+HostPlan host_plan(const Problem& p, int threads, const std::string& strategy) {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  const std::string key = signature(p, threads, strategy);
+  PlanCache& c = cache();
+  std::unique_lock<std::mutex> lock(c.mu);
+  if (auto it = c.entries.find(key); it != c.entries.end()) {
+    c.lru.splice(c.lru.begin(), c.lru, it->second.pos);
+    HostPlan hit = it->second.value;
+    hit.cache_hit = true;
+    hit.seconds = elapsed();
+    return hit;
   }
-  // Layouts: the CPU kernels work on dense rows (the host's matrix unit is "dense" in its device
-  // description, so the layout planner chooses dense for it). A plan asking for a blocked tensor
-  // was made for another kind of device.
-  for (const auto& [tensor, layout] : plan.layouts)
-    if (layout != Layout::Dense)
-      throw Error("plan.layouts." + tensor + ": got blocked; the CPU backend executes dense layouts only (plan for "
-                  "the host device, whose matrix unit reads dense rows)");
-  const Kernel* fused = nullptr;
-  std::set<std::pair<int32_t, int32_t>> tail;
-  for (const Kernel& k : plan.kernels) {
-    if (k.name == "fused") fused = &k;
-    else if (k.name.rfind("tail_", 0) == 0)
-      for (const auto& list : k.cores)
-        for (const PlanItem& it : list) tail.insert({it.seq, it.head});
-    else throw Error("plan.kernels: kernel '" + k.name + "' of strategy '" + s + "' has no CPU execution");
+  auto dev = c.devices.find(threads);
+  if (dev == c.devices.end()) dev = c.devices.emplace(threads, host_device(threads, 0.0)).first;
+  const Device device = dev->second;
+  lock.unlock();  // planning a long varlen batch takes a while; other signatures need not wait
+  PlanOptions po;
+  po.cores = threads;
+  auto plan = std::make_shared<const Plan>(make_plan(p, device, strategy, po));
+  LaShape shape;
+  shape.variant = p.variant, shape.H = p.H, shape.HV = p.HV, shape.K = p.K, shape.V = p.V, shape.N = p.sequences();
+  auto schedule = std::make_shared<const CpuSchedule>(lower_plan_for_cpu(*plan, shape, p.seqlens));
+  HostPlan made{plan, schedule, false, 0};
+  lock.lock();
+  if (!c.entries.count(key)) {
+    c.lru.push_front(key);
+    c.entries[key] = {made, c.lru.begin()};
+    while (c.entries.size() > kPlanCacheEntries) {
+      c.entries.erase(c.lru.back());
+      c.lru.pop_back();
+    }
   }
-  CpuPlan& cp = ex.plan;
-  cp.threads = plan.cores;
-  cp.order.gemm_first = plan.form != GraphForm::WU;
-  cp.order.state_in_place = plan.state_in_place;
-  if (plan.form == GraphForm::Inverse)
-    throw Error("plan.form: 'inverse' has no CPU execution (the CPU runs gemm_first or wu)");
-  cp.per_thread.assign(static_cast<size_t>(plan.cores), {});
-  if (fused) {
-    if (static_cast<int>(fused->cores.size()) > plan.cores)
-      throw Error("plan.kernels.fused.cores: " + std::to_string(fused->cores.size()) + " core lists for " +
-                  std::to_string(plan.cores) + " cores");
-    for (size_t c = 0; c < fused->cores.size(); ++c)
-      for (const PlanItem& it : fused->cores[c]) {
-        if (it.chunk0 != 0 || it.chunk1 != plan.problem.chunks_of(it.seq))
-          throw Error("plan.kernels.fused: an item of sequence " + std::to_string(it.seq) + " head " +
-                      std::to_string(it.head) + " covers chunks [" + std::to_string(it.chunk0) + ", " +
-                      std::to_string(it.chunk1) + "); the CPU's head-fused path runs whole sequences");
-        cp.per_thread[c].push_back({it.seq, it.head, it.col0, it.col1});
-      }
-  }
-  // The planner gives an empty sequence no work (it has no chunks); the CPU still has to copy its
-  // initial state to its final state, which a whole-head item on thread 0 does.
-  for (size_t n = 0; n < seq_lens.size(); ++n)
-    if (seq_lens[n] == 0)
-      for (int64_t h = 0; h < shape.HV; ++h)
-        cp.per_thread[0].push_back({static_cast<int32_t>(n), static_cast<int32_t>(h), 0, static_cast<int32_t>(shape.V)});
-  for (const auto& [seq, head] : tail) cp.chunk_parallel.push_back({seq, head, 0, static_cast<int32_t>(shape.V)});
-  // Consecutive items of a thread that share sequence and columns advance in lockstep: as many as
-  // a quarter of this machine's L2 holds (cpu_plan.hpp).
-  cp.head_group = head_group_for_cache(shape, detect_host().l2_bytes());
-  validate_cpu_plan(cp, shape);
-  ex.summary = "head-fused, " + std::to_string(ex.threads) + " threads, " +
-               (cp.order.gemm_first ? "gemm-first" : "W/U form") + ", " +
-               (cp.order.state_in_place ? "in-place state" : "double-buffered state") +
-               (cp.chunk_parallel.empty() ? "" : ", " + std::to_string(cp.chunk_parallel.size()) + " tier-3 items chunk-parallel") +
-               (plan.layout_planned ? ", layouts planned (all dense)" : "");
-  return ex;
+  made.seconds = elapsed();
+  return made;
+}
+
+void clear_plan_cache() {
+  PlanCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.entries.clear();
+  c.lru.clear();
+}
+
+size_t plan_cache_size() {
+  PlanCache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.entries.size();
 }
 
 }  // namespace hanpu

@@ -106,9 +106,10 @@ Device host_device(int threads, double measure_seconds) {
         q(2.0 * lanes, "not measured: assumed 2 FMA pipes x " + std::to_string(lanes) + " f32 lanes", "estimate");
   }
   // The planner's "on-core buffer" on a CPU is the per-core L2: the head-fused path keeps each
-  // item's state and the chunk's intermediates there (cpu_plan.hpp, head_group_for_cache), while
-  // L1D only holds the rows streaming into the register tiles. A 48 KiB L1D as the working buffer
-  // would fail capacity checks the real kernels never face. Without an L2, fall back to L1D.
+  // item's state and the chunk's intermediates there (the planner sizes lockstep groups from it,
+  // max_lockstep_group in src/plan/mapping.cpp), while L1D only holds the rows streaming into the
+  // register tiles. A 48 KiB L1D as the working buffer would fail capacity checks the real kernels
+  // never face. Without an L2, fall back to L1D.
   const std::string working = info.data_cache(2) ? "L2" : "L1D";
   d.matrix.input_a = d.matrix.input_b = d.matrix.output = working;
   // FMA units take their operands from cache rows and produce rows: there is no fractal format a

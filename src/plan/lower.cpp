@@ -339,7 +339,7 @@ class Lowerer {
       return std::find(in.begin(), in.end(), "S") != in.end();
     });
     if (!uses_state) return;
-    if (k_.state_in == "none") return;  // read per chunk from GM (require_available)
+    if (k_.state_in == StateIn::None) return;  // read per chunk from GM (require_available)
     Copy gm;
     gm.elem = 4;
     res_["S"][kGM] = gm;
@@ -378,7 +378,7 @@ class Lowerer {
     const bool state = state_tensor(t);
     if (state) {
       res_[t][ub_].carried = true;
-      if (k_.state_out != "none") store(t, "state_out", "last", false);
+      if (k_.state_out != StateOut::None) store(t, "state_out", "last", false);
       return;
     }
     const bool spill = std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end();

@@ -158,13 +158,13 @@ json plan_to_json(const Plan& plan) {
   for (const Kernel& k : plan.kernels) {
     json kj;
     kj["name"] = k.name;
-    kj["parallel"] = k.parallel;
+    kj["parallel"] = parallel_name(k.parallel);
     kj["launch"] = k.launch;
     kj["order"] = k.order;
     kj["buffering"] = k.buffering;
     kj["double_buffered"] = k.double_buffered;
-    kj["state_in"] = k.state_in;
-    kj["state_out"] = k.state_out;
+    kj["state_in"] = state_in_name(k.state_in);
+    kj["state_out"] = state_out_name(k.state_out);
     kj["spilled"] = k.spilled;
     json steps = json::array();
     for (const Step& s : k.steps) {
@@ -191,6 +191,7 @@ json plan_to_json(const Plan& plan) {
       cores.push_back(cl);
     }
     kj["cores"] = cores;
+    if (!k.groups.empty()) kj["groups"] = k.groups;
     kernels.push_back(kj);
   }
   j["kernels"] = kernels;
@@ -224,7 +225,8 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     const json& kj = ks[ki];
     Kernel k;
     k.name = r.string(kj, "name", kp);
-    k.parallel = r.one_of(kj, "parallel", kp, {"head", "segment", "chunk"});
+    const std::string parallel = r.one_of(kj, "parallel", kp, {"head", "segment", "chunk"});
+    k.parallel = parallel == "head" ? Parallel::Head : parallel == "segment" ? Parallel::Segment : Parallel::Chunk;
     k.launch = r.boolean(kj, "launch", kp);
     k.order = r.strings(kj, "order", kp);
     for (size_t i = 0; i < k.order.size(); ++i) {
@@ -234,8 +236,10 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     }
     k.buffering = static_cast<int>(r.integer_in(kj, "buffering", kp, 1, 2));
     k.double_buffered = r.strings(kj, "double_buffered", kp);
-    k.state_in = r.one_of(kj, "state_in", kp, {"none", "initial", "zero"});
-    k.state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
+    const std::string state_in = r.one_of(kj, "state_in", kp, {"none", "initial", "zero"});
+    k.state_in = state_in == "initial" ? StateIn::Initial : state_in == "zero" ? StateIn::Zero : StateIn::None;
+    const std::string state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
+    k.state_out = state_out == "final" ? StateOut::Final : state_out == "segment" ? StateOut::Segment : StateOut::None;
     k.spilled = r.strings(kj, "spilled", kp);
     const json& steps = r.array(kj, "steps", kp);
     for (size_t si = 0; si < steps.size(); ++si) {
@@ -339,6 +343,18 @@ Plan plan_from_json(const json& j, const std::string& origin) {
                         static_cast<int32_t>(tier)});
       }
       k.cores.push_back(list);
+    }
+    // Optional (plans written before lockstep groups were a plan field): every item on its own.
+    if (kj.contains("groups")) {
+      const json& groups = r.array(kj, "groups", kp);
+      for (size_t ci = 0; ci < groups.size(); ++ci) {
+        const std::string gp = kp + ".groups[" + std::to_string(ci) + "]";
+        if (!groups[ci].is_array()) r.fail(gp, &groups[ci], "an array of group sizes");
+        std::vector<int32_t> sizes;
+        for (size_t gi = 0; gi < groups[ci].size(); ++gi)
+          sizes.push_back(static_cast<int32_t>(r.integer_value(groups[ci][gi], gp + "[" + std::to_string(gi) + "]", 1, kMaxHeadChunks)));
+        k.groups.push_back(sizes);
+      }
     }
     plan.kernels.push_back(k);
   }

@@ -47,7 +47,7 @@ std::vector<std::vector<PlanItem>> round_robin(const std::vector<PlanItem>& item
   return out;
 }
 
-Kernel kernel(const std::string& name, const std::string& parallel, std::vector<std::string> order) {
+Kernel kernel(const std::string& name, Parallel parallel, std::vector<std::string> order) {
   Kernel k;
   k.name = name;
   k.parallel = parallel;
@@ -133,10 +133,10 @@ std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, c
                                            const std::string& prefix) {
   const Phases ph = split_phases(g, order);
   std::vector<Kernel> ks;
-  Kernel map = kernel(prefix + "map", "chunk", ph.map);
+  Kernel map = kernel(prefix + "map", Parallel::Chunk, ph.map);
   map.cores = map_chunks(p, items, cores);
   ks.push_back(map);
-  Kernel red = kernel(prefix + "state", "head", ph.reduce);
+  Kernel red = kernel(prefix + "state", Parallel::Head, ph.reduce);
   std::vector<PlanItem> blocks;
   for (const PlanItem& it : items)
     for (int32_t c0 = it.col0; c0 < it.col1; c0 += state_cols) {
@@ -145,9 +145,9 @@ std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, c
       blocks.push_back(b);
     }
   red.cores = round_robin(blocks, cores);
-  red.state_in = "initial", red.state_out = "final";
+  red.state_in = StateIn::Initial, red.state_out = StateOut::Final;
   ks.push_back(red);
-  Kernel out = kernel(prefix + "output", "chunk", ph.output);
+  Kernel out = kernel(prefix + "output", Parallel::Chunk, ph.output);
   out.cores = map_chunks(p, items, cores);
   ks.push_back(out);
   return ks;
@@ -164,15 +164,33 @@ struct Recipe {
 
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
 
+// The fused kernel's order when none is given: the graph's default; on a CPU in the GEMM-first
+// form the state GEMMs (ks, qs) right after the gate, before the grams. That is the order of the
+// hand-wired CPU schedule that plans replaced, whose speed the default path must keep; the grams
+// first measured no faster on the bench shapes (docs/PERFORMANCE.md, "One plan drives the CPU").
+std::vector<std::string> fused_order(const OpGraph& g, const Device& dev) {
+  std::vector<std::string> order = default_order(g);
+  if (dev.kind != "cpu" || g.form != GraphForm::GemmFirst) return order;
+  std::vector<std::string> front, rest;
+  for (const std::string& o : order) (o == "gate" || o == "decay_q" || o == "decay_k" ? front : rest).push_back(o);
+  for (const char* o : {"ks", "qs"}) {
+    rest.erase(std::find(rest.begin(), rest.end(), o));
+    front.push_back(o);
+  }
+  front.insert(front.end(), rest.begin(), rest.end());
+  return front;
+}
+
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
-std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores) {
+std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores,
+                                        const std::vector<std::string>& order) {
   const HeadMapping m = map_heads(p, cores, matrix_quantum(dev));
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
   if (any) {
-    Kernel fused = kernel("fused", "head", default_order(g));
+    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? fused_order(g, dev) : order);
     fused.cores = m.cores;
-    fused.state_in = "initial", fused.state_out = "final";
+    fused.state_in = StateIn::Initial, fused.state_out = StateOut::Final;
     ks.push_back(fused);
   }
   if (!m.chunk_parallel.empty()) {
@@ -226,13 +244,13 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
       if (t.role == TensorRole::Input) cx.from_gm.insert(t.name);
     for (const TensorDef& t : g.tensors) {
       if (t.role == TensorRole::Input) continue;
-      const bool carried_here = t.role == TensorRole::State && ks[i].state_in != "none";
+      const bool carried_here = t.role == TensorRole::State && ks[i].state_in != StateIn::None;
       if (reads(g, ks[i], t.name) && !carried_here && !produced_before_read(g, ks[i], t.name)) cx.from_gm.insert(t.name);
       // Stored if a later kernel reads it without producing it first, before another producer.
       if (produces(g, ks[i], t.name) || (t.name == "S" && carried_here)) {
         bool later_matrix_only = true, stored = false;
         for (size_t j = i + 1; j < ks.size(); ++j) {
-          const bool carried_there = t.role == TensorRole::State && ks[j].state_in != "none";
+          const bool carried_there = t.role == TensorRole::State && ks[j].state_in != StateIn::None;
           if (reads(g, ks[j], t.name) && !carried_there && !produced_before_read(g, ks[j], t.name)) {
             stored = true;
             for (const std::string& o : ks[j].order) {
@@ -254,13 +272,37 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
       }
     }
   }
+  const int64_t quantum = matrix_quantum(dev);
   for (size_t i = 0; i < ks.size(); ++i) {
     LowerContext& cx = cxs[i];
     cx.f16_in_gm = f16_in_gm;
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
-    plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
+    const std::vector<std::string> spilled = ks[i].spilled;
+    for (;;) {
+      try {
+        ks[i].spilled = spilled;  // a narrower retry starts from the kernel's own spills
+        plan_detail::lower_with_capacity(ks[i], cx, p.chunk, width > 0 ? width : p.V, plan.allow_spill, plan.strategy);
+        break;
+      } catch (const Error&) {
+        // FLA's kernels tile the value columns (BV): a kernel other than the fused one whose chunk
+        // does not fit the buffers runs on column blocks half as wide (the fused kernel's own loop
+        // in make_plan does this for it). Plans that fit are unchanged.
+        if (ks[i].name == "fused" || width <= quantum) throw;
+        width = (width / 2 + quantum - 1) / quantum * quantum;
+        for (auto& list : ks[i].cores) {
+          std::vector<PlanItem> split;
+          for (const PlanItem& it : list)
+            for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
+              PlanItem b = it;
+              b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
+              split.push_back(b);
+            }
+          list = split;
+        }
+      }
+    }
   }
 }
 
@@ -276,155 +318,245 @@ void plan_layouts(Plan& plan, const Device& dev, const OpGraph& g) {
   for (size_t i = 0; i < lp.tensors.size(); ++i) plan.layouts[lp.tensors[i]] = sol.layout[i];
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The strategies: each a recipe (form, state handling, layout planning, spills) and a way to
+// group the operators into kernels mapped onto cores.
+
+using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const OpGraph& g, int cores);
+
+std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, bool megakernel) {
+  const auto items = whole_items(p, static_cast<int>(p.V));
+  Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, {"gate"});
+  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
+  Kernel wu = kernel("recompute_w_u", Parallel::Chunk, {"wu_scale", "wu"});
+  std::vector<std::string> h_ops = {"ws", "vnew"};
+  if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+  h_ops.insert(h_ops.end(), {"update", "state_add"});
+  Kernel h = kernel("fwd_h", Parallel::Head, h_ops);
+  h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
+  h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
+  Kernel o = kernel("fwd_o", Parallel::Chunk, {"qkt", "qkt_gate", "qs", "pv", "out"});
+  for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
+  std::vector<Kernel> ks = {cumsum, kkt_solve, wu, h, o};
+  add_decay(ks, g);
+  if (megakernel)
+    for (size_t i = 1; i < ks.size(); ++i) ks[i].launch = false;
+  return ks;
+}
+
+std::vector<Kernel> fla_separate_kernels(const Problem& p, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, false); }
+std::vector<Kernel> fla_megakernel_kernels(const Problem& p, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, true); }
+
+std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int cores) {
+  // Every operator of the paper its own general-purpose kernel; the recurrence and the output
+  // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
+  const auto items = whole_items(p, static_cast<int>(p.V));
+  // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
+  // operator here), before the two AscendC kernels.
+  std::vector<Kernel> ks;
+  for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
+    if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, Parallel::Chunk, {op}));
+  for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
+  std::vector<std::string> h_ops = {"ws", "vnew"};
+  if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+  h_ops.insert(h_ops.end(), {"update", "state_add"});
+  Kernel h = kernel("chunk_gated_delta_rule_fwd_h", Parallel::Head, h_ops);
+  h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
+  h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
+  Kernel o = kernel("chunk_fwd_o", Parallel::Chunk, {"qkt", "qkt_gate", "qs", "pv", "out"});
+  o.cores = map_chunks(p, items, cores);
+  ks.push_back(h);
+  ks.push_back(o);
+  return ks;
+}
+
+std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cores) {
+  // kkt_solve chunk-parallel; then per segment its end state from a zero start (the extra
+  // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
+  // next segment's start state; then all segments in parallel, fused.
+  const auto items = whole_items(p, static_cast<int>(p.V));
+  std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
+  Kernel ks0 = kernel("kkt_solve", Parallel::Chunk, prep);
+  ks0.cores = map_chunks(p, items, cores);
+  const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
+  const int64_t seg = std::max<int64_t>(kFlashQlaMinSegmentChunks,
+                                        static_cast<int64_t>(std::pow(2.0, std::round(std::log2(kFlashQlaSegmentFactor * std::sqrt(per_core))))));
+  // Column block: the widest of 128/64/32 that still gives every core an item.
+  int64_t segments = 0;
+  for (int64_t s = 0; s < p.sequences(); ++s) segments += (p.chunks_of(s) + seg - 1) / seg;
+  int64_t bdv = 32;
+  for (int64_t w : {128, 64, 32})
+    if ((p.V + w - 1) / w * p.HV * segments >= cores) {
+      bdv = w;
+      break;
+    }
+  std::vector<PlanItem> seg_items, state_items;
+  for (const PlanItem& it : whole_items(p, static_cast<int>(bdv))) {
+    for (int64_t c0 = it.chunk0; c0 < it.chunk1; c0 += seg) {
+      PlanItem s = it;
+      s.chunk0 = c0, s.chunk1 = std::min(it.chunk1, c0 + seg);
+      seg_items.push_back(s);
+      if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
+    }
+  }
+  std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
+  if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
+  state_ops.insert(state_ops.end(), {"update", "state_add"});
+  Kernel ks1 = kernel("segment_states", Parallel::Segment, state_ops);
+  ks1.state_in = StateIn::Zero, ks1.state_out = StateOut::Segment;
+  ks1.cores = round_robin(state_items, cores);
+  std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
+  if (p.variant == Variant::GDN) fwd.push_back("update_gate");
+  fwd.insert(fwd.end(), {"update", "state_add"});
+  Kernel ks2 = kernel("fused_fwd", Parallel::Segment, fwd);
+  ks2.state_in = StateIn::Initial, ks2.state_out = StateOut::Final;
+  ks2.cores = round_robin(seg_items, cores);
+  std::vector<Kernel> ks = {ks0};
+  if (!state_items.empty()) ks.push_back(ks1);
+  ks.push_back(ks2);
+  add_decay(ks, g);
+  return ks;
+}
+
+struct StrategyDef {
+  const char* name;
+  bool listed;    // in strategy_names() (the strategies the paper compares)
+  bool ablation;  // a step of ablation_names() (FLA -> HA-NPU)
+  Recipe recipe;
+  KernelBuilder build;  // null: HA-NPU's head-level mapping of one fused kernel (with tail tiers)
+};
+
+// In strategy_names() / ablation_names() order.
+const std::vector<StrategyDef>& strategies() {
+  static const std::vector<StrategyDef> defs = {
+      {"vllm-ascend", true, false, {GraphForm::WU, false, false, true}, vllm_ascend_kernels},
+      {"fla", true, true, {GraphForm::WU, false, false, true}, fla_separate_kernels},
+      {"fla-megakernel", true, false, {GraphForm::WU, false, false, true}, fla_megakernel_kernels},
+      {"flashqla", true, false, {GraphForm::Inverse, true, false, true}, flashqla_kernels},
+      {"hanpu", true, false, {GraphForm::GemmFirst, true, true, false}, nullptr},
+      {"fla+mapping", false, true, {GraphForm::WU, false, false, true}, nullptr},
+      {"fla+mapping+reordering", false, true, {GraphForm::GemmFirst, true, false, true}, nullptr},
+      {"fla+mapping+reordering+layout", false, true, {GraphForm::GemmFirst, true, true, false}, nullptr},
+  };
+  return defs;
+}
+
+const StrategyDef& strategy_def(const std::string& name) {
+  for (const StrategyDef& d : strategies())
+    if (name == d.name) return d;
+  std::string names;
+  for (const StrategyDef& d : strategies()) names += std::string(" ") + d.name;
+  throw Error("strategy: got \"" + name + "\", expected one of" + names);
+}
+
+// HA-NPU's head-mapped plan (hanpu and the fla+mapping... steps).
+void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores, const PlanOptions& opt) {
+  const Problem& p = plan.problem;
+  // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
+  // independent) run one after another on its core: halve the block until the plan fits.
+  const int64_t quantum = matrix_quantum(dev);
+  for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
+    plan.kernels = head_mapped_kernels(p, dev, g, cores, opt.order);
+    for (Kernel& k : plan.kernels) {
+      if (k.name != "fused") continue;
+      for (auto& list : k.cores) {
+        std::vector<PlanItem> split;
+        for (const PlanItem& it : list)
+          for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
+            PlanItem b = it;
+            b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
+            split.push_back(b);
+          }
+        list = split;
+      }
+    }
+    try {
+      finish_plan(plan, dev, g);
+      break;
+    } catch (const Error&) {
+      if (width <= quantum) throw;
+    }
+  }
+  // Lockstep groups of the fused kernel: consecutive items of a core that share sequence and
+  // columns advance chunk by chunk together, as many as the working buffer holds states of.
+  for (Kernel& k : plan.kernels) {
+    if (k.name != "fused") continue;
+    k.groups.clear();
+    for (const auto& list : k.cores) {
+      int64_t w = 0;
+      for (const PlanItem& it : list) w = std::max<int64_t>(w, it.col1 - it.col0);
+      k.groups.push_back(lockstep_groups(list, max_lockstep_group(dev, p.K, w)));
+    }
+  }
+}
+
 }  // namespace
 
-std::vector<std::string> strategy_names() { return {"vllm-ascend", "fla", "fla-megakernel", "flashqla", "hanpu"}; }
+const char* parallel_name(Parallel p) {
+  switch (p) {
+    case Parallel::Head: return "head";
+    case Parallel::Segment: return "segment";
+    case Parallel::Chunk: return "chunk";
+  }
+  return "?";
+}
+const char* state_in_name(StateIn s) {
+  switch (s) {
+    case StateIn::None: return "none";
+    case StateIn::Initial: return "initial";
+    case StateIn::Zero: return "zero";
+  }
+  return "?";
+}
+const char* state_out_name(StateOut s) {
+  switch (s) {
+    case StateOut::None: return "none";
+    case StateOut::Final: return "final";
+    case StateOut::Segment: return "segment";
+  }
+  return "?";
+}
+
+std::vector<std::string> strategy_names() {
+  std::vector<std::string> out;
+  for (const StrategyDef& d : strategies())
+    if (d.listed) out.push_back(d.name);
+  return out;
+}
 std::vector<std::string> ablation_names() {
-  return {"fla", "fla+mapping", "fla+mapping+reordering", "fla+mapping+reordering+layout"};
+  std::vector<std::string> out;
+  for (const StrategyDef& d : strategies())
+    if (d.ablation) out.push_back(d.name);
+  return out;
 }
 
 Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt) {
   validate_problem(p);
   const int cores = opt.cores > 0 ? opt.cores : dev.core_count();
   if (cores < 1) throw Error("device " + dev.name + ": cores.value must be at least 1");
+  const StrategyDef& def = strategy_def(strategy);
   Plan plan;
   plan.problem = p;
   plan.device = dev.name;
   plan.cores = cores;
   plan.strategy = strategy;
-
-  Recipe r;
-  if (strategy == "hanpu" || strategy == "fla+mapping+reordering+layout") r = {GraphForm::GemmFirst, true, true, false};
-  else if (strategy == "fla+mapping+reordering") r = {GraphForm::GemmFirst, true, false, true};
-  else if (strategy == "fla+mapping") r = {GraphForm::WU, false, false, true};
-  else if (strategy == "fla" || strategy == "fla-megakernel" || strategy == "vllm-ascend") r = {GraphForm::WU, false, false, true};
-  else if (strategy == "flashqla") r = {GraphForm::Inverse, true, false, true};
-  else {
-    std::string names;
-    for (const auto& n : strategy_names()) names += " " + n;
-    for (const auto& n : ablation_names()) names += " " + n;
-    throw Error("strategy: got \"" + strategy + "\", expected one of" + names);
-  }
+  const Recipe& r = def.recipe;
   plan.form = r.form;
   plan.state_in_place = r.in_place;
   plan.layout_planned = r.layout;
   plan.allow_spill = r.spill;
   const OpGraph g = plan.graph();
   plan_layouts(plan, dev, g);
-
-  if (strategy == "hanpu" || strategy.rfind("fla+mapping", 0) == 0) {
-    // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
-    // independent) run one after another on its core: halve the block until the plan fits.
-    const int64_t quantum = matrix_quantum(dev);
-    for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
-      plan.kernels = head_mapped_kernels(p, dev, g, cores);
-      for (Kernel& k : plan.kernels) {
-        if (k.name != "fused") continue;
-        for (auto& list : k.cores) {
-          std::vector<PlanItem> split;
-          for (const PlanItem& it : list)
-            for (int32_t c0 = it.col0; c0 < it.col1; c0 += static_cast<int32_t>(width)) {
-              PlanItem b = it;
-              b.col0 = c0, b.col1 = std::min<int32_t>(it.col1, c0 + static_cast<int32_t>(width));
-              split.push_back(b);
-            }
-          list = split;
-        }
-      }
-      try {
-        finish_plan(plan, dev, g);
-        break;
-      } catch (const Error&) {
-        if (width <= quantum) throw;
-      }
-    }
-    validate_plan(plan);
-    return plan;
-  } else if (strategy == "fla" || strategy == "fla-megakernel") {
-    const auto items = whole_items(p, static_cast<int>(p.V));
-    Kernel cumsum = kernel("chunk_local_cumsum", "chunk", {"gate"});
-    Kernel kkt_solve = kernel("kkt_solve", "chunk", {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
-    Kernel wu = kernel("recompute_w_u", "chunk", {"wu_scale", "wu"});
-    std::vector<std::string> h_ops = {"ws", "vnew"};
-    if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
-    h_ops.insert(h_ops.end(), {"update", "state_add"});
-    Kernel h = kernel("fwd_h", "head", h_ops);
-    h.state_in = "initial", h.state_out = "final";
-    h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
-    Kernel o = kernel("fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
-    for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
-    plan.kernels = {cumsum, kkt_solve, wu, h, o};
-    add_decay(plan.kernels, g);
-    if (strategy == "fla-megakernel")
-      for (size_t i = 1; i < plan.kernels.size(); ++i) plan.kernels[i].launch = false;
-  } else if (strategy == "vllm-ascend") {
-    // Every operator of the paper its own general-purpose kernel; the recurrence and the output
-    // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
-    const auto items = whole_items(p, static_cast<int>(p.V));
-    // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
-    // operator here), before the two AscendC kernels.
-    std::vector<Kernel> ks;
-    for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
-      if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, "chunk", {op}));
-    for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
-    std::vector<std::string> h_ops = {"ws", "vnew"};
-    if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
-    h_ops.insert(h_ops.end(), {"update", "state_add"});
-    Kernel h = kernel("chunk_gated_delta_rule_fwd_h", "head", h_ops);
-    h.state_in = "initial", h.state_out = "final";
-    h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
-    Kernel o = kernel("chunk_fwd_o", "chunk", {"qkt", "qkt_gate", "qs", "pv", "out"});
-    o.cores = map_chunks(p, items, cores);
-    ks.push_back(h);
-    ks.push_back(o);
-    plan.kernels = ks;
-  } else if (strategy == "flashqla") {
-    // kkt_solve chunk-parallel; then per segment its end state from a zero start (the extra
-    // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
-    // next segment's start state; then all segments in parallel, fused.
-    const auto items = whole_items(p, static_cast<int>(p.V));
-    std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
-    Kernel ks0 = kernel("kkt_solve", "chunk", prep);
-    ks0.cores = map_chunks(p, items, cores);
-    const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
-    const int64_t seg = std::max<int64_t>(kFlashQlaMinSegmentChunks,
-                                          static_cast<int64_t>(std::pow(2.0, std::round(std::log2(kFlashQlaSegmentFactor * std::sqrt(per_core))))));
-    // Column block: the widest of 128/64/32 that still gives every core an item.
-    int64_t segments = 0;
-    for (int64_t s = 0; s < p.sequences(); ++s) segments += (p.chunks_of(s) + seg - 1) / seg;
-    int64_t bdv = 32;
-    for (int64_t w : {128, 64, 32})
-      if ((p.V + w - 1) / w * p.HV * segments >= cores) {
-        bdv = w;
-        break;
-      }
-    std::vector<PlanItem> seg_items, state_items;
-    for (const PlanItem& it : whole_items(p, static_cast<int>(bdv))) {
-      for (int64_t c0 = it.chunk0; c0 < it.chunk1; c0 += seg) {
-        PlanItem s = it;
-        s.chunk0 = c0, s.chunk1 = std::min(it.chunk1, c0 + seg);
-        seg_items.push_back(s);
-        if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
-      }
-    }
-    std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
-    if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
-    state_ops.insert(state_ops.end(), {"update", "state_add"});
-    Kernel ks1 = kernel("segment_states", "segment", state_ops);
-    ks1.state_in = "zero", ks1.state_out = "segment";
-    ks1.cores = round_robin(state_items, cores);
-    std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
-    if (p.variant == Variant::GDN) fwd.push_back("update_gate");
-    fwd.insert(fwd.end(), {"update", "state_add"});
-    Kernel ks2 = kernel("fused_fwd", "segment", fwd);
-    ks2.state_in = "initial", ks2.state_out = "final";
-    ks2.cores = round_robin(seg_items, cores);
-    plan.kernels = {ks0};
-    if (!state_items.empty()) plan.kernels.push_back(ks1);
-    plan.kernels.push_back(ks2);
-    add_decay(plan.kernels, g);
+  if (!opt.order.empty() && def.build)
+    throw Error("PlanOptions.order: strategy " + strategy + " has no fused kernel whose order could be given");
+  for (const std::string& o : opt.order) g.op(o);  // throws naming an unknown operator
+  if (def.build) {
+    plan.kernels = def.build(p, g, cores);
+    finish_plan(plan, dev, g);
+  } else {
+    plan_head_mapped(plan, dev, g, cores, opt);
   }
-  finish_plan(plan, dev, g);
   validate_plan(plan);
   return plan;
 }
@@ -474,7 +606,7 @@ void validate_plan(const Plan& plan) {
           throw Error(at + ": item (seq " + std::to_string(it.seq) + ", head " + std::to_string(it.head) + ", columns " +
                       std::to_string(it.col0) + ":" + std::to_string(it.col1) + ", chunks " + std::to_string(it.chunk0) + ":" +
                       std::to_string(it.chunk1) + ") is out of range");
-        if (k.parallel == "head" && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
+        if (k.parallel == Parallel::Head && (it.chunk0 != 0 || it.chunk1 != p.chunks_of(it.seq)))
           throw Error(at + ": a head-parallel kernel's item must run all chunks of its sequence in order (the state depends on every earlier chunk)");
         per_head[{it.seq, it.head}].push_back({ki, ci, ii, it});
       }
@@ -483,7 +615,7 @@ void validate_plan(const Plan& plan) {
     for (const std::string& o : k.order) {
       const OperatorDef& op = g.op(o);
       for (const std::string& in : op.inputs) {
-        const bool carried = g.tensor(in).role == TensorRole::State && k.state_in != "none" && k.parallel != "chunk";
+        const bool carried = g.tensor(in).role == TensorRole::State && k.state_in != StateIn::None && k.parallel != Parallel::Chunk;
         if (!here.count(in) && !carried && !available.count(in))
           throw Error(where(ki) + ".order: operator " + o + " reads " + in + ", which is not produced before it in kernel " + k.name +
                       (g.tensor(in).role == TensorRole::State ? " (a chunk-parallel kernel cannot carry the state)" : "") +
@@ -492,7 +624,7 @@ void validate_plan(const Plan& plan) {
       for (const std::string& out : op.outputs) here.insert(out);
     }
     for (const std::string& t : here) available.insert(t);
-    if (k.state_in != "none" || k.state_out != "none") available.insert("S");
+    if (k.state_in != StateIn::None || k.state_out != StateOut::None) available.insert("S");
   }
 
   // Coverage: no kernel twice on a cell, the output once everywhere, every operator at least once.
@@ -541,6 +673,39 @@ void validate_plan(const Plan& plan) {
       }
     }
   }
+  // Lockstep groups (after coverage, whose errors say more about a broken mapping): per core,
+  // sizes summing to its items, each group of like items.
+  for (size_t ki = 0; ki < plan.kernels.size(); ++ki) {
+    const Kernel& k = plan.kernels[ki];
+    if (!k.groups.empty()) {
+      if (k.groups.size() != k.cores.size())
+        throw Error(where(ki) + ".groups: " + std::to_string(k.groups.size()) + " lists for " + std::to_string(k.cores.size()) +
+                    " cores (one list of group sizes per core, or none)");
+      if (k.parallel != Parallel::Head && std::any_of(k.groups.begin(), k.groups.end(), [](const auto& l) { return !l.empty(); }))
+        throw Error(where(ki) + ".groups: lockstep groups need a head-parallel kernel, this one is " + std::string(parallel_name(k.parallel)) + "-parallel");
+      for (size_t ci = 0; ci < k.groups.size(); ++ci) {
+        const std::vector<int32_t>& sizes = k.groups[ci];
+        if (sizes.empty()) continue;
+        const std::string at = where(ki) + ".groups[" + std::to_string(ci) + "]";
+        size_t i = 0;
+        for (size_t gi = 0; gi < sizes.size(); ++gi) {
+          if (sizes[gi] < 1 || i + static_cast<size_t>(sizes[gi]) > k.cores[ci].size())
+            throw Error(at + "[" + std::to_string(gi) + "]: group size " + std::to_string(sizes[gi]) + " at item " + std::to_string(i) +
+                        " of " + std::to_string(k.cores[ci].size()) + " items (sizes must be positive and sum to the core's items)");
+          const PlanItem& a = k.cores[ci][i];
+          for (size_t j = i + 1; j < i + static_cast<size_t>(sizes[gi]); ++j) {
+            const PlanItem& b = k.cores[ci][j];
+            if (b.seq != a.seq || b.col0 != a.col0 || b.col1 != a.col1 || b.chunk0 != a.chunk0 || b.chunk1 != a.chunk1)
+              throw Error(at + "[" + std::to_string(gi) + "]: items " + std::to_string(i) + " and " + std::to_string(j) +
+                          " differ in sequence, columns or chunks; a lockstep group advances like items together");
+          }
+          i += static_cast<size_t>(sizes[gi]);
+        }
+        if (i != k.cores[ci].size())
+          throw Error(at + ": group sizes sum to " + std::to_string(i) + ", the core has " + std::to_string(k.cores[ci].size()) + " items");
+      }
+    }
+  }
 }
 
 std::string describe_plan(const Plan& plan) {
@@ -555,7 +720,7 @@ std::string describe_plan(const Plan& plan) {
   os.precision(4);
   os << "  total MACs (useful, " << graph_form_name(plan.form) << " form): " << layer_macs(p, plan.form) << "\n";
   for (const Kernel& k : plan.kernels) {
-    os << "  kernel " << k.name << " (" << k.parallel << "-parallel" << (k.launch ? "" : ", same launch") << ", double-buffered:" << (k.double_buffered.empty() ? std::string(" none") : "") << [&] {
+    os << "  kernel " << k.name << " (" << parallel_name(k.parallel) << "-parallel" << (k.launch ? "" : ", same launch") << ", double-buffered:" << (k.double_buffered.empty() ? std::string(" none") : "") << [&] {
       std::string s;
       for (const auto& t : k.double_buffered) s += " " + t;
       return s;
@@ -592,6 +757,10 @@ std::string describe_plan(const Plan& plan) {
         os << ")";
       }
       if (l.size() > limit) os << " ... (" << l.size() << " items)";
+      if (c < k.groups.size() && !k.groups[c].empty()) {
+        os << " lockstep groups:";
+        for (int32_t g : k.groups[c]) os << " " << g;
+      }
       os << "\n";
     }
   }

@@ -222,50 +222,62 @@ class Simulator {
       std::vector<double> end(n, 0.0);
       int64_t stream_chunk = 0;
       double core_end = 0;
-      for (size_t ii = 0; ii < k.cores[core].size(); ++ii) {
-        const PlanItem& it = k.cores[core][ii];
-        const int64_t Vc = it.col1 - it.col0;
-        const int64_t nchunks = p_.chunks_of(it.seq);
-        double state_ready = 0;
-        for (int64_t c = it.chunk0; c < it.chunk1; ++c, ++stream_chunk) {
-          const int64_t L = p_.chunk_len(it.seq, c);
-          auto& costs = cache[{L, Vc}];
-          if (costs.empty())
-            for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], L, Vc, busy));
-          const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
-          const bool load_state = k.state_in == "initial" && (p_.read_initial_state || it.chunk0 > 0);
-          const bool store_state = k.state_out == "segment" || (k.state_out == "final" && p_.write_final_state && it.chunk1 == nchunks);
-          for (size_t i = 0; i < n; ++i) {
-            const StepInfo& si = info[i];
-            const Step& s = *si.step;
-            bool run = si.when == StepInfo::Every || (si.when == StepInfo::First && first) || (si.when == StepInfo::Last && last);
-            if (run && si.state_load) run = load_state;
-            if (run && si.zero) run = !load_state;
-            if (run && si.state_store) run = store_state;
-            if (!run) {
-              // A skipped first-chunk step stands for "the state is ready": the previous chunk's update.
-              end[i] = si.when == StepInfo::First ? state_ready : 0;
-              continue;
+      // The plan's lockstep groups (Kernel::groups; none: every item alone): a group's items run
+      // chunk c one after another before any runs chunk c + 1, so one item's recurrence (its
+      // update waits for its previous chunk's) overlaps the other items' work on free lanes.
+      const std::vector<PlanItem>& items = k.cores[core];
+      std::vector<int32_t> group_sizes = core < k.groups.size() ? k.groups[core] : std::vector<int32_t>{};
+      if (group_sizes.empty()) group_sizes.assign(items.size(), 1);
+      size_t first_item = 0;
+      for (const int32_t group : group_sizes) {
+        std::vector<double> ready(static_cast<size_t>(group), 0.0);  // per item: its state's last update
+        const PlanItem& lead = items[first_item];
+        for (int64_t c = lead.chunk0; c < lead.chunk1; ++c)
+          for (size_t gi = 0; gi < static_cast<size_t>(group); ++gi, ++stream_chunk) {
+            const size_t ii = first_item + gi;
+            const PlanItem& it = items[ii];
+            const int64_t Vc = it.col1 - it.col0;
+            const int64_t nchunks = p_.chunks_of(it.seq);
+            double& state_ready = ready[gi];
+            const int64_t L = p_.chunk_len(it.seq, c);
+            auto& costs = cache[{L, Vc}];
+            if (costs.empty())
+              for (size_t i = 0; i < n; ++i) costs.push_back(cost(info[i], L, Vc, busy));
+            const bool first = c == it.chunk0, last = c == it.chunk1 - 1;
+            const bool load_state = k.state_in == StateIn::Initial && (p_.read_initial_state || it.chunk0 > 0);
+            const bool store_state = k.state_out == StateOut::Segment || (k.state_out == StateOut::Final && p_.write_final_state && it.chunk1 == nchunks);
+            for (size_t i = 0; i < n; ++i) {
+              const StepInfo& si = info[i];
+              const Step& s = *si.step;
+              bool run = si.when == StepInfo::Every || (si.when == StepInfo::First && first) || (si.when == StepInfo::Last && last);
+              if (run && si.state_load) run = load_state;
+              if (run && si.zero) run = !load_state;
+              if (run && si.state_store) run = store_state;
+              if (!run) {
+                // A skipped first-chunk step stands for "the state is ready": the previous chunk's update.
+                end[i] = si.when == StepInfo::First ? state_ready : 0;
+                continue;
+              }
+              double start = lane_free[static_cast<size_t>(si.lane)];
+              for (int d : s.deps) start = std::max(start, end[static_cast<size_t>(d)]);
+              if (s.reuse_of >= 0) {
+                const int depth = si.double_buffered ? 2 : 1;
+                if (stream_chunk >= depth) start = std::max(start, hist[static_cast<size_t>(depth - 1)][static_cast<size_t>(s.reuse_of)]);
+              }
+              const StepCost& sc = costs[i];
+              end[i] = start + sc.seconds;
+              lane_free[static_cast<size_t>(si.lane)] = end[i];
+              core_end = std::max(core_end, end[i]);
+              account(r, si, sc);
+              if (opt_.timeline && stream_chunk < opt_.timeline_chunks && sc.seconds > 0)
+                r.timeline.push_back({static_cast<int>(core), k.name, s.lane, s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
+                                      kernel_start_ + start, kernel_start_ + end[i]});
             }
-            double start = lane_free[static_cast<size_t>(si.lane)];
-            for (int d : s.deps) start = std::max(start, end[static_cast<size_t>(d)]);
-            if (s.reuse_of >= 0) {
-              const int depth = si.double_buffered ? 2 : 1;
-              if (stream_chunk >= depth) start = std::max(start, hist[static_cast<size_t>(depth - 1)][static_cast<size_t>(s.reuse_of)]);
-            }
-            const StepCost& sc = costs[i];
-            end[i] = start + sc.seconds;
-            lane_free[static_cast<size_t>(si.lane)] = end[i];
-            core_end = std::max(core_end, end[i]);
-            account(r, si, sc);
-            if (opt_.timeline && stream_chunk < opt_.timeline_chunks && sc.seconds > 0)
-              r.timeline.push_back({static_cast<int>(core), k.name, s.lane, s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
-                                    kernel_start_ + start, kernel_start_ + end[i]});
+            if (state_writer >= 0) state_ready = end[static_cast<size_t>(state_writer)];
+            std::swap(hist[1], hist[0]);
+            hist[0] = end;
           }
-          if (state_writer >= 0) state_ready = end[static_cast<size_t>(state_writer)];
-          std::swap(hist[1], hist[0]);
-          hist[0] = end;
-        }
+        first_item += static_cast<size_t>(group);
       }
       kernel_end = std::max(kernel_end, core_end);
     }
@@ -337,7 +349,7 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
       if (s.kind != "move" || s.path.size() < 4 || s.path.compare(s.path.size() - 4, 4, "->GM") != 0) continue;
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
       const bool state_store = s.op == "state_out";
-      if (state_store && k.state_out != "segment") continue;  // the final state, counted above
+      if (state_store && k.state_out != StateOut::Segment) continue;  // the final state, counted above
       // Spills, and results routed through GM for want of an on-core path (L0C->GM->UB on a 310B),
       // are read back by the same kernel: per-core scratch reused every chunk, not a materialized
       // intermediate.
