@@ -53,8 +53,8 @@ import warnings
 
 import hanpu
 
-__all__ = ["FAMILIES", "TransformersFallbackWarning", "disable", "enable", "is_enabled", "reset_stats", "routed",
-           "stats"]
+__all__ = ["FAMILIES", "TransformersFallbackWarning", "disable", "enable", "family_of_module", "is_enabled",
+           "reset_stats", "routed", "routed_functions", "stats"]
 
 
 class TransformersFallbackWarning(UserWarning):
@@ -193,6 +193,29 @@ def routed(families=None):
         yield
     finally:
         disable([f for f in names if f not in before])
+
+
+def routed_functions(family):
+    """{"chunk": fn, "recurrent": fn}: the hanpu-backed functions enable() installs for `family`,
+    without installing them (for code that does its own swapping, e.g. to time the calls, as
+    examples/qwen35_transformers.py does). They fall back to transformers' own functions."""
+    family = _family_name(family)
+    module_name, variant = FAMILIES[family]
+    module = importlib.import_module(module_name)
+    result = {}
+    with _lock:
+        for kind, name in FUNCTION_NAMES[variant].items():
+            original = _saved.get((module_name, name)) or _check_signature(module, name, variant, kind)
+            result[kind] = _make_routed(family, variant, kind, original)
+    return result
+
+
+def family_of_module(module_name):
+    """The family whose linear-attention layers are defined in `module_name`, or None."""
+    for family, (name, _) in FAMILIES.items():
+        if name == module_name:
+            return family
+    return None
 
 
 def stats():
