@@ -307,3 +307,20 @@ def test_strong_decays_match_the_fp64_reference(family, g_scale):
             assert nmse(o, ref_o) <= NMSE_BOUND["float32"], name
             assert nmse(state, ref_state) <= NMSE_BOUND["float32"], name
     assert all(c == {"hanpu": 1, "fallback": 0} for c in ht.stats().values()) and len(ht.stats()) == 2
+
+
+def test_routed_functions_do_not_install_themselves():
+    # What examples/qwen35_transformers.py uses: the hanpu-backed pair, with the module left alone.
+    module, names = family_module("qwen3_5")
+    before = [getattr(module, n) for n in names]
+    fns = ht.routed_functions("qwen3_5")
+    assert [getattr(module, n) for n in names] == before and not ht.is_enabled("qwen3_5")
+    q, k, v, g, beta, h0 = _kernel_inputs("gdn", T=70, H=2, HV=4, V=24)
+    ht.reset_stats()
+    o, state = fns["chunk"](q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                            use_qk_l2norm_in_kernel=True)
+    ref_o, ref_state = inspect.unwrap(before[0])(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True,
+                                                 use_qk_l2norm_in_kernel=True)
+    assert nmse(o, ref_o) <= FP32_NMSE and nmse(state, ref_state) <= FP32_NMSE
+    assert ht.stats() == {("qwen3_5", "chunk"): {"hanpu": 1, "fallback": 0}}
+    assert fns["chunk"].hanpu_original is before[0]

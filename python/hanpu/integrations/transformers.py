@@ -107,6 +107,7 @@ _HANPU = {
 
 _lock = threading.RLock()
 _saved = {}  # (module name, function name) -> the original global, while routed
+_resolved = {}  # (module name, function name) -> transformers' function as first seen here
 _stats = {}  # (family, kind) -> {"hanpu": n, "fallback": n}
 
 
@@ -133,6 +134,7 @@ def _check_signature(module, name, variant, kind):
         raise RuntimeError(f"{module.__name__}.{name} has parameters {params}, expected "
                            f"{EXPECTED_PARAMETERS[(variant, kind)]}: not routed to hanpu (the arguments could be "
                            f"misread); hanpu.integrations.transformers needs updating")
+    _resolved.setdefault((module.__name__, name), fn)
     return fn
 
 
@@ -205,7 +207,9 @@ def routed_functions(family):
     result = {}
     with _lock:
         for kind, name in FUNCTION_NAMES[variant].items():
-            original = _saved.get((module_name, name)) or _check_signature(module, name, variant, kind)
+            # transformers' function as this module first saw it: by now the global may be another
+            # caller's wrapper (the example's timer), whose (*args, **kwargs) would be refused.
+            original = _resolved.get((module_name, name)) or _check_signature(module, name, variant, kind)
             result[kind] = _make_routed(family, variant, kind, original)
     return result
 
