@@ -29,7 +29,12 @@ forward (Qwen3_5GatedDeltaNet.forward) calls the module-level names `torch_chunk
 and `torch_recurrent_gated_delta_rule` of its modeling module, each a wrapper that transformers
 resolved once at import time (FLA if importable, else the torch function, kept as `__wrapped__`).
 `GdnRouting` swaps those two module globals for the duration of a `with` block and puts them
-back afterwards. The torch side of the comparison is always the wrapper's `__wrapped__` pure-torch
+back afterwards. The hanpu side is the pair of functions `hanpu.integrations.transformers`
+installs (`routed_functions`; docs/PYTHON.md): outside this script one writes
+`with hanpu.integrations.transformers.routed(): model.generate(...)`, which routes every supported
+family (Qwen3.5, Qwen3.5-MoE, Qwen3-Next, Kimi Linear, Ling 3.0) and hands any call whose options
+hanpu does not take back to transformers with a warning. Here the script does the swapping itself
+so that it can time the calls and check each against the fp64 reference. The torch side of the comparison is always the wrapper's `__wrapped__` pure-torch
 function, so the baseline stays transformers' fallback even where fla is installed. Every model
 class whose name ends in "GatedDeltaNet" is handled the same way (tried on Qwen3.5 dense; the
 Qwen3.5-MoE modeling file uses the same two names). The causal conv1d in front of the GDN stays transformers' torch version on both sides.
@@ -49,7 +54,6 @@ arguments or a missing package.
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import statistics
@@ -218,26 +222,6 @@ def _unwrapped(fn):
     return fn
 
 
-def fla_style_adapter(fn):
-    """Calls an FLA-signature function the way transformers' dispatch wrapper does.
-
-    The GDN layer passes its remaining TransformersKwargs (attention-implementation details that are
-    not GDN options) along with the GDN arguments; transformers' own wrapper forwards only the
-    keywords the implementation names, and so does this. hanpu rejects unknown keywords on purpose,
-    so without this filter it would refuse the call instead of silently ignoring an option.
-    """
-    params = inspect.signature(fn).parameters
-    named = {n for n, p in params.items() if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-
-    def call(query, key, value, g, beta, **kwargs):
-        if "chunk_size" not in named and kwargs.get("chunk_size", 64) != 64:
-            raise NotImplementedError(f"chunk_size={kwargs['chunk_size']}: {fn.__name__} only has the default 64")
-        kwargs = {k: v for k, v in kwargs.items() if k in named}
-        return fn(query, key, value, g=g, beta=beta, **kwargs)
-
-    return call
-
-
 class LayerCheck:
     """Checks every GDN call routed through it against hanpu's fp64 reference on the call's own
     inputs (bounds: LAYER_F32_NMSE, LAYER_ROUNDING_FACTOR above), next to the torch fallback run on
@@ -327,11 +311,15 @@ def _nmse(test, ref):
     return float((diff * diff).sum() / (ref * ref).sum().clamp_min(1e-300))
 
 
-def hanpu_functions():
-    import hanpu
+def hanpu_functions(family="qwen3_5"):
+    """The (chunk, recurrent) functions of hanpu.integrations.transformers for `family`: what
+    `hanpu.integrations.transformers.routed()` installs, taken here without installing them so
+    that GdnRouting can wrap them with its timer. They check every call's options and hand any
+    hanpu does not support back to transformers' own function with a warning."""
+    from hanpu.integrations import transformers as hanpu_transformers
 
-    return (fla_style_adapter(hanpu.chunk_gated_delta_rule),
-            fla_style_adapter(hanpu.fused_recurrent_gated_delta_rule))
+    functions = hanpu_transformers.routed_functions(family)
+    return functions["chunk"], functions["recurrent"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -461,7 +449,13 @@ def run(args):
     except RuntimeError as e:
         log(f"error: {e}")
         return 1
-    hanpu_chunk, hanpu_recurrent = hanpu_functions()
+    from hanpu.integrations import transformers as hanpu_transformers
+
+    family = hanpu_transformers.family_of_module(routing.modules[0].__name__)
+    if family is None:
+        log(f"{routing.modules[0].__name__} is not a family hanpu.integrations.transformers knows")
+        return 1
+    hanpu_chunk, hanpu_recurrent = hanpu_functions(family)
     paths = {
         "torch": (routing.torch_chunk, routing.torch_recurrent),
         "hanpu": (hanpu_chunk, hanpu_recurrent),
