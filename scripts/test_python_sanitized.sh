@@ -24,7 +24,8 @@ cmake --build --preset debug --target _hanpu
 package="$PWD/$build/python-package"
 rm -rf "$package"
 cmake --install "$build" --component python --prefix "$package" >/dev/null
-cp python/hanpu/*.py "$package/hanpu/"
+# The pure-Python package with its subpackages (hanpu.integrations, ...), as the wheel has it.
+tar -C python --exclude=__pycache__ -cf - hanpu | tar -C "$package" -xf -
 
 # The runtimes of the compiler that built the module (g++: libasan, libubsan), first in the process.
 preload="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)"
