@@ -261,7 +261,7 @@ TEST_F(KimiLinearGolden, PrefillPlusDecodeAndChunkedPrefillEqualOneWholePrefill)
 }
 
 TEST(KimiLinearConfig, OfficialKeysGiveTheSameDescription) {
-  // The official checkpoints' config (reference-models.md §1.4): linear_attn_config with 1-indexed
+  // The official checkpoints' config (docs/MODEL.md): linear_attn_config with 1-indexed
   // layer lists, num_experts_per_token, first_k_dense_replace, the router keys.
   const ModelConfig saved = parse_model_config(read_file(kimi_dir() / "config.json"), "config.json");
   nlohmann::json j = nlohmann::json::parse(read_file(kimi_dir() / "config.json"));
@@ -341,7 +341,7 @@ TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
   const ModelConfig c = model_preset("kimi-linear-48b-a3b-slice");
   EXPECT_EQ(c.num_kda_layers(), 3);
   EXPECT_EQ(c.num_attention_layers(), 1);
-  EXPECT_EQ(c.mla_cache_dim(), 576);  // reference-models.md §4.4: 576 values per token per layer
+  EXPECT_EQ(c.mla_cache_dim(), 576);  // docs/MODEL.md: 576 values per token per layer
   // A tiny model of the same composition runs and its decode continues its prefill exactly.
   ModelConfig small = c;
   small.vocab_size = 500;

@@ -1,5 +1,5 @@
 // Hybrid decoder models (linear attention + full attention layers) from Hugging Face
-// checkpoints, run on the CPU: loading, prefill, decode (reference-models.md §1-6).
+// checkpoints, run on the CPU: loading, prefill, decode (docs/MODEL.md).
 //
 //   HybridModel model = HybridModel::load("Qwen3.5-0.8B");  // config.json + safetensors, mmapped
 //   HybridState state = model.new_state();
@@ -97,7 +97,7 @@ struct ModelConfig {
   /// Qwen3-Next: the GDN projections are stored fused (in_proj_qkvz, in_proj_ba) in an interleaved
   /// per-key-head-group layout; the loader permutes them into the Qwen3.5 layout.
   bool fused_gdn_projections = false;
-  /// Mixture of experts (reference-models.md §3.4, §4.4); num_experts 0: dense MLPs only.
+  /// Mixture of experts (docs/MODEL.md); num_experts 0: dense MLPs only.
   int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0, shared_expert_intermediate_size = 0;
   bool norm_topk_prob = true;
   RouterScoring router_scoring = RouterScoring::kSoftmax;

@@ -1,4 +1,4 @@
-// Ling 3.0's config.json parser (model_type bailing_hybrid; reference-models.md §1.6,
+// Ling 3.0's config.json parser (model_type bailing_hybrid; docs/MODEL.md,
 // transformers 5.24's BailingHybridConfig): KDA layers with full-rank gate projections and the
 // safe gate, MLA with interleaved RoPE and a head-wise output gate, sigmoid grouped top-k MoE.
 // Absent optional keys take BailingHybridConfig's defaults. Options the BailingHybrid model does

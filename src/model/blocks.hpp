@@ -24,7 +24,7 @@ struct BlockRun {
   int64_t p0 = 0;  // position of the first new token
 };
 
-/// Gated DeltaNet (reference-models.md §2; Qwen3_5GatedDeltaNet): in_proj_qkv/z/b/a, causal conv +
+/// Gated DeltaNet (docs/MODEL.md; Qwen3_5GatedDeltaNet): in_proj_qkv/z/b/a, causal conv +
 /// SiLU, the GDN engine with in-kernel q/k L2 norm, g = -exp(A_log)·softplus(a + dt_bias) and
 /// beta = sigmoid(b), gated RMSNorm with silu(z), out_proj.
 struct GdnMixer {
@@ -36,7 +36,7 @@ struct GdnMixer {
   void forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_state, const float* h, float* x) const;
 };
 
-/// Kimi Delta Attention as FLA's KimiDeltaAttention layer (reference-models.md §4.1-4.2): q/k/v
+/// Kimi Delta Attention as FLA's KimiDeltaAttention layer (docs/MODEL.md): q/k/v
 /// projections each with its own causal depthwise conv + SiLU (stored as q_conv1d / k_conv1d /
 /// v_conv1d, or concatenated as one conv1d by transformers' in-memory layout), the low-rank forget
 /// gate f_b(f_a(x)) (Ling: full-rank f_proj(x)) turned into g = -exp(A_log[h])·softplus(f + dt_bias)
@@ -52,7 +52,7 @@ struct KdaMixer {
   void forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_state, const float* h, float* x) const;
 };
 
-/// Gated full attention (reference-models.md §3.1; Qwen3_5Attention): q_proj with the per-head
+/// Gated full attention (docs/MODEL.md; Qwen3_5Attention): q_proj with the per-head
 /// interleaved [query | gate], q_norm/k_norm, rotate-half partial RoPE, GQA over an F32 KV cache,
 /// sigmoid output gate, o_proj.
 struct GatedAttention {
@@ -65,7 +65,7 @@ struct GatedAttention {
                float* x) const;
 };
 
-/// Multi-head latent attention (reference-models.md §4.4; KimiLinearAttention, BailingHybridAttention): queries
+/// Multi-head latent attention (docs/MODEL.md; KimiLinearAttention, BailingHybridAttention): queries
 /// from q_proj (or q_b(norm(q_a(x))) with a q LoRA), the compressed row [c | k_rope] =
 /// kv_a_proj_with_mqa(x) with c RMS-normed, keys [W_uk c | k_rope] and values W_uv c per head from
 /// kv_b_proj. The cache holds only [c | k_rope] per token. Attention runs in the latent space with

@@ -1,4 +1,4 @@
-// Kimi Linear's config.json parser (model_type kimi_linear; reference-models.md §1.4, §4): the
+// Kimi Linear's config.json parser (model_type kimi_linear; docs/MODEL.md): the
 // official checkpoints' keys (linear_attn_config with 1-indexed kda_layers / full_attn_layers,
 // num_experts_per_token, first_k_dense_replace, ...) and the ones transformers' save_pretrained
 // writes (layer_types, mlp_layer_types, linear_num_heads, ...), with transformers 5.24's
@@ -163,7 +163,7 @@ ModelConfig parse(const json& top, const std::string& source) {
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.446;
   }
 
-  // Checkpoint names (reference-models.md §4.1, §4.4): the KDA module is self_attn; MoE layers are
+  // Checkpoint names (docs/MODEL.md): the KDA module is self_attn; MoE layers are
   // block_sparse_moe (dense ones mlp in official checkpoints, block_sparse_moe in save_pretrained's).
   c.names.linear_attention = "self_attn.";
   c.names.channel_mixer = {"block_sparse_moe.", "mlp."};

@@ -1,6 +1,6 @@
 // The model description (ModelConfig in include/hanpu/model.hpp): consistency checks, parameter
 // count, the one-line summary, the model_type dispatch to each family's parser, and the synthetic
-// presets of published shapes (reference-models.md §1).
+// presets of published shapes (docs/MODEL.md).
 #include <nlohmann/json.hpp>
 #include <sstream>
 

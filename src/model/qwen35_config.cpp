@@ -1,5 +1,5 @@
 // The Qwen family's config.json parser (Qwen3.5 dense and MoE, nested text_config or flat;
-// Qwen3-Next) and the published model sizes (reference-models.md §1.1-1.2, §6).
+// Qwen3-Next) and the published model sizes (docs/MODEL.md).
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -134,7 +134,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
     for (int64_t i = 0; i < c.num_layers; ++i) c.is_full_attention.push_back((i + 1) % interval == 0);
   }
 
-  // Qwen3-Next MoE (reference-models.md §1.2, §3.4): layer i is MoE unless listed in mlp_only_layers
+  // Qwen3-Next MoE (docs/MODEL.md): layer i is MoE unless listed in mlp_only_layers
   // or (i + 1) is not a multiple of decoder_sparse_step, as Qwen3NextDecoderLayer decides.
   // Qwen3.5-MoE (Qwen3_5MoeDecoderLayer): every layer is MoE, the top-k always renormalised, the
   // shared expert always there with its sigmoid gate.
@@ -185,7 +185,7 @@ struct Preset {
   int64_t hidden, layers, heads, kv_heads, v_heads, intermediate;
   bool tied;
 };
-// reference-models.md §1.1 (config and model-card values, checked by the parameter-count identity).
+// docs/MODEL.md (config and model-card values, checked by the parameter-count identity).
 constexpr Preset kPresets[] = {
     {"qwen3.5-0.8b", 1024, 24, 8, 2, 16, 3584, true},
     {"qwen3.5-2b", 2048, 24, 8, 2, 16, 6144, true},
@@ -194,7 +194,7 @@ constexpr Preset kPresets[] = {
 };
 
 // A slice of Qwen3-Next-80B-A3B for benchmarks in the memory of a small machine: the real layer
-// shapes (reference-models.md §1.2) for one block of 3 GDN + 1 attention layers of the 48, with
+// shapes (docs/MODEL.md) for one block of 3 GDN + 1 attention layers of the 48, with
 // 64 of the 512 experts (the real model's 160 GB of weights do not fit). Per token it does the
 // real model's active work per layer (top-10 experts of 512 wide, the shared expert, the 2048 x
 // 151936 head); in a prefill each expert gets 8x more tokens than in the full model.
@@ -266,7 +266,7 @@ ModelConfig qwen35_moe_slice() {
   return c;
 }
 
-// A slice of Kimi-Linear-48B-A3B (reference-models.md §1.4) with its real layer shapes: the dense
+// A slice of Kimi-Linear-48B-A3B (docs/MODEL.md) with its real layer shapes: the dense
 // KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
 // MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
 constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";

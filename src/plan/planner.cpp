@@ -350,7 +350,7 @@ std::vector<Kernel> fla_megakernel_kernels(const Problem& p, const OpGraph& g, i
 
 std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int cores) {
   // Every operator of the paper its own general-purpose kernel; the recurrence and the output
-  // are vLLM-Ascend's two AscendC kernels (reference-hardware.md B2).
+  // are vLLM-Ascend's two AscendC kernels (docs/DEVICES.md).
   const auto items = whole_items(p, static_cast<int>(p.V));
   // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
   // operator here), before the two AscendC kernels.
