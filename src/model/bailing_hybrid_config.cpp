@@ -41,19 +41,7 @@ ModelConfig parse(const json& top, const std::string& source) {
   if (!top.is_object()) config_fail(source, "expected a JSON object");
   const ConfigFields f{top, top, source};
   ModelConfig c;
-  c.model_type = "bailing_hybrid";
-  c.linear_mixer = TokenMixer::kKda;
-  c.attention_mixer = TokenMixer::kMla;
-  c.norm_weight_plus_one = false;  // BailingHybridRMSNorm: weight * normed
-  c.vocab_size = f.required_int("vocab_size");
-  c.hidden_size = f.required_int("hidden_size");
-  c.num_layers = f.required_int("num_hidden_layers");
-  c.rms_norm_eps = f.present("rms_norm_eps") ? f.number(top, "rms_norm_eps", "rms_norm_eps") : 1e-6;
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-  if (top.contains("hidden_act") && top["hidden_act"] != "silu")
-    config_fail(source, "field 'hidden_act' is " + json_got(top["hidden_act"]) + ", hanpu runs Ling 3.0 with 'silu' only");
-  if (f.boolean("attention_bias", false))
-    config_fail(source, "field 'attention_bias' is true: MLA projections with biases are not supported");
+  read_kda_mla_decoder_fields(f, c, "bailing_hybrid", "Ling 3.0", 1e-6);
 
   // KDA: BailingHybridConfig takes its head dim from head_dim and its head count from
   // num_attention_heads (head_dim is the KDA head dim in the official config; transformers'

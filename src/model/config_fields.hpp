@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "hanpu/model.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/json_io.hpp"
 
@@ -84,5 +85,12 @@ inline const char* first_present(const nlohmann::json& obj, std::initializer_lis
 
 /// eos_token_id (a number or a list) of `text`, else of `top`, as 32-bit non-negative ids.
 std::vector<int32_t> read_eos_token_ids(const ConfigFields& f);
+
+/// The fields the KDA + MLA families (Kimi Linear, Ling 3.0) share: model type, mixers, the plain
+/// `weight * normed` RMSNorm, sizes, rms_norm_eps (default `default_eps`), tied embeddings, and
+/// the options both refuse (an activation other than silu, biased MLA projections). `family`
+/// names the model in errors ("Kimi Linear").
+void read_kda_mla_decoder_fields(const ConfigFields& f, ModelConfig& c, const char* model_type, const char* family,
+                                 double default_eps);
 
 }  // namespace hanpu::model

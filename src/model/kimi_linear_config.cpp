@@ -23,21 +23,8 @@ ModelConfig parse(const json& top, const std::string& source) {
   if (!top.is_object()) config_fail(source, "expected a JSON object");
   const ConfigFields f{top, top, source};
   ModelConfig c;
-  c.model_type = "kimi_linear";
-  c.linear_mixer = TokenMixer::kKda;
-  c.attention_mixer = TokenMixer::kMla;
-  c.norm_weight_plus_one = false;  // KimiLinearRMSNorm: weight * normed
-  c.vocab_size = f.required_int("vocab_size");
-  c.hidden_size = f.required_int("hidden_size");
-  c.num_layers = f.required_int("num_hidden_layers");
-  c.rms_norm_eps = f.present("rms_norm_eps") ? f.number(top, "rms_norm_eps", "rms_norm_eps") : 1e-5;
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-
-  // Options outside what the KimiLinear layers compute.
-  if (top.contains("hidden_act") && top["hidden_act"] != "silu")
-    config_fail(source, "field 'hidden_act' is " + json_got(top["hidden_act"]) + ", hanpu runs Kimi Linear with 'silu' only");
-  if (f.boolean("attention_bias", false))
-    config_fail(source, "field 'attention_bias' is true: MLA projections with biases are not supported");
+  // The fields shared with Ling 3.0, and the options outside what the KimiLinear layers compute.
+  read_kda_mla_decoder_fields(f, c, "kimi_linear", "Kimi Linear", 1e-5);
   if (!f.boolean("mla_use_nope", true))
     config_fail(source, "field 'mla_use_nope' is false (MLA with RoPE) is not supported for kimi_linear; hanpu runs "
                         "its MLA without RoPE, as the published Kimi Linear checkpoints");

@@ -141,6 +141,25 @@ std::string ModelConfig::describe() const {
 }
 
 namespace model {
+void read_kda_mla_decoder_fields(const ConfigFields& f, ModelConfig& c, const char* model_type, const char* family,
+                                 double default_eps) {
+  const nlohmann::json& top = f.top;
+  c.model_type = model_type;
+  c.linear_mixer = TokenMixer::kKda;
+  c.attention_mixer = TokenMixer::kMla;
+  c.norm_weight_plus_one = false;  // KimiLinearRMSNorm and BailingHybridRMSNorm: weight * normed
+  c.vocab_size = f.required_int("vocab_size");
+  c.hidden_size = f.required_int("hidden_size");
+  c.num_layers = f.required_int("num_hidden_layers");
+  c.rms_norm_eps = f.present("rms_norm_eps") ? f.number(top, "rms_norm_eps", "rms_norm_eps") : default_eps;
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  if (top.contains("hidden_act") && top["hidden_act"] != "silu")
+    config_fail(f.source, "field 'hidden_act' is " + json_got(top["hidden_act"]) + ", hanpu runs " + family +
+                              " with 'silu' only");
+  if (f.boolean("attention_bias", false))
+    config_fail(f.source, "field 'attention_bias' is true: MLA projections with biases are not supported");
+}
+
 std::vector<int32_t> read_eos_token_ids(const ConfigFields& f) {
   // Token ids are 32-bit (and non-negative): an id outside that range is an error, never cut.
   std::vector<int32_t> ids;
