@@ -10,6 +10,7 @@ std::string ProblemSpec::describe() const {
      << " dtype=" << dtype_name(dtype) << " gates=" << static_cast<int>(gates) << " h0=" << initial_state
      << " l2norm=" << opt.qk_l2norm << " gate_in_kernel=" << opt.gate_in_kernel << " beta_sigmoid=" << opt.beta_sigmoid
      << " seed=" << seed;
+  if (opt.lower_bound) os << " lower_bound=" << *opt.lower_bound;
   if (!seqlens.empty()) {
     os << " seqlens=";
     for (size_t i = 0; i < seqlens.size(); ++i) os << (i ? "," : "") << seqlens[i];

@@ -96,6 +96,8 @@ TEST(LaGrid, RandomInstancesAgainstFp64Reference) {
     s.opt.qk_l2norm = rng() % 3 == 0;
     s.opt.gate_in_kernel = rng() % 5 == 0;
     s.opt.beta_sigmoid = rng() % 4 == 0;
+    if (s.variant == Variant::KDA && s.opt.gate_in_kernel && rng() % 2)  // Ling's lower-bounded gate
+      s.opt.lower_bound = -0.5f - static_cast<float>(rng() % 10) * 0.5f;  // -0.5 .. -5
     s.seed = rng();
     if (rng() % 6 == 0) {  // varlen batch: a 15-token sequence next to longer ones
       s.seqlens = {15, 1 + static_cast<int64_t>(rng() % 300), 64};
@@ -121,6 +123,92 @@ TEST(LaGrid, RandomInstancesAgainstFp64Reference) {
   std::printf("[grid] %d instances\n", done);
   for (const auto& [key, w] : worst)
     std::printf("[grid] worst %s nmse %.3g (%.3g of the bound): %s\n", key.c_str(), w.value, w.ratio, w.what.c_str());
+}
+
+// KDA's lower-bounded ("safe") gate in kernel, g = lb sigmoid(exp(A_log) (raw + dt_bias)), with and
+// without A_log: the fp64 reference against the formula evaluated here and passed as a finished
+// gate, and every path (and decode) against the reference. Tails: T = 130, HV > H, K = 36.
+TEST(LaGates, LowerBoundedKdaGate) {
+  for (bool with_a_log : {true, false}) {
+    ProblemSpec s;
+    s.variant = Variant::KDA;
+    s.T = 130;
+    s.H = 2;
+    s.HV = 4;
+    s.K = 36;
+    s.V = 20;
+    s.opt.gate_in_kernel = true;
+    s.opt.lower_bound = -5.f;
+    Problem p = make_problem(s);
+    if (!with_a_log) p.A_log = Tensor();
+    const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+    // The formula, in double, outside the reference: the same result from a finished gate.
+    Tensor g(DType::F32, p.g.shape());
+    double lo = 0, hi = -5;
+    for (int64_t i = 0; i < g.numel(); ++i) {
+      const int64_t hv = (i / s.K) % s.HV;
+      const double rate = with_a_log ? std::exp(p.A_log.get(hv)) : 1.0;
+      const double x = -5.0 / (1.0 + std::exp(-rate * (p.g.get(i) + p.dt_bias.get(hv * s.K + i % s.K))));
+      g.set(i, x);
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+    }
+    EXPECT_LT(lo, -4.0);  // the inputs reach both ends of (lower_bound, 0)
+    EXPECT_GT(hi, -1.0);
+    LaInputs finished = p.inputs();
+    finished.g = g.view();
+    finished.A_log = {};
+    finished.dt_bias = {};
+    const LaReference ref2 = la_reference(s.variant, finished, LaOptions{});
+    EXPECT_LE(nmse(ref.o, ref2.o), 1e-12);  // g rounded to fp32 in the finished copy
+    EXPECT_LE(nmse(ref.final_state, ref2.final_state), 1e-12);
+    for (CpuPath path : kPaths)
+      for (int th : {1, 2}) expect_accurate(p, ref, path, th);
+    // Decode, token by token from the initial state, reaches the same final state.
+    Tensor state(DType::F32, p.h0.shape());
+    for (int64_t i = 0; i < state.numel(); ++i) state.set(i, p.h0.get(i));
+    Tensor o(DType::F32, {1, 1, s.HV, s.V});
+    for (int64_t t = 0; t < s.T; ++t) {
+      LaInputs step = p.inputs();
+      for (TensorView* v : {&step.q, &step.k, &step.v, &step.g, &step.beta}) {
+        v->data = static_cast<std::byte*>(v->data) + t * v->stride[1] * static_cast<int64_t>(dtype_size(v->dtype));
+        v->shape[1] = 1;
+      }
+      step.initial_state = {};
+      kda_decode(step, s.opt, state.view(), o.view(), 2);
+    }
+    EXPECT_LE(nmse(state, ref.final_state), kStateBound) << "decode, A_log " << with_a_log;
+  }
+}
+
+TEST(LaGates, LowerBoundRefusedWhereItWouldDoNothing) {
+  ProblemSpec s;
+  s.variant = Variant::KDA;
+  s.opt.gate_in_kernel = true;
+  const Problem p = make_problem(s);
+  auto message = [&](Variant v, const LaInputs& in, const LaOptions& o) {
+    try {
+      la_reference(v, in, o);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  LaOptions o = s.opt;
+  o.lower_bound = 0.25f;
+  EXPECT_NE(message(Variant::KDA, p.inputs(), o).find("expected a finite negative number"), std::string::npos);
+  o.lower_bound = -1.f;
+  o.gate_in_kernel = false;
+  EXPECT_NE(message(Variant::KDA, p.inputs(), o).find("needs gate_in_kernel"), std::string::npos);
+  ProblemSpec sg;
+  sg.opt.gate_in_kernel = true;
+  const Problem pg = make_problem(sg);
+  LaOptions og = sg.opt;
+  og.lower_bound = -1.f;
+  EXPECT_NE(message(Variant::GDN, pg.inputs(), og).find("GDN has none"), std::string::npos);
+  LaInputs no_a = p.inputs();
+  no_a.A_log = {};
+  EXPECT_NE(message(Variant::KDA, no_a, s.opt).find("'A_log'"), std::string::npos);  // needed without a bound
 }
 
 TEST(LaPaths, HeadsNotMultipleOfThreadsAndColumnSplits) {

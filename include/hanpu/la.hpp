@@ -26,6 +26,12 @@ struct LaOptions {
   std::optional<float> scale;   // default K^-0.5
   bool qk_l2norm = false;       // q,k <- x / sqrt(sum x^2 + 1e-6), fp32
   bool gate_in_kernel = false;  // g is the raw pre-activation; needs A_log (and dt_bias if given)
+  /// KDA with gate_in_kernel only: the lower-bounded ("safe") gate of FLA's fla/ops/kda/gate.py,
+  /// g = lower_bound * sigmoid(exp(A_log) * (raw + dt_bias)), in (lower_bound, 0); A_log may then
+  /// be absent (rate 1: lower_bound * sigmoid(raw + dt_bias)). Must be finite and negative.
+  /// (FLA's safe_gate flag only picks its kernel for bounded gates; hanpu's kernels are exact for
+  /// every gate, so it has no counterpart here.)
+  std::optional<float> lower_bound;
   bool beta_sigmoid = false;    // beta <- sigmoid(beta)
   bool allow_neg_eigval = false;  // with beta_sigmoid: beta <- 2 sigmoid(beta), in [0,2)
 };

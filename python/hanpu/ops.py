@@ -92,7 +92,8 @@ def _plan_text(plan):
 
 
 def _run(variant, fname, path, q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, gate_in_kernel,
-         A_log, dt_bias, beta_sigmoid, allow_neg_eigval, state_v_first, cu_seqlens, o_like, plan=None):
+         A_log, dt_bias, beta_sigmoid, allow_neg_eigval, state_v_first, cu_seqlens, o_like, plan=None,
+         lower_bound=None):
     """Checks arguments the way FLA does, allocates o (dtype of o_like) and the fp32 final state in
     the kind of q, and runs the engine on `path` ("hanpu" head-fused chunks, "recurrent")."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -115,10 +116,17 @@ def _run(variant, fname, path, q, k, v, g, beta, scale, initial_state, output_fi
     _check_varlen(q, initial_state, cu_seqlens)
     if allow_neg_eigval and not beta_sigmoid:
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
-    if gate_in_kernel and A_log is None:
-        raise ValueError("`A_log` must be provided when `use_gate_in_kernel=True`.")
+    if gate_in_kernel and A_log is None and lower_bound is None:
+        raise ValueError("`A_log` must be provided when `use_gate_in_kernel=True` and `lower_bound` is not set.")
     if not gate_in_kernel:
         A_log = dt_bias = None  # FLA ignores them without the in-kernel gate
+        if lower_bound is not None:
+            # FLA ignores it too (it bounds the in-kernel gate only); a bound that does nothing is
+            # almost always a mistake, so it is refused rather than dropped.
+            raise ValueError("`lower_bound` bounds the gate computed in kernel; it needs `use_gate_in_kernel=True` "
+                             "(without it g is the finished log decay: clamp g yourself)")
+    if lower_bound is not None:
+        lower_bound = float(lower_bound)
     if scale is not None:
         scale = float(scale)
     N = B if cu_seqlens is None else len(cu_seqlens) - 1
@@ -136,7 +144,7 @@ def _run(variant, fname, path, q, k, v, g, beta, scale, initial_state, output_fi
     e = A.to_engine
     _hanpu.la_prefill(variant, e(q), e(k), e(v), e(g), e(beta), e(h0), e(cu_seqlens), e(A_log), e(dt_bias),
                       e(o), e(ht), scale, bool(l2norm), bool(gate_in_kernel), bool(beta_sigmoid),
-                      bool(allow_neg_eigval), path, _num_threads, _plan_text(plan))
+                      bool(allow_neg_eigval), path, _num_threads, _plan_text(plan), lower_bound)
     return o, final_state
 
 
@@ -228,7 +236,12 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     `fla.ops.kda.chunk_kda`: g [B,T,HV,K] per-key-channel log decay (raw with use_gate_in_kernel,
     then A_log [HV] and dt_bias [HV*K]); other tensors as chunk_gated_delta_rule.
     Returns (o [B,T,HV,V] in q's dtype, final_state fp32 or None).
-    Not supported: safe_gate / lower_bound, return_intermediate_states, cp_context, chunk_size 32.
+    lower_bound (with use_gate_in_kernel): the lower-bounded gate
+    g = lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) (A_log optional: rate 1), as FLA's
+    fla/ops/kda/gate.py. safe_gate only selects FLA's kernel for gates bounded in [lower_bound, 0);
+    hanpu's kernels are exact for any gate, so it changes nothing here beyond FLA's checks
+    (with use_gate_in_kernel it needs lower_bound in [-5, 0)).
+    Not supported: return_intermediate_states, cp_context, chunk_size 32.
     disable_recompute (backward only), use_graph and max_num_seqs (Ascend graph mode) have no
     effect here, as in FLA off the NPU. plan: as chunk_gated_delta_rule's.
     """
@@ -239,17 +252,18 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         raise ValueError(f"`chunk_size` must be either 32 or 64 for KDA, got {chunk_size}.")
     if chunk_size != 64:
         _not_implemented(fname, "chunk_size", f"got {chunk_size}; hanpu's chunked path uses 64")
-    if safe_gate:
-        _not_implemented(fname, "safe_gate", "the lower-bounded sigmoid gate")
-    if lower_bound is not None:
-        _not_implemented(fname, "lower_bound", "the lower-bounded sigmoid gate")
+    if safe_gate and use_gate_in_kernel:  # FLA's checks and messages (fla/ops/kda/chunk.py)
+        if lower_bound is None:
+            raise ValueError("`lower_bound` must be specified when `safe_gate=True` and `use_gate_in_kernel=True`.")
+        if not (-5 <= lower_bound < 0):
+            raise ValueError(f"`lower_bound` must be in the safe range [-5, 0), got {lower_bound}.")
     if return_intermediate_states:
         _not_implemented(fname, "return_intermediate_states", "per-chunk states are never materialized")
     if cp_context is not None:
         _not_implemented(fname, "cp_context", "context parallelism across devices")
     return _run("kda", fname, "hanpu", q, k, v, g, beta, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval, state_v_first, cu_seqlens, o_like=q, plan=plan)
+                allow_neg_eigval, state_v_first, cu_seqlens, o_like=q, plan=plan, lower_bound=lower_bound)
 
 
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, initial_state=None,
@@ -257,16 +271,14 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
                         use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, lower_bound=None,
                         state_v_first=False, cu_seqlens=None, **kwargs):
     """Kimi Delta Attention, token by token. As FLA's `fla.ops.kda.fused_recurrent_kda`.
-    Returns (o [B,T,HV,V] in v's dtype, final_state fp32 or None). lower_bound is not supported.
+    Returns (o [B,T,HV,V] in v's dtype, final_state fp32 or None). lower_bound as chunk_kda's.
     """
     fname = "fused_recurrent_kda"
     state_v_first = _state_layout(state_v_first, kwargs)
     _unexpected(fname, kwargs)
-    if lower_bound is not None:
-        _not_implemented(fname, "lower_bound", "the lower-bounded sigmoid gate")
     return _run("kda", fname, "recurrent", q, k, v, g, beta, scale, initial_state, output_final_state,
                 use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel,
-                allow_neg_eigval, state_v_first, cu_seqlens, o_like=v)
+                allow_neg_eigval, state_v_first, cu_seqlens, o_like=v, lower_bound=lower_bound)
 
 
 chunk_gdn = chunk_gated_delta_rule

@@ -13,7 +13,8 @@ from . import _hanpu
 
 
 def _reference(variant, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
-               use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first):
+               use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first,
+               lower_bound=None):
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("initial_state", initial_state),
                     ("A_log", A_log), ("dt_bias", dt_bias)):
         if x is not None:
@@ -25,7 +26,8 @@ def _reference(variant, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_
     o, ht = _hanpu.la_reference(variant, e(q), e(k), e(v), e(g), e(beta), e(initial_state), e(cu_seqlens),
                                 e(A_log), e(dt_bias), None if scale is None else float(scale),
                                 bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel),
-                                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval))
+                                bool(use_beta_sigmoid_in_kernel), bool(allow_neg_eigval),
+                                None if lower_bound is None else float(lower_bound))
     if state_v_first:
         ht = np.ascontiguousarray(np.swapaxes(ht, -1, -2))
     return o, ht
@@ -42,8 +44,9 @@ def gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlen
 
 def kda(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False,
         use_gate_in_kernel=False, A_log=None, dt_bias=None, use_beta_sigmoid_in_kernel=False,
-        allow_neg_eigval=False, state_v_first=False):
-    """KDA in float64: as gated_delta_rule with a per-key-channel decay diag(exp(g_t)), g [B,T,HV,K]."""
+        allow_neg_eigval=False, state_v_first=False, lower_bound=None):
+    """KDA in float64: as gated_delta_rule with a per-key-channel decay diag(exp(g_t)), g [B,T,HV,K]
+    (with use_gate_in_kernel and lower_bound: g = lower_bound * sigmoid(exp(A_log) (g + dt_bias)))."""
     return _reference("kda", q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel,
                       use_gate_in_kernel, A_log, dt_bias, use_beta_sigmoid_in_kernel, allow_neg_eigval,
-                      state_v_first)
+                      state_v_first, lower_bound)

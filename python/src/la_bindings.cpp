@@ -92,7 +92,7 @@ struct Args {
 void read_inputs(Args& a, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
                  nb::handle initial_state, nb::handle cu_seqlens, nb::handle A_log, nb::handle dt_bias,
                  std::optional<double> scale, bool qk_l2norm, bool gate_in_kernel, bool beta_sigmoid,
-                 bool allow_neg_eigval) {
+                 bool allow_neg_eigval, std::optional<double> lower_bound) {
   a.in.q = array_view(q, "q", a.refs);
   a.in.k = array_view(k, "k", a.refs);
   a.in.v = array_view(v, "v", a.refs);
@@ -107,13 +107,14 @@ void read_inputs(Args& a, nb::handle q, nb::handle k, nb::handle v, nb::handle g
   a.opt.gate_in_kernel = gate_in_kernel;
   a.opt.beta_sigmoid = beta_sigmoid;
   a.opt.allow_neg_eigval = allow_neg_eigval;
+  if (lower_bound) a.opt.lower_bound = static_cast<float>(*lower_bound);
 }
 
 void prefill(const std::string& variant, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
              nb::handle initial_state, nb::handle cu_seqlens, nb::handle A_log, nb::handle dt_bias, nb::handle o,
              nb::handle final_state, std::optional<double> scale, bool qk_l2norm, bool gate_in_kernel,
              bool beta_sigmoid, bool allow_neg_eigval, const std::string& path, int threads,
-             const std::string& plan_json) {
+             const std::string& plan_json, std::optional<double> lower_bound) {
   const Variant var = parse_variant(variant);
   // plan=: the plan JSON (hanpu.plan(...) or `hanpu plan -o`), parsed and validated before the run;
   // errors name the field ("plan.kernels[0].cores: ...").
@@ -121,7 +122,7 @@ void prefill(const std::string& variant, nb::handle q, nb::handle k, nb::handle 
   if (!plan_json.empty()) plan = plan_from_json(parse_json(plan_json, "plan"), "plan");
   Args a;
   read_inputs(a, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm, gate_in_kernel,
-              beta_sigmoid, allow_neg_eigval);
+              beta_sigmoid, allow_neg_eigval, lower_bound);
   LaOutputs out;
   out.o = array_view(o, "o", a.refs, /*writable=*/true);
   out.final_state = array_view(final_state, "final_state", a.refs, /*writable=*/true);
@@ -156,11 +157,11 @@ nb::ndarray<nb::numpy, double> to_numpy(const Tensor& t) {
 nb::tuple reference(const std::string& variant, nb::handle q, nb::handle k, nb::handle v, nb::handle g,
                     nb::handle beta, nb::handle initial_state, nb::handle cu_seqlens, nb::handle A_log,
                     nb::handle dt_bias, std::optional<double> scale, bool qk_l2norm, bool gate_in_kernel,
-                    bool beta_sigmoid, bool allow_neg_eigval) {
+                    bool beta_sigmoid, bool allow_neg_eigval, std::optional<double> lower_bound) {
   const Variant var = parse_variant(variant);
   Args a;
   read_inputs(a, q, k, v, g, beta, initial_state, cu_seqlens, A_log, dt_bias, scale, qk_l2norm, gate_in_kernel,
-              beta_sigmoid, allow_neg_eigval);
+              beta_sigmoid, allow_neg_eigval, lower_bound);
   LaReference r;
   {
     nb::gil_scoped_release no_gil;
@@ -189,12 +190,12 @@ void register_la(nb::module_& m) {
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("o"), nb::arg("final_state").none(), nb::arg("scale").none(),
         nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"), nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"),
-        nb::arg("path"), nb::arg("threads"), nb::arg("plan_json") = "",
+        nb::arg("path"), nb::arg("threads"), nb::arg("plan_json") = "", nb::arg("lower_bound").none() = nb::none(),
         "Runs GDN/KDA prefill into the given o / final_state arrays (no copies; GIL released).");
   m.def("la_reference", &reference, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"),
-        nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"),
+        nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"), nb::arg("lower_bound").none() = nb::none(),
         "The fp64 token-by-token reference: returns (o, final_state) as float64 numpy arrays.");
   m.def("isa", &isa_info, "The SIMD target the kernels dispatch to, after HANPU_ISA (requested, target, native, choices).");
   m.def("hardware_threads", &hardware_threads, "Hardware threads this process may run on (its CPU affinity).");

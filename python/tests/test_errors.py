@@ -107,12 +107,9 @@ def test_unsupported_options_raise_not_implemented():
     cases = [
         (lambda: hanpu.chunk_gated_delta_rule(**x, chunk_size=32), "chunk_size"),
         (lambda: hanpu.chunk_gated_delta_rule(**x, cp_context=object()), "cp_context"),
-        (lambda: hanpu.chunk_kda(**y, safe_gate=True), "safe_gate"),
-        (lambda: hanpu.chunk_kda(**y, lower_bound=-5.0), "lower_bound"),
         (lambda: hanpu.chunk_kda(**y, return_intermediate_states=True), "return_intermediate_states"),
         (lambda: hanpu.chunk_kda(**y, chunk_size=32), "chunk_size"),
         (lambda: hanpu.chunk_kda(**y, cp_context=object()), "cp_context"),
-        (lambda: hanpu.fused_recurrent_kda(**y, lower_bound=-5.0), "lower_bound"),
         (lambda: hanpu.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], gv=x["v"], beta=x["beta"]),
          "gv"),
         (lambda: hanpu.fused_recurrent_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], beta=x["v"]), "beta"),
@@ -123,6 +120,28 @@ def test_unsupported_options_raise_not_implemented():
     for fn, option in cases:
         with pytest.raises(NotImplementedError, match=f"`{option}`"):
             fn()
+
+
+def test_lower_bound_checks():
+    """The lower-bounded KDA gate: FLA's checks and messages where FLA checks; a bound that would do
+    nothing (no in-kernel gate) or a bound that is not negative is refused, naming lower_bound."""
+    y = kda()
+    raw = dict(y, A_log=np.zeros(y["v"].shape[2], np.float32))
+    with pytest.raises(ValueError, match="`lower_bound` must be specified when `safe_gate=True`"):
+        hanpu.chunk_kda(**raw, use_gate_in_kernel=True, safe_gate=True)
+    with pytest.raises(ValueError, match=r"safe range \[-5, 0\), got -6"):
+        hanpu.chunk_kda(**raw, use_gate_in_kernel=True, safe_gate=True, lower_bound=-6.0)
+    for fn in (hanpu.chunk_kda, hanpu.fused_recurrent_kda):
+        with pytest.raises(ValueError, match="`lower_bound` bounds the gate computed in kernel"):
+            fn(**y, lower_bound=-5.0)
+        with pytest.raises(ValueError, match="lower_bound is 0.5.*expected a finite negative number"):
+            fn(**raw, use_gate_in_kernel=True, lower_bound=0.5)
+    # GDN's functions have no lower_bound parameter (as in FLA); the engine refuses one by name.
+    from hanpu import _hanpu
+    x = gdn()
+    with pytest.raises(ValueError, match="lower_bound is KDA's lower-bounded gate; GDN has none"):
+        _hanpu.la_reference("gdn", x["q"], x["k"], x["v"], x["g"], x["beta"], None, None,
+                            np.zeros(x["v"].shape[2], np.float32), None, None, False, True, False, False, -1.0)
 
 
 def test_accepted_hints():

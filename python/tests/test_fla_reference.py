@@ -97,6 +97,32 @@ def test_kda_gate_in_kernel_against_naive_gate():
     assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
 
 
+@pytest.mark.parametrize("mode", ["chunk", "recurrent"])
+@pytest.mark.parametrize("with_a_log", [True, False])
+def test_kda_lower_bound_gate_against_naive(mode, with_a_log):
+    """Ling's safe gate in kernel: g = lower_bound * sigmoid(exp(A_log) (g + dt_bias)) (rate 1 without
+    A_log), against FLA's naive_kda_lowerbound_gate + naive_recurrent_kda; T not a multiple of 64,
+    HV > H, odd head dims."""
+    naive = load_fla_naive("kda/naive.py")
+    gate = load_fla_function("kda/gate.py", "naive_kda_lowerbound_gate")
+    x = torch_inputs(make_inputs("kda", 2, 90, 2, 4, 36, 20, seed=27, raw_gate=True))
+    x["g"] = x["g"] * 3  # raw pre-activations wide enough to reach both ends of (lower_bound, 0)
+    if not with_a_log:
+        x["A_log"] = None
+    fn = hanpu.chunk_kda if mode == "chunk" else hanpu.fused_recurrent_kda
+    extra = dict(safe_gate=True) if mode == "chunk" else {}
+    o, ht = fn(**x, use_gate_in_kernel=True, lower_bound=-5.0, output_final_state=True, **extra)
+    g = gate(x["g"], x["A_log"], x["dt_bias"], lower_bound=-5.0)
+    assert float(g.min()) < -4.5 and float(g.max()) > -0.5  # the test spans the gate's range
+    ro, rht = naive.naive_recurrent_kda(x["q"], x["k"], x["v"], g, x["beta"], initial_state=x["initial_state"],
+                                        output_final_state=True)
+    assert nmse(o, ro) <= BOUND and nmse(ht, rht) <= BOUND
+    # and the fp64 reference with the same bound agrees with the engine
+    r = {n: (t.numpy() if t is not None else None) for n, t in x.items()}
+    fo, fht = hanpu.reference.kda(**r, use_gate_in_kernel=True, lower_bound=-5.0)
+    assert nmse(o, torch.from_numpy(fo)) <= 1e-10 and nmse(ht, torch.from_numpy(fht)) <= 1e-10
+
+
 def test_kda_bf16_like_fla_tests():
     """bf16 q/k/v as in FLA's bf16 KDA grid: FLA's naive casts to fp32 and returns v's dtype."""
     naive = load_fla_naive("kda/naive.py")

@@ -30,6 +30,8 @@ struct LaCommandArgs {
   std::string out_path;
   float scale = 0.0f;
   CLI::Option* scale_option = nullptr;  // scale is used only when given: the default is K^-0.5
+  float lower_bound = 0.0f;
+  CLI::Option* lower_bound_option = nullptr;  // KDA's lower-bounded gate, only when given
   bool qk_l2norm = false;
   bool gate_in_kernel = false;
   bool beta_sigmoid = false;
@@ -81,7 +83,10 @@ void run_la_command(hanpu::Variant variant, const LaCommandArgs& args) {
   if (!in.cu_seqlens.empty() && in.cu_seqlens.dtype != hanpu::DType::I32 && in.cu_seqlens.dtype != hanpu::DType::I64)
     throw hanpu::Error(command + ": tensor 'cu_seqlens' in '" + args.in_path + "' is " +
                        hanpu::dtype_name(in.cu_seqlens.dtype) + ", expected I32 or I64");
-  if (args.gate_in_kernel && in.A_log.empty())
+  const bool bounded = args.lower_bound_option && args.lower_bound_option->count() > 0;
+  if (bounded && !args.gate_in_kernel)
+    throw hanpu::Error(command + ": --lower-bound bounds the gate computed in kernel; add --gate-in-kernel");
+  if (args.gate_in_kernel && in.A_log.empty() && !bounded)
     throw hanpu::Error(command + ": --gate-in-kernel computes the decay from g, A_log and dt_bias, but '" +
                        args.in_path + "' has no tensor 'A_log' [HV]");
   // Tensors the run would silently not use usually mean a mistake in how the file was made.
@@ -100,6 +105,7 @@ void run_la_command(hanpu::Variant variant, const LaCommandArgs& args) {
   if (args.scale_option && args.scale_option->count() > 0) opt.scale = args.scale;
   opt.qk_l2norm = args.qk_l2norm;
   opt.gate_in_kernel = args.gate_in_kernel;
+  if (bounded) opt.lower_bound = args.lower_bound;
   opt.beta_sigmoid = args.beta_sigmoid;
   opt.allow_neg_eigval = args.allow_neg_eigval;
 
@@ -161,6 +167,11 @@ void add_la_subcommand(CLI::App& app, hanpu::Variant variant, const std::string&
   sub->add_flag("--l2norm", args->qk_l2norm, "L2-normalise q and k per head inside the kernel");
   sub->add_flag("--gate-in-kernel", args->gate_in_kernel,
                 "g is the raw gate pre-activation; the decay is computed with A_log (and dt_bias)");
+  if (variant == hanpu::Variant::KDA)
+    args->lower_bound_option =
+        sub->add_option("--lower-bound", args->lower_bound,
+                        "with --gate-in-kernel: the lower-bounded (safe) gate g = LB sigmoid(exp(A_log) (g + dt_bias)), "
+                        "LB < 0; A_log is then optional (rate 1)");
   sub->add_flag("--beta-sigmoid", args->beta_sigmoid, "beta <- sigmoid(beta)");
   sub->add_flag("--allow-neg-eigval", args->allow_neg_eigval, "with --beta-sigmoid: beta <- 2 sigmoid(beta)");
   sub->add_option("--mode", args->mode,

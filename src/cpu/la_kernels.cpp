@@ -556,8 +556,11 @@ void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
   else
     g[0] = LoadScalar(in.g, offset3(in.g, b, t, hv));
   if (!job.opt.gate_in_kernel) return;
-  // g = -exp(A_log) softplus(g + dt_bias), fp32 as FLA's gate kernels.
-  const float a = std::exp(static_cast<float>(load_as_double(in.A_log.data, in.A_log.dtype, hv * in.A_log.stride[0])));
+  // g = -exp(A_log) softplus(g + dt_bias), or with a lower bound lb * sigmoid(exp(A_log) (g + dt_bias))
+  // (rate 1 without A_log), fp32 as FLA's gate kernels.
+  const float a = in.A_log.empty()
+                      ? 1.f
+                      : std::exp(static_cast<float>(load_as_double(in.A_log.data, in.A_log.dtype, hv * in.A_log.stride[0])));
   for (size_t d = 0; d < n; ++d) {
     float bias = 0.f;
     if (!in.dt_bias.empty()) {
@@ -565,7 +568,8 @@ void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
                                                : (kda ? hv * job.shape.K + static_cast<int64_t>(d) : hv) * in.dt_bias.stride[0];
       bias = static_cast<float>(load_as_double(in.dt_bias.data, in.dt_bias.dtype, off));
     }
-    g[d] = -a * gates::softplus(g[d] + bias);
+    g[d] = job.opt.lower_bound ? gates::lower_bound_gate(g[d], a, bias, *job.opt.lower_bound)
+                               : -a * gates::softplus(g[d] + bias);
   }
 }
 

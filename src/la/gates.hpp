@@ -23,6 +23,14 @@ inline T decay_gate(T raw, T a_log, T dt_bias) {
   return -std::exp(a_log) * softplus(raw + dt_bias);
 }
 
+/// The lower-bounded KDA gate: lower_bound * sigmoid(rate * (raw + dt_bias)), in
+/// (lower_bound, 0) for a negative lower_bound; rate is exp(A_log), or 1 without A_log
+/// (FLA's naive_kda_lowerbound_gate, fla/ops/kda/gate.py).
+template <class T>
+inline T lower_bound_gate(T raw, T rate, T dt_bias, T lower_bound) {
+  return lower_bound * sigmoid(rate * (raw + dt_bias));
+}
+
 /// beta after the optional in-kernel sigmoid (2 sigmoid with allow_neg_eigval).
 template <class T>
 inline T beta_transform(T raw, bool beta_sigmoid, bool allow_neg_eigval) {

@@ -63,14 +63,17 @@ LaReference la_reference(Variant variant, const LaInputs& in, const LaOptions& o
         for (int64_t d = 0; d < gk; ++d) {
           double raw = variant == Variant::GDN ? at(in.g, offset3(in.g, b, t, hv)) : at(in.g, offset4(in.g, b, t, hv, d));
           if (opt.gate_in_kernel) {
-            const double a_log = at(in.A_log, hv * in.A_log.stride[0]);
+            const bool has_a_log = !in.A_log.empty();  // optional with a lower bound (rate 1)
+            const double a_log = has_a_log ? at(in.A_log, hv * in.A_log.stride[0]) : 0.0;
             double bias = 0.0;
             if (!in.dt_bias.empty()) {
               const int64_t flat = variant == Variant::GDN ? hv : hv * K + d;
               bias = in.dt_bias.rank == 2 ? at(in.dt_bias, hv * in.dt_bias.stride[0] + d * in.dt_bias.stride[1])
                                           : at(in.dt_bias, flat * in.dt_bias.stride[0]);
             }
-            raw = gates::decay_gate(raw, a_log, bias);
+            raw = opt.lower_bound ? gates::lower_bound_gate(raw, has_a_log ? std::exp(a_log) : 1.0, bias,
+                                                            static_cast<double>(*opt.lower_bound))
+                                  : gates::decay_gate(raw, a_log, bias);
           }
           g[d] = raw;
         }

@@ -215,10 +215,25 @@ LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt) {
     require_float(in.initial_state, "initial_state");
     require_shape(in.initial_state, "initial_state", {s.N, s.HV, s.K, s.V}, "[N,HV,K,V]");
   }
+  if (opt.lower_bound) {
+    // As FLA's fla/ops/kda/gate.py: a bound on KDA's in-kernel gate activation, nothing else.
+    if (variant != Variant::KDA)
+      fail("lower_bound is KDA's lower-bounded gate; GDN has none (got lower_bound = " +
+           std::to_string(*opt.lower_bound) + ")");
+    if (!opt.gate_in_kernel)
+      fail("lower_bound bounds the gate computed in kernel, so it needs gate_in_kernel (without it g is the "
+           "finished log decay and the bound would have no effect)");
+    if (!std::isfinite(*opt.lower_bound) || !(*opt.lower_bound < 0.f))
+      fail("lower_bound is " + std::to_string(*opt.lower_bound) +
+           ", expected a finite negative number (the gate lies in (lower_bound, 0))");
+  }
   if (opt.gate_in_kernel) {
-    if (in.A_log.empty()) fail("gate in kernel needs tensor 'A_log' [HV], which is missing");
-    require_float(in.A_log, "A_log");
-    require_shape(in.A_log, "A_log", {s.HV}, "[HV]");
+    // With a lower bound A_log is optional (rate 1), as in FLA.
+    if (in.A_log.empty() && !opt.lower_bound) fail("gate in kernel needs tensor 'A_log' [HV], which is missing");
+    if (!in.A_log.empty()) {
+      require_float(in.A_log, "A_log");
+      require_shape(in.A_log, "A_log", {s.HV}, "[HV]");
+    }
     if (!in.dt_bias.empty()) {
       require_float(in.dt_bias, "dt_bias");
       if (variant == Variant::GDN) {

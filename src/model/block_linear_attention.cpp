@@ -3,6 +3,7 @@
 // gdn_prefill / kda_prefill, a decode step (T = 1) through gdn_decode / kda_decode.
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "hanpu/la.hpp"
 #include "model/blocks.hpp"
@@ -24,10 +25,10 @@ namespace {
 
 // Runs the LA engine over the conv output `conv` ([T, conv_dim] rows holding q | k | v) into `o`
 // [T, HV, V]: a prefill from the recurrent state (replaced by the final state), or decode steps.
-// With gate_in_kernel the engine turns the raw g into -exp(A_log)·softplus(g + dt_bias); without, g
-// is the finished log decay.
+// The engine turns the raw g into -exp(A_log)·softplus(g + dt_bias), or with a lower bound (Ling's
+// safe gate) into lower_bound·sigmoid(exp(A_log)·(g + dt_bias)).
 void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t conv_dim, int64_t nk, int64_t nv,
-                int64_t dk, int64_t dv, TensorView g, TensorView beta, bool gate_in_kernel,
+                int64_t dk, int64_t dv, TensorView g, TensorView beta, std::optional<float> lower_bound,
                 const std::vector<float>& A_log, const std::vector<float>& dt_bias, Tensor& state, float* o) {
   const int64_t T = r.T, kd = nk * dk;
   LaInputs in;
@@ -44,12 +45,11 @@ void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t c
   in.beta = beta;
   LaOptions lo;
   lo.qk_l2norm = true;
-  if (gate_in_kernel) {
-    in.A_log = TensorView::contiguous(const_cast<float*>(A_log.data()), DType::F32, {nv});
-    in.dt_bias = TensorView::contiguous(const_cast<float*>(dt_bias.data()), DType::F32,
-                                        {static_cast<int64_t>(dt_bias.size())});
-    lo.gate_in_kernel = true;  // g = -exp(A_log) * softplus(raw + dt_bias), in fp32
-  }
+  in.A_log = TensorView::contiguous(const_cast<float*>(A_log.data()), DType::F32, {nv});
+  in.dt_bias = TensorView::contiguous(const_cast<float*>(dt_bias.data()), DType::F32,
+                                      {static_cast<int64_t>(dt_bias.size())});
+  lo.gate_in_kernel = true;  // the gate activation in fp32, as FLA's gate kernels
+  lo.lower_bound = lower_bound;
   lo.beta_sigmoid = true;
   TensorView ov = TensorView::contiguous(o, DType::F32, {1, T, nv, dv});
   const int th = r.opt.threads;
@@ -131,7 +131,7 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   float* o = scratch(kO, T * vd);
   run_engine(Variant::GDN, r, conv, cd, c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
              TensorView::contiguous(a, DType::F32, {1, T, nv}), TensorView::contiguous(b, DType::F32, {1, T, nv}),
-             true, A_log, dt_bias, recurrent_state, o);
+             std::nullopt, A_log, dt_bias, recurrent_state, o);
   r.times.gdn_engine += seconds_since(t0);
 
   t0 = Clock::now();
@@ -212,23 +212,11 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   r.times.kda_conv += seconds_since(t0);
 
   t0 = Clock::now();
-  if (c.kda_safe_gate) {
-    // Ling's safe gate, as BailingHybridForgetGate: lower_bound · sigmoid(exp(A_log[h]) · (f + dt_bias)),
-    // in fp32; the engine then takes it as the finished log decay.
-    const float lb = static_cast<float>(c.kda_lower_bound);
-    parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
-      for (int64_t t = t_begin; t < t_end; ++t)
-        for (int64_t hh = 0; hh < nh; ++hh) {
-          const float rate = std::exp(A_log[static_cast<size_t>(hh)]);
-          float* fr = f + t * qkv + hh * dk;
-          const float* bias = dt_bias.data() + hh * dk;
-          for (int64_t i = 0; i < dk; ++i) fr[i] = lb / (1.0f + std::exp(-(rate * (fr[i] + bias[i]))));
-        }
-    });
-  }
   float* o = scratch(kO, T * qkv);
   run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, TensorView::contiguous(f, DType::F32, {1, T, nh, dk}),
-             TensorView::contiguous(b, DType::F32, {1, T, nh}), !c.kda_safe_gate, A_log, dt_bias, recurrent_state, o);
+             TensorView::contiguous(b, DType::F32, {1, T, nh}),
+             c.kda_safe_gate ? std::optional<float>(static_cast<float>(c.kda_lower_bound)) : std::nullopt, A_log,
+             dt_bias, recurrent_state, o);
   r.times.kda_engine += seconds_since(t0);
 
   // o_norm: RMSNorm per head with the raw weight, times sigmoid of the output gate (FLA's

@@ -41,7 +41,7 @@ struct GdnMixer {
 /// v_conv1d, or concatenated as one conv1d by transformers' in-memory layout), the low-rank forget
 /// gate f_b(f_a(x)) (Ling: full-rank f_proj(x)) turned into g = -exp(A_log[h])·softplus(f + dt_bias)
 /// per channel inside the KDA engine (Ling's safe gate lower_bound·sigmoid(exp(A_log)·(f + dt_bias))
-/// computed here and passed as the finished g), beta = sigmoid(b_proj(x)), q/k L2 norm in the
+/// too: LaOptions::lower_bound), beta = sigmoid(b_proj(x)), q/k L2 norm in the
 /// engine, then o_norm(o)·sigmoid(g_b(g_a(x))) (Ling: g_proj(x)) and o_proj.
 struct KdaMixer {
   Projection q_proj, k_proj, v_proj, f_a, f_b, f_proj, b_proj, g_a, g_b, g_proj, o_proj;
