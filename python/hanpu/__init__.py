@@ -6,6 +6,7 @@ flash-linear-attention (FLA), and the HA-NPU planner/simulator for edge NPUs. do
     o1, ht = hanpu.fused_recurrent_gated_delta_rule(q1, k1, v1, g1, beta=b1, initial_state=ht,
                                                     output_final_state=True)
     hanpu.simulate(device="ascend310p", variant="gdn", T=4096, heads=16)["latency_ms"]
+    m = hanpu.Model.load("checkpoint/"); m.generate(ids, max_new_tokens=16)
 """
 
 from . import reference
@@ -21,12 +22,16 @@ from .ops import (
     isa,
     set_num_threads,
 )
+from .model import Model, ModelState, Tokenizer
 from .planning import ablation_steps, describe_plan, device, devices, plan, simulate, strategies
 
 __version__ = "0.1.0"
 
 __all__ = [
     "HanpuError",
+    "Model",
+    "ModelState",
+    "Tokenizer",
     "ablation_steps",
     "chunk_gated_delta_rule",
     "chunk_gdn",

@@ -30,5 +30,6 @@ TensorView array_view(nb::handle obj, const char* name, ArrayRefs& refs, bool wr
 
 void register_la(nb::module_& m);
 void register_plan(nb::module_& m);
+void register_model(nb::module_& m);
 
 }  // namespace hanpu::python

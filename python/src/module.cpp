@@ -9,4 +9,5 @@ NB_MODULE(_hanpu, m) {
   nb::exception<hanpu::Error>(m, "HanpuError", PyExc_ValueError);
   hanpu::python::register_la(m);
   hanpu::python::register_plan(m);
+  hanpu::python::register_model(m);
 }

@@ -547,6 +547,39 @@ struct ChunkRows {
   float* kda_factors = nullptr;
 };
 
+// The in-kernel gate activation of one row of n <= 256 channels (KDA: the K channels of one token
+// and value head; GDN: 1), x = raw + dt_bias: g = -a softplus(x) with Triton's softplus (x itself
+// above 20), or the lower-bounded lb sigmoid(a x). Vectorised (Highway's Exp/Log1p, 1-2 ULP):
+// evaluated one channel at a time with std::exp and std::log1p it took 2/3 of a KDA layer's engine
+// call (T = 512, 32 heads x 128, 2 threads, Zen 4: 129 ms against 44 ms with a finished gate). The
+// row is staged in a padded buffer so every channel goes through the same vector formula.
+void GateActivationRow(float* HWY_RESTRICT g, const float* HWY_RESTRICT bias, size_t n, float a,
+                       const std::optional<float>& lower_bound) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  HWY_ALIGN float x[256 + HWY_MAX_BYTES / sizeof(float)];
+  const size_t padded = RoundUp(n, N);
+  for (size_t i = 0; i < n; ++i) x[i] = bias ? g[i] + bias[i] : g[i];
+  std::fill(x + n, x + padded, 0.f);
+  if (lower_bound) {
+    // e^{-a x} capped at e^88 (< FLT_MAX, inside Exp's range): lb / (1 + e^88) is 0 in fp32 anyway.
+    const VF neg_a = hn::Set(d, -a), lb = hn::Set(d, *lower_bound), one = hn::Set(d, 1.f), cap = hn::Set(d, 88.f);
+    for (size_t i = 0; i < padded; i += N) {
+      const VF e = hn::Exp(d, hn::Min(hn::Mul(neg_a, hn::Load(d, x + i)), cap));
+      hn::Store(hn::Div(lb, hn::Add(one, e)), d, x + i);
+    }
+  } else {
+    // Above 20 the lanes take x itself; the exponential sees at most 20 (inside its range).
+    const VF neg_a = hn::Set(d, -a), twenty = hn::Set(d, 20.f);
+    for (size_t i = 0; i < padded; i += N) {
+      const VF v = hn::Load(d, x + i);
+      const VF sp = hn::IfThenElse(hn::Gt(v, twenty), v, hn::Log1p(d, hn::Exp(d, hn::Min(v, twenty))));
+      hn::Store(hn::Mul(neg_a, sp), d, x + i);
+    }
+  }
+  std::copy(x, x + n, g);
+}
+
 void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
   const LaInputs& in = job.in;
   const bool kda = job.variant() == Variant::KDA;
@@ -556,21 +589,24 @@ void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
   else
     g[0] = LoadScalar(in.g, offset3(in.g, b, t, hv));
   if (!job.opt.gate_in_kernel) return;
-  // g = -exp(A_log) softplus(g + dt_bias), or with a lower bound lb * sigmoid(exp(A_log) (g + dt_bias))
-  // (rate 1 without A_log), fp32 as FLA's gate kernels.
+  // rate exp(A_log), or 1 without A_log (allowed with a lower bound), fp32 as FLA's gate kernels.
   const float a = in.A_log.empty()
                       ? 1.f
                       : std::exp(static_cast<float>(load_as_double(in.A_log.data, in.A_log.dtype, hv * in.A_log.stride[0])));
-  for (size_t d = 0; d < n; ++d) {
-    float bias = 0.f;
-    if (!in.dt_bias.empty()) {
-      const int64_t off = in.dt_bias.rank == 2 ? hv * in.dt_bias.stride[0] + static_cast<int64_t>(d) * in.dt_bias.stride[1]
-                                               : (kda ? hv * job.shape.K + static_cast<int64_t>(d) : hv) * in.dt_bias.stride[0];
-      bias = static_cast<float>(load_as_double(in.dt_bias.data, in.dt_bias.dtype, off));
+  float bias_row[256];
+  const float* bias = nullptr;
+  if (!in.dt_bias.empty()) {
+    const int64_t off = in.dt_bias.rank == 2 ? hv * in.dt_bias.stride[0] : (kda ? hv * job.shape.K : hv) * in.dt_bias.stride[0];
+    const int64_t step = in.dt_bias.stride[in.dt_bias.rank - 1];
+    if (in.dt_bias.dtype == DType::F32 && step == 1) {
+      bias = static_cast<const float*>(in.dt_bias.data) + off;  // the models' case: read in place
+    } else {
+      for (size_t d = 0; d < n; ++d)
+        bias_row[d] = static_cast<float>(load_as_double(in.dt_bias.data, in.dt_bias.dtype, off + static_cast<int64_t>(d) * step));
+      bias = bias_row;
     }
-    g[d] = job.opt.lower_bound ? gates::lower_bound_gate(g[d], a, bias, *job.opt.lower_bound)
-                               : -a * gates::softplus(g[d] + bias);
   }
+  GateActivationRow(g, bias, n, a, job.opt.lower_bound);
 }
 
 void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0, int64_t col1,

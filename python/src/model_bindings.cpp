@@ -1,0 +1,173 @@
+// Whole hybrid models from Python: hanpu::HybridModel (any supported family), its per-sequence
+// state, the tokenizer and the sampler, wrapped for python/hanpu/model.py (docs/PYTHON.md). The
+// model runs with the GIL released; its weights stay memory-mapped from the checkpoint.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
+#include "io/file_io.hpp"
+#include "io/json_io.hpp"
+
+namespace hanpu::python {
+namespace {
+
+// Token ids from a Python sequence of ints or an integer array (any int dtype numpy accepts).
+std::vector<int32_t> ids_from(nb::handle obj) {
+  std::vector<int32_t> ids;
+  if (nb::isinstance<nb::str>(obj) || nb::isinstance<nb::bytes>(obj))
+    throw nb::type_error("`ids` must be a sequence of token ids (ints), got a string: encode it with a Tokenizer first");
+  nb::object seq = nb::borrow(obj);
+  if (nb::hasattr(seq, "tolist")) seq = seq.attr("tolist")();  // numpy / torch
+  if (!nb::isinstance<nb::list>(seq) && !nb::isinstance<nb::tuple>(seq) && !nb::isinstance<nb::sequence>(seq))
+    throw nb::type_error("`ids` must be a sequence of token ids (ints)");
+  for (nb::handle x : seq) {
+    if (!nb::isinstance<nb::int_>(x))
+      throw nb::type_error(("`ids` must hold ints, got " + nb::cast<std::string>(nb::str(x.type().attr("__name__"))))
+                               .c_str());
+    const long long v = nb::cast<long long>(x);
+    if (v < 0 || v > INT32_MAX)
+      throw nb::value_error(("token id " + std::to_string(v) + " is outside [0, 2^31)").c_str());
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+nb::ndarray<nb::numpy, float> to_numpy(Tensor&& t) {
+  auto* data = new float[static_cast<size_t>(t.numel())];
+  std::memcpy(data, t.data(), static_cast<size_t>(t.numel()) * sizeof(float));
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+  std::vector<size_t> shape(t.shape().begin(), t.shape().end());
+  return nb::ndarray<nb::numpy, float>(data, shape.size(), shape.data(), owner);
+}
+
+// The parts of the model description a Python caller asks about (the rest is in "description").
+nb::dict config_dict(const ModelConfig& c) {
+  nb::dict d;
+  d["model_type"] = c.model_type;
+  d["vocab_size"] = c.vocab_size;
+  d["hidden_size"] = c.hidden_size;
+  d["num_layers"] = c.num_layers;
+  nb::list kinds;
+  for (int64_t i = 0; i < c.num_layers; ++i) kinds.append(token_mixer_name(c.token_mixer(i)));
+  d["layer_kinds"] = kinds;
+  d["linear_layers"] = c.num_linear_layers();
+  d["attention_layers"] = c.num_attention_layers();
+  d["moe_layers"] = c.num_moe_layers();
+  d["num_experts"] = c.num_experts;
+  d["parameters"] = c.parameter_count();
+  nb::list eos;
+  for (int32_t e : c.eos_token_ids) eos.append(e);
+  d["eos_token_ids"] = eos;
+  d["description"] = c.describe();
+  return d;
+}
+
+ModelConfig synthetic_config(const std::string& spec) {
+  if (spec.size() > 5 && spec.compare(spec.size() - 5, 5, ".json") == 0)
+    return parse_model_config(read_regular_file(spec, "config file", kMaxJsonFileBytes), spec);
+  return model_preset(spec);
+}
+
+std::vector<ChatMessage> messages_from(nb::handle obj) {
+  std::vector<ChatMessage> out;
+  for (nb::handle m : obj) {
+    if (!nb::isinstance<nb::dict>(m)) throw nb::type_error("each message must be a dict with 'role' and 'content'");
+    nb::dict d = nb::borrow<nb::dict>(m);
+    for (const char* key : {"role", "content"})
+      if (!d.contains(key) || !nb::isinstance<nb::str>(d[key]))
+        throw nb::type_error((std::string("each message needs a string '") + key + "'").c_str());
+    out.push_back({nb::cast<std::string>(d["role"]), nb::cast<std::string>(d["content"])});
+  }
+  return out;
+}
+
+}  // namespace
+
+void register_model(nb::module_& m) {
+  nb::class_<HybridState>(m, "ModelState", "Per-sequence state: LA recurrent and conv states, attention caches.")
+      .def_ro("position", &HybridState::position, "tokens consumed so far (the next token's position)")
+      .def_prop_ro("nbytes", &HybridState::bytes, "bytes held by the states and caches")
+      .def("copy", [](const HybridState& s) { return HybridState(s); },
+           "a deep copy (a snapshot to continue from later, e.g. a shared prompt prefix)");
+
+  nb::class_<HybridModel>(m, "_Model")
+      .def_static(
+          "load",
+          [](const std::string& dir) {
+            nb::gil_scoped_release no_gil;
+            return HybridModel::load(dir);
+          },
+          nb::arg("dir"))
+      .def_static(
+          "synthetic",
+          [](const std::string& spec, uint64_t seed, int threads) {
+            ModelConfig c = synthetic_config(spec);
+            nb::gil_scoped_release no_gil;
+            return HybridModel::synthetic(c, seed, threads);
+          },
+          nb::arg("spec"), nb::arg("seed"), nb::arg("threads"))
+      .def_prop_ro("config", [](const HybridModel& mdl) { return config_dict(mdl.config()); })
+      .def_prop_ro("weight_bytes", &HybridModel::weight_bytes)
+      .def("new_state", &HybridModel::new_state)
+      .def(
+          "forward",
+          [](const HybridModel& mdl, HybridState& state, nb::handle ids_obj, bool all_logits, int threads,
+             const std::string& precision) {
+            const std::vector<int32_t> ids = ids_from(ids_obj);
+            ForwardOptions fo;
+            fo.threads = threads;
+            fo.all_logits = all_logits;
+            if (precision == "exact") fo.precision = LinearPrecision::kExact;
+            else if (precision == "bf16") fo.precision = LinearPrecision::kBf16;
+            else if (precision == "bf16x2") fo.precision = LinearPrecision::kBf16x2;
+            else
+              throw nb::value_error(("`precision` is '" + precision + "', expected exact, bf16x2 or bf16").c_str());
+            Tensor logits;
+            {
+              nb::gil_scoped_release no_gil;
+              logits = mdl.forward(state, ids, fo);
+            }
+            return to_numpy(std::move(logits));
+          },
+          nb::arg("state"), nb::arg("ids"), nb::arg("all_logits"), nb::arg("threads"), nb::arg("precision"));
+
+  nb::class_<Tokenizer>(m, "_Tokenizer")
+      .def_static("from_dir", &Tokenizer::from_dir, nb::arg("dir"))
+      .def_static("from_file", &Tokenizer::from_file, nb::arg("path"))
+      .def("encode", [](const Tokenizer& t, const std::string& text,
+                        bool parse_special) { return t.encode(text, parse_special); },
+           nb::arg("text"), nb::arg("parse_special"))
+      .def("decode", [](const Tokenizer& t, nb::handle ids, bool skip_special) {
+             const std::string text = t.decode(ids_from(ids), skip_special);
+             return nb::bytes(text.data(), text.size());  // may end inside a UTF-8 sequence
+           },
+           nb::arg("ids"), nb::arg("skip_special"))
+      .def_prop_ro("vocab_size", &Tokenizer::vocab_size)
+      .def_prop_ro("eos_token_id", &Tokenizer::eos_token_id)
+      .def("token_to_id", [](const Tokenizer& t, const std::string& s) { return t.token_to_id(s); })
+      .def("apply_chat_template",
+           [](const Tokenizer& t, nb::handle messages, bool add_generation_prompt, bool enable_thinking) {
+             return t.apply_chat_template(messages_from(messages), add_generation_prompt, enable_thinking);
+           },
+           nb::arg("messages"), nb::arg("add_generation_prompt"), nb::arg("enable_thinking"));
+
+  nb::class_<Sampler>(m, "_Sampler")
+      .def("__init__",
+           [](Sampler* s, float temperature, int top_k, float top_p, uint64_t seed) {
+             new (s) Sampler(SamplingOptions{temperature, top_k, top_p, seed});
+           },
+           nb::arg("temperature"), nb::arg("top_k"), nb::arg("top_p"), nb::arg("seed"))
+      .def("sample", [](Sampler& s, nb::ndarray<const float, nb::ndim<1>, nb::c_contig, nb::device::cpu> row) {
+             return s.sample(std::span<const float>(row.data(), row.shape(0)));
+           },
+           nb::arg("logits"));
+}
+
+}  // namespace hanpu::python
