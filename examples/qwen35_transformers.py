@@ -8,7 +8,7 @@ decode) because FLA's Triton kernels need a GPU. hanpu's `chunk_gated_delta_rule
 two calls without touching the rest of the model. This script:
 
   1. builds a Qwen3.5 model: by default the text tower of Qwen3.5-0.8B (shapes from
-     docs reference-models.md §1.1) with random weights drawn by transformers' own initialisation
+     Qwen3.5-0.8B's config.json) with random weights drawn by transformers' own initialisation
      (seeded), nothing downloaded; `--model DIR` loads a
      real checkpoint instead (an official Qwen3_5ForConditionalGeneration one works: transformers
      maps it to Qwen3_5ForCausalLM and skips the vision tower);
@@ -108,7 +108,7 @@ FP32_NMSE = 1e-8
 BF16_DISCREPANCY = 1.0
 TEST_DECODE_TOKENS = 32
 
-# The text tower of Qwen3.5-0.8B (docs reference-models.md §1.1; src/model/qwen35_config.cpp).
+# The text tower of Qwen3.5-0.8B (its config.json; src/model/qwen35_config.cpp).
 QWEN35_0_8B = dict(
     vocab_size=248320,
     hidden_size=1024,

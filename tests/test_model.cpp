@@ -253,7 +253,7 @@ TEST(Qwen35Loader, NoWeightsOrNoConfig) {
 }
 
 TEST(Qwen35Synthetic, PresetsHaveThePublishedParameterCounts) {
-  // Text parts of the safetensors totals of reference-models.md §1.1 (total minus vision and
+  // Text parts of the safetensors totals of Qwen's published model cards and safetensors headers (total minus vision and
   // MTP): the presets have the real shapes.
   const Qwen35Config c = qwen35_preset("qwen3.5-0.8b");
   EXPECT_EQ(c.num_gdn_layers(), 18);

@@ -21,7 +21,7 @@ using hanpu::Tokenizer;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-// Qwen3.5's split regex as reference-models.md section 5 gives it (transformers
+// Qwen3.5's split regex as its tokenizer.json gives it (transformers
 // tokenization_qwen3_5.py). hanpu reads the regex from tokenizer.json; this documents that the
 // golden file carries exactly Qwen3.5's.
 const std::string kQwen35Regex =

@@ -90,7 +90,7 @@ TEXT_CONFIG = {
     "mamba_ssm_dtype": "float32",
 }
 
-# The Qwen3.5 pre-tokenizer split (reference-models.md §5).
+# The Qwen3.5 pre-tokenizer split (its tokenizer.json's pre_tokenizer regex).
 QWEN35_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"

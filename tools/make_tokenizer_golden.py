@@ -48,7 +48,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 # Qwen3.5's split regex (transformers models/qwen3_5/tokenization_qwen3_5.py, PRETOKENIZE_REGEX;
-# docs reference-models.md section 5).
+# Qwen3.5's tokenizer.json pre_tokenizer).
 QWEN35_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )

@@ -1,5 +1,5 @@
 // Linear-attention operators: Gated DeltaNet (GDN) and Kimi Delta Attention (KDA), prefill and
-// decode, with FLA's argument conventions (reference-fla.md §1, §4).
+// decode, with FLA's argument conventions (fla/ops/gated_delta_rule/chunk.py, fla/ops/kda/chunk.py; docs/PYTHON.md).
 //
 //   q, k  [B,T,H,K]      v [B,T,HV,V]      g [B,T,HV] (GDN) or [B,T,HV,K] (KDA)      beta [B,T,HV]
 //   initial_state [N,HV,K,V] fp32 (optional)       cu_seqlens [N+1] int32/int64 (optional, then B = 1)
@@ -21,7 +21,8 @@ enum class Variant { GDN, KDA };
 const char* variant_name(Variant v);  // "gdn" / "kda"
 std::optional<Variant> variant_from_name(const std::string& name);  // inverse; nullopt otherwise
 
-/// Input transforms FLA can apply inside its kernels (reference-fla.md §1.4).
+/// Input transforms FLA can apply inside its kernels (fla/ops/gated_delta_rule/gate.py,
+/// fla/ops/kda/gate.py, fla/modules/l2norm.py, fla/ops/common/gate.py).
 struct LaOptions {
   std::optional<float> scale;   // default K^-0.5
   bool qk_l2norm = false;       // q,k <- x / sqrt(sum x^2 + 1e-6), fp32

@@ -1,4 +1,4 @@
-// The fp64 token-by-token references of GDN and KDA (reference-fla.md §1.2-1.3): the oracle every
+// The fp64 token-by-token references of GDN and KDA (FLA's naive_recurrent_gated_delta_rule and naive_recurrent_kda): the oracle every
 // fast path is tested against. Inputs are read at their stored precision and computed in double.
 #pragma once
 

@@ -1,7 +1,7 @@
 """GDN and KDA with flash-linear-attention's names, arguments and defaults, on the CPU.
 
-Each function mirrors its FLA namesake (fla.ops.gated_delta_rule / fla.ops.kda, reference-fla.md
-§4): same positional order, same keyword names and defaults, same return value (o, final_state or
+Each function mirrors its FLA namesake (fla.ops.gated_delta_rule / fla.ops.kda, docs/PYTHON.md):
+same positional order, same keyword names and defaults, same return value (o, final_state or
 None), and FLA's ValueError messages for the checks FLA makes. The chunk_* functions run hanpu's
 head-fused chunked path, the fused_recurrent_* functions the token-by-token recurrence; both
 return the same result up to fp32 rounding.

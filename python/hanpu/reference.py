@@ -1,5 +1,5 @@
-"""The fp64 token-by-token references of GDN and KDA (hanpu::la_reference, reference-fla.md
-§1.2-1.4): the oracle hanpu's own tests use. Inputs are read at their stored precision (so a
+"""The fp64 token-by-token references of GDN and KDA (hanpu::la_reference, the recurrences
+of FLA's naive references with its in-kernel options): the oracle hanpu's own tests use. Inputs are read at their stored precision (so a
 bf16 input is compared on the same rounded values) and everything is computed in float64.
 
 Both return (o [B,T,HV,V], final_state [N,HV,K,V], or [N,HV,V,K] with state_v_first) as float64

@@ -1,4 +1,4 @@
-"""Shared helpers of the hanpu Python tests: FLA's input recipes (reference-fla.md §3.5), the
+"""Shared helpers of the hanpu Python tests: FLA's input recipes (FLA's tests/ops/test_gated_delta.py, test_kda.py), the
 error metric, and the optional torch / ml_dtypes / fla-core pieces (tests needing them skip when
 they are absent; with HANPU_TESTS_NO_SKIP=1, as scripts/test.sh sets it after installing them all,
 any skipped test fails the run)."""

@@ -78,7 +78,7 @@ def test_int32_cu_seqlens_and_list():
         assert nmse(o, ref[0]) <= NMSE_BOUND["float32"] and nmse(ht, ref[1]) <= NMSE_BOUND["float32"]
 
 
-# Every in-kernel option (reference-fla.md §1.4), alone and all together.
+# Every in-kernel option (docs/PYTHON.md), alone and all together.
 OPTIONS = {
     "scale": dict(scale=0.3),
     "l2norm": dict(use_qk_l2norm_in_kernel=True),

@@ -33,7 +33,7 @@ struct Shape {
   int per_model;  // how many times one forward of Qwen3.5-0.8B (all 24 layers) runs this shape
 };
 
-// Qwen3.5-0.8B projections, [out, in] as in reference-models.md §1: hidden 1024, 18 GDN layers
+// Qwen3.5-0.8B projections, [out, in] as in docs/MODEL.md (Qwen3.5-0.8B's config.json): hidden 1024, 18 GDN layers
 // (in_proj_qkv 6144 + z 2048 + b 16 + a 16 stacked: the same input), 6 attention layers (q with
 // its gate 4096; k and v 512 each, stacked), outputs 2048 -> 1024, 24 SwiGLU MLPs (gate and up
 // 3584 each, stacked), LM head 248320 (tied embeddings; in prefill only the last position needs it).

@@ -1,12 +1,12 @@
 // SIMD kernels of the CPU backend, compiled once per SIMD target by Highway and dispatched at run
 // time (AVX2, AVX-512, NEON, ...).
 //
-// The head-fused path (FusedGroup) runs all six operators of ha-npu.md §2 for a group of work
+// The head-fused path (FusedGroup) runs all six operators of the chunkwise computation (the paper, arXiv 2609.32114, §2) for a group of work
 // items (sequence, value head, column block), chunk after chunk, with the states S and every
 // per-chunk intermediate in a per-core arena. Per chunk of L <= C rows, with Γ the chunk-local cumulative
 // log-decay (Γ_r = Σ_{s<=r} g_s, computed in fp64: see LoadChunk) and scale folded into q:
 //
-//   GEMM-first (ha-npu.md §4):   X = diag(β) V − diag(β e^Γ) K S     (#5 read, rewritten)
+//   GEMM-first (paper §4):        X = diag(β) V − diag(β e^Γ) K S     (#5 read, rewritten)
 //                                O = diag(e^Γ) Q S                   (#6, inter-chunk part)
 //                                A = strictly-lower(β_i e^{Γi−Γj} k_i·k_j),  P = lower(e^{Γi−Γj} q_i·k_j)
 //   solve:                       (I + A) E = X                       (#3, W never formed)
@@ -15,7 +15,7 @@
 //
 // For KDA the decays are per key channel: the e^Γ factors multiply K and Q element-wise, and
 // K K^T / Q K^T are evaluated with anchors so that only non-positive exponents appear (§2.7 of
-// reference-fla.md). Masks are applied by selection, never by multiplying with 0.
+// FLA's fla/ops/kda/chunk_intra.py). Masks are applied by selection, never by multiplying with 0.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -7,7 +7,7 @@
 
 namespace hanpu::cpu {
 
-// The operators of ha-npu.md §2 as FusedGroup runs them, in that order.
+// The operators of the chunkwise computation (paper, arXiv 2609.32114, §2) as FusedGroup runs them, in that order.
 enum class Op : int {
   kLoad,        // LoadChunk: q, k, v, beta, gates into the arena (and KDA's per-token factors)
   kGate,        // #1: e^Γ rows, and for KDA the gated K and Q operands

@@ -1,4 +1,4 @@
-// Scalar input transforms FLA can apply in kernel (reference-fla.md §1.4), templated on the
+// Scalar input transforms FLA can apply in kernel (fla/ops/*/gate.py, fla/modules/l2norm.py), templated on the
 // float type so that the fp64 reference and the fp32 kernels compute the same formulas.
 #pragma once
 

@@ -1,5 +1,5 @@
 // Qwen3-Next stores its GDN input projections fused and interleaved per key-head group
-// (reference-models.md §2.1, transformers' Qwen3NextGatedDeltaNet.fix_query_key_value_ordering):
+// (transformers' Qwen3NextGatedDeltaNet.fix_query_key_value_ordering):
 //   in_proj_qkvz rows, group g of nk:  [ q_g (dk) | k_g (dk) | v_{g*r..g*r+r-1} (r*dv) | z_{same} (r*dv) ]
 //   in_proj_ba   rows, group g of nk:  [ b_{g*r..g*r+r-1} (r) | a_{same} (r) ]          with r = nv / nk.
 // Qwen3.5 stores the same rows in plain head order: in_proj_qkv = [q (nk*dk) | k (nk*dk) | v (nv*dv)],
