@@ -134,8 +134,11 @@ TEST(ModelCli, BenchModelJsonRows) {
     EXPECT_EQ(rows[1]["prompt_tokens"], 70);
     for (const auto& row : rows) {
       EXPECT_EQ(row["threads"], 2);
-      for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s"})
+      for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "prefill_gflops_total",
+                            "decode_weight_gbs", "decode_weight_bytes_per_token", "machine_fma_peak_gflops",
+                            "machine_read_bandwidth_gbs"})
         EXPECT_GT(row[k].get<double>(), 0) << k;
+      EXPECT_GT(row["prefill_gflops"]["MLP"].get<double>(), 0);
       double shares = 0;
       for (const char* k : {"share_gdn", "share_kda", "share_attention", "share_mlp", "share_lm_head", "share_other"})
         shares += row[k].get<double>();

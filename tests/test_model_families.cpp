@@ -13,6 +13,7 @@
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
+#include "model/model_work.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
 
@@ -455,6 +456,46 @@ TEST(BailingHybridLoader, MissingTensorsNamed) {
   });
   std::string err = load_error(tmp.path().string());
   EXPECT_NE(err.find("model.layers.2.attention.g_proj.weight"), std::string::npos) << err;
+}
+
+// bench-model's work counts (model/model_work.hpp) against the checkpoints themselves: the weight
+// bytes of a decode step are every matrix once (bf16), the routed experts' at top-k / E, the
+// embedding table not at all (rows are gathered).
+TEST(ModelWork, DecodeStepReadsEveryMatrixOnceOnEveryFamily) {
+  for (const char* golden : {"qwen35_tiny", "qwen3next_tiny", "qwen35moe_tiny", "kimi_linear_tiny", "bailing_hybrid_tiny"}) {
+    SCOPED_TRACE(golden);
+    const std::string dir = (testing::golden_dir() / golden).string();
+    const HybridModel m = HybridModel::load(dir);
+    const ModelConfig& c = m.config();
+    double dense = 0, experts = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const std::string file = entry.path().filename().string();
+      if (entry.path().extension() != ".safetensors" || file == "expected.safetensors" || file.find("mtp") != std::string::npos)
+        continue;
+      const SafetensorsFile f = SafetensorsFile::open(entry.path().string());
+      for (const std::string& name : f.names()) {
+        const TensorView t = f.get(name);
+        if (t.rank != 2 || name.find("embed_tokens") != std::string::npos || name.find("word_embeddings") != std::string::npos)
+          continue;
+        if (name.rfind("mtp.", 0) == 0 || name.find(".visual.") != std::string::npos) continue;  // never read by a text decode
+        const size_t at = name.find("layers.");
+        if (at != std::string::npos && std::stoll(name.substr(at + 7)) >= c.num_layers) continue;  // MTP layers
+        (name.find(".experts.") != std::string::npos ? experts : dense) += static_cast<double>(t.numel());
+      }
+    }
+    ASSERT_GT(dense, 0);
+    const double routed = c.num_experts > 0 ? static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts) : 0;
+    const model::ForwardWork w = model::forward_work(c, 7, 1, false);
+    EXPECT_NEAR(w.total().weight_bytes, 2 * (dense + routed * experts), 1e-6 * w.total().weight_bytes);
+    // One token: two flops per weight used, plus the engine and the attention over 8 keys.
+    EXPECT_GT(w.total().flops, 2 * (dense + routed * experts));
+    EXPECT_GT(w.linear_engine.flops, 0);
+    EXPECT_GT(w.attention_core.flops, 0);
+    // Prefill counts grow linearly in the projections and quadratically in attention.
+    const model::ForwardWork p1 = model::forward_work(c, 0, 64, false), p2 = model::forward_work(c, 0, 128, false);
+    EXPECT_NEAR(p2.linear_projections.flops, 2 * p1.linear_projections.flops, 1e-9 * p2.linear_projections.flops);
+    EXPECT_GT(p2.attention_core.flops, 3.9 * p1.attention_core.flops);
+  }
 }
 
 }  // namespace

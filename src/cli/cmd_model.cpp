@@ -17,12 +17,15 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
+#include "device/host.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
+#include "model/model_work.hpp"
 
 namespace {
 
@@ -200,11 +203,18 @@ void run_bench_model(const BenchModelArgs& a) {
                                           : HybridModel::load(a.model_dir, {.progress = !a.json});
   const double load_s = seconds_since(t_load);
   const ModelConfig& cfg = model.config();
+  // The limits every figure is printed next to, measured in this run (docs/PERFORMANCE.md).
+  const HostMeasurement host = measure_host(threads, 0.5);
   const std::string name = a.model_dir.empty() ? a.synthetic : a.model_dir;
   if (!a.json)
     std::printf("%s%s\n%s\nweights %.2f GB, built/mapped in %.1f s, %d threads, projections %s\n\n", name.c_str(),
                 a.model_dir.empty() ? " (synthetic random bf16 weights)" : "", cfg.describe().c_str(),
                 static_cast<double>(model.weight_bytes()) / 1e9, load_s, threads, linear_precision_name(precision));
+  if (!a.json)
+    std::printf("machine: %s, kernels %s; f32 FMA peak %.0f GFLOP/s and read bandwidth %.1f GB/s with %d threads "
+                "(measured now)\n\n",
+                detect_host().cpu_model.c_str(), cpu::isa_selection().target.c_str(), host.fma_peak_gflops_all,
+                host.mem_bandwidth_gbs, threads);
   if (!a.json)
     std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
                 token_mixer_name(cfg.linear_mixer), token_mixer_name(cfg.attention_mixer), "MLP", "head", "other",
@@ -239,6 +249,33 @@ void run_bench_model(const BenchModelArgs& a) {
     const double decode_cpu_s = process_cpu_seconds() - cpu1;
     const double tot = pt.total(), dtot = dt.total();
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
+    // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
+    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false);
+    model::PartWork decode_work;  // summed over the decode steps, at their positions
+    for (int i = 0; i < a.decode_tokens; ++i) {
+      const model::PartWork step = model::forward_work(cfg, T + i, 1, false).total();
+      decode_work.flops += step.flops;
+      decode_work.weight_bytes += step.weight_bytes;
+    }
+    auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
+    const bool kda = cfg.linear_mixer == TokenMixer::kKda;
+    const double lin_proj_s = kda ? pt.kda_proj : pt.gdn_proj, lin_engine_s = kda ? pt.kda_engine : pt.gdn_engine;
+    struct Rate {
+      const char* name;
+      double gflops;
+    };
+    const Rate rates[] = {
+        {kda ? "KDA projections" : "GDN projections", gflops(pw.linear_projections.flops, lin_proj_s)},
+        {kda ? "KDA engine" : "GDN engine", gflops(pw.linear_engine.flops, lin_engine_s)},
+        {"attention projections", gflops(pw.attention_projections.flops, pt.attn_proj)},
+        {"attention core", gflops(pw.attention_core.flops, pt.attn_core)},
+        {"MLP", gflops(pw.mlp.flops, pt.mlp)},
+        {"LM head", gflops(pw.lm_head.flops, pt.lm_head)},
+    };
+    const double decode_gbs = decode_s > 0 ? decode_work.weight_bytes / decode_s / 1e9 : 0.0;
+    const double bytes_per_token = a.decode_tokens > 0 ? decode_work.weight_bytes / a.decode_tokens : 0.0;
+    nlohmann::json achieved = nlohmann::json::object();
+    for (const Rate& r : rates) achieved[r.name] = r.gflops;
     nlohmann::json row = {
         {"model", name},
         {"prompt_tokens", T},
@@ -268,6 +305,13 @@ void run_bench_model(const BenchModelArgs& a) {
         {"decode_share_mlp", share(dt.mlp, dtot)},
         {"decode_share_lm_head", share(dt.lm_head, dtot)},
         {"peak_rss_mib", peak_rss_mib()},
+        {"prefill_gflops", achieved},
+        {"prefill_gflops_total", gflops(pw.total().flops, prefill_s)},
+        {"decode_weight_bytes_per_token", bytes_per_token},
+        {"decode_weight_gbs", decode_gbs},
+        {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
+        {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
+        {"isa", cpu::isa_selection().target},
     };
     if (a.json) {
       std::cout << row.dump() << std::endl;
@@ -287,6 +331,16 @@ void run_bench_model(const BenchModelArgs& a) {
                     pt.gdn_proj * 1e3, pt.gdn_conv * 1e3, pt.gdn_engine * 1e3, pt.gdn_norm * 1e3);
       std::printf("%s: projections %.0f ms, core %.0f ms; MLP %.0f ms\n", token_mixer_name(cfg.attention_mixer),
                   pt.attn_proj * 1e3, pt.attn_core * 1e3, pt.mlp * 1e3);
+      std::printf("%8s   prefill GFLOP/s (%% of the %.0f peak): all %.0f (%.0f%%)", "", host.fma_peak_gflops_all,
+                  gflops(pw.total().flops, prefill_s), 100 * gflops(pw.total().flops, prefill_s) / host.fma_peak_gflops_all);
+      for (const Rate& r : rates)
+        if (r.gflops > 0) std::printf(", %s %.0f (%.0f%%)", r.name, r.gflops, 100 * r.gflops / host.fma_peak_gflops_all);
+      std::printf("\n");
+      if (a.decode_tokens > 0)
+        std::printf("%8s   decode: %.2f GB of weights per token, %.1f GB/s (%.0f%% of the measured %.1f GB/s); "
+                    "bandwidth bound %.1f tokens/s\n",
+                    "", bytes_per_token / 1e9, decode_gbs, 100 * decode_gbs / host.mem_bandwidth_gbs,
+                    host.mem_bandwidth_gbs, host.mem_bandwidth_gbs * 1e9 / bytes_per_token);
     }
     std::fflush(stdout);
   }

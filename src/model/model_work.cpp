@@ -1,0 +1,92 @@
+#include "model/model_work.hpp"
+
+#include <cmath>
+
+#include "hanpu/la.hpp"
+
+namespace hanpu::model {
+
+namespace {
+
+constexpr double kBf16Bytes = 2;
+
+// A part made of matrices applied once per token: `weights` multiply-adds per token.
+PartWork per_token_matrices(double weights, double rows) { return {2 * weights * rows, kBf16Bytes * weights}; }
+
+void add(PartWork& to, const PartWork& w) {
+  to.flops += w.flops;
+  to.weight_bytes += w.weight_bytes;
+}
+
+}  // namespace
+
+PartWork ForwardWork::total() const {
+  PartWork t;
+  for (const PartWork* p : {&linear_projections, &linear_engine, &attention_projections, &attention_core, &mlp, &lm_head})
+    add(t, *p);
+  return t;
+}
+
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits) {
+  const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);
+  ForwardWork w;
+  // Per layer kind: the matrices (as ModelConfig::parameter_count counts them, without norms,
+  // conv taps and gate vectors, which are not multiplied per token as matrices).
+  double linear_weights = 0;
+  const double nv = static_cast<double>(c.linear_num_value_heads);
+  if (c.linear_mixer == TokenMixer::kGdn) {
+    const double cd = static_cast<double>(c.gdn_conv_dim()), vd = static_cast<double>(c.gdn_value_dim());
+    linear_weights = H * cd + H * vd + 2 * H * nv + vd * H;
+  } else {
+    const double dk = static_cast<double>(c.linear_key_head_dim), qkv = nv * dk;
+    const double gate = c.kda_low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
+    linear_weights = 3 * H * qkv + 2 * gate + H * nv + qkv * H;
+  }
+  const double nh = static_cast<double>(c.num_heads);
+  double attention_weights = 0, core_dim = 0;  // core_dim: multiply-adds per query head per key
+  if (c.attention_mixer == TokenMixer::kGatedAttention) {
+    const double hd = static_cast<double>(c.head_dim), nkv = static_cast<double>(c.num_kv_heads);
+    attention_weights = H * nh * hd * 2 + 2 * H * nkv * hd + nh * hd * H;
+    core_dim = 2 * hd;  // q·k and p·v
+  } else {
+    const double qk = static_cast<double>(c.mla_qk_head_dim()), r = static_cast<double>(c.mla_kv_lora_rank);
+    const double ql = static_cast<double>(c.mla_q_lora_rank), rope = static_cast<double>(c.mla_qk_rope_head_dim);
+    const double nope = static_cast<double>(c.mla_qk_nope_head_dim), dv = static_cast<double>(c.mla_v_head_dim);
+    attention_weights = (ql > 0 ? H * ql + ql * nh * qk : H * nh * qk) + H * (r + rope) +
+                        r * nh * (nope + dv) /* key absorption and value up-projection per token */ +
+                        nh * dv * H + (c.mla_head_gate ? H * nh : 0);
+    core_dim = 2 * (r + rope);  // scores and outputs over the latent rows
+  }
+  // Keys each new token attends to: its position + 1, summed over the tokens.
+  const double keys = T * static_cast<double>(start) + T * (T + 1) / 2;
+  const double E = static_cast<double>(c.num_experts), topk = static_cast<double>(c.num_experts_per_tok);
+  const double expert = 3 * H * static_cast<double>(c.moe_intermediate_size);
+  const double shared = c.shared_expert_intermediate_size > 0
+                            ? 3 * H * static_cast<double>(c.shared_expert_intermediate_size) + (c.shared_expert_gated ? H : 0)
+                            : 0;
+  const double experts_touched = E > 0 ? E * (1 - std::pow(1 - topk / E, T)) : 0;
+  const double K = static_cast<double>(c.linear_key_head_dim), V = static_cast<double>(c.linear_value_head_dim);
+  const Variant variant = c.linear_mixer == TokenMixer::kGdn ? Variant::GDN : Variant::KDA;
+  const double engine_flops_per_token_head =
+      tokens > 1 ? la_flops_per_token_head(variant, c.linear_key_head_dim, c.linear_value_head_dim) : 2 * 3 * K * V;
+
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    if (c.token_mixer(i) == c.attention_mixer) {
+      add(w.attention_projections, per_token_matrices(attention_weights, T));
+      w.attention_core.flops += 2 * nh * core_dim * keys;
+    } else {
+      add(w.linear_projections, per_token_matrices(linear_weights, T));
+      w.linear_engine.flops += engine_flops_per_token_head * T * nv;
+    }
+    if (c.layer_is_moe(i)) {
+      w.mlp.flops += 2 * T * (H * E + topk * expert + shared);
+      w.mlp.weight_bytes += kBf16Bytes * (H * E + experts_touched * expert + shared);
+    } else {
+      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.intermediate_size), T));
+    }
+  }
+  add(w.lm_head, per_token_matrices(H * static_cast<double>(c.vocab_size), all_logits ? T : 1));
+  return w;
+}
+
+}  // namespace hanpu::model

@@ -1,0 +1,37 @@
+// The arithmetic and the weight bytes of one forward call, per part of the model, counted from
+// the model description: what bench-model divides by the measured times to print achieved
+// GFLOP/s and weight GB/s next to the machine's measured FMA peak and bandwidth (issue: every
+// figure next to the limit). The parts are ForwardTimes' (hanpu/model.hpp).
+#pragma once
+
+#include <cstdint>
+
+#include "hanpu/model.hpp"
+
+namespace hanpu::model {
+
+struct PartWork {
+  double flops = 0;         // 2 x multiply-adds
+  double weight_bytes = 0;  // distinct weight bytes the part reads (bf16: 2 per weight)
+};
+
+struct ForwardWork {
+  PartWork linear_projections;  // GDN/KDA in/out projections (incl. KDA's low-rank gates)
+  PartWork linear_engine;       // the LA engine: chunked prefill, or the recurrent step in decode
+  PartWork attention_projections;  // q/k/v/o (+ gate) or MLA's down/up projections and absorptions
+  PartWork attention_core;      // softmax attention over the cache (causal triangle)
+  PartWork mlp;                 // dense SwiGLU and MoE (router, the experts used, shared expert)
+  PartWork lm_head;             // the logit rows computed
+  PartWork total() const;
+};
+
+/// The work of one forward of `tokens` new tokens at positions start .. start+tokens-1, with
+/// logits for every token (all_logits) or for the last only. Projections count one multiply-add
+/// per weight per token; MoE layers the top-k experts and shared expert per token and, for the
+/// bytes, the experts a batch of that many tokens is expected to touch under uniform routing.
+/// The engine counts la_flops_per_token_head (exact triangles, chunk 64) in prefill and the
+/// three K x V products of the recurrent step per token in decode (tokens == 1). Weight bytes
+/// assume bf16 weights (what checkpoints and synthetic models hold).
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits);
+
+}  // namespace hanpu::model
