@@ -302,3 +302,117 @@ TEST(Linear, BadShapesAndDtypesNameTheWeight) {
 }
 
 }  // namespace
+
+// ---- Int8Linear ------------------------------------------------------------------------------
+
+namespace {
+
+// The quantization rule itself, checked per element: scale = max|w| / 127 over each group,
+// |w - q scale| <= scale / 2 (round to nearest) up to f32 rounding, q in [-127, 127].
+void check_quantization(const Problem& p, const hanpu::Int8Linear& lin) {
+  const int64_t G = lin.group(), groups = (p.K + G - 1) / G;
+  for (int64_t n = 0; n < p.N; ++n)
+    for (int64_t g = 0; g < groups; ++g) {
+      float amax = 0;
+      for (int64_t k = g * G; k < std::min(p.K, (g + 1) * G); ++k)
+        amax = std::max(amax, std::fabs(hanpu::bf16_to_f32(p.w[static_cast<size_t>(n * p.K + k)])));
+      const float scale = lin.scales()[n * groups + g];
+      ASSERT_EQ(scale, amax / 127.0f) << "n=" << n << " g=" << g;
+      for (int64_t k = g * G; k < std::min(p.K, (g + 1) * G); ++k) {
+        const double w = hanpu::bf16_to_f32(p.w[static_cast<size_t>(n * p.K + k)]);
+        ASSERT_LE(std::abs(static_cast<int>(lin.quantized()[n * p.K + k])), 127);
+        // Half a step, plus the f32 roundings of w / scale and of q * scale (u each, on |w|).
+        ASSERT_LE(std::fabs(w - lin.weight(n, k)), 0.5 * scale + 3 * kU * (std::fabs(w) + scale)) << "n=" << n << " k=" << k;
+      }
+    }
+}
+
+}  // namespace
+
+// Every output against fp64 sums of the dequantized weights (the kernel forms q * scale in f32, so
+// the only error left is f32 accumulation: the exact mode's bound), on both kernel forms (few rows:
+// dot products; 16 rows and more: panels), group sizes that do and do not divide K, strided x and
+// y, accumulate, 1 and 2 threads.
+TEST(LinearInt8, MatchesFp64ReferenceOfTheQuantizedWeights) {
+  uint64_t seed = 100;
+  for (int64_t M : {1, 3, 17, 40})
+    for (int64_t K : {1, 7, 64, 100, 1030})
+      for (int64_t N : {1, 5, 37})
+        for (int64_t G : {1, 16, 32, 64, 128}) {
+          Problem p = make_problem(M, K, N, seed++);
+          TensorView wv = TensorView::contiguous(p.w.data(), DType::BF16, {N, K});
+          const hanpu::Int8Linear lin(wv, "test.int8", G);
+          ASSERT_EQ(lin.bytes(), static_cast<size_t>(N * K + N * ((K + G - 1) / G) * 4));
+          check_quantization(p, lin);
+          // The reference of the quantized weights.
+          for (int64_t m = 0; m < M; ++m)
+            for (int64_t n = 0; n < N; ++n) {
+              double s = 0, a = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double prod = static_cast<double>(p.x[static_cast<size_t>(m * p.ldx + k)]) * lin.weight(n, k);
+                s += prod;
+                a += std::fabs(prod);
+              }
+              p.ref[static_cast<size_t>(m * N + n)] = s;
+              p.abs_sum[static_cast<size_t>(m * N + n)] = a;
+            }
+          for (int threads : {1, 2})
+            for (bool acc : {false, true}) {
+              const int64_t ldy = N + 5;
+              std::vector<float> y(static_cast<size_t>(M * ldy), 0.25f), start = y;
+              TensorView xv = TensorView::contiguous(p.x.data(), DType::F32, {M, K});
+              xv.stride[0] = p.ldx;
+              TensorView yv = TensorView::contiguous(y.data(), DType::F32, {M, N});
+              yv.stride[0] = ldy;
+              lin.forward(xv, yv, threads, acc);
+              const double tol = bound(LinearPrecision::kExact, LinearBackend::kPortable, K);
+              for (int64_t m = 0; m < M; ++m)
+                for (int64_t n = 0; n < ldy; ++n) {
+                  const size_t i = static_cast<size_t>(m * ldy + n);
+                  if (n >= N) {
+                    ASSERT_EQ(y[i], start[i]) << "padding written";
+                    continue;
+                  }
+                  const size_t r = static_cast<size_t>(m * N + n);
+                  const double want = p.ref[r] + (acc ? 0.25 : 0.0);
+                  ASSERT_LE(std::fabs(y[i] - want), tol * p.abs_sum[r] + (acc ? 4 * kU : 0))
+                      << "M=" << M << " K=" << K << " N=" << N << " G=" << G << " threads=" << threads;
+                }
+            }
+        }
+}
+
+TEST(LinearInt8, QuantizationErrorAndBadInput) {
+  // Relative weight error of symmetric int8 with a group of 64: <= 1/254 of the group's max.
+  Problem p = make_problem(1, 256, 8, 5);
+  const hanpu::Int8Linear lin(TensorView::contiguous(p.w.data(), DType::BF16, {8, 256}), "w", 64);
+  double err2 = 0, ref2 = 0;
+  for (int64_t n = 0; n < 8; ++n)
+    for (int64_t k = 0; k < 256; ++k) {
+      const double w = hanpu::bf16_to_f32(p.w[static_cast<size_t>(n * 256 + k)]);
+      err2 += (w - lin.weight(n, k)) * (w - lin.weight(n, k));
+      ref2 += w * w;
+    }
+  EXPECT_LT(err2 / ref2, 1e-4);  // Gaussian weights: ~3e-5 measured
+  EXPECT_GT(err2 / ref2, 0);
+  // An all-zero row quantizes to zeros with scale 0, and its outputs are 0.
+  std::vector<float> zeros(2 * 32, 0.f);
+  const hanpu::Int8Linear z(TensorView::contiguous(zeros.data(), DType::F32, {2, 32}), "zero", 16);
+  EXPECT_EQ(z.scales()[0], 0.f);
+  std::vector<float> x(32, 1.f), y(2, 5.f);
+  z.forward(TensorView::contiguous(x.data(), DType::F32, {1, 32}), TensorView::contiguous(y.data(), DType::F32, {1, 2}), 1);
+  EXPECT_EQ(y[0], 0.f);
+  EXPECT_EQ(y[1], 0.f);
+  expect_error([&] { hanpu::Int8Linear(TensorView::contiguous(zeros.data(), DType::F32, {2, 32}), "layer.w", 0); },
+               {"layer.w", "group size 0"});
+  std::vector<int32_t> ints(4);
+  expect_error([&] { hanpu::Int8Linear(TensorView::contiguous(ints.data(), DType::I32, {2, 2}), "layer.w", 16); },
+               {"layer.w", "float weight"});
+  zeros[3] = std::nanf("");
+  expect_error([&] { hanpu::Int8Linear(TensorView::contiguous(zeros.data(), DType::F32, {2, 32}), "layer.w", 16); },
+               {"layer.w", "non-finite"});
+  std::vector<float> bad(3 * 31);
+  expect_error([&] { z.forward(TensorView::contiguous(bad.data(), DType::F32, {3, 31}),
+                               TensorView::contiguous(y.data(), DType::F32, {1, 2}), 1); },
+               {"zero", "input must be F32 [M, 32]"});
+}

@@ -85,4 +85,42 @@ class Bf16Linear {
   std::unique_ptr<Impl> impl_;
 };
 
+/// y = x W^T with W quantized to int8: symmetric, one f32 scale per group of `group` consecutive
+/// in_features of each output row (scale = max|w| / 127 over the group, q = round(w / scale) in
+/// [-127, 127]; the last group of a row may be shorter). Activations and accumulation stay f32:
+/// the only error is the weights' quantization (docs/LINEAR.md). Memory: 1 + 4 / group bytes per
+/// weight; the weight is read once per decode step, so decode moves about half the bf16 bytes.
+class Int8Linear {
+ public:
+  Int8Linear();
+  /// Quantizes `weight` ([out_features, in_features] BF16, F16 or F32, contiguous) now; the view
+  /// is not kept. group >= 1 (errors name the weight).
+  Int8Linear(TensorView weight, std::string name, int64_t group);
+  /// Already quantized: q [N, K] as int8 bytes, scales [N, ceil(K / group)] F32 (copied).
+  Int8Linear(const int8_t* q, const float* scales, int64_t out_features, int64_t in_features, int64_t group,
+             std::string name);
+  ~Int8Linear();
+  Int8Linear(Int8Linear&&) noexcept;
+  Int8Linear& operator=(Int8Linear&&) noexcept;
+
+  int64_t in_features() const;
+  int64_t out_features() const;
+  int64_t group() const;
+  const std::string& name() const;
+  /// Bytes held: the int8 weight and its scales.
+  size_t bytes() const;
+  const int8_t* quantized() const;  // [N, K]
+  const float* scales() const;      // [N, ceil(K / group)]
+  /// Weight (n, k) as forward() uses it: q * scale, in f32.
+  float weight(int64_t n, int64_t k) const;
+
+  /// As Bf16Linear::forward (shapes, strides, accumulate, threads; the result does not depend on
+  /// `threads`).
+  void forward(TensorView x, TensorView y, int threads, bool accumulate = false) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace hanpu

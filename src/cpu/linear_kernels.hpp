@@ -22,6 +22,11 @@ namespace hanpu::cpu {
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
                      int64_t M, int64_t n0, int64_t n1, bool accumulate);
 
+/// The same for int8 weights q [N, K] with scales [N, ceil(K / group)] (f32): weight (n, k) is
+/// q[n, k] * scales[n, k / group], formed in f32.
+void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64_t group, const float* x, int64_t ldx,
+                          float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate);
+
 // ---- AMX ------------------------------------------------------------------------------------
 /// Tile geometry: a weight tile holds 16 output columns x 32 k (16 rows of k pairs); an
 /// activation tile 16 rows x 32 k. K is padded with zeros to kAmxK, N to kAmxN (the GEMM's

@@ -81,6 +81,60 @@ void RowBlock(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* 
   for (; n < n1; ++n) Block<MR, 1>(w, K, x, ldx, y, ldy, n, accumulate);
 }
 
+// ---- int8 weights (Int8Linear): q [N, K] int8 with one f32 scale per group of G k per row ----
+// The dot-product form as Block above: each weight vector is widened int8 -> i32 -> f32 and
+// multiplied by its row's group scale in registers (exactly the f32 value q * scale the GEMM panel
+// holds), then reused MR times. Groups shorter than a vector (or their last partial vector) go
+// through the same q * scale product in scalar code.
+template <int MR, int NR>
+void BlockInt8(const int8_t* q, const float* scales, int64_t K, int64_t G, const float* x, int64_t ldx, float* y,
+               int64_t ldy, int64_t n, bool accumulate) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToSigned<decltype(df)> di32;
+  const hn::Rebind<int8_t, decltype(df)> di8;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t groups = (K + G - 1) / G;
+  using V = hn::Vec<decltype(df)>;
+  V acc[MR][NR];
+  float tail[MR][NR] = {};
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = hn::Zero(df);
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t g0 = g * G, g1 = std::min(K, g0 + G);
+    V sv[NR];
+    for (int j = 0; j < NR; ++j) sv[j] = hn::Set(df, scales[(n + j) * groups + g]);
+    int64_t k = g0;
+    for (; k + L <= g1; k += L) {
+      V wv[NR];
+      for (int j = 0; j < NR; ++j)
+        wv[j] = hn::Mul(hn::ConvertTo(df, hn::PromoteTo(di32, hn::LoadU(di8, q + (n + j) * K + k))), sv[j]);
+      for (int i = 0; i < MR; ++i) {
+        const V xv = hn::LoadU(df, x + i * ldx + k);
+        for (int j = 0; j < NR; ++j) acc[i][j] = hn::MulAdd(xv, wv[j], acc[i][j]);
+      }
+    }
+    for (; k < g1; ++k)
+      for (int j = 0; j < NR; ++j) {
+        const float wf = static_cast<float>(q[(n + j) * K + k]) * scales[(n + j) * groups + g];
+        for (int i = 0; i < MR; ++i) tail[i][j] += x[i * ldx + k] * wf;
+      }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      const float sum = hn::GetLane(hn::SumOfLanes(df, acc[i][j])) + tail[i][j];
+      float& out = y[i * ldy + n + j];
+      out = accumulate ? out + sum : sum;
+    }
+}
+
+template <int MR>
+void RowBlockInt8(const int8_t* q, const float* scales, int64_t K, int64_t G, const float* x, int64_t ldx, float* y,
+                  int64_t ldy, int64_t n0, int64_t n1, bool accumulate) {
+  int64_t n = n0;
+  for (; n + kNR <= n1; n += kNR) BlockInt8<MR, kNR>(q, scales, K, G, x, ldx, y, ldy, n, accumulate);
+  for (; n < n1; ++n) BlockInt8<MR, 1>(q, scales, K, G, x, ldx, y, ldy, n, accumulate);
+}
+
 // GEMM register tile: kGemmMR rows x kGemmNV vectors. 32-register targets: 8 x 3 (24
 // accumulators, 3 panel vectors, 1 broadcast; the tile la_kernels.cpp measured best on AVX-512);
 // 16-register x86 targets: 4 x 2.
@@ -129,42 +183,76 @@ void GemmTile(const float* panel, int64_t pn, int64_t K, const float* x, int64_t
   }
 }
 
+// The GEMM form for any weight format: `widen(c, n, k0, k1, out)` writes the f32 values of weight
+// row n, columns [k0, k1), to out[(k - k0) * pn] (one panel column).
+template <class Widen>
+void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1,
+                bool accumulate, const Widen& widen) {
+  const hn::ScalableTag<float> df;
+  const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(df));
+  static thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buffer;
+  static thread_local size_t panel_floats = 0;
+  if (panel_floats < static_cast<size_t>(K * pn)) {
+    panel_floats = static_cast<size_t>(K * pn);
+    panel_buffer = hwy::AllocateAligned<float>(panel_floats);
+  }
+  float* panel = panel_buffer.get();
+  for (int64_t n = n0; n < n1; n += pn) {
+    const int64_t width = std::min(pn, n1 - n);
+    // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
+    // row are 128-byte runs and the writes stay in a 12-24 KiB (L1) part of the panel.
+    constexpr int64_t kWidenBlock = 64;
+    for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock) {
+      const int64_t k1 = std::min(K, k0 + kWidenBlock);
+      for (int64_t c = 0; c < pn; ++c) {
+        if (c < width) {
+          widen(n + c, k0, k1, panel + k0 * pn + c, pn);
+        } else {
+          for (int64_t k = k0; k < k1; ++k) panel[k * pn + c] = 0.f;
+        }
+      }
+    }
+    int64_t m = 0;
+    for (; m + kGemmMR <= M; m += kGemmMR)
+      GemmTile<kGemmMR>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
+    for (; m < M; ++m) GemmTile<1>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
+  }
+}
+
+void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t G, const float* x, int64_t ldx,
+                        float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate) {
+  if (M >= kGemmMinRows) {
+    const int64_t groups = (K + G - 1) / G;
+    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate,
+               [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t pn) {
+                 const int8_t* qr = q + n * K;
+                 const float* sr = scales + n * groups;
+                 for (int64_t k = k0; k < k1; ++k) out[(k - k0) * pn] = static_cast<float>(qr[k]) * sr[k / G];
+               });
+    return;
+  }
+  // Columns in slices whose weight rows (kColumnSlice * K bytes) stay in L2 while every
+  // activation row passes over them (as the bf16 form below).
+  constexpr int64_t kColumnSlice = 128;
+  for (int64_t c0 = n0; c0 < n1; c0 += kColumnSlice) {
+    const int64_t c1 = std::min(n1, c0 + kColumnSlice);
+    int64_t m = 0;
+    for (; m + kMR <= M; m += kMR)
+      RowBlockInt8<kMR>(q, scales, K, G, x + m * ldx, ldx, y + m * ldy, ldy, c0, c1, accumulate);
+    for (; m < M; ++m) RowBlockInt8<1>(q, scales, K, G, x + m * ldx, ldx, y + m * ldy, ldy, c0, c1, accumulate);
+  }
+}
+
 void LinearPortable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                     int64_t n0, int64_t n1, bool accumulate) {
   if (M >= kGemmMinRows) {
-    const hn::ScalableTag<float> df;
-    const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(df));
-    static thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buffer;
-    static thread_local size_t panel_floats = 0;
-    if (panel_floats < static_cast<size_t>(K * pn)) {
-      panel_floats = static_cast<size_t>(K * pn);
-      panel_buffer = hwy::AllocateAligned<float>(panel_floats);
-    }
-    float* panel = panel_buffer.get();
-    for (int64_t n = n0; n < n1; n += pn) {
-      const int64_t width = std::min(pn, n1 - n);
-      // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
-      // row are 128-byte runs and the writes stay in a 12-24 KiB (L1) part of the panel.
-      constexpr int64_t kWidenBlock = 64;
-      for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock) {
-        const int64_t k1 = std::min(K, k0 + kWidenBlock);
-        for (int64_t c = 0; c < pn; ++c) {
-          if (c < width) {
-            const uint16_t* wr = w + (n + c) * K;
-            for (int64_t k = k0; k < k1; ++k) {
-              const uint32_t bits = static_cast<uint32_t>(wr[k]) << 16;
-              __builtin_memcpy(panel + k * pn + c, &bits, 4);
-            }
-          } else {
-            for (int64_t k = k0; k < k1; ++k) panel[k * pn + c] = 0.f;
-          }
-        }
+    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t pn) {
+      const uint16_t* wr = w + n * K;
+      for (int64_t k = k0; k < k1; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(wr[k]) << 16;
+        __builtin_memcpy(out + (k - k0) * pn, &bits, 4);
       }
-      int64_t m = 0;
-      for (; m + kGemmMR <= M; m += kGemmMR)
-        GemmTile<kGemmMR>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
-      for (; m < M; ++m) GemmTile<1>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
-    }
+    });
     return;
   }
   // Columns in slices whose weight rows (kColumnSlice * K * 2 bytes, 256 KiB at K = 1024) stay in
@@ -185,6 +273,12 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace hanpu::cpu {
 HWY_EXPORT(LinearPortable);
+HWY_EXPORT(LinearPortableInt8);
+
+void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64_t group, const float* x, int64_t ldx,
+                          float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate) {
+  HANPU_DISPATCH(LinearPortableInt8)(q, scales, K, group, x, ldx, y, ldy, M, n0, n1, accumulate);
+}
 
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                      int64_t n0, int64_t n1, bool accumulate) {

@@ -1,0 +1,145 @@
+// Int8Linear (include/hanpu/linear.hpp): quantization at load, shape checks and the work split
+// over threads; the kernels are linear_portable.cpp's int8 forms (Highway, every CPU).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cpu/linear_kernels.hpp"
+#include "cpu/thread_pool.hpp"
+#include "hanpu/linear.hpp"
+
+namespace hanpu {
+
+struct Int8Linear::Impl {
+  std::string name;
+  int64_t N = 0, K = 0, group = 1, groups = 0;
+  ByteBuffer q;       // int8 [N, K]
+  ByteBuffer scales;  // f32 [N, groups]
+};
+
+Int8Linear::Int8Linear() = default;
+Int8Linear::~Int8Linear() = default;
+Int8Linear::Int8Linear(Int8Linear&&) noexcept = default;
+Int8Linear& Int8Linear::operator=(Int8Linear&&) noexcept = default;
+
+namespace {
+
+void check_group(const std::string& name, int64_t group) {
+  if (group < 1) throw Error(name + ": int8 group size " + std::to_string(group) + ", expected >= 1");
+}
+
+}  // namespace
+
+Int8Linear::Int8Linear(TensorView weight, std::string name, int64_t group) : impl_(std::make_unique<Impl>()) {
+  check_group(name, group);
+  if (!is_float(weight.dtype) || weight.rank != 2 || !weight.is_contiguous())
+    throw Error(name + ": expected a contiguous 2-D float weight [out_features, in_features] to quantize, got " +
+                std::string(dtype_name(weight.dtype)) + " " + weight.shape_str());
+  Impl& m = *impl_;
+  m.name = std::move(name);
+  m.N = weight.shape[0];
+  m.K = weight.shape[1];
+  m.group = group;
+  m.groups = (m.K + group - 1) / group;
+  m.q = ByteBuffer(static_cast<size_t>(m.N * m.K));
+  m.scales = ByteBuffer(static_cast<size_t>(m.N * m.groups) * sizeof(float));
+  auto* q = reinterpret_cast<int8_t*>(m.q.data());
+  auto* sc = reinterpret_cast<float*>(m.scales.data());
+  // Rows are independent: quantize them on all threads (a 0.8B model has ~0.5 G weights).
+  const int nt = static_cast<int>(std::clamp<int64_t>(m.N / 64, 1, hardware_threads()));
+  auto rows = [&](int t) {
+    const int64_t n0 = m.N * t / nt, n1 = m.N * (t + 1) / nt;
+    std::vector<float> w(static_cast<size_t>(m.K));
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t k = 0; k < m.K; ++k)
+        w[static_cast<size_t>(k)] = static_cast<float>(load_as_double(weight.data, weight.dtype, n * m.K + k));
+      for (int64_t g = 0; g < m.groups; ++g) {
+        const int64_t k0 = g * group, k1 = std::min(m.K, k0 + group);
+        float amax = 0;
+        for (int64_t k = k0; k < k1; ++k) {
+          const float v = w[static_cast<size_t>(k)];
+          if (!std::isfinite(v))
+            throw Error(m.name + ": weight [" + std::to_string(n) + ", " + std::to_string(k) + "] is " +
+                        std::to_string(v) + ", a non-finite value cannot be quantized");
+          amax = std::max(amax, std::fabs(v));
+        }
+        const float scale = amax / 127.0f;
+        sc[n * m.groups + g] = scale;
+        for (int64_t k = k0; k < k1; ++k) {
+          const float v = scale > 0 ? std::nearbyint(w[static_cast<size_t>(k)] / scale) : 0.f;
+          q[n * m.K + k] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
+        }
+      }
+    }
+  };
+  if (nt <= 1) rows(0);
+  else ThreadPool::shared(nt).run(nt, rows);  // rethrows a row's error
+}
+
+Int8Linear::Int8Linear(const int8_t* q, const float* scales, int64_t out_features, int64_t in_features, int64_t group,
+                       std::string name)
+    : impl_(std::make_unique<Impl>()) {
+  check_group(name, group);
+  if (out_features < 0 || in_features < 0)
+    throw Error(name + ": int8 weight shape [" + std::to_string(out_features) + ", " + std::to_string(in_features) +
+                "] is negative");
+  Impl& m = *impl_;
+  m.name = std::move(name);
+  m.N = out_features;
+  m.K = in_features;
+  m.group = group;
+  m.groups = (m.K + group - 1) / group;
+  m.q = ByteBuffer(static_cast<size_t>(m.N * m.K));
+  m.scales = ByteBuffer(static_cast<size_t>(m.N * m.groups) * sizeof(float));
+  if (m.N * m.K > 0) std::memcpy(m.q.data(), q, static_cast<size_t>(m.N * m.K));
+  if (m.N * m.groups > 0) std::memcpy(m.scales.data(), scales, static_cast<size_t>(m.N * m.groups) * sizeof(float));
+}
+
+int64_t Int8Linear::in_features() const { return impl_->K; }
+int64_t Int8Linear::out_features() const { return impl_->N; }
+int64_t Int8Linear::group() const { return impl_->group; }
+const std::string& Int8Linear::name() const { return impl_->name; }
+size_t Int8Linear::bytes() const { return impl_->q.size() + impl_->scales.size(); }
+const int8_t* Int8Linear::quantized() const { return reinterpret_cast<const int8_t*>(impl_->q.data()); }
+const float* Int8Linear::scales() const { return reinterpret_cast<const float*>(impl_->scales.data()); }
+float Int8Linear::weight(int64_t n, int64_t k) const {
+  return static_cast<float>(quantized()[n * impl_->K + k]) * scales()[n * impl_->groups + k / impl_->group];
+}
+
+void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate) const {
+  if (!impl_) throw Error("Int8Linear: forward on an empty (default-constructed) linear layer");
+  const int64_t K = impl_->K, N = impl_->N;
+  if (x.dtype != DType::F32 || x.rank != 2 || x.shape[1] != K || x.stride[1] != 1 || x.stride[0] < K)
+    throw Error(impl_->name + ": input must be F32 [M, " + std::to_string(K) +
+                "] with unit column stride and row stride >= " + std::to_string(K) + ", got " +
+                std::string(dtype_name(x.dtype)) + " " + x.shape_str());
+  if (y.dtype != DType::F32 || y.rank != 2 || y.shape[0] != x.shape[0] || y.shape[1] != N || y.stride[1] != 1 ||
+      y.stride[0] < N)
+    throw Error(impl_->name + ": output must be F32 [" + std::to_string(x.shape[0]) + ", " + std::to_string(N) +
+                "] with unit column stride and row stride >= " + std::to_string(N) + ", got " +
+                std::string(dtype_name(y.dtype)) + " " + y.shape_str());
+  const int64_t M = x.shape[0];
+  if (M == 0 || N == 0) return;
+  const auto* xd = static_cast<const float*>(x.data);
+  auto* yd = static_cast<float*>(y.data);
+  const int64_t ldx = x.stride[0], ldy = y.stride[0];
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t m = 0; m < M; ++m) std::fill(yd + m * ldy, yd + m * ldy + N, 0.f);
+    return;
+  }
+  threads = std::max(1, threads);
+  // Column ranges in multiples of 4 (the kernel's register block), one per thread.
+  const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
+  auto body = [&](int t) {
+    const int64_t units = (N + 3) / 4;
+    const int64_t n0 = std::min(N, units * t / nt * 4), n1 = std::min(N, units * (t + 1) / nt * 4);
+    if (n0 < n1) cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+  };
+  if (nt <= 1) body(0);
+  else ThreadPool::shared(threads).run(nt, body);
+}
+
+}  // namespace hanpu
