@@ -164,11 +164,19 @@ std::vector<std::string> model_preset_names();
 inline ModelConfig qwen35_preset(const std::string& name) { return model_preset(name); }  // older names
 inline std::vector<std::string> qwen35_preset_names() { return model_preset_names(); }
 
+/// The int8 group size `--weights int8` uses unless told otherwise (docs/MODEL.md has the
+/// accuracy and speed measured for 32, 64 and 128).
+inline constexpr int64_t kDefaultInt8Group = 64;
+
 struct ModelLoadOptions {
   /// Draw a progress bar on stderr while the weights are paged in (done for files above
   /// progress_min_bytes; the weights are memory-mapped, so this is the actual disk read).
   bool progress = false;
   uint64_t progress_min_bytes = 256ull << 20;
+  /// > 0: every projection (attention, GDN/KDA, MLP and experts, LM head; not the embedding table,
+  /// MoE routers or shared-expert gates) is quantized to int8 at load, one scale per this many
+  /// in_features (hanpu::Int8Linear, docs/MODEL.md); 0 keeps the checkpoint's bf16.
+  int64_t int8_group = 0;
 };
 
 /// Per-sequence inference state: the linear-attention layers' conv and recurrent states, the
@@ -219,7 +227,7 @@ class HybridModel {
   static HybridModel load(const std::string& dir, const ModelLoadOptions& opt = {});
   /// Random BF16 weights of the given shapes, built in memory (benchmarks without a download).
   /// Scales keep activations O(1) through all layers.
-  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1);
+  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1, int64_t int8_group = 0);
 
   HybridModel(HybridModel&&) noexcept;
   HybridModel& operator=(HybridModel&&) noexcept;

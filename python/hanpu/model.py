@@ -20,6 +20,15 @@ from .ops import get_num_threads
 __all__ = ["Model", "ModelState", "Tokenizer"]
 
 ModelState = _hanpu.ModelState
+DEFAULT_INT8_GROUP = 64  # as hanpu::kDefaultInt8Group
+
+
+def _int8_group(weights, group):
+    if weights not in ("bf16", "int8"):
+        raise ValueError(f"`weights` must be 'bf16' or 'int8', got {weights!r}")
+    if weights == "int8" and (not isinstance(group, int) or group < 1):
+        raise ValueError(f"`int8_group` must be a positive int, got {group!r}")
+    return int(group) if weights == "int8" else 0
 
 
 class Model:
@@ -29,16 +38,18 @@ class Model:
         self._m = impl
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path, weights="bf16", int8_group=DEFAULT_INT8_GROUP):
         """A checkpoint directory: config.json and model.safetensors (or an index with shards).
-        Raises hanpu.HanpuError naming the file and tensor for anything it cannot run."""
-        return cls(_hanpu._Model.load(str(path)))
+        weights="int8" quantizes the projections at load (symmetric, one scale per int8_group
+        inputs; as `hanpu run --weights int8`). Raises hanpu.HanpuError naming the file and tensor
+        for anything it cannot run."""
+        return cls(_hanpu._Model.load(str(path), _int8_group(weights, int8_group)))
 
     @classmethod
-    def synthetic(cls, spec, seed=1):
+    def synthetic(cls, spec, seed=1, weights="bf16", int8_group=DEFAULT_INT8_GROUP):
         """Random bf16 weights: `spec` is a preset name (as `hanpu bench-model --synthetic`) or the
-        path of any family's config.json."""
-        return cls(_hanpu._Model.synthetic(str(spec), int(seed), get_num_threads()))
+        path of any family's config.json; weights as load's."""
+        return cls(_hanpu._Model.synthetic(str(spec), int(seed), get_num_threads(), _int8_group(weights, int8_group)))
 
     @property
     def config(self):

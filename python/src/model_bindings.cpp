@@ -100,19 +100,19 @@ void register_model(nb::module_& m) {
   nb::class_<HybridModel>(m, "_Model")
       .def_static(
           "load",
-          [](const std::string& dir) {
+          [](const std::string& dir, int64_t int8_group) {
             nb::gil_scoped_release no_gil;
-            return HybridModel::load(dir);
+            return HybridModel::load(dir, {.int8_group = int8_group});
           },
-          nb::arg("dir"))
+          nb::arg("dir"), nb::arg("int8_group") = 0)
       .def_static(
           "synthetic",
-          [](const std::string& spec, uint64_t seed, int threads) {
+          [](const std::string& spec, uint64_t seed, int threads, int64_t int8_group) {
             ModelConfig c = synthetic_config(spec);
             nb::gil_scoped_release no_gil;
-            return HybridModel::synthetic(c, seed, threads);
+            return HybridModel::synthetic(c, seed, threads, int8_group);
           },
-          nb::arg("spec"), nb::arg("seed"), nb::arg("threads"))
+          nb::arg("spec"), nb::arg("seed"), nb::arg("threads"), nb::arg("int8_group") = 0)
       .def_prop_ro("config", [](const HybridModel& mdl) { return config_dict(mdl.config()); })
       .def_prop_ro("weight_bytes", &HybridModel::weight_bytes)
       .def("new_state", &HybridModel::new_state)

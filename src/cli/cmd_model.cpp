@@ -73,6 +73,23 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// --weights bf16|int8 and --int8-group, shared by run and bench-model.
+struct WeightArgs {
+  std::string weights = "bf16";
+  int64_t int8_group = kDefaultInt8Group;
+  int64_t group() const { return weights == "int8" ? int8_group : 0; }
+  void add_to(CLI::App* app) {
+    app->add_option("--weights", weights,
+                    "projection weights: bf16 (as the checkpoint stores them, default) or int8 (quantized at load: "
+                    "symmetric, one scale per --int8-group inputs; about half the bytes per decode step)")
+        ->check(CLI::IsMember(std::vector<std::string>{"bf16", "int8"}))
+        ->capture_default_str();
+    app->add_option("--int8-group", int8_group, "with --weights int8: inputs per scale")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+        ->capture_default_str();
+  }
+};
+
 struct RunArgs {
   std::string model_dir, prompt, prompt_ids, logits_out, system, precision = "exact";
   int n_predict = 128;
@@ -81,12 +98,13 @@ struct RunArgs {
   float temperature = 0.7f, top_p = 0.95f;
   int top_k = 20;
   uint64_t seed = 0;
+  WeightArgs weights;
 };
 
 void run_generate(const RunArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty()) throw Error("give exactly one of --prompt and --prompt-ids");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
-  HybridModel model = HybridModel::load(a.model_dir, {.progress = true});
+  HybridModel model = HybridModel::load(a.model_dir, {.progress = true, .int8_group = a.weights.group()});
   const ModelConfig& cfg = model.config();
 
   std::unique_ptr<Tokenizer> tok;
@@ -180,6 +198,7 @@ struct BenchModelArgs {
   int decode_tokens = 16;
   bool json = false;
   uint64_t seed = 1;
+  WeightArgs weights;
 };
 
 void run_bench_model(const BenchModelArgs& a) {
@@ -199,17 +218,22 @@ void run_bench_model(const BenchModelArgs& a) {
       return parse_model_config(read_regular_file(a.synthetic, "config file", kMaxJsonFileBytes), a.synthetic);
     return model_preset(a.synthetic);
   };
-  HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(synthetic_config(), a.seed, threads)
-                                          : HybridModel::load(a.model_dir, {.progress = !a.json});
+  HybridModel model = a.model_dir.empty()
+                          ? HybridModel::synthetic(synthetic_config(), a.seed, threads, a.weights.group())
+                          : HybridModel::load(a.model_dir, {.progress = !a.json, .int8_group = a.weights.group()});
   const double load_s = seconds_since(t_load);
   const ModelConfig& cfg = model.config();
   // The limits every figure is printed next to, measured in this run (docs/PERFORMANCE.md).
   const HostMeasurement host = measure_host(threads, 0.5);
   const std::string name = a.model_dir.empty() ? a.synthetic : a.model_dir;
   if (!a.json)
-    std::printf("%s%s\n%s\nweights %.2f GB, built/mapped in %.1f s, %d threads, projections %s\n\n", name.c_str(),
+    std::printf("%s%s\n%s\nweights %.2f GB%s, built/mapped in %.1f s, %d threads, projections %s\n\n", name.c_str(),
                 a.model_dir.empty() ? " (synthetic random bf16 weights)" : "", cfg.describe().c_str(),
-                static_cast<double>(model.weight_bytes()) / 1e9, load_s, threads, linear_precision_name(precision));
+                static_cast<double>(model.weight_bytes()) / 1e9,
+                a.weights.group() > 0
+                    ? (", projections quantized to int8 (group " + std::to_string(a.weights.group()) + ")").c_str()
+                    : "",
+                load_s, threads, a.weights.group() > 0 ? "int8 x f32" : linear_precision_name(precision));
   if (!a.json)
     std::printf("machine: %s, kernels %s; f32 FMA peak %.0f GFLOP/s and read bandwidth %.1f GB/s with %d threads "
                 "(measured now)\n\n",
@@ -250,10 +274,10 @@ void run_bench_model(const BenchModelArgs& a) {
     const double tot = pt.total(), dtot = dt.total();
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
-    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false);
+    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
     model::PartWork decode_work;  // summed over the decode steps, at their positions
     for (int i = 0; i < a.decode_tokens; ++i) {
-      const model::PartWork step = model::forward_work(cfg, T + i, 1, false).total();
+      const model::PartWork step = model::forward_work(cfg, T + i, 1, false, a.weights.group()).total();
       decode_work.flops += step.flops;
       decode_work.weight_bytes += step.weight_bytes;
     }
@@ -312,6 +336,8 @@ void run_bench_model(const BenchModelArgs& a) {
         {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
         {"isa", cpu::isa_selection().target},
+        {"weights", a.weights.group() > 0 ? "int8" : "bf16"},
+        {"int8_group", a.weights.group()},
     };
     if (a.json) {
       std::cout << row.dump() << std::endl;
@@ -367,6 +393,7 @@ void register_model_commands(CLI::App& app) {
   r->add_flag("--greedy", run->greedy, "always take the most likely token");
   r->add_option("--precision", run->precision,
                 "projection activations: exact (f32, default), bf16x2, bf16 (rounded like a bf16 model; fastest)");
+  run->weights.add_to(r);
   r->add_flag("--ids", run->print_ids, "print the generated token ids instead of text");
   r->add_option("--logits-out", run->logits_out, "write the prompt's logits (all positions) to this safetensors file");
   r->callback([run] { run_generate(*run); });
@@ -384,6 +411,7 @@ void register_model_commands(CLI::App& app) {
       ->check(CLI::Range(0, 1 << 20));
   b->add_option("--seed", bench->seed, "seed of the synthetic weights and prompt (default 1)");
   b->add_option("--precision", bench->precision, "projection activations: exact (default), bf16x2, bf16");
+  bench->weights.add_to(b);
   b->add_flag("--json", bench->json, "one JSON object per prompt length");
   b->callback([bench] { run_bench_model(*bench); });
 }

@@ -120,11 +120,11 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
     const auto* head = static_cast<const std::byte*>(wb.data) + static_cast<size_t>(hh * (nope + dv) * r) * es;
     const TensorView uk = TensorView::contiguous(const_cast<std::byte*>(head), wb.dtype, {nope, r});
     w.owned->push_back(transpose_copy(uk));
-    key_absorb.emplace_back(TensorView::contiguous(w.owned->back().data(), wb.dtype, {r, nope}),
-                            kvb + " (head " + std::to_string(hh) + " keys, transposed)");
+    key_absorb.push_back(w.projection_of(TensorView::contiguous(w.owned->back().data(), wb.dtype, {r, nope}),
+                                         kvb + " (head " + std::to_string(hh) + " keys, transposed)"));
     const TensorView uv = TensorView::contiguous(const_cast<std::byte*>(head + static_cast<size_t>(nope * r) * es),
                                                  wb.dtype, {dv, r});
-    value_up.emplace_back(uv, kvb + " (head " + std::to_string(hh) + " values)");
+    value_up.push_back(w.projection_of(uv, kvb + " (head " + std::to_string(hh) + " values)"));
   }
 }
 

@@ -82,14 +82,14 @@ void GdnMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
                                    g + "in_proj_qkvz.weight"));
     std::byte* rows = w.owned->back().data();
     const size_t row_bytes = static_cast<size_t>(H) * dtype_size(qkvz.dtype);
-    in_qkv = Projection(TensorView::contiguous(rows, qkvz.dtype, {cd, H}), g + "in_proj_qkvz.weight (q|k|v rows)");
-    in_z = Projection(TensorView::contiguous(rows + static_cast<size_t>(cd) * row_bytes, qkvz.dtype, {vd, H}),
+    in_qkv = w.projection_of(TensorView::contiguous(rows, qkvz.dtype, {cd, H}), g + "in_proj_qkvz.weight (q|k|v rows)");
+    in_z = w.projection_of(TensorView::contiguous(rows + static_cast<size_t>(cd) * row_bytes, qkvz.dtype, {vd, H}),
                       g + "in_proj_qkvz.weight (z rows)");
     w.owned->push_back(gather_rows(ba, qwen3next_ba_source_rows(nk, nv), g + "in_proj_ba.weight"));
     rows = w.owned->back().data();
     const size_t ba_row_bytes = static_cast<size_t>(H) * dtype_size(ba.dtype);
-    in_b = Projection(TensorView::contiguous(rows, ba.dtype, {nv, H}), g + "in_proj_ba.weight (b rows)");
-    in_a = Projection(TensorView::contiguous(rows + static_cast<size_t>(nv) * ba_row_bytes, ba.dtype, {nv, H}),
+    in_b = w.projection_of(TensorView::contiguous(rows, ba.dtype, {nv, H}), g + "in_proj_ba.weight (b rows)");
+    in_a = w.projection_of(TensorView::contiguous(rows + static_cast<size_t>(nv) * ba_row_bytes, ba.dtype, {nv, H}),
                       g + "in_proj_ba.weight (a rows)");
   } else {
     in_qkv = w.projection(g + "in_proj_qkv.weight", cd, H);

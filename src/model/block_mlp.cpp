@@ -29,7 +29,7 @@ void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot
 
 void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::string& m) {
   const int64_t H = c.hidden_size, E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-  router = w.projection(m + "gate.weight", E, H);
+  router = w.projection(m + "gate.weight", E, H, /*quantizable=*/false);
   if (c.router_score_bias) score_bias = w.floats(m + c.names.router_score_bias, {E});
   const CheckpointNames& n = c.names;
   // Experts: one tensor set per expert (official checkpoints, save_pretrained), or the fused 3-D
@@ -59,7 +59,7 @@ void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::stri
   if (Is > 0) {
     has_shared = true;
     shared.load(w, m + n.shared_expert, H, Is);
-    if (c.shared_expert_gated) shared_gate = w.projection(m + "shared_expert_gate.weight", 1, H);
+    if (c.shared_expert_gated) shared_gate = w.projection(m + "shared_expert_gate.weight", 1, H, /*quantizable=*/false);
   }
 }
 

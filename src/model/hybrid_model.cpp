@@ -238,7 +238,7 @@ struct HybridModel::Impl {
     final_norm = w.norm_scale(prefix + "norm.weight", H, c.norm_weight_plus_one);
     if (c.tie_word_embeddings || !have_lm_head) {
       if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
-      lm_head = model::Projection(embed, prefix + c.names.embed_tokens + "weight (tied LM head)");
+      lm_head = w.projection_of(embed, prefix + c.names.embed_tokens + "weight (tied LM head)");
     } else {
       lm_head = w.projection("lm_head.weight", c.vocab_size, H);
     }
@@ -291,11 +291,12 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   w.get = [&](const std::string& name, const std::vector<int64_t>& shape) { return src.get(name, shape); };
   w.has = [&](const std::string& name) { return src.has(name); };
   w.owned = &im.owned;
+  w.int8_group = opt.int8_group;
   im.build(w, prefix, src.has("lm_head.weight"));
   return m;
 }
 
-HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads) {
+HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads, int64_t int8_group) {
   HybridModel m;
   Impl& im = *m.impl_;
   im.cfg = c;
@@ -326,6 +327,7 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
            name.find(c.names.channel_mixer.front()) != std::string::npos;
   };
   w.owned = &im.owned;
+  w.int8_group = int8_group;
   im.build(w, "model.", !c.tie_word_embeddings);
   for (const ByteBuffer& b : im.synthetic) im.weight_bytes += b.size();
   return m;

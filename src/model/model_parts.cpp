@@ -14,13 +14,23 @@ std::vector<float> to_f32(const TensorView& v) {
   return out;
 }
 
-Projection::Projection(const TensorView& w, const std::string& name) : out_(w.shape[0]), in_(w.shape[1]) {
-  if (w.dtype == DType::BF16) bf16_.emplace(w, name);
+Projection::Projection(const TensorView& w, const std::string& name, int64_t int8_group)
+    : out_(w.shape[0]), in_(w.shape[1]) {
+  if (int8_group > 0) int8_.emplace(w, name, int8_group);
+  else if (w.dtype == DType::BF16) bf16_.emplace(w, name);
   else f32_ = to_f32(w);
 }
 
 void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
                          LinearPrecision precision) const {
+  if (int8_) {  // activations stay f32: `precision` has nothing to round
+    TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
+    xv.stride[0] = ldx;
+    TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
+    yv.stride[0] = ldy;
+    int8_->forward(xv, yv, threads, accumulate);
+    return;
+  }
   if (bf16_) {
     TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
     xv.stride[0] = ldx;

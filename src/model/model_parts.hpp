@@ -27,7 +27,9 @@ std::vector<float> to_f32(const TensorView& v);
 class Projection {
  public:
   Projection() = default;
-  Projection(const TensorView& w, const std::string& name);
+  /// int8_group > 0: the weight is quantized to int8 now (Int8Linear, one scale per int8_group
+  /// in_features) and the view is not kept; 0 keeps it as stored.
+  Projection(const TensorView& w, const std::string& name, int64_t int8_group = 0);
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   /// y[m, :out] (+)= x[m, :in] W^T for m < M; rows of x and y are ldx / ldy floats apart.
@@ -37,6 +39,7 @@ class Projection {
  private:
   int64_t out_ = 0, in_ = 0;
   std::optional<Bf16Linear> bf16_;
+  std::optional<Int8Linear> int8_;
   std::vector<float> f32_;
 };
 
@@ -61,10 +64,16 @@ struct WeightReader {
   std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get;
   std::function<bool(const std::string& name)> has;
   std::vector<ByteBuffer>* owned = nullptr;
+  /// > 0: projections are quantized to int8 at load with this group size (ModelLoadOptions).
+  int64_t int8_group = 0;
 
-  Projection projection(const std::string& name, int64_t out, int64_t in) const {
-    return Projection(get(name, {out, in}), name);
+  /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8
+  /// weights (MoE routers and shared-expert gates: tiny, and they decide which experts run).
+  Projection projection(const std::string& name, int64_t out, int64_t in, bool quantizable = true) const {
+    return Projection(get(name, {out, in}), name, quantizable ? int8_group : 0);
   }
+  /// A projection over a view the block made (permuted or sliced rows), with this reader's format.
+  Projection projection_of(const TensorView& w, const std::string& name) const { return Projection(w, name, int8_group); }
   std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) const {
     return to_f32(get(name, shape));
   }

@@ -8,10 +8,10 @@ namespace hanpu::model {
 
 namespace {
 
-constexpr double kBf16Bytes = 2;
-
 // A part made of matrices applied once per token: `weights` multiply-adds per token.
-PartWork per_token_matrices(double weights, double rows) { return {2 * weights * rows, kBf16Bytes * weights}; }
+PartWork per_token_matrices(double weights, double rows, double bytes_per_weight) {
+  return {2 * weights * rows, bytes_per_weight * weights};
+}
 
 void add(PartWork& to, const PartWork& w) {
   to.flops += w.flops;
@@ -27,7 +27,8 @@ PartWork ForwardWork::total() const {
   return t;
 }
 
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits) {
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group) {
+  const double bytes_per_weight = int8_group > 0 ? 1.0 + 4.0 / static_cast<double>(int8_group) : 2.0;
   const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);
   ForwardWork w;
   // Per layer kind: the matrices (as ModelConfig::parameter_count counts them, without norms,
@@ -72,20 +73,20 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
 
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.token_mixer(i) == c.attention_mixer) {
-      add(w.attention_projections, per_token_matrices(attention_weights, T));
+      add(w.attention_projections, per_token_matrices(attention_weights, T, bytes_per_weight));
       w.attention_core.flops += 2 * nh * core_dim * keys;
     } else {
-      add(w.linear_projections, per_token_matrices(linear_weights, T));
+      add(w.linear_projections, per_token_matrices(linear_weights, T, bytes_per_weight));
       w.linear_engine.flops += engine_flops_per_token_head * T * nv;
     }
     if (c.layer_is_moe(i)) {
       w.mlp.flops += 2 * T * (H * E + topk * expert + shared);
-      w.mlp.weight_bytes += kBf16Bytes * (H * E + experts_touched * expert + shared);
+      w.mlp.weight_bytes += bytes_per_weight * (H * E + experts_touched * expert + shared);
     } else {
-      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.intermediate_size), T));
+      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.intermediate_size), T, bytes_per_weight));
     }
   }
-  add(w.lm_head, per_token_matrices(H * static_cast<double>(c.vocab_size), all_logits ? T : 1));
+  add(w.lm_head, per_token_matrices(H * static_cast<double>(c.vocab_size), all_logits ? T : 1, bytes_per_weight));
   return w;
 }
 

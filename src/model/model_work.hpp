@@ -12,7 +12,7 @@ namespace hanpu::model {
 
 struct PartWork {
   double flops = 0;         // 2 x multiply-adds
-  double weight_bytes = 0;  // distinct weight bytes the part reads (bf16: 2 per weight)
+  double weight_bytes = 0;  // distinct weight bytes the part reads
 };
 
 struct ForwardWork {
@@ -31,7 +31,8 @@ struct ForwardWork {
 /// bytes, the experts a batch of that many tokens is expected to touch under uniform routing.
 /// The engine counts la_flops_per_token_head (exact triangles, chunk 64) in prefill and the
 /// three K x V products of the recurrent step per token in decode (tokens == 1). Weight bytes
-/// assume bf16 weights (what checkpoints and synthetic models hold).
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits);
+/// are bf16's (2 per weight), or with int8_group > 0 int8's plus the f32 scales (1 + 4 / group;
+/// the few unquantized router rows are counted alike).
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group = 0);
 
 }  // namespace hanpu::model
