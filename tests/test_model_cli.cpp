@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -183,6 +185,49 @@ TEST(ModelCli, BadInputGivesOneErrorLine) {
   r = run_hanpu(tmp, "bench-model --synthetic qwen3.5-1b");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("qwen3.5-0.8b"), std::string::npos) << r.err;
+}
+
+
+// hanpu quantize: the written checkpoint stores the projections as I8 + F32 scales with the group
+// in its metadata, and running it gives exactly the logits of quantizing at load, on every family;
+// a different --int8-group on such a file is refused by name.
+TEST(ModelCli, QuantizedCheckpointEqualsQuantizingAtLoad) {
+  for (const char* golden : kAllFamilies) {
+    SCOPED_TRACE(golden);
+    TempDir tmp;
+    const std::string out = tmp.file("int8");
+    RunResult r = run_hanpu(tmp, "quantize --model " + quote(tiny(golden)) + " --out " + quote(out) + " --int8-group 32");
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_NE(r.err.find("projections stored as int8 (group 32)"), std::string::npos) << r.err;
+    bool saw_i8 = false;
+    for (const auto& entry : std::filesystem::directory_iterator(out)) {
+      if (entry.path().extension() != ".safetensors") continue;
+      SafetensorsFile f = SafetensorsFile::open(entry.path().string());
+      EXPECT_EQ(f.metadata().at("hanpu.int8_group"), "32");
+      for (const std::string& n : f.names())
+        if (f.get(n).dtype == hanpu::DType::I8) {
+          saw_i8 = true;
+          EXPECT_TRUE(f.has(n + ".int8_scale")) << n;
+        }
+    }
+    EXPECT_TRUE(saw_i8);
+    const std::string a = tmp.file("a.safetensors"), b = tmp.file("b.safetensors");
+    r = run_hanpu(tmp, "run --model " + quote(out) + " --prompt-ids 3,1,4,1,5,9,2,6 -n 2 --greedy --ids --logits-out " + quote(a));
+    ASSERT_EQ(r.code, 0) << r.err;
+    r = run_hanpu(tmp, "run --model " + quote(tiny(golden)) + " --prompt-ids 3,1,4,1,5,9,2,6 -n 2 --greedy --ids "
+                       "--weights int8 --int8-group 32 --logits-out " + quote(b));
+    ASSERT_EQ(r.code, 0) << r.err;
+    const Tensor la = SafetensorsFile::open(a).load_copy("logits"), lb = SafetensorsFile::open(b).load_copy("logits");
+    ASSERT_EQ(la.shape(), lb.shape());
+    EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.bytes()), 0);
+    r = run_hanpu(tmp, "run --model " + quote(out) + " --prompt-ids 1,2 -n 1 --weights int8 --int8-group 64");
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.err.find("holds int8 weights with group 32, but int8 group 64 was asked for"), std::string::npos) << r.err;
+  }
+  TempDir tmp;
+  const RunResult r = run_hanpu(tmp, "quantize --model " + quote(tiny()) + " --out " + quote(tiny()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("is the input checkpoint"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ class Int8Linear {
   /// Quantizes `weight` ([out_features, in_features] BF16, F16 or F32, contiguous) now; the view
   /// is not kept. group >= 1 (errors name the weight).
   Int8Linear(TensorView weight, std::string name, int64_t group);
-  /// Already quantized: q [N, K] as int8 bytes, scales [N, ceil(K / group)] F32 (copied).
+  /// Already quantized: q [N, K] int8, scales [N, ceil(K / group)] f32, not copied: they must
+  /// outlive this object (as Bf16Linear's views: callers keep the checkpoint mapped).
   Int8Linear(const int8_t* q, const float* scales, int64_t out_features, int64_t in_features, int64_t group,
              std::string name);
   ~Int8Linear();
@@ -107,7 +108,7 @@ class Int8Linear {
   int64_t out_features() const;
   int64_t group() const;
   const std::string& name() const;
-  /// Bytes held: the int8 weight and its scales.
+  /// Bytes of the int8 weight and its scales (owned, or read in place).
   size_t bytes() const;
   const int8_t* quantized() const;  // [N, K]
   const float* scales() const;      // [N, ceil(K / group)]

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -177,6 +178,10 @@ struct ModelLoadOptions {
   /// MoE routers or shared-expert gates) is quantized to int8 at load, one scale per this many
   /// in_features (hanpu::Int8Linear, docs/MODEL.md); 0 keeps the checkpoint's bf16.
   int64_t int8_group = 0;
+  /// Called for every projection quantized at load under its checkpoint tensor name (those
+  /// stored as they are used; `hanpu quantize` writes them out). The reference stays valid while
+  /// the model lives.
+  std::function<void(const std::string& tensor, const Int8Linear& q)> on_int8_projection;
 };
 
 /// Per-sequence inference state: the linear-attention layers' conv and recurrent states, the

@@ -14,11 +14,11 @@
 
 namespace hanpu {
 
-enum class DType { F32, F16, BF16, F64, I32, I64 };
+enum class DType { F32, F16, BF16, F64, I32, I64, I8 };  // I8: int8 weights (hanpu quantize)
 
 /// Size of one element in bytes.
 size_t dtype_size(DType dt);
-/// Safetensors-style name: "F32", "F16", "BF16", "F64", "I32", "I64".
+/// Safetensors-style name: "F32", "F16", "BF16", "F64", "I32", "I64", "I8".
 const char* dtype_name(DType dt);
 /// Inverse of dtype_name; throws hanpu::Error for an unknown name.
 DType dtype_from_name(const std::string& name);

@@ -23,5 +23,7 @@ void register_device_command(CLI::App& app);
 void register_plan_commands(CLI::App& app);
 /// `hanpu report`: sweep strategies and shapes on a device model into one HTML report (cmd_report.cpp).
 void register_report_command(CLI::App& app);
+/// `hanpu quantize`: a checkpoint copy with int8 projections (cmd_quantize.cpp).
+void register_quantize_command(CLI::App& app);
 /// `hanpu isa`: the SIMD target the kernels use and the accepted HANPU_ISA values (cmd_isa.cpp).
 void register_isa_command(CLI::App& app);

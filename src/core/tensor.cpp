@@ -22,6 +22,7 @@ size_t dtype_size(DType dt) {
     case DType::F64: return 8;
     case DType::I32: return 4;
     case DType::I64: return 8;
+    case DType::I8: return 1;
   }
   return 0;
 }
@@ -34,14 +35,15 @@ const char* dtype_name(DType dt) {
     case DType::F64: return "F64";
     case DType::I32: return "I32";
     case DType::I64: return "I64";
+    case DType::I8: return "I8";
   }
   return "?";
 }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64})
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::I8})
     if (name == dtype_name(d)) return d;
-  throw Error("unknown dtype '" + name + "' (expected one of F32, F16, BF16, F64, I32, I64)");
+  throw Error("unknown dtype '" + name + "' (expected one of F32, F16, BF16, F64, I32, I64, I8)");
 }
 
 bool TensorView::is_contiguous() const {
@@ -218,6 +220,7 @@ double load_as_double(const void* base, DType dt, int64_t i) {
     case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
     case DType::I32: return static_cast<const int32_t*>(base)[i];
     case DType::I64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case DType::I8: return static_cast<const int8_t*>(base)[i];
   }
   return 0.0;
 }
@@ -230,6 +233,7 @@ void store_from_double(void* base, DType dt, int64_t i, double v) {
     case DType::BF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(static_cast<float>(v)); break;
     case DType::I32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
     case DType::I64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
+    case DType::I8: static_cast<int8_t*>(base)[i] = static_cast<int8_t>(v); break;
   }
 }
 

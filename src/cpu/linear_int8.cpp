@@ -15,8 +15,9 @@ namespace hanpu {
 struct Int8Linear::Impl {
   std::string name;
   int64_t N = 0, K = 0, group = 1, groups = 0;
-  ByteBuffer q;       // int8 [N, K]
-  ByteBuffer scales;  // f32 [N, groups]
+  ByteBuffer q_owned, scales_owned;  // quantized here: the buffers below point into these
+  const int8_t* q = nullptr;         // [N, K]
+  const float* scales = nullptr;     // [N, groups]
 };
 
 Int8Linear::Int8Linear() = default;
@@ -43,10 +44,12 @@ Int8Linear::Int8Linear(TensorView weight, std::string name, int64_t group) : imp
   m.K = weight.shape[1];
   m.group = group;
   m.groups = (m.K + group - 1) / group;
-  m.q = ByteBuffer(static_cast<size_t>(m.N * m.K));
-  m.scales = ByteBuffer(static_cast<size_t>(m.N * m.groups) * sizeof(float));
-  auto* q = reinterpret_cast<int8_t*>(m.q.data());
-  auto* sc = reinterpret_cast<float*>(m.scales.data());
+  m.q_owned = ByteBuffer(static_cast<size_t>(m.N * m.K));
+  m.scales_owned = ByteBuffer(static_cast<size_t>(m.N * m.groups) * sizeof(float));
+  auto* q = reinterpret_cast<int8_t*>(m.q_owned.data());
+  auto* sc = reinterpret_cast<float*>(m.scales_owned.data());
+  m.q = q;
+  m.scales = sc;
   // Rows are independent: quantize them on all threads (a 0.8B model has ~0.5 G weights).
   const int nt = static_cast<int>(std::clamp<int64_t>(m.N / 64, 1, hardware_threads()));
   auto rows = [&](int t) {
@@ -91,19 +94,21 @@ Int8Linear::Int8Linear(const int8_t* q, const float* scales, int64_t out_feature
   m.K = in_features;
   m.group = group;
   m.groups = (m.K + group - 1) / group;
-  m.q = ByteBuffer(static_cast<size_t>(m.N * m.K));
-  m.scales = ByteBuffer(static_cast<size_t>(m.N * m.groups) * sizeof(float));
-  if (m.N * m.K > 0) std::memcpy(m.q.data(), q, static_cast<size_t>(m.N * m.K));
-  if (m.N * m.groups > 0) std::memcpy(m.scales.data(), scales, static_cast<size_t>(m.N * m.groups) * sizeof(float));
+  if ((m.N * m.K > 0 && q == nullptr) || (m.N * m.groups > 0 && scales == nullptr))
+    throw Error(m.name + ": int8 weight or scales without data");
+  m.q = q;
+  m.scales = scales;
 }
 
 int64_t Int8Linear::in_features() const { return impl_->K; }
 int64_t Int8Linear::out_features() const { return impl_->N; }
 int64_t Int8Linear::group() const { return impl_->group; }
 const std::string& Int8Linear::name() const { return impl_->name; }
-size_t Int8Linear::bytes() const { return impl_->q.size() + impl_->scales.size(); }
-const int8_t* Int8Linear::quantized() const { return reinterpret_cast<const int8_t*>(impl_->q.data()); }
-const float* Int8Linear::scales() const { return reinterpret_cast<const float*>(impl_->scales.data()); }
+size_t Int8Linear::bytes() const {
+  return static_cast<size_t>(impl_->N * impl_->K) + static_cast<size_t>(impl_->N * impl_->groups) * sizeof(float);
+}
+const int8_t* Int8Linear::quantized() const { return impl_->q; }
+const float* Int8Linear::scales() const { return impl_->scales; }
 float Int8Linear::weight(int64_t n, int64_t k) const {
   return static_cast<float>(quantized()[n * impl_->K + k]) * scales()[n * impl_->groups + k / impl_->group];
 }

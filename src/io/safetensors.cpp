@@ -96,7 +96,7 @@ bool as_non_negative_int(const json& j, uint64_t& out, std::string& why) {
   return false;
 }
 
-const char* const kSafetensorsDtypesHanpuRejects[] = {"BOOL", "U8",  "I8",      "I16",     "U16",
+const char* const kSafetensorsDtypesHanpuRejects[] = {"BOOL", "U8",  "I16",     "U16",
                                                       "U32",  "U64", "F8_E4M3", "F8_E5M2", "F8_E8M0",
                                                       "F6_E2M3", "F6_E3M2", "F4", "C64"};
 
@@ -104,14 +104,14 @@ DType parse_dtype(const std::string& path, const std::string& name, const json& 
   if (!j.is_string())
     fail_tensor(path, name, std::string("\"dtype\" must be a string, found ") + json_kind(j) + " " + j.dump());
   const std::string dt = j.get<std::string>();
-  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64})
+  for (DType d : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::I8})
     if (dt == dtype_name(d)) return d;
   const bool known = std::find(std::begin(kSafetensorsDtypesHanpuRejects), std::end(kSafetensorsDtypesHanpuRejects),
                                dt) != std::end(kSafetensorsDtypesHanpuRejects);
   fail_tensor(path, name,
               "dtype " + quoted(dt) +
                   (known ? " is a valid safetensors dtype but is not supported by hanpu" : " is not a known dtype") +
-                  " (expected one of F32, F16, BF16, F64, I32, I64)");
+                  " (expected one of F32, F16, BF16, F64, I32, I64, I8)");
 }
 
 // Copies a strided view element by element into `dst` (contiguous, row-major).

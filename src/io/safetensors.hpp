@@ -7,7 +7,8 @@
 //
 // Files come from users and other tools, so everything in them is validated before use and every
 // problem is reported as a hanpu::Error naming the file, the tensor, what was found and what was
-// expected. Only the dtypes hanpu computes with are accepted (F32, F16, BF16, F64, I32, I64).
+// expected. Only the dtypes hanpu computes with are accepted (F32, F16, BF16, F64, I32, I64, and I8
+// for the int8 weights `hanpu quantize` writes).
 #pragma once
 
 #include <cstddef>

@@ -292,6 +292,24 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   w.has = [&](const std::string& name) { return src.has(name); };
   w.owned = &im.owned;
   w.int8_group = opt.int8_group;
+  // A file `hanpu quantize` wrote says its group size; the projections it stored as int8 are used
+  // as they are, the rest (rows the loader permutes or transposes) are quantized with that group.
+  for (const SafetensorsFile& f : im.files) {
+    auto it = f.metadata().find("hanpu.int8_group");
+    if (it == f.metadata().end()) continue;
+    int64_t g = 0;
+    try {
+      g = std::stoll(it->second);
+    } catch (const std::exception&) {
+    }
+    if (g < 1) throw Error("'" + f.path() + "': metadata 'hanpu.int8_group' is \"" + printable(it->second) + "\", expected a positive integer");
+    if (opt.int8_group > 0 && opt.int8_group != g)
+      throw Error("'" + f.path() + "' holds int8 weights with group " + std::to_string(g) + ", but int8 group " +
+                  std::to_string(opt.int8_group) + " was asked for (omit --int8-group, or quantize again)");
+    w.int8_group = g;
+  }
+  w.get_stored = [&](const std::string& name, const std::vector<int64_t>& shape) { return src.get(name, shape, false); };
+  w.on_int8 = opt.on_int8_projection;
   im.build(w, prefix, src.has("lm_head.weight"));
   return m;
 }

@@ -59,6 +59,26 @@ float* scratch(ScratchSlot slot, int64_t floats) {
   return reinterpret_cast<float*>(b.data());
 }
 
+Projection WeightReader::projection(const std::string& name, int64_t out, int64_t in, bool quantizable) const {
+  if (get_stored && has(name + kInt8ScaleSuffix)) {
+    const TensorView q = get_stored(name, {out, in});
+    if (q.dtype != DType::I8)
+      throw Error("tensor '" + name + "' has dtype " + dtype_name(q.dtype) + " next to its '" + name + kInt8ScaleSuffix +
+                  "', expected I8 (a file `hanpu quantize` wrote)");
+    if (int8_group <= 0)
+      throw Error("tensor '" + name + "' is stored as int8, but no shard has the 'hanpu.int8_group' metadata "
+                  "`hanpu quantize` writes");
+    const TensorView s = get_stored(name + kInt8ScaleSuffix, {out, (in + int8_group - 1) / int8_group});
+    if (s.dtype != DType::F32)
+      throw Error("tensor '" + name + kInt8ScaleSuffix + "' has dtype " + dtype_name(s.dtype) + ", expected F32");
+    return Projection(Int8Linear(static_cast<const int8_t*>(q.data), static_cast<const float*>(s.data), out, in,
+                                 int8_group, name));
+  }
+  Projection p(get(name, {out, in}), name, quantizable ? int8_group : 0);
+  if (p.int8() && on_int8) on_int8(name, *p.int8());
+  return p;
+}
+
 std::vector<float> WeightReader::norm_scale(const std::string& name, int64_t dim, bool plus_one) const {
   std::vector<float> v = floats(name, {dim});
   if (plus_one)

@@ -30,6 +30,8 @@ class Projection {
   /// int8_group > 0: the weight is quantized to int8 now (Int8Linear, one scale per int8_group
   /// in_features) and the view is not kept; 0 keeps it as stored.
   Projection(const TensorView& w, const std::string& name, int64_t int8_group = 0);
+  explicit Projection(Int8Linear q) : out_(q.out_features()), in_(q.in_features()), int8_(std::move(q)) {}
+  const Int8Linear* int8() const { return int8_ ? &*int8_ : nullptr; }
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   /// y[m, :out] (+)= x[m, :in] W^T for m < M; rows of x and y are ldx / ldy floats apart.
@@ -64,14 +66,18 @@ struct WeightReader {
   std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get;
   std::function<bool(const std::string& name)> has;
   std::vector<ByteBuffer>* owned = nullptr;
-  /// > 0: projections are quantized to int8 at load with this group size (ModelLoadOptions).
+  /// > 0: projections are quantized to int8 at load with this group size (ModelLoadOptions, or
+  /// the hanpu.int8_group of a file `hanpu quantize` wrote).
   int64_t int8_group = 0;
+  /// Checkpoints only: a tensor with its shape checked and any dtype (stored int8 weights).
+  std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get_stored;
+  /// ModelLoadOptions::on_int8_projection.
+  std::function<void(const std::string& name, const Int8Linear& q)> on_int8;
 
   /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8
   /// weights (MoE routers and shared-expert gates: tiny, and they decide which experts run).
-  Projection projection(const std::string& name, int64_t out, int64_t in, bool quantizable = true) const {
-    return Projection(get(name, {out, in}), name, quantizable ? int8_group : 0);
-  }
+  /// A weight stored as int8 with its `<name>.int8_scale` (hanpu quantize) is used as it is.
+  Projection projection(const std::string& name, int64_t out, int64_t in, bool quantizable = true) const;
   /// A projection over a view the block made (permuted or sliced rows), with this reader's format.
   Projection projection_of(const TensorView& w, const std::string& name) const { return Projection(w, name, int8_group); }
   std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) const {
@@ -80,6 +86,9 @@ struct WeightReader {
   /// An RMSNorm weight as the multiplier the kernels take: 1 + w for Qwen's zero-centred norms.
   std::vector<float> norm_scale(const std::string& name, int64_t dim, bool plus_one) const;
 };
+
+/// The suffix of a stored int8 weight's scale tensor: `<name>.int8_scale` [out, ceil(in / group)] F32.
+inline constexpr const char* kInt8ScaleSuffix = ".int8_scale";
 
 /// A copy of the rank-2 tensor `w` ([rows, cols]) transposed to [cols, rows], same dtype.
 ByteBuffer transpose_copy(const TensorView& w);
