@@ -1,0 +1,139 @@
+// The scheduler of `hanpu serve` (docs/SERVE.md): one thread owns the model and runs every
+// request's work in turns, one prefill chunk or one decode token per running sequence per turn,
+// so a long prompt does not stall the others. Decode is not batched across sequences (the model
+// runtime's forward() runs one sequence); each turn is one forward() call.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
+#include "serve/prefix_cache.hpp"
+
+namespace hanpu::serve {
+
+struct SchedulerOptions {
+  int threads = 1;                 // forward() threads
+  int max_running = 4;             // sequences holding a state at once
+  int max_queue = 16;              // admitted requests waiting for a running slot
+  int64_t prefill_chunk = 256;     // prompt tokens per turn
+  int64_t checkpoint_every = 512;  // snapshot spacing during prefill (0: prompt ends only)
+  size_t cache_bytes = size_t{1024} << 20;
+  LinearPrecision precision = LinearPrecision::kExact;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplingOptions sampling;
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  /// Prompt lengths worth a snapshot besides the regular ones (a chat's last message end, which
+  /// the next turn of the conversation shares, unlike the generation prompt after it).
+  std::vector<int64_t> extra_checkpoints;
+};
+
+/// What the scheduler tells a request's HTTP handler, in order.
+struct GenerationEvent {
+  enum class Kind { kDelta, kDone, kError } kind = Kind::kDelta;
+  std::string text;              // kDelta: new output text (whole UTF-8 characters)
+  std::vector<int32_t> tokens;   // kDelta: the tokens generated since the previous event
+  std::string finish_reason;     // kDone: "stop" or "length"
+  std::string error;             // kError
+};
+
+/// One request's channel between the scheduler and its handler thread.
+class GenerationHandle {
+ public:
+  /// Waits for the next event (false after kDone/kError was taken).
+  bool next(GenerationEvent& out);
+  /// The client went away: the scheduler drops the sequence at its next turn.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  // Filled by the scheduler before kDone.
+  int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+  double ttft_seconds = 0;
+
+  void push(GenerationEvent e);  // scheduler side
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerationEvent> events_;
+  bool finished_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+/// Counters for /metrics (monotonic unless named as a gauge).
+struct SchedulerMetrics {
+  std::atomic<uint64_t> requests_started{0}, requests_finished{0}, requests_cancelled{0}, requests_failed{0};
+  std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0};
+  std::atomic<uint64_t> prefill_tokens{0};    // prompt tokens actually computed (not restored)
+  std::atomic<uint64_t> decode_tokens{0};
+  std::atomic<uint64_t> cache_hits{0}, cache_misses{0}, cache_tokens_reused{0};
+  std::atomic<uint64_t> snapshots_taken{0};
+  std::atomic<uint64_t> ttft_count{0};
+  // Seconds, kept as nanoseconds so they can be atomic integers.
+  std::atomic<uint64_t> prefill_ns{0}, decode_ns{0}, snapshot_ns{0}, restore_ns{0}, ttft_ns{0};
+  std::atomic<int64_t> running{0}, waiting{0};  // gauges
+  std::atomic<int64_t> state_bytes{0};          // gauge: states of the running sequences
+};
+
+class QueueFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Scheduler {
+ public:
+  /// The tokenizer may be null (ids in, ids out; no text, no stop strings).
+  Scheduler(const HybridModel& model, const Tokenizer* tokenizer, SchedulerOptions opt);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  /// Queues a request; throws QueueFull when max_queue requests already wait, and hanpu::Error
+  /// after drain() began.
+  std::shared_ptr<GenerationHandle> submit(GenerationRequest req);
+  /// Stops taking requests, finishes the queued and running ones, and joins the thread.
+  void drain();
+
+  const SchedulerMetrics& metrics() const { return metrics_; }
+  const PrefixCache& cache() const { return cache_; }
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Sequence;
+  void loop();
+  void admit(Sequence& s);
+  void step(Sequence& s);
+  void on_token(Sequence& s, int32_t token);
+  void finish(Sequence& s, const std::string& reason);
+  void emit_text(Sequence& s, bool final);
+  void snapshot(const Sequence& s);
+
+  const HybridModel& model_;
+  const Tokenizer* tokenizer_;
+  const SchedulerOptions opt_;
+  std::vector<int32_t> stop_tokens_;
+  PrefixCache cache_;
+  SchedulerMetrics metrics_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  bool draining_ = false;
+  std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only
+  size_t next_turn_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace hanpu::serve
