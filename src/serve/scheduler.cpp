@@ -98,9 +98,11 @@ std::shared_ptr<GenerationHandle> Scheduler::submit(GenerationRequest req) {
   {
     std::lock_guard lock(mu_);
     if (draining_) throw Error("the server is shutting down");
-    if (static_cast<int>(waiting_.size()) >= opt_.max_queue)
-      throw QueueFull("the request queue is full (" + std::to_string(waiting_.size()) + " waiting, --max-queue " +
-                      std::to_string(opt_.max_queue) + "); retry later");
+    if (admitted_ >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
+      throw QueueFull("the server is full: " + std::to_string(admitted_) + " requests running or waiting (--parallel " +
+                      std::to_string(opt_.max_running) + " plus --max-queue " + std::to_string(opt_.max_queue) +
+                      "); retry later");
+    ++admitted_;
     waiting_.push_back(std::move(s));
     metrics_.waiting = static_cast<int64_t>(waiting_.size());
   }
@@ -180,7 +182,7 @@ void Scheduler::finish(Sequence& s, const std::string& reason) {
 }
 
 void Scheduler::on_token(Sequence& s, int32_t token) {
-  if (std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
+  if (!s.req.ignore_eos && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
     finish(s, "stop");
     return;
   }
@@ -288,6 +290,8 @@ void Scheduler::loop() {
     }
     if (s.finished) {
       running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(next_turn_));  // frees its state
+      std::lock_guard lock(mu_);
+      --admitted_;
     } else {
       ++next_turn_;
     }

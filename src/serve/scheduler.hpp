@@ -23,7 +23,7 @@ namespace hanpu::serve {
 struct SchedulerOptions {
   int threads = 1;                 // forward() threads
   int max_running = 4;             // sequences holding a state at once
-  int max_queue = 16;              // admitted requests waiting for a running slot
+  int max_queue = 16;              // requests waiting for a running slot beyond max_running
   int64_t prefill_chunk = 256;     // prompt tokens per turn
   int64_t checkpoint_every = 512;  // snapshot spacing during prefill (0: prompt ends only)
   size_t cache_bytes = size_t{1024} << 20;
@@ -35,6 +35,7 @@ struct GenerationRequest {
   int64_t max_tokens = 16;
   SamplingOptions sampling;
   std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;        // generate max_tokens whatever comes (benchmarks, tests)
   /// Prompt lengths worth a snapshot besides the regular ones (a chat's last message end, which
   /// the next turn of the conversation shares, unlike the generation prompt after it).
   std::vector<int64_t> extra_checkpoints;
@@ -133,6 +134,7 @@ class Scheduler {
   bool draining_ = false;
   std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only
   size_t next_turn_ = 0;
+  int64_t admitted_ = 0;  // waiting plus running, under mu_
   std::thread thread_;
 };
 

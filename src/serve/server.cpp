@@ -190,14 +190,17 @@ json Api::parse_body(const httplib::Request& req) const {
 
 // The fields each endpoint accepts. OpenAI answers 400 "Unrecognized request argument supplied"
 // for any other; so does this server. Some are accepted only at their default (checked below).
+// Extensions: top_k, ignore_eos (as vLLM and llama.cpp's server name them), chat_template_kwargs
+// with enable_thinking (as vLLM).
 const std::vector<std::string>& known_fields(bool chat) {
   static const std::vector<std::string> chat_fields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
       "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
-      "chat_template_kwargs"};
+      "chat_template_kwargs", "ignore_eos"};
   static const std::vector<std::string> completion_fields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-      "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of"};
+      "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
+      "ignore_eos"};
   return chat ? chat_fields : completion_fields;
 }
 
@@ -246,7 +249,8 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
                    "model", "model_not_found"};
   ParsedRequest p;
   // Accepted only at the value that means "off": this server has no penalties, logprobs or n > 1.
-  if (integer_field(body, "n", 1, 1, 1) != 1 || integer_field(body, "best_of", 1, 1, 1) != 1) {}
+  integer_field(body, "n", 1, 1, 1);        // one choice per request
+  integer_field(body, "best_of", 1, 1, 1);
   number_field(body, "presence_penalty", 0, 0, 0);
   number_field(body, "frequency_penalty", 0, 0, 0);
   if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false && body["logprobs"] != 0)
@@ -255,6 +259,7 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
     throw ApiError{400, "'echo' is not supported by hanpu serve (expected false)", "echo", "unsupported_value"};
   if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string()) throw wrong_type("user", body["user"], "a string");
 
+  p.gen.ignore_eos = bool_field(body, "ignore_eos", false);
   p.stream = bool_field(body, "stream", false);
   if (body.contains("stream_options") && !body["stream_options"].is_null()) {
     const json& o = body["stream_options"];
@@ -620,6 +625,9 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
   const int http_threads = so.http_threads > 0 ? so.http_threads : sched_opt.max_running + sched_opt.max_queue + 8;
   svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(static_cast<size_t>(http_threads)); };
   svr.set_payload_max_length(so.max_body_bytes);
+  // An idle keep-alive connection holds a handler thread, and stop() waits for it: 2 s instead of
+  // httplib's 5 keeps SIGTERM prompt; clients on loopback reconnect for free.
+  svr.set_keep_alive_timeout(2);
 
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
     if (so.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
