@@ -38,13 +38,14 @@ def free_port():
 
 
 class Server:
-    """One `hanpu serve` process on a free loopback port."""
+    """One `hanpu serve` process on a free loopback port (model: a golden's name or a directory)."""
 
     def __init__(self, model="qwen35_tiny", *args):
         self.model = model
+        model_dir = Path(model) if Path(model).is_absolute() else GOLDEN / model
         for _attempt in range(3):  # another process may take the free port first
             self.port = free_port()
-            cmd = [str(hanpu_exe()), "serve", "--model", str(GOLDEN / model), "--port", str(self.port),
+            cmd = [str(hanpu_exe()), "serve", "--model", str(model_dir), "--port", str(self.port),
                    "--threads", "1", *args]
             self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if self._wait_ready():
@@ -331,6 +332,43 @@ def test_every_bad_request_class_is_a_4xx_in_openai_shape(server, kimi_server):
     # ... and the server keeps serving.
     r = server.client().chat.completions.create(model="qwen35_tiny", messages=msgs, max_tokens=2, temperature=0)
     assert r.usage.completion_tokens >= 1
+
+
+def checkpoint_with_template(tmp_path, template):
+    """qwen35_tiny with its tokenizer_config.json replaced by one carrying `template`."""
+    d = tmp_path / "qwen35_tiny"
+    d.mkdir(parents=True)
+    for f in (GOLDEN / "qwen35_tiny").iterdir():
+        if f.name != "tokenizer_config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((GOLDEN / "qwen35_tiny" / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_chat_template_chatml_is_rendered_and_others_refused(tmp_path):
+    msgs = [{"role": "user", "content": "hi"}]
+    # Qwen's ChatML template: rendered (the tokenizer's ChatML), same answer as without one.
+    chatml = checkpoint_with_template(tmp_path / "a", "{% for message in messages %}<|im_start|>{{ message.role }}\n"
+                                      "{{ message.content }}<|im_end|>\n{% endfor %}")
+    # A Llama-2 style template: no Jinja engine here, so chat is refused by name; completions work.
+    llama = checkpoint_with_template(tmp_path / "b", "{% for message in messages %}[INST] {{ message.content }} "
+                                     "[/INST]{% endfor %}")
+    for d, ok in ((chatml, True), (llama, False)):
+        s = Server(str(d))
+        try:
+            status, body = s.request("POST", "/v1/chat/completions", {"model": "qwen35_tiny", "messages": msgs,
+                                                                      "max_tokens": 3})
+            if ok:
+                assert status == 200, body
+            else:
+                assert status == 400 and body["error"]["code"] == "unsupported_chat_template", body
+                assert "[INST]" in body["error"]["message"] and "/v1/completions" in body["error"]["message"]
+                assert s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": "hi",
+                                                             "max_tokens": 3})[0] == 200
+        finally:
+            s.stop()
 
 
 def test_limits_body_prompt_and_queue():
