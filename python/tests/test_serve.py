@@ -372,15 +372,15 @@ def test_chat_template_chatml_is_rendered_and_others_refused(tmp_path):
 
 
 def test_limits_body_prompt_and_queue():
-    s = Server("qwen35_tiny", "--max-body-bytes", "2048", "--max-prompt-tokens", "64", "--ctx", "128",
-               "--parallel", "1", "--max-queue", "1")
+    s = Server("qwen35_tiny", "--max-body-bytes", "2048", "--max-prompt-tokens", "64", "--parallel", "1",
+               "--max-queue", "1")
     try:
         status, e = error_of(s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": [1] * 1000}))
         assert status == 413 and "2048" in e["message"]
         status, e = error_of(s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": [1] * 65}))
         assert status == 400 and e["code"] == "context_length_exceeded" and "65 tokens" in e["message"]
-        # One running and one queued request fill it; the next gets 429 and the first two finish.
-        long = {"model": "qwen35_tiny", "prompt": [1, 2], "max_tokens": 120, "temperature": 0, "ignore_eos": True,
+        # One running and one queued request fill it (each would take seconds); the next gets 429.
+        long = {"model": "qwen35_tiny", "prompt": [1, 2], "max_tokens": 30000, "temperature": 0, "ignore_eos": True,
                 "stream": True}
         conns = []
         for _ in range(2):
@@ -390,10 +390,11 @@ def test_limits_body_prompt_and_queue():
         assert wait_for(lambda: s.metrics()["hanpu_requests_running"] + s.metrics()["hanpu_requests_waiting"] == 2)
         status, e = error_of(s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": [1]}))
         assert status == 429 and e["type"] == "rate_limit_error"
+        assert conns[0].getresponse().status == 200
         for c in conns:
-            resp = c.getresponse()
-            assert resp.status == 200 and resp.read().decode().endswith("data: [DONE]\n\n")
-            c.close()
+            c.close()  # cancels both
+        assert wait_for(lambda: s.metrics()["hanpu_requests_running"] + s.metrics()["hanpu_requests_waiting"] == 0)
+        assert s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": [1], "max_tokens": 2})[0] == 200
     finally:
         s.stop()
 
