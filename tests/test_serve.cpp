@@ -207,3 +207,77 @@ INSTANTIATE_TEST_SUITE_P(Families, ServeExactness, ::testing::ValuesIn(kFamilies
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 }  // namespace
+
+namespace {
+
+// forward_batch is the decode step of several sequences: each row equals forward() on that
+// sequence alone (fp rounding only: the channel mixers and LM head see several rows at once),
+// and the states advance the same way. Sequences at different positions, as in the server.
+TEST_P(ServeExactness, BatchedDecodeEqualsOneSequenceAtATime) {
+  const HybridModel model = HybridModel::load((hanpu::testing::golden_dir() / GetParam()).string());
+  const int64_t V = model.config().vocab_size;
+  std::vector<HybridState> batched, single;
+  for (size_t i = 0; i < 3; ++i) {
+    HybridState st = model.new_state();
+    model.forward(st, test_prompt(model, 5 + 7 * i, 20 + i));
+    batched.push_back(st);
+    single.push_back(std::move(st));
+  }
+  for (int step = 0; step < 4; ++step) {
+    std::vector<HybridState*> states;
+    std::vector<int32_t> next;
+    for (size_t i = 0; i < batched.size(); ++i) {
+      states.push_back(&batched[i]);
+      next.push_back(static_cast<int32_t>((31 * step + 11 * i + 3) % V));
+    }
+    const Tensor rows = model.forward_batch(states, next);
+    ASSERT_EQ(rows.shape(), (std::vector<int64_t>{3, V}));
+    for (size_t i = 0; i < single.size(); ++i) {
+      const int32_t one[1] = {next[i]};
+      const Tensor ref = model.forward(single[i], one);
+      Tensor row(DType::F32, {1, V});
+      std::copy_n(rows.ptr<float>() + static_cast<int64_t>(i) * V, V, row.ptr<float>());
+      EXPECT_LE(max_abs_diff(row, ref), 1e-4f * std::max(1.0f, max_abs(ref))) << GetParam() << " step " << step << " row " << i;
+      EXPECT_EQ(batched[i].position, single[i].position);
+    }
+  }
+  EXPECT_THROW(model.forward_batch(std::vector<HybridState*>{&batched[0]}, std::vector<int32_t>{1, 2}), Error);
+  EXPECT_THROW(model.forward_batch(std::vector<HybridState*>{&batched[0]}, std::vector<int32_t>{static_cast<int32_t>(V)}), Error);
+}
+
+// Several requests at once decode as one batch and still give each one its own greedy tokens.
+TEST_P(ServeExactness, ConcurrentRequestsDecodeBatchedWithTheirOwnTokens) {
+  const HybridModel model = HybridModel::load((hanpu::testing::golden_dir() / GetParam()).string());
+  std::vector<std::vector<int32_t>> prompts, alone;
+  for (uint64_t i = 0; i < 4; ++i) prompts.push_back(test_prompt(model, 6 + 5 * i, 40 + i));
+  auto collect = [](const std::shared_ptr<serve::GenerationHandle>& h) {
+    std::vector<int32_t> out;
+    GenerationEvent ev;
+    while (h->next(ev)) {
+      EXPECT_NE(ev.kind, GenerationEvent::Kind::kError) << ev.error;
+      out.insert(out.end(), ev.tokens.begin(), ev.tokens.end());
+    }
+    return out;
+  };
+  auto request = [&](const std::vector<int32_t>& p) {
+    GenerationRequest r;
+    r.prompt = p;
+    r.max_tokens = 8;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    return r;
+  };
+  serve::SchedulerOptions opt;
+  opt.cache_bytes = 0;
+  {
+    Scheduler one_by_one(model, nullptr, opt);
+    for (const auto& p : prompts) alone.push_back(collect(one_by_one.submit(request(p))));
+  }
+  Scheduler sched(model, nullptr, opt);
+  std::vector<std::shared_ptr<serve::GenerationHandle>> handles;
+  for (const auto& p : prompts) handles.push_back(sched.submit(request(p)));
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(collect(handles[i]), alone[i]) << GetParam() << " request " << i;
+  EXPECT_LT(sched.metrics().decode_steps.load(), sched.metrics().decode_tokens.load()) << "some steps were batched";
+}
+
+}  // namespace

@@ -212,44 +212,71 @@ void Scheduler::on_token(Sequence& s, int32_t token) {
   s.next_input = token;
 }
 
-void Scheduler::step(Sequence& s) {
+void Scheduler::prefill_step(Sequence& s) {
   const ForwardOptions fo{.threads = opt_.threads, .precision = opt_.precision};
   const int64_t V = model_.config().vocab_size;
-  if (s.prefilling) {
-    const int64_t pos = s.state.position, len = static_cast<int64_t>(s.req.prompt.size());
-    int64_t end = std::min(len, pos + opt_.prefill_chunk);
-    // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
-    auto next_checkpoint = std::upper_bound(s.checkpoints.begin(), s.checkpoints.end(), pos);
-    if (next_checkpoint != s.checkpoints.end()) end = std::min(end, *next_checkpoint);
-    const auto t0 = Clock::now();
-    Tensor logits = model_.forward(s.state, std::span<const int32_t>(s.req.prompt).subspan(
-                                                static_cast<size_t>(pos), static_cast<size_t>(end - pos)),
-                                   fo);
-    metrics_.prefill_ns += nanoseconds_since(t0);
-    metrics_.prefill_tokens += static_cast<uint64_t>(end - pos);
-    if (std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), end)) snapshot(s);
-    if (end < len) return;
-    s.prefilling = false;
-    if (s.req.max_tokens <= 0) {
-      finish(s, "length");
-      return;
-    }
-    const int32_t first = s.sampler->sample({logits.ptr<float>(), static_cast<size_t>(V)});
-    s.handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
-    metrics_.ttft_ns += static_cast<uint64_t>(s.handle->ttft_seconds * 1e9);
-    ++metrics_.ttft_count;
-    on_token(s, first);
+  const int64_t pos = s.state.position, len = static_cast<int64_t>(s.req.prompt.size());
+  int64_t end = std::min(len, pos + opt_.prefill_chunk);
+  // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
+  auto next_checkpoint = std::upper_bound(s.checkpoints.begin(), s.checkpoints.end(), pos);
+  if (next_checkpoint != s.checkpoints.end()) end = std::min(end, *next_checkpoint);
+  const auto t0 = Clock::now();
+  Tensor logits = model_.forward(
+      s.state, std::span<const int32_t>(s.req.prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(end - pos)), fo);
+  metrics_.prefill_ns += nanoseconds_since(t0);
+  metrics_.prefill_tokens += static_cast<uint64_t>(end - pos);
+  if (std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), end)) snapshot(s);
+  if (end < len) return;
+  s.prefilling = false;
+  if (s.req.max_tokens <= 0) {
+    finish(s, "length");
     return;
   }
-  const int32_t one[1] = {s.next_input};
+  const int32_t first = s.sampler->sample({logits.ptr<float>(), static_cast<size_t>(V)});
+  s.handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
+  metrics_.ttft_ns += static_cast<uint64_t>(s.handle->ttft_seconds * 1e9);
+  ++metrics_.ttft_count;
+  on_token(s, first);
+}
+
+void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
+  const ForwardOptions fo{.threads = opt_.threads, .precision = opt_.precision};
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
   const auto t0 = Clock::now();
-  Tensor logits = model_.forward(s.state, one, fo);
-  metrics_.decode_ns += nanoseconds_since(t0);
-  ++metrics_.decode_tokens;
-  on_token(s, s.sampler->sample({logits.ptr<float>(), static_cast<size_t>(V)}));
+  if (opt_.batch_decode && batch.size() > 1) {
+    std::vector<HybridState*> states;
+    std::vector<int32_t> ids;
+    for (Sequence* s : batch) {
+      states.push_back(&s->state);
+      ids.push_back(s->next_input);
+    }
+    Tensor logits = model_.forward_batch(states, ids, fo);
+    metrics_.decode_ns += nanoseconds_since(t0);
+    metrics_.decode_tokens += batch.size();
+    ++metrics_.decode_steps;
+    for (size_t i = 0; i < batch.size(); ++i) on_token(*batch[i], batch[i]->sampler->sample({logits.ptr<float>() + i * V, V}));
+    return;
+  }
+  for (Sequence* s : batch) {
+    const auto t1 = Clock::now();
+    const int32_t one[1] = {s->next_input};
+    Tensor logits = model_.forward(s->state, one, fo);
+    metrics_.decode_ns += nanoseconds_since(t1);
+    ++metrics_.decode_tokens;
+    ++metrics_.decode_steps;
+    on_token(*s, s->sampler->sample({logits.ptr<float>(), V}));
+  }
 }
 
 void Scheduler::loop() {
+  auto fail = [&](Sequence& s, const std::string& why, bool cancelled) {
+    ++(cancelled ? metrics_.requests_cancelled : metrics_.requests_failed);
+    s.finished = true;
+    GenerationEvent e;
+    e.kind = GenerationEvent::Kind::kError;
+    e.error = why;
+    s.handle->push(std::move(e));
+  };
   for (;;) {
     {
       std::unique_lock lock(mu_);
@@ -261,40 +288,48 @@ void Scheduler::loop() {
       }
       metrics_.waiting = static_cast<int64_t>(waiting_.size());
     }
-    metrics_.running = static_cast<int64_t>(running_.size());
-    if (running_.empty()) continue;
-    if (next_turn_ >= running_.size()) next_turn_ = 0;
-    Sequence& s = *running_[next_turn_];
-    try {
-      if (s.handle->cancelled()) {
-        ++metrics_.requests_cancelled;
-        s.finished = true;
-        GenerationEvent e;
-        e.kind = GenerationEvent::Kind::kError;
-        e.error = "cancelled";
-        s.handle->push(std::move(e));
-      } else {
+    std::vector<Sequence*> decoding, prefilling;
+    for (const auto& s : running_) {
+      if (s->handle->cancelled()) fail(*s, "cancelled", true);
+      else (s->admitted && !s->prefilling ? decoding : prefilling).push_back(s.get());
+    }
+    // Alternate: a batched decode step of everything generating, then one prefill chunk.
+    const bool decode_turn = !decoding.empty() && (prefilling.empty() || !last_turn_decoded_);
+    if (decode_turn) {
+      last_turn_decoded_ = true;
+      try {
+        decode_step(decoding);
+      } catch (const std::exception& ex) {
+        for (Sequence* s : decoding)
+          if (!s->finished) fail(*s, ex.what(), false);
+      }
+    } else if (!prefilling.empty()) {
+      last_turn_decoded_ = false;
+      Sequence& s = *prefilling[next_prefill_++ % prefilling.size()];
+      try {
         if (!s.admitted) {
           admit(s);
           s.admitted = true;
         }
-        step(s);
+        prefill_step(s);
+      } catch (const std::exception& ex) {
+        fail(s, ex.what(), false);
       }
-    } catch (const std::exception& ex) {
-      ++metrics_.requests_failed;
-      s.finished = true;
-      GenerationEvent e;
-      e.kind = GenerationEvent::Kind::kError;
-      e.error = ex.what();
-      s.handle->push(std::move(e));
     }
-    if (s.finished) {
-      running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(next_turn_));  // frees its state
+    // Finished sequences leave (freeing their states); the others keep their order.
+    size_t left = 0;
+    {
       std::lock_guard lock(mu_);
-      --admitted_;
-    } else {
-      ++next_turn_;
+      for (size_t i = 0; i < running_.size(); ++i) {
+        if (running_[i]->finished) {
+          --admitted_;
+          continue;
+        }
+        if (left != i) running_[left] = std::move(running_[i]);
+        ++left;
+      }
     }
+    running_.resize(left);
     int64_t held = 0;
     for (const auto& r : running_) held += static_cast<int64_t>(r->state.bytes());
     metrics_.state_bytes = held;

@@ -1,7 +1,8 @@
-// The scheduler of `hanpu serve` (docs/SERVE.md): one thread owns the model and runs every
-// request's work in turns, one prefill chunk or one decode token per running sequence per turn,
-// so a long prompt does not stall the others. Decode is not batched across sequences (the model
-// runtime's forward() runs one sequence); each turn is one forward() call.
+// The scheduler of `hanpu serve` (docs/SERVE.md): one thread owns the model and alternates two
+// kinds of turn: one decode step of every sequence that is generating, batched into one
+// forward_batch() call (continuous batching: sequences join and leave between steps), and one
+// prefill chunk of the next sequence still reading its prompt (round robin), so a long prompt
+// delays the others by one chunk per step instead of by its whole prefill.
 #pragma once
 
 #include <atomic>
@@ -28,6 +29,9 @@ struct SchedulerOptions {
   int64_t checkpoint_every = 512;  // snapshot spacing during prefill (0: prompt ends only)
   size_t cache_bytes = size_t{1024} << 20;
   LinearPrecision precision = LinearPrecision::kExact;
+  /// Decode the generating sequences together (HybridModel::forward_batch); false: one
+  /// forward() per sequence and turn, as a baseline for the benchmark.
+  bool batch_decode = true;
 };
 
 struct GenerationRequest {
@@ -79,6 +83,7 @@ struct SchedulerMetrics {
   std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0};
   std::atomic<uint64_t> prefill_tokens{0};    // prompt tokens actually computed (not restored)
   std::atomic<uint64_t> decode_tokens{0};
+  std::atomic<uint64_t> decode_steps{0};      // forward passes of decode (batched: several tokens each)
   std::atomic<uint64_t> cache_hits{0}, cache_misses{0}, cache_tokens_reused{0};
   std::atomic<uint64_t> snapshots_taken{0};
   std::atomic<uint64_t> ttft_count{0};
@@ -115,7 +120,8 @@ class Scheduler {
   struct Sequence;
   void loop();
   void admit(Sequence& s);
-  void step(Sequence& s);
+  void prefill_step(Sequence& s);
+  void decode_step(const std::vector<Sequence*>& batch);
   void on_token(Sequence& s, int32_t token);
   void finish(Sequence& s, const std::string& reason);
   void emit_text(Sequence& s, bool final);
@@ -133,7 +139,8 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   bool draining_ = false;
   std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only
-  size_t next_turn_ = 0;
+  size_t next_prefill_ = 0;
+  bool last_turn_decoded_ = false;
   int64_t admitted_ = 0;  // waiting plus running, under mu_
   std::thread thread_;
 };

@@ -578,8 +578,9 @@ void Api::metrics(httplib::Response& res) {
   metric("hanpu_completion_tokens_total", "counter", "generated tokens", m.completion_tokens);
   metric("hanpu_prefill_tokens_total", "counter", "prompt tokens computed (not restored from the cache)", m.prefill_tokens);
   metric("hanpu_prefill_seconds_total", "counter", "seconds in prefill forward passes", sec(m.prefill_ns));
-  metric("hanpu_decode_tokens_total", "counter", "decode forward passes (one token each)", m.decode_tokens);
+  metric("hanpu_decode_tokens_total", "counter", "tokens decoded", m.decode_tokens);
   metric("hanpu_decode_seconds_total", "counter", "seconds in decode forward passes", sec(m.decode_ns));
+  metric("hanpu_decode_steps_total", "counter", "decode forward passes (a batched one decodes several sequences)", m.decode_steps);
   const double pf = sec(m.prefill_ns), dc = sec(m.decode_ns);
   metric("hanpu_prefill_tokens_per_second", "gauge", "prefill tokens per second of forward time, since start",
          pf > 0 ? static_cast<double>(m.prefill_tokens.load()) / pf : 0.0);
