@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--clients", default="1,2,4")
     ap.add_argument("--requests-per-client", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=248320, help="ids are drawn below this (Qwen3.5's vocabulary)")
+    ap.add_argument("--server-args", default="", help="more options for the server it starts, e.g. --no-batch-decode")
     ap.add_argument("--json", help="also write the results to this file")
     a = ap.parse_args()
 
@@ -101,6 +102,7 @@ def main():
                "--port", str(port), "--cache-mib", "4096", "--parallel", "4"]
         if a.threads:
             cmd += ["--threads", str(a.threads)]
+        cmd += a.server_args.split()
         proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
         deadline = time.time() + 600
         while True:
@@ -113,7 +115,7 @@ def main():
                 time.sleep(0.5)
     rng = random.Random(1)
     toks = lambda n: [rng.randrange(10, a.vocab) for _ in range(n)]
-    results = {"preset": a.preset, "system_tokens": a.system_tokens, "user_tokens": a.user_tokens,
+    results = {"preset": a.preset, "server_args": a.server_args, "system_tokens": a.system_tokens, "user_tokens": a.user_tokens,
                "reply_tokens": a.reply_tokens, "turns": [], "throughput": []}
     try:
         # 1. Multi-turn: warm turn k against a cold prompt of the same length.
@@ -146,6 +148,7 @@ def main():
         print(f"\nthroughput: each request = the {a.system_tokens}-token system prompt (cached) + {a.user_tokens} "
               f"own tokens, {a.reply_tokens} generated")
         print(f"{'clients':>7} {'requests':>8} {'wall s':>8} {'gen tok/s':>10} {'mean TTFT s':>12} {'mean latency s':>15}")
+        stream_completion(host, port, system + toks(1), 1)  # the system prompt's snapshots, if no turn made them
         for c in [int(x) for x in a.clients.split(",")]:
             prompts = [system + toks(a.user_tokens) for _ in range(c * a.requests_per_client)]
 

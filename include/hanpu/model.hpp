@@ -17,6 +17,7 @@
 // engine (gdn_prefill / kda_prefill) from the state's recurrent and conv states, attention layers
 // append to their cache. With one token it is a decode step (gdn_decode / kda_decode). Both continue
 // any state, so a prompt may be fed in several chunks and the result is the same as one prefill.
+// forward_batch() is one decode step of several sequences (the server's continuous batching).
 #pragma once
 
 #include <cstdint>
