@@ -31,6 +31,11 @@ def hanpu_exe():
     return exe
 
 
+# The server and `hanpu run` are the release CLI, not the Python module: a sanitizer runtime that
+# scripts/test_python_sanitized.sh preloads for the module stays out of them.
+CLI_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -47,7 +52,7 @@ class Server:
             self.port = free_port()
             cmd = [str(hanpu_exe()), "serve", "--model", str(model_dir), "--port", str(self.port),
                    "--threads", "1", *args]
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CLI_ENV)
             if self._wait_ready():
                 return
             self.proc.kill()
@@ -123,7 +128,7 @@ def kimi_server():
 def run_ids(model, *args):
     """Greedy token ids `hanpu run` prints for the same prompt."""
     out = subprocess.run([str(hanpu_exe()), "run", "--model", str(GOLDEN / model), "--greedy", "--ids", "--threads", "1",
-                          *args], capture_output=True, text=True, check=True)
+                          *args], capture_output=True, text=True, check=True, env=CLI_ENV)
     return [int(t) for t in out.stdout.split()]
 
 
@@ -163,7 +168,7 @@ def test_chat_matches_hanpu_run_and_streams_the_same(server):
     assert r.choices[0].finish_reason in ("stop", "length")
     out = subprocess.run([str(hanpu_exe()), "run", "--model", str(GOLDEN / "qwen35_tiny"), "--chat", "--greedy",
                           "--threads", "1", "--system", "Be brief.", "--prompt", "Name a colour.", "-n", "20"],
-                         capture_output=True, check=True)
+                         capture_output=True, check=True, env=CLI_ENV)
     assert visible(text) == visible(out.stdout.decode("utf-8", "replace").rstrip("\n"))
 
     chunks = list(client.chat.completions.create(model="qwen35_tiny", messages=messages, max_tokens=20, temperature=0,
