@@ -138,6 +138,7 @@ double resident_bytes() {
 struct ParsedRequest {
   GenerationRequest gen;
   bool stream = false, include_usage = false;
+  std::string max_tokens_field;  // the field the limit came from, for errors
 };
 
 class Api {
@@ -172,7 +173,6 @@ class Api {
   HttpMetrics http_;
   uint64_t id_seed_ = 0;
   std::atomic<uint64_t> next_id_{0};
-  std::atomic<uint64_t> seed_counter_{0};
 };
 
 json Api::parse_body(const httplib::Request& req) const {
@@ -272,9 +272,13 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
   }
   const int64_t room = so_.context_tokens;
   int64_t max_tokens = integer_field(body, "max_tokens", 0, room, -1);
+  p.max_tokens_field = "max_tokens";
   if (chat) {
     const int64_t mct = integer_field(body, "max_completion_tokens", 0, room, -1);
-    if (mct >= 0) max_tokens = mct;
+    if (mct >= 0) {
+      max_tokens = mct;  // OpenAI's newer name wins when both are given
+      p.max_tokens_field = "max_completion_tokens";
+    }
   }
   p.gen.max_tokens = max_tokens;  // -1: until the context is full (set once the prompt is known)
   const double temperature = number_field(body, "temperature", 0, 2, 1.0);  // OpenAI's range and default
@@ -290,7 +294,7 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
                                                             : static_cast<uint64_t>(body["seed"].get<int64_t>());
   } else {
     std::random_device rd;
-    p.gen.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ (seed_counter_.load() * 0x9E3779B97F4A7C15ull);
+    p.gen.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
   if (body.contains("stop") && !body["stop"].is_null()) {
     const json& s = body["stop"];
@@ -444,7 +448,7 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
   if (p.gen.max_tokens > room)
     throw ApiError{400, "the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" + std::to_string(p.gen.max_tokens) +
                             ") exceed the context of " + std::to_string(so_.context_tokens) + " tokens (--ctx)",
-                   chat ? "max_completion_tokens" : "max_tokens", "context_length_exceeded"};
+                   p.max_tokens_field, "context_length_exceeded"};
 
   std::shared_ptr<GenerationHandle> handle;
   try {
