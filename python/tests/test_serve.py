@@ -490,3 +490,18 @@ def test_load_200_requests_from_4_clients():
         assert rss[1] - rss[0] < 8 << 20, rss
     finally:
         s.stop()
+
+
+def test_startup_errors_name_the_problem():
+    run = lambda *args: subprocess.run([str(hanpu_exe()), "serve", *args], capture_output=True, text=True, timeout=60,
+                                       env=CLI_ENV)
+    r = run()
+    assert r.returncode == 1 and "give exactly one of --model and --synthetic" in r.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run("--model", str(GOLDEN / "qwen35_tiny"), "--port", str(port))
+    assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    r = run("--model", str(GOLDEN / "qwen35_tiny"), "--ctx", "100", "--max-prompt-tokens", "200")
+    assert r.returncode == 1 and "--max-prompt-tokens 200 is more than --ctx 100" in r.stderr
