@@ -505,3 +505,21 @@ def test_startup_errors_name_the_problem():
     assert r.returncode == 1 and f"cannot listen on 127.0.0.1:{port}" in r.stderr
     r = run("--model", str(GOLDEN / "qwen35_tiny"), "--ctx", "100", "--max-prompt-tokens", "200")
     assert r.returncode == 1 and "--max-prompt-tokens 200 is more than --ctx 100" in r.stderr
+
+
+@pytest.mark.parametrize("model", ["qwen35_tiny", "qwen3next_tiny", "qwen35moe_tiny", "kimi_linear_tiny",
+                                   "bailing_hybrid_tiny"])
+def test_every_family_generates_what_hanpu_run_does(model):
+    s = Server(model)
+    try:
+        prompt = [3, 14, 15, 92, 65, 35, 89, 79]
+        body = {"model": model, "prompt": prompt, "max_tokens": 10, "temperature": 0}
+        first = s.request("POST", "/v1/completions", body)[1]
+        assert first["choices"][0]["token_ids"] == run_ids(model, "--prompt-ids", ",".join(map(str, prompt)), "-n", "10")
+        # Again, with the prompt's prefix now cached: the same tokens.
+        again = s.request("POST", "/v1/completions", dict(body, prompt=prompt + [7]))[1]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == len(prompt)
+        assert again["choices"][0]["token_ids"] == run_ids(model, "--prompt-ids", ",".join(map(str, prompt + [7])),
+                                                           "-n", "10")
+    finally:
+        s.stop()
