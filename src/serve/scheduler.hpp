@@ -22,11 +22,23 @@
 namespace hanpu::serve {
 
 struct SchedulerOptions {
-  int threads = 1;                 // forward() threads
-  int max_running = 4;             // sequences holding a state at once
-  int max_queue = 16;              // requests waiting for a running slot beyond max_running
-  int64_t prefill_chunk = 256;     // prompt tokens per turn
-  int64_t checkpoint_every = 512;  // snapshot spacing during prefill (0: prompt ends only)
+  int threads = 1;  // forward() threads
+  // Sequences holding a state at once. Each holds its own (Qwen3.5-0.8B: 20 MiB + 24 KiB per
+  // token, up to 800 MiB at 32K tokens); 4 bounds that on a small machine and already gives the
+  // batched decode step rows to share.
+  int max_running = 4;
+  // Requests waiting beyond max_running. On a few cores the 16th waits minutes; a 429 then lets
+  // the client retry or go elsewhere instead of queueing without bound.
+  int max_queue = 16;
+  // Prompt tokens per turn: 256 take 1 to 2 s on Qwen3.5-0.8B shapes on 2 cores, the longest a
+  // long prompt stalls the generating sequences per step. Longer chunks prefill faster but not by
+  // much (bench-model on the shared machine: 42 tokens/s at 256, 54 at 2048).
+  int64_t prefill_chunk = 256;
+  // Snapshot spacing during prefill (0: prompt ends only). A Qwen3.5-0.8B snapshot is 32 MiB at
+  // 512 tokens, 68 MiB at 2K: every 512 keeps a 2K prompt's snapshots near 200 MiB while a prompt
+  // that diverges inside a cached one recomputes at most 512 tokens.
+  int64_t checkpoint_every = 512;
+  // 1 GiB: about 15 snapshots of 2K-token Qwen3.5-0.8B conversations.
   size_t cache_bytes = size_t{1024} << 20;
   LinearPrecision precision = LinearPrecision::kExact;
   /// Decode the generating sequences together (HybridModel::forward_batch); false: one
