@@ -687,6 +687,10 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
   std::fprintf(stderr, "hanpu serve: model '%s' (%s)\nchat template: %s\nlistening on http://%s:%d%s\n", so.model_name.c_str(),
                model.config().describe().c_str(), api.chat_template().description.c_str(), so.host.c_str(), so.port,
                so.api_key.empty() ? "" : " (API key required)");
+  const bool loopback = so.host == "127.0.0.1" || so.host == "::1" || so.host == "localhost";
+  if (!loopback && so.api_key.empty())
+    std::fprintf(stderr, "hanpu serve: warning: listening on %s without --api-key: anyone who can reach this address "
+                         "can use the model (plain HTTP, no TLS)\n", so.host.c_str());
   std::fflush(stderr);
 
   std::thread signal_thread([&] {
