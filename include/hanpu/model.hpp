@@ -17,6 +17,7 @@
 // engine (gdn_prefill / kda_prefill) from the state's recurrent and conv states, attention layers
 // append to their cache. With one token it is a decode step (gdn_decode / kda_decode). Both continue
 // any state, so a prompt may be fed in several chunks and the result is the same as one prefill.
+// forward_batch() is one decode step of several sequences (the server's continuous batching).
 #pragma once
 
 #include <cstdint>
@@ -247,6 +248,15 @@ class HybridModel {
   /// [ids.size(), vocab] with all_logits, else [1, vocab] for the last token. F32.
   /// Throws hanpu::Error for an empty input or an id outside the vocabulary.
   Tensor forward(HybridState& state, std::span<const int32_t> ids, const ForwardOptions& opt = {}) const;
+  /// One decode step of several sequences at once: token ids[i] continues states[i] (each advances
+  /// by one). The rows go through the norms, the channel mixers (MLP / MoE) and the LM head
+  /// together, so their weights are read once for all sequences; each token mixer runs per
+  /// sequence on its own state. Returns the logits [states.size(), vocab], row i for sequence i;
+  /// equal to forward() on each sequence up to fp rounding. `all_logits` is ignored.
+  /// Throws hanpu::Error for empty or mismatched inputs, an id outside the vocabulary or a state
+  /// not made by this model.
+  Tensor forward_batch(std::span<HybridState* const> states, std::span<const int32_t> ids,
+                       const ForwardOptions& opt = {}) const;
 
  private:
   HybridModel();

@@ -27,3 +27,5 @@ void register_report_command(CLI::App& app);
 void register_quantize_command(CLI::App& app);
 /// `hanpu isa`: the SIMD target the kernels use and the accepted HANPU_ISA values (cmd_isa.cpp).
 void register_isa_command(CLI::App& app);
+/// `hanpu serve`: OpenAI-compatible HTTP server with a prefix cache (cmd_serve.cpp, src/serve).
+void register_serve_command(CLI::App& app);

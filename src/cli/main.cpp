@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   register_model_commands(app);
   register_isa_command(app);
   register_quantize_command(app);
+  register_serve_command(app);
 
   // Subcommands do their work in callbacks, which run inside parse(); so the hanpu/std handlers
   // below also cover the commands themselves, not just argument parsing.

@@ -441,4 +441,82 @@ Tensor HybridModel::forward(HybridState& st, std::span<const int32_t> ids, const
   return logits;
 }
 
+Tensor HybridModel::forward_batch(std::span<HybridState* const> states, std::span<const int32_t> ids,
+                                  const ForwardOptions& opt) const {
+  const Impl& im = *impl_;
+  const ModelConfig& c = im.cfg;
+  const int64_t B = static_cast<int64_t>(states.size()), H = c.hidden_size;
+  if (B == 0) throw Error("forward_batch: no sequences");
+  if (ids.size() != states.size())
+    throw Error("forward_batch: " + std::to_string(ids.size()) + " token ids for " + std::to_string(B) +
+                " sequences, expected one id per sequence");
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t id = ids[static_cast<size_t>(b)];
+    if (id < 0 || id >= c.vocab_size)
+      throw Error("forward_batch: token id " + std::to_string(id) + " of sequence " + std::to_string(b) +
+                  " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    const HybridState* st = states[static_cast<size_t>(b)];
+    if (!st || st->conv_state.size() != static_cast<size_t>(c.num_linear_layers()) ||
+        st->key_cache.size() != static_cast<size_t>(c.num_attention_layers()))
+      throw Error("forward_batch: the state of sequence " + std::to_string(b) + " was not made by this model's new_state()");
+  }
+  ForwardTimes local;
+  ForwardTimes* tm = opt.times ? opt.times : &local;
+  const int th = opt.threads;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  // Row-wise parts see the B rows as B tokens; a token mixer sees one token at its sequence's position.
+  const model::BlockRun rows_run{c, opt, *tm, B, 0};
+
+  auto t0 = Clock::now();
+  float* x = scratch(model::kX, B * H);
+  float* h = scratch(model::kH, B * H);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t id = ids[static_cast<size_t>(b)];
+    float* xr = x + b * H;
+    if (im.embed.dtype == DType::BF16) {
+      const auto* src = static_cast<const uint16_t*>(im.embed.data) + id * H;
+      for (int64_t i = 0; i < H; ++i) xr[i] = bf16_to_f32(src[i]);
+    } else {
+      for (int64_t i = 0; i < H; ++i) xr[i] = static_cast<float>(load_as_double(im.embed.data, im.embed.dtype, id * H + i));
+    }
+  }
+  tm->embed += seconds_since(t0);
+
+  for (const Layer& L : im.layers) {
+    t0 = Clock::now();
+    model::rms_norm_rows(x, H, h, H, B, H, L.input_norm.data(), eps, th);
+    tm->norms += seconds_since(t0);
+    const size_t s = static_cast<size_t>(L.slot);
+    for (int64_t b = 0; b < B; ++b) {
+      HybridState& st = *states[static_cast<size_t>(b)];
+      const model::BlockRun run{c, opt, *tm, 1, st.position};
+      const float* hb = h + b * H;
+      float* xb = x + b * H;
+      switch (L.mixer) {
+        case TokenMixer::kGdn: L.gdn.forward(run, st.conv_state[s], st.recurrent_state[s], hb, xb); break;
+        case TokenMixer::kKda: L.kda.forward(run, st.conv_state[s], st.recurrent_state[s], hb, xb); break;
+        case TokenMixer::kGatedAttention: L.attn.forward(run, st.key_cache[s], st.value_cache[s], hb, xb); break;
+        case TokenMixer::kMla: L.mla.forward(run, st.key_cache[s], hb, xb); break;
+      }
+    }
+    t0 = Clock::now();
+    model::rms_norm_rows(x, H, h, H, B, H, L.post_norm.data(), eps, th);
+    tm->norms += seconds_since(t0);
+    t0 = Clock::now();
+    if (L.moe) L.experts.forward(rows_run, h, x);
+    else L.mlp.forward(rows_run, h, x);
+    tm->mlp += seconds_since(t0);
+  }
+  for (HybridState* st : states) st->position += 1;
+
+  t0 = Clock::now();
+  model::rms_norm_rows(x, H, h, H, B, H, im.final_norm.data(), eps, th);
+  tm->norms += seconds_since(t0);
+  t0 = Clock::now();
+  Tensor logits(DType::F32, {B, c.vocab_size});
+  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, B, th, false, opt.precision);
+  tm->lm_head += seconds_since(t0);
+  return logits;
+}
+
 }  // namespace hanpu

@@ -1,0 +1,340 @@
+// The request scheduler of `hanpu serve` (scheduler.hpp).
+#include "serve/scheduler.hpp"
+
+#include <algorithm>
+#include <chrono>
+
+#include "hanpu/tensor.hpp"
+
+namespace hanpu::serve {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t nanoseconds_since(Clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// Length of the longest run of whole UTF-8 characters in text[begin, end): a character whose
+// bytes are not all there yet waits for the next token (a token may carry half a character).
+// Bytes that cannot start a character are passed on as they are (the JSON writer replaces them).
+size_t whole_characters_end(const std::string& text, size_t begin, size_t end) {
+  size_t i = begin;
+  while (i < end) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
+    if (i + len > end) break;
+    i += len;
+  }
+  return i;
+}
+
+}  // namespace
+
+bool GenerationHandle::next(GenerationEvent& out) {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [&] { return !events_.empty() || finished_; });
+  if (events_.empty()) return false;
+  out = std::move(events_.front());
+  events_.pop_front();
+  return true;
+}
+
+void GenerationHandle::push(GenerationEvent e) {
+  {
+    std::lock_guard lock(mu_);
+    const bool last = e.kind != GenerationEvent::Kind::kDelta;
+    events_.push_back(std::move(e));
+    if (last) finished_ = true;
+  }
+  cv_.notify_all();
+}
+
+struct Scheduler::Sequence {
+  GenerationRequest req;
+  std::shared_ptr<GenerationHandle> handle;
+  HybridState state;
+  std::unique_ptr<Sampler> sampler;
+  std::vector<int64_t> checkpoints;  // sorted prompt lengths to snapshot at
+  std::vector<int32_t> generated;
+  int32_t next_input = -1;
+  bool admitted = false, prefilling = true, finished = false;
+  std::string text;                    // output so far (bytes)
+  size_t emitted = 0;                  // bytes of `text` already sent
+  std::vector<int32_t> pending_tokens; // generated tokens not yet sent
+  size_t longest_stop = 0;
+  Clock::time_point submitted = Clock::now();
+};
+
+Scheduler::Scheduler(const HybridModel& model, const Tokenizer* tokenizer, SchedulerOptions opt)
+    : model_(model), tokenizer_(tokenizer), opt_(opt), cache_(opt.cache_bytes) {
+  // The same end-of-sequence tokens as `hanpu run`: the config's eos ids, and ChatML's end of turn.
+  stop_tokens_ = model.config().eos_token_ids;
+  if (tokenizer_)
+    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+      if (auto id = tokenizer_->token_to_id(s)) stop_tokens_.push_back(*id);
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() { drain(); }
+
+std::shared_ptr<GenerationHandle> Scheduler::submit(GenerationRequest req) {
+  auto s = std::make_unique<Sequence>();
+  s->handle = std::make_shared<GenerationHandle>();
+  s->handle->prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  s->sampler = std::make_unique<Sampler>(req.sampling);
+  for (const std::string& stop : req.stop) s->longest_stop = std::max(s->longest_stop, stop.size());
+  const int64_t len = static_cast<int64_t>(req.prompt.size());
+  if (opt_.checkpoint_every > 0)
+    for (int64_t at = opt_.checkpoint_every; at < len; at += opt_.checkpoint_every) s->checkpoints.push_back(at);
+  for (int64_t at : req.extra_checkpoints)
+    if (at > 0 && at < len) s->checkpoints.push_back(at);
+  s->checkpoints.push_back(len);
+  std::sort(s->checkpoints.begin(), s->checkpoints.end());
+  s->checkpoints.erase(std::unique(s->checkpoints.begin(), s->checkpoints.end()), s->checkpoints.end());
+  s->req = std::move(req);
+  auto handle = s->handle;
+  {
+    std::lock_guard lock(mu_);
+    if (draining_) throw Error("the server is shutting down");
+    if (admitted_ >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
+      throw QueueFull("the server is full: " + std::to_string(admitted_) + " requests running or waiting (--parallel " +
+                      std::to_string(opt_.max_running) + " plus --max-queue " + std::to_string(opt_.max_queue) +
+                      "); retry later");
+    ++admitted_;
+    waiting_.push_back(std::move(s));
+    metrics_.waiting = static_cast<int64_t>(waiting_.size());
+  }
+  cv_.notify_all();
+  return handle;
+}
+
+void Scheduler::drain() {
+  {
+    std::lock_guard lock(mu_);
+    draining_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::admit(Sequence& s) {
+  const auto t0 = Clock::now();
+  const int64_t len = static_cast<int64_t>(s.req.prompt.size());
+  // At most len - 1 tokens come from the cache: the last prompt token must run through the
+  // model to give the logits of the first generated token (snapshots hold states, not logits).
+  if (std::optional<HybridState> hit = cache_.lookup(s.req.prompt, len - 1)) {
+    s.state = std::move(*hit);
+    s.handle->cached_tokens = s.state.position;
+    ++metrics_.cache_hits;
+    metrics_.cache_tokens_reused += static_cast<uint64_t>(s.state.position);
+  } else {
+    s.state = model_.new_state();
+    ++metrics_.cache_misses;
+  }
+  metrics_.restore_ns += nanoseconds_since(t0);
+  ++metrics_.requests_started;
+  metrics_.prompt_tokens += static_cast<uint64_t>(len);
+}
+
+void Scheduler::snapshot(const Sequence& s) {
+  const auto t0 = Clock::now();
+  const size_t pos = static_cast<size_t>(s.state.position);
+  std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + static_cast<std::ptrdiff_t>(
+                                                                                std::min(pos, s.req.prompt.size())));
+  for (size_t i = 0; tokens.size() < pos; ++i) tokens.push_back(s.generated[i]);
+  if (cache_.insert(tokens, s.state)) ++metrics_.snapshots_taken;
+  metrics_.snapshot_ns += nanoseconds_since(t0);
+}
+
+void Scheduler::emit_text(Sequence& s, bool final) {
+  size_t end = s.text.size();
+  if (!final) {
+    // Hold back what could still be the start of a stop string, and half characters.
+    const size_t hold = s.longest_stop > 0 ? s.longest_stop - 1 : 0;
+    end = std::max(s.emitted, s.text.size() > hold ? s.text.size() - hold : 0);
+    end = whole_characters_end(s.text, s.emitted, end);
+  }
+  const bool has_text = end > s.emitted;
+  if (!has_text && s.pending_tokens.empty()) return;
+  // With a tokenizer, tokens that add no visible text yet wait for the next event.
+  if (!has_text && tokenizer_ && !final) return;
+  GenerationEvent e;
+  e.text = s.text.substr(s.emitted, end - s.emitted);
+  e.tokens = std::move(s.pending_tokens);
+  s.pending_tokens.clear();
+  s.emitted = end;
+  s.handle->push(std::move(e));
+}
+
+void Scheduler::finish(Sequence& s, const std::string& reason) {
+  emit_text(s, true);
+  if (s.state.position > static_cast<int64_t>(s.req.prompt.size())) snapshot(s);  // prompt + reply
+  s.handle->completion_tokens = static_cast<int64_t>(s.generated.size());
+  metrics_.completion_tokens += s.generated.size();
+  ++metrics_.requests_finished;
+  GenerationEvent done;
+  done.kind = GenerationEvent::Kind::kDone;
+  done.finish_reason = reason;
+  s.finished = true;
+  s.handle->push(std::move(done));
+}
+
+void Scheduler::on_token(Sequence& s, int32_t token) {
+  if (!s.req.ignore_eos && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
+    finish(s, "stop");
+    return;
+  }
+  s.generated.push_back(token);
+  s.pending_tokens.push_back(token);
+  if (tokenizer_ && !tokenizer_->is_special(token)) {
+    const size_t before = s.text.size();
+    s.text += tokenizer_->token_bytes(token);
+    // A stop string may end in this token; search from where it could have begun.
+    const size_t from = before > s.longest_stop ? before - s.longest_stop : 0;
+    size_t cut = std::string::npos;
+    for (const std::string& stop : s.req.stop) {
+      const size_t at = s.text.find(stop, from);
+      if (at != std::string::npos) cut = std::min(cut, at);
+    }
+    if (cut != std::string::npos) {
+      s.text.resize(std::max(cut, s.emitted));
+      finish(s, "stop");
+      return;
+    }
+  }
+  if (static_cast<int64_t>(s.generated.size()) >= s.req.max_tokens) {
+    finish(s, "length");
+    return;
+  }
+  emit_text(s, false);
+  s.next_input = token;
+}
+
+void Scheduler::prefill_step(Sequence& s) {
+  const ForwardOptions fo{.threads = opt_.threads, .precision = opt_.precision};
+  const int64_t V = model_.config().vocab_size;
+  const int64_t pos = s.state.position, len = static_cast<int64_t>(s.req.prompt.size());
+  int64_t end = std::min(len, pos + opt_.prefill_chunk);
+  // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
+  auto next_checkpoint = std::upper_bound(s.checkpoints.begin(), s.checkpoints.end(), pos);
+  if (next_checkpoint != s.checkpoints.end()) end = std::min(end, *next_checkpoint);
+  const auto t0 = Clock::now();
+  Tensor logits = model_.forward(
+      s.state, std::span<const int32_t>(s.req.prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(end - pos)), fo);
+  metrics_.prefill_ns += nanoseconds_since(t0);
+  metrics_.prefill_tokens += static_cast<uint64_t>(end - pos);
+  if (std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), end)) snapshot(s);
+  if (end < len) return;
+  s.prefilling = false;
+  if (s.req.max_tokens <= 0) {
+    finish(s, "length");
+    return;
+  }
+  const int32_t first = s.sampler->sample({logits.ptr<float>(), static_cast<size_t>(V)});
+  s.handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
+  metrics_.ttft_ns += static_cast<uint64_t>(s.handle->ttft_seconds * 1e9);
+  ++metrics_.ttft_count;
+  on_token(s, first);
+}
+
+void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
+  const ForwardOptions fo{.threads = opt_.threads, .precision = opt_.precision};
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  const auto t0 = Clock::now();
+  if (opt_.batch_decode && batch.size() > 1) {
+    std::vector<HybridState*> states;
+    std::vector<int32_t> ids;
+    for (Sequence* s : batch) {
+      states.push_back(&s->state);
+      ids.push_back(s->next_input);
+    }
+    Tensor logits = model_.forward_batch(states, ids, fo);
+    metrics_.decode_ns += nanoseconds_since(t0);
+    metrics_.decode_tokens += batch.size();
+    ++metrics_.decode_steps;
+    for (size_t i = 0; i < batch.size(); ++i) on_token(*batch[i], batch[i]->sampler->sample({logits.ptr<float>() + i * V, V}));
+    return;
+  }
+  for (Sequence* s : batch) {
+    const auto t1 = Clock::now();
+    const int32_t one[1] = {s->next_input};
+    Tensor logits = model_.forward(s->state, one, fo);
+    metrics_.decode_ns += nanoseconds_since(t1);
+    ++metrics_.decode_tokens;
+    ++metrics_.decode_steps;
+    on_token(*s, s->sampler->sample({logits.ptr<float>(), V}));
+  }
+}
+
+void Scheduler::loop() {
+  auto fail = [&](Sequence& s, const std::string& why, bool cancelled) {
+    ++(cancelled ? metrics_.requests_cancelled : metrics_.requests_failed);
+    s.finished = true;
+    GenerationEvent e;
+    e.kind = GenerationEvent::Kind::kError;
+    e.error = why;
+    s.handle->push(std::move(e));
+  };
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !waiting_.empty() || !running_.empty() || draining_; });
+      if (draining_ && waiting_.empty() && running_.empty()) return;
+      while (static_cast<int>(running_.size()) < opt_.max_running && !waiting_.empty()) {
+        running_.push_back(std::move(waiting_.front()));
+        waiting_.pop_front();
+      }
+      metrics_.waiting = static_cast<int64_t>(waiting_.size());
+    }
+    std::vector<Sequence*> decoding, prefilling;
+    for (const auto& s : running_) {
+      if (s->handle->cancelled()) fail(*s, "cancelled", true);
+      else (s->admitted && !s->prefilling ? decoding : prefilling).push_back(s.get());
+    }
+    // Alternate: a batched decode step of everything generating, then one prefill chunk.
+    const bool decode_turn = !decoding.empty() && (prefilling.empty() || !last_turn_decoded_);
+    if (decode_turn) {
+      last_turn_decoded_ = true;
+      try {
+        decode_step(decoding);
+      } catch (const std::exception& ex) {
+        for (Sequence* s : decoding)
+          if (!s->finished) fail(*s, ex.what(), false);
+      }
+    } else if (!prefilling.empty()) {
+      last_turn_decoded_ = false;
+      Sequence& s = *prefilling[next_prefill_++ % prefilling.size()];
+      try {
+        if (!s.admitted) {
+          admit(s);
+          s.admitted = true;
+        }
+        prefill_step(s);
+      } catch (const std::exception& ex) {
+        fail(s, ex.what(), false);
+      }
+    }
+    // Finished sequences leave (freeing their states); the others keep their order.
+    size_t left = 0;
+    {
+      std::lock_guard lock(mu_);
+      for (size_t i = 0; i < running_.size(); ++i) {
+        if (running_[i]->finished) {
+          --admitted_;
+          continue;
+        }
+        if (left != i) running_[left] = std::move(running_[i]);
+        ++left;
+      }
+    }
+    running_.resize(left);
+    int64_t held = 0;
+    for (const auto& r : running_) held += static_cast<int64_t>(r->state.bytes());
+    metrics_.state_bytes = held;
+    metrics_.running = static_cast<int64_t>(running_.size());
+  }
+}
+
+}  // namespace hanpu::serve

@@ -1,0 +1,160 @@
+// The scheduler of `hanpu serve` (docs/SERVE.md): one thread owns the model and alternates two
+// kinds of turn: one decode step of every sequence that is generating, batched into one
+// forward_batch() call (continuous batching: sequences join and leave between steps), and one
+// prefill chunk of the next sequence still reading its prompt (round robin), so a long prompt
+// delays the others by one chunk per step instead of by its whole prefill.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
+#include "serve/prefix_cache.hpp"
+
+namespace hanpu::serve {
+
+struct SchedulerOptions {
+  int threads = 1;  // forward() threads
+  // Sequences holding a state at once. Each holds its own (Qwen3.5-0.8B: 20 MiB + 24 KiB per
+  // token, up to 800 MiB at 32K tokens); 4 bounds that on a small machine and already gives the
+  // batched decode step rows to share.
+  int max_running = 4;
+  // Requests waiting beyond max_running. On a few cores the 16th waits minutes; a 429 then lets
+  // the client retry or go elsewhere instead of queueing without bound.
+  int max_queue = 16;
+  // Prompt tokens per turn: 256 take 1 to 2 s on Qwen3.5-0.8B shapes on 2 cores, the longest a
+  // long prompt stalls the generating sequences per step. Longer chunks prefill faster but not by
+  // much (bench-model on the shared machine: 42 tokens/s at 256, 54 at 2048).
+  int64_t prefill_chunk = 256;
+  // Snapshot spacing during prefill (0: prompt ends only). A Qwen3.5-0.8B snapshot is 32 MiB at
+  // 512 tokens, 68 MiB at 2K: every 512 keeps a 2K prompt's snapshots near 200 MiB while a prompt
+  // that diverges inside a cached one recomputes at most 512 tokens.
+  int64_t checkpoint_every = 512;
+  // 1 GiB: about 15 snapshots of 2K-token Qwen3.5-0.8B conversations.
+  size_t cache_bytes = size_t{1024} << 20;
+  LinearPrecision precision = LinearPrecision::kExact;
+  /// Decode the generating sequences together (HybridModel::forward_batch); false: one
+  /// forward() per sequence and turn, as a baseline for the benchmark.
+  bool batch_decode = true;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 16;
+  SamplingOptions sampling;
+  std::vector<std::string> stop;  // stop strings (not included in the output)
+  bool ignore_eos = false;        // generate max_tokens whatever comes (benchmarks, tests)
+  /// Prompt lengths worth a snapshot besides the regular ones (a chat's last message end, which
+  /// the next turn of the conversation shares, unlike the generation prompt after it).
+  std::vector<int64_t> extra_checkpoints;
+};
+
+/// What the scheduler tells a request's HTTP handler, in order.
+struct GenerationEvent {
+  enum class Kind { kDelta, kDone, kError } kind = Kind::kDelta;
+  std::string text;              // kDelta: new output text (whole UTF-8 characters)
+  std::vector<int32_t> tokens;   // kDelta: the tokens generated since the previous event
+  std::string finish_reason;     // kDone: "stop" or "length"
+  std::string error;             // kError
+};
+
+/// One request's channel between the scheduler and its handler thread.
+class GenerationHandle {
+ public:
+  /// Waits for the next event (false after kDone/kError was taken).
+  bool next(GenerationEvent& out);
+  /// The client went away: the scheduler drops the sequence at its next turn.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  // Filled by the scheduler before kDone.
+  int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+  double ttft_seconds = 0;
+
+  void push(GenerationEvent e);  // scheduler side
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<GenerationEvent> events_;
+  bool finished_ = false;
+  std::atomic<bool> cancelled_{false};
+};
+
+/// Counters for /metrics (monotonic unless named as a gauge).
+struct SchedulerMetrics {
+  std::atomic<uint64_t> requests_started{0}, requests_finished{0}, requests_cancelled{0}, requests_failed{0};
+  std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0};
+  std::atomic<uint64_t> prefill_tokens{0};    // prompt tokens actually computed (not restored)
+  std::atomic<uint64_t> decode_tokens{0};
+  std::atomic<uint64_t> decode_steps{0};      // forward passes of decode (batched: several tokens each)
+  std::atomic<uint64_t> cache_hits{0}, cache_misses{0}, cache_tokens_reused{0};
+  std::atomic<uint64_t> snapshots_taken{0};
+  std::atomic<uint64_t> ttft_count{0};
+  // Seconds, kept as nanoseconds so they can be atomic integers.
+  std::atomic<uint64_t> prefill_ns{0}, decode_ns{0}, snapshot_ns{0}, restore_ns{0}, ttft_ns{0};
+  std::atomic<int64_t> running{0}, waiting{0};  // gauges
+  std::atomic<int64_t> state_bytes{0};          // gauge: states of the running sequences
+};
+
+class QueueFull : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Scheduler {
+ public:
+  /// The tokenizer may be null (ids in, ids out; no text, no stop strings).
+  Scheduler(const HybridModel& model, const Tokenizer* tokenizer, SchedulerOptions opt);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  /// Queues a request; throws QueueFull when max_queue requests already wait, and hanpu::Error
+  /// after drain() began.
+  std::shared_ptr<GenerationHandle> submit(GenerationRequest req);
+  /// Stops taking requests, finishes the queued and running ones, and joins the thread.
+  void drain();
+
+  const SchedulerMetrics& metrics() const { return metrics_; }
+  const PrefixCache& cache() const { return cache_; }
+  const SchedulerOptions& options() const { return opt_; }
+
+ private:
+  struct Sequence;
+  void loop();
+  void admit(Sequence& s);
+  void prefill_step(Sequence& s);
+  void decode_step(const std::vector<Sequence*>& batch);
+  void on_token(Sequence& s, int32_t token);
+  void finish(Sequence& s, const std::string& reason);
+  void emit_text(Sequence& s, bool final);
+  void snapshot(const Sequence& s);
+
+  const HybridModel& model_;
+  const Tokenizer* tokenizer_;
+  const SchedulerOptions opt_;
+  std::vector<int32_t> stop_tokens_;
+  PrefixCache cache_;
+  SchedulerMetrics metrics_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  bool draining_ = false;
+  std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only
+  size_t next_prefill_ = 0;
+  bool last_turn_decoded_ = false;
+  int64_t admitted_ = 0;  // waiting plus running, under mu_
+  std::thread thread_;
+};
+
+}  // namespace hanpu::serve

@@ -1,0 +1,715 @@
+// HTTP endpoints of `hanpu serve` on cpp-httplib (server.hpp, docs/SERVE.md): request parsing and
+// validation in OpenAI's shapes, server-sent events, authentication, metrics and shutdown.
+#include "serve/server.hpp"
+
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "hanpu/tensor.hpp"
+#include "io/file_io.hpp"
+
+namespace hanpu::serve {
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// OpenAI allows at most 4 stop sequences; more would only slow the per-token search.
+constexpr size_t kMaxStopStrings = 4;
+// A stop string longer than this is a mistake, not a stop sequence (and is held back per token).
+constexpr size_t kMaxStopBytes = 256;
+
+/// An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string param;  // empty: null
+  std::string code;   // empty: null
+  std::string type = "invalid_request_error";
+};
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json error_body(const ApiError& e) {
+  return {{"error",
+           {{"message", e.message},
+            {"type", e.type},
+            {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+            {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+const char* json_type_name(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null: return "null";
+    case json::value_t::boolean: return "boolean";
+    case json::value_t::string: return "string";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned: return "integer";
+    case json::value_t::number_float: return "number";
+    case json::value_t::array: return "array";
+    case json::value_t::object: return "object";
+    default: return "value";
+  }
+}
+
+ApiError wrong_type(const std::string& field, const json& got, const std::string& expected) {
+  return {400, "'" + field + "': expected " + expected + ", got " + json_type_name(got) + " " + dump(got).substr(0, 80),
+          field, "invalid_type"};
+}
+
+// ---- chat template --------------------------------------------------------------------------
+
+enum class TemplateKind { kNone, kChatMl, kUnrecognised };
+
+struct ChatTemplateInfo {
+  TemplateKind kind = TemplateKind::kNone;
+  std::string description;  // for the startup line and errors
+};
+
+// Qwen's templates (Qwen3.5, Qwen3-Next) are ChatML; the tokenizer renders ChatML itself
+// (Tokenizer::apply_chat_template). There is no Jinja engine here, so any other template is
+// refused by name rather than guessed at.
+ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok) {
+  if (!tok) return {TemplateKind::kNone, "no tokenizer.json"};
+  std::string tmpl;
+  namespace fs = std::filesystem;
+  const fs::path dir(model_dir);
+  if (fs::exists(dir / "chat_template.jinja")) {
+    tmpl = read_regular_file((dir / "chat_template.jinja").string(), "chat template", 1u << 24);
+  } else if (fs::exists(dir / "tokenizer_config.json")) {
+    const json cfg = json::parse(read_regular_file((dir / "tokenizer_config.json").string(), "tokenizer config", 1u << 26),
+                                 nullptr, false);
+    if (cfg.is_object() && cfg.contains("chat_template")) {
+      const json& t = cfg["chat_template"];
+      if (t.is_string()) tmpl = t.get<std::string>();
+      else if (t.is_array())  // [{"name": "default", "template": "..."}, ...]
+        for (const json& e : t)
+          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
+            tmpl = e["template"].get<std::string>();
+    }
+  }
+  const bool has_chatml_tokens = tok->token_to_id("<|im_start|>") && tok->token_to_id("<|im_end|>");
+  if (tmpl.empty()) {
+    if (has_chatml_tokens)
+      return {TemplateKind::kChatMl, "ChatML (no chat_template in the checkpoint; its tokenizer has <|im_start|> and "
+                                     "<|im_end|>, as `hanpu run --chat` assumes)"};
+    return {TemplateKind::kUnrecognised, "none (no chat_template and no ChatML tokens)"};
+  }
+  if (tmpl.find("<|im_start|>") != std::string::npos && has_chatml_tokens) return {TemplateKind::kChatMl, "ChatML (Qwen)"};
+  std::string head = tmpl.substr(0, 60);
+  for (char& c : head)
+    if (c == '\n') c = ' ';
+  return {TemplateKind::kUnrecognised, "unrecognised chat_template starting '" + head + "...' (only Qwen's ChatML is rendered)"};
+}
+
+// ---- metrics ----------------------------------------------------------------------------------
+
+struct HttpMetrics {
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, uint64_t> responses;  // (path, status) -> count
+  void count(const std::string& path, int status) {
+    std::lock_guard lock(mu);
+    ++responses[{path, status}];
+  }
+};
+
+double resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  statm >> pages_total >> pages_resident;
+  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE));
+}
+
+// ---- the server -------------------------------------------------------------------------------
+
+struct ParsedRequest {
+  GenerationRequest gen;
+  bool stream = false, include_usage = false;
+  std::string max_tokens_field;  // the field the limit came from, for errors
+};
+
+class Api {
+ public:
+  Api(const HybridModel& model, const Tokenizer* tok, const ServerOptions& so, Scheduler& sched)
+      : model_(model), tok_(tok), so_(so), sched_(sched), chat_template_(detect_chat_template(so.model_dir, tok)) {
+    std::random_device rd;
+    id_seed_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  const ChatTemplateInfo& chat_template() const { return chat_template_; }
+  HttpMetrics& http_metrics() { return http_; }
+  std::atomic<bool> draining{false};
+
+  void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  void models(httplib::Response& res) const;
+  void metrics(httplib::Response& res);
+
+ private:
+  json parse_body(const httplib::Request& req) const;
+  ParsedRequest parse_common(const json& body, bool chat) const;
+  std::vector<int32_t> chat_prompt(const json& messages, const json& body, std::vector<int64_t>& checkpoints) const;
+  std::vector<int32_t> completion_prompt(const json& prompt) const;
+  std::string new_id(const char* prefix) {
+    return prefix + std::to_string(id_seed_ % 100000) + "-" + std::to_string(++next_id_);
+  }
+
+  const HybridModel& model_;
+  const Tokenizer* tok_;
+  const ServerOptions& so_;
+  Scheduler& sched_;
+  const ChatTemplateInfo chat_template_;
+  HttpMetrics http_;
+  uint64_t id_seed_ = 0;
+  std::atomic<uint64_t> next_id_{0};
+};
+
+json Api::parse_body(const httplib::Request& req) const {
+  // The Content-Type is not checked: `curl -d` sends application/x-www-form-urlencoded, and the
+  // body is JSON or an error either way.
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::parse_error& e) {
+    throw ApiError{400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json"};
+  }
+  if (!body.is_object()) throw ApiError{400, std::string("the request body must be a JSON object, got ") + json_type_name(body), "", "invalid_json"};
+  return body;
+}
+
+// The fields each endpoint accepts. OpenAI answers 400 "Unrecognized request argument supplied"
+// for any other; so does this server. Some are accepted only at their default (checked below).
+// Extensions: top_k, ignore_eos (as vLLM and llama.cpp's server name them), chat_template_kwargs
+// with enable_thinking (as vLLM).
+const std::vector<std::string>& known_fields(bool chat) {
+  static const std::vector<std::string> chat_fields = {
+      "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
+      "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
+      "chat_template_kwargs", "ignore_eos"};
+  static const std::vector<std::string> completion_fields = {
+      "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+      "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
+      "ignore_eos"};
+  return chat ? chat_fields : completion_fields;
+}
+
+double number_field(const json& body, const std::string& name, double lo, double hi, double dflt) {
+  if (!body.contains(name) || body[name].is_null()) return dflt;
+  const json& v = body[name];
+  if (!v.is_number()) throw wrong_type(name, v, "a number");
+  const double x = v.get<double>();
+  if (!(x >= lo && x <= hi))
+    throw ApiError{400, "'" + name + "': " + dump(v) + " is out of range, expected " + dump(lo) + " to " + dump(hi), name,
+                   "invalid_value"};
+  return x;
+}
+
+int64_t integer_field(const json& body, const std::string& name, int64_t lo, int64_t hi, int64_t dflt) {
+  if (!body.contains(name) || body[name].is_null()) return dflt;
+  const json& v = body[name];
+  if (!v.is_number_integer()) throw wrong_type(name, v, "an integer");
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+    throw ApiError{400, "'" + name + "': " + dump(v) + " is out of range", name, "invalid_value"};
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi)
+    throw ApiError{400, "'" + name + "': " + std::to_string(x) + " is out of range, expected " + std::to_string(lo) +
+                            " to " + std::to_string(hi),
+                   name, "invalid_value"};
+  return x;
+}
+
+bool bool_field(const json& body, const std::string& name, bool dflt) {
+  if (!body.contains(name) || body[name].is_null()) return dflt;
+  if (!body[name].is_boolean()) throw wrong_type(name, body[name], "a boolean");
+  return body[name].get<bool>();
+}
+
+ParsedRequest Api::parse_common(const json& body, bool chat) const {
+  const auto& known = known_fields(chat);
+  for (const auto& [key, value] : body.items())
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw ApiError{400, "Unrecognized request argument supplied: " + key, key, "unknown_parameter"};
+  if (!body.contains("model")) throw ApiError{400, "you must provide a model parameter", "model", "missing_required_parameter"};
+  if (!body["model"].is_string()) throw wrong_type("model", body["model"], "a string");
+  if (body["model"].get<std::string>() != so_.model_name)
+    throw ApiError{404,
+                   "The model '" + body["model"].get<std::string>() + "' does not exist; this server serves '" +
+                       so_.model_name + "'",
+                   "model", "model_not_found"};
+  ParsedRequest p;
+  // Accepted only at the value that means "off": this server has no penalties, logprobs or n > 1.
+  integer_field(body, "n", 1, 1, 1);        // one choice per request
+  integer_field(body, "best_of", 1, 1, 1);
+  number_field(body, "presence_penalty", 0, 0, 0);
+  number_field(body, "frequency_penalty", 0, 0, 0);
+  if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false && body["logprobs"] != 0)
+    throw ApiError{400, "'logprobs' is not supported by hanpu serve (expected false or null)", "logprobs", "unsupported_value"};
+  if (bool_field(body, "echo", false))
+    throw ApiError{400, "'echo' is not supported by hanpu serve (expected false)", "echo", "unsupported_value"};
+  if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string()) throw wrong_type("user", body["user"], "a string");
+
+  p.gen.ignore_eos = bool_field(body, "ignore_eos", false);
+  p.stream = bool_field(body, "stream", false);
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const json& o = body["stream_options"];
+    if (!o.is_object()) throw wrong_type("stream_options", o, "an object");
+    for (const auto& [key, value] : o.items())
+      if (key != "include_usage")
+        throw ApiError{400, "Unrecognized request argument supplied: stream_options." + key, "stream_options." + key,
+                       "unknown_parameter"};
+    p.include_usage = bool_field(o, "include_usage", false);
+  }
+  const int64_t room = so_.context_tokens;
+  int64_t max_tokens = integer_field(body, "max_tokens", 0, room, -1);
+  p.max_tokens_field = "max_tokens";
+  if (chat) {
+    const int64_t mct = integer_field(body, "max_completion_tokens", 0, room, -1);
+    if (mct >= 0) {
+      max_tokens = mct;  // OpenAI's newer name wins when both are given
+      p.max_tokens_field = "max_completion_tokens";
+    }
+  }
+  p.gen.max_tokens = max_tokens;  // -1: until the context is full (set once the prompt is known)
+  const double temperature = number_field(body, "temperature", 0, 2, 1.0);  // OpenAI's range and default
+  p.gen.sampling.temperature = static_cast<float>(temperature);
+  p.gen.sampling.top_p = static_cast<float>(number_field(body, "top_p", 0, 1, 1.0));
+  if (body.contains("top_p") && body["top_p"].is_number() && body["top_p"].get<double>() <= 0)
+    throw ApiError{400, "'top_p': " + dump(body["top_p"]) + " is out of range, expected more than 0 up to 1", "top_p",
+                   "invalid_value"};
+  p.gen.sampling.top_k = static_cast<int>(integer_field(body, "top_k", 0, 1 << 30, 0));
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) throw wrong_type("seed", body["seed"], "an integer");
+    p.gen.sampling.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+                                                            : static_cast<uint64_t>(body["seed"].get<int64_t>());
+  } else {
+    std::random_device rd;
+    p.gen.sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const json& s = body["stop"];
+    if (s.is_string()) {
+      p.gen.stop.push_back(s.get<std::string>());
+    } else if (s.is_array()) {
+      for (const json& e : s) {
+        if (!e.is_string()) throw wrong_type("stop", e, "a string or an array of strings");
+        p.gen.stop.push_back(e.get<std::string>());
+      }
+    } else {
+      throw wrong_type("stop", s, "a string or an array of strings");
+    }
+    if (p.gen.stop.size() > kMaxStopStrings)
+      throw ApiError{400, "'stop': " + std::to_string(p.gen.stop.size()) + " stop sequences, expected at most " +
+                              std::to_string(kMaxStopStrings),
+                     "stop", "invalid_value"};
+    for (const std::string& st : p.gen.stop)
+      if (st.empty() || st.size() > kMaxStopBytes)
+        throw ApiError{400, "'stop': a stop sequence of " + std::to_string(st.size()) + " bytes, expected 1 to " +
+                                std::to_string(kMaxStopBytes),
+                       "stop", "invalid_value"};
+    if (!tok_) throw ApiError{400, "'stop' needs a tokenizer (text output); this model has no tokenizer.json", "stop", "unsupported_value"};
+  }
+  return p;
+}
+
+std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, std::vector<int64_t>& checkpoints) const {
+  if (!tok_)
+    throw ApiError{400, "model '" + so_.model_name + "' has no tokenizer.json, so it has no chat: send token ids to "
+                        "/v1/completions as 'prompt'", "messages", "no_tokenizer"};
+  if (chat_template_.kind != TemplateKind::kChatMl)
+    throw ApiError{400, "model '" + so_.model_name + "': chat template " + chat_template_.description +
+                            "; /v1/completions with a rendered prompt still works",
+                   "messages", "unsupported_chat_template"};
+  if (!messages.is_array()) throw wrong_type("messages", messages, "an array of messages");
+  if (messages.empty()) throw ApiError{400, "'messages': empty, expected at least one message", "messages", "invalid_value"};
+  std::vector<ChatMessage> msgs;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    const json& m = messages[i];
+    if (!m.is_object()) throw wrong_type(where, m, "an object with 'role' and 'content'");
+    if (!m.contains("role") || !m["role"].is_string())
+      throw ApiError{400, "'" + where + ".role': expected one of system, developer, user, assistant, tool", where + ".role", "invalid_value"};
+    std::string role = m["role"].get<std::string>();
+    if (role == "developer") role = "system";  // OpenAI's newer name for the system role
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      throw ApiError{400, "'" + where + ".role': '" + role + "', expected one of system, developer, user, assistant, tool",
+                     where + ".role", "invalid_value"};
+    std::string content;
+    const json c = m.contains("content") ? m["content"] : json(nullptr);
+    if (c.is_string()) {
+      content = c.get<std::string>();
+    } else if (c.is_array()) {  // content parts: only text ones
+      for (const json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          throw ApiError{400, "'" + where + ".content': only text parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                         where + ".content", "unsupported_value"};
+        content += part["text"].get<std::string>();
+      }
+    } else if (!(c.is_null() && role == "assistant")) {
+      throw wrong_type(where + ".content", c, "a string or an array of text parts");
+    }
+    for (const auto& [key, value] : m.items())
+      if (key != "role" && key != "content" && key != "name")
+        throw ApiError{400, "'" + where + "." + key + "': not supported by hanpu serve (tool calls are not implemented)",
+                       where + "." + key, "unsupported_parameter"};
+    msgs.push_back({role, content});
+  }
+  bool thinking = false;
+  if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
+    const json& k = body["chat_template_kwargs"];
+    if (!k.is_object()) throw wrong_type("chat_template_kwargs", k, "an object");
+    for (const auto& [key, value] : k.items())
+      if (key != "enable_thinking")
+        throw ApiError{400, "Unrecognized request argument supplied: chat_template_kwargs." + key,
+                       "chat_template_kwargs." + key, "unknown_parameter"};
+    thinking = bool_field(k, "enable_thinking", false);
+  }
+  std::string text;
+  try {
+    text = tok_->apply_chat_template(msgs, true, thinking);
+  } catch (const Error& e) {
+    throw ApiError{400, std::string("messages: ") + e.what(), "messages", "invalid_value"};
+  }
+  std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
+  // The conversation without the generation prompt is what the next turn shares: a snapshot there
+  // lets it skip everything up to its new tokens (the generation prompt and any <think> block
+  // differ once the reply is part of the history).
+  try {
+    const std::vector<int32_t> history = tok_->encode(tok_->apply_chat_template(msgs, false, thinking), true);
+    if (history.size() < ids.size() && std::equal(history.begin(), history.end(), ids.begin()))
+      checkpoints.push_back(static_cast<int64_t>(history.size()));
+  } catch (const Error&) {
+    // the history alone may not be a valid conversation (no user message yet): no extra snapshot
+  }
+  return ids;
+}
+
+std::vector<int32_t> Api::completion_prompt(const json& prompt) const {
+  if (prompt.is_string()) {
+    if (!tok_)
+      throw ApiError{400, "model '" + so_.model_name + "' has no tokenizer.json: give 'prompt' as an array of token ids",
+                     "prompt", "no_tokenizer"};
+    // As `hanpu run --prompt`: special tokens written in the text stay text.
+    return tok_->encode(prompt.get<std::string>(), /*parse_special=*/false);
+  }
+  if (!prompt.is_array()) throw wrong_type("prompt", prompt, "a string or an array of token ids");
+  if (!prompt.empty() && (prompt[0].is_array() || prompt[0].is_string()))
+    throw ApiError{400, "'prompt': several prompts in one request are not supported; send one string or one array of ids",
+                   "prompt", "unsupported_value"};
+  std::vector<int32_t> ids;
+  const int64_t vocab = model_.config().vocab_size;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const json& v = prompt[i];
+    if (!v.is_number_integer()) throw wrong_type("prompt[" + std::to_string(i) + "]", v, "a token id (integer)");
+    const int64_t id = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX) ? -1 : v.get<int64_t>();
+    if (id < 0 || id >= vocab)
+      throw ApiError{400, "'prompt[" + std::to_string(i) + "]': token id " + dump(v) + " is outside the vocabulary [0, " +
+                              std::to_string(vocab) + ")",
+                     "prompt", "invalid_value"};
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
+}
+
+void write_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+void Api::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
+  const json body = parse_body(req);
+  ParsedRequest p = parse_common(body, chat);
+  if (chat) {
+    if (!body.contains("messages")) throw ApiError{400, "'messages' is required", "messages", "missing_required_parameter"};
+    p.gen.prompt = chat_prompt(body["messages"], body, p.gen.extra_checkpoints);
+  } else {
+    if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt", "missing_required_parameter"};
+    p.gen.prompt = completion_prompt(body["prompt"]);
+  }
+  const int64_t n = static_cast<int64_t>(p.gen.prompt.size());
+  if (n == 0) throw ApiError{400, "the prompt is empty (0 tokens), expected at least one token", chat ? "messages" : "prompt", "invalid_value"};
+  if (n > so_.max_prompt_tokens)
+    throw ApiError{400, "the prompt is " + std::to_string(n) + " tokens, expected at most " +
+                            std::to_string(so_.max_prompt_tokens) + " (--max-prompt-tokens)",
+                   chat ? "messages" : "prompt", "context_length_exceeded"};
+  const int64_t room = so_.context_tokens - n;
+  if (p.gen.max_tokens < 0) p.gen.max_tokens = room;
+  if (p.gen.max_tokens > room)
+    throw ApiError{400, "the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" + std::to_string(p.gen.max_tokens) +
+                            ") exceed the context of " + std::to_string(so_.context_tokens) + " tokens (--ctx)",
+                   p.max_tokens_field, "context_length_exceeded"};
+
+  std::shared_ptr<GenerationHandle> handle;
+  try {
+    handle = sched_.submit(std::move(p.gen));
+  } catch (const QueueFull& e) {
+    throw ApiError{429, e.what(), "", "rate_limit_exceeded", "rate_limit_error"};
+  } catch (const Error& e) {
+    throw ApiError{503, e.what(), "", "shutting_down", "server_error"};
+  }
+  const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
+  const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const std::string model_name = so_.model_name;
+  auto usage = [handle] {
+    return json{{"prompt_tokens", handle->prompt_tokens},
+                {"completion_tokens", handle->completion_tokens},
+                {"total_tokens", handle->prompt_tokens + handle->completion_tokens},
+                {"prompt_tokens_details", {{"cached_tokens", handle->cached_tokens}}}};
+  };
+
+  if (!p.stream) {
+    std::string text;
+    std::vector<int32_t> tokens;
+    std::string finish_reason;
+    GenerationEvent ev;
+    while (handle->next(ev)) {
+      if (ev.kind == GenerationEvent::Kind::kDelta) {
+        text += ev.text;
+        tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      } else if (ev.kind == GenerationEvent::Kind::kDone) {
+        finish_reason = ev.finish_reason;
+      } else {
+        throw ApiError{500, "generation failed: " + ev.error, "", "generation_failed", "server_error"};
+      }
+    }
+    json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", text}};
+    } else {
+      choice["text"] = text;
+      choice["token_ids"] = tokens;  // extension: the ids, for checkpoints without a tokenizer
+    }
+    write_json(res, 200,
+               {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                {"model", model_name}, {"choices", json::array({choice})}, {"usage", usage()}});
+    return;
+  }
+
+  const bool include_usage = p.include_usage;
+  auto chunk = [=](json choice) {
+    return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                {"model", model_name}, {"choices", json::array({std::move(choice)})}};
+  };
+  auto started = std::make_shared<bool>(false);
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=](size_t, httplib::DataSink& sink) {
+        auto send = [&](const json& j) {
+          const std::string line = "data: " + dump(j) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        if (chat && !*started) {
+          *started = true;
+          if (!send(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}))) {
+            handle->cancel();
+            return false;
+          }
+        }
+        GenerationEvent ev;
+        if (!handle->next(ev)) return false;
+        bool ok = true;
+        if (ev.kind == GenerationEvent::Kind::kDelta) {
+          json choice = chat ? json{{"index", 0}, {"delta", {{"content", ev.text}}}, {"finish_reason", nullptr}}
+                             : json{{"index", 0}, {"text", ev.text}, {"token_ids", ev.tokens}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+          ok = send(chunk(std::move(choice)));
+        } else {
+          if (ev.kind == GenerationEvent::Kind::kDone) {
+            json choice = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", ev.finish_reason}}
+                               : json{{"index", 0}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
+            ok = send(chunk(std::move(choice)));
+            if (ok && include_usage) {
+              json u = chunk(nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage();
+              ok = send(u);
+            }
+          } else {
+            ok = send(error_body({500, "generation failed: " + ev.error, "", "generation_failed", "server_error"}));
+          }
+          static const std::string done = "data: [DONE]\n\n";
+          ok = ok && sink.write(done.data(), done.size());
+          if (ok) sink.done();
+        }
+        if (!ok) handle->cancel();  // the client went away: free its sequence
+        return ok;
+      },
+      [handle](bool success) {
+        if (!success) handle->cancel();
+      });
+}
+
+void Api::models(httplib::Response& res) const {
+  write_json(res, 200,
+             {{"object", "list"},
+              {"data", json::array({{{"id", so_.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "hanpu"}}})}});
+}
+
+void Api::metrics(httplib::Response& res) {
+  const SchedulerMetrics& m = sched_.metrics();
+  const CacheStats cs = sched_.cache().stats();
+  std::ostringstream o;
+  o.precision(15);  // counters of bytes and tokens exactly, not as 1.07374e+09
+  auto metric = [&](const char* name, const char* type, const char* help, double value) {
+    o << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n' << name << ' ' << value << '\n';
+  };
+  auto sec = [](const std::atomic<uint64_t>& ns) { return static_cast<double>(ns.load()) * 1e-9; };
+  {
+    std::lock_guard lock(http_.mu);
+    o << "# HELP hanpu_http_responses_total HTTP responses by path and status\n# TYPE hanpu_http_responses_total counter\n";
+    for (const auto& [key, count] : http_.responses)
+      o << "hanpu_http_responses_total{path=\"" << key.first << "\",status=\"" << key.second << "\"} " << count << '\n';
+  }
+  metric("hanpu_requests_started_total", "counter", "generation requests that began running", m.requests_started);
+  metric("hanpu_requests_finished_total", "counter", "generation requests that finished (stop or length)", m.requests_finished);
+  metric("hanpu_requests_cancelled_total", "counter", "generation requests dropped because the client went away", m.requests_cancelled);
+  metric("hanpu_requests_failed_total", "counter", "generation requests that failed in the model", m.requests_failed);
+  metric("hanpu_requests_running", "gauge", "sequences holding a state now", static_cast<double>(m.running.load()));
+  metric("hanpu_requests_waiting", "gauge", "requests queued for a running slot", static_cast<double>(m.waiting.load()));
+  metric("hanpu_prompt_tokens_total", "counter", "prompt tokens of started requests", m.prompt_tokens);
+  metric("hanpu_completion_tokens_total", "counter", "generated tokens", m.completion_tokens);
+  metric("hanpu_prefill_tokens_total", "counter", "prompt tokens computed (not restored from the cache)", m.prefill_tokens);
+  metric("hanpu_prefill_seconds_total", "counter", "seconds in prefill forward passes", sec(m.prefill_ns));
+  metric("hanpu_decode_tokens_total", "counter", "tokens decoded", m.decode_tokens);
+  metric("hanpu_decode_seconds_total", "counter", "seconds in decode forward passes", sec(m.decode_ns));
+  metric("hanpu_decode_steps_total", "counter", "decode forward passes (a batched one decodes several sequences)", m.decode_steps);
+  const double pf = sec(m.prefill_ns), dc = sec(m.decode_ns);
+  metric("hanpu_prefill_tokens_per_second", "gauge", "prefill tokens per second of forward time, since start",
+         pf > 0 ? static_cast<double>(m.prefill_tokens.load()) / pf : 0.0);
+  metric("hanpu_decode_tokens_per_second", "gauge", "decode tokens per second of forward time, since start",
+         dc > 0 ? static_cast<double>(m.decode_tokens.load()) / dc : 0.0);
+  o << "# HELP hanpu_time_to_first_token_seconds time from queueing to the first token\n"
+       "# TYPE hanpu_time_to_first_token_seconds summary\n"
+    << "hanpu_time_to_first_token_seconds_sum " << sec(m.ttft_ns) << "\nhanpu_time_to_first_token_seconds_count "
+    << m.ttft_count.load() << '\n';
+  metric("hanpu_cache_hits_total", "counter", "requests that restored a cached prefix", m.cache_hits);
+  metric("hanpu_cache_misses_total", "counter", "requests that found no cached prefix", m.cache_misses);
+  metric("hanpu_cache_tokens_reused_total", "counter", "prompt tokens restored from the cache instead of computed", m.cache_tokens_reused);
+  metric("hanpu_cache_snapshots_total", "counter", "snapshots stored", m.snapshots_taken);
+  metric("hanpu_cache_snapshot_seconds_total", "counter", "seconds copying states into the cache", sec(m.snapshot_ns));
+  metric("hanpu_cache_restore_seconds_total", "counter", "seconds looking up and copying states out of the cache", sec(m.restore_ns));
+  metric("hanpu_cache_evictions_total", "counter", "snapshots evicted (least recently used)", static_cast<double>(cs.evictions));
+  metric("hanpu_cache_entries", "gauge", "snapshots held", static_cast<double>(cs.entries));
+  metric("hanpu_cache_bytes", "gauge", "bytes held by the prefix cache", static_cast<double>(cs.bytes));
+  metric("hanpu_cache_capacity_bytes", "gauge", "--cache-mib", static_cast<double>(sched_.cache().capacity_bytes()));
+  metric("hanpu_state_bytes", "gauge", "bytes of the running sequences' states", static_cast<double>(m.state_bytes.load()));
+  metric("hanpu_weight_bytes", "gauge", "bytes of model weights (mapped or built)", static_cast<double>(model_.weight_bytes()));
+  metric("hanpu_process_resident_memory_bytes", "gauge", "resident set size of the server", resident_bytes());
+  res.set_content(o.str(), "text/plain; version=0.0.4");
+}
+
+}  // namespace
+
+int run_server(const HybridModel& model, const Tokenizer* tokenizer, const ServerOptions& so, const SchedulerOptions& sched_opt) {
+  // SIGTERM/SIGINT are taken by one thread with sigwait (blocked everywhere else, so every thread
+  // started below inherits the mask); a broken pipe is an error return from send, not a signal.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  Scheduler sched(model, tokenizer, sched_opt);
+  Api api(model, tokenizer, so, sched);
+  httplib::Server svr;
+  // Each running or queued request holds a handler thread while it waits for tokens; keep-alive
+  // connections hold one while idle; a few more answer /health, /metrics and 429s meanwhile.
+  const int http_threads = so.http_threads > 0 ? so.http_threads : sched_opt.max_running + sched_opt.max_queue + 8;
+  svr.new_task_queue = [http_threads] { return new httplib::ThreadPool(static_cast<size_t>(http_threads)); };
+  svr.set_payload_max_length(so.max_body_bytes);
+  // An idle keep-alive connection holds a handler thread, and stop() waits for it: 2 s instead of
+  // httplib's 5 keeps SIGTERM prompt; clients on loopback reconnect for free.
+  svr.set_keep_alive_timeout(2);
+
+  svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (so.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    if (auth == "Bearer " + so.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    write_json(res, 401,
+               error_body({401, auth.empty() ? "no API key given: send 'Authorization: Bearer <key>'"
+                                             : "incorrect API key in the Authorization header",
+                           "", "invalid_api_key", "invalid_request_error"}));
+    api.http_metrics().count(req.path, 401);
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  // httplib answers some errors itself (404 for unknown paths, 413 for a body over the limit)
+  // with an empty body; give them OpenAI's error shape too.
+  svr.set_error_handler([&](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    std::string message = "HTTP " + std::to_string(res.status);
+    if (res.status == 404) message = "no endpoint " + req.method + " " + req.path;
+    if (res.status == 413)
+      message = "the request body is over the limit of " + std::to_string(so.max_body_bytes) + " bytes (--max-body-bytes)";
+    if (res.status == 405) message = "method " + req.method + " is not allowed on " + req.path;
+    write_json(res, res.status, error_body({res.status, message, "", res.status == 413 ? "request_too_large" : "", "invalid_request_error"}));
+  });
+
+  auto guarded = [&](const std::string& path, auto&& body_fn) {
+    return [&, path, body_fn](const httplib::Request& req, httplib::Response& res) {
+      try {
+        body_fn(req, res);
+      } catch (const ApiError& e) {
+        write_json(res, e.status, error_body(e));
+      } catch (const std::exception& e) {
+        write_json(res, 500, error_body({500, std::string("internal error: ") + e.what(), "", "internal_error", "server_error"}));
+      }
+      api.http_metrics().count(path, res.status);
+    };
+  };
+  svr.Post("/v1/chat/completions", guarded("/v1/chat/completions", [&](const httplib::Request& q, httplib::Response& r) {
+             api.completions(q, r, true);
+           }));
+  svr.Post("/v1/completions", guarded("/v1/completions", [&](const httplib::Request& q, httplib::Response& r) {
+             api.completions(q, r, false);
+           }));
+  svr.Get("/v1/models", guarded("/v1/models", [&](const httplib::Request&, httplib::Response& r) { api.models(r); }));
+  svr.Get("/health", guarded("/health", [&](const httplib::Request&, httplib::Response& r) {
+            if (api.draining) write_json(r, 503, {{"status", "shutting down"}});
+            else write_json(r, 200, {{"status", "ok"}});
+          }));
+  svr.Get("/metrics", guarded("/metrics", [&](const httplib::Request&, httplib::Response& r) { api.metrics(r); }));
+
+  if (!svr.bind_to_port(so.host.c_str(), so.port))
+    throw Error("cannot listen on " + so.host + ":" + std::to_string(so.port) + " (address in use, or not an address of this machine)");
+  std::fprintf(stderr, "hanpu serve: model '%s' (%s)\nchat template: %s\nlistening on http://%s:%d%s\n", so.model_name.c_str(),
+               model.config().describe().c_str(), api.chat_template().description.c_str(), so.host.c_str(), so.port,
+               so.api_key.empty() ? "" : " (API key required)");
+  const bool loopback = so.host == "127.0.0.1" || so.host == "::1" || so.host == "localhost";
+  if (!loopback && so.api_key.empty())
+    std::fprintf(stderr, "hanpu serve: warning: listening on %s without --api-key: anyone who can reach this address "
+                         "can use the model (plain HTTP, no TLS)\n", so.host.c_str());
+  std::fflush(stderr);
+
+  std::thread signal_thread([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (sig == 0) return;
+    std::fprintf(stderr, "hanpu serve: signal %d: draining running requests\n", sig);
+    api.draining = true;  // new generation requests get 503 from here on
+    sched.drain();        // finishes the queued and running ones
+    svr.stop();
+  });
+  const bool listened = svr.listen_after_bind();
+  if (signal_thread.joinable()) {
+    if (svr.is_running() || !api.draining) pthread_kill(signal_thread.native_handle(), SIGTERM);
+    signal_thread.join();
+  }
+  sched.drain();
+  std::fprintf(stderr, "hanpu serve: stopped\n");
+  return listened || api.draining ? 0 : 1;
+}
+
+}  // namespace hanpu::serve
