@@ -29,10 +29,14 @@ TEST(Device, Ascend310pLoads) {
   const Device d = load_device((devices_dir() / "ascend310p.json").string());
   EXPECT_EQ(d.name, "ascend310p");
   EXPECT_EQ(d.kind, "npu");
-  EXPECT_EQ(d.core_count(), 8);
-  ASSERT_EQ(d.cores.alternatives.size(), 1u);  // the paper's 10 stays visible
-  EXPECT_EQ(d.cores.alternatives[0].value, 10);
-  EXPECT_EQ(d.cores.alternatives[0].status, "paper");
+  // The paper's setup is the default; HAMi's 8 stays visible and usable as a coherent set.
+  EXPECT_EQ(d.core_count(), 10);
+  EXPECT_EQ(d.cores.status, "paper");
+  ASSERT_EQ(d.cores.alternatives.size(), 1u);
+  EXPECT_EQ(d.cores.alternatives[0].value, 8);
+  EXPECT_EQ(d.cores.alternatives[0].status, "confirmed");
+  ASSERT_EQ(d.core_configurations.size(), 1u);
+  EXPECT_EQ(d.core_configurations[0].cores.value, 8);
   EXPECT_EQ(d.buffer("UB").capacity_bytes.value, 256 * 1024);
   EXPECT_EQ(d.buffer("L1").capacity_bytes.value, 1024 * 1024);
   EXPECT_EQ(d.buffer("L0A").capacity_bytes.value, 64 * 1024);
@@ -87,6 +91,57 @@ TEST(Device, EveryNumberHasSourceAndStatus) {
     check(d.matrix.energy_pj_per_mac, "energy_pj_per_mac");
     check(d.static_power_w, "static_power_w");
   }
+}
+
+TEST(Device, ACoreCountBringsItsOwnClockAndBandwidths) {
+  const Device d = load_device((devices_dir() / "ascend310p.json").string());
+  // The chip peak (140 TOPS INT8) is the same in both sets: cores x clock is conserved.
+  const Device eight = device_with_cores(d, 8);
+  EXPECT_EQ(eight.core_count(), 8);
+  EXPECT_DOUBLE_EQ(eight.clock_ghz.value, 1.068);
+  EXPECT_EQ(eight.clock_ghz.status, "derived");
+  EXPECT_NEAR(eight.core_count() * eight.clock_ghz.value, d.core_count() * d.clock_ghz.value, 0.01);
+  EXPECT_EQ(eight.path("L0C", "UB").bandwidth_gbs.value, 274);
+  EXPECT_EQ(d.path("L0C", "UB").bandwidth_gbs.value, 218.75);
+  // Paths the set does not list keep their (clock-independent) numbers.
+  EXPECT_EQ(eight.path("GM", "L1").bandwidth_gbs.value, d.path("GM", "L1").bandwidth_gbs.value);
+  // Reversible: the old default is now a configuration of the result.
+  const Device back = device_with_cores(eight, 10);
+  EXPECT_EQ(back.clock_ghz.value, d.clock_ghz.value);
+  EXPECT_EQ(back.path("L0C", "UB").bandwidth_gbs.value, 218.75);
+  EXPECT_EQ(device_with_cores(d, 10).clock_ghz.value, d.clock_ghz.value);
+  // A count without a coherent set is an error naming the choices.
+  try {
+    (void)device_with_cores(d, 9);
+    FAIL() << "9 cores accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("got 9"), std::string::npos) << m;
+    EXPECT_NE(m.find("10 (default)"), std::string::npos) << m;
+    EXPECT_NE(m.find("8 (hami-8-core)"), std::string::npos) << m;
+  }
+}
+
+void expect_error_naming(const json& j, const std::string& field) {
+  try {
+    (void)device_from_json(j, "x.json");
+    ADD_FAILURE() << "accepted a file with a bad " << field;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json: " + field), std::string::npos) << e.what();
+  }
+}
+
+TEST(Device, MalformedCoreConfigurationsNameTheField) {
+  json j = read_json(devices_dir() / "ascend310p.json");
+  json bad = j;
+  bad["core_configurations"][0]["path_bandwidth_gbs"]["L0C->GM"] = bad["core_configurations"][0]["path_bandwidth_gbs"]["L0C->UB"];
+  expect_error_naming(bad, "core_configurations[0].path_bandwidth_gbs.L0C->GM");
+  bad = j;
+  bad["core_configurations"][0]["cores"]["value"] = 10;
+  expect_error_naming(bad, "core_configurations[0].cores.value");
+  bad = j;
+  bad["core_configurations"][0].erase("clock_ghz");
+  expect_error_naming(bad, "core_configurations[0].clock_ghz");
 }
 
 TEST(Device, RoundTripReproducesTheFiles) {

@@ -21,8 +21,9 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
   const Device dev = unlimited_buffers(ascend310p());
   // Whole-head mappings (value heads a multiple of the cores, q/k heads = value heads): every
   // input is read once. Tails (T not a multiple of the chunk) and the state flags included.
-  std::vector<Problem> ps = {problem(Variant::GDN, {4096}, 16), problem(Variant::KDA, {1000}, 8), problem(Variant::GDN, {130, 64, 3}, 8),
-                             problem(Variant::KDA, {777, 1}, 16)};
+  // The 310P default has the paper's 10 cores: 10, 20, 30 and 40 items are whole heads.
+  std::vector<Problem> ps = {problem(Variant::GDN, {4096}, 20), problem(Variant::KDA, {1000}, 10), problem(Variant::GDN, {130, 64, 3}, 10),
+                             problem(Variant::KDA, {777, 1}, 20), problem(Variant::GDN, {1024}, 30)};
   ps[2].read_initial_state = false;
   ps[3].write_final_state = false;
   for (const Problem& p : ps) {
@@ -36,13 +37,36 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
 }
 
 TEST(Simulate, HanpuFitsThe310pWithoutExtraTraffic) {
-  const Device dev = ascend310p();
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
-    const Problem p = problem(v, {4096}, 16);
-    const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
-    EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read);
-    EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write);
-  }
+  // Head counts that are multiples of the core count, on the default (10 cores) and on the
+  // 8-core configuration.
+  const Device ten = ascend310p();
+  const Device eight = device_with_cores(ten, 8);
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    for (const auto& [dev, heads] : {std::pair{&ten, int64_t{20}}, std::pair{&eight, int64_t{16}}}) {
+      const Problem p = problem(v, {4096}, heads);
+      const SimResult r = simulate(make_plan(p, *dev, "hanpu"), *dev);
+      EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read) << heads;
+      EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << heads;
+    }
+}
+
+TEST(Simulate, TheCoreConfigurationSetsTheClock) {
+  // 16 heads: on 8 cores whole heads; on the paper's 10 cores 6 tail heads split by columns, whose
+  // blocks re-read q and k (ha-npu.md section 3's example).
+  const Device ten = ascend310p();
+  const Device eight = device_with_cores(ten, 8);
+  const Problem p = problem(Variant::GDN, {1024}, 16);
+  const SimResult r10 = simulate(make_plan(p, ten, "hanpu"), ten);
+  const SimResult r8 = simulate(make_plan(p, eight, "hanpu"), eight);
+  EXPECT_GT(r10.gm_read_bytes, compulsory_traffic(p).read);
+  EXPECT_EQ(r8.gm_read_bytes, compulsory_traffic(p).read);
+  // A plan for 8 cores simulated with the default file runs at the 8-core set's clock.
+  PlanOptions o;
+  o.cores = 8;
+  const SimResult via_default = simulate(make_plan(p, ten, "hanpu", o), ten);
+  EXPECT_DOUBLE_EQ(via_default.latency_s, r8.latency_s);
+  // Utilization is against each set's own peak, and the two peaks are the same chip peak.
+  EXPECT_NEAR(8 * eight.clock_ghz.value, 10 * ten.clock_ghz.value, 0.01);
 }
 
 TEST(Simulate, BaselinesMoveMoreThanCompulsory) {
@@ -63,7 +87,7 @@ TEST(Simulate, MacsAreTheGraphsAndLatencyRespectsPhysicalBounds) {
   const Device dev = ascend310p();
   const double rate = dev.matrix.macs_per_cycle.at(DType::F16).value * dev.clock_ghz.value * 1e9;
   for (const std::string& s : strategy_names()) {
-    const Problem p = problem(Variant::KDA, {1500}, 16);
+    const Problem p = problem(Variant::KDA, {1500}, 20);
     const Plan plan = make_plan(p, dev, s);
     const SimResult r = simulate(plan, dev);
     if (s == "hanpu" || s == "fla" || s == "vllm-ascend") EXPECT_DOUBLE_EQ(r.macs, layer_macs(p, plan.form)) << s;
@@ -180,7 +204,7 @@ TEST(Simulate, DeviceWhoseUnitsShareOneBuffer) {
   dev.matrix.input_a = dev.matrix.input_b = dev.matrix.output = dev.vector.buffer;
   dev.matrix.macs_per_cycle.erase(DType::F16);
   dev.matrix.macs_per_cycle[DType::F32] = dev.vector.lanes.at(DType::F32);
-  const Problem p = problem(Variant::KDA, {1000}, 8);
+  const Problem p = problem(Variant::KDA, {1000}, 10);
   for (const std::string& s : strategy_names()) {
     const SimResult r = simulate(make_plan(p, dev, s), dev);
     EXPECT_GT(r.latency_s, 0) << s;

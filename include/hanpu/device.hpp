@@ -68,6 +68,18 @@ struct VectorUnitSpec {
   Quantity energy_pj_per_op;        // per element operation
 };
 
+/// One coherent alternative of a device's core count: the count with everything that follows from
+/// it (the clock derived from the same chip peak, bandwidths derived from that clock), so choosing
+/// another count never mixes numbers of two configurations. JSON "core_configurations":
+/// [{"name", "cores", "clock_ghz", "path_bandwidth_gbs": {"L0C->UB": Quantity, ...}}]; the
+/// top-level cores/clock_ghz/paths are the default configuration.
+struct CoreConfiguration {
+  std::string name;  // e.g. "hami-8-core"
+  Quantity cores;
+  Quantity clock_ghz;
+  std::map<std::string, Quantity> path_bandwidth_gbs;  // "FROM->TO" -> bandwidth in this configuration
+};
+
 struct Device {
   std::string name;         // "ascend310p"
   std::string kind;         // "npu" or "cpu"
@@ -82,6 +94,7 @@ struct Device {
   Quantity kernel_launch_us;      // cost of one kernel launch (host -> device)
   Quantity static_power_w;        // power drawn regardless of activity (energy = P * latency + dynamic)
   std::vector<std::string> notes; // open conflicts and caveats, shown in reports
+  std::vector<CoreConfiguration> core_configurations;  // coherent alternatives to the default
 
   int core_count() const { return static_cast<int>(cores.value); }
   /// Throws hanpu::Error naming the buffer if there is none of that name.
@@ -102,6 +115,13 @@ struct Device {
 /// naming `origin` (the file) and the field, e.g. "devices/x.json: buffers[2].capacity_bytes.value:
 /// got -1, expected a positive number".
 Device device_from_json(const nlohmann::json& j, const std::string& origin);
+
+/// The device with `cores` cores: itself when `cores` is its core count; the matching
+/// core_configurations entry applied as a whole (cores, clock, the bandwidths it lists, and the
+/// entry becomes the default) when there is one; for a device without configurations (the host
+/// CPU, whose cores are threads at one clock) the count alone. Otherwise throws hanpu::Error
+/// naming the device, the count got and the counts it offers.
+Device device_with_cores(const Device& d, int cores);
 Device load_device(const std::string& path);
 nlohmann::json device_to_json(const Device& d);
 

@@ -48,7 +48,14 @@ void add_problem_options(CLI::App* c, ProblemArgs& a, bool device_required) {
   c->add_option("--V", a.V, "value head dim")->capture_default_str();
   c->add_flag("--no-initial-state", a.no_initial_state, "do not read an initial state");
   c->add_flag("--no-final-state", a.no_final_state, "do not write the final state");
-  c->add_option("--cores", a.cores, "override the device's core count")->check(CLI::Range(1, static_cast<int>(kMaxCores)));
+  c->add_option("--cores", a.cores, "use the device's coherent configuration with this many cores (its own clock and bandwidths)")->check(CLI::Range(1, static_cast<int>(kMaxCores)));
+}
+
+// The device file, switched to the coherent core configuration `--cores` names (an error naming the
+// counts the file offers when it has configurations and none has that count).
+Device load_device_for(const ProblemArgs& a) {
+  const Device dev = load_device(a.device);
+  return a.cores > 0 ? device_with_cores(dev, a.cores) : dev;
 }
 
 Problem make_problem(const ProblemArgs& a) {
@@ -122,7 +129,7 @@ void register_plan_commands(CLI::App& app) {
     c->add_option("--strategy", *strategy, "hanpu, vllm-ascend, fla, fla-megakernel, flashqla, or an ablation step")->capture_default_str();
     c->add_option("-o,--output", *out, "write the plan as JSON to this file");
     c->callback([a, strategy, out] {
-      const Device dev = load_device(a->device);
+      const Device dev = load_device_for(*a);
       const Problem p = make_problem(*a);
       PlanOptions po;
       po.cores = a->cores;
@@ -159,7 +166,7 @@ void register_plan_commands(CLI::App& app) {
       bool every = *all;
       std::string file = *plan_file;
       if (file == "all") every = true, file.clear();
-      const Device dev = load_device(a->device);
+      const Device dev = load_device_for(*a);
       std::vector<Plan> plans;
       if (!file.empty()) {
         plans.push_back(plan_from_json(parse_json(read_regular_file(file, "plan file", kMaxJsonFileBytes), file), file));

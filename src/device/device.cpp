@@ -195,7 +195,8 @@ class DeviceReader {
   Device read(const json& j) const {
     expect_object(j, "");
     only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
-                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "notes"});
+                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "notes",
+                      "core_configurations"});
     if (auto it = j.find("schema_version"); it != j.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 1)
         fail("schema_version", "got " + show(*it) + ", expected 1");
@@ -290,6 +291,35 @@ class DeviceReader {
       ps.shared = bool_field(paths[i], p, "shared", false);
       ps.energy_pj_per_byte = quantity_field(paths[i], p, "energy_pj_per_byte", Constraint::kNonNegative);
       d.paths.push_back(std::move(ps));
+    }
+
+    if (auto it = j.find("core_configurations"); it != j.end()) {
+      expect_type(*it, "core_configurations", json::value_t::array, "an array of {\"name\", \"cores\", \"clock_ghz\", \"path_bandwidth_gbs\"}");
+      for (size_t i = 0; i < it->size(); ++i) {
+        const std::string p = "core_configurations[" + std::to_string(i) + "]";
+        const json& cj = (*it)[i];
+        expect_object(cj, p);
+        only_keys(cj, p, {"name", "cores", "clock_ghz", "path_bandwidth_gbs"});
+        CoreConfiguration c;
+        c.name = string_field(cj, p, "name");
+        c.cores = quantity_field(cj, p, "cores", Constraint::kPositiveInteger);
+        c.clock_ghz = quantity_field(cj, p, "clock_ghz", Constraint::kPositive);
+        if (c.cores.value == d.cores.value)
+          fail(join(p, "cores.value"), "got " + show(cj["cores"]["value"]) + ", the default's core count; expected another count (the default is the top-level configuration)");
+        for (const CoreConfiguration& prev : d.core_configurations)
+          if (prev.cores.value == c.cores.value)
+            fail(join(p, "cores.value"), "got " + show(cj["cores"]["value"]) + " twice, expected one configuration per core count");
+        if (auto bw = cj.find("path_bandwidth_gbs"); bw != cj.end()) {
+          const std::string bpath = join(p, "path_bandwidth_gbs");
+          expect_object(*bw, bpath);
+          for (auto b = bw->begin(); b != bw->end(); ++b) {
+            const bool known = std::any_of(d.paths.begin(), d.paths.end(), [&](const PathSpec& ps) { return ps.name() == b.key(); });
+            if (!known) fail(join(bpath, b.key()), "got a path this device does not have, expected one of its paths (\"FROM->TO\")");
+            c.path_bandwidth_gbs[b.key()] = quantity(b.value(), join(bpath, b.key()), Constraint::kPositive);
+          }
+        }
+        d.core_configurations.push_back(std::move(c));
+      }
     }
 
     if (auto it = j.find("notes"); it != j.end()) {
@@ -417,7 +447,55 @@ nlohmann::json device_to_json(const Device& d) {
   j["kernel_launch_us"] = quantity_to_json(d.kernel_launch_us);
   j["static_power_w"] = quantity_to_json(d.static_power_w);
   j["notes"] = d.notes;
+  if (!d.core_configurations.empty()) {
+    json confs = json::array();
+    for (const CoreConfiguration& c : d.core_configurations) {
+      json bw = json::object();
+      for (const auto& [path, q] : c.path_bandwidth_gbs) bw[path] = quantity_to_json(q);
+      confs.push_back({{"name", c.name}, {"cores", quantity_to_json(c.cores)}, {"clock_ghz", quantity_to_json(c.clock_ghz)},
+                       {"path_bandwidth_gbs", bw}});
+    }
+    j["core_configurations"] = confs;
+  }
   return j;
+}
+
+Device device_with_cores(const Device& d, int cores) {
+  if (cores == d.core_count()) return d;
+  if (d.core_configurations.empty()) {
+    // No coherent alternatives described (the host CPU: its cores are threads at one clock).
+    Device out = d;
+    out.cores.value = cores;
+    return out;
+  }
+  for (const CoreConfiguration& c : d.core_configurations) {
+    if (static_cast<int>(c.cores.value) != cores) continue;
+    Device out = d;
+    // The default becomes an alternative of the result, so the choice stays reversible and visible.
+    CoreConfiguration old_default;
+    old_default.name = "default";
+    old_default.cores = d.cores;
+    old_default.clock_ghz = d.clock_ghz;
+    for (const auto& [path, q] : c.path_bandwidth_gbs)
+      for (const PathSpec& ps : d.paths)
+        if (ps.name() == path) old_default.path_bandwidth_gbs[path] = ps.bandwidth_gbs;
+    out.cores = c.cores;
+    out.clock_ghz = c.clock_ghz;
+    for (PathSpec& ps : out.paths) {
+      auto it = c.path_bandwidth_gbs.find(ps.name());
+      if (it != c.path_bandwidth_gbs.end()) ps.bandwidth_gbs = it->second;
+    }
+    out.core_configurations.clear();
+    out.core_configurations.push_back(old_default);
+    for (const CoreConfiguration& other : d.core_configurations)
+      if (&other != &c) out.core_configurations.push_back(other);
+    return out;
+  }
+  std::string choices = std::to_string(d.core_count()) + " (default)";
+  for (const CoreConfiguration& c : d.core_configurations)
+    choices += ", " + std::to_string(static_cast<int>(c.cores.value)) + " (" + c.name + ")";
+  throw Error("device " + d.name + ": --cores got " + std::to_string(cores) +
+              ", expected a core count the device file describes as a coherent configuration: " + choices);
 }
 
 }  // namespace hanpu

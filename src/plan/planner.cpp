@@ -531,9 +531,15 @@ std::vector<std::string> ablation_names() {
   return out;
 }
 
-Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt) {
+Plan make_plan(const Problem& p, const Device& device_file, const std::string& strategy, const PlanOptions& opt) {
   validate_problem(p);
-  const int cores = opt.cores > 0 ? opt.cores : dev.core_count();
+  const int cores = opt.cores > 0 ? opt.cores : device_file.core_count();
+  // A core count the device describes as a coherent configuration plans with that
+  // configuration's clock and bandwidths (the layout DP's costs depend on them), as simulate()
+  // runs it; any other count is a mapping experiment on the default's numbers.
+  const bool configured = std::any_of(device_file.core_configurations.begin(), device_file.core_configurations.end(),
+                                      [&](const CoreConfiguration& c) { return static_cast<int>(c.cores.value) == cores; });
+  const Device dev = configured ? device_with_cores(device_file, cores) : device_file;
   if (cores < 1) throw Error("device " + dev.name + ": cores.value must be at least 1");
   const StrategyDef& def = strategy_def(strategy);
   Plan plan;

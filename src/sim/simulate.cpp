@@ -326,6 +326,18 @@ class Simulator {
 }  // namespace
 
 SimResult simulate(const Plan& plan, const Device& dev, const SimOptions& opt) {
+  // A plan for another of the device's coherent core configurations runs at that configuration's
+  // clock and bandwidths, never at the default's (which would silently change the peak). A count
+  // the file does not describe (a mapping experiment through PlanOptions::cores) keeps the
+  // default's numbers.
+  const int plan_cores = plan.cores;
+  const bool configured = std::any_of(dev.core_configurations.begin(), dev.core_configurations.end(),
+                                      [&](const CoreConfiguration& c) { return static_cast<int>(c.cores.value) == plan_cores; });
+  if (configured) {
+    const Device chosen = device_with_cores(dev, plan_cores);
+    Simulator s(plan, chosen, opt);
+    return s.run();
+  }
   Simulator s(plan, dev, opt);
   return s.run();
 }
