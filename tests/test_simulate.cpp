@@ -231,5 +231,78 @@ TEST(Simulate, AllStrategiesForOneShapeAreFast) {
   EXPECT_LT(sec, 2.0);
 }
 
+
+// The steady-state shortcut accounts periodic rounds as multiples: its totals must be the chunk
+// loop's (integers to the byte, times and energies up to floating-point rounding).
+void expect_same_totals(const SimResult& fast, const SimResult& loop, const std::string& what) {
+  SCOPED_TRACE(what);
+  const double tol = 1e-9;
+  EXPECT_NEAR(fast.latency_s, loop.latency_s, tol * loop.latency_s);
+  EXPECT_NEAR(fast.energy_j, loop.energy_j, tol * loop.energy_j);
+  EXPECT_EQ(fast.gm_read_bytes, loop.gm_read_bytes);
+  EXPECT_EQ(fast.gm_write_bytes, loop.gm_write_bytes);
+  EXPECT_EQ(fast.l1_to_l0_bytes, loop.l1_to_l0_bytes);
+  EXPECT_EQ(fast.ub_l1_bytes, loop.ub_l1_bytes);
+  EXPECT_EQ(fast.spill_bytes, loop.spill_bytes);
+  EXPECT_EQ(fast.transform_bytes, loop.transform_bytes);
+  EXPECT_EQ(fast.bytes_per_path, loop.bytes_per_path);
+  EXPECT_NEAR(fast.macs, loop.macs, tol * loop.macs);
+  EXPECT_NEAR(fast.executed_macs, loop.executed_macs, tol * loop.executed_macs);
+  EXPECT_NEAR(fast.vector_ops, loop.vector_ops, tol * loop.vector_ops);
+  ASSERT_EQ(fast.busy_s.size(), loop.busy_s.size());
+  for (const auto& [lane, s] : loop.busy_s) EXPECT_NEAR(fast.busy_s.at(lane), s, tol * s) << lane;
+  ASSERT_EQ(fast.kernels.size(), loop.kernels.size());
+  for (size_t k = 0; k < loop.kernels.size(); ++k)
+    EXPECT_NEAR(fast.kernels[k].latency_s, loop.kernels[k].latency_s, tol * loop.kernels[k].latency_s) << loop.kernels[k].name;
+  ASSERT_EQ(fast.per_operator.size(), loop.per_operator.size());
+  for (size_t o = 0; o < loop.per_operator.size(); ++o) {
+    EXPECT_EQ(fast.per_operator[o].gm_read_bytes, loop.per_operator[o].gm_read_bytes) << loop.per_operator[o].op;
+    EXPECT_NEAR(fast.per_operator[o].busy_s, loop.per_operator[o].busy_s, tol * loop.per_operator[o].busy_s) << loop.per_operator[o].op;
+  }
+}
+
+TEST(Simulate, SteadyStateShortcutEqualsTheChunkLoop) {
+  const Device ten = ascend310p();
+  const Device eight = device_with_cores(ten, 8);
+  SimOptions loop;
+  loop.steady_state_shortcut = false;
+  // Tails (T not a multiple of 64), one chunk, two chunks, varlen, tier-2 column blocks and
+  // tier-3 heads (11 on 10 cores), every strategy and ablation step.
+  const std::vector<std::pair<Problem, const Device*>> cases = {
+      {problem(Variant::GDN, {4096}, 16), &ten},     {problem(Variant::KDA, {1000}, 20), &ten},
+      {problem(Variant::GDN, {2500}, 11), &ten},     {problem(Variant::KDA, {64}, 8), &eight},
+      {problem(Variant::GDN, {128}, 8), &eight},     {problem(Variant::GDN, {700, 64, 1900}, 2, 4), &ten},
+      {problem(Variant::KDA, {3000}, 16), &eight}};
+  auto names = strategy_names();
+  for (const auto& a : ablation_names()) names.push_back(a);
+  for (const auto& [p, dev] : cases)
+    for (const std::string& s : names) {
+      const Plan plan = make_plan(p, *dev, s);
+      expect_same_totals(simulate(plan, *dev), simulate(plan, *dev, loop),
+                         s + " " + variant_name(p.variant) + " T=" + std::to_string(p.total_tokens()) + " HV=" + std::to_string(p.HV));
+    }
+}
+
+TEST(Simulate, SteadyStateShortcutEqualsTheLoopWithLockstepGroups) {
+  // The host CPU's plans run items in lockstep groups (rounds of several items).
+  const Device host = host_device(2, 0.0);
+  SimOptions loop;
+  loop.steady_state_shortcut = false;
+  for (const Problem& p : {problem(Variant::GDN, {2000}, 6), problem(Variant::KDA, {1100, 300}, 4)}) {
+    const Plan plan = make_plan(p, host, "hanpu");
+    expect_same_totals(simulate(plan, host), simulate(plan, host, loop), variant_name(p.variant));
+  }
+}
+
+TEST(Simulate, AMillionTokensInWellUnderASecond) {
+  const Device dev = ascend310p();
+  const Problem p = problem(Variant::GDN, {1 << 20}, 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(r.latency_s, 0);
+  EXPECT_LT(seconds, 0.1) << "planning and simulating T = 1M took " << seconds << " s";
+}
+
 }  // namespace
 }  // namespace hanpu

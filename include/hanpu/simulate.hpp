@@ -26,6 +26,10 @@ struct SimOptions {
   /// Record a timeline of the first `timeline_chunks` chunks each core runs in each kernel.
   bool timeline = false;
   int timeline_chunks = 4;
+  /// Account the rounds of identical chunks after the timing has become periodic as multiples of
+  /// one round instead of simulating each (same totals as the chunk loop up to floating-point
+  /// rounding; integer byte counts exactly); off: the plain loop, for tests that compare.
+  bool steady_state_shortcut = true;
 };
 
 /// Totals for one operator (fine operator name; "state_in"/"state_out"/"state_snapshot" for the

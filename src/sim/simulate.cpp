@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 
 #include "plan/lower.hpp"
 
@@ -232,7 +233,23 @@ class Simulator {
       for (const int32_t group : group_sizes) {
         std::vector<double> ready(static_cast<size_t>(group), 0.0);  // per item: its state's last update
         const PlanItem& lead = items[first_item];
-        for (int64_t c = lead.chunk0; c < lead.chunk1; ++c)
+        // Steady-state shortcut: the core's timing is a max-plus system (every time is a max of
+        // earlier times plus a constant cost), so once one round (chunk c of every item of the
+        // group) leaves the whole state (lane_free, end, the two chunks of history, the items'
+        // state-ready times) equal to the previous round's shifted by one period d, every
+        // further round of the same chunk shape does the same: those rounds are accounted as
+        // multiples and the state shifted by m d. Only chunks of the nominal length strictly
+        // between the item's first and last chunk are skipped, so first/last-chunk steps and tail
+        // chunks always run.
+        int64_t last_regular = lead.chunk1 - 2;  // the last chunk that may be skipped
+        for (int32_t gi = 0; gi < group; ++gi) {
+          const PlanItem& it = items[first_item + static_cast<size_t>(gi)];
+          last_regular = std::min({last_regular, it.chunk1 - 2, p_.chunks_of(it.seq) - 2});
+        }
+        std::vector<double> previous_state;
+        std::vector<std::pair<const StepInfo*, const StepCost*>> round_costs;
+        for (int64_t c = lead.chunk0; c < lead.chunk1; ++c) {
+          round_costs.clear();
           for (size_t gi = 0; gi < static_cast<size_t>(group); ++gi, ++stream_chunk) {
             const size_t ii = first_item + gi;
             const PlanItem& it = items[ii];
@@ -269,6 +286,7 @@ class Simulator {
               lane_free[static_cast<size_t>(si.lane)] = end[i];
               core_end = std::max(core_end, end[i]);
               account(r, si, sc);
+              round_costs.emplace_back(&si, &sc);
               if (opt_.timeline && stream_chunk < opt_.timeline_chunks && sc.seconds > 0)
                 r.timeline.push_back({static_cast<int>(core), k.name, s.lane, s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
                                       kernel_start_ + start, kernel_start_ + end[i]});
@@ -277,6 +295,34 @@ class Simulator {
             std::swap(hist[1], hist[0]);
             hist[0] = end;
           }
+          if (!opt_.steady_state_shortcut || c + 1 > last_regular || (opt_.timeline && stream_chunk < opt_.timeline_chunks)) {
+            previous_state.clear();
+            continue;
+          }
+          std::vector<double*> state;
+          for (double& x : lane_free) state.push_back(&x);
+          for (auto& h : hist)
+            for (double& x : h) state.push_back(&x);
+          for (double& x : end) state.push_back(&x);
+          for (double& x : ready) state.push_back(&x);
+          state.push_back(&core_end);
+          // Rounds from chunk0 + 1 on have identical steps and costs (chunk0 runs first-chunk steps).
+          if (c >= lead.chunk0 + 2 && previous_state.size() == state.size()) {
+            const int64_t rounds = last_regular - c;
+            const double period = periodic_shift(state, previous_state);
+            if (period > 0 && rounds > 0) {
+              for (size_t i = 0; i < state.size(); ++i)
+                if (*state[i] != previous_state[i]) *state[i] += static_cast<double>(rounds) * period;
+              for (const auto& [si, sc] : round_costs) account(r, *si, scaled(*sc, rounds));
+              stream_chunk += rounds * group;
+              c += rounds;
+              previous_state.clear();
+              continue;
+            }
+          }
+          previous_state.resize(state.size());
+          for (size_t i = 0; i < state.size(); ++i) previous_state[i] = *state[i];
+        }
         first_item += static_cast<size_t>(group);
       }
       kernel_end = std::max(kernel_end, core_end);
@@ -290,6 +336,35 @@ class Simulator {
     r.latency_s += ks.latency_s;
     for (const auto& [b, bytes] : k.peak_bytes) r.peak_bytes[b] = std::max(r.peak_bytes[b], bytes);
     r.kernels.push_back(ks);
+  }
+
+  /// The period d if every component of `now` is its `before` value plus d, or unchanged and no
+  /// later than every component that moved (a lane or buffer idle in the steady rounds, which
+  /// then never binds); 0 otherwise. Equality allows for rounding in the accumulated times, far
+  /// below the smallest cost a step can have (one vector instruction, ~1 ns).
+  static double periodic_shift(const std::vector<double*>& now, const std::vector<double>& before) {
+    double period = 0;
+    for (size_t i = 0; i < now.size(); ++i) period = std::max(period, *now[i] - before[i]);
+    if (period <= 0) return 0;
+    double earliest_moved = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < now.size(); ++i) {
+      const double delta = *now[i] - before[i];
+      if (delta == 0) continue;
+      const double tolerance = std::max(1e-12, 1e-13 * std::fabs(*now[i]));
+      if (std::fabs(delta - period) > tolerance) return 0;
+      earliest_moved = std::min(earliest_moved, before[i]);
+    }
+    for (size_t i = 0; i < now.size(); ++i)
+      if (*now[i] == before[i] && before[i] > earliest_moved) return 0;
+    return period;
+  }
+
+  static StepCost scaled(const StepCost& c, int64_t times) {
+    StepCost s = c;
+    const double f = static_cast<double>(times);
+    s.seconds *= f, s.macs *= f, s.executed_macs *= f, s.vector_ops *= f, s.energy_j *= f;
+    s.bytes *= times;
+    return s;
   }
 
   void account(SimResult& r, const StepInfo& si, const StepCost& sc) {
