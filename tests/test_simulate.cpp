@@ -304,5 +304,36 @@ TEST(Simulate, AMillionTokensInWellUnderASecond) {
   EXPECT_LT(seconds, 0.1) << "planning and simulating T = 1M took " << seconds << " s";
 }
 
+
+TEST(Simulate, BaselinesExecuteFullTilesHanpuBlockTriangles) {
+  const Device dev = ascend310p();
+  const Problem p = problem(Variant::GDN, {1024}, 20);
+  const OpGraph g = make_op_graph(Variant::GDN, GraphForm::WU, false);
+  // One 64-token chunk of K K^T: 4 x 4 tiles of 16 x 16 when masked afterwards, 10 of them as a
+  // block triangle; the useful count is the strict triangle either way.
+  const OpCounts full = op_counts(g, g.op("kkt"), 64, 128, 128, 16, true);
+  const OpCounts tri = op_counts(g, g.op("kkt"), 64, 128, 128, 16, false);
+  EXPECT_EQ(full.executed_macs, 16.0 * 256 * 128);
+  EXPECT_EQ(tri.executed_macs, 10.0 * 256 * 128);
+  EXPECT_EQ(full.macs, tri.macs);
+  EXPECT_EQ(full.macs, 64.0 * 63 / 2 * 128);
+  for (const std::string& s : strategy_names()) {
+    const Plan plan = make_plan(p, dev, s);
+    const SimResult r = simulate(plan, dev);
+    for (const Kernel& k : plan.kernels) EXPECT_EQ(k.masked_full_tiles, s != "hanpu") << s << " " << k.name;
+    // Utilization from executed MACs, the useful fraction beside it.
+    EXPECT_GT(r.matrix_utilization, r.useful_matrix_utilization) << s;
+    EXPECT_NEAR(r.matrix_utilization / r.useful_matrix_utilization, r.executed_macs / r.macs, 1e-12) << s;
+    // The same plan with block triangles executes fewer MACs when it has triangular products.
+    if (s != "hanpu") {
+      Plan tri_plan = plan;
+      for (Kernel& k : tri_plan.kernels) k.masked_full_tiles = false;
+      const SimResult rt = simulate(tri_plan, dev);
+      EXPECT_LT(rt.executed_macs, r.executed_macs) << s;
+      EXPECT_EQ(rt.macs, r.macs) << s;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hanpu

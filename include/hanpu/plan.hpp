@@ -107,7 +107,8 @@ struct OperatorDef {
 };
 
 /// Work of one operator on one chunk: useful multiply-adds (exact triangles), multiply-adds the
-/// matrix unit executes (triangles and dims rounded to its tile), vector element operations.
+/// matrix unit executes (dims rounded to its tile; triangles at tile-block granularity, or full
+/// tiles for a kernel that masks afterwards), vector element operations.
 struct OpCounts {
   double macs = 0, executed_macs = 0, vector_ops = 0;
 };
@@ -130,7 +131,9 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool state_in_place);
 
 /// Counts of `op` for a chunk of L tokens and an item of Vc columns; `tile` is the matrix unit's
 /// fractal edge (16 on DaVinci) used for the executed count.
-OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile);
+/// `masked_full_tiles`: triangular products executed as full tiles (Kernel::masked_full_tiles).
+OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile,
+                   bool masked_full_tiles = false);
 
 /// Bytes of a tensor for a chunk of L tokens and Vc columns.
 int64_t tensor_bytes(const TensorDef& t, int64_t L, int64_t K, int64_t Vc);
@@ -217,6 +220,11 @@ struct Kernel {
   /// item of a group with its own state live in the working buffer. The sizes of a core sum to its
   /// item count; an empty list (or an empty `groups`) runs every item on its own (groups of 1).
   std::vector<std::vector<int32_t>> groups;
+  /// How the kernel's matrix unit executes triangular products (K K^T, Q K^T, T X, P v_new):
+  /// true for general-purpose kernels (torch ops, Triton-style tiles) that multiply full L x L
+  /// tiles and mask afterwards; false for HA-NPU's own routines, which skip the 16 x 16 blocks
+  /// above the diagonal. Executed MACs (time, energy, utilization) follow it; useful MACs do not.
+  bool masked_full_tiles = false;
   bool operator==(const Kernel&) const = default;
 };
 

@@ -70,7 +70,8 @@ struct SimResult {
   double macs = 0;           // useful multiply-adds (exact triangles)
   double executed_macs = 0;  // what the matrix unit executes (tile-rounded)
   double vector_ops = 0;
-  double matrix_utilization = 0;  // macs / (latency x cores x peak MAC rate)
+  double matrix_utilization = 0;         // executed_macs / (latency x cores x peak MAC rate)
+  double useful_matrix_utilization = 0;  // macs / (latency x cores x peak MAC rate)
   std::map<std::string, int64_t> peak_bytes;  // per buffer, max over kernels
   int64_t peak_gm_bytes = 0;      // inputs + outputs + states + every intermediate materialized in GM
   int64_t gm_intermediate_bytes = 0;

@@ -559,6 +559,10 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
   for (const std::string& o : opt.order) g.op(o);  // throws naming an unknown operator
   if (def.build) {
     plan.kernels = def.build(p, g, cores);
+    // The baselines' kernels are general-purpose (torch ops, Triton-style tiles): they multiply
+    // full chunk x chunk tiles and mask afterwards, as the hardware-recorded MACs of the paper's
+    // method count them.
+    for (Kernel& k : plan.kernels) k.masked_full_tiles = true;
     finish_plan(plan, dev, g);
   } else {
     plan_head_mapped(plan, dev, g, cores, opt);
