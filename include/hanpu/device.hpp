@@ -32,6 +32,9 @@ struct BufferSpec {
   std::string name;         // "UB", "L1", "L0A", "L0B", "L0C"; CPU: "L1D", "L2"
   Quantity capacity_bytes;  // per core
   Quantity alignment_bytes;
+  /// Bytes every kernel keeps reserved in this buffer for its whole life (queue descriptors,
+  /// scratch space of the vector library's routines); JSON "reserved_bytes", optional (0).
+  Quantity reserved_bytes;
   bool per_core = true;     // false for a buffer shared by all cores (e.g. a CPU's L3)
 };
 

@@ -129,6 +129,27 @@ struct OpGraph {
 /// otherwise it writes "S_next", which becomes the next chunk's "S".
 OpGraph make_op_graph(Variant variant, GraphForm form, bool state_in_place);
 
+/// An operator order and the peak bytes the reordering model gives it: in the vector buffer (UB)
+/// and in the matrix unit's result buffer (L0C), where matrix results wait for their first
+/// consumer. The model counts each tensor as it is stored (dtype size) from its producer (or its
+/// first reader, for inputs) to its last reader; the state the next chunk reads stays to the end.
+struct ReorderResult {
+  std::vector<std::string> order;
+  int64_t peak_vector_bytes = 0, peak_result_bytes = 0;
+  int handoffs = 0;  // switches between the matrix and the vector unit along the order
+};
+
+/// Lifetime-aware reordering (ha-npu.md section 4): the dependency-respecting order of `g`'s
+/// operators (an in-place update after every reader of the old state) with the least peak UB
+/// bytes, among those the fewest matrix<->vector hand-offs, then the least peak L0C bytes, waiting
+/// matrix results never exceeding `result_capacity` bytes; exact for (peak, hand-offs) (dynamic
+/// programs over operator sets). Throws
+/// hanpu::Error if no order fits or the graph has more than 22 operators.
+ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64_t V, int64_t result_capacity);
+
+/// The same model's peaks for a given order (throws naming an operator run before its inputs).
+ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V);
+
 /// Counts of `op` for a chunk of L tokens and an item of Vc columns; `tile` is the matrix unit's
 /// fractal edge (16 on DaVinci) used for the executed count.
 /// `masked_full_tiles`: triangular products executed as full tiles (Kernel::masked_full_tiles).
@@ -225,6 +246,10 @@ struct Kernel {
   /// tiles and mask afterwards; false for HA-NPU's own routines, which skip the 16 x 16 blocks
   /// above the diagonal. Executed MACs (time, energy, utilization) follow it; useful MACs do not.
   bool masked_full_tiles = false;
+  /// Matrix results needed only on this core wait in the matrix unit's output buffer (L0C) until
+  /// their first consumer instead of moving to the vector buffer at once (set by the reordering
+  /// pass, whose order keeps them within L0C's capacity).
+  bool results_wait = false;
   bool operator==(const Kernel&) const = default;
 };
 

@@ -219,7 +219,7 @@ class DeviceReader {
     for (size_t i = 0; i < bufs.size(); ++i) {
       const std::string p = "buffers[" + std::to_string(i) + "]";
       expect_object(bufs[i], p);
-      only_keys(bufs[i], p, {"name", "capacity_bytes", "alignment_bytes", "per_core"});
+      only_keys(bufs[i], p, {"name", "capacity_bytes", "alignment_bytes", "reserved_bytes", "per_core"});
       BufferSpec b;
       b.name = string_field(bufs[i], p, "name");
       if (b.name == "GM") fail(join(p, "name"), "got \"GM\", which is reserved for the device's global memory");
@@ -227,6 +227,11 @@ class DeviceReader {
         if (prev.name == b.name) fail(join(p, "name"), "got \"" + b.name + "\" twice, expected unique buffer names");
       b.capacity_bytes = quantity_field(bufs[i], p, "capacity_bytes", Constraint::kPositiveInteger);
       b.alignment_bytes = quantity_field(bufs[i], p, "alignment_bytes", Constraint::kPowerOfTwo);
+      if (bufs[i].contains("reserved_bytes")) {
+        b.reserved_bytes = quantity_field(bufs[i], p, "reserved_bytes", Constraint::kNonNegative);
+        if (b.reserved_bytes.value >= b.capacity_bytes.value)
+          fail(join(p, "reserved_bytes.value"), "got " + show(bufs[i]["reserved_bytes"]["value"]) + ", expected less than capacity_bytes.value");
+      }
       b.per_core = bool_field(bufs[i], p, "per_core", true);
       d.buffers.push_back(std::move(b));
     }
@@ -428,11 +433,14 @@ nlohmann::json device_to_json(const Device& d) {
                  {"buffer", d.vector.buffer},
                  {"energy_pj_per_op", quantity_to_json(d.vector.energy_pj_per_op)}};
   json bufs = json::array();
-  for (const BufferSpec& b : d.buffers)
-    bufs.push_back({{"name", b.name},
-                    {"capacity_bytes", quantity_to_json(b.capacity_bytes)},
-                    {"alignment_bytes", quantity_to_json(b.alignment_bytes)},
-                    {"per_core", b.per_core}});
+  for (const BufferSpec& b : d.buffers) {
+    json bj = {{"name", b.name},
+               {"capacity_bytes", quantity_to_json(b.capacity_bytes)},
+               {"alignment_bytes", quantity_to_json(b.alignment_bytes)},
+               {"per_core", b.per_core}};
+    if (!b.reserved_bytes.source.empty()) bj["reserved_bytes"] = quantity_to_json(b.reserved_bytes);
+    bufs.push_back(bj);
+  }
   j["buffers"] = bufs;
   json paths = json::array();
   for (const PathSpec& p : d.paths)
