@@ -335,5 +335,28 @@ TEST(Simulate, BaselinesExecuteFullTilesHanpuBlockTriangles) {
   }
 }
 
+
+TEST(Simulate, TransformsAndHandOffsCostWhatTheDeviceSays) {
+  const Device dev = ascend310p();
+  ASSERT_EQ(dev.vector.transform_row_elements.value, 16);
+  ASSERT_EQ(dev.vector.transform_row_elements.status, "estimate");
+  ASSERT_GT(dev.handoff_sync_cycles.value, 0);
+  // One transform of 64 x 128 elements: 8192 / 16 per cycle.
+  EXPECT_DOUBLE_EQ(transform_seconds(dev, 8192), 8192 / 16.0 / (dev.clock_ghz.value * 1e9));
+  const Problem p = problem(Variant::GDN, {1024}, 10);
+  const Plan dense = make_plan(p, dev, "fla+mapping+reordering");  // every tensor dense: transforms
+  // Without the sync cost and with transforms at the lane width, the same plan is faster.
+  Device free_handoffs = dev;
+  free_handoffs.handoff_sync_cycles.value = 0;
+  Device wide_transforms = dev;
+  wide_transforms.vector.transform_row_elements.value = dev.vector.lanes.at(DType::F32).value;
+  const SimResult r = simulate(dense, dev);
+  EXPECT_LT(simulate(dense, free_handoffs).latency_s, r.latency_s);
+  EXPECT_LT(simulate(dense, wide_transforms).latency_s, r.latency_s);
+  EXPECT_GT(r.transform_bytes, 0);
+  // Layout planning exists to remove transforms: it must win on a device where they are costly.
+  EXPECT_LT(simulate(make_plan(p, dev, "hanpu"), dev).latency_s, r.latency_s);
+}
+
 }  // namespace
 }  // namespace hanpu

@@ -69,6 +69,10 @@ struct VectorUnitSpec {
   std::map<DType, Quantity> lanes;  // elements per cycle per dtype (F16: 128, F32: 64 on DaVinci)
   std::string buffer = "UB";        // the buffer it operates on
   Quantity energy_pj_per_op;        // per element operation
+  /// Elements a dense<->blocked layout transform moves per cycle: one fractal row (16 elements
+  /// on DaVinci) per strided vector instruction instead of the full vector width. JSON
+  /// "transform_row_elements", optional (absent: transforms run at the F32 lane width).
+  Quantity transform_row_elements;
 };
 
 /// One coherent alternative of a device's core count: the count with everything that follows from
@@ -96,6 +100,10 @@ struct Device {
   Quantity gm_bytes;              // device memory capacity
   Quantity kernel_launch_us;      // cost of one kernel launch (host -> device)
   Quantity static_power_w;        // power drawn regardless of activity (energy = P * latency + dynamic)
+  /// Cycles of one synchronization between the matrix and the vector unit (a flag set by one
+  /// pipe and waited on by the other), paid by every hand-off of data between them. JSON
+  /// "handoff_sync_cycles", optional (absent: 0, as on a CPU where one core does both).
+  Quantity handoff_sync_cycles;
   std::vector<std::string> notes; // open conflicts and caveats, shown in reports
   std::vector<CoreConfiguration> core_configurations;  // coherent alternatives to the default
 

@@ -364,4 +364,9 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
 /// A model constant (not a hardware figure); docs/SIMULATION.md discusses it.
 inline constexpr double kBlockedRowPenalty = 2.0;
 
+/// Seconds a dense<->blocked transform of `elements` takes on the device's vector unit (its
+/// transform_row_elements per cycle, else its F32 lane width): the layout planner's and the
+/// simulator's one cost.
+double transform_seconds(const Device& dev, double elements);
+
 }  // namespace hanpu

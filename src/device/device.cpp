@@ -195,7 +195,7 @@ class DeviceReader {
   Device read(const json& j) const {
     expect_object(j, "");
     only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
-                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "notes",
+                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "handoff_sync_cycles", "notes",
                       "core_configurations"});
     if (auto it = j.find("schema_version"); it != j.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 1)
@@ -211,6 +211,8 @@ class DeviceReader {
     d.gm_bytes = quantity_field(j, "", "gm_bytes", Constraint::kPositiveInteger);
     d.kernel_launch_us = quantity_field(j, "", "kernel_launch_us", Constraint::kNonNegative);
     d.static_power_w = quantity_field(j, "", "static_power_w", Constraint::kNonNegative);
+    if (j.contains("handoff_sync_cycles"))
+      d.handoff_sync_cycles = quantity_field(j, "", "handoff_sync_cycles", Constraint::kNonNegative);
 
     // Buffers first: the units and paths below refer to them by name.
     const json& bufs = field(j, "", "buffers");
@@ -270,11 +272,13 @@ class DeviceReader {
 
     const json& vec = field(j, "", "vector");
     expect_object(vec, "vector");
-    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op"});
+    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op", "transform_row_elements"});
     dtype_map(vec, "vector", "lanes", &d.vector.lanes, nullptr);
     d.vector.buffer = string_field(vec, "vector", "buffer");
     expect_buffer(d.vector.buffer, "vector.buffer", false);
     d.vector.energy_pj_per_op = quantity_field(vec, "vector", "energy_pj_per_op", Constraint::kNonNegative);
+    if (vec.contains("transform_row_elements"))
+      d.vector.transform_row_elements = quantity_field(vec, "vector", "transform_row_elements", Constraint::kPositive);
 
     const json& paths = field(j, "", "paths");
     expect_type(paths, "paths", json::value_t::array, "an array of data paths");
@@ -432,6 +436,8 @@ nlohmann::json device_to_json(const Device& d) {
   j["vector"] = {{"lanes", lanes},
                  {"buffer", d.vector.buffer},
                  {"energy_pj_per_op", quantity_to_json(d.vector.energy_pj_per_op)}};
+  if (!d.vector.transform_row_elements.source.empty())
+    j["vector"]["transform_row_elements"] = quantity_to_json(d.vector.transform_row_elements);
   json bufs = json::array();
   for (const BufferSpec& b : d.buffers) {
     json bj = {{"name", b.name},
@@ -454,6 +460,7 @@ nlohmann::json device_to_json(const Device& d) {
   j["gm_bytes"] = quantity_to_json(d.gm_bytes);
   j["kernel_launch_us"] = quantity_to_json(d.kernel_launch_us);
   j["static_power_w"] = quantity_to_json(d.static_power_w);
+  if (!d.handoff_sync_cycles.source.empty()) j["handoff_sync_cycles"] = quantity_to_json(d.handoff_sync_cycles);
   j["notes"] = d.notes;
   if (!d.core_configurations.empty()) {
     json confs = json::array();

@@ -35,6 +35,7 @@ struct StepInfo {
   bool spill = false;
   enum When { Every, First, Last } when = Every;
   bool is_move = false, is_matrix = false;
+  bool handoff = false;  // a move between the matrix and the vector side: waits for a sync flag
   bool double_buffered = false;  // a GM load of a tensor with two buffers: waits two chunks back
 };
 
@@ -55,6 +56,7 @@ class Simulator {
       throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 or F32 entry");
     mac_rate_ = macs->second.value * hz_;
     tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
+    handoff_s_ = dev.handoff_sync_cycles.value / hz_;
   }
 
   SimResult run() {
@@ -118,7 +120,7 @@ class Simulator {
   const SimOptions& opt_;
   OpGraph g_;
   const Problem& p_;
-  double hz_ = 0, vec_lanes_ = 0, mac_rate_ = 0;
+  double hz_ = 0, vec_lanes_ = 0, mac_rate_ = 0, handoff_s_ = 0;
   int64_t tile_ = 16;
   std::map<std::string, int> op_index_;
 
@@ -159,7 +161,9 @@ class Simulator {
     } else {  // transform, cast, zero: one vector operation per element
       c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
       if (s.kind == "transform") c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
-      c.seconds = c.vector_ops / vec_lanes_ / hz_;
+      // A transform moves one fractal row per strided instruction (device data), not a full
+      // vector width; casts and zeroing run at the lane width.
+      c.seconds = s.kind == "transform" ? transform_seconds(dev_, c.vector_ops) : c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
     return c;
@@ -199,6 +203,10 @@ class Simulator {
         si.state_load = s.op == "state_in";
         si.state_store = s.op == "state_out";
         si.spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
+        // Results leaving the matrix unit's output buffer, and operands leaving the vector
+        // buffer for the matrix side, cross between the units: one flag synchronization each.
+        si.handoff = (from == dev_.matrix.output && from != dev_.vector.buffer) ||
+                     (from == dev_.vector.buffer && to != kGM && to != dev_.vector.buffer);
       } else if (s.kind == "compute") {
         si.op = &g_.op(s.op);
         if (si.op->unit == Unit::Vector && si.op->row_structured &&
@@ -282,7 +290,10 @@ class Simulator {
                 continue;
               }
               double start = lane_free[static_cast<size_t>(si.lane)];
-              for (int d : s.deps) start = std::max(start, end[static_cast<size_t>(d)]);
+              double inputs_ready = 0;
+              for (int d : s.deps) inputs_ready = std::max(inputs_ready, end[static_cast<size_t>(d)]);
+              if (si.handoff) inputs_ready += handoff_s_;  // the flag the other unit sets when done
+              start = std::max(start, inputs_ready);
               if (s.reuse_of >= 0) {
                 const int depth = si.double_buffered ? 2 : 1;
                 if (stream_chunk >= depth) start = std::max(start, hist[static_cast<size_t>(depth - 1)][static_cast<size_t>(s.reuse_of)]);
