@@ -76,7 +76,7 @@ TEST(Device, Ascend310bLoads) {
 }
 
 TEST(Device, EveryNumberHasSourceAndStatus) {
-  for (const char* f : {"ascend310p.json", "ascend310b.json"}) {
+  for (const char* f : {"ascend310p.json", "ascend310b.json", "xdna-phoenix.json"}) {
     const Device d = load_device((devices_dir() / f).string());
     auto check = [&](const Quantity& q, const std::string& what) {
       EXPECT_FALSE(q.source.empty()) << f << " " << what;
@@ -145,7 +145,7 @@ TEST(Device, MalformedCoreConfigurationsNameTheField) {
 }
 
 TEST(Device, RoundTripReproducesTheFiles) {
-  for (const char* f : {"ascend310p.json", "ascend310b.json"}) {
+  for (const char* f : {"ascend310p.json", "ascend310b.json", "xdna-phoenix.json"}) {
     const json original = read_json(devices_dir() / f);
     const json written = device_to_json(device_from_json(original, f));
     EXPECT_EQ(written, original) << f << "\nwritten:\n" << written.dump(2);

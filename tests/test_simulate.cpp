@@ -358,5 +358,28 @@ TEST(Simulate, TransformsAndHandOffsCostWhatTheDeviceSays) {
   EXPECT_LT(simulate(make_plan(p, dev, "hanpu"), dev).latency_s, r.latency_s);
 }
 
+
+TEST(Simulate, EveryStrategyOnAnXdnaDevice) {
+  // AIE-ML: bf16 matrix work on the vector processor's own data memory (one buffer for both
+  // units, nothing staged), 5 array columns as cores.
+  const Device dev = load_device(testing::device_path("xdna-phoenix"));
+  EXPECT_EQ(dev.matrix.input_a, dev.vector.buffer);
+  EXPECT_TRUE(dev.matrix.macs_per_cycle.count(DType::BF16));
+  auto names = strategy_names();
+  for (const auto& a : ablation_names()) names.push_back(a);
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    for (const std::string& s : names) {
+      const Problem p = problem(v, {1000}, 10);
+      const SimResult r = simulate(make_plan(p, dev, s), dev);
+      EXPECT_GT(r.latency_s, 0) << s;
+      EXPECT_EQ(r.l1_to_l0_bytes, 0) << s;  // no operand staging level
+      // 10 heads on 5 columns: whole heads; GDN's live set fits the column's 256 KiB, so only
+      // compulsory traffic; KDA's does not, and HA-NPU splits its heads by columns (q, k re-read).
+      if (s == "hanpu" && v == Variant::GDN) EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read);
+      if (s == "hanpu" && v == Variant::KDA) EXPECT_GT(r.gm_read_bytes, compulsory_traffic(p).read);
+      if (s == "hanpu") EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << variant_name(v);
+    }
+}
+
 }  // namespace
 }  // namespace hanpu

@@ -87,7 +87,7 @@ class Lowerer {
     l0c_ = dev_.matrix.output;
     stage_ = staging_buffer(dev_);
     // Operands move as fp16 when the matrix unit multiplies fp16 (an NPU's Cube), else as fp32.
-    operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) ? 2 : 4;
+    operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) || dev_.matrix.macs_per_cycle.count(DType::BF16) ? 2 : 4;
     native_ = dev_.matrix.operand_layout == "dense" ? Layout::Dense : Layout::Blocked;
   }
 
@@ -349,6 +349,7 @@ class Lowerer {
         move(t, kGM, stage_, op, res_[t][kGM].elem);
       }
     }
+    if (stage_ == buf) return res_.at(t).at(buf).ready;  // the operand buffer is the staging buffer (AIE-ML)
     if (spilled(t)) drop(t, ub_);
     return move(t, stage_, buf, op, res_.at(t).at(stage_).elem, "every", keep);
   }
@@ -586,6 +587,10 @@ Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<st
 }
 
 std::string staging_buffer(const Device& dev) {
+  // An NPU whose matrix engine works on the vector unit's own memory (AIE-ML's tile data memory)
+  // stages nothing: operands are read where the vector unit left them.
+  if (dev.kind == "npu" && dev.matrix.input_a == dev.vector.buffer && dev.matrix.input_b == dev.vector.buffer)
+    return dev.vector.buffer;
   for (const BufferSpec& b : dev.buffers)
     if (dev.has_path(b.name, dev.matrix.input_a) && dev.has_path(b.name, dev.matrix.input_b)) return b.name;
   return dev.matrix.input_a;

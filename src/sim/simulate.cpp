@@ -50,10 +50,12 @@ class Simulator {
       throw Error("device " + dev.name + ": vector.lanes has no positive F32 entry (the simulator runs vector work in fp32)");
     vec_lanes_ = lanes->second.value;
     // Matrix operands are fp16 where the unit multiplies fp16 (NPU), else fp32 (a CPU's FMA units).
+    // (or BF16, the 16-bit format of engines without fp16 such as AIE-ML; operands are cast to it).
     auto macs = dev.matrix.macs_per_cycle.find(DType::F16);
+    if (macs == dev.matrix.macs_per_cycle.end()) macs = dev.matrix.macs_per_cycle.find(DType::BF16);
     if (macs == dev.matrix.macs_per_cycle.end()) macs = dev.matrix.macs_per_cycle.find(DType::F32);
     if (macs == dev.matrix.macs_per_cycle.end() || macs->second.value <= 0)
-      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16 or F32 entry");
+      throw Error("device " + dev.name + ": matrix.macs_per_cycle has no positive F16, BF16 or F32 entry");
     mac_rate_ = macs->second.value * hz_;
     tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
     handoff_s_ = dev.handoff_sync_cycles.value / hz_;
