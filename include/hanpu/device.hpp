@@ -61,6 +61,10 @@ struct MatrixUnitSpec {
   /// layout planner anchors matrix operands and results to it (JSON "operand_layout", optional,
   /// default "blocked").
   std::string operand_layout = "blocked";
+  /// True when the matrix work runs on the vector unit itself (AIE-ML's vector processor does
+  /// the matrix multiplies): matrix and vector steps then share one issue lane. JSON
+  /// "runs_on_vector_unit", optional (default false: a separate unit, like the Cube).
+  bool runs_on_vector_unit = false;
   Quantity energy_pj_per_mac;
 };
 

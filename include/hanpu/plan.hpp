@@ -143,12 +143,15 @@ struct ReorderResult {
 /// operators (an in-place update after every reader of the old state) with the least peak UB
 /// bytes, among those the fewest matrix<->vector hand-offs, then the least peak L0C bytes, waiting
 /// matrix results never exceeding `result_capacity` bytes; exact for (peak, hand-offs) (dynamic
-/// programs over operator sets). Throws
+/// programs over operator sets). `results_wait` false: the device has no result buffer of its own
+/// (AIE-ML), matrix results land in the vector buffer at once. Throws
 /// hanpu::Error if no order fits or the graph has more than 22 operators.
-ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64_t V, int64_t result_capacity);
+ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64_t V, int64_t result_capacity,
+                                   bool results_wait = true);
 
 /// The same model's peaks for a given order (throws naming an operator run before its inputs).
-ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V);
+ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V,
+                              bool results_wait = true);
 
 /// Counts of `op` for a chunk of L tokens and an item of Vc columns; `tile` is the matrix unit's
 /// fractal edge (16 on DaVinci) used for the executed count.

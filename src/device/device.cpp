@@ -254,7 +254,7 @@ class DeviceReader {
     expect_object(mat, "matrix");
     only_keys(mat, "matrix",
               {"tile_m", "tile_k", "tile_n", "macs_per_cycle", "input_a", "input_b", "output", "operand_layout",
-               "energy_pj_per_mac"});
+               "runs_on_vector_unit", "energy_pj_per_mac"});
     d.matrix.tile_m = quantity_field(mat, "matrix", "tile_m", Constraint::kPositiveInteger);
     d.matrix.tile_k = quantity_field(mat, "matrix", "tile_k", Constraint::kPositiveInteger);
     d.matrix.tile_n = quantity_field(mat, "matrix", "tile_n", Constraint::kPositiveInteger);
@@ -268,6 +268,7 @@ class DeviceReader {
     d.matrix.operand_layout = string_field(mat, "matrix", "operand_layout", false, "blocked");
     if (d.matrix.operand_layout != "blocked" && d.matrix.operand_layout != "dense")
       fail("matrix.operand_layout", "got \"" + d.matrix.operand_layout + "\", expected \"blocked\" or \"dense\"");
+    d.matrix.runs_on_vector_unit = bool_field(mat, "matrix", "runs_on_vector_unit", false);
     d.matrix.energy_pj_per_mac = quantity_field(mat, "matrix", "energy_pj_per_mac", Constraint::kNonNegative);
 
     const json& vec = field(j, "", "vector");
@@ -431,6 +432,7 @@ nlohmann::json device_to_json(const Device& d) {
                  {"output", d.matrix.output},
                  {"operand_layout", d.matrix.operand_layout},
                  {"energy_pj_per_mac", quantity_to_json(d.matrix.energy_pj_per_mac)}};
+  if (d.matrix.runs_on_vector_unit) j["matrix"]["runs_on_vector_unit"] = true;
   json lanes = json::object();
   for (const auto& [dt, q] : d.vector.lanes) lanes[dtype_name(dt)] = quantity_to_json(q);
   j["vector"] = {{"lanes", lanes},

@@ -456,22 +456,22 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
   // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
   // independent) run one after another on its core: halve the block until the plan fits.
   const int64_t quantum = matrix_quantum(dev);
-  // Lifetime-aware reordering (the +reordering step and hanpu, on an NPU whose matrix results
-  // leave through a result buffer of their own): the order is the reordering pass's, and matrix
-  // results wait in that buffer for their first consumer. A given order (PlanOptions::order) and
-  // a CPU (one cache for both units; its order is the CPU schedule's) keep theirs.
+  // Lifetime-aware reordering (the +reordering step and hanpu, on an NPU): the order is the
+  // reordering pass's; where matrix results leave through a result buffer of their own (L0C)
+  // they wait there for their first consumer. A given order (PlanOptions::order) and a CPU (its
+  // order is the CPU schedule's) keep theirs.
   std::vector<std::string> order = opt.order;
-  const bool reorder_pass = plan.form == GraphForm::GemmFirst && plan.state_in_place && order.empty() && dev.kind != "cpu" &&
-                            dev.matrix.output != dev.vector.buffer;
+  const bool reorder_pass = plan.form == GraphForm::GemmFirst && plan.state_in_place && order.empty() && dev.kind != "cpu";
+  const bool results_wait = reorder_pass && dev.matrix.output != dev.vector.buffer;
   if (reorder_pass) {
-    const auto result_capacity = static_cast<int64_t>(dev.buffer(dev.matrix.output).capacity_bytes.value);
-    order = lifetime_aware_order(g, p.chunk, p.K, p.V, result_capacity).order;
+    const auto result_capacity = results_wait ? static_cast<int64_t>(dev.buffer(dev.matrix.output).capacity_bytes.value) : 0;
+    order = lifetime_aware_order(g, p.chunk, p.K, p.V, result_capacity, results_wait).order;
   }
   for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
     plan.kernels = head_mapped_kernels(p, dev, g, cores, order);
     for (Kernel& k : plan.kernels) {
       if (k.name != "fused") continue;
-      k.results_wait = reorder_pass;
+      k.results_wait = results_wait;
       for (auto& list : k.cores) {
         std::vector<PlanItem> split;
         for (const PlanItem& it : list)

@@ -38,7 +38,7 @@ struct Model {
   std::vector<bool> matrix;                    // per operator
 };
 
-Model build_model(const OpGraph& g, int64_t L, int64_t K, int64_t V) {
+Model build_model(const OpGraph& g, int64_t L, int64_t K, int64_t V, bool results_wait) {
   if (g.ops.size() > kMaxScheduledOperators)
     throw Error("reordering: the graph has " + std::to_string(g.ops.size()) + " operators, expected at most " +
                 std::to_string(kMaxScheduledOperators) + " (the exact search enumerates 2^n operator sets)");
@@ -68,7 +68,7 @@ Model build_model(const OpGraph& g, int64_t L, int64_t K, int64_t V) {
       // An in-place update writes the state it read: that is not a new producer.
       if (std::find(op.inputs.begin(), op.inputs.end(), out) != op.inputs.end()) continue;
       m.tensors[static_cast<size_t>(t)].producer = static_cast<int>(i);
-      m.tensors[static_cast<size_t>(t)].matrix_result = m.matrix[i] && !m.tensors[static_cast<size_t>(t)].output;
+      m.tensors[static_cast<size_t>(t)].matrix_result = results_wait && m.matrix[i] && !m.tensors[static_cast<size_t>(t)].output;
       m.writes[i].push_back(t);
     }
   }
@@ -129,7 +129,7 @@ Occupancy live_during(const Model& m, uint32_t done, size_t i) {
     Place before = place(t, done);
     if (read && !m.matrix[i] && before == Place::Result) before = Place::Vector;
     if (read && before == Place::None && t.producer < 0 && !t.output) before = Place::Vector;  // loaded for this reader
-    if (written) before = m.matrix[i] && !t.output ? Place::Result : Place::Vector;
+    if (written) before = t.matrix_result ? Place::Result : Place::Vector;
     const Place after = place(t, with);
     const Place p = before != Place::None ? before : after;
     if (p == Place::Vector) o.vector_buffer += t.bytes;
@@ -144,8 +144,9 @@ bool better(const Occupancy& a, const Occupancy& b) {
 
 }  // namespace
 
-ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V) {
-  const Model m = build_model(g, L, K, V);
+ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V,
+                              bool results_wait) {
+  const Model m = build_model(g, L, K, V, results_wait);
   ReorderResult r;
   r.order = order;
   uint32_t done = 0;
@@ -168,8 +169,9 @@ ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& 
   return r;
 }
 
-ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64_t V, int64_t result_capacity) {
-  const Model m = build_model(g, L, K, V);
+ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64_t V, int64_t result_capacity,
+                                   bool results_wait) {
+  const Model m = build_model(g, L, K, V, results_wait);
   const size_t n = g.ops.size();
   const uint32_t all = (1u << n) - 1;
   constexpr int64_t kUnreachable = std::numeric_limits<int64_t>::max();

@@ -187,7 +187,8 @@ class Simulator {
       const Step& s = k.steps[i];
       StepInfo& si = info[i];
       si.step = &s;
-      si.lane = lane_id(s.lane);
+      // A matrix engine that is the vector unit (AIE-ML) issues on the vector lane.
+      si.lane = lane_id(s.lane == "matrix" && dev_.matrix.runs_on_vector_unit ? std::string("vector") : s.lane);
       si.op_index = op_index(r, s.op);
       si.masked_full_tiles = k.masked_full_tiles;
       si.when = s.when == "first" ? StepInfo::First : s.when == "last" ? StepInfo::Last : StepInfo::Every;
