@@ -5,10 +5,14 @@
 // path. Rules of the model (docs/SIMULATION.md):
 //  * the matrix unit reads fp16 blocked operands from its operand buffers (L0A left, L0B right)
 //    and writes fp32 blocked results to its output buffer (L0C), from where they move to the vector
-//    unit's buffer (UB) at once;
+//    unit's buffer (UB) at once, or, in a kernel with results_wait (the reordering pass's), when
+//    their first consumer needs them;
 //  * matrix operands are staged in the buffer that feeds both operand buffers (L1) and stay there
-//    until their last use in the chunk; operand buffers keep recently used operands (LRU) so
-//    back-to-back GEMMs sharing an operand load it once;
+//    until their last use in the chunk; operand buffers keep operands (least recently used
+//    evicted) only across GEMMs adjacent in the order, so back-to-back GEMMs sharing an operand
+//    load it once; a vector operator in between, or the inversion's workspace, releases them;
+//  * a double-buffered input's second slot is live for the whole chunk, and buffers the device
+//    reserves (reserved_bytes) for the whole kernel;
 //  * GM holds dense data; DMA to and from GM converts layouts on the fly (ND2NZ), so GM inputs
 //    need no transform; every other dense<->blocked conversion is a transform on the vector unit;
 //  * an fp32 tensor bound for the matrix unit is cast to fp16 in UB first.
