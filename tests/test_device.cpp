@@ -90,6 +90,16 @@ TEST(Device, EveryNumberHasSourceAndStatus) {
     }
     check(d.matrix.energy_pj_per_mac, "energy_pj_per_mac");
     check(d.static_power_w, "static_power_w");
+    // The simulator's mechanism constants and the coherent core sets carry theirs too.
+    for (const BufferSpec& b : d.buffers)
+      if (b.reserved_bytes.value > 0) check(b.reserved_bytes, b.name + ".reserved_bytes");
+    check(d.vector.transform_row_elements, "vector.transform_row_elements");
+    check(d.handoff_sync_cycles, "handoff_sync_cycles");
+    for (const CoreConfiguration& c : d.core_configurations) {
+      check(c.cores, c.name + ".cores");
+      check(c.clock_ghz, c.name + ".clock_ghz");
+      for (const auto& [path, q] : c.path_bandwidth_gbs) check(q, c.name + "." + path);
+    }
   }
 }
 
