@@ -29,10 +29,14 @@ TEST(Device, Ascend310pLoads) {
   const Device d = load_device((devices_dir() / "ascend310p.json").string());
   EXPECT_EQ(d.name, "ascend310p");
   EXPECT_EQ(d.kind, "npu");
-  EXPECT_EQ(d.core_count(), 8);
-  ASSERT_EQ(d.cores.alternatives.size(), 1u);  // the paper's 10 stays visible
-  EXPECT_EQ(d.cores.alternatives[0].value, 10);
-  EXPECT_EQ(d.cores.alternatives[0].status, "paper");
+  // The paper's setup is the default; HAMi's 8 stays visible and usable as a coherent set.
+  EXPECT_EQ(d.core_count(), 10);
+  EXPECT_EQ(d.cores.status, "paper");
+  ASSERT_EQ(d.cores.alternatives.size(), 1u);
+  EXPECT_EQ(d.cores.alternatives[0].value, 8);
+  EXPECT_EQ(d.cores.alternatives[0].status, "confirmed");
+  ASSERT_EQ(d.core_configurations.size(), 1u);
+  EXPECT_EQ(d.core_configurations[0].cores.value, 8);
   EXPECT_EQ(d.buffer("UB").capacity_bytes.value, 256 * 1024);
   EXPECT_EQ(d.buffer("L1").capacity_bytes.value, 1024 * 1024);
   EXPECT_EQ(d.buffer("L0A").capacity_bytes.value, 64 * 1024);
@@ -72,7 +76,7 @@ TEST(Device, Ascend310bLoads) {
 }
 
 TEST(Device, EveryNumberHasSourceAndStatus) {
-  for (const char* f : {"ascend310p.json", "ascend310b.json"}) {
+  for (const char* f : {"ascend310p.json", "ascend310b.json", "xdna-phoenix.json"}) {
     const Device d = load_device((devices_dir() / f).string());
     auto check = [&](const Quantity& q, const std::string& what) {
       EXPECT_FALSE(q.source.empty()) << f << " " << what;
@@ -86,11 +90,72 @@ TEST(Device, EveryNumberHasSourceAndStatus) {
     }
     check(d.matrix.energy_pj_per_mac, "energy_pj_per_mac");
     check(d.static_power_w, "static_power_w");
+    // The simulator's mechanism constants and the coherent core sets carry theirs too.
+    for (const BufferSpec& b : d.buffers)
+      if (b.reserved_bytes.value > 0) check(b.reserved_bytes, b.name + ".reserved_bytes");
+    check(d.vector.transform_row_elements, "vector.transform_row_elements");
+    check(d.handoff_sync_cycles, "handoff_sync_cycles");
+    for (const CoreConfiguration& c : d.core_configurations) {
+      check(c.cores, c.name + ".cores");
+      check(c.clock_ghz, c.name + ".clock_ghz");
+      for (const auto& [path, q] : c.path_bandwidth_gbs) check(q, c.name + "." + path);
+    }
   }
 }
 
+TEST(Device, ACoreCountBringsItsOwnClockAndBandwidths) {
+  const Device d = load_device((devices_dir() / "ascend310p.json").string());
+  // The chip peak (140 TOPS INT8) is the same in both sets: cores x clock is conserved.
+  const Device eight = device_with_cores(d, 8);
+  EXPECT_EQ(eight.core_count(), 8);
+  EXPECT_DOUBLE_EQ(eight.clock_ghz.value, 1.068);
+  EXPECT_EQ(eight.clock_ghz.status, "derived");
+  EXPECT_NEAR(eight.core_count() * eight.clock_ghz.value, d.core_count() * d.clock_ghz.value, 0.01);
+  EXPECT_EQ(eight.path("L0C", "UB").bandwidth_gbs.value, 274);
+  EXPECT_EQ(d.path("L0C", "UB").bandwidth_gbs.value, 218.75);
+  // Paths the set does not list keep their (clock-independent) numbers.
+  EXPECT_EQ(eight.path("GM", "L1").bandwidth_gbs.value, d.path("GM", "L1").bandwidth_gbs.value);
+  // Reversible: the old default is now a configuration of the result.
+  const Device back = device_with_cores(eight, 10);
+  EXPECT_EQ(back.clock_ghz.value, d.clock_ghz.value);
+  EXPECT_EQ(back.path("L0C", "UB").bandwidth_gbs.value, 218.75);
+  EXPECT_EQ(device_with_cores(d, 10).clock_ghz.value, d.clock_ghz.value);
+  // A count without a coherent set is an error naming the choices.
+  try {
+    (void)device_with_cores(d, 9);
+    FAIL() << "9 cores accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("got 9"), std::string::npos) << m;
+    EXPECT_NE(m.find("10 (default)"), std::string::npos) << m;
+    EXPECT_NE(m.find("8 (hami-8-core)"), std::string::npos) << m;
+  }
+}
+
+void expect_error_naming(const json& j, const std::string& field) {
+  try {
+    (void)device_from_json(j, "x.json");
+    ADD_FAILURE() << "accepted a file with a bad " << field;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x.json: " + field), std::string::npos) << e.what();
+  }
+}
+
+TEST(Device, MalformedCoreConfigurationsNameTheField) {
+  json j = read_json(devices_dir() / "ascend310p.json");
+  json bad = j;
+  bad["core_configurations"][0]["path_bandwidth_gbs"]["L0C->GM"] = bad["core_configurations"][0]["path_bandwidth_gbs"]["L0C->UB"];
+  expect_error_naming(bad, "core_configurations[0].path_bandwidth_gbs.L0C->GM");
+  bad = j;
+  bad["core_configurations"][0]["cores"]["value"] = 10;
+  expect_error_naming(bad, "core_configurations[0].cores.value");
+  bad = j;
+  bad["core_configurations"][0].erase("clock_ghz");
+  expect_error_naming(bad, "core_configurations[0].clock_ghz");
+}
+
 TEST(Device, RoundTripReproducesTheFiles) {
-  for (const char* f : {"ascend310p.json", "ascend310b.json"}) {
+  for (const char* f : {"ascend310p.json", "ascend310b.json", "xdna-phoenix.json"}) {
     const json original = read_json(devices_dir() / f);
     const json written = device_to_json(device_from_json(original, f));
     EXPECT_EQ(written, original) << f << "\nwritten:\n" << written.dump(2);

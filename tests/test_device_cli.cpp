@@ -92,3 +92,20 @@ TEST(DeviceCli, BadInputIsOneLineAndExitCode1) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(DeviceCli, CoresSelectsACoherentConfigurationOrNamesTheChoices) {
+  TempDir dir;
+  const std::string dev = quote((devices_dir() / "ascend310p.json").string());
+  const RunResult eight = run_hanpu(dir, "simulate --device " + dev + " --T 256 --heads 8 --cores 8");
+  ASSERT_EQ(eight.code, 0) << eight.err;
+  EXPECT_NE(eight.out.find("(8 cores)"), std::string::npos) << eight.out;
+  const RunResult nine = run_hanpu(dir, "simulate --device " + dev + " --T 256 --heads 8 --cores 9");
+  EXPECT_EQ(nine.code, 1);
+  EXPECT_EQ(lines(nine.err), 1u) << nine.err;
+  EXPECT_NE(nine.err.find("--cores got 9"), std::string::npos) << nine.err;
+  EXPECT_NE(nine.err.find("10 (default), 8 (hami-8-core)"), std::string::npos) << nine.err;
+}
+
+}  // namespace

@@ -4,6 +4,10 @@
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <limits>
+#include <random>
+
 #include <random>
 #include <set>
 
@@ -448,6 +452,190 @@ TEST(PlanJson, UnknownStrategyIsRejected) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("strategy: got \"flash\""), std::string::npos);
   }
+}
+
+
+// --- lifetime-aware reordering -------------------------------------------------------------------
+
+// Every topological order of `g` (with the in-place update after the other readers of the state),
+// by recursion; calls `visit` with each.
+void each_order(const OpGraph& g, std::vector<std::string>& prefix, std::vector<bool>& used,
+                const std::function<void(const std::vector<std::string>&)>& visit) {
+  if (prefix.size() == g.ops.size()) {
+    visit(prefix);
+    return;
+  }
+  for (size_t i = 0; i < g.ops.size(); ++i) {
+    if (used[i]) continue;
+    bool ready = true;
+    for (const std::string& in : g.ops[i].inputs)
+      for (size_t j = 0; j < g.ops.size(); ++j) {
+        const auto& outs = g.ops[j].outputs;
+        const bool produces = j != i && std::find(outs.begin(), outs.end(), in) != outs.end() &&
+                              std::find(g.ops[j].inputs.begin(), g.ops[j].inputs.end(), in) == g.ops[j].inputs.end();
+        if (produces && !used[j]) ready = false;
+      }
+    for (const std::string& out : g.ops[i].outputs)  // in place: every other reader first
+      if (std::find(g.ops[i].inputs.begin(), g.ops[i].inputs.end(), out) != g.ops[i].inputs.end())
+        for (size_t j = 0; j < g.ops.size(); ++j) {
+          const auto& in = g.ops[j].inputs;
+          if (j != i && std::find(in.begin(), in.end(), out) != in.end() && !used[j]) ready = false;
+        }
+    if (!ready) continue;
+    used[i] = true;
+    prefix.push_back(g.ops[i].name);
+    each_order(g, prefix, used, visit);
+    prefix.pop_back();
+    used[i] = false;
+  }
+}
+
+// A random chunk graph: `n` operators, each reading one or two earlier tensors or inputs and
+// writing one tensor of a random shape; random units; an in-place state update at the end.
+OpGraph random_graph(std::mt19937& rng, int n) {
+  OpGraph g;
+  const char* dims[] = {"L", "K", "V", "1"};
+  std::uniform_int_distribution<int> dim(0, 3), coin(0, 1);
+  g.tensors.push_back({"x", "L", "K", DType::F16, TensorRole::Input});
+  g.tensors.push_back({"y", "L", "V", DType::F16, TensorRole::Input});
+  g.tensors.push_back({"S", "K", "V", DType::F32, TensorRole::State});
+  std::vector<std::string> available = {"x", "y", "S"};
+  for (int i = 0; i < n - 1; ++i) {
+    OperatorDef op;
+    op.name = "op" + std::to_string(i);
+    op.unit = coin(rng) ? Unit::Matrix : Unit::Vector;
+    std::uniform_int_distribution<size_t> pick(0, available.size() - 1);
+    op.inputs.push_back(available[pick(rng)]);
+    if (coin(rng)) {
+      const std::string second = available[pick(rng)];
+      if (second != op.inputs[0]) op.inputs.push_back(second);
+    }
+    op.left = 1;
+    const std::string out = "t" + std::to_string(i);
+    g.tensors.push_back({out, dims[dim(rng)], dims[dim(rng)], op.unit == Unit::Matrix ? DType::F32 : DType::F16,
+                         i == n - 2 ? TensorRole::Output : TensorRole::Intermediate});
+    op.outputs.push_back(out);
+    g.ops.push_back(op);
+    if (i != n - 2) available.push_back(out);
+  }
+  OperatorDef update;
+  update.name = "update";
+  update.inputs = {"S", available.back()};
+  update.outputs = {"S"};
+  g.ops.push_back(update);
+  return g;
+}
+
+TEST(Reordering, ExactAgainstEveryOrderOnSmallGraphs) {
+  std::mt19937 rng(14);
+  for (int trial = 0; trial < 200; ++trial) {
+    const OpGraph g = random_graph(rng, 4 + trial % 5);
+    const int64_t capacity = trial % 3 == 0 ? 64 * 1024 : 1 << 30;  // sometimes L0C binds
+    int64_t best_peak = std::numeric_limits<int64_t>::max();
+    int best_handoffs = std::numeric_limits<int>::max();
+    std::vector<std::string> prefix;
+    std::vector<bool> used(g.ops.size(), false);
+    // The exhaustive reference: each order's peak is the model's, feasible only within capacity.
+    each_order(g, prefix, used, [&](const std::vector<std::string>& order) {
+      const ReorderResult r = order_occupancy(g, order, 64, 128, 128);
+      if (r.peak_result_bytes > capacity) return;
+      if (r.peak_vector_bytes < best_peak || (r.peak_vector_bytes == best_peak && r.handoffs < best_handoffs))
+        best_peak = r.peak_vector_bytes, best_handoffs = r.handoffs;
+    });
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    if (best_peak == std::numeric_limits<int64_t>::max()) {
+      EXPECT_THROW(lifetime_aware_order(g, 64, 128, 128, capacity), Error);
+      continue;
+    }
+    const ReorderResult pass = lifetime_aware_order(g, 64, 128, 128, capacity);
+    EXPECT_EQ(pass.peak_vector_bytes, best_peak);
+    EXPECT_EQ(pass.handoffs, best_handoffs);
+    // The order it returns is valid and has the peak it claims.
+    const ReorderResult check = order_occupancy(g, pass.order, 64, 128, 128);
+    EXPECT_EQ(check.peak_vector_bytes, pass.peak_vector_bytes);
+    EXPECT_EQ(check.handoffs, pass.handoffs);
+    EXPECT_LE(check.peak_result_bytes, capacity);
+  }
+}
+
+TEST(Reordering, LaGraphsGetGemmFirstAndALowerPeakThanTheGraphOrder) {
+  for (Variant v : {Variant::GDN, Variant::KDA}) {
+    const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
+    std::vector<std::string> graph_order;
+    for (const OperatorDef& op : g.ops) graph_order.push_back(op.name);
+    const ReorderResult pass = lifetime_aware_order(g, 64, 128, 128, 256 * 1024);
+    const ReorderResult fixed = order_occupancy(g, graph_order, 64, 128, 128);
+    EXPECT_LE(pass.peak_vector_bytes, fixed.peak_vector_bytes) << variant_name(v);
+    EXPECT_LE(pass.handoffs, fixed.handoffs) << variant_name(v);
+    // The four shared-input GEMMs run back to back, and the output reads S before the update.
+    auto pos = [&](const char* n) { return std::find(pass.order.begin(), pass.order.end(), n) - pass.order.begin(); };
+    EXPECT_EQ(pos("qkt") - pos("kkt"), 1) << variant_name(v);
+    EXPECT_EQ(pos("ks") - pos("qkt"), 1) << variant_name(v);
+    EXPECT_EQ(pos("qs") - pos("ks"), 1) << variant_name(v);
+    EXPECT_LT(pos("qs"), pos("state_add"));
+    EXPECT_LT(pos("out"), pos("state_add"));
+    // The planned hanpu kernel uses this order and lets results wait in L0C.
+    const Plan plan = make_plan(problem(v, {256}, 10), ascend310p(), "fla+mapping+reordering");
+    EXPECT_EQ(plan.kernels[0].order, pass.order);
+    EXPECT_TRUE(plan.kernels[0].results_wait);
+    EXPECT_FALSE(make_plan(problem(v, {256}, 10), ascend310p(), "fla+mapping").kernels[0].results_wait);
+  }
+}
+
+// --- buffer accounting ---------------------------------------------------------------------------
+
+TEST(BufferAccounting, PrefetchSlotsSpanTheChunkAndReservedScratchIsCounted) {
+  const Device dev = ascend310p();
+  const Plan plan = make_plan(problem(Variant::GDN, {1024}, 10), dev, "hanpu");
+  const Kernel& k = plan.kernels[0];
+  const int last = static_cast<int>(k.steps.size()) - 1;
+  ASSERT_FALSE(k.double_buffered.empty());
+  for (const std::string& t : k.double_buffered) {
+    bool slot = false;
+    for (const Lifetime& lt : k.lifetimes)
+      if (lt.tensor == t + "(next chunk)") slot = slot || (lt.first == 0 && lt.last == last);
+    EXPECT_TRUE(slot) << t;
+  }
+  bool reserved = false;
+  for (const Lifetime& lt : k.lifetimes)
+    if (lt.tensor == "(reserved)" && lt.buffer == "UB")
+      reserved = lt.bytes == static_cast<int64_t>(dev.buffer("UB").reserved_bytes.value) && lt.first == 0 && lt.last == last;
+  EXPECT_TRUE(reserved);
+  EXPECT_GT(dev.buffer("UB").reserved_bytes.value, 0);
+  EXPECT_EQ(dev.buffer("UB").reserved_bytes.status, "estimate");
+}
+
+TEST(BufferAccounting, OperandsStayInL0OnlyAcrossAdjacentGemms) {
+  // GEMM-first (K K^T, Q K^T, K S, Q S adjacent) loads K and Q into L0 once for the group; the
+  // FLA order, with vector work between its GEMMs, reloads them.
+  const Device dev = ascend310p();
+  auto l1_to_l0_moves = [](const Kernel& k, const std::string& t) {
+    int n = 0;
+    for (const Step& s : k.steps)
+      if (s.kind == "move" && s.tensor == t && s.path.rfind("L1->L0", 0) == 0 && s.when == "every") ++n;
+    return n;
+  };
+  const Plan reordered = make_plan(problem(Variant::GDN, {256}, 10), dev, "fla+mapping+reordering");
+  const Kernel& k = reordered.kernels[0];
+  // k feeds kkt (both sides), qkt and ks: adjacent, so k's L0A/L0B copies are each loaded once
+  // for the group; its later use (the update) reloads it after vector work.
+  int k_loads_in_group = 0;
+  bool in_group = true;
+  for (const Step& s : k.steps) {
+    if (s.kind == "compute" && s.lane == "vector") in_group = false;
+    if (in_group && s.kind == "move" && s.tensor == "k" && s.path.rfind("L1->L0", 0) == 0) ++k_loads_in_group;
+  }
+  EXPECT_LE(k_loads_in_group, 2);
+  EXPECT_GT(l1_to_l0_moves(k, "k"), k_loads_in_group);  // reloaded after the vector operators
+  // The old state stays in UB until its last reader in state-first order (FLA's, next state in
+  // a second buffer): both states are live together.
+  const Plan fla_order = make_plan(problem(Variant::GDN, {256}, 10), dev, "fla+mapping");
+  bool both = false;
+  const Kernel& f = fla_order.kernels[0];
+  for (const Lifetime& s : f.lifetimes)
+    for (const Lifetime& n : f.lifetimes)
+      if (s.tensor == "S" && n.tensor == "S_next" && s.buffer == "UB" && n.buffer == "UB" && s.last >= n.first) both = true;
+  EXPECT_TRUE(both);
 }
 
 }  // namespace

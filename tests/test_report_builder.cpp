@@ -118,6 +118,17 @@ TEST(ReportBuilder, SmallSweepIsWellFormedAndComplete) {
   EXPECT_TRUE(has_text(p, "How to read this"));
 }
 
+TEST(ReportBuilder, RunsOnAnotherNpuFamily) {
+  // AMD XDNA (AIE-ML): matrix and vector work share one data memory, no result buffer.
+  const Device dev = load_device(testing::device_path("xdna-phoenix"));
+  const ReportData data = run_report_sweep(dev, small_options(), nullptr);
+  const std::string html = render_report(dev, small_options(), data);
+  const Parsed p = parse_ok(html);
+  ASSERT_EQ(p.error, "");
+  for (const std::string& s : strategy_names()) EXPECT_TRUE(has_text(p, s)) << "strategy " << s << " missing";
+  for (const std::string& note : dev.notes) EXPECT_TRUE(has_text(p, note)) << note;
+}
+
 TEST(ReportBuilder, TableNumbersAreThoseOfTheSimulator) {
   const Device dev = ascend310p();
   const ReportData data = run_report_sweep(dev, small_options());

@@ -21,8 +21,9 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
   const Device dev = unlimited_buffers(ascend310p());
   // Whole-head mappings (value heads a multiple of the cores, q/k heads = value heads): every
   // input is read once. Tails (T not a multiple of the chunk) and the state flags included.
-  std::vector<Problem> ps = {problem(Variant::GDN, {4096}, 16), problem(Variant::KDA, {1000}, 8), problem(Variant::GDN, {130, 64, 3}, 8),
-                             problem(Variant::KDA, {777, 1}, 16)};
+  // The 310P default has the paper's 10 cores: 10, 20, 30 and 40 items are whole heads.
+  std::vector<Problem> ps = {problem(Variant::GDN, {4096}, 20), problem(Variant::KDA, {1000}, 10), problem(Variant::GDN, {130, 64, 3}, 10),
+                             problem(Variant::KDA, {777, 1}, 20), problem(Variant::GDN, {1024}, 30)};
   ps[2].read_initial_state = false;
   ps[3].write_final_state = false;
   for (const Problem& p : ps) {
@@ -36,13 +37,36 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
 }
 
 TEST(Simulate, HanpuFitsThe310pWithoutExtraTraffic) {
-  const Device dev = ascend310p();
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
-    const Problem p = problem(v, {4096}, 16);
-    const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
-    EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read);
-    EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write);
-  }
+  // Head counts that are multiples of the core count, on the default (10 cores) and on the
+  // 8-core configuration.
+  const Device ten = ascend310p();
+  const Device eight = device_with_cores(ten, 8);
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    for (const auto& [dev, heads] : {std::pair{&ten, int64_t{20}}, std::pair{&eight, int64_t{16}}}) {
+      const Problem p = problem(v, {4096}, heads);
+      const SimResult r = simulate(make_plan(p, *dev, "hanpu"), *dev);
+      EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read) << heads;
+      EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << heads;
+    }
+}
+
+TEST(Simulate, TheCoreConfigurationSetsTheClock) {
+  // 16 heads: on 8 cores whole heads; on the paper's 10 cores 6 tail heads split by columns, whose
+  // blocks re-read q and k (ha-npu.md section 3's example).
+  const Device ten = ascend310p();
+  const Device eight = device_with_cores(ten, 8);
+  const Problem p = problem(Variant::GDN, {1024}, 16);
+  const SimResult r10 = simulate(make_plan(p, ten, "hanpu"), ten);
+  const SimResult r8 = simulate(make_plan(p, eight, "hanpu"), eight);
+  EXPECT_GT(r10.gm_read_bytes, compulsory_traffic(p).read);
+  EXPECT_EQ(r8.gm_read_bytes, compulsory_traffic(p).read);
+  // A plan for 8 cores simulated with the default file runs at the 8-core set's clock.
+  PlanOptions o;
+  o.cores = 8;
+  const SimResult via_default = simulate(make_plan(p, ten, "hanpu", o), ten);
+  EXPECT_DOUBLE_EQ(via_default.latency_s, r8.latency_s);
+  // Utilization is against each set's own peak, and the two peaks are the same chip peak.
+  EXPECT_NEAR(8 * eight.clock_ghz.value, 10 * ten.clock_ghz.value, 0.01);
 }
 
 TEST(Simulate, BaselinesMoveMoreThanCompulsory) {
@@ -63,7 +87,7 @@ TEST(Simulate, MacsAreTheGraphsAndLatencyRespectsPhysicalBounds) {
   const Device dev = ascend310p();
   const double rate = dev.matrix.macs_per_cycle.at(DType::F16).value * dev.clock_ghz.value * 1e9;
   for (const std::string& s : strategy_names()) {
-    const Problem p = problem(Variant::KDA, {1500}, 16);
+    const Problem p = problem(Variant::KDA, {1500}, 20);
     const Plan plan = make_plan(p, dev, s);
     const SimResult r = simulate(plan, dev);
     if (s == "hanpu" || s == "fla" || s == "vllm-ascend") EXPECT_DOUBLE_EQ(r.macs, layer_macs(p, plan.form)) << s;
@@ -180,7 +204,7 @@ TEST(Simulate, DeviceWhoseUnitsShareOneBuffer) {
   dev.matrix.input_a = dev.matrix.input_b = dev.matrix.output = dev.vector.buffer;
   dev.matrix.macs_per_cycle.erase(DType::F16);
   dev.matrix.macs_per_cycle[DType::F32] = dev.vector.lanes.at(DType::F32);
-  const Problem p = problem(Variant::KDA, {1000}, 8);
+  const Problem p = problem(Variant::KDA, {1000}, 10);
   for (const std::string& s : strategy_names()) {
     const SimResult r = simulate(make_plan(p, dev, s), dev);
     EXPECT_GT(r.latency_s, 0) << s;
@@ -205,6 +229,162 @@ TEST(Simulate, AllStrategiesForOneShapeAreFast) {
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The report sweeps ~72 shapes x 5 strategies in under a minute; generous for shared machines.
   EXPECT_LT(sec, 2.0);
+}
+
+
+// The steady-state shortcut accounts periodic rounds as multiples: its totals must be the chunk
+// loop's (integers to the byte, times and energies up to floating-point rounding).
+void expect_same_totals(const SimResult& fast, const SimResult& loop, const std::string& what) {
+  SCOPED_TRACE(what);
+  const double tol = 1e-9;
+  EXPECT_NEAR(fast.latency_s, loop.latency_s, tol * loop.latency_s);
+  EXPECT_NEAR(fast.energy_j, loop.energy_j, tol * loop.energy_j);
+  EXPECT_EQ(fast.gm_read_bytes, loop.gm_read_bytes);
+  EXPECT_EQ(fast.gm_write_bytes, loop.gm_write_bytes);
+  EXPECT_EQ(fast.l1_to_l0_bytes, loop.l1_to_l0_bytes);
+  EXPECT_EQ(fast.ub_l1_bytes, loop.ub_l1_bytes);
+  EXPECT_EQ(fast.spill_bytes, loop.spill_bytes);
+  EXPECT_EQ(fast.transform_bytes, loop.transform_bytes);
+  EXPECT_EQ(fast.bytes_per_path, loop.bytes_per_path);
+  EXPECT_NEAR(fast.macs, loop.macs, tol * loop.macs);
+  EXPECT_NEAR(fast.executed_macs, loop.executed_macs, tol * loop.executed_macs);
+  EXPECT_NEAR(fast.vector_ops, loop.vector_ops, tol * loop.vector_ops);
+  ASSERT_EQ(fast.busy_s.size(), loop.busy_s.size());
+  for (const auto& [lane, s] : loop.busy_s) EXPECT_NEAR(fast.busy_s.at(lane), s, tol * s) << lane;
+  ASSERT_EQ(fast.kernels.size(), loop.kernels.size());
+  for (size_t k = 0; k < loop.kernels.size(); ++k)
+    EXPECT_NEAR(fast.kernels[k].latency_s, loop.kernels[k].latency_s, tol * loop.kernels[k].latency_s) << loop.kernels[k].name;
+  ASSERT_EQ(fast.per_operator.size(), loop.per_operator.size());
+  for (size_t o = 0; o < loop.per_operator.size(); ++o) {
+    EXPECT_EQ(fast.per_operator[o].gm_read_bytes, loop.per_operator[o].gm_read_bytes) << loop.per_operator[o].op;
+    EXPECT_NEAR(fast.per_operator[o].busy_s, loop.per_operator[o].busy_s, tol * loop.per_operator[o].busy_s) << loop.per_operator[o].op;
+  }
+}
+
+TEST(Simulate, SteadyStateShortcutEqualsTheChunkLoop) {
+  const Device ten = ascend310p();
+  const Device eight = device_with_cores(ten, 8);
+  SimOptions loop;
+  loop.steady_state_shortcut = false;
+  // Tails (T not a multiple of 64), one chunk, two chunks, varlen, tier-2 column blocks and
+  // tier-3 heads (11 on 10 cores), every strategy and ablation step.
+  const std::vector<std::pair<Problem, const Device*>> cases = {
+      {problem(Variant::GDN, {4096}, 16), &ten},     {problem(Variant::KDA, {1000}, 20), &ten},
+      {problem(Variant::GDN, {2500}, 11), &ten},     {problem(Variant::KDA, {64}, 8), &eight},
+      {problem(Variant::GDN, {128}, 8), &eight},     {problem(Variant::GDN, {700, 64, 1900}, 2, 4), &ten},
+      {problem(Variant::KDA, {3000}, 16), &eight}};
+  auto names = strategy_names();
+  for (const auto& a : ablation_names()) names.push_back(a);
+  for (const auto& [p, dev] : cases)
+    for (const std::string& s : names) {
+      const Plan plan = make_plan(p, *dev, s);
+      expect_same_totals(simulate(plan, *dev), simulate(plan, *dev, loop),
+                         s + " " + variant_name(p.variant) + " T=" + std::to_string(p.total_tokens()) + " HV=" + std::to_string(p.HV));
+    }
+}
+
+TEST(Simulate, SteadyStateShortcutEqualsTheLoopWithLockstepGroups) {
+  // The host CPU's plans run items in lockstep groups (rounds of several items).
+  const Device host = host_device(2, 0.0);
+  SimOptions loop;
+  loop.steady_state_shortcut = false;
+  for (const Problem& p : {problem(Variant::GDN, {2000}, 6), problem(Variant::KDA, {1100, 300}, 4)}) {
+    const Plan plan = make_plan(p, host, "hanpu");
+    expect_same_totals(simulate(plan, host), simulate(plan, host, loop), variant_name(p.variant));
+  }
+}
+
+TEST(Simulate, AMillionTokensInWellUnderASecond) {
+  const Device dev = ascend310p();
+  const Problem p = problem(Variant::GDN, {1 << 20}, 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GT(r.latency_s, 0);
+  EXPECT_LT(seconds, 0.1) << "planning and simulating T = 1M took " << seconds << " s";
+}
+
+
+TEST(Simulate, BaselinesExecuteFullTilesHanpuBlockTriangles) {
+  const Device dev = ascend310p();
+  const Problem p = problem(Variant::GDN, {1024}, 20);
+  const OpGraph g = make_op_graph(Variant::GDN, GraphForm::WU, false);
+  // One 64-token chunk of K K^T: 4 x 4 tiles of 16 x 16 when masked afterwards, 10 of them as a
+  // block triangle; the useful count is the strict triangle either way.
+  const OpCounts full = op_counts(g, g.op("kkt"), 64, 128, 128, 16, true);
+  const OpCounts tri = op_counts(g, g.op("kkt"), 64, 128, 128, 16, false);
+  EXPECT_EQ(full.executed_macs, 16.0 * 256 * 128);
+  EXPECT_EQ(tri.executed_macs, 10.0 * 256 * 128);
+  EXPECT_EQ(full.macs, tri.macs);
+  EXPECT_EQ(full.macs, 64.0 * 63 / 2 * 128);
+  for (const std::string& s : strategy_names()) {
+    const Plan plan = make_plan(p, dev, s);
+    const SimResult r = simulate(plan, dev);
+    for (const Kernel& k : plan.kernels) EXPECT_EQ(k.masked_full_tiles, s != "hanpu") << s << " " << k.name;
+    // Utilization from executed MACs, the useful fraction beside it.
+    EXPECT_GT(r.matrix_utilization, r.useful_matrix_utilization) << s;
+    EXPECT_NEAR(r.matrix_utilization / r.useful_matrix_utilization, r.executed_macs / r.macs, 1e-12) << s;
+    // The same plan with block triangles executes fewer MACs when it has triangular products.
+    if (s != "hanpu") {
+      Plan tri_plan = plan;
+      for (Kernel& k : tri_plan.kernels) k.masked_full_tiles = false;
+      const SimResult rt = simulate(tri_plan, dev);
+      EXPECT_LT(rt.executed_macs, r.executed_macs) << s;
+      EXPECT_EQ(rt.macs, r.macs) << s;
+    }
+  }
+}
+
+
+TEST(Simulate, TransformsAndHandOffsCostWhatTheDeviceSays) {
+  const Device dev = ascend310p();
+  ASSERT_EQ(dev.vector.transform_row_elements.value, 16);
+  ASSERT_EQ(dev.vector.transform_row_elements.status, "estimate");
+  ASSERT_GT(dev.handoff_sync_cycles.value, 0);
+  // One transform of 64 x 128 elements: 8192 / 16 per cycle.
+  EXPECT_DOUBLE_EQ(transform_seconds(dev, 8192), 8192 / 16.0 / (dev.clock_ghz.value * 1e9));
+  const Problem p = problem(Variant::GDN, {1024}, 10);
+  const Plan dense = make_plan(p, dev, "fla+mapping+reordering");  // every tensor dense: transforms
+  // Without the sync cost and with transforms at the lane width, the same plan is faster.
+  Device free_handoffs = dev;
+  free_handoffs.handoff_sync_cycles.value = 0;
+  Device wide_transforms = dev;
+  wide_transforms.vector.transform_row_elements.value = dev.vector.lanes.at(DType::F32).value;
+  const SimResult r = simulate(dense, dev);
+  EXPECT_LT(simulate(dense, free_handoffs).latency_s, r.latency_s);
+  EXPECT_LT(simulate(dense, wide_transforms).latency_s, r.latency_s);
+  EXPECT_GT(r.transform_bytes, 0);
+  // Layout planning exists to remove transforms: it must win on a device where they are costly.
+  EXPECT_LT(simulate(make_plan(p, dev, "hanpu"), dev).latency_s, r.latency_s);
+}
+
+
+TEST(Simulate, EveryStrategyOnAnXdnaDevice) {
+  // AIE-ML: bf16 matrix work on the vector processor's own data memory (one buffer for both
+  // units, nothing staged), 5 array columns as cores.
+  const Device dev = load_device(testing::device_path("xdna-phoenix"));
+  EXPECT_EQ(dev.matrix.input_a, dev.vector.buffer);
+  EXPECT_TRUE(dev.matrix.runs_on_vector_unit);
+  // One issue lane for matrix and vector work: no "matrix" lane in the results.
+  const SimResult one = simulate(make_plan(problem(Variant::GDN, {256}, 5), dev, "hanpu"), dev);
+  EXPECT_EQ(one.busy_s.count("matrix"), 0u);
+  EXPECT_GT(one.busy_s.at("vector"), 0);
+  EXPECT_TRUE(dev.matrix.macs_per_cycle.count(DType::BF16));
+  auto names = strategy_names();
+  for (const auto& a : ablation_names()) names.push_back(a);
+  for (Variant v : {Variant::GDN, Variant::KDA})
+    for (const std::string& s : names) {
+      const Problem p = problem(v, {1000}, 10);
+      const SimResult r = simulate(make_plan(p, dev, s), dev);
+      EXPECT_GT(r.latency_s, 0) << s;
+      EXPECT_EQ(r.l1_to_l0_bytes, 0) << s;  // no operand staging level
+      // 10 heads on 5 columns: whole heads, and with the reordering pass's order both variants'
+      // live sets fit the column's 256 KiB: only compulsory traffic.
+      if (s == "hanpu") {
+        EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read) << variant_name(v);
+        EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << variant_name(v);
+      }
+    }
 }
 
 }  // namespace

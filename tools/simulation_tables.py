@@ -30,8 +30,8 @@ def main():
 
     print("### Strategies\n")
     print("| variant | T | H | strategy | latency ms | energy mJ | GM read MiB | GM write MiB | L1->L0 MiB | UB<->L1 MiB "
-          "| peak UB KiB | peak L1 KiB | matrix util % | peak GM MiB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| peak UB KiB | peak L1 KiB | spill MiB | matrix util % (executed) | useful % | peak GM MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for variant in ("gdn", "kda"):
         for T in (1024, 4096):
             for H in (16, 32):
@@ -40,20 +40,28 @@ def main():
                     print(f"| {variant} | {T} | {H} | {r['strategy']} | {r['latency_ms']:.3f} | {r['energy_mj']:.1f} | "
                           f"{mib(r['gm_read_bytes'])} | {mib(r['gm_write_bytes'])} | {mib(r['l1_to_l0_bytes'])} | "
                           f"{mib(r['ub_l1_bytes'])} | {kib(pb.get('UB', 0))} | {kib(pb.get('L1', 0))} | "
-                          f"{100 * r['matrix_utilization']:.2f} | {mib(r['peak_gm_bytes'])} |")
+                          f"{mib(r['spill_bytes'])} | {100 * r['matrix_utilization']:.2f} | "
+                          f"{100 * r['useful_matrix_utilization']:.2f} | {mib(r['peak_gm_bytes'])} |")
 
-    print("\n### Ablation (T = 4096, H = 16)\n")
-    print("| variant | step | latency ms | speed-up vs fla | GM MiB | L1->L0 MiB | UB<->L1 MiB | vector busy ms (all cores) "
-          "| peak UB KiB | matrix util % |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("\n### Ablation: what each technique changes (T = 1K and 4K, H = 16 and 32)\n")
+    print("Each step's latency and the mechanisms behind it: GM traffic (mapping), L1->L0 and UB<->L1 traffic "
+          "and the UB peak (reordering), bytes layout transforms read and write in UB and vector busy time (layout).\n")
+    print("| variant | T | H | step | latency ms | x vs previous | GM MiB | L1->L0 MiB | UB<->L1 MiB | transform MiB "
+          "| vector busy ms | matrix busy ms | peak UB KiB | spill MiB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for variant in ("gdn", "kda"):
-        rs = run(a.hanpu, a.device, "--variant", variant, "--T", "4096", "--heads", "16", "--ablation")
-        base = rs[0]["latency_ms"]
-        for r in rs:
-            print(f"| {variant} | {r['strategy']} | {r['latency_ms']:.3f} | {base / r['latency_ms']:.2f}x | "
-                  f"{mib(r['gm_read_bytes'] + r['gm_write_bytes'])} | {mib(r['l1_to_l0_bytes'])} | {mib(r['ub_l1_bytes'])} | "
-                  f"{1e3 * r['busy_s'].get('vector', 0):.2f} | {kib(r['peak_bytes'].get('UB', 0))} | "
-                  f"{100 * r['matrix_utilization']:.2f} |")
+        for T in (1024, 4096):
+            for H in (16, 32):
+                rs = run(a.hanpu, a.device, "--variant", variant, "--T", str(T), "--heads", str(H), "--ablation")
+                prev = None
+                for r in rs:
+                    gain = f"{prev / r['latency_ms']:.2f}x" if prev else "-"
+                    prev = r["latency_ms"]
+                    print(f"| {variant} | {T} | {H} | {r['strategy']} | {r['latency_ms']:.3f} | {gain} | "
+                          f"{mib(r['gm_read_bytes'] + r['gm_write_bytes'])} | {mib(r['l1_to_l0_bytes'])} | "
+                          f"{mib(r['ub_l1_bytes'])} | {mib(r['transform_bytes'])} | "
+                          f"{1e3 * r['busy_s'].get('vector', 0):.2f} | {1e3 * r['busy_s'].get('matrix', 0):.2f} | "
+                          f"{kib(r['peak_bytes'].get('UB', 0))} | {mib(r['spill_bytes'])} |")
 
     print("\n### Peak GM memory vs T (GDN, H = 16, MiB)\n")
     print("| T | fla | flashqla | hanpu | inputs+outputs+states |")

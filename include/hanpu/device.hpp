@@ -32,6 +32,9 @@ struct BufferSpec {
   std::string name;         // "UB", "L1", "L0A", "L0B", "L0C"; CPU: "L1D", "L2"
   Quantity capacity_bytes;  // per core
   Quantity alignment_bytes;
+  /// Bytes every kernel keeps reserved in this buffer for its whole life (queue descriptors,
+  /// scratch space of the vector library's routines); JSON "reserved_bytes", optional (0).
+  Quantity reserved_bytes;
   bool per_core = true;     // false for a buffer shared by all cores (e.g. a CPU's L3)
 };
 
@@ -58,6 +61,10 @@ struct MatrixUnitSpec {
   /// layout planner anchors matrix operands and results to it (JSON "operand_layout", optional,
   /// default "blocked").
   std::string operand_layout = "blocked";
+  /// True when the matrix work runs on the vector unit itself (AIE-ML's vector processor does
+  /// the matrix multiplies): matrix and vector steps then share one issue lane. JSON
+  /// "runs_on_vector_unit", optional (default false: a separate unit, like the Cube).
+  bool runs_on_vector_unit = false;
   Quantity energy_pj_per_mac;
 };
 
@@ -66,6 +73,22 @@ struct VectorUnitSpec {
   std::map<DType, Quantity> lanes;  // elements per cycle per dtype (F16: 128, F32: 64 on DaVinci)
   std::string buffer = "UB";        // the buffer it operates on
   Quantity energy_pj_per_op;        // per element operation
+  /// Elements a dense<->blocked layout transform moves per cycle: one fractal row (16 elements
+  /// on DaVinci) per strided vector instruction instead of the full vector width. JSON
+  /// "transform_row_elements", optional (absent: transforms run at the F32 lane width).
+  Quantity transform_row_elements;
+};
+
+/// One coherent alternative of a device's core count: the count with everything that follows from
+/// it (the clock derived from the same chip peak, bandwidths derived from that clock), so choosing
+/// another count never mixes numbers of two configurations. JSON "core_configurations":
+/// [{"name", "cores", "clock_ghz", "path_bandwidth_gbs": {"L0C->UB": Quantity, ...}}]; the
+/// top-level cores/clock_ghz/paths are the default configuration.
+struct CoreConfiguration {
+  std::string name;  // e.g. "hami-8-core"
+  Quantity cores;
+  Quantity clock_ghz;
+  std::map<std::string, Quantity> path_bandwidth_gbs;  // "FROM->TO" -> bandwidth in this configuration
 };
 
 struct Device {
@@ -81,7 +104,12 @@ struct Device {
   Quantity gm_bytes;              // device memory capacity
   Quantity kernel_launch_us;      // cost of one kernel launch (host -> device)
   Quantity static_power_w;        // power drawn regardless of activity (energy = P * latency + dynamic)
+  /// Cycles of one synchronization between the matrix and the vector unit (a flag set by one
+  /// pipe and waited on by the other), paid by every hand-off of data between them. JSON
+  /// "handoff_sync_cycles", optional (absent: 0, as on a CPU where one core does both).
+  Quantity handoff_sync_cycles;
   std::vector<std::string> notes; // open conflicts and caveats, shown in reports
+  std::vector<CoreConfiguration> core_configurations;  // coherent alternatives to the default
 
   int core_count() const { return static_cast<int>(cores.value); }
   /// Throws hanpu::Error naming the buffer if there is none of that name.
@@ -102,6 +130,13 @@ struct Device {
 /// naming `origin` (the file) and the field, e.g. "devices/x.json: buffers[2].capacity_bytes.value:
 /// got -1, expected a positive number".
 Device device_from_json(const nlohmann::json& j, const std::string& origin);
+
+/// The device with `cores` cores: itself when `cores` is its core count; the matching
+/// core_configurations entry applied as a whole (cores, clock, the bandwidths it lists, and the
+/// entry becomes the default) when there is one; for a device without configurations (the host
+/// CPU, whose cores are threads at one clock) the count alone. Otherwise throws hanpu::Error
+/// naming the device, the count got and the counts it offers.
+Device device_with_cores(const Device& d, int cores);
 Device load_device(const std::string& path);
 nlohmann::json device_to_json(const Device& d);
 

@@ -107,7 +107,8 @@ struct OperatorDef {
 };
 
 /// Work of one operator on one chunk: useful multiply-adds (exact triangles), multiply-adds the
-/// matrix unit executes (triangles and dims rounded to its tile), vector element operations.
+/// matrix unit executes (dims rounded to its tile; triangles at tile-block granularity, or full
+/// tiles for a kernel that masks afterwards), vector element operations.
 struct OpCounts {
   double macs = 0, executed_macs = 0, vector_ops = 0;
 };
@@ -128,9 +129,35 @@ struct OpGraph {
 /// otherwise it writes "S_next", which becomes the next chunk's "S".
 OpGraph make_op_graph(Variant variant, GraphForm form, bool state_in_place);
 
+/// An operator order and the peak bytes the reordering model gives it: in the vector buffer (UB)
+/// and in the matrix unit's result buffer (L0C), where matrix results wait for their first
+/// consumer. The model counts each tensor as it is stored (dtype size) from its producer (or its
+/// first reader, for inputs) to its last reader; the state the next chunk reads stays to the end.
+struct ReorderResult {
+  std::vector<std::string> order;
+  int64_t peak_vector_bytes = 0, peak_result_bytes = 0;
+  int handoffs = 0;  // switches between the matrix and the vector unit along the order
+};
+
+/// Lifetime-aware reordering (ha-npu.md section 4): the dependency-respecting order of `g`'s
+/// operators (an in-place update after every reader of the old state) with the least peak UB
+/// bytes, among those the fewest matrix<->vector hand-offs, then the least peak L0C bytes, waiting
+/// matrix results never exceeding `result_capacity` bytes; exact for (peak, hand-offs) (dynamic
+/// programs over operator sets). `results_wait` false: the device has no result buffer of its own
+/// (AIE-ML), matrix results land in the vector buffer at once. Throws
+/// hanpu::Error if no order fits or the graph has more than 22 operators.
+ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64_t V, int64_t result_capacity,
+                                   bool results_wait = true);
+
+/// The same model's peaks for a given order (throws naming an operator run before its inputs).
+ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V,
+                              bool results_wait = true);
+
 /// Counts of `op` for a chunk of L tokens and an item of Vc columns; `tile` is the matrix unit's
 /// fractal edge (16 on DaVinci) used for the executed count.
-OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile);
+/// `masked_full_tiles`: triangular products executed as full tiles (Kernel::masked_full_tiles).
+OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile,
+                   bool masked_full_tiles = false);
 
 /// Bytes of a tensor for a chunk of L tokens and Vc columns.
 int64_t tensor_bytes(const TensorDef& t, int64_t L, int64_t K, int64_t Vc);
@@ -217,6 +244,15 @@ struct Kernel {
   /// item of a group with its own state live in the working buffer. The sizes of a core sum to its
   /// item count; an empty list (or an empty `groups`) runs every item on its own (groups of 1).
   std::vector<std::vector<int32_t>> groups;
+  /// How the kernel's matrix unit executes triangular products (K K^T, Q K^T, T X, P v_new):
+  /// true for general-purpose kernels (torch ops, Triton-style tiles) that multiply full L x L
+  /// tiles and mask afterwards; false for HA-NPU's own routines, which skip the 16 x 16 blocks
+  /// above the diagonal. Executed MACs (time, energy, utilization) follow it; useful MACs do not.
+  bool masked_full_tiles = false;
+  /// Matrix results needed only on this core wait in the matrix unit's output buffer (L0C) until
+  /// their first consumer instead of moving to the vector buffer at once (set by the reordering
+  /// pass, whose order keeps them within L0C's capacity).
+  bool results_wait = false;
   bool operator==(const Kernel&) const = default;
 };
 
@@ -330,5 +366,10 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
 /// 16-element instruction per fractal row instead of one full-width instruction per row segment.
 /// A model constant (not a hardware figure); docs/SIMULATION.md discusses it.
 inline constexpr double kBlockedRowPenalty = 2.0;
+
+/// Seconds a dense<->blocked transform of `elements` takes on the device's vector unit (its
+/// transform_row_elements per cycle, else its F32 lane width): the layout planner's and the
+/// simulator's one cost.
+double transform_seconds(const Device& dev, double elements);
 
 }  // namespace hanpu

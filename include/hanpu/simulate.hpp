@@ -26,6 +26,10 @@ struct SimOptions {
   /// Record a timeline of the first `timeline_chunks` chunks each core runs in each kernel.
   bool timeline = false;
   int timeline_chunks = 4;
+  /// Account the rounds of identical chunks after the timing has become periodic as multiples of
+  /// one round instead of simulating each (same totals as the chunk loop up to floating-point
+  /// rounding; integer byte counts exactly); off: the plain loop, for tests that compare.
+  bool steady_state_shortcut = true;
 };
 
 /// Totals for one operator (fine operator name; "state_in"/"state_out"/"state_snapshot" for the
@@ -66,7 +70,8 @@ struct SimResult {
   double macs = 0;           // useful multiply-adds (exact triangles)
   double executed_macs = 0;  // what the matrix unit executes (tile-rounded)
   double vector_ops = 0;
-  double matrix_utilization = 0;  // macs / (latency x cores x peak MAC rate)
+  double matrix_utilization = 0;         // executed_macs / (latency x cores x peak MAC rate)
+  double useful_matrix_utilization = 0;  // macs / (latency x cores x peak MAC rate)
   std::map<std::string, int64_t> peak_bytes;  // per buffer, max over kernels
   int64_t peak_gm_bytes = 0;      // inputs + outputs + states + every intermediate materialized in GM
   int64_t gm_intermediate_bytes = 0;

@@ -195,7 +195,8 @@ class DeviceReader {
   Device read(const json& j) const {
     expect_object(j, "");
     only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
-                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "notes"});
+                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "handoff_sync_cycles", "notes",
+                      "core_configurations"});
     if (auto it = j.find("schema_version"); it != j.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 1)
         fail("schema_version", "got " + show(*it) + ", expected 1");
@@ -210,6 +211,8 @@ class DeviceReader {
     d.gm_bytes = quantity_field(j, "", "gm_bytes", Constraint::kPositiveInteger);
     d.kernel_launch_us = quantity_field(j, "", "kernel_launch_us", Constraint::kNonNegative);
     d.static_power_w = quantity_field(j, "", "static_power_w", Constraint::kNonNegative);
+    if (j.contains("handoff_sync_cycles"))
+      d.handoff_sync_cycles = quantity_field(j, "", "handoff_sync_cycles", Constraint::kNonNegative);
 
     // Buffers first: the units and paths below refer to them by name.
     const json& bufs = field(j, "", "buffers");
@@ -218,7 +221,7 @@ class DeviceReader {
     for (size_t i = 0; i < bufs.size(); ++i) {
       const std::string p = "buffers[" + std::to_string(i) + "]";
       expect_object(bufs[i], p);
-      only_keys(bufs[i], p, {"name", "capacity_bytes", "alignment_bytes", "per_core"});
+      only_keys(bufs[i], p, {"name", "capacity_bytes", "alignment_bytes", "reserved_bytes", "per_core"});
       BufferSpec b;
       b.name = string_field(bufs[i], p, "name");
       if (b.name == "GM") fail(join(p, "name"), "got \"GM\", which is reserved for the device's global memory");
@@ -226,6 +229,11 @@ class DeviceReader {
         if (prev.name == b.name) fail(join(p, "name"), "got \"" + b.name + "\" twice, expected unique buffer names");
       b.capacity_bytes = quantity_field(bufs[i], p, "capacity_bytes", Constraint::kPositiveInteger);
       b.alignment_bytes = quantity_field(bufs[i], p, "alignment_bytes", Constraint::kPowerOfTwo);
+      if (bufs[i].contains("reserved_bytes")) {
+        b.reserved_bytes = quantity_field(bufs[i], p, "reserved_bytes", Constraint::kNonNegative);
+        if (b.reserved_bytes.value >= b.capacity_bytes.value)
+          fail(join(p, "reserved_bytes.value"), "got " + show(bufs[i]["reserved_bytes"]["value"]) + ", expected less than capacity_bytes.value");
+      }
       b.per_core = bool_field(bufs[i], p, "per_core", true);
       d.buffers.push_back(std::move(b));
     }
@@ -246,7 +254,7 @@ class DeviceReader {
     expect_object(mat, "matrix");
     only_keys(mat, "matrix",
               {"tile_m", "tile_k", "tile_n", "macs_per_cycle", "input_a", "input_b", "output", "operand_layout",
-               "energy_pj_per_mac"});
+               "runs_on_vector_unit", "energy_pj_per_mac"});
     d.matrix.tile_m = quantity_field(mat, "matrix", "tile_m", Constraint::kPositiveInteger);
     d.matrix.tile_k = quantity_field(mat, "matrix", "tile_k", Constraint::kPositiveInteger);
     d.matrix.tile_n = quantity_field(mat, "matrix", "tile_n", Constraint::kPositiveInteger);
@@ -260,15 +268,18 @@ class DeviceReader {
     d.matrix.operand_layout = string_field(mat, "matrix", "operand_layout", false, "blocked");
     if (d.matrix.operand_layout != "blocked" && d.matrix.operand_layout != "dense")
       fail("matrix.operand_layout", "got \"" + d.matrix.operand_layout + "\", expected \"blocked\" or \"dense\"");
+    d.matrix.runs_on_vector_unit = bool_field(mat, "matrix", "runs_on_vector_unit", false);
     d.matrix.energy_pj_per_mac = quantity_field(mat, "matrix", "energy_pj_per_mac", Constraint::kNonNegative);
 
     const json& vec = field(j, "", "vector");
     expect_object(vec, "vector");
-    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op"});
+    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op", "transform_row_elements"});
     dtype_map(vec, "vector", "lanes", &d.vector.lanes, nullptr);
     d.vector.buffer = string_field(vec, "vector", "buffer");
     expect_buffer(d.vector.buffer, "vector.buffer", false);
     d.vector.energy_pj_per_op = quantity_field(vec, "vector", "energy_pj_per_op", Constraint::kNonNegative);
+    if (vec.contains("transform_row_elements"))
+      d.vector.transform_row_elements = quantity_field(vec, "vector", "transform_row_elements", Constraint::kPositive);
 
     const json& paths = field(j, "", "paths");
     expect_type(paths, "paths", json::value_t::array, "an array of data paths");
@@ -290,6 +301,35 @@ class DeviceReader {
       ps.shared = bool_field(paths[i], p, "shared", false);
       ps.energy_pj_per_byte = quantity_field(paths[i], p, "energy_pj_per_byte", Constraint::kNonNegative);
       d.paths.push_back(std::move(ps));
+    }
+
+    if (auto it = j.find("core_configurations"); it != j.end()) {
+      expect_type(*it, "core_configurations", json::value_t::array, "an array of {\"name\", \"cores\", \"clock_ghz\", \"path_bandwidth_gbs\"}");
+      for (size_t i = 0; i < it->size(); ++i) {
+        const std::string p = "core_configurations[" + std::to_string(i) + "]";
+        const json& cj = (*it)[i];
+        expect_object(cj, p);
+        only_keys(cj, p, {"name", "cores", "clock_ghz", "path_bandwidth_gbs"});
+        CoreConfiguration c;
+        c.name = string_field(cj, p, "name");
+        c.cores = quantity_field(cj, p, "cores", Constraint::kPositiveInteger);
+        c.clock_ghz = quantity_field(cj, p, "clock_ghz", Constraint::kPositive);
+        if (c.cores.value == d.cores.value)
+          fail(join(p, "cores.value"), "got " + show(cj["cores"]["value"]) + ", the default's core count; expected another count (the default is the top-level configuration)");
+        for (const CoreConfiguration& prev : d.core_configurations)
+          if (prev.cores.value == c.cores.value)
+            fail(join(p, "cores.value"), "got " + show(cj["cores"]["value"]) + " twice, expected one configuration per core count");
+        if (auto bw = cj.find("path_bandwidth_gbs"); bw != cj.end()) {
+          const std::string bpath = join(p, "path_bandwidth_gbs");
+          expect_object(*bw, bpath);
+          for (auto b = bw->begin(); b != bw->end(); ++b) {
+            const bool known = std::any_of(d.paths.begin(), d.paths.end(), [&](const PathSpec& ps) { return ps.name() == b.key(); });
+            if (!known) fail(join(bpath, b.key()), "got a path this device does not have, expected one of its paths (\"FROM->TO\")");
+            c.path_bandwidth_gbs[b.key()] = quantity(b.value(), join(bpath, b.key()), Constraint::kPositive);
+          }
+        }
+        d.core_configurations.push_back(std::move(c));
+      }
     }
 
     if (auto it = j.find("notes"); it != j.end()) {
@@ -392,17 +432,23 @@ nlohmann::json device_to_json(const Device& d) {
                  {"output", d.matrix.output},
                  {"operand_layout", d.matrix.operand_layout},
                  {"energy_pj_per_mac", quantity_to_json(d.matrix.energy_pj_per_mac)}};
+  if (d.matrix.runs_on_vector_unit) j["matrix"]["runs_on_vector_unit"] = true;
   json lanes = json::object();
   for (const auto& [dt, q] : d.vector.lanes) lanes[dtype_name(dt)] = quantity_to_json(q);
   j["vector"] = {{"lanes", lanes},
                  {"buffer", d.vector.buffer},
                  {"energy_pj_per_op", quantity_to_json(d.vector.energy_pj_per_op)}};
+  if (!d.vector.transform_row_elements.source.empty())
+    j["vector"]["transform_row_elements"] = quantity_to_json(d.vector.transform_row_elements);
   json bufs = json::array();
-  for (const BufferSpec& b : d.buffers)
-    bufs.push_back({{"name", b.name},
-                    {"capacity_bytes", quantity_to_json(b.capacity_bytes)},
-                    {"alignment_bytes", quantity_to_json(b.alignment_bytes)},
-                    {"per_core", b.per_core}});
+  for (const BufferSpec& b : d.buffers) {
+    json bj = {{"name", b.name},
+               {"capacity_bytes", quantity_to_json(b.capacity_bytes)},
+               {"alignment_bytes", quantity_to_json(b.alignment_bytes)},
+               {"per_core", b.per_core}};
+    if (!b.reserved_bytes.source.empty()) bj["reserved_bytes"] = quantity_to_json(b.reserved_bytes);
+    bufs.push_back(bj);
+  }
   j["buffers"] = bufs;
   json paths = json::array();
   for (const PathSpec& p : d.paths)
@@ -416,8 +462,57 @@ nlohmann::json device_to_json(const Device& d) {
   j["gm_bytes"] = quantity_to_json(d.gm_bytes);
   j["kernel_launch_us"] = quantity_to_json(d.kernel_launch_us);
   j["static_power_w"] = quantity_to_json(d.static_power_w);
+  if (!d.handoff_sync_cycles.source.empty()) j["handoff_sync_cycles"] = quantity_to_json(d.handoff_sync_cycles);
   j["notes"] = d.notes;
+  if (!d.core_configurations.empty()) {
+    json confs = json::array();
+    for (const CoreConfiguration& c : d.core_configurations) {
+      json bw = json::object();
+      for (const auto& [path, q] : c.path_bandwidth_gbs) bw[path] = quantity_to_json(q);
+      confs.push_back({{"name", c.name}, {"cores", quantity_to_json(c.cores)}, {"clock_ghz", quantity_to_json(c.clock_ghz)},
+                       {"path_bandwidth_gbs", bw}});
+    }
+    j["core_configurations"] = confs;
+  }
   return j;
+}
+
+Device device_with_cores(const Device& d, int cores) {
+  if (cores == d.core_count()) return d;
+  if (d.core_configurations.empty()) {
+    // No coherent alternatives described (the host CPU: its cores are threads at one clock).
+    Device out = d;
+    out.cores.value = cores;
+    return out;
+  }
+  for (const CoreConfiguration& c : d.core_configurations) {
+    if (static_cast<int>(c.cores.value) != cores) continue;
+    Device out = d;
+    // The default becomes an alternative of the result, so the choice stays reversible and visible.
+    CoreConfiguration old_default;
+    old_default.name = "default";
+    old_default.cores = d.cores;
+    old_default.clock_ghz = d.clock_ghz;
+    for (const auto& [path, q] : c.path_bandwidth_gbs)
+      for (const PathSpec& ps : d.paths)
+        if (ps.name() == path) old_default.path_bandwidth_gbs[path] = ps.bandwidth_gbs;
+    out.cores = c.cores;
+    out.clock_ghz = c.clock_ghz;
+    for (PathSpec& ps : out.paths) {
+      auto it = c.path_bandwidth_gbs.find(ps.name());
+      if (it != c.path_bandwidth_gbs.end()) ps.bandwidth_gbs = it->second;
+    }
+    out.core_configurations.clear();
+    out.core_configurations.push_back(old_default);
+    for (const CoreConfiguration& other : d.core_configurations)
+      if (&other != &c) out.core_configurations.push_back(other);
+    return out;
+  }
+  std::string choices = std::to_string(d.core_count()) + " (default)";
+  for (const CoreConfiguration& c : d.core_configurations)
+    choices += ", " + std::to_string(static_cast<int>(c.cores.value)) + " (" + c.name + ")";
+  throw Error("device " + d.name + ": --cores got " + std::to_string(cores) +
+              ", expected a core count the device file describes as a coherent configuration: " + choices);
 }
 
 }  // namespace hanpu

@@ -229,13 +229,16 @@ int64_t tensor_bytes(const TensorDef& t, int64_t L, int64_t K, int64_t Vc) {
   return dim_value(t.rows, L, K, Vc) * dim_value(t.cols, L, K, Vc) * static_cast<int64_t>(dtype_size(t.dtype));
 }
 
-OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile) {
+OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile,
+                   bool masked_full_tiles) {
   const bool kda = g.variant == Variant::KDA;
   const double l = static_cast<double>(L), k = static_cast<double>(K), v = static_cast<double>(Vc);
   const double t = static_cast<double>(tile);
   auto up = [&](double x) { return std::ceil(x / t) * t; };
   const double nb = std::ceil(l / t);
-  const double tri_blocks = nb * (nb + 1) / 2 * t * t;  // lower block triangle incl. the diagonal
+  // The L x L operand a triangular product executes: the lower block triangle incl. the diagonal,
+  // or the whole padded tile when the kernel multiplies full tiles and masks afterwards.
+  const double tri_blocks = masked_full_tiles ? nb * nb * t * t : nb * (nb + 1) / 2 * t * t;
   const double strict = l * (l - 1) / 2, incl = l * (l + 1) / 2;
   OpCounts c;
   const std::string& n = op.name;

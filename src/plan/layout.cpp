@@ -106,7 +106,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
     const TensorDef& d = g.tensor(t);
     return static_cast<double>(tensor_bytes(d, chunk, K, V) / static_cast<int64_t>(dtype_size(d.dtype)));
   };
-  auto xform = [&](const std::string& t) { return numel(t) / lanes / hz; };
+  auto xform = [&](const std::string& t) { return transform_seconds(dev, numel(t)); };
   auto two_d = [&](const std::string& t) {
     const TensorDef& d = g.tensor(t);
     return d.rows != "1" && d.cols != "1";
@@ -182,6 +182,13 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
   }
   for (const auto& [ab, c] : pairs) lp.pairs.push_back({ab.first, ab.second, c});
   return lp;
+}
+
+double transform_seconds(const Device& dev, double elements) {
+  const double hz = dev.clock_ghz.value * 1e9;
+  const double per_cycle = dev.vector.transform_row_elements.value > 0 ? dev.vector.transform_row_elements.value
+                                                                        : dev.vector_lanes(DType::F32);
+  return elements / per_cycle / hz;
 }
 
 }  // namespace hanpu

@@ -5,10 +5,14 @@
 // path. Rules of the model (docs/SIMULATION.md):
 //  * the matrix unit reads fp16 blocked operands from its operand buffers (L0A left, L0B right)
 //    and writes fp32 blocked results to its output buffer (L0C), from where they move to the vector
-//    unit's buffer (UB) at once;
+//    unit's buffer (UB) at once, or, in a kernel with results_wait (the reordering pass's), when
+//    their first consumer needs them;
 //  * matrix operands are staged in the buffer that feeds both operand buffers (L1) and stay there
-//    until their last use in the chunk; operand buffers keep recently used operands (LRU) so
-//    back-to-back GEMMs sharing an operand load it once;
+//    until their last use in the chunk; operand buffers keep operands (least recently used
+//    evicted) only across GEMMs adjacent in the order, so back-to-back GEMMs sharing an operand
+//    load it once; a vector operator in between, or the inversion's workspace, releases them;
+//  * a double-buffered input's second slot is live for the whole chunk, and buffers the device
+//    reserves (reserved_bytes) for the whole kernel;
 //  * GM holds dense data; DMA to and from GM converts layouts on the fly (ND2NZ), so GM inputs
 //    need no transform; every other dense<->blocked conversion is a transform on the vector unit;
 //  * an fp32 tensor bound for the matrix unit is cast to fp16 in UB first.
@@ -87,7 +91,7 @@ class Lowerer {
     l0c_ = dev_.matrix.output;
     stage_ = staging_buffer(dev_);
     // Operands move as fp16 when the matrix unit multiplies fp16 (an NPU's Cube), else as fp32.
-    operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) ? 2 : 4;
+    operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) || dev_.matrix.macs_per_cycle.count(DType::BF16) ? 2 : 4;
     native_ = dev_.matrix.operand_layout == "dense" ? Layout::Dense : Layout::Blocked;
   }
 
@@ -95,10 +99,23 @@ class Lowerer {
     k_.steps.clear();
     k_.lifetimes.clear();
     start_state();
+    bool previous_matrix = false;
     for (const std::string& name : k_.order) {
       const OperatorDef& op = g_.op(name);
-      if (op.unit == Unit::Matrix) matrix_op(op);
-      else vector_op(op);
+      if (op.unit == Unit::Matrix) {
+        // The inversion's workspace (its 16x16 block inverses and partial products) takes the
+        // operand buffers: operands no input of it needs are released first (ha-npu.md section 4,
+        // "released to give the inversion its workspace").
+        if (op.name == "solve" || op.name == "solve_inv") release_operands(std::set<std::string>(op.inputs.begin(), op.inputs.end()));
+        matrix_op(op);
+      } else {
+        // Operands stay in L0A/L0B only across GEMMs adjacent in the order: a vector operator in
+        // between is a hand-off whose kernels reuse the operand buffers (GEMM-first creates the
+        // adjacency that keeps K and Q resident; any other order reloads them).
+        if (previous_matrix) release_operands({});
+        vector_op(op);
+      }
+      previous_matrix = op.unit == Unit::Matrix;
     }
     finish();
   }
@@ -115,6 +132,7 @@ class Lowerer {
   std::map<std::string, std::map<std::string, Copy>> res_;
   std::map<std::string, std::vector<int>> readers_;  // steps reading each tensor (for in-place writes)
   std::map<std::pair<std::string, std::string>, int> arrival_step_;
+  std::map<std::string, std::string> waiting_;  // matrix results waiting in L0C -> their producer
   int clock_ = 0;
 
   int64_t numel(const std::string& t) const {
@@ -183,6 +201,10 @@ class Lowerer {
         if (!keep.count(t) && it->second.touch < oldest) oldest = it->second.touch, victim = t;
       }
       if (static_cast<double>(used + bytes) <= cap || victim.empty()) return;
+      if (waiting_.count(victim) && buf == l0c_) {
+        land_result(victim, waiting_.at(victim));  // a waiting result is moved out, never lost
+        continue;
+      }
       dep(step, res_[victim][buf].last_use);
       drop(victim, buf);
     }
@@ -261,6 +283,10 @@ class Lowerer {
   }
 
   void ensure_ub(const std::string& t, const std::string& op) {
+    if (auto w = waiting_.find(t); w != waiting_.end()) {
+      land_result(t, w->second);  // its first consumer takes it from L0C
+      return;
+    }
     require_available(t, op);
     if (resident(t, ub_)) return;
     const std::string src = best_source(t, ub_);
@@ -327,8 +353,20 @@ class Lowerer {
         move(t, kGM, stage_, op, res_[t][kGM].elem);
       }
     }
+    if (stage_ == buf) return res_.at(t).at(buf).ready;  // the operand buffer is the staging buffer (AIE-ML)
     if (spilled(t)) drop(t, ub_);
     return move(t, stage_, buf, op, res_.at(t).at(stage_).elem, "every", keep);
+  }
+
+  // Drops every operand-buffer copy except those of `keep` (their last reader is already recorded).
+  void release_operands(const std::set<std::string>& keep) {
+    for (const std::string& buf : {l0a_, l0b_}) {
+      if (buf == ub_ || buf == stage_) continue;  // one buffer serves both units (a CPU's cache)
+      std::vector<std::string> victims;
+      for (const auto& [t, locs] : res_)
+        if (locs.count(buf) && !keep.count(t)) victims.push_back(t);
+      for (const std::string& t : victims) drop(t, buf);
+    }
   }
 
   bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
@@ -401,22 +439,48 @@ class Lowerer {
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const std::string buf = static_cast<int>(i) < op.left ? l0a_ : l0b_;
       read(op.inputs[i], buf, c);
+      // The state's fp32 master copy stays in UB until its last reader, matrix readers included:
+      // its fp16 operand copy is made from it for that GEMM (in state-first order the old state
+      // is read by Q S after the next state exists, so both are live).
+      if (state_tensor(op.inputs[i]) && buf != ub_ && resident(op.inputs[i], ub_)) {
+        Copy& master = res_[op.inputs[i]][ub_];
+        master.last_use = std::max(master.last_use, c);
+      }
     }
     for (int r : ready) dep(c, r);
     for (const std::string& out : op.outputs) {
       if (l0c_ == ub_) {
         arrive(out, ub_, c, 4, native_, false);
+        convert_result(out, op.name);
       } else {
         arrive(out, l0c_, c, 4, native_, false);
-        move(out, l0c_, ub_, op.name, 4);
-        drop(out, l0c_);
-      }
-      if (layout_of(out) != native_ && is_layout_decision(g_.tensor(out))) {
-        transform(out, op.name, res_[out][ub_].ready);
-        res_[out][ub_].layout = layout_of(out);
-        res_[out][ub_].ready = static_cast<int>(k_.steps.size()) - 1;
+        // A result nothing outside the core needs may wait in L0C for its first consumer (the
+        // reordering pass decides; it keeps the waiting results within L0C's capacity).
+        const bool may_wait = k_.results_wait && !cx_.to_gm.count(out) && g_.tensor(out).role == TensorRole::Intermediate &&
+                              !spilled(out);
+        if (may_wait) {
+          waiting_[out] = op.name;
+          continue;
+        }
+        land_result(out, op.name);
       }
       produced(out, op.name);
+    }
+  }
+
+  // Moves a matrix result from L0C to the vector buffer and converts it to its planned layout.
+  void land_result(const std::string& out, const std::string& op) {
+    move(out, l0c_, ub_, op, 4);
+    drop(out, l0c_);
+    waiting_.erase(out);
+    convert_result(out, op);
+  }
+
+  void convert_result(const std::string& out, const std::string& op) {
+    if (layout_of(out) != native_ && is_layout_decision(g_.tensor(out))) {
+      transform(out, op, res_[out][ub_].ready);
+      res_[out][ub_].layout = layout_of(out);
+      res_[out][ub_].ready = static_cast<int>(k_.steps.size()) - 1;
     }
   }
 
@@ -469,6 +533,24 @@ class Lowerer {
   void finish() {
     for (auto& [t, locs] : res_)
       for (auto& [loc, c] : locs) finalize(t, loc, c, c.carried && t == (g_.state_in_place ? "S" : "S_next"));
+    const int last_step = static_cast<int>(k_.steps.size()) - 1;
+    // A double-buffered input's second slot receives the next chunk's tile while this chunk runs:
+    // it is occupied for the whole chunk, not only during the tensor's own lifetime.
+    std::vector<Lifetime> prefetch;
+    for (Lifetime& lt : k_.lifetimes)
+      if (lt.copies == 2) {
+        lt.copies = 1;
+        prefetch.push_back({lt.tensor + "(next chunk)", lt.buffer, 0, std::max(0, last_step), lt.bytes, 1});
+      }
+    for (Lifetime& lt : prefetch) k_.lifetimes.push_back(std::move(lt));
+    // Queue and scratch space a kernel reserves for its whole life (device data, per buffer).
+    if (last_step >= 0) {
+      std::set<std::string> used;
+      for (const Lifetime& lt : k_.lifetimes) used.insert(lt.buffer);
+      for (const BufferSpec& b : dev_.buffers)
+        if (used.count(b.name) && b.reserved_bytes.value > 0)
+          k_.lifetimes.push_back({"(reserved)", b.name, 0, last_step, static_cast<int64_t>(b.reserved_bytes.value), 1});
+    }
     // Peaks per buffer.
     k_.peak_bytes.clear();
     k_.peak_tensors.clear();
@@ -509,6 +591,10 @@ Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<st
 }
 
 std::string staging_buffer(const Device& dev) {
+  // An NPU whose matrix engine works on the vector unit's own memory (AIE-ML's tile data memory)
+  // stages nothing: operands are read where the vector unit left them.
+  if (dev.kind == "npu" && dev.matrix.input_a == dev.vector.buffer && dev.matrix.input_b == dev.vector.buffer)
+    return dev.vector.buffer;
   for (const BufferSpec& b : dev.buffers)
     if (dev.has_path(b.name, dev.matrix.input_a) && dev.has_path(b.name, dev.matrix.input_b)) return b.name;
   return dev.matrix.input_a;

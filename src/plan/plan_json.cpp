@@ -166,6 +166,8 @@ json plan_to_json(const Plan& plan) {
     kj["state_in"] = state_in_name(k.state_in);
     kj["state_out"] = state_out_name(k.state_out);
     kj["spilled"] = k.spilled;
+    kj["masked_full_tiles"] = k.masked_full_tiles;
+    kj["results_wait"] = k.results_wait;
     json steps = json::array();
     for (const Step& s : k.steps) {
       json sj = {{"kind", s.kind}, {"op", s.op}, {"lane", s.lane}, {"when", s.when}, {"deps", s.deps}};
@@ -241,6 +243,9 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     const std::string state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
     k.state_out = state_out == "final" ? StateOut::Final : state_out == "segment" ? StateOut::Segment : StateOut::None;
     k.spilled = r.strings(kj, "spilled", kp);
+    // Optional (plans written before it existed executed block triangles everywhere).
+    if (kj.contains("masked_full_tiles")) k.masked_full_tiles = r.boolean(kj, "masked_full_tiles", kp);
+    if (kj.contains("results_wait")) k.results_wait = r.boolean(kj, "results_wait", kp);
     const json& steps = r.array(kj, "steps", kp);
     for (size_t si = 0; si < steps.size(); ++si) {
       const std::string sp = kp + ".steps[" + std::to_string(si) + "]";

@@ -456,10 +456,22 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
   // A head whose state and chunk do not fit the buffers is split into column blocks (columns are
   // independent) run one after another on its core: halve the block until the plan fits.
   const int64_t quantum = matrix_quantum(dev);
+  // Lifetime-aware reordering (the +reordering step and hanpu, on an NPU): the order is the
+  // reordering pass's; where matrix results leave through a result buffer of their own (L0C)
+  // they wait there for their first consumer. A given order (PlanOptions::order) and a CPU (its
+  // order is the CPU schedule's) keep theirs.
+  std::vector<std::string> order = opt.order;
+  const bool reorder_pass = plan.form == GraphForm::GemmFirst && plan.state_in_place && order.empty() && dev.kind != "cpu";
+  const bool results_wait = reorder_pass && dev.matrix.output != dev.vector.buffer;
+  if (reorder_pass) {
+    const auto result_capacity = results_wait ? static_cast<int64_t>(dev.buffer(dev.matrix.output).capacity_bytes.value) : 0;
+    order = lifetime_aware_order(g, p.chunk, p.K, p.V, result_capacity, results_wait).order;
+  }
   for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
-    plan.kernels = head_mapped_kernels(p, dev, g, cores, opt.order);
+    plan.kernels = head_mapped_kernels(p, dev, g, cores, order);
     for (Kernel& k : plan.kernels) {
       if (k.name != "fused") continue;
+      k.results_wait = results_wait;
       for (auto& list : k.cores) {
         std::vector<PlanItem> split;
         for (const PlanItem& it : list)
@@ -531,9 +543,15 @@ std::vector<std::string> ablation_names() {
   return out;
 }
 
-Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt) {
+Plan make_plan(const Problem& p, const Device& device_file, const std::string& strategy, const PlanOptions& opt) {
   validate_problem(p);
-  const int cores = opt.cores > 0 ? opt.cores : dev.core_count();
+  const int cores = opt.cores > 0 ? opt.cores : device_file.core_count();
+  // A core count the device describes as a coherent configuration plans with that
+  // configuration's clock and bandwidths (the layout DP's costs depend on them), as simulate()
+  // runs it; any other count is a mapping experiment on the default's numbers.
+  const bool configured = std::any_of(device_file.core_configurations.begin(), device_file.core_configurations.end(),
+                                      [&](const CoreConfiguration& c) { return static_cast<int>(c.cores.value) == cores; });
+  const Device dev = configured ? device_with_cores(device_file, cores) : device_file;
   if (cores < 1) throw Error("device " + dev.name + ": cores.value must be at least 1");
   const StrategyDef& def = strategy_def(strategy);
   Plan plan;
@@ -553,6 +571,10 @@ Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy,
   for (const std::string& o : opt.order) g.op(o);  // throws naming an unknown operator
   if (def.build) {
     plan.kernels = def.build(p, g, cores);
+    // The baselines' kernels are general-purpose (torch ops, Triton-style tiles): they multiply
+    // full chunk x chunk tiles and mask afterwards, as the hardware-recorded MACs of the paper's
+    // method count them.
+    for (Kernel& k : plan.kernels) k.masked_full_tiles = true;
     finish_plan(plan, dev, g);
   } else {
     plan_head_mapped(plan, dev, g, cores, opt);

@@ -327,7 +327,9 @@ void buffer_section(HtmlReport& page, const Device& dev, const ReportOptions& op
 
 void utilization_section(HtmlReport& page, const ReportOptions& opt, const ReportData& d, ColorMap& colors) {
   page.heading("Matrix-unit utilization");
-  page.paragraph("Useful multiply-adds (exact triangles) over latency x cores x the matrix unit's peak rate, at H = " +
+  page.paragraph("Executed multiply-adds (what the matrix unit runs: full masked tiles for the general-purpose baseline kernels, "
+                 "16x16-block triangles for HA-NPU's routines; the paper's hardware-recorded MACs) over latency x cores x the "
+                 "matrix unit's peak rate, at H = " +
                  std::to_string(d.rep_heads) + ". Chunkwise LA is bandwidth- and vector-bound on this class of device, so "
                  "every strategy stays far below 100 %; what matters is how much of the matrix unit each plan leaves idle.");
   const std::vector<std::string> strategies = strategy_names();
