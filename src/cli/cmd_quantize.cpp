@@ -40,9 +40,10 @@ void run_quantize(const QuantizeArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   // The loader decides what is a projection; record what it quantized (the data stays valid while
   // the model lives).
+  // Copied: a stacked projection's parts are freed once their rows are concatenated.
   struct Quantized {
-    const int8_t* q;
-    const float* scales;
+    std::vector<int8_t> q;
+    std::vector<float> scales;
     int64_t out, in;
   };
   std::map<std::string, Quantized> quantized;
@@ -50,9 +51,12 @@ void run_quantize(const QuantizeArgs& a) {
   opt.progress = true;
   opt.int8_group = a.group;
   opt.on_int8_projection = [&](const std::string& name, const Int8Linear& q) {
-    quantized[name] = {q.quantized(), q.scales(), q.out_features(), q.in_features()};
+    const int64_t groups = (q.in_features() + q.group() - 1) / q.group();
+    quantized[name] = {std::vector<int8_t>(q.quantized(), q.quantized() + q.out_features() * q.in_features()),
+                       std::vector<float>(q.scales(), q.scales() + q.out_features() * groups), q.out_features(),
+                       q.in_features()};
   };
-  const HybridModel model = HybridModel::load(a.model_dir, opt);
+  (void)HybridModel::load(a.model_dir, opt);  // the model itself is not needed once quantized
 
   // The shards as the checkpoint lists them.
   std::vector<std::string> shards;
@@ -86,9 +90,9 @@ void run_quantize(const QuantizeArgs& a) {
       }
       const Quantized& q = it->second;
       const int64_t groups = (q.in + a.group - 1) / a.group;
-      tensors.emplace_back(name, TensorView::contiguous(const_cast<int8_t*>(q.q), DType::I8, {q.out, q.in}));
+      tensors.emplace_back(name, TensorView::contiguous(const_cast<int8_t*>(q.q.data()), DType::I8, {q.out, q.in}));
       tensors.emplace_back(name + model::kInt8ScaleSuffix,
-                           TensorView::contiguous(const_cast<float*>(q.scales), DType::F32, {q.out, groups}));
+                           TensorView::contiguous(const_cast<float*>(q.scales.data()), DType::F32, {q.out, groups}));
       if (index.is_object()) index["weight_map"][name + model::kInt8ScaleSuffix] = shard;
       bytes_out += static_cast<uint64_t>(q.out * q.in) + static_cast<uint64_t>(q.out * groups) * 4;
       ++stored;
@@ -112,7 +116,6 @@ void run_quantize(const QuantizeArgs& a) {
                stored, static_cast<long long>(a.group), static_cast<double>(bytes_in) / 1e9,
                static_cast<double>(bytes_out) / 1e9, shards.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.out_dir.c_str());
-  (void)model;
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ struct GdnMixer {
 /// too: LaOptions::lower_bound), beta = sigmoid(b_proj(x)), q/k L2 norm in the
 /// engine, then o_norm(o)·sigmoid(g_b(g_a(x))) (Ling: g_proj(x)) and o_proj.
 struct KdaMixer {
-  Projection q_proj, k_proj, v_proj, f_a, f_b, f_proj, b_proj, g_a, g_b, g_proj, o_proj;
+  // q_proj | k_proj | v_proj stacked into one GEMM, and Kimi's f_a_proj | g_a_proj (both read x).
+  Projection qkv_proj, fg_a, f_b, f_proj, b_proj, g_b, g_proj, o_proj;
   std::vector<float> conv_taps;  // [K, 3·H·K]: the q, k and v convs side by side, transposed
   std::vector<float> A_log, dt_bias, o_norm;  // [H], [H·K], [K] (raw weight)
 

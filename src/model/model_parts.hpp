@@ -31,6 +31,7 @@ class Projection {
   /// in_features) and the view is not kept; 0 keeps it as stored.
   Projection(const TensorView& w, const std::string& name, int64_t int8_group = 0);
   explicit Projection(Int8Linear q) : out_(q.out_features()), in_(q.in_features()), int8_(std::move(q)) {}
+  explicit Projection(Bf16Linear w) : out_(w.out_features()), in_(w.in_features()), bf16_(std::move(w)) {}
   const Int8Linear* int8() const { return int8_ ? &*int8_ : nullptr; }
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
@@ -78,6 +79,12 @@ struct WeightReader {
   /// weights (MoE routers and shared-expert gates: tiny, and they decide which experts run).
   /// A weight stored as int8 with its `<name>.int8_scale` (hanpu quantize) is used as it is.
   Projection projection(const std::string& name, int64_t out, int64_t in, bool quantizable = true) const;
+  /// Several projections of one input stacked along their outputs into one (one GEMM instead of
+  /// several; output columns in the order given). Each part is read as projection() reads it
+  /// (stored int8 used as it is, quantized at load otherwise, reported to on_int8 under its own
+  /// name); the stacked rows are a copy (kept in `owned`), so the parts' checkpoint pages are not
+  /// read again. `parts`: (tensor name, out_features); all have `in` inputs.
+  Projection stacked(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in) const;
   /// A projection over a view the block made (permuted or sliced rows), with this reader's format.
   Projection projection_of(const TensorView& w, const std::string& name) const { return Projection(w, name, int8_group); }
   std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) const {
