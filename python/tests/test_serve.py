@@ -282,6 +282,28 @@ def test_client_disconnect_cancels_the_request(server):
     assert server.request("GET", "/health")[0] == 200
 
 
+def test_non_streaming_client_disconnect_cancels_the_request(server):
+    """A non-streaming request whose client leaves is cancelled too: while it waits the server
+    writes a space (valid before JSON) every 0.5 s, and the write that fails cancels it."""
+    before = server.metrics()["hanpu_requests_cancelled_total"]
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    body = json.dumps({"model": "qwen35_tiny", "prompt": [1, 2, 3], "max_tokens": 30000, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
+    while b"\r\n\r\n" not in received:  # the headers (status 200) come first
+        chunk = sock.recv(4096)
+        assert chunk, received
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200"), received
+    sock.close()
+    assert wait_for(lambda: server.metrics()["hanpu_requests_cancelled_total"] == before + 1), server.metrics()
+    m = server.metrics()
+    assert m["hanpu_requests_running"] == 0 and m["hanpu_state_bytes"] == 0
+    assert server.request("GET", "/health")[0] == 200
+
+
 def error_of(status_body):
     status, body = status_body
     assert set(body) == {"error"}, body

@@ -41,6 +41,15 @@ bool GenerationHandle::next(GenerationEvent& out) {
   return true;
 }
 
+GenerationHandle::Wait GenerationHandle::next_for(GenerationEvent& out, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return !events_.empty() || finished_; })) return Wait::kTimeout;
+  if (events_.empty()) return Wait::kEnd;
+  out = std::move(events_.front());
+  events_.pop_front();
+  return Wait::kEvent;
+}
+
 void GenerationHandle::push(GenerationEvent e) {
   {
     std::lock_guard lock(mu_);

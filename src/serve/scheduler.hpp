@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -71,6 +72,9 @@ class GenerationHandle {
  public:
   /// Waits for the next event (false after kDone/kError was taken).
   bool next(GenerationEvent& out);
+  /// As next(), waiting at most `timeout`: kEvent (out filled), kTimeout, or kEnd.
+  enum class Wait { kEvent, kTimeout, kEnd };
+  Wait next_for(GenerationEvent& out, std::chrono::milliseconds timeout);
   /// The client went away: the scheduler drops the sequence at its next turn.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }

@@ -469,30 +469,72 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
   };
 
   if (!p.stream) {
-    std::string text;
-    std::vector<int32_t> tokens;
-    std::string finish_reason;
-    GenerationEvent ev;
-    while (handle->next(ev)) {
-      if (ev.kind == GenerationEvent::Kind::kDelta) {
-        text += ev.text;
-        tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
-      } else if (ev.kind == GenerationEvent::Kind::kDone) {
-        finish_reason = ev.finish_reason;
-      } else {
-        throw ApiError{500, "generation failed: " + ev.error, "", "generation_failed", "server_error"};
-      }
-    }
-    json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", text}};
-    } else {
-      choice["text"] = text;
-      choice["token_ids"] = tokens;  // extension: the ids, for checkpoints without a tokenizer
-    }
-    write_json(res, 200,
-               {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                {"model", model_name}, {"choices", json::array({choice})}, {"usage", usage()}});
+    // The body is sent when the generation ends, but the connection is watched meanwhile: while
+    // waiting, a space goes out every kKeepAliveMs (whitespace before a JSON value is valid JSON),
+    // and a write that fails means the client went away, which cancels the request and frees its
+    // sequence (cpp-httplib 0.11 tells a handler nothing about a closed connection otherwise).
+    // The status is 200 from the first byte on; a generation that fails afterwards returns the
+    // error object in the body.
+    struct Pending {
+      std::string text, finish_reason, error;
+      std::vector<int32_t> tokens;
+    };
+    auto pending = std::make_shared<Pending>();
+    res.status = 200;
+    res.set_chunked_content_provider(
+        "application/json",
+        [=](size_t, httplib::DataSink& sink) {
+          // How often an idle request probes its connection: a client that leaves is noticed
+          // within about two periods (the first write after the close may still be buffered).
+          constexpr int kKeepAliveMs = 500;
+          GenerationEvent ev;
+          auto last_probe = std::chrono::steady_clock::now();
+          for (;;) {
+            const GenerationHandle::Wait w = handle->next_for(ev, std::chrono::milliseconds(kKeepAliveMs));
+            // Probe on time, not only when idle: a busy generation sends events continuously.
+            if (std::chrono::steady_clock::now() - last_probe >= std::chrono::milliseconds(kKeepAliveMs)) {
+              last_probe = std::chrono::steady_clock::now();
+              if (!sink.is_writable() || !sink.write(" ", 1)) {
+                handle->cancel();
+                return false;
+              }
+            }
+            if (w == GenerationHandle::Wait::kTimeout) continue;
+            if (w == GenerationHandle::Wait::kEnd) break;
+            if (ev.kind == GenerationEvent::Kind::kDelta) {
+              pending->text += ev.text;
+              pending->tokens.insert(pending->tokens.end(), ev.tokens.begin(), ev.tokens.end());
+            } else if (ev.kind == GenerationEvent::Kind::kDone) {
+              pending->finish_reason = ev.finish_reason;
+            } else {
+              pending->error = ev.error;
+            }
+          }
+          json body;
+          if (!pending->error.empty()) {
+            body = error_body({500, "generation failed: " + pending->error, "", "generation_failed", "server_error"});
+          } else {
+            json choice = {{"index", 0}, {"finish_reason", pending->finish_reason}, {"logprobs", nullptr}};
+            if (chat) {
+              choice["message"] = {{"role", "assistant"}, {"content", pending->text}};
+            } else {
+              choice["text"] = pending->text;
+              choice["token_ids"] = pending->tokens;  // extension: the ids, for checkpoints without a tokenizer
+            }
+            body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                    {"model", model_name}, {"choices", json::array({choice})}, {"usage", usage()}};
+          }
+          const std::string text = dump(body);
+          if (!sink.write(text.data(), text.size())) {
+            handle->cancel();
+            return false;
+          }
+          sink.done();
+          return true;
+        },
+        [handle](bool success) {
+          if (!success) handle->cancel();
+        });
     return;
   }
 
