@@ -52,7 +52,7 @@ TEST(Simulate, HanpuFitsThe310pWithoutExtraTraffic) {
 
 TEST(Simulate, TheCoreConfigurationSetsTheClock) {
   // 16 heads: on 8 cores whole heads; on the paper's 10 cores 6 tail heads split by columns, whose
-  // blocks re-read q and k (ha-npu.md section 3's example).
+  // blocks re-read q and k (the paper's head-mapping example).
   const Device ten = ascend310p();
   const Device eight = device_with_cores(ten, 8);
   const Problem p = problem(Variant::GDN, {1024}, 16);

@@ -26,7 +26,7 @@ namespace hanpu {
 // ---------------------------------------------------------------------------------------------
 // The problem
 
-/// One LA prefill problem (ha-npu.md §9 defaults: K = V = 128, chunk 64, fp16 q/k/v/o, fp32
+/// One LA prefill problem (the paper's evaluation defaults: K = V = 128, chunk 64, fp16 q/k/v/o, fp32
 /// g/beta/states, an initial state read and a final state written).
 struct Problem {
   Variant variant = Variant::GDN;
@@ -65,7 +65,7 @@ constexpr int64_t kMaxHeadChunks = int64_t{1} << 22;
 void validate_problem(const Problem& p);
 
 // ---------------------------------------------------------------------------------------------
-// The operator graph of one chunk (ha-npu.md §2, reference-fla.md §2)
+// The operator graph of one chunk (the paper's chunkwise computation; FLA's fla/ops/gated_delta_rule and fla/ops/kda chunk kernels)
 
 enum class Unit { Matrix, Vector };
 enum class TensorRole { Input, Output, State, Intermediate };
@@ -91,7 +91,7 @@ struct TensorDef {
   bool operator==(const TensorDef&) const = default;
 };
 
-/// A fine-grained operator on one unit. paper_op names the ha-npu.md §2 operator it belongs to
+/// A fine-grained operator on one unit. paper_op names the paper's operator (#1-#6 of its chunkwise computation) it belongs to
 /// ("1".."4", "5r" = #5 read, "5u" = #5 update, "6").
 struct OperatorDef {
   std::string name;
@@ -139,7 +139,7 @@ struct ReorderResult {
   int handoffs = 0;  // switches between the matrix and the vector unit along the order
 };
 
-/// Lifetime-aware reordering (ha-npu.md section 4): the dependency-respecting order of `g`'s
+/// Lifetime-aware reordering (the paper's lifetime-aware reordering): the dependency-respecting order of `g`'s
 /// operators (an in-place update after every reader of the old state) with the least peak UB
 /// bytes, among those the fewest matrix<->vector hand-offs, then the least peak L0C bytes, waiting
 /// matrix results never exceeding `result_capacity` bytes; exact for (peak, hand-offs) (dynamic
@@ -293,7 +293,7 @@ struct PlanOptions {
 /// the buffer, its capacity and the tensors live at the peak.
 Plan make_plan(const Problem& p, const Device& dev, const std::string& strategy, const PlanOptions& opt = {});
 
-/// Head-level mapping with the three tail tiers (ha-npu.md §3) of every (sequence, value head)
+/// Head-level mapping with the three tail tiers (the paper's head-level mapping) of every (sequence, value head)
 /// onto `cores` cores; column blocks are multiples of `quantum` columns. Items of tier 3 are
 /// returned in `chunk_parallel` (whole heads), to be run by the fallback kernels.
 struct HeadMapping {
@@ -331,7 +331,7 @@ nlohmann::json plan_to_json(const Plan& plan);
 Plan plan_from_json(const nlohmann::json& j, const std::string& origin = "plan");
 
 // ---------------------------------------------------------------------------------------------
-// Layout planning (ha-npu.md §5)
+// Layout planning (the paper's layout planning)
 
 /// The layout problem of one chunk after the prunings: one decision per on-core tensor (dense or
 /// blocked). unary[t][l] is the cost of tensor t in layout l on its own (conversion after a

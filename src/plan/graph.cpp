@@ -1,4 +1,4 @@
-// The operator graph of one chunk for GDN and KDA (ha-npu.md §2, reference-fla.md §2), in the three
+// The operator graph of one chunk for GDN and KDA (the paper's chunkwise computation; FLA's fla/ops/gated_delta_rule and fla/ops/kda chunk kernels), in the three
 // forms a plan may choose (WU, Inverse, GemmFirst), and the work each operator does on a chunk.
 //
 // The graph is fine-grained: every operator runs on one unit, so a matrix product and the vector
@@ -15,7 +15,7 @@ namespace hanpu {
 
 namespace {
 
-// FLA's sub-chunk for the diagonal blocks of the triangular inverse (reference-fla.md §2.3): the
+// FLA's sub-chunk for the diagonal blocks of the triangular inverse (FLA's fla/ops/utils/solve_tril.py): the
 // diagonal 16x16 blocks are inverted by forward substitution on the vector unit.
 constexpr int64_t kSubChunk = 16;
 

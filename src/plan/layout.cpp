@@ -1,4 +1,4 @@
-// Dataflow-aware layout planning (ha-npu.md §5).
+// Dataflow-aware layout planning (the paper's layout planning).
 //
 // How the three prunings shape the problem built here:
 //  1. Only the state crosses chunks, so one chunk is solved and its solution repeated; the state's

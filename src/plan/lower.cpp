@@ -104,7 +104,7 @@ class Lowerer {
       const OperatorDef& op = g_.op(name);
       if (op.unit == Unit::Matrix) {
         // The inversion's workspace (its 16x16 block inverses and partial products) takes the
-        // operand buffers: operands no input of it needs are released first (ha-npu.md section 4,
+        // operand buffers: operands no input of it needs are released first (the paper's lifetime-aware reordering,
         // "released to give the inversion its workspace").
         if (op.name == "solve" || op.name == "solve_inv") release_operands(std::set<std::string>(op.inputs.begin(), op.inputs.end()));
         matrix_op(op);

@@ -1,4 +1,4 @@
-// Mapping work onto cores: HA-NPU's head-level mapping with its three tail tiers (ha-npu.md §3)
+// Mapping work onto cores: HA-NPU's head-level mapping with its three tail tiers (the paper's head-level mapping)
 // and the chunk-parallel mapping of FLA-style Map phases.
 #include <algorithm>
 #include <numeric>

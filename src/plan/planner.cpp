@@ -1,6 +1,6 @@
 // The planners: HA-NPU (head-level mapping with tail tiers, lifetime-aware reordering, layout DP)
 // and the baselines (vLLM-Ascend, FLA, FLA + MegaKernel, FlashQLA) as plans of the same graph,
-// plus the ablation steps between FLA and HA-NPU (ha-npu.md §3-§8).
+// plus the ablation steps between FLA and HA-NPU (the paper's techniques and the baselines it compares with).
 //
 // A strategy is: a graph form and operator order, a grouping of the operators into kernels, a
 // mapping of each kernel's work onto cores, and a layout per on-core tensor. Everything a kernel
@@ -19,12 +19,12 @@ namespace {
 
 using plan_detail::LowerContext;
 
-// FLA's V tile of the state recurrence on NPUs (reference-fla.md §2.5: BV in {32, 64}; the Ascend
+// FLA's V tile of the state recurrence on NPUs (FLA's fla/ops/common/chunk_delta_h.py: BV in {32, 64}; the Ascend
 // Triton port picks the UB-friendly 64).
 constexpr int kFlaStateColumns = 64;
-// vLLM-Ascend's fwd_h kernel takes value-column blocks of 128 (reference-hardware.md B2: vBlockSize).
+// vLLM-Ascend's fwd_h kernel takes value-column blocks of 128 (vLLM-Ascend's chunk kernels: vBlockSize).
 constexpr int kVllmStateColumns = 128;
-// FlashQLA's segment length rule (reference-fla.md §6.2): max(4, 2^round(log2(3 sqrt(H chunks / SMs)))).
+// FlashQLA's segment length rule (FlashQLA's segment planning): max(4, 2^round(log2(3 sqrt(H chunks / SMs)))).
 constexpr double kFlashQlaSegmentFactor = 3.0;
 constexpr int64_t kFlashQlaMinSegmentChunks = 4;
 
@@ -263,8 +263,8 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
         }
         if (stored) {
           cx.to_gm.insert(t.name);
-          // Intermediates go to GM in the input precision as FLA stores them (reference-fla.md
-          // §2.8: w, u, h, v_new in k.dtype); gate sums stay fp32. The state snapshot h feeds
+          // Intermediates go to GM in the input precision as FLA stores them (FLA's chunk kernels
+          // store w, u, h, v_new in k.dtype); gate sums stay fp32. The state snapshot h feeds
           // only matrix products.
           if (t.dtype == DType::F32 && t.name != "Gc" && (t.role != TensorRole::State || later_matrix_only))
             f16_in_gm.insert(t.name);

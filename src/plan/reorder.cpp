@@ -1,4 +1,4 @@
-// Lifetime-aware operator reordering (ha-npu.md section 4) as a planner pass: over the chunk's
+// Lifetime-aware operator reordering (the paper's lifetime-aware reordering) as a planner pass: over the chunk's
 // operator graph, find the order that runs every operator after its inputs and minimizes the peak
 // live bytes of the vector buffer (UB), with matrix results allowed to wait in the matrix unit's
 // output buffer (L0C) until their first consumer, within that buffer's capacity.

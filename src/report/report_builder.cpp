@@ -407,7 +407,7 @@ void ablation_section(HtmlReport& page, const ReportOptions& opt, const ReportDa
              rows);
 }
 
-/// "1" -> "#1", "5r" -> "#5 read", "" -> "state movement": the ha-npu.md §2 operator of a fine op.
+/// "1" -> "#1", "5r" -> "#5 read", "" -> "state movement": the paper's operator (#1-#6) of a fine op.
 std::string paper_group(const std::string& paper_op) {
   if (paper_op.empty()) return "state load/store";
   if (paper_op == "5r") return "#5 read (v_new)";
@@ -432,7 +432,7 @@ void timeline_section(HtmlReport& page, const Device& dev, const ReportOptions& 
   page.paragraph("The first " + std::to_string(opt.timeline_chunks) + " chunks each of cores 0.." +
                  std::to_string(opt.timeline_cores - 1) +
                  " runs in each kernel: one lane per unit (matrix, vector) and per DMA engine (" + engines +
-                 "). Colours are the operators of ha-npu.md §2; hover over a bar for the step. Time starts at each kernel's "
+                 "). Colours are the operators of the paper's chunkwise computation; hover over a bar for the step. Time starts at each kernel's "
                  "start (after its launch); the fla plan runs its kernels one after another.");
   ColorMap group_colors;
   for (const SweepPoint& tp : d.timelines) {

@@ -22,7 +22,7 @@
 
 namespace hanpu::report {
 
-/// What to sweep. Defaults are ha-npu.md §9's evaluation grid.
+/// What to sweep. Defaults are the paper's evaluation grid.
 struct ReportOptions {
   std::vector<Variant> variants = {Variant::GDN, Variant::KDA};
   std::vector<int64_t> T = {512, 1024, 2048, 4096};  // tokens of the one sequence
