@@ -151,6 +151,10 @@ class Api {
   const ChatTemplateInfo& chat_template() const { return chat_template_; }
   HttpMetrics& http_metrics() { return http_; }
   std::atomic<bool> draining{false};
+  /// Generation responses whose body is still being sent (a response's releaser, which
+  /// cpp-httplib calls when the response is done or dropped, counts it down): a drain waits for
+  /// them, since the scheduler finishing a request does not mean its client has the bytes yet.
+  std::atomic<int> responses_in_flight{0};
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
   void models(httplib::Response& res) const;
@@ -453,6 +457,7 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
   std::shared_ptr<GenerationHandle> handle;
   try {
     handle = sched_.submit(std::move(p.gen));
+    ++responses_in_flight;
   } catch (const QueueFull& e) {
     throw ApiError{429, e.what(), "", "rate_limit_exceeded", "rate_limit_error"};
   } catch (const Error& e) {
@@ -532,8 +537,9 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           sink.done();
           return true;
         },
-        [handle](bool success) {
+        [handle, this](bool success) {
           if (!success) handle->cancel();
+          --responses_in_flight;
         });
     return;
   }
@@ -588,8 +594,9 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
         if (!ok) handle->cancel();  // the client went away: free its sequence
         return ok;
       },
-      [handle](bool success) {
+      [handle, this](bool success) {
         if (!success) handle->cancel();
+        --responses_in_flight;
       });
 }
 
@@ -742,6 +749,11 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
     std::fprintf(stderr, "hanpu serve: signal %d: draining running requests\n", sig);
     api.draining = true;  // new generation requests get 503 from here on
     sched.drain();        // finishes the queued and running ones
+    // ... and their clients receive the rest of their bodies before the sockets close (bounded:
+    // a client that stops reading must not hold the shutdown forever).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (api.responses_in_flight > 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     svr.stop();
   });
   const bool listened = svr.listen_after_bind();
