@@ -202,7 +202,8 @@ class Lowerer {
       }
       if (static_cast<double>(used + bytes) <= cap || victim.empty()) return;
       if (waiting_.count(victim) && buf == l0c_) {
-        land_result(victim, waiting_.at(victim));  // a waiting result is moved out, never lost
+        const std::string producer = waiting_.at(victim);  // a copy: land_result erases the entry
+        land_result(victim, producer);                      // a waiting result is moved out, never lost
         continue;
       }
       dep(step, res_[victim][buf].last_use);
@@ -284,7 +285,8 @@ class Lowerer {
 
   void ensure_ub(const std::string& t, const std::string& op) {
     if (auto w = waiting_.find(t); w != waiting_.end()) {
-      land_result(t, w->second);  // its first consumer takes it from L0C
+      const std::string producer = w->second;  // a copy: land_result erases the map entry
+      land_result(t, producer);                // its first consumer takes it from L0C
       return;
     }
     require_available(t, op);
@@ -469,7 +471,8 @@ class Lowerer {
   }
 
   // Moves a matrix result from L0C to the vector buffer and converts it to its planned layout.
-  void land_result(const std::string& out, const std::string& op) {
+  // `op` is taken by value: callers pass the waiting_ entry this erases.
+  void land_result(const std::string& out, std::string op) {
     move(out, l0c_, ub_, op, 4);
     drop(out, l0c_);
     waiting_.erase(out);
