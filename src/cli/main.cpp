@@ -29,7 +29,9 @@ int main(int argc, char** argv) {
   register_model_commands(app);
   register_isa_command(app);
   register_quantize_command(app);
+#ifdef HANPU_HAVE_SERVE  // not in builds without cpp-httplib (CMake option HANPU_BUILD_SERVE)
   register_serve_command(app);
+#endif
 
   // Subcommands do their work in callbacks, which run inside parse(); so the hanpu/std handlers
   // below also cover the commands themselves, not just argument parsing.
