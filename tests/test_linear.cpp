@@ -24,6 +24,7 @@ constexpr double kU = 1.0 / (1 << 24);  // unit roundoff of f32
 std::vector<LinearBackend> backends() {
   std::vector<LinearBackend> b{LinearBackend::kPortable};
   if (hanpu::linear_amx_available()) b.push_back(LinearBackend::kAmx);
+  if (hanpu::linear_avx512bf16_available()) b.push_back(LinearBackend::kAvx512Bf16);
   return b;
 }
 
@@ -33,6 +34,7 @@ std::vector<LinearBackend> backends() {
 // adds). A correct kernel never exceeds it; a dropped term, wrong index or wrong tile does.
 double bound(LinearPrecision p, LinearBackend b, int64_t K) {
   if (b == LinearBackend::kPortable) p = LinearPrecision::kExact;  // the portable path is always exact
+  if (b == LinearBackend::kAvx512Bf16 && p != LinearPrecision::kBf16) p = LinearPrecision::kExact;  // f32 kernel
   const int terms = p == LinearPrecision::kExact ? 3 : p == LinearPrecision::kBf16x2 ? 2 : 1;
   const double repr = p == LinearPrecision::kExact ? 0 : p == LinearPrecision::kBf16x2 ? std::ldexp(1.0, -15)
                                                                                        : std::ldexp(1.0, -8);
@@ -163,7 +165,8 @@ TEST(Linear, ExactModeReproducesF32ActivationsBitForBit) {
       const Bf16Linear lin(wv, "onehot.weight", b);
       for (LinearPrecision prec : {LinearPrecision::kExact, LinearPrecision::kBf16x2, LinearPrecision::kBf16}) {
         lin.forward(xv, yv, 2, false, prec);
-        const bool exact = prec == LinearPrecision::kExact || b == LinearBackend::kPortable;
+        const bool exact = prec == LinearPrecision::kExact || b == LinearBackend::kPortable ||
+                           (b == LinearBackend::kAvx512Bf16 && prec == LinearPrecision::kBf16x2);
         for (int64_t m = 0; m < M; ++m) {
           for (int64_t n = 0; n < N; ++n) {
             const float got = y[static_cast<size_t>(m * N + n)], xin = x[static_cast<size_t>(m * K + n % K)];

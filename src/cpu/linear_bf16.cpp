@@ -46,6 +46,56 @@ T* scratch(ByteBuffer& buffer, int64_t count) {
 // [begin, end) of part t of n equal parts of `total` units.
 inline int64_t part(int64_t total, int t, int n) { return total * t / n; }
 
+// Rows per pass of the avx512bf16 GEMM form: each pass's rounded activations (256 x K x 2 bytes,
+// 512 KiB at K = 1024) stay in L2 next to the transposed panel (K x 96 bytes),
+// and the panel is transposed once per pass (its cost is ~1/256 of the pass's arithmetic).
+constexpr int64_t kBf16DotRowsPerPass = 256;
+
+template <class Run>
+void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd, int64_t ldx, float* yd, int64_t ldy,
+                        int64_t M, int threads, bool accumulate, const Run& run) {
+  const int64_t Kp = cpu::amx_k_steps(K) * cpu::kAmxK;
+  const int64_t col_groups = (N + 15) / 16;  // 16 columns: one output vector
+  if (M < cpu::kBf16DotGemmMinRows) {
+    // Decode: the rows are split once, every thread streams its share of the weight rows.
+    static thread_local ByteBuffer x_scratch;
+    uint16_t* xs = scratch<uint16_t>(x_scratch, M * Kp);
+    cpu::amx_pack_gemv_rows(xd, ldx, M, K, /*terms=*/1, xs);
+    const int nt = static_cast<int>(std::min<int64_t>(threads, col_groups));
+    run(nt, [&](int t) {
+      const int64_t n0 = std::min(N, part(col_groups, t, nt) * 16), n1 = std::min(N, part(col_groups, t + 1, nt) * 16);
+      if (n0 < n1) cpu::bf16dot_linear(w, K, xs, M, yd, ldy, n0, n1, accumulate, nullptr);
+    });
+    return;
+  }
+  // Threads split the columns when every thread gets a few 48-column panels (each reads only its
+  // part of the weight), otherwise the rows (small N: in_proj_b/a).
+  constexpr int64_t kPanel = 48;
+  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t row_blocks = (M + 7) / 8;  // the GEMM's 8-row register tile
+  const bool split_columns = panels >= 2 * threads || row_blocks < threads;
+  const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? col_groups : row_blocks));
+  run(nt, [&](int t) {
+    static thread_local ByteBuffer a_scratch, p_scratch;
+    int64_t r0 = 0, r1 = M, n0 = 0, n1 = N;
+    if (split_columns) {
+      n0 = std::min(N, part(col_groups, t, nt) * 16);
+      n1 = std::min(N, part(col_groups, t + 1, nt) * 16);
+    } else {
+      r0 = std::min(M, part(row_blocks, t, nt) * 8);
+      r1 = std::min(M, part(row_blocks, t + 1, nt) * 8);
+    }
+    if (n0 >= n1 || r0 >= r1) return;
+    uint16_t* xs = scratch<uint16_t>(a_scratch, std::min(kBf16DotRowsPerPass, r1 - r0) * Kp);
+    uint32_t* panel = scratch<uint32_t>(p_scratch, cpu::bf16dot_panel_words(K));
+    for (int64_t m0 = r0; m0 < r1; m0 += kBf16DotRowsPerPass) {
+      const int64_t rows = std::min(kBf16DotRowsPerPass, r1 - m0);
+      cpu::amx_pack_gemv_rows(xd + m0 * ldx, ldx, rows, K, /*terms=*/1, xs);
+      cpu::bf16dot_linear(w, K, xs, rows, yd + m0 * ldy, ldy, n0, n1, accumulate, panel);
+    }
+  });
+}
+
 }  // namespace
 
 const char* linear_precision_name(LinearPrecision p) {
@@ -68,17 +118,20 @@ const char* linear_backend_name(LinearBackend b) {
     case LinearBackend::kAuto: return "auto";
     case LinearBackend::kPortable: return "portable";
     case LinearBackend::kAmx: return "amx";
+    case LinearBackend::kAvx512Bf16: return "avx512bf16";
   }
   return "?";
 }
 
 LinearBackend linear_backend_from_name(const std::string& name) {
-  for (LinearBackend b : {LinearBackend::kAuto, LinearBackend::kPortable, LinearBackend::kAmx})
+  for (LinearBackend b :
+       {LinearBackend::kAuto, LinearBackend::kPortable, LinearBackend::kAmx, LinearBackend::kAvx512Bf16})
     if (name == linear_backend_name(b)) return b;
-  throw Error("linear backend: got '" + name + "', expected auto, portable or amx");
+  throw Error("linear backend: got '" + name + "', expected auto, portable, amx or avx512bf16");
 }
 
 bool linear_amx_available() { return cpu::amx_usable(); }
+bool linear_avx512bf16_available() { return cpu::avx512bf16_usable(); }
 
 struct Bf16Linear::Impl {
   TensorView weight;
@@ -103,7 +156,13 @@ Bf16Linear::Bf16Linear(TensorView weight, std::string name, LinearBackend backen
   if (backend == LinearBackend::kAmx && !cpu::amx_usable())
     throw Error(name + ": the AMX linear backend was requested but this CPU/OS cannot run it (needs AMX-BF16, "
                 "AVX512-BF16 and the tile-data permission)");
-  if (backend == LinearBackend::kAuto) backend = cpu::amx_usable() ? LinearBackend::kAmx : LinearBackend::kPortable;
+  if (backend == LinearBackend::kAvx512Bf16 && !cpu::avx512bf16_usable())
+    throw Error(name + ": the avx512bf16 linear backend was requested but this CPU/OS cannot run it (needs "
+                "AVX512F/BW/VL and AVX512-BF16, and HANPU_ISA native)");
+  if (backend == LinearBackend::kAuto)
+    backend = cpu::amx_usable()            ? LinearBackend::kAmx
+              : cpu::avx512bf16_usable()   ? LinearBackend::kAvx512Bf16
+                                           : LinearBackend::kPortable;
   impl_->weight = weight;
   impl_->name = std::move(name);
   impl_->backend = backend;
@@ -178,7 +237,11 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     else ThreadPool::shared(threads).run(n, fn);
   };
 
-  if (impl_->backend == LinearBackend::kPortable) {
+  // The avx512bf16 backend runs only the bf16 mode on VDPBF16PS (linear_bf16dot.cpp says why);
+  // exact and bf16x2 take the f32 kernel, which is exact.
+  const bool f32_kernel = impl_->backend == LinearBackend::kPortable ||
+                          (impl_->backend == LinearBackend::kAvx512Bf16 && precision != LinearPrecision::kBf16);
+  if (f32_kernel) {
     const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
     const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
     run(nt, [&](int t) {
@@ -189,9 +252,15 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     return;
   }
 
-  const auto* wp = reinterpret_cast<const uint16_t*>(impl_->packed.data());
   const int terms = precision_terms(precision);
   static thread_local ByteBuffer x_scratch;
+  if (impl_->backend == LinearBackend::kAvx512Bf16) {
+    forward_avx512bf16(static_cast<const uint16_t*>(impl_->weight.data), K, N, xd, ldx, yd, ldy, M, threads,
+                       accumulate, run);
+    return;
+  }
+
+  const auto* wp = reinterpret_cast<const uint16_t*>(impl_->packed.data());
   if (M <= kGemvMaxRows) {
     uint16_t* xs = scratch<uint16_t>(x_scratch, M * terms * cpu::amx_k_steps(K) * cpu::kAmxK);
     cpu::amx_pack_gemv_rows(xd, ldx, M, K, terms, xs);

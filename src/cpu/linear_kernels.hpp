@@ -79,8 +79,27 @@ int64_t amx_cbuf_floats(int64_t strips);
 
 /// GEMV form for a few rows: xs holds, per row m and term t, K padded to kAmxK bf16 values at
 /// (m * terms + t) * Kp (Kp = amx_k_steps(K) * kAmxK). Columns [n0, n1), n0 a multiple of 16.
+/// amx_pack_gemv_rows needs only AVX512-BF16 (no AMX): the bf16dot kernels below use it too.
 void amx_pack_gemv_rows(const float* x, int64_t ldx, int64_t rows, int64_t K, int terms, uint16_t* out);
 void amx_gemv(const uint16_t* xs, int64_t rows, int terms, const uint16_t* w_packed, int64_t K, int64_t N,
               int64_t n0, int64_t n1, float* y, int64_t ldy, bool accumulate);
+
+// ---- AVX512-BF16 on the checkpoint layout (linear_bf16dot.cpp) -------------------------------
+/// CPUID (AVX512F/DQ/BW/VL, AVX512-BF16) and XCR0, and HANPU_ISA "native". Computed once.
+bool avx512bf16_usable();
+/// From this many rows on Bf16Linear runs bf16dot_linear in its GEMM form (a k-pair panel transposed once per
+/// call and reused by every row); below, dot products on the weight rows as they are. The panel
+/// costs about as much as 16 rows of dot products over it.
+constexpr int64_t kBf16DotGemmMinRows = 16;
+/// uint32_t words of per-thread panel scratch the GEMM form needs for in_features K.
+int64_t bf16dot_panel_words(int64_t K);
+/// y[m, n] (+)= sum_k x[m, k] w[n, k] for rows [0, M) and columns [n0, n1) of w ([N, K] bf16,
+/// row-major, the checkpoint layout), the activations rounded to bf16 as amx_pack_gemv_rows
+/// writes them with one term (row m at m * Kp, K padded to kAmxK with zeros). With a panel (bf16dot_panel_words(K) words of
+/// scratch) the GEMM form runs, without (nullptr) the dot form. The caller chooses from the whole
+/// call's row count (kBf16DotGemmMinRows), never from a thread's or pass's share: the two forms
+/// sum in different orders, and the result must not depend on the thread count.
+void bf16dot_linear(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t M, float* y, int64_t ldy, int64_t n0,
+                    int64_t n1, bool accumulate, uint32_t* panel);
 
 }  // namespace hanpu::cpu

@@ -1,0 +1,235 @@
+// AVX512-BF16 kernels of Bf16Linear on the checkpoint's own layout (LinearBackend::kAvx512Bf16),
+// for CPUs that have VDPBF16PS but no AMX (AMD Zen 4 and Zen 5; Intel Cooper Lake). x86-64 with
+// GCC/Clang only; every function is compiled for those extensions through target attributes and
+// called only after avx512bf16_usable() said yes.
+//
+// Why: VDPBF16PS does 32 multiply-adds (bf16 pairs into f32) per instruction. On Zen 4 it issues
+// at the rate of a 512-bit f32 FMA (measured on an EPYC family 25 model 17: the same instructions
+// per second as VFMADD231PS, so twice the multiply-adds), so with activations rounded to bf16
+// (LinearPrecision::kBf16, what llama.cpp's BF16 models do) the projections can run at twice the
+// f32 FMA peak. (On Sapphire Rapids it issues at half that rate and gains nothing: see
+// gram_bf16.cpp; there AMX is used instead.) Only the one-term mode runs here: splitting the
+// activations into two or three bf16 terms (as the AMX backend does for bf16x2 / exact) costs two
+// or three instructions per pair, measured on Zen 4 (M = 512, K = 1024, N = 3584, one thread):
+// 3 terms 0.63x and 2 terms 0.99x the f32 FMA kernel, so exact and bf16x2 run linear_portable's
+// f32 kernel instead (bf16x2 then is exact). The activations are rounded to bf16 by
+// amx_pack_gemv_rows with one term, the rounding the AMX backend uses.
+//
+// Two forms, as in linear_portable.cpp:
+//   few rows (decode): dot products. Each weight row is read once, 32 bf16 per instruction, no
+//     widening; MR activation rows reuse each loaded weight vector.
+//   many rows (prefill): a GEMM in broadcast form. A panel of kPanelColumns weight rows is
+//     transposed once per row pass into k pairs, [K/2][kPanelColumns] 32-bit words (the layout
+//     VDPBF16PS wants for its second operand; each word is two adjacent bf16 of one weight row, so
+//     the transpose moves 32-bit words and needs no conversion), and register tiles of kTileRows
+//     rows x 3 vectors accumulate broadcast activation pairs times panel rows. No second copy of
+//     the weight is kept: the panel (K * 96 bytes) is per-thread scratch.
+#include "cpu/linear_kernels.hpp"
+#include "cpu/isa.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HANPU_HAVE_BF16DOT_CODE 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+namespace hanpu::cpu {
+
+#if HANPU_HAVE_BF16DOT_CODE
+
+#define HANPU_BF16DOT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+namespace {
+
+// GEMM register tile: kTileRows rows x kPanelVectors vectors of 16 columns = 24 accumulators,
+// plus 3 panel vectors and the broadcast: 28 of the 32 zmm registers. 24 independent chains
+// cover VDPBF16PS's latency (6 cycles on Zen 4) at one issue per cycle even with one term.
+constexpr int kTileRows = 8;
+constexpr int kPanelVectors = 3;
+constexpr int64_t kPanelColumns = 16 * kPanelVectors;
+// The panel is transposed in blocks of this many k pairs, so that each weight row is read in
+// 256-byte runs and the writes stay in a 12 KiB (L1) part of the panel.
+constexpr int64_t kTransposeBlock = 64;
+
+bool detect_avx512bf16() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  const bool avx512 = (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);  // F DQ BW VL
+  if (!avx512) return false;
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
+  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;           // OSXSAVE
+  unsigned xcr0_lo, xcr0_hi;
+  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 0xE6u) == 0xE6u;  // SSE, AVX, opmask, ZMM state enabled by the OS
+}
+
+// ---- dot form -------------------------------------------------------------------------------
+// Rows [0, MR) of xs (row i at i * Kp, zero past K) times weight rows [n, n + NR): one
+// accumulator per (row, weight row). The last partial
+// 32-k step of each weight row is a masked load (past K the row belongs to the next row or to no
+// allocation at all).
+// Sum of the 16 lanes (masked extracts: GCC 12 warns about the undefined temporaries inside _mm512_reduce_add_ps, the plain extracts and casts).
+HANPU_BF16DOT_TARGET inline float horizontal_sum(__m512 v) {
+  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0), _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
+  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// One 32-k step of dot_block (a lambda would not inherit the target attribute).
+template <int MR, int NR>
+HANPU_BF16DOT_TARGET inline void dot_step(__m512 (&acc)[MR][NR], const uint16_t* w, int64_t K, const uint16_t* xs,
+                                          int64_t Kp, int64_t n, int64_t k, __mmask32 mask) {
+  __m512bh wv[NR];
+  for (int j = 0; j < NR; ++j) wv[j] = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n + j) * K + k);
+  for (int i = 0; i < MR; ++i) {
+    const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs + i * Kp + k);
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+  }
+}
+
+template <int MR, int NR>
+HANPU_BF16DOT_TARGET void dot_block(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t Kp, float* y,
+                                    int64_t ldy, int64_t n, bool accumulate) {
+  __m512 acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t full = K / 32 * 32;
+  for (int64_t k = 0; k < full; k += 32) dot_step<MR, NR>(acc, w, K, xs, Kp, n, k, ~__mmask32{0});
+  if (full < K) dot_step<MR, NR>(acc, w, K, xs, Kp, n, full, static_cast<__mmask32>((1ull << (K - full)) - 1));
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      const float sum = horizontal_sum(acc[i][j]);
+      float& out = y[i * ldy + n + j];
+      out = accumulate ? out + sum : sum;
+    }
+}
+
+template <int MR>
+HANPU_BF16DOT_TARGET void dot_rows(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t Kp, float* y, int64_t ldy,
+                                   int64_t n0, int64_t n1, bool accumulate) {
+  // One row: 8 weight rows in flight (8 accumulators, 8 weight vectors); more rows: 4 x 4.
+  constexpr int NR = MR == 1 ? 8 : 4;
+  int64_t n = n0;
+  for (; n + NR <= n1; n += NR) dot_block<MR, NR>(w, K, xs, Kp, y, ldy, n, accumulate);
+  for (; n < n1; ++n) dot_block<MR, 1>(w, K, xs, Kp, y, ldy, n, accumulate);
+}
+
+HANPU_BF16DOT_TARGET void dot_form(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t Kp, int64_t M, float* y,
+                                   int64_t ldy, int64_t n0, int64_t n1, bool accumulate) {
+  // Columns in slices whose weight rows (128 x K x 2 bytes, 256 KiB at K = 1024) stay in L2 while
+  // every activation row passes over them; one row (decode) streams the weight once either way.
+  constexpr int64_t kColumnSlice = 128;
+  const int64_t rs = Kp;  // xs elements per row
+  for (int64_t c0 = n0; c0 < n1; c0 += kColumnSlice) {
+    const int64_t c1 = std::min(n1, c0 + kColumnSlice);
+    int64_t m = 0;
+    if (M == 1) {
+      dot_rows<1>(w, K, xs, Kp, y, ldy, c0, c1, accumulate);
+      continue;
+    }
+    for (; m + 4 <= M; m += 4) dot_rows<4>(w, K, xs + m * rs, Kp, y + m * ldy, ldy, c0, c1, accumulate);
+    for (; m + 2 <= M; m += 2) dot_rows<2>(w, K, xs + m * rs, Kp, y + m * ldy, ldy, c0, c1, accumulate);
+    for (; m < M; ++m) dot_rows<1>(w, K, xs + m * rs, Kp, y + m * ldy, ldy, c0, c1, accumulate);
+  }
+}
+
+// ---- GEMM form ------------------------------------------------------------------------------
+// panel[kp * kPanelColumns + c] = the bf16 pair (w[n + c][2kp], w[n + c][2kp + 1]) for c < width,
+// zero for the padding columns; an odd K's last pair has a zero second half.
+void transpose_panel(const uint16_t* w, int64_t K, int64_t n, int64_t width, uint32_t* panel) {
+  const int64_t pairs = (K + 1) / 2, whole = K / 2;
+  for (int64_t p0 = 0; p0 < pairs; p0 += kTransposeBlock) {
+    const int64_t p1 = std::min(pairs, p0 + kTransposeBlock), w1 = std::min(p1, whole);
+    for (int64_t c = 0; c < kPanelColumns; ++c) {
+      uint32_t* dst = panel + c;
+      if (c >= width) {
+        for (int64_t p = p0; p < p1; ++p) dst[p * kPanelColumns] = 0;
+        continue;
+      }
+      const uint16_t* row = w + (n + c) * K;
+      for (int64_t p = p0; p < w1; ++p) {
+        uint32_t pair;
+        std::memcpy(&pair, row + 2 * p, 4);
+        dst[p * kPanelColumns] = pair;
+      }
+      if (w1 < p1) dst[w1 * kPanelColumns] = row[K - 1];  // odd K: (w[K-1], 0), little-endian pair
+    }
+  }
+}
+
+// Rows [0, MR) x the panel's columns [0, width): every k pair, then one store.
+template <int MR>
+HANPU_BF16DOT_TARGET void gemm_tile(const uint32_t* panel, int64_t pairs, const uint16_t* xs, int64_t Kp, float* y,
+                                    int64_t ldy, int64_t width, bool accumulate) {
+  __m512 acc[MR][kPanelVectors];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < kPanelVectors; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh b[kPanelVectors];
+    for (int j = 0; j < kPanelVectors; ++j)
+      b[j] = (__m512bh)_mm512_loadu_si512(panel + p * kPanelColumns + 16 * j);
+    for (int i = 0; i < MR; ++i) {
+      int32_t pair;
+      std::memcpy(&pair, xs + i * Kp + 2 * p, 4);
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(pair);
+      for (int j = 0; j < kPanelVectors; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+    }
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* yr = y + i * ldy;
+    for (int j = 0; j < kPanelVectors; ++j) {
+      const int64_t cnt = std::clamp<int64_t>(width - 16 * j, 0, 16);
+      if (cnt == 0) break;
+      const __mmask16 mask = cnt == 16 ? 0xFFFF : static_cast<__mmask16>((1u << cnt) - 1);
+      __m512 v = acc[i][j];
+      if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, yr + 16 * j));
+      _mm512_mask_storeu_ps(yr + 16 * j, mask, v);
+    }
+  }
+}
+
+HANPU_BF16DOT_TARGET void gemm_form(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t Kp, int64_t M, float* y,
+                                    int64_t ldy, int64_t n0, int64_t n1, bool accumulate, uint32_t* panel) {
+  const int64_t pairs = (K + 1) / 2, rs = Kp;
+  for (int64_t n = n0; n < n1; n += kPanelColumns) {
+    const int64_t width = std::min(kPanelColumns, n1 - n);
+    transpose_panel(w, K, n, width, panel);
+    int64_t m = 0;
+    for (; m + kTileRows <= M; m += kTileRows)
+      gemm_tile<kTileRows>(panel, pairs, xs + m * rs, Kp, y + m * ldy + n, ldy, width, accumulate);
+    for (; m + 4 <= M; m += 4) gemm_tile<4>(panel, pairs, xs + m * rs, Kp, y + m * ldy + n, ldy, width, accumulate);
+    for (; m < M; ++m) gemm_tile<1>(panel, pairs, xs + m * rs, Kp, y + m * ldy + n, ldy, width, accumulate);
+  }
+}
+
+}  // namespace
+
+bool avx512bf16_usable() {
+  // HANPU_ISA below "native" turns the kernels outside Highway off (cpu/isa.hpp).
+  static const bool usable = detect_avx512bf16();
+  return usable && isa_selection().native;
+}
+
+int64_t bf16dot_panel_words(int64_t K) { return (K + 1) / 2 * kPanelColumns; }
+
+void bf16dot_linear(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t M, float* y, int64_t ldy, int64_t n0,
+                    int64_t n1, bool accumulate, uint32_t* panel) {
+  const int64_t Kp = amx_k_steps(K) * kAmxK;
+  if (panel != nullptr) gemm_form(w, K, xs, Kp, M, y, ldy, n0, n1, accumulate, panel);
+  else dot_form(w, K, xs, Kp, M, y, ldy, n0, n1, accumulate);
+}
+
+#else  // no AVX512-BF16 code on this architecture / compiler: the portable backend is used.
+
+bool avx512bf16_usable() { return false; }
+int64_t bf16dot_panel_words(int64_t) { return 0; }
+void bf16dot_linear(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t, int64_t, bool,
+                    uint32_t*) {}
+
+#endif
+
+}  // namespace hanpu::cpu
