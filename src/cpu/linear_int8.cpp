@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/linear_call.hpp"
 #include "cpu/linear_kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/linear.hpp"
@@ -116,25 +117,11 @@ float Int8Linear::weight(int64_t n, int64_t k) const {
 void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate) const {
   if (!impl_) throw Error("Int8Linear: forward on an empty (default-constructed) linear layer");
   const int64_t K = impl_->K, N = impl_->N;
-  if (x.dtype != DType::F32 || x.rank != 2 || x.shape[1] != K || x.stride[1] != 1 || x.stride[0] < K)
-    throw Error(impl_->name + ": input must be F32 [M, " + std::to_string(K) +
-                "] with unit column stride and row stride >= " + std::to_string(K) + ", got " +
-                std::string(dtype_name(x.dtype)) + " " + x.shape_str());
-  if (y.dtype != DType::F32 || y.rank != 2 || y.shape[0] != x.shape[0] || y.shape[1] != N || y.stride[1] != 1 ||
-      y.stride[0] < N)
-    throw Error(impl_->name + ": output must be F32 [" + std::to_string(x.shape[0]) + ", " + std::to_string(N) +
-                "] with unit column stride and row stride >= " + std::to_string(N) + ", got " +
-                std::string(dtype_name(y.dtype)) + " " + y.shape_str());
-  const int64_t M = x.shape[0];
-  if (M == 0 || N == 0) return;
-  const auto* xd = static_cast<const float*>(x.data);
-  auto* yd = static_cast<float*>(y.data);
-  const int64_t ldx = x.stride[0], ldy = y.stride[0];
-  if (K == 0) {
-    if (!accumulate)
-      for (int64_t m = 0; m < M; ++m) std::fill(yd + m * ldy, yd + m * ldy + N, 0.f);
-    return;
-  }
+  const auto call = cpu::begin_linear_call(impl_->name, K, N, x, y, accumulate);
+  if (!call) return;
+  const float* xd = call->x;
+  float* yd = call->y;
+  const int64_t M = call->M, ldx = call->ldx, ldy = call->ldy;
   threads = std::max(1, threads);
   // Column ranges in multiples of 4 (the kernel's register block), one per thread.
   const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
