@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <ctime>
 #include <random>
@@ -51,6 +52,26 @@ struct Args {
   std::string backend = "auto";
   double min_seconds = 0.3;
   bool lm_head = false;
+  int64_t int8_group = 0;  // > 0: Int8Linear with this group instead of Bf16Linear
+};
+
+// The layer under test: a Bf16Linear, or an Int8Linear quantized from the same bf16 weight (then
+// the reference is the dequantized weight and the precision mode does not apply).
+struct Layer {
+  std::optional<Bf16Linear> bf16;
+  std::optional<Int8Linear> int8;
+  int64_t K = 0, N = 0;
+  void forward(TensorView x, TensorView y, int threads, LinearPrecision p) const {
+    if (int8) int8->forward(x, y, threads, false);
+    else bf16->forward(x, y, threads, false, p);
+  }
+  double weight(const std::vector<uint16_t>& w, int64_t n, int64_t k) const {
+    return int8 ? int8->weight(n, k) : bf16_to_f32(w[static_cast<size_t>(n * K + k)]);
+  }
+  double weight_bytes() const { return int8 ? static_cast<double>(int8->bytes()) : 2.0 * K * N; }
+  std::string backend() const {
+    return int8 ? "int8/g" + std::to_string(int8->group()) : linear_backend_name(bf16->backend());
+  }
 };
 
 double process_cpu_seconds() {
@@ -66,22 +87,22 @@ struct Result {
   double nmse = 0;         // sum (y - ref)^2 / sum ref^2 over sampled outputs
 };
 
-Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M, int threads, LinearPrecision prec,
+Result run_one(const Layer& lin, const std::vector<uint16_t>& w, int64_t M, int threads, LinearPrecision prec,
                double min_seconds) {
-  const int64_t K = lin.in_features(), N = lin.out_features();
+  const int64_t K = lin.K, N = lin.N;
   std::mt19937_64 rng(11);
   std::normal_distribution<float> nrm(0.f, 1.f);
   std::vector<float> x(static_cast<size_t>(M * K)), y(static_cast<size_t>(M * N));
   for (auto& v : x) v = nrm(rng);
   const TensorView xv = TensorView::contiguous(x.data(), DType::F32, {M, K});
   const TensorView yv = TensorView::contiguous(y.data(), DType::F32, {M, N});
-  lin.forward(xv, yv, threads, false, prec);  // warm-up (scratch buffers, thread pool)
+  lin.forward(xv, yv, threads, prec);  // warm-up (scratch buffers, thread pool)
   int reps = 0;
   const double cpu0 = process_cpu_seconds();
   const auto t0 = std::chrono::steady_clock::now();
   double elapsed = 0;
   do {
-    lin.forward(xv, yv, threads, false, prec);
+    lin.forward(xv, yv, threads, prec);
     ++reps;
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } while (elapsed < min_seconds || reps < 2);
@@ -95,7 +116,7 @@ Result run_one(const Bf16Linear& lin, const std::vector<uint16_t>& w, int64_t M,
     const int64_t n = static_cast<int64_t>(rng() % static_cast<uint64_t>(N));
     double ref = 0, abs = 0;
     for (int64_t k = 0; k < K; ++k) {
-      const double p = static_cast<double>(x[static_cast<size_t>(m * K + k)]) * bf16_to_f32(w[static_cast<size_t>(n * K + k)]);
+      const double p = static_cast<double>(x[static_cast<size_t>(m * K + k)]) * lin.weight(w, n, k);
       ref += p;
       abs += std::fabs(p);
     }
@@ -172,17 +193,22 @@ void run(const Args& a) {
   for (const auto& s : shapes) {
     std::vector<uint16_t> w(static_cast<size_t>(s.N * s.K));
     for (auto& v : w) v = f32_to_bf16(0.03f * nrm(rng));
-    const Bf16Linear lin(TensorView::contiguous(w.data(), DType::BF16, {s.N, s.K}), s.name, backend);
+    const TensorView wv = TensorView::contiguous(w.data(), DType::BF16, {s.N, s.K});
+    Layer lin;
+    lin.K = s.K;
+    lin.N = s.N;
+    if (a.int8_group > 0) lin.int8.emplace(wv, s.name, a.int8_group);
+    else lin.bf16.emplace(wv, s.name, backend);
     for (int64_t M : a.Ms) {
       for (int t : a.threads) {
         for (LinearPrecision p : precs) {
           const Result r = run_one(lin, w, M, t, p, a.min_seconds);
-          const double flops = 2.0 * M * s.K * s.N, wbytes = 2.0 * s.K * s.N;
+          const double flops = 2.0 * M * s.K * s.N, wbytes = lin.weight_bytes();
           const double peak = t == 1 ? h1.fma_peak_gflops_1thread : hn.fma_peak_gflops_all;
           std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %5.0f %10.2e %10.2e\n",
                       s.name.c_str(),
                       static_cast<long long>(M), static_cast<long long>(s.K), static_cast<long long>(s.N), t,
-                      linear_backend_name(lin.backend()), linear_precision_name(p), r.seconds_per_call * 1e3,
+                      lin.backend().c_str(), lin.int8 ? "f32" : linear_precision_name(p), r.seconds_per_call * 1e3,
                       flops / r.seconds_per_call / 1e9, flops / r.seconds_per_call / 1e9 / peak,
                       wbytes / r.seconds_per_call / 1e9, 100 * r.cpu_share, r.max_rel_err, r.nmse);
           std::fflush(stdout);
@@ -210,7 +236,10 @@ void register_bench_linear_command(CLI::App& app) {
   cmd->add_option("--N", args->N, "out_features")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',')->check(CLI::Range(1, 1024));
   cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16 (comma separated)")->delimiter(',');
-  cmd->add_option("--backend", args->backend, "auto, portable or amx");
+  cmd->add_option("--backend", args->backend, "auto, portable, amx or avx512bf16");
+  cmd->add_option("--int8-group", args->int8_group,
+                  "benchmark Int8Linear (int8 weights, one scale per this many inputs) instead of Bf16Linear")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--seconds", args->min_seconds, "minimum time per row")->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--lm-head", args->lm_head, "include the LM head (248320 x 1024) in the default shapes");
   cmd->callback([args] { run(*args); });
