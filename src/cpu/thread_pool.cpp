@@ -1,6 +1,7 @@
 #include "cpu/thread_pool.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -11,6 +12,9 @@
 #ifdef __linux__
 #include <pthread.h>
 #include <sched.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
 #endif
 
 namespace hanpu {
@@ -40,6 +44,33 @@ void pin_to_cpu(std::thread& t, int cpu) {
 
 namespace {
 std::atomic<int> g_fail_spawn_at{0};  // test hook: 0 = off
+
+// How long a worker polls for its next job, and run() for the workers to finish, before sleeping
+// on a condition variable. A decode step calls the pool once per projection (about 130 times per
+// token for Qwen3.5-0.8B), jobs a few hundred microseconds apart; a sleeping thread costs a futex
+// wake-up each time, and in a VM whose idle vCPU halted, the host rescheduling it (tens of
+// microseconds). 50 us covers the gap between two projections of one token and bounds the CPU
+// burnt when no job comes. Pools with more threads than cores never poll (a polling worker would
+// take the core the thread it waits for needs).
+constexpr auto kPollTime = std::chrono::microseconds(50);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+// Polls done() for up to kPollTime.
+template <class Done>
+void poll_until(const Done& done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (unsigned i = 1; !done(); ++i) {
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - t0 > kPollTime) return;
+  }
+}
 }  // namespace
 
 void ThreadPool::fail_thread_creation_for_testing(int worker) { g_fail_spawn_at.store(worker); }
@@ -47,6 +78,7 @@ void ThreadPool::fail_thread_creation_for_testing(int worker) { g_fail_spawn_at.
 ThreadPool::ThreadPool(int threads) {
   if (threads > kMaxThreads)
     throw Error("thread pool: got " + std::to_string(threads) + " threads, expected at most " + std::to_string(kMaxThreads));
+  poll_ = threads <= hardware_threads();
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
     try {
@@ -82,6 +114,7 @@ void ThreadPool::worker_loop(int index) {
   for (;;) {
     const std::function<void(int)>* job;
     int n;
+    if (poll_) poll_until([&] { return generation_.load(std::memory_order_acquire) != seen; });
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_start_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -129,6 +162,7 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
   } catch (...) {
     mine = std::current_exception();
   }
+  if (poll_) poll_until([&] { return pending_.load(std::memory_order_acquire) == 0; });
   std::unique_lock<std::mutex> lock(mu_);
   cv_done_.wait(lock, [&] { return pending_ == 0; });
   if (mine) std::rethrow_exception(mine);

@@ -2,6 +2,7 @@
 // fn(t) for t in [0, n) with t = 0 on the calling thread, and returns when all are done.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -41,9 +42,11 @@ class ThreadPool {
   std::condition_variable cv_start_, cv_done_;
   const std::function<void(int)>* job_ = nullptr;
   int job_n_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  // Written under mu_; atomic so that the polling before a sleep (thread_pool.cpp) may read them.
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
   bool stop_ = false;
+  bool poll_ = false;  // workers and run() poll briefly before sleeping (not when oversubscribed)
   std::exception_ptr error_;
 };
 
