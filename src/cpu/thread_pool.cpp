@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,7 +79,12 @@ void ThreadPool::fail_thread_creation_for_testing(int worker) { g_fail_spawn_at.
 ThreadPool::ThreadPool(int threads) {
   if (threads > kMaxThreads)
     throw Error("thread pool: got " + std::to_string(threads) + " threads, expected at most " + std::to_string(kMaxThreads));
-  poll_ = threads <= hardware_threads();
+  // HANPU_POOL_POLL=0 turns polling off (a machine shared with other work; A/B measurements).
+  static const bool poll_allowed = [] {
+    const char* v = std::getenv("HANPU_POOL_POLL");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  poll_ = poll_allowed && threads <= hardware_threads();
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
     try {
