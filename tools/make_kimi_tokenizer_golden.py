@@ -209,6 +209,7 @@ CASES = [
     ("long word", "pneumonoultramicroscopicsilicovolcanoconiosis supercalifragilisticexpialidocious"),
     ("long number", "3141592653589793238462643383279502884197169399375105820974944592307816406286"),
     ("long han", "的一是不了人我在有他这中大来上国个到说们为子和你地出道也时年得就那要下以生会自着去之过家学对可她里后小么心多天而能好都然没日于起还发成事只作当想看文无开手十用主行方又如前所本见经头面公同"),
+    ("repeated pairs", "aaaaaaa aaaa hahahaha ======== ---- 1111111 \u4e00\u4e00\u4e00\u4e00\u4e00 \U0001F600\U0001F600\U0001F600"),
     ("control characters", "a\u0000b\u0007c\u001bd\u007fe\u0085f"),
     ("rare planes", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 𠀀𠀁 𝟙𝟚𝟛"),
 ]

@@ -213,7 +213,9 @@ std::string translate_tiktoken_pattern(const std::string& pattern, const std::st
       const size_t amp = body.find("&&");
       if (amp == std::string::npos) {
         // No intersection: copied, with its \p{...} translated.
-        out += "[" + translate_tiktoken_pattern(body, what) + "]";
+        out += '[';
+        out += translate_tiktoken_pattern(body, what);
+        out += ']';
         i = end;
         continue;
       }
@@ -224,7 +226,11 @@ std::string translate_tiktoken_pattern(const std::string& pattern, const std::st
                           right.find("&&") == std::string::npos;
       if (!simple) throw refuse("the class intersection \"[" + body + "]\" is not of the form [X&&[^Y]]");
       const std::string excluded = right.substr(2, right.size() - 3);
-      out += "(?:(?![" + translate_tiktoken_pattern(excluded, what) + "])[" + translate_tiktoken_pattern(left, what) + "])";
+      out += "(?:(?![";
+      out += translate_tiktoken_pattern(excluded, what);
+      out += "])[";
+      out += translate_tiktoken_pattern(left, what);
+      out += "])";
       i = end;
       continue;
     }
