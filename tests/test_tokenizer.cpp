@@ -605,7 +605,14 @@ TEST_F(MalformedTiktoken, RanksNotDense) {
   auto lines = model_lines();
   const size_t last = lines.size() - 1;
   lines[last] = lines[last].substr(0, lines[last].find(' ')) + " 99999";
-  expect_error(lines, config_text(), {"tiktoken.model:" + std::to_string(last + 1) + ":", "rank 99999", "no rank " + std::to_string(last)});
+  expect_error(lines, config_text(), {"tiktoken.model:" + std::to_string(last + 1) + ":", "rank 99999", "outside 0.." + std::to_string(last),
+                                      "the file has " + std::to_string(lines.size()) + " tokens"});
+}
+
+TEST_F(MalformedTiktoken, HugeRankInAShortFile) {
+  // Refused by the line count before any table is sized by the rank.
+  expect_error({"YQ== 16777215"}, config_text(), {"tiktoken.model:1:", "rank 16777215", "outside 0..0"});
+  expect_error({}, config_text(), {"tiktoken.model", "no tokens"});
 }
 
 TEST_F(MalformedTiktoken, MissingSingleByte) {

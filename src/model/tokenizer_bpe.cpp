@@ -214,9 +214,20 @@ std::vector<std::string> read_tiktoken_model(const std::string& path) {
     std::string bytes;
     size_t line;
   };
-  std::vector<std::optional<Entry>> by_rank;
+  // Ranks must be 0..n-1 for the n tokens; counting the lines first bounds every rank by n, so a
+  // short file naming a huge rank is refused before anything is sized by it.
+  size_t n = 0;
+  for (size_t begin = 0; begin < text.size();) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    if (end > begin && !(end == begin + 1 && text[begin] == '\r')) ++n;
+    begin = end + 1;
+  }
+  if (n == 0) throw Error(path + ": no tokens (expected one \"<base64> <rank>\" line per token)");
+  if (n > kMaxTiktokenRanks)
+    throw Error(path + ": " + std::to_string(n) + " tokens, more than hanpu's limit " + std::to_string(kMaxTiktokenRanks));
+  std::vector<std::optional<Entry>> by_rank(n);
   std::unordered_map<std::string, size_t> line_of_bytes;
-  std::vector<std::pair<size_t, size_t>> rank_lines;  // (rank, line) in file order, for the density check
   size_t line_number = 0, begin = 0;
   while (begin < text.size()) {
     size_t end = text.find('\n', begin);
@@ -240,30 +251,19 @@ std::vector<std::string> read_tiktoken_model(const std::string& path) {
       throw Error(where + ": the rank \"" + printable(rank_text) + "\" is not a decimal integer 0.." +
                   std::to_string(kMaxTiktokenRanks - 1));
     const size_t rank = std::stoul(std::string(rank_text));
-    if (rank >= kMaxTiktokenRanks)
-      throw Error(where + ": the rank " + std::to_string(rank) + " is larger than hanpu's limit " +
-                  std::to_string(kMaxTiktokenRanks - 1));
+    if (rank >= n)
+      throw Error(where + ": the rank " + std::to_string(rank) + " is outside 0.." + std::to_string(n - 1) +
+                  " (the file has " + std::to_string(n) + " tokens; expected ranks 0..n-1, each once, since the "
+                  "special tokens are numbered from n)");
     if (const auto [it, inserted] = line_of_bytes.emplace(*bytes, line_number); !inserted)
       throw Error(where + ": the token " + describe_bytes(*bytes) + " is already given on line " +
                   std::to_string(it->second) + " (each token's bytes once)");
-    if (rank >= by_rank.size()) by_rank.resize(rank + 1);
     if (by_rank[rank])
       throw Error(where + ": the rank " + std::to_string(rank) + " is already given on line " +
                   std::to_string(by_rank[rank]->line) + " (each rank once)");
     by_rank[rank] = Entry{std::move(*bytes), line_number};
-    rank_lines.emplace_back(rank, line_number);
   }
-  if (rank_lines.empty()) throw Error(path + ": no tokens (expected one \"<base64> <rank>\" line per token)");
-  // Ranks are unique, so they are 0..n-1 exactly when the largest is n-1.
-  const size_t n = rank_lines.size();
-  if (by_rank.size() != n) {
-    const auto first_missing = std::find_if(by_rank.begin(), by_rank.end(), [](const auto& e) { return !e.has_value(); });
-    const auto beyond = std::find_if(rank_lines.begin(), rank_lines.end(), [&](const auto& rl) { return rl.first >= n; });
-    throw Error(path + ":" + std::to_string(beyond->second) + ": the rank " + std::to_string(beyond->first) +
-                " is outside 0.." + std::to_string(n - 1) + " (the file has " + std::to_string(n) +
-                " tokens and no rank " + std::to_string(first_missing - by_rank.begin()) +
-                "); expected ranks 0..n-1, since the special tokens are numbered from n");
-  }
+  // n distinct ranks below n: every rank 0..n-1 is present.
   for (int b = 0; b < 256; ++b)
     if (!line_of_bytes.count(std::string(1, static_cast<char>(b))))
       throw Error(path + ": the single byte " + describe_bytes(std::string(1, static_cast<char>(b))) +
