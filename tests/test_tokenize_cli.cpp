@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "test_support.hpp"
@@ -84,6 +85,34 @@ TEST(TokenizeCli, ErrorsAreOneLine) {
   r = tokenize(dir, "--tokenizer " + quote(golden_tokenizer()) + " --decode 1,99999");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("99999"), std::string::npos) << r.err;
+}
+
+
+TEST(TokenizeCli, KimiTiktokenDirectoryAndModelFile) {
+  // The tiktoken golden (tests/data/kimi_tiktoken): a directory with tiktoken.model and no
+  // tokenizer.json, or the tiktoken.model file itself, gives tiktoken's ids.
+  TempDir dir;
+  const fs::path kimi = hanpu::testing::golden_dir().parent_path() / "data" / "kimi_tiktoken";
+  std::ifstream in(kimi / "expected.json");
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const nlohmann::json* special = nullptr;
+  for (const auto& c : expected.at("cases"))
+    if (c.at("name") == "special tokens") special = &c;
+  ASSERT_NE(special, nullptr);
+  std::string want;
+  for (const auto& id : special->at("ids")) want += (want.empty() ? "" : ",") + std::to_string(id.get<int>());
+  const std::string text = special->at("text").get<std::string>();
+  for (const fs::path& where : {kimi, kimi / "tiktoken.model"}) {
+    Result r = tokenize(dir, "--tokenizer " + quote(where.string()) + " --ids", text);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, want + "\n") << where;
+    r = tokenize(dir, "--tokenizer " + quote(where.string()) + " --decode " + want);
+    EXPECT_EQ(r.code, 0) << r.err;
+    EXPECT_EQ(r.out, text + "\n");
+  }
+  const Result r = tokenize(dir, "--tokenizer " + quote(kimi.string()) + " --chat --text hi");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("tiktoken tokenizer"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "hanpu/tensor.hpp"
@@ -400,6 +401,267 @@ TEST(SplitBehaviours, AllBehavioursAndInvert) {
   EXPECT_EQ(with("MergedWithNext", false), (V{a, db, dash, dash, c}));      // "a" "-b" "-" "-c"
   EXPECT_EQ(with("Contiguous", false), (V{a, dash, b, dd, c}));
   EXPECT_EQ(with("Removed", true), (V{dash, dash, dash}));
+}
+
+
+// ---- the tiktoken tokenizer (Kimi Linear) ------------------------------------------------------
+// Against tiktoken on a small vocabulary in Kimi's format (tools/make_kimi_tokenizer_golden.py,
+// tests/data/kimi_tiktoken/): the ids of hand-picked and 300 random strings with special tokens
+// recognised and read as text, decoding, the special-token layout; then the pattern's
+// translation, Kimi's chunking, and malformed files.
+
+fs::path kimi_dir() { return hanpu::testing::golden_dir().parent_path() / "data" / "kimi_tiktoken"; }
+
+const json& kimi_expected() {
+  static const json e = [] {
+    std::ifstream in(kimi_dir() / "expected.json");
+    if (!in) throw std::runtime_error("tests/data/kimi_tiktoken/expected.json missing");
+    return json::parse(in);
+  }();
+  return e;
+}
+
+const Tokenizer& kimi() {
+  static const Tokenizer t = Tokenizer::from_dir(kimi_dir().string());
+  return t;
+}
+
+TEST(TiktokenTokenizer, GoldenUsesHanpusKimiPattern) {
+  // The goldens were made with the pattern hanpu hard-codes (both written from tokenization_kimi.py).
+  EXPECT_EQ(kimi_expected().at("pat_str").get<std::string>(), std::string(hanpu::tok::kKimiPattern));
+  EXPECT_GE(kimi_expected().at("cases").size(), 300u);
+}
+
+TEST(TiktokenTokenizer, GoldenIdsMatchTiktoken) {
+  int failures = 0, checked = 0;
+  for (const json& c : kimi_expected().at("cases")) {
+    const std::string text = c.at("text").get<std::string>(), name = c.at("name").get<std::string>();
+    const std::vector<int32_t> with_specials = kimi().encode(text, true), as_text = kimi().encode(text, false);
+    ++checked;
+    if (with_specials != ids_of(c.at("ids")) || as_text != ids_of(c.at("ids_specials_as_text"))) {
+      if (++failures <= 10)
+        ADD_FAILURE() << "case \"" << name << "\" " << escaped(text) << "\n  hanpu:    " << json(with_specials).dump()
+                      << "\n  tiktoken: " << c.at("ids").dump() << "\n  as text, hanpu:    " << json(as_text).dump()
+                      << "\n  as text, tiktoken: " << c.at("ids_specials_as_text").dump();
+    }
+    EXPECT_EQ(kimi().decode(with_specials), text) << name;
+    EXPECT_EQ(kimi().decode(as_text), text) << name;
+  }
+  EXPECT_EQ(failures, 0) << failures << " of " << checked << " golden strings differ from tiktoken";
+}
+
+TEST(TiktokenTokenizer, SpecialTokenLayout) {
+  const json& e = kimi_expected();
+  const int32_t base = e.at("base_tokens").get<int32_t>();
+  EXPECT_EQ(kimi().vocab_size(), base + e.at("special_tokens").get<int32_t>());
+  EXPECT_EQ(kimi().token_to_id("[BOS]"), e.at("bos_token_id").get<int32_t>());
+  EXPECT_EQ(kimi().eos_token_id(), e.at("eos_token_id").get<int32_t>());
+  EXPECT_EQ(kimi().token_to_id("<|im_end|>"), base + 2);
+  EXPECT_EQ(kimi().token_to_id("[PAD]"), base + 255);
+  // Ids no added_tokens_decoder entry names are tokenization_kimi.py's reserved names.
+  EXPECT_EQ(kimi().token_to_id("<|reserved_token_" + std::to_string(base + 5) + "|>"), base + 5);
+  EXPECT_EQ(kimi().token_to_id("<|reserved_token_" + std::to_string(base + 257) + "|>"), base + 257);
+  EXPECT_TRUE(kimi().is_special(base));
+  EXPECT_FALSE(kimi().is_special(base - 1));
+  // Base tokens are named in the byte-level alphabet, as tokenization_kimi.py's get_vocab shows them.
+  EXPECT_EQ(kimi().token_to_id("a"), static_cast<int32_t>('a'));
+  EXPECT_EQ(kimi().token_to_id("\xC4\xA0"), static_cast<int32_t>(' '));  // U+0120 stands for the space byte
+  EXPECT_EQ(kimi().token_bytes(static_cast<int32_t>(' ')), " ");
+  const std::vector<int32_t> ids{base, static_cast<int32_t>('h'), static_cast<int32_t>('i'), base + 2};
+  EXPECT_EQ(kimi().decode(ids), "[BOS]hi<|im_end|>");
+  EXPECT_EQ(kimi().decode(ids, /*skip_special=*/true), "hi");
+  EXPECT_THROW(kimi().token_bytes(base + 258), hanpu::Error);
+}
+
+TEST(TiktokenTokenizer, InvalidUtf8RoundTrips) {
+  const std::string bytes = "ok \xFF\xFE\x80 caf\xC3 \xE4\xBD\xA0\xE5\xA5\xBD";
+  const std::vector<int32_t> ids = kimi().encode(bytes);
+  EXPECT_FALSE(ids.empty());
+  EXPECT_EQ(kimi().decode(ids), bytes);
+}
+
+TEST(TiktokenTokenizer, LongRunsAreCutAsKimiCutsThem) {
+  // tokenization_kimi.py encodes runs of more than 25,000 non-space characters in pieces.
+  const std::string run(25000, 'a');
+  std::vector<int32_t> expected = kimi().encode(run);
+  const std::vector<int32_t> tail = kimi().encode("a");
+  expected.insert(expected.end(), tail.begin(), tail.end());
+  EXPECT_EQ(kimi().encode(run + "a"), expected);
+  using hanpu::tok::kimi_chunks;
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(kimi_chunks("aaaa  bb", 100, 2), (V{"aa", "aa  bb"}));
+  EXPECT_EQ(kimi_chunks("ab    cd", 100, 2), (V{"ab  ", "  cd"}));
+  EXPECT_EQ(kimi_chunks("abcdef", 4, 100), (V{"abcd", "ef"}));
+  EXPECT_EQ(kimi_chunks("\xE4\xBD\xA0\xE5\xA5\xBD\xE5\x90\x97", 2, 100), (V{"\xE4\xBD\xA0\xE5\xA5\xBD", "\xE5\x90\x97"}));
+  EXPECT_EQ(kimi_chunks("", 4, 100), V{});
+}
+
+TEST(TiktokenTokenizer, PatternTranslation) {
+  using hanpu::tok::translate_tiktoken_pattern;
+  EXPECT_EQ(translate_tiktoken_pattern(R"([\p{Lu}\p{M}&&[^\p{Han}]]+)", "t"), R"((?:(?![\p{sc:Han}])[\p{Lu}\p{M}])+)");
+  EXPECT_EQ(translate_tiktoken_pattern(R"([\p{Han}]+|\p{N}{1,3}|[^\s\p{L}])", "t"), R"([\p{sc:Han}]+|\p{N}{1,3}|[^\s\p{L}])");
+  EXPECT_EQ(translate_tiktoken_pattern(R"(\[a&&b\])", "t"), R"(\[a&&b\])");  // escaped brackets are no class
+  for (const char* refused : {R"([a&&b])", R"([^a&&[^b]])", R"([a&&[b]])", R"(\p{Latin})", R"([a)"}) {
+    try {
+      translate_tiktoken_pattern(refused, "the test pattern");
+      ADD_FAILURE() << refused << " was accepted";
+    } catch (const hanpu::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the test pattern"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(TiktokenTokenizer, NoChatTemplate) {
+  try {
+    kimi().apply_chat_template({{"user", "hi"}});
+    ADD_FAILURE() << "the chat template was applied";
+  } catch (const hanpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tiktoken"), std::string::npos) << e.what();
+  }
+}
+
+class MalformedTiktoken : public ::testing::Test {
+ protected:
+  hanpu::testing::TempDir dir_;
+  std::string model_text() {
+    std::ifstream in(kimi_dir() / "tiktoken.model");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  std::vector<std::string> model_lines() {
+    std::vector<std::string> lines;
+    std::stringstream ss(model_text());
+    for (std::string l; std::getline(ss, l);) lines.push_back(l);
+    return lines;
+  }
+  std::string config_text() {
+    std::ifstream in(kimi_dir() / "tokenizer_config.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Writes the checkpoint files and expects from_dir to fail with every fragment in the message.
+  void expect_error(const std::vector<std::string>& lines, const std::string& config,
+                    const std::vector<std::string>& fragments) {
+    {
+      std::ofstream out(dir_.file("tiktoken.model"));
+      for (const std::string& l : lines) out << l << "\n";
+      std::ofstream(dir_.file("tokenizer_config.json")) << config;
+    }
+    try {
+      Tokenizer::from_dir(dir_.path().string());
+      ADD_FAILURE() << "loaded";
+    } catch (const hanpu::Error& e) {
+      for (const std::string& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what() << "\n  missing: " << f;
+    }
+  }
+};
+
+TEST_F(MalformedTiktoken, TheUnmodifiedFilesLoad) {
+  // The fixtures below each change one thing in these.
+  std::ofstream out(dir_.file("tiktoken.model"));
+  for (const std::string& l : model_lines()) out << l << "\n";
+  out.close();
+  std::ofstream(dir_.file("tokenizer_config.json")) << config_text();
+  EXPECT_EQ(Tokenizer::from_dir(dir_.path().string()).encode("Hello"), kimi().encode("Hello"));
+}
+
+TEST_F(MalformedTiktoken, BadBase64) {
+  auto lines = model_lines();
+  lines[2] = "A$== 2";
+  expect_error(lines, config_text(), {"tiktoken.model:3:", "\"A$==\"", "base64"});
+  lines = model_lines();
+  lines[4] = "QUJ 4";  // length not a multiple of 4
+  expect_error(lines, config_text(), {"tiktoken.model:5:", "base64"});
+}
+
+TEST_F(MalformedTiktoken, BadLineShape) {
+  auto lines = model_lines();
+  lines[1] = "AQ==";
+  expect_error(lines, config_text(), {"tiktoken.model:2:", "expected \"<base64 of the token's bytes> <rank>\""});
+  lines = model_lines();
+  lines[1] = "AQ== 1 extra";
+  expect_error(lines, config_text(), {"tiktoken.model:2:"});
+  lines = model_lines();
+  lines[1] = "AQ== -1";
+  expect_error(lines, config_text(), {"tiktoken.model:2:", "rank \"-1\"", "decimal"});
+}
+
+TEST_F(MalformedTiktoken, DuplicateRank) {
+  auto lines = model_lines();
+  const std::string first_b64 = lines[300].substr(0, lines[300].find(' '));
+  lines[300] = first_b64 + " 299";  // rank 299 is line 300's
+  expect_error(lines, config_text(), {"tiktoken.model:301:", "rank 299", "already given on line 300"});
+}
+
+TEST_F(MalformedTiktoken, DuplicateBytes) {
+  auto lines = model_lines();
+  lines[400] = lines[300].substr(0, lines[300].find(' ')) + " 400";
+  expect_error(lines, config_text(), {"tiktoken.model:401:", "already given on line 301"});
+}
+
+TEST_F(MalformedTiktoken, RanksNotDense) {
+  auto lines = model_lines();
+  const size_t last = lines.size() - 1;
+  lines[last] = lines[last].substr(0, lines[last].find(' ')) + " 99999";
+  expect_error(lines, config_text(), {"tiktoken.model:" + std::to_string(last + 1) + ":", "rank 99999", "outside 0.." + std::to_string(last),
+                                      "the file has " + std::to_string(lines.size()) + " tokens"});
+}
+
+TEST_F(MalformedTiktoken, HugeRankInAShortFile) {
+  // Refused by the line count before any table is sized by the rank.
+  expect_error({"YQ== 16777215"}, config_text(), {"tiktoken.model:1:", "rank 16777215", "outside 0..0"});
+  expect_error({}, config_text(), {"tiktoken.model", "no tokens"});
+}
+
+TEST_F(MalformedTiktoken, MissingSingleByte) {
+  auto lines = model_lines();
+  lines.erase(lines.begin() + 0x41);  // "A"; the last rank then is missing too, so renumber it
+  const size_t last = lines.size() - 1;
+  lines[last] = lines[last].substr(0, lines[last].find(' ')) + " 65";
+  expect_error(lines, config_text(), {"tiktoken.model", "single byte \"A\" is not a token"});
+}
+
+TEST_F(MalformedTiktoken, MissingFiles) {
+  try {
+    Tokenizer::from_dir(dir_.path().string());  // empty directory
+    ADD_FAILURE() << "loaded";
+  } catch (const hanpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tiktoken.model"), std::string::npos) << e.what();
+  }
+  std::ofstream(dir_.file("tiktoken.model")) << model_text();
+  try {
+    Tokenizer::from_dir(dir_.path().string());
+    ADD_FAILURE() << "loaded without tokenizer_config.json";
+  } catch (const hanpu::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: missing"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Tokenizer::from_tiktoken(dir_.file("nonexistent.model"), dir_.file("tokenizer_config.json")), hanpu::Error);
+}
+
+TEST_F(MalformedTiktoken, BadConfig) {
+  const int32_t base = kimi_expected().at("base_tokens").get<int32_t>();
+  json config = json::parse(config_text());
+  config["added_tokens_decoder"][std::to_string(base - 1)] = {{"content", "<|late|>"}};
+  expect_error(model_lines(), config.dump(), {"tokenizer_config.json", "added_tokens_decoder[\"" + std::to_string(base - 1) + "\"]",
+                                              "expected a special-token id " + std::to_string(base) + ".." + std::to_string(base + 257)});
+  config = json::parse(config_text());
+  config["added_tokens_decoder"][std::to_string(base + 258)] = {{"content", "<|late|>"}};
+  expect_error(model_lines(), config.dump(), {"added_tokens_decoder[\"" + std::to_string(base + 258) + "\"]"});
+  config = json::parse(config_text());
+  config["added_tokens_decoder"][std::to_string(base + 20)] = {{"content", "[BOS]"}};
+  expect_error(model_lines(), config.dump(), {"\"[BOS]\" to ids " + std::to_string(base) + " and " + std::to_string(base + 20)});
+  config = json::parse(config_text());
+  config["added_tokens_decoder"][std::to_string(base + 20)] = {{"content", 7}};
+  expect_error(model_lines(), config.dump(), {"added_tokens_decoder[\"" + std::to_string(base + 20) + "\"].content", "expected a string"});
+  config = json::parse(config_text());
+  config.erase("added_tokens_decoder");
+  expect_error(model_lines(), config.dump(), {"tokenizer_config.json", "missing field \"added_tokens_decoder\""});
+  config = json::parse(config_text());
+  config["eos_token"] = "<|nope|>";
+  expect_error(model_lines(), config.dump(), {"eos_token \"<|nope|>\""});
 }
 
 }  // namespace

@@ -1,6 +1,10 @@
-// The tokenizer of Qwen3.5 checkpoints: byte-level BPE read from a Hugging Face tokenizer.json
-// (NFC normalization, the Qwen split regex through PCRE2, utf8proc for Unicode), added/special
-// tokens, and the ChatML chat template for `hanpu run --chat`.
+// The tokenizers of hanpu's checkpoints:
+//   - Qwen3.5 / Qwen3-Next: byte-level BPE read from a Hugging Face tokenizer.json (NFC
+//     normalization, the Qwen split regex through PCRE2, utf8proc for Unicode), added/special
+//     tokens, and the ChatML chat template for `hanpu run --chat`;
+//   - Kimi Linear (and Kimi K2's format): a tiktoken BPE, tiktoken.model plus the special tokens
+//     of tokenizer_config.json, split by the pattern of Moonshot's tokenization_kimi.py. No chat
+//     template yet (apply_chat_template refuses).
 #pragma once
 
 #include <cstdint>
@@ -22,9 +26,15 @@ class Tokenizer {
  public:
   /// tokenizer.json of a checkpoint; errors name the file and what is wrong with it.
   static Tokenizer from_file(const std::string& tokenizer_json);
-  /// A checkpoint directory: tokenizer.json (required) and tokenizer_config.json (optional: its
-  /// added tokens and eos token).
+  /// A checkpoint directory: tokenizer.json and tokenizer_config.json (optional: its added tokens
+  /// and eos token); or, when it has no tokenizer.json, tiktoken.model and tokenizer_config.json
+  /// (from_tiktoken).
   static Tokenizer from_dir(const std::string& dir);
+  /// A tiktoken BPE as Kimi Linear ships it (tokenization_kimi.py): tiktoken.model's n ranks are
+  /// the ids 0..n-1; ids n..n+257 are special tokens, named by tokenizer_config.json's
+  /// added_tokens_decoder or else "<|reserved_token_{id}|>"; its eos_token, if any, is
+  /// eos_token_id(). Errors name the file and line or field.
+  static Tokenizer from_tiktoken(const std::string& tiktoken_model, const std::string& tokenizer_config);
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -48,6 +58,7 @@ class Tokenizer {
   /// True for added tokens marked "special" (<|im_end|>, ...), which decode skips on request.
   bool is_special(int32_t id) const;
 
+  /// Qwen's tokenizers only (a tiktoken tokenizer throws: Kimi's template is not implemented).
   /// ChatML as Qwen's template renders it without tools:
   /// "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then "<|im_start|>assistant\n" if
   /// add_generation_prompt (Qwen3.5 adds "<think>\n\n</think>\n\n" after it when enable_thinking

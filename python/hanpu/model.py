@@ -99,7 +99,7 @@ class Model:
 
 
 class Tokenizer:
-    """A checkpoint's tokenizer.json (byte-level BPE as Qwen's) and tokenizer_config.json."""
+    """A checkpoint's tokenizer: tokenizer.json (Qwen) or tiktoken.model (Kimi), and tokenizer_config.json."""
 
     def __init__(self, impl):
         self._t = impl

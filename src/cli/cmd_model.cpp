@@ -113,10 +113,12 @@ void run_generate(const RunArgs& a) {
     if (a.chat) throw Error("--chat needs a text --prompt, not --prompt-ids");
     prompt = parse_ids(a.prompt_ids);
   }
-  if (std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json"))
+  // tokenizer.json (Qwen) or tiktoken.model (Kimi Linear); Tokenizer::from_dir picks the format.
+  const std::filesystem::path dir(a.model_dir);
+  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model"))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   if (!a.prompt.empty()) {
-    if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tokenizer.json; use --prompt-ids");
+    if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tiktoken.model and no tokenizer.json; use --prompt-ids");
     std::string text = a.prompt;
     if (a.chat) {
       std::vector<ChatMessage> msgs;
@@ -378,7 +380,7 @@ void run_bench_model(const BenchModelArgs& a) {
 void register_model_commands(CLI::App& app) {
   auto run = std::make_shared<RunArgs>();
   CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint: qwen3_5, qwen3_5_moe, qwen3_next, kimi_linear (prefill, then decode)");
-  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->required();
+  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
   r->add_option("-n,--n-predict", run->n_predict, "tokens to generate at most (default 128)")->check(CLI::Range(0, 1 << 30));

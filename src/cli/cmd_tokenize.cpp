@@ -1,4 +1,5 @@
-// `hanpu tokenize`: runs the tokenizer of a checkpoint (tokenizer.json or its directory) on text
+// `hanpu tokenize`: runs the tokenizer of a checkpoint (tokenizer.json, a tiktoken.model next to
+// its tokenizer_config.json, or the checkpoint directory) on text
 // and prints the ids with the piece each stands for, or decodes ids back to text. With --stats it
 // also reports the encode speed (tokens/s), measured over the one call.
 #include <CLI/CLI.hpp>
@@ -77,7 +78,11 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 }
 
 Tokenizer load(const std::string& path) {
-  if (std::filesystem::is_directory(path)) return Tokenizer::from_dir(path);
+  namespace fs = std::filesystem;
+  if (fs::is_directory(path)) return Tokenizer::from_dir(path);
+  // A tiktoken BPE needs its special tokens, which the tokenizer_config.json beside it names.
+  if (fs::path(path).filename() == "tiktoken.model")
+    return Tokenizer::from_tiktoken(path, (fs::path(path).parent_path() / "tokenizer_config.json").string());
   return Tokenizer::from_file(path);
 }
 
@@ -125,7 +130,7 @@ void run_tokenize(const TokenizeArgs& a) {
 void register_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* sub = app.add_subcommand("tokenize", "encode text with a checkpoint's tokenizer (or --decode ids)");
-  sub->add_option("--tokenizer", args->tokenizer, "tokenizer.json or a checkpoint directory holding it")->required();
+  sub->add_option("--tokenizer", args->tokenizer, "tokenizer.json, tiktoken.model (with tokenizer_config.json beside it) or a checkpoint directory")->required();
   auto* text = sub->add_option("--text", args->text, "the text to encode (default: read stdin)");
   auto* file = sub->add_option("--file", args->file, "encode the contents of this file");
   text->excludes(file);

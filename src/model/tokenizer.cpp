@@ -13,6 +13,10 @@
 // Decoding maps each token back to bytes through the alphabet (ByteLevel decoder); added tokens
 // decode to their own text.
 //
+// A tiktoken BPE (Kimi Linear's tiktoken.model, from_tiktoken) shares the special-token search,
+// the invalid-UTF-8 handling and decoding; its text goes through Kimi's chunking, Kimi's split
+// pattern and tiktoken's rank-based merging (tok::TiktokenBpe) instead of steps 3-5.
+//
 // Anything in tokenizer.json that hanpu does not implement is rejected with an error naming the
 // file and the JSON field, rather than being ignored and producing different ids.
 //
@@ -177,6 +181,9 @@ bool is_empty_string_or_null(const json& obj, const std::string& key) {
   return !obj.contains(key) || obj.at(key).is_null() || (obj.at(key).is_string() && obj.at(key).get<std::string>().empty());
 }
 
+// tokenization_kimi.py's num_reserved_special_tokens (256) + 2: the special ids after the ranks.
+constexpr int32_t kKimiSpecialTokenCount = 256 + 2;
+
 }  // namespace
 
 struct Tokenizer::Impl {
@@ -191,6 +198,10 @@ struct Tokenizer::Impl {
   bool nfc = false;
   std::vector<SplitStep> splits;
   std::optional<int32_t> eos;
+  // Set for a tiktoken tokenizer (from_tiktoken), which encodes through these instead of bpe,
+  // the normalizer and the Split steps.
+  std::unique_ptr<tok::TiktokenBpe> tiktoken;
+  std::unique_ptr<tok::SplitRegex> tiktoken_pattern;
 
   void set_token(int32_t id, const std::string& token, bool is_added, bool special) {
     if (static_cast<size_t>(id) >= id_to_token.size()) {
@@ -219,6 +230,7 @@ struct Tokenizer::Impl {
   void load_added_tokens(const json& root, const JsonReader& r);
 
   void pre_tokenize_and_encode(std::string_view text, std::vector<int32_t>& ids) const;
+  void tiktoken_encode(std::string_view text, bool parse_special, std::vector<int32_t>& ids) const;
 };
 
 void Tokenizer::Impl::load_model(const json& root, const JsonReader& r) {
@@ -456,6 +468,85 @@ void Tokenizer::Impl::pre_tokenize_and_encode(std::string_view text, std::vector
   for (const auto& [b, e] : pieces) bpe.encode_word(text.substr(b, e - b), ids);
 }
 
+void Tokenizer::Impl::tiktoken_encode(std::string_view text, bool parse_special, std::vector<int32_t>& ids) const {
+  // As tokenization_kimi.py's encode: the text is cut into chunks first, then each chunk goes
+  // through tiktoken's encode (special tokens found, the text between them split by the pattern,
+  // each match merged). tiktoken keeps only what the pattern matches; Kimi's pattern matches
+  // every character, so nothing is dropped in practice.
+  std::vector<std::pair<size_t, size_t>> matches;
+  auto encode_text = [&](std::string_view segment) {
+    for (const auto& [run, valid] : tok::utf8_runs(segment)) {
+      if (!valid) {  // bytes that are no UTF-8: one piece of their own, as for tokenizer.json
+        tiktoken->encode_piece(run, ids);
+        continue;
+      }
+      tiktoken_pattern->find_all(run, matches);
+      for (const auto& [b, e] : matches) tiktoken->encode_piece(run.substr(b, e - b), ids);
+    }
+  };
+  auto add_special = [&](const AddedToken& t) { ids.push_back(t.id); };
+  for (const std::string_view chunk : tok::kimi_chunks(text)) raw_matcher.split(chunk, parse_special, encode_text, add_special);
+}
+
+Tokenizer Tokenizer::from_tiktoken(const std::string& tiktoken_model, const std::string& tokenizer_config) {
+  Tokenizer t;
+  Impl& impl = *t.impl_;
+  impl.source = tiktoken_model;
+  impl.tiktoken = std::make_unique<tok::TiktokenBpe>(tok::read_tiktoken_model(tiktoken_model));
+  impl.tiktoken_pattern = std::make_unique<tok::SplitRegex>(
+      tok::translate_tiktoken_pattern(tok::kKimiPattern, "Kimi's pre-tokenizer pattern"), false, "Kimi's pre-tokenizer pattern");
+  const std::vector<std::string>& ranks = impl.tiktoken->tokens_by_rank();
+  const auto base_count = static_cast<int32_t>(ranks.size());
+  // Base tokens are kept in the byte-level spelling tokenization_kimi.py's get_vocab() shows
+  // them in (GPT-2's bytes_to_unicode), so token_to_id and decoding work as for tokenizer.json.
+  for (int32_t r = 0; r < base_count; ++r) impl.set_token(r, impl.alphabet.from_bytes(ranks[static_cast<size_t>(r)]), false, false);
+
+  const json config = parse_json_file(tokenizer_config);
+  if (!config.is_object()) throw Error(tokenizer_config + ": the top level is " + type_name(config) + ", expected an object");
+  const JsonReader r{tokenizer_config};
+  const json& decoder = r.get(config, "added_tokens_decoder", "added_tokens_decoder");
+  if (!decoder.is_object())
+    throw Error(tokenizer_config + ": field \"added_tokens_decoder\" is " + type_name(decoder) + ", expected an object of id -> token");
+  const int32_t special_end = base_count + kKimiSpecialTokenCount;
+  std::map<int32_t, std::string> named;
+  for (const auto& [id_text, entry] : decoder.items()) {
+    const std::string field = "added_tokens_decoder[\"" + id_text + "\"]";
+    int64_t id = -1;
+    if (!id_text.empty() && id_text.size() <= 9 && std::all_of(id_text.begin(), id_text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      id = std::stoll(id_text);
+    if (id < base_count || id >= special_end)
+      throw Error(tokenizer_config + ": " + field + " has the id \"" + id_text + "\"; expected a special-token id " +
+                  std::to_string(base_count) + ".." + std::to_string(special_end - 1) + " (" + tiktoken_model + " has " +
+                  std::to_string(base_count) + " ranks, and tokenization_kimi.py numbers " +
+                  std::to_string(kKimiSpecialTokenCount) + " special tokens after them)");
+    const std::string content = r.string_at(entry, "content", field + ".content");
+    if (content.empty()) throw Error(tokenizer_config + ": " + field + ".content is empty, expected the token's text");
+    named[static_cast<int32_t>(id)] = content;
+  }
+  // Every special id is a token, named or reserved (tiktoken recognises all of them in text
+  // when specials are allowed). lstrip/rstrip/normalized are not read: tokenization_kimi.py's
+  // encode hands the text straight to tiktoken, which ignores them.
+  std::unordered_map<std::string, int32_t> special_ids;
+  for (int32_t id = base_count; id < special_end; ++id) {
+    const auto it = named.find(id);
+    const std::string content = it != named.end() ? it->second : "<|reserved_token_" + std::to_string(id) + "|>";
+    if (const auto [prev, inserted] = special_ids.emplace(content, id); !inserted)
+      throw Error(tokenizer_config + ": added_tokens_decoder gives \"" + printable(content) + "\" to ids " +
+                  std::to_string(prev->second) + " and " + std::to_string(id) + "; expected each special token once");
+    impl.add_token(AddedToken{content, id, /*special=*/true, /*normalized=*/false, {}});
+  }
+  if (config.contains("eos_token") && !config.at("eos_token").is_null()) {
+    const json& eos = config.at("eos_token");
+    const std::string content = eos.is_object() ? r.string_at(eos, "content", "eos_token.content") : r.string_at(config, "eos_token", "eos_token");
+    const auto it = special_ids.find(content);
+    if (it == special_ids.end())
+      throw Error(tokenizer_config + ": eos_token \"" + printable(content) + "\" is not one of the special tokens " +
+                  std::to_string(base_count) + ".." + std::to_string(special_end - 1));
+    impl.eos = it->second;
+  }
+  return t;
+}
+
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
@@ -488,9 +579,17 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path tokenizer_json = fs::path(dir) / "tokenizer.json";
   if (!fs::is_directory(dir)) throw Error(dir + ": not a directory (expected a checkpoint directory with tokenizer.json)");
-  if (!fs::exists(tokenizer_json)) throw Error(tokenizer_json.string() + ": missing (a checkpoint directory needs tokenizer.json)");
-  Tokenizer t = from_file(tokenizer_json.string());
   const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
+  // Kimi's checkpoints ship tiktoken.model and no tokenizer.json; with both, tokenizer.json is
+  // what `transformers` would load (its fast tokenizer), so it wins.
+  if (!fs::exists(tokenizer_json) && fs::exists(fs::path(dir) / "tiktoken.model")) {
+    if (!fs::exists(config_path))
+      throw Error(config_path.string() + ": missing (a tiktoken checkpoint needs it for its special tokens)");
+    return from_tiktoken((fs::path(dir) / "tiktoken.model").string(), config_path.string());
+  }
+  if (!fs::exists(tokenizer_json))
+    throw Error(tokenizer_json.string() + ": missing (a checkpoint directory needs tokenizer.json, or tiktoken.model with tokenizer_config.json)");
+  Tokenizer t = from_file(tokenizer_json.string());
   if (!fs::exists(config_path)) return t;
   const std::string config_file = config_path.string();
   const json config = parse_json_file(config_file);
@@ -541,6 +640,10 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool parse_special
   const Impl& impl = *impl_;
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3 + 8);  // ~3-4 bytes per token in typical text
+  if (impl.tiktoken) {
+    impl.tiktoken_encode(text, parse_special, ids);
+    return ids;
+  }
   auto add_token = [&](const AddedToken& t) { ids.push_back(t.id); };
   auto encode_normalized = [&](std::string_view piece) { impl.pre_tokenize_and_encode(piece, ids); };
   auto encode_raw = [&](std::string_view segment) {
@@ -600,6 +703,9 @@ std::string Tokenizer::apply_chat_template(const std::vector<ChatMessage>& messa
   // may only come first; assistant turns after the last user message show their reasoning in a
   // <think> block, earlier ones only their answer; tool results are wrapped in <tool_response>
   // inside a user turn.
+  if (impl_->tiktoken)
+    throw Error("chat template: " + impl_->source + " is a tiktoken tokenizer (Kimi), whose chat template hanpu does not "
+                "implement yet; give the prompt as plain text without --chat, or as --prompt-ids");
   if (messages.empty()) throw Error("chat template: no messages");
   // The last user message that is not a wrapped tool result ("multi-step tool" turns).
   const auto last_user = std::find_if(messages.rbegin(), messages.rend(), [](const ChatMessage& m) {

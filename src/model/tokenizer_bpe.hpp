@@ -16,6 +16,43 @@
 
 namespace hanpu::tok {
 
+/// The mergeable ranks of a tiktoken BPE (tiktoken.model): token bytes -> rank, rank = token id.
+/// Merging is tiktoken's (openai/tiktoken src/lib.rs, byte_pair_encode), not Hugging Face's:
+/// there is no merge list; a piece starts as one part per byte, and the adjacent pair whose
+/// concatenated bytes have the lowest rank is merged (the leftmost one on ties) until no adjacent
+/// pair's concatenation is a token. A piece that is itself a token is that token at once.
+class TiktokenBpe {
+ public:
+  /// tokens_by_rank[r] = the bytes of rank r. The caller guarantees what read_tiktoken_model
+  /// checks: ranks dense, no duplicate bytes, every single byte a token.
+  explicit TiktokenBpe(std::vector<std::string> tokens_by_rank);
+  /// Appends the ids of one pre-token (any bytes).
+  void encode_piece(std::string_view piece, std::vector<int32_t>& out) const;
+  const std::vector<std::string>& tokens_by_rank() const { return tokens_by_rank_; }
+
+ private:
+  // Heterogeneous lookup: the merge loop looks up sub-ranges of a piece without copying them.
+  struct Hash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  std::optional<int32_t> rank_of(std::string_view bytes) const;
+
+  std::vector<std::string> tokens_by_rank_;
+  std::unordered_map<std::string, int32_t, Hash, std::equal_to<>> ranks_;
+};
+
+/// Reads and validates a tiktoken.model file: one "<base64 of the token's bytes> <rank>" per
+/// line (tiktoken/load.py load_tiktoken_bpe). hanpu is stricter than tiktoken, whose loader
+/// skips characters outside the base64 alphabet and keeps the last of two lines with the same
+/// bytes: here each line must be exactly standard base64 (with its padding), one space and a
+/// decimal rank; bytes and ranks must each be unique, the ranks must be 0..n-1 (Kimi's
+/// tokenization_kimi.py numbers the special tokens from n = the number of lines, so a gap would
+/// give two tokens one id), and every single byte must be a token (tiktoken's merge loop
+/// starts from single bytes and panics on a missing one). Empty lines are skipped, as tiktoken
+/// does. Errors name the file and line. Returns the token bytes by rank.
+std::vector<std::string> read_tiktoken_model(const std::string& path);
+
 /// The ByteLevel pre-tokenizer's table: every byte is shown as one printable character
 /// (bytes 0x21-0x7E, 0xA1-0xAC, 0xAE-0xFF as themselves, the others as U+0100 + n in order).
 class ByteLevelAlphabet {

@@ -104,6 +104,141 @@ std::string python_strip(std::string_view text) {
   return std::string(text.substr(begin, end - begin));
 }
 
+// Written out as in tokenization_kimi.py (see tokenizer_text.hpp).
+const char* const kKimiPattern =
+    R"([\p{Han}]+)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3})"
+    R"(| ?[^\s\p{L}\p{N}]+[\r\n]*)"
+    R"(|\s*[\r\n]+)"
+    R"(|\s+(?!\S))"
+    R"(|\s+)";
+
+std::vector<std::string_view> kimi_chunks(std::string_view text, size_t max_chunk_chars, size_t max_run_chars) {
+  std::vector<std::string_view> out;
+  size_t chunk_begin = 0;
+  while (chunk_begin < text.size()) {
+    // One chunk: up to max_chunk_chars characters.
+    size_t chunk_end = chunk_begin, chars = 0;
+    while (chunk_end < text.size() && chars < max_chunk_chars) {
+      size_t len = 0;
+      decode_at(text, chunk_end, len);
+      chunk_end += len;
+      ++chars;
+    }
+    // Within it, a new substring starts where a run of same-kind characters would exceed
+    // max_run_chars (the run then counts from 1 again), as in tokenization_kimi.py.
+    size_t slice_begin = chunk_begin, pos = chunk_begin, run = 0;
+    bool run_is_space = false;
+    bool first = true;
+    while (pos < chunk_end) {
+      size_t len = 0;
+      const bool space = python_isspace(decode_at(text, pos, len));
+      if (first) {
+        run_is_space = space;
+        first = false;
+      }
+      if (space != run_is_space) {
+        run = 1;
+        run_is_space = space;
+      } else if (++run > max_run_chars) {
+        out.push_back(text.substr(slice_begin, pos - slice_begin));
+        slice_begin = pos;
+        run = 1;
+      }
+      pos += len;
+    }
+    out.push_back(text.substr(slice_begin, chunk_end - slice_begin));
+    chunk_begin = chunk_end;
+  }
+  return out;
+}
+
+namespace {
+
+// End (index of the closing ']') of the character class opening at pattern[open], nested
+// classes and escapes included; npos if it does not close.
+size_t class_end(const std::string& pattern, size_t open) {
+  size_t i = open + 1;
+  if (i < pattern.size() && pattern[i] == '^') ++i;
+  if (i < pattern.size() && pattern[i] == ']') ++i;  // a literal ']' first
+  for (; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\') {
+      ++i;
+    } else if (pattern[i] == '[') {
+      const size_t inner = class_end(pattern, i);
+      if (inner == std::string::npos) return inner;
+      i = inner;
+    } else if (pattern[i] == ']') {
+      return i;
+    }
+  }
+  return std::string::npos;
+}
+
+}  // namespace
+
+std::string translate_tiktoken_pattern(const std::string& pattern, const std::string& what) {
+  auto refuse = [&](const std::string& why) -> Error {
+    return Error(what + ": " + why + " (pattern \"" + pattern + "\")");
+  };
+  std::string out;
+  out.reserve(pattern.size() + 64);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      if ((e == 'p' || e == 'P') && i + 2 < pattern.size() && pattern[i + 2] == '{') {
+        const size_t close = pattern.find('}', i + 3);
+        if (close == std::string::npos) throw refuse("an unclosed \\p{...}");
+        const std::string name = pattern.substr(i + 3, close - i - 3);
+        // General categories are one or two letters (L, Lu, N, M, ...); Han is the one script
+        // the known patterns name.
+        if (name == "Han") out += std::string("\\") + e + "{sc:Han}";
+        else if (name.size() <= 2) out += pattern.substr(i, close - i + 1);
+        else throw refuse("\\p{" + name + "} is not supported (hanpu translates general categories and Han)");
+        i = close;
+        continue;
+      }
+      out += c;
+      out += e;
+      ++i;
+      continue;
+    }
+    if (c == '[') {
+      const size_t end = class_end(pattern, i);
+      if (end == std::string::npos) throw refuse("an unclosed character class");
+      const std::string body = pattern.substr(i + 1, end - i - 1);
+      const size_t amp = body.find("&&");
+      if (amp == std::string::npos) {
+        // No intersection: copied, with its \p{...} translated.
+        out += '[';
+        out += translate_tiktoken_pattern(body, what);
+        out += ']';
+        i = end;
+        continue;
+      }
+      const std::string left = body.substr(0, amp), right = body.substr(amp + 2);
+      const bool simple = !left.empty() && left[0] != '^' && left.find('[') == std::string::npos &&
+                          right.size() > 3 && right.rfind("[^", 0) == 0 && right.back() == ']' &&
+                          right.find('[', 1) == std::string::npos && right.find(']') == right.size() - 1 &&
+                          right.find("&&") == std::string::npos;
+      if (!simple) throw refuse("the class intersection \"[" + body + "]\" is not of the form [X&&[^Y]]");
+      const std::string excluded = right.substr(2, right.size() - 3);
+      out += "(?:(?![";
+      out += translate_tiktoken_pattern(excluded, what);
+      out += "])[";
+      out += translate_tiktoken_pattern(left, what);
+      out += "])";
+      i = end;
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 // Unicode's White_Space property (stable since Unicode 6.3), which is Oniguruma's \s.
 constexpr const char* kWhiteSpace = "\\t\\n\\x0b\\f\\r\\x20\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
 

@@ -33,6 +33,37 @@ std::string nfc(std::string_view valid_utf8);
 /// (Jinja's `trim` filter, used by Qwen's chat template).
 std::string python_strip(std::string_view text);
 
+/// What tokenization_kimi.py (Kimi Linear / Kimi K2's remote tokenizer code) does to the text
+/// before tiktoken sees it: cut into chunks of at most 400,000 characters, then each chunk into
+/// substrings with at most 25,000 consecutive characters that are all Python str.isspace() or
+/// all not (its _split_whitespaces_or_nonwhitespaces; tiktoken's regex stalls on longer runs).
+/// Characters are code points; a byte outside well-formed UTF-8 counts as one non-space
+/// character. Each substring is encoded on its own, so the cuts only matter for huge inputs.
+std::vector<std::string_view> kimi_chunks(std::string_view text, size_t max_chunk_chars = 400000,
+                                          size_t max_run_chars = 25000);
+
+/// The pre-tokenizer pattern of Kimi Linear's tokenizer: pat_str of class TikTokenTokenizer in
+/// tokenization_kimi.py, the remote code of moonshotai/Kimi-Linear-48B-A3B-Instruct (the same
+/// in Kimi K2's repositories). It is not in any data file, so it is written out here. In words:
+/// a run of Han; a word of other letters and marks (optionally led by one character that is not
+/// a letter, number, CR or LF; upper-then-lower or all-upper case shapes) with an optional
+/// English contraction; 1-3 numbers; punctuation/symbol runs with an optional leading space and
+/// trailing newlines; newline runs; spaces not followed by a non-space; other spaces. Rust-regex
+/// syntax (class intersections, a bare script name): tok::translate_tiktoken_pattern rewrites it
+/// for PCRE2.
+extern const char* const kKimiPattern;
+
+/// A tiktoken pat_str (Rust regex / fancy-regex syntax) rewritten into what translate_oniguruma
+/// and PCRE2 then read the same way:
+///   - class intersections "[X&&[^Y]]" (Rust regex; PCRE2 10.42 has none) become
+///     "(?:(?![Y])[X])": one character of X that is not in Y. Other uses of && are refused.
+///   - a bare script property such as \p{Han} becomes \p{sc:Han}: Rust's regex reads a bare
+///     script name as the Script property, PCRE2 >= 10.40 as Script_Extensions, which would also
+///     count e.g. U+3001 IDEOGRAPHIC COMMA (Script=Common) as Han. Only the scripts the known
+///     patterns use are rewritten (Han); any other bare script name is refused.
+/// `what` names the pattern in errors.
+std::string translate_tiktoken_pattern(const std::string& pattern, const std::string& what);
+
 /// One compiled split pattern of a tokenizer.json `Split` pre-tokenizer.
 class SplitRegex {
  public:
