@@ -34,7 +34,10 @@ void run_serve(ServeArgs& a) {
   HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(model_preset(a.synthetic), a.seed, a.scheduler.threads)
                                           : HybridModel::load(a.model_dir, {.progress = true});
   std::unique_ptr<Tokenizer> tok;
-  if (!a.model_dir.empty() && std::filesystem::exists(std::filesystem::path(a.model_dir) / "tokenizer.json"))
+  // Tokenizer::from_dir reads tokenizer.json (Qwen) or tiktoken.model (Kimi Linear).
+  const std::filesystem::path dir(a.model_dir);
+  if (!a.model_dir.empty() &&
+      (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model")))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   a.server.model_dir = a.model_dir;
   if (a.server.model_name.empty())
@@ -49,7 +52,7 @@ void run_serve(ServeArgs& a) {
 void register_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server with a prefix cache for hybrid models (docs/SERVE.md)");
-  s->add_option("--model", a->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json)");
+  s->add_option("--model", a->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)");
   std::string presets;
   for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   s->add_option("--synthetic", a->synthetic, "serve random bf16 weights of a preset instead (" + presets + "; token ids only)");

@@ -83,7 +83,7 @@ struct ChatTemplateInfo {
 // (Tokenizer::apply_chat_template). There is no Jinja engine here, so any other template is
 // refused by name rather than guessed at.
 ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok) {
-  if (!tok) return {TemplateKind::kNone, "no tokenizer.json"};
+  if (!tok) return {TemplateKind::kNone, "no tokenizer (tokenizer.json or tiktoken.model)"};
   std::string tmpl;
   namespace fs = std::filesystem;
   const fs::path dir(model_dir);
