@@ -424,6 +424,29 @@ TEST(LayoutDp, MatchesExhaustiveSearchOnTheLaGraphs) {
       }
 }
 
+TEST(LayoutDp, AGmInputSeveralVectorOperatorsReadIsConvertedOnceOnArrival) {
+  // KDA's k feeds three decay operators: its UB layout is a decision, blocked costs one conversion
+  // on arrival that the three share. q (one decay) and GDN's inputs stay unary costs of their reader.
+  const Device dev = ascend310p();
+  for (Variant v : {Variant::GDN, Variant::KDA}) {
+    const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
+    std::vector<std::string> order;
+    for (const auto& op : g.ops) order.push_back(op.name);
+    const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
+    const bool has_k = std::find(lp.tensors.begin(), lp.tensors.end(), "k") != lp.tensors.end();
+    EXPECT_EQ(has_k, v == Variant::KDA) << variant_name(v);
+    EXPECT_EQ(std::find(lp.tensors.begin(), lp.tensors.end(), "q"), lp.tensors.end()) << variant_name(v);
+  }
+  const Plan plan = make_plan(problem(Variant::KDA, {256}, 10), dev, "hanpu");
+  ASSERT_EQ(plan.layouts.at("k"), Layout::Blocked);
+  int k_transforms = 0;
+  for (const Step& st : plan.kernels[0].steps) k_transforms += st.kind == "transform" && st.tensor == "k";
+  EXPECT_EQ(k_transforms, 1);
+  // Unplanned (every tensor dense, the decays included) k is read as it arrives: no conversion.
+  const Plan dense = make_plan(problem(Variant::KDA, {256}, 10), dev, "fla+mapping+reordering");
+  for (const Step& st : dense.kernels[0].steps) EXPECT_FALSE(st.kind == "transform" && st.tensor == "k");
+}
+
 double evaluate(const LayoutProblem& lp, const std::vector<Layout>& l) {
   double c = 0;
   for (size_t i = 0; i < lp.tensors.size(); ++i) c += lp.unary[i][l[i] == Layout::Blocked];
