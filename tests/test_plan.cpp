@@ -70,6 +70,77 @@ TEST(OpGraph, EveryOperatorHasCountsAndKnownTensors) {
       }
 }
 
+TEST(OpGraph, KdaDecaysAreOneOperatorPerOperandAndKeepTheWorkOfOne) {
+  // One operator per decayed operand (so an order can build each for its own consumers); together
+  // they do the work the single decay_k did: two exponentials and three products on L x K, with
+  // decay_q's exponential e^G reused for k e^G.
+  const std::map<std::string, std::string> operand = {{"decay_q", "qe"}, {"decay_ke", "ke"}, {"decay_ki", "ki"}, {"decay_kl", "kl"}};
+  for (GraphForm f : {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst})
+    for (bool in_place : {true, false}) {
+      const OpGraph g = make_op_graph(Variant::KDA, f, in_place);
+      for (const auto& [L, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 128}, {37, 48}}) {
+        double decay_k_ops = 0;
+        for (const OperatorDef& op : g.ops) {
+          if (!is_kda_decay_operator(op.name)) continue;
+          EXPECT_EQ(op.outputs, std::vector<std::string>{operand.at(op.name)}) << op.name;
+          EXPECT_EQ(op.unit, Unit::Vector);
+          if (op.name != "decay_q") decay_k_ops += op_counts(g, op, L, K, 128, 16).vector_ops;
+        }
+        EXPECT_DOUBLE_EQ(decay_k_ops, 5.0 * static_cast<double>(L * K)) << graph_form_name(f);
+        EXPECT_DOUBLE_EQ(op_counts(g, g.op("decay_q"), L, K, 128, 16).vector_ops, 2.0 * static_cast<double>(L * K));
+      }
+      for (const auto& [op, out] : operand) EXPECT_NO_THROW(g.op(op)) << op;
+      EXPECT_FALSE(make_op_graph(Variant::GDN, f, in_place).has_tensor("ke"));
+    }
+  EXPECT_FALSE(is_kda_decay_operator("gate"));
+  EXPECT_FALSE(is_kda_decay_operator("decay_k"));
+}
+
+TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
+  // FLA's kernels recompute the decayed q/k they multiply: kkt_solve k e^G and k e^-G, W/U k e^G,
+  // the recurrence k e^(G_L - G) only, the output q e^G and k e^-G.
+  auto decays = [](const Kernel& k) {
+    std::vector<std::string> d;
+    for (const std::string& o : k.order)
+      if (is_kda_decay_operator(o)) d.push_back(o);
+    return d;
+  };
+  const Plan fla = make_plan(problem(Variant::KDA, {1024}, 10), ascend310p(), "fla");
+  std::map<std::string, std::vector<std::string>> want = {{"chunk_local_cumsum", {}},
+                                                          {"kkt_solve", {"decay_ke", "decay_ki"}},
+                                                          {"recompute_w_u", {"decay_ke"}},
+                                                          {"fwd_h", {"decay_kl"}},
+                                                          {"fwd_o", {"decay_q", "decay_ki"}}};
+  ASSERT_EQ(fla.kernels.size(), want.size());
+  for (const Kernel& k : fla.kernels) EXPECT_EQ(decays(k), want.at(k.name)) << k.name;
+  // Every strategy: a kernel's decay operator feeds another operator of that kernel, or its
+  // operand goes to GM for a later kernel (vLLM-Ascend's decay kernels: one torch kernel for q,
+  // one for the three decayed keys).
+  for (const std::string& s : every_strategy()) {
+    const Plan plan = make_plan(problem(Variant::KDA, {300}, 11), ascend310p(), s);
+    const OpGraph g = plan.graph();
+    for (const Kernel& k : plan.kernels)
+      for (const std::string& d : decays(k)) {
+        const std::string& operand = g.op(d).outputs.at(0);
+        bool read_here = false;
+        for (const std::string& o : k.order)
+          for (const std::string& in : g.op(o).inputs) read_here |= in == operand;
+        const bool stored = std::any_of(k.steps.begin(), k.steps.end(), [&](const Step& st) {
+          return st.kind == "move" && st.tensor == operand && st.path.find("->GM") != std::string::npos;
+        });
+        EXPECT_TRUE(read_here || stored) << s << " " << k.name << " " << d;
+      }
+  }
+  const Plan vllm = make_plan(problem(Variant::KDA, {256}, 10), ascend310p(), "vllm-ascend");
+  auto named = [&](const char* n) {
+    for (const Kernel& k : vllm.kernels)
+      if (k.name == n) return k.order;
+    return std::vector<std::string>{};
+  };
+  EXPECT_EQ(named("decay_q"), std::vector<std::string>{"decay_q"});
+  EXPECT_EQ(named("decay_k"), (std::vector<std::string>{"decay_ke", "decay_ki", "decay_kl"}));
+}
+
 // --- mapping -------------------------------------------------------------------------------------
 
 std::map<int, int> tiers(const HeadMapping& m) {
@@ -351,6 +422,29 @@ TEST(LayoutDp, MatchesExhaustiveSearchOnTheLaGraphs) {
         const LayoutSolution dp = solve_layouts_dp(lp), ex = solve_layouts_exhaustive(lp);
         EXPECT_NEAR(dp.cost, ex.cost, 1e-15) << variant_name(v) << " " << graph_form_name(f);
       }
+}
+
+TEST(LayoutDp, AGmInputSeveralVectorOperatorsReadIsConvertedOnceOnArrival) {
+  // KDA's k feeds three decay operators: its UB layout is a decision, blocked costs one conversion
+  // on arrival that the three share. q (one decay) and GDN's inputs stay unary costs of their reader.
+  const Device dev = ascend310p();
+  for (Variant v : {Variant::GDN, Variant::KDA}) {
+    const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
+    std::vector<std::string> order;
+    for (const auto& op : g.ops) order.push_back(op.name);
+    const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
+    const bool has_k = std::find(lp.tensors.begin(), lp.tensors.end(), "k") != lp.tensors.end();
+    EXPECT_EQ(has_k, v == Variant::KDA) << variant_name(v);
+    EXPECT_EQ(std::find(lp.tensors.begin(), lp.tensors.end(), "q"), lp.tensors.end()) << variant_name(v);
+  }
+  const Plan plan = make_plan(problem(Variant::KDA, {256}, 10), dev, "hanpu");
+  ASSERT_EQ(plan.layouts.at("k"), Layout::Blocked);
+  int k_transforms = 0;
+  for (const Step& st : plan.kernels[0].steps) k_transforms += st.kind == "transform" && st.tensor == "k";
+  EXPECT_EQ(k_transforms, 1);
+  // Unplanned (every tensor dense, the decays included) k is read as it arrives: no conversion.
+  const Plan dense = make_plan(problem(Variant::KDA, {256}, 10), dev, "fla+mapping+reordering");
+  for (const Step& st : dense.kernels[0].steps) EXPECT_FALSE(st.kind == "transform" && st.tensor == "k");
 }
 
 double evaluate(const LayoutProblem& lp, const std::vector<Layout>& l) {

@@ -240,7 +240,7 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     po.cores = 2;
     // The state GEMMs before the grams (the CPU's hand-wired order before plans drove it).
     std::vector<std::string> order = {"gate"};
-    if (v == Variant::KDA) order.insert(order.end(), {"decay_q", "decay_k"});
+    if (v == Variant::KDA) order.insert(order.end(), {"decay_q", "decay_ke", "decay_ki", "decay_kl"});
     order.insert(order.end(), {"ks", "qs", "kkt", "qkt", "kkt_gate", "qkt_gate", "rhs", "solve_diag", "solve", "pv", "out"});
     if (v == Variant::GDN) order.push_back("update_gate");
     order.insert(order.end(), {"update", "state_add"});
@@ -294,6 +294,45 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     std::vector<std::string> bad = order;
     std::swap(bad[0], bad.back());
     EXPECT_THROW(make_plan(prob, host(2), "hanpu", PlanOptions{2, bad}), Error);
+  }
+}
+
+// KDA's decayed operands built just in time (each decay operator right before its first consumer,
+// as an NPU's reordering pass may place them): the CPU's gate stage builds them all at chunk start,
+// wherever the order has them, and the result stays exact. The order the 310P's pass chooses runs too.
+TEST(PlanExec, KdaDecaysJustInTimeRunInTheGateStage) {
+  ProblemSpec a;
+  a.variant = Variant::KDA, a.T = 150, a.H = 1, a.HV = 2, a.K = 48, a.V = 64, a.seed = 12;
+  a.gates = testing::GateRegime::kMasked;
+  const auto p = make_problem(a);
+  const LaReference ref = la_reference(a.variant, p.inputs(), a.opt);
+  const Problem prob = problem_for_inputs(a.variant, p.inputs(), a.opt);
+  const LaShape shape = validate_la(a.variant, p.inputs(), a.opt);
+  const std::vector<std::string> just_in_time = {"gate",     "decay_ke", "decay_ki", "kkt",      "decay_q", "qkt", "ks",
+                                                 "qs",       "kkt_gate", "qkt_gate", "rhs",      "solve_diag", "solve", "pv",
+                                                 "out",      "decay_kl", "update",   "state_add"};
+  const OpGraph g = make_op_graph(Variant::KDA, GraphForm::GemmFirst, true);
+  const ReorderResult pass = lifetime_aware_order(g, 64, a.K, a.V, 256 * 1024);
+  for (const std::vector<std::string>& order : {just_in_time, pass.order}) {
+    const Plan plan = make_plan(prob, host(2), "hanpu", PlanOptions{2, order});
+    ASSERT_EQ(fused_kernel(plan)->order, order);
+    const CpuSchedule s = lower_plan_for_cpu(plan, shape, prob.seqlens);
+    ASSERT_FALSE(s.program.stages.empty());
+    EXPECT_EQ(s.program.stages.front(), CpuStage::Gate);
+    EXPECT_EQ(std::count(s.program.stages.begin(), s.program.stages.end(), CpuStage::Gate), 1);
+    const LaResult r = run_plan(a, p, plan);
+    EXPECT_LT(nmse(r.o, ref.o), 1e-10);
+    EXPECT_LT(nmse(r.final_state, ref.final_state), 1e-10);
+  }
+  // The old single operator is no operator of the graph any more: refused by name.
+  std::vector<std::string> old = just_in_time;
+  old.erase(std::remove_if(old.begin(), old.end(), [](const std::string& o) { return o.rfind("decay_k", 0) == 0; }), old.end());
+  old.insert(old.begin() + 1, "decay_k");
+  try {
+    (void)make_plan(prob, host(2), "hanpu", PlanOptions{2, old});
+    ADD_FAILURE() << "an order naming decay_k was planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decay_k"), std::string::npos) << e.what();
   }
 }
 

@@ -21,9 +21,12 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
   const Device dev = unlimited_buffers(ascend310p());
   // Whole-head mappings (value heads a multiple of the cores, q/k heads = value heads): every
   // input is read once. Tails (T not a multiple of the chunk) and the state flags included.
-  // The 310P default has the paper's 10 cores: 10, 20, 30 and 40 items are whole heads.
+  // The 310P default has the paper's 10 cores: 10, 20, 30 and 40 items are whole heads, for GDN
+  // and KDA alike.
   std::vector<Problem> ps = {problem(Variant::GDN, {4096}, 20), problem(Variant::KDA, {1000}, 10), problem(Variant::GDN, {130, 64, 3}, 10),
-                             problem(Variant::KDA, {777, 1}, 20), problem(Variant::GDN, {1024}, 30)};
+                             problem(Variant::KDA, {777, 1}, 20), problem(Variant::GDN, {1024}, 30),
+                             problem(Variant::KDA, {1024}, 30),     problem(Variant::GDN, {640}, 40),
+                             problem(Variant::KDA, {640}, 40)};
   ps[2].read_initial_state = false;
   ps[3].write_final_state = false;
   for (const Problem& p : ps) {

@@ -125,6 +125,12 @@ struct OpGraph {
   bool has_tensor(const std::string& name) const;
 };
 
+/// KDA's operators forming the channel-decayed operands, one per operand: decay_q (q e^G),
+/// decay_ke (k e^G), decay_ki (k e^-G), decay_kl (k e^(G_L - G)). Separate operators so an order
+/// can build each just before its consumers and a kernel only those it multiplies.
+const std::vector<std::string>& kda_decay_operators();
+bool is_kda_decay_operator(const std::string& op);
+
 /// The chunk graph of a variant in a form. With state_in_place the update overwrites "S";
 /// otherwise it writes "S_next", which becomes the next chunk's "S".
 OpGraph make_op_graph(Variant variant, GraphForm form, bool state_in_place);

@@ -35,8 +35,10 @@ struct WorkItem {
 /// The stages of the CPU's head-fused chunk program. Each runs a fixed set of the plan's
 /// operators (the CPU fuses the vector work into the neighbouring GEMM where the plan keeps them
 /// apart, e.g. rhs into the K S GEMM's store); a stage runs where the plan's order has the first
-/// of its operators.
-///   gate     gate (+ KDA's decay_q, decay_k)        grams    kkt, qkt
+/// of its operators (KDA's decays: the gate stage builds every decayed operand at chunk start,
+/// wherever the plan's order puts its decay operator).
+///   gate     gate (+ KDA's decay_q, decay_ke,       grams    kkt, qkt
+///            decay_ki, decay_kl)
 ///   mask     kkt_gate, qkt_gate                     state_k  ks, rhs (GEMM-first)
 ///   state_q  qs                                     solve    solve_diag, solve (GEMM-first)
 ///   inverse  solve_diag, solve_inv (W/U)            wu       wu_scale, wu (W/U)

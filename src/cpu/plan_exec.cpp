@@ -110,12 +110,12 @@ struct StageOps {
 };
 const std::vector<StageOps>& stage_table(GraphForm form) {
   static const std::vector<StageOps> gemm_first = {
-      {CpuStage::Gate, {"gate", "decay_q", "decay_k"}}, {CpuStage::Grams, {"kkt", "qkt"}},
+      {CpuStage::Gate, {"gate", "decay_q", "decay_ke", "decay_ki", "decay_kl"}}, {CpuStage::Grams, {"kkt", "qkt"}},
       {CpuStage::Mask, {"kkt_gate", "qkt_gate"}},       {CpuStage::StateK, {"ks", "rhs"}},
       {CpuStage::StateQ, {"qs"}},                       {CpuStage::Solve, {"solve_diag", "solve"}},
       {CpuStage::Output, {"pv", "out"}},                {CpuStage::Update, {"update_gate", "update", "state_add"}}};
   static const std::vector<StageOps> wu = {
-      {CpuStage::Gate, {"gate", "decay_q", "decay_k"}}, {CpuStage::Grams, {"kkt", "qkt"}},
+      {CpuStage::Gate, {"gate", "decay_q", "decay_ke", "decay_ki", "decay_kl"}}, {CpuStage::Grams, {"kkt", "qkt"}},
       {CpuStage::Mask, {"kkt_gate", "qkt_gate"}},       {CpuStage::Inverse, {"solve_diag", "solve_inv"}},
       {CpuStage::WU, {"wu_scale", "wu"}},               {CpuStage::StateW, {"ws", "vnew"}},
       {CpuStage::StateQ, {"qs"}},                       {CpuStage::Output, {"pv", "out"}},
@@ -192,7 +192,7 @@ int fla_phase(const std::string& op) {
       {"gate", 0}, {"kkt", 0},  {"kkt_gate", 0}, {"solve_diag", 0}, {"solve_inv", 0},  {"wu_scale", 0}, {"wu", 0},
       {"ws", 1},   {"vnew", 1}, {"update_gate", 1}, {"update", 1}, {"state_add", 1},
       {"qkt", 2},  {"qkt_gate", 2}, {"qs", 2},   {"pv", 2},         {"out", 2}};
-  if (op == "decay_q" || op == "decay_k") return -1;
+  if (is_kda_decay_operator(op)) return -1;
   const auto it = phase.find(op);
   return it == phase.end() ? -2 : it->second;
 }
@@ -335,8 +335,8 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
                " phases in one kernel; the CPU's FLA-style path runs them in separate phases";
       phase = p;
     }
-    // A kernel of decays only (vllm-ascend's decay_q, decay_k): the CPU recomputes them inside the
-    // phase it stands in.
+    // A kernel of decays only (vllm-ascend's decay_q, and decay_k with decay_ke, decay_ki,
+    // decay_kl): the CPU recomputes them inside the phase it stands in.
     if (phase < 0) phase = last_phase;
     if (phase < last_phase)
       return kernel_at(ki, k) + ": a " + fla_phase_name(phase) + " kernel after a " + fla_phase_name(last_phase) +

@@ -33,6 +33,16 @@ struct GraphBuilder {
 
 }  // namespace
 
+const std::vector<std::string>& kda_decay_operators() {
+  static const std::vector<std::string> ops = {"decay_q", "decay_ke", "decay_ki", "decay_kl"};
+  return ops;
+}
+
+bool is_kda_decay_operator(const std::string& op) {
+  const auto& ops = kda_decay_operators();
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
 const char* graph_form_name(GraphForm f) {
   switch (f) {
     case GraphForm::WU: return "wu";
@@ -92,9 +102,13 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
     for (const char* n : {"qe", "ke", "ki", "kl"}) b.tensor(n, "L", "K", f16);
     b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
     // Element-wise on L x K: the decayed operands are cheap to recompute in every kernel that
-    // needs them, as FLA's kernels do, rather than stored.
+    // needs them, as FLA's kernels do, rather than stored. One operator per decayed operand, so
+    // an order may build each just before its consumers (the reordering pass decides) and a
+    // kernel builds only the operands it multiplies.
     b.op("decay_q", "1", Unit::Vector, {"q", "Gc"}, {"qe"}, false);
-    b.op("decay_k", "1", Unit::Vector, {"k", "Gc"}, {"ke", "ki", "kl"}, false);
+    b.op("decay_ke", "1", Unit::Vector, {"k", "Gc"}, {"ke"}, false);
+    b.op("decay_ki", "1", Unit::Vector, {"k", "Gc"}, {"ki"}, false);
+    b.op("decay_kl", "1", Unit::Vector, {"k", "Gc"}, {"kl"}, false);
     qm = "qe", km = "ke", kr = "ki", kt = "kl";
   } else {
     b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
@@ -245,9 +259,11 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
   if (n == "gate") {
     c.vector_ops = kda ? 2 * l * k : 2 * l;  // cumsum and the exponent (per channel for KDA)
   } else if (n == "decay_q") {
-    c.vector_ops = 2 * l * k;  // exponential and product
-  } else if (n == "decay_k") {
-    c.vector_ops = 5 * l * k;  // two more exponentials (e^-G, e^(G_L - G)) and three products
+    c.vector_ops = 2 * l * k;  // the exponential e^G and the product
+  } else if (n == "decay_ke") {
+    c.vector_ops = l * k;  // the product with e^G (its exponential is counted once, in decay_q)
+  } else if (n == "decay_ki" || n == "decay_kl") {
+    c.vector_ops = 2 * l * k;  // an exponential (e^-G; e^(G_L - G)) and the product
   } else if (n == "kkt") {
     c.macs = strict * k, c.executed_macs = tri_blocks * up(k);
   } else if (n == "kkt_gate") {

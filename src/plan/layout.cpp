@@ -129,6 +129,18 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
     for (const std::string& in : g.op(o).inputs)
       if (in == "S") has_state = true;
   if (has_state) add("S");
+  // A GM input several vector operators read (KDA's k, read by its three decay operators) arrives
+  // dense and is converted at most once, on arrival: its layout in UB is a decision of its own,
+  // coupled to each reader. An input with one vector reader keeps the equivalent unary cost below.
+  std::map<std::string, int> vector_readers;
+  for (const std::string& o : order)
+    if (g.op(o).unit != Unit::Matrix)
+      for (const std::string& in : g.op(o).inputs) ++vector_readers[in];
+  for (const TensorDef& t : g.tensors)
+    if (plan_detail::is_shared_input(t, vector_readers[t.name])) {
+      add(t.name);
+      lp.unary[static_cast<size_t>(index.at(t.name))][1] += xform(t.name);  // dense in GM: blocked costs the conversion
+    }
   for (const std::string& o : order)
     for (const std::string& out : g.op(o).outputs)
       if (is_layout_decision(g.tensor(out))) add(var(out));
@@ -159,7 +171,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
       if (op.row_structured) lp.unary[static_cast<size_t>(index.at(var(first)))][1] += (kBlockedRowPenalty - 1) * hz_ops;
       for (const std::string& in : op.inputs) {
         if (!two_d(in)) continue;
-        if (is_layout_decision(g.tensor(in))) couple(in, first, xform(in));
+        if (index.count(var(in))) couple(in, first, xform(in));
         else lp.unary[static_cast<size_t>(index.at(var(first)))][1] += xform(in);  // dense input converted for a blocked op
       }
       for (size_t i = 1; i < op.outputs.size(); ++i)
@@ -167,12 +179,13 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
     } else {
       // Dense working layout (e.g. the output o): blocked inputs are converted.
       for (const std::string& in : op.inputs)
-        if (two_d(in) && is_layout_decision(g.tensor(in))) lp.unary[static_cast<size_t>(index.at(var(in)))][1] += xform(in);
+        if (two_d(in) && index.count(var(in))) lp.unary[static_cast<size_t>(index.at(var(in)))][1] += xform(in);
     }
   }
   // Matrix consumers: one conversion for all of them when the tensor is not in the unit's layout
   // (pruning 2).
   for (const std::string& t : lp.tensors) {
+    if (g.tensor(t).role == TensorRole::Input) continue;  // matrix operands come from GM, converted by the DMA
     bool matrix_use = false;
     for (const std::string& o : order) {
       const OperatorDef& op = g.op(o);

@@ -293,10 +293,20 @@ class Lowerer {
     if (resident(t, ub_)) return;
     const std::string src = best_source(t, ub_);
     move(t, src, ub_, op, res_[t][src].elem);
+    // A GM input planned blocked in UB (several vector readers share it) is converted once, here.
+    if (src == kGM && g_.tensor(t).role == TensorRole::Input && layout_of(t) == Layout::Blocked &&
+        res_[t][ub_].layout != Layout::Blocked) {
+      Copy& c = res_[t][ub_];
+      const int r = transform(t, op, c.ready);
+      k_.lifetimes.push_back({t + "(converted)", ub_, r, r + 1, numel(t) * c.elem, 1});
+      c.layout = Layout::Blocked;
+      c.ready = r;
+    }
   }
 
   Layout layout_of(const std::string& t) const {
-    if (!is_layout_decision(g_.tensor(t))) return Layout::Dense;
+    const TensorDef& d = g_.tensor(t);
+    if (!is_layout_decision(d) && d.role != TensorRole::Input) return Layout::Dense;
     auto it = cx_.layouts.find(t == "S_next" ? "S" : t);
     return it == cx_.layouts.end() ? Layout::Dense : it->second;
   }
@@ -579,6 +589,10 @@ class Lowerer {
 };
 
 }  // namespace
+
+bool is_shared_input(const TensorDef& t, int vector_readers) {
+  return t.role == TensorRole::Input && t.rows != "1" && t.cols != "1" && vector_readers > 1;
+}
 
 bool is_layout_decision(const TensorDef& t) {
   if (t.role == TensorRole::Input || t.role == TensorRole::Output) return false;

@@ -34,6 +34,10 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
 
 /// Whether a tensor's layout is a planning decision (on-core 2-D intermediates and the state).
 bool is_layout_decision(const TensorDef& t);
+/// A 2-D GM input that `vector_readers` vector operators of an order read, more than one: its UB
+/// copy's layout is planned too (converted once on arrival when blocked), so the readers share one
+/// conversion.
+bool is_shared_input(const TensorDef& t, int vector_readers);
 
 /// The working layout of a vector operator (that of its first output; dense for outputs).
 Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<std::string, Layout>& layouts);

@@ -172,7 +172,7 @@ std::vector<std::string> fused_order(const OpGraph& g, const Device& dev) {
   std::vector<std::string> order = default_order(g);
   if (dev.kind != "cpu" || g.form != GraphForm::GemmFirst) return order;
   std::vector<std::string> front, rest;
-  for (const std::string& o : order) (o == "gate" || o == "decay_q" || o == "decay_k" ? front : rest).push_back(o);
+  for (const std::string& o : order) (o == "gate" || is_kda_decay_operator(o) ? front : rest).push_back(o);
   for (const char* o : {"ks", "qs"}) {
     rest.erase(std::find(rest.begin(), rest.end(), o));
     front.push_back(o);
@@ -208,21 +208,30 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
   return ks;
 }
 
-// KDA: every kernel that multiplies decayed q/k forms them itself first (FLA recomputes them in
-// each kernel instead of storing four L x K copies per chunk).
+// KDA: every kernel that multiplies decayed q/k forms exactly the decayed operands it reads,
+// after the gate (FLA recomputes them in each kernel instead of storing four L x K copies per
+// chunk); a decay operator whose operand no other operator of its kernel reads is dropped (the
+// chunk-parallel split puts every decay in the Map phase).
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
   if (g.variant != Variant::KDA) return;
-  for (Kernel& k : ks) {
-    for (const char* op : {"decay_k", "decay_q"}) {
-      if (std::find(k.order.begin(), k.order.end(), op) != k.order.end()) continue;
-      bool needs = false;
-      for (const std::string& o : k.order)
+  auto read_in = [&](const Kernel& k, const std::string& decay) {
+    const std::string& operand = g.op(decay).outputs.at(0);
+    for (const std::string& o : k.order)
+      if (o != decay)
         for (const std::string& in : g.op(o).inputs)
-          for (const std::string& out : g.op(op).outputs) needs |= in == out;
-      if (!needs) continue;
-      auto gate = std::find(k.order.begin(), k.order.end(), "gate");
-      k.order.insert(gate == k.order.end() ? k.order.begin() : gate + 1, op);
-    }
+          if (in == operand) return true;
+    return false;
+  };
+  for (Kernel& k : ks) {
+    std::vector<std::string> kept;
+    for (const std::string& o : k.order)
+      if (!is_kda_decay_operator(o) || read_in(k, o)) kept.push_back(o);
+    k.order = kept;
+    std::vector<std::string> missing;
+    for (const std::string& op : kda_decay_operators())
+      if (std::find(k.order.begin(), k.order.end(), op) == k.order.end() && read_in(k, op)) missing.push_back(op);
+    auto gate = std::find(k.order.begin(), k.order.end(), "gate");
+    k.order.insert(gate == k.order.end() ? k.order.begin() : gate + 1, missing.begin(), missing.end());
   }
 }
 
@@ -355,8 +364,14 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
   // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
   // operator here), before the two AscendC kernels.
   std::vector<Kernel> ks;
-  for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"})
-    if (p.variant == Variant::KDA || std::string(op).rfind("decay", 0) != 0) ks.push_back(kernel(op, Parallel::Chunk, {op}));
+  for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) {
+    const bool decay = std::string(op).rfind("decay", 0) == 0;
+    if (decay && p.variant != Variant::KDA) continue;
+    // The three decayed keys stay one kernel, as they were while the graph had one operator for them.
+    ks.push_back(kernel(op, Parallel::Chunk,
+                        std::string(op) == "decay_k" ? std::vector<std::string>{"decay_ke", "decay_ki", "decay_kl"}
+                                                     : std::vector<std::string>{op}));
+  }
   for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
   std::vector<std::string> h_ops = {"ws", "vnew"};
   if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
