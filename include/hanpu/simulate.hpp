@@ -81,6 +81,9 @@ struct SimResult {
   std::vector<OperatorStats> per_operator;
   std::vector<KernelStats> kernels;
   std::vector<TimelineEvent> timeline;
+  // Chunk rounds (chunk c of every item of a lockstep group on one core) stepped one by one; the
+  // steady-state shortcut accounts the others as multiples. What makes a long T cheap to simulate.
+  int64_t simulated_rounds = 0;
 };
 
 /// Throws hanpu::Error if the plan was made for another device (by name) or uses a path, buffer

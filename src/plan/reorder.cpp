@@ -138,10 +138,6 @@ Occupancy live_during(const Model& m, uint32_t done, size_t i) {
   return o;
 }
 
-bool better(const Occupancy& a, const Occupancy& b) {
-  return a.vector_buffer != b.vector_buffer ? a.vector_buffer < b.vector_buffer : a.result_buffer < b.result_buffer;
-}
-
 }  // namespace
 
 ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V,

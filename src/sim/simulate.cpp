@@ -266,6 +266,7 @@ class Simulator {
         std::vector<double> previous_state;
         std::vector<std::pair<const StepInfo*, const StepCost*>> round_costs;
         for (int64_t c = lead.chunk0; c < lead.chunk1; ++c) {
+          ++r.simulated_rounds;
           round_costs.clear();
           for (size_t gi = 0; gi < static_cast<size_t>(group); ++gi, ++stream_chunk) {
             const size_t ii = first_item + gi;
