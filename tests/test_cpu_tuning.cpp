@@ -308,7 +308,9 @@ TEST(CpuTuning, MalformedWisdomIsAnErrorNamingTheFileAndField) {
   // A value out of range in matching wisdom: named as the planner's field.
   j["entries"][0]["isa"] = this_machine().isa;
   j["entries"][0]["params"]["lockstep_group"] = 0;
-  EXPECT_NE(plan_error(j.dump()).find("lockstep_group: got 0"), std::string::npos) << plan_error(j.dump());
+  EXPECT_NE(plan_error(j.dump()).find(path + ": the entry for gdn K=128 V=128 f32 threads=2: params.lockstep_group: got 0"),
+            std::string::npos)
+      << plan_error(j.dump());
 }
 
 TEST(CpuTuning, TuneOnATinyProblemWritesWisdomThePlannerUses) {

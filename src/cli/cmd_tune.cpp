@@ -230,7 +230,11 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
     }
     if (med[best_i] >= med[cur_i] * (1 - kMinGain)) best_i = cur_i;
     out << "  " << name << ":";
-    for (size_t i = 0; i < plans.size(); ++i) out << " " << kept[i] << "=" << ms(med[i]) << "ms" << (i == best_i ? "*" : "");
+    // The median with the range of the rounds: a range wider than the differences between
+    // candidates says the machine was too noisy for this parameter.
+    for (size_t i = 0; i < plans.size(); ++i)
+      out << " " << kept[i] << "=" << ms(med[i]) << "ms [" << ms(*std::min_element(times[i].begin(), times[i].end())) << "-"
+          << ms(*std::max_element(times[i].begin(), times[i].end())) << "]" << (i == best_i ? "*" : "");
     out << "\n" << std::flush;
     cpu_param(current, name).value = kept[best_i];
     // The model-based value's time: measured in this parameter's round (the earlier parameters at

@@ -333,7 +333,10 @@ CpuTuning plan_cpu_tuning(const Problem& p, const Device& dev, int cores, const 
   // Wisdom describes the machine the process runs on, so only a plan for the host device reads it.
   if (dev.name == "host" && !opt.no_wisdom) {
     const std::string path = opt.wisdom_path.empty() ? default_wisdom_path() : opt.wisdom_path;
-    if (!path.empty()) apply_wisdom(t, read_wisdom(path), path, p, cores, this_machine());
+    if (!path.empty()) {
+      apply_wisdom(t, read_wisdom(path), path, p, cores, this_machine());
+      validate_cpu_tuning(t, p.V, path + ": the entry for " + wisdom_problem_class(p, cores) + ": params");
+    }
   }
   if (opt.cpu)
     for (const std::string& name : cpu_param_names()) {
