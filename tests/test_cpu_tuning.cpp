@@ -352,5 +352,21 @@ TEST(CpuTuning, TuneOnATinyProblemWritesWisdomThePlannerUses) {
   else ::unsetenv("HANPU_WISDOM");
 }
 
+// The CLI's calls plan through the host plan cache: a malformed wisdom file stops them with an
+// error naming it; --no-wisdom runs them with the model's parameters.
+TEST(CpuTuning, TheCliReadsWisdomUnlessToldNotTo) {
+  TempDir dir;
+  const std::string wisdom = dir.file("bad.json");
+  write_file_atomic(wisdom, "{\"schema\": \"something else\"}");
+  const std::string run = " gdn --in " + shell_quote((testing::golden_dir() / "gdn_basic.safetensors").string()) + " --out " +
+                          shell_quote(dir.file("out.safetensors")) + " --show-plan";
+  const auto bad = testing::run_command(dir, "HANPU_WISDOM=" + shell_quote(wisdom) + " " + shell_quote(HANPU_EXE) + run);
+  EXPECT_TRUE(bad.exited && bad.code == 1) << bad.out << bad.err;
+  EXPECT_NE(bad.err.find(wisdom + ": schema: got \"something else\""), std::string::npos) << bad.err;
+  const auto ok = testing::run_command(dir, "HANPU_WISDOM=" + shell_quote(wisdom) + " " + shell_quote(HANPU_EXE) + " --no-wisdom" + run);
+  EXPECT_TRUE(ok.exited && ok.code == 0) << ok.out << ok.err;
+  EXPECT_NE(ok.err.find("CPU parameters (model)"), std::string::npos) << ok.err;  // --show-plan prints to stderr
+}
+
 }  // namespace
 }  // namespace hanpu
