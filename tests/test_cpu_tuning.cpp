@@ -83,6 +83,12 @@ TEST(CpuTuning, TheModelFollowsTheHostDescription) {
   EXPECT_EQ(t.lockstep_group.value, 3);  // 3 states of 72 KiB in 256 KiB
   EXPECT_NE(t.lockstep_group.reason.find("1024 KiB L2"), std::string::npos) << t.lockstep_group.reason;
   EXPECT_EQ(t.prefetch_rate.value, 1);
+  // The cap counts a core's items over every sequence: 2 sequences x 4 small heads on 2 cores.
+  Problem batch;
+  batch.seqlens = {75, 75};
+  batch.H = batch.HV = 4;
+  batch.K = batch.V = 32;
+  EXPECT_EQ(model_cpu_tuning(batch, dev, 2).lockstep_group.value, 4) << model_cpu_tuning(batch, dev, 2).lockstep_group.reason;
   dev.vector.registers.value = 16;  // AVX2's register file: the 4 x 2 tile
   t = model_cpu_tuning(big_gdn(), dev, 2);
   EXPECT_EQ(t.gemm_rows.value, 4);

@@ -155,9 +155,13 @@ CpuTuning model_cpu_tuning(const Problem& p, const Device& dev, int cores) {
                          " columns (" + kib(static_cast<double>(padded_state_bytes(p.K, block))) + ") does not";
 
   // Lockstep group: as many states as a quarter of the L2 holds (the rest for the chunk's
-  // intermediates and the rows in flight), capped by the heads a core gets.
+  // intermediates and the rows in flight), capped by the items a core gets (sequences x value
+  // heads x column blocks, dealt out evenly).
   const int by_cache = max_lockstep_group(dev, p.K, block);
-  const int64_t heads_per_core = (p.HV * ((p.V + block - 1) / block) + cores - 1) / std::max(1, cores);
+  int64_t sequences = 0;
+  for (int64_t s = 0; s < p.sequences(); ++s) sequences += p.chunks_of(s) > 0 ? 1 : 0;
+  const int64_t items = std::max<int64_t>(1, sequences) * p.HV * ((p.V + block - 1) / block);
+  const int64_t heads_per_core = (items + cores - 1) / std::max(1, cores);
   const int64_t group = std::max<int64_t>(1, std::min<int64_t>(by_cache, heads_per_core));
   t.lockstep_group.value = group;
   t.lockstep_group.reason = std::to_string(by_cache) + " state(s) of " + kib(static_cast<double>(padded_state_bytes(p.K, block))) +
