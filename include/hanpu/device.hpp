@@ -77,6 +77,10 @@ struct VectorUnitSpec {
   /// on DaVinci) per strided vector instruction instead of the full vector width. JSON
   /// "transform_row_elements", optional (absent: transforms run at the F32 lane width).
   Quantity transform_row_elements;
+  /// Architectural vector registers (a CPU's register file: 16 on AVX2, 32 on AVX-512 and NEON),
+  /// from which the planner sizes the GEMM register tile. JSON "registers", optional (absent: 0,
+  /// not a CPU or not known).
+  Quantity registers;
 };
 
 /// One coherent alternative of a device's core count: the count with everything that follows from

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hanpu/cpu_tuning.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/tensor.hpp"
@@ -273,6 +274,8 @@ struct Plan {
   bool allow_spill = false;
   std::map<std::string, Layout> layouts;  // on-core layout of every intermediate/state tensor
   std::vector<Kernel> kernels;            // run one after another
+  /// The CPU backend's free parameters with their reasons (set for CPU devices; JSON "cpu").
+  CpuTuning cpu;
   bool operator==(const Plan&) const = default;
 
   OpGraph graph() const { return make_op_graph(problem.variant, form, state_in_place); }
@@ -292,6 +295,13 @@ struct PlanOptions {
   /// default (any order in which every operator follows the producers of its inputs; make_plan
   /// throws naming the operator otherwise). Empty: the default order.
   std::vector<std::string> order;
+  /// CPU devices: parameters given explicitly (`hanpu tune`'s candidates); a field left at 0 is
+  /// chosen by the model (or the wisdom). Null: all chosen.
+  const CpuTuning* cpu = nullptr;
+  /// CPU device "host": read wisdom from this file instead of default_wisdom_path() ("" default).
+  std::string wisdom_path;
+  /// Ignore wisdom: model-based choices only.
+  bool no_wisdom = false;
 };
 
 /// Plans `p` on `dev` with a strategy. Throws hanpu::Error for an unknown strategy, an invalid

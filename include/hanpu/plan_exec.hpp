@@ -58,6 +58,9 @@ struct FusedProgram {
   /// GDN: the update scales v_new by its decays into a buffer of its own, because a later stage
   /// still reads v_new (the state is updated before the output, as FLA orders it).
   bool update_keeps_vnew = false;
+  /// The plan's CPU parameters (plan.cpu): the GEMMs' register tile, the prefetch rate (0 = off).
+  int gemm_rows = 0, gemm_vectors = 0;  // 0: the compiled maximum (plans without a CPU part)
+  int prefetch_rate = 1;
   bool operator==(const FusedProgram&) const = default;
 };
 

@@ -27,5 +27,7 @@ void register_report_command(CLI::App& app);
 void register_quantize_command(CLI::App& app);
 /// `hanpu isa`: the SIMD target the kernels use and the accepted HANPU_ISA values (cmd_isa.cpp).
 void register_isa_command(CLI::App& app);
+/// `hanpu tune`: measure the CPU parameters on this machine, write the planner's wisdom (cmd_tune.cpp).
+void register_tune_command(CLI::App& app);
 /// `hanpu serve`: OpenAI-compatible HTTP server with a prefix cache (cmd_serve.cpp, src/serve).
 void register_serve_command(CLI::App& app);

@@ -2,6 +2,7 @@
 // and turns every error into one line on stderr and exit code 1.
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <new>
@@ -19,6 +20,10 @@ int main(int argc, char** argv) {
   app.add_option_function<std::string>("--isa", [](const std::string& isa) { hanpu::cpu::request_isa(isa); },
                                        "SIMD target the kernels may use at most: native (default), avx3, avx2, "
                                        "sse4, portable, ... (as the environment variable HANPU_ISA)");
+  // Plans for the host then use the model-based CPU parameters only (cpu_tuning.hpp), as
+  // HANPU_WISDOM=none does.
+  app.add_flag_callback("--no-wisdom", [] { ::setenv("HANPU_WISDOM", "none", 1); },
+                        "Ignore the wisdom file of `hanpu tune`: model-based CPU parameters (as HANPU_WISDOM=none)");
   register_la_commands(app);
   register_bench_command(app);
   register_tokenize_command(app);
@@ -28,6 +33,7 @@ int main(int argc, char** argv) {
   register_bench_linear_command(app);
   register_model_commands(app);
   register_isa_command(app);
+  register_tune_command(app);
   register_quantize_command(app);
 #ifdef HANPU_HAVE_SERVE  // not in builds without cpp-httplib (CMake option HANPU_BUILD_SERVE)
   register_serve_command(app);

@@ -87,5 +87,9 @@ double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds);
 const char* simd_target_name();
 /// Floats per native vector of that target.
 int simd_float_lanes();
+/// The largest GEMM register tile the dispatched target's kernels are compiled for (rows, vectors
+/// of C); FusedProgram::gemm_rows / gemm_vectors may ask for any shape up to it.
+int gemm_max_rows();
+int gemm_max_vectors();
 
 }  // namespace hanpu::cpu

@@ -75,6 +75,19 @@ constexpr size_t kNV = 3;
 #endif
 constexpr size_t RowsFor(size_t /*nv*/) { return kMR; }
 
+// The register tile a GEMM uses at most: the compiled kMR x kNV, or a smaller shape the plan asks
+// for (plan.cpu.gemm_rows / gemm_vectors; TileRows / TileCols below already instantiate every
+// smaller tile for the row and column tails, so a runtime choice needs no new instantiation).
+struct TileShape {
+  size_t rows = kMR, vectors = kNV;
+};
+TileShape ProgramTile(const FusedProgram& program) {
+  TileShape t;
+  if (program.gemm_rows > 0) t.rows = std::min(kMR, static_cast<size_t>(program.gemm_rows));
+  if (program.gemm_vectors > 0) t.vectors = std::min(kNV, static_cast<size_t>(program.gemm_vectors));
+  return t;
+}
+
 // C = A B, C += A B, C -= A B, C = diag(row_scale) C + A B (the state update's decay, applied as
 // the accumulators are loaded instead of in a pass of its own), and for GDN's scalar per-row
 // gates C = diag(row_scale) A B and C += diag(row_scale) A B (the gate applied as the
@@ -171,11 +184,15 @@ enum class Tri {
 // chunk (the tile count of the previous chunk sets the share), a few per tile.
 class ChunkPrefetcher {
  public:
+  // rate (plan.cpu.prefetch_rate): 0 issues no prefetches; r >= 1 hands out r times the even share
+  // per tile, so the lines are all issued within the first 1/r of the chunk's tiles.
+  explicit ChunkPrefetcher(int rate = 1) : rate_(static_cast<size_t>(rate < 0 ? 0 : rate)) {}
   void plan(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, size_t L, int64_t col0, int64_t col1) {
     count_ = 0;
     next_ = 0;
     offset_ = 0;
     total_lines_ = 0;
+    if (rate_ == 0) return;
     const LaInputs& in = job.in;
     const int64_t h = job.key_head(hv), t = seq.bos + t0;
     const size_t K = static_cast<size_t>(job.shape.K);
@@ -186,7 +203,7 @@ class ChunkPrefetcher {
       if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K);
     }
     // Share per tile from the previous chunk's tile count (+1 so that rounding leaves no rest).
-    per_tile_ = tiles_ ? total_lines_ / tiles_ + 1 : kFirstChunkLinesPerTile;
+    per_tile_ = (tiles_ ? total_lines_ / tiles_ + 1 : kFirstChunkLinesPerTile) * rate_;
     tiles_ = 0;
   }
   // Called once per GEMM tile: issues this tile's share of the lines.
@@ -228,6 +245,7 @@ class ChunkPrefetcher {
   }
   static constexpr size_t kMaxRows = 4 * 64;  // four row kinds of a 64-token chunk
   Span rows_[kMaxRows];
+  size_t rate_ = 1;
   size_t count_ = 0, next_ = 0, offset_ = 0, total_lines_ = 0, tiles_ = 0,
          per_tile_ = kFirstChunkLinesPerTile;
 };
@@ -236,12 +254,13 @@ class ChunkPrefetcher {
 // row strips inside, so each B panel (Kd x NV vectors) stays in L1 while all strips stream by.
 template <Acc kMode>
 void Gemm(const float* A, size_t lda, const float* B, size_t ldb, float* C, size_t ldc, size_t M, size_t N,
-          size_t Kd, Tri tri = Tri::kNone, ChunkPrefetcher* pf = nullptr, const float* row_scale = nullptr) {
+          size_t Kd, Tri tri = Tri::kNone, ChunkPrefetcher* pf = nullptr, const float* row_scale = nullptr,
+          TileShape shape = {}) {
   const DF d;
   const size_t lanes = hn::Lanes(d);
-  for (size_t j0 = 0; j0 < N; j0 += kNV * lanes) {
-    const size_t nv = std::min(kNV, (N - j0) / lanes);
-    const size_t rows = RowsFor(nv);
+  for (size_t j0 = 0; j0 < N; j0 += shape.vectors * lanes) {
+    const size_t nv = std::min(shape.vectors, (N - j0) / lanes);
+    const size_t rows = std::min(RowsFor(nv), shape.rows);
     for (size_t i0 = 0; i0 < M; i0 += rows) {
       const size_t mr = std::min(rows, M - i0);
       size_t tile_nv = nv;
@@ -762,15 +781,15 @@ void Transpose(const float* src, size_t L, size_t K, float* dst, size_t ldt) { T
 // (I + A) E = X in place on X [L x ldx] (width a multiple of the vector length); A strictly lower
 // [L x lda]. Row strips: the part below the strip is a GEMM on solved rows, the strip's own
 // triangle a short forward substitution.
-void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, size_t width) {
+void SolveUnitLower(const float* A, size_t lda, float* X, size_t ldx, size_t L, size_t width, TileShape tile = {}) {
   const DF d;
   const size_t lanes = hn::Lanes(d);
-  for (size_t i0 = 0; i0 < L; i0 += kMR) {
-    const size_t mr = std::min(kMR, L - i0);
+  for (size_t i0 = 0; i0 < L; i0 += tile.rows) {
+    const size_t mr = std::min(tile.rows, L - i0);
     // The strip's triangle is solved in the tile's registers (kSubSolve): a separate pass of
     // row updates through memory cost as much as the strip's GEMM part.
-    for (size_t j0 = 0; j0 < width; j0 += kNV * lanes) {
-      const size_t nv = std::min(kNV, (width - j0) / lanes);
+    for (size_t j0 = 0; j0 < width; j0 += tile.vectors * lanes) {
+      const size_t nv = std::min(tile.vectors, (width - j0) / lanes);
       TileAny<Acc::kSubSolve>(mr, nv, A + i0 * lda, lda, X + j0, ldx, X + i0 * ldx + j0, ldx, i0);
     }
   }
@@ -904,7 +923,7 @@ bool KdaBlockPairsInRegisters(size_t nv, bool whole_vectors, const float* Kr, co
 }
 
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
-             float* KrT, float* ftmp, const float* eg, float* AP, ChunkPrefetcher* pf = nullptr) {
+             float* KrT, float* ftmp, const float* eg, float* AP, ChunkPrefetcher* pf = nullptr, TileShape tile = {}) {
   constexpr size_t kBlock = kKdaBlock;
   float* KK = AP;
   float* QK = AP + C * ldc;
@@ -936,8 +955,8 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
         MulRows(Kr + (n + i) * K, ftmp, Kl + i * K, K);
         MulRows(Qs + (n + i) * K, ftmp, Ql + i * K, K);
       }
-      Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf);
-      Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf);
+      Gemm<Acc::kSet>(Kl, K, KrT, ldc, KK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf, nullptr, tile);
+      Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf, nullptr, tile);
     }
     if (KdaBlockPairsInRegisters<kMaxPairVectors>(K / N, K % N == 0, Kr, Qs, eg, n, rows, K, ldc, KK, QK)) continue;
     for (size_t i = 0; i < rows; ++i) {
@@ -1064,7 +1083,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       rows.kinv = gram_scale + C;
     }
   }
-  ChunkPrefetcher prefetch;
+  ChunkPrefetcher prefetch(program.prefetch_rate);
+  const TileShape tile = ProgramTile(program);
   OperatorClock clock;  // per-operator timers (operator_timers.hpp; empty unless compiled in)
   clock.skip();         // the states' loads are nobody's
   // GDN (GEMM-first): the X GEMM's row factors −β e^Γ, in egam's second half (the update's
@@ -1119,16 +1139,16 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       case CpuStage::StateK:
         // GEMM-first: X = diag(β)V − diag(β e^Γ) K S (LoadChunk left diag(β)V in X). GDN's gates are
         // one scalar per row: they scale the products as the tiles store them.
-        if (kda) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch);
-        else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale);
+        if (kda) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
+        else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale, tile);
         clock.mark(Op::kStateGemms);
         break;
       case CpuStage::StateQ:
         // O = diag(e^Γ) Q S. Kept apart from the X GEMM rather than one GEMM over the stacked
         // [Kn; Qg]: measured faster on AVX-512 (the stacked A operand, 2C x K, no longer stays in
         // L1 next to the S panel).
-        if (kda) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch);
-        else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam);
+        if (kda) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
+        else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam, tile);
         clock.mark(Op::kStateGemms);
         break;
       case CpuStage::Grams:
@@ -1136,7 +1156,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         if (keys_loaded) {
           std::copy(arena + l.AP_unmasked, arena + l.AP_unmasked + 2 * C * ldc, AP);
         } else if (kda) {
-          KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP, &prefetch);
+          KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP, &prefetch, tile);
         } else if (job.bf16_grams) {
           // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
           // applied by MaskGram. Kt (f32) is still needed by the state update. K^T in bf16 pairs is
@@ -1151,8 +1171,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
             for (size_t i = 0; i < L; ++i) gram_scale[i] *= job.scale;  // p_row = scale / |q_i|
         } else {
           Transpose(Kr, L, K, Kt, ldc);
-          Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
-          Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch);
+          Gemm<Acc::kSet>(Kr, K, Kt, ldc, AP, ldc, L, Lp, K, Tri::kLowerN, &prefetch, nullptr, tile);
+          Gemm<Acc::kSet>(Qs, K, Kt, ldc, AP + C * ldc, ldc, L, Lp, K, Tri::kLowerN, &prefetch, nullptr, tile);
         }
         if (keys_reused_next && !keys_loaded) std::copy(AP, AP + 2 * C * ldc, arena + l.AP_unmasked);
         clock.mark(Op::kGrams);
@@ -1163,7 +1183,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         break;
       case CpuStage::Solve:
         // #3 Solve (I + A) E = X: v_new, in place; W is never formed.
-        SolveUnitLower(AP, ldc, X, Vp, L, width);
+        SolveUnitLower(AP, ldc, X, Vp, L, width, tile);
         clock.mark(Op::kSolve);
         break;
       case CpuStage::Inverse: {
@@ -1173,7 +1193,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           std::fill(Tinv + i * ldc, Tinv + i * ldc + Lp, 0.f);
           Tinv[i * ldc + i] = 1.f;
         }
-        SolveUnitLower(AP, ldc, Tinv, ldc, L, Lp);
+        SolveUnitLower(AP, ldc, Tinv, ldc, L, Lp, tile);
         clock.mark(Op::kSolve);
         break;
       }
@@ -1187,21 +1207,21 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           std::fill(W + i * l.ldw + K, W + (i + 1) * l.ldw, 0.f);
         }
         float* Wm = U;  // T Kn into U's storage first, then copied back into W
-        Gemm<Acc::kSet>(Tinv, ldc, W, l.ldw, Wm, l.ldw, L, RoundUp(K, kPad), L, Tri::kLowerK);
+        Gemm<Acc::kSet>(Tinv, ldc, W, l.ldw, Wm, l.ldw, L, RoundUp(K, kPad), L, Tri::kLowerK, nullptr, nullptr, tile);
         for (size_t i = 0; i < L; ++i) std::copy(Wm + i * l.ldw, Wm + (i + 1) * l.ldw, W + i * l.ldw);
-        Gemm<Acc::kSet>(Tinv, ldc, X, Vp, U, Vp, L, width, L, Tri::kLowerK);
+        Gemm<Acc::kSet>(Tinv, ldc, X, Vp, U, Vp, L, width, L, Tri::kLowerK, nullptr, nullptr, tile);
         for (size_t i = 0; i < L; ++i) std::copy(U + i * Vp, U + (i + 1) * Vp, X + i * Vp);
         clock.mark(Op::kSolve);
         break;
       }
       case CpuStage::StateW:
         // #5 read in the W/U form: v_new = U − W S, i.e. X = U + (−W) S.
-        Gemm<Acc::kAdd>(arena + l.W, l.ldw, S, Vp, X, Vp, L, width, K);
+        Gemm<Acc::kAdd>(arena + l.W, l.ldw, S, Vp, X, Vp, L, width, K, Tri::kNone, nullptr, nullptr, tile);
         clock.mark(Op::kStateGemms);
         break;
       case CpuStage::Output:
         // #6 Output: O += P E, then store.
-        Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch);
+        Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch, nullptr, tile);
         clock.mark(Op::kOutput);
         StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
         clock.mark(Op::kStore);
@@ -1248,7 +1268,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           S_next = states + ((1 - parity) * count + g) * state_floats;
           std::copy(S, S + K * Vp, S_next);
         }
-        Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows);
+        Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows, tile);
         clock.mark(Op::kUpdate);
         break;
       }
@@ -1681,6 +1701,8 @@ double GemmProbeGflops(size_t M, size_t N, size_t Kd, double seconds) {
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 int FloatLanes() { return static_cast<int>(hn::Lanes(DF())); }
+int GemmMaxRows() { return static_cast<int>(kMR); }
+int GemmMaxVectors() { return static_cast<int>(kNV); }
 
 }  // namespace HWY_NAMESPACE
 }  // namespace hanpu::cpu
@@ -1702,6 +1724,8 @@ HWY_EXPORT(FlaScratchFloats);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(GemmProbeGflops);
 HWY_EXPORT(FloatLanes);
+HWY_EXPORT(GemmMaxRows);
+HWY_EXPORT(GemmMaxVectors);
 
 size_t fused_arena_floats(const LaJob& job, int64_t width, int chunk, size_t group, const FusedProgram& order) {
   return HANPU_DISPATCH(FusedArenaFloats)(job, width, chunk, group, order);
@@ -1742,6 +1766,8 @@ double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds) {
   return HANPU_DISPATCH(GemmProbeGflops)(M, N, Kd, seconds);
 }
 int simd_float_lanes() { return HANPU_DISPATCH(FloatLanes)(); }
+int gemm_max_rows() { return HANPU_DISPATCH(GemmMaxRows)(); }
+int gemm_max_vectors() { return HANPU_DISPATCH(GemmMaxVectors)(); }
 
 DenormalGuard::DenormalGuard() {
 #if defined(__x86_64__) || defined(__i386__)

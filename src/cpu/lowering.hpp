@@ -3,10 +3,26 @@
 #pragma once
 
 #include "hanpu/plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "la/job.hpp"
+
+#include <string>
 
 namespace hanpu::cpu {
 
 Problem problem_of_job(const LaJob& job);
+
+}  // namespace hanpu::cpu
+
+namespace hanpu::cpu {
+
+/// The plan's CPU parameters (plan.cpu) into the fused program (cpu_tuning_exec.cpp): "" when the
+/// CPU runs them, else the field, its value and why not (a GEMM tile beyond the dispatched
+/// target's compiled one; a fused item wider than the column block; a lockstep group larger than
+/// the plan's lockstep_group). `fused`: the fused kernel's index, -1 none.
+std::string lower_cpu_tuning(const Plan& plan, int fused, FusedProgram& program);
+
+/// The parameters in words, for CpuSchedule::summary ("" for a plan without a CPU part).
+std::string describe_cpu_tuning(const CpuTuning& t);
 
 }  // namespace hanpu::cpu

@@ -355,6 +355,7 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
   }
   if (fused >= 0 && fla_kernels)
     return "plan.kernels: a fused kernel next to FLA-style phase kernels; the CPU runs one or the other";
+  if (std::string why = cpu::lower_cpu_tuning(plan, fused, s.program); !why.empty()) return why;
   if (std::string why = chunk_parallel_mapping(plan, phase_kernels, s); !why.empty()) return why;
   if (fla_kernels) {
     if (!state_kernel) return "plan.kernels: no state kernel (ws .. state_add); the CPU's FLA-style path needs one";
@@ -371,7 +372,7 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
                 (s.program.state_in_place ? "in-place state" : "double-buffered state") + ", stages " + stages +
                 (s.chunk_parallel.empty() ? "" : ", " + std::to_string(s.chunk_parallel.size()) + " tier-3 heads on the chunk-parallel path (" +
                                                       (s.chunk_parallel_gemm_first ? "gemm-first" : "W/U form") + ")") +
-                (plan.layout_planned ? ", layouts planned (all dense)" : "");
+                (plan.layout_planned ? ", layouts planned (all dense)" : "") + cpu::describe_cpu_tuning(plan.cpu);
   }
   if (out) *out = std::move(s);
   return "";

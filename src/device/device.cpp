@@ -273,13 +273,15 @@ class DeviceReader {
 
     const json& vec = field(j, "", "vector");
     expect_object(vec, "vector");
-    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op", "transform_row_elements"});
+    only_keys(vec, "vector", {"lanes", "buffer", "energy_pj_per_op", "transform_row_elements", "registers"});
     dtype_map(vec, "vector", "lanes", &d.vector.lanes, nullptr);
     d.vector.buffer = string_field(vec, "vector", "buffer");
     expect_buffer(d.vector.buffer, "vector.buffer", false);
     d.vector.energy_pj_per_op = quantity_field(vec, "vector", "energy_pj_per_op", Constraint::kNonNegative);
     if (vec.contains("transform_row_elements"))
       d.vector.transform_row_elements = quantity_field(vec, "vector", "transform_row_elements", Constraint::kPositive);
+    if (vec.contains("registers"))
+      d.vector.registers = quantity_field(vec, "vector", "registers", Constraint::kPositive);
 
     const json& paths = field(j, "", "paths");
     expect_type(paths, "paths", json::value_t::array, "an array of data paths");
@@ -440,6 +442,7 @@ nlohmann::json device_to_json(const Device& d) {
                  {"energy_pj_per_op", quantity_to_json(d.vector.energy_pj_per_op)}};
   if (!d.vector.transform_row_elements.source.empty())
     j["vector"]["transform_row_elements"] = quantity_to_json(d.vector.transform_row_elements);
+  if (!d.vector.registers.source.empty()) j["vector"]["registers"] = quantity_to_json(d.vector.registers);
   json bufs = json::array();
   for (const BufferSpec& b : d.buffers) {
     json bj = {{"name", b.name},

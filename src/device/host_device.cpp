@@ -125,6 +125,16 @@ Device host_device(int threads, double measure_seconds) {
   d.vector.lanes[DType::F32] =
       q(lanes, "highway target " + info.simd_target + " f32 lanes; one vector op per cycle assumed", "derived");
   d.vector.buffer = working;
+  // The architectural vector registers of the target (the planner sizes the GEMM register tile
+  // from them, src/plan/cpu_tuning.cpp): AVX-512 has 32 zmm, AVX2/SSE 16 ymm/xmm, AArch64 NEON/SVE
+  // 32; Highway's portable targets (EMU128, SCALAR) are compiled code whose "registers" are the
+  // compiler's, counted as 16 like the narrowest x86 file.
+  {
+    const std::string& t = info.simd_target;
+    const bool wide_file = t.rfind("AVX3", 0) == 0 || t.rfind("AVX10", 0) == 0 || t.rfind("NEON", 0) == 0 ||
+                           t.rfind("SVE", 0) == 0;
+    d.vector.registers = q(wide_file ? 32 : 16, "highway target " + t + ": architectural vector registers", "derived");
+  }
   d.vector.energy_pj_per_op = q(1.5, "estimate: same per-lane cost as a FMA lane", "estimate");
 
   // Caches as buffers. Alignment is the coherency line: tiles aligned to it avoid split lines.

@@ -151,6 +151,7 @@ json plan_to_json(const Plan& plan) {
   j["state_in_place"] = plan.state_in_place;
   j["layout_planned"] = plan.layout_planned;
   j["allow_spill"] = plan.allow_spill;
+  if (plan.cpu.set()) j["cpu"] = cpu_tuning_to_json(plan.cpu);
   json layouts = json::object();
   for (const auto& [t, l] : plan.layouts) layouts[t] = layout_name(l);
   j["layouts"] = layouts;
@@ -213,6 +214,15 @@ Plan plan_from_json(const json& j, const std::string& origin) {
   plan.state_in_place = r.boolean(j, "state_in_place", P);
   plan.layout_planned = r.boolean(j, "layout_planned", P);
   plan.allow_spill = r.boolean(j, "allow_spill", P);
+  // Optional (plans for an NPU, and plans written before the CPU part existed, have none).
+  if (j.contains("cpu")) {
+    try {
+      plan.cpu = cpu_tuning_from_json(j.at("cpu"), P + ".cpu");
+      validate_cpu_tuning(plan.cpu, plan.problem.V, P + ".cpu");
+    } catch (const Error& e) {
+      throw Error(origin + ": " + e.what());
+    }
+  }
   const OpGraph g = plan.graph();
   const json& lj = r.field(j, "layouts", P);
   if (!lj.is_object()) r.fail(P + ".layouts", &lj, "an object (tensor -> dense|blocked)");

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "hanpu/plan.hpp"
+#include "plan/cpu_tuning_plan.hpp"
 #include "plan/lower.hpp"
 
 namespace hanpu {
@@ -482,7 +483,9 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
     const auto result_capacity = results_wait ? static_cast<int64_t>(dev.buffer(dev.matrix.output).capacity_bytes.value) : 0;
     order = lifetime_aware_order(g, p.chunk, p.K, p.V, result_capacity, results_wait).order;
   }
-  for (int64_t width = p.V;; width = (width / 2 + quantum - 1) / quantum * quantum) {
+  // On a CPU the column block is the plan's CPU parameter (plan.cpu, src/plan/cpu_tuning.cpp).
+  const int64_t first_width = plan.cpu.set() ? plan.cpu.column_block.value : p.V;
+  for (int64_t width = first_width;; width = (width / 2 + quantum - 1) / quantum * quantum) {
     plan.kernels = head_mapped_kernels(p, dev, g, cores, order);
     for (Kernel& k : plan.kernels) {
       if (k.name != "fused") continue;
@@ -496,6 +499,7 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
             split.push_back(b);
           }
         list = split;
+        if (dev.kind == "cpu" && width < p.V) plan_detail::order_blocks_for_lockstep(list);
       }
     }
     try {
@@ -513,7 +517,8 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
     for (const auto& list : k.cores) {
       int64_t w = 0;
       for (const PlanItem& it : list) w = std::max<int64_t>(w, it.col1 - it.col0);
-      k.groups.push_back(lockstep_groups(list, max_lockstep_group(dev, p.K, w)));
+      k.groups.push_back(lockstep_groups(
+          list, plan.cpu.set() ? static_cast<int>(plan.cpu.lockstep_group.value) : max_lockstep_group(dev, p.K, w)));
     }
   }
 }
@@ -579,6 +584,7 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
   plan.state_in_place = r.in_place;
   plan.layout_planned = r.layout;
   plan.allow_spill = r.spill;
+  if (dev.kind == "cpu") plan.cpu = plan_detail::plan_cpu_tuning(p, dev, cores, opt);
   const OpGraph g = plan.graph();
   plan_layouts(plan, dev, g);
   if (!opt.order.empty() && def.build)
@@ -804,6 +810,7 @@ std::string describe_plan(const Plan& plan) {
   os << "  layouts:";
   for (const auto& [t, l] : plan.layouts) os << " " << t << "=" << (l == Layout::Blocked ? "blocked" : "dense");
   os << "\n";
+  if (plan.cpu.set()) os << describe_cpu_tuning_lines(plan.cpu);
   return os.str();
 }
 
