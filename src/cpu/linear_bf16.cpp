@@ -56,22 +56,20 @@ template <class Run>
 void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd, int64_t ldx, float* yd, int64_t ldy,
                         int64_t M, int threads, bool accumulate, const Run& run) {
   const int64_t Kp = cpu::amx_k_steps(K) * cpu::kAmxK;
-  const int64_t col_groups = (N + 15) / 16;  // 16 columns: one output vector
   if (M < cpu::kBf16DotGemmMinRows) {
-    // Decode: the rows are split once, every thread streams its share of the weight rows.
+    // Decode: the rows are rounded once, the threads stream chunks of weight rows.
     static thread_local ByteBuffer x_scratch;
     uint16_t* xs = scratch<uint16_t>(x_scratch, M * Kp);
     cpu::amx_pack_gemv_rows(xd, ldx, M, K, /*terms=*/1, xs);
-    const int nt = static_cast<int>(std::min<int64_t>(threads, col_groups));
-    run(nt, [&](int t) {
-      const int64_t n0 = std::min(N, part(col_groups, t, nt) * 16), n1 = std::min(N, part(col_groups, t + 1, nt) * 16);
-      if (n0 < n1) cpu::bf16dot_linear(w, K, xs, M, yd, ldy, n0, n1, accumulate, nullptr);
+    cpu::run_in_column_chunks(run, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+      cpu::bf16dot_linear(w, K, xs, M, yd, ldy, n0, n1, accumulate, nullptr);
     });
     return;
   }
   // Threads split the columns when every thread gets a few 48-column panels (each reads only its
   // part of the weight), otherwise the rows (small N: in_proj_b/a).
   constexpr int64_t kPanel = 48;
+  const int64_t col_groups = (N + 15) / 16;  // 16 columns: one output vector
   const int64_t panels = (N + kPanel - 1) / kPanel;
   const int64_t row_blocks = (M + 7) / 8;  // the GEMM's 8-row register tile
   const bool split_columns = panels >= 2 * threads || row_blocks < threads;
@@ -227,6 +225,12 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
                           (impl_->backend == LinearBackend::kAvx512Bf16 && precision != LinearPrecision::kBf16);
   if (f32_kernel) {
     const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
+    if (M < cpu::kPortableGemmMinRows) {
+      cpu::run_in_column_chunks(run, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+        cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+      });
+      return;
+    }
     const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
     run(nt, [&](int t) {
       // Column ranges in multiples of 4 (the kernel's register block).

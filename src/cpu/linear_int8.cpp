@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,16 @@ void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   float* yd = call->y;
   const int64_t M = call->M, ldx = call->ldx, ldy = call->ldy;
   threads = std::max(1, threads);
+  if (M < cpu::kPortableGemmMinRows) {
+    auto run = [&](int n, const std::function<void(int)>& fn) {
+      if (n <= 1) fn(0);
+      else ThreadPool::shared(threads).run(n, fn);
+    };
+    cpu::run_in_column_chunks(run, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+      cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+    });
+    return;
+  }
   // Column ranges in multiples of 4 (the kernel's register block), one per thread.
   const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
   auto body = [&](int t) {

@@ -18,6 +18,9 @@
 namespace hanpu::cpu {
 
 // ---- portable -----------------------------------------------------------------------------
+/// From this many rows on linear_portable(_int8) use their GEMM form (a widened panel amortised
+/// over the rows); below, dot products in weight-row order (decode).
+constexpr int64_t kPortableGemmMinRows = 16;
 /// Rows [0, M) of x (row stride ldx) times weight rows [n0, n1) of w ([N, K] row-major bf16).
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
                      int64_t M, int64_t n0, int64_t n1, bool accumulate);

@@ -189,7 +189,7 @@ constexpr int kGemmNV = 3;
 #endif
 // From this many rows on the GEMM form is used: widening a panel (scalar, strided writes) costs
 // about as much as a few rows of dot products, and the broadcast tile needs full row blocks.
-constexpr int64_t kGemmMinRows = 16;
+constexpr int64_t kGemmMinRows = kPortableGemmMinRows;
 
 // Rows [0, MR) x panel columns [0, width) (width <= kGemmNV * lanes; the panel is zero-padded).
 template <int MR>
