@@ -14,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "cli/bench_inputs.hpp"
 #include "cli/commands.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
@@ -48,38 +49,6 @@ struct BenchArgs {
   std::vector<std::string> bf16_dot{"on"};
 };
 
-struct Inputs {
-  Tensor q, k, v, g, beta;
-  LaInputs views() const {
-    LaInputs li{};
-    li.q = q.view(), li.k = k.view(), li.v = v.view(), li.g = g.view(), li.beta = beta.view();
-    return li;
-  }
-};
-
-// FLA-test-like synthetic data: q, k L2-normalised, v normal, g = logsigmoid(U[0,1)), beta =
-// sigmoid(U[0,1)); a fixed seed so every row of a run sees the same data.
-Inputs make_inputs(Variant var, int64_t T, int64_t H, int64_t K, int64_t V, DType dt) {
-  std::mt19937_64 rng(42);
-  std::normal_distribution<float> nrm(0.f, 1.f);
-  std::uniform_real_distribution<float> uni(0.f, 1.f);
-  Inputs in{Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, H, V}),
-            var == Variant::GDN ? Tensor(DType::F32, {1, T, H}) : Tensor(DType::F32, {1, T, H, K}),
-            Tensor(DType::F32, {1, T, H})};
-  std::vector<float> row(static_cast<size_t>(K));
-  for (Tensor* t : {&in.q, &in.k}) {
-    for (int64_t r = 0; r < T * H; ++r) {
-      float ss = 0;
-      for (float& x : row) ss += (x = nrm(rng)) * x;
-      const float inv = 1.f / std::sqrt(ss + 1e-6f);
-      for (int64_t d = 0; d < K; ++d) t->set(r * K + d, row[static_cast<size_t>(d)] * inv);
-    }
-  }
-  for (int64_t i = 0; i < in.v.numel(); ++i) in.v.set(i, nrm(rng));
-  for (int64_t i = 0; i < in.g.numel(); ++i) in.g.set(i, -std::log1p(std::exp(-uni(rng))));
-  for (int64_t i = 0; i < in.beta.numel(); ++i) in.beta.set(i, 1.f / (1.f + std::exp(-uni(rng))));
-  return in;
-}
 
 struct Row {
   std::string variant, path, dtype;
@@ -92,11 +61,6 @@ struct Row {
   double plan_hit_us = 0;  // planning cost of a call whose plan is in the cache (plan look-up + nothing else)
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Runs `run` once to warm up (arenas, pool, caches), calls `after_warmup`, then times it until at
 // least min_reps runs and min_seconds have passed (at most 50 runs): the seconds of each timed run.
@@ -210,7 +174,7 @@ void run_bench(const BenchArgs& a) {
       for (int64_t H : a.heads) {
         for (int64_t T : a.Ts) {
           if (T < 1 || H < 1) throw Error("--T and --heads must be positive");
-          const Inputs in = make_inputs(var, T, H, a.dim, a.dim, dt);
+          const cli::BenchInputs in = cli::make_bench_inputs(var, T, H, H, a.dim, a.dim, dt, 42);
           const LaInputs li = in.views();
           Tensor o(dt, {1, T, H, a.dim}), ht(DType::F32, {1, H, a.dim, a.dim});
           const LaOutputs lo{o.view(), ht.view()};
@@ -238,7 +202,7 @@ void run_bench(const BenchArgs& a) {
               const OperatorTimes op_times = timed_operators ? read_operator_times() : OperatorTimes{};
               Row r{vname, pname, dname, dot_applies && ex.bf16_dot && cpu::gram_bf16_usable(), T, H, a.dim, a.dim, th,
                     0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
-              const double sec = median(times);
+              const double sec = cli::median(times);
               r.plan_hit_us = rep.plan_cache_hit ? rep.planning_seconds * 1e6 : 0;
               r.ms = sec * 1e3;
               r.tokens_per_s = static_cast<double>(T) / sec;
@@ -311,7 +275,7 @@ void run_ablation(const BenchArgs& a) {
       const DType dt = dname == "f32" ? DType::F32 : dname == "bf16" ? DType::BF16 : DType::F16;
       for (int64_t H : a.heads) {
         for (int64_t T : a.Ts) {
-          const Inputs in = make_inputs(var, T, H, a.dim, a.dim, dt);
+          const cli::BenchInputs in = cli::make_bench_inputs(var, T, H, H, a.dim, a.dim, dt, 42);
           const LaInputs li = in.views();
           Tensor o(dt, {1, T, H, a.dim}), ht(DType::F32, {1, H, a.dim, a.dim});
           const LaOutputs lo{o.view(), ht.view()};
@@ -325,7 +289,7 @@ void run_ablation(const BenchArgs& a) {
             const SimResult sim = simulate(plan, host);
             ExecOptions eo;
             eo.plan = &plan;
-            const double sec = median(time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, eo); }));
+            const double sec = cli::median(time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, eo); }));
             const double gflops = la_flops_per_token_head(var, a.dim, a.dim) * static_cast<double>(T * H) / sec / 1e9;
             const double gm = static_cast<double>(sim.gm_read_bytes + sim.gm_write_bytes);
             out.push_back({{"variant", vname}, {"T", T}, {"heads", H}, {"dtype", dname}, {"threads", threads},

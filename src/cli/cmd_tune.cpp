@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 
+#include "cli/bench_inputs.hpp"
 #include "cli/commands.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
@@ -51,37 +52,6 @@ struct TuneArgs {
   bool dry_run = false;
 };
 
-struct Inputs {
-  Tensor q, k, v, g, beta;
-  LaInputs views() const {
-    LaInputs li{};
-    li.q = q.view(), li.k = k.view(), li.v = v.view(), li.g = g.view(), li.beta = beta.view();
-    return li;
-  }
-};
-
-// The bench's synthetic data (cmd_bench.cpp): q, k L2-normalised, v normal, g = logsigmoid(U),
-// beta = sigmoid(U), fixed seed.
-Inputs make_inputs(Variant var, int64_t T, int64_t H, int64_t HV, int64_t K, int64_t V, DType dt) {
-  std::mt19937_64 rng(7);
-  std::normal_distribution<float> nrm(0.f, 1.f);
-  std::uniform_real_distribution<float> uni(0.f, 1.f);
-  Inputs in{Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, HV, V}),
-            var == Variant::GDN ? Tensor(DType::F32, {1, T, HV}) : Tensor(DType::F32, {1, T, HV, K}),
-            Tensor(DType::F32, {1, T, HV})};
-  std::vector<float> row(static_cast<size_t>(K));
-  for (Tensor* t : {&in.q, &in.k})
-    for (int64_t r = 0; r < T * H; ++r) {
-      float ss = 0;
-      for (float& x : row) ss += (x = nrm(rng)) * x;
-      const float inv = 1.f / std::sqrt(ss + 1e-6f);
-      for (int64_t d = 0; d < K; ++d) t->set(r * K + d, row[static_cast<size_t>(d)] * inv);
-    }
-  for (int64_t i = 0; i < in.v.numel(); ++i) in.v.set(i, nrm(rng));
-  for (int64_t i = 0; i < in.g.numel(); ++i) in.g.set(i, -std::log1p(std::exp(-uni(rng))));
-  for (int64_t i = 0; i < in.beta.numel(); ++i) in.beta.set(i, 1.f / (1.f + std::exp(-uni(rng))));
-  return in;
-}
 
 double nmse(const Tensor& x, const Tensor& ref) {
   double num = 0, den = 0;
@@ -93,11 +63,6 @@ double nmse(const Tensor& x, const Tensor& ref) {
   return den > 0 ? num / den : num;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
@@ -141,7 +106,7 @@ std::vector<int64_t> candidates(const std::string& name, const CpuTuning& model,
 
 struct Runner {
   Variant variant;
-  Inputs in;
+  cli::BenchInputs in;
   LaOptions opt;
   int threads;
   Tensor o, state;
@@ -166,7 +131,7 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   const int64_t HV = a.value_heads > 0 ? a.value_heads : a.heads;
   const DType dt = a.dtype == "bf16" ? DType::BF16 : DType::F32;
-  Runner r{variant, make_inputs(variant, a.T, a.heads, HV, a.dim, a.dim, dt), {}, threads,
+  Runner r{variant, cli::make_bench_inputs(variant, a.T, a.heads, HV, a.dim, a.dim, dt, 7), {}, threads,
            Tensor(dt, {1, a.T, HV, a.dim}), Tensor(DType::F32, {1, HV, a.dim, a.dim})};
   const Problem p = problem_for_inputs(variant, r.in.views(), r.opt);
   const Device dev = host_device(threads, 0.0);
@@ -224,7 +189,7 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
     size_t cur_i = 0, best_i = 0;
     std::vector<double> med(plans.size());
     for (size_t i = 0; i < plans.size(); ++i) {
-      med[i] = median(times[i]);
+      med[i] = cli::median(times[i]);
       if (kept[i] == cur) cur_i = i;
       if (med[i] < med[best_i]) best_i = i;
     }
@@ -249,7 +214,7 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
     tm.push_back(r.run(model_plan));
     tt.push_back(r.run(tuned_plan));
   }
-  table.push_back({"all (whole plan)", 0, 0, median(tm), median(tt)});
+  table.push_back({"all (whole plan)", 0, 0, cli::median(tm), cli::median(tt)});
 
   out << "\n" << cls << " on " << machine.cpu_model << " (" << machine.isa << "), T = " << a.T << ", H = " << a.heads
       << ", medians of " << a.rounds << " interleaved runs\n";
