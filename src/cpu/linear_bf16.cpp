@@ -52,16 +52,15 @@ inline int64_t part(int64_t total, int t, int n) { return total * t / n; }
 // and the panel is transposed once per pass (its cost is ~1/256 of the pass's arithmetic).
 constexpr int64_t kBf16DotRowsPerPass = 256;
 
-template <class Run>
 void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd, int64_t ldx, float* yd, int64_t ldy,
-                        int64_t M, int threads, bool accumulate, const Run& run) {
+                        int64_t M, int threads, bool accumulate) {
   const int64_t Kp = cpu::amx_k_steps(K) * cpu::kAmxK;
   if (M < cpu::kBf16DotGemmMinRows) {
     // Decode: the rows are rounded once, the threads stream chunks of weight rows.
     static thread_local ByteBuffer x_scratch;
     uint16_t* xs = scratch<uint16_t>(x_scratch, M * Kp);
     cpu::amx_pack_gemv_rows(xd, ldx, M, K, /*terms=*/1, xs);
-    cpu::run_in_column_chunks(run, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+    cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
       cpu::bf16dot_linear(w, K, xs, M, yd, ldy, n0, n1, accumulate, nullptr);
     });
     return;
@@ -74,7 +73,7 @@ void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd
   const int64_t row_blocks = (M + 7) / 8;  // the GEMM's 8-row register tile
   const bool split_columns = panels >= 2 * threads || row_blocks < threads;
   const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? col_groups : row_blocks));
-  run(nt, [&](int t) {
+  cpu::run_on_pool(threads, nt, [&](int t) {
     static thread_local ByteBuffer a_scratch, p_scratch;
     int64_t r0 = 0, r1 = M, n0 = 0, n1 = N;
     if (split_columns) {
@@ -214,10 +213,6 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   float* yd = call->y;
   const int64_t M = call->M, ldx = call->ldx, ldy = call->ldy;
   threads = std::max(1, threads);
-  auto run = [&](int n, const std::function<void(int)>& fn) {
-    if (n <= 1) fn(0);
-    else ThreadPool::shared(threads).run(n, fn);
-  };
 
   // The avx512bf16 backend runs only the bf16 mode on VDPBF16PS (linear_bf16dot.cpp says why);
   // exact and bf16x2 take the f32 kernel, which is exact.
@@ -226,13 +221,13 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   if (f32_kernel) {
     const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
     if (M < cpu::kPortableGemmMinRows) {
-      cpu::run_in_column_chunks(run, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+      cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
         cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate);
       });
       return;
     }
     const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
-    run(nt, [&](int t) {
+    cpu::run_on_pool(threads, nt, [&](int t) {
       // Column ranges in multiples of 4 (the kernel's register block).
       const int64_t n0 = std::min(N, part((N + 3) / 4, t, nt) * 4), n1 = std::min(N, part((N + 3) / 4, t + 1, nt) * 4);
       cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate);
@@ -244,7 +239,7 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   static thread_local ByteBuffer x_scratch;
   if (impl_->backend == LinearBackend::kAvx512Bf16) {
     forward_avx512bf16(static_cast<const uint16_t*>(impl_->weight.data), K, N, xd, ldx, yd, ldy, M, threads,
-                       accumulate, run);
+                       accumulate);
     return;
   }
 
@@ -254,7 +249,7 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     cpu::amx_pack_gemv_rows(xd, ldx, M, K, terms, xs);
     const int64_t quads = (N + 63) / 64;  // units of 64 columns: the GEMV's 4 x 16-column block
     const int nt = static_cast<int>(std::min<int64_t>(threads, quads));
-    run(nt, [&](int t) {
+    cpu::run_on_pool(threads, nt, [&](int t) {
       const int64_t n0 = std::min(N, part(quads, t, nt) * 64), n1 = std::min(N, part(quads, t + 1, nt) * 64);
       if (n0 < n1) cpu::amx_gemv(xs, M, terms, wp, K, N, n0, n1, yd, ldy, accumulate);
     });
@@ -270,7 +265,7 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   const int64_t all_strips = (M + cpu::kAmxRows - 1) / cpu::kAmxRows;
   const bool split_columns = panels >= 2 * threads || all_strips < threads;
   const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? panels : all_strips));
-  run(nt, [&](int t) {
+  cpu::run_on_pool(threads, nt, [&](int t) {
     static thread_local ByteBuffer a_scratch, c_scratch;
     int64_t r0 = 0, r1 = M, n0 = 0, n1 = N;
     if (split_columns) {

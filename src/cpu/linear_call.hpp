@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <functional>
 #include <optional>
 #include <string>
 
+#include "cpu/thread_pool.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu::cpu {
@@ -44,6 +46,13 @@ inline std::optional<LinearCall> begin_linear_call(const std::string& layer, int
   return call;
 }
 
+/// fn(t) for t in [0, n) on the shared pool of `threads` threads; n <= 1 runs on the caller
+/// without creating a pool.
+inline void run_on_pool(int threads, int n, const std::function<void(int)>& fn) {
+  if (n <= 1) fn(0);
+  else ThreadPool::shared(threads).run(n, fn);
+}
+
 /// Weight rows per chunk of a few-rows (decode) call: 128 KiB of bf16 at K = 1024, about 3900
 /// chunks for a 248320-row LM head, so one fetch-add per chunk costs nothing.
 constexpr int64_t kDecodeChunkColumns = 64;
@@ -52,13 +61,13 @@ constexpr int64_t kDecodeChunkColumns = 64;
 /// from a shared counter, so a worker slowed by another process or a VM's steal time takes fewer
 /// chunks instead of holding the whole call up (a static split waits for the slowest half). Each
 /// output is still computed whole by one worker, with the same arithmetic: the result does not
-/// depend on which worker or how many. run(n, fn) is the pool's run.
-template <class Run, class Body>
-void run_in_column_chunks(const Run& run, int threads, int64_t N, int64_t chunk, const Body& body) {
+/// depend on which worker or how many.
+template <class Body>
+void run_in_column_chunks(int threads, int64_t N, int64_t chunk, const Body& body) {
   const int64_t chunks = (N + chunk - 1) / chunk;
   const int nt = static_cast<int>(std::min<int64_t>(threads, chunks));
   std::atomic<int64_t> next{0};
-  run(nt, [&](int) {
+  run_on_pool(threads, nt, [&](int) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed))
       body(c * chunk, std::min(N, (c + 1) * chunk));

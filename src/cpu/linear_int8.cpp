@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -125,11 +124,7 @@ void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   const int64_t M = call->M, ldx = call->ldx, ldy = call->ldy;
   threads = std::max(1, threads);
   if (M < cpu::kPortableGemmMinRows) {
-    auto run = [&](int n, const std::function<void(int)>& fn) {
-      if (n <= 1) fn(0);
-      else ThreadPool::shared(threads).run(n, fn);
-    };
-    cpu::run_in_column_chunks(run, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+    cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
       cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);
     });
     return;
@@ -141,8 +136,7 @@ void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     const int64_t n0 = std::min(N, units * t / nt * 4), n1 = std::min(N, units * (t + 1) / nt * 4);
     if (n0 < n1) cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);
   };
-  if (nt <= 1) body(0);
-  else ThreadPool::shared(threads).run(nt, body);
+  cpu::run_on_pool(threads, nt, body);
 }
 
 }  // namespace hanpu
