@@ -432,6 +432,56 @@ TEST(BailingHybridConfig, UnsupportedOptionsAreNamed) {
   EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda_safe_gate);
 }
 
+TEST(BailingHybridSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
+  // transformers 5.24's BailingHybridConfig defaults (docstring: inclusionAI/Ling-3.0-Flash).
+  const ModelConfig c = model_preset("ling-3.0-flash-slice");
+  EXPECT_EQ(c.model_type, "bailing_hybrid");
+  EXPECT_EQ(c.hidden_size, 2560);
+  EXPECT_EQ(c.vocab_size, 157184);
+  EXPECT_EQ(c.num_kda_layers(), 3);
+  EXPECT_EQ(c.num_attention_layers(), 1);
+  EXPECT_EQ(c.num_moe_layers(), 2);
+  EXPECT_EQ(c.linear_num_value_heads, 32);
+  EXPECT_EQ(c.linear_key_head_dim, 128);
+  EXPECT_FALSE(c.kda_low_rank_gates);
+  EXPECT_TRUE(c.kda_safe_gate);
+  EXPECT_EQ(c.kda_lower_bound, -5.0);
+  EXPECT_EQ(c.mla_cache_dim(), 576);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 768);
+  EXPECT_EQ(c.intermediate_size, 6144);
+  EXPECT_EQ(c.num_expert_groups, 8);
+  EXPECT_EQ(c.topk_groups, 4);
+  EXPECT_EQ(c.num_experts % c.num_expert_groups, 0);
+  // A tiny model of the same composition runs and its decode continues its prefill exactly.
+  ModelConfig small = c;
+  small.vocab_size = 300;
+  small.hidden_size = 64;
+  small.intermediate_size = 96;
+  small.linear_num_key_heads = small.linear_num_value_heads = 2;
+  small.linear_key_head_dim = small.linear_value_head_dim = 16;
+  small.num_heads = small.num_kv_heads = 2;
+  small.mla_kv_lora_rank = 24;
+  small.mla_qk_nope_head_dim = 16;
+  small.mla_qk_rope_head_dim = 8;
+  small.mla_v_head_dim = 16;
+  small.head_dim = small.mla_qk_head_dim();
+  small.rotary_dim = 8;
+  small.num_experts = 16;  // 8 groups of 2, top-4 groups
+  small.num_experts_per_tok = 3;
+  small.moe_intermediate_size = small.shared_expert_intermediate_size = 24;
+  HybridModel m = HybridModel::synthetic(small, 7, 2);
+  std::vector<int32_t> ids(70);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 41 % 300);
+  Tensor whole = all_logits(m, ids, 2);
+  HybridState st = m.new_state();
+  m.forward(st, std::span(ids).first(65), {.threads = 2});
+  for (size_t t = 65; t < ids.size(); ++t) {
+    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 300, 300), 1e-10) << t;
+  }
+}
+
 TEST_F(BailingHybridGolden, SafeGateAndRopeEachMoveTheLogits) {
   // The golden is sensitive to both Ling-specific parts: the softplus gate instead of the safe
   // gate, or another RoPE theta, each leave transformers' logits far behind.

@@ -132,9 +132,10 @@ std::string ModelConfig::describe() const {
        << (mla_head_gate ? ", head gate" : "") << ")";
   if (linear_mixer == TokenMixer::kGdn)
     os << ", GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads << "v x " << linear_key_head_dim;
-  else
-    os << ", KDA " << linear_num_value_heads << " heads x " << linear_key_head_dim
-       << (kda_safe_gate ? " (safe gate, lower bound " + std::to_string(kda_lower_bound) + ")" : "");
+  else {
+    os << ", KDA " << linear_num_value_heads << " heads x " << linear_key_head_dim;
+    if (kda_safe_gate) os << " (safe gate, lower bound " << kda_lower_bound << ")";  // ostream: -5, not -5.000000
+  }
   os << ", " << (tie_word_embeddings ? "tied" : "untied") << " head, " << static_cast<double>(parameter_count()) / 1e9
      << "B parameters";
   return os.str();

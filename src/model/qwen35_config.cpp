@@ -314,6 +314,32 @@ ModelConfig kimi_linear_slice() {
   return c;
 }
 
+// A slice of Ling-3.0-Flash with the shapes of transformers 5.24's BailingHybridConfig defaults
+// (whose docstring names inclusionAI/Ling-3.0-Flash; no official config was read): hidden 2560,
+// KDA 32 heads of 128 with full-rank gates and the safe gate (lower bound -5), MLA 32 heads
+// (kv_lora 512, nope 128 + rope 64, v 128, RoPE theta 6e6, no q_lora), 512 experts top-8 of 768
+// plus a shared expert of 768 with grouped sigmoid routing (8 groups, top-4), dense MLPs of 6144
+// in the first two layers, vocabulary 157184, untied. Of the 42 layers (groups of 5 KDA + 1 MLA)
+// it keeps 3 KDA + 1 MLA, the two dense layers and two MoE layers, and 64 of the 512 experts
+// (8 per group, so grouped top-k still chooses 4 of 8 groups). Written as a config.json and read
+// by the family's own parser, so the preset is exactly what such a checkpoint would load.
+constexpr const char* kLingFlashSlice = "ling-3.0-flash-slice";
+
+ModelConfig ling_flash_slice() {
+  return parse_bailing_hybrid_config(R"({
+    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2560,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+    "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "rope_theta": 6000000.0,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "mlp_layer_types": ["dense", "dense", "sparse", "sparse"],
+    "num_experts": 64, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "kda_safe_gate": true, "kda_lower_bound": -5.0,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "eos_token_id": 156895
+  })", kLingFlashSlice);
+}
+
 }  // namespace
 
 std::vector<std::string> model_preset_names() {
@@ -322,12 +348,14 @@ std::vector<std::string> model_preset_names() {
   names.emplace_back(kQwen3NextSlice);
   names.emplace_back(kQwen35MoeSlice);
   names.emplace_back(kKimiLinearSlice);
+  names.emplace_back(kLingFlashSlice);
   return names;
 }
 
 ModelConfig model_preset(const std::string& name) {
   if (name == kQwen3NextSlice) return qwen3next_slice();
   if (name == kKimiLinearSlice) return kimi_linear_slice();
+  if (name == kLingFlashSlice) return ling_flash_slice();
   if (name == kQwen35MoeSlice) return qwen35_moe_slice();
   for (const Preset& p : kPresets) {
     if (name != p.name) continue;
