@@ -136,6 +136,7 @@ TEST(ModelCli, BenchModelJsonRows) {
     EXPECT_EQ(rows[1]["prompt_tokens"], 70);
     for (const auto& row : rows) {
       EXPECT_EQ(row["threads"], 2);
+      EXPECT_EQ(row["warmup_runs"], 1);  // the default, as llama-bench
       for (const char* k : {"prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "prefill_gflops_total",
                             "decode_weight_gbs", "decode_weight_bytes_per_token", "machine_fma_peak_gflops",
                             "machine_read_bandwidth_gbs"})
