@@ -8,6 +8,7 @@ packages+=(pkg-config libpcre2-dev libutf8proc-dev)  # tokenizer: split regex, N
 packages+=(libexpat1-dev)  # test_report parses the SVG/HTML reports with expat
 packages+=(libcpp-httplib-dev)  # `hanpu serve`: the HTTP server library (src/serve/server.cpp)
 packages+=(clang libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh; CI runs them briefly)
+packages+=(libopenblas-dev libdnnl-dev)  # benchmarks/linear_libraries.cpp: the projections next to OpenBLAS and oneDNN
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

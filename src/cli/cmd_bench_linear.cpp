@@ -21,28 +21,13 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "cli/linear_shapes.hpp"
 #include "device/host.hpp"
 #include "hanpu/linear.hpp"
 
 namespace {
 
 using namespace hanpu;
-
-struct Shape {
-  std::string name;
-  int64_t K, N;
-  int per_model;  // how many times one forward of Qwen3.5-0.8B (all 24 layers) runs this shape
-};
-
-// Qwen3.5-0.8B projections, [out, in] as in docs/MODEL.md (Qwen3.5-0.8B's config.json): hidden 1024, 18 GDN layers
-// (in_proj_qkv 6144 + z 2048 + b 16 + a 16 stacked: the same input), 6 attention layers (q with
-// its gate 4096; k and v 512 each, stacked), outputs 2048 -> 1024, 24 SwiGLU MLPs (gate and up
-// 3584 each, stacked), LM head 248320 (tied embeddings; in prefill only the last position needs it).
-const std::vector<Shape> kQwen08{
-    {"gdn.in_proj_qkvzba", 1024, 8224, 18}, {"gdn.out_proj", 2048, 1024, 18}, {"attn.q_proj", 1024, 4096, 6},
-    {"attn.kv_proj", 1024, 1024, 6},        {"attn.o_proj", 2048, 1024, 6},   {"mlp.gate_up", 1024, 7168, 24},
-    {"mlp.down", 3584, 1024, 24},           {"lm_head", 1024, 248320, 0},
-};
 
 struct Args {
   std::vector<int64_t> Ms{1, 512, 2048};
@@ -149,13 +134,13 @@ void run(const Args& a) {
   const LinearBackend backend = linear_backend_from_name(a.backend);
   std::vector<LinearPrecision> precs;
   for (const auto& m : a.modes) precs.push_back(linear_precision_from_name(m));
-  std::vector<Shape> shapes;
+  std::vector<ProjectionShape> shapes;
   if (a.K > 0 || a.N > 0) {
     if (a.K <= 0 || a.N <= 0) throw Error("bench-linear: give both --K and --N (got K=" + std::to_string(a.K) +
                                           ", N=" + std::to_string(a.N) + ")");
     shapes.push_back({"custom", a.K, a.N, 0});
   } else {
-    for (const auto& s : kQwen08)
+    for (const auto& s : kQwen35Projections0p8B)
       if (s.name != "lm_head" || a.lm_head) shapes.push_back(s);
   }
   for (int64_t M : a.Ms)
