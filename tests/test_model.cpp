@@ -324,12 +324,17 @@ namespace hanpu {
 namespace {
 
 // The attention block kernel against a plain double-precision softmax(q k^T) v, for head dims on
-// and off the vector width, GQA groups, and a cache that already holds p0 tokens.
+// and off the vector width, GQA groups, and a cache that already holds p0 tokens. T <= 4 takes
+// the cache-layout path (splits of 256 keys merged by their maxima): contexts within one split,
+// across split boundaries (600 = 2 splits + 88, 255 + 1 = exactly one), a single key, several new
+// tokens with different causal limits, one KV head for all query heads (MLA's latent).
 TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
   struct Case {
     int64_t T, p0, nq, nkv, hd;
   };
-  for (const Case c : {Case{70, 0, 8, 2, 256}, Case{5, 33, 4, 2, 40}, Case{1, 100, 8, 2, 256}, Case{37, 3, 3, 3, 8}}) {
+  for (const Case c : {Case{70, 0, 8, 2, 256}, Case{5, 33, 4, 2, 40}, Case{1, 100, 8, 2, 256}, Case{37, 3, 3, 3, 8},
+                       Case{1, 0, 4, 2, 24}, Case{1, 600, 8, 2, 256}, Case{1, 255, 6, 3, 36}, Case{3, 510, 4, 1, 72},
+                       Case{4, 1000, 32, 1, 20}, Case{2, 0, 2, 2, 17}}) {
     const int64_t keys = c.p0 + c.T, group = c.nq / c.nkv;
     std::vector<float> q(static_cast<size_t>(c.T * c.nq * c.hd)), k(static_cast<size_t>(keys * c.nkv * c.hd)),
         v(k.size()), out(q.size());

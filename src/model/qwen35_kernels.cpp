@@ -252,6 +252,76 @@ void AttentionRows(const AttentionRowsArgs& a) {
   }
 }
 
+// Decode form (attention_split): the few query rows of one or a few new tokens read each cached
+// key and value row once, in the cache's own layout; a key row (head_dim floats) stays in L1 while
+// every query row takes its dot product with it, so the cache is streamed once per call and never
+// re-laid out.
+HWY_INLINE float DotRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b, size_t n) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  VF s0 = hn::Zero(d), s1 = hn::Zero(d);  // two chains: FMA latency over a 16-32 vector row
+  size_t i = 0;
+  for (; i + 2 * N <= n; i += 2 * N) {
+    s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+    s1 = hn::MulAdd(hn::LoadU(d, a + i + N), hn::LoadU(d, b + i + N), s1);
+  }
+  for (; i + N <= n; i += N) s0 = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), s0);
+  float s = hn::GetLane(hn::SumOfLanes(d, hn::Add(s0, s1)));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void AttentionSplit(const AttentionSplitArgs& a) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const size_t R = a.rows, hd = a.head_dim, n = a.key_end - a.key_begin;
+  // Scores of every row against every key of the split (masked ones are never read).
+  for (size_t jj = 0; jj < n; ++jj) {
+    const size_t j = a.key_begin + jj;
+    const float* k = a.keys + j * a.kv_stride;
+    for (size_t r = 0; r < R; ++r)
+      if (j < a.limit[r]) a.scores[r * n + jj] = a.scale * DotRow(a.q[r], k, hd);
+  }
+  for (size_t r = 0; r < R; ++r) {
+    float* s = a.scores + r * n;
+    float* acc = a.acc + r * hd;
+    std::fill(acc, acc + hd, 0.0f);
+    const size_t visible = a.limit[r] > a.key_begin ? std::min(n, a.limit[r] - a.key_begin) : 0;
+    if (visible == 0) {
+      a.max[r] = -INFINITY;
+      a.sum[r] = 0;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (size_t jj = 0; jj < visible; ++jj) mx = std::max(mx, s[jj]);
+    const VF vm = hn::Set(d, mx);
+    size_t jj = 0;
+    VF vsum = hn::Zero(d);
+    for (; jj + N <= visible; jj += N) {
+      const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + jj), vm));
+      hn::StoreU(e, d, s + jj);
+      vsum = hn::Add(vsum, e);
+    }
+    float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+    for (; jj < visible; ++jj) sum += (s[jj] = std::exp(s[jj] - mx));
+    a.max[r] = mx;
+    a.sum[r] = sum;
+  }
+  // acc[r] += p[r][j] v_j, one value row at a time (it stays in L1 across the rows).
+  for (size_t jj = 0; jj < n; ++jj) {
+    const size_t j = a.key_begin + jj;
+    const float* v = a.values + j * a.kv_stride;
+    for (size_t r = 0; r < R; ++r) {
+      if (j >= a.limit[r]) continue;
+      const VF p = hn::Set(d, a.scores[r * n + jj]);
+      float* acc = a.acc + r * hd;
+      size_t i = 0;
+      for (; i + N <= hd; i += N) hn::StoreU(hn::MulAdd(p, hn::LoadU(d, v + i), hn::LoadU(d, acc + i)), d, acc + i);
+      for (; i < hd; ++i) acc[i] += a.scores[r * n + jj] * v[i];
+    }
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace hanpu::model
 HWY_AFTER_NAMESPACE();
@@ -266,6 +336,7 @@ HWY_EXPORT(GatedNormRow);
 HWY_EXPORT(AttentionKeyTile);
 HWY_EXPORT(ConvSiluRow);
 HWY_EXPORT(AttentionRows);
+HWY_EXPORT(AttentionSplit);
 
 void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale, float eps) {
   HANPU_DISPATCH(RmsNormRow)(x, out, n, scale, eps);
@@ -281,5 +352,6 @@ void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_st
 }
 size_t attention_key_tile() { return HANPU_DISPATCH(AttentionKeyTile)(); }
 void attention_rows(const AttentionRowsArgs& args) { HANPU_DISPATCH(AttentionRows)(args); }
+void attention_split(const AttentionSplitArgs& args) { HANPU_DISPATCH(AttentionSplit)(args); }
 }  // namespace hanpu::model
 #endif

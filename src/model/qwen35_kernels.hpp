@@ -49,4 +49,26 @@ struct AttentionRowsArgs {
 };
 void attention_rows(const AttentionRowsArgs& args);
 
+/// One split of attention over the cache's own row layout (no relayout), for a few query rows:
+/// over keys j in [key_begin, min(key_end, limit[r])) of one KV head, with s_j = scale * q[r] . k_j:
+///   max[r] = max_j s_j,  sum[r] = sum_j e^{s_j - max[r]},  acc[r] = sum_j e^{s_j - max[r]} v_j
+/// (acc: head_dim floats per row). A row with no key in the range gets max = -inf, sum 0, acc 0.
+/// Splits are combined by their maxima (causal_attention). Key j at keys + j * kv_stride, value
+/// j at values + j * kv_stride.
+struct AttentionSplitArgs {
+  const float* const* q = nullptr;  // [rows]
+  const size_t* limit = nullptr;    // [rows] visible keys per row
+  size_t rows = 0, head_dim = 0;
+  const float* keys = nullptr;
+  const float* values = nullptr;
+  size_t kv_stride = 0;
+  size_t key_begin = 0, key_end = 0;
+  float scale = 1.0f;
+  float* scores = nullptr;  // rows x (key_end - key_begin) scratch
+  float* max = nullptr;     // [rows]
+  float* sum = nullptr;     // [rows]
+  float* acc = nullptr;     // [rows][head_dim]
+};
+void attention_split(const AttentionSplitArgs& args);
+
 }  // namespace hanpu::model

@@ -83,8 +83,89 @@ void rope_rotate(float* head, int64_t rot, const float* cos_row, const float* si
   }
 }
 
+namespace {
+
+// Few new tokens (decode, or a tiny chunk): attention over the cache in its own row layout,
+// the keys cut into splits of kSplitKeys that threads take independently and that are merged by
+// their softmax maxima (as flash-decoding does). The tiled kernel below re-lays out all p0 + T
+// cached keys and values on every call: for one token that relayout moves twice the bytes the
+// attention itself reads, so decode cost grew with the context for nothing.
+// 256 keys per split: the split's scores (rows x 256 floats) stay in L1 and at 2K of context the
+// 2 KV heads of Qwen3.5-0.8B still make 16 splits for the threads to share.
+constexpr int64_t kSplitKeys = 256;
+
+void attention_over_cache(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
+                          int64_t nq, int64_t nkv, int64_t hd, float scale, int threads) {
+  const int64_t group = nq / nkv, rows = T * group, nkeys = p0 + T;
+  const int64_t splits = (nkeys + kSplitKeys - 1) / kSplitKeys, items = nkv * splits;
+  const size_t uhd = static_cast<size_t>(hd), urows = static_cast<size_t>(rows);
+  // Per item: max and sum per row, then the rows' unnormalised outputs.
+  std::vector<float> partial(static_cast<size_t>(items) * urows * (2 + uhd));
+  parallel_for(items, threads, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(urows * static_cast<size_t>(kSplitKeys));
+    std::vector<const float*> qrows(urows);
+    std::vector<size_t> limit(urows);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t g = item / splits, sp = item % splits;
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < group; ++h) {
+          qrows[static_cast<size_t>(t * group + h)] = q + (t * nq + g * group + h) * hd;
+          limit[static_cast<size_t>(t * group + h)] = static_cast<size_t>(p0 + t + 1);
+        }
+      float* base = partial.data() + static_cast<size_t>(item) * urows * (2 + uhd);
+      AttentionSplitArgs a;
+      a.q = qrows.data();
+      a.limit = limit.data();
+      a.rows = urows;
+      a.head_dim = uhd;
+      a.keys = keys + g * hd;
+      a.values = values + g * hd;
+      a.kv_stride = static_cast<size_t>(nkv * hd);
+      a.key_begin = static_cast<size_t>(sp * kSplitKeys);
+      a.key_end = static_cast<size_t>(std::min(nkeys, (sp + 1) * kSplitKeys));
+      a.scale = scale;
+      a.scores = scores.data();
+      a.max = base;
+      a.sum = base + urows;
+      a.acc = base + 2 * urows;
+      attention_split(a);
+    }
+  });
+  // Merge the splits of each row: out = sum_s e^{max_s - M} acc_s / sum_s e^{max_s - M} sum_s.
+  for (int64_t g = 0; g < nkv; ++g)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t t = r / group, h = g * group + r % group;
+      float* o = out + (t * nq + h) * hd;
+      float m = -INFINITY;
+      for (int64_t sp = 0; sp < splits; ++sp)
+        m = std::max(m, partial[static_cast<size_t>(g * splits + sp) * urows * (2 + uhd) + static_cast<size_t>(r)]);
+      double l = 0;
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t sp = 0; sp < splits; ++sp) {
+        const float* base = partial.data() + static_cast<size_t>(g * splits + sp) * urows * (2 + uhd);
+        if (base[r] == -INFINITY) continue;  // no visible key in this split
+        const float w = std::exp(base[r] - m);
+        l += static_cast<double>(w) * base[urows + static_cast<size_t>(r)];
+        const float* acc = base + 2 * urows + static_cast<size_t>(r) * uhd;
+        for (int64_t i = 0; i < hd; ++i) o[i] += w * acc[i];
+      }
+      const float inv = static_cast<float>(1.0 / l);
+      for (int64_t i = 0; i < hd; ++i) o[i] *= inv;
+    }
+}
+
+}  // namespace
+
 void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
                       int64_t nq, int64_t nkv, int64_t hd, float scale, int threads) {
+  // Up to this many new tokens take the cache as it is (attention_over_cache); more amortise the
+  // relayout of the tiled kernel, whose 8-row register blocks and 32-row items reuse every key
+  // tile across the tokens (prefill).
+  constexpr int64_t kCacheLayoutMaxTokens = 4;
+  if (T <= kCacheLayoutMaxTokens) {
+    attention_over_cache(q, keys, values, out, T, p0, nq, nkv, hd, scale, threads);
+    return;
+  }
   const int64_t group = nq / nkv;
   const int64_t ld = nkv * hd;  // cache row stride
   // Work items: (KV head, block of tokens); an item's rows are the block's tokens times the
