@@ -3,6 +3,7 @@
 // mode on inputs whose result is exactly representable; error messages for bad shapes and dtypes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -386,6 +387,87 @@ TEST(LinearInt8, MatchesFp64ReferenceOfTheQuantizedWeights) {
                 }
             }
         }
+}
+
+// LinearPrecision::kInt8 (decode rows on AVX512-VNNI): the activations quantized per weight
+// group, here independently (scale max|x| / 127, round to nearest), and the result checked against
+// the fp64 sum of the two quantized operands: the kernel's only error is f32 accumulation of the
+// group terms. Also: within the activations' quantization error of the f32-activation result, the
+// same for every row count and thread count (batched decode equals one row), and where VNNI does
+// not run (or for prefill rows) kInt8 is exactly kExact.
+TEST(LinearInt8, Int8ActivationsMatchTheirQuantizedReference) {
+  uint64_t seed = 500;
+  int checked = 0;
+  for (int64_t M : {1, 2, 3, 5, 15, 16})
+    for (int64_t K : {1, 7, 64, 100, 1030})
+      for (int64_t G : {7, 32, 64, 128, 4096}) {
+        const int64_t N = 37;
+        Problem p = make_problem(M, K, N, seed++);
+        const hanpu::Int8Linear lin(TensorView::contiguous(p.w.data(), DType::BF16, {N, K}), "test.int8", G);
+        const int64_t groups = (K + G - 1) / G;
+        TensorView xv = TensorView::contiguous(p.x.data(), DType::F32, {M, K});
+        xv.stride[0] = p.ldx;
+        std::vector<float> y_exact(static_cast<size_t>(M * N));
+        lin.forward(xv, TensorView::contiguous(y_exact.data(), DType::F32, {M, N}), 1, false, LinearPrecision::kExact);
+        const bool int8 = hanpu::Int8Linear::int8_activations_available(M);
+        for (int threads : {1, 2})
+          for (bool acc : {false, true}) {
+            std::vector<float> y(static_cast<size_t>(M * N), 0.25f);
+            lin.forward(xv, TensorView::contiguous(y.data(), DType::F32, {M, N}), threads, acc, LinearPrecision::kInt8);
+            if (!int8) {
+              for (size_t i = 0; i < y.size(); ++i)
+                ASSERT_EQ(y[i], y_exact[i] + (acc ? 0.25f : 0.f)) << "kInt8 without VNNI (or M >= 16) must be exact";
+              continue;
+            }
+            ++checked;
+            for (int64_t m = 0; m < M; ++m) {
+              // This row's quantized activations.
+              std::vector<double> xq(static_cast<size_t>(K)), xs(static_cast<size_t>(groups));
+              for (int64_t g = 0; g < groups; ++g) {
+                float amax = 0;
+                for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k)
+                  amax = std::max(amax, std::fabs(p.x[static_cast<size_t>(m * p.ldx + k)]));
+                const float scale = amax / 127.0f;
+                xs[static_cast<size_t>(g)] = scale;
+                for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k)
+                  xq[static_cast<size_t>(k)] =
+                      scale > 0 ? std::clamp(std::nearbyint(p.x[static_cast<size_t>(m * p.ldx + k)] / scale), -127.f, 127.f) : 0;
+              }
+              for (int64_t n = 0; n < N; ++n) {
+                double want = 0, mag = 0, qerr = 0;
+                for (int64_t g = 0; g < groups; ++g) {
+                  double dot = 0, dabs = 0;
+                  for (int64_t k = g * G; k < std::min(K, (g + 1) * G); ++k) {
+                    const double wq = lin.quantized()[n * K + k];
+                    dot += wq * xq[static_cast<size_t>(k)];
+                    dabs += std::fabs(wq * xq[static_cast<size_t>(k)]);
+                    qerr += std::fabs(lin.weight(n, k)) * xs[static_cast<size_t>(g)] / 2;
+                  }
+                  const double ws = lin.scales()[n * groups + g] * static_cast<double>(xs[static_cast<size_t>(g)]);
+                  want += ws * dot;
+                  mag += ws * dabs;
+                }
+                const float got = y[static_cast<size_t>(m * N + n)] - (acc ? 0.25f : 0.f);
+                // f32: the scale product, the conversion of each group's exact integer dot, and
+                // a few-term accumulation; (groups + 20) roundings bound it.
+                ASSERT_LE(std::fabs(got - want), static_cast<double>(groups + 20) * kU * (mag + (acc ? 0.25 : 0)) + 1e-30)
+                    << "M=" << M << " K=" << K << " G=" << G << " m=" << m << " n=" << n << " threads=" << threads;
+                // Against the f32 activations: at most half a quantization step per input.
+                ASSERT_LE(std::fabs(got - y_exact[static_cast<size_t>(m * N + n)]),
+                          qerr + static_cast<double>(K + groups + 20) * kU * (mag + p.abs_sum[static_cast<size_t>(m * N + n)]))
+                    << "M=" << M << " K=" << K << " G=" << G;
+              }
+            }
+            // Row-count independence: each row alone gives the same bits.
+            for (int64_t m = 0; m < M && !acc && threads == 2; ++m) {
+              std::vector<float> one(static_cast<size_t>(N));
+              TensorView row = TensorView::contiguous(p.x.data() + m * p.ldx, DType::F32, {1, K});
+              lin.forward(row, TensorView::contiguous(one.data(), DType::F32, {1, N}), 1, false, LinearPrecision::kInt8);
+              for (int64_t n = 0; n < N; ++n) ASSERT_EQ(one[static_cast<size_t>(n)], y[static_cast<size_t>(m * N + n)]);
+            }
+          }
+      }
+  if (checked == 0) GTEST_SKIP() << "no AVX512-VNNI here (or HANPU_ISA below native): kInt8 was checked to equal kExact";
 }
 
 TEST(LinearInt8, QuantizationErrorAndBadInput) {

@@ -25,6 +25,11 @@ enum class LinearPrecision {
   kBf16x2,
   /// One bf16 term: activations rounded to bf16 (relative error <= 2^-8), the fastest.
   kBf16,
+  /// Int8Linear only, decode rows (M < 16) on CPUs with AVX512-VNNI: activations quantized to
+  /// int8 per group of the weight's group size (scale max|x| / 127: error <= scale / 2 per
+  /// input), int8 dot products (what llama.cpp's Q8_0 does). Elsewhere (prefill rows, CPUs
+  /// without VNNI, and for Bf16Linear) it is kExact.
+  kInt8,
 };
 
 /// Which kernel family a Bf16Linear uses. kAuto picks the fastest one this CPU and OS allow.
@@ -43,7 +48,7 @@ enum class LinearBackend {
   kAvx512Bf16,
 };
 
-/// Short lowercase name ("exact", "bf16x2", "bf16"; "auto", "portable", "amx", "avx512bf16"), and the inverse
+/// Short lowercase name ("exact", "bf16x2", "bf16", "int8"; "auto", "portable", "amx", "avx512bf16"), and the inverse
 /// (throws hanpu::Error naming the accepted values).
 const char* linear_precision_name(LinearPrecision p);
 LinearPrecision linear_precision_from_name(const std::string& name);
@@ -123,8 +128,12 @@ class Int8Linear {
   float weight(int64_t n, int64_t k) const;
 
   /// As Bf16Linear::forward (shapes, strides, accumulate, threads; the result does not depend on
-  /// `threads`).
-  void forward(TensorView x, TensorView y, int threads, bool accumulate = false) const;
+  /// `threads`). precision: kInt8 quantizes decode rows' activations (see LinearPrecision); every
+  /// other value keeps them f32.
+  void forward(TensorView x, TensorView y, int threads, bool accumulate = false,
+               LinearPrecision precision = LinearPrecision::kExact) const;
+  /// Whether forward(..., kInt8) with M rows runs int8 activations on this CPU.
+  static bool int8_activations_available(int64_t M);
 
  private:
   struct Impl;

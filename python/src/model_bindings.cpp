@@ -127,8 +127,10 @@ void register_model(nb::module_& m) {
             if (precision == "exact") fo.precision = LinearPrecision::kExact;
             else if (precision == "bf16") fo.precision = LinearPrecision::kBf16;
             else if (precision == "bf16x2") fo.precision = LinearPrecision::kBf16x2;
+            else if (precision == "int8") fo.precision = LinearPrecision::kInt8;
             else
-              throw nb::value_error(("`precision` is '" + precision + "', expected exact, bf16x2 or bf16").c_str());
+              throw nb::value_error(
+                  ("`precision` is '" + precision + "', expected exact, bf16x2, bf16 or int8").c_str());
             Tensor logits;
             {
               nb::gil_scoped_release no_gil;

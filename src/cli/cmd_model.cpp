@@ -90,6 +90,25 @@ struct WeightArgs {
   }
 };
 
+// --precision as a LinearPrecision; int8 (quantized activations) is for int8 weights only, so a
+// synthetic model without --weights int8 is refused rather than silently run exact. (A checkpoint
+// `hanpu quantize` wrote carries int8 weights without the flag.)
+LinearPrecision precision_for(const std::string& name, const WeightArgs& w, bool synthetic) {
+  const LinearPrecision p = linear_precision_from_name(name);
+  if (p == LinearPrecision::kInt8 && synthetic && w.group() == 0)
+    throw Error("--precision int8 quantizes the activations of int8 projections; give --weights int8 too");
+  return p;
+}
+
+// What the projections compute, for the header line.
+std::string projections_description(LinearPrecision p, const WeightArgs& w) {
+  if (w.group() == 0) return linear_precision_name(p);
+  if (p != LinearPrecision::kInt8) return "int8 x f32";
+  return Int8Linear::int8_activations_available(1)
+             ? "int8 x f32 for prefill, int8 x int8 (activations quantized per group, AVX512-VNNI) for decode"
+             : "int8 x f32 (no AVX512-VNNI here: --precision int8 runs as exact)";
+}
+
 struct RunArgs {
   std::string model_dir, prompt, prompt_ids, logits_out, system, precision = "exact";
   int n_predict = 128;
@@ -140,7 +159,7 @@ void run_generate(const RunArgs& a) {
   HybridState st = model.new_state();
 
   const auto t_prefill = Clock::now();
-  const LinearPrecision precision = linear_precision_from_name(a.precision);
+  const LinearPrecision precision = precision_for(a.precision, a.weights, false);
   Tensor logits =
       model.forward(st, prompt, {.threads = threads, .all_logits = !a.logits_out.empty(), .precision = precision});
   const double prefill_s = seconds_since(t_prefill);
@@ -213,7 +232,7 @@ void run_bench_model(const BenchModelArgs& a) {
       throw Error("-p: prompt length " + std::to_string(T) + ", expected at most " + std::to_string(kMaxPromptTokens) +
                   " tokens (the models' context length)");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
-  const LinearPrecision precision = linear_precision_from_name(a.precision);
+  const LinearPrecision precision = precision_for(a.precision, a.weights, !a.synthetic.empty());
   const auto t_load = Clock::now();
   // --synthetic takes a preset name or any family's config.json (random weights of its shapes).
   auto synthetic_config = [&]() -> ModelConfig {
@@ -237,7 +256,7 @@ void run_bench_model(const BenchModelArgs& a) {
                 a.weights.group() > 0
                     ? (", projections quantized to int8 (group " + std::to_string(a.weights.group()) + ")").c_str()
                     : "",
-                load_s, threads, a.weights.group() > 0 ? "int8 x f32" : linear_precision_name(precision), a.warmup);
+                load_s, threads, projections_description(precision, a.weights).c_str(), a.warmup);
   if (!a.json)
     std::printf("machine: %s, kernels %s; f32 FMA peak %.0f GFLOP/s and read bandwidth %.1f GB/s with %d threads "
                 "(measured now)\n\n",
@@ -407,7 +426,8 @@ void register_model_commands(CLI::App& app) {
   r->add_option("--seed", run->seed, "sampling seed (default 0)");
   r->add_flag("--greedy", run->greedy, "always take the most likely token");
   r->add_option("--precision", run->precision,
-                "projection activations: exact (f32, default), bf16x2, bf16 (rounded like a bf16 model; fastest)");
+                "projection activations: exact (f32, default), bf16x2, bf16 (rounded like a bf16 model; fastest), int8 (with "
+                "int8 weights: decode activations quantized per group, int8 dot products where the CPU has AVX512-VNNI)");
   run->weights.add_to(r);
   r->add_flag("--ids", run->print_ids, "print the generated token ids instead of text");
   r->add_option("--logits-out", run->logits_out, "write the prompt's logits (all positions) to this safetensors file");
@@ -429,7 +449,9 @@ void register_model_commands(CLI::App& app) {
                 "does (default 1; 0 times the cold first run)")
       ->check(CLI::Range(0, 16));
   b->add_option("--seed", bench->seed, "seed of the synthetic weights and prompt (default 1)");
-  b->add_option("--precision", bench->precision, "projection activations: exact (default), bf16x2, bf16");
+  b->add_option("--precision", bench->precision,
+                "projection activations: exact (default), bf16x2, bf16, int8 (with --weights int8: decode activations "
+                "quantized per group, AVX512-VNNI)");
   bench->weights.add_to(b);
   b->add_flag("--json", bench->json, "one JSON object per prompt length");
   b->callback([bench] { run_bench_model(*bench); });

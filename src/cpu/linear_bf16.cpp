@@ -31,7 +31,8 @@ int precision_terms(LinearPrecision p) {
   switch (p) {
     case LinearPrecision::kBf16: return 1;
     case LinearPrecision::kBf16x2: return 2;
-    case LinearPrecision::kExact: break;
+    case LinearPrecision::kExact:
+    case LinearPrecision::kInt8: break;  // int8 activations are Int8Linear's; bf16 weights stay exact
   }
   return 3;
 }
@@ -106,14 +107,16 @@ const char* linear_precision_name(LinearPrecision p) {
     case LinearPrecision::kExact: return "exact";
     case LinearPrecision::kBf16x2: return "bf16x2";
     case LinearPrecision::kBf16: return "bf16";
+    case LinearPrecision::kInt8: return "int8";
   }
   return "?";
 }
 
 LinearPrecision linear_precision_from_name(const std::string& name) {
-  for (LinearPrecision p : {LinearPrecision::kExact, LinearPrecision::kBf16x2, LinearPrecision::kBf16})
+  for (LinearPrecision p :
+       {LinearPrecision::kExact, LinearPrecision::kBf16x2, LinearPrecision::kBf16, LinearPrecision::kInt8})
     if (name == linear_precision_name(p)) return p;
-  throw Error("linear precision: got '" + name + "', expected exact, bf16x2 or bf16");
+  throw Error("linear precision: got '" + name + "', expected exact, bf16x2, bf16 or int8");
 }
 
 const char* linear_backend_name(LinearBackend b) {

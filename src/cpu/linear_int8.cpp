@@ -114,7 +114,9 @@ float Int8Linear::weight(int64_t n, int64_t k) const {
   return static_cast<float>(quantized()[n * impl_->K + k]) * scales()[n * impl_->groups + k / impl_->group];
 }
 
-void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate) const {
+bool Int8Linear::int8_activations_available(int64_t M) { return M < cpu::kPortableGemmMinRows && cpu::int8_vnni_usable(); }
+
+void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {
   if (!impl_) throw Error("Int8Linear: forward on an empty (default-constructed) linear layer");
   const int64_t K = impl_->K, N = impl_->N;
   const auto call = cpu::begin_linear_call(impl_->name, K, N, x, y, accumulate);
@@ -123,6 +125,17 @@ void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   float* yd = call->y;
   const int64_t M = call->M, ldx = call->ldx, ldy = call->ldy;
   threads = std::max(1, threads);
+  if (precision == LinearPrecision::kInt8 && int8_activations_available(M)) {
+    // Quantized once per call (M x K, a few microseconds), then the threads stream the weight.
+    const int64_t G = impl_->group, groups = impl_->groups;
+    std::vector<int8_t> xq(static_cast<size_t>(M * cpu::int8_vnni_row_stride(K)));
+    std::vector<float> xs(static_cast<size_t>(M * groups));
+    cpu::int8_vnni_quantize_rows(xd, ldx, M, K, G, xq.data(), xs.data());
+    cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+      cpu::int8_vnni_gemv(quantized(), scales(), K, G, xq.data(), xs.data(), M, yd, ldy, n0, n1, accumulate);
+    });
+    return;
+  }
   if (M < cpu::kPortableGemmMinRows) {
     cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
       cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);

@@ -23,12 +23,12 @@ Projection::Projection(const TensorView& w, const std::string& name, int64_t int
 
 void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
                          LinearPrecision precision) const {
-  if (int8_) {  // activations stay f32: `precision` has nothing to round
+  if (int8_) {  // activations stay f32 unless `precision` is kInt8 (decode rows, VNNI)
     TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
     xv.stride[0] = ldx;
     TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
     yv.stride[0] = ldy;
-    int8_->forward(xv, yv, threads, accumulate);
+    int8_->forward(xv, yv, threads, accumulate, precision);
     return;
   }
   if (bf16_) {
