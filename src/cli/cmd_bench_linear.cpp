@@ -41,13 +41,14 @@ struct Args {
 };
 
 // The layer under test: a Bf16Linear, or an Int8Linear quantized from the same bf16 weight (then
-// the reference is the dequantized weight and the precision mode does not apply).
+// the reference is the dequantized weight with f32 activations, and of the precision modes only
+// int8 applies: its error columns show the activations' quantization).
 struct Layer {
   std::optional<Bf16Linear> bf16;
   std::optional<Int8Linear> int8;
   int64_t K = 0, N = 0;
   void forward(TensorView x, TensorView y, int threads, LinearPrecision p) const {
-    if (int8) int8->forward(x, y, threads, false);
+    if (int8) int8->forward(x, y, threads, false, p);
     else bf16->forward(x, y, threads, false, p);
   }
   double weight(const std::vector<uint16_t>& w, int64_t n, int64_t k) const {
@@ -193,7 +194,9 @@ void run(const Args& a) {
           std::printf("%-18s %6lld %6lld %7lld %3d %-8s %-7s %10.3f %9.1f %9.2f %7.1f %5.0f %10.2e %10.2e\n",
                       s.name.c_str(),
                       static_cast<long long>(M), static_cast<long long>(s.K), static_cast<long long>(s.N), t,
-                      lin.backend().c_str(), lin.int8 ? "f32" : linear_precision_name(p), r.seconds_per_call * 1e3,
+                      lin.backend().c_str(),
+                      lin.int8 ? (p == LinearPrecision::kInt8 && Int8Linear::int8_activations_available(M) ? "int8" : "f32")
+                               : linear_precision_name(p), r.seconds_per_call * 1e3,
                       flops / r.seconds_per_call / 1e9, flops / r.seconds_per_call / 1e9 / peak,
                       wbytes / r.seconds_per_call / 1e9, 100 * r.cpu_share, r.max_rel_err, r.nmse);
           std::fflush(stdout);
@@ -220,7 +223,7 @@ void register_bench_linear_command(CLI::App& app) {
   cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--N", args->N, "out_features")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',')->check(CLI::Range(1, 1024));
-  cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16 (comma separated)")->delimiter(',');
+  cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16, int8 (with --int8-group) (comma separated)")->delimiter(',');
   cmd->add_option("--backend", args->backend, "auto, portable, amx or avx512bf16");
   cmd->add_option("--int8-group", args->int8_group,
                   "benchmark Int8Linear (int8 weights, one scale per this many inputs) instead of Bf16Linear")
