@@ -172,6 +172,22 @@ TEST_F(Qwen35MoeGolden, TokenizerFromTheCheckpointRuns) {
   EXPECT_FALSE(tok.encode("Hello world!").empty());
 }
 
+// A synthetic model of `config` (seed `seed`) over 70 token ids (i * stride mod vocab): prefill of
+// the first `prefill` then one decode step at a time gives the logits of one whole prefill.
+void expect_decode_continues_prefill(const ModelConfig& config, uint64_t seed, int64_t stride, size_t prefill) {
+  const int64_t V = config.vocab_size;
+  HybridModel m = HybridModel::synthetic(config, seed, 2);
+  std::vector<int32_t> ids(70);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(static_cast<int64_t>(i) * stride % V);
+  Tensor whole = all_logits(m, ids, 2);
+  HybridState st = m.new_state();
+  m.forward(st, std::span(ids).first(prefill), {.threads = 2});
+  for (size_t t = prefill; t < ids.size(); ++t) {
+    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
+    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * V, V), 1e-10) << t;
+  }
+}
+
 TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   const ModelConfig c = model_preset("qwen3.5-35b-a3b-slice");
   EXPECT_EQ(c.num_moe_layers(), 4);
@@ -188,16 +204,7 @@ TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   small.rotary_dim = 8;
   small.num_experts = 8;
   small.moe_intermediate_size = small.shared_expert_intermediate_size = 16;
-  HybridModel m = HybridModel::synthetic(small, 3, 2);
-  std::vector<int32_t> ids(70);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 29 % 400);
-  Tensor whole = all_logits(m, ids, 2);
-  HybridState st = m.new_state();
-  m.forward(st, std::span(ids).first(67), {.threads = 2});
-  for (size_t t = 67; t < ids.size(); ++t) {
-    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
-    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 400, 400), 1e-10) << t;
-  }
+  expect_decode_continues_prefill(small, 3, 29, 67);
 }
 
 TEST(Qwen35MoeLoader, MissingExpertAndSharedGateNameTheTensor) {
@@ -359,16 +366,7 @@ TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
   small.num_experts_per_tok = 2;
   small.moe_intermediate_size = 32;
   small.shared_expert_intermediate_size = 32;
-  HybridModel m = HybridModel::synthetic(small, 5, 2);
-  std::vector<int32_t> ids(70);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 37 % 500);
-  Tensor whole = all_logits(m, ids, 2);
-  HybridState st = m.new_state();
-  m.forward(st, std::span(ids).first(66), {.threads = 2});
-  for (size_t t = 66; t < ids.size(); ++t) {
-    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
-    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 500, 500), 1e-10) << t;
-  }
+  expect_decode_continues_prefill(small, 5, 37, 66);
 }
 
 // ---- Ling 3.0 (bailing_hybrid) ----------------------------------------------------------------------
@@ -470,16 +468,7 @@ TEST(BailingHybridSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   small.num_experts = 16;  // 8 groups of 2, top-4 groups
   small.num_experts_per_tok = 3;
   small.moe_intermediate_size = small.shared_expert_intermediate_size = 24;
-  HybridModel m = HybridModel::synthetic(small, 7, 2);
-  std::vector<int32_t> ids(70);
-  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 41 % 300);
-  Tensor whole = all_logits(m, ids, 2);
-  HybridState st = m.new_state();
-  m.forward(st, std::span(ids).first(65), {.threads = 2});
-  for (size_t t = 65; t < ids.size(); ++t) {
-    Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
-    EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * 300, 300), 1e-10) << t;
-  }
+  expect_decode_continues_prefill(small, 7, 41, 65);
 }
 
 TEST_F(BailingHybridGolden, SafeGateAndRopeEachMoveTheLogits) {
