@@ -23,10 +23,9 @@
 #include <algorithm>
 #include <cstring>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "cpu/x86_features.hpp"
+#ifdef HANPU_X86_KERNELS
 #define HANPU_HAVE_AMX_CODE 1
-#include <cpuid.h>
-#include <immintrin.h>
 #ifdef __linux__
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -275,23 +274,13 @@ HANPU_AMX_TARGET void gemv_terms(const uint16_t* xs, int64_t rows, const uint16_
 }
 
 bool detect_amx() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512 = (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);  // F DQ BW VL
-  const bool amx = (d >> 22 & 1) && (d >> 24 & 1);                                       // BF16 TILE
-  if (!avx512 || !amx) return false;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;           // OSXSAVE
-  unsigned xcr0_lo, xcr0_hi;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  if ((xcr0_lo & 0xE6u) != 0xE6u) return false;  // SSE, AVX, opmask, ZMM state enabled by the OS
+  if (!x86::avx512_core_usable() || !x86::has_amx_bf16_tiles() || !x86::has_avx512_bf16()) return false;
 #ifdef __linux__
   // Linux >= 5.16 hands out the 8 KiB tile-data state only on request; once per process.
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   if (syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) != 0) return false;
 #endif
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  return (xcr0_lo >> 17 & 3u) == 3u;  // XTILECFG, XTILEDATA
+  return (x86::xcr0() >> 17 & 3u) == 3u;  // XTILECFG, XTILEDATA
 }
 
 }  // namespace

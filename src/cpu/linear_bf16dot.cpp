@@ -31,10 +31,9 @@
 #include <algorithm>
 #include <cstring>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "cpu/x86_features.hpp"
+#ifdef HANPU_X86_KERNELS
 #define HANPU_HAVE_BF16DOT_CODE 1
-#include <cpuid.h>
-#include <immintrin.h>
 #endif
 
 namespace hanpu::cpu {
@@ -55,30 +54,13 @@ constexpr int64_t kPanelColumns = 16 * kPanelVectors;
 // 256-byte runs and the writes stay in a 12 KiB (L1) part of the panel.
 constexpr int64_t kTransposeBlock = 64;
 
-bool detect_avx512bf16() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512 = (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);  // F DQ BW VL
-  if (!avx512) return false;
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a >> 5 & 1)) return false;  // AVX512_BF16
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;           // OSXSAVE
-  unsigned xcr0_lo, xcr0_hi;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  return (xcr0_lo & 0xE6u) == 0xE6u;  // SSE, AVX, opmask, ZMM state enabled by the OS
-}
+bool detect_avx512bf16() { return x86::avx512_core_usable() && x86::has_avx512_bf16(); }
 
 // ---- dot form -------------------------------------------------------------------------------
 // Rows [0, MR) of xs (row i at i * Kp, zero past K) times weight rows [n, n + NR): one
 // accumulator per (row, weight row). The last partial
 // 32-k step of each weight row is a masked load (past K the row belongs to the next row or to no
 // allocation at all).
-// Sum of the 16 lanes (masked extracts: GCC 12 warns about the undefined temporaries inside _mm512_reduce_add_ps, the plain extracts and casts).
-HANPU_BF16DOT_TARGET inline float horizontal_sum(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0), _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
 
 // Rows [0, MR) of xs (row i at i * Kp, zero past K) times weight row n, in weight-row order: the
 // weight streams through memory in address order, which the hardware prefetchers follow (reading
@@ -107,7 +89,7 @@ HANPU_BF16DOT_TARGET void dot_row(const uint16_t* w, int64_t K, const uint16_t* 
   }
   for (int i = 0; i < MR; ++i) {
     const float sum =
-        horizontal_sum(_mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][3])));
+        x86::horizontal_sum(_mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]), _mm512_add_ps(acc[i][2], acc[i][3])));
     float& out = y[i * ldy + n];
     out = accumulate ? out + sum : sum;
   }

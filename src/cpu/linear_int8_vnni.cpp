@@ -20,10 +20,9 @@
 #include <algorithm>
 #include <cmath>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include "cpu/x86_features.hpp"
+#ifdef HANPU_X86_KERNELS
 #define HANPU_HAVE_VNNI_CODE 1
-#include <cpuid.h>
-#include <immintrin.h>
 #endif
 
 namespace hanpu::cpu {
@@ -34,23 +33,8 @@ namespace hanpu::cpu {
 
 namespace {
 
-bool detect_avx512vnni() {
-  unsigned a, b, c, d;
-  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-  const bool avx512 = (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1);  // F DQ BW VL
-  if (!avx512 || !(c >> 11 & 1)) return false;                                             // AVX512_VNNI
-  if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return false;                    // OSXSAVE
-  unsigned xcr0_lo, xcr0_hi;
-  __asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
-  return (xcr0_lo & 0xE6u) == 0xE6u;  // SSE, AVX, opmask, ZMM state enabled by the OS
-}
+bool detect_avx512vnni() { return x86::avx512_core_usable() && x86::has_avx512_vnni(); }
 
-HANPU_VNNI_TARGET inline float horizontal_sum(__m512 v) {
-  const __m256 h = _mm256_add_ps(_mm512_maskz_extractf32x8_ps(0xFF, v, 0), _mm512_maskz_extractf32x8_ps(0xFF, v, 1));
-  const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-  const __m128 d = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
 
 // Rows [0, MR) of the quantized activations times weight row n, in weight-row order (the
 // weight streams in address order, as every decode kernel here reads it). Per 64 weights: one
@@ -86,7 +70,7 @@ HANPU_VNNI_TARGET void dot_row(const int8_t* q, const float* scales, int64_t K, 
       acc[i] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, dot[i]), _mm512_set1_ps(ws * xs[i * groups + g]), acc[i]);
   }
   for (int i = 0; i < MR; ++i) {
-    const float sum = horizontal_sum(acc[i]);
+    const float sum = x86::horizontal_sum(acc[i]);
     float& out = y[i * ldy + n];
     out = accumulate ? out + sum : sum;
   }
