@@ -11,22 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "compare.hpp"
 #include "hanpu/linear.hpp"
 #include "hanpu/model.hpp"
 
 namespace {
 
 using namespace hanpu;
+using bench::nmse;
 
-double nmse(const float* a, const float* ref, int64_t n) {
-  double e = 0, r = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    e += d * d;
-    r += static_cast<double>(ref[i]) * ref[i];
-  }
-  return r > 0 ? e / r : 0;
-}
 
 int32_t argmax(const Tensor& logits, int64_t n) {
   const float* a = logits.ptr<float>();
@@ -65,7 +58,7 @@ int main(int argc, char** argv) {
         const int32_t fed[1] = {next_ref};  // both models fed the bf16 model's greedy token
         const Tensor a = ref.forward(sr, fed, {.threads = kThreads});
         const Tensor b = q.forward(sq, fed, {.threads = kThreads, .precision = p});
-        const double e = nmse(b.ptr<float>(), a.ptr<float>(), V);
+        const double e = nmse(b.ptr<float>(), a.ptr<float>(), static_cast<size_t>(V));
         worst = std::max(worst, e);
         sum += e;
         agree += argmax(b, V) == argmax(a, V);

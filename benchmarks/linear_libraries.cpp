@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "compare.hpp"
 #include "cli/linear_shapes.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
@@ -45,6 +46,7 @@
 namespace {
 
 using namespace hanpu;
+using bench::nmse;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
@@ -81,15 +83,6 @@ double seconds_per_call(const std::function<void()>& f, double min_seconds) {
   return elapsed / reps;
 }
 
-double nmse(const float* a, const float* ref, size_t n) {
-  double se = 0, sr = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double d = static_cast<double>(a[i]) - ref[i];
-    se += d * d;
-    sr += static_cast<double>(ref[i]) * ref[i];
-  }
-  return sr > 0 ? se / sr : 0;
-}
 
 // oneDNN matmul y[M,N] = x[M,K] W^T with W stored [N,K] row-major, i.e. a [K,N] matrix in "ba"
 // order; the primitive picks its own weight layout (format_tag::any) and the weight is reordered
