@@ -42,7 +42,7 @@ FlaScratch MakeFlaScratch(const LaJob& job, int chunk) {
   s.K = static_cast<size_t>(job.shape.K);
   s.C = static_cast<size_t>(chunk);
   s.Vp = RoundUp(static_cast<size_t>(job.shape.V), kPad);
-  s.gk = job.variant() == Variant::KDA ? s.K : 1;
+  s.gk = job.traits().channel_gate() ? s.K : 1;
   const size_t Kp = RoundUp(s.K, kPad);
   size_t off = 0;
   auto take = [&](size_t floats) {

@@ -47,7 +47,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Fu
   l.C = static_cast<size_t>(chunk);
   l.Vp = LeadingDim(static_cast<size_t>(width));
   l.ldc = LeadingDim(l.C);
-  l.gk = job.variant() == Variant::KDA ? l.K : 1;
+  l.gk = job.traits().channel_gate() ? l.K : 1;
   size_t off = 0;
   auto take = [&](size_t floats) {
     const size_t at = off;
@@ -78,7 +78,7 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Fu
     l.KtPairs = take(l.ldraw / 2 * l.ldc);
     l.gram_scale = take(3 * l.C);
   }
-  if (job.variant() == Variant::GDN && job.group > 1) l.AP_unmasked = take(2 * l.C * l.ldc);
+  if (job.traits().head_gate() && job.group > 1) l.AP_unmasked = take(2 * l.C * l.ldc);
   if (program.update_keeps_vnew) l.Eg = take(l.C * l.Vp);
   l.total = off;
   return l;
@@ -95,7 +95,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
                 const FusedProgram& program) {
   const WorkItem& first = items[0];
   const SeqSpan seq = job.seqs[static_cast<size_t>(first.seq)];
-  const bool kda = job.variant() == Variant::KDA;
+  const bool channel = job.traits().channel_gate();
   const FusedLayout l = MakeFusedLayout(job, first.col1 - first.col0, chunk, program);
   const size_t K = l.K, C = l.C, Vp = l.Vp, ldc = l.ldc, gk = l.gk;
   const size_t width = RoundUp(static_cast<size_t>(first.col1 - first.col0), kPad);  // GEMM N
@@ -120,7 +120,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   for (size_t g = 0; g < count; ++g)
     LoadState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1, states + g * state_floats, Vp);
   ChunkRows rows{Qs, Kr, X, Vp, G, beta, graw, /*v_times_beta=*/true};
-  if (kda) rows.kda_factors = arena + l.eg;
+  if (channel) rows.kda_factors = arena + l.eg;
   // bf16 grams: raw rows staged by LoadChunk; factors p_row (all `scale` without L2 norms), then
   // a_row = col = the keys' inverse norms (all 1 without).
   float* gram_scale = job.bf16_grams ? arena + l.gram_scale : nullptr;
@@ -153,8 +153,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     const size_t Lp = RoundUp(L, kPad);
     // GDN value heads that read the same key head (HV > H) have the same q, k and grams before
     // the per-head beta and decays: the group's previous head left them in the arena.
-    const bool keys_loaded = !kda && g > 0 && job.key_head(hv) == job.key_head(items[g - 1].head);
-    const bool keys_reused_next = !kda && g + 1 < count && job.key_head(items[g + 1].head) == job.key_head(hv);
+    const bool keys_loaded = !channel && g > 0 && job.key_head(hv) == job.key_head(items[g - 1].head);
+    const bool keys_reused_next = !channel && g + 1 < count && job.key_head(items[g + 1].head) == job.key_head(hv);
     rows.skip_qk = keys_loaded;
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
     clock.mark(Op::kLoad);
@@ -171,14 +171,14 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         // #1 Gate: e^Γ per row (GDN) or per row and channel (KDA); scale the GEMM operands. KDA:
         // the per-token factors e^{g_t} first; e^{Γi} is exact at the 16-row anchors and the last
         // row (the state's decay) and a product of at most 15 factors in between.
-        if (!kda) ExpRow(G, egam, L);  // one gate per row: the whole column at once (KDA: LoadChunk
-                                       // left the per-token factors in l.eg)
+        if (!channel) ExpRow(G, egam, L);  // one gate per row: the whole column at once (KDA: LoadChunk
+                                           // left the per-token factors in l.eg)
         for (size_t i = 0; i < L; ++i) {
-          if (kda && i % kKdaBlock != 0 && i + 1 != L)
+          if (channel && i % kKdaBlock != 0 && i + 1 != L)
             MulRows(egam + (i - 1) * K, arena + l.eg + i * K, egam + i * K, K);
-          else if (kda)
+          else if (channel)
             ExpRow(G + i * K, egam + i * K, K);
-          if (kda) {
+          if (channel) {
             MulRowsScaled(Kr + i * K, egam + i * K, -beta[i], Kn + i * K, K);
             MulRows(Qs + i * K, egam + i * K, Qg + i * K, K);
           } else if (program.gemm_first) {
@@ -193,7 +193,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       case CpuStage::StateK:
         // GEMM-first: X = diag(β)V − diag(β e^Γ) K S (LoadChunk left diag(β)V in X). GDN's gates are
         // one scalar per row: they scale the products as the tiles store them.
-        if (kda) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
+        if (channel) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale, tile);
         clock.mark(Op::kStateGemms);
         break;
@@ -201,7 +201,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         // O = diag(e^Γ) Q S. Kept apart from the X GEMM rather than one GEMM over the stacked
         // [Kn; Qg]: measured faster on AVX-512 (the stacked A operand, 2C x K, no longer stays in
         // L1 next to the S panel).
-        if (kda) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
+        if (channel) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam, tile);
         clock.mark(Op::kStateGemms);
         break;
@@ -209,7 +209,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         // #2 KKT and the intra-chunk Q K^T.
         if (keys_loaded) {
           std::copy(arena + l.AP_unmasked, arena + l.AP_unmasked + 2 * C * ldc, AP);
-        } else if (kda) {
+        } else if (channel) {
           KdaGram(Kr, Qs, G, L, K, C, ldc, arena + l.KQl, arena + l.KrT, graw, arena + l.eg, AP, &prefetch, tile);
         } else if (job.bf16_grams) {
           // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
@@ -232,7 +232,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         clock.mark(Op::kGrams);
         break;
       case CpuStage::Mask:
-        MaskGram(!kda, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
+        MaskGram(!channel, G, beta, L, C, ldc, AP, graw, job.bf16_grams ? &gram_sc : nullptr);
         clock.mark(Op::kMask);
         break;
       case CpuStage::Solve:
@@ -286,7 +286,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         const double* GL = G + (L - 1) * gk;
         float* decay_rows = graw;  // K factors (graw holds max(K, C) floats)
         const float* E = X;        // v_new, or (GDN) v_new scaled by e^{Γ_L−Γ_j}
-        if (kda) {
+        if (channel) {
           // Kt[d][j] = k_j[d] e^{ΓL[d]−Γj[d]}: the columns before the last anchor nl come from the
           // gram's KrT (k_j e^{Γnl−Γj}) times e^{ΓL−Γnl}; the rest need exponentials of their own.
           const size_t nl = (L - 1) / kKdaBlock * kKdaBlock;

@@ -159,7 +159,7 @@ class ChunkPrefetcher {
       add(in.q, seq.batch, t + i, h, 0, K);
       add(in.k, seq.batch, t + i, h, 0, K);
       add(in.v, seq.batch, t + i, hv, col0, static_cast<size_t>(col1 - col0));
-      if (job.variant() == Variant::KDA) add(in.g, seq.batch, t + i, hv, 0, K);
+      if (job.traits().channel_gate()) add(in.g, seq.batch, t + i, hv, 0, K);
     }
     // Share per tile from the previous chunk's tile count (+1 so that rounding leaves no rest).
     per_tile_ = (tiles_ ? total_lines_ / tiles_ + 1 : kFirstChunkLinesPerTile) * rate_;

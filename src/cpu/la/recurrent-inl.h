@@ -32,7 +32,7 @@ size_t RecurrentArenaFloats(const LaJob& job, int64_t width) {
 void RecurrentItem(const LaJob& job, const WorkItem& item, float* arena) {
   const SeqSpan seq = job.seqs[static_cast<size_t>(item.seq)];
   const int64_t hv = item.head;
-  const bool kda = job.variant() == Variant::KDA;
+  const bool channel = job.traits().channel_gate();
   const size_t K = static_cast<size_t>(job.shape.K);
   const size_t width = static_cast<size_t>(item.col1 - item.col0);
   const size_t Vp = RoundUp(width, kPad), Kp = RoundUp(K, kPad);
@@ -49,19 +49,19 @@ void RecurrentItem(const LaJob& job, const WorkItem& item, float* arena) {
   const DF d;
   const size_t N = hn::Lanes(d);
   const ChunkRows rows{q, k, v, Vp, nullptr, nullptr, graw};
-  std::vector<double> Gk(kda ? K : 1);
+  std::vector<double> Gk(channel ? K : 1);
   for (int64_t t = 0; t < seq.len; ++t) {
     float beta = 0.f;
     ChunkRows r = rows;
-    r.G = kda ? Gk.data() : G1;
+    r.G = channel ? Gk.data() : G1;
     r.beta = &beta;
     LoadChunk(job, seq, hv, t, 1, item.col0, item.col1, r);
-    const size_t gk = kda ? K : 1;
+    const size_t gk = channel ? K : 1;
     for (size_t i = 0; i < gk; ++i) decay[i] = std::exp(static_cast<float>(r.G[i]));
     // Pass 1: S' = decay S and kS = k S' together.
     for (size_t j = 0; j < Vp; j += N) hn::StoreU(hn::Zero(d), d, kS + j);
     for (size_t dd = 0; dd < K; ++dd) {
-      const float dec = kda ? decay[dd] : decay[0];
+      const float dec = channel ? decay[dd] : decay[0];
       float* row = S + dd * Vp;
       const VF vdec = hn::Set(d, dec), vk = hn::Set(d, k[dd]);
       for (size_t j = 0; j < Vp; j += N) {

@@ -350,9 +350,9 @@ void GateActivationRow(float* HWY_RESTRICT g, const float* HWY_RESTRICT bias, si
 
 void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
   const LaInputs& in = job.in;
-  const bool kda = job.variant() == Variant::KDA;
-  const size_t n = kda ? static_cast<size_t>(job.shape.K) : 1;
-  if (kda)
+  const bool channel = job.traits().channel_gate();
+  const size_t n = channel ? static_cast<size_t>(job.shape.K) : 1;
+  if (channel)
     LoadRow(in.g, offset4(in.g, b, t, hv, 0), in.g.stride[3], n, g);
   else
     g[0] = LoadScalar(in.g, offset3(in.g, b, t, hv));
@@ -364,7 +364,7 @@ void LoadGateRow(const LaJob& job, int64_t b, int64_t t, int64_t hv, float* g) {
   float bias_row[256];
   const float* bias = nullptr;
   if (!in.dt_bias.empty()) {
-    const int64_t off = in.dt_bias.rank == 2 ? hv * in.dt_bias.stride[0] : (kda ? hv * job.shape.K : hv) * in.dt_bias.stride[0];
+    const int64_t off = in.dt_bias.rank == 2 ? hv * in.dt_bias.stride[0] : (channel ? hv * job.shape.K : hv) * in.dt_bias.stride[0];
     const int64_t step = in.dt_bias.stride[in.dt_bias.rank - 1];
     if (in.dt_bias.dtype == DType::F32 && step == 1) {
       bias = static_cast<const float*>(in.dt_bias.data) + off;  // the models' case: read in place
@@ -383,9 +383,9 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
   const size_t K = static_cast<size_t>(job.shape.K);
   const int64_t h = job.key_head(hv);
   const int64_t b = seq.batch;
-  const bool kda = job.variant() == Variant::KDA;
+  const bool channel = job.traits().channel_gate();
   const size_t width = static_cast<size_t>(col1 - col0);
-  const size_t gk = kda ? K : 1;
+  const size_t gk = channel ? K : 1;
   double running[256];  // KDA with kda_factors: the cumulative gates of the current row (K <= 256)
   for (size_t i = 0; i < L; ++i) {
     const int64_t t = seq.bos + t0 + static_cast<int64_t>(i);

@@ -48,7 +48,7 @@ struct GramScale {
 // A = strictly-lower(beta_i * gate_ij * KK), P = lower-inclusive(gate_ij * QK), in place; entries
 // outside the triangle (or beyond L) are set to 0 by selection. gate_ij = e^{Γi−Γj} for GDN and
 // already inside the products for KDA. With `sc`, the raw grams' factors are applied too.
-void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, size_t ldc, float* AP, float* ftmp,
+void MaskGram(bool head_gate, const double* G, const float* beta, size_t L, size_t C, size_t ldc, float* AP, float* ftmp,
               const GramScale* sc = nullptr) {
   float* KK = AP;
   float* QK = AP + C * ldc;
@@ -58,7 +58,7 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
   // cycles per GDN chunk, now 4.9K).
   const bool whole = C % hn::Lanes(DF()) == 0;
   for (size_t i = 0; i < L; ++i) {
-    if (gdn) (whole ? ExpDiffFromWhole : ExpDiffFrom)(G[i], G, ftmp, i + 1);
+    if (head_gate) (whole ? ExpDiffFromWhole : ExpDiffFrom)(G[i], G, ftmp, i + 1);
     float* a = KK + i * ldc;
     float* p = QK + i * ldc;
     // Selection masks (FirstN), never multiplication by a 0/1 mask: entries above the diagonal
@@ -70,7 +70,7 @@ void MaskGram(bool gdn, const double* G, const float* beta, size_t L, size_t C, 
     for (size_t j0 = 0; j0 < Lp; j0 += N) {
       const size_t below = i > j0 ? i - j0 : 0;      // lanes with j < i
       const size_t upto = i + 1 > j0 ? i + 1 - j0 : 0;  // lanes with j <= i
-      VF gate = gdn ? hn::IfThenElseZero(hn::FirstN(d, upto), hn::LoadU(d, ftmp + j0)) : hn::Set(d, 1.f);
+      VF gate = head_gate ? hn::IfThenElseZero(hn::FirstN(d, upto), hn::LoadU(d, ftmp + j0)) : hn::Set(d, 1.f);
       if (sc) gate = hn::Mul(gate, hn::LoadU(d, sc->col + j0));
       hn::StoreU(hn::IfThenElseZero(hn::FirstN(d, below), hn::Mul(hn::Mul(vbeta, gate), hn::LoadU(d, a + j0))), d,
                  a + j0);
