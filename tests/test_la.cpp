@@ -36,6 +36,22 @@ void expect_accurate(const Problem& p, const LaReference& ref, CpuPath path, int
   EXPECT_LE(a.state, kStateBound) << cpu_path_name(path) << " state: " << p.spec.describe();
 }
 
+// The variant traits (include/hanpu/la_variant.hpp): one entry per variant, found by its key and
+// its name, and the gate tensor's width follows the gate granularity.
+TEST(LaVariants, TraitsTableKeysAndNames) {
+  for (const VariantTraits& t : kVariantTraits) {
+    EXPECT_EQ(&variant_traits(t.variant), &t) << t.name;
+    EXPECT_STREQ(variant_name(t.variant), t.name);
+    EXPECT_EQ(variant_from_name(t.name), t.variant) << t.name;
+  }
+  EXPECT_EQ(variant_traits(Variant::GDN).gate, GateGranularity::Head);
+  EXPECT_EQ(variant_traits(Variant::KDA).gate, GateGranularity::Channel);
+  EXPECT_EQ(variant_traits(Variant::GDN).gate_width(128), 1);
+  EXPECT_EQ(variant_traits(Variant::KDA).gate_width(128), 128);
+  EXPECT_EQ(variant_names(" or "), "gdn or kda");
+  EXPECT_FALSE(variant_from_name("GDN").has_value());
+}
+
 TEST(LaPaths, SmallGdnAllPaths) {
   ProblemSpec s;
   s.T = 130;

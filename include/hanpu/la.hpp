@@ -13,13 +13,15 @@
 #include <optional>
 #include <string>
 
+#include "hanpu/la_variant.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu {
 
-enum class Variant { GDN, KDA };
-const char* variant_name(Variant v);  // "gdn" / "kda"
+const char* variant_name(Variant v);  // VariantTraits::name: "gdn" / "kda"
 std::optional<Variant> variant_from_name(const std::string& name);  // inverse; nullopt otherwise
+/// The names of all variants, for messages: variant_names(" or ") is "gdn or kda".
+std::string variant_names(const std::string& last_sep, const std::string& sep = ", ");
 
 /// Input transforms FLA can apply inside its kernels (fla/ops/gated_delta_rule/gate.py,
 /// fla/ops/kda/gate.py, fla/modules/l2norm.py, fla/ops/common/gate.py).

@@ -31,7 +31,7 @@ inline BenchInputs make_bench_inputs(Variant var, int64_t T, int64_t H, int64_t 
   std::normal_distribution<float> nrm(0.f, 1.f);
   std::uniform_real_distribution<float> uni(0.f, 1.f);
   BenchInputs in{Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, H, K}), Tensor(dt, {1, T, HV, V}),
-                 var == Variant::GDN ? Tensor(DType::F32, {1, T, HV}) : Tensor(DType::F32, {1, T, HV, K}),
+                 variant_traits(var).channel_gate() ? Tensor(DType::F32, {1, T, HV, K}) : Tensor(DType::F32, {1, T, HV}),
                  Tensor(DType::F32, {1, T, HV})};
   std::vector<float> row(static_cast<size_t>(K));
   for (Tensor* t : {&in.q, &in.k})

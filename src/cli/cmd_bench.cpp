@@ -103,7 +103,7 @@ void print_row(const Row& r) {
 // Rejects bad selections before the (slow) peak measurement.
 void validate_args(const BenchArgs& a) {
   for (const std::string& v : a.variants)
-    if (v != "gdn" && v != "kda") throw Error("unknown variant '" + v + "' (expected gdn or kda)");
+    if (!variant_from_name(v)) throw Error("unknown variant '" + v + "' (expected " + variant_names(" or ") + ")");
   for (const std::string& d : a.dtypes)
     if (d != "f32" && d != "bf16" && d != "f16") throw Error("unknown dtype '" + d + "' (expected f32, bf16 or f16)");
   for (const std::string& p : a.paths) parse_path(p);
@@ -165,8 +165,9 @@ void run_bench(const BenchArgs& a) {
   }
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& vname : a.variants) {
-    if (vname != "gdn" && vname != "kda") throw Error("unknown variant '" + vname + "' (expected gdn or kda)");
-    const Variant var = vname == "gdn" ? Variant::GDN : Variant::KDA;
+    const std::optional<Variant> parsed = variant_from_name(vname);
+    if (!parsed) throw Error("unknown variant '" + vname + "' (expected " + variant_names(" or ") + ")");
+    const Variant var = *parsed;
     for (const std::string& dname : a.dtypes) {
       if (dname != "f32" && dname != "bf16" && dname != "f16")
         throw Error("unknown dtype '" + dname + "' (expected f32, bf16 or f16)");
@@ -180,8 +181,8 @@ void run_bench(const BenchArgs& a) {
           const LaOutputs lo{o.view(), ht.view()};
           for (const std::string& pname : a.paths) {
             const CpuPath path = parse_path(pname);
-            // bf16 dot products exist only for the head-fused GDN grams on bf16 inputs.
-            const bool dot_applies = path == CpuPath::HeadFused && var == Variant::GDN && dt == DType::BF16;
+            // bf16 dot products exist only for the head-fused GDN grams (one gate per head) on bf16 inputs.
+            const bool dot_applies = path == CpuPath::HeadFused && variant_traits(var).head_gate() && dt == DType::BF16;
             for (const std::string& dot : dot_applies ? a.bf16_dot : std::vector<std::string>{"off"})
             for (int th : thread_counts) {
               size_t extra = 0;
@@ -270,7 +271,7 @@ void run_ablation(const BenchArgs& a) {
   }
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& vname : a.variants) {
-    const Variant var = vname == "gdn" ? Variant::GDN : Variant::KDA;
+    const Variant var = *variant_from_name(vname);  // checked by validate_args
     for (const std::string& dname : a.dtypes) {
       const DType dt = dname == "f32" ? DType::F32 : dname == "bf16" ? DType::BF16 : DType::F16;
       for (int64_t H : a.heads) {

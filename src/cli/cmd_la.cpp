@@ -167,7 +167,7 @@ void add_la_subcommand(CLI::App& app, hanpu::Variant variant, const std::string&
   sub->add_flag("--l2norm", args->qk_l2norm, "L2-normalise q and k per head inside the kernel");
   sub->add_flag("--gate-in-kernel", args->gate_in_kernel,
                 "g is the raw gate pre-activation; the decay is computed with A_log (and dt_bias)");
-  if (variant == hanpu::Variant::KDA)
+  if (hanpu::variant_traits(variant).lower_bound_gate)
     args->lower_bound_option =
         sub->add_option("--lower-bound", args->lower_bound,
                         "with --gate-in-kernel: the lower-bounded (safe) gate g = LB sigmoid(exp(A_log) (g + dt_bias)), "

@@ -60,9 +60,9 @@ Device load_device_for(const ProblemArgs& a) {
 
 Problem make_problem(const ProblemArgs& a) {
   Problem p;
-  if (a.variant == "gdn") p.variant = Variant::GDN;
-  else if (a.variant == "kda") p.variant = Variant::KDA;
-  else throw Error("--variant: got \"" + a.variant + "\", expected gdn or kda");
+  const std::optional<Variant> variant = variant_from_name(a.variant);
+  if (!variant) throw Error("--variant: got \"" + a.variant + "\", expected " + variant_names(" or "));
+  p.variant = *variant;
   if (!a.seqlens.empty()) {
     std::stringstream ss(a.seqlens);
     std::string tok;

@@ -1,5 +1,6 @@
-// Interface between the host-side driver (la_cpu.cpp) and the SIMD kernels (la_kernels.cpp, which
-// Highway compiles once per target and dispatches at run time).
+// Interface between the host-side driver (la_cpu.cpp) and the SIMD kernels (la_kernels.cpp and
+// its stage files src/cpu/la/*-inl.h, which Highway compiles once per target and dispatches at run
+// time).
 #pragma once
 
 #include <cstddef>

@@ -49,7 +49,7 @@ int resolve_threads(int threads) {
 // CPU with AVX512-BF16. KDA's grams multiply decay-scaled rows, which are no longer bf16 values.
 bool bf16_grams_possible(const LaJob& job) {
   const LaInputs& in = job.in;
-  return job.variant() == Variant::GDN && in.q.dtype == DType::BF16 && in.k.dtype == DType::BF16 &&
+  return job.traits().head_gate() && in.q.dtype == DType::BF16 && in.k.dtype == DType::BF16 &&
          in.q.stride[3] == 1 && in.k.stride[3] == 1 && cpu::gram_bf16_usable();
 }
 
@@ -130,7 +130,7 @@ size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
   buf.seq_first_chunk = first.data();
   const size_t C = static_cast<size_t>(chunk), K = static_cast<size_t>(s.K);
   const size_t Kp = (K + 15) / 16 * 16, Vp = (static_cast<size_t>(s.V) + 15) / 16 * 16;
-  const size_t gk = s.variant == Variant::KDA ? K : 1;
+  const size_t gk = static_cast<size_t>(variant_traits(s.variant).gate_width(s.K));
   const size_t slots = static_cast<size_t>(buf.total_chunks * s.HV);
   // The W/U form keeps T, W, U per (chunk, head); the GEMM-first form A (in T) and P.
   const bool gemm_first = plan.chunk_parallel_gemm_first;

@@ -168,7 +168,7 @@ std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
       }
       if (update_done && so.stage != CpuStage::Update)
         for (const std::string& in : g.op(op).inputs)
-          if (in == vnew && g.variant == Variant::GDN) prog.update_keeps_vnew = true;
+          if (in == vnew && variant_traits(g.variant).head_gate()) prog.update_keeps_vnew = true;
     }
     // The CPU's update reuses the transposed (KDA: decayed) keys the grams stage leaves behind.
     if (so.stage == CpuStage::Update) {

@@ -29,6 +29,7 @@ struct LaJob {
   bool bf16_grams = false;
 
   Variant variant() const { return shape.variant; }
+  const VariantTraits& traits() const { return variant_traits(shape.variant); }
   int64_t key_head(int64_t hv) const { return hv / group; }
 };
 

@@ -27,6 +27,7 @@ void l2_normalize(double* x, int64_t n) {
 
 LaReference la_reference(Variant variant, const LaInputs& in, const LaOptions& opt) {
   const LaShape s = validate_la(variant, in, opt);
+  const VariantTraits& tr = variant_traits(variant);
   LaReference ref{Tensor(DType::F64, {s.B, s.T, s.HV, s.V}), Tensor(DType::F64, {s.N, s.HV, s.K, s.V})};
   // Borrow make_la_job's sequence resolution with a throwaway output view of the right shape.
   LaOutputs dummy{ref.o.view(), TensorView{}};
@@ -59,15 +60,15 @@ LaReference la_reference(Variant variant, const LaInputs& in, const LaOptions& o
           l2_normalize(k.data(), K);
         }
         for (int64_t d = 0; d < K; ++d) q[d] *= scale;
-        const int64_t gk = variant == Variant::GDN ? 1 : K;
+        const int64_t gk = tr.gate_width(K);
         for (int64_t d = 0; d < gk; ++d) {
-          double raw = variant == Variant::GDN ? at(in.g, offset3(in.g, b, t, hv)) : at(in.g, offset4(in.g, b, t, hv, d));
+          double raw = tr.channel_gate() ? at(in.g, offset4(in.g, b, t, hv, d)) : at(in.g, offset3(in.g, b, t, hv));
           if (opt.gate_in_kernel) {
             const bool has_a_log = !in.A_log.empty();  // optional with a lower bound (rate 1)
             const double a_log = has_a_log ? at(in.A_log, hv * in.A_log.stride[0]) : 0.0;
             double bias = 0.0;
             if (!in.dt_bias.empty()) {
-              const int64_t flat = variant == Variant::GDN ? hv : hv * K + d;
+              const int64_t flat = tr.channel_gate() ? hv * K + d : hv;
               bias = in.dt_bias.rank == 2 ? at(in.dt_bias, hv * in.dt_bias.stride[0] + d * in.dt_bias.stride[1])
                                           : at(in.dt_bias, flat * in.dt_bias.stride[0]);
             }
@@ -82,7 +83,7 @@ LaReference la_reference(Variant variant, const LaInputs& in, const LaOptions& o
         // S' = decay * S  (decay first), kS = k S'
         for (int64_t j = 0; j < V; ++j) kS[j] = 0.0;
         for (int64_t d = 0; d < K; ++d) {
-          const double decay = std::exp(variant == Variant::GDN ? g[0] : g[d]);
+          const double decay = std::exp(tr.channel_gate() ? g[d] : g[0]);
           double* row = &S[d * V];
           for (int64_t j = 0; j < V; ++j) {
             row[j] *= decay;

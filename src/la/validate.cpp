@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <iterator>
 #include <sstream>
 #include <type_traits>
 
@@ -11,7 +12,14 @@
 
 namespace hanpu {
 
-const char* variant_name(Variant v) { return v == Variant::GDN ? "gdn" : "kda"; }
+const char* variant_name(Variant v) { return variant_traits(v).name; }
+
+std::string variant_names(const std::string& last_sep, const std::string& sep) {
+  std::string out;
+  const size_t n = std::size(kVariantTraits);
+  for (size_t i = 0; i < n; ++i) out += (i == 0 ? "" : i + 1 == n ? last_sep : sep) + std::string(kVariantTraits[i].name);
+  return out;
+}
 
 const char* cpu_path_name(CpuPath p) {
   switch (p) {
@@ -23,8 +31,8 @@ const char* cpu_path_name(CpuPath p) {
 }
 
 std::optional<Variant> variant_from_name(const std::string& name) {
-  for (Variant v : {Variant::GDN, Variant::KDA})
-    if (name == variant_name(v)) return v;
+  for (const VariantTraits& t : kVariantTraits)
+    if (name == t.name) return t.variant;
   return std::nullopt;
 }
 
@@ -69,7 +77,8 @@ void require_rank(const TensorView& t, const char* name, int rank, const char* l
   }
 }
 
-void require_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expect, const char* layout) {
+void require_shape(const TensorView& t, const char* name, std::initializer_list<int64_t> expect,
+                   const std::string& layout) {
   int i = 0;
   bool ok = t.rank == static_cast<int>(expect.size());
   if (ok)
@@ -155,6 +164,11 @@ int64_t cu_at(const TensorView& cu, int64_t i) {
 }  // namespace
 
 LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt) {
+  const VariantTraits& tr = variant_traits(variant);
+  // What the paths implement: gated delta rules with beta (docs/ARCHITECTURE.md, "Adding a
+  // delta-rule variant").
+  if (tr.gate == GateGranularity::None || !tr.delta_rule || !tr.beta)
+    fail(std::string("variant ") + tr.name + ": the reference, graph and kernels implement gated delta rules with beta only");
   LaShape s;
   s.variant = variant;
   require_present(in.q, "q");
@@ -182,10 +196,10 @@ LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt) {
     fail("tensor 'q' has head dim K = " + std::to_string(s.K) + ", expected 1 <= K <= 256");
   if (s.V < 1 || s.V > 256)
     fail("tensor 'v' has head dim V = " + std::to_string(s.V) + ", expected 1 <= V <= 256");
-  if (variant == Variant::GDN)
-    require_shape(in.g, "g", {s.B, s.T, s.HV}, "[B,T,HV] (GDN: one log-decay per token and value head)");
+  if (tr.head_gate())
+    require_shape(in.g, "g", {s.B, s.T, s.HV}, std::string("[B,T,HV] (") + tr.label + ": one log-decay per token and value head)");
   else
-    require_shape(in.g, "g", {s.B, s.T, s.HV, s.K}, "[B,T,HV,K] (KDA: one log-decay per key channel)");
+    require_shape(in.g, "g", {s.B, s.T, s.HV, s.K}, std::string("[B,T,HV,K] (") + tr.label + ": one log-decay per key channel)");
   require_shape(in.beta, "beta", {s.B, s.T, s.HV}, "[B,T,HV]");
 
   if (!in.cu_seqlens.empty()) {
@@ -217,8 +231,8 @@ LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt) {
   }
   if (opt.lower_bound) {
     // As FLA's fla/ops/kda/gate.py: a bound on KDA's in-kernel gate activation, nothing else.
-    if (variant != Variant::KDA)
-      fail("lower_bound is KDA's lower-bounded gate; GDN has none (got lower_bound = " +
+    if (!tr.lower_bound_gate)
+      fail(std::string("lower_bound is KDA's lower-bounded gate; ") + tr.label + " has none (got lower_bound = " +
            std::to_string(*opt.lower_bound) + ")");
     if (!opt.gate_in_kernel)
       fail("lower_bound bounds the gate computed in kernel, so it needs gate_in_kernel (without it g is the "
@@ -236,12 +250,13 @@ LaShape validate_la(Variant variant, const LaInputs& in, const LaOptions& opt) {
     }
     if (!in.dt_bias.empty()) {
       require_float(in.dt_bias, "dt_bias");
-      if (variant == Variant::GDN) {
-        require_shape(in.dt_bias, "dt_bias", {s.HV}, "[HV] (GDN)");
+      const std::string which = std::string(" (") + tr.label + ")";
+      if (tr.head_gate()) {
+        require_shape(in.dt_bias, "dt_bias", {s.HV}, "[HV]" + which);
       } else if (in.dt_bias.rank == 2) {
-        require_shape(in.dt_bias, "dt_bias", {s.HV, s.K}, "[HV,K] (KDA)");
+        require_shape(in.dt_bias, "dt_bias", {s.HV, s.K}, "[HV,K]" + which);
       } else {
-        require_shape(in.dt_bias, "dt_bias", {s.HV * s.K}, "[HV*K] (KDA)");
+        require_shape(in.dt_bias, "dt_bias", {s.HV * s.K}, "[HV*K]" + which);
       }
     }
   }

@@ -76,7 +76,7 @@ const OperatorDef& OpGraph::op(const std::string& name) const {
 }
 
 OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
-  const bool kda = variant == Variant::KDA;
+  const bool channel = variant_traits(variant).channel_gate();  // the decay multiplies q and k element-wise
   GraphBuilder b;
   b.g.variant = variant;
   b.g.form = form;
@@ -88,7 +88,7 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   b.tensor("q", "L", "K", f16, TensorRole::Input);
   b.tensor("k", "L", "K", f16, TensorRole::Input);
   b.tensor("v", "L", "V", f16, TensorRole::Input);
-  b.tensor("g", "L", kda ? "K" : "1", f32, TensorRole::Input);
+  b.tensor("g", "L", channel ? "K" : "1", f32, TensorRole::Input);
   b.tensor("beta", "L", "1", f32, TensorRole::Input);
   b.tensor("S", "K", "V", f32, TensorRole::State);
   if (!in_place) b.tensor("S_next", "K", "V", f32, TensorRole::State);
@@ -96,9 +96,9 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
 
   // #1 gate: cumulative log-decay; KDA also forms the channel-decayed q and k the products use:
   // qe = q e^G, ke = k e^G, ki = k e^-G (anchored per sub-chunk in practice), kl = k e^(G_L - G).
-  b.tensor("Gc", "L", kda ? "K" : "1", f32);
+  b.tensor("Gc", "L", channel ? "K" : "1", f32);
   std::string qm = "q", km = "k", kr = "k", kt = "k";  // operands of Q.., K.. (left), K^T (right), update
-  if (kda) {
+  if (channel) {
     for (const char* n : {"qe", "ke", "ki", "kl"}) b.tensor(n, "L", "K", f16);
     b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
     // Element-wise on L x K: the decayed operands are cheap to recompute in every kernel that
@@ -121,12 +121,12 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   b.tensor("P", "L", "L", f16);
   auto kkt = [&] {
     b.op("kkt", "2", Unit::Matrix, {km, kr}, {"KK"});
-    b.op("kkt_gate", "2", Unit::Vector, kda ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
+    b.op("kkt_gate", "2", Unit::Vector, channel ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
          {"A"}, true);
   };
   auto qkt = [&] { b.op("qkt", "6", Unit::Matrix, {qm, kr}, {"QK"}); };
   auto qkt_gate = [&] {
-    b.op("qkt_gate", "6", Unit::Vector, kda ? std::vector<std::string>{"QK"} : std::vector<std::string>{"QK", "Gc"}, {"P"}, true);
+    b.op("qkt_gate", "6", Unit::Vector, channel ? std::vector<std::string>{"QK"} : std::vector<std::string>{"QK", "Gc"}, {"P"}, true);
   };
   b.tensor("Ad", "L", std::to_string(kSubChunk), f16);
   auto solve_diag = [&] { b.op("solve_diag", "3", Unit::Vector, {"A"}, {"Ad"}, true); };
@@ -137,17 +137,17 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   auto qs = [&] { b.op("qs", "6", Unit::Matrix, {qm, "S"}, {"QS"}); };
   auto output = [&](const std::string& vnew) {
     b.op("pv", "6", Unit::Matrix, {"P", vnew}, {"PE"});
-    b.op("out", "6", Unit::Vector, kda ? std::vector<std::string>{"QS", "PE"} : std::vector<std::string>{"QS", "Gc", "PE"}, {"o"}, !kda);
+    b.op("out", "6", Unit::Vector, channel ? std::vector<std::string>{"QS", "PE"} : std::vector<std::string>{"QS", "Gc", "PE"}, {"o"}, !channel);
   };
   auto update = [&](const std::string& vnew) {
-    if (!kda) {
+    if (!channel) {
       b.tensor("Eg", "L", "V", f16);
       b.op("update_gate", "5u", Unit::Vector, {vnew, "Gc"}, {"Eg"}, true);
       b.op("update", "5u", Unit::Matrix, {kt, "Eg"}, {"KE"});
     } else {
       b.op("update", "5u", Unit::Matrix, {kt, vnew}, {"KE"});
     }
-    b.op("state_add", "5u", Unit::Vector, {"S", "Gc", "KE"}, {s_out}, kda);
+    b.op("state_add", "5u", Unit::Vector, {"S", "Gc", "KE"}, {s_out}, channel);
   };
   auto rhs = [&] {
     b.tensor("KS", "L", "V", f32);
@@ -155,7 +155,7 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
     b.op("ks", "5r", Unit::Matrix, {km, "S"}, {"KS"});
   };
   auto rhs_vec = [&] {
-    b.op("rhs", "5r", Unit::Vector, kda ? std::vector<std::string>{"v", "beta", "KS"} : std::vector<std::string>{"v", "beta", "Gc", "KS"},
+    b.op("rhs", "5r", Unit::Vector, channel ? std::vector<std::string>{"v", "beta", "KS"} : std::vector<std::string>{"v", "beta", "Gc", "KS"},
          {"X"}, true);
   };
 
@@ -168,7 +168,7 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
       qkt();
       rhs();
       qs();
-      b.op("kkt_gate", "2", Unit::Vector, kda ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
+      b.op("kkt_gate", "2", Unit::Vector, channel ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
            {"A"}, true);
       qkt_gate();
       rhs_vec();
@@ -202,7 +202,7 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
       kkt();
       solve_diag();
       b.op("solve_inv", "3", Unit::Matrix, {"Ad", "A"}, {"Tm"});
-      b.op("wu_scale", "4", Unit::Vector, kda ? std::vector<std::string>{"ke", "v", "beta"} : std::vector<std::string>{"k", "v", "beta", "Gc"},
+      b.op("wu_scale", "4", Unit::Vector, channel ? std::vector<std::string>{"ke", "v", "beta"} : std::vector<std::string>{"k", "v", "beta", "Gc"},
            {"kb", "vb"}, true);
       b.op("wu", "4", Unit::Matrix, {"Tm", "kb", "vb"}, {"W", "U"});
       b.op("ws", "5r", Unit::Matrix, {"W", "S"}, {"WS"});
@@ -245,7 +245,7 @@ int64_t tensor_bytes(const TensorDef& t, int64_t L, int64_t K, int64_t Vc) {
 
 OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K, int64_t Vc, int64_t tile,
                    bool masked_full_tiles) {
-  const bool kda = g.variant == Variant::KDA;
+  const bool channel = variant_traits(g.variant).channel_gate();
   const double l = static_cast<double>(L), k = static_cast<double>(K), v = static_cast<double>(Vc);
   const double t = static_cast<double>(tile);
   auto up = [&](double x) { return std::ceil(x / t) * t; };
@@ -257,7 +257,7 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
   OpCounts c;
   const std::string& n = op.name;
   if (n == "gate") {
-    c.vector_ops = kda ? 2 * l * k : 2 * l;  // cumsum and the exponent (per channel for KDA)
+    c.vector_ops = channel ? 2 * l * k : 2 * l;  // cumsum and the exponent (per channel for KDA)
   } else if (n == "decay_q") {
     c.vector_ops = 2 * l * k;  // the exponential e^G and the product
   } else if (n == "decay_ke") {
@@ -267,11 +267,11 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
   } else if (n == "kkt") {
     c.macs = strict * k, c.executed_macs = tri_blocks * up(k);
   } else if (n == "kkt_gate") {
-    c.vector_ops = (kda ? 2 : 3) * l * l;  // (exp of decay difference,) beta row scale, mask
+    c.vector_ops = (channel ? 2 : 3) * l * l;  // (exp of decay difference,) beta row scale, mask
   } else if (n == "qkt") {
     c.macs = incl * k, c.executed_macs = tri_blocks * up(k);
   } else if (n == "qkt_gate") {
-    c.vector_ops = (kda ? 1 : 2) * l * l;
+    c.vector_ops = (channel ? 1 : 2) * l * l;
   } else if (n == "ks" || n == "qs" || n == "ws") {
     c.macs = l * k * v, c.executed_macs = up(l) * up(k) * up(v);
   } else if (n == "rhs") {
@@ -288,7 +288,7 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
     for (double d = 1; d < nb; ++d) blocks += (nb - d) * (d + 1);
     c.executed_macs = blocks * t * t * t;
   } else if (n == "wu_scale") {
-    c.vector_ops = (kda ? 1 : 2) * l * k + l * v;
+    c.vector_ops = (channel ? 1 : 2) * l * k + l * v;
   } else if (n == "wu") {
     c.macs = incl * (k + v), c.executed_macs = tri_blocks * (up(k) + up(v));
   } else if (n == "vnew") {
@@ -296,7 +296,7 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
   } else if (n == "apply" || n == "pv") {
     c.macs = incl * v, c.executed_macs = tri_blocks * up(v);
   } else if (n == "out") {
-    c.vector_ops = (kda ? 2 : 3) * l * v;
+    c.vector_ops = (channel ? 2 : 3) * l * v;
   } else if (n == "update_gate") {
     c.vector_ops = 2 * l * v;
   } else if (n == "update") {

@@ -166,7 +166,7 @@ int max_lockstep_group(const Device& dev, int64_t K, int64_t width) {
     }
   // A state row as a cache holds it: padded to whole lines, plus one line when the row is a
   // multiple of four lines, since rows a power of two apart fall into a few cache sets (the CPU's
-  // arena pads them so: LeadingDim in src/cpu/la_kernels.cpp). A scratchpad (an NPU's buffers)
+  // arena pads them so: LeadingDim in src/cpu/la/base-inl.h). A scratchpad (an NPU's buffers)
   // holds the row as it is.
   int64_t row = width * static_cast<int64_t>(sizeof(float));
   if (dev.kind == "cpu") {

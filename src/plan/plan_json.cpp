@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "hanpu/plan.hpp"
@@ -111,8 +112,9 @@ json problem_to_json(const Problem& p) {
 
 Problem problem_from_json(const Reader& r, const json& j, const std::string& path) {
   Problem p;
-  const std::string v = r.one_of(j, "variant", path, {"gdn", "kda"});
-  p.variant = v == "kda" ? Variant::KDA : Variant::GDN;
+  const std::optional<Variant> variant = variant_from_name(r.string(j, "variant", path));
+  if (!variant) r.fail(path + ".variant", &j.at("variant"), "one of " + variant_names(", "));
+  p.variant = *variant;
   const json& sl = r.array(j, "seqlens", path);
   for (size_t i = 0; i < sl.size(); ++i) {
     p.seqlens.push_back(r.integer_value(sl[i], path + ".seqlens[" + std::to_string(i) + "]", 0, kMaxTokens));

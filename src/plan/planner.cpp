@@ -214,7 +214,7 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
 // chunk); a decay operator whose operand no other operator of its kernel reads is dropped (the
 // chunk-parallel split puts every decay in the Map phase).
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
-  if (g.variant != Variant::KDA) return;
+  if (!variant_traits(g.variant).channel_gate()) return;
   auto read_in = [&](const Kernel& k, const std::string& decay) {
     const std::string& operand = g.op(decay).outputs.at(0);
     for (const std::string& o : k.order)
@@ -341,7 +341,7 @@ std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, b
   Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
   Kernel wu = kernel("recompute_w_u", Parallel::Chunk, {"wu_scale", "wu"});
   std::vector<std::string> h_ops = {"ws", "vnew"};
-  if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+  if (variant_traits(p.variant).head_gate()) h_ops.push_back("update_gate");
   h_ops.insert(h_ops.end(), {"update", "state_add"});
   Kernel h = kernel("fwd_h", Parallel::Head, h_ops);
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
@@ -367,7 +367,7 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
   std::vector<Kernel> ks;
   for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) {
     const bool decay = std::string(op).rfind("decay", 0) == 0;
-    if (decay && p.variant != Variant::KDA) continue;
+    if (decay && !variant_traits(p.variant).channel_gate()) continue;
     // The three decayed keys stay one kernel, as they were while the graph had one operator for them.
     ks.push_back(kernel(op, Parallel::Chunk,
                         std::string(op) == "decay_k" ? std::vector<std::string>{"decay_ke", "decay_ki", "decay_kl"}
@@ -375,7 +375,7 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
   }
   for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
   std::vector<std::string> h_ops = {"ws", "vnew"};
-  if (p.variant == Variant::GDN) h_ops.push_back("update_gate");
+  if (variant_traits(p.variant).head_gate()) h_ops.push_back("update_gate");
   h_ops.insert(h_ops.end(), {"update", "state_add"});
   Kernel h = kernel("chunk_gated_delta_rule_fwd_h", Parallel::Head, h_ops);
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
@@ -417,13 +417,13 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
     }
   }
   std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
-  if (p.variant == Variant::GDN) state_ops.push_back("update_gate");
+  if (variant_traits(p.variant).head_gate()) state_ops.push_back("update_gate");
   state_ops.insert(state_ops.end(), {"update", "state_add"});
   Kernel ks1 = kernel("segment_states", Parallel::Segment, state_ops);
   ks1.state_in = StateIn::Zero, ks1.state_out = StateOut::Segment;
   ks1.cores = round_robin(state_items, cores);
   std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
-  if (p.variant == Variant::GDN) fwd.push_back("update_gate");
+  if (variant_traits(p.variant).head_gate()) fwd.push_back("update_gate");
   fwd.insert(fwd.end(), {"update", "state_add"});
   Kernel ks2 = kernel("fused_fwd", Parallel::Segment, fwd);
   ks2.state_in = StateIn::Initial, ks2.state_out = StateOut::Final;

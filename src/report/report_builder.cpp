@@ -563,11 +563,12 @@ std::vector<Variant> parse_variant_list(const std::string& text, const std::stri
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    if (item == "gdn") out.push_back(Variant::GDN);
-    else if (item == "kda") out.push_back(Variant::KDA);
-    else throw Error(option + ": got \"" + item + "\" in \"" + text + "\", expected a comma-separated list of gdn, kda");
+    const std::optional<Variant> v = variant_from_name(item);
+    if (!v) throw Error(option + ": got \"" + item + "\" in \"" + text + "\", expected a comma-separated list of " + variant_names(", "));
+    out.push_back(*v);
   }
-  if (out.empty() || text.back() == ',') throw Error(option + ": got \"" + text + "\", expected a comma-separated list of gdn, kda");
+  if (out.empty() || text.back() == ',')
+    throw Error(option + ": got \"" + text + "\", expected a comma-separated list of " + variant_names(", "));
   return out;
 }
 
@@ -577,7 +578,7 @@ void validate_report_options(const ReportOptions& opt) {
     for (int64_t x : v)
       if (x <= 0) throw Error(std::string("report: ") + what + ": got " + std::to_string(x) + ", expected a positive value");
   };
-  if (opt.variants.empty()) throw Error("report: variant list is empty, expected gdn and/or kda");
+  if (opt.variants.empty()) throw Error("report: variant list is empty, expected " + variant_names(" and/or "));
   positive(opt.T, "T");
   positive(opt.heads, "heads");
   for (const auto* list : {&opt.T, &opt.heads}) {

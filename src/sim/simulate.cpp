@@ -107,7 +107,7 @@ class Simulator {
     const int64_t tok = p_.total_tokens();
     int64_t b = tok * p_.H * p_.K * 2 * static_cast<int64_t>(dtype_size(p_.qkv_dtype));  // q, k
     b += tok * p_.HV * p_.V * static_cast<int64_t>(dtype_size(p_.qkv_dtype));          // v
-    b += tok * p_.HV * (p_.variant == Variant::KDA ? p_.K : 1) * static_cast<int64_t>(dtype_size(p_.gate_dtype));
+    b += tok * p_.HV * variant_traits(p_.variant).gate_width(p_.K) * static_cast<int64_t>(dtype_size(p_.gate_dtype));
     b += tok * p_.HV * static_cast<int64_t>(dtype_size(p_.beta_dtype));
     b += tok * p_.HV * p_.V * static_cast<int64_t>(dtype_size(p_.out_dtype));
     const int64_t state = p_.sequences() * p_.HV * p_.K * p_.V * static_cast<int64_t>(dtype_size(p_.state_dtype));
@@ -444,7 +444,7 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
   const int64_t tok = p.total_tokens();
   int64_t b = tok * p.H * p.K * 2 * static_cast<int64_t>(dtype_size(p.qkv_dtype));
   b += tok * p.HV * p.V * static_cast<int64_t>(dtype_size(p.qkv_dtype));
-  b += tok * p.HV * (p.variant == Variant::KDA ? p.K : 1) * static_cast<int64_t>(dtype_size(p.gate_dtype));
+  b += tok * p.HV * variant_traits(p.variant).gate_width(p.K) * static_cast<int64_t>(dtype_size(p.gate_dtype));
   b += tok * p.HV * static_cast<int64_t>(dtype_size(p.beta_dtype));
   b += tok * p.HV * p.V * static_cast<int64_t>(dtype_size(p.out_dtype));
   const int64_t state = p.sequences() * p.HV * p.K * p.V * static_cast<int64_t>(dtype_size(p.state_dtype));
