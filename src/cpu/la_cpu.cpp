@@ -46,19 +46,47 @@ std::vector<int64_t> seq_lengths(const LaJob& job) {
 
 size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan, Engine& engine);
 
-// Returns the workspace bytes: the largest arena each thread needed, summed over threads.
-size_t run_head_fused(const LaJob& job, const CpuSchedule& plan, Engine& engine) {
+// Floats of arena the largest lockstep group of the schedule needs (the kernels' layout).
+size_t head_fused_need_floats(const LaJob& job, const CpuSchedule& plan) {
+  size_t need = 0;
+  for (size_t t = 0; t < plan.per_thread.size(); ++t) {
+    const std::vector<WorkItem>& items = plan.per_thread[t];
+    size_t i = 0;
+    for (const int32_t n : plan.groups[t]) {
+      need = std::max(need, cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, plan.chunk,
+                                                    static_cast<size_t>(n), plan.program));
+      i += static_cast<size_t>(n);
+    }
+  }
+  return need;
+}
+
+// Floats of the head-fused arena every thread takes: the plan's plan.cpu.arena_bytes (the
+// lowering checked it holds the plan's groups), or for a plan without a CPU part (0) what the
+// schedule's largest group needs.
+size_t head_fused_arena_floats(const LaJob& job, const CpuSchedule& plan, size_t planned_bytes) {
+  const size_t need = head_fused_need_floats(job, plan);
+  if (planned_bytes == 0) return need;
+  if (need * sizeof(float) > planned_bytes)  // la_prefill leaves bf16 grams off when they do not fit
+    throw Error("plan.cpu.arena_bytes: got " + std::to_string(planned_bytes) + " bytes, but this call's groups need " +
+                std::to_string(need * sizeof(float)) + " bytes per thread");
+  return planned_bytes / sizeof(float);
+}
+
+// Returns the workspace bytes: the arena each thread used, summed over threads.
+size_t run_head_fused(const LaJob& job, const CpuSchedule& plan, Engine& engine, size_t planned_arena_bytes) {
+  const size_t floats = head_fused_arena_floats(job, plan, planned_arena_bytes);
   std::vector<size_t> arena_floats(static_cast<size_t>(plan.threads), 0);
   engine.impl().run(plan.threads, [&](int t, cpu::Workspace& ws) {
     cpu::DenormalGuard ftz;
     const std::vector<WorkItem>& items = plan.per_thread[static_cast<size_t>(t)];
+    if (items.empty()) return;
+    float* a = arena(ws, floats);
+    arena_floats[static_cast<size_t>(t)] = floats;
     size_t i = 0;
     // The plan's lockstep groups, in order (lower_plan_for_cpu checked that they sum to the items).
     for (const int32_t n : plan.groups[static_cast<size_t>(t)]) {
-      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, plan.chunk,
-                                                  static_cast<size_t>(n), plan.program);
-      arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
-      cpu::fused_group(job, &items[i], static_cast<size_t>(n), arena(ws, need), plan.chunk, plan.program);
+      cpu::fused_group(job, &items[i], static_cast<size_t>(n), a, plan.chunk, plan.program);
       i += static_cast<size_t>(n);
     }
   });
@@ -213,8 +241,12 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
   if (recurrent) {
     workspace = run_recurrent(job, s, engine);
   } else if (s.path == CpuPath::HeadFused) {
+    // The plan's arena (plan.cpu.arena_bytes; 0: a plan without a CPU part). The planner counts
+    // the bf16 gram rows when this CPU runs them; a plan made without them runs the f32 grams.
+    const size_t planned = hp.plan && hp.plan->cpu.set() ? static_cast<size_t>(hp.plan->cpu.arena_bytes.value) : 0;
     job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
-    workspace = run_head_fused(job, s, engine);
+    if (job.bf16_grams && planned > 0 && head_fused_need_floats(job, s) * sizeof(float) > planned) job.bf16_grams = false;
+    workspace = run_head_fused(job, s, engine, planned);
   } else {
     workspace = run_chunk_parallel(job, s, engine);
   }
