@@ -8,6 +8,7 @@
 #include <map>
 
 #include "cpu/kernels.hpp"
+#include "cpu/lowering.hpp"
 #include "hanpu/cpu_tuning.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/plan_exec.hpp"
@@ -212,6 +213,90 @@ TEST(CpuTuning, ValuesTheCpuCannotRunAreRefusedByName) {
   po.cpu = &given;
   EXPECT_NE(error_of([&] { make_plan(prob, host(2), "hanpu", po); }).find("PlanOptions.cpu.lockstep_group: got 100, expected 1..64"),
             std::string::npos);
+}
+
+// plan.cpu.arena_bytes: chosen by the planner from the lockstep group and column block with the
+// kernels' layout and its reason in numbers, in the JSON, refused by name when smaller than the
+// plan's groups need, and what the CPU sizes each thread's arena by.
+TEST(CpuTuning, TheArenaSizeIsAPlanFieldThePlannerChoosesAndTheCpuRuns) {
+  ProblemSpec a;
+  a.T = 100, a.H = 2, a.HV = 4, a.K = 32, a.V = 32, a.seed = 24;
+  const auto p = make_problem(a);
+  const LaReference ref = la_reference(a.variant, p.inputs(), a.opt);
+  const Problem prob = problem_for_inputs(a.variant, p.inputs(), a.opt);
+  const Plan plan = make_plan(prob, host(2), "hanpu", no_wisdom(2));
+  const CpuTuning& t = plan.cpu;
+  ASSERT_GT(t.arena_bytes.value, 0);
+  EXPECT_NE(t.arena_bytes.reason.find("lockstep_group " + std::to_string(t.lockstep_group.value) + " x "), std::string::npos)
+      << t.arena_bytes.reason;
+  EXPECT_NE(t.arena_bytes.reason.find(" per thread"), std::string::npos) << t.arena_bytes.reason;
+  // At least what any program the lowering makes needs for a full group of full-width items.
+  const int64_t width = std::min(t.column_block.value, prob.V);
+  EXPECT_EQ(static_cast<size_t>(t.arena_bytes.value),
+            cpu::fused_arena_bound(prob, width, static_cast<size_t>(t.lockstep_group.value), false).bytes);
+
+  // JSON: written, read back, validated by name.
+  nlohmann::json j = plan_to_json(plan);
+  ASSERT_TRUE(j["cpu"].contains("arena_bytes"));
+  EXPECT_EQ(j["cpu"]["arena_bytes"]["value"].get<int64_t>(), t.arena_bytes.value);
+  EXPECT_EQ(plan_from_json(j).cpu.arena_bytes, t.arena_bytes);
+  j["cpu"]["arena_bytes"]["value"] = 0;
+  EXPECT_NE(error_of([&] { plan_from_json(j, "p.json"); }).find("p.json: plan.cpu.arena_bytes: got 0, expected 1.."),
+            std::string::npos)
+      << error_of([&] { plan_from_json(j, "p.json"); });
+  j = plan_to_json(plan);
+  j["cpu"].erase("arena_bytes");
+  EXPECT_NE(error_of([&] { plan_from_json(j, "p.json"); }).find("plan.cpu.arena_bytes: missing"), std::string::npos);
+
+  // The planner's choice runs, exactly, and each thread's arena is that size.
+  ExecOptions ex;
+  ex.plan = &plan;
+  ExecReport rep;
+  ex.report = &rep;
+  size_t workspace = 0;
+  ex.workspace_bytes = &workspace;
+  const LaResult res = la_prefill_alloc(a.variant, p.inputs(), a.opt, ex);
+  EXPECT_LT(nmse(res.o, ref.o), 1e-10);
+  EXPECT_LT(nmse(res.final_state, ref.final_state), 1e-10);
+  ASSERT_TRUE(rep.schedule);
+  ASSERT_EQ(rep.schedule->path, CpuPath::HeadFused);
+  ASSERT_TRUE(rep.schedule->chunk_parallel.empty());
+  size_t busy = 0;
+  for (const auto& list : rep.schedule->per_thread) busy += list.empty() ? 0 : 1;
+  EXPECT_EQ(workspace, busy * static_cast<size_t>(t.arena_bytes.value));
+  EXPECT_NE(rep.schedule->summary.find("arena " + std::to_string(t.arena_bytes.value) + " bytes per thread"), std::string::npos)
+      << rep.schedule->summary;
+
+  // Exactly what this plan's program needs runs too; one byte less is refused naming the field and
+  // both numbers, before anything runs.
+  const size_t need = cpu::fused_arena_bytes(prob, width, static_cast<size_t>(t.lockstep_group.value), rep.schedule->program, false);
+  ASSERT_LE(need, static_cast<size_t>(t.arena_bytes.value));
+  Plan exact = plan;
+  exact.cpu.arena_bytes.value = static_cast<int64_t>(need);
+  ex.plan = &exact;
+  const LaResult res2 = la_prefill_alloc(a.variant, p.inputs(), a.opt, ex);
+  EXPECT_LT(nmse(res2.o, ref.o), 1e-10);
+  Plan tight = plan;
+  tight.cpu.arena_bytes.value = static_cast<int64_t>(need) - 1;
+  const std::string want = "plan.cpu.arena_bytes: got " + std::to_string(need - 1) + " bytes, but lockstep_group " +
+                           std::to_string(t.lockstep_group.value) + " x column_block " + std::to_string(width) + " need " +
+                           std::to_string(need) + " bytes per thread";
+  EXPECT_NE(cpu_cannot_run(tight).find(want), std::string::npos) << cpu_cannot_run(tight);
+  ex.plan = &tight;
+  EXPECT_NE(error_of([&] { la_prefill_alloc(a.variant, p.inputs(), a.opt, ex); }).find(want), std::string::npos);
+
+  // Given explicitly (PlanOptions.cpu), the planner keeps it; otherwise it follows a given group.
+  CpuTuning given;
+  given.arena_bytes = {static_cast<int64_t>(need) * 2, "test"};
+  PlanOptions po = no_wisdom(2);
+  po.cpu = &given;
+  EXPECT_EQ(make_plan(prob, host(2), "hanpu", po).cpu.arena_bytes.value, static_cast<int64_t>(need) * 2);
+  CpuTuning one;
+  one.lockstep_group = {1, "test"};
+  po.cpu = &one;
+  const Plan single = make_plan(prob, host(2), "hanpu", po);
+  EXPECT_LT(single.cpu.arena_bytes.value, t.arena_bytes.value);
+  EXPECT_NE(single.cpu.arena_bytes.reason.find("lockstep_group 1 x "), std::string::npos) << single.cpu.arena_bytes.reason;
 }
 
 WisdomEntry entry_for(const WisdomMachine& m, const std::string& cls) {

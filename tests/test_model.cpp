@@ -346,7 +346,8 @@ TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
     for (auto* vec : {&q, &k, &v})
       for (float& x : *vec) x = rnd();
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-    model::causal_attention(q.data(), k.data(), v.data(), out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale, 2);
+    model::causal_attention(q.data(), k.data(), v.data(), out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale,
+                            cpu::Threads{&Engine::default_engine(), 2});
     double worst = 0;
     for (int64_t t = 0; t < c.T; ++t)
       for (int64_t h = 0; h < c.nq; ++h) {

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "hanpu/engine.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/model.hpp"
@@ -112,6 +113,90 @@ TEST(Soak, TwoModelsFromSeveralThreadsGiveTheirSoloLogits) {
     });
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(mismatches.load(), 0);
+}
+
+// The logits of a prefill of `ids` and then `decode` single-token steps, one after another.
+std::vector<float> prefill_then_decode(const Qwen35Model& m, const std::vector<int32_t>& ids, int decode,
+                                       const ForwardOptions& fo) {
+  Qwen35State st = m.new_state();
+  const Tensor pre = m.forward(st, ids, fo);
+  std::vector<float> out(pre.ptr<float>(), pre.ptr<float>() + pre.numel());
+  for (int i = 0; i < decode; ++i) {
+    const int32_t next = static_cast<int32_t>((i * 53 + 7) % 300);
+    const Tensor step = m.forward(st, std::span<const int32_t>(&next, 1), fo);
+    out.insert(out.end(), step.ptr<float>(), step.ptr<float>() + step.numel());
+  }
+  return out;
+}
+
+// Two models in one process, each with its own engine (hanpu/engine.hpp: its pool, workspaces and
+// activation scratch), and two threads each running its own model over and over: every prefill
+// and decode step gives the logits of that model run alone, bit for bit.
+TEST(Soak, TwoModelsWithTheirOwnEnginesOnTwoThreadsGiveTheirSoloLogits) {
+  const std::vector<std::string> dirs = {(testing::golden_dir() / "qwen35_tiny").string(),
+                                         (testing::golden_dir() / "qwen3next_tiny").string()};
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % 300));
+  ForwardOptions fo;
+  fo.threads = 2;
+  fo.all_logits = true;
+  constexpr int kDecode = 3;
+  // Alone: each model the only one in the process's life so far, on a fresh engine.
+  std::vector<std::vector<float>> solo;
+  for (const std::string& d : dirs) {
+    const Qwen35Model m = Qwen35Model::load(d, {.engine = std::make_shared<Engine>(2)});
+    solo.push_back(prefill_then_decode(m, ids, kDecode, fo));
+  }
+  std::vector<Qwen35Model> models;
+  for (const std::string& d : dirs) models.push_back(Qwen35Model::load(d, {.engine = std::make_shared<Engine>(2)}));
+  ASSERT_NE(&models[0].engine(), &models[1].engine());
+  ASSERT_NE(&models[0].engine(), &Engine::default_engine());
+  std::atomic<int> mismatches{0};
+  std::vector<std::thread> callers;
+  for (size_t c = 0; c < models.size(); ++c)
+    callers.emplace_back([&, c] {
+      for (int r = 0; r < rounds() / 4 + 2; ++r)
+        if (prefill_then_decode(models[c], ids, kDecode, fo) != solo[c]) ++mismatches;
+    });
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
+// The LA entry points on engines of their own (ExecOptions::engine), from two threads at once:
+// the outputs and final states of a call alone, bit for bit, on every CPU path.
+TEST(Soak, LaCallsOnTheirOwnEnginesFromTwoThreadsGiveTheirSoloResults) {
+  testing::ProblemSpec spec;
+  spec.T = 130;
+  spec.H = 2;
+  spec.HV = 4;
+  spec.K = 33;
+  spec.V = 40;
+  const testing::Problem prob = testing::make_problem(spec);
+  auto run = [&](Engine& engine, CpuPath path) {
+    ExecOptions ex;
+    ex.engine = &engine;
+    ex.threads = 2;
+    ex.path = path;
+    const LaResult r = la_prefill_alloc(spec.variant, prob.inputs(), spec.opt, ex);
+    std::vector<std::byte> bytes(r.o.bytes() + r.final_state.bytes());
+    std::memcpy(bytes.data(), r.o.data(), r.o.bytes());
+    std::memcpy(bytes.data() + r.o.bytes(), r.final_state.data(), r.final_state.bytes());
+    return bytes;
+  };
+  for (CpuPath path : {CpuPath::HeadFused, CpuPath::FlaChunk, CpuPath::Recurrent}) {
+    Engine alone(2);
+    const std::vector<std::byte> want = run(alone, path);
+    Engine a(2), b(1);  // b: one thread running the two parts in turn
+    std::atomic<int> mismatches{0};
+    std::vector<std::thread> callers;
+    for (Engine* e : {&a, &b})
+      callers.emplace_back([&, e] {
+        for (int r = 0; r < rounds() / 4 + 2; ++r)
+          if (run(*e, path) != want) ++mismatches;
+      });
+    for (std::thread& t : callers) t.join();
+    EXPECT_EQ(mismatches.load(), 0) << cpu_path_name(path);
+  }
 }
 
 }  // namespace

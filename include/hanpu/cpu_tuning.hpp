@@ -45,6 +45,12 @@ struct CpuTuning {
   /// Software prefetch of the next item's rows during a chunk's GEMM tiles: 0 off; r >= 1 issues r
   /// times the even share per tile (the lines spread over the first 1/r of the tiles). 0, 1, 2, 4.
   CpuParam prefetch_rate;
+  /// Bytes per thread of the head-fused path's arena (the states of a lockstep group and the
+  /// chunk's intermediates, independent of T), derived from lockstep_group and column_block by the
+  /// kernels' layout: the largest of the fused programs the CPU lowers a plan to. The CPU's
+  /// per-thread workspace (hanpu/engine.hpp) is sized from it; a plan whose groups need more is
+  /// refused. Not a tuned parameter (not in cpu_param_names): it follows from the two.
+  CpuParam arena_bytes;
   /// Where the values come from: "model" or "wisdom <file>, measured <date>".
   std::string source;
   bool operator==(const CpuTuning&) const = default;
@@ -52,9 +58,9 @@ struct CpuTuning {
   bool set() const { return lockstep_group.value != 0; }
 };
 
-/// The names of CpuTuning's parameters, in table order.
+/// The names of CpuTuning's tuned parameters, in table order (arena_bytes, derived, is not one).
 std::vector<std::string> cpu_param_names();
-CpuParam& cpu_param(CpuTuning& t, const std::string& name);  // throws hanpu::Error for an unknown name
+CpuParam& cpu_param(CpuTuning& t, const std::string& name);  // also "arena_bytes"; throws hanpu::Error for an unknown name
 const CpuParam& cpu_param(const CpuTuning& t, const std::string& name);
 
 /// Checks ranges the plan alone decides (lane multiples need the problem: validate_cpu_tuning);
@@ -76,6 +82,10 @@ GemmTileLimit compiled_gemm_tile(int vector_registers);
 /// The model-based choice for `p` on CPU device `dev` with `cores` threads, every reason naming the
 /// host numbers it follows from.
 CpuTuning model_cpu_tuning(const Problem& p, const Device& dev, int cores);
+
+/// Sets t.arena_bytes from t.lockstep_group and t.column_block for `p` (the kernels' layout; bf16
+/// grams counted when `dev` is the host and its CPU runs them), with the reason in numbers.
+void choose_cpu_arena(CpuTuning& t, const Problem& p, const Device& dev);
 
 // ---------------------------------------------------------------------------------------------
 // Wisdom

@@ -64,6 +64,7 @@ std::optional<CpuPath> cpu_path_from_name(const std::string& name);  // inverse;
 
 struct Plan;         // hanpu/plan.hpp
 struct CpuSchedule;  // hanpu/plan_exec.hpp
+class Engine;        // hanpu/engine.hpp
 
 /// What a call ran (ExecOptions::report): the plan, whether the plan cache had it, and the cost
 /// of getting it.
@@ -91,6 +92,9 @@ struct ExecOptions {
   bool bf16_dot = true;
   /// If set, receives the plan the call ran and the planning cost.
   ExecReport* report = nullptr;
+  /// The engine whose pool and workspaces the call runs on; null: Engine::default_engine().
+  /// threads = 0 then means the engine's threads.
+  Engine* engine = nullptr;
 };
 
 /// Shapes after validation; produced by validate_la (throws hanpu::Error naming the tensor).
@@ -115,6 +119,10 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
 /// is ignored; o receives the new tokens' outputs.
 void gdn_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads = 0);
 void kda_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads = 0);
+/// The same on ex.engine with ex.threads (ex.path and ex.plan must be left at their defaults:
+/// decode runs the recurrence of the cached "hanpu" plan's mapping).
+void gdn_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, const ExecOptions& ex);
+void kda_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, const ExecOptions& ex);
 
 /// Convenience: allocate outputs (o in v's dtype, final_state fp32) and run prefill.
 struct LaResult {

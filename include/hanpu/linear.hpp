@@ -16,6 +16,8 @@
 
 namespace hanpu {
 
+class Engine;  // hanpu/engine.hpp
+
 /// How forward() treats the f32 activations (docs/LINEAR.md has the measured errors).
 enum class LinearPrecision {
   /// Default. Every product is f32 activation x bf16 weight, accumulated in f32: on the bf16
@@ -85,11 +87,14 @@ class Bf16Linear {
 
   /// y[m, :] = x[m, :] W^T for every row m: x is [M, in_features] F32 (row stride may exceed
   /// in_features), y is [M, out_features] F32 (row stride may exceed out_features).
-  /// accumulate: y += x W^T instead of y = x W^T. threads: how many threads of the shared pool to
+  /// accumulate: y += x W^T instead of y = x W^T. threads: how many threads of the engine's pool to
   /// use (1 = the calling thread only; do not pass > 1 from inside a task of that pool). x and y
   /// must not overlap. Throws hanpu::Error naming this weight on shape mismatch.
   /// precision: see LinearPrecision (default exact). The result does not depend on `threads`.
   void forward(TensorView x, TensorView y, int threads, bool accumulate = false,
+               LinearPrecision precision = LinearPrecision::kExact) const;
+  /// The same on `engine`'s pool and workspaces (the one above uses Engine::default_engine()).
+  void forward(Engine& engine, TensorView x, TensorView y, int threads, bool accumulate = false,
                LinearPrecision precision = LinearPrecision::kExact) const;
 
  private:
@@ -131,6 +136,8 @@ class Int8Linear {
   /// `threads`). precision: kInt8 quantizes decode rows' activations (see LinearPrecision); every
   /// other value keeps them f32.
   void forward(TensorView x, TensorView y, int threads, bool accumulate = false,
+               LinearPrecision precision = LinearPrecision::kExact) const;
+  void forward(Engine& engine, TensorView x, TensorView y, int threads, bool accumulate = false,
                LinearPrecision precision = LinearPrecision::kExact) const;
   /// Whether forward(..., kInt8) with M rows runs int8 activations on this CPU.
   static bool int8_activations_available(int64_t M);

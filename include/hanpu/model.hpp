@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "hanpu/engine.hpp"
 #include "hanpu/linear.hpp"
 #include "hanpu/tensor.hpp"
 
@@ -183,6 +184,9 @@ struct ModelLoadOptions {
   /// stored as they are used; `hanpu quantize` writes them out). The reference stays valid while
   /// the model lives.
   std::function<void(const std::string& tensor, const Int8Linear& q)> on_int8_projection;
+  /// The engine the model runs on (its pool, workspaces and activation scratch); null:
+  /// Engine::default_engine(). Two models with their own engines share nothing.
+  std::shared_ptr<Engine> engine;
 };
 
 /// Per-sequence inference state: the linear-attention layers' conv and recurrent states, the
@@ -233,13 +237,17 @@ class HybridModel {
   static HybridModel load(const std::string& dir, const ModelLoadOptions& opt = {});
   /// Random BF16 weights of the given shapes, built in memory (benchmarks without a download).
   /// Scales keep activations O(1) through all layers.
-  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1, int64_t int8_group = 0);
+  /// engine: as ModelLoadOptions::engine (null: the default engine).
+  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1, int64_t int8_group = 0,
+                               std::shared_ptr<Engine> engine = nullptr);
 
   HybridModel(HybridModel&&) noexcept;
   HybridModel& operator=(HybridModel&&) noexcept;
   ~HybridModel();
 
   const ModelConfig& config() const;
+  /// The engine forward() runs on. ForwardOptions::threads parts run on its pool.
+  Engine& engine() const;
   /// Bytes of weights (as stored: mapped files or synthetic buffers).
   uint64_t weight_bytes() const;
 

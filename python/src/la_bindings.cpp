@@ -14,6 +14,7 @@
 #include "bindings.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/reference.hpp"
@@ -130,6 +131,9 @@ void prefill(const std::string& variant, nb::handle q, nb::handle k, nb::handle 
   ex.path = parse_path(path);
   ex.threads = plan ? 0 : threads;  // a plan brings its own core count
   if (plan) ex.plan = &*plan;
+  // The package's LA functions share the process-wide default engine (calls are serialized by
+  // engine_mutex below); each model has its own (model_bindings.cpp).
+  ex.engine = &Engine::default_engine();
   nb::gil_scoped_release no_gil;
   std::lock_guard<std::mutex> lock(engine_mutex);
   if (needs_state_copy(a.in.initial_state)) {

@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
@@ -102,7 +103,8 @@ void register_model(nb::module_& m) {
           "load",
           [](const std::string& dir, int64_t int8_group) {
             nb::gil_scoped_release no_gil;
-            return HybridModel::load(dir, {.int8_group = int8_group});
+            // Each model its own engine (pool, workspaces, activation scratch): two models share nothing.
+            return HybridModel::load(dir, {.int8_group = int8_group, .engine = std::make_shared<Engine>()});
           },
           nb::arg("dir"), nb::arg("int8_group") = 0)
       .def_static(
@@ -110,7 +112,7 @@ void register_model(nb::module_& m) {
           [](const std::string& spec, uint64_t seed, int threads, int64_t int8_group) {
             ModelConfig c = synthetic_config(spec);
             nb::gil_scoped_release no_gil;
-            return HybridModel::synthetic(c, seed, threads, int8_group);
+            return HybridModel::synthetic(c, seed, threads, int8_group, std::make_shared<Engine>());
           },
           nb::arg("spec"), nb::arg("seed"), nb::arg("threads"), nb::arg("int8_group") = 0)
       .def_prop_ro("config", [](const HybridModel& mdl) { return config_dict(mdl.config()); })

@@ -19,6 +19,7 @@
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
 #include "device/host.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/operator_timers.hpp"
@@ -144,6 +145,7 @@ void run_bench(const BenchArgs& a) {
   if (thread_counts.empty()) thread_counts = all > 1 ? std::vector<int>{1, all} : std::vector<int>{1};
   std::sort(thread_counts.begin(), thread_counts.end());
   thread_counts.erase(std::unique(thread_counts.begin(), thread_counts.end()), thread_counts.end());
+  Engine engine(thread_counts.back());  // every count runs on the first threads of one pool
 
   // The limit, measured in this run: FP32 FMA peak for 1 thread and for each thread count used.
   const HostInfo host = detect_host();
@@ -189,6 +191,7 @@ void run_bench(const BenchArgs& a) {
               ExecReport rep;
               ExecOptions ex{path, th, nullptr, &extra};
               ex.bf16_dot = dot == "on";
+              ex.engine = &engine;
               ex.report = &rep;
               const bool timed_operators = a.operator_times && path == CpuPath::HeadFused;
               // Every call plans through the host plan cache: the first (warm-up) call of a shape
@@ -261,6 +264,7 @@ void run_ablation(const BenchArgs& a) {
   validate_args(a);
   const int threads = a.threads.empty() ? hardware_threads() : a.threads.front();
   const Device host = host_device(threads, 1.0);
+  Engine engine(threads);
   const double peak = host.matrix_macs_per_cycle(DType::F32) * 2 * host.clock_ghz.value * threads;
   if (!a.json) {
     std::printf("hanpu bench --ablation: %s; host model: FMA peak %.1f GFLOP/s (%s), GM %s\n",
@@ -290,6 +294,7 @@ void run_ablation(const BenchArgs& a) {
             const SimResult sim = simulate(plan, host);
             ExecOptions eo;
             eo.plan = &plan;
+            eo.engine = &engine;
             const double sec = cli::median(time_runs(a, [&] { la_prefill(var, li, LaOptions{}, lo, eo); }));
             const double gflops = la_flops_per_token_head(var, a.dim, a.dim) * static_cast<double>(T * H) / sec / 1e9;
             const double gm = static_cast<double>(sim.gm_read_bytes + sim.gm_write_bytes);

@@ -23,6 +23,7 @@
 #include "cli/commands.hpp"
 #include "cli/linear_shapes.hpp"
 #include "device/host.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/linear.hpp"
 
 namespace {
@@ -47,9 +48,10 @@ struct Layer {
   std::optional<Bf16Linear> bf16;
   std::optional<Int8Linear> int8;
   int64_t K = 0, N = 0;
+  Engine* engine = nullptr;  // the command's (every thread count on the first threads of its pool)
   void forward(TensorView x, TensorView y, int threads, LinearPrecision p) const {
-    if (int8) int8->forward(x, y, threads, false, p);
-    else bf16->forward(x, y, threads, false, p);
+    if (int8) int8->forward(*engine, x, y, threads, false, p);
+    else bf16->forward(*engine, x, y, threads, false, p);
   }
   double weight(const std::vector<uint16_t>& w, int64_t n, int64_t k) const {
     return int8 ? int8->weight(n, k) : bf16_to_f32(w[static_cast<size_t>(n * K + k)]);
@@ -176,6 +178,7 @@ void run(const Args& a) {
   std::map<std::tuple<int64_t, int, int>, std::pair<double, int>> model_time;
   int model_shapes = 0;
   for (const auto& s : shapes) model_shapes += s.per_model > 0;
+  Engine engine(max_threads);
   for (const auto& s : shapes) {
     std::vector<uint16_t> w(static_cast<size_t>(s.N * s.K));
     for (auto& v : w) v = f32_to_bf16(0.03f * nrm(rng));
@@ -183,6 +186,7 @@ void run(const Args& a) {
     Layer lin;
     lin.K = s.K;
     lin.N = s.N;
+    lin.engine = &engine;
     if (a.int8_group > 0) lin.int8.emplace(wv, s.name, a.int8_group);
     else lin.bf16.emplace(wv, s.name, backend);
     for (int64_t M : a.Ms) {

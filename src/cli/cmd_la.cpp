@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/plan_exec.hpp"
@@ -123,6 +124,8 @@ void run_la_command(hanpu::Variant variant, const LaCommandArgs& args) {
   }
   hanpu::ExecReport report;
   ex.report = &report;
+  hanpu::Engine engine(given ? given->cores : args.threads);  // the plan's cores, or --threads (0: all)
+  ex.engine = &engine;
   const auto start = std::chrono::steady_clock::now();
   const hanpu::LaResult result = hanpu::la_prefill_alloc(variant, in, opt, ex);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

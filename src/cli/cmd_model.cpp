@@ -20,6 +20,7 @@
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "device/host.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
@@ -123,7 +124,8 @@ struct RunArgs {
 void run_generate(const RunArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty()) throw Error("give exactly one of --prompt and --prompt-ids");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
-  HybridModel model = HybridModel::load(a.model_dir, {.progress = true, .int8_group = a.weights.group()});
+  HybridModel model = HybridModel::load(
+      a.model_dir, {.progress = true, .int8_group = a.weights.group(), .engine = std::make_shared<Engine>(threads)});
   const ModelConfig& cfg = model.config();
 
   std::unique_ptr<Tokenizer> tok;
@@ -240,9 +242,11 @@ void run_bench_model(const BenchModelArgs& a) {
       return parse_model_config(read_regular_file(a.synthetic, "config file", kMaxJsonFileBytes), a.synthetic);
     return model_preset(a.synthetic);
   };
+  auto engine = std::make_shared<Engine>(threads);
   HybridModel model = a.model_dir.empty()
-                          ? HybridModel::synthetic(synthetic_config(), a.seed, threads, a.weights.group())
-                          : HybridModel::load(a.model_dir, {.progress = !a.json, .int8_group = a.weights.group()});
+                          ? HybridModel::synthetic(synthetic_config(), a.seed, threads, a.weights.group(), engine)
+                          : HybridModel::load(a.model_dir,
+                                              {.progress = !a.json, .int8_group = a.weights.group(), .engine = engine});
   const double load_s = seconds_since(t_load);
   const ModelConfig& cfg = model.config();
   // The limits every figure is printed next to, measured in this run (docs/PERFORMANCE.md).

@@ -7,6 +7,7 @@
 
 #include "cli/commands.hpp"
 #include "cpu/thread_pool.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "serve/server.hpp"
@@ -31,8 +32,10 @@ void run_serve(ServeArgs& a) {
   a.scheduler.threads = a.scheduler.threads > 0 ? a.scheduler.threads : hardware_threads();
   a.scheduler.cache_bytes = static_cast<size_t>(a.cache_mib) << 20;
   a.scheduler.precision = linear_precision_from_name(a.precision);
-  HybridModel model = a.model_dir.empty() ? HybridModel::synthetic(model_preset(a.synthetic), a.seed, a.scheduler.threads)
-                                          : HybridModel::load(a.model_dir, {.progress = true});
+  auto engine = std::make_shared<Engine>(a.scheduler.threads);
+  HybridModel model = a.model_dir.empty()
+                          ? HybridModel::synthetic(model_preset(a.synthetic), a.seed, a.scheduler.threads, 0, engine)
+                          : HybridModel::load(a.model_dir, {.progress = true, .engine = engine});
   std::unique_ptr<Tokenizer> tok;
   // Tokenizer::from_dir reads tokenizer.json (Qwen) or tiktoken.model (Kimi Linear).
   const std::filesystem::path dir(a.model_dir);

@@ -26,6 +26,7 @@
 #include "cli/commands.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/cpu_tuning.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
@@ -110,10 +111,12 @@ struct Runner {
   LaOptions opt;
   int threads;
   Tensor o, state;
+  Engine* engine = nullptr;
 
   double run(const Plan& plan) {
     ExecOptions ex;
     ex.plan = &plan;
+    ex.engine = engine;
     const auto t0 = std::chrono::steady_clock::now();
     la_prefill(variant, in.views(), opt, LaOutputs{o.view(), state.view()}, ex);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -133,6 +136,8 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
   const DType dt = a.dtype == "bf16" ? DType::BF16 : DType::F32;
   Runner r{variant, cli::make_bench_inputs(variant, a.T, a.heads, HV, a.dim, a.dim, dt, 7), {}, threads,
            Tensor(dt, {1, a.T, HV, a.dim}), Tensor(DType::F32, {1, HV, a.dim, a.dim})};
+  Engine engine(threads);
+  r.engine = &engine;
   const Problem p = problem_for_inputs(variant, r.in.views(), r.opt);
   const Device dev = host_device(threads, 0.0);
   PlanOptions base;

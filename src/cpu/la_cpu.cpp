@@ -8,42 +8,27 @@
 #include "cpu/kernels.hpp"
 #include "cpu/lowering.hpp"
 #include "cpu/thread_pool.hpp"
+#include "cpu/engine_impl.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "la/job.hpp"
 
 namespace hanpu {
 namespace {
 
-// Per-thread arena, 64-byte aligned, reused across calls (sized by the kernels' layouts: the
-// state and the per-chunk intermediates of one item, independent of T).
-struct Arena {
-  std::unique_ptr<float, decltype(&std::free)> mem{nullptr, &std::free};
-  size_t floats = 0;
-  float* get(size_t n) {
-    if (n > floats) {
-      void* p = std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
-      if (!p) throw Error("out of memory allocating a " + std::to_string(n * sizeof(float)) + "-byte arena");
-      mem.reset(static_cast<float*>(p));
-      floats = n;
-    }
-    return mem.get();
-  }
-};
-
-// One arena per pool thread (thread_local: each worker keeps its own across calls).
-Arena& thread_arena() {
-  thread_local Arena arena;
-  return arena;
-}
-
 // More threads than this is a mistake, not a plan: each thread gets an arena and a pinned worker.
 constexpr int kMaxThreads = 1024;
 
-int resolve_threads(int threads) {
+// 0: the engine's threads. More than the engine has is allowed (its threads run the parts in turn).
+int resolve_threads(int threads, const Engine& engine) {
   if (threads > kMaxThreads)
     throw Error("threads = " + std::to_string(threads) + " exceeds the limit of " + std::to_string(kMaxThreads));
-  return threads > 0 ? threads : hardware_threads();
+  return threads > 0 ? threads : engine.threads();
 }
+
+// The per-thread arena: the engine's workspace of that part (cpu/workspace.hpp), reused across
+// calls (sized by the kernels' layouts: the state and the per-chunk intermediates of one item,
+// independent of T).
+float* arena(cpu::Workspace& ws, size_t floats) { return ws.get<float>(cpu::kLaArena, floats); }
 
 // GDN grams from raw bf16 rows (cpu::gram_bf16_lower): q and k bf16 with contiguous rows, and a
 // CPU with AVX512-BF16. KDA's grams multiply decay-scaled rows, which are no longer bf16 values.
@@ -59,48 +44,72 @@ std::vector<int64_t> seq_lengths(const LaJob& job) {
   return lens;
 }
 
-size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan);
+size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan, Engine& engine);
 
-// Returns the workspace bytes: the largest arena each thread needed, summed over threads.
-size_t run_head_fused(const LaJob& job, const CpuSchedule& plan) {
-  ThreadPool& pool = ThreadPool::shared(plan.threads);
+// Floats of arena the largest lockstep group of the schedule needs (the kernels' layout).
+size_t head_fused_need_floats(const LaJob& job, const CpuSchedule& plan) {
+  size_t need = 0;
+  for (size_t t = 0; t < plan.per_thread.size(); ++t) {
+    const std::vector<WorkItem>& items = plan.per_thread[t];
+    size_t i = 0;
+    for (const int32_t n : plan.groups[t]) {
+      need = std::max(need, cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, plan.chunk,
+                                                    static_cast<size_t>(n), plan.program));
+      i += static_cast<size_t>(n);
+    }
+  }
+  return need;
+}
+
+// Floats of the head-fused arena every thread takes: the plan's plan.cpu.arena_bytes (the
+// lowering checked it holds the plan's groups), or for a plan without a CPU part (0) what the
+// schedule's largest group needs.
+size_t head_fused_arena_floats(const LaJob& job, const CpuSchedule& plan, size_t planned_bytes) {
+  const size_t need = head_fused_need_floats(job, plan);
+  if (planned_bytes == 0) return need;
+  if (need * sizeof(float) > planned_bytes)  // la_prefill leaves bf16 grams off when they do not fit
+    throw Error("plan.cpu.arena_bytes: got " + std::to_string(planned_bytes) + " bytes, but this call's groups need " +
+                std::to_string(need * sizeof(float)) + " bytes per thread");
+  return planned_bytes / sizeof(float);
+}
+
+// Returns the workspace bytes: the arena each thread used, summed over threads.
+size_t run_head_fused(const LaJob& job, const CpuSchedule& plan, Engine& engine, size_t planned_arena_bytes) {
+  const size_t floats = head_fused_arena_floats(job, plan, planned_arena_bytes);
   std::vector<size_t> arena_floats(static_cast<size_t>(plan.threads), 0);
-  pool.run(plan.threads, [&](int t) {
+  engine.impl().run(plan.threads, [&](int t, cpu::Workspace& ws) {
     cpu::DenormalGuard ftz;
-    Arena& arena = thread_arena();
     const std::vector<WorkItem>& items = plan.per_thread[static_cast<size_t>(t)];
+    if (items.empty()) return;
+    float* a = arena(ws, floats);
+    arena_floats[static_cast<size_t>(t)] = floats;
     size_t i = 0;
     // The plan's lockstep groups, in order (lower_plan_for_cpu checked that they sum to the items).
     for (const int32_t n : plan.groups[static_cast<size_t>(t)]) {
-      const size_t need = cpu::fused_arena_floats(job, items[i].col1 - items[i].col0, plan.chunk,
-                                                  static_cast<size_t>(n), plan.program);
-      arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
-      cpu::fused_group(job, &items[i], static_cast<size_t>(n), arena.get(need), plan.chunk, plan.program);
+      cpu::fused_group(job, &items[i], static_cast<size_t>(n), a, plan.chunk, plan.program);
       i += static_cast<size_t>(n);
     }
   });
   size_t bytes = 0;
   for (size_t f : arena_floats) bytes += f * sizeof(float);
-  if (!plan.chunk_parallel.empty()) bytes = std::max(bytes, run_chunk_parallel(job, plan));
+  if (!plan.chunk_parallel.empty()) bytes = std::max(bytes, run_chunk_parallel(job, plan, engine));
   return bytes;
 }
 
-size_t run_recurrent(const LaJob& job, const CpuSchedule& plan) {
+size_t run_recurrent(const LaJob& job, const CpuSchedule& plan, Engine& engine) {
   // The recurrence has nothing to share along the sequence: the plan's head-level assignment as
   // it is, and the heads it runs chunk-parallel (tier 3) spread round-robin instead.
   const int threads = plan.threads;
   std::vector<std::vector<WorkItem>> per = plan.per_thread;
   for (size_t i = 0; i < plan.chunk_parallel.size(); ++i)
     per[i % static_cast<size_t>(threads)].push_back(plan.chunk_parallel[i]);
-  ThreadPool& pool = ThreadPool::shared(threads);
   std::vector<size_t> arena_floats(static_cast<size_t>(threads), 0);
-  pool.run(threads, [&](int t) {
+  engine.impl().run(threads, [&](int t, cpu::Workspace& ws) {
     cpu::DenormalGuard ftz;
-    Arena& arena = thread_arena();
     for (const WorkItem& item : per[static_cast<size_t>(t)]) {
       const size_t need = cpu::recurrent_arena_floats(job, item.col1 - item.col0);
       arena_floats[static_cast<size_t>(t)] = std::max(arena_floats[static_cast<size_t>(t)], need);
-      cpu::recurrent_item(job, item, arena.get(need));
+      cpu::recurrent_item(job, item, arena(ws, need));
     }
   });
   size_t bytes = 0;
@@ -111,7 +120,7 @@ size_t run_recurrent(const LaJob& job, const CpuSchedule& plan) {
 // The chunk-parallel (FLA-style) path as the schedule maps it: every thread runs its Map tasks,
 // then (after all Map tasks) its state items, then its output tasks; intermediates in main memory
 // as FLA materialises them between its kernels.
-size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
+size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan, Engine& engine) {
   const LaShape& s = job.shape;
   const int threads = plan.threads, chunk = plan.chunk;
   cpu::FlaBuffers buf;
@@ -145,12 +154,11 @@ size_t run_chunk_parallel(const LaJob& job, const CpuSchedule& plan) {
   buf.h = h.data();
   buf.v_new = v_new.data();
 
-  ThreadPool& pool = ThreadPool::shared(threads);
   const size_t scratch_floats = cpu::fla_scratch_floats(job, chunk);
   auto phase = [&](const auto& per_thread, const auto& fn) {
-    pool.run(threads, [&](int t) {
+    engine.impl().run(threads, [&](int t, cpu::Workspace& ws) {
       cpu::DenormalGuard ftz;
-      float* scratch = thread_arena().get(scratch_floats);
+      float* scratch = arena(ws, scratch_floats);
       for (const auto& task : per_thread[static_cast<size_t>(t)]) fn(task, scratch);
     });
   };
@@ -190,7 +198,7 @@ HostPlan schedule_for(const LaJob& job, const ExecOptions& ex, bool recurrent) {
     return HostPlan{nullptr, s, false, 0};
   }
   if (!ex.plan) {
-    const int threads = resolve_threads(ex.threads);
+    const int threads = resolve_threads(ex.threads, cpu::engine_or_default(ex.engine));
     return host_plan(cpu::problem_of_job(job), threads, ex.path == CpuPath::FlaChunk ? "fla" : "hanpu");
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -223,19 +231,24 @@ void report(const ExecOptions& ex, const HostPlan& hp) {
 
 void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const LaOutputs& out, const ExecOptions& ex) {
   LaJob job = make_la_job(variant, in, opt, out);
-  resolve_threads(ex.threads);  // the thread limit before any planning
+  Engine& engine = cpu::engine_or_default(ex.engine);
+  resolve_threads(ex.threads, engine);  // the thread limit before any planning
   const bool recurrent = ex.path == CpuPath::Recurrent;
   const HostPlan hp = schedule_for(job, ex, recurrent);
   report(ex, hp);
   const CpuSchedule& s = *hp.schedule;
   size_t workspace = 0;
   if (recurrent) {
-    workspace = run_recurrent(job, s);
+    workspace = run_recurrent(job, s, engine);
   } else if (s.path == CpuPath::HeadFused) {
+    // The plan's arena (plan.cpu.arena_bytes; 0: a plan without a CPU part). The planner counts
+    // the bf16 gram rows when this CPU runs them; a plan made without them runs the f32 grams.
+    const size_t planned = hp.plan && hp.plan->cpu.set() ? static_cast<size_t>(hp.plan->cpu.arena_bytes.value) : 0;
     job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
-    workspace = run_head_fused(job, s);
+    if (job.bf16_grams && planned > 0 && head_fused_need_floats(job, s) * sizeof(float) > planned) job.bf16_grams = false;
+    workspace = run_head_fused(job, s, engine, planned);
   } else {
-    workspace = run_chunk_parallel(job, s);
+    workspace = run_chunk_parallel(job, s, engine);
   }
   if (ex.workspace_bytes) *ex.workspace_bytes = workspace;
 }
@@ -248,7 +261,11 @@ void kda_prefill(const LaInputs& in, const LaOptions& opt, const LaOutputs& out,
 }
 
 namespace {
-void la_decode(Variant variant, const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads) {
+void la_decode(Variant variant, const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o,
+               const ExecOptions& given) {
+  if (given.plan || given.path != CpuPath::HeadFused)
+    throw Error("ExecOptions.plan / path: decode runs the recurrence of the cached \"hanpu\" plan's mapping; "
+                "leave plan null and path at hanpu");
   if (state.empty()) throw Error("decode needs tensor 'state' [N,HV,K,V] fp32, which is missing");
   if (state.dtype != DType::F32)
     throw Error(std::string("tensor 'state' has dtype ") + dtype_name(state.dtype) + ", expected F32");
@@ -258,16 +275,28 @@ void la_decode(Variant variant, const LaInputs& in, const LaOptions& opt, Tensor
   const LaJob job = make_la_job(variant, din, opt, out);
   // The mapping of the "hanpu" plan for this signature (cached: a decode step does not re-plan).
   ExecOptions ex;
+  ex.threads = given.threads;
+  ex.engine = given.engine;
+  run_recurrent(job, *schedule_for(job, ex, false).schedule, cpu::engine_or_default(ex.engine));
+}
+ExecOptions with_threads(int threads) {
+  ExecOptions ex;
   ex.threads = threads;
-  run_recurrent(job, *schedule_for(job, ex, false).schedule);
+  return ex;
 }
 }  // namespace
 
 void gdn_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads) {
-  la_decode(Variant::GDN, in, opt, state, o, threads);
+  la_decode(Variant::GDN, in, opt, state, o, with_threads(threads));
 }
 void kda_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, int threads) {
-  la_decode(Variant::KDA, in, opt, state, o, threads);
+  la_decode(Variant::KDA, in, opt, state, o, with_threads(threads));
+}
+void gdn_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, const ExecOptions& ex) {
+  la_decode(Variant::GDN, in, opt, state, o, ex);
+}
+void kda_decode(const LaInputs& in, const LaOptions& opt, TensorView state, TensorView o, const ExecOptions& ex) {
+  la_decode(Variant::KDA, in, opt, state, o, ex);
 }
 
 LaResult la_prefill_alloc(Variant variant, const LaInputs& in, const LaOptions& opt, const ExecOptions& ex) {

@@ -8,7 +8,6 @@
 
 #include "cpu/linear_call.hpp"
 #include "cpu/linear_kernels.hpp"
-#include "cpu/thread_pool.hpp"
 #include "hanpu/linear.hpp"
 
 namespace hanpu {
@@ -37,14 +36,6 @@ int precision_terms(LinearPrecision p) {
   return 3;
 }
 
-// Grows a per-thread scratch buffer (never shrinks: the same shapes come back every layer).
-template <class T>
-T* scratch(ByteBuffer& buffer, int64_t count) {
-  const size_t bytes = static_cast<size_t>(count) * sizeof(T);
-  if (buffer.size() < bytes) buffer = ByteBuffer(bytes);
-  return reinterpret_cast<T*>(buffer.data());
-}
-
 // [begin, end) of part t of n equal parts of `total` units.
 inline int64_t part(int64_t total, int t, int n) { return total * t / n; }
 
@@ -57,15 +48,16 @@ inline int64_t part(int64_t total, int t, int n) { return total * t / n; }
 constexpr int64_t kBf16DotPassBytes = int64_t{8} << 20;
 int64_t bf16dot_rows_per_pass(int64_t Kp) { return std::max<int64_t>(256, kBf16DotPassBytes / (2 * Kp)); }
 
-void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd, int64_t ldx, float* yd, int64_t ldy,
-                        int64_t M, int threads, bool accumulate) {
+void forward_avx512bf16(Engine& engine, const uint16_t* w, int64_t K, int64_t N, const float* xd, int64_t ldx,
+                        float* yd, int64_t ldy, int64_t M, int threads, bool accumulate) {
   const int64_t Kp = cpu::amx_k_steps(K) * cpu::kAmxK;
   if (M < cpu::kBf16DotGemmMinRows) {
-    // Decode: the rows are rounded once, the threads stream chunks of weight rows.
-    static thread_local ByteBuffer x_scratch;
-    uint16_t* xs = scratch<uint16_t>(x_scratch, M * Kp);
+    // Decode: the rows are rounded once (into the calling part's workspace, held for the call),
+    // the threads stream chunks of weight rows.
+    Engine::Impl::Lease caller(engine.impl(), 1);
+    uint16_t* xs = caller[0].get<uint16_t>(cpu::kLinearRows, static_cast<size_t>(M * Kp));
     cpu::amx_pack_gemv_rows(xd, ldx, M, K, /*terms=*/1, xs);
-    cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+    cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
       cpu::bf16dot_linear(w, K, xs, M, yd, ldy, n0, n1, accumulate, nullptr);
     });
     return;
@@ -78,8 +70,7 @@ void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd
   const int64_t row_blocks = (M + 7) / 8;  // the GEMM's 8-row register tile
   const bool split_columns = panels >= 2 * threads || row_blocks < threads;
   const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? col_groups : row_blocks));
-  cpu::run_on_pool(threads, nt, [&](int t) {
-    static thread_local ByteBuffer a_scratch, p_scratch;
+  cpu::run_on_pool(engine, nt, [&](int t, cpu::Workspace& ws) {
     int64_t r0 = 0, r1 = M, n0 = 0, n1 = N;
     if (split_columns) {
       n0 = std::min(N, part(col_groups, t, nt) * 16);
@@ -90,8 +81,8 @@ void forward_avx512bf16(const uint16_t* w, int64_t K, int64_t N, const float* xd
     }
     if (n0 >= n1 || r0 >= r1) return;
     const int64_t pass_rows = bf16dot_rows_per_pass(Kp);
-    uint16_t* xs = scratch<uint16_t>(a_scratch, std::min(pass_rows, r1 - r0) * Kp);
-    uint32_t* panel = scratch<uint32_t>(p_scratch, cpu::bf16dot_panel_words(K));
+    uint16_t* xs = ws.get<uint16_t>(cpu::kLinearRows, static_cast<size_t>(std::min(pass_rows, r1 - r0) * Kp));
+    uint32_t* panel = ws.get<uint32_t>(cpu::kLinearPanel, static_cast<size_t>(cpu::bf16dot_panel_words(K)));
     for (int64_t m0 = r0; m0 < r1; m0 += pass_rows) {
       const int64_t rows = std::min(pass_rows, r1 - m0);
       cpu::amx_pack_gemv_rows(xd + m0 * ldx, ldx, rows, K, /*terms=*/1, xs);
@@ -213,6 +204,11 @@ const std::string& Bf16Linear::name() const { return impl_->name; }
 LinearBackend Bf16Linear::backend() const { return impl_->backend; }
 
 void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {
+  forward(Engine::default_engine(), x, y, threads, accumulate, precision);
+}
+
+void Bf16Linear::forward(Engine& engine, TensorView x, TensorView y, int threads, bool accumulate,
+                         LinearPrecision precision) const {
   if (!impl_) throw Error("Bf16Linear: forward on an empty (default-constructed) linear layer");
   const int64_t K = in_features(), N = out_features();
   const auto call = cpu::begin_linear_call(impl_->name, K, N, x, y, accumulate);
@@ -229,35 +225,35 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   if (f32_kernel) {
     const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
     if (M < cpu::kPortableGemmMinRows) {
-      cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
-        cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+      cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+        cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate, nullptr);
       });
       return;
     }
     const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
-    cpu::run_on_pool(threads, nt, [&](int t) {
+    cpu::run_on_pool(engine, nt, [&](int t, cpu::Workspace& ws) {
       // Column ranges in multiples of 4 (the kernel's register block).
       const int64_t n0 = std::min(N, part((N + 3) / 4, t, nt) * 4), n1 = std::min(N, part((N + 3) / 4, t + 1, nt) * 4);
-      cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+      cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate, &ws);
     });
     return;
   }
 
   const int terms = precision_terms(precision);
-  static thread_local ByteBuffer x_scratch;
   if (impl_->backend == LinearBackend::kAvx512Bf16) {
-    forward_avx512bf16(static_cast<const uint16_t*>(impl_->weight.data), K, N, xd, ldx, yd, ldy, M, threads,
+    forward_avx512bf16(engine, static_cast<const uint16_t*>(impl_->weight.data), K, N, xd, ldx, yd, ldy, M, threads,
                        accumulate);
     return;
   }
 
   const auto* wp = reinterpret_cast<const uint16_t*>(impl_->packed.data());
   if (M <= kGemvMaxRows) {
-    uint16_t* xs = scratch<uint16_t>(x_scratch, M * terms * cpu::amx_k_steps(K) * cpu::kAmxK);
+    Engine::Impl::Lease caller(engine.impl(), 1);  // the packed rows, held for the call
+    uint16_t* xs = caller[0].get<uint16_t>(cpu::kLinearRows, static_cast<size_t>(M * terms * cpu::amx_k_steps(K) * cpu::kAmxK));
     cpu::amx_pack_gemv_rows(xd, ldx, M, K, terms, xs);
     const int64_t quads = (N + 63) / 64;  // units of 64 columns: the GEMV's 4 x 16-column block
     const int nt = static_cast<int>(std::min<int64_t>(threads, quads));
-    cpu::run_on_pool(threads, nt, [&](int t) {
+    cpu::run_on_pool(engine, nt, [&](int t, cpu::Workspace&) {
       const int64_t n0 = std::min(N, part(quads, t, nt) * 64), n1 = std::min(N, part(quads, t + 1, nt) * 64);
       if (n0 < n1) cpu::amx_gemv(xs, M, terms, wp, K, N, n0, n1, yd, ldy, accumulate);
     });
@@ -273,8 +269,7 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
   const int64_t all_strips = (M + cpu::kAmxRows - 1) / cpu::kAmxRows;
   const bool split_columns = panels >= 2 * threads || all_strips < threads;
   const int nt = static_cast<int>(std::min<int64_t>(threads, split_columns ? panels : all_strips));
-  cpu::run_on_pool(threads, nt, [&](int t) {
-    static thread_local ByteBuffer a_scratch, c_scratch;
+  cpu::run_on_pool(engine, nt, [&](int t, cpu::Workspace& ws) {
     int64_t r0 = 0, r1 = M, n0 = 0, n1 = N;
     if (split_columns) {
       n0 = std::min(N, part(panels, t, nt) * cpu::kAmxN);
@@ -285,8 +280,8 @@ void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     }
     if (n0 >= n1 || r0 >= r1) return;
     const int64_t pass_strips = kRowsPerPass / cpu::kAmxRows;
-    uint16_t* ap = scratch<uint16_t>(a_scratch, cpu::amx_packed_rows_elems(kRowsPerPass, K, terms));
-    float* cbuf = scratch<float>(c_scratch, cpu::amx_cbuf_floats(pass_strips));
+    uint16_t* ap = ws.get<uint16_t>(cpu::kLinearRows, static_cast<size_t>(cpu::amx_packed_rows_elems(kRowsPerPass, K, terms)));
+    float* cbuf = ws.get<float>(cpu::kLinearC, static_cast<size_t>(cpu::amx_cbuf_floats(pass_strips)));
     for (int64_t m0 = r0; m0 < r1; m0 += kRowsPerPass) {
       const int64_t rows = std::min(kRowsPerPass, r1 - m0);
       const int64_t strips = (rows + cpu::kAmxRows - 1) / cpu::kAmxRows;

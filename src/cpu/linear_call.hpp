@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "cpu/thread_pool.hpp"
+#include "cpu/engine_impl.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu::cpu {
@@ -46,11 +46,9 @@ inline std::optional<LinearCall> begin_linear_call(const std::string& layer, int
   return call;
 }
 
-/// fn(t) for t in [0, n) on the shared pool of `threads` threads; n <= 1 runs on the caller
-/// without creating a pool.
-inline void run_on_pool(int threads, int n, const std::function<void(int)>& fn) {
-  if (n <= 1) fn(0);
-  else ThreadPool::shared(threads).run(n, fn);
+/// fn(t, workspace of part t) for t in [0, n) on the engine's pool (n <= 1: on the caller).
+inline void run_on_pool(Engine& engine, int n, const std::function<void(int, Workspace&)>& fn) {
+  engine.impl().run(std::max(n, 1), fn);
 }
 
 /// Weight rows per chunk of a few-rows (decode) call: 128 KiB of bf16 at K = 1024, about 3900
@@ -63,11 +61,11 @@ constexpr int64_t kDecodeChunkColumns = 64;
 /// output is still computed whole by one worker, with the same arithmetic: the result does not
 /// depend on which worker or how many.
 template <class Body>
-void run_in_column_chunks(int threads, int64_t N, int64_t chunk, const Body& body) {
+void run_in_column_chunks(Engine& engine, int threads, int64_t N, int64_t chunk, const Body& body) {
   const int64_t chunks = (N + chunk - 1) / chunk;
   const int nt = static_cast<int>(std::min<int64_t>(threads, chunks));
   std::atomic<int64_t> next{0};
-  run_on_pool(threads, nt, [&](int) {
+  run_on_pool(engine, nt, [&](int, Workspace&) {
     for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
          c = next.fetch_add(1, std::memory_order_relaxed))
       body(c * chunk, std::min(N, (c + 1) * chunk));

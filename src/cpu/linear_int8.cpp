@@ -78,8 +78,8 @@ Int8Linear::Int8Linear(TensorView weight, std::string name, int64_t group) : imp
       }
     }
   };
-  if (nt <= 1) rows(0);
-  else ThreadPool::shared(nt).run(nt, rows);  // rethrows a row's error
+  // Load time, not a forward: the default engine's pool (rethrows a row's error).
+  cpu::run_on_pool(Engine::default_engine(), nt, [&](int t, cpu::Workspace&) { rows(t); });
 }
 
 Int8Linear::Int8Linear(const int8_t* q, const float* scales, int64_t out_features, int64_t in_features, int64_t group,
@@ -117,6 +117,11 @@ float Int8Linear::weight(int64_t n, int64_t k) const {
 bool Int8Linear::int8_activations_available(int64_t M) { return M < cpu::kPortableGemmMinRows && cpu::int8_vnni_usable(); }
 
 void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {
+  forward(Engine::default_engine(), x, y, threads, accumulate, precision);
+}
+
+void Int8Linear::forward(Engine& engine, TensorView x, TensorView y, int threads, bool accumulate,
+                         LinearPrecision precision) const {
   if (!impl_) throw Error("Int8Linear: forward on an empty (default-constructed) linear layer");
   const int64_t K = impl_->K, N = impl_->N;
   const auto call = cpu::begin_linear_call(impl_->name, K, N, x, y, accumulate);
@@ -131,25 +136,26 @@ void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulat
     std::vector<int8_t> xq(static_cast<size_t>(M * cpu::int8_vnni_row_stride(K)));
     std::vector<float> xs(static_cast<size_t>(M * groups));
     cpu::int8_vnni_quantize_rows(xd, ldx, M, K, G, xq.data(), xs.data());
-    cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+    cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
       cpu::int8_vnni_gemv(quantized(), scales(), K, G, xq.data(), xs.data(), M, yd, ldy, n0, n1, accumulate);
     });
     return;
   }
   if (M < cpu::kPortableGemmMinRows) {
-    cpu::run_in_column_chunks(threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
-      cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+    cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
+      cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate, nullptr);
     });
     return;
   }
   // Column ranges in multiples of 4 (the kernel's register block), one per thread.
   const int nt = static_cast<int>(std::min<int64_t>(threads, (N + 3) / 4));
-  auto body = [&](int t) {
+  auto body = [&](int t, cpu::Workspace& ws) {
     const int64_t units = (N + 3) / 4;
     const int64_t n0 = std::min(N, units * t / nt * 4), n1 = std::min(N, units * (t + 1) / nt * 4);
-    if (n0 < n1) cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate);
+    if (n0 < n1)
+      cpu::linear_portable_int8(quantized(), scales(), K, impl_->group, xd, ldx, yd, ldy, M, n0, n1, accumulate, &ws);
   };
-  cpu::run_on_pool(threads, nt, body);
+  cpu::run_on_pool(engine, nt, body);
 }
 
 }  // namespace hanpu

@@ -17,18 +17,22 @@
 
 namespace hanpu::cpu {
 
+class Workspace;  // cpu/workspace.hpp
+
 // ---- portable -----------------------------------------------------------------------------
 /// From this many rows on linear_portable(_int8) use their GEMM form (a widened panel amortised
 /// over the rows); below, dot products in weight-row order (decode).
 constexpr int64_t kPortableGemmMinRows = 16;
 /// Rows [0, M) of x (row stride ldx) times weight rows [n0, n1) of w ([N, K] row-major bf16).
+/// ws: the calling part's workspace (cpu/workspace.hpp), where the GEMM form widens its panel;
+/// may be null below kPortableGemmMinRows rows.
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
-                     int64_t M, int64_t n0, int64_t n1, bool accumulate);
+                     int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws);
 
 /// The same for int8 weights q [N, K] with scales [N, ceil(K / group)] (f32): weight (n, k) is
 /// q[n, k] * scales[n, k / group], formed in f32.
 void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64_t group, const float* x, int64_t ldx,
-                          float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate);
+                          float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws);
 
 // ---- AMX ------------------------------------------------------------------------------------
 /// Tile geometry: a weight tile holds 16 output columns x 32 k (16 rows of k pairs); an

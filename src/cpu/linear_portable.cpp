@@ -12,6 +12,7 @@
 #include <algorithm>
 
 #include "cpu/linear_kernels.hpp"
+#include "cpu/workspace.hpp"
 #include "cpu/isa.hpp"
 
 #ifndef HWY_DISABLED_TARGETS
@@ -229,16 +230,10 @@ void GemmTile(const float* panel, int64_t pn, int64_t K, const float* x, int64_t
 // row n, columns [k0, k1), to out[(k - k0) * pn] (one panel column).
 template <class Widen>
 void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1,
-                bool accumulate, const Widen& widen) {
+                bool accumulate, Workspace& ws, const Widen& widen) {
   const hn::ScalableTag<float> df;
   const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(df));
-  static thread_local hwy::AlignedFreeUniquePtr<float[]> panel_buffer;
-  static thread_local size_t panel_floats = 0;
-  if (panel_floats < static_cast<size_t>(K * pn)) {
-    panel_floats = static_cast<size_t>(K * pn);
-    panel_buffer = hwy::AllocateAligned<float>(panel_floats);
-  }
-  float* panel = panel_buffer.get();
+  float* panel = ws.get<float>(kLinearPanel, static_cast<size_t>(K * pn));  // 64-byte aligned, kept
   for (int64_t n = n0; n < n1; n += pn) {
     const int64_t width = std::min(pn, n1 - n);
     // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
@@ -262,10 +257,10 @@ void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, i
 }
 
 void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t G, const float* x, int64_t ldx,
-                        float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate) {
+                        float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
   if (M >= kGemmMinRows) {
     const int64_t groups = (K + G - 1) / G;
-    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate,
+    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws,
                [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t pn) {
                  const int8_t* qr = q + n * K;
                  const float* sr = scales + n * groups;
@@ -286,9 +281,9 @@ void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t
 }
 
 void LinearPortable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
-                    int64_t n0, int64_t n1, bool accumulate) {
+                    int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
   if (M >= kGemmMinRows) {
-    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t pn) {
+    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws, [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t pn) {
       const uint16_t* wr = w + n * K;
       for (int64_t k = k0; k < k1; ++k) {
         const uint32_t bits = static_cast<uint32_t>(wr[k]) << 16;
@@ -318,13 +313,13 @@ HWY_EXPORT(LinearPortable);
 HWY_EXPORT(LinearPortableInt8);
 
 void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64_t group, const float* x, int64_t ldx,
-                          float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate) {
-  HANPU_DISPATCH(LinearPortableInt8)(q, scales, K, group, x, ldx, y, ldy, M, n0, n1, accumulate);
+                          float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  HANPU_DISPATCH(LinearPortableInt8)(q, scales, K, group, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
 }
 
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
-                     int64_t n0, int64_t n1, bool accumulate) {
-  HANPU_DISPATCH(LinearPortable)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate);
+                     int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  HANPU_DISPATCH(LinearPortable)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
 }
 }  // namespace hanpu::cpu
 #endif

@@ -3,8 +3,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <map>
-#include <memory>
 #include <string>
 #include <system_error>
 
@@ -173,17 +171,6 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
   cv_done_.wait(lock, [&] { return pending_ == 0; });
   if (mine) std::rethrow_exception(mine);
   if (error_) std::rethrow_exception(error_);
-}
-
-ThreadPool& ThreadPool::shared(int threads) {
-  // One pool per thread count, kept for the life of the process: a pool is never destroyed while
-  // another caller may be running on it (re-creating it on a count change did exactly that).
-  static std::mutex mu;
-  static std::map<int, std::unique_ptr<ThreadPool>> pools;
-  std::lock_guard<std::mutex> lock(mu);
-  std::unique_ptr<ThreadPool>& pool = pools[threads];
-  if (!pool) pool = std::make_unique<ThreadPool>(threads);
-  return *pool;
 }
 
 }  // namespace hanpu

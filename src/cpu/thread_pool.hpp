@@ -1,5 +1,6 @@
 // A small pool of pinned worker threads for static (planned) work assignment: run(n, fn) calls
-// fn(t) for t in [0, n) with t = 0 on the calling thread, and returns when all are done.
+// fn(t) for t in [0, n) with t = 0 on the calling thread, and returns when all are done. An
+// Engine (hanpu/engine.hpp) owns one; there is no process-wide pool.
 #pragma once
 
 #include <atomic>
@@ -23,9 +24,6 @@ class ThreadPool {
   /// Thread-safe: while the pool runs one call, other calls (from other threads, or nested) run
   /// their parts on the calling thread, in order.
   void run(int n, const std::function<void(int)>& fn);
-
-  /// A process-wide pool with `threads` threads (one per count, created on first use).
-  static ThreadPool& shared(int threads);
 
   /// Upper bound on threads per pool (docs/RELIABILITY.md).
   static constexpr int kMaxThreads = 1024;

@@ -29,11 +29,11 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
                              float* x) const {
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, nq = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
-  const int th = r.opt.threads;
+  const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   const int64_t p0 = r.p0;
   auto t0 = Clock::now();
-  float* qg = scratch(kQG, T * nq * 2 * hd);
+  float* qg = scratch(*r.ws, kQG, T * nq * 2 * hd);
   const size_t row = static_cast<size_t>(nkv * hd);
   kc.resize(static_cast<size_t>(p0 + T) * row);
   vc.resize(static_cast<size_t>(p0 + T) * row);
@@ -48,9 +48,9 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
   // Query heads out of the per-head [query | gate] interleave, normed and rotated; keys normed
   // and rotated in the cache.
   const int64_t half = c.rotary_dim / 2;
-  float* q = scratch(kQ, T * nq * hd);
+  float* q = scratch(*r.ws, kQ, T * nq * hd);
   const float eps = static_cast<float>(c.rms_norm_eps);
-  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+  parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
     std::vector<float> cs(static_cast<size_t>(c.rotary_dim));
     for (int64_t t = t_begin; t < t_end; ++t) {
       const float pos = static_cast<float>(p0 + t);
@@ -61,19 +61,19 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
       }
       for (int64_t hh = 0; hh < nq; ++hh) {
         float* dst = q + (t * nq + hh) * hd;
-        rms_norm_rows(qg + (t * nq + hh) * 2 * hd, hd, dst, hd, 1, hd, q_norm.data(), eps, 1);
+        rms_norm_rows(qg + (t * nq + hh) * 2 * hd, hd, dst, hd, 1, hd, q_norm.data(), eps, th.when(false));
         rope_rotate(dst, c.rotary_dim, cs.data(), cs.data() + half);
       }
       for (int64_t hh = 0; hh < nkv; ++hh) {
         float* kr = knew + t * nkv * hd + hh * hd;
-        rms_norm_rows(kr, hd, kr, hd, 1, hd, k_norm.data(), eps, 1);
+        rms_norm_rows(kr, hd, kr, hd, 1, hd, k_norm.data(), eps, th.when(false));
         rope_rotate(kr, c.rotary_dim, cs.data(), cs.data() + half);
       }
     }
   });
-  float* attn = scratch(kAttn, T * nq * hd);
+  float* attn = scratch(*r.ws, kAttn, T * nq * hd);
   causal_attention(q, kc.data(), vc.data(), attn, T, p0, nq, nkv, hd, 1.0f / std::sqrt(static_cast<float>(hd)), th);
-  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {  // sigmoid output gate
+  parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {  // sigmoid output gate
     for (int64_t t = t_begin; t < t_end; ++t)
       for (int64_t hh = 0; hh < nq; ++hh) {
         float* o = attn + (t * nq + hh) * hd;
@@ -133,15 +133,15 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   const int64_t T = run.T, H = c.hidden_size, nh = c.num_heads, r = c.mla_kv_lora_rank;
   const int64_t nope = c.mla_qk_nope_head_dim, rope = c.mla_qk_rope_head_dim, dv = c.mla_v_head_dim;
   const int64_t qk = c.mla_qk_head_dim(), cdim = c.mla_cache_dim();
-  const int th = run.opt.threads;
+  const cpu::Threads th = run.th;
   const LinearPrecision prec = run.opt.precision;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t p0 = run.p0;
   auto t0 = Clock::now();
-  float* q = scratch(kQ, T * nh * qk);
+  float* q = scratch(*run.ws, kQ, T * nh * qk);
   if (c.mla_q_lora_rank > 0) {
     const int64_t qr = c.mla_q_lora_rank;
-    float* low = scratch(kLowRank, T * qr);
+    float* low = scratch(*run.ws, kLowRank, T * qr);
     q_a_proj.forward(h, H, low, qr, T, th, false, prec);
     rms_norm_rows(low, qr, low, qr, T, qr, q_a_norm.data(), eps, th);
     q_b_proj.forward(low, qr, q, nh * qk, T, th, false, prec);
@@ -158,7 +158,7 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
     // (x0, x1), (x2, x3), ... rotate by one angle each and come out de-interleaved,
     // [x_even·cos - x_odd·sin | x_odd·cos + x_even·sin], for q and the cached shared key alike.
     const int64_t half = rope / 2;
-    parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+    parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
       std::vector<float> cs(static_cast<size_t>(rope)), tmp(static_cast<size_t>(rope));
       auto rotate = [&](float* x) {
         for (int64_t i = 0; i < half; ++i) {
@@ -181,10 +181,10 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
     });
   }
   // Absorbed queries [W_ukᵀ q_nope | q_rope] per head, in the cache's row layout.
-  float* ql = scratch(kLatentQ, T * nh * cdim);
+  float* ql = scratch(*run.ws, kLatentQ, T * nh * cdim);
   for (int64_t hh = 0; hh < nh; ++hh)
     key_absorb[static_cast<size_t>(hh)].forward(q + hh * qk, nh * qk, ql + hh * cdim, nh * cdim, T, th, false, prec);
-  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+  parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
     for (int64_t t = t_begin; t < t_end; ++t)
       for (int64_t hh = 0; hh < nh; ++hh)
         std::memcpy(ql + (t * nh + hh) * cdim + r, q + (t * nh + hh) * qk + nope, static_cast<size_t>(rope) * sizeof(float));
@@ -195,16 +195,16 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   // One shared KV head whose keys and values are both the cached rows: the first r dims of each
   // output are Σ p c (the rope dims of the output are discarded). Scale 1/sqrt(nope + rope), as
   // the expanded attention's.
-  float* ol = scratch(kLatentOut, T * nh * cdim);
+  float* ol = scratch(*run.ws, kLatentOut, T * nh * cdim);
   causal_attention(ql, cache.data(), cache.data(), ol, T, p0, nh, 1, cdim, 1.0f / std::sqrt(static_cast<float>(qk)), th);
   run.times.attn_core += seconds_since(t0);
 
   t0 = Clock::now();
-  float* attn = scratch(kAttn, T * nh * dv);
+  float* attn = scratch(*run.ws, kAttn, T * nh * dv);
   for (int64_t hh = 0; hh < nh; ++hh)
     value_up[static_cast<size_t>(hh)].forward(ol + hh * cdim, nh * cdim, attn + hh * dv, nh * dv, T, th, false, prec);
   if (c.mla_head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
-    float* score = scratch(kSharedScore, T * nh);
+    float* score = scratch(*run.ws, kSharedScore, T * nh);
     head_gate.forward(h, H, score, nh, T, th, false, prec);
     for (int64_t t = 0; t < T; ++t)
       for (int64_t hh = 0; hh < nh; ++hh) {

@@ -52,15 +52,15 @@ void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t c
   lo.lower_bound = lower_bound;
   lo.beta_sigmoid = true;
   TensorView ov = TensorView::contiguous(o, DType::F32, {1, T, nv, dv});
-  const int th = r.opt.threads;
+  ExecOptions ex;
+  ex.threads = r.th.n;
+  ex.engine = r.th.engine;
   if (T == 1) {
-    if (variant == Variant::GDN) gdn_decode(in, lo, state.view(), ov, th);
-    else kda_decode(in, lo, state.view(), ov, th);
+    if (variant == Variant::GDN) gdn_decode(in, lo, state.view(), ov, ex);
+    else kda_decode(in, lo, state.view(), ov, ex);
   } else {
     in.initial_state = state.view();
     Tensor next(DType::F32, state.shape());
-    ExecOptions ex;
-    ex.threads = th;
     la_prefill(variant, in, lo, LaOutputs{ov, next.view()}, ex);
     state = std::move(next);
   }
@@ -109,13 +109,13 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, cd = c.gdn_conv_dim(), vd = c.gdn_value_dim();
   const int64_t nv = c.linear_num_value_heads;
-  const int th = r.opt.threads;
+  const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
-  float* mixed = scratch(kMixed, T * cd);
-  float* z = scratch(kZ, T * vd);
-  float* b = scratch(kB, T * nv);
-  float* a = scratch(kA, T * nv);
+  float* mixed = scratch(*r.ws, kMixed, T * cd);
+  float* z = scratch(*r.ws, kZ, T * vd);
+  float* b = scratch(*r.ws, kB, T * nv);
+  float* a = scratch(*r.ws, kA, T * nv);
   in_qkv.forward(h, H, mixed, cd, T, th, false, prec);
   in_z.forward(h, H, z, vd, T, th, false, prec);
   in_b.forward(h, H, b, nv, T, th, false, prec);
@@ -123,12 +123,12 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   r.times.gdn_proj += seconds_since(t0);
 
   t0 = Clock::now();
-  float* conv = scratch(kConv, T * cd);
+  float* conv = scratch(*r.ws, kConv, T * cd);
   causal_conv_silu(mixed, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
   r.times.gdn_conv += seconds_since(t0);
 
   t0 = Clock::now();
-  float* o = scratch(kO, T * vd);
+  float* o = scratch(*r.ws, kO, T * vd);
   run_engine(Variant::GDN, r, conv, cd, c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
              TensorView::contiguous(a, DType::F32, {1, T, nv}), TensorView::contiguous(b, DType::F32, {1, T, nv}),
              std::nullopt, A_log, dt_bias, recurrent_state, o);
@@ -182,15 +182,15 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, nh = c.linear_num_value_heads, dk = c.linear_key_head_dim;
   const int64_t qkv = nh * dk, cd = 3 * qkv;
-  const int th = r.opt.threads;
+  const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
-  float* mixed = scratch(kMixed, T * cd);
+  float* mixed = scratch(*r.ws, kMixed, T * cd);
   qkv_proj.forward(h, H, mixed, cd, T, th, false, prec);
-  float* f = scratch(kA, T * qkv);
-  float* gate = scratch(kGateOut, T * qkv);
+  float* f = scratch(*r.ws, kA, T * qkv);
+  float* gate = scratch(*r.ws, kGateOut, T * qkv);
   if (c.kda_low_rank_gates) {
-    float* low = scratch(kLowRank, T * 2 * dk);  // [f_a(x) | g_a(x)] per token
+    float* low = scratch(*r.ws, kLowRank, T * 2 * dk);  // [f_a(x) | g_a(x)] per token
     fg_a.forward(h, H, low, 2 * dk, T, th, false, prec);
     f_b.forward(low, 2 * dk, f, qkv, T, th, false, prec);
     g_b.forward(low + dk, 2 * dk, gate, qkv, T, th, false, prec);
@@ -198,17 +198,17 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
     f_proj.forward(h, H, f, qkv, T, th, false, prec);
     g_proj.forward(h, H, gate, qkv, T, th, false, prec);
   }
-  float* b = scratch(kB, T * nh);
+  float* b = scratch(*r.ws, kB, T * nh);
   b_proj.forward(h, H, b, nh, T, th, false, prec);
   r.times.kda_proj += seconds_since(t0);
 
   t0 = Clock::now();
-  float* conv = scratch(kConv, T * cd);
+  float* conv = scratch(*r.ws, kConv, T * cd);
   causal_conv_silu(mixed, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
   r.times.kda_conv += seconds_since(t0);
 
   t0 = Clock::now();
-  float* o = scratch(kO, T * qkv);
+  float* o = scratch(*r.ws, kO, T * qkv);
   run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, TensorView::contiguous(f, DType::F32, {1, T, nh, dk}),
              TensorView::contiguous(b, DType::F32, {1, T, nh}),
              c.kda_safe_gate ? std::optional<float>(static_cast<float>(c.kda_lower_bound)) : std::nullopt, A_log,
@@ -219,7 +219,7 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   // FusedRMSNormGated with activation sigmoid).
   t0 = Clock::now();
   rms_norm_rows(o, dk, o, dk, T * nh, dk, o_norm.data(), static_cast<float>(c.rms_norm_eps), th);
-  parallel_for(T, T >= 8 ? th : 1, [&](int64_t t_begin, int64_t t_end) {
+  parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
     for (int64_t t = t_begin; t < t_end; ++t) simd_sigmoid_mul_row(o + t * qkv, gate + t * qkv, static_cast<size_t>(qkv));
   });
   r.times.kda_norm += seconds_since(t0);

@@ -18,9 +18,9 @@ void SwiGluMlp::load(const WeightReader& w, const std::string& p, int64_t hidden
 
 void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot gate_slot, ScratchSlot up_slot) const {
   const int64_t T = r.T, H = r.cfg.hidden_size, I = gate_proj.out_features();
-  const int th = r.opt.threads;
-  float* g = scratch(gate_slot, T * I);
-  float* u = scratch(up_slot, T * I);
+  const cpu::Threads th = r.th;
+  float* g = scratch(*r.ws, gate_slot, T * I);
+  float* u = scratch(*r.ws, up_slot, T * I);
   gate_proj.forward(h, H, g, I, T, th, false, r.opt.precision);
   up_proj.forward(h, H, u, I, T, th, false, r.opt.precision);
   silu_mul(g, u, T, I, I, th);
@@ -117,10 +117,10 @@ void MoeBlock::route(const ModelConfig& c, const float* l, std::vector<int64_t>&
 void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, E = c.num_experts, Im = c.moe_intermediate_size;
-  const int th = r.opt.threads;
+  const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
 
-  float* logits = scratch(kRouter, T * E);
+  float* logits = scratch(*r.ws, kRouter, T * E);
   router.forward(h, H, logits, E, T, th, false, prec);
   std::vector<std::vector<std::pair<int64_t, float>>> routed(static_cast<size_t>(E));  // per expert: (token, weight)
   std::vector<int64_t> chosen;
@@ -136,11 +136,11 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
     const auto& rows = routed[static_cast<size_t>(e)];
     const int64_t n = static_cast<int64_t>(rows.size());
     if (n == 0) continue;
-    float* xe = scratch(kExpertIn, n * H);
-    float* ge = scratch(kExpertGate, n * Im);
-    float* ue = scratch(kExpertUp, n * Im);
-    float* ye = scratch(kExpertOut, n * H);
-    const int row_threads = n >= 16 ? th : 1;  // few rows: copying is cheaper than waking threads
+    float* xe = scratch(*r.ws, kExpertIn, n * H);
+    float* ge = scratch(*r.ws, kExpertGate, n * Im);
+    float* ue = scratch(*r.ws, kExpertUp, n * Im);
+    float* ye = scratch(*r.ws, kExpertOut, n * H);
+    const cpu::Threads row_threads = th.when(n >= 16);  // few rows: copying is cheaper than waking threads
     parallel_for(n, row_threads, [&](int64_t b, int64_t end) {
       for (int64_t i = b; i < end; ++i)
         std::memcpy(xe + i * H, h + rows[static_cast<size_t>(i)].first * H, static_cast<size_t>(H) * sizeof(float));
@@ -166,16 +166,16 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
     return;
   }
   const int64_t Is = c.shared_expert_intermediate_size;
-  float* sg = scratch(kSharedGate, T * Is);
-  float* su = scratch(kSharedUp, T * Is);
-  float* score = scratch(kSharedScore, T);
-  float* ys = scratch(kExpertOut, T * H);
+  float* sg = scratch(*r.ws, kSharedGate, T * Is);
+  float* su = scratch(*r.ws, kSharedUp, T * Is);
+  float* score = scratch(*r.ws, kSharedScore, T);
+  float* ys = scratch(*r.ws, kExpertOut, T * H);
   shared.gate_proj.forward(h, H, sg, Is, T, th, false, prec);
   shared.up_proj.forward(h, H, su, Is, T, th, false, prec);
   silu_mul(sg, su, T, Is, Is, th);
   shared.down_proj.forward(sg, Is, ys, H, T, th, false, prec);
   shared_gate.forward(h, H, score, 1, T, th, false, prec);
-  parallel_for(T, T >= 16 ? th : 1, [&](int64_t b, int64_t end) {
+  parallel_for(T, th.when(T >= 16), [&](int64_t b, int64_t end) {
     for (int64_t t = b; t < end; ++t) {
       const float gate = 1.0f / (1.0f + std::exp(-score[t]));
       float* xr = x + t * H;

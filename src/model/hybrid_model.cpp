@@ -156,7 +156,7 @@ class CheckpointSource : public TensorSource {
 // Random BF16 weights of the configured shapes, generated on request (synthetic models).
 class SyntheticSource : public TensorSource {
  public:
-  SyntheticSource(uint64_t seed, int threads, std::vector<ByteBuffer>& buffers)
+  SyntheticSource(uint64_t seed, cpu::Threads threads, std::vector<ByteBuffer>& buffers)
       : seed_(seed), threads_(threads), buffers_(buffers) {}
   TensorView find(const std::string& name, std::string* file) const override { return {}; }
   std::string where() const override { return "synthetic model"; }
@@ -189,7 +189,7 @@ class SyntheticSource : public TensorSource {
 
  private:
   uint64_t seed_;
-  int threads_;
+  cpu::Threads threads_;
   std::vector<ByteBuffer>& buffers_;
   uint64_t counter_ = 0;
 };
@@ -214,6 +214,7 @@ struct Layer {
 
 struct HybridModel::Impl {
   ModelConfig cfg;
+  std::shared_ptr<Engine> engine;  // never null (the default engine, not owned, when none was given)
   std::vector<SafetensorsFile> files;  // mapped checkpoint (keeps the weight views valid)
   std::vector<ByteBuffer> synthetic;   // synthetic weights
   std::vector<ByteBuffer> owned;       // weight copies made at load (permuted / transposed rows)
@@ -272,6 +273,15 @@ HybridModel& HybridModel::operator=(HybridModel&&) noexcept = default;
 HybridModel::~HybridModel() = default;
 
 const ModelConfig& HybridModel::config() const { return impl_->cfg; }
+Engine& HybridModel::engine() const { return *impl_->engine; }
+
+namespace {
+// The engine a model was given, or the default one (shared, not owned: it lives until exit).
+std::shared_ptr<Engine> model_engine(std::shared_ptr<Engine> given) {
+  if (given) return given;
+  return std::shared_ptr<Engine>(std::shared_ptr<Engine>(), &Engine::default_engine());
+}
+}  // namespace
 uint64_t HybridModel::weight_bytes() const { return impl_->weight_bytes; }
 
 HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& opt) {
@@ -281,6 +291,7 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   if (!fs::exists(cfg_path)) throw Error("checkpoint '" + dir + "': no config.json");
   HybridModel m;
   Impl& im = *m.impl_;
+  im.engine = model_engine(opt.engine);
   im.cfg = parse_model_config(read_text_file(cfg_path), cfg_path.string());
   CheckpointSource src(d, opt, im.files);
   for (const SafetensorsFile& f : im.files) im.weight_bytes += f.data_bytes();
@@ -314,11 +325,13 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   return m;
 }
 
-HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads, int64_t int8_group) {
+HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads, int64_t int8_group,
+                                   std::shared_ptr<Engine> engine) {
   HybridModel m;
   Impl& im = *m.impl_;
+  im.engine = model_engine(std::move(engine));
   im.cfg = c;
-  SyntheticSource src(seed, threads, im.synthetic);
+  SyntheticSource src(seed, cpu::Threads{im.engine.get(), threads}, im.synthetic);
   auto get = [&](const std::string& name, const std::vector<int64_t>& shape) -> TensorView {
     auto ends = [&](const char* s) {
       const std::string t(s);
@@ -387,14 +400,17 @@ Tensor HybridModel::forward(HybridState& st, std::span<const int32_t> ids, const
     throw Error("forward: the state was not made by this model's new_state()");
   ForwardTimes local;
   ForwardTimes* tm = opt.times ? opt.times : &local;
-  const int th = opt.threads;
+  // The activation scratch of this call: a workspace of the model's engine, held until it returns.
+  Engine::Impl::Lease scratch_lease(im.engine->impl(), 1);
+  cpu::Workspace& ws = scratch_lease[0];
+  const cpu::Threads th{im.engine.get(), opt.threads};
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const model::BlockRun run{c, opt, *tm, T, st.position};
+  const model::BlockRun run{c, opt, *tm, T, st.position, th, &ws};
 
   auto t0 = Clock::now();
-  float* x = scratch(model::kX, T * H);
-  float* h = scratch(model::kH, T * H);
-  parallel_for(T, T >= 16 ? th : 1, [&](int64_t b, int64_t e) {
+  float* x = scratch(ws, model::kX, T * H);
+  float* h = scratch(ws, model::kH, T * H);
+  parallel_for(T, th.when(T >= 16), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       const int64_t id = ids[static_cast<size_t>(t)];
       float* xr = x + t * H;
@@ -462,14 +478,16 @@ Tensor HybridModel::forward_batch(std::span<HybridState* const> states, std::spa
   }
   ForwardTimes local;
   ForwardTimes* tm = opt.times ? opt.times : &local;
-  const int th = opt.threads;
+  Engine::Impl::Lease scratch_lease(im.engine->impl(), 1);  // as forward()'s
+  cpu::Workspace& ws = scratch_lease[0];
+  const cpu::Threads th{im.engine.get(), opt.threads};
   const float eps = static_cast<float>(c.rms_norm_eps);
   // Row-wise parts see the B rows as B tokens; a token mixer sees one token at its sequence's position.
-  const model::BlockRun rows_run{c, opt, *tm, B, 0};
+  const model::BlockRun rows_run{c, opt, *tm, B, 0, th, &ws};
 
   auto t0 = Clock::now();
-  float* x = scratch(model::kX, B * H);
-  float* h = scratch(model::kH, B * H);
+  float* x = scratch(ws, model::kX, B * H);
+  float* h = scratch(ws, model::kH, B * H);
   for (int64_t b = 0; b < B; ++b) {
     const int64_t id = ids[static_cast<size_t>(b)];
     float* xr = x + b * H;
@@ -489,7 +507,7 @@ Tensor HybridModel::forward_batch(std::span<HybridState* const> states, std::spa
     const size_t s = static_cast<size_t>(L.slot);
     for (int64_t b = 0; b < B; ++b) {
       HybridState& st = *states[static_cast<size_t>(b)];
-      const model::BlockRun run{c, opt, *tm, 1, st.position};
+      const model::BlockRun run{c, opt, *tm, 1, st.position, th, &ws};
       const float* hb = h + b * H;
       float* xb = x + b * H;
       switch (L.mixer) {

@@ -21,14 +21,14 @@ Projection::Projection(const TensorView& w, const std::string& name, int64_t int
   else f32_ = to_f32(w);
 }
 
-void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
+void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, cpu::Threads threads, bool accumulate,
                          LinearPrecision precision) const {
   if (int8_) {  // activations stay f32 unless `precision` is kInt8 (decode rows, VNNI)
     TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
     xv.stride[0] = ldx;
     TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
     yv.stride[0] = ldy;
-    int8_->forward(xv, yv, threads, accumulate, precision);
+    int8_->forward(*threads.engine, xv, yv, threads.n, accumulate, precision);
     return;
   }
   if (bf16_) {
@@ -36,7 +36,7 @@ void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int
     xv.stride[0] = ldx;
     TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
     yv.stride[0] = ldy;
-    bf16_->forward(xv, yv, threads, accumulate, precision);
+    bf16_->forward(*threads.engine, xv, yv, threads.n, accumulate, precision);
     return;
   }
   parallel_for(out_, threads, [&](int64_t n0, int64_t n1) {
@@ -51,12 +51,9 @@ void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int
   });
 }
 
-float* scratch(ScratchSlot slot, int64_t floats) {
-  static thread_local ByteBuffer buffers[kSlots];
-  ByteBuffer& b = buffers[slot];
-  const size_t bytes = static_cast<size_t>(std::max<int64_t>(floats, 1)) * sizeof(float);
-  if (b.size() < bytes) b = ByteBuffer(bytes);  // contents are scratch: nothing to keep on growth
-  return reinterpret_cast<float*>(b.data());
+float* scratch(cpu::Workspace& ws, ScratchSlot slot, int64_t floats) {
+  const int at = static_cast<int>(cpu::kModelSlots) + static_cast<int>(slot);
+  return ws.get<float>(at, static_cast<size_t>(std::max<int64_t>(floats, 1)));
 }
 
 Projection WeightReader::projection(const std::string& name, int64_t out, int64_t in, bool quantizable) const {

@@ -6,28 +6,27 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/thread_pool.hpp"
 #include "hanpu/tensor.hpp"
 #include "model/qwen35_kernels.hpp"
 
 namespace hanpu::model {
 
-void parallel_for(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& fn) {
+void parallel_for(int64_t n, Threads threads, const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, n)));
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads.n, n)));
   if (nt == 1) {
     fn(0, n);
     return;
   }
-  ThreadPool::shared(threads).run(nt, [&](int t) {
+  threads.impl().run(nt, [&](int t, cpu::Workspace&) {
     const int64_t b = n * t / nt, e = n * (t + 1) / nt;
     if (b < e) fn(b, e);
   });
 }
 
 void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t rows, int64_t dim,
-                   const float* scale, float eps, int threads) {
-  parallel_for(rows, rows >= 16 ? threads : 1, [&](int64_t r0, int64_t r1) {
+                   const float* scale, float eps, Threads threads) {
+  parallel_for(rows, threads.when(rows >= 16), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       simd_rms_norm_row(x + r * ldx, out + r * ldo, static_cast<size_t>(dim), scale, eps);
     }
@@ -35,14 +34,14 @@ void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t
 }
 
 void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* taps, int64_t K,
-                      float* state, int threads) {
+                      float* state, Threads threads) {
   const int64_t S = K - 1;
   auto input = [&](int64_t t) -> const float* {  // row t of [state; x], t in [-S, T)
     return t < 0 ? state + (S + t) * channels : x + t * channels;
   };
   // Threads take ranges of tokens and walk each token's row front to back: rows are contiguous
   // (a channel-blocked walk down the tokens would jump a whole row per step, a TLB miss each).
-  parallel_for(T, T >= 8 ? threads : 1, [&](int64_t t0, int64_t t1) {
+  parallel_for(T, threads.when(T >= 8), [&](int64_t t0, int64_t t1) {
     std::vector<const float*> rows(static_cast<size_t>(K));
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t j = 0; j < K; ++j) rows[static_cast<size_t>(j)] = input(t - S + j);
@@ -57,17 +56,17 @@ void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, con
 }
 
 void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64_t dim, const float* w, float eps,
-                    int threads) {
+                    Threads threads) {
   const int64_t n = rows * heads;
-  parallel_for(n, n >= 64 ? threads : 1, [&](int64_t i0, int64_t i1) {
+  parallel_for(n, threads.when(n >= 64), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       simd_gated_norm_row(o + i * dim, z + i * dim, w, static_cast<size_t>(dim), eps);
     }
   });
 }
 
-void silu_mul(float* gate, const float* up, int64_t rows, int64_t n, int64_t ld, int threads) {
-  parallel_for(rows, rows >= 4 ? threads : 1, [&](int64_t r0, int64_t r1) {
+void silu_mul(float* gate, const float* up, int64_t rows, int64_t n, int64_t ld, Threads threads) {
+  parallel_for(rows, threads.when(rows >= 4), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       simd_silu_mul_row(gate + r * ld, up + r * ld, static_cast<size_t>(n));
     }
@@ -95,7 +94,7 @@ namespace {
 constexpr int64_t kSplitKeys = 256;
 
 void attention_over_cache(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
-                          int64_t nq, int64_t nkv, int64_t hd, float scale, int threads) {
+                          int64_t nq, int64_t nkv, int64_t hd, float scale, Threads threads) {
   const int64_t group = nq / nkv, rows = T * group, nkeys = p0 + T;
   const int64_t splits = (nkeys + kSplitKeys - 1) / kSplitKeys, items = nkv * splits;
   const size_t uhd = static_cast<size_t>(hd), urows = static_cast<size_t>(rows);
@@ -157,7 +156,7 @@ void attention_over_cache(const float* q, const float* keys, const float* values
 }  // namespace
 
 void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
-                      int64_t nq, int64_t nkv, int64_t hd, float scale, int threads) {
+                      int64_t nq, int64_t nkv, int64_t hd, float scale, Threads threads) {
   // Up to this many new tokens take the cache as it is (attention_over_cache); more amortise the
   // relayout of the tiled kernel, whose 8-row register blocks and 32-row items reuse every key
   // tile across the tokens (prefill).
@@ -176,7 +175,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
   const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
   const int64_t blocks = (T + tokens_per_item - 1) / tokens_per_item;
   const int64_t items = nkv * blocks;
-  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, items)));
+  const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads.n, items)));
   const size_t tile = attention_key_tile();
   const size_t score_stride = static_cast<size_t>((p0 + T + static_cast<int64_t>(tile) - 1) / static_cast<int64_t>(tile)) * tile;
   const size_t side = std::max(score_stride, static_cast<size_t>(hd));
@@ -184,11 +183,13 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
   // AttentionRowsArgs): the kernel's loops then read memory sequentially.
   const size_t nkeys = static_cast<size_t>(p0 + T), W = tile, uhd = static_cast<size_t>(hd);
   const bool blocked_values = uhd % W == 0;
-  static thread_local std::vector<float> keys_t_buffer, values_b_buffer;  // the caller's: pass pointers on
-  keys_t_buffer.assign(static_cast<size_t>(nkv) * uhd * score_stride, 0.0f);
-  if (blocked_values) values_b_buffer.resize(static_cast<size_t>(nkv) * uhd * nkeys);
-  float* const keys_t = keys_t_buffer.data();
-  float* const values_b = values_b_buffer.data();
+  // In the caller's workspace of the engine, held for the call (the parts get pointers).
+  Engine::Impl::Lease caller(threads.impl(), 1);
+  const size_t keys_t_floats = static_cast<size_t>(nkv) * uhd * score_stride;
+  float* const keys_t = caller[0].get<float>(cpu::kAttentionKeys, keys_t_floats);
+  std::fill(keys_t, keys_t + keys_t_floats, 0.0f);
+  float* const values_b =
+      blocked_values ? caller[0].get<float>(cpu::kAttentionValues, static_cast<size_t>(nkv) * uhd * nkeys) : nullptr;
   const size_t tiles = score_stride / W;
   parallel_for(nkv * static_cast<int64_t>(tiles), threads, [&](int64_t w0, int64_t w1) {
     for (int64_t w = w0; w < w1; ++w) {
@@ -207,7 +208,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       }
     }
   });
-  auto work = [&](int tid) {
+  auto work = [&](int tid, cpu::Workspace&) {
     const size_t max_rows = static_cast<size_t>(tokens_per_item * group);
     ByteBuffer scratch((max_rows * score_stride + 2 * side) * sizeof(float));
     float* scores = reinterpret_cast<float*>(scratch.data());
@@ -245,8 +246,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       attention_rows(args);
     }
   };
-  if (nt == 1) work(0);
-  else ThreadPool::shared(threads).run(nt, work);
+  threads.impl().run(nt, work);
 }
 
 }  // namespace hanpu::model

@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "cpu/lowering.hpp"
 #include "device/host.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/plan.hpp"
@@ -34,6 +36,7 @@ constexpr int64_t kMaxLockstepGroup = 64;     // max_lockstep_group's own cap
 constexpr int64_t kMaxGemmRows = 16;          // no target's register file holds taller tiles
 constexpr int64_t kMaxGemmVectors = 8;        // 8 vectors: a whole 128-column row of AVX-512
 constexpr int64_t kMaxPrefetchRate = 16;      // 16x the even share issues a chunk's lines in ~6 tiles
+constexpr int64_t kMaxArenaBytes = int64_t{1} << 30;  // 64 states of 128 x 128 (4 MiB) are far below
 
 std::string kib(double bytes) {
   std::ostringstream s;
@@ -68,7 +71,9 @@ CpuParam& cpu_param(CpuTuning& t, const std::string& name) {
   if (name == "gemm_rows") return t.gemm_rows;
   if (name == "gemm_vectors") return t.gemm_vectors;
   if (name == "prefetch_rate") return t.prefetch_rate;
-  throw Error("CPU parameter: got \"" + name + "\", expected lockstep_group, column_block, gemm_rows, gemm_vectors or prefetch_rate");
+  if (name == "arena_bytes") return t.arena_bytes;
+  throw Error("CPU parameter: got \"" + name +
+              "\", expected lockstep_group, column_block, gemm_rows, gemm_vectors, prefetch_rate or arena_bytes");
 }
 const CpuParam& cpu_param(const CpuTuning& t, const std::string& name) { return cpu_param(const_cast<CpuTuning&>(t), name); }
 
@@ -83,11 +88,21 @@ void validate_cpu_tuning(const CpuTuning& t, int64_t V, const std::string& path)
   range(t.gemm_rows, "gemm_rows", 1, kMaxGemmRows);
   range(t.gemm_vectors, "gemm_vectors", 1, kMaxGemmVectors);
   range(t.prefetch_rate, "prefetch_rate", 0, kMaxPrefetchRate);
+  range(t.arena_bytes, "arena_bytes", 1, kMaxArenaBytes);
 }
+
+namespace {
+// Every field of plan.cpu: the tuned parameters, then the derived arena size.
+std::vector<std::string> cpu_field_names() {
+  std::vector<std::string> names = cpu_param_names();
+  names.push_back("arena_bytes");
+  return names;
+}
+}  // namespace
 
 json cpu_tuning_to_json(const CpuTuning& t) {
   json j;
-  for (const std::string& name : cpu_param_names()) {
+  for (const std::string& name : cpu_field_names()) {
     const CpuParam& p = cpu_param(t, name);
     j[name] = {{"value", p.value}, {"reason", p.reason}};
   }
@@ -99,11 +114,11 @@ CpuTuning cpu_tuning_from_json(const json& j, const std::string& path) {
   if (!j.is_object()) throw Error(path + ": got " + std::string(j.type_name()) + ", expected an object");
   CpuTuning t;
   for (auto it = j.begin(); it != j.end(); ++it) {
-    const auto names = cpu_param_names();
+    const auto names = cpu_field_names();
     if (it.key() != "source" && std::find(names.begin(), names.end(), it.key()) == names.end())
       throw Error(path + "." + it.key() + ": unknown field (expected source or one of the CPU parameters)");
   }
-  for (const std::string& name : cpu_param_names()) {
+  for (const std::string& name : cpu_field_names()) {
     const std::string at = path + "." + name;
     if (!j.contains(name)) throw Error(at + ": missing (the field is required)");
     const json& pj = j.at(name);
@@ -122,7 +137,7 @@ CpuTuning cpu_tuning_from_json(const json& j, const std::string& path) {
 
 std::string describe_cpu_tuning_lines(const CpuTuning& t) {
   std::string s = "  CPU parameters (" + t.source + "):\n";
-  for (const std::string& name : cpu_param_names())
+  for (const std::string& name : cpu_field_names())
     s += "    " + name + " = " + std::to_string(cpu_param(t, name).value) + ": " + cpu_param(t, name).reason + "\n";
   return s;
 }
@@ -201,7 +216,29 @@ CpuTuning model_cpu_tuning(const Problem& p, const Device& dev, int cores) {
                               " L2, spread evenly over the chunk's GEMM tiles (the fewest line-fill buffers taken from the tiles' refills)"};
   else
     t.prefetch_rate = {0, "no L2 larger than the L1D to prefetch into"};
+  choose_cpu_arena(t, p, dev);
   return t;
+}
+
+void choose_cpu_arena(CpuTuning& t, const Problem& p, const Device& dev) {
+  // The kernels' own layout (cpu/kernels.hpp via cpu/lowering.hpp) for a full group of full-width
+  // items, in the largest program the lowering can make of a plan's order: the arena then holds
+  // any head-fused kernel the planner cuts with these two values.
+  const bool bf16 = dev.name == "host" && p.variant == Variant::GDN && p.qkv_dtype == DType::BF16 && cpu::gram_bf16_usable();
+  const int64_t width = std::min(t.column_block.value, p.V), group = t.lockstep_group.value;
+  const cpu::ArenaBound b = cpu::fused_arena_bound(p, width, static_cast<size_t>(group), bf16);
+  const int64_t l2 = buffer_bytes(dev, "L2");
+  const double per_state = static_cast<double>(b.state_bytes) / static_cast<double>(std::max<int64_t>(1, group));
+  const bool two = !b.program.state_in_place;
+  t.arena_bytes.value = static_cast<int64_t>(b.bytes);
+  t.arena_bytes.reason =
+      "lockstep_group " + std::to_string(group) + " x " + (two ? "2 states (double-buffered) " : "1 state ") + "of " +
+      kib(per_state / (two ? 2 : 1)) + " (K " + std::to_string(p.K) + " x " + std::to_string(width) + " columns, padded rows) + chunk " +
+      std::to_string(p.chunk) + " intermediates " + kib(static_cast<double>(b.bytes - b.state_bytes)) +
+      (bf16 ? " (bf16 gram rows included)" : "") + " = " + kib(static_cast<double>(b.bytes)) +
+      " per thread, the largest of the fused programs (" + (b.program.gemm_first ? "GEMM-first" : "W/U form") + ")" +
+      (l2 > 0 ? std::string(b.bytes <= static_cast<size_t>(l2) ? ", within" : ", beyond") + " the " + kib(static_cast<double>(l2)) + " L2"
+              : "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -349,6 +386,12 @@ CpuTuning plan_cpu_tuning(const Problem& p, const Device& dev, int cores, const 
       if (given.value == 0 && given.reason.empty()) continue;
       cpu_param(t, name) = {given.value, given.reason.empty() ? "given explicitly (PlanOptions.cpu)" : given.reason};
     }
+  // The arena follows the group and column block finally chosen, unless given explicitly.
+  if (opt.cpu && opt.cpu->arena_bytes.value != 0)
+    t.arena_bytes = {opt.cpu->arena_bytes.value,
+                     opt.cpu->arena_bytes.reason.empty() ? "given explicitly (PlanOptions.cpu)" : opt.cpu->arena_bytes.reason};
+  else
+    choose_cpu_arena(t, p, dev);
   validate_cpu_tuning(t, p.V, "PlanOptions.cpu");
   return t;
 }
