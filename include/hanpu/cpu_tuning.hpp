@@ -73,7 +73,7 @@ CpuTuning cpu_tuning_from_json(const nlohmann::json& j, const std::string& path)
 std::string describe_cpu_tuning_lines(const CpuTuning& t);
 
 /// The register tile the CPU kernels compile for a target with this many vector registers (the
-/// planner's model of la_kernels.cpp's kMR x kNV; the CPU checks the real one).
+/// planner's model of src/cpu/la/gemm-inl.h's kMR x kNV; the CPU checks the real one).
 struct GemmTileLimit {
   int rows = 0, vectors = 0;
 };

@@ -26,9 +26,9 @@ Device device_from_text(const std::string& text, const std::string& origin) {
 Problem make_problem(const std::string& variant, const std::vector<int64_t>& seqlens, bool varlen, int64_t H,
                      int64_t HV, int64_t K, int64_t V, bool initial_state, bool final_state) {
   Problem p;
-  if (variant == "gdn") p.variant = Variant::GDN;
-  else if (variant == "kda") p.variant = Variant::KDA;
-  else throw Error("variant: got \"" + variant + "\", expected \"gdn\" or \"kda\"");
+  const std::optional<Variant> v = variant_from_name(variant);
+  if (!v) throw Error("variant: got \"" + variant + "\", expected " + variant_names(" or "));
+  p.variant = *v;
   p.seqlens = seqlens;
   p.varlen = varlen;
   p.H = H, p.HV = HV, p.K = K, p.V = V;

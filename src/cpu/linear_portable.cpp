@@ -179,7 +179,7 @@ void RowBlockInt8(const int8_t* q, const float* scales, int64_t K, int64_t G, co
 }
 
 // GEMM register tile: kGemmMR rows x kGemmNV vectors. 32-register targets: 8 x 3 (24
-// accumulators, 3 panel vectors, 1 broadcast; the tile la_kernels.cpp measured best on AVX-512);
+// accumulators, 3 panel vectors, 1 broadcast; the tile the LA kernels (src/cpu/la/gemm-inl.h) measured best on AVX-512);
 // 16-register x86 targets: 4 x 2.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
 constexpr int kGemmMR = 4;

@@ -143,7 +143,7 @@ std::string describe_cpu_tuning_lines(const CpuTuning& t) {
 }
 
 GemmTileLimit compiled_gemm_tile(int vector_registers) {
-  // src/cpu/la_kernels.cpp compiles 8 x 3 tiles for 32-register targets and 4 x 2 for 16.
+  // the LA kernels (src/cpu/la/gemm-inl.h) compile 8 x 3 tiles for 32-register targets and 4 x 2 for 16.
   return vector_registers >= 32 ? GemmTileLimit{8, 3} : GemmTileLimit{4, 2};
 }
 
@@ -210,7 +210,7 @@ CpuTuning model_cpu_tuning(const Problem& p, const Device& dev, int cores) {
   // refills at any moment that still finishes one chunk ahead. Without an L2 beyond the L1D there
   // is nowhere to prefetch to that the GEMM operands do not need.
   const int64_t in_bytes = static_cast<int64_t>(dtype_size(p.qkv_dtype));
-  const int64_t lines = p.chunk * ((2 * p.K + std::min(block, p.V)) * in_bytes + (p.variant == Variant::KDA ? p.K * 4 : 0)) / 64;
+  const int64_t lines = p.chunk * ((2 * p.K + std::min(block, p.V)) * in_bytes + (variant_traits(p.variant).channel_gate() ? p.K * 4 : 0)) / 64;
   if (l2 > l1 && l2 > 0)
     t.prefetch_rate = {1, "the next item's ~" + std::to_string(lines) + " lines of a chunk into the " + kib(static_cast<double>(l2)) +
                               " L2, spread evenly over the chunk's GEMM tiles (the fewest line-fill buffers taken from the tiles' refills)"};
@@ -224,7 +224,7 @@ void choose_cpu_arena(CpuTuning& t, const Problem& p, const Device& dev) {
   // The kernels' own layout (cpu/kernels.hpp via cpu/lowering.hpp) for a full group of full-width
   // items, in the largest program the lowering can make of a plan's order: the arena then holds
   // any head-fused kernel the planner cuts with these two values.
-  const bool bf16 = dev.name == "host" && p.variant == Variant::GDN && p.qkv_dtype == DType::BF16 && cpu::gram_bf16_usable();
+  const bool bf16 = dev.name == "host" && variant_traits(p.variant).head_gate() && p.qkv_dtype == DType::BF16 && cpu::gram_bf16_usable();
   const int64_t width = std::min(t.column_block.value, p.V), group = t.lockstep_group.value;
   const cpu::ArenaBound b = cpu::fused_arena_bound(p, width, static_cast<size_t>(group), bf16);
   const int64_t l2 = buffer_bytes(dev, "L2");
