@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -468,6 +469,27 @@ TEST(LinearInt8, Int8ActivationsMatchTheirQuantizedReference) {
           }
       }
   if (checked == 0) GTEST_SKIP() << "no AVX512-VNNI here (or HANPU_ISA below native): kInt8 was checked to equal kExact";
+}
+
+// A non-finite activation makes its row's outputs NaN with kInt8 as with f32 activations (its
+// group's scale is NaN), never a value from an undefined int8 conversion.
+TEST(LinearInt8, Int8ActivationsPropagateNonFiniteInputs) {
+  Problem p = make_problem(3, 200, 9, 77);
+  const hanpu::Int8Linear lin(TensorView::contiguous(p.w.data(), DType::BF16, {9, 200}), "test.int8", 64);
+  p.x[static_cast<size_t>(1 * p.ldx + 130)] = std::numeric_limits<float>::infinity();
+  p.x[static_cast<size_t>(2 * p.ldx + 7)] = std::nanf("");
+  TensorView xv = TensorView::contiguous(p.x.data(), DType::F32, {3, 200});
+  xv.stride[0] = p.ldx;
+  for (LinearPrecision prec : {LinearPrecision::kExact, LinearPrecision::kInt8}) {
+    std::vector<float> y(3 * 9);
+    lin.forward(xv, TensorView::contiguous(y.data(), DType::F32, {3, 9}), 1, false, prec);
+    for (int64_t n = 0; n < 9; ++n) {
+      const std::string what = std::string(hanpu::linear_precision_name(prec)) + " n=" + std::to_string(n);
+      EXPECT_TRUE(std::isfinite(y[static_cast<size_t>(n)])) << what;
+      EXPECT_FALSE(std::isfinite(y[static_cast<size_t>(9 + n)])) << what << " (inf input)";
+      EXPECT_TRUE(std::isnan(y[static_cast<size_t>(18 + n)])) << what << " (NaN input)";
+    }
+  }
 }
 
 TEST(LinearInt8, QuantizationErrorAndBadInput) {

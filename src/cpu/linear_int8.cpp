@@ -61,20 +61,11 @@ Int8Linear::Int8Linear(TensorView weight, std::string name, int64_t group) : imp
         w[static_cast<size_t>(k)] = static_cast<float>(load_as_double(weight.data, weight.dtype, n * m.K + k));
       for (int64_t g = 0; g < m.groups; ++g) {
         const int64_t k0 = g * group, k1 = std::min(m.K, k0 + group);
-        float amax = 0;
-        for (int64_t k = k0; k < k1; ++k) {
-          const float v = w[static_cast<size_t>(k)];
-          if (!std::isfinite(v))
+        for (int64_t k = k0; k < k1; ++k)
+          if (!std::isfinite(w[static_cast<size_t>(k)]))
             throw Error(m.name + ": weight [" + std::to_string(n) + ", " + std::to_string(k) + "] is " +
-                        std::to_string(v) + ", a non-finite value cannot be quantized");
-          amax = std::max(amax, std::fabs(v));
-        }
-        const float scale = amax / 127.0f;
-        sc[n * m.groups + g] = scale;
-        for (int64_t k = k0; k < k1; ++k) {
-          const float v = scale > 0 ? std::nearbyint(w[static_cast<size_t>(k)] / scale) : 0.f;
-          q[n * m.K + k] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
-        }
+                        std::to_string(w[static_cast<size_t>(k)]) + ", a non-finite value cannot be quantized");
+        sc[n * m.groups + g] = cpu::quantize_int8_group(w.data() + k0, k1 - k0, q + n * m.K + k0);
       }
     }
   };

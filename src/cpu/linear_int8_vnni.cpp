@@ -91,14 +91,7 @@ void int8_vnni_quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, 
     int8_t* qr = xq + m * Kp;
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t k0 = g * G, k1 = std::min(K, k0 + G);
-      float amax = 0;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(xr[k]));
-      const float scale = amax / 127.0f;
-      xs[m * groups + g] = scale;
-      for (int64_t k = k0; k < k1; ++k) {
-        const float v = scale > 0 ? std::nearbyint(xr[k] / scale) : 0.f;
-        qr[k] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
-      }
+      xs[m * groups + g] = quantize_int8_group(xr + k0, k1 - k0, qr + k0);
     }
     std::fill(qr + K, qr + Kp, int8_t{0});
   }

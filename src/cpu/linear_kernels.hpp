@@ -11,9 +11,11 @@
 // All functions compute y[m, n] (+)= sum_k x[m, k] * w[n, k] for the given row and column ranges.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <algorithm>
+#include <limits>
 
 namespace hanpu::cpu {
 
@@ -109,14 +111,35 @@ int64_t bf16dot_panel_words(int64_t K);
 void bf16dot_linear(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t M, float* y, int64_t ldy, int64_t n0,
                     int64_t n1, bool accumulate, uint32_t* panel);
 
+/// Symmetric int8 of one group of n values, the rule of Int8Linear's weights and of kInt8's
+/// activations: scale = max|x| / 127, q = round(x / scale) to nearest in [-127, 127], scale 0 and
+/// q = 0 for an all-zero group. A non-finite value gives scale NaN and q = 0, so a product with
+/// the group is NaN, as it is with f32 activations (weights are checked before, with an error).
+inline float quantize_int8_group(const float* x, int64_t n, int8_t* q) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t k = 0; k < n; ++k) {
+    finite = finite && std::isfinite(x[k]);
+    amax = std::max(amax, std::fabs(x[k]));
+  }
+  if (!finite) {
+    std::fill(q, q + n, int8_t{0});
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  const float scale = amax / 127.0f;
+  for (int64_t k = 0; k < n; ++k)
+    q[k] = static_cast<int8_t>(std::clamp(scale > 0 ? std::nearbyint(x[k] / scale) : 0.f, -127.f, 127.f));
+  return scale;
+}
+
 // ---- int8 x int8 decode (linear_int8_vnni.cpp, LinearPrecision::kInt8) -------------------------
 /// CPUID AVX512-VNNI (with AVX512-BW, OS ZMM state) and HANPU_ISA native.
 bool int8_vnni_usable();
 /// Row stride (bytes) of quantized activations: K rounded up to 64 plus one more 64-byte step,
 /// zero-filled, so the kernel's unmasked 64-byte activation loads stay inside the row.
 inline int64_t int8_vnni_row_stride(int64_t K) { return (K + 63) / 64 * 64 + 64; }
-/// Quantizes rows [0, M) of x to int8 per group of G inputs (scale = max|x| / 127, round to
-/// nearest, a zero group has scale 0): xq [M][int8_vnni_row_stride(K)], xs [M][ceil(K / G)].
+/// Quantizes rows [0, M) of x to int8 per group of G inputs (quantize_int8_group: a group with a
+/// non-finite input gets scale NaN, so its outputs are NaN as with f32 activations): xq [M][int8_vnni_row_stride(K)], xs [M][ceil(K / G)].
 void int8_vnni_quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xs);
 /// y[m, n] (+)= sum over groups g of w_scale[n, g] * x_scale[m, g] * sum_k q[n, k] xq[m, k], for
 /// columns [n0, n1), in weight-row order; integer products are exact, the result does not depend
