@@ -90,9 +90,9 @@ TEST(CpuTuning, TheModelFollowsTheHostDescription) {
   batch.H = batch.HV = 4;
   batch.K = batch.V = 32;
   EXPECT_EQ(model_cpu_tuning(batch, dev, 2).lockstep_group.value, 4) << model_cpu_tuning(batch, dev, 2).lockstep_group.reason;
-  dev.vector.registers.value = 16;  // AVX2's register file: the 4 x 2 tile
+  dev.vector.registers.value = 16;  // AVX2 register file: the 6 x 2 tile
   t = model_cpu_tuning(big_gdn(), dev, 2);
-  EXPECT_EQ(t.gemm_rows.value, 4);
+  EXPECT_EQ(t.gemm_rows.value, 6);
   EXPECT_EQ(t.gemm_vectors.value, 2);
   for (BufferSpec& b : dev.buffers)
     if (b.name == "L2") b.capacity_bytes.value = 128 << 10;  // a state crowds a 128 KiB L2: column blocks

@@ -40,7 +40,7 @@ struct CpuTuning {
   CpuParam column_block;
   /// Register tile of the head-fused path's GEMMs: rows x vectors of C held in registers. The CPU
   /// runs any shape up to the compiled maximum of the dispatched target (8 x 3 with 32 vector
-  /// registers, 4 x 2 with 16); the chunk-parallel (FLA-style) path keeps the compiled maximum.
+  /// registers, 6 x 2 with 16); the chunk-parallel (FLA-style) path keeps the compiled maximum.
   CpuParam gemm_rows, gemm_vectors;
   /// Software prefetch of the next item's rows during a chunk's GEMM tiles: 0 off; r >= 1 issues r
   /// times the even share per tile (the lines spread over the first 1/r of the tiles). 0, 1, 2, 4.

@@ -68,7 +68,7 @@ class Model:
         [len(ids), vocab] with all_logits else [1, vocab]. precision: "exact" (f32 activations
         times bf16 weights), "bf16x2" or "bf16" (activations rounded as a bf16 model would), or
         "int8" (int8 weights only: decode activations quantized per group, int8 dot products on
-        CPUs with AVX512-VNNI; exact elsewhere and for prefill rows)."""
+        CPUs with AVX512-VNNI or AVX2; exact elsewhere and for prefill rows)."""
         return self._m.forward(state, ids, bool(all_logits), get_num_threads(), str(precision))
 
     def generate(self, ids, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop_ids=None,

@@ -106,8 +106,8 @@ std::string projections_description(LinearPrecision p, const WeightArgs& w) {
   if (w.group() == 0) return linear_precision_name(p);
   if (p != LinearPrecision::kInt8) return "int8 x f32";
   return Int8Linear::int8_activations_available(1)
-             ? "int8 x f32 for prefill, int8 x int8 (activations quantized per group, AVX512-VNNI) for decode"
-             : "int8 x f32 (no AVX512-VNNI here: --precision int8 runs as exact)";
+             ? "int8 x f32 for prefill, int8 x int8 (activations quantized per group, AVX512-VNNI or AVX2) for decode"
+             : "int8 x f32 (no AVX2 or AVX512-VNNI here: --precision int8 runs as exact)";
 }
 
 struct RunArgs {
@@ -431,7 +431,7 @@ void register_model_commands(CLI::App& app) {
   r->add_flag("--greedy", run->greedy, "always take the most likely token");
   r->add_option("--precision", run->precision,
                 "projection activations: exact (f32, default), bf16x2, bf16 (rounded like a bf16 model; fastest), int8 (with "
-                "int8 weights: decode activations quantized per group, int8 dot products where the CPU has AVX512-VNNI)");
+                "int8 weights: decode activations quantized per group, int8 dot products with AVX512-VNNI or AVX2)");
   run->weights.add_to(r);
   r->add_flag("--ids", run->print_ids, "print the generated token ids instead of text");
   r->add_option("--logits-out", run->logits_out, "write the prompt's logits (all positions) to this safetensors file");
@@ -455,7 +455,7 @@ void register_model_commands(CLI::App& app) {
   b->add_option("--seed", bench->seed, "seed of the synthetic weights and prompt (default 1)");
   b->add_option("--precision", bench->precision,
                 "projection activations: exact (default), bf16x2, bf16, int8 (with --weights int8: decode activations "
-                "quantized per group, AVX512-VNNI)");
+                "quantized per group, AVX512-VNNI or AVX2)");
   bench->weights.add_to(b);
   b->add_flag("--json", bench->json, "one JSON object per prompt length");
   b->callback([bench] { run_bench_model(*bench); });

@@ -105,7 +105,7 @@ float Int8Linear::weight(int64_t n, int64_t k) const {
   return static_cast<float>(quantized()[n * impl_->K + k]) * scales()[n * impl_->groups + k / impl_->group];
 }
 
-bool Int8Linear::int8_activations_available(int64_t M) { return M < cpu::kPortableGemmMinRows && cpu::int8_vnni_usable(); }
+bool Int8Linear::int8_activations_available(int64_t M) { return M < cpu::kPortableGemmMinRows && cpu::int8_dot_usable(); }
 
 void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {
   forward(Engine::default_engine(), x, y, threads, accumulate, precision);
@@ -124,11 +124,11 @@ void Int8Linear::forward(Engine& engine, TensorView x, TensorView y, int threads
   if (precision == LinearPrecision::kInt8 && int8_activations_available(M)) {
     // Quantized once per call (M x K, a few microseconds), then the threads stream the weight.
     const int64_t G = impl_->group, groups = impl_->groups;
-    std::vector<int8_t> xq(static_cast<size_t>(M * cpu::int8_vnni_row_stride(K)));
+    std::vector<int8_t> xq(static_cast<size_t>(M * cpu::int8_dot_row_stride(K)));
     std::vector<float> xs(static_cast<size_t>(M * groups));
-    cpu::int8_vnni_quantize_rows(xd, ldx, M, K, G, xq.data(), xs.data());
+    cpu::int8_dot_quantize_rows(xd, ldx, M, K, G, xq.data(), xs.data());
     cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
-      cpu::int8_vnni_gemv(quantized(), scales(), K, G, xq.data(), xs.data(), M, yd, ldy, n0, n1, accumulate);
+      cpu::int8_dot_gemv(quantized(), scales(), K, G, xq.data(), xs.data(), M, yd, ldy, n0, n1, accumulate);
     });
     return;
   }

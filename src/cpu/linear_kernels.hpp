@@ -132,19 +132,20 @@ inline float quantize_int8_group(const float* x, int64_t n, int8_t* q) {
   return scale;
 }
 
-// ---- int8 x int8 decode (linear_int8_vnni.cpp, LinearPrecision::kInt8) -------------------------
-/// CPUID AVX512-VNNI (with AVX512-BW, OS ZMM state) and HANPU_ISA native.
-bool int8_vnni_usable();
+// ---- int8 x int8 decode (linear_int8_dot.cpp, LinearPrecision::kInt8) --------------------------
+/// An int8 dot-product kernel runs here: AVX512-VNNI (with AVX512-BW, OS ZMM state) under HANPU_ISA
+/// native, or AVX2 + FMA when HANPU_ISA allows AVX2 or better.
+bool int8_dot_usable();
 /// Row stride (bytes) of quantized activations: K rounded up to 64 plus one more 64-byte step,
 /// zero-filled, so the kernel's unmasked 64-byte activation loads stay inside the row.
-inline int64_t int8_vnni_row_stride(int64_t K) { return (K + 63) / 64 * 64 + 64; }
+inline int64_t int8_dot_row_stride(int64_t K) { return (K + 63) / 64 * 64 + 64; }
 /// Quantizes rows [0, M) of x to int8 per group of G inputs (quantize_int8_group: a group with a
-/// non-finite input gets scale NaN, so its outputs are NaN as with f32 activations): xq [M][int8_vnni_row_stride(K)], xs [M][ceil(K / G)].
-void int8_vnni_quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xs);
+/// non-finite input gets scale NaN, so its outputs are NaN as with f32 activations): xq [M][int8_dot_row_stride(K)], xs [M][ceil(K / G)].
+void int8_dot_quantize_rows(const float* x, int64_t ldx, int64_t M, int64_t K, int64_t G, int8_t* xq, float* xs);
 /// y[m, n] (+)= sum over groups g of w_scale[n, g] * x_scale[m, g] * sum_k q[n, k] xq[m, k], for
 /// columns [n0, n1), in weight-row order; integer products are exact, the result does not depend
 /// on M or on how columns are split.
-void int8_vnni_gemv(const int8_t* q, const float* scales, int64_t K, int64_t G, const int8_t* xq, const float* xs,
+void int8_dot_gemv(const int8_t* q, const float* scales, int64_t K, int64_t G, const int8_t* xq, const float* xs,
                     int64_t M, float* y, int64_t ldy, int64_t n0, int64_t n1, bool accumulate);
 
 }  // namespace hanpu::cpu

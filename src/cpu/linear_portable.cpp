@@ -179,22 +179,33 @@ void RowBlockInt8(const int8_t* q, const float* scales, int64_t K, int64_t G, co
 }
 
 // GEMM register tile: kGemmMR rows x kGemmNV vectors. 32-register targets: 8 x 3 (24
-// accumulators, 3 panel vectors, 1 broadcast; the tile the LA kernels (src/cpu/la/gemm-inl.h) measured best on AVX-512);
-// 16-register x86 targets: 4 x 2.
+// accumulators, 3 panel vectors, 1 broadcast; the tile the LA kernels (src/cpu/la/gemm-inl.h)
+// measured best on AVX-512). 16-register x86 targets: 6 x 2, the shape of the classic Haswell
+// SGEMM kernels (BLIS's and OpenBLAS's 6x16): 12 accumulators + 2 panel vectors + 1 broadcast =
+// 15 registers. Two FMA pipes of 4-5 cycles latency (Haswell..Zen 3) need 8-10 independent
+// chains; the 4 x 2 tile used before had exactly 8 and measured 0.64 of the FMA peak on Zen 4 in
+// AVX2 mode, where OpenBLAS and oneDNN reached 0.78 (docs/LINEAR.md).
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-constexpr int kGemmMR = 4;
+constexpr int kGemmMR = 6;
 constexpr int kGemmNV = 2;
 #else
 constexpr int kGemmMR = 8;
 constexpr int kGemmNV = 3;
 #endif
+// The panel spans the whole K (64 KiB at K = 1024 on AVX2, in L2). Measured on Zen 3 (AVX2, 2
+// threads and 1, Qwen3.5-0.8B's projections, docs/LINEAR.md): blocking K by 256 or 512 so that the
+// panel stays in L1 was slower (the outputs are re-loaded per block and the activations streamed
+// once per block), and so was packing the activations of a row tile into one [k][rows] stream.
+
 // From this many rows on the GEMM form is used: widening a panel (scalar, strided writes) costs
 // about as much as a few rows of dot products, and the broadcast tile needs full row blocks.
 constexpr int64_t kGemmMinRows = kPortableGemmMinRows;
 
-// Rows [0, MR) x panel columns [0, width) (width <= kGemmNV * lanes; the panel is zero-padded).
+// Rows [0, MR) x panel columns [0, width) over the panel's kd rows (width <= kGemmNV * lanes; the
+// panel is zero-padded). Every output row is its own chain over k, so its value does not depend on
+// the tile height it was computed in.
 template <int MR>
-void GemmTile(const float* panel, int64_t pn, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
+void GemmTile(const float* panel, int64_t pn, int64_t kd, const float* x, int64_t ldx, float* y, int64_t ldy,
               int64_t width, bool accumulate) {
   const hn::ScalableTag<float> df;
   const int64_t L = static_cast<int64_t>(hn::Lanes(df));
@@ -202,7 +213,7 @@ void GemmTile(const float* panel, int64_t pn, int64_t K, const float* x, int64_t
   V acc[MR][kGemmNV];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < kGemmNV; ++j) acc[i][j] = hn::Zero(df);
-  for (int64_t k = 0; k < K; ++k) {
+  for (int64_t k = 0; k < kd; ++k) {
     V b[kGemmNV];
     for (int j = 0; j < kGemmNV; ++j) b[j] = hn::Load(df, panel + k * pn + j * L);
     for (int i = 0; i < MR; ++i) {
@@ -226,6 +237,17 @@ void GemmTile(const float* panel, int64_t pn, int64_t K, const float* x, int64_t
   }
 }
 
+// The last M % kGemmMR rows in one tile of their own height (one row at a time ran at a quarter
+// of the rate: two accumulator chains cannot cover the FMA latency).
+template <int MR>
+void GemmRowTail(int64_t rows, const float* panel, int64_t pn, int64_t kd, const float* x, int64_t ldx, float* y,
+                 int64_t ldy, int64_t width, bool accumulate) {
+  if constexpr (MR > 0) {
+    if (rows == MR) return GemmTile<MR>(panel, pn, kd, x, ldx, y, ldy, width, accumulate);
+    GemmRowTail<MR - 1>(rows, panel, pn, kd, x, ldx, y, ldy, width, accumulate);
+  }
+}
+
 // The GEMM form for any weight format: `widen(c, n, k0, k1, out)` writes the f32 values of weight
 // row n, columns [k0, k1), to out[(k - k0) * pn] (one panel column).
 template <class Widen>
@@ -237,7 +259,7 @@ void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, i
   for (int64_t n = n0; n < n1; n += pn) {
     const int64_t width = std::min(pn, n1 - n);
     // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
-    // row are 128-byte runs and the writes stay in a 12-24 KiB (L1) part of the panel.
+    // row are 128-byte runs and the writes stay in a 4-12 KiB (L1) part of the panel.
     constexpr int64_t kWidenBlock = 64;
     for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock) {
       const int64_t k1 = std::min(K, k0 + kWidenBlock);
@@ -252,7 +274,7 @@ void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, i
     int64_t m = 0;
     for (; m + kGemmMR <= M; m += kGemmMR)
       GemmTile<kGemmMR>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
-    for (; m < M; ++m) GemmTile<1>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
+    GemmRowTail<kGemmMR - 1>(M - m, panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
   }
 }
 

@@ -23,7 +23,7 @@ Projection::Projection(const TensorView& w, const std::string& name, int64_t int
 
 void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, cpu::Threads threads, bool accumulate,
                          LinearPrecision precision) const {
-  if (int8_) {  // activations stay f32 unless `precision` is kInt8 (decode rows, VNNI)
+  if (int8_) {  // activations stay f32 unless `precision` is kInt8 (decode rows, AVX512-VNNI or AVX2)
     TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
     xv.stride[0] = ldx;
     TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});

@@ -143,8 +143,8 @@ std::string describe_cpu_tuning_lines(const CpuTuning& t) {
 }
 
 GemmTileLimit compiled_gemm_tile(int vector_registers) {
-  // the LA kernels (src/cpu/la/gemm-inl.h) compile 8 x 3 tiles for 32-register targets and 4 x 2 for 16.
-  return vector_registers >= 32 ? GemmTileLimit{8, 3} : GemmTileLimit{4, 2};
+  // the LA kernels (src/cpu/la/gemm-inl.h) compile 8 x 3 tiles for 32-register targets and 6 x 2 for 16.
+  return vector_registers >= 32 ? GemmTileLimit{8, 3} : GemmTileLimit{6, 2};
 }
 
 CpuTuning model_cpu_tuning(const Problem& p, const Device& dev, int cores) {

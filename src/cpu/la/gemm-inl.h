@@ -24,9 +24,10 @@ namespace HWY_NAMESPACE {
 // NEON) use 8 x 3 (24 accumulators + 3 B vectors + 1 broadcast: 11 loads per 24 FMAs; measured
 // on AVX-512 against 8x2, 12x2, 6x4 and 7x4). Column tails (e.g. the last 32 of 128 columns)
 // keep 8 rows: taller tail tiles (12 x 2, 16 x 1) measured 10% slower on the GEMM probe.
-// 16-register x86 targets: 4 x 2.
+// 16-register x86 targets: up to 6 x 2 (12 accumulators + 2 B vectors + 1 broadcast = 15
+// registers; the plan picks the shape, src/plan/cpu_tuning.cpp).
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-constexpr size_t kMR = 4;
+constexpr size_t kMR = 6;
 constexpr size_t kNV = 2;
 #else
 constexpr size_t kMR = 8;
