@@ -122,13 +122,18 @@ void Int8Linear::forward(Engine& engine, TensorView x, TensorView y, int threads
   const int64_t M = call->M, ldx = call->ldx, ldy = call->ldy;
   threads = std::max(1, threads);
   if (precision == LinearPrecision::kInt8 && int8_activations_available(M)) {
-    // Quantized once per call (M x K, a few microseconds), then the threads stream the weight.
+    // Quantized once per call (M x K, a few microseconds) into the calling part's workspace (held
+    // for the call: the quantized rows, then their scales), then the threads stream the weight.
     const int64_t G = impl_->group, groups = impl_->groups;
-    std::vector<int8_t> xq(static_cast<size_t>(M * cpu::int8_dot_row_stride(K)));
-    std::vector<float> xs(static_cast<size_t>(M * groups));
-    cpu::int8_dot_quantize_rows(xd, ldx, M, K, G, xq.data(), xs.data());
+    const size_t row_bytes = static_cast<size_t>(M * cpu::int8_dot_row_stride(K));
+    const size_t scale_offset = (row_bytes + 63) / 64 * 64;
+    Engine::Impl::Lease caller(engine.impl(), 1);
+    uint8_t* scratch = caller[0].get<uint8_t>(cpu::kLinearRows, scale_offset + static_cast<size_t>(M * groups) * sizeof(float));
+    int8_t* xq = reinterpret_cast<int8_t*>(scratch);
+    float* xs = reinterpret_cast<float*>(scratch + scale_offset);
+    cpu::int8_dot_quantize_rows(xd, ldx, M, K, G, xq, xs);
     cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
-      cpu::int8_dot_gemv(quantized(), scales(), K, G, xq.data(), xs.data(), M, yd, ldy, n0, n1, accumulate);
+      cpu::int8_dot_gemv(quantized(), scales(), K, G, xq, xs, M, yd, ldy, n0, n1, accumulate);
     });
     return;
   }
