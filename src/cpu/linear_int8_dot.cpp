@@ -199,12 +199,12 @@ void int8_dot_gemv(const int8_t* q, const float* scales, int64_t K, int64_t G, c
     dot_rows<1>(form, q, scales, K, G, xq + m * Kp, xs + m * groups, Kp, groups, y + m * ldy, ldy, n0, n1, accumulate);
 }
 
-#else  // no AVX512-VNNI code on this architecture / compiler: the f32 int8 kernels are used.
+#else  // no x86 int8 dot code on this architecture / compiler: the f32 int8 kernels are used.
 
-bool int8_vnni_usable() { return false; }
+bool int8_dot_usable() { return false; }
 void int8_dot_quantize_rows(const float*, int64_t, int64_t, int64_t, int64_t, int8_t*, float*) {}
-void int8_vnni_gemv(const int8_t*, const float*, int64_t, int64_t, const int8_t*, const float*, int64_t, float*,
-                    int64_t, int64_t, int64_t, bool) {}
+void int8_dot_gemv(const int8_t*, const float*, int64_t, int64_t, const int8_t*, const float*, int64_t, float*,
+                   int64_t, int64_t, int64_t, bool) {}
 
 #endif
 
