@@ -88,6 +88,64 @@ bool KdaBlockPairsInRegisters(size_t nv, bool whole_vectors, const float* Kr, co
   }
 }
 
+// K beyond the register budget (AVX2 with K = 128: 16 vectors, 4 fit): the same pairs with the
+// channels in segments of SEG vectors, each segment's running decay product in registers; the
+// pairs' partial dot products wait in `partial` (two vectors per pair of the row, in L1) until the
+// last segment. Against the generic loop below this drops the product's load/store round trip
+// per pair and channel vector, and one horizontal sum per segment.
+template <size_t SEG>
+void KdaBlockPairsSegmented(const float* HWY_RESTRICT Kr, const float* HWY_RESTRICT Qs, const float* HWY_RESTRICT eg,
+                            size_t n, size_t rows, size_t K, size_t ldc, float* HWY_RESTRICT KK, float* HWY_RESTRICT QK) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  HWY_ALIGN float partial[2 * kKdaBlock * (HWY_MAX_BYTES / sizeof(float))];
+  for (size_t i = 0; i < rows; ++i) {
+    const size_t r = n + i;
+    for (size_t s = 0; s < K; s += SEG * N) {
+      const float* qr = Qs + r * K + s;
+      const float* kr = Kr + r * K + s;
+      VF f[SEG];
+      for (size_t v = 0; v < SEG; ++v) f[v] = hn::Set(d, 1.f);
+      for (size_t j = r + 1; j-- > n;) {
+        if (j < r)
+          for (size_t v = 0; v < SEG; ++v) f[v] = hn::Mul(f[v], hn::LoadU(d, eg + (j + 1) * K + s + v * N));
+        const float* kj = Kr + j * K + s;
+        float* pq = partial + (j - n) * 2 * N;
+        VF aq = s == 0 ? hn::Zero(d) : hn::Load(d, pq), ak = s == 0 ? hn::Zero(d) : hn::Load(d, pq + N);
+        for (size_t v = 0; v < SEG; ++v) {
+          const VF kf = hn::Mul(hn::LoadU(d, kj + v * N), f[v]);
+          aq = hn::MulAdd(hn::LoadU(d, qr + v * N), kf, aq);
+          ak = hn::MulAdd(hn::LoadU(d, kr + v * N), kf, ak);
+        }
+        hn::Store(aq, d, pq);
+        hn::Store(ak, d, pq + N);
+      }
+    }
+    for (size_t j = r + 1; j-- > n;) {
+      const float* pq = partial + (j - n) * 2 * N;
+      QK[r * ldc + j] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, pq)));
+      KK[r * ldc + j] = j < r ? hn::GetLane(hn::SumOfLanes(d, hn::Load(d, pq + N))) : 0.f;
+    }
+  }
+}
+
+// Runs KdaBlockPairsSegmented with the widest segment of at most SEG vectors dividing K's nv
+// vectors; false when K is not whole vectors (generic loop).
+template <size_t SEG>
+bool KdaBlockPairsInSegments(size_t nv, bool whole_vectors, const float* Kr, const float* Qs, const float* eg,
+                             size_t n, size_t rows, size_t K, size_t ldc, float* KK, float* QK) {
+  if constexpr (SEG == 0) {
+    return false;
+  } else {
+    if (!whole_vectors) return false;
+    if (nv % SEG == 0) {
+      KdaBlockPairsSegmented<SEG>(Kr, Qs, eg, n, rows, K, ldc, KK, QK);
+      return true;
+    }
+    return KdaBlockPairsInSegments<SEG - 1>(nv, whole_vectors, Kr, Qs, eg, n, rows, K, ldc, KK, QK);
+  }
+}
+
 void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t K, size_t C, size_t ldc, float* KQl,
              float* KrT, float* ftmp, const float* eg, float* AP, ChunkPrefetcher* pf = nullptr, TileShape tile = {}) {
   constexpr size_t kBlock = kKdaBlock;
@@ -125,6 +183,7 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
       Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf, nullptr, tile);
     }
     if (KdaBlockPairsInRegisters<kMaxPairVectors>(K / N, K % N == 0, Kr, Qs, eg, n, rows, K, ldc, KK, QK)) continue;
+    if (KdaBlockPairsInSegments<kMaxPairVectors>(K / N, K % N == 0, Kr, Qs, eg, n, rows, K, ldc, KK, QK)) continue;
     for (size_t i = 0; i < rows; ++i) {
       const size_t r = n + i;
       const float* qr = Qs + r * K;

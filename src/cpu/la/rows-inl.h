@@ -501,6 +501,30 @@ HWY_INLINE void Transpose16x16(const float* HWY_RESTRICT src, size_t lds, float*
     _mm512_storeu_ps(dst + (12 + c) * ldd, _mm512_shuffle_f32x4(x1, x3, 0xDD));
   }
 }
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+// dst[c * ldd + r] = src[r * lds + c] for r, c < 8: 24 in-register shuffles. AVX2's gather issues
+// one load per lane (8 per output vector) and was the transposes' whole cost on the AVX2 target.
+HWY_INLINE void Transpose8x8(const float* HWY_RESTRICT src, size_t lds, float* HWY_RESTRICT dst, size_t ldd) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * lds);
+  // Pairs of rows interleaved per 128-bit half.
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  // Quads: r[4g + c] holds, in half h, rows 4g..4g+3 of column 4h + c.
+  for (int g = 0; g < 2; ++g) {
+    r[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+    r[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+    r[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+    r[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+  }
+  // Column c (low half) and 4 + c (high half): rows 0-3 from r[c], rows 4-7 from r[4 + c].
+  for (int c = 0; c < 4; ++c) {
+    _mm256_storeu_ps(dst + c * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x20));
+    _mm256_storeu_ps(dst + (4 + c) * ldd, _mm256_permute2f128_ps(r[c], r[4 + c], 0x31));
+  }
+}
 #endif
 
 void TransposeInto(const float* src, size_t L, size_t K, float* dst, size_t ldt, size_t zero_to) {
@@ -515,6 +539,11 @@ void TransposeInto(const float* src, size_t L, size_t K, float* dst, size_t ldt,
   blocked_cols = L / 16 * 16;
   for (size_t k0 = 0; k0 < blocked_rows; k0 += 16)
     for (size_t j0 = 0; j0 < blocked_cols; j0 += 16) Transpose16x16(src + j0 * K + k0, K, dst + k0 * ldt + j0, ldt);
+#elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
+  blocked_rows = K / 8 * 8;
+  blocked_cols = L / 8 * 8;
+  for (size_t k0 = 0; k0 < blocked_rows; k0 += 8)
+    for (size_t j0 = 0; j0 < blocked_cols; j0 += 8) Transpose8x8(src + j0 * K + k0, K, dst + k0 * ldt + j0, ldt);
 #endif
   for (size_t k = 0; k < K; ++k) {
     float* row = dst + k * ldt;
