@@ -126,7 +126,7 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
         for (const std::string& o : k.order)
           for (const std::string& in : g.op(o).inputs) read_here |= in == operand;
         const bool stored = std::any_of(k.steps.begin(), k.steps.end(), [&](const Step& st) {
-          return st.kind == "move" && st.tensor == operand && st.path.find("->GM") != std::string::npos;
+          return st.kind == StepKind::Move && st.tensor == operand && st.path.find("->GM") != std::string::npos;
         });
         EXPECT_TRUE(read_here || stored) << s << " " << k.name << " " << d;
       }
@@ -256,7 +256,7 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
         closure[i].insert(d);
         closure[i].insert(closure[static_cast<size_t>(d)].begin(), closure[static_cast<size_t>(d)].end());
       }
-      if (s.kind == "compute") {
+      if (s.kind == StepKind::Compute) {
         const OperatorDef& op = g.op(s.op);
         for (size_t a = 0; a < op.inputs.size(); ++a) {
           const std::string& t = op.inputs[a];
@@ -271,9 +271,9 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
           EXPECT_TRUE(closure[i].count(it->second)) << s.op << " does not wait for " << t << " in " << buf;
         }
         for (const std::string& out : op.outputs) arrived[{out, op.unit == Unit::Matrix ? dev.matrix.output : dev.vector.buffer}] = static_cast<int>(i);
-      } else if (s.kind == "move") {
+      } else if (s.kind == StepKind::Move) {
         arrived[{s.tensor, s.path.substr(s.path.find("->") + 2)}] = static_cast<int>(i);
-      } else if (s.kind == "zero") {
+      } else if (s.kind == StepKind::Zero) {
         arrived[{s.tensor, dev.vector.buffer}] = static_cast<int>(i);
       }
     }
@@ -297,7 +297,7 @@ TEST(Plans, OperandCheckCatchesAMissingDependency) {
   g_device = ascend310p();
   g_broken_plan = make_plan(problem(Variant::GDN, {256}, 16), g_device, "hanpu");
   for (Step& s : g_broken_plan.kernels[0].steps)
-    if (s.kind == "compute" && s.op == "gate") s.deps.clear();  // reads only g
+    if (s.kind == StepKind::Compute && s.op == "gate") s.deps.clear();  // reads only g
   EXPECT_NONFATAL_FAILURE(expect_operands_delivered(g_broken_plan, g_device), "does not wait for");
 }
 
@@ -440,11 +440,11 @@ TEST(LayoutDp, AGmInputSeveralVectorOperatorsReadIsConvertedOnceOnArrival) {
   const Plan plan = make_plan(problem(Variant::KDA, {256}, 10), dev, "hanpu");
   ASSERT_EQ(plan.layouts.at("k"), Layout::Blocked);
   int k_transforms = 0;
-  for (const Step& st : plan.kernels[0].steps) k_transforms += st.kind == "transform" && st.tensor == "k";
+  for (const Step& st : plan.kernels[0].steps) k_transforms += st.kind == StepKind::Transform && st.tensor == "k";
   EXPECT_EQ(k_transforms, 1);
   // Unplanned (every tensor dense, the decays included) k is read as it arrives: no conversion.
   const Plan dense = make_plan(problem(Variant::KDA, {256}, 10), dev, "fla+mapping+reordering");
-  for (const Step& st : dense.kernels[0].steps) EXPECT_FALSE(st.kind == "transform" && st.tensor == "k");
+  for (const Step& st : dense.kernels[0].steps) EXPECT_FALSE(st.kind == StepKind::Transform && st.tensor == "k");
 }
 
 double evaluate(const LayoutProblem& lp, const std::vector<Layout>& l) {
@@ -521,6 +521,22 @@ TEST(PlanJson, MalformedFieldsAreNamed) {
   j = good;
   j["kernels"][1]["steps"][3]["kind"] = "mov";
   EXPECT_NE(parse_error(j).find("expected one of compute, move"), std::string::npos) << parse_error(j);
+  // A unit lane is "matrix" or "vector"; only a move's lane may name a DMA engine.
+  size_t compute = 0, move = 0;
+  while (good["kernels"][1]["steps"][compute]["kind"] != "compute") ++compute;
+  while (good["kernels"][1]["steps"][move]["kind"] != "move") ++move;
+  j = good;
+  j["kernels"][1]["steps"][compute]["lane"] = "MTE2";
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[" + std::to_string(compute) + "].lane: got \"MTE2\", expected one of matrix, vector"),
+            std::string::npos)
+      << parse_error(j);
+  j = good;
+  j["kernels"][1]["steps"][move]["lane"] = "";
+  EXPECT_NE(parse_error(j).find("expected one of matrix, vector, or the name of a DMA engine"), std::string::npos) << parse_error(j);
+  j = good;
+  j["kernels"][1]["steps"][3]["when"] = "always";
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[3].when: got \"always\", expected one of every, first, last"), std::string::npos)
+      << parse_error(j);
   j = good;
   j["cores"] = "eight";
   EXPECT_NE(parse_error(j).find("plan.cores: got \"eight\", expected an integer"), std::string::npos) << parse_error(j);
@@ -714,7 +730,7 @@ TEST(BufferAccounting, OperandsStayInL0OnlyAcrossAdjacentGemms) {
   auto l1_to_l0_moves = [](const Kernel& k, const std::string& t) {
     int n = 0;
     for (const Step& s : k.steps)
-      if (s.kind == "move" && s.tensor == t && s.path.rfind("L1->L0", 0) == 0 && s.when == "every") ++n;
+      if (s.kind == StepKind::Move && s.tensor == t && s.path.rfind("L1->L0", 0) == 0 && s.when == StepWhen::Every) ++n;
     return n;
   };
   const Plan reordered = make_plan(problem(Variant::GDN, {256}, 10), dev, "fla+mapping+reordering");
@@ -724,8 +740,8 @@ TEST(BufferAccounting, OperandsStayInL0OnlyAcrossAdjacentGemms) {
   int k_loads_in_group = 0;
   bool in_group = true;
   for (const Step& s : k.steps) {
-    if (s.kind == "compute" && s.lane == "vector") in_group = false;
-    if (in_group && s.kind == "move" && s.tensor == "k" && s.path.rfind("L1->L0", 0) == 0) ++k_loads_in_group;
+    if (s.kind == StepKind::Compute && s.lane == StepLane::Vector) in_group = false;
+    if (in_group && s.kind == StepKind::Move && s.tensor == "k" && s.path.rfind("L1->L0", 0) == 0) ++k_loads_in_group;
   }
   EXPECT_LE(k_loads_in_group, 2);
   EXPECT_GT(l1_to_l0_moves(k, "k"), k_loads_in_group);  // reloaded after the vector operators

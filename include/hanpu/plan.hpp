@@ -186,18 +186,34 @@ struct PlanItem {
   bool operator==(const PlanItem&) const = default;
 };
 
-/// One step of a kernel's chunk program.
-///   compute:   runs operator `op` on lane "matrix" or "vector";
-///   move:      copies `tensor` along device path `path` (lane = the path's DMA engine), moving
+/// What a step does:
+///   Compute:   runs operator `op` on the matrix or the vector lane;
+///   Move:      copies `tensor` along device path `path` (lane Dma: the path's DMA engine), moving
 ///              elem_bytes per element;
-///   transform: converts `tensor` between dense and blocked in UB (vector lane, one op/element);
-///   cast:      converts an fp32 `tensor` to fp16 for the matrix unit (vector lane);
-///   zero:      clears the state (first chunk of an item without an initial state).
-/// when: "every" chunk, only the item's "first" or "last" chunk.
+///   Transform: converts `tensor` between dense and blocked in UB (vector lane, one op/element);
+///   Cast:      converts an fp32 `tensor` to fp16 for the matrix unit (vector lane);
+///   Zero:      clears the state (first chunk of an item without an initial state).
+enum class StepKind { Compute, Move, Transform, Cast, Zero };
+/// Where a step issues: the matrix unit, the vector unit, or a DMA engine (Step::engine names it;
+/// engines are the device's, so their names stay strings).
+enum class StepLane { Matrix, Vector, Dma };
+/// Which chunks of an item a step runs on: every chunk, only the first or only the last.
+enum class StepWhen { Every, First, Last };
+/// The names at the JSON edge: "compute" / "move" / "transform" / "cast" / "zero"; "every" /
+/// "first" / "last".
+const char* step_kind_name(StepKind k);
+const char* step_when_name(StepWhen w);
+
+/// One step of a kernel's chunk program.
 /// deps: earlier steps of the same chunk it waits for. reuse_of: the step whose buffer this step
 /// overwrites in a later chunk (-1 none): it waits for that step `buffering` chunks earlier.
 struct Step {
-  std::string kind, op, tensor, lane, path, when = "every";
+  StepKind kind = StepKind::Compute;
+  std::string op, tensor;
+  StepLane lane = StepLane::Vector;
+  std::string engine;  // lane Dma: the DMA engine (the path's engine, or the path's name if it has none)
+  std::string path;
+  StepWhen when = StepWhen::Every;
   int elem_bytes = 0;
   std::vector<int> deps;
   int reuse_of = -1;
@@ -205,6 +221,9 @@ struct Step {
   bool transit = false;
   bool operator==(const Step&) const = default;
 };
+/// The name of a step's lane at the JSON edge and in the simulator's results: "matrix", "vector"
+/// or the DMA engine's name.
+std::string step_lane_name(const Step& s);
 
 /// A tensor copy in an on-core buffer: live from step first to step last of the chunk program
 /// (a tensor carried to the next chunk is live to the end), bytes at the nominal chunk and the

@@ -53,7 +53,9 @@ struct KernelStats {
 
 struct TimelineEvent {
   int core = 0;
-  std::string kernel, lane, op, kind, tensor;
+  std::string kernel, lane, op;  // lane: step_lane_name of the step
+  StepKind kind = StepKind::Compute;
+  std::string tensor;
   int64_t item = 0, chunk = 0;  // index of the item on its core, chunk within the sequence
   double start_s = 0, end_s = 0;
 };

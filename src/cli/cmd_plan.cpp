@@ -193,7 +193,7 @@ void register_plan_commands(CLI::App& app) {
       if (!timeline->empty()) {
         nlohmann::json ev = nlohmann::json::array();
         for (const TimelineEvent& e : rs.front().timeline)
-          ev.push_back({{"core", e.core}, {"kernel", e.kernel}, {"lane", e.lane}, {"op", e.op}, {"kind", e.kind}, {"tensor", e.tensor},
+          ev.push_back({{"core", e.core}, {"kernel", e.kernel}, {"lane", e.lane}, {"op", e.op}, {"kind", step_kind_name(e.kind)}, {"tensor", e.tensor},
                         {"item", e.item}, {"chunk", e.chunk}, {"start_us", e.start_s * 1e6}, {"end_us", e.end_s * 1e6}});
         write_file(*timeline, nlohmann::json{{"strategy", rs.front().strategy}, {"latency_us", rs.front().latency_s * 1e6}, {"events", ev}}.dump() + "\n");
       }

@@ -230,7 +230,7 @@ class Lowerer {
 
   // Moves t from `from` to `to` along the cheapest route; returns the last step.
   int move(const std::string& t, const std::string& from, const std::string& to, const std::string& op, int elem,
-           const std::string& when = "every", const std::set<std::string>& keep = {}) {
+           StepWhen when = StepWhen::Every, const std::set<std::string>& keep = {}) {
     if (from == to) return res_.at(t).at(from).ready;  // one buffer serves both (a CPU's cache)
     const Route r = cheapest_route(dev_, from, to);
     if (r.hops.empty())
@@ -242,7 +242,8 @@ class Lowerer {
     const bool gm_origin = from == kGM;
     for (const PathSpec* p : r.hops) {
       Step s;
-      s.kind = "move", s.op = op, s.tensor = t, s.lane = p->engine.empty() ? p->name() : p->engine, s.path = p->name();
+      s.kind = StepKind::Move, s.op = op, s.tensor = t, s.path = p->name();
+      s.lane = StepLane::Dma, s.engine = p->engine.empty() ? p->name() : p->engine;
       s.elem_bytes = elem, s.when = when;
       s.transit = p->to == kGM && to != kGM;
       const int i = add(s);
@@ -313,7 +314,7 @@ class Lowerer {
 
   int transform(const std::string& t, const std::string& op, int after) {
     Step s;
-    s.kind = "transform", s.op = op, s.tensor = t, s.lane = "vector";
+    s.kind = StepKind::Transform, s.op = op, s.tensor = t, s.lane = StepLane::Vector;
     s.elem_bytes = res_.at(t).at(ub_).elem;
     const int i = add(s);
     dep(i, after);
@@ -337,7 +338,7 @@ class Lowerer {
         int temp_first = -1;
         if (c.elem == 4 && operand_bytes_ == 2) {  // fp32 -> fp16 for the matrix unit
           Step s;
-          s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
+          s.kind = StepKind::Cast, s.op = op, s.tensor = t, s.lane = StepLane::Vector, s.elem_bytes = 2;
           ready = add(s);
           read(t, ub_, ready);
           temp_first = ready;
@@ -367,7 +368,7 @@ class Lowerer {
     }
     if (stage_ == buf) return res_.at(t).at(buf).ready;  // the operand buffer is the staging buffer (AIE-ML)
     if (spilled(t)) drop(t, ub_);
-    return move(t, stage_, buf, op, res_.at(t).at(stage_).elem, "every", keep);
+    return move(t, stage_, buf, op, res_.at(t).at(stage_).elem, StepWhen::Every, keep);
   }
 
   // Drops every operand-buffer copy except those of `keep` (their last reader is already recorded).
@@ -393,9 +394,9 @@ class Lowerer {
     Copy gm;
     gm.elem = 4;
     res_["S"][kGM] = gm;
-    const int load = move("S", kGM, ub_, "state_in", 4, "first");
+    const int load = move("S", kGM, ub_, "state_in", 4, StepWhen::First);
     Step z;
-    z.kind = "zero", z.op = "state_in", z.tensor = "S", z.lane = "vector", z.when = "first";
+    z.kind = StepKind::Zero, z.op = "state_in", z.tensor = "S", z.lane = StepLane::Vector, z.when = StepWhen::First;
     const int zero = add(z);
     dep(zero, load);
     res_["S"].erase(kGM);
@@ -406,11 +407,11 @@ class Lowerer {
   }
 
   // Stores t to GM; intermediates kept in GM as fp16 are cast first, the final state never is.
-  void store(const std::string& t, const std::string& op, const std::string& when = "every", bool fp16_allowed = true) {
+  void store(const std::string& t, const std::string& op, StepWhen when = StepWhen::Every, bool fp16_allowed = true) {
     int elem = res_.at(t).at(ub_).elem;
     if (fp16_allowed && cx_.f16_in_gm.count(t) && elem == 4) {
       Step s;
-      s.kind = "cast", s.op = op, s.tensor = t, s.lane = "vector", s.elem_bytes = 2;
+      s.kind = StepKind::Cast, s.op = op, s.tensor = t, s.lane = StepLane::Vector, s.elem_bytes = 2;
       const int i = add(s);
       read(t, ub_, i);
       elem = 2;
@@ -428,7 +429,7 @@ class Lowerer {
     const bool state = state_tensor(t);
     if (state) {
       res_[t][ub_].carried = true;
-      if (k_.state_out != StateOut::None) store(t, "state_out", "last", false);
+      if (k_.state_out != StateOut::None) store(t, "state_out", StepWhen::Last, false);
       return;
     }
     const bool spill = std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end();
@@ -446,7 +447,7 @@ class Lowerer {
     for (size_t i = 0; i < op.inputs.size(); ++i)
       ready.push_back(ensure_operand(op.inputs[i], static_cast<int>(i) < op.left ? l0a_ : l0b_, op.name, keep));
     Step s;
-    s.kind = "compute", s.op = op.name, s.lane = "matrix";
+    s.kind = StepKind::Compute, s.op = op.name, s.lane = StepLane::Matrix;
     const int c = add(s);
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const std::string buf = static_cast<int>(i) < op.left ? l0a_ : l0b_;
@@ -513,7 +514,7 @@ class Lowerer {
       ready.push_back(r);
     }
     Step s;
-    s.kind = "compute", s.op = op.name, s.lane = "vector";
+    s.kind = StepKind::Compute, s.op = op.name, s.lane = StepLane::Vector;
     const int c = add(s);
     for (const std::string& in : op.inputs) read(in, ub_, c);
     for (int r : ready) dep(c, r);
@@ -642,7 +643,7 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
   std::vector<std::pair<int64_t, std::string>> loads;
   for (const Lifetime& lt : k.lifetimes)
     for (const Step& s : k.steps)
-      if (s.kind == "move" && s.tensor == lt.tensor && s.path.rfind("GM->", 0) == 0 && s.op != "state_in" &&
+      if (s.kind == StepKind::Move && s.tensor == lt.tensor && s.path.rfind("GM->", 0) == 0 && s.op != "state_in" &&
           std::none_of(loads.begin(), loads.end(), [&](const auto& x) { return x.second == lt.tensor; }))
         loads.push_back({lt.bytes, lt.tensor});
   std::sort(loads.begin(), loads.end());
@@ -686,7 +687,7 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
         const Step& at = k.steps[static_cast<size_t>(peak_step)];
         if (at.tensor == lt.tensor) continue;
         const auto& in = cx.graph->op(at.op == "state_in" || at.op == "state_out" || at.op == "state_snapshot" ? k.order.front() : at.op).inputs;
-        if (at.kind == "compute" && std::find(in.begin(), in.end(), lt.tensor) != in.end()) continue;
+        if (at.kind == StepKind::Compute && std::find(in.begin(), in.end(), lt.tensor) != in.end()) continue;
         const double s = static_cast<double>(lt.bytes) * (lt.last - lt.first + 1);
         if (s > score) score = s, victim = lt.tensor;
       }

@@ -1,6 +1,7 @@
 // Plan <-> JSON. The JSON is the plan exactly (plan_from_json(plan_to_json(p)) == p); every field a
 // reader needs is checked, and an error names its JSON path, what it got and what it expected.
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <map>
 #include <optional>
@@ -16,6 +17,15 @@ namespace {
 using json = nlohmann::json;
 
 const char* layout_name(Layout l) { return l == Layout::Blocked ? "blocked" : "dense"; }
+
+// Every value of the Plan's enums read by name, in the order their errors list the names.
+constexpr std::array kForms{GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst};
+constexpr std::array kLayouts{Layout::Dense, Layout::Blocked};
+constexpr std::array kParallels{Parallel::Head, Parallel::Segment, Parallel::Chunk};
+constexpr std::array kStatesIn{StateIn::None, StateIn::Initial, StateIn::Zero};
+constexpr std::array kStatesOut{StateOut::None, StateOut::Final, StateOut::Segment};
+constexpr std::array kStepKinds{StepKind::Compute, StepKind::Move, StepKind::Transform, StepKind::Cast, StepKind::Zero};
+constexpr std::array kStepWhens{StepWhen::Every, StepWhen::First, StepWhen::Last};
 
 struct Reader {
   std::string origin;
@@ -57,15 +67,17 @@ struct Reader {
     if (!v.is_string()) fail(path + "." + key, &v, "a string");
     return v.get<std::string>();
   }
-  std::string one_of(const json& j, const std::string& key, const std::string& path, std::initializer_list<const char*> allowed) const {
+  // The value of E whose name (name_of) the field holds; an unknown name fails listing them all.
+  template <class E, size_t N>
+  E named(const json& j, const std::string& key, const std::string& path, const std::array<E, N>& values,
+          const char* (*name_of)(E)) const {
     const std::string s = string(j, key, path);
     std::string list;
-    for (const char* a : allowed) {
-      if (s == a) return s;
-      list += (list.empty() ? "" : ", ") + std::string(a);
+    for (E e : values) {
+      if (s == name_of(e)) return e;
+      list += (list.empty() ? "" : ", ") + std::string(name_of(e));
     }
-    const json& v = j.at(key);
-    fail(path + "." + key, &v, "one of " + list);
+    fail(path + "." + key, &j.at(key), "one of " + list);
   }
   const json& array(const json& j, const std::string& key, const std::string& path) const {
     const json& v = field(j, key, path);
@@ -173,7 +185,7 @@ json plan_to_json(const Plan& plan) {
     kj["results_wait"] = k.results_wait;
     json steps = json::array();
     for (const Step& s : k.steps) {
-      json sj = {{"kind", s.kind}, {"op", s.op}, {"lane", s.lane}, {"when", s.when}, {"deps", s.deps}};
+      json sj = {{"kind", step_kind_name(s.kind)}, {"op", s.op}, {"lane", step_lane_name(s)}, {"when", step_when_name(s.when)}, {"deps", s.deps}};
       if (!s.tensor.empty()) sj["tensor"] = s.tensor;
       if (!s.path.empty()) sj["path"] = s.path;
       if (s.elem_bytes) sj["elem_bytes"] = s.elem_bytes;
@@ -212,7 +224,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
   plan.device = r.string(j, "device", P);
   plan.cores = static_cast<int>(r.integer_in(j, "cores", P, 1, kMaxCores));
   plan.strategy = r.string(j, "strategy", P);
-  plan.form = graph_form_from_name(r.one_of(j, "form", P, {"wu", "inverse", "gemm_first"}));
+  plan.form = r.named(j, "form", P, kForms, graph_form_name);
   plan.state_in_place = r.boolean(j, "state_in_place", P);
   plan.layout_planned = r.boolean(j, "layout_planned", P);
   plan.allow_spill = r.boolean(j, "allow_spill", P);
@@ -230,8 +242,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
   if (!lj.is_object()) r.fail(P + ".layouts", &lj, "an object (tensor -> dense|blocked)");
   for (auto it = lj.begin(); it != lj.end(); ++it) {
     if (!g.has_tensor(it.key())) r.fail(P + ".layouts." + it.key(), &it.value(), "a tensor of the " + std::string(graph_form_name(plan.form)) + " graph");
-    const std::string l = r.one_of(lj, it.key(), P + ".layouts", {"dense", "blocked"});
-    plan.layouts[it.key()] = l == "blocked" ? Layout::Blocked : Layout::Dense;
+    plan.layouts[it.key()] = r.named(lj, it.key(), P + ".layouts", kLayouts, layout_name);
   }
   const json& ks = r.array(j, "kernels", P);
   for (size_t ki = 0; ki < ks.size(); ++ki) {
@@ -239,8 +250,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     const json& kj = ks[ki];
     Kernel k;
     k.name = r.string(kj, "name", kp);
-    const std::string parallel = r.one_of(kj, "parallel", kp, {"head", "segment", "chunk"});
-    k.parallel = parallel == "head" ? Parallel::Head : parallel == "segment" ? Parallel::Segment : Parallel::Chunk;
+    k.parallel = r.named(kj, "parallel", kp, kParallels, parallel_name);
     k.launch = r.boolean(kj, "launch", kp);
     k.order = r.strings(kj, "order", kp);
     for (size_t i = 0; i < k.order.size(); ++i) {
@@ -250,10 +260,8 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     }
     k.buffering = static_cast<int>(r.integer_in(kj, "buffering", kp, 1, 2));
     k.double_buffered = r.strings(kj, "double_buffered", kp);
-    const std::string state_in = r.one_of(kj, "state_in", kp, {"none", "initial", "zero"});
-    k.state_in = state_in == "initial" ? StateIn::Initial : state_in == "zero" ? StateIn::Zero : StateIn::None;
-    const std::string state_out = r.one_of(kj, "state_out", kp, {"none", "final", "segment"});
-    k.state_out = state_out == "final" ? StateOut::Final : state_out == "segment" ? StateOut::Segment : StateOut::None;
+    k.state_in = r.named(kj, "state_in", kp, kStatesIn, state_in_name);
+    k.state_out = r.named(kj, "state_out", kp, kStatesOut, state_out_name);
     k.spilled = r.strings(kj, "spilled", kp);
     // Optional (plans written before it existed executed block triangles everywhere).
     if (kj.contains("masked_full_tiles")) k.masked_full_tiles = r.boolean(kj, "masked_full_tiles", kp);
@@ -263,25 +271,35 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       const std::string sp = kp + ".steps[" + std::to_string(si) + "]";
       const json& sj = steps[si];
       Step s;
-      s.kind = r.one_of(sj, "kind", sp, {"compute", "move", "transform", "cast", "zero"});
+      s.kind = r.named(sj, "kind", sp, kStepKinds, step_kind_name);
       s.op = r.string(sj, "op", sp);
-      s.lane = r.string(sj, "lane", sp);
-      s.when = r.one_of(sj, "when", sp, {"every", "first", "last"});
+      // The units by name; any other lane is a move's DMA engine, named by the device.
+      const std::string lane = r.string(sj, "lane", sp);
+      if (lane == "matrix") {
+        s.lane = StepLane::Matrix;
+      } else if (lane == "vector") {
+        s.lane = StepLane::Vector;
+      } else if (s.kind == StepKind::Move && !lane.empty()) {
+        s.lane = StepLane::Dma, s.engine = lane;
+      } else {
+        r.fail(sp + ".lane", &sj.at("lane"), std::string("one of matrix, vector") + (s.kind == StepKind::Move ? ", or the name of a DMA engine" : ""));
+      }
+      s.when = r.named(sj, "when", sp, kStepWhens, step_when_name);
       if (sj.contains("tensor")) {
         s.tensor = r.string(sj, "tensor", sp);
         if (!g.has_tensor(s.tensor)) r.fail(sp + ".tensor", &sj.at("tensor"), "a tensor of the graph");
-      } else if (s.kind != "compute") {
-        r.fail(sp + ".tensor", nullptr, "the tensor a " + s.kind + " step works on");
+      } else if (s.kind != StepKind::Compute) {
+        r.fail(sp + ".tensor", nullptr, std::string("the tensor a ") + step_kind_name(s.kind) + " step works on");
       }
-      if (s.kind == "compute") {
+      if (s.kind == StepKind::Compute) {
         bool known = false;
         for (const OperatorDef& op : g.ops) known |= op.name == s.op;
         if (!known) r.fail(sp + ".op", &sj.at("op"), "an operator of the graph");
       }
       if (sj.contains("path")) s.path = r.string(sj, "path", sp);
-      else if (s.kind == "move") r.fail(sp + ".path", nullptr, "the device path of a move (e.g. \"GM->L1\")");
+      else if (s.kind == StepKind::Move) r.fail(sp + ".path", nullptr, "the device path of a move (e.g. \"GM->L1\")");
       if (sj.contains("elem_bytes")) s.elem_bytes = static_cast<int>(r.integer_in(sj, "elem_bytes", sp, 0, 64));
-      if (s.kind == "move" && s.elem_bytes <= 0) r.fail(sp + ".elem_bytes", sj.contains("elem_bytes") ? &sj.at("elem_bytes") : nullptr, "a positive byte count");
+      if (s.kind == StepKind::Move && s.elem_bytes <= 0) r.fail(sp + ".elem_bytes", sj.contains("elem_bytes") ? &sj.at("elem_bytes") : nullptr, "a positive byte count");
       const json& deps = r.array(sj, "deps", sp);
       for (size_t d = 0; d < deps.size(); ++d) {
         if (!deps[d].is_number_integer() || (deps[d].is_number_unsigned() && deps[d].get<uint64_t>() >= si) ||

@@ -550,6 +550,33 @@ const char* state_out_name(StateOut s) {
   return "?";
 }
 
+const char* step_kind_name(StepKind k) {
+  switch (k) {
+    case StepKind::Compute: return "compute";
+    case StepKind::Move: return "move";
+    case StepKind::Transform: return "transform";
+    case StepKind::Cast: return "cast";
+    case StepKind::Zero: return "zero";
+  }
+  return "?";
+}
+const char* step_when_name(StepWhen w) {
+  switch (w) {
+    case StepWhen::Every: return "every";
+    case StepWhen::First: return "first";
+    case StepWhen::Last: return "last";
+  }
+  return "?";
+}
+std::string step_lane_name(const Step& s) {
+  switch (s.lane) {
+    case StepLane::Matrix: return "matrix";
+    case StepLane::Vector: return "vector";
+    case StepLane::Dma: return s.engine;
+  }
+  return "?";
+}
+
 std::vector<std::string> strategy_names() {
   std::vector<std::string> out;
   for (const StrategyDef& d : strategies())
@@ -636,7 +663,7 @@ void validate_plan(const Plan& plan) {
     // The chunk program computes exactly the order's operators, in that order.
     std::vector<std::string> computed;
     for (const Step& st : k.steps)
-      if (st.kind == "compute") computed.push_back(st.op);
+      if (st.kind == StepKind::Compute) computed.push_back(st.op);
     if (computed != k.order)
       throw Error(where(ki) + ".steps: the compute steps do not run the operators of " + where(ki) +
                   ".order in that order (re-plan after changing the order)");

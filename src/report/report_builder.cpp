@@ -456,7 +456,7 @@ void timeline_section(HtmlReport& page, const Device& dev, const ReportOptions& 
             iv.end = (e.end_s - kernel_start) * 1e6;
             auto po = paper_of.find(e.op);
             iv.group = paper_group(po == paper_of.end() ? "" : po->second);
-            iv.label = e.kind == "compute" ? e.op : e.kind + " " + e.tensor + " (" + e.op + ")";
+            iv.label = e.kind == StepKind::Compute ? e.op : std::string(step_kind_name(e.kind)) + " " + e.tensor + " (" + e.op + ")";
             iv.label += ", chunk " + std::to_string(e.chunk);
             lane.intervals.push_back(iv);
           }

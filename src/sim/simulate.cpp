@@ -33,7 +33,7 @@ struct StepInfo {
   bool row_penalty = false;
   bool masked_full_tiles = false;  // the kernel's triangular products run as full tiles
   bool spill = false;
-  enum When { Every, First, Last } when = Every;
+  StepWhen when = StepWhen::Every;
   bool is_move = false, is_matrix = false;
   bool handoff = false;  // a move between the matrix and the vector side: waits for a sync flag
   bool double_buffered = false;  // a GM load of a tensor with two buffers: waits two chunks back
@@ -145,12 +145,12 @@ class Simulator {
   StepCost cost(const StepInfo& si, int64_t L, int64_t Vc, int busy_cores) const {
     const Step& s = *si.step;
     StepCost c;
-    if (s.kind == "move") {
+    if (s.kind == StepKind::Move) {
       c.bytes = numel(s.tensor, L, Vc) * s.elem_bytes;
       const double bw = si.path->bandwidth_gbs.value * 1e9 / (si.path->shared ? std::max(1, busy_cores) : 1);
       c.seconds = static_cast<double>(c.bytes) / bw;
       c.energy_j = static_cast<double>(c.bytes) * si.path->energy_pj_per_byte.value * 1e-12;
-    } else if (s.kind == "compute") {
+    } else if (s.kind == StepKind::Compute) {
       const OpCounts oc = op_counts(g_, *si.op, L, p_.K, Vc, tile_, si.masked_full_tiles);
       c.macs = oc.macs, c.executed_macs = oc.executed_macs, c.vector_ops = oc.vector_ops;
       if (si.op->unit == Unit::Matrix) {
@@ -162,10 +162,10 @@ class Simulator {
       }
     } else {  // transform, cast, zero: one vector operation per element
       c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
-      if (s.kind == "transform") c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
+      if (s.kind == StepKind::Transform) c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
       // A transform moves one fractal row per strided instruction (device data), not a full
       // vector width; casts and zeroing run at the lane width.
-      c.seconds = s.kind == "transform" ? transform_seconds(dev_, c.vector_ops) : c.vector_ops / vec_lanes_ / hz_;
+      c.seconds = s.kind == StepKind::Transform ? transform_seconds(dev_, c.vector_ops) : c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
     }
     return c;
@@ -188,13 +188,13 @@ class Simulator {
       StepInfo& si = info[i];
       si.step = &s;
       // A matrix engine that is the vector unit (AIE-ML) issues on the vector lane.
-      si.lane = lane_id(s.lane == "matrix" && dev_.matrix.runs_on_vector_unit ? std::string("vector") : s.lane);
+      si.lane = lane_id(s.lane == StepLane::Matrix && dev_.matrix.runs_on_vector_unit ? std::string("vector") : step_lane_name(s));
       si.op_index = op_index(r, s.op);
       si.masked_full_tiles = k.masked_full_tiles;
-      si.when = s.when == "first" ? StepInfo::First : s.when == "last" ? StepInfo::Last : StepInfo::Every;
-      si.is_move = s.kind == "move";
-      si.is_matrix = s.lane == "matrix";
-      if (s.kind == "move") {
+      si.when = s.when;
+      si.is_move = s.kind == StepKind::Move;
+      si.is_matrix = s.lane == StepLane::Matrix;
+      if (s.kind == StepKind::Move) {
         const auto arrow = s.path.find("->");
         if (arrow == std::string::npos) throw Error("plan kernel " + k.name + ": step path \"" + s.path + "\" is not FROM->TO");
         const std::string from = s.path.substr(0, arrow), to = s.path.substr(arrow + 2);
@@ -210,13 +210,13 @@ class Simulator {
         // buffer for the matrix side, cross between the units: one flag synchronization each.
         si.handoff = (from == dev_.matrix.output && from != dev_.vector.buffer) ||
                      (from == dev_.vector.buffer && to != kGM && to != dev_.vector.buffer);
-      } else if (s.kind == "compute") {
+      } else if (s.kind == StepKind::Compute) {
         si.op = &g_.op(s.op);
         if (si.op->unit == Unit::Vector && si.op->row_structured &&
             plan_detail::working_layout(*si.op, g_, plan_.layouts) == Layout::Blocked)
           si.row_penalty = true;
         if (s.op == "state_add") state_writer = static_cast<int>(i);
-      } else if (s.kind == "zero") {
+      } else if (s.kind == StepKind::Zero) {
         si.zero = true;
       }
     }
@@ -284,13 +284,13 @@ class Simulator {
             for (size_t i = 0; i < n; ++i) {
               const StepInfo& si = info[i];
               const Step& s = *si.step;
-              bool run = si.when == StepInfo::Every || (si.when == StepInfo::First && first) || (si.when == StepInfo::Last && last);
+              bool run = si.when == StepWhen::Every || (si.when == StepWhen::First && first) || (si.when == StepWhen::Last && last);
               if (run && si.state_load) run = load_state;
               if (run && si.zero) run = !load_state;
               if (run && si.state_store) run = store_state;
               if (!run) {
                 // A skipped first-chunk step stands for "the state is ready": the previous chunk's update.
-                end[i] = si.when == StepInfo::First ? state_ready : 0;
+                end[i] = si.when == StepWhen::First ? state_ready : 0;
                 continue;
               }
               double start = lane_free[static_cast<size_t>(si.lane)];
@@ -309,7 +309,7 @@ class Simulator {
               account(r, si, sc);
               round_costs.emplace_back(&si, &sc);
               if (opt_.timeline && stream_chunk < opt_.timeline_chunks && sc.seconds > 0)
-                r.timeline.push_back({static_cast<int>(core), k.name, s.lane, s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
+                r.timeline.push_back({static_cast<int>(core), k.name, step_lane_name(s), s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
                                       kernel_start_ + start, kernel_start_ + end[i]});
             }
             if (state_writer >= 0) state_ready = end[static_cast<size_t>(state_writer)];
@@ -407,7 +407,7 @@ class Simulator {
       o.macs += sc.macs, o.executed_macs += sc.executed_macs;
       r.executed_macs += sc.executed_macs;
     } else {
-      if (si.step->kind == "transform") r.transform_bytes += sc.bytes;
+      if (si.step->kind == StepKind::Transform) r.transform_bytes += sc.bytes;
       o.vector_s += sc.seconds;
       o.vector_ops += sc.vector_ops;
       r.vector_ops += sc.vector_ops;
@@ -454,7 +454,7 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
   // there until its consumer kernel has run: count all of them. Spills are per-core scratch.
   for (const Kernel& k : plan.kernels) {
     for (const Step& s : k.steps) {
-      if (s.kind != "move" || s.path.size() < 4 || s.path.compare(s.path.size() - 4, 4, "->GM") != 0) continue;
+      if (s.kind != StepKind::Move || s.path.size() < 4 || s.path.compare(s.path.size() - 4, 4, "->GM") != 0) continue;
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
       const bool state_store = s.op == "state_out";
       if (state_store && k.state_out != StateOut::Segment) continue;  // the final state, counted above
@@ -477,7 +477,7 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
       for (const auto& l : k.cores)
         for (const PlanItem& it : l) {
           const int64_t Vc = it.col1 - it.col0;
-          if (s.when == "last") {
+          if (s.when == StepWhen::Last) {
             b += tensor_bytes(t, p.chunk_len(it.seq, it.chunk1 - 1), p.K, Vc) / elem_div * s.elem_bytes;
             continue;
           }
