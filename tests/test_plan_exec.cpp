@@ -2,7 +2,7 @@
 // host runs on the CPU backend and gives the fp64 reference's outputs, or is refused naming the
 // field; what runs is the plan's mapping (tail tiers included), its lockstep groups and its
 // operator order as CPU stages; plans read from JSON run the same; the default path takes its
-// plan from the planner through the plan cache.
+// plan from the planner through the engine's plan cache.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +10,7 @@
 #include <set>
 
 #include "hanpu/device.hpp"
+#include "hanpu/engine.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "hanpu/simulate.hpp"
 #include "la_testing.hpp"
@@ -396,14 +397,16 @@ TEST(PlanExec, LockstepGroupsAreAPlanField) {
   }
 }
 
-// The default path: the planner's "hanpu" plan for the host, from the plan cache after the first call.
+// The default path: the planner's "hanpu" plan for the host, from the engine's plan cache after
+// the first call.
 TEST(PlanExec, DefaultPathPlansThroughTheCache) {
   ProblemSpec a;
   a.T = 100, a.H = 2, a.HV = 2, a.K = 32, a.V = 32, a.seed = 15;
   const auto p = make_problem(a);
-  clear_plan_cache();
+  Engine engine(2);  // an empty cache, whatever other tests planned on the default engine
   ExecReport first, second, fla;
   ExecOptions eo;
+  eo.engine = &engine;
   eo.threads = 2;
   eo.report = &first;
   const LaResult x = la_prefill_alloc(a.variant, p.inputs(), a.opt, eo);
@@ -416,7 +419,7 @@ TEST(PlanExec, DefaultPathPlansThroughTheCache) {
   EXPECT_EQ(first.plan->strategy, "hanpu");
   EXPECT_EQ(first.plan->device, "host");
   EXPECT_EQ(first.plan->cores, 2);
-  EXPECT_EQ(plan_cache_size(), 1u);
+  EXPECT_EQ(plan_cache_size(engine), 1u);
   EXPECT_EQ(nmse(y.o, x.o), 0.0);
   // The FLA-style path plans "fla"; decode plans once per signature too.
   eo.path = CpuPath::FlaChunk;
@@ -424,7 +427,7 @@ TEST(PlanExec, DefaultPathPlansThroughTheCache) {
   la_prefill_alloc(a.variant, p.inputs(), a.opt, eo);
   EXPECT_EQ(fla.plan->strategy, "fla");
   EXPECT_EQ(fla.schedule->path, CpuPath::FlaChunk);
-  EXPECT_EQ(plan_cache_size(), 2u);
+  EXPECT_EQ(plan_cache_size(engine), 2u);
   // A given plan must match the threads asked for.
   eo.path = CpuPath::HeadFused;
   eo.plan = first.plan.get();
@@ -436,6 +439,38 @@ TEST(PlanExec, DefaultPathPlansThroughTheCache) {
     EXPECT_NE(std::string(e.what()).find("ExecOptions.threads: got 3, but the plan is for 2 cores (plan.cores)"), std::string::npos)
         << e.what();
   }
+}
+
+// The plan cache is the engine's: a second call on one engine is a hit; another engine plans the
+// same signature anew and shares no plan, and clearing one cache leaves the other.
+TEST(PlanExec, EnginesKeepSeparatePlanCaches) {
+  ProblemSpec a;
+  a.T = 100, a.H = 2, a.HV = 2, a.K = 32, a.V = 32, a.seed = 16;
+  const auto p = make_problem(a);
+  Engine one(2), two(2);
+  auto run = [&](Engine& engine) {
+    ExecReport report;
+    ExecOptions eo;
+    eo.engine = &engine;
+    eo.report = &report;
+    la_prefill_alloc(a.variant, p.inputs(), a.opt, eo);
+    return report;
+  };
+  const ExecReport first = run(one), again = run(one), other = run(two);
+  ASSERT_TRUE(first.plan && again.plan && other.plan);
+  EXPECT_FALSE(first.plan_cache_hit);
+  EXPECT_TRUE(again.plan_cache_hit);
+  EXPECT_EQ(again.plan.get(), first.plan.get());
+  EXPECT_FALSE(other.plan_cache_hit);
+  EXPECT_NE(other.plan.get(), first.plan.get());
+  EXPECT_TRUE(*other.plan == *first.plan);  // one host, planned alike
+  EXPECT_EQ(plan_cache_size(one), 1u);
+  EXPECT_EQ(plan_cache_size(two), 1u);
+  clear_plan_cache(one);
+  EXPECT_EQ(plan_cache_size(one), 0u);
+  EXPECT_EQ(plan_cache_size(two), 1u);
+  EXPECT_TRUE(run(two).plan_cache_hit);
+  EXPECT_FALSE(run(one).plan_cache_hit);
 }
 
 TEST(PlanExec, PlanForAnotherProblemIsRefused) {

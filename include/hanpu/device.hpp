@@ -149,5 +149,8 @@ nlohmann::json device_to_json(const Device& d);
 /// measured peak / 2 / clock), its "vector unit" the SIMD lanes, its buffers L1D/L2 (per core)
 /// and L3 (shared), its GM the main memory.
 Device host_device(int threads, double measure_seconds = 1.0);
+struct HostInfo;  // src/device/host.hpp
+/// The same from a host description already read (an engine's, Engine::host()) instead of detected.
+Device host_device(const HostInfo& info, int threads, double measure_seconds);
 
 }  // namespace hanpu

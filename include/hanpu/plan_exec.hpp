@@ -1,8 +1,8 @@
 // Running a planner Plan (include/hanpu/plan.hpp) on the CPU backend: one Plan drives both the
 // simulator and the real execution (docs/SIMULATION.md, "One plan, two backends"). Every CPU entry
 // point (la_prefill and its wrappers, decode, the CLI, Python, the model's GDN layers, the bench)
-// gets its Plan from the planner for the host device, through a plan cache keyed by the problem,
-// or runs a Plan it is given; the backend then *lowers* the Plan into its private CpuSchedule.
+// gets its Plan from the planner for the host device, through its engine's plan cache keyed by the
+// problem, or runs a Plan it is given; the backend then *lowers* the Plan into its private CpuSchedule.
 //
 // The lowering executes what the plan says or refuses it, naming the field (in the manner of
 // ggml's supports_op, but with the reason): the mapping with its tail tiers (per-core item lists in
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "hanpu/engine.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/plan.hpp"
 
@@ -115,7 +116,7 @@ CpuSchedule lower_plan_for_cpu(const Plan& plan, const LaShape& shape, const std
 /// The Problem of LA inputs (to plan for them): shapes, sequence lengths, dtypes, state flags.
 Problem problem_for_inputs(Variant variant, const LaInputs& in, const LaOptions& opt);
 
-/// A plan for the host and its lowering, from the plan cache.
+/// A plan for the host and its lowering, from an engine's plan cache.
 struct HostPlan {
   std::shared_ptr<const Plan> plan;
   std::shared_ptr<const CpuSchedule> schedule;
@@ -123,13 +124,14 @@ struct HostPlan {
   double seconds = 0;  // this lookup: the key and the look-up, plus on a miss planning and lowering
 };
 
-/// The plan of `strategy` for problem `p` on the host device with `threads` cores (planned with
-/// make_plan and lowered on the first call for this signature, then taken from the cache: a decode
-/// step or a model layer with the same signature does not re-plan). Thread-safe; the cache keeps
+/// The plan of `strategy` for problem `p` on the engine's host (Engine::host() as a device with
+/// `threads` cores), planned with make_plan and lowered on the first call for this signature, then
+/// taken from the engine's cache: a decode step or a model layer with the same signature does not
+/// re-plan. Each engine has its own cache (two engines share no plans). Thread-safe; a cache keeps
 /// the most recently used kPlanCacheEntries signatures.
-HostPlan host_plan(const Problem& p, int threads, const std::string& strategy = "hanpu");
+HostPlan host_plan(Engine& engine, const Problem& p, int threads, const std::string& strategy = "hanpu");
 constexpr size_t kPlanCacheEntries = 256;
-void clear_plan_cache();
-size_t plan_cache_size();
+void clear_plan_cache(Engine& engine);
+size_t plan_cache_size(const Engine& engine);
 
 }  // namespace hanpu

@@ -1,5 +1,5 @@
-// Inside an Engine (hanpu/engine.hpp): its pool, the per-thread workspaces the kernels reuse, and
-// how a call takes its share. Internal to the library.
+// Inside an Engine (hanpu/engine.hpp): its pool, the per-thread workspaces the kernels reuse, its
+// host plan cache, and how a call takes its share. Internal to the library.
 //
 // A run takes a set of workspaces (one per part) for its duration and gives it back after, so two
 // runs at once (two threads calling one engine, or a run nested in another's part: the pool then
@@ -8,16 +8,40 @@
 #pragma once
 
 #include <functional>
+#include <list>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cpu/thread_pool.hpp"
 #include "cpu/workspace.hpp"
 #include "device/host.hpp"
+#include "hanpu/device.hpp"
 #include "hanpu/engine.hpp"
+#include "hanpu/plan_exec.hpp"
 
 namespace hanpu {
+
+namespace cpu {
+
+/// An engine's host plans (plan_exec.cpp, host_plan): problem signature -> (plan, lowered
+/// schedule), the least recently used evicted beyond kPlanCacheEntries. Its own mutex: two threads
+/// calling one engine plan and look up concurrently.
+struct PlanCache {
+  std::mutex mu;
+  std::list<std::string> lru;  // most recent first
+  struct Entry {
+    HostPlan value;
+    std::list<std::string>::iterator pos;
+  };
+  std::unordered_map<std::string, Entry> entries;
+  std::map<int, Device> devices;  // the engine's host as a planning device, per thread count
+};
+
+}  // namespace cpu
 
 struct Engine::Impl {
   explicit Impl(int threads);
@@ -26,6 +50,7 @@ struct Engine::Impl {
   std::mutex mu;  // guards idle and sets
   std::vector<std::unique_ptr<std::vector<cpu::Workspace>>> idle;
   size_t sets = 0;  // workspace sets made (idle or leased)
+  cpu::PlanCache plans;
 
   /// A set of workspaces held for one run (or one model forward), given back when destroyed.
   class Lease {

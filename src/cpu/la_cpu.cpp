@@ -185,8 +185,8 @@ std::vector<WorkItem> whole_items(const LaJob& job) {
   return items;
 }
 
-// The call's plan and schedule: the caller's plan lowered, or the host plan cache's.
-HostPlan schedule_for(const LaJob& job, const ExecOptions& ex, bool recurrent) {
+// The call's plan and schedule: the caller's plan lowered, or the engine's host plan cache's.
+HostPlan schedule_for(const LaJob& job, const ExecOptions& ex, Engine& engine, bool recurrent) {
   const bool no_tokens = std::all_of(job.seqs.begin(), job.seqs.end(), [](const SeqSpan& s) { return s.len == 0; });
   if (!ex.plan && no_tokens) {
     // Nothing to plan (the planner refuses a problem without tokens): each head's final state is
@@ -198,8 +198,8 @@ HostPlan schedule_for(const LaJob& job, const ExecOptions& ex, bool recurrent) {
     return HostPlan{nullptr, s, false, 0};
   }
   if (!ex.plan) {
-    const int threads = resolve_threads(ex.threads, cpu::engine_or_default(ex.engine));
-    return host_plan(cpu::problem_of_job(job), threads, ex.path == CpuPath::FlaChunk ? "fla" : "hanpu");
+    const int threads = resolve_threads(ex.threads, engine);
+    return host_plan(engine, cpu::problem_of_job(job), threads, ex.path == CpuPath::FlaChunk ? "fla" : "hanpu");
   }
   const auto t0 = std::chrono::steady_clock::now();
   const Plan& plan = *ex.plan;
@@ -234,7 +234,7 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
   Engine& engine = cpu::engine_or_default(ex.engine);
   resolve_threads(ex.threads, engine);  // the thread limit before any planning
   const bool recurrent = ex.path == CpuPath::Recurrent;
-  const HostPlan hp = schedule_for(job, ex, recurrent);
+  const HostPlan hp = schedule_for(job, ex, engine, recurrent);
   report(ex, hp);
   const CpuSchedule& s = *hp.schedule;
   size_t workspace = 0;
@@ -277,7 +277,8 @@ void la_decode(Variant variant, const LaInputs& in, const LaOptions& opt, Tensor
   ExecOptions ex;
   ex.threads = given.threads;
   ex.engine = given.engine;
-  run_recurrent(job, *schedule_for(job, ex, false).schedule, cpu::engine_or_default(ex.engine));
+  Engine& engine = cpu::engine_or_default(ex.engine);
+  run_recurrent(job, *schedule_for(job, ex, engine, false).schedule, engine);
 }
 ExecOptions with_threads(int threads) {
   ExecOptions ex;

@@ -1,4 +1,4 @@
-// Plan -> CPU schedule (include/hanpu/plan_exec.hpp), and the host plan cache.
+// Plan -> CPU schedule (include/hanpu/plan_exec.hpp), and the engine's host plan cache.
 //
 // Which kernels of a plan the CPU runs, and how:
 //   a head-parallel kernel that runs every operator of the graph (hanpu's and the fla+mapping...
@@ -21,15 +21,14 @@
 
 #include <algorithm>
 #include <chrono>
-#include <list>
 #include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <tuple>
-#include <unordered_map>
 #include <utility>
 
+#include "cpu/engine_impl.hpp"
 #include "cpu/lowering.hpp"
 #include "la/job.hpp"
 
@@ -427,25 +426,9 @@ Problem problem_for_inputs(Variant variant, const LaInputs& in, const LaOptions&
 }
 
 // ---------------------------------------------------------------------------------------------
-// The plan cache: signature -> (plan, lowered schedule), least recently used evicted.
+// The engine's plan cache (cpu/engine_impl.hpp, PlanCache).
 
 namespace {
-
-struct PlanCache {
-  std::mutex mu;
-  std::list<std::string> lru;  // most recent first
-  struct Entry {
-    HostPlan value;
-    std::list<std::string>::iterator pos;
-  };
-  std::unordered_map<std::string, Entry> entries;
-  std::map<int, Device> devices;  // the host as a planning device, per thread count
-};
-
-PlanCache& cache() {
-  static PlanCache c;
-  return c;
-}
 
 // Everything make_plan reads from the problem, plus the cores and the strategy.
 std::string signature(const Problem& p, int threads, const std::string& strategy) {
@@ -470,11 +453,11 @@ std::string signature(const Problem& p, int threads, const std::string& strategy
 
 }  // namespace
 
-HostPlan host_plan(const Problem& p, int threads, const std::string& strategy) {
+HostPlan host_plan(Engine& engine, const Problem& p, int threads, const std::string& strategy) {
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   const std::string key = signature(p, threads, strategy);
-  PlanCache& c = cache();
+  cpu::PlanCache& c = engine.impl().plans;
   std::unique_lock<std::mutex> lock(c.mu);
   if (auto it = c.entries.find(key); it != c.entries.end()) {
     c.lru.splice(c.lru.begin(), c.lru, it->second.pos);
@@ -484,7 +467,7 @@ HostPlan host_plan(const Problem& p, int threads, const std::string& strategy) {
     return hit;
   }
   auto dev = c.devices.find(threads);
-  if (dev == c.devices.end()) dev = c.devices.emplace(threads, host_device(threads, 0.0)).first;
+  if (dev == c.devices.end()) dev = c.devices.emplace(threads, host_device(engine.host(), threads, 0.0)).first;
   const Device device = dev->second;
   lock.unlock();  // planning a long varlen batch takes a while; other signatures need not wait
   PlanOptions po;
@@ -507,15 +490,15 @@ HostPlan host_plan(const Problem& p, int threads, const std::string& strategy) {
   return made;
 }
 
-void clear_plan_cache() {
-  PlanCache& c = cache();
+void clear_plan_cache(Engine& engine) {
+  cpu::PlanCache& c = engine.impl().plans;
   std::lock_guard<std::mutex> lock(c.mu);
   c.entries.clear();
   c.lru.clear();
 }
 
-size_t plan_cache_size() {
-  PlanCache& c = cache();
+size_t plan_cache_size(const Engine& engine) {
+  cpu::PlanCache& c = engine.impl().plans;
   std::lock_guard<std::mutex> lock(c.mu);
   return c.entries.size();
 }

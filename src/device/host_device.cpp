@@ -69,8 +69,9 @@ Clock host_clock() {
 
 }  // namespace
 
-Device host_device(int threads, double measure_seconds) {
-  const HostInfo info = detect_host();
+Device host_device(int threads, double measure_seconds) { return host_device(detect_host(), threads, measure_seconds); }
+
+Device host_device(const HostInfo& info, int threads, double measure_seconds) {
   const bool threads_given = threads > 0;
   if (!threads_given) threads = info.logical_cpus;
   HostMeasurement m;
