@@ -34,74 +34,25 @@ void KdaTokenFactors(const double* G, size_t L, size_t K, float* eg) {
 // `eg` [L x K] (KdaTokenFactors; at most 16 of them, each <= 1: a few ulp, no exponential per
 // pair). The factors that carry the previous block's columns to the new anchor are products too.
 // The in-block pairs of KdaGram (rows n..n+rows−1, columns n..r) with the running decay product
-// e^{Γr−Γj} held in NV registers instead of a row in memory: per pair one multiply of the product
+// e^{Γr−Γj} held in SEG registers instead of a row in memory: per pair one multiply of the product
 // and the two dots, no load/store round trip of the product (the memory version was ~9% of a KDA
-// chunk). Same operations in the same order as the generic loop below, so the same results.
-template <size_t NV>
+// chunk). K is whole segments of SEG vectors; with one segment (K = SEG vectors) everything stays
+// in registers and the operations are those of the generic loop below in the same order, so the
+// results are the same. With more (AVX2 at K = 128: 16 vectors, of which 4 fit with q, k and the
+// accumulators) each segment runs the pairs with its own product, and the pairs' partial dot
+// products wait in `partial` (two vectors per pair of the row, in L1) for the next segment; the
+// horizontal sums happen once, after the last one. Against the generic loop that measured 11.9M
+// -> 7.8M instructions for the gram (callgrind, AVX2, T = 1024, H = 4).
+template <size_t SEG>
 void KdaBlockPairs(const float* HWY_RESTRICT Kr, const float* HWY_RESTRICT Qs, const float* HWY_RESTRICT eg,
                    size_t n, size_t rows, size_t K, size_t ldc, float* HWY_RESTRICT KK, float* HWY_RESTRICT QK) {
-  const DF d;
-  const size_t N = hn::Lanes(d);
-  for (size_t i = 0; i < rows; ++i) {
-    const size_t r = n + i;
-    const float* qr = Qs + r * K;
-    const float* kr = Kr + r * K;
-    VF f[NV];
-    for (size_t v = 0; v < NV; ++v) f[v] = hn::Set(d, 1.f);
-    for (size_t j = r + 1; j-- > n;) {
-      if (j < r)
-        for (size_t v = 0; v < NV; ++v) f[v] = hn::Mul(f[v], hn::LoadU(d, eg + (j + 1) * K + v * N));
-      const float* kj = Kr + j * K;
-      VF aq = hn::Zero(d), ak = hn::Zero(d);
-      for (size_t v = 0; v < NV; ++v) {
-        const VF kf = hn::Mul(hn::LoadU(d, kj + v * N), f[v]);
-        aq = hn::MulAdd(hn::LoadU(d, qr + v * N), kf, aq);
-        ak = hn::MulAdd(hn::LoadU(d, kr + v * N), kf, ak);
-      }
-      QK[r * ldc + j] = hn::GetLane(hn::SumOfLanes(d, aq));
-      KK[r * ldc + j] = j < r ? hn::GetLane(hn::SumOfLanes(d, ak)) : 0.f;
-    }
-  }
-}
-
-// Up to 8 vectors of product (K = 128 on AVX-512): with q, k and the accumulators that still fits
-// 32 registers; 16-register targets get K <= 64 this way.
-#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-constexpr size_t kMaxPairVectors = 4;
-#else
-constexpr size_t kMaxPairVectors = 8;
-#endif
-
-// Runs KdaBlockPairs<nv> when K is exactly nv <= NV vectors; false otherwise (generic loop).
-template <size_t NV>
-bool KdaBlockPairsInRegisters(size_t nv, bool whole_vectors, const float* Kr, const float* Qs, const float* eg,
-                              size_t n, size_t rows, size_t K, size_t ldc, float* KK, float* QK) {
-  if constexpr (NV == 0) {
-    return false;
-  } else {
-    if (!whole_vectors || nv > NV) return false;
-    if (nv == NV) {
-      KdaBlockPairs<NV>(Kr, Qs, eg, n, rows, K, ldc, KK, QK);
-      return true;
-    }
-    return KdaBlockPairsInRegisters<NV - 1>(nv, whole_vectors, Kr, Qs, eg, n, rows, K, ldc, KK, QK);
-  }
-}
-
-// K beyond the register budget (AVX2 with K = 128: 16 vectors, 4 fit): the same pairs with the
-// channels in segments of SEG vectors, each segment's running decay product in registers; the
-// pairs' partial dot products wait in `partial` (two vectors per pair of the row, in L1) until the
-// last segment. Against the generic loop below this drops the product's load/store round trip
-// per pair and channel vector, and one horizontal sum per segment.
-template <size_t SEG>
-void KdaBlockPairsSegmented(const float* HWY_RESTRICT Kr, const float* HWY_RESTRICT Qs, const float* HWY_RESTRICT eg,
-                            size_t n, size_t rows, size_t K, size_t ldc, float* HWY_RESTRICT KK, float* HWY_RESTRICT QK) {
   const DF d;
   const size_t N = hn::Lanes(d);
   HWY_ALIGN float partial[2 * kKdaBlock * (HWY_MAX_BYTES / sizeof(float))];
   for (size_t i = 0; i < rows; ++i) {
     const size_t r = n + i;
     for (size_t s = 0; s < K; s += SEG * N) {
+      const bool first = s == 0, last = s + SEG * N == K;
       const float* qr = Qs + r * K + s;
       const float* kr = Kr + r * K + s;
       VF f[SEG];
@@ -111,38 +62,46 @@ void KdaBlockPairsSegmented(const float* HWY_RESTRICT Kr, const float* HWY_RESTR
           for (size_t v = 0; v < SEG; ++v) f[v] = hn::Mul(f[v], hn::LoadU(d, eg + (j + 1) * K + s + v * N));
         const float* kj = Kr + j * K + s;
         float* pq = partial + (j - n) * 2 * N;
-        VF aq = s == 0 ? hn::Zero(d) : hn::Load(d, pq), ak = s == 0 ? hn::Zero(d) : hn::Load(d, pq + N);
+        VF aq = first ? hn::Zero(d) : hn::Load(d, pq), ak = first ? hn::Zero(d) : hn::Load(d, pq + N);
         for (size_t v = 0; v < SEG; ++v) {
           const VF kf = hn::Mul(hn::LoadU(d, kj + v * N), f[v]);
           aq = hn::MulAdd(hn::LoadU(d, qr + v * N), kf, aq);
           ak = hn::MulAdd(hn::LoadU(d, kr + v * N), kf, ak);
         }
-        hn::Store(aq, d, pq);
-        hn::Store(ak, d, pq + N);
+        if (last) {
+          QK[r * ldc + j] = hn::GetLane(hn::SumOfLanes(d, aq));
+          KK[r * ldc + j] = j < r ? hn::GetLane(hn::SumOfLanes(d, ak)) : 0.f;
+        } else {
+          hn::Store(aq, d, pq);
+          hn::Store(ak, d, pq + N);
+        }
       }
-    }
-    for (size_t j = r + 1; j-- > n;) {
-      const float* pq = partial + (j - n) * 2 * N;
-      QK[r * ldc + j] = hn::GetLane(hn::SumOfLanes(d, hn::Load(d, pq)));
-      KK[r * ldc + j] = j < r ? hn::GetLane(hn::SumOfLanes(d, hn::Load(d, pq + N))) : 0.f;
     }
   }
 }
 
-// Runs KdaBlockPairsSegmented with the widest segment of at most SEG vectors dividing K's nv
-// vectors; false when K is not whole vectors (generic loop).
+// Segments of up to 8 vectors (K = 128 on AVX-512 in one): with q, k and the accumulators that
+// still fits 32 registers; 16-register targets take 4.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kMaxPairVectors = 4;
+#else
+constexpr size_t kMaxPairVectors = 8;
+#endif
+
+// Runs KdaBlockPairs with the widest segment of at most SEG vectors that divides K's nv vectors
+// (nv itself when nv <= SEG: one segment); false when K is not whole vectors (generic loop).
 template <size_t SEG>
-bool KdaBlockPairsInSegments(size_t nv, bool whole_vectors, const float* Kr, const float* Qs, const float* eg,
-                             size_t n, size_t rows, size_t K, size_t ldc, float* KK, float* QK) {
+bool KdaBlockPairsInRegisters(size_t nv, bool whole_vectors, const float* Kr, const float* Qs, const float* eg,
+                              size_t n, size_t rows, size_t K, size_t ldc, float* KK, float* QK) {
   if constexpr (SEG == 0) {
     return false;
   } else {
-    if (!whole_vectors) return false;
+    if (!whole_vectors || nv == 0) return false;
     if (nv % SEG == 0) {
-      KdaBlockPairsSegmented<SEG>(Kr, Qs, eg, n, rows, K, ldc, KK, QK);
+      KdaBlockPairs<SEG>(Kr, Qs, eg, n, rows, K, ldc, KK, QK);
       return true;
     }
-    return KdaBlockPairsInSegments<SEG - 1>(nv, whole_vectors, Kr, Qs, eg, n, rows, K, ldc, KK, QK);
+    return KdaBlockPairsInRegisters<SEG - 1>(nv, whole_vectors, Kr, Qs, eg, n, rows, K, ldc, KK, QK);
   }
 }
 
@@ -183,7 +142,6 @@ void KdaGram(const float* Kr, const float* Qs, const double* G, size_t L, size_t
       Gemm<Acc::kSet>(Ql, K, KrT, ldc, QK + n * ldc, ldc, rows, RoundUp(n, kPad), K, Tri::kNone, pf, nullptr, tile);
     }
     if (KdaBlockPairsInRegisters<kMaxPairVectors>(K / N, K % N == 0, Kr, Qs, eg, n, rows, K, ldc, KK, QK)) continue;
-    if (KdaBlockPairsInSegments<kMaxPairVectors>(K / N, K % N == 0, Kr, Qs, eg, n, rows, K, ldc, KK, QK)) continue;
     for (size_t i = 0; i < rows; ++i) {
       const size_t r = n + i;
       const float* qr = Qs + r * K;
