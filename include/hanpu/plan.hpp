@@ -80,7 +80,6 @@ enum class Layout { Dense, Blocked };  // dense row-major (ND) / 16x16 fractal b
 ///             by block forward substitution; T never formed, K S / Q S / K K^T / Q K^T grouped.
 enum class GraphForm { WU, Inverse, GemmFirst };
 const char* graph_form_name(GraphForm f);  // "wu" / "inverse" / "gemm_first"
-GraphForm graph_form_from_name(const std::string& s);
 
 /// A tensor of one chunk. Dims are symbolic: "L" (tokens of the chunk), "K", "V" (the item's
 /// column width), "1"; e.g. q is L x K, the state K x V.

@@ -52,13 +52,6 @@ const char* graph_form_name(GraphForm f) {
   return "?";
 }
 
-GraphForm graph_form_from_name(const std::string& s) {
-  if (s == "wu") return GraphForm::WU;
-  if (s == "inverse") return GraphForm::Inverse;
-  if (s == "gemm_first") return GraphForm::GemmFirst;
-  throw Error("graph form: got \"" + s + "\", expected wu, inverse or gemm_first");
-}
-
 const TensorDef& OpGraph::tensor(const std::string& name) const {
   for (const TensorDef& t : tensors)
     if (t.name == name) return t;
