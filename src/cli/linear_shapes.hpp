@@ -16,11 +16,11 @@ struct ProjectionShape {
 
 // Qwen3.5-0.8B projections, [out, in] as in docs/MODEL.md (Qwen3.5-0.8B's config.json): hidden 1024, 18 GDN layers
 // (in_proj_qkv 6144 + z 2048 + b 16 + a 16 stacked: the same input), 6 attention layers (q with
-// its gate 4096; k and v 512 each, stacked), outputs 2048 -> 1024, 24 SwiGLU MLPs (gate and up
+// its gate 4096, k and v 512 each: one stacked projection), outputs 2048 -> 1024, 24 SwiGLU MLPs (gate and up
 // 3584 each, stacked), LM head 248320 (tied embeddings; in prefill only the last position needs it).
 const std::vector<ProjectionShape> kQwen35Projections0p8B{
-    {"gdn.in_proj_qkvzba", 1024, 8224, 18}, {"gdn.out_proj", 2048, 1024, 18}, {"attn.q_proj", 1024, 4096, 6},
-    {"attn.kv_proj", 1024, 1024, 6},        {"attn.o_proj", 2048, 1024, 6},   {"mlp.gate_up", 1024, 7168, 24},
+    {"gdn.in_proj_qkvzba", 1024, 8224, 18}, {"gdn.out_proj", 2048, 1024, 18}, {"attn.qkv_proj", 1024, 5120, 6},
+    {"attn.o_proj", 2048, 1024, 6},         {"mlp.gate_up", 1024, 7168, 24},
     {"mlp.down", 3584, 1024, 24},           {"lm_head", 1024, 248320, 0},
 };
 

@@ -351,6 +351,17 @@ SafetensorsFile SafetensorsFile::open_impl(const std::string& path, bool mapped)
 
 bool SafetensorsFile::has(const std::string& name) const { return entries_.count(name) != 0; }
 
+void SafetensorsFile::release_pages(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw Error("'" + path_ + "': no tensor '" + name + "' to release");
+  const Entry& e = it->second;
+  if (!mapping_ || e.own_copy || e.bytes == 0) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(e.data), end = begin + e.bytes;
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;  // whole pages only
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 TensorView SafetensorsFile::get(const std::string& name) const {
   auto it = entries_.find(name);
   if (it == entries_.end()) {

@@ -40,6 +40,12 @@ class SafetensorsFile {
   /// do not fault; calls progress(done, total) in between (from the calling thread).
   void prefault(const std::function<void(uint64_t done, uint64_t total)>& progress = {}) const;
 
+  /// For a mapped file: drops the whole pages inside tensor `name` from this process's resident
+  /// set (the loader copied the tensor and will not read it again). Its bytes stay readable (from
+  /// the page cache or the file on the next touch). No-op for open() and for misaligned tensors
+  /// (their own copy). Throws hanpu::Error if there is no such tensor.
+  void release_pages(const std::string& name) const;
+
   bool has(const std::string& name) const;
   /// A contiguous view of the tensor, aligned for its dtype. The view is mutable for API
   /// convenience; writing through it changes only this in-memory copy, never the file.

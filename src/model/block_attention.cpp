@@ -13,9 +13,10 @@ namespace hanpu::model {
 
 void GatedAttention::load(const ModelConfig& c, const WeightReader& w, const std::string& a) {
   const int64_t H = c.hidden_size;
-  q_proj = w.projection(a + "q_proj.weight", c.num_heads * c.head_dim * 2, H);
-  k_proj = w.projection(a + "k_proj.weight", c.num_kv_heads * c.head_dim, H);
-  v_proj = w.projection(a + "v_proj.weight", c.num_kv_heads * c.head_dim, H);
+  qkv_proj = w.stacked({{a + "q_proj.weight", c.num_heads * c.head_dim * 2},
+                        {a + "k_proj.weight", c.num_kv_heads * c.head_dim},
+                        {a + "v_proj.weight", c.num_kv_heads * c.head_dim}},
+                       H);
   o_proj = w.projection(a + "o_proj.weight", H, c.num_heads * c.head_dim);
   q_norm = w.norm_scale(a + "q_norm.weight", c.head_dim, c.norm_weight_plus_one);
   k_norm = w.norm_scale(a + "k_norm.weight", c.head_dim, c.norm_weight_plus_one);
@@ -33,20 +34,21 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
   const LinearPrecision prec = r.opt.precision;
   const int64_t p0 = r.p0;
   auto t0 = Clock::now();
-  float* qg = scratch(*r.ws, kQG, T * nq * 2 * hd);
-  const size_t row = static_cast<size_t>(nkv * hd);
+  // [T, S] rows of [q with its per-head gates | k | v] (one GEMM); k and v are then normed / copied
+  // into the cache.
+  const int64_t S = qkv_proj.out_features(), kv_cols = nkv * hd;
+  float* qg = scratch(*r.ws, kQG, T * S);
+  const size_t row = static_cast<size_t>(kv_cols);
   kc.resize(static_cast<size_t>(p0 + T) * row);
   vc.resize(static_cast<size_t>(p0 + T) * row);
   float* knew = kc.data() + static_cast<size_t>(p0) * row;
   float* vnew = vc.data() + static_cast<size_t>(p0) * row;
-  q_proj.forward(h, H, qg, nq * 2 * hd, T, th, false, prec);
-  k_proj.forward(h, H, knew, nkv * hd, T, th, false, prec);
-  v_proj.forward(h, H, vnew, nkv * hd, T, th, false, prec);
+  qkv_proj.forward(h, H, qg, S, T, th, false, prec);
   r.times.attn_proj += seconds_since(t0);
 
   t0 = Clock::now();
   // Query heads out of the per-head [query | gate] interleave, normed and rotated; keys normed
-  // and rotated in the cache.
+  // and rotated into the cache, values copied there.
   const int64_t half = c.rotary_dim / 2;
   float* q = scratch(*r.ws, kQ, T * nq * hd);
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -61,14 +63,16 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
       }
       for (int64_t hh = 0; hh < nq; ++hh) {
         float* dst = q + (t * nq + hh) * hd;
-        rms_norm_rows(qg + (t * nq + hh) * 2 * hd, hd, dst, hd, 1, hd, q_norm.data(), eps, th.when(false));
+        rms_norm_rows(qg + t * S + hh * 2 * hd, hd, dst, hd, 1, hd, q_norm.data(), eps, th.when(false));
         rope_rotate(dst, c.rotary_dim, cs.data(), cs.data() + half);
       }
+      const float* k_in = qg + t * S + nq * 2 * hd;
       for (int64_t hh = 0; hh < nkv; ++hh) {
-        float* kr = knew + t * nkv * hd + hh * hd;
-        rms_norm_rows(kr, hd, kr, hd, 1, hd, k_norm.data(), eps, th.when(false));
+        float* kr = knew + t * kv_cols + hh * hd;
+        rms_norm_rows(k_in + hh * hd, hd, kr, hd, 1, hd, k_norm.data(), eps, th.when(false));
         rope_rotate(kr, c.rotary_dim, cs.data(), cs.data() + half);
       }
+      std::memcpy(vnew + t * kv_cols, k_in + kv_cols, static_cast<size_t>(kv_cols) * sizeof(float));
     }
   });
   float* attn = scratch(*r.ws, kAttn, T * nq * hd);
@@ -77,7 +81,7 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
     for (int64_t t = t_begin; t < t_end; ++t)
       for (int64_t hh = 0; hh < nq; ++hh) {
         float* o = attn + (t * nq + hh) * hd;
-        const float* g = qg + (t * nq + hh) * 2 * hd + hd;
+        const float* g = qg + t * S + hh * 2 * hd + hd;
         simd_sigmoid_mul_row(o, g, static_cast<size_t>(hd));
       }
   });
@@ -94,17 +98,20 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
   const int64_t H = c.hidden_size, nh = c.num_heads, r = c.mla_kv_lora_rank;
   const int64_t nope = c.mla_qk_nope_head_dim, rope = c.mla_qk_rope_head_dim, dv = c.mla_v_head_dim;
   const int64_t qk = c.mla_qk_head_dim();
+  // One GEMM for every projection of the layer's input: rows [q (or q_a) | kv_a | head gate].
+  std::vector<std::pair<std::string, int64_t>> parts;
   if (c.mla_q_lora_rank > 0) {
-    q_a_proj = w.projection(a + "q_a_proj.weight", c.mla_q_lora_rank, H);
+    parts.emplace_back(a + "q_a_proj.weight", c.mla_q_lora_rank);
     q_a_norm = w.norm_scale(a + "q_a_layernorm.weight", c.mla_q_lora_rank, c.norm_weight_plus_one);
     q_b_proj = w.projection(a + "q_b_proj.weight", nh * qk, c.mla_q_lora_rank);
   } else {
-    q_proj = w.projection(a + "q_proj.weight", nh * qk, H);
+    parts.emplace_back(a + "q_proj.weight", nh * qk);
   }
-  kv_a_proj = w.projection(a + "kv_a_proj_with_mqa.weight", r + rope, H);
+  parts.emplace_back(a + "kv_a_proj_with_mqa.weight", r + rope);
+  if (c.mla_head_gate) parts.emplace_back(a + "g_proj.weight", nh);
+  in_proj = w.stacked(parts, H);
   kv_a_norm = w.norm_scale(a + "kv_a_layernorm.weight", r, c.norm_weight_plus_one);
   o_proj = w.projection(a + c.names.attention_out + ".weight", H, nh * dv);
-  if (c.mla_head_gate) head_gate = w.projection(a + "g_proj.weight", nh, H);
   if (c.mla_rope) {
     inv_freq.resize(static_cast<size_t>(rope / 2));
     for (int64_t i = 0; i < rope / 2; ++i)  // as transformers: float32 theta^(2i/dim), dim = qk_rope_head_dim
@@ -138,21 +145,27 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t p0 = run.p0;
   auto t0 = Clock::now();
-  float* q = scratch(*run.ws, kQ, T * nh * qk);
+  // [T, S] rows of [q (or q_a) | kv_a = c | k_rope | head gate].
+  const int64_t S = in_proj.out_features();
+  float* in = scratch(*run.ws, kQG, T * S);
+  in_proj.forward(h, H, in, S, T, th, false, prec);
+  float* q = in;  // [T, nh, qk] with rows ldq apart
+  int64_t ldq = S, q_cols = nh * qk;
   if (c.mla_q_lora_rank > 0) {
     const int64_t qr = c.mla_q_lora_rank;
     float* low = scratch(*run.ws, kLowRank, T * qr);
-    q_a_proj.forward(h, H, low, qr, T, th, false, prec);
-    rms_norm_rows(low, qr, low, qr, T, qr, q_a_norm.data(), eps, th);
+    rms_norm_rows(in, S, low, qr, T, qr, q_a_norm.data(), eps, th);
+    q = scratch(*run.ws, kQ, T * nh * qk);
     q_b_proj.forward(low, qr, q, nh * qk, T, th, false, prec);
-  } else {
-    q_proj.forward(h, H, q, nh * qk, T, th, false, prec);
+    ldq = nh * qk, q_cols = qr;
   }
-  // The compressed rows go straight into the cache: [c (normed below) | k_rope].
+  // The compressed rows go into the cache: [c (normed) | k_rope (rotated below)].
   cache.resize(static_cast<size_t>((p0 + T) * cdim));
   float* fresh = cache.data() + p0 * cdim;
-  kv_a_proj.forward(h, H, fresh, cdim, T, th, false, prec);
-  rms_norm_rows(fresh, cdim, fresh, cdim, T, r, kv_a_norm.data(), eps, th);
+  const float* kv_in = in + q_cols;
+  rms_norm_rows(kv_in, S, fresh, cdim, T, r, kv_a_norm.data(), eps, th);
+  for (int64_t t = 0; t < T; ++t)
+    std::memcpy(fresh + t * cdim + r, kv_in + t * S + r, static_cast<size_t>(rope) * sizeof(float));
   if (c.mla_rope) {
     // DeepSeek's interleaved RoPE (transformers' apply_rotary_pos_emb_interleave): the pairs
     // (x0, x1), (x2, x3), ... rotate by one angle each and come out de-interleaved,
@@ -176,18 +189,18 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
           cs[static_cast<size_t>(half + i)] = static_cast<float>(std::sin(static_cast<double>(ang)));
         }
         rotate(fresh + t * cdim + r);
-        for (int64_t hh = 0; hh < nh; ++hh) rotate(q + (t * nh + hh) * qk + nope);
+        for (int64_t hh = 0; hh < nh; ++hh) rotate(q + t * ldq + hh * qk + nope);
       }
     });
   }
   // Absorbed queries [W_ukᵀ q_nope | q_rope] per head, in the cache's row layout.
   float* ql = scratch(*run.ws, kLatentQ, T * nh * cdim);
   for (int64_t hh = 0; hh < nh; ++hh)
-    key_absorb[static_cast<size_t>(hh)].forward(q + hh * qk, nh * qk, ql + hh * cdim, nh * cdim, T, th, false, prec);
+    key_absorb[static_cast<size_t>(hh)].forward(q + hh * qk, ldq, ql + hh * cdim, nh * cdim, T, th, false, prec);
   parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
     for (int64_t t = t_begin; t < t_end; ++t)
       for (int64_t hh = 0; hh < nh; ++hh)
-        std::memcpy(ql + (t * nh + hh) * cdim + r, q + (t * nh + hh) * qk + nope, static_cast<size_t>(rope) * sizeof(float));
+        std::memcpy(ql + (t * nh + hh) * cdim + r, q + t * ldq + hh * qk + nope, static_cast<size_t>(rope) * sizeof(float));
   });
   run.times.attn_proj += seconds_since(t0);
 
@@ -204,11 +217,10 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   for (int64_t hh = 0; hh < nh; ++hh)
     value_up[static_cast<size_t>(hh)].forward(ol + hh * cdim, nh * cdim, attn + hh * dv, nh * dv, T, th, false, prec);
   if (c.mla_head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
-    float* score = scratch(*run.ws, kSharedScore, T * nh);
-    head_gate.forward(h, H, score, nh, T, th, false, prec);
+    const float* score = kv_in + cdim;  // the stacked output's last nh columns
     for (int64_t t = 0; t < T; ++t)
       for (int64_t hh = 0; hh < nh; ++hh) {
-        const float g = 1.0f / (1.0f + std::exp(-score[t * nh + hh]));
+        const float g = 1.0f / (1.0f + std::exp(-score[t * S + hh]));
         float* o = attn + (t * nh + hh) * dv;
         for (int64_t i = 0; i < dv; ++i) o[i] *= g;
       }

@@ -73,29 +73,28 @@ void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t c
 void GdnMixer::load(const ModelConfig& c, const WeightReader& w, const std::string& g) {
   const int64_t H = c.hidden_size, nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
   const int64_t cd = c.gdn_conv_dim(), vd = c.gdn_value_dim();
+  // One GEMM for the four projections of the layer's input, rows [q | k | v | z | b | a].
   if (c.fused_gdn_projections) {
-    // Qwen3-Next: in_proj_qkvz / in_proj_ba rows permuted into owned copies in the Qwen3.5 order
-    // [q | k | v | z] and [b | a]; the four projections are views of those copies.
-    const TensorView qkvz = w.get(g + "in_proj_qkvz.weight", {cd + vd, H});
-    const TensorView ba = w.get(g + "in_proj_ba.weight", {2 * nv, H});
-    w.owned->push_back(gather_rows(qkvz, qwen3next_qkvz_source_rows(nk, nv, c.linear_key_head_dim, c.linear_value_head_dim),
-                                   g + "in_proj_qkvz.weight"));
-    std::byte* rows = w.owned->back().data();
-    const size_t row_bytes = static_cast<size_t>(H) * dtype_size(qkvz.dtype);
-    in_qkv = w.projection_of(TensorView::contiguous(rows, qkvz.dtype, {cd, H}), g + "in_proj_qkvz.weight (q|k|v rows)");
-    in_z = w.projection_of(TensorView::contiguous(rows + static_cast<size_t>(cd) * row_bytes, qkvz.dtype, {vd, H}),
-                      g + "in_proj_qkvz.weight (z rows)");
-    w.owned->push_back(gather_rows(ba, qwen3next_ba_source_rows(nk, nv), g + "in_proj_ba.weight"));
-    rows = w.owned->back().data();
-    const size_t ba_row_bytes = static_cast<size_t>(H) * dtype_size(ba.dtype);
-    in_b = w.projection_of(TensorView::contiguous(rows, ba.dtype, {nv, H}), g + "in_proj_ba.weight (b rows)");
-    in_a = w.projection_of(TensorView::contiguous(rows + static_cast<size_t>(nv) * ba_row_bytes, ba.dtype, {nv, H}),
-                      g + "in_proj_ba.weight (a rows)");
+    // Qwen3-Next: in_proj_qkvz / in_proj_ba rows permuted into one owned copy in that order.
+    const std::string qkvz_name = g + "in_proj_qkvz.weight", ba_name = g + "in_proj_ba.weight";
+    const TensorView qkvz = w.get(qkvz_name, {cd + vd, H});
+    const TensorView ba = w.get(ba_name, {2 * nv, H});
+    if (qkvz.dtype != ba.dtype)
+      throw Error("'" + qkvz_name + "' is " + dtype_name(qkvz.dtype) + " but '" + ba_name + "' is " +
+                  dtype_name(ba.dtype) + ", expected one dtype for both (they are stacked into one projection)");
+    const ByteBuffer head = gather_rows(
+        qkvz, qwen3next_qkvz_source_rows(nk, nv, c.linear_key_head_dim, c.linear_value_head_dim), qkvz_name);
+    const ByteBuffer tail = gather_rows(ba, qwen3next_ba_source_rows(nk, nv), ba_name);
+    w.owned->push_back(ByteBuffer(head.size() + tail.size()));
+    std::memcpy(w.owned->back().data(), head.data(), head.size());
+    std::memcpy(w.owned->back().data() + head.size(), tail.data(), tail.size());
+    if (w.release) w.release(qkvz_name), w.release(ba_name);
+    in_proj = w.projection_of(TensorView::contiguous(w.owned->back().data(), qkvz.dtype, {cd + vd + 2 * nv, H}),
+                              qkvz_name + " + " + ba_name + " (rows q|k|v|z|b|a)");
   } else {
-    in_qkv = w.projection(g + "in_proj_qkv.weight", cd, H);
-    in_z = w.projection(g + "in_proj_z.weight", vd, H);
-    in_b = w.projection(g + "in_proj_b.weight", nv, H);
-    in_a = w.projection(g + "in_proj_a.weight", nv, H);
+    in_proj = w.stacked({{g + "in_proj_qkv.weight", cd}, {g + "in_proj_z.weight", vd}, {g + "in_proj_b.weight", nv},
+                         {g + "in_proj_a.weight", nv}},
+                        H);
   }
   out_proj = w.projection(g + "out_proj.weight", H, vd);
   append_conv_taps(w.floats(g + "conv1d.weight", {cd, 1, c.linear_conv_kernel}), cd, c.linear_conv_kernel, 0, cd,
@@ -112,30 +111,34 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
-  float* mixed = scratch(*r.ws, kMixed, T * cd);
-  float* z = scratch(*r.ws, kZ, T * vd);
-  float* b = scratch(*r.ws, kB, T * nv);
-  float* a = scratch(*r.ws, kA, T * nv);
-  in_qkv.forward(h, H, mixed, cd, T, th, false, prec);
-  in_z.forward(h, H, z, vd, T, th, false, prec);
-  in_b.forward(h, H, b, nv, T, th, false, prec);
-  in_a.forward(h, H, a, nv, T, th, false, prec);
+  // [T, S] rows of [q | k | v | z | b | a] (in_proj's output columns).
+  const int64_t S = in_proj.out_features();
+  float* mixed = scratch(*r.ws, kMixed, T * S);
+  const float* z = mixed + cd;
+  float* b = mixed + cd + vd;
+  float* a = b + nv;
+  in_proj.forward(h, H, mixed, S, T, th, false, prec);
   r.times.gdn_proj += seconds_since(t0);
 
   t0 = Clock::now();
   float* conv = scratch(*r.ws, kConv, T * cd);
-  causal_conv_silu(mixed, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
+  causal_conv_silu(mixed, S, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
   r.times.gdn_conv += seconds_since(t0);
 
   t0 = Clock::now();
   float* o = scratch(*r.ws, kO, T * vd);
+  auto per_token = [&](float* p) {  // [1, T, nv] with rows S floats apart
+    TensorView v = TensorView::contiguous(p, DType::F32, {1, T, nv});
+    v.stride[0] = T * S;
+    v.stride[1] = S;
+    return v;
+  };
   run_engine(Variant::GDN, r, conv, cd, c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
-             TensorView::contiguous(a, DType::F32, {1, T, nv}), TensorView::contiguous(b, DType::F32, {1, T, nv}),
-             std::nullopt, A_log, dt_bias, recurrent_state, o);
+             per_token(a), per_token(b), std::nullopt, A_log, dt_bias, recurrent_state, o);
   r.times.gdn_engine += seconds_since(t0);
 
   t0 = Clock::now();
-  gated_rms_norm(o, z, T, nv, c.linear_value_head_dim, norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
+  gated_rms_norm(o, z, S, T, nv, c.linear_value_head_dim, norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
   r.times.gdn_norm += seconds_since(t0);
 
   t0 = Clock::now();
@@ -148,9 +151,6 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
 void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::string& p) {
   const int64_t H = c.hidden_size, nh = c.linear_num_value_heads, dk = c.linear_key_head_dim;
   const int64_t qkv = nh * dk, K = c.linear_conv_kernel;
-  // One GEMM writes the conv input [q | k | v] (measured: three separate ones ran the KDA
-  // projections at 135-162 GFLOP/s against 159-193 for GDN's stacked in_proj_qkv, docs/PERFORMANCE.md).
-  qkv_proj = w.stacked({{p + "q_proj.weight", qkv}, {p + "k_proj.weight", qkv}, {p + "v_proj.weight", qkv}}, H);
   // Official checkpoints keep three convs; transformers' in-memory module concatenates them.
   if (w.has(p + "q_conv1d.weight") || !w.has(p + "conv1d.weight")) {
     const char* convs[] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
@@ -162,18 +162,23 @@ void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
   // The gates: official names sit on the layer; transformers' module nests the forget gate's in
   // forget_gate.
   const std::string f = w.has(p + "forget_gate.A_log") && !w.has(p + "A_log") ? p + "forget_gate." : p;
+  // One GEMM for every projection of the layer's input (measured: separate q, k and v GEMMs ran at
+  // 135-162 GFLOP/s against 159-193 for GDN's stacked in_proj_qkv, docs/PERFORMANCE.md): rows
+  // [q | k | v | f_a | g_a | b] (Kimi's rank-dk gate projections) or [q | k | v | f | g | b].
+  std::vector<std::pair<std::string, int64_t>> parts = {
+      {p + "q_proj.weight", qkv}, {p + "k_proj.weight", qkv}, {p + "v_proj.weight", qkv}};
   if (c.kda_low_rank_gates) {
-    fg_a = w.stacked({{f + "f_a_proj.weight", dk}, {p + "g_a_proj.weight", dk}}, H);  // both rank-dk, from x
+    parts.insert(parts.end(), {{f + "f_a_proj.weight", dk}, {p + "g_a_proj.weight", dk}});
     f_b = w.projection(f + "f_b_proj.weight", qkv, dk);
     g_b = w.projection(p + "g_b_proj.weight", qkv, dk);
     A_log = w.floats(f + "A_log", {1, 1, nh, 1});
   } else {
-    f_proj = w.projection(f + "f_proj.weight", qkv, H);
-    g_proj = w.projection(p + "g_proj.weight", qkv, H);
+    parts.insert(parts.end(), {{f + "f_proj.weight", qkv}, {p + "g_proj.weight", qkv}});
     A_log = w.floats(f + "A_log", {nh});
   }
+  parts.emplace_back(p + "b_proj.weight", nh);
+  in_proj = w.stacked(parts, H);
   dt_bias = w.floats(f + "dt_bias", {qkv});
-  b_proj = w.projection(p + "b_proj.weight", nh, H);
   o_norm = w.floats(p + "o_norm.weight", {dk});
   o_proj = w.projection(p + c.names.attention_out + ".weight", H, qkv);
 }
@@ -185,32 +190,36 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
-  float* mixed = scratch(*r.ws, kMixed, T * cd);
-  qkv_proj.forward(h, H, mixed, cd, T, th, false, prec);
-  float* f = scratch(*r.ws, kA, T * qkv);
-  float* gate = scratch(*r.ws, kGateOut, T * qkv);
+  // [T, S] rows of in_proj's outputs: [q | k | v | f_a | g_a | b] or [q | k | v | f | g | b].
+  const int64_t S = in_proj.out_features();
+  float* mixed = scratch(*r.ws, kMixed, T * S);
+  in_proj.forward(h, H, mixed, S, T, th, false, prec);
+  const float* f = mixed + cd;  // the forget gate's input to the engine, rows ld_f apart
+  const float* gate = mixed + cd + qkv;
+  int64_t ld_f = S, ld_gate = S;
   if (c.kda_low_rank_gates) {
-    float* low = scratch(*r.ws, kLowRank, T * 2 * dk);  // [f_a(x) | g_a(x)] per token
-    fg_a.forward(h, H, low, 2 * dk, T, th, false, prec);
-    f_b.forward(low, 2 * dk, f, qkv, T, th, false, prec);
-    g_b.forward(low + dk, 2 * dk, gate, qkv, T, th, false, prec);
-  } else {
-    f_proj.forward(h, H, f, qkv, T, th, false, prec);
-    g_proj.forward(h, H, gate, qkv, T, th, false, prec);
+    float* fb = scratch(*r.ws, kA, T * qkv);
+    float* gb = scratch(*r.ws, kGateOut, T * qkv);
+    f_b.forward(mixed + cd, S, fb, qkv, T, th, false, prec);
+    g_b.forward(mixed + cd + dk, S, gb, qkv, T, th, false, prec);
+    f = fb, gate = gb, ld_f = qkv, ld_gate = qkv;
   }
-  float* b = scratch(*r.ws, kB, T * nh);
-  b_proj.forward(h, H, b, nh, T, th, false, prec);
   r.times.kda_proj += seconds_since(t0);
 
   t0 = Clock::now();
   float* conv = scratch(*r.ws, kConv, T * cd);
-  causal_conv_silu(mixed, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
+  causal_conv_silu(mixed, S, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
   r.times.kda_conv += seconds_since(t0);
 
   t0 = Clock::now();
   float* o = scratch(*r.ws, kO, T * qkv);
-  run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, TensorView::contiguous(f, DType::F32, {1, T, nh, dk}),
-             TensorView::contiguous(b, DType::F32, {1, T, nh}),
+  TensorView g_view = TensorView::contiguous(const_cast<float*>(f), DType::F32, {1, T, nh, dk});
+  g_view.stride[0] = T * ld_f;
+  g_view.stride[1] = ld_f;
+  TensorView beta_view = TensorView::contiguous(mixed + S - nh, DType::F32, {1, T, nh});
+  beta_view.stride[0] = T * S;
+  beta_view.stride[1] = S;
+  run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, g_view, beta_view,
              c.kda_safe_gate ? std::optional<float>(static_cast<float>(c.kda_lower_bound)) : std::nullopt, A_log,
              dt_bias, recurrent_state, o);
   r.times.kda_engine += seconds_since(t0);
@@ -220,7 +229,7 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   t0 = Clock::now();
   rms_norm_rows(o, dk, o, dk, T * nh, dk, o_norm.data(), static_cast<float>(c.rms_norm_eps), th);
   parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
-    for (int64_t t = t_begin; t < t_end; ++t) simd_sigmoid_mul_row(o + t * qkv, gate + t * qkv, static_cast<size_t>(qkv));
+    for (int64_t t = t_begin; t < t_end; ++t) simd_sigmoid_mul_row(o + t * qkv, gate + t * ld_gate, static_cast<size_t>(qkv));
   });
   r.times.kda_norm += seconds_since(t0);
 

@@ -11,20 +11,17 @@ namespace hanpu::model {
 
 void SwiGluMlp::load(const WeightReader& w, const std::string& p, int64_t hidden, int64_t intermediate,
                      const std::string& gate, const std::string& up, const std::string& down) {
-  gate_proj = w.projection(p + gate + ".weight", intermediate, hidden);
-  up_proj = w.projection(p + up + ".weight", intermediate, hidden);
+  gate_up = w.stacked({{p + gate + ".weight", intermediate}, {p + up + ".weight", intermediate}}, hidden);
   down_proj = w.projection(p + down + ".weight", hidden, intermediate);
 }
 
-void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot gate_slot, ScratchSlot up_slot) const {
-  const int64_t T = r.T, H = r.cfg.hidden_size, I = gate_proj.out_features();
+void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot) const {
+  const int64_t T = r.T, H = r.cfg.hidden_size, I = down_proj.in_features();
   const cpu::Threads th = r.th;
-  float* g = scratch(*r.ws, gate_slot, T * I);
-  float* u = scratch(*r.ws, up_slot, T * I);
-  gate_proj.forward(h, H, g, I, T, th, false, r.opt.precision);
-  up_proj.forward(h, H, u, I, T, th, false, r.opt.precision);
-  silu_mul(g, u, T, I, I, th);
-  down_proj.forward(g, I, x, H, T, th, true, r.opt.precision);
+  float* gu = scratch(*r.ws, slot, T * 2 * I);  // rows [gate | up]
+  gate_up.forward(h, H, gu, 2 * I, T, th, false, r.opt.precision);
+  silu_mul(gu, gu + I, T, I, 2 * I, th);
+  down_proj.forward(gu, 2 * I, x, H, T, th, true, r.opt.precision);
 }
 
 void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::string& m) {
@@ -33,26 +30,24 @@ void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::stri
   if (c.router_score_bias) score_bias = w.floats(m + c.names.router_score_bias, {E});
   const CheckpointNames& n = c.names;
   // Experts: one tensor set per expert (official checkpoints, save_pretrained), or the fused 3-D
-  // tensors of transformers' in-memory layout (gate_up_proj [E, 2·Im, H]: gate rows then up rows).
+  // tensors of transformers' in-memory layout (gate_up_proj [E, 2·Im, H]: gate rows then up rows,
+  // already the stacked [gate | up] each expert runs as one GEMM).
   if (w.has(m + "experts.gate_up_proj") && !w.has(m + "experts.0." + n.expert_gate + ".weight")) {
     const TensorView gu = w.get(m + "experts.gate_up_proj", {E, 2 * Im, H});
     const TensorView dn = w.get(m + "experts.down_proj", {E, H, Im});
     const size_t es_gu = dtype_size(gu.dtype), es_dn = dtype_size(dn.dtype);
     for (int64_t e = 0; e < E; ++e) {
       auto* base = static_cast<std::byte*>(gu.data) + static_cast<size_t>(e * 2 * Im * H) * es_gu;
-      const std::string en = m + "experts.gate_up_proj[" + std::to_string(e) + "]";
-      gate_proj.emplace_back(TensorView::contiguous(base, gu.dtype, {Im, H}), en + " (gate rows)");
-      up_proj.emplace_back(TensorView::contiguous(base + static_cast<size_t>(Im * H) * es_gu, gu.dtype, {Im, H}),
-                           en + " (up rows)");
-      down_proj.emplace_back(
+      gate_up.push_back(w.projection_of(TensorView::contiguous(base, gu.dtype, {2 * Im, H}),
+                                        m + "experts.gate_up_proj[" + std::to_string(e) + "]"));
+      down_proj.push_back(w.projection_of(
           TensorView::contiguous(static_cast<std::byte*>(dn.data) + static_cast<size_t>(e * H * Im) * es_dn, dn.dtype, {H, Im}),
-          m + "experts.down_proj[" + std::to_string(e) + "]");
+          m + "experts.down_proj[" + std::to_string(e) + "]"));
     }
   } else {
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = m + "experts." + std::to_string(e) + ".";
-      gate_proj.push_back(w.projection(x + n.expert_gate + ".weight", Im, H));
-      up_proj.push_back(w.projection(x + n.expert_up + ".weight", Im, H));
+      gate_up.push_back(w.stacked({{x + n.expert_gate + ".weight", Im}, {x + n.expert_up + ".weight", Im}}, H));
       down_proj.push_back(w.projection(x + n.expert_down + ".weight", H, Im));
     }
   }
@@ -137,18 +132,16 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
     const int64_t n = static_cast<int64_t>(rows.size());
     if (n == 0) continue;
     float* xe = scratch(*r.ws, kExpertIn, n * H);
-    float* ge = scratch(*r.ws, kExpertGate, n * Im);
-    float* ue = scratch(*r.ws, kExpertUp, n * Im);
+    float* gu = scratch(*r.ws, kExpertGateUp, n * 2 * Im);  // rows [gate | up]
     float* ye = scratch(*r.ws, kExpertOut, n * H);
     const cpu::Threads row_threads = th.when(n >= 16);  // few rows: copying is cheaper than waking threads
     parallel_for(n, row_threads, [&](int64_t b, int64_t end) {
       for (int64_t i = b; i < end; ++i)
         std::memcpy(xe + i * H, h + rows[static_cast<size_t>(i)].first * H, static_cast<size_t>(H) * sizeof(float));
     });
-    gate_proj[static_cast<size_t>(e)].forward(xe, H, ge, Im, n, th, false, prec);
-    up_proj[static_cast<size_t>(e)].forward(xe, H, ue, Im, n, th, false, prec);
-    silu_mul(ge, ue, n, Im, Im, row_threads);
-    down_proj[static_cast<size_t>(e)].forward(ge, Im, ye, H, n, th, false, prec);
+    gate_up[static_cast<size_t>(e)].forward(xe, H, gu, 2 * Im, n, th, false, prec);
+    silu_mul(gu, gu + Im, n, Im, 2 * Im, row_threads);
+    down_proj[static_cast<size_t>(e)].forward(gu, 2 * Im, ye, H, n, th, false, prec);
     // Each token appears at most once per expert, so rows scatter to distinct residual rows.
     parallel_for(n, row_threads, [&](int64_t b, int64_t end) {
       for (int64_t i = b; i < end; ++i) {
@@ -162,18 +155,16 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
 
   if (!has_shared) return;
   if (!c.shared_expert_gated) {
-    shared.forward(r, h, x, kSharedGate, kSharedUp);  // added straight into the residual
+    shared.forward(r, h, x, kSharedGateUp);  // added straight into the residual
     return;
   }
   const int64_t Is = c.shared_expert_intermediate_size;
-  float* sg = scratch(*r.ws, kSharedGate, T * Is);
-  float* su = scratch(*r.ws, kSharedUp, T * Is);
+  float* sgu = scratch(*r.ws, kSharedGateUp, T * 2 * Is);  // rows [gate | up]
   float* score = scratch(*r.ws, kSharedScore, T);
   float* ys = scratch(*r.ws, kExpertOut, T * H);
-  shared.gate_proj.forward(h, H, sg, Is, T, th, false, prec);
-  shared.up_proj.forward(h, H, su, Is, T, th, false, prec);
-  silu_mul(sg, su, T, Is, Is, th);
-  shared.down_proj.forward(sg, Is, ys, H, T, th, false, prec);
+  shared.gate_up.forward(h, H, sgu, 2 * Is, T, th, false, prec);
+  silu_mul(sgu, sgu + Is, T, Is, 2 * Is, th);
+  shared.down_proj.forward(sgu, 2 * Is, ys, H, T, th, false, prec);
   shared_gate.forward(h, H, score, 1, T, th, false, prec);
   parallel_for(T, th.when(T >= 16), [&](int64_t b, int64_t end) {
     for (int64_t t = b; t < end; ++t) {

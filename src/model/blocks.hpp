@@ -30,7 +30,8 @@ struct BlockRun {
 /// SiLU, the GDN engine with in-kernel q/k L2 norm, g = -exp(A_log)·softplus(a + dt_bias) and
 /// beta = sigmoid(b), gated RMSNorm with silu(z), out_proj.
 struct GdnMixer {
-  Projection in_qkv, in_z, in_b, in_a, out_proj;
+  Projection in_proj;  // in_proj_qkv | in_proj_z | in_proj_b | in_proj_a stacked: one GEMM of the input
+  Projection out_proj;
   std::vector<float> conv_taps;  // [K, conv_dim]: conv1d.weight [conv_dim, 1, K] transposed
   std::vector<float> A_log, dt_bias, norm_w;
 
@@ -46,8 +47,9 @@ struct GdnMixer {
 /// too: LaOptions::lower_bound), beta = sigmoid(b_proj(x)), q/k L2 norm in the
 /// engine, then o_norm(o)·sigmoid(g_b(g_a(x))) (Ling: g_proj(x)) and o_proj.
 struct KdaMixer {
-  // q_proj | k_proj | v_proj stacked into one GEMM, and Kimi's f_a_proj | g_a_proj (both read x).
-  Projection qkv_proj, fg_a, f_b, f_proj, b_proj, g_b, g_proj, o_proj;
+  // Every projection of the layer's input stacked into one GEMM: q | k | v | f_a | g_a | b (Kimi)
+  // or q | k | v | f | g | b (Ling's full-rank gates); then Kimi's f_b and g_b of the low rank.
+  Projection in_proj, f_b, g_b, o_proj;
   std::vector<float> conv_taps;  // [K, 3·H·K]: the q, k and v convs side by side, transposed
   std::vector<float> A_log, dt_bias, o_norm;  // [H], [H·K], [K] (raw weight)
 
@@ -59,7 +61,8 @@ struct KdaMixer {
 /// interleaved [query | gate], q_norm/k_norm, rotate-half partial RoPE, GQA over an F32 KV cache,
 /// sigmoid output gate, o_proj.
 struct GatedAttention {
-  Projection q_proj, k_proj, v_proj, o_proj;
+  Projection qkv_proj;  // q_proj | k_proj | v_proj stacked: one GEMM of the input
+  Projection o_proj;
   std::vector<float> q_norm, k_norm;  // norm multipliers
   std::vector<float> inv_freq;        // [rotary_dim / 2]
 
@@ -77,7 +80,9 @@ struct GatedAttention {
 /// With RoPE (Ling) the rope dims of q and of the shared key are rotated (interleaved pairs) before
 /// the key is cached; with the head gate each head's output is scaled by sigmoid(g_proj(x)).
 struct MlaAttention {
-  Projection q_proj, q_a_proj, q_b_proj, kv_a_proj, o_proj, head_gate;
+  // q_proj (or q_a_proj) | kv_a_proj_with_mqa | g_proj (the head gate, Ling) stacked: one GEMM of
+  // the input.
+  Projection in_proj, q_b_proj, o_proj;
   std::vector<float> inv_freq;  // [qk_rope_head_dim / 2], with RoPE
   std::vector<float> q_a_norm, kv_a_norm;
   std::vector<Projection> key_absorb;  // per head: W_uk_hᵀ [kv_lora_rank, qk_nope_head_dim]
@@ -89,13 +94,14 @@ struct MlaAttention {
 
 /// down(silu(gate(x)) · up(x)), added into x.
 struct SwiGluMlp {
-  Projection gate_proj, up_proj, down_proj;
+  Projection gate_up;  // gate_proj | up_proj stacked: one GEMM of the input
+  Projection down_proj;
 
   void load(const WeightReader& w, const std::string& prefix, int64_t hidden, int64_t intermediate,
             const std::string& gate = "gate_proj", const std::string& up = "up_proj",
             const std::string& down = "down_proj");
-  /// Scratch slots for the two intermediate activations (the shared expert uses its own).
-  void forward(const BlockRun& r, const float* h, float* x, ScratchSlot gate_slot = kGate, ScratchSlot up_slot = kUp) const;
+  /// `slot`: scratch for the [gate | up] activations (the shared expert uses its own).
+  void forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot = kGateUp) const;
 };
 
 /// Mixture of experts (Qwen3NextSparseMoeBlock, Qwen3_5MoeSparseMoeBlock, KimiLinearMoE): the router
@@ -105,7 +111,7 @@ struct SwiGluMlp {
 struct MoeBlock {
   Projection router;                 // gate.weight [experts, hidden]
   std::vector<float> score_bias;     // gate.e_score_correction_bias [experts], when the config has one
-  std::vector<Projection> gate_proj, up_proj, down_proj;  // per expert
+  std::vector<Projection> gate_up, down_proj;  // per expert (gate_up: gate | up stacked)
   bool has_shared = false;
   SwiGluMlp shared;
   Projection shared_gate;  // shared_expert_gate [1, hidden], when gated

@@ -125,6 +125,10 @@ class CheckpointSource : public TensorSource {
     return f.get(name);
   }
   std::string where() const override { return "checkpoint '" + dir_.string() + "'"; }
+  void release(const std::string& name) const {
+    auto it = map_.find(name);
+    if (it != map_.end()) files_[it->second].release_pages(name);
+  }
   bool any_with_prefix(const std::string& prefix) const {
     auto it = map_.lower_bound(prefix);
     return it != map_.end() && it->first.rfind(prefix, 0) == 0;
@@ -161,9 +165,12 @@ class SyntheticSource : public TensorSource {
   TensorView find(const std::string& name, std::string* file) const override { return {}; }
   std::string where() const override { return "synthetic model"; }
   // Uniform in [-a, a] with a = sqrt(3) * std: the variance of the real init, no normal sampling.
-  TensorView make(const std::vector<int64_t>& shape, double stddev, double mean = 0.0) {
+  // Tensor `name` of `shape`: fresh random bytes (each call draws new ones), kept until release().
+  TensorView make(const std::string& name, const std::vector<int64_t>& shape, double stddev, double mean = 0.0) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    latest_[name] = buffers_.size();
+    made_bytes_ += static_cast<uint64_t>(n) * 2;
     buffers_.emplace_back(static_cast<size_t>(n) * 2);
     auto* p = reinterpret_cast<uint16_t*>(buffers_.back().data());
     const uint64_t stream = seed_ * 0x9E3779B97F4A7C15ull + (++counter_);
@@ -186,12 +193,22 @@ class SyntheticSource : public TensorSource {
     });
     return TensorView::contiguous(p, DType::BF16, shape);
   }
+  // The model copied tensor `name` (stacked projections): its bytes are freed.
+  void release(const std::string& name) {
+    auto it = latest_.find(name);
+    if (it != latest_.end()) buffers_[it->second] = ByteBuffer();
+  }
+  // Bytes of every tensor made: the model's weights, whether they live in the buffers or in the
+  // copies the model made of released ones.
+  uint64_t made_bytes() const { return made_bytes_; }
 
  private:
   uint64_t seed_;
   cpu::Threads threads_;
   std::vector<ByteBuffer>& buffers_;
   uint64_t counter_ = 0;
+  uint64_t made_bytes_ = 0;
+  std::map<std::string, size_t> latest_;  // tensor name -> its buffer
 };
 
 }  // namespace
@@ -301,6 +318,7 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   model::WeightReader w;
   w.get = [&](const std::string& name, const std::vector<int64_t>& shape) { return src.get(name, shape); };
   w.has = [&](const std::string& name) { return src.has(name); };
+  w.release = [&](const std::string& name) { src.release(name); };
   w.owned = &im.owned;
   w.int8_group = opt.int8_group;
   // A file `hanpu quantize` wrote says its group size; the projections it stored as int8 are used
@@ -339,14 +357,14 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
     };
     // Scales as a trained model's: projections ~ 1/sqrt(fan_in) so activations stay O(1);
     // zero-centred norm offsets near 0 (multiplier 1 + w), raw norm weights near 1; decays moderate.
-    if (ends("A_log")) return src.make(shape, 0.5, 0.5);
-    if (ends("dt_bias")) return src.make(shape, 0.5);
-    if (ends("linear_attn.norm.weight") || ends("o_norm.weight")) return src.make(shape, 0.1, 1.0);
-    if (ends("norm.weight")) return src.make(shape, 0.1, c.norm_weight_plus_one ? 0.0 : 1.0);
-    if (ends("conv1d.weight")) return src.make(shape, 0.5);
-    if (ends("embed_tokens.weight") || ends("word_embeddings.weight")) return src.make(shape, 1.0);
-    if (ends("e_score_correction_bias") || ends("expert_bias")) return src.make(shape, 0.01);
-    return src.make(shape, 1.0 / std::sqrt(static_cast<double>(shape.back())));
+    if (ends("A_log")) return src.make(name, shape, 0.5, 0.5);
+    if (ends("dt_bias")) return src.make(name, shape, 0.5);
+    if (ends("linear_attn.norm.weight") || ends("o_norm.weight")) return src.make(name, shape, 0.1, 1.0);
+    if (ends("norm.weight")) return src.make(name, shape, 0.1, c.norm_weight_plus_one ? 0.0 : 1.0);
+    if (ends("conv1d.weight")) return src.make(name, shape, 0.5);
+    if (ends("embed_tokens.weight") || ends("word_embeddings.weight")) return src.make(name, shape, 1.0);
+    if (ends("e_score_correction_bias") || ends("expert_bias")) return src.make(name, shape, 0.01);
+    return src.make(name, shape, 1.0 / std::sqrt(static_cast<double>(shape.back())));
   };
   model::WeightReader w;
   w.get = get;
@@ -359,8 +377,9 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
   };
   w.owned = &im.owned;
   w.int8_group = int8_group;
+  w.release = [&](const std::string& name) { src.release(name); };
   im.build(w, "model.", !c.tie_word_embeddings);
-  for (const ByteBuffer& b : im.synthetic) im.weight_bytes += b.size();
+  im.weight_bytes = src.made_bytes();
   return m;
 }
 

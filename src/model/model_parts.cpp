@@ -79,12 +79,21 @@ Projection WeightReader::projection(const std::string& name, int64_t out, int64_
 Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in) const {
   std::string name;
   for (const auto& [n, out] : parts) name += (name.empty() ? "" : " + ") + n;
-  std::vector<Projection> ps;
-  for (const auto& [n, out] : parts) ps.push_back(projection(n, out, in));
+  if (parts.size() == 1) return projection(parts[0].first, parts[0].second, in);
   int64_t rows = 0;
-  for (const Projection& p : ps) rows += p.out_features();
-  if (std::all_of(ps.begin(), ps.end(), [](const Projection& p) { return p.int8() != nullptr; })) {
-    // Quantization is per row, so the stacked layer is the parts' rows and scales one after another.
+  for (const auto& [n, out] : parts) rows += out;
+  // Every part is copied below, so its source bytes are handed back as soon as they are (the
+  // stacked rows are then the only copy a synthetic model or the process's resident set holds).
+  auto release_parts = [&] {
+    if (release)
+      for (const auto& [n, out] : parts) release(n);
+  };
+  if (int8_group > 0) {
+    // int8 weights (stored, or quantized at load per part and reported to on_int8 under the part's
+    // own name). Quantization is per row, so the stacked layer is the parts' rows and scales one
+    // after another.
+    std::vector<Projection> ps;
+    for (const auto& [n, out] : parts) ps.push_back(projection(n, out, in));
     const int64_t group = ps[0].int8()->group(), groups = (in + group - 1) / group;
     for (const Projection& p : ps)
       if (p.int8()->group() != group) throw Error(name + ": parts quantized with different int8 groups");
@@ -99,19 +108,24 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
       q += r * in;
       sc += r * groups;
     }
+    release_parts();
     return Projection(Int8Linear(reinterpret_cast<const int8_t*>(owned->end()[-2].data()),
                                  reinterpret_cast<const float*>(owned->back().data()), rows, in, group, name));
   }
   std::vector<TensorView> views;
   for (const auto& [n, out] : parts) views.push_back(get(n, {out, in}));
-  if (int8_group == 0 && std::all_of(views.begin(), views.end(), [](const TensorView& v) { return v.dtype == DType::BF16; }))
-    return Projection(Bf16Linear(views, name));  // copies the rows
+  if (std::all_of(views.begin(), views.end(), [](const TensorView& v) { return v.dtype == DType::BF16; })) {
+    Projection p(Bf16Linear(views, name));  // copies the rows
+    release_parts();
+    return p;
+  }
   // Mixed or non-bf16 parts (converted or test checkpoints): the rows as f32, one projection.
-  owned->push_back(ByteBuffer(static_cast<size_t>(rows * in) * sizeof(float)));
-  auto* f = reinterpret_cast<float*>(owned->back().data());
+  ByteBuffer joined(static_cast<size_t>(rows * in) * sizeof(float));  // Projection keeps its own f32 copy
+  auto* f = reinterpret_cast<float*>(joined.data());
   for (const TensorView& v : views)
     for (int64_t i = 0; i < v.numel(); ++i) *f++ = static_cast<float>(load_as_double(v.data, v.dtype, i));
-  return Projection(TensorView::contiguous(owned->back().data(), DType::F32, {rows, in}), name, int8_group);
+  release_parts();
+  return Projection(TensorView::contiguous(joined.data(), DType::F32, {rows, in}), name);
 }
 
 std::vector<float> WeightReader::norm_scale(const std::string& name, int64_t dim, bool plus_one) const {

@@ -55,8 +55,8 @@ class Projection {
 /// per token and head); from malloc'd memory every piece straddled a cache line and every row cost a
 /// TLB miss, which made the engine ~2.5x slower here than on the same views standalone.
 enum ScratchSlot {
-  kX, kH, kGate, kUp, kMixed, kZ, kB, kA, kConv, kO, kQG, kQ, kAttn,
-  kRouter, kExpertIn, kExpertGate, kExpertUp, kExpertOut, kSharedGate, kSharedUp, kSharedScore,
+  kX, kH, kGateUp, kMixed, kA, kConv, kO, kQG, kQ, kAttn,
+  kRouter, kExpertIn, kExpertGateUp, kExpertOut, kSharedGateUp, kSharedScore,
   kLowRank, kGateOut, kLatentQ, kLatentOut,
   kSlots
 };
@@ -78,6 +78,9 @@ struct WeightReader {
   std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get_stored;
   /// ModelLoadOptions::on_int8_projection.
   std::function<void(const std::string& name, const Int8Linear& q)> on_int8;
+  /// Optional: the loader will not read tensor `name` again (stacked() copied it). A synthetic
+  /// model frees its bytes; a mapped checkpoint drops its pages from the process.
+  std::function<void(const std::string& name)> release;
 
   /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8
   /// weights (MoE routers and shared-expert gates: tiny, and they decide which experts run).
@@ -86,8 +89,8 @@ struct WeightReader {
   /// Several projections of one input stacked along their outputs into one (one GEMM instead of
   /// several; output columns in the order given). Each part is read as projection() reads it
   /// (stored int8 used as it is, quantized at load otherwise, reported to on_int8 under its own
-  /// name); the stacked rows are a copy (kept in `owned`), so the parts' checkpoint pages are not
-  /// read again. `parts`: (tensor name, out_features); all have `in` inputs.
+  /// name); the stacked rows are a copy, after which each part is handed to `release`. One part:
+  /// projection(). `parts`: (tensor name, out_features); all have `in` inputs.
   Projection stacked(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in) const;
   /// A projection over a view the block made (permuted or sliced rows), with this reader's format.
   Projection projection_of(const TensorView& w, const std::string& name) const { return Projection(w, name, int8_group); }

@@ -33,11 +33,11 @@ void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t
   });
 }
 
-void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* taps, int64_t K,
-                      float* state, Threads threads) {
+void causal_conv_silu(const float* x, int64_t ldx, float* y, int64_t T, int64_t channels, const float* taps,
+                      int64_t K, float* state, Threads threads) {
   const int64_t S = K - 1;
   auto input = [&](int64_t t) -> const float* {  // row t of [state; x], t in [-S, T)
-    return t < 0 ? state + (S + t) * channels : x + t * channels;
+    return t < 0 ? state + (S + t) * channels : x + t * ldx;
   };
   // Threads take ranges of tokens and walk each token's row front to back: rows are contiguous
   // (a channel-blocked walk down the tokens would jump a whole row per step, a TLB miss each).
@@ -55,12 +55,12 @@ void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, con
   std::copy(tail.begin(), tail.end(), state);
 }
 
-void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64_t dim, const float* w, float eps,
-                    Threads threads) {
+void gated_rms_norm(float* o, const float* z, int64_t ldz, int64_t rows, int64_t heads, int64_t dim, const float* w,
+                    float eps, Threads threads) {
   const int64_t n = rows * heads;
   parallel_for(n, threads.when(n >= 64), [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
-      simd_gated_norm_row(o + i * dim, z + i * dim, w, static_cast<size_t>(dim), eps);
+      simd_gated_norm_row(o + i * dim, z + (i / heads) * ldz + (i % heads) * dim, w, static_cast<size_t>(dim), eps);
     }
   });
 }

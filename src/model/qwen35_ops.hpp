@@ -23,14 +23,16 @@ void rms_norm_rows(const float* x, int64_t ldx, float* out, int64_t ldo, int64_t
 
 /// Causal depthwise conv of width K over time with SiLU, continuing from `state`:
 /// y[t,c] = silu(sum_j taps[j,c] * in[t-(K-1)+j, c]) where in[-i] is state[K-1-i] (oldest first).
-/// x, y: [T, channels] row-major; taps: [K, channels] (the checkpoint's [channels, 1, K]
+/// x: [T, channels] rows ldx floats apart (the first columns of a stacked projection's output);
+/// y: [T, channels] row-major; taps: [K, channels] (the checkpoint's [channels, 1, K]
 /// transposed); state: [K-1, channels], updated to the last K-1 inputs.
-void causal_conv_silu(const float* x, float* y, int64_t T, int64_t channels, const float* taps, int64_t K,
-                      float* state, Threads threads);
+void causal_conv_silu(const float* x, int64_t ldx, float* y, int64_t T, int64_t channels, const float* taps,
+                      int64_t K, float* state, Threads threads);
 
-/// o[r, h, :] = rmsnorm(o[r, h, :]) * w[:] * silu(z[r, h, :]) in place, over rows x heads of dim.
-void gated_rms_norm(float* o, const float* z, int64_t rows, int64_t heads, int64_t dim, const float* w, float eps,
-                    Threads threads);
+/// o[r, h, :] = rmsnorm(o[r, h, :]) * w[:] * silu(z[r, h, :]) in place, over rows x heads of dim;
+/// o is row-major [rows, heads, dim], z's rows are ldz floats apart.
+void gated_rms_norm(float* o, const float* z, int64_t ldz, int64_t rows, int64_t heads, int64_t dim, const float* w,
+                    float eps, Threads threads);
 
 /// gate[r, :] = silu(gate[r, :]) * up[r, :], rows x n, both with row stride ld.
 void silu_mul(float* gate, const float* up, int64_t rows, int64_t n, int64_t ld, Threads threads);
