@@ -86,21 +86,50 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 }
 
-ByteBuffer::ByteBuffer(size_t bytes) : size_(bytes) {
-  // Zero bytes still get a (64-byte) allocation: a zero-element tensor is present, not absent.
-  const size_t align = bytes >= kHugePage ? kHugePage : 64;
-  const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
-  data_ = static_cast<std::byte*>(std::aligned_alloc(align, rounded));
-  if (!data_) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (align == kHugePage) madvise(data_, rounded, MADV_HUGEPAGE);  // a hint: failure is harmless
+// Buffers of 2 MiB and more are their own anonymous mappings, not heap blocks: freeing one gives
+// its pages back to the system at once. (From the heap, glibc raises its mmap threshold to the size
+// of each large block freed, so the next blocks of that size come from the heap and freed ones stay
+// resident as holes: a synthetic model that frees the parts of its stacked projections after
+// copying them peaked 260 MiB higher, docs/LINEAR.md.) Fresh mappings read as zeros.
+namespace {
+bool mapped_size(size_t bytes) { return bytes >= kHugePage; }
+
+std::byte* allocate(size_t bytes) {
+  if (!mapped_size(bytes)) {
+    // Zero bytes still get a (64-byte) allocation: a zero-element tensor is present, not absent.
+    const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, bytes);
+    return p;
+  }
+  // Map one huge page more than needed and unmap the unaligned head and the tail.
+  const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  void* raw = mmap(nullptr, rounded + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto base = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (base + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > base) munmap(raw, aligned - base);
+  const uintptr_t end = base + rounded + kHugePage;
+  if (end > aligned + rounded) munmap(reinterpret_cast<void*>(aligned + rounded), end - (aligned + rounded));
+#if defined(MADV_HUGEPAGE)
+  madvise(reinterpret_cast<void*>(aligned), rounded, MADV_HUGEPAGE);  // a hint: failure is harmless
 #endif
-  std::memset(data_, 0, bytes);
+  return reinterpret_cast<std::byte*>(aligned);
 }
+
+void deallocate(std::byte* p, size_t bytes) {
+  if (!p) return;
+  if (mapped_size(bytes)) munmap(p, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+  else std::free(p);
+}
+}  // namespace
+
+ByteBuffer::ByteBuffer(size_t bytes) : data_(allocate(bytes)), size_(bytes) {}
 
 ByteBuffer::ByteBuffer(const ByteBuffer& other) : ByteBuffer(other.size_) {
   if (!other.data_) {  // copying a moved-from buffer
-    std::free(data_);
+    deallocate(data_, size_);
     data_ = nullptr;
     return;
   }
@@ -117,14 +146,14 @@ ByteBuffer::ByteBuffer(ByteBuffer&& other) noexcept
 
 ByteBuffer& ByteBuffer::operator=(ByteBuffer&& other) noexcept {
   if (this != &other) {
-    std::free(data_);
+    deallocate(data_, size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
 }
 
-ByteBuffer::~ByteBuffer() { std::free(data_); }
+ByteBuffer::~ByteBuffer() { deallocate(data_, size_); }
 
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   int64_t n = 1;
