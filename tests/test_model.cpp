@@ -14,6 +14,7 @@
 
 #include "hanpu/model.hpp"
 #include "io/safetensors.hpp"
+#include "model/model_parts.hpp"
 #include "model/qwen35_ops.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
@@ -419,3 +420,51 @@ TEST(SafetensorsMap, MappedViewsEqualReadViews) {
 
 }  // namespace
 }  // namespace hanpu
+
+// WeightReader::stacked (the model's stacked projections): one projection whose outputs are the
+// parts' outputs side by side, bit for bit, in bf16 and in int8; every part handed to `release`
+// exactly once, after its rows were copied (the synthetic model frees them then).
+TEST(StackedProjection, EqualsThePartsAndReleasesEachPartOnce) {
+  const int64_t K = 96, M = 20;
+  const std::vector<std::pair<std::string, int64_t>> parts = {{"a.weight", 40}, {"b.weight", 7}, {"c.weight", 33}};
+  std::map<std::string, std::vector<uint16_t>> store;
+  uint32_t s = 12345;
+  auto next = [&] { s = s * 1664525u + 1013904223u; return static_cast<float>(s >> 8) / 16777216.0f - 0.5f; };
+  for (const auto& [name, rows] : parts) {
+    std::vector<uint16_t>& w = store[name];
+    for (int64_t i = 0; i < rows * K; ++i) w.push_back(hanpu::f32_to_bf16(next()));
+  }
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (float& v : x) v = next();
+  for (const int64_t group : {int64_t{0}, int64_t{32}}) {
+    std::vector<hanpu::ByteBuffer> owned;
+    std::map<std::string, int> released;
+    hanpu::model::WeightReader w;
+    w.get = [&](const std::string& name, const std::vector<int64_t>& shape) {
+      EXPECT_EQ(released.count(name), 0u) << name << " read after it was released";
+      return hanpu::TensorView::contiguous(store.at(name).data(), hanpu::DType::BF16, shape);
+    };
+    w.has = [&](const std::string& name) { return store.count(name) > 0; };
+    w.owned = &owned;
+    w.int8_group = group;
+    w.release = [&](const std::string& name) { ++released[name]; };
+    const hanpu::model::Projection stacked = w.stacked(parts, K);
+    ASSERT_EQ(stacked.out_features(), 80);
+    for (const auto& [name, rows] : parts) EXPECT_EQ(released[name], 1) << name << ", int8 group " << group;
+    released.clear();
+    std::vector<float> y(static_cast<size_t>(M * 80));
+    const hanpu::cpu::Threads th{&hanpu::Engine::default_engine(), 1};
+    stacked.forward(x.data(), K, y.data(), 80, M, th, false);
+    int64_t col = 0;
+    for (const auto& [name, rows] : parts) {
+      const hanpu::model::Projection one = w.projection(name, rows, K);
+      std::vector<float> yp(static_cast<size_t>(M * rows));
+      one.forward(x.data(), K, yp.data(), rows, M, th, false);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < rows; ++n)
+          ASSERT_EQ(y[static_cast<size_t>(m * 80 + col + n)], yp[static_cast<size_t>(m * rows + n)])
+              << name << " row " << m << " col " << n << ", int8 group " << group;
+      col += rows;
+    }
+  }
+}

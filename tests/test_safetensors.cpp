@@ -578,3 +578,33 @@ TEST(HalfConversions, Bf16RoundTripsAndRounds) {
   EXPECT_TRUE((low_payload_nan & 0x7f80u) == 0x7f80u && (low_payload_nan & 0x7fu) != 0)
       << "NaN with only low payload bits must stay NaN, got 0x" << std::hex << low_payload_nan;
 }
+
+// release_pages drops a mapped tensor's whole pages from the process; the bytes must read the same
+// afterwards (they come back from the page cache), read copies are untouched, and a name the file
+// does not have is an error naming both.
+TEST(Safetensors, ReleasedPagesOfAMappedTensorStillReadTheSame) {
+  TempDir dir;
+  const std::string path = dir.file("w.safetensors");
+  Tensor big(DType::F32, {64, 1024});  // 256 KiB: many whole pages
+  for (int64_t i = 0; i < big.numel(); ++i) big.set(i, static_cast<double>(i % 977) - 400.0);
+  Tensor small(DType::F32, {3});
+  for (int64_t i = 0; i < 3; ++i) small.set(i, static_cast<double>(i) + 0.5);
+  hanpu::write_safetensors(path, {{"small", small.view()}, {"big", big.view()}});
+  for (const bool mapped : {true, false}) {
+    const SafetensorsFile f = mapped ? SafetensorsFile::map(path) : SafetensorsFile::open(path);
+    f.prefault();
+    f.release_pages("big");
+    f.release_pages("small");  // smaller than a page: nothing to drop
+    const TensorView b = f.get("big"), s = f.get("small");
+    EXPECT_EQ(std::memcmp(b.data, big.data(), big.bytes()), 0) << (mapped ? "mapped" : "read");
+    EXPECT_EQ(std::memcmp(s.data, small.data(), small.bytes()), 0) << (mapped ? "mapped" : "read");
+    try {
+      f.release_pages("absent");
+      ADD_FAILURE() << "expected an error for a tensor the file lacks";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("absent"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    }
+  }
+}
