@@ -72,7 +72,10 @@ Projection WeightReader::projection(const std::string& name, int64_t out, int64_
                                  int8_group, name));
   }
   Projection p(get(name, {out, in}), name, quantizable ? int8_group : 0);
-  if (p.int8() && on_int8) on_int8(name, *p.int8());
+  if (p.int8()) {
+    if (on_int8) on_int8(name, *p.int8());
+    if (release) release(name);  // quantized at load: the int8 copy is all the layer reads
+  }
   return p;
 }
 
@@ -92,8 +95,10 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
     // int8 weights (stored, or quantized at load per part and reported to on_int8 under the part's
     // own name). Quantization is per row, so the stacked layer is the parts' rows and scales one
     // after another.
+    WeightReader each = *this;  // releases the parts once, below, after their rows are copied
+    each.release = nullptr;
     std::vector<Projection> ps;
-    for (const auto& [n, out] : parts) ps.push_back(projection(n, out, in));
+    for (const auto& [n, out] : parts) ps.push_back(each.projection(n, out, in));
     const int64_t group = ps[0].int8()->group(), groups = (in + group - 1) / group;
     for (const Projection& p : ps)
       if (p.int8()->group() != group) throw Error(name + ": parts quantized with different int8 groups");

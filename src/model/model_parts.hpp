@@ -78,8 +78,9 @@ struct WeightReader {
   std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get_stored;
   /// ModelLoadOptions::on_int8_projection.
   std::function<void(const std::string& name, const Int8Linear& q)> on_int8;
-  /// Optional: the loader will not read tensor `name` again (stacked() copied it). A synthetic
-  /// model frees its bytes; a mapped checkpoint drops its pages from the process.
+  /// Optional: the loader will not read tensor `name` again (stacked() copied it, or projection()
+  /// quantized it to int8 at load). A synthetic model frees its bytes; a mapped checkpoint drops
+  /// its pages from the process.
   std::function<void(const std::string& name)> release;
 
   /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8
