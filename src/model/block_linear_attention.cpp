@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #include "hanpu/la.hpp"
 #include "model/blocks.hpp"
@@ -23,6 +24,16 @@ void append_conv_taps(const std::vector<float>& w, int64_t channels, int64_t K, 
 
 namespace {
 
+// A [1, T, dims...] f32 view of T token rows `ld` floats apart, each holding dims contiguous: the
+// engine's inputs read in place from the conv output or from a stacked projection's columns.
+TensorView token_rows(const float* base, int64_t T, int64_t ld, std::vector<int64_t> dims) {
+  dims.insert(dims.begin(), {1, T});
+  TensorView v = TensorView::contiguous(const_cast<float*>(base), DType::F32, dims);
+  v.stride[0] = T * ld;
+  v.stride[1] = ld;
+  return v;
+}
+
 // Runs the LA engine over the conv output `conv` ([T, conv_dim] rows holding q | k | v) into `o`
 // [T, HV, V]: a prefill from the recurrent state (replaced by the final state), or decode steps.
 // The engine turns the raw g into -exp(A_log)·softplus(g + dt_bias), or with a lower bound (Ling's
@@ -32,15 +43,9 @@ void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t c
                 const std::vector<float>& A_log, const std::vector<float>& dt_bias, Tensor& state, float* o) {
   const int64_t T = r.T, kd = nk * dk;
   LaInputs in;
-  auto view = [&](const float* base, int64_t heads, int64_t dim) {
-    TensorView v = TensorView::contiguous(const_cast<float*>(base), DType::F32, {1, T, heads, dim});
-    v.stride[0] = T * conv_dim;
-    v.stride[1] = conv_dim;
-    return v;
-  };
-  in.q = view(conv, nk, dk);
-  in.k = view(conv + kd, nk, dk);
-  in.v = view(conv + 2 * kd, nv, dv);
+  in.q = token_rows(conv, T, conv_dim, {nk, dk});
+  in.k = token_rows(conv + kd, T, conv_dim, {nk, dk});
+  in.v = token_rows(conv + 2 * kd, T, conv_dim, {nv, dv});
   in.g = g;
   in.beta = beta;
   LaOptions lo;
@@ -115,8 +120,8 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const int64_t S = in_proj.out_features();
   float* mixed = scratch(*r.ws, kMixed, T * S);
   const float* z = mixed + cd;
-  float* b = mixed + cd + vd;
-  float* a = b + nv;
+  const float* b = mixed + cd + vd;
+  const float* a = b + nv;
   in_proj.forward(h, H, mixed, S, T, th, false, prec);
   r.times.gdn_proj += seconds_since(t0);
 
@@ -127,14 +132,8 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
 
   t0 = Clock::now();
   float* o = scratch(*r.ws, kO, T * vd);
-  auto per_token = [&](float* p) {  // [1, T, nv] with rows S floats apart
-    TensorView v = TensorView::contiguous(p, DType::F32, {1, T, nv});
-    v.stride[0] = T * S;
-    v.stride[1] = S;
-    return v;
-  };
   run_engine(Variant::GDN, r, conv, cd, c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
-             per_token(a), per_token(b), std::nullopt, A_log, dt_bias, recurrent_state, o);
+             token_rows(a, T, S, {nv}), token_rows(b, T, S, {nv}), std::nullopt, A_log, dt_bias, recurrent_state, o);
   r.times.gdn_engine += seconds_since(t0);
 
   t0 = Clock::now();
@@ -213,13 +212,8 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
 
   t0 = Clock::now();
   float* o = scratch(*r.ws, kO, T * qkv);
-  TensorView g_view = TensorView::contiguous(const_cast<float*>(f), DType::F32, {1, T, nh, dk});
-  g_view.stride[0] = T * ld_f;
-  g_view.stride[1] = ld_f;
-  TensorView beta_view = TensorView::contiguous(mixed + S - nh, DType::F32, {1, T, nh});
-  beta_view.stride[0] = T * S;
-  beta_view.stride[1] = S;
-  run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, g_view, beta_view,
+  run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, token_rows(f, T, ld_f, {nh, dk}),
+             token_rows(mixed + S - nh, T, S, {nh}),
              c.kda_safe_gate ? std::optional<float>(static_cast<float>(c.kda_lower_bound)) : std::nullopt, A_log,
              dt_bias, recurrent_state, o);
   r.times.kda_engine += seconds_since(t0);
