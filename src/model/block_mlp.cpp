@@ -15,13 +15,13 @@ void SwiGluMlp::load(const WeightReader& w, const std::string& p, int64_t hidden
   down_proj = w.projection(p + down + ".weight", hidden, intermediate);
 }
 
-void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot) const {
+void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot, bool accumulate) const {
   const int64_t T = r.T, H = r.cfg.hidden_size, I = down_proj.in_features();
   const cpu::Threads th = r.th;
   float* gu = scratch(*r.ws, slot, T * 2 * I);  // rows [gate | up]
   gate_up.forward(h, H, gu, 2 * I, T, th, false, r.opt.precision);
   silu_mul(gu, gu + I, T, I, 2 * I, th);
-  down_proj.forward(gu, 2 * I, x, H, T, th, true, r.opt.precision);
+  down_proj.forward(gu, 2 * I, x, H, T, th, accumulate, r.opt.precision);
 }
 
 void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::string& m) {
@@ -158,13 +158,9 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
     shared.forward(r, h, x, kSharedGateUp);  // added straight into the residual
     return;
   }
-  const int64_t Is = c.shared_expert_intermediate_size;
-  float* sgu = scratch(*r.ws, kSharedGateUp, T * 2 * Is);  // rows [gate | up]
   float* score = scratch(*r.ws, kSharedScore, T);
   float* ys = scratch(*r.ws, kExpertOut, T * H);
-  shared.gate_up.forward(h, H, sgu, 2 * Is, T, th, false, prec);
-  silu_mul(sgu, sgu + Is, T, Is, 2 * Is, th);
-  shared.down_proj.forward(sgu, 2 * Is, ys, H, T, th, false, prec);
+  shared.forward(r, h, ys, kSharedGateUp, /*accumulate=*/false);
   shared_gate.forward(h, H, score, 1, T, th, false, prec);
   parallel_for(T, th.when(T >= 16), [&](int64_t b, int64_t end) {
     for (int64_t t = b; t < end; ++t) {

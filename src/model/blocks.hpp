@@ -100,8 +100,9 @@ struct SwiGluMlp {
   void load(const WeightReader& w, const std::string& prefix, int64_t hidden, int64_t intermediate,
             const std::string& gate = "gate_proj", const std::string& up = "up_proj",
             const std::string& down = "down_proj");
-  /// `slot`: scratch for the [gate | up] activations (the shared expert uses its own).
-  void forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot = kGateUp) const;
+  /// `slot`: scratch for the [gate | up] activations (the shared expert uses its own). The output
+  /// is added into x, or written to x with `accumulate` false (a gated shared expert's).
+  void forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot = kGateUp, bool accumulate = true) const;
 };
 
 /// Mixture of experts (Qwen3NextSparseMoeBlock, Qwen3_5MoeSparseMoeBlock, KimiLinearMoE): the router
