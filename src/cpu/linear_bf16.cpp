@@ -225,8 +225,13 @@ void Bf16Linear::forward(Engine& engine, TensorView x, TensorView y, int threads
   if (f32_kernel) {
     const auto* w = static_cast<const uint16_t*>(impl_->weight.data);
     if (M < cpu::kPortableGemmMinRows) {
+      // Decode: the rows are split into even/odd halves once (into the calling part's workspace,
+      // held for the call), the threads stream chunks of weight rows.
+      Engine::Impl::Lease caller(engine.impl(), 1);
+      float* xs = caller[0].get<float>(cpu::kLinearRows, static_cast<size_t>(std::max<int64_t>(1, M * cpu::split_pairs_stride(K))));
+      cpu::split_pairs_rows(xd, ldx, M, K, xs);
       cpu::run_in_column_chunks(engine, threads, N, cpu::kDecodeChunkColumns, [&](int64_t n0, int64_t n1) {
-        cpu::linear_portable(w, K, xd, ldx, yd, ldy, M, n0, n1, accumulate, nullptr);
+        cpu::linear_portable_rows(w, K, xs, xd, ldx, yd, ldy, M, n0, n1, accumulate);
       });
       return;
     }

@@ -25,11 +25,26 @@ class Workspace;  // cpu/workspace.hpp
 /// From this many rows on linear_portable(_int8) use their GEMM form (a widened panel amortised
 /// over the rows); below, dot products in weight-row order (decode).
 constexpr int64_t kPortableGemmMinRows = 16;
-/// Rows [0, M) of x (row stride ldx) times weight rows [n0, n1) of w ([N, K] row-major bf16).
-/// ws: the calling part's workspace (cpu/workspace.hpp), where the GEMM form widens its panel;
-/// may be null below kPortableGemmMinRows rows.
+/// The GEMM form (M >= kPortableGemmMinRows; fewer rows take linear_portable_rows): rows [0, M)
+/// of x (row stride ldx) times weight rows [n0, n1) of w ([N, K] row-major bf16). ws: the calling
+/// part's workspace (cpu/workspace.hpp), where the GEMM form widens its panel.
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
                      int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws);
+
+/// The decode form (M < kPortableGemmMinRows): rows [0, M) of x times weight rows [n0, n1), with
+/// x also given split by split_pairs_rows into xs (row stride split_pairs_stride(K)).
+void linear_portable_rows(const uint16_t* w, int64_t K, const float* xs, const float* x, int64_t ldx, float* y,
+                          int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate);
+/// Elements per block of the split activation layout: each block of kPairBlock consecutive
+/// elements is stored as its kPairBlock / 2 even-indexed elements, then its odd-indexed ones, so
+/// that a vector of bf16 weight pairs meets its activations without a shuffle (the decode form in
+/// linear_portable.cpp). 32 = two AVX-512 f32 vectors: every target's pair vector (2 x lanes,
+/// at most 32 elements) falls inside one block.
+constexpr int64_t kPairBlock = 32;
+/// Row stride of the split rows: the whole blocks of K (the tail past them is read from x itself).
+inline int64_t split_pairs_stride(int64_t K) { return K / kPairBlock * kPairBlock; }
+/// xs[m, :] = the whole blocks of x[m, :] in the split layout, for m in [0, M).
+void split_pairs_rows(const float* x, int64_t ldx, int64_t M, int64_t K, float* xs);
 
 /// The same for int8 weights q [N, K] with scales [N, ceil(K / group)] (f32): weight (n, k) is
 /// q[n, k] * scales[n, k / group], formed in f32.
