@@ -88,8 +88,8 @@ void RowOrderDots(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
 // and one AND, instead of a widening shuffle per L weights. The activations come pre-split
 // (split_pairs_rows: per block of kPairBlock, the even elements, then the odd ones), so both
 // products are plain FMAs. Measured on Zen 4 (AVX-512, one thread, a 248320 x 2048 weight from
-// DRAM, 16 interleaved runs each): median 25.0 GB/s against 21.5 GB/s with the widening shuffle: at one
-// weight byte per ~1.3 instructions the shuffle port, not the memory, set the rate. Four chains:
+// DRAM, 16 interleaved runs each): median 25.0 GB/s against 21.5 GB/s with the widening shuffle: the
+// widening instructions, not the memory alone, limited the stream. Four chains:
 // even and odd products of two consecutive pair vectors; every row count uses the same chains, so
 // an output does not depend on how many rows share the call (batched decode equals
 // single-sequence decode). Elements past the last whole block take the scalar tail from x.
