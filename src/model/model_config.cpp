@@ -124,12 +124,16 @@ std::string ModelConfig::describe() const {
   if (attention_mixer == TokenMixer::kGatedAttention)
     os << ", attention " << num_heads << "q/" << num_kv_heads << "kv x " << head_dim << " (rope " << rotary_dim
        << " dims, theta " << rope_theta << ")";
-  else
+  else {
     os << ", MLA " << num_heads << " heads, latent " << mla_kv_lora_rank << " + " << mla_qk_rope_head_dim << " (qk "
-       << mla_qk_nope_head_dim << "+" << mla_qk_rope_head_dim << ", v " << mla_v_head_dim
-       << (mla_q_lora_rank > 0 ? ", q LoRA " + std::to_string(mla_q_lora_rank) : std::string())
-       << (mla_rope ? ", RoPE theta " + std::to_string(static_cast<int64_t>(rope_theta)) : std::string(", no RoPE"))
-       << (mla_head_gate ? ", head gate" : "") << ")";
+       << mla_qk_nope_head_dim << "+" << mla_qk_rope_head_dim << ", v " << mla_v_head_dim;
+    if (mla_q_lora_rank > 0) os << ", q LoRA " << mla_q_lora_rank;
+    // theta through the stream, as the gated branch prints it: a cast to an integer is undefined
+    // for a theta beyond int64 (found by fuzz_config_json).
+    if (mla_rope) os << ", RoPE theta " << rope_theta;
+    else os << ", no RoPE";
+    os << (mla_head_gate ? ", head gate" : "") << ")";
+  }
   if (linear_mixer == TokenMixer::kGdn)
     os << ", GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads << "v x " << linear_key_head_dim;
   else {
