@@ -308,32 +308,29 @@ void WidenColumns(int64_t n, int64_t first, int64_t width, int64_t pn, int64_t k
   }
 }
 
-// One k block of a bf16 panel: panel[k][c] = w[n + c][k] for k in [k0, k1). On x86 with 256-bit
-// vectors (AVX2 and the AVX-512 targets) whole 8 x 8 blocks are widened and transposed in
-// registers: 8 row loads of 8 bf16, a shift each, 24 shuffles, 8 stores, where the column loop
-// does a scalar load, shift and strided store per element. At M = 512 the scalar widening was
+// One k block of a panel from 8-wide row pieces: panel[k][c] = w[n + c][k] for k in [k0, k1).
+// `row8(row, k)` returns the f32 weights [k, k + 8) of a weight row as a 256-bit vector and
+// `scalar(row, ka, kb, out, stride)` writes one row's [ka, kb) down a panel column. On x86 with
+// 256-bit vectors (AVX2 and the AVX-512 targets) whole 8 x 8 blocks are widened and transposed in
+// registers: 8 row loads, 24 shuffles, 8 stores, where the column loop does a scalar load,
+// conversion and strided store per element. At M = 512 the scalar widening of bf16 panels was
 // 3.6% of a whole model prefill on Zen 3 (perf, Kimi-shaped layers, hidden 2304), and it is
-// amortised over the panel's M rows only, so MoE experts with few tokens each pay more. The
-// values are the same either way (widening is exact). The rest (k % 8, width % 8) stays scalar.
-void WidenBf16Block(const uint16_t* w, int64_t K, int64_t n, int64_t width, int64_t pn, int64_t k0, int64_t k1,
-                    float* panel) {
-  const auto scalar = [&](int64_t row, int64_t ka, int64_t kb, float* out, int64_t stride) {
-    const uint16_t* wr = w + row * K;
-    for (int64_t k = ka; k < kb; ++k) out[(k - ka) * stride] = Bf16ToF32(wr[k]);
-  };
+// amortised over the panel's M rows only, so MoE experts with few tokens each pay more
+// (docs/LINEAR.md). The values are the same either way. The rest (k % 8, width % 8) stays scalar.
+#define HANPU_WIDEN_IN_REGISTERS (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2)
+template <class Row8, class Scalar>
+void WidenBlock8(int64_t n, int64_t width, int64_t pn, int64_t k0, int64_t k1, float* panel, const Row8& row8,
+                 const Scalar& scalar) {
   int64_t c8 = 0;
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#if HANPU_WIDEN_IN_REGISTERS
   const hn::FixedTag<float, 8> d8;
-  const hn::RebindToUnsigned<decltype(d8)> du32;
-  const hn::Rebind<uint16_t, decltype(d8)> du16;
   const hn::Repartition<double, decltype(d8)> dd;
   using V8 = hn::Vec<decltype(d8)>;
   const int64_t k8 = k0 + (k1 - k0) / 8 * 8;
   for (; c8 + 8 <= width; c8 += 8) {
     for (int64_t k = k0; k < k8; k += 8) {
       V8 r[8];
-      for (int i = 0; i < 8; ++i)
-        r[i] = hn::BitCast(d8, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, w + (n + c8 + i) * K + k))));
+      for (int i = 0; i < 8; ++i) r[i] = row8(n + c8 + i, k);
       // Rows i hold w[n + c8 + i][k .. k + 8). Pairs, then quads (as doubles), inside each 128-bit
       // half; the halves are then recombined: out[j] holds column k + j of the 8 rows.
       V8 t[8], u[8];
@@ -355,6 +352,8 @@ void WidenBf16Block(const uint16_t* w, int64_t K, int64_t n, int64_t width, int6
     }
     for (int i = 0; i < 8; ++i) scalar(n + c8 + i, k8, k1, panel + k8 * pn + c8 + i, pn);
   }
+#else
+  (void)row8;
 #endif
   WidenColumns(n, c8, width, pn, k0, k1, panel, scalar);
 }
@@ -386,14 +385,27 @@ void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t
   if (M >= kGemmMinRows) {
     const int64_t groups = (K + G - 1) / G;
     const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
-    const auto widen = [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t stride) {
+    const auto scalar = [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t stride) {
       const int8_t* qr = q + n * K;
       const float* sr = scales + n * groups;
       for (int64_t k = k0; k < k1; ++k) out[(k - k0) * stride] = static_cast<float>(qr[k]) * sr[k / G];
     };
+#if HANPU_WIDEN_IN_REGISTERS
+    const hn::FixedTag<float, 8> d8;
+    const hn::RebindToSigned<decltype(d8)> di32;
+    const hn::Rebind<int8_t, decltype(d8)> di8;
+    const auto row8 = [&](int64_t n, int64_t k) {
+      // Eight weights inside one scale group (G a multiple of 8, checked below): one scale.
+      return hn::Mul(hn::ConvertTo(d8, hn::PromoteTo(di32, hn::LoadU(di8, q + n * K + k))),
+                     hn::Set(d8, scales[n * groups + k / G]));
+    };
+#else
+    const int row8 = 0;  // 128-bit targets: the columns stay scalar
+#endif
     GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws,
                [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel) {
-                 WidenColumns(n, 0, width, pn, k0, k1, panel, widen);
+                 if (G % 8 == 0) WidenBlock8(n, width, pn, k0, k1, panel, row8, scalar);
+                 else WidenColumns(n, 0, width, pn, k0, k1, panel, scalar);
                });
     return;
   }
@@ -413,9 +425,23 @@ void LinearPortable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, f
                     int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
   if (M >= kGemmMinRows) {
     const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
+    const auto scalar = [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t stride) {
+      const uint16_t* wr = w + n * K;
+      for (int64_t k = k0; k < k1; ++k) out[(k - k0) * stride] = Bf16ToF32(wr[k]);
+    };
+#if HANPU_WIDEN_IN_REGISTERS
+    const hn::FixedTag<float, 8> d8;
+    const hn::RebindToUnsigned<decltype(d8)> du32;
+    const hn::Rebind<uint16_t, decltype(d8)> du16;
+    const auto row8 = [&](int64_t n, int64_t k) {
+      return hn::BitCast(d8, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, w + n * K + k))));
+    };
+#else
+    const int row8 = 0;  // 128-bit targets: the columns stay scalar
+#endif
     GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws,
                [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel) {
-                 WidenBf16Block(w, K, n, width, pn, k0, k1, panel);
+                 WidenBlock8(n, width, pn, k0, k1, panel, row8, scalar);
                });
     return;
   }
