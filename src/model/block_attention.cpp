@@ -132,7 +132,27 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
     const TensorView uv = TensorView::contiguous(const_cast<std::byte*>(head + static_cast<size_t>(nope * r) * es),
                                                  wb.dtype, {dv, r});
     value_up.push_back(w.projection_of(uv, kvb + " (head " + std::to_string(hh) + " values)"));
+    // The expanded prefill's W_uk (a view). Not with int8 weights: quantized along r it would not
+    // be the same numbers as the absorbed copy quantized along nope, and prefill and decode would
+    // then use different keys; int8 models keep the latent form throughout.
+    if (w.int8_group == 0) key_up.push_back(w.projection_of(uk, kvb + " (head " + std::to_string(hh) + " keys)"));
   }
+}
+
+// Multiply-adds per head of the two forms, over pairs = T·p0 + T(T+1)/2 query-key pairs:
+//   latent:   T·r·(nope + dv)        W_ukᵀ into each query, W_uv out of each output
+//             + pairs·2·(r + rope)   scores and weighted sums over the cached rows
+//   expanded: (p0 + T)·r·(nope + dv) W_uk and W_uv over every cached row, once per call
+//             + pairs·2·qk           scores over nope + rope dims, sums over the values padded to
+//                                    qk (causal_attention takes one head dim)
+// Kimi Linear (r 512, rope 64, nope 128, v 128): a fresh prefill is cheaper expanded at any T
+// (its latent rows are 576 wide against 192), decode of one token over a long cache latent.
+bool MlaAttention::expand_pays(const ModelConfig& c, int64_t T, int64_t p0) {
+  const double r = static_cast<double>(c.mla_kv_lora_rank), up = static_cast<double>(c.mla_qk_nope_head_dim + c.mla_v_head_dim);
+  const double pairs = static_cast<double>(T) * static_cast<double>(p0) + 0.5 * static_cast<double>(T) * static_cast<double>(T + 1);
+  const double latent = static_cast<double>(T) * r * up + pairs * 2.0 * static_cast<double>(c.mla_cache_dim());
+  const double expanded = static_cast<double>(p0 + T) * r * up + pairs * 2.0 * static_cast<double>(c.mla_qk_head_dim());
+  return expanded < latent;
 }
 
 void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const float* h, float* x) const {
@@ -193,6 +213,43 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
       }
     });
   }
+  if (!key_up.empty() && expand_pays(c, T, p0)) {
+    // Keys [W_uk c | k_rope] and values [W_uv c | 0] per head for all p0 + T cached rows, then
+    // ordinary attention with nh KV heads of qk dims (the values' pad columns give zeros).
+    const int64_t rows = p0 + T, ld = nh * qk;
+    float* keys = scratch(*run.ws, kExpandedKeys, rows * ld);
+    float* values = scratch(*run.ws, kExpandedValues, rows * ld);
+    for (int64_t hh = 0; hh < nh; ++hh) {
+      key_up[static_cast<size_t>(hh)].forward(cache.data(), cdim, keys + hh * qk, ld, rows, th, false, prec);
+      value_up[static_cast<size_t>(hh)].forward(cache.data(), cdim, values + hh * qk, ld, rows, th, false, prec);
+    }
+    parallel_for(rows, th.when(rows >= 8), [&](int64_t t_begin, int64_t t_end) {
+      for (int64_t t = t_begin; t < t_end; ++t)
+        for (int64_t hh = 0; hh < nh; ++hh) {
+          std::memcpy(keys + t * ld + hh * qk + nope, cache.data() + t * cdim + r, static_cast<size_t>(rope) * sizeof(float));
+          std::fill(values + t * ld + hh * qk + dv, values + t * ld + (hh + 1) * qk, 0.0f);
+        }
+    });
+    const float* qe = q;
+    if (ldq != ld) {  // rows of the stacked input projection: gather the queries
+      float* dense = scratch(*run.ws, kExpandedQ, T * ld);
+      for (int64_t t = 0; t < T; ++t) std::memcpy(dense + t * ld, q + t * ldq, static_cast<size_t>(ld) * sizeof(float));
+      qe = dense;
+    }
+    run.times.attn_proj += seconds_since(t0);
+    t0 = Clock::now();
+    float* out = scratch(*run.ws, kExpandedOut, T * ld);
+    causal_attention(qe, keys, values, out, T, p0, nh, nh, qk, 1.0f / std::sqrt(static_cast<float>(qk)), th);
+    run.times.attn_core += seconds_since(t0);
+    t0 = Clock::now();
+    float* attn = scratch(*run.ws, kAttn, T * nh * dv);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t hh = 0; hh < nh; ++hh)
+        std::memcpy(attn + (t * nh + hh) * dv, out + t * ld + hh * qk, static_cast<size_t>(dv) * sizeof(float));
+    finish(run, kv_in, S, attn, x);
+    run.times.attn_proj += seconds_since(t0);
+    return;
+  }
   // Absorbed queries [W_ukᵀ q_nope | q_rope] per head, in the cache's row layout.
   float* ql = scratch(*run.ws, kLatentQ, T * nh * cdim);
   for (int64_t hh = 0; hh < nh; ++hh)
@@ -216,8 +273,15 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   float* attn = scratch(*run.ws, kAttn, T * nh * dv);
   for (int64_t hh = 0; hh < nh; ++hh)
     value_up[static_cast<size_t>(hh)].forward(ol + hh * cdim, nh * cdim, attn + hh * dv, nh * dv, T, th, false, prec);
+  finish(run, kv_in, S, attn, x);
+  run.times.attn_proj += seconds_since(t0);
+}
+
+void MlaAttention::finish(const BlockRun& run, const float* kv_in, int64_t S, float* attn, float* x) const {
+  const ModelConfig& c = run.cfg;
+  const int64_t T = run.T, nh = c.num_heads, dv = c.mla_v_head_dim;
   if (c.mla_head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
-    const float* score = kv_in + cdim;  // the stacked output's last nh columns
+    const float* score = kv_in + c.mla_cache_dim();  // the stacked output's last nh columns
     for (int64_t t = 0; t < T; ++t)
       for (int64_t hh = 0; hh < nh; ++hh) {
         const float g = 1.0f / (1.0f + std::exp(-score[t * S + hh]));
@@ -225,8 +289,7 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
         for (int64_t i = 0; i < dv; ++i) o[i] *= g;
       }
   }
-  o_proj.forward(attn, nh * dv, x, H, T, th, true, prec);
-  run.times.attn_proj += seconds_since(t0);
+  o_proj.forward(attn, nh * dv, x, c.hidden_size, T, run.th, true, run.opt.precision);
 }
 
 }  // namespace hanpu::model

@@ -77,6 +77,8 @@ struct GatedAttention {
 /// kv_b_proj. The cache holds only [c | k_rope] per token. Attention runs in the latent space with
 /// W_uk absorbed into the queries (q_lat = [W_ukᵀ q_nope | q_rope], one shared "KV head" of the
 /// cached rows) and W_uv applied after: softmax(q·k) v = W_uv Σ p c, exactly the expanded form.
+/// A prefill whose arithmetic is smaller expanded (MlaAttention::expand_pays) expands keys and
+/// values of every cached row once per call instead, as transformers computes it.
 /// With RoPE (Ling) the rope dims of q and of the shared key are rotated (interleaved pairs) before
 /// the key is cached; with the head gate each head's output is scaled by sigmoid(g_proj(x)).
 struct MlaAttention {
@@ -87,9 +89,19 @@ struct MlaAttention {
   std::vector<float> q_a_norm, kv_a_norm;
   std::vector<Projection> key_absorb;  // per head: W_uk_hᵀ [kv_lora_rank, qk_nope_head_dim]
   std::vector<Projection> value_up;    // per head: W_uv_h [v_head_dim, kv_lora_rank]
+  std::vector<Projection> key_up;      // per head: W_uk_h [qk_nope_head_dim, kv_lora_rank] (expanded
+                                       // prefill; empty with int8 weights, which stay latent)
+
+  /// Whether attending over expanded keys and values takes fewer multiply-adds than the latent
+  /// form for T new tokens after p0 cached ones (the counts are in the definition).
+  static bool expand_pays(const ModelConfig& c, int64_t T, int64_t p0);
 
   void load(const ModelConfig& c, const WeightReader& w, const std::string& prefix);
   void forward(const BlockRun& r, std::vector<float>& cache, const float* h, float* x) const;
+
+ private:
+  // Head gate (Ling) on the outputs attn [T, nh, dv], then o_proj added into x.
+  void finish(const BlockRun& r, const float* kv_in, int64_t S, float* attn, float* x) const;
 };
 
 /// down(silu(gate(x)) · up(x)), added into x.
