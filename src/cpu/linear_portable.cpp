@@ -361,22 +361,42 @@ void WidenBlock8(int64_t n, int64_t width, int64_t pn, int64_t k0, int64_t k1, f
 // The GEMM form for any weight format: `widen_block(n, width, k0, k1, panel)` writes the f32
 // values of weight rows [n, n + width), columns [k0, k1), transposed into panel[k][c] (row stride
 // pn), and zeros in the columns from width to pn.
+// Panels widened before the row loop when K is short (at most this many f32 floats, 64 KiB: in
+// L2 next to the activations). With one panel of a short K, a row tile's 6 rows x 16 outputs
+// take only K steps before the tile moves to rows 16 KiB (N floats) further on, and the output
+// stores dominate: K = 128 ran at 0.74 of the FMA peak against 0.88-0.90 at K >= 2304 (Zen 3,
+// docs/LINEAR.md). With several panels the tile walks along each output row instead.
+constexpr int64_t kPanelGroupFloats = 16 * 1024;
+
 template <class WidenBlock>
 void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1,
                 bool accumulate, Workspace& ws, const WidenBlock& widen_block) {
   const hn::ScalableTag<float> df;
   const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(df));
-  float* panel = ws.get<float>(kLinearPanel, static_cast<size_t>(K * pn));  // 64-byte aligned, kept
-  for (int64_t n = n0; n < n1; n += pn) {
-    const int64_t width = std::min(pn, n1 - n);
+  const int64_t group = std::max<int64_t>(1, kPanelGroupFloats / (K * pn));
+  float* panels = ws.get<float>(kLinearPanel, static_cast<size_t>(K * pn * group));  // 64-byte aligned, kept
+  for (int64_t n = n0; n < n1; n += pn * group) {
+    const int64_t count = std::min(group, (n1 - n + pn - 1) / pn);
     // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
     // row are 128-byte runs and the writes stay in a 4-12 KiB (L1) part of the panel.
     constexpr int64_t kWidenBlock = 64;
-    for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock) widen_block(n, width, k0, std::min(K, k0 + kWidenBlock), panel);
+    for (int64_t p = 0; p < count; ++p) {
+      const int64_t np = n + p * pn, width = std::min(pn, n1 - np);
+      for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock)
+        widen_block(np, width, k0, std::min(K, k0 + kWidenBlock), panels + p * K * pn);
+    }
     int64_t m = 0;
     for (; m + kGemmMR <= M; m += kGemmMR)
-      GemmTile<kGemmMR>(panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
-    GemmRowTail<kGemmMR - 1>(M - m, panel, pn, K, x + m * ldx, ldx, y + m * ldy + n, ldy, width, accumulate);
+      for (int64_t p = 0; p < count; ++p) {
+        const int64_t np = n + p * pn;
+        GemmTile<kGemmMR>(panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + np, ldy, std::min(pn, n1 - np),
+                          accumulate);
+      }
+    for (int64_t p = 0; p < count; ++p) {
+      const int64_t np = n + p * pn;
+      GemmRowTail<kGemmMR - 1>(M - m, panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + np, ldy,
+                               std::min(pn, n1 - np), accumulate);
+    }
   }
 }
 
