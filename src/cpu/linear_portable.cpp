@@ -358,16 +358,16 @@ void WidenBlock8(int64_t n, int64_t width, int64_t pn, int64_t k0, int64_t k1, f
   WidenColumns(n, c8, width, pn, k0, k1, panel, scalar);
 }
 
-// The GEMM form for any weight format: `widen_block(n, width, k0, k1, panel)` writes the f32
-// values of weight rows [n, n + width), columns [k0, k1), transposed into panel[k][c] (row stride
-// pn), and zeros in the columns from width to pn.
 // Panels widened before the row loop when K is short (at most this many f32 floats, 64 KiB: in
 // L2 next to the activations). With one panel of a short K, a row tile's 6 rows x 16 outputs
 // take only K steps before the tile moves to rows 16 KiB (N floats) further on, and the output
-// stores dominate: K = 128 ran at 0.74 of the FMA peak against 0.88-0.90 at K >= 2304 (Zen 3,
+// stores dominate: K = 128 ran at 0.74-0.82 of the FMA peak against 0.88-0.92 at K >= 2304 (Zen 3,
 // docs/LINEAR.md). With several panels the tile walks along each output row instead.
 constexpr int64_t kPanelGroupFloats = 16 * 1024;
 
+// The GEMM form for any weight format: `widen_block(n, width, k0, k1, panel, pn)` writes the f32
+// values of weight rows [n, n + width), columns [k0, k1), transposed into panel[k][c] (row stride
+// pn), and zeros in the columns from width to pn.
 template <class WidenBlock>
 void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1,
                 bool accumulate, Workspace& ws, const WidenBlock& widen_block) {
@@ -377,26 +377,22 @@ void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, i
   float* panels = ws.get<float>(kLinearPanel, static_cast<size_t>(K * pn * group));  // 64-byte aligned, kept
   for (int64_t n = n0; n < n1; n += pn * group) {
     const int64_t count = std::min(group, (n1 - n + pn - 1) / pn);
+    // Panel p: output columns from n + p·pn, `width` of them.
+    const auto width = [&](int64_t p) { return std::min(pn, n1 - n - p * pn); };
     // Widen + transpose: panel[k][c] = w[n + c][k], in k blocks so that the reads of each weight
     // row are 128-byte runs and the writes stay in a 4-12 KiB (L1) part of the panel.
     constexpr int64_t kWidenBlock = 64;
-    for (int64_t p = 0; p < count; ++p) {
-      const int64_t np = n + p * pn, width = std::min(pn, n1 - np);
+    for (int64_t p = 0; p < count; ++p)
       for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock)
-        widen_block(np, width, k0, std::min(K, k0 + kWidenBlock), panels + p * K * pn);
-    }
+        widen_block(n + p * pn, width(p), k0, std::min(K, k0 + kWidenBlock), panels + p * K * pn, pn);
     int64_t m = 0;
     for (; m + kGemmMR <= M; m += kGemmMR)
-      for (int64_t p = 0; p < count; ++p) {
-        const int64_t np = n + p * pn;
-        GemmTile<kGemmMR>(panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + np, ldy, std::min(pn, n1 - np),
+      for (int64_t p = 0; p < count; ++p)
+        GemmTile<kGemmMR>(panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + n + p * pn, ldy, width(p),
                           accumulate);
-      }
-    for (int64_t p = 0; p < count; ++p) {
-      const int64_t np = n + p * pn;
-      GemmRowTail<kGemmMR - 1>(M - m, panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + np, ldy,
-                               std::min(pn, n1 - np), accumulate);
-    }
+    for (int64_t p = 0; p < count; ++p)
+      GemmRowTail<kGemmMR - 1>(M - m, panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + n + p * pn, ldy,
+                               width(p), accumulate);
   }
 }
 
@@ -404,7 +400,6 @@ void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t
                         float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
   if (M >= kGemmMinRows) {
     const int64_t groups = (K + G - 1) / G;
-    const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
     const auto scalar = [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t stride) {
       const int8_t* qr = q + n * K;
       const float* sr = scales + n * groups;
@@ -423,7 +418,7 @@ void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t
     const int row8 = 0;  // 128-bit targets: the columns stay scalar
 #endif
     GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws,
-               [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel) {
+               [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel, int64_t pn) {
                  if (G % 8 == 0) WidenBlock8(n, width, pn, k0, k1, panel, row8, scalar);
                  else WidenColumns(n, 0, width, pn, k0, k1, panel, scalar);
                });
@@ -444,7 +439,6 @@ void LinearPortableInt8(const int8_t* q, const float* scales, int64_t K, int64_t
 void LinearPortable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                     int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
   if (M >= kGemmMinRows) {
-    const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(hn::ScalableTag<float>()));
     const auto scalar = [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t stride) {
       const uint16_t* wr = w + n * K;
       for (int64_t k = k0; k < k1; ++k) out[(k - k0) * stride] = Bf16ToF32(wr[k]);
@@ -460,7 +454,7 @@ void LinearPortable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, f
     const int row8 = 0;  // 128-bit targets: the columns stay scalar
 #endif
     GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws,
-               [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel) {
+               [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel, int64_t pn) {
                  WidenBlock8(n, width, pn, k0, k1, panel, row8, scalar);
                });
     return;
