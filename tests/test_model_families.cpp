@@ -13,6 +13,7 @@
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
+#include "model/blocks.hpp"
 #include "model/model_work.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
@@ -537,6 +538,34 @@ TEST(ModelWork, DecodeStepReadsEveryMatrixOnceOnEveryFamily) {
   }
 }
 
+
+// MLA's work is counted in the form the layer runs (MlaAttention::expand_pays): a fresh prefill
+// expanded (attention over nope + rope key dims and v value dims per pair), one decode token over
+// a long cache latent (over the latent rows, r + rope wide, for scores and sums alike). Counting
+// the latent form for an expanded run printed an attention core above the FMA peak.
+TEST(ModelWork, MlaCountsTheFormThatRuns) {
+  for (const char* golden : {"kimi_linear_tiny", "bailing_hybrid_tiny"}) {
+    SCOPED_TRACE(golden);
+    const HybridModel m = HybridModel::load((testing::golden_dir() / golden).string());
+    const ModelConfig& c = m.config();
+    int64_t attention_layers = 0;
+    for (int64_t i = 0; i < c.num_layers; ++i) attention_layers += c.token_mixer(i) == c.attention_mixer;
+    ASSERT_GT(attention_layers, 0);
+    const double nh = static_cast<double>(c.num_heads) * static_cast<double>(attention_layers);
+    const int64_t T = 64;
+    ASSERT_TRUE(model::MlaAttention::expand_pays(c, T, 0));
+    const double pairs = T * (T + 1) / 2.0;
+    EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false).attention_core.flops,
+                     2 * nh * static_cast<double>(c.mla_qk_head_dim() + c.mla_v_head_dim) * pairs);
+    const int64_t cached = 100000;
+    ASSERT_FALSE(model::MlaAttention::expand_pays(c, 1, cached));
+    EXPECT_DOUBLE_EQ(model::forward_work(c, cached, 1, false).attention_core.flops,
+                     2 * nh * 2 * static_cast<double>(c.mla_cache_dim()) * (cached + 1));
+    // int8 weights keep the latent form (no W_uk copy is built for them).
+    EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false, 32).attention_core.flops,
+                     2 * nh * 2 * static_cast<double>(c.mla_cache_dim()) * pairs);
+  }
+}
 
 // --weights int8 on every family's golden: the logits stay near transformers' fp32 ones (bounds
 // are three times what was measured with the default group: the tiny random models differ a lot

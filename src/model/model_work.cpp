@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "hanpu/la.hpp"
+#include "model/blocks.hpp"
 
 namespace hanpu::model {
 
@@ -45,6 +46,7 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
   }
   const double nh = static_cast<double>(c.num_heads);
   double attention_weights = 0, core_dim = 0;  // core_dim: multiply-adds per query head per key
+  double attention_rows_weights = 0;  // MLA expanded: matrices applied once per cached row, not per token
   if (c.attention_mixer == TokenMixer::kGatedAttention) {
     const double hd = static_cast<double>(c.head_dim), nkv = static_cast<double>(c.num_kv_heads);
     attention_weights = H * nh * hd * 2 + 2 * H * nkv * hd + nh * hd * H;
@@ -53,10 +55,16 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
     const double qk = static_cast<double>(c.mla_qk_head_dim()), r = static_cast<double>(c.mla_kv_lora_rank);
     const double ql = static_cast<double>(c.mla_q_lora_rank), rope = static_cast<double>(c.mla_qk_rope_head_dim);
     const double nope = static_cast<double>(c.mla_qk_nope_head_dim), dv = static_cast<double>(c.mla_v_head_dim);
-    attention_weights = (ql > 0 ? H * ql + ql * nh * qk : H * nh * qk) + H * (r + rope) +
-                        r * nh * (nope + dv) /* key absorption and value up-projection per token */ +
-                        nh * dv * H + (c.mla_head_gate ? H * nh : 0);
-    core_dim = 2 * (r + rope);  // scores and outputs over the latent rows
+    attention_weights = (ql > 0 ? H * ql + ql * nh * qk : H * nh * qk) + H * (r + rope) + nh * dv * H +
+                        (c.mla_head_gate ? H * nh : 0);
+    // The form MlaAttention::forward runs: expanded (int8 weights never expand) or latent.
+    if (int8_group == 0 && MlaAttention::expand_pays(c, tokens, start)) {
+      attention_rows_weights = r * nh * (nope + dv);  // W_uk and W_uv over every cached row
+      core_dim = qk + dv;  // scores over nope + rope, sums over the values (their pad to qk not counted)
+    } else {
+      attention_weights += r * nh * (nope + dv);  // key absorption and value up-projection per token
+      core_dim = 2 * (r + rope);                  // scores and outputs over the latent rows
+    }
   }
   // Keys each new token attends to: its position + 1, summed over the tokens.
   const double keys = T * static_cast<double>(start) + T * (T + 1) / 2;
@@ -74,6 +82,8 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.token_mixer(i) == c.attention_mixer) {
       add(w.attention_projections, per_token_matrices(attention_weights, T, bytes_per_weight));
+      add(w.attention_projections,
+          per_token_matrices(attention_rows_weights, static_cast<double>(start) + T, bytes_per_weight));
       w.attention_core.flops += 2 * nh * core_dim * keys;
     } else {
       add(w.linear_projections, per_token_matrices(linear_weights, T, bytes_per_weight));

@@ -30,7 +30,9 @@ struct ForwardWork {
 /// per weight per token; MoE layers the top-k experts and shared expert per token and, for the
 /// bytes, the experts a batch of that many tokens is expected to touch under uniform routing.
 /// The engine counts la_flops_per_token_head (exact triangles, chunk 64) in prefill and the
-/// three K x V products of the recurrent step per token in decode (tokens == 1). Weight bytes
+/// three K x V products of the recurrent step per token in decode (tokens == 1). MLA counts the
+/// form MlaAttention::forward runs (MlaAttention::expand_pays): expanded, W_uk and W_uv over every
+/// cached row and attention over nope + rope key dims and v value dims, or latent. Weight bytes
 /// are bf16's (2 per weight), or with int8_group > 0 int8's plus the f32 scales (1 + 4 / group;
 /// the few unquantized router rows are counted alike).
 ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group = 0);
