@@ -129,11 +129,21 @@ void ConvSiluRow(const float* const* in, const float* HWY_RESTRICT taps, size_t 
   }
 }
 
+
 size_t AttentionKeyTile() { return 2 * hn::Lanes(DF()); }
 
 // Scores of kQuad rows against one tile of 2N keys of the transposed keys (row i = dim i, stride
 // ld): 8 rows x 2 vectors = 16 accumulators, per dimension 2 key loads and 8 broadcasts.
-constexpr size_t kQuad = 8;  // rows per register block (16 of the 32 AVX-512 registers accumulate)
+// Rows per register block: with two vectors of keys (or value dims) per row, 2 x rows accumulators
+// plus two operand loads and one broadcast must fit the register file. 8 rows (16 accumulators) on
+// targets with 32 vector registers (AVX-512, NEON); 6 (12) on x86's 16-register targets, where 8
+// rows spilled accumulators to the stack in every step of the inner loop.
+#if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
+constexpr size_t kQuad = 6;
+#else
+constexpr size_t kQuad = 8;
+#endif
+size_t AttentionRowBlock() { return kQuad; }
 HWY_INLINE void ScoreTile(const float* const* q, const float* HWY_RESTRICT kt, size_t ld, size_t hd, float* const* s) {
   const DF d;
   const size_t N = hn::Lanes(d);
@@ -334,6 +344,7 @@ HWY_EXPORT(SiluRow);
 HWY_EXPORT(SigmoidMulRow);
 HWY_EXPORT(GatedNormRow);
 HWY_EXPORT(AttentionKeyTile);
+HWY_EXPORT(AttentionRowBlock);
 HWY_EXPORT(ConvSiluRow);
 HWY_EXPORT(AttentionRows);
 HWY_EXPORT(AttentionSplit);
@@ -351,6 +362,7 @@ void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_st
   HANPU_DISPATCH(ConvSiluRow)(in, taps, tap_stride, K, y, n);
 }
 size_t attention_key_tile() { return HANPU_DISPATCH(AttentionKeyTile)(); }
+size_t attention_row_block() { return HANPU_DISPATCH(AttentionRowBlock)(); }
 void attention_rows(const AttentionRowsArgs& args) { HANPU_DISPATCH(AttentionRows)(args); }
 void attention_split(const AttentionSplitArgs& args) { HANPU_DISPATCH(AttentionSplit)(args); }
 }  // namespace hanpu::model

@@ -24,6 +24,9 @@ void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_st
 /// Keys per score tile of attention_rows (2 vectors): the transposed keys are padded to a
 /// multiple of it.
 size_t attention_key_tile();
+/// Query rows per register block of attention_rows (6 or 8 by target): a block count of rows
+/// per call wastes no block slots.
+size_t attention_row_block();
 
 /// Causal attention of `rows` query rows sharing one KV head:
 /// out[r] = softmax(scale * q[r] . keys[0..limit[r])) values[0..limit[r]).

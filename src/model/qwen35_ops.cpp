@@ -168,10 +168,12 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
   const int64_t group = nq / nkv;
   const int64_t ld = nkv * hd;  // cache row stride
   // Work items: (KV head, block of tokens); an item's rows are the block's tokens times the
-  // group's query heads, all reading the same keys. About 32 rows per item: each key tile is
-  // reused 32 times from L1, and the item's score rows (32 x keys floats, 256 KiB at 2K keys)
-  // stay in L2. Later blocks see more keys, so items are dealt round-robin to even out threads.
-  constexpr int64_t kRowsPerItem = 32;
+  // group's query heads, all reading the same keys. Four register blocks of rows per item (24
+  // rows on AVX2, 32 with 32 registers): each key tile is reused that often from L1, and the
+  // item's score rows (32 x keys floats, 256 KiB at 2K keys) stay in L2. A whole number of blocks
+  // leaves no block half empty (32 rows in 6-row blocks ran 36 row slots). Later blocks see more
+  // keys, so items are dealt round-robin to even out threads.
+  const int64_t kRowsPerItem = 4 * static_cast<int64_t>(attention_row_block());
   const int64_t tokens_per_item = std::max<int64_t>(1, kRowsPerItem / group);
   const int64_t blocks = (T + tokens_per_item - 1) / tokens_per_item;
   const int64_t items = nkv * blocks;
