@@ -1,8 +1,8 @@
 // The softmax attention core of a prefill (model::causal_attention) on the shapes of the hybrid
 // models' attention layers, next to the FMA peak measured in the same run: Qwen3.5-0.8B's gated
 // GQA (8 query / 2 KV heads of 256), the h2304 share configs' (16 / 4 of 256), and Kimi Linear's
-// expanded MLA (32 / 32 heads of nope + rope = 192, values padded to 192). FLOPs are the causal
-// triangle's useful ones: 2 · query heads · pairs · (key dims + value dims), the pad not counted.
+// expanded MLA (32 / 32 heads, keys of nope + rope = 192, values of 128). FLOPs: the causal
+// triangle's, 2 · query heads · pairs · (key dims + value dims).
 // Medians of `reps` calls after one warm-up. HANPU_ISA caps the SIMD target (docs/PERFORMANCE.md).
 //   attention_core [threads] [reps] [T ...]     (defaults 2, 5, 512 2048 8192)
 #include <algorithm>
@@ -24,7 +24,7 @@ using namespace hanpu;
 
 struct Shape {
   const char* name;
-  int64_t nq, nkv, hd, value_dims;  // value_dims: the useful ones (MLA: v 128 of the padded 192)
+  int64_t nq, nkv, hd, value_dims;
 };
 
 }  // namespace
@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
     const cpu::Threads th{&Engine::default_engine(), threads};
     for (const Shape& s : shapes)
       for (int64_t T : lengths) {
-        std::vector<float> q(static_cast<size_t>(T * s.nq * s.hd)), k(static_cast<size_t>(T * s.nkv * s.hd)), v(k.size()),
-            out(q.size());
+        std::vector<float> q(static_cast<size_t>(T * s.nq * s.hd)), k(static_cast<size_t>(T * s.nkv * s.hd)),
+            v(static_cast<size_t>(T * s.nkv * s.value_dims)), out(static_cast<size_t>(T * s.nq * s.value_dims));
         uint64_t x = 12345;
         for (auto* vec : {&q, &k, &v})
           for (float& f : *vec) {
@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
         std::vector<double> ms;
         for (int r = 0; r <= reps; ++r) {
           const auto t0 = std::chrono::steady_clock::now();
-          model::causal_attention(q.data(), k.data(), v.data(), out.data(), T, 0, s.nq, s.nkv, s.hd, scale, th);
+          model::causal_attention(q.data(), k.data(), v.data(), out.data(), T, 0, s.nq, s.nkv, s.hd, s.value_dims,
+                                  s.nkv * s.value_dims, scale, th);
           const double took = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           if (r > 0) ms.push_back(took);  // the first call pays the workspace's first touch
         }

@@ -328,17 +328,21 @@ namespace {
 // and off the vector width, GQA groups, and a cache that already holds p0 tokens. T <= 4 takes
 // the cache-layout path (splits of 256 keys merged by their maxima): contexts within one split,
 // across split boundaries (600 = 2 splits + 88, 255 + 1 = exactly one), a single key, several new
-// tokens with different causal limits, one KV head for all query heads (MLA's latent).
+// tokens with different causal limits, one KV head for all query heads (MLA's latent). Values of
+// their own width (dv) and row stride (ldv; 0: nkv x dv): MLA's expanded heads (192 / 128) and its
+// latent cache (values = the first r dims of the key rows), on both paths, with dv off the tile.
 TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
   struct Case {
-    int64_t T, p0, nq, nkv, hd;
+    int64_t T, p0, nq, nkv, hd, dv = 0, ldv = 0;  // dv 0: hd
   };
   for (const Case c : {Case{70, 0, 8, 2, 256}, Case{5, 33, 4, 2, 40}, Case{1, 100, 8, 2, 256}, Case{37, 3, 3, 3, 8},
                        Case{1, 0, 4, 2, 24}, Case{1, 600, 8, 2, 256}, Case{1, 255, 6, 3, 36}, Case{3, 510, 4, 1, 72},
-                       Case{4, 1000, 32, 1, 20}, Case{2, 0, 2, 2, 17}}) {
-    const int64_t keys = c.p0 + c.T, group = c.nq / c.nkv;
+                       Case{4, 1000, 32, 1, 20}, Case{2, 0, 2, 2, 17}, Case{45, 2, 5, 5, 48, 32},
+                       Case{3, 300, 4, 4, 48, 32}, Case{29, 0, 7, 1, 72, 64, 72}, Case{2, 270, 7, 1, 72, 64, 72},
+                       Case{33, 1, 4, 2, 24, 13}, Case{1, 9, 4, 2, 24, 13, 40}}) {
+    const int64_t keys = c.p0 + c.T, group = c.nq / c.nkv, dv = c.dv ? c.dv : c.hd, ldv = c.ldv ? c.ldv : c.nkv * dv;
     std::vector<float> q(static_cast<size_t>(c.T * c.nq * c.hd)), k(static_cast<size_t>(keys * c.nkv * c.hd)),
-        v(k.size()), out(q.size());
+        v(static_cast<size_t>(keys * ldv)), out(static_cast<size_t>(c.T * c.nq * dv));
     uint64_t s = 99;
     auto rnd = [&] {
       s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -346,9 +350,14 @@ TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
     };
     for (auto* vec : {&q, &k, &v})
       for (float& x : *vec) x = rnd();
+    const float* values = v.data();
+    if (c.ldv == c.nkv * c.hd && c.nkv == 1) values = k.data();  // the latent form: values inside the key rows
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-    model::causal_attention(q.data(), k.data(), v.data(), out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale,
-                            cpu::Threads{&Engine::default_engine(), 2});
+    const cpu::Threads th{&Engine::default_engine(), 2};
+    if (c.dv == 0 && c.ldv == 0)
+      model::causal_attention(q.data(), k.data(), values, out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale, th);
+    else
+      model::causal_attention(q.data(), k.data(), values, out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, dv, ldv, scale, th);
     double worst = 0;
     for (int64_t t = 0; t < c.T; ++t)
       for (int64_t h = 0; h < c.nq; ++h) {
@@ -364,14 +373,14 @@ TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
           mx = std::max(mx, p[static_cast<size_t>(j)]);
         }
         for (double& x : p) sum += (x = std::exp(x - mx));
-        for (int64_t i = 0; i < c.hd; ++i) {
+        for (int64_t i = 0; i < dv; ++i) {
           double o = 0;
           for (int64_t j = 0; j < visible; ++j)
-            o += p[static_cast<size_t>(j)] / sum * v[static_cast<size_t>((j * c.nkv + g) * c.hd + i)];
-          worst = std::max(worst, std::abs(o - out[static_cast<size_t>((t * c.nq + h) * c.hd + i)]));
+            o += p[static_cast<size_t>(j)] / sum * values[static_cast<size_t>(j * ldv + g * dv + i)];
+          worst = std::max(worst, std::abs(o - out[static_cast<size_t>((t * c.nq + h) * dv + i)]));
         }
       }
-    EXPECT_LT(worst, 2e-5) << "T " << c.T << " p0 " << c.p0 << " hd " << c.hd;
+    EXPECT_LT(worst, 2e-5) << "T " << c.T << " p0 " << c.p0 << " hd " << c.hd << " dv " << dv << " ldv " << ldv;
   }
 }
 

@@ -541,7 +541,7 @@ TEST(ModelWork, DecodeStepReadsEveryMatrixOnceOnEveryFamily) {
 
 // MLA's work is counted in the form the layer runs (MlaAttention::expand_pays): a fresh prefill
 // expanded (attention over nope + rope key dims and v value dims per pair), one decode token over
-// a long cache latent (over the latent rows, r + rope wide, for scores and sums alike). Counting
+// a long cache latent (scores over the latent rows, r + rope wide, sums over their r). Counting
 // the latent form for an expanded run printed an attention core above the FMA peak.
 TEST(ModelWork, MlaCountsTheFormThatRuns) {
   for (const char* golden : {"kimi_linear_tiny", "bailing_hybrid_tiny"}) {
@@ -560,10 +560,10 @@ TEST(ModelWork, MlaCountsTheFormThatRuns) {
     const int64_t cached = 100000;
     ASSERT_FALSE(model::MlaAttention::expand_pays(c, 1, cached));
     EXPECT_DOUBLE_EQ(model::forward_work(c, cached, 1, false).attention_core.flops,
-                     2 * nh * 2 * static_cast<double>(c.mla_cache_dim()) * (cached + 1));
+                     2 * nh * static_cast<double>(c.mla_cache_dim() + c.mla_kv_lora_rank) * (cached + 1));
     // int8 weights keep the latent form (no W_uk copy is built for them).
     EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false, 32).attention_core.flops,
-                     2 * nh * 2 * static_cast<double>(c.mla_cache_dim()) * pairs);
+                     2 * nh * static_cast<double>(c.mla_cache_dim() + c.mla_kv_lora_rank) * pairs);
   }
 }
 

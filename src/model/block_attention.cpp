@@ -141,17 +141,17 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
 
 // Multiply-adds per head of the two forms, over pairs = T·p0 + T(T+1)/2 query-key pairs:
 //   latent:   T·r·(nope + dv)        W_ukᵀ into each query, W_uv out of each output
-//             + pairs·2·(r + rope)   scores and weighted sums over the cached rows
+//             + pairs·(2r + rope)    scores over the cached rows (r + rope), sums over their r
 //   expanded: (p0 + T)·r·(nope + dv) W_uk and W_uv over every cached row, once per call
-//             + pairs·2·qk           scores over nope + rope dims, sums over the values padded to
-//                                    qk (causal_attention takes one head dim)
+//             + pairs·(qk + dv)      scores over nope + rope dims, sums over the v dims
 // Kimi Linear (r 512, rope 64, nope 128, v 128): a fresh prefill is cheaper expanded at any T
 // (its latent rows are 576 wide against 192), decode of one token over a long cache latent.
 bool MlaAttention::expand_pays(const ModelConfig& c, int64_t T, int64_t p0) {
   const double r = static_cast<double>(c.mla_kv_lora_rank), up = static_cast<double>(c.mla_qk_nope_head_dim + c.mla_v_head_dim);
   const double pairs = static_cast<double>(T) * static_cast<double>(p0) + 0.5 * static_cast<double>(T) * static_cast<double>(T + 1);
-  const double latent = static_cast<double>(T) * r * up + pairs * 2.0 * static_cast<double>(c.mla_cache_dim());
-  const double expanded = static_cast<double>(p0 + T) * r * up + pairs * 2.0 * static_cast<double>(c.mla_qk_head_dim());
+  const double latent = static_cast<double>(T) * r * up + pairs * static_cast<double>(c.mla_cache_dim() + c.mla_kv_lora_rank);
+  const double expanded =
+      static_cast<double>(p0 + T) * r * up + pairs * static_cast<double>(c.mla_qk_head_dim() + c.mla_v_head_dim);
   return expanded < latent;
 }
 
@@ -214,21 +214,19 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
     });
   }
   if (!key_up.empty() && expand_pays(c, T, p0)) {
-    // Keys [W_uk c | k_rope] and values [W_uv c | 0] per head for all p0 + T cached rows, then
-    // ordinary attention with nh KV heads of qk dims (the values' pad columns give zeros).
+    // Keys [W_uk c | k_rope] (qk dims) and values W_uv c (dv dims) per head for all p0 + T cached
+    // rows, then ordinary attention with nh KV heads.
     const int64_t rows = p0 + T, ld = nh * qk;
     float* keys = scratch(*run.ws, kExpandedKeys, rows * ld);
-    float* values = scratch(*run.ws, kExpandedValues, rows * ld);
+    float* values = scratch(*run.ws, kExpandedValues, rows * nh * dv);
     for (int64_t hh = 0; hh < nh; ++hh) {
       key_up[static_cast<size_t>(hh)].forward(cache.data(), cdim, keys + hh * qk, ld, rows, th, false, prec);
-      value_up[static_cast<size_t>(hh)].forward(cache.data(), cdim, values + hh * qk, ld, rows, th, false, prec);
+      value_up[static_cast<size_t>(hh)].forward(cache.data(), cdim, values + hh * dv, nh * dv, rows, th, false, prec);
     }
     parallel_for(rows, th.when(rows >= 8), [&](int64_t t_begin, int64_t t_end) {
       for (int64_t t = t_begin; t < t_end; ++t)
-        for (int64_t hh = 0; hh < nh; ++hh) {
+        for (int64_t hh = 0; hh < nh; ++hh)
           std::memcpy(keys + t * ld + hh * qk + nope, cache.data() + t * cdim + r, static_cast<size_t>(rope) * sizeof(float));
-          std::fill(values + t * ld + hh * qk + dv, values + t * ld + (hh + 1) * qk, 0.0f);
-        }
     });
     const float* qe = q;
     if (ldq != ld) {  // rows of the stacked input projection: gather the queries
@@ -238,14 +236,10 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
     }
     run.times.attn_proj += seconds_since(t0);
     t0 = Clock::now();
-    float* out = scratch(*run.ws, kExpandedOut, T * ld);
-    causal_attention(qe, keys, values, out, T, p0, nh, nh, qk, 1.0f / std::sqrt(static_cast<float>(qk)), th);
+    float* attn = scratch(*run.ws, kAttn, T * nh * dv);
+    causal_attention(qe, keys, values, attn, T, p0, nh, nh, qk, dv, nh * dv, 1.0f / std::sqrt(static_cast<float>(qk)), th);
     run.times.attn_core += seconds_since(t0);
     t0 = Clock::now();
-    float* attn = scratch(*run.ws, kAttn, T * nh * dv);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t hh = 0; hh < nh; ++hh)
-        std::memcpy(attn + (t * nh + hh) * dv, out + t * ld + hh * qk, static_cast<size_t>(dv) * sizeof(float));
     finish(run, kv_in, S, attn, x);
     run.times.attn_proj += seconds_since(t0);
     return;
@@ -262,17 +256,17 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   run.times.attn_proj += seconds_since(t0);
 
   t0 = Clock::now();
-  // One shared KV head whose keys and values are both the cached rows: the first r dims of each
-  // output are Σ p c (the rope dims of the output are discarded). Scale 1/sqrt(nope + rope), as
-  // the expanded attention's.
-  float* ol = scratch(*run.ws, kLatentOut, T * nh * cdim);
-  causal_attention(ql, cache.data(), cache.data(), ol, T, p0, nh, 1, cdim, 1.0f / std::sqrt(static_cast<float>(qk)), th);
+  // One shared KV head whose keys are the cached rows and whose values are their first r dims:
+  // each output is Σ p c. Scale 1/sqrt(nope + rope), as the expanded attention's.
+  float* ol = scratch(*run.ws, kLatentOut, T * nh * r);
+  causal_attention(ql, cache.data(), cache.data(), ol, T, p0, nh, 1, cdim, r, cdim,
+                   1.0f / std::sqrt(static_cast<float>(qk)), th);
   run.times.attn_core += seconds_since(t0);
 
   t0 = Clock::now();
   float* attn = scratch(*run.ws, kAttn, T * nh * dv);
   for (int64_t hh = 0; hh < nh; ++hh)
-    value_up[static_cast<size_t>(hh)].forward(ol + hh * cdim, nh * cdim, attn + hh * dv, nh * dv, T, th, false, prec);
+    value_up[static_cast<size_t>(hh)].forward(ol + hh * r, nh * r, attn + hh * dv, nh * dv, T, th, false, prec);
   finish(run, kv_in, S, attn, x);
   run.times.attn_proj += seconds_since(t0);
 }

@@ -57,7 +57,7 @@ class Projection {
 enum ScratchSlot {
   kX, kH, kGateUp, kMixed, kA, kConv, kO, kQG, kQ, kAttn,
   kRouter, kExpertIn, kExpertGateUp, kExpertOut, kSharedGateUp, kSharedScore,
-  kLowRank, kGateOut, kLatentQ, kLatentOut, kExpandedQ, kExpandedKeys, kExpandedValues, kExpandedOut,
+  kLowRank, kGateOut, kLatentQ, kLatentOut, kExpandedQ, kExpandedKeys, kExpandedValues,
   kSlots
 };
 float* scratch(cpu::Workspace& ws, ScratchSlot slot, int64_t floats);

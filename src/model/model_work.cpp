@@ -60,10 +60,10 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
     // The form MlaAttention::forward runs: expanded (int8 weights never expand) or latent.
     if (int8_group == 0 && MlaAttention::expand_pays(c, tokens, start)) {
       attention_rows_weights = r * nh * (nope + dv);  // W_uk and W_uv over every cached row
-      core_dim = qk + dv;  // scores over nope + rope, sums over the values (their pad to qk not counted)
+      core_dim = qk + dv;  // scores over nope + rope, sums over the v dims
     } else {
       attention_weights += r * nh * (nope + dv);  // key absorption and value up-projection per token
-      core_dim = 2 * (r + rope);                  // scores and outputs over the latent rows
+      core_dim = 2 * r + rope;                    // scores over the latent rows (r + rope), sums over r
     }
   }
   // Keys each new token attends to: its position + 1, summed over the tokens.

@@ -219,7 +219,7 @@ void SoftmaxRow(float* HWY_RESTRICT s, size_t keys, size_t padded, float scale) 
 void AttentionRows(const AttentionRowsArgs& a) {
   const DF d;
   const size_t N = hn::Lanes(d), W = 2 * N;
-  const size_t R = a.rows, hd = a.head_dim;
+  const size_t R = a.rows, hd = a.head_dim, dv = a.value_dim;
   size_t max_keys = 0;
   for (size_t r = 0; r < R; ++r) max_keys = std::max(max_keys, a.limit[r]);
   const size_t padded = (max_keys + W - 1) / W * W;
@@ -251,14 +251,14 @@ void AttentionRows(const AttentionRowsArgs& a) {
     }
     if (!a.values_blocked) {
       for (size_t i = 0; i < kQuad && r0 + i < R; ++i)
-        for (size_t dd = 0; dd < hd; ++dd) {
+        for (size_t dd = 0; dd < dv; ++dd) {
           float acc = 0;
-          for (size_t j = 0; j < keys; ++j) acc += p[i][j] * a.values[j * a.kv_stride + dd];
+          for (size_t j = 0; j < keys; ++j) acc += p[i][j] * a.values[j * a.value_stride + dd];
           out[i][dd] = acc;
         }
       continue;
     }
-    for (size_t dd = 0; dd < hd; dd += W) PvBlock<2>(p, a.values_blocked + (dd / W) * a.values_block_stride, W, keys, dd, out);
+    for (size_t dd = 0; dd < dv; dd += W) PvBlock<2>(p, a.values_blocked + (dd / W) * a.values_block_stride, W, keys, dd, out);
   }
 }
 
@@ -284,18 +284,18 @@ HWY_INLINE float DotRow(const float* HWY_RESTRICT a, const float* HWY_RESTRICT b
 void AttentionSplit(const AttentionSplitArgs& a) {
   const DF d;
   const size_t N = hn::Lanes(d);
-  const size_t R = a.rows, hd = a.head_dim, n = a.key_end - a.key_begin;
+  const size_t R = a.rows, hd = a.head_dim, dv = a.value_dim, n = a.key_end - a.key_begin;
   // Scores of every row against every key of the split (masked ones are never read).
   for (size_t jj = 0; jj < n; ++jj) {
     const size_t j = a.key_begin + jj;
-    const float* k = a.keys + j * a.kv_stride;
+    const float* k = a.keys + j * a.key_stride;
     for (size_t r = 0; r < R; ++r)
       if (j < a.limit[r]) a.scores[r * n + jj] = a.scale * DotRow(a.q[r], k, hd);
   }
   for (size_t r = 0; r < R; ++r) {
     float* s = a.scores + r * n;
-    float* acc = a.acc + r * hd;
-    std::fill(acc, acc + hd, 0.0f);
+    float* acc = a.acc + r * dv;
+    std::fill(acc, acc + dv, 0.0f);
     const size_t visible = a.limit[r] > a.key_begin ? std::min(n, a.limit[r] - a.key_begin) : 0;
     if (visible == 0) {
       a.max[r] = -INFINITY;
@@ -320,14 +320,14 @@ void AttentionSplit(const AttentionSplitArgs& a) {
   // acc[r] += p[r][j] v_j, one value row at a time (it stays in L1 across the rows).
   for (size_t jj = 0; jj < n; ++jj) {
     const size_t j = a.key_begin + jj;
-    const float* v = a.values + j * a.kv_stride;
+    const float* v = a.values + j * a.value_stride;
     for (size_t r = 0; r < R; ++r) {
       if (j >= a.limit[r]) continue;
       const VF p = hn::Set(d, a.scores[r * n + jj]);
-      float* acc = a.acc + r * hd;
+      float* acc = a.acc + r * dv;
       size_t i = 0;
-      for (; i + N <= hd; i += N) hn::StoreU(hn::MulAdd(p, hn::LoadU(d, v + i), hn::LoadU(d, acc + i)), d, acc + i);
-      for (; i < hd; ++i) acc[i] += a.scores[r * n + jj] * v[i];
+      for (; i + N <= dv; i += N) hn::StoreU(hn::MulAdd(p, hn::LoadU(d, v + i), hn::LoadU(d, acc + i)), d, acc + i);
+      for (; i < dv; ++i) acc[i] += a.scores[r * n + jj] * v[i];
     }
   }
 }

@@ -29,48 +29,49 @@ size_t attention_key_tile();
 size_t attention_row_block();
 
 /// Causal attention of `rows` query rows sharing one KV head:
-/// out[r] = softmax(scale * q[r] . keys[0..limit[r])) values[0..limit[r]).
+/// out[r] = softmax(scale * q[r] . keys[0..limit[r])) values[0..limit[r]). Queries and keys have
+/// head_dim dims, values and outputs value_dim.
 struct AttentionRowsArgs {
   const float* const* q = nullptr;  // [rows] pointers to head_dim floats
-  float* const* out = nullptr;      // [rows] pointers to head_dim floats
+  float* const* out = nullptr;      // [rows] pointers to value_dim floats
   const size_t* limit = nullptr;    // [rows] visible keys per row (>= 1)
-  size_t rows = 0, head_dim = 0;
+  size_t rows = 0, head_dim = 0, value_dim = 0;
   /// Keys in transposed tiles of W = attention_key_tile(): dim i of key j at
   /// keys_t[(j / W) * head_dim * W + i * W + j % W], zero past the last key.
   const float* keys_t = nullptr;
-  /// Values blocked by W dims (head_dim % W == 0): dim i of value j at
+  /// Values blocked by W dims (value_dim % W == 0): dim i of value j at
   /// values_blocked[(i / W) * values_block_stride + j * W + i % W]; null: use `values`.
   const float* values_blocked = nullptr;
   size_t values_block_stride = 0;
-  const float* values = nullptr;  // value j at values + j * kv_stride (when not blocked)
-  size_t kv_stride = 0;
+  const float* values = nullptr;  // value j at values + j * value_stride (when not blocked)
+  size_t value_stride = 0;
   float scale = 1.0f;
   float* scores = nullptr;  // rows x score_stride scratch, score_stride >= max limit rounded up to the tile
   size_t score_stride = 0;
-  const float* zero_row = nullptr;  // max(head_dim, score_stride) zeros
-  float* discard_row = nullptr;     // max(head_dim, score_stride) floats of scratch
+  const float* zero_row = nullptr;  // max(head_dim, value_dim, score_stride) zeros
+  float* discard_row = nullptr;     // max(head_dim, value_dim, score_stride) floats of scratch
 };
 void attention_rows(const AttentionRowsArgs& args);
 
 /// One split of attention over the cache's own row layout (no relayout), for a few query rows:
 /// over keys j in [key_begin, min(key_end, limit[r])) of one KV head, with s_j = scale * q[r] . k_j:
 ///   max[r] = max_j s_j,  sum[r] = sum_j e^{s_j - max[r]},  acc[r] = sum_j e^{s_j - max[r]} v_j
-/// (acc: head_dim floats per row). A row with no key in the range gets max = -inf, sum 0, acc 0.
-/// Splits are combined by their maxima (causal_attention). Key j at keys + j * kv_stride, value
-/// j at values + j * kv_stride.
+/// (acc: value_dim floats per row). A row with no key in the range gets max = -inf, sum 0, acc 0.
+/// Splits are combined by their maxima (causal_attention). Key j (head_dim floats) at keys + j *
+/// key_stride, value j (value_dim floats) at values + j * value_stride.
 struct AttentionSplitArgs {
   const float* const* q = nullptr;  // [rows]
   const size_t* limit = nullptr;    // [rows] visible keys per row
-  size_t rows = 0, head_dim = 0;
+  size_t rows = 0, head_dim = 0, value_dim = 0;
   const float* keys = nullptr;
   const float* values = nullptr;
-  size_t kv_stride = 0;
+  size_t key_stride = 0, value_stride = 0;
   size_t key_begin = 0, key_end = 0;
   float scale = 1.0f;
   float* scores = nullptr;  // rows x (key_end - key_begin) scratch
   float* max = nullptr;     // [rows]
   float* sum = nullptr;     // [rows]
-  float* acc = nullptr;     // [rows][head_dim]
+  float* acc = nullptr;     // [rows][value_dim]
 };
 void attention_split(const AttentionSplitArgs& args);
 

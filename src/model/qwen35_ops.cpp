@@ -94,12 +94,13 @@ namespace {
 constexpr int64_t kSplitKeys = 256;
 
 void attention_over_cache(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
-                          int64_t nq, int64_t nkv, int64_t hd, float scale, Threads threads) {
+                          int64_t nq, int64_t nkv, int64_t hd, int64_t dv, int64_t value_stride, float scale,
+                          Threads threads) {
   const int64_t group = nq / nkv, rows = T * group, nkeys = p0 + T;
   const int64_t splits = (nkeys + kSplitKeys - 1) / kSplitKeys, items = nkv * splits;
-  const size_t uhd = static_cast<size_t>(hd), urows = static_cast<size_t>(rows);
+  const size_t udv = static_cast<size_t>(dv), urows = static_cast<size_t>(rows);
   // Per item: max and sum per row, then the rows' unnormalised outputs.
-  std::vector<float> partial(static_cast<size_t>(items) * urows * (2 + uhd));
+  std::vector<float> partial(static_cast<size_t>(items) * urows * (2 + udv));
   parallel_for(items, threads, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(urows * static_cast<size_t>(kSplitKeys));
     std::vector<const float*> qrows(urows);
@@ -111,15 +112,17 @@ void attention_over_cache(const float* q, const float* keys, const float* values
           qrows[static_cast<size_t>(t * group + h)] = q + (t * nq + g * group + h) * hd;
           limit[static_cast<size_t>(t * group + h)] = static_cast<size_t>(p0 + t + 1);
         }
-      float* base = partial.data() + static_cast<size_t>(item) * urows * (2 + uhd);
+      float* base = partial.data() + static_cast<size_t>(item) * urows * (2 + udv);
       AttentionSplitArgs a;
       a.q = qrows.data();
       a.limit = limit.data();
       a.rows = urows;
-      a.head_dim = uhd;
+      a.head_dim = static_cast<size_t>(hd);
+      a.value_dim = udv;
       a.keys = keys + g * hd;
-      a.values = values + g * hd;
-      a.kv_stride = static_cast<size_t>(nkv * hd);
+      a.values = values + g * dv;
+      a.key_stride = static_cast<size_t>(nkv * hd);
+      a.value_stride = static_cast<size_t>(value_stride);
       a.key_begin = static_cast<size_t>(sp * kSplitKeys);
       a.key_end = static_cast<size_t>(std::min(nkeys, (sp + 1) * kSplitKeys));
       a.scale = scale;
@@ -134,22 +137,22 @@ void attention_over_cache(const float* q, const float* keys, const float* values
   for (int64_t g = 0; g < nkv; ++g)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = r / group, h = g * group + r % group;
-      float* o = out + (t * nq + h) * hd;
+      float* o = out + (t * nq + h) * dv;
       float m = -INFINITY;
       for (int64_t sp = 0; sp < splits; ++sp)
-        m = std::max(m, partial[static_cast<size_t>(g * splits + sp) * urows * (2 + uhd) + static_cast<size_t>(r)]);
+        m = std::max(m, partial[static_cast<size_t>(g * splits + sp) * urows * (2 + udv) + static_cast<size_t>(r)]);
       double l = 0;
-      std::fill(o, o + hd, 0.0f);
+      std::fill(o, o + dv, 0.0f);
       for (int64_t sp = 0; sp < splits; ++sp) {
-        const float* base = partial.data() + static_cast<size_t>(g * splits + sp) * urows * (2 + uhd);
+        const float* base = partial.data() + static_cast<size_t>(g * splits + sp) * urows * (2 + udv);
         if (base[r] == -INFINITY) continue;  // no visible key in this split
         const float w = std::exp(base[r] - m);
         l += static_cast<double>(w) * base[urows + static_cast<size_t>(r)];
-        const float* acc = base + 2 * urows + static_cast<size_t>(r) * uhd;
-        for (int64_t i = 0; i < hd; ++i) o[i] += w * acc[i];
+        const float* acc = base + 2 * urows + static_cast<size_t>(r) * udv;
+        for (int64_t i = 0; i < dv; ++i) o[i] += w * acc[i];
       }
       const float inv = static_cast<float>(1.0 / l);
-      for (int64_t i = 0; i < hd; ++i) o[i] *= inv;
+      for (int64_t i = 0; i < dv; ++i) o[i] *= inv;
     }
 }
 
@@ -157,16 +160,22 @@ void attention_over_cache(const float* q, const float* keys, const float* values
 
 void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
                       int64_t nq, int64_t nkv, int64_t hd, float scale, Threads threads) {
+  causal_attention(q, keys, values, out, T, p0, nq, nkv, hd, hd, nkv * hd, scale, threads);
+}
+
+void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
+                      int64_t nq, int64_t nkv, int64_t hd, int64_t dv, int64_t value_stride, float scale,
+                      Threads threads) {
   // Up to this many new tokens take the cache as it is (attention_over_cache); more amortise the
   // relayout of the tiled kernel, whose 8-row register blocks and 32-row items reuse every key
   // tile across the tokens (prefill).
   constexpr int64_t kCacheLayoutMaxTokens = 4;
   if (T <= kCacheLayoutMaxTokens) {
-    attention_over_cache(q, keys, values, out, T, p0, nq, nkv, hd, scale, threads);
+    attention_over_cache(q, keys, values, out, T, p0, nq, nkv, hd, dv, value_stride, scale, threads);
     return;
   }
   const int64_t group = nq / nkv;
-  const int64_t ld = nkv * hd;  // cache row stride
+  const int64_t ld = nkv * hd;  // key row stride
   // Work items: (KV head, block of tokens); an item's rows are the block's tokens times the
   // group's query heads, all reading the same keys. Four register blocks of rows per item (24
   // rows on AVX2, 32 with 32 registers): each key tile is reused that often from L1, and the
@@ -180,18 +189,18 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
   const int nt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads.n, items)));
   const size_t tile = attention_key_tile();
   const size_t score_stride = static_cast<size_t>((p0 + T + static_cast<int64_t>(tile) - 1) / static_cast<int64_t>(tile)) * tile;
-  const size_t side = std::max(score_stride, static_cast<size_t>(hd));
+  const size_t side = std::max({score_stride, static_cast<size_t>(hd), static_cast<size_t>(dv)});
   // Keys in transposed tiles and values in blocks of `tile` dims, once per call (layouts in
   // AttentionRowsArgs): the kernel's loops then read memory sequentially.
-  const size_t nkeys = static_cast<size_t>(p0 + T), W = tile, uhd = static_cast<size_t>(hd);
-  const bool blocked_values = uhd % W == 0;
+  const size_t nkeys = static_cast<size_t>(p0 + T), W = tile, uhd = static_cast<size_t>(hd), udv = static_cast<size_t>(dv);
+  const bool blocked_values = udv % W == 0;
   // In the caller's workspace of the engine, held for the call (the parts get pointers).
   Engine::Impl::Lease caller(threads.impl(), 1);
   const size_t keys_t_floats = static_cast<size_t>(nkv) * uhd * score_stride;
   float* const keys_t = caller[0].get<float>(cpu::kAttentionKeys, keys_t_floats);
   std::fill(keys_t, keys_t + keys_t_floats, 0.0f);
   float* const values_b =
-      blocked_values ? caller[0].get<float>(cpu::kAttentionValues, static_cast<size_t>(nkv) * uhd * nkeys) : nullptr;
+      blocked_values ? caller[0].get<float>(cpu::kAttentionValues, static_cast<size_t>(nkv) * udv * nkeys) : nullptr;
   const size_t tiles = score_stride / W;
   parallel_for(nkv * static_cast<int64_t>(tiles), threads, [&](int64_t w0, int64_t w1) {
     for (int64_t w = w0; w < w1; ++w) {
@@ -204,9 +213,9 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       if (!blocked_values) continue;
       for (size_t jj = 0; jj < W && tl * W + jj < nkeys; ++jj) {
         const size_t j = tl * W + jj;
-        const float* src = values + j * static_cast<size_t>(ld) + g * uhd;
-        for (size_t b = 0; b < uhd / W; ++b)
-          std::copy(src + b * W, src + (b + 1) * W, values_b + g * uhd * nkeys + b * nkeys * W + j * W);
+        const float* src = values + j * static_cast<size_t>(value_stride) + g * udv;
+        for (size_t b = 0; b < udv / W; ++b)
+          std::copy(src + b * W, src + (b + 1) * W, values_b + g * udv * nkeys + b * nkeys * W + j * W);
       }
     }
   });
@@ -226,7 +235,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       for (int64_t t = t0; t < t1; ++t)
         for (int64_t h = g * group; h < (g + 1) * group; ++h, ++rows) {
           qrows[rows] = q + (t * nq + h) * hd;
-          orows[rows] = out + (t * nq + h) * hd;
+          orows[rows] = out + (t * nq + h) * dv;
           limit[rows] = static_cast<size_t>(p0 + t + 1);
         }
       AttentionRowsArgs args;
@@ -234,12 +243,13 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       args.out = orows.data();
       args.limit = limit.data();
       args.rows = rows;
-      args.head_dim = static_cast<size_t>(hd);
+      args.head_dim = uhd;
+      args.value_dim = udv;
       args.keys_t = keys_t + static_cast<size_t>(g) * uhd * score_stride;
-      args.values_blocked = blocked_values ? values_b + static_cast<size_t>(g) * uhd * nkeys : nullptr;
+      args.values_blocked = blocked_values ? values_b + static_cast<size_t>(g) * udv * nkeys : nullptr;
       args.values_block_stride = nkeys * W;
-      args.values = values + g * hd;
-      args.kv_stride = static_cast<size_t>(ld);
+      args.values = values + g * dv;
+      args.value_stride = static_cast<size_t>(value_stride);
       args.scale = scale;
       args.scores = scores;
       args.score_stride = score_stride;

@@ -46,5 +46,11 @@ void rope_rotate(float* head, int64_t rot, const float* cos_row, const float* si
 /// q: [T, nq, hd]; keys/values: [p0+T, nkv, hd]; out: [T, nq, hd].
 void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
                       int64_t nq, int64_t nkv, int64_t hd, float scale, Threads threads);
+/// The same with values of their own width and row stride (MLA: keys of nope + rope dims, values
+/// of v dims; or the latent cache, whose first r dims are the values): keys [p0+T, nkv, hd];
+/// value j of KV head g at values + j * value_stride + g * dv; out: [T, nq, dv].
+void causal_attention(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
+                      int64_t nq, int64_t nkv, int64_t hd, int64_t dv, int64_t value_stride, float scale,
+                      Threads threads);
 
 }  // namespace hanpu::model
