@@ -4,10 +4,11 @@
 // Attention block (attention_rows): R query rows that share one KV head (the GQA group of a few
 // tokens) against that head's keys and values, in three passes:
 //   1. scores S = Q K^T tile by tile over the transposed keys (tiles of [hd][2N] keys, contiguous,
-//      made once per call): 8 query rows x 2 vectors of keys accumulate in 16 registers with one broadcast of
-//      q[r][d] per row and two loads per d (a register-blocked GEMM, no horizontal sums);
+//      made once per call): 8 query rows (6 on AVX2/SSE4) x 2 vectors of keys accumulate in 16 (12)
+//      registers with one broadcast of q[r][d] per row and two loads per d (a register-blocked
+//      GEMM, no horizontal sums);
 //   2. softmax per row in place, exact (max, exp, sum), zeros past the row's causal limit;
-//   3. O = P V: 8 rows x 2 vectors of head dims accumulate over the keys, one broadcast of
+//   3. O = P V: 8 (6) rows x 2 vectors of value dims accumulate over the keys, one broadcast of
 //      P[r][j] per row and two loads per key from V blocked as [dims/2N][keys][2N] (contiguous).
 // Both blocked layouts turn the per-key row jumps of the cache layout (a page every few keys,
 // measured as the main stall) into sequential reads.
