@@ -130,11 +130,10 @@ void ConvSiluRow(const float* const* in, const float* HWY_RESTRICT taps, size_t 
   }
 }
 
-
 size_t AttentionKeyTile() { return 2 * hn::Lanes(DF()); }
 
 // Scores of kQuad rows against one tile of 2N keys of the transposed keys (row i = dim i, stride
-// ld): 8 rows x 2 vectors = 16 accumulators, per dimension 2 key loads and 8 broadcasts.
+// ld): kQuad rows x 2 vectors of accumulators, per dimension 2 key loads and kQuad broadcasts.
 // Rows per register block: with two vectors of keys (or value dims) per row, 2 x rows accumulators
 // plus two operand loads and one broadcast must fit the register file. 8 rows (16 accumulators) on
 // targets with 32 vector registers (AVX-512, NEON); 6 (12) on x86's 16-register targets, where 8
