@@ -142,8 +142,10 @@ void RowBlockPairs(const uint16_t* w, int64_t K, const float* xs, int64_t lds, c
     const char* ahead = reinterpret_cast<const char*>(row) + kStreamPrefetchBytes;
     for (; j + 2 <= pairs; j += 2) {
       // One line per 64 bytes consumed (two pair vectors on AVX2, four per two steps on AVX-512).
-      hwy::Prefetch(ahead + 2 * L * j * sizeof(uint16_t));
-      if (4 * L * sizeof(uint16_t) > 64) hwy::Prefetch(ahead + 2 * L * j * sizeof(uint16_t) + 64);
+      if constexpr (kStreamPrefetchBytes > 0) {
+        hwy::Prefetch(ahead + 2 * L * j * sizeof(uint16_t));
+        if (4 * L * sizeof(uint16_t) > 64) hwy::Prefetch(ahead + 2 * L * j * sizeof(uint16_t) + 64);
+      }
       pair_step(j, 0), pair_step(j + 1, 2);
     }
     if (j < pairs) pair_step(j, 0);
