@@ -122,6 +122,23 @@ void check(const Problem& p, const Bf16Linear& lin, LinearPrecision prec, int th
   EXPECT_EQ(failures, 0) << what;
 }
 
+// The auto backend takes the AVX512-BF16 kernels only where VDPBF16PS gives clearly more
+// multiply-adds per second than the f32 FMA (a Xeon whose AMX a hypervisor hides ran them at 0.55x
+// the f32 kernel); the measured ratio is a plausible rate, not a placeholder.
+TEST(LinearBackends, AutoTakesBf16DotsOnlyWhereTheyAreFaster) {
+  std::vector<uint16_t> w(static_cast<size_t>(8 * 8), hanpu::f32_to_bf16(1.f));
+  const Bf16Linear lin(TensorView::contiguous(w.data(), DType::BF16, {8, 8}), "w");
+  const double ratio = hanpu::linear_bf16dot_mac_ratio();
+  if (hanpu::linear_avx512bf16_available()) {
+    EXPECT_GT(ratio, 0.1);
+    EXPECT_LT(ratio, 8.0);
+  }
+  const LinearBackend expected = hanpu::linear_amx_available() ? LinearBackend::kAmx
+                                 : hanpu::linear_avx512bf16_available() && ratio >= 1.5 ? LinearBackend::kAvx512Bf16
+                                                                                        : LinearBackend::kPortable;
+  EXPECT_EQ(lin.backend(), expected) << "VDPBF16PS multiply-add ratio " << ratio;
+}
+
 TEST(Linear, MatchesFp64ReferenceOnOddShapes) {
   std::vector<std::array<int64_t, 3>> shapes;
   for (int64_t M : {1, 3, 17, 64})

@@ -60,6 +60,10 @@ LinearBackend linear_backend_from_name(const std::string& name);
 bool linear_amx_available();
 /// Whether the AVX512-BF16 backend can run here (CPUID, XCR0, HANPU_ISA native).
 bool linear_avx512bf16_available();
+/// VDPBF16PS multiply-adds per second over VFMADD231PS's, measured once per process (0 without the
+/// instruction). The auto backend takes AVX512-BF16 only where this is at least 1.5 (Zen 4: 2;
+/// Sapphire Rapids: 1, where the f32 kernel is faster).
+double linear_bf16dot_mac_ratio();
 
 class Bf16Linear {
  public:

@@ -8,7 +8,8 @@
 // per second as VFMADD231PS, so twice the multiply-adds), so with activations rounded to bf16
 // (LinearPrecision::kBf16, what llama.cpp's BF16 models do) the projections can run at twice the
 // f32 FMA peak. (On Sapphire Rapids it issues at half that rate and gains nothing: see
-// gram_bf16.cpp; there AMX is used instead.) Only the one-term mode runs here: splitting the
+// gram_bf16.cpp; there AMX is used instead. Where a hypervisor hides AMX from such a Xeon, the
+// auto backend measures the rate, bf16dot_mac_ratio(), and keeps the f32 kernel.) Only the one-term mode runs here: splitting the
 // activations into two or three bf16 terms (as the AMX backend does for bf16x2 / exact) costs two
 // or three instructions per pair, measured on Zen 4 (M = 512, K = 1024, N = 3584, one thread):
 // 3 terms 0.63x and 2 terms 0.99x the f32 FMA kernel, so exact and bf16x2 run linear_portable's
@@ -29,6 +30,7 @@
 #include "cpu/isa.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "cpu/x86_features.hpp"
@@ -189,6 +191,58 @@ bool avx512bf16_usable() {
   return usable && isa_selection().native;
 }
 
+namespace {
+
+// Instructions of one kind per nanosecond on one core, in registers only: kChains independent
+// accumulators, as many as the GEMM tile above keeps (kTileRows x kPanelVectors), so the figure is
+// the rate the kernel can reach (on a Xeon model 207 VDPBF16PS has a long latency: with 12 chains
+// it measured 0.51-0.57x of the FMA's multiply-adds, with 24 0.85-1.28x); kRounds rounds (about
+// 0.2 ms), the best of kRepeats (a core that was descheduled or still raising its clock gives a
+// slower repeat, never a faster one).
+constexpr int kChains = kTileRows * kPanelVectors;
+constexpr int kRounds = 8192;
+constexpr int kRepeats = 9;
+
+template <bool kDot>
+HANPU_BF16DOT_TARGET double instructions_per_ns() {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1e-3f * static_cast<float>(c));
+  // Small values so that nothing overflows over kRounds * kRepeats accumulations.
+  const __m512 a = _mm512_set1_ps(1e-4f), b = _mm512_set1_ps(0.5f);
+  const __m512bh ab = _mm512_cvtne2ps_pbh(a, a), bb = _mm512_cvtne2ps_pbh(b, b);
+  double best = 0;
+  for (int r = 0; r < kRepeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kRounds; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = kDot ? _mm512_dpbf16_ps(acc[c], ab, bb) : _mm512_fmadd_ps(a, b, acc[c]);
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    if (ns > 0) best = std::max(best, kRounds * kChains / ns);
+  }
+  // Keep the accumulators alive: the loop must not be dropped as dead code.
+  __m512 sum = acc[0];
+  for (int c = 1; c < kChains; ++c) sum = _mm512_add_ps(sum, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, sum);
+  volatile float sink = lanes[0];
+  (void)sink;
+  return best;
+}
+
+}  // namespace
+
+double bf16dot_mac_ratio() {
+  static const double ratio = [] {
+    if (!detect_avx512bf16()) return 0.0;
+    const double fma = instructions_per_ns<false>();
+    const double dot = instructions_per_ns<true>();
+    // 32 bf16 multiply-adds per VDPBF16PS against 16 f32 per VFMADD231PS.
+    return fma > 0 ? (32.0 * dot) / (16.0 * fma) : 0.0;
+  }();
+  return ratio;
+}
+
+bool bf16dot_pays() { return avx512bf16_usable() && bf16dot_mac_ratio() >= kBf16DotMinMacRatio; }
+
 int64_t bf16dot_panel_words(int64_t K) { return (K + 1) / 2 * kPanelColumns; }
 
 void bf16dot_linear(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t M, float* y, int64_t ldy, int64_t n0,
@@ -201,6 +255,8 @@ void bf16dot_linear(const uint16_t* w, int64_t K, const uint16_t* xs, int64_t M,
 #else  // no AVX512-BF16 code on this architecture / compiler: the portable backend is used.
 
 bool avx512bf16_usable() { return false; }
+double bf16dot_mac_ratio() { return 0.0; }
+bool bf16dot_pays() { return false; }
 int64_t bf16dot_panel_words(int64_t) { return 0; }
 void bf16dot_linear(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t, int64_t, bool,
                     uint32_t*) {}

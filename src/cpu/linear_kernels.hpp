@@ -111,6 +111,19 @@ void amx_gemv(const uint16_t* xs, int64_t rows, int terms, const uint16_t* w_pac
 // ---- AVX512-BF16 on the checkpoint layout (linear_bf16dot.cpp) -------------------------------
 /// CPUID (AVX512F/DQ/BW/VL, AVX512-BF16) and XCR0, and HANPU_ISA "native". Computed once.
 bool avx512bf16_usable();
+/// Multiply-adds per second of VDPBF16PS over those of VFMADD231PS on one core, measured once per
+/// process in registers (a few ms); 0 where the instruction is missing. Zen 4 and Zen 5 issue
+/// both at one rate (2.0); a Xeon model 207 (Emerald Rapids) measured 0.99-1.26.
+double bf16dot_mac_ratio();
+/// The auto backend takes the AVX512-BF16 kernels only from this ratio on. The whole bf16-mode
+/// projection costs more than its dot products (rounding the activations to bf16, transposing the
+/// weight panel into k pairs), measured on a Xeon model 207 (Emerald Rapids under KVM, AMX not
+/// exposed), Qwen3.5-0.8B projections at M = 512, 2 threads: the VDPBF16PS kernels at 0.55x the f32
+/// FMA kernel's GFLOP/s; on Zen 4 (ratio 2) at 1.8-2x. Anything short of a clear gain keeps the
+/// exact f32 kernel, which is never less accurate.
+constexpr double kBf16DotMinMacRatio = 1.5;
+/// avx512bf16_usable() and bf16dot_mac_ratio() >= kBf16DotMinMacRatio: the auto backend's test.
+bool bf16dot_pays();
 /// From this many rows on Bf16Linear runs bf16dot_linear in its GEMM form (a k-pair panel transposed once per
 /// call and reused by every row); below, dot products on the weight rows as they are. The panel
 /// costs about as much as 16 rows of dot products over it.
