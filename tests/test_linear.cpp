@@ -137,6 +137,7 @@ TEST(LinearBackends, AutoTakesBf16DotsOnlyWhereTheyAreFaster) {
                                  : hanpu::linear_avx512bf16_available() && ratio >= 1.5 ? LinearBackend::kAvx512Bf16
                                                                                         : LinearBackend::kPortable;
   EXPECT_EQ(lin.backend(), expected) << "VDPBF16PS multiply-add ratio " << ratio;
+  EXPECT_EQ(hanpu::linear_auto_backend(), expected);
 }
 
 TEST(Linear, MatchesFp64ReferenceOnOddShapes) {

@@ -64,6 +64,9 @@ bool linear_avx512bf16_available();
 /// instruction). The auto backend takes AVX512-BF16 only where this is at least 1.5 (Zen 4: 2;
 /// Sapphire Rapids: 1, where the f32 kernel is faster).
 double linear_bf16dot_mac_ratio();
+/// The backend LinearBackend::kAuto resolves to here: AMX where usable, else AVX512-BF16 where
+/// linear_bf16dot_mac_ratio() is at least 1.5, else portable.
+LinearBackend linear_auto_backend();
 
 class Bf16Linear {
  public:

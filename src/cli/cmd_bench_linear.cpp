@@ -171,11 +171,9 @@ void run(const Args& a) {
               h1.fma_peak_gflops_1thread, hn.fma_peak_gflops_all, hn.threads, h1.mem_bandwidth_gbs,
               hn.mem_bandwidth_gbs, hn.threads);
   if (linear_avx512bf16_available())
-    std::printf("VDPBF16PS: %.2fx the multiply-adds per second of VFMADD231PS (measured now); the auto backend %s\n",
-                linear_bf16dot_mac_ratio(),
-                linear_amx_available()                 ? "takes AMX"
-                : linear_bf16dot_mac_ratio() >= 1.5    ? "takes avx512bf16"
-                                                       : "keeps the f32 kernel (portable): below 1.5x it is faster");
+    std::printf("VDPBF16PS: %.2fx the multiply-adds per second of VFMADD231PS (measured now); the auto backend "
+                "takes %s\n",
+                linear_bf16dot_mac_ratio(), linear_backend_name(linear_auto_backend()));
   std::printf("%-18s %6s %6s %7s %3s %-8s %-7s %10s %9s %9s %7s %5s %10s %10s\n", "shape", "M", "K", "N", "thr",
               "backend", "mode", "ms/call", "GFLOP/s", "x f32pk", "GB/s W", "cpu%", "max rel", "nMSE");
   std::mt19937_64 rng(5);

@@ -130,6 +130,11 @@ LinearBackend linear_backend_from_name(const std::string& name) {
 bool linear_amx_available() { return cpu::amx_usable(); }
 bool linear_avx512bf16_available() { return cpu::avx512bf16_usable(); }
 double linear_bf16dot_mac_ratio() { return cpu::bf16dot_mac_ratio(); }
+LinearBackend linear_auto_backend() {
+  return cpu::amx_usable()     ? LinearBackend::kAmx
+         : cpu::bf16dot_pays() ? LinearBackend::kAvx512Bf16  // only where it is faster (kBf16DotMinMacRatio)
+                               : LinearBackend::kPortable;
+}
 
 struct Bf16Linear::Impl {
   TensorView weight;
@@ -157,10 +162,7 @@ Bf16Linear::Bf16Linear(TensorView weight, std::string name, LinearBackend backen
   if (backend == LinearBackend::kAvx512Bf16 && !cpu::avx512bf16_usable())
     throw Error(name + ": the avx512bf16 linear backend was requested but this CPU/OS cannot run it (needs "
                 "AVX512F/BW/VL and AVX512-BF16, and HANPU_ISA native)");
-  if (backend == LinearBackend::kAuto)
-    backend = cpu::amx_usable()     ? LinearBackend::kAmx
-              : cpu::bf16dot_pays() ? LinearBackend::kAvx512Bf16  // only where it is faster (kBf16DotMinMacRatio)
-                                    : LinearBackend::kPortable;
+  if (backend == LinearBackend::kAuto) backend = linear_auto_backend();
   impl_->weight = weight;
   impl_->name = std::move(name);
   impl_->backend = backend;

@@ -9,9 +9,9 @@
 // (LinearPrecision::kBf16, what llama.cpp's BF16 models do) the projections can run at twice the
 // f32 FMA peak. (On Sapphire Rapids it issues at half that rate and gains nothing: see
 // gram_bf16.cpp; there AMX is used instead. Where a hypervisor hides AMX from such a Xeon, the
-// auto backend measures the rate, bf16dot_mac_ratio(), and keeps the f32 kernel.) Only the one-term mode runs here: splitting the
-// activations into two or three bf16 terms (as the AMX backend does for bf16x2 / exact) costs two
-// or three instructions per pair, measured on Zen 4 (M = 512, K = 1024, N = 3584, one thread):
+// auto backend measures the rate, bf16dot_mac_ratio(), and keeps the f32 kernel.) Only the
+// one-term mode runs here: splitting the activations into two or three bf16 terms (as the AMX
+// backend does for bf16x2 / exact) costs two or three instructions per pair, measured on Zen 4 (M = 512, K = 1024, N = 3584, one thread):
 // 3 terms 0.63x and 2 terms 0.99x the f32 FMA kernel, so exact and bf16x2 run linear_portable's
 // f32 kernel instead (bf16x2 then is exact). The activations are rounded to bf16 by
 // amx_pack_gemv_rows with one term, the rounding the AMX backend uses.
