@@ -197,21 +197,25 @@ namespace {
 // accumulators, as many as the GEMM tile above keeps (kTileRows x kPanelVectors), so the figure is
 // the rate the kernel can reach (on a Xeon model 207 VDPBF16PS has a long latency: with 12 chains
 // it measured 0.51-0.57x of the FMA's multiply-adds, with 24 0.85-1.28x); kRounds rounds (about
-// 0.2 ms), the best of kRepeats (a core that was descheduled or still raising its clock gives a
-// slower repeat, never a faster one).
+// 0.2 ms) per repeat. The caller alternates the two instructions' repeats after a warm-up and keeps
+// each one's best (a core that was descheduled or still raising its clock gives a slower repeat,
+// never a faster one), so both are timed under the same conditions: timing all FMA repeats before
+// all VDPBF16PS repeats gave 0.81-1.78 over 20 processes on a Xeon model 207 (two at 1.49 and
+// 1.78, one past kBf16DotMinMacRatio), alternating gave 0.77-1.06 (docs/LINEAR.md).
 constexpr int kChains = kTileRows * kPanelVectors;
 constexpr int kRounds = 8192;
 constexpr int kRepeats = 9;
+constexpr int kWarmupRepeats = 16;  // ~3 ms of 512-bit FMAs before anything is timed
 
 template <bool kDot>
-HANPU_BF16DOT_TARGET double instructions_per_ns() {
+HANPU_BF16DOT_TARGET double instructions_per_ns(int repeats) {
   __m512 acc[kChains];
   for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1e-3f * static_cast<float>(c));
   // Small values so that nothing overflows over kRounds * kRepeats accumulations.
   const __m512 a = _mm512_set1_ps(1e-4f), b = _mm512_set1_ps(0.5f);
   const __m512bh ab = _mm512_cvtne2ps_pbh(a, a), bb = _mm512_cvtne2ps_pbh(b, b);
   double best = 0;
-  for (int r = 0; r < kRepeats; ++r) {
+  for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < kRounds; ++i)
       for (int c = 0; c < kChains; ++c) acc[c] = kDot ? _mm512_dpbf16_ps(acc[c], ab, bb) : _mm512_fmadd_ps(a, b, acc[c]);
@@ -233,8 +237,12 @@ HANPU_BF16DOT_TARGET double instructions_per_ns() {
 double bf16dot_mac_ratio() {
   static const double ratio = [] {
     if (!detect_avx512bf16()) return 0.0;
-    const double fma = instructions_per_ns<false>();
-    const double dot = instructions_per_ns<true>();
+    (void)instructions_per_ns<false>(kWarmupRepeats);
+    double fma = 0, dot = 0;
+    for (int r = 0; r < kRepeats; ++r) {
+      fma = std::max(fma, instructions_per_ns<false>(1));
+      dot = std::max(dot, instructions_per_ns<true>(1));
+    }
     // 32 bf16 multiply-adds per VDPBF16PS against 16 f32 per VFMADD231PS.
     return fma > 0 ? (32.0 * dot) / (16.0 * fma) : 0.0;
   }();
