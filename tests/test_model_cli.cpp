@@ -150,6 +150,12 @@ TEST(ModelCli, BenchModelJsonRows) {
       const bool kda = std::string(golden) == "kimi_linear_tiny" || std::string(golden) == "bailing_hybrid_tiny";
       EXPECT_EQ(row["share_kda"].get<double>() > 0, kda);
       EXPECT_EQ(row["share_gdn"].get<double>() > 0, !kda);
+      // Decode per part: every part that streams weights, under its family's name.
+      const auto& parts = row["decode_part_weight_gbs"];
+      for (const char* k : {kda ? "KDA projections" : "GDN projections", "attention projections", "MLP", "LM head"})
+        EXPECT_GT(parts.value(k, 0.0), 0) << k;
+      EXPECT_FALSE(parts.contains(kda ? "GDN projections" : "KDA projections"));
+      EXPECT_GE(row["decode_rest_ms_per_token"].get<double>(), 0);
     }
   }
 }

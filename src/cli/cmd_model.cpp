@@ -339,10 +339,16 @@ void run_bench_model(const BenchModelArgs& a) {
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
     const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
     model::PartWork decode_work;  // summed over the decode steps, at their positions
+    model::ForwardWork decode_parts;  // the same per part
     for (int i = 0; i < a.decode_tokens; ++i) {
-      const model::PartWork step = model::forward_work(cfg, T + i, 1, false, a.weights.group()).total();
+      const model::ForwardWork w = model::forward_work(cfg, T + i, 1, false, a.weights.group());
+      const model::PartWork step = w.total();
       decode_work.flops += step.flops;
       decode_work.weight_bytes += step.weight_bytes;
+      decode_parts.linear_projections.weight_bytes += w.linear_projections.weight_bytes;
+      decode_parts.attention_projections.weight_bytes += w.attention_projections.weight_bytes;
+      decode_parts.mlp.weight_bytes += w.mlp.weight_bytes;
+      decode_parts.lm_head.weight_bytes += w.lm_head.weight_bytes;
     }
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;
@@ -360,6 +366,26 @@ void run_bench_model(const BenchModelArgs& a) {
         {"LM head", gflops(pw.lm_head.flops, pt.lm_head)},
     };
     const double decode_gbs = decode_s > 0 ? decode_work.weight_bytes / decode_s / 1e9 : 0.0;
+    // Decode per part: the weight bytes each part streams over its own measured time, so a part
+    // that falls short of the read probe shows by name; "rest" is the time of everything that
+    // streams no projection weights (the LA engine's state update, conv, norms, attention over the
+    // cache, embedding, thread hand-offs between parts).
+    struct Stream {
+      const char* name;
+      double bytes, seconds;
+    };
+    const Stream streams[] = {
+        {kda ? "KDA projections" : "GDN projections", decode_parts.linear_projections.weight_bytes,
+         kda ? dt.kda_proj : dt.gdn_proj},
+        {"attention projections", decode_parts.attention_projections.weight_bytes, dt.attn_proj},
+        {"MLP", decode_parts.mlp.weight_bytes, dt.mlp},
+        {"LM head", decode_parts.lm_head.weight_bytes, dt.lm_head},
+    };
+    const double decode_rest_s =
+        dt.total() - (kda ? dt.kda_proj : dt.gdn_proj) - dt.attn_proj - dt.mlp - dt.lm_head;
+    nlohmann::json decode_part_gbs = nlohmann::json::object();
+    for (const Stream& st : streams)
+      if (st.seconds > 0) decode_part_gbs[st.name] = st.bytes / st.seconds / 1e9;
     const double bytes_per_token = a.decode_tokens > 0 ? decode_work.weight_bytes / a.decode_tokens : 0.0;
     nlohmann::json achieved = nlohmann::json::object();
     for (const Rate& r : rates) achieved[r.name] = r.gflops;
@@ -398,6 +424,8 @@ void run_bench_model(const BenchModelArgs& a) {
         {"prefill_gflops_total", gflops(pw.total().flops, prefill_s)},
         {"decode_weight_bytes_per_token", bytes_per_token},
         {"decode_weight_gbs", decode_gbs},
+        {"decode_part_weight_gbs", decode_part_gbs},
+        {"decode_rest_ms_per_token", a.decode_tokens > 0 ? decode_rest_s * 1e3 / a.decode_tokens : 0.0},
         {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
         {"isa", cpu::isa_selection().target},
@@ -432,6 +460,16 @@ void run_bench_model(const BenchModelArgs& a) {
                     "bandwidth bound %.1f tokens/s\n",
                     "", bytes_per_token / 1e9, decode_gbs, 100 * decode_gbs / host.mem_bandwidth_gbs,
                     host.mem_bandwidth_gbs, host.mem_bandwidth_gbs * 1e9 / bytes_per_token);
+      if (a.decode_tokens > 0) {
+        std::printf("%8s   decode GB/s per part (ms per token):", "");
+        const char* sep = " ";
+        for (const Stream& st : streams)
+          if (st.seconds > 0) {
+            std::printf("%s%s %.1f (%.1f)", sep, st.name, st.bytes / st.seconds / 1e9, st.seconds * 1e3 / a.decode_tokens);
+            sep = ", ";
+          }
+        std::printf("; the rest %.1f ms per token\n", decode_rest_s * 1e3 / a.decode_tokens);
+      }
     }
     std::fflush(stdout);
   }
