@@ -335,6 +335,13 @@ void run_bench_model(const BenchModelArgs& a) {
     const double decode_s = seconds_since(t1);
     const double decode_cpu_s = process_cpu_seconds() - cpu1;
     const double tot = pt.total(), dtot = dt.total();
+    const auto part_seconds = [](const ForwardTimes& t) {
+      return nlohmann::json{{"gdn_projections", t.gdn_proj}, {"gdn_conv", t.gdn_conv}, {"gdn_engine", t.gdn_engine},
+                            {"gdn_gated_norm", t.gdn_norm}, {"kda_projections", t.kda_proj}, {"kda_conv", t.kda_conv},
+                            {"kda_engine", t.kda_engine}, {"kda_gated_norm", t.kda_norm},
+                            {"attention_projections", t.attn_proj}, {"attention_core", t.attn_core}, {"mlp", t.mlp},
+                            {"lm_head", t.lm_head}, {"norms", t.norms}, {"embedding", t.embed}};
+    };
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
     const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
@@ -407,12 +414,8 @@ void run_bench_model(const BenchModelArgs& a) {
         {"share_mlp", share(pt.mlp, tot)},
         {"share_lm_head", share(pt.lm_head, tot)},
         {"share_other", share(pt.embed + pt.norms, tot)},
-        {"prefill_seconds",
-         {{"gdn_projections", pt.gdn_proj}, {"gdn_conv", pt.gdn_conv}, {"gdn_engine", pt.gdn_engine}, {"gdn_gated_norm", pt.gdn_norm},
-          {"kda_projections", pt.kda_proj}, {"kda_conv", pt.kda_conv}, {"kda_engine", pt.kda_engine},
-          {"kda_gated_norm", pt.kda_norm}, {"attention_projections", pt.attn_proj},
-          {"attention_core", pt.attn_core}, {"mlp", pt.mlp}, {"lm_head", pt.lm_head}, {"norms", pt.norms},
-          {"embedding", pt.embed}}},
+        {"prefill_seconds", part_seconds(pt)},
+        {"decode_seconds", part_seconds(dt)},
         {"decode_share_gdn", share(dt.gdn(), dtot)},
         {"decode_share_kda", share(dt.kda(), dtot)},
         {"decode_share_attention", share(dt.attention(), dtot)},
