@@ -1,5 +1,5 @@
 // hanpu's projections (Bf16Linear) next to the libraries a user could call instead, on the
-// projection shapes of Qwen3.5-0.8B (src/cli/linear_shapes.hpp), in one process, interleaved:
+// projection shapes of Qwen3.5-0.8B or 2B (src/cli/linear_shapes.hpp), in one process, interleaved:
 //
 //   hanpu exact     f32 activations x the checkpoint's bf16 weights, f32 accumulation (the default)
 //   hanpu bf16      activations rounded to bf16 (--precision bf16; VDPBF16PS/AMX where present)
@@ -51,6 +51,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Args {
   std::vector<int64_t> Ms{512, 2048};
+  std::string model = "0.8b";  // which Qwen3.5 size's projection shapes
   int threads = 0;  // 0: all
   int rounds = 3;
   double min_seconds = 0.15;
@@ -160,7 +161,7 @@ void run(const Args& a) {
   // Per (M, contender): seconds of all projections of one model forward.
   std::map<std::pair<int64_t, std::string>, double> model_seconds;
   std::vector<std::string> order;
-  for (const ProjectionShape& s : kQwen35Projections0p8B) {
+  for (const ProjectionShape& s : qwen35_projections(a.model)) {
     if (s.per_model == 0) continue;  // the LM head runs once per prefill, for the last row only
     std::vector<uint16_t> w(static_cast<size_t>(s.N * s.K));
     for (auto& v : w) v = f32_to_bf16(0.03f * nrm(rng));
@@ -216,7 +217,8 @@ void run(const Args& a) {
       std::fflush(stdout);
     }
   }
-  std::printf("\nQwen3.5-0.8B, all projections of one prefill forward (24 layers, LM head excluded), sum of medians:\n");
+  std::printf("\nQwen3.5-%s, all projections of one prefill forward (24 layers, LM head excluded), sum of medians:\n",
+              a.model == "2b" ? "2B" : "0.8B");
   for (int64_t M : a.Ms) {
     const double base = model_seconds[{M, "hanpu exact"}];
     for (const std::string& name : order) {
@@ -243,8 +245,10 @@ void restart_with_isa(const std::string& isa, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"hanpu's bf16-weight projections next to OpenBLAS and oneDNN on the Qwen3.5-0.8B shapes"};
+  CLI::App app{"hanpu's bf16-weight projections next to OpenBLAS and oneDNN on the Qwen3.5-0.8B or 2B shapes"};
   Args a;
+  app.add_option("--model", a.model, "projection shapes of Qwen3.5 0.8b (default) or 2b")
+      ->check(CLI::IsMember({"0.8b", "2b"}));
   app.add_option("--M", a.Ms, "rows (tokens), comma separated (default 512,2048)")
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));

@@ -454,7 +454,8 @@ TEST(CliErrors, BenchLinearBadArguments) {
   TempDir dir("hanpu_cli");
   for (const auto& [args, needle] : std::vector<std::pair<std::string, std::string>>{
            {"bench-linear --K 64", "--N"}, {"bench-linear --K 64 --N 8 --mode fp8", "fp8"},
-           {"bench-linear --K 64 --N 8 --backend gpu", "gpu"}, {"bench-linear --K 64 --N 8 --M 0", "--M"}}) {
+           {"bench-linear --K 64 --N 8 --backend gpu", "gpu"}, {"bench-linear --K 64 --N 8 --M 0", "--M"},
+           {"bench-linear --model 3b", "--model"}}) {
     const RunResult r = run_hanpu(dir, args);
     EXPECT_TRUE(r.exited && r.code == 1) << r.command << "\n" << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.command << "\n" << r.err;

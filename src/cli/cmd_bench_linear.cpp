@@ -5,7 +5,7 @@
 // process CPU time over wall time x threads: below ~95 other processes shared the cores and the
 // speeds are low by about that factor.
 //
-// Without --K/--N it runs the projection shapes of Qwen3.5-0.8B (docs/LINEAR.md) and sums them, per
+// Without --K/--N it runs the projection shapes of Qwen3.5-0.8B or, with --model 2b, 2B (docs/LINEAR.md) and sums them, per
 // row count, into the projection time of one whole-model prefill forward.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -33,6 +33,7 @@ using namespace hanpu;
 struct Args {
   std::vector<int64_t> Ms{1, 512, 2048};
   int64_t K = 0, N = 0;
+  std::string model = "0.8b";  // which Qwen3.5 size's projection shapes (without --K/--N)
   std::vector<int> threads{1, 2};
   std::vector<std::string> modes{"exact"};
   std::string backend = "auto";
@@ -118,13 +119,14 @@ Result run_one(const Layer& lin, const std::vector<uint16_t>& w, int64_t M, int 
 }
 
 void print_model_estimate(const std::map<std::tuple<int64_t, int, int>, std::pair<double, int>>& model_time,
-                          int model_shapes) {
+                          int model_shapes, const std::string& model) {
   bool header = false;
   for (const auto& [key, value] : model_time) {
     const auto& [M, t, p] = key;
     if (value.second != model_shapes || M < 2) continue;
     if (!header) {
-      std::printf("\nQwen3.5-0.8B, all projections of one prefill forward (24 layers, LM head excluded):\n");
+      std::printf("\nQwen3.5-%s, all projections of one prefill forward (24 layers, LM head excluded):\n",
+                  model == "2b" ? "2B" : "0.8B");
       header = true;
     }
     std::printf("  M=%-5lld threads=%d %-7s %9.1f ms  -> %8.0f tokens/s if projections were all the work\n",
@@ -143,7 +145,7 @@ void run(const Args& a) {
                                           ", N=" + std::to_string(a.N) + ")");
     shapes.push_back({"custom", a.K, a.N, 0});
   } else {
-    for (const auto& s : kQwen35Projections0p8B)
+    for (const auto& s : qwen35_projections(a.model))
       if (s.name != "lm_head" || a.lm_head) shapes.push_back(s);
   }
   for (int64_t M : a.Ms)
@@ -217,7 +219,7 @@ void run(const Args& a) {
       }
     }
   }
-  print_model_estimate(model_time, model_shapes);
+  print_model_estimate(model_time, model_shapes, a.model);
 }
 
 }  // namespace
@@ -228,7 +230,9 @@ void register_bench_linear_command(CLI::App& app) {
                                  "Benchmark the bf16-weight projections (GFLOP/s, weight GB/s, error) next to the "
                                  "machine's FMA peak and bandwidth");
   cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  cmd->add_option("--K", args->K, "in_features (with --N; default: the Qwen3.5-0.8B shapes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--model", args->model, "without --K/--N: the projection shapes of Qwen3.5 0.8b (default) or 2b")
+      ->check(CLI::IsMember({"0.8b", "2b"}));
+  cmd->add_option("--K", args->K, "in_features (with --N; default: the --model shapes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--N", args->N, "out_features")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',')->check(CLI::Range(1, 1024));
   cmd->add_option("--mode", args->modes, "precision modes: exact, bf16x2, bf16, int8 (with --int8-group) (comma separated)")->delimiter(',');
@@ -237,6 +241,6 @@ void register_bench_linear_command(CLI::App& app) {
                   "benchmark Int8Linear (int8 weights, one scale per this many inputs) instead of Bf16Linear")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--seconds", args->min_seconds, "minimum time per row")->check(CLI::Range(0.0, 3600.0));
-  cmd->add_flag("--lm-head", args->lm_head, "include the LM head (248320 x 1024) in the default shapes");
+  cmd->add_flag("--lm-head", args->lm_head, "include the LM head (248320 x hidden) in the default shapes");
   cmd->callback([args] { run(*args); });
 }

@@ -1,8 +1,9 @@
-// The projection shapes of Qwen3.5-0.8B, shared by `hanpu bench-linear` and
+// The projection shapes of Qwen3.5-0.8B and 2B, shared by `hanpu bench-linear` and
 // benchmarks/linear_libraries.cpp (hanpu's kernels next to OpenBLAS and oneDNN on the same shapes).
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -23,5 +24,20 @@ const std::vector<ProjectionShape> kQwen35Projections0p8B{
     {"attn.o_proj", 2048, 1024, 6},         {"mlp.gate_up", 1024, 7168, 24},
     {"mlp.down", 3584, 1024, 24},           {"lm_head", 1024, 248320, 0},
 };
+
+// Qwen3.5-2B projections (hidden 2048; GDN 16 qk / 16 v heads x 128, so the same stacked 8224
+// rows as 0.8B; attention 8 q / 2 kv heads x 256; MLP 6144; docs/MODEL.md's qwen3.5-2b preset).
+const std::vector<ProjectionShape> kQwen35Projections2B{
+    {"gdn.in_proj_qkvzba", 2048, 8224, 18}, {"gdn.out_proj", 2048, 2048, 18}, {"attn.qkv_proj", 2048, 5120, 6},
+    {"attn.o_proj", 2048, 2048, 6},         {"mlp.gate_up", 2048, 12288, 24},
+    {"mlp.down", 6144, 2048, 24},           {"lm_head", 2048, 248320, 0},
+};
+
+// The shape list of a model name as the benchmarks take it: "0.8b" or "2b".
+inline const std::vector<ProjectionShape>& qwen35_projections(const std::string& model) {
+  if (model == "0.8b") return kQwen35Projections0p8B;
+  if (model == "2b") return kQwen35Projections2B;
+  throw std::invalid_argument("--model: got '" + model + "', expected 0.8b or 2b");
+}
 
 }  // namespace hanpu
