@@ -380,6 +380,15 @@ void WidenBlock8(int64_t n, int64_t width, int64_t pn, int64_t k0, int64_t k1, f
 // docs/LINEAR.md). With several panels the tile walks along each output row instead.
 constexpr int64_t kPanelGroupFloats = 16 * 1024;
 
+// The longest panel the row loop streams whole. The panel of one tile column block is re-read from
+// L2 for every row tile; past about half of a 2 MiB L2 it no longer stays there next to the
+// activations. Measured on a Xeon model 207 (AVX-512, 48-column panels, 2 MiB L2, 2 threads, M =
+// 512, medians of four interleaved runs, docs/LINEAR.md): K = 6144 (a 1.15 MiB panel, Qwen3.5-2B's
+// down projection) 184 GFLOP/s whole against 223 in two blocks of 3072 (211 in six of 1024, 215
+// in three of 2048); K = 3584 (688 KiB) 226 whole against 200 in two blocks, and K = 2048 the same
+// either way. AVX2's 16-column panels stay below this up to K = 12288.
+constexpr int64_t kMaxPanelBytes = 768 * 1024;
+
 // The GEMM form for any weight format: `widen_block(n, width, k0, k1, panel, pn)` writes the f32
 // values of weight rows [n, n + width), columns [k0, k1), transposed into panel[k][c] (row stride
 // pn), and zeros in the columns from width to pn.
@@ -390,6 +399,10 @@ void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, i
   const int64_t pn = kGemmNV * static_cast<int64_t>(hn::Lanes(df));
   const int64_t group = std::max<int64_t>(1, kPanelGroupFloats / (K * pn));
   float* panels = ws.get<float>(kLinearPanel, static_cast<size_t>(K * pn * group));  // 64-byte aligned, kept
+  // A panel longer than kMaxPanelBytes runs over the rows in K blocks of equal length (the outputs
+  // accumulate from the second block on).
+  const int64_t k_blocks = (K * pn * static_cast<int64_t>(sizeof(float)) + kMaxPanelBytes - 1) / kMaxPanelBytes;
+  const int64_t kb = (K + k_blocks - 1) / k_blocks;
   for (int64_t n = n0; n < n1; n += pn * group) {
     const int64_t count = std::min(group, (n1 - n + pn - 1) / pn);
     // Panel p: output columns from n + p·pn, `width` of them.
@@ -400,14 +413,18 @@ void GemmPanels(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, i
     for (int64_t p = 0; p < count; ++p)
       for (int64_t k0 = 0; k0 < K; k0 += kWidenBlock)
         widen_block(n + p * pn, width(p), k0, std::min(K, k0 + kWidenBlock), panels + p * K * pn, pn);
-    int64_t m = 0;
-    for (; m + kGemmMR <= M; m += kGemmMR)
+    for (int64_t k0 = 0; k0 < K; k0 += kb) {
+      const int64_t kd = std::min(kb, K - k0);
+      const bool acc = accumulate || k0 > 0;
+      int64_t m = 0;
+      for (; m + kGemmMR <= M; m += kGemmMR)
+        for (int64_t p = 0; p < count; ++p)
+          GemmTile<kGemmMR>(panels + p * K * pn + k0 * pn, pn, kd, x + m * ldx + k0, ldx, y + m * ldy + n + p * pn, ldy,
+                            width(p), acc);
       for (int64_t p = 0; p < count; ++p)
-        GemmTile<kGemmMR>(panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + n + p * pn, ldy, width(p),
-                          accumulate);
-    for (int64_t p = 0; p < count; ++p)
-      GemmRowTail<kGemmMR - 1>(M - m, panels + p * K * pn, pn, K, x + m * ldx, ldx, y + m * ldy + n + p * pn, ldy,
-                               width(p), accumulate);
+        GemmRowTail<kGemmMR - 1>(M - m, panels + p * K * pn + k0 * pn, pn, kd, x + m * ldx + k0, ldx,
+                                 y + m * ldy + n + p * pn, ldy, width(p), acc);
+    }
   }
 }
 
