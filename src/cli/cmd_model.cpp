@@ -345,18 +345,9 @@ void run_bench_model(const BenchModelArgs& a) {
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
     const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
-    model::PartWork decode_work;  // summed over the decode steps, at their positions
-    model::ForwardWork decode_parts;  // the same per part
-    for (int i = 0; i < a.decode_tokens; ++i) {
-      const model::ForwardWork w = model::forward_work(cfg, T + i, 1, false, a.weights.group());
-      const model::PartWork step = w.total();
-      decode_work.flops += step.flops;
-      decode_work.weight_bytes += step.weight_bytes;
-      decode_parts.linear_projections.weight_bytes += w.linear_projections.weight_bytes;
-      decode_parts.attention_projections.weight_bytes += w.attention_projections.weight_bytes;
-      decode_parts.mlp.weight_bytes += w.mlp.weight_bytes;
-      decode_parts.lm_head.weight_bytes += w.lm_head.weight_bytes;
-    }
+    model::ForwardWork decode_parts;  // summed over the decode steps, at their positions
+    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group());
+    const model::PartWork decode_work = decode_parts.total();
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;
     const double lin_proj_s = kda ? pt.kda_proj : pt.gdn_proj, lin_engine_s = kda ? pt.kda_engine : pt.gdn_engine;
@@ -388,11 +379,12 @@ void run_bench_model(const BenchModelArgs& a) {
         {"MLP", decode_parts.mlp.weight_bytes, dt.mlp},
         {"LM head", decode_parts.lm_head.weight_bytes, dt.lm_head},
     };
-    const double decode_rest_s =
-        dt.total() - (kda ? dt.kda_proj : dt.gdn_proj) - dt.attn_proj - dt.mlp - dt.lm_head;
+    double decode_rest_s = dt.total();
     nlohmann::json decode_part_gbs = nlohmann::json::object();
-    for (const Stream& st : streams)
+    for (const Stream& st : streams) {
+      decode_rest_s -= st.seconds;
       if (st.seconds > 0) decode_part_gbs[st.name] = st.bytes / st.seconds / 1e9;
+    }
     const double bytes_per_token = a.decode_tokens > 0 ? decode_work.weight_bytes / a.decode_tokens : 0.0;
     nlohmann::json achieved = nlohmann::json::object();
     for (const Rate& r : rates) achieved[r.name] = r.gflops;

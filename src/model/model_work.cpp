@@ -28,6 +28,16 @@ PartWork ForwardWork::total() const {
   return t;
 }
 
+ForwardWork& ForwardWork::operator+=(const ForwardWork& o) {
+  add(linear_projections, o.linear_projections);
+  add(linear_engine, o.linear_engine);
+  add(attention_projections, o.attention_projections);
+  add(attention_core, o.attention_core);
+  add(mlp, o.mlp);
+  add(lm_head, o.lm_head);
+  return *this;
+}
+
 ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group) {
   const double bytes_per_weight = int8_group > 0 ? 1.0 + 4.0 / static_cast<double>(int8_group) : 2.0;
   const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);

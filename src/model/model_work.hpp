@@ -23,6 +23,7 @@ struct ForwardWork {
   PartWork mlp;                 // dense SwiGLU and MoE (router, the experts used, shared expert)
   PartWork lm_head;             // the logit rows computed
   PartWork total() const;
+  ForwardWork& operator+=(const ForwardWork& other);  // part by part (e.g. over decode steps)
 };
 
 /// The work of one forward of `tokens` new tokens at positions start .. start+tokens-1, with
