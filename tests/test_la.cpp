@@ -383,6 +383,47 @@ TEST(LaDecode, PrefillThenDecodeEqualsLongerPrefill) {
   }
 }
 
+// Decode token by token against the fp64 reference, for widths the recurrence updates in the state
+// tensor itself (V = 128: whole vectors on every target) and widths it copies through its arena
+// (V = 100 on 8- and 16-lane targets), with HV > H, two sequences, strong gates, and thread counts
+// that split heads into column ranges (3 threads over 8 heads).
+TEST(LaDecode, StepsInPlaceAndCopiedAgainstFp64Reference) {
+  for (Variant var : {Variant::GDN, Variant::KDA})
+    for (int64_t V : {128, 100})
+      for (int threads : {1, 2, 3}) {
+        ProblemSpec s;
+        s.variant = var;
+        s.B = 2;
+        s.T = 6;
+        s.H = 2;
+        s.HV = 4;
+        s.K = 64;
+        s.V = V;
+        s.gates = GateRegime::kStrong;
+        const Problem p = make_problem(s);
+        const LaReference ref = la_reference(var, p.inputs(), s.opt);
+        Tensor state(DType::F32, p.h0.shape());
+        for (int64_t i = 0; i < state.numel(); ++i) state.set(i, p.h0.get(i));
+        Tensor o_all(DType::F32, {s.B, s.T, s.HV, s.V});
+        Tensor o(DType::F32, {s.B, 1, s.HV, s.V});
+        for (int64_t t = 0; t < s.T; ++t) {
+          LaInputs step = p.inputs();
+          for (TensorView* v : {&step.q, &step.k, &step.v, &step.g, &step.beta}) {
+            v->data = static_cast<std::byte*>(v->data) + t * v->stride[1] * static_cast<int64_t>(dtype_size(v->dtype));
+            v->shape[1] = 1;
+          }
+          step.initial_state = {};
+          if (var == Variant::GDN) gdn_decode(step, s.opt, state.view(), o.view(), threads);
+          else kda_decode(step, s.opt, state.view(), o.view(), threads);
+          for (int64_t b = 0; b < s.B; ++b)
+            for (int64_t i = 0; i < s.HV * s.V; ++i) o_all.set((b * s.T + t) * s.HV * s.V + i, o.get(b * s.HV * s.V + i));
+        }
+        const std::string what = s.describe() + " threads " + std::to_string(threads);
+        EXPECT_LE(nmse(o_all, ref.o), output_bound(DType::F32)) << what;
+        EXPECT_LE(nmse(state, ref.final_state), kStateBound) << what;
+      }
+}
+
 // Chunk equals recurrent directly (not only through the reference).
 TEST(LaPaths, ChunkEqualsRecurrent) {
   ProblemSpec s;
