@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "hanpu/tensor.hpp"
@@ -50,10 +51,12 @@ void causal_conv_silu(const float* x, int64_t ldx, float* y, int64_t T, int64_t 
                          static_cast<size_t>(channels));
     }
   });
-  // New state: the last S rows of [state; x] (copied out first: with T < S they overlap).
-  std::vector<float> tail(static_cast<size_t>(S * channels));
-  for (int64_t r = 0; r < S; ++r) std::copy(input(T - S + r), input(T - S + r) + channels, tail.data() + r * channels);
-  std::copy(tail.begin(), tail.end(), state);
+  // New state: the last S rows of [state; x]. With T < S the state's own last S - T rows move to
+  // its front (memmove: they overlap) and the T new rows follow; no scratch copy of the state.
+  const size_t row_bytes = static_cast<size_t>(channels) * sizeof(float);
+  const int64_t kept = std::max<int64_t>(0, S - T);
+  if (kept > 0) std::memmove(state, state + (S - kept) * channels, static_cast<size_t>(kept) * row_bytes);
+  for (int64_t r = kept; r < S; ++r) std::memcpy(state + r * channels, x + (T - S + r) * ldx, row_bytes);
 }
 
 void gated_rms_norm(float* o, const float* z, int64_t ldz, int64_t rows, int64_t heads, int64_t dim, const float* w,
