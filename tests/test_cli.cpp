@@ -463,6 +463,21 @@ TEST(CliErrors, BenchLinearBadArguments) {
   }
 }
 
+// The decode prefetch distance's environment override: a bad value is one line naming the
+// variable, exit code 1, before any subcommand runs.
+TEST(CliErrors, DecodePrefetchBytesEnvironment) {
+  TempDir dir("hanpu_cli");
+  for (const char* value : {"100", "-64", "abc", "131072"}) {
+    const RunResult r =
+        hanpu::testing::run_command(dir, std::string("HANPU_DECODE_PREFETCH_BYTES=") + value + " " + quote(HANPU_EXE) + " isa");
+    EXPECT_TRUE(r.exited && r.code == 1) << r.command << "\n" << r.err;
+    EXPECT_NE(r.err.find("HANPU_DECODE_PREFETCH_BYTES"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  const RunResult ok = hanpu::testing::run_command(dir, "HANPU_DECODE_PREFETCH_BYTES=0 " + quote(HANPU_EXE) + " isa");
+  EXPECT_TRUE(ok.exited && ok.code == 0) << ok.command << "\n" << ok.err;
+}
+
 // Per-operator times exist only in a build with HANPU_OPERATOR_TIMERS (preset timers); a default
 // build refuses the flag with a one-line error that says how to get such a build.
 #ifndef HANPU_OPERATOR_TIMERS

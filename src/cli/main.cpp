@@ -9,6 +9,7 @@
 
 #include "cli/commands.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/linear_kernels.hpp"
 #include "hanpu/tensor.hpp"
 
 int main(int argc, char** argv) {
@@ -42,6 +43,9 @@ int main(int argc, char** argv) {
   // Subcommands do their work in callbacks, which run inside parse(); so the hanpu/std handlers
   // below also cover the commands themselves, not just argument parsing.
   try {
+    // Environment tuning knobs are checked before any work: a bad value fails at once, not after
+    // a benchmark's probes.
+    (void)hanpu::cpu::decode_prefetch_bytes();
     app.parse(argc, argv);
   } catch (const CLI::ValidationError& e) {  // a value out of its ->check() range: one line, exit 1
     std::cerr << "hanpu: error: " << e.what() << '\n';

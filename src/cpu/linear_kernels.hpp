@@ -35,6 +35,11 @@ void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, 
 /// x also given split by split_pairs_rows into xs (row stride split_pairs_stride(K)).
 void linear_portable_rows(const uint16_t* w, int64_t K, const float* xs, const float* x, int64_t ldx, float* y,
                           int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate);
+/// Bytes ahead of its weight stream that the decode form prefetches (linear_portable.cpp has the
+/// measurements): 1024 on AMD CPUs, 3072 on other x86 CPUs, 1024 elsewhere; the environment
+/// variable HANPU_DECODE_PREFETCH_BYTES (0 to 65536, a multiple of 64; 0: none) overrides it for
+/// measurements on other machines. Read once; a bad value throws hanpu::Error naming it.
+int64_t decode_prefetch_bytes();
 /// Elements per block of the split activation layout: each block of kPairBlock consecutive
 /// elements is stored as its kPairBlock / 2 even-indexed elements, then its odd-indexed ones, so
 /// that a vector of bf16 weight pairs meets its activations without a shuffle (the decode form in

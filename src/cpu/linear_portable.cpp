@@ -12,11 +12,13 @@
 //     an f32 buffer laid out [K][PN] (amortised over all M rows), then register tiles of MR rows x
 //     PN columns accumulate x[m,k] (broadcast) * panel[k, :] over the whole K.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "cpu/linear_kernels.hpp"
 #include "cpu/workspace.hpp"
 #include "cpu/isa.hpp"
+#include "cpu/x86_features.hpp"
 #include "hanpu/tensor.hpp"  // Error
 
 #ifndef HWY_DISABLED_TARGETS
@@ -104,15 +106,17 @@ void RowOrderDots(int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy,
 // even and odd products of two consecutive pair vectors; every row count uses the same chains, so
 // an output does not depend on how many rows share the call (batched decode equals
 // single-sequence decode). Elements past the last whole block take the scalar tail from x.
-// Bytes ahead of the weight stream that RowBlockPairs prefetches (the matrix is contiguous, so
-// this runs into the next rows). Zen 3, 2 threads, the LM head GEMV (1024 x 248320 bf16 from
-// DRAM), five interleaved runs each: no prefetch 29.1-31.1 GB/s (median 29.7), 768 bytes 31.4,
-// 1024 bytes 31.1-32.4 (31.6), 1536 29.2, 2048 27.1 (further ahead evicts lines before use).
-constexpr int64_t kStreamPrefetchBytes = 1024;
-
+// How far ahead RowBlockPairs prefetches its weight stream (`ahead` bytes, decode_prefetch_bytes;
+// the matrix is contiguous, so this runs into the next rows). The best distance differs between
+// the machines measured, 2 threads, the LM head GEMV (1024 x 248320 bf16) from DRAM:
+//   Zen 3, five interleaved runs each: none 29.7 GB/s, 768 bytes 31.4, 1024 31.6, 1536 29.2,
+//     2048 27.1 (further ahead evicts lines before use).
+//   Xeon model 207 (Emerald Rapids, 2 MiB L2), in one process, 30 alternating rounds:
+//     native 1024 22.1, 3072 23.3; AVX2 target 1024 19.3, 3072 21.3; a 15-round sweep of
+//     1-8 KiB was flat from 2 to 6 KiB, and without prefetching 18.4 (native).
 template <int MR>
 void RowBlockPairs(const uint16_t* w, int64_t K, const float* xs, int64_t lds, const float* x, int64_t ldx, float* y,
-                   int64_t ldy, int64_t n0, int64_t n1, bool accumulate) {
+                   int64_t ldy, int64_t n0, int64_t n1, bool accumulate, int64_t ahead_bytes) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du32;
   using V = hn::Vec<decltype(df)>;
@@ -139,10 +143,10 @@ void RowBlockPairs(const uint16_t* w, int64_t K, const float* xs, int64_t lds, c
       }
     };
     int64_t j = 0;
-    const char* ahead = reinterpret_cast<const char*>(row) + kStreamPrefetchBytes;
+    const char* ahead = reinterpret_cast<const char*>(row) + ahead_bytes;
     for (; j + 2 <= pairs; j += 2) {
       // One line per 64 bytes consumed (two pair vectors on AVX2, four per two steps on AVX-512).
-      if constexpr (kStreamPrefetchBytes > 0) {
+      if (ahead_bytes > 0) {
         hwy::Prefetch(ahead + 2 * L * j * sizeof(uint16_t));
         if (4 * L * sizeof(uint16_t) > 64) hwy::Prefetch(ahead + 2 * L * j * sizeof(uint16_t) + 64);
       }
@@ -500,12 +504,14 @@ void LinearPortableRows(const uint16_t* w, int64_t K, const float* xs, const flo
   // Columns in slices whose weight rows (kColumnSlice * K * 2 bytes, 256 KiB at K = 1024) stay in
   // L2 while every activation row passes over them.
   constexpr int64_t kColumnSlice = 128;
+  const int64_t ahead = decode_prefetch_bytes();
   for (int64_t c0 = n0; c0 < n1; c0 += kColumnSlice) {
     const int64_t c1 = std::min(n1, c0 + kColumnSlice);
     int64_t m = 0;
     for (; m + kMR <= M; m += kMR)
-      RowBlockPairs<kMR>(w, K, xs + m * lds, lds, x + m * ldx, ldx, y + m * ldy, ldy, c0, c1, accumulate);
-    for (; m < M; ++m) RowBlockPairs<1>(w, K, xs + m * lds, lds, x + m * ldx, ldx, y + m * ldy, ldy, c0, c1, accumulate);
+      RowBlockPairs<kMR>(w, K, xs + m * lds, lds, x + m * ldx, ldx, y + m * ldy, ldy, c0, c1, accumulate, ahead);
+    for (; m < M; ++m)
+      RowBlockPairs<1>(w, K, xs + m * lds, lds, x + m * ldx, ldx, y + m * ldy, ldy, c0, c1, accumulate, ahead);
   }
 }
 
@@ -527,6 +533,25 @@ void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64
 void linear_portable(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                      int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
   HANPU_DISPATCH(LinearPortable)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
+}
+
+int64_t decode_prefetch_bytes() {
+  static const int64_t bytes = [] {
+    if (const char* v = std::getenv("HANPU_DECODE_PREFETCH_BYTES")) {
+      char* end = nullptr;
+      const long long n = std::strtoll(v, &end, 10);
+      if (end == v || *end != '\0' || n < 0 || n > 65536 || n % 64 != 0)
+        throw Error(std::string("HANPU_DECODE_PREFETCH_BYTES: got '") + v +
+                    "', expected a multiple of 64 from 0 to 65536 (bytes ahead of the decode weight stream)");
+      return static_cast<int64_t>(n);
+    }
+#if HANPU_X86_KERNELS
+    return x86::vendor_is_amd() ? int64_t{1024} : int64_t{3072};
+#else
+    return int64_t{1024};
+#endif
+  }();
+  return bytes;
 }
 
 void linear_portable_rows(const uint16_t* w, int64_t K, const float* xs, const float* x, int64_t ldx, float* y,

@@ -34,6 +34,12 @@ inline bool avx512_core_usable() {
   const bool osxsave = l1.ok && (l1.c >> 27 & 1);
   return avx512 && osxsave && (xcr0() & 0xE6u) == 0xE6u;
 }
+/// CPUID leaf 0's vendor string is "AuthenticAMD" (or Hygon's Zen-derived "HygonGenuine").
+inline bool vendor_is_amd() {
+  const CpuidRegs r = cpuid(0, 0);
+  constexpr unsigned kAuth = 0x68747541u, kHygo = 0x6f677948u;  // "Auth", "Hygo" in EBX
+  return r.ok && (r.b == kAuth || r.b == kHygo);
+}
 inline bool has_avx512_bf16() {
   const CpuidRegs r = cpuid(7, 1);
   return r.ok && (r.a >> 5 & 1);
