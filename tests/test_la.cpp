@@ -36,6 +36,18 @@ void expect_accurate(const Problem& p, const LaReference& ref, CpuPath path, int
   EXPECT_LE(a.state, kStateBound) << cpu_path_name(path) << " state: " << p.spec.describe();
 }
 
+// Problem p's inputs for token t alone (views into its tensors) and no initial state: one decode
+// step's inputs.
+LaInputs token_inputs(const Problem& p, int64_t t) {
+  LaInputs step = p.inputs();
+  for (TensorView* v : {&step.q, &step.k, &step.v, &step.g, &step.beta}) {
+    v->data = static_cast<std::byte*>(v->data) + t * v->stride[1] * static_cast<int64_t>(dtype_size(v->dtype));
+    v->shape[1] = 1;
+  }
+  step.initial_state = {};
+  return step;
+}
+
 // The variant traits (include/hanpu/la_variant.hpp): one entry per variant, found by its key and
 // its name, and the gate tensor's width follows the gate granularity.
 TEST(LaVariants, TraitsTableKeysAndNames) {
@@ -185,13 +197,7 @@ TEST(LaGates, LowerBoundedKdaGate) {
     for (int64_t i = 0; i < state.numel(); ++i) state.set(i, p.h0.get(i));
     Tensor o(DType::F32, {1, 1, s.HV, s.V});
     for (int64_t t = 0; t < s.T; ++t) {
-      LaInputs step = p.inputs();
-      for (TensorView* v : {&step.q, &step.k, &step.v, &step.g, &step.beta}) {
-        v->data = static_cast<std::byte*>(v->data) + t * v->stride[1] * static_cast<int64_t>(dtype_size(v->dtype));
-        v->shape[1] = 1;
-      }
-      step.initial_state = {};
-      kda_decode(step, s.opt, state.view(), o.view(), 2);
+      kda_decode(token_inputs(p, t), s.opt, state.view(), o.view(), 2);
     }
     EXPECT_LE(nmse(state, ref.final_state), kStateBound) << "decode, A_log " << with_a_log;
   }
@@ -407,12 +413,7 @@ TEST(LaDecode, StepsInPlaceAndCopiedAgainstFp64Reference) {
         Tensor o_all(DType::F32, {s.B, s.T, s.HV, s.V});
         Tensor o(DType::F32, {s.B, 1, s.HV, s.V});
         for (int64_t t = 0; t < s.T; ++t) {
-          LaInputs step = p.inputs();
-          for (TensorView* v : {&step.q, &step.k, &step.v, &step.g, &step.beta}) {
-            v->data = static_cast<std::byte*>(v->data) + t * v->stride[1] * static_cast<int64_t>(dtype_size(v->dtype));
-            v->shape[1] = 1;
-          }
-          step.initial_state = {};
+          const LaInputs step = token_inputs(p, t);
           if (var == Variant::GDN) gdn_decode(step, s.opt, state.view(), o.view(), threads);
           else kda_decode(step, s.opt, state.view(), o.view(), threads);
           for (int64_t b = 0; b < s.B; ++b)

@@ -164,26 +164,27 @@ HWY_INLINE void ScoreTile(const float* const* q, const float* HWY_RESTRICT kt, s
   }
 }
 
-// out rows (kQuad) [dd, dd + NB*N) = sum over j < keys of P[r][j] * V[j][dd...].
-template <int NB>
-HWY_INLINE void PvBlock(const float* const* p, const float* HWY_RESTRICT v, size_t ld, size_t keys, size_t dd,
-                        float* const* out) {  // value j's dims [dd, dd + NB*N) at v + j * ld
+// out[r][o .. o + NV*N) = sum over j < keys of p[r][j] * (v + j * ld)[0 .. NV*N), for RB rows: the
+// RB x NV sums stay in registers over all keys (the prefill's PV blocks and decode's value sums).
+template <size_t RB, size_t NV>
+HWY_INLINE void WeightedRowSums(const float* const* p, const float* HWY_RESTRICT v, size_t ld, size_t keys,
+                                float* const* out, size_t o) {
   const DF d;
   const size_t N = hn::Lanes(d);
-  VF acc[kQuad][NB];
-  for (size_t r = 0; r < kQuad; ++r)
-    for (int b = 0; b < NB; ++b) acc[r][b] = hn::Zero(d);
+  VF acc[RB][NV];
+  for (size_t r = 0; r < RB; ++r)
+    for (size_t b = 0; b < NV; ++b) acc[r][b] = hn::Zero(d);
   for (size_t j = 0; j < keys; ++j) {
     const float* vr = v + j * ld;
-    VF vv[NB];
-    for (int b = 0; b < NB; ++b) vv[b] = hn::LoadU(d, vr + b * N);
-    for (size_t r = 0; r < kQuad; ++r) {
+    VF vv[NV];
+    for (size_t b = 0; b < NV; ++b) vv[b] = hn::LoadU(d, vr + b * N);
+    for (size_t r = 0; r < RB; ++r) {
       const VF pb = hn::Set(d, p[r][j]);
-      for (int b = 0; b < NB; ++b) acc[r][b] = hn::MulAdd(pb, vv[b], acc[r][b]);
+      for (size_t b = 0; b < NV; ++b) acc[r][b] = hn::MulAdd(pb, vv[b], acc[r][b]);
     }
   }
-  for (size_t r = 0; r < kQuad; ++r)
-    for (int b = 0; b < NB; ++b) hn::StoreU(acc[r][b], d, out[r] + dd + b * N);
+  for (size_t r = 0; r < RB; ++r)
+    for (size_t b = 0; b < NV; ++b) hn::StoreU(acc[r][b], d, out[r] + o + b * N);
 }
 
 void SoftmaxRow(float* HWY_RESTRICT s, size_t keys, size_t padded, float scale) {
@@ -259,7 +260,7 @@ void AttentionRows(const AttentionRowsArgs& a) {
         }
       continue;
     }
-    for (size_t dd = 0; dd < dv; dd += W) PvBlock<2>(p, a.values_blocked + (dd / W) * a.values_block_stride, W, keys, dd, out);
+    for (size_t dd = 0; dd < dv; dd += W) WeightedRowSums<kQuad, 2>(p, a.values_blocked + (dd / W) * a.values_block_stride, W, keys, out, dd);
   }
 }
 
@@ -324,28 +325,15 @@ HWY_INLINE void PrefetchRows(const float* base, size_t stride, size_t j0, size_t
   }
 }
 
-// out[r] += sum over keys jj of p[r][jj] * value row jj, for RB rows and NV vectors of value
-// columns from c: the RB x NV sums stay in registers over all keys of the split (the value rows'
-// slice is read once per row block instead of once per row).
+// Rows [0, RB) of the value sums, NV vectors of value columns from c (rows of p and out ldp and
+// ldo apart).
 template <size_t RB, size_t NV>
 HWY_INLINE void ValueTile(const float* p, size_t ldp, const float* values, size_t value_stride, size_t n, size_t c,
                           float* out, size_t ldo) {
-  const DF d;
-  const size_t N = hn::Lanes(d);
-  VF acc[RB][NV];
-  for (size_t r = 0; r < RB; ++r)
-    for (size_t v = 0; v < NV; ++v) acc[r][v] = hn::Zero(d);
-  for (size_t jj = 0; jj < n; ++jj) {
-    const float* vrow = values + jj * value_stride + c;
-    VF vv[NV];
-    for (size_t v = 0; v < NV; ++v) vv[v] = hn::LoadU(d, vrow + v * N);
-    for (size_t r = 0; r < RB; ++r) {
-      const VF pr = hn::Set(d, p[r * ldp + jj]);
-      for (size_t v = 0; v < NV; ++v) acc[r][v] = hn::MulAdd(pr, vv[v], acc[r][v]);
-    }
-  }
-  for (size_t r = 0; r < RB; ++r)
-    for (size_t v = 0; v < NV; ++v) hn::StoreU(acc[r][v], d, out + r * ldo + c + v * N);
+  const float* prow[RB];
+  float* orow[RB];
+  for (size_t r = 0; r < RB; ++r) prow[r] = p + r * ldp, orow[r] = out + r * ldo;
+  WeightedRowSums<RB, NV>(prow, values + c, value_stride, n, orow, c);
 }
 
 // Value columns of a row block: chunks of kValueVectors vectors, then single vectors, then scalars.
