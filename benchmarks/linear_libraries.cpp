@@ -218,7 +218,7 @@ void run(const Args& a) {
     }
   }
   std::printf("\nQwen3.5-%s, all projections of one prefill forward (24 layers, LM head excluded), sum of medians:\n",
-              a.model == "2b" ? "2B" : "0.8B");
+              qwen35_projection_model(a.model).label);
   for (int64_t M : a.Ms) {
     const double base = model_seconds[{M, "hanpu exact"}];
     for (const std::string& name : order) {
@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
   CLI::App app{"hanpu's bf16-weight projections next to OpenBLAS and oneDNN on the Qwen3.5-0.8B or 2B shapes"};
   Args a;
   app.add_option("--model", a.model, "projection shapes of Qwen3.5 0.8b (default) or 2b")
-      ->check(CLI::IsMember({"0.8b", "2b"}));
+      ->check(CLI::IsMember(qwen35_projection_model_keys()));
   app.add_option("--M", a.Ms, "rows (tokens), comma separated (default 512,2048)")
       ->delimiter(',')
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 16));

@@ -126,7 +126,7 @@ void print_model_estimate(const std::map<std::tuple<int64_t, int, int>, std::pai
     if (value.second != model_shapes || M < 2) continue;
     if (!header) {
       std::printf("\nQwen3.5-%s, all projections of one prefill forward (24 layers, LM head excluded):\n",
-                  model == "2b" ? "2B" : "0.8B");
+                  qwen35_projection_model(model).label);
       header = true;
     }
     std::printf("  M=%-5lld threads=%d %-7s %9.1f ms  -> %8.0f tokens/s if projections were all the work\n",
@@ -231,7 +231,7 @@ void register_bench_linear_command(CLI::App& app) {
                                  "machine's FMA peak and bandwidth");
   cmd->add_option("--M", args->Ms, "rows (tokens), comma separated")->delimiter(',')->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--model", args->model, "without --K/--N: the projection shapes of Qwen3.5 0.8b (default) or 2b")
-      ->check(CLI::IsMember({"0.8b", "2b"}));
+      ->check(CLI::IsMember(qwen35_projection_model_keys()));
   cmd->add_option("--K", args->K, "in_features (with --N; default: the --model shapes)")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--N", args->N, "out_features")->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--threads", args->threads, "thread counts, comma separated")->delimiter(',')->check(CLI::Range(1, 1024));

@@ -33,11 +33,33 @@ const std::vector<ProjectionShape> kQwen35Projections2B{
     {"mlp.down", 6144, 2048, 24},           {"lm_head", 2048, 248320, 0},
 };
 
-// The shape list of a model name as the benchmarks take it: "0.8b" or "2b".
-inline const std::vector<ProjectionShape>& qwen35_projections(const std::string& model) {
-  if (model == "0.8b") return kQwen35Projections0p8B;
-  if (model == "2b") return kQwen35Projections2B;
-  throw std::invalid_argument("--model: got '" + model + "', expected 0.8b or 2b");
+// The models the benchmarks take by --model: key, the label they print ("Qwen3.5-<label>"), shapes.
+struct ProjectionModel {
+  const char* key;
+  const char* label;
+  const std::vector<ProjectionShape>* shapes;
+};
+inline const std::vector<ProjectionModel>& qwen35_projection_models() {
+  static const std::vector<ProjectionModel> models{{"0.8b", "0.8B", &kQwen35Projections0p8B},
+                                                   {"2b", "2B", &kQwen35Projections2B}};
+  return models;
+}
+// The keys, for CLI11's IsMember check.
+inline std::vector<std::string> qwen35_projection_model_keys() {
+  std::vector<std::string> keys;
+  for (const ProjectionModel& m : qwen35_projection_models()) keys.push_back(m.key);
+  return keys;
+}
+inline const ProjectionModel& qwen35_projection_model(const std::string& key) {
+  std::string known;
+  for (const ProjectionModel& m : qwen35_projection_models()) {
+    if (key == m.key) return m;
+    known += (known.empty() ? "" : " or ") + std::string(m.key);
+  }
+  throw std::invalid_argument("--model: got '" + key + "', expected " + known);
+}
+inline const std::vector<ProjectionShape>& qwen35_projections(const std::string& key) {
+  return *qwen35_projection_model(key).shapes;
 }
 
 }  // namespace hanpu
