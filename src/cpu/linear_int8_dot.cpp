@@ -115,6 +115,9 @@ HANPU_AVX2_TARGET void dot_row_avx2(const int8_t* q, const float* scales, int64_
     __m256i dot[MR];
     for (int i = 0; i < MR; ++i) dot[i] = _mm256_setzero_si256();
     for (int64_t k = k0; k < k1; k += 32) {
+      // With every 32-byte step, so twice per line. Once per line (every other step) measured no
+      // better: Xeon model 207, HANPU_ISA=avx2, the LM head 248320 x 1024 group 64, three
+      // interleaved pairs 21.5 / 21.0 / 19.8 GB/s as here against 19.2 / 17.6 / 19.3.
       _mm_prefetch(reinterpret_cast<const char*>(row + k) + kInt8StreamPrefetchBytes, _MM_HINT_T0);
       __m256i w = _mm256_setzero_si256();
       if constexpr (kWholeVectors) {
