@@ -94,12 +94,13 @@ namespace {
 // cached keys and values on every call: for one token that relayout moves twice the bytes the
 // attention itself reads, so decode cost grew with the context for nothing.
 // At most 256 keys per split: the split's scores (rows x 256 floats) stay in L1. The work items
-// are (split, KV head) in split-major order, so each thread reads its own range of cache rows:
-// with Qwen3.5's 2 KV heads a cache row holds both heads' keys in 2 KiB, and when each thread took
-// one head the two threads read alternate KiBs of the same pages and each pulled the other's
-// half into its caches too (one token over 8K keys, Xeon model 207, 2 threads: 2.8 ms, 12 GB/s of
-// a 24 GB/s probe). The number of splits is rounded up to a multiple of the threads so that they
-// get equal ranges.
+// are (split, KV head) in split-major order, so each thread reads its own range of cache rows;
+// head-major items had each thread read one head, and with Qwen3.5's 2 KV heads (one cache row
+// holds both heads' keys in 2 KiB) the threads read alternate KiBs of the same pages. One token
+// over 8K keys, Xeon model 207, 2 threads, medians of three interleaved runs (docs/PERFORMANCE.md):
+// 16 q / 4 KV heads 6.6 -> 5.3 ms, Kimi's MLA 23.4 -> 19.0 ms, Qwen3.5-0.8B's 2.66 -> 2.65 ms (no
+// change). The number of splits is rounded up to a multiple of the threads so that they get
+// equal ranges.
 constexpr int64_t kSplitKeys = 256;
 
 void attention_over_cache(const float* q, const float* keys, const float* values, float* out, int64_t T, int64_t p0,
@@ -116,6 +117,9 @@ void attention_over_cache(const float* q, const float* keys, const float* values
   // Per item (split-major: item sp * nkv + g): max and sum per row, then the rows' unnormalised
   // outputs.
   std::vector<float> partial(static_cast<size_t>(items) * urows * (2 + udv));
+  const auto item_partial = [&](int64_t sp, int64_t g) {
+    return partial.data() + static_cast<size_t>(sp * nkv + g) * urows * (2 + udv);
+  };
   parallel_for(items, threads, [&](int64_t i0, int64_t i1) {
     std::vector<float> scores(urows * static_cast<size_t>(split_keys));
     std::vector<const float*> qrows(urows);
@@ -127,7 +131,7 @@ void attention_over_cache(const float* q, const float* keys, const float* values
           qrows[static_cast<size_t>(t * group + h)] = q + (t * nq + g * group + h) * hd;
           limit[static_cast<size_t>(t * group + h)] = static_cast<size_t>(p0 + t + 1);
         }
-      float* base = partial.data() + static_cast<size_t>(item) * urows * (2 + udv);
+      float* base = item_partial(sp, g);
       AttentionSplitArgs a;
       a.q = qrows.data();
       a.limit = limit.data();
@@ -155,11 +159,11 @@ void attention_over_cache(const float* q, const float* keys, const float* values
       float* o = out + (t * nq + h) * dv;
       float m = -INFINITY;
       for (int64_t sp = 0; sp < splits; ++sp)
-        m = std::max(m, partial[static_cast<size_t>(sp * nkv + g) * urows * (2 + udv) + static_cast<size_t>(r)]);
+        m = std::max(m, item_partial(sp, g)[r]);
       double l = 0;
       std::fill(o, o + dv, 0.0f);
       for (int64_t sp = 0; sp < splits; ++sp) {
-        const float* base = partial.data() + static_cast<size_t>(sp * nkv + g) * urows * (2 + udv);
+        const float* base = item_partial(sp, g);
         if (base[r] == -INFINITY) continue;  // no visible key in this split
         const float w = std::exp(base[r] - m);
         l += static_cast<double>(w) * base[urows + static_cast<size_t>(r)];
