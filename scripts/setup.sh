@@ -3,7 +3,7 @@
 # sudo available). Idempotent: packages already present are skipped quickly.
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libhwy-dev nlohmann-json3-dev libcli11-dev libgtest-dev)
+packages=(cmake ninja-build g++ ccache libhwy-dev nlohmann-json3-dev libcli11-dev libgtest-dev)
 packages+=(pkg-config libpcre2-dev libutf8proc-dev)  # tokenizer: split regex, NFC
 packages+=(libexpat1-dev)  # test_report parses the SVG/HTML reports with expat
 packages+=(libcpp-httplib-dev)  # `hanpu serve`: the HTTP server library (src/serve/server.cpp)
