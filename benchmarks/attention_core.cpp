@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cpu/isa.hpp"
-#include "device/host.hpp"
+#include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
 #include "model/qwen35_ops.hpp"
 

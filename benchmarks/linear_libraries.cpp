@@ -40,7 +40,7 @@
 #include "cli/linear_shapes.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
-#include "device/host.hpp"
+#include "cpu/host.hpp"
 #include "hanpu/linear.hpp"
 
 namespace {

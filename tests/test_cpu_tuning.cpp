@@ -9,6 +9,7 @@
 
 #include "cpu/kernels.hpp"
 #include "cpu/lowering.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/cpu_tuning.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/plan_exec.hpp"

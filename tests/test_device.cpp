@@ -7,6 +7,7 @@
 #include <fstream>
 #include <string>
 
+#include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
 #include "test_support.hpp"
 

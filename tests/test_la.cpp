@@ -6,6 +6,7 @@
 #include <map>
 
 #include "cpu/kernels.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "la_testing.hpp"
 

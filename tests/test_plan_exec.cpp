@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/plan_exec.hpp"

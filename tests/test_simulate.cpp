@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "hanpu/host_device.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
 #include "plan_testing.hpp"

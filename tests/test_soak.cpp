@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "hanpu/host_device.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "hanpu/la.hpp"

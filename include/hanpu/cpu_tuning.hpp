@@ -1,5 +1,6 @@
-// The CPU part of a Plan: the CPU backend's free parameters, chosen by the planner from the host
-// description (vector registers, f32 lanes, L1D/L2/L3, cores) or read from a wisdom file that
+// The CPU part of a Plan: the CPU backend's free parameters, chosen by the CPU backend's planning
+// rules (src/cpu/cpu_planning.cpp, PlanOptions::backend) from the device description (vector
+// registers, f32 lanes, L1D/L2/L3, cores) or taken from wisdom (which the caller loads) from a file that
 // `hanpu tune` wrote after measuring candidates on this machine (as FFTW's wisdom), each value with
 // the reason it was chosen. The CPU backend executes exactly these values or refuses the plan,
 // naming the field (cpu_cannot_run in plan_exec.hpp).
@@ -72,21 +73,6 @@ CpuTuning cpu_tuning_from_json(const nlohmann::json& j, const std::string& path)
 /// The CPU part as describe_plan prints it: one line per parameter with its reason.
 std::string describe_cpu_tuning_lines(const CpuTuning& t);
 
-/// The register tile the CPU kernels compile for a target with this many vector registers (the
-/// planner's model of src/cpu/la/gemm-inl.h's kMR x kNV; the CPU checks the real one).
-struct GemmTileLimit {
-  int rows = 0, vectors = 0;
-};
-GemmTileLimit compiled_gemm_tile(int vector_registers);
-
-/// The model-based choice for `p` on CPU device `dev` with `cores` threads, every reason naming the
-/// host numbers it follows from.
-CpuTuning model_cpu_tuning(const Problem& p, const Device& dev, int cores);
-
-/// Sets t.arena_bytes from t.lockstep_group and t.column_block for `p` (the kernels' layout; bf16
-/// grams counted when `dev` is the host and its CPU runs them), with the reason in numbers.
-void choose_cpu_arena(CpuTuning& t, const Problem& p, const Device& dev);
-
 // ---------------------------------------------------------------------------------------------
 // Wisdom
 
@@ -95,7 +81,6 @@ struct WisdomMachine {
   std::string cpu_model, isa;
   bool operator==(const WisdomMachine&) const = default;
 };
-WisdomMachine this_machine();
 
 /// Problem class of a wisdom entry, e.g. "gdn K=128 V=128 f32 threads=2".
 std::string wisdom_problem_class(const Problem& p, int cores);

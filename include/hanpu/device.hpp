@@ -20,6 +20,18 @@
 
 namespace hanpu {
 
+/// What kind of device a description is: an NPU (explicit buffers, a Cube-like matrix unit) or a
+/// CPU (caches, SIMD; planned with the CPU backend's rules, PlanOptions::backend). JSON "kind":
+/// "npu" | "cpu".
+enum class DeviceKind { Npu, Cpu };
+const char* device_kind_name(DeviceKind k);
+
+/// The layout a matrix unit reads its operands in and writes its results in: Blocked (the Cube's
+/// 16x16 fractals, NZ) or Dense (row-major: a CPU's FMA units fed from cache rows). JSON
+/// "operand_layout": "blocked" | "dense".
+enum class OperandLayout { Blocked, Dense };
+const char* operand_layout_name(OperandLayout l);
+
 struct Quantity {
   double value = 0;
   std::string source;
@@ -60,7 +72,7 @@ struct MatrixUnitSpec {
   /// 16x16 fractals, NZ) or "dense" (row-major, e.g. a CPU's FMA units fed from cache rows). The
   /// layout planner anchors matrix operands and results to it (JSON "operand_layout", optional,
   /// default "blocked").
-  std::string operand_layout = "blocked";
+  OperandLayout operand_layout = OperandLayout::Blocked;
   /// True when the matrix work runs on the vector unit itself (AIE-ML's vector processor does
   /// the matrix multiplies): matrix and vector steps then share one issue lane. JSON
   /// "runs_on_vector_unit", optional (default false: a separate unit, like the Cube).
@@ -95,9 +107,21 @@ struct CoreConfiguration {
   std::map<std::string, Quantity> path_bandwidth_gbs;  // "FROM->TO" -> bandwidth in this configuration
 };
 
+/// A CPU device's facts about its processor and the kernels that run on it, which the CPU's
+/// planning rules read (src/cpu/cpu_planning.cpp) instead of probing the process: the host's
+/// description gets them from detection (host_device), a saved description keeps them, so a plan
+/// depends on the description alone. JSON "cpu": {"model", "isa", "bf16_gram"} (kind "cpu" only;
+/// optional: absent means model "unknown", isa "", no bf16 grams).
+struct CpuFacts {
+  std::string model;       // /proc/cpuinfo "model name" (wisdom entries are keyed by it)
+  std::string isa;         // the Highway target the kernels dispatch to at most (HANPU_ISA respected), e.g. "AVX2"
+  bool bf16_gram = false;  // bf16 q/k grams run on the matrix unit (AMX tiles present and permitted)
+  bool operator==(const CpuFacts&) const = default;
+};
+
 struct Device {
   std::string name;         // "ascend310p"
-  std::string kind;         // "npu" or "cpu"
+  DeviceKind kind = DeviceKind::Npu;
   std::string description;
   Quantity cores;           // cores the planner maps heads onto
   Quantity clock_ghz;
@@ -114,6 +138,7 @@ struct Device {
   Quantity handoff_sync_cycles;
   std::vector<std::string> notes; // open conflicts and caveats, shown in reports
   std::vector<CoreConfiguration> core_configurations;  // coherent alternatives to the default
+  CpuFacts cpu;                   // kind Cpu only
 
   int core_count() const { return static_cast<int>(cores.value); }
   /// Throws hanpu::Error naming the buffer if there is none of that name.
@@ -121,6 +146,9 @@ struct Device {
   /// Throws hanpu::Error naming the path ("GM->L1") if there is none.
   const PathSpec& path(const std::string& from, const std::string& to) const;
   bool has_path(const std::string& from, const std::string& to) const;
+  /// The matrix unit's staging buffer: the one with paths to both operand buffers (L1 on
+  /// DaVinci); on an NPU whose matrix engine works on the vector unit's own memory, that memory.
+  std::string staging_buffer() const;
   /// MACs per cycle per core of the matrix unit for inputs of `dt`; throws hanpu::Error naming the
   /// device and the dtype if the unit does not take it (e.g. F32 on the Ascend Cube).
   double matrix_macs_per_cycle(DType dt) const;
@@ -143,14 +171,5 @@ Device device_from_json(const nlohmann::json& j, const std::string& origin);
 Device device_with_cores(const Device& d, int cores);
 Device load_device(const std::string& path);
 nlohmann::json device_to_json(const Device& d);
-
-/// The host CPU in the same schema: cores and caches detected, FMA peak and bandwidth measured with
-/// `threads` threads for about `measure_seconds` (0: not measured, those numbers marked estimate). Its "matrix unit" is the FMA units (F32 MACs/cycle =
-/// measured peak / 2 / clock), its "vector unit" the SIMD lanes, its buffers L1D/L2 (per core)
-/// and L3 (shared), its GM the main memory.
-Device host_device(int threads, double measure_seconds = 1.0);
-struct HostInfo;  // src/device/host.hpp
-/// The same from a host description already read (an engine's, Engine::host()) instead of detected.
-Device host_device(const HostInfo& info, int threads, double measure_seconds);
 
 }  // namespace hanpu

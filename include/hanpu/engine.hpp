@@ -14,7 +14,7 @@
 
 namespace hanpu {
 
-struct HostInfo;  // src/device/host.hpp
+struct HostInfo;  // src/cpu/host.hpp
 
 class Engine {
  public:

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -307,19 +308,42 @@ struct Plan {
 std::vector<std::string> strategy_names();
 std::vector<std::string> ablation_names();
 
+struct PlanOptions;
+
+/// The planning rules of the backend that executes plans on a kind of device. The planner asks
+/// it, never which kind of device it is; an NPU description is planned by the planner's own passes
+/// (no backend). The CPU backend's is cpu_plan_backend() (hanpu/plan_exec.hpp,
+/// src/cpu/cpu_planning.cpp), where the facts of its kernels live.
+class PlanBackend {
+ public:
+  virtual ~PlanBackend() = default;
+  /// The plan's CPU parameters (Plan::cpu) for `p` on `dev` with `cores`: chosen from the device
+  /// description, then opt.wisdom's and opt.cpu's values. Throws naming the field out of range.
+  virtual CpuTuning tune(const Problem& p, const Device& dev, int cores, const PlanOptions& opt) const = 0;
+  /// The head-fused kernel's operator order when PlanOptions::order gives none. Empty: the
+  /// planner's own (the lifetime-aware reordering pass where the strategy has it).
+  virtual std::vector<std::string> fused_order(const OpGraph& g) const = 0;
+  /// Reorders one core's head-fused items after they were cut into column blocks (e.g. so that
+  /// like blocks of neighbouring heads become adjacent and can share a lockstep group).
+  virtual void order_column_blocks(std::vector<PlanItem>& items) const = 0;
+};
+
 struct PlanOptions {
   int cores = 0;  // 0: the device's core count
   /// Head-mapped strategies: the operator order of the fused kernel instead of the graph's
   /// default (any order in which every operator follows the producers of its inputs; make_plan
   /// throws naming the operator otherwise). Empty: the default order.
   std::vector<std::string> order;
+  /// The rules of the backend that will execute the plan; required for a CPU device (make_plan
+  /// throws naming this field otherwise), none for an NPU.
+  const PlanBackend* backend = nullptr;
   /// CPU devices: parameters given explicitly (`hanpu tune`'s candidates); a field left at 0 is
   /// chosen by the model (or the wisdom). Null: all chosen.
   const CpuTuning* cpu = nullptr;
-  /// CPU device "host": read wisdom from this file instead of default_wisdom_path() ("" default).
-  std::string wisdom_path;
-  /// Ignore wisdom: model-based choices only.
-  bool no_wisdom = false;
+  /// CPU devices: wisdom the caller loaded (read_wisdom; the planner reads no file and no
+  /// environment), and the file it came from (named in the reasons). Null: model-based choices.
+  std::shared_ptr<const Wisdom> wisdom;
+  std::string wisdom_origin;
 };
 
 /// Plans `p` on `dev` with a strategy. Throws hanpu::Error for an unknown strategy, an invalid
@@ -343,8 +367,13 @@ std::vector<int32_t> lockstep_groups(const std::vector<PlanItem>& items, int max
 
 /// The largest lockstep group on `dev` for items of K x width fp32 states: as many states as a
 /// quarter of the matrix unit's working buffer holds (the rest holds the chunk's intermediates and
-/// the rows in flight), at least 1, at most 64.
-int max_lockstep_group(const Device& dev, int64_t K, int64_t width);
+/// the rows in flight), at least 1, at most 64. `state_bytes`: one state as the buffer holds it
+/// (0: K x width x 4, a scratchpad's rows as they are; a cache pads them: the CPU's rules pass its own).
+int max_lockstep_group(const Device& dev, int64_t K, int64_t width, int64_t state_bytes = 0);
+
+/// The working layout of a vector operator (that of its first output; dense for outputs), given a
+/// plan's layouts.
+Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<std::string, Layout>& layouts);
 
 /// Chunk-parallel mapping (FLA's Map phases): the (sequence, head, column block, chunk) tasks of
 /// `items` in order, cut into `cores` contiguous, equally sized ranges.

@@ -113,6 +113,20 @@ std::string cpu_cannot_run(const Plan& plan);
 /// lengths) or cpu_cannot_run names a field.
 CpuSchedule lower_plan_for_cpu(const Plan& plan, const LaShape& shape, const std::vector<int64_t>& seq_lens);
 
+/// The CPU backend's planning rules (src/cpu/cpu_planning.cpp): PlanOptions::backend for a CPU
+/// device (make_plan refuses a CPU device without it).
+const PlanBackend& cpu_plan_backend();
+
+/// `opt` with the CPU backend's rules and, for the host device (name "host") when opt.wisdom is
+/// unset, the wisdom file the process is configured for (default_wisdom_path(): $HANPU_WISDOM,
+/// "none" for none), read now: how the CLI, the Python package and host_plan plan. Harmless for an
+/// NPU device (the planner ignores a CPU backend there). Throws naming a malformed wisdom file.
+PlanOptions cpu_plan_options(const Device& dev, PlanOptions opt = {});
+
+/// The wisdom key of this machine: the CPU model and the ISA the kernels dispatch to, as the
+/// host device describes them (Device::cpu).
+WisdomMachine this_machine();
+
 /// The Problem of LA inputs (to plan for them): shapes, sequence lengths, dtypes, state flags.
 Problem problem_for_inputs(Variant variant, const LaInputs& in, const LaOptions& opt);
 

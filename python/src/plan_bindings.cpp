@@ -8,8 +8,10 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/plan.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "hanpu/simulate.hpp"
 #include "io/json_io.hpp"
 
@@ -43,7 +45,7 @@ std::string plan_json(const std::string& device_text, const std::string& device_
                       bool initial_state, bool final_state, const std::string& strategy, int cores) {
   const Device dev = device_from_text(device_text, device_origin);
   const Problem p = make_problem(variant, seqlens, varlen, H, HV, K, V, initial_state, final_state);
-  PlanOptions po;
+  PlanOptions po = cpu_plan_options(dev);
   po.cores = cores;
   nb::gil_scoped_release no_gil;
   return plan_to_json(make_plan(p, dev, strategy, po)).dump();

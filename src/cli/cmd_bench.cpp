@@ -18,7 +18,8 @@
 #include "cli/commands.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
-#include "device/host.hpp"
+#include "cpu/host.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
@@ -287,7 +288,7 @@ void run_ablation(const BenchArgs& a) {
           const LaShape shape = validate_la(var, li, LaOptions{});
           Problem prob = problem_for_inputs(var, li, LaOptions{});
           for (const std::string& step : ablation_names()) {
-            PlanOptions po;
+            PlanOptions po = cpu_plan_options(host);
             po.cores = threads;
             const Plan plan = make_plan(prob, host, step, po);
             const CpuSchedule ex = lower_plan_for_cpu(plan, shape, prob.seqlens);

@@ -22,7 +22,7 @@
 
 #include "cli/commands.hpp"
 #include "cli/linear_shapes.hpp"
-#include "device/host.hpp"
+#include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/linear.hpp"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
 
 namespace {
@@ -85,7 +86,7 @@ void print_table(const Device& d) {
     wv = std::max(wv, r.value.size());
     ws = std::max(ws, r.status.size());
   }
-  std::cout << d.name << " (" << d.kind << "): " << d.description << "\n\n";
+  std::cout << d.name << " (" << device_kind_name(d.kind) << "): " << d.description << "\n\n";
   auto line = [&](const std::string& f, const std::string& v, const std::string& s, const std::string& src) {
     std::cout << f << std::string(wf - f.size() + 2, ' ') << std::string(wv - v.size(), ' ') << v << "  " << s
               << std::string(ws - s.size() + 2, ' ') << src << '\n';

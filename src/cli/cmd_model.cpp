@@ -19,7 +19,7 @@
 #include "cli/commands.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
-#include "device/host.hpp"
+#include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"

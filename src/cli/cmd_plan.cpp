@@ -12,6 +12,7 @@
 
 #include "cli/commands.hpp"
 #include "hanpu/device.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
 #include "io/file_io.hpp"
@@ -134,7 +135,7 @@ void register_plan_commands(CLI::App& app) {
     c->callback([a, strategy, out] {
       const Device dev = load_device_for(*a);
       const Problem p = make_problem(*a);
-      PlanOptions po;
+      PlanOptions po = cpu_plan_options(dev);
       po.cores = a->cores;
       const Plan plan = make_plan(p, dev, *strategy, po);
       std::cout << describe_plan(plan);
@@ -175,7 +176,7 @@ void register_plan_commands(CLI::App& app) {
         plans.push_back(plan_from_json(parse_json(read_regular_file(file, "plan file", kMaxJsonFileBytes), file), file));
       } else {
         const Problem p = make_problem(*a);
-        PlanOptions po;
+        PlanOptions po = cpu_plan_options(dev);
         po.cores = a->cores;
         std::vector<std::string> names;
         if (every) names = strategy_names();

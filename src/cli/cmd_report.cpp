@@ -10,6 +10,7 @@
 
 #include "cli/commands.hpp"
 #include "hanpu/device.hpp"
+#include "hanpu/plan_exec.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
 #include "report/html_report.hpp"
@@ -47,6 +48,7 @@ void register_report_command(CLI::App& app) {
   c->callback([a] {
     using namespace hanpu;
     report::ReportOptions opt;
+    opt.backend = &cpu_plan_backend();
     opt.variants = report::parse_variant_list(a->variants, "--variants");
     opt.T = report::parse_size_list(a->T, "--T");
     opt.heads = report::parse_size_list(a->heads, "--heads");

@@ -26,6 +26,7 @@
 #include "cli/commands.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/thread_pool.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/cpu_tuning.hpp"
 #include "hanpu/device.hpp"
@@ -140,12 +141,13 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
   r.engine = &engine;
   const Problem p = problem_for_inputs(variant, r.in.views(), r.opt);
   const Device dev = host_device(threads, 0.0);
+  // The model's choice: the CPU rules without wisdom.
   PlanOptions base;
+  base.backend = &cpu_plan_backend();
   base.cores = threads;
-  base.no_wisdom = true;
   const Plan model_plan = make_plan(p, dev, "hanpu", base);
   const CpuTuning& model = model_plan.cpu;
-  const WisdomMachine machine = this_machine();
+  const WisdomMachine machine{dev.cpu.model, dev.cpu.isa};
   const std::string cls = wisdom_problem_class(p, threads);
   out << "tuning " << cls << " (T = " << a.T << ", H = " << a.heads << ", HV = " << HV << ") on " << machine.cpu_model
       << ", " << machine.isa << ", " << a.rounds << " interleaved rounds per parameter\n";
@@ -246,8 +248,10 @@ void tune_variant(const TuneArgs& a, const std::string& vname, std::ostream& out
   write_wisdom_entry(path, e);
   // What the planner now does with it.
   PlanOptions po;
+  po.backend = &cpu_plan_backend();
   po.cores = threads;
-  po.wisdom_path = path;
+  po.wisdom = std::make_shared<const Wisdom>(read_wisdom(path));
+  po.wisdom_origin = path;
   const Plan check = make_plan(p, dev, "hanpu", po);
   out << "wrote " << path << "; the planner now plans " << cls << " with " << check.cpu.source << "\n\n" << std::flush;
 }

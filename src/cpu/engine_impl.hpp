@@ -18,7 +18,7 @@
 
 #include "cpu/thread_pool.hpp"
 #include "cpu/workspace.hpp"
-#include "device/host.hpp"
+#include "cpu/host.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/plan_exec.hpp"

@@ -6,7 +6,7 @@
 // Per-target SIMD kernels (this part is compiled once per Highway target).
 // ----------------------------------------------------------------------------------------------
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "device/host.cpp"
+#define HWY_TARGET_INCLUDE "cpu/host.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/highway.h>
 
@@ -102,7 +102,7 @@ HWY_AFTER_NAMESPACE();
 // ----------------------------------------------------------------------------------------------
 #if HWY_ONCE
 
-#include "device/host.hpp"
+#include "cpu/host.hpp"
 #include "cpu/isa.hpp"
 
 #include <pthread.h>

@@ -9,7 +9,10 @@
 #include <sstream>
 #include <string>
 
-#include "device/host.hpp"
+#include "cpu/host.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/kernels.hpp"
+#include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
 
 namespace hanpu {
@@ -81,7 +84,12 @@ Device host_device(const HostInfo& info, int threads, double measure_seconds) {
 
   Device d;
   d.name = "host";
-  d.kind = "cpu";
+  d.kind = DeviceKind::Cpu;
+  // What the CPU's planning rules read instead of probing the process (src/cpu/cpu_planning.cpp):
+  // the wisdom key (CPU model, the ISA the kernels dispatch to) and whether bf16 grams run on AMX.
+  d.cpu.model = info.cpu_model;
+  d.cpu.isa = cpu::isa_selection().target;
+  d.cpu.bf16_gram = cpu::gram_bf16_usable();
   d.description = info.cpu_model + " (" + info.simd_target + ", " + std::to_string(info.simd_f32_lanes) +
                   " f32 lanes), " + std::to_string(threads) + " thread(s)";
   d.cores = threads_given ? q(threads, "threads requested by the caller", "confirmed")
@@ -107,15 +115,15 @@ Device host_device(const HostInfo& info, int threads, double measure_seconds) {
         q(2.0 * lanes, "not measured: assumed 2 FMA pipes x " + std::to_string(lanes) + " f32 lanes", "estimate");
   }
   // The planner's "on-core buffer" on a CPU is the per-core L2: the head-fused path keeps each
-  // item's state and the chunk's intermediates there (the planner sizes lockstep groups from it,
-  // max_lockstep_group in src/plan/mapping.cpp), while L1D only holds the rows streaming into the
+  // item's state and the chunk's intermediates there (the CPU's planning rules size lockstep groups
+  // from it, src/cpu/cpu_planning.cpp), while L1D only holds the rows streaming into the
   // register tiles. A 48 KiB L1D as the working buffer would fail capacity checks the real kernels
   // never face. Without an L2, fall back to L1D.
   const std::string working = info.data_cache(2) ? "L2" : "L1D";
   d.matrix.input_a = d.matrix.input_b = d.matrix.output = working;
   // FMA units take their operands from cache rows and produce rows: there is no fractal format a
   // CPU's "matrix unit" needs, so the layout planner anchors matrix operands dense here.
-  d.matrix.operand_layout = "dense";
+  d.matrix.operand_layout = OperandLayout::Dense;
   // ~1.5 pJ per f32 FMA lane: instruction fetch/decode/register-file overhead of an out-of-order
   // core amortised over the vector's lanes dominates the arithmetic (Horowitz, ISSCC 2014, scaled to
   // a 7-14 nm node).

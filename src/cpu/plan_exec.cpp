@@ -17,6 +17,7 @@
 //     Q K^T recomputed in the output phase instead of stored by the Map phase);
 //   anything else (segment-parallel kernels: flashqla; the inverse form; blocked layouts; a chunk
 //     other than 64) is refused, naming the field.
+#include "hanpu/host_device.hpp"
 #include "hanpu/plan_exec.hpp"
 
 #include <algorithm>
@@ -470,7 +471,7 @@ HostPlan host_plan(Engine& engine, const Problem& p, int threads, const std::str
   if (dev == c.devices.end()) dev = c.devices.emplace(threads, host_device(engine.host(), threads, 0.0)).first;
   const Device device = dev->second;
   lock.unlock();  // planning a long varlen batch takes a while; other signatures need not wait
-  PlanOptions po;
+  PlanOptions po = cpu_plan_options(device);
   po.cores = threads;
   auto plan = std::make_shared<const Plan>(make_plan(p, device, strategy, po));
   LaShape shape;

@@ -11,7 +11,6 @@
 #include <set>
 #include <sstream>
 
-#include "device/host.hpp"
 #include "io/file_io.hpp"
 #include "io/json_io.hpp"
 
@@ -196,15 +195,25 @@ class DeviceReader {
     expect_object(j, "");
     only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
                       "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "handoff_sync_cycles", "notes",
-                      "core_configurations"});
+                      "core_configurations", "cpu"});
     if (auto it = j.find("schema_version"); it != j.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 1)
         fail("schema_version", "got " + show(*it) + ", expected 1");
     }
     Device d;
     d.name = string_field(j, "", "name");
-    d.kind = string_field(j, "", "kind");
-    if (d.kind != "npu" && d.kind != "cpu") fail("kind", "got \"" + d.kind + "\", expected \"npu\" or \"cpu\"");
+    const std::string kind = string_field(j, "", "kind");
+    if (kind != "npu" && kind != "cpu") fail("kind", "got \"" + kind + "\", expected \"npu\" or \"cpu\"");
+    d.kind = kind == "cpu" ? DeviceKind::Cpu : DeviceKind::Npu;
+    if (j.contains("cpu")) {
+      if (d.kind != DeviceKind::Cpu) fail("cpu", "a device of kind \"npu\" has no CPU facts");
+      const json& c = j.at("cpu");
+      expect_object(c, "cpu");
+      only_keys(c, "cpu", {"model", "isa", "bf16_gram"});
+      d.cpu.model = string_field(c, "cpu", "model");
+      d.cpu.isa = string_field(c, "cpu", "isa");
+      d.cpu.bf16_gram = bool_field(c, "cpu", "bf16_gram", false);
+    }
     d.description = string_field(j, "", "description", false);
     d.cores = quantity_field(j, "", "cores", Constraint::kPositiveInteger);
     d.clock_ghz = quantity_field(j, "", "clock_ghz", Constraint::kPositive);
@@ -265,9 +274,10 @@ class DeviceReader {
     expect_buffer(d.matrix.input_a, "matrix.input_a", false);
     expect_buffer(d.matrix.input_b, "matrix.input_b", false);
     expect_buffer(d.matrix.output, "matrix.output", false);
-    d.matrix.operand_layout = string_field(mat, "matrix", "operand_layout", false, "blocked");
-    if (d.matrix.operand_layout != "blocked" && d.matrix.operand_layout != "dense")
-      fail("matrix.operand_layout", "got \"" + d.matrix.operand_layout + "\", expected \"blocked\" or \"dense\"");
+    const std::string layout = string_field(mat, "matrix", "operand_layout", false, "blocked");
+    if (layout != "blocked" && layout != "dense")
+      fail("matrix.operand_layout", "got \"" + layout + "\", expected \"blocked\" or \"dense\"");
+    d.matrix.operand_layout = layout == "dense" ? OperandLayout::Dense : OperandLayout::Blocked;
     d.matrix.runs_on_vector_unit = bool_field(mat, "matrix", "runs_on_vector_unit", false);
     d.matrix.energy_pj_per_mac = quantity_field(mat, "matrix", "energy_pj_per_mac", Constraint::kNonNegative);
 
@@ -403,6 +413,18 @@ double Device::vector_lanes(DType dt) const {
   throw Error("device " + name + ": the vector unit has no " + dtype_name(dt) + " lanes (it has " + have + ")");
 }
 
+const char* device_kind_name(DeviceKind k) { return k == DeviceKind::Cpu ? "cpu" : "npu"; }
+const char* operand_layout_name(OperandLayout l) { return l == OperandLayout::Dense ? "dense" : "blocked"; }
+
+std::string Device::staging_buffer() const {
+  // An NPU whose matrix engine works on the vector unit's own memory (AIE-ML's tile data memory)
+  // stages nothing: operands are read where the vector unit left them.
+  if (kind == DeviceKind::Npu && matrix.input_a == vector.buffer && matrix.input_b == vector.buffer) return vector.buffer;
+  for (const BufferSpec& b : buffers)
+    if (has_path(b.name, matrix.input_a) && has_path(b.name, matrix.input_b)) return b.name;
+  return matrix.input_a;
+}
+
 Device device_from_json(const nlohmann::json& j, const std::string& origin) {
   return DeviceReader(origin).read(j);
 }
@@ -418,7 +440,7 @@ nlohmann::json device_to_json(const Device& d) {
   json j;
   j["schema_version"] = 1;
   j["name"] = d.name;
-  j["kind"] = d.kind;
+  j["kind"] = device_kind_name(d.kind);
   j["description"] = d.description;
   j["cores"] = quantity_to_json(d.cores);
   j["clock_ghz"] = quantity_to_json(d.clock_ghz);
@@ -432,7 +454,7 @@ nlohmann::json device_to_json(const Device& d) {
                  {"input_a", d.matrix.input_a},
                  {"input_b", d.matrix.input_b},
                  {"output", d.matrix.output},
-                 {"operand_layout", d.matrix.operand_layout},
+                 {"operand_layout", operand_layout_name(d.matrix.operand_layout)},
                  {"energy_pj_per_mac", quantity_to_json(d.matrix.energy_pj_per_mac)}};
   if (d.matrix.runs_on_vector_unit) j["matrix"]["runs_on_vector_unit"] = true;
   json lanes = json::object();
@@ -467,6 +489,8 @@ nlohmann::json device_to_json(const Device& d) {
   j["static_power_w"] = quantity_to_json(d.static_power_w);
   if (!d.handoff_sync_cycles.source.empty()) j["handoff_sync_cycles"] = quantity_to_json(d.handoff_sync_cycles);
   j["notes"] = d.notes;
+  if (d.kind == DeviceKind::Cpu && d.cpu != CpuFacts{})
+    j["cpu"] = {{"model", d.cpu.model}, {"isa", d.cpu.isa}, {"bf16_gram", d.cpu.bf16_gram}};
   if (!d.core_configurations.empty()) {
     json confs = json::array();
     for (const CoreConfiguration& c : d.core_configurations) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "hanpu/plan.hpp"
+#include "plan/lower.hpp"
 
 namespace hanpu {
 
@@ -365,6 +366,14 @@ void validate_problem(const Problem& p) {
   if (p.HV * p.total_chunks() > kMaxHeadChunks)
     bad("HV x chunks", std::to_string(p.HV) + " x " + std::to_string(p.total_chunks()),
         "at most " + std::to_string(kMaxHeadChunks) + " (value heads x chunks of all sequences)" + limit);
+}
+
+Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<std::string, Layout>& layouts) {
+  if (op.outputs.empty()) return Layout::Dense;
+  const TensorDef& t = g.tensor(op.outputs.front());
+  if (!plan_detail::is_layout_decision(t)) return Layout::Dense;
+  auto it = layouts.find(t.name == "S_next" ? "S" : t.name);
+  return it == layouts.end() ? Layout::Dense : it->second;
 }
 
 }  // namespace hanpu

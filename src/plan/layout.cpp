@@ -114,7 +114,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
 
   // The matrix unit's own layout (device data): its results arrive in it and its operands must be
   // in it, so the other layout costs one conversion (pruning 2 anchors, on either side).
-  const size_t foreign = dev.matrix.operand_layout == "dense" ? 1 : 0;  // index of the layout that converts
+  const size_t foreign = dev.matrix.operand_layout == OperandLayout::Dense ? 1 : 0;  // index of the layout that converts
   LayoutProblem lp;
   std::map<std::string, int> index;
   auto add = [&](const std::string& t) {

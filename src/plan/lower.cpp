@@ -89,10 +89,10 @@ class Lowerer {
     l0a_ = dev_.matrix.input_a;
     l0b_ = dev_.matrix.input_b;
     l0c_ = dev_.matrix.output;
-    stage_ = staging_buffer(dev_);
+    stage_ = dev_.staging_buffer();
     // Operands move as fp16 when the matrix unit multiplies fp16 (an NPU's Cube), else as fp32.
     operand_bytes_ = dev_.matrix.macs_per_cycle.count(DType::F16) || dev_.matrix.macs_per_cycle.count(DType::BF16) ? 2 : 4;
-    native_ = dev_.matrix.operand_layout == "dense" ? Layout::Dense : Layout::Blocked;
+    native_ = dev_.matrix.operand_layout == OperandLayout::Dense ? Layout::Dense : Layout::Blocked;
   }
 
   void run() {
@@ -600,23 +600,6 @@ bool is_layout_decision(const TensorDef& t) {
   return t.rows != "1" && t.cols != "1";
 }
 
-Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<std::string, Layout>& layouts) {
-  if (op.outputs.empty()) return Layout::Dense;
-  const TensorDef& t = g.tensor(op.outputs.front());
-  if (!is_layout_decision(t)) return Layout::Dense;
-  auto it = layouts.find(t.name == "S_next" ? "S" : t.name);
-  return it == layouts.end() ? Layout::Dense : it->second;
-}
-
-std::string staging_buffer(const Device& dev) {
-  // An NPU whose matrix engine works on the vector unit's own memory (AIE-ML's tile data memory)
-  // stages nothing: operands are read where the vector unit left them.
-  if (dev.kind == "npu" && dev.matrix.input_a == dev.vector.buffer && dev.matrix.input_b == dev.vector.buffer)
-    return dev.vector.buffer;
-  for (const BufferSpec& b : dev.buffers)
-    if (dev.has_path(b.name, dev.matrix.input_a) && dev.has_path(b.name, dev.matrix.input_b)) return b.name;
-  return dev.matrix.input_a;
-}
 
 void lower_kernel(Kernel& k, const LowerContext& cx, int64_t L, int64_t Vc) {
   Lowerer lw(k, cx, L, Vc);

@@ -39,10 +39,4 @@ bool is_layout_decision(const TensorDef& t);
 /// conversion.
 bool is_shared_input(const TensorDef& t, int vector_readers);
 
-/// The working layout of a vector operator (that of its first output; dense for outputs).
-Layout working_layout(const OperatorDef& op, const OpGraph& g, const std::map<std::string, Layout>& layouts);
-
-/// The matrix unit's staging buffer: the one with paths to both operand buffers (L1 on DaVinci).
-std::string staging_buffer(const Device& dev);
-
 }  // namespace hanpu::plan_detail

@@ -157,23 +157,13 @@ std::vector<int32_t> lockstep_groups(const std::vector<PlanItem>& items, int max
   return sizes;
 }
 
-int max_lockstep_group(const Device& dev, int64_t K, int64_t width) {
-  int64_t capacity = 0, line = 1;
+int max_lockstep_group(const Device& dev, int64_t K, int64_t width, int64_t state_bytes) {
+  int64_t capacity = 0;
   for (const BufferSpec& b : dev.buffers)
-    if (b.name == dev.matrix.output) {
-      capacity = static_cast<int64_t>(b.capacity_bytes.value);
-      line = std::max<int64_t>(1, static_cast<int64_t>(b.alignment_bytes.value));
-    }
-  // A state row as a cache holds it: padded to whole lines, plus one line when the row is a
-  // multiple of four lines, since rows a power of two apart fall into a few cache sets (the CPU's
-  // arena pads them so: LeadingDim in src/cpu/la/base-inl.h). A scratchpad (an NPU's buffers)
-  // holds the row as it is.
-  int64_t row = width * static_cast<int64_t>(sizeof(float));
-  if (dev.kind == "cpu") {
-    row = (row + line - 1) / line * line;
-    if (row % (4 * line) == 0) row += line;
-  }
-  const int64_t state_bytes = std::max<int64_t>(1, K * row);
+    if (b.name == dev.matrix.output) capacity = static_cast<int64_t>(b.capacity_bytes.value);
+  // A scratchpad (an NPU's buffers) holds a state's rows as they are; a cache's padding is the
+  // caller's to state (the CPU's rules pass the arena's padded size, src/cpu/cpu_planning.cpp).
+  if (state_bytes <= 0) state_bytes = std::max<int64_t>(1, K * width * static_cast<int64_t>(sizeof(float)));
   // A quarter of the buffer for the group's states: on AVX-512 with a 2 MiB L2 and K = V = 128,
   // groups of 4-8 states measured fastest of 1, 4, 8, 14; more push the chunk's buffers out.
   return static_cast<int>(std::clamp<int64_t>(capacity / 4 / state_bytes, 1, 64));

@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "hanpu/plan.hpp"
-#include "plan/cpu_tuning_plan.hpp"
 #include "plan/lower.hpp"
 
 namespace hanpu {
@@ -165,23 +164,6 @@ struct Recipe {
 
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
 
-// The fused kernel's order when none is given: the graph's default; on a CPU in the GEMM-first
-// form the state GEMMs (ks, qs) right after the gate, before the grams. That is the order of the
-// hand-wired CPU schedule that plans replaced, whose speed the default path must keep; the grams
-// first measured no faster on the bench shapes (docs/PERFORMANCE.md, "One plan drives the CPU").
-std::vector<std::string> fused_order(const OpGraph& g, const Device& dev) {
-  std::vector<std::string> order = default_order(g);
-  if (dev.kind != "cpu" || g.form != GraphForm::GemmFirst) return order;
-  std::vector<std::string> front, rest;
-  for (const std::string& o : order) (o == "gate" || is_kda_decay_operator(o) ? front : rest).push_back(o);
-  for (const char* o : {"ks", "qs"}) {
-    rest.erase(std::find(rest.begin(), rest.end(), o));
-    front.push_back(o);
-  }
-  front.insert(front.end(), rest.begin(), rest.end());
-  return front;
-}
-
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
 std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores,
                                         const std::vector<std::string>& order) {
@@ -189,7 +171,7 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
   if (any) {
-    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? fused_order(g, dev) : order);
+    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? default_order(g) : order);
     fused.cores = m.cores;
     fused.state_in = StateIn::Initial, fused.state_out = StateOut::Final;
     ks.push_back(fused);
@@ -477,13 +459,14 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
   // they wait there for their first consumer. A given order (PlanOptions::order) and a CPU (its
   // order is the CPU schedule's) keep theirs.
   std::vector<std::string> order = opt.order;
-  const bool reorder_pass = plan.form == GraphForm::GemmFirst && plan.state_in_place && order.empty() && dev.kind != "cpu";
+  if (order.empty() && opt.backend) order = opt.backend->fused_order(g);
+  const bool reorder_pass = plan.form == GraphForm::GemmFirst && plan.state_in_place && order.empty();
   const bool results_wait = reorder_pass && dev.matrix.output != dev.vector.buffer;
   if (reorder_pass) {
     const auto result_capacity = results_wait ? static_cast<int64_t>(dev.buffer(dev.matrix.output).capacity_bytes.value) : 0;
     order = lifetime_aware_order(g, p.chunk, p.K, p.V, result_capacity, results_wait).order;
   }
-  // On a CPU the column block is the plan's CPU parameter (plan.cpu, src/plan/cpu_tuning.cpp).
+  // On a CPU the column block is the plan's CPU parameter (plan.cpu, the backend's rules).
   const int64_t first_width = plan.cpu.set() ? plan.cpu.column_block.value : p.V;
   for (int64_t width = first_width;; width = (width / 2 + quantum - 1) / quantum * quantum) {
     plan.kernels = head_mapped_kernels(p, dev, g, cores, order);
@@ -499,7 +482,7 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
             split.push_back(b);
           }
         list = split;
-        if (dev.kind == "cpu" && width < p.V) plan_detail::order_blocks_for_lockstep(list);
+        if (opt.backend && width < p.V) opt.backend->order_column_blocks(list);
       }
     }
     try {
@@ -590,8 +573,12 @@ std::vector<std::string> ablation_names() {
   return out;
 }
 
-Plan make_plan(const Problem& p, const Device& device_file, const std::string& strategy, const PlanOptions& opt) {
+Plan make_plan(const Problem& p, const Device& device_file, const std::string& strategy, const PlanOptions& given) {
   validate_problem(p);
+  // A backend's rules apply to the devices it executes on: a CPU backend given for an NPU plan
+  // (a caller planning every device the same way) changes nothing.
+  PlanOptions opt = given;
+  if (device_file.kind != DeviceKind::Cpu) opt.backend = nullptr;
   const int cores = opt.cores > 0 ? opt.cores : device_file.core_count();
   // A core count the device describes as a coherent configuration plans with that
   // configuration's clock and bandwidths (the layout DP's costs depend on them), as simulate()
@@ -611,7 +598,12 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
   plan.state_in_place = r.in_place;
   plan.layout_planned = r.layout;
   plan.allow_spill = r.spill;
-  if (dev.kind == "cpu") plan.cpu = plan_detail::plan_cpu_tuning(p, dev, cores, opt);
+  if (dev.kind == DeviceKind::Cpu) {
+    if (!opt.backend)
+      throw Error("PlanOptions.backend: device " + dev.name +
+                  " is a CPU; its plans need the CPU backend's planning rules (cpu_plan_backend(), hanpu/plan_exec.hpp)");
+    plan.cpu = opt.backend->tune(p, dev, cores, opt);
+  }
   const OpGraph g = plan.graph();
   plan_layouts(plan, dev, g);
   if (!opt.order.empty() && def.build)

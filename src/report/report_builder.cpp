@@ -56,9 +56,11 @@ Problem make_problem(Variant v, int64_t T, int64_t H) {
   return p;
 }
 
-Plan plan_or_explain(const Problem& p, const Device& dev, const std::string& strategy) {
+Plan plan_or_explain(const Problem& p, const Device& dev, const std::string& strategy, const PlanBackend* backend) {
   try {
-    return make_plan(p, dev, strategy);
+    PlanOptions po;
+    po.backend = backend;
+    return make_plan(p, dev, strategy, po);
   } catch (const Error& e) {
     throw Error("report: " + shape_name(p.variant, p.total_tokens(), p.HV) + " " + strategy + ": " + e.what());
   }
@@ -622,7 +624,7 @@ ReportData run_report_sweep(const Device& dev, const ReportOptions& opt, const P
   };
   auto simulate_point = [&](Variant v, int64_t T, int64_t H, const std::string& s, const SimOptions& so) {
     step(shape_name(v, T, H) + " " + s);
-    const Plan plan = plan_or_explain(make_problem(v, T, H), dev, s);
+    const Plan plan = plan_or_explain(make_problem(v, T, H), dev, s, opt.backend);
     ++d.simulations;
     return SweepPoint{v, T, H, s, simulate(plan, dev, so)};
   };
@@ -638,7 +640,7 @@ ReportData run_report_sweep(const Device& dev, const ReportOptions& opt, const P
       for (const std::string& s : strategies) {
         step(shape_name(v, T, d.rep_heads) + " " + s + " (peak GM)");
         ++d.plans;
-        d.peak_gm.push_back({v, T, d.rep_heads, s, plan_peak_gm_bytes(plan_or_explain(make_problem(v, T, d.rep_heads), dev, s))});
+        d.peak_gm.push_back({v, T, d.rep_heads, s, plan_peak_gm_bytes(plan_or_explain(make_problem(v, T, d.rep_heads), dev, s, opt.backend))});
       }
   SimOptions timeline;
   timeline.timeline = true;

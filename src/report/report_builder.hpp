@@ -34,6 +34,9 @@ struct ReportOptions {
   int timeline_chunks = 3;
   /// Cores drawn in each timeline (the cores run the same program; two show whether they line up).
   int timeline_cores = 2;
+  /// The planning rules of the backend that runs a CPU device's plans (PlanOptions::backend);
+  /// needed for a CPU device only (the CLI passes cpu_plan_backend()).
+  const PlanBackend* backend = nullptr;
 };
 
 /// One simulated point of the sweep (or of the ablation).

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <limits>
 
-#include "plan/lower.hpp"
 
 namespace hanpu {
 
@@ -180,7 +179,7 @@ class Simulator {
       lanes.push_back(l);
       return static_cast<int>(lanes.size()) - 1;
     };
-    const std::string stage = plan_detail::staging_buffer(dev_);
+    const std::string stage = dev_.staging_buffer();
     std::vector<StepInfo> info(k.steps.size());
     int state_writer = -1;
     for (size_t i = 0; i < k.steps.size(); ++i) {
@@ -213,7 +212,7 @@ class Simulator {
       } else if (s.kind == StepKind::Compute) {
         si.op = &g_.op(s.op);
         if (si.op->unit == Unit::Vector && si.op->row_structured &&
-            plan_detail::working_layout(*si.op, g_, plan_.layouts) == Layout::Blocked)
+            working_layout(*si.op, g_, plan_.layouts) == Layout::Blocked)
           si.row_penalty = true;
         if (s.op == "state_add") state_writer = static_cast<int>(i);
       } else if (s.kind == StepKind::Zero) {

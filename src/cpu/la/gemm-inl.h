@@ -20,18 +20,16 @@ HWY_BEFORE_NAMESPACE();
 namespace hanpu::cpu {
 namespace HWY_NAMESPACE {
 
-// GEMM register tiles: MR rows x NV vectors of C held in registers. 32-register targets (AVX-512,
-// NEON) use 8 x 3 (24 accumulators + 3 B vectors + 1 broadcast: 11 loads per 24 FMAs; measured
-// on AVX-512 against 8x2, 12x2, 6x4 and 7x4). Column tails (e.g. the last 32 of 128 columns)
-// keep 8 rows: taller tail tiles (12 x 2, 16 x 1) measured 10% slower on the GEMM probe.
-// 16-register x86 targets: up to 6 x 2 (12 accumulators + 2 B vectors + 1 broadcast = 15
-// registers; the plan picks the shape, src/plan/cpu_tuning.cpp).
+// GEMM register tiles: MR rows x NV vectors of C held in registers, as cpu/kernel_facts.hpp
+// states them (the planning rules choose from the same numbers). Column tails (e.g. the last 32 of
+// 128 columns) keep the full row count: taller tail tiles (12 x 2, 16 x 1) measured 10% slower on
+// the GEMM probe.
 #if HWY_ARCH_X86 && HWY_TARGET > HWY_AVX3
-constexpr size_t kMR = 6;
-constexpr size_t kNV = 2;
+constexpr size_t kMR = kGemmTileNarrowFile.rows;
+constexpr size_t kNV = kGemmTileNarrowFile.vectors;
 #else
-constexpr size_t kMR = 8;
-constexpr size_t kNV = 3;
+constexpr size_t kMR = kGemmTileWideFile.rows;
+constexpr size_t kNV = kGemmTileWideFile.vectors;
 #endif
 constexpr size_t RowsFor(size_t /*nv*/) { return kMR; }
 
