@@ -52,7 +52,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
   if (!next && !q35 && !q35_moe)
     fail(source, "unknown model_type '" + top_type +
                      "', expected 'qwen3_5' / 'qwen3_5_moe' (nested text_config), 'qwen3_5_text' / 'qwen3_5_moe_text' "
-                     "(flat), 'qwen3_next' or 'kimi_linear'");
+                     "(flat), 'qwen3_next', 'kimi_linear' or 'bailing_hybrid'");
 
   ConfigFields f{text, top, source};
   ModelConfig c;
