@@ -344,6 +344,19 @@ TEST(KimiLinearLoader, OfficialDenseMlpNameAndMissingTensorsNamed) {
   });
   const std::string err = load_error(tmp2.path().string());
   EXPECT_NE(err.find("model.layers.3.self_attn.k_conv1d.weight"), std::string::npos) << err;
+
+  // A KDA head dim the tensors disagree with: the tensor, both shapes and the keys that set it.
+  TempDir tmp3;
+  copy_checkpoint(kimi_dir(), tmp3.path());
+  nlohmann::json j = nlohmann::json::parse(read_file(kimi_dir() / "config.json"));
+  j["linear_head_dim"] = 20;
+  write_file(tmp3.path() / "config.json", j.dump());
+  const std::string geometry = load_error(tmp3.path().string());
+  EXPECT_NE(geometry.find("tensor 'model.layers.0.self_attn.q_conv1d.weight' has shape [72,1,4], expected [60,1,4] "
+                          "from config.json; config.json gives the KDA layers 3 heads of 20 and a conv of 4 "
+                          "(linear_num_heads, linear_head_dim, linear_conv_kernel_dim)"),
+            std::string::npos)
+      << geometry;
 }
 
 TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
