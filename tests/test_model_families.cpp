@@ -189,6 +189,15 @@ void expect_decode_continues_prefill(const ModelConfig& config, uint64_t seed, i
   }
 }
 
+TEST(Qwen35MoeConfig, AbsentHeadDimIsTransformersDefault) {
+  // transformers' Qwen3.5 / Qwen3-Next config classes default head_dim to 256 (hidden 64 / 4 heads
+  // would give 16): a config.json without it describes the model transformers builds from it.
+  nlohmann::json j = nlohmann::json::parse(read_file(qwen_moe_dir() / "config.json"));
+  ASSERT_EQ(j["text_config"]["hidden_size"], 64);
+  j["text_config"].erase("head_dim");
+  EXPECT_EQ(parse_model_config(j.dump(), "config.json").head_dim, 256);
+}
+
 TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   const ModelConfig c = model_preset("qwen3.5-35b-a3b-slice");
   EXPECT_EQ(c.num_moe_layers(), 4);
