@@ -1,0 +1,143 @@
+"""hanpu's Jinja subset (src/model/jinja.cpp, `hanpu template render`) against jinja2 itself,
+configured as transformers configures it for chat templates (src/transformers/utils/
+chat_template_utils.py, _compile_jinja_template): ImmutableSandboxedEnvironment with
+trim_blocks=True, lstrip_blocks=True and the loopcontrols extension, a tojson filter that is
+json.dumps(x, ensure_ascii=False, indent, separators, sort_keys), and the globals raise_exception
+and strftime_now. Every template in chat_templates/ is rendered on every context of
+chat_templates/contexts.json by both; the outputs must match byte for byte, and a context jinja2
+refuses must be refused by hanpu too."""
+import json
+import os
+import subprocess
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+jinja2 = pytest.importorskip("jinja2")
+from jinja2.ext import loopcontrols  # noqa: E402
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent / "chat_templates"
+TEMPLATES = sorted(HERE.glob("*.jinja"))
+CONTEXTS = json.loads((HERE / "contexts.json").read_text(encoding="utf-8"))
+
+
+def hanpu_exe():
+    exe = Path(os.environ.get("HANPU_EXE", REPO / "build" / "release" / "hanpu"))
+    assert exe.exists(), f"{exe} missing: build with `cmake --build --preset release`"
+    return exe
+
+
+def reference_env():
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def reference_render(source, context):
+    try:
+        return {"text": reference_env().from_string(source).render(**context)}
+    except jinja2.exceptions.TemplateError as e:  # includes UndefinedError and raise_exception
+        return {"error": f"{type(e).__name__}: {e}"}
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def hanpu_render(template, contexts, tmp_path):
+    ctx_file = tmp_path / "contexts.json"
+    ctx_file.write_text(json.dumps(contexts, ensure_ascii=False), encoding="utf-8")
+    out = subprocess.run([str(hanpu_exe()), "template", "render", "--template", str(template), "--contexts", str(ctx_file)],
+                         capture_output=True, timeout=120)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: p.stem)
+def test_matches_jinja2(template, tmp_path):
+    source = template.read_text(encoding="utf-8")
+    ours = hanpu_render(template, CONTEXTS, tmp_path)
+    assert len(ours) == len(CONTEXTS)
+    rendered = 0
+    for i, (context, got) in enumerate(zip(CONTEXTS, ours)):
+        want = reference_render(source, context)
+        if "error" in want:
+            assert "error" in got, f"context {i}: jinja2 refused ({want['error']}), hanpu rendered {got['text'][:200]!r}"
+            continue
+        assert "text" in got, f"context {i}: jinja2 rendered, hanpu refused: {got['error']}"
+        assert got["text"] == want["text"], f"context {i}: outputs differ"
+        rendered += 1
+    if template.stem != "errors":
+        assert rendered > 0
+
+
+def test_errors_template_both_ways(tmp_path):
+    """errors.jinja renders on short conversations and fails (raise_exception, attribute of an
+    undefined value) on others: both outcomes occur, and hanpu's messages name the line."""
+    template = HERE / "errors.jinja"
+    ours = hanpu_render(template, CONTEXTS, tmp_path)
+    kinds = {"error" in r for r in ours}
+    assert kinds == {True, False}
+    for r in ours:
+        if "error" in r:
+            assert ", line " in r["error"], r["error"]
+    assert any("raise_exception: Too many messages" in r.get("error", "") for r in ours)
+
+
+SNIPPETS = [
+    # (template, context): small cases beyond the files, each compared with jinja2
+    ("{{ strftime_now('%Y-%m-%d') }}", {}),
+    ("{% for i in range(3) %}{{ i }}{% if not loop.last %}, {% endif %}{% endfor %}", {}),
+    ("{{ x | tojson(indent=4) }}", {"x": {"a": [1, [2, {}], {"b": None}], "c": "d"}}),
+    ("{{ x }} {{ x | string }} {{ x | tojson }}", {"x": [1.0, 0.5, 1e-05, 1e16, 12345.678, -0.0, 2 ** 53]}),
+    ("{{ 'x' if a is defined and a else 'y' }}|{{ a.b is defined }}", {"a": {"c": 1}}),
+    ("a\n{%- if true %}\nb\n{% endif -%}\n  c\n", {}),
+    ("  {%- if true %} x {% endif %}\n{{ 'y' }}\n", {}),
+    ("{% set l = [1, 2] %}{% set l2 = l + [3] %}{{ l }}{{ l2 }}", {}),
+    ("{{ messages[0]['content'][0]['text'] | trim }}", {"messages": [{"content": [{"text": " t "}]}]}),
+    ("{%- for m in messages %}{{ m.content.split('\\n')[-1] }}{% endfor %}", {"messages": [{"content": "a\nb"}]}),
+    ("{{ '%s' }}", {}),
+    ("{{ 'a' | replace('', '-') }}", {}),
+    ("{{ ' x '.split(' ') }} {{ 'a  b'.split(None, 1) }} {{ ' a b '.rsplit(None, 1) }}", {}),
+]
+
+
+@pytest.mark.parametrize("i", range(len(SNIPPETS)))
+def test_snippets_match_jinja2(i, tmp_path):
+    source, context = SNIPPETS[i]
+    template = tmp_path / "t.jinja"
+    template.write_text(source, encoding="utf-8")
+    got = hanpu_render(template, [context], tmp_path)[0]
+    want = reference_render(source, context)
+    assert ("error" in got) == ("error" in want), (got, want)
+    if "text" in want:
+        assert got["text"] == want["text"]
+
+
+@pytest.mark.parametrize("source,construct", [
+    ("{% if x %}", "'if' opened here is never closed"),
+    ("{{ x | nosuchfilter }}", "unknown filter 'nosuchfilter'"),
+    ("{% extends 'base' %}", "unsupported statement '{% extends %}'"),
+    ("line1\n{{ x is nosuchtest }}", "line 2: unknown test 'nosuchtest'"),
+    ("{% for %}", "expected a loop variable name"),
+    ("{{ [1, 2 }}", "unexpected '}', expected ']'"),
+    ("{{ (1 + 2 }}", "tag opened here is never closed"),
+])
+def test_errors_name_construct_and_line(source, construct, tmp_path):
+    template = tmp_path / "bad.jinja"
+    template.write_text(source, encoding="utf-8")
+    out = subprocess.run([str(hanpu_exe()), "template", "render", "--template", str(template)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert construct in out.stderr, out.stderr
