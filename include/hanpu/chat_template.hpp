@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hanpu/tokenizer.hpp"
+
 namespace hanpu {
 
 namespace jinja {
@@ -45,5 +47,21 @@ class ChatTemplate {
 /// a string or a list of {name, template} (the one named "tool_use" when `want_tools` and it
 /// exists, else "default"). Empty when the checkpoint has none. `origin` gets the source's name.
 std::string find_chat_template(const std::string& model_dir, bool want_tools, std::string* origin);
+
+/// The special tokens transformers passes to every chat template (its special_tokens_map:
+/// bos_token, eos_token, unk_token, pad_token, sep_token, cls_token, mask_token,
+/// additional_special_tokens) from the checkpoint's tokenizer_config.json, as strings (an
+/// AddedToken object {"content": ...} gives its content). An empty object when there is none.
+nlohmann::ordered_json chat_template_special_tokens(const std::string& model_dir);
+
+/// A checkpoint's chat template parsed, or nullptr when it has none (find_chat_template). A
+/// template outside the subset throws hanpu::Error naming the construct and line.
+std::unique_ptr<ChatTemplate> load_chat_template(const std::string& model_dir, bool want_tools = false);
+
+/// The prompt for a plain conversation (`hanpu run --chat`, `hanpu tokenize --chat`): the
+/// checkpoint's template when `tmpl` is given (with `special_tokens` and enable_thinking as
+/// variables), else the tokenizer's ChatML (Tokenizer::apply_chat_template), the stated fallback.
+std::string render_chat_prompt(const ChatTemplate* tmpl, const nlohmann::ordered_json& special_tokens, const Tokenizer& tok,
+                               const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool enable_thinking);
 
 }  // namespace hanpu

@@ -133,7 +133,8 @@ def test_snippets_match_jinja2(i, tmp_path):
     ("line1\n{{ x is nosuchtest }}", "line 2: unknown test 'nosuchtest'"),
     ("{% for %}", "expected a loop variable name"),
     ("{{ [1, 2 }}", "unexpected '}', expected ']'"),
-    ("{{ (1 + 2 }}", "tag opened here is never closed"),
+    ("{{ (1 + 2 }}", "unexpected '}', expected ')'"),
+    ("ok\n{{ x", "line 2: tag opened here is never closed"),
 ])
 def test_errors_name_construct_and_line(source, construct, tmp_path):
     template = tmp_path / "bad.jinja"

@@ -3,6 +3,7 @@
 #include "hanpu/chat_template.hpp"
 
 #include <filesystem>
+#include <optional>
 
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
@@ -71,6 +72,47 @@ std::string find_chat_template(const std::string& model_dir, bool want_tools, st
   }
   if (!t.is_null()) throw Error(cfg_path.string() + ": chat_template: expected a string or a list of named templates");
   return {};
+}
+
+nlohmann::ordered_json chat_template_special_tokens(const std::string& model_dir) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  const std::filesystem::path cfg_path = std::filesystem::path(model_dir) / "tokenizer_config.json";
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(cfg_path, ec)) return out;
+  const nlohmann::json cfg = nlohmann::json::parse(read_regular_file(cfg_path.string(), "tokenizer config", 1u << 26), nullptr, false);
+  if (!cfg.is_object()) return out;
+  auto text = [](const nlohmann::json& v) -> std::optional<std::string> {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_object() && v.contains("content") && v["content"].is_string()) return v["content"].get<std::string>();
+    return std::nullopt;
+  };
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"})
+    if (cfg.contains(key))
+      if (auto t = text(cfg[key])) out[key] = *t;
+  if (cfg.contains("additional_special_tokens") && cfg["additional_special_tokens"].is_array()) {
+    nlohmann::ordered_json list = nlohmann::ordered_json::array();
+    for (const auto& v : cfg["additional_special_tokens"])
+      if (auto t = text(v)) list.push_back(*t);
+    out["additional_special_tokens"] = list;
+  }
+  return out;
+}
+
+std::unique_ptr<ChatTemplate> load_chat_template(const std::string& model_dir, bool want_tools) {
+  std::string origin;
+  const std::string text = find_chat_template(model_dir, want_tools, &origin);
+  if (origin.empty()) return nullptr;
+  return std::make_unique<ChatTemplate>(ChatTemplate::parse(text, origin));
+}
+
+std::string render_chat_prompt(const ChatTemplate* tmpl, const nlohmann::ordered_json& special_tokens, const Tokenizer& tok,
+                               const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool enable_thinking) {
+  if (!tmpl) return tok.apply_chat_template(messages, add_generation_prompt, enable_thinking);
+  nlohmann::ordered_json msgs = nlohmann::ordered_json::array();
+  for (const ChatMessage& m : messages) msgs.push_back({{"role", m.role}, {"content", m.content}});
+  nlohmann::ordered_json kwargs = special_tokens.is_object() ? special_tokens : nlohmann::ordered_json::object();
+  kwargs["enable_thinking"] = enable_thinking;
+  return tmpl->render(msgs, nullptr, add_generation_prompt, kwargs);
 }
 
 }  // namespace hanpu

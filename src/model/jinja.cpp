@@ -26,9 +26,13 @@
 namespace hanpu::jinja {
 namespace {
 
-constexpr size_t kMaxOutputBytes = size_t{256} << 20;  // a runaway loop stops here, not at OOM
+constexpr size_t kMaxOutputBytes = size_t{64} << 20;  // a runaway loop stops here, not at OOM
 constexpr int kMaxDepth = 200;                          // parser nesting and macro recursion
-constexpr int64_t kMaxIterations = 50'000'000;
+constexpr int64_t kMaxIterations = 1'000'000;  // loop bodies per render (chat templates: messages x tool calls)
+// Work per render: expression evaluations, and bytes/items built by +, ~, *, join. Real chat
+// templates use a tiny fraction; a template that loops on quadratic concatenation stops here.
+constexpr int64_t kMaxSteps = 50'000'000;
+constexpr int64_t kMaxBuiltBytes = int64_t{4} << 30;
 
 // ---- values --------------------------------------------------------------------------------
 
@@ -1554,6 +1558,16 @@ class Renderer {
   ScopeP globals_;
   int depth_ = 0;
   int64_t iterations_ = 0;
+  int64_t steps_ = 0;
+  int64_t built_ = 0;
+
+  void charge(int64_t bytes, int line) {
+    built_ += bytes;
+    if (built_ > kMaxBuiltBytes) fail(line, "the render builds more than " + std::to_string(kMaxBuiltBytes >> 30) + " GiB of strings and lists (a loop concatenating without end?)");
+  }
+  static int64_t size_of(const Value& v) {
+    return v.k == Value::K::Str ? static_cast<int64_t>(v.s.size()) : v.k == Value::K::List ? static_cast<int64_t>(v.l->size()) * 16 : 0;
+  }
 
   void emit(std::string& out, const std::string& s, int line) {
     if (out.size() + s.size() > kMaxOutputBytes) fail(line, "output exceeds " + std::to_string(kMaxOutputBytes >> 20) + " MiB");
@@ -1999,7 +2013,8 @@ class Renderer {
       if (seq && (n->k == Value::K::Int || n->k == Value::K::Bool)) {
         const int64_t times = std::max<int64_t>(0, inum(*n));
         const size_t unit = seq->k == Value::K::Str ? seq->s.size() : seq->l->size();
-        if (unit && static_cast<uint64_t>(times) > kMaxOutputBytes / unit) fail(line, "'*': result too large");
+        if (unit && static_cast<uint64_t>(times) > (seq->k == Value::K::Str ? kMaxOutputBytes : size_t{1'000'000}) / unit)
+          fail(line, "'*': result too large");
         if (seq->k == Value::K::Str) {
           std::string out;
           for (int64_t k = 0; k < times; ++k) out += seq->s;
@@ -2015,6 +2030,7 @@ class Renderer {
   }
 
   Value eval(const Expr& e, const ScopeP& sc) {
+    if (++steps_ > kMaxSteps) fail(e.line, "more than " + std::to_string(kMaxSteps) + " expression evaluations in one render");
     switch (e.kind) {
       case Expr::Lit: return e.lit;
       case Expr::Name: return lookup(sc, e.name);
@@ -2105,7 +2121,11 @@ class Renderer {
         Value a = eval(*e.kids[0], sc);
         Value b = eval(*e.kids[1], sc);
         const std::string& op = e.name;
-        if (op == "~") return Value::str(to_str(a) + to_str(b));
+        if (op == "~") {
+          Value r = Value::str(to_str(a) + to_str(b));
+          charge(size_of(r), e.line);
+          return r;
+        }
         if (op == "==") return Value::boolean(equal(a, b));
         if (op == "!=") return Value::boolean(!equal(a, b));
         if (op == "in") return Value::boolean(contains(b, a, e.line));
@@ -2116,7 +2136,9 @@ class Renderer {
           const int c = compare(a, b, e.line, op.c_str());
           return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
         }
-        return arith(op, a, b, e.line);
+        Value r = arith(op, a, b, e.line);
+        charge(size_of(r), e.line);
+        return r;
       }
     }
     fail(e.line, "internal: unknown expression");
@@ -2201,6 +2223,7 @@ class Renderer {
   // ---- filters ----
   Value filter(const std::string& name, const Value& v, Args& a, const ScopeP& sc) {
     const int line = a.line;
+    charge(size_of(v), line);
     const std::string what = "filter '" + name + "'";
     auto need_str = [&](const Value& x) -> std::string { return to_str(x); };
     if (name == "tojson") {  // transformers: json.dumps(x, ensure_ascii=False, indent, separators, sort_keys)
