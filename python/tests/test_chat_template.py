@@ -142,3 +142,23 @@ def test_errors_name_construct_and_line(source, construct, tmp_path):
     out = subprocess.run([str(hanpu_exe()), "template", "render", "--template", str(template)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
     assert construct in out.stderr, out.stderr
+
+
+def test_template_sources_in_transformers_order(tmp_path):
+    """chat_template.jinja wins over tokenizer_config.json; a named list gives "default" (and
+    "tool_use" to requests with tools, see docs/SERVE.md); a special token is a variable."""
+    def render(d):
+        out = subprocess.run([str(hanpu_exe()), "template", "render", "--model", str(d)], capture_output=True, text=True, timeout=60)
+        return out.stdout if out.returncode == 0 else "ERROR " + out.stderr
+
+    cfg = {"eos_token": "<|end|>", "chat_template": [{"name": "tool_use", "template": "tools"},
+                                                     {"name": "default", "template": "default {{ eos_token is defined }}"}]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    assert render(tmp_path) == "default False"  # render --model passes no special tokens; the server does
+    (tmp_path / "chat_template.jinja").write_text("from the jinja file\n")
+    assert render(tmp_path) == "from the jinja file"  # one trailing newline dropped, as jinja2 does
+    (tmp_path / "chat_template.jinja").unlink()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "other", "template": "x"}]}))
+    assert "without one named \"default\"" in render(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({}))
+    assert "no chat template" in render(tmp_path)
