@@ -438,6 +438,30 @@ def test_chat_template_gets_tools_tool_calls_and_kwargs(tmp_path):
         s.stop()
 
 
+def test_chat_reply_split_into_reasoning_content(tmp_path):
+    """With a template that opens <think> in the prompt (qwen35_xml_tools.jinja, thinking on by
+    default), the tiny model's reply never closes it: all of it is reasoning_content, in the whole
+    response and in the stream; with enable_thinking false the prompt closes the block and the
+    reply is content."""
+    d = checkpoint_with_template(tmp_path, (Path(__file__).parent / "chat_templates" / "qwen35_xml_tools.jinja").read_text())
+    s = Server(str(d))
+    try:
+        req = {"model": "qwen35_tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+               "temperature": 0, "ignore_eos": True}
+        status, body = s.request("POST", "/v1/chat/completions", req)
+        assert status == 200, body
+        msg = body["choices"][0]["message"]
+        assert msg["content"] == "" and msg["reasoning_content"], msg
+        status, off = s.request("POST", "/v1/chat/completions", {**req, "chat_template_kwargs": {"enable_thinking": False}})
+        assert status == 200 and off["choices"][0]["message"]["content"] and "reasoning_content" not in off["choices"][0]["message"]
+        stream = s.client().chat.completions.create(**{k: v for k, v in req.items() if k != "ignore_eos"}, stream=True,
+                                                    extra_body={"ignore_eos": True})
+        reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in stream if c.choices)
+        assert reasoning.strip("\n") == msg["reasoning_content"]
+    finally:
+        s.stop()
+
+
 def test_limits_body_prompt_and_queue():
     s = Server("qwen35_tiny", "--max-body-bytes", "2048", "--max-prompt-tokens", "64", "--parallel", "1",
                "--max-queue", "1")

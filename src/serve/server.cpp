@@ -17,6 +17,7 @@
 #include <random>
 #include <sstream>
 
+#include "hanpu/chat_output.hpp"
 #include "hanpu/chat_template.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
@@ -131,10 +132,21 @@ double resident_bytes() {
 
 // ---- the server -------------------------------------------------------------------------------
 
+// How a chat reply is split back into OpenAI's fields (hanpu/chat_output.hpp): only for a
+// checkpoint template that knows <think> blocks or tool calls.
+struct ReplyFormat {
+  bool split_reasoning = false;   // the template writes <think> blocks
+  bool reasoning_opened = false;  // ... and the prompt ends inside one
+  bool parse_tools = false;       // the request has tools and the template shows a call format
+  ToolCallFormat tool_format = ToolCallFormat::kJsonTags;
+  nlohmann::ordered_json tools;
+};
+
 struct ParsedRequest {
   GenerationRequest gen;
   bool stream = false, include_usage = false;
   std::string max_tokens_field;  // the field the limit came from, for errors
+  ReplyFormat reply;
 };
 
 class Api {
@@ -160,8 +172,8 @@ class Api {
   json parse_body(const httplib::Request& req) const;
   ParsedRequest parse_common(const json& body, bool chat) const;
   std::vector<int32_t> chat_prompt(const json& messages, const json& body, const std::string& raw_body,
-                                   std::vector<int64_t>& checkpoints) const;
-  std::vector<int32_t> template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints) const;
+                                   std::vector<int64_t>& checkpoints, ReplyFormat& reply) const;
+  std::vector<int32_t> template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints, ReplyFormat& reply) const;
   std::vector<int32_t> completion_prompt(const json& prompt) const;
   std::string new_id(const char* prefix) {
     return prefix + std::to_string(id_seed_ % 100000) + "-" + std::to_string(++next_id_);
@@ -327,7 +339,7 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
 // The checkpoint's template (transformers' apply_chat_template): messages and tools as the client
 // sent them (the raw body is parsed again keeping key order, which tojson output depends on), the
 // tokenizer's special tokens and chat_template_kwargs as further variables.
-std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints) const {
+std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints, ReplyFormat& reply) const {
   const nlohmann::ordered_json raw = nlohmann::ordered_json::parse(raw_body, nullptr, false);
   const nlohmann::ordered_json& messages = raw["messages"];
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -360,6 +372,20 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vect
   } catch (const Error& e) {
     throw ApiError{400, std::string("messages: the chat template refused them: ") + e.what(), "messages", "invalid_value"};
   }
+  const std::string& src = t.source();
+  if (src.find("</think>") != std::string::npos) {
+    reply.split_reasoning = true;
+    const size_t open = text.rfind("<think>"), close = text.rfind("</think>");
+    reply.reasoning_opened = open != std::string::npos && (close == std::string::npos || close < open);
+  }
+  if (!tools.is_null()) {
+    reply.parse_tools = true;
+    if (src.find("<|tool_call_begin|>") != std::string::npos) reply.tool_format = ToolCallFormat::kKimiSections;
+    else if (src.find("<function=") != std::string::npos) reply.tool_format = ToolCallFormat::kXmlTags;
+    else if (src.find("<tool_call>") != std::string::npos) reply.tool_format = ToolCallFormat::kJsonTags;
+    else reply.parse_tools = false;
+    reply.tools = tools;
+  }
   std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
   try {  // as with ChatML below: a snapshot where the next turn's prompt will diverge
     const std::vector<int32_t> history = tok_->encode(t.render(messages, tools, false, kwargs), true);
@@ -371,7 +397,7 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vect
 }
 
 std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, const std::string& raw_body,
-                                      std::vector<int64_t>& checkpoints) const {
+                                      std::vector<int64_t>& checkpoints, ReplyFormat& reply) const {
   if (!tok_)
     throw ApiError{400, "model '" + so_.model_name + "' has no tokenizer.json, so it has no chat: send token ids to "
                         "/v1/completions as 'prompt'", "messages", "no_tokenizer"};
@@ -384,7 +410,7 @@ std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, co
   if (body.contains("tool_choice") && !body["tool_choice"].is_null() &&
       !(body["tool_choice"].is_string() && (body["tool_choice"] == "auto" || body["tool_choice"] == "none")))
     throw ApiError{400, "'tool_choice': only \"auto\" and \"none\" are supported", "tool_choice", "unsupported_value"};
-  if (chat_template_.kind == TemplateKind::kJinja) return template_prompt(raw_body, checkpoints);
+  if (chat_template_.kind == TemplateKind::kJinja) return template_prompt(raw_body, checkpoints, reply);
   if (body.contains("tools") && !body["tools"].is_null() && !(body["tools"].is_array() && body["tools"].empty()))
     throw ApiError{400, "'tools': model '" + so_.model_name + "' has no chat template, and the ChatML fallback renders no tools",
                    "tools", "unsupported_parameter"};
@@ -482,13 +508,43 @@ void write_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
+// The assistant message of a finished chat reply: content split into reasoning_content and
+// content, tool calls parsed out (ReplyFormat; hanpu/chat_output.hpp). The reasoning loses the
+// newlines around it and the content its leading ones (the templates put them there).
+json reply_message(const ReplyFormat& f, const std::string& text, const std::string& id) {
+  json m = {{"role", "assistant"}};
+  std::string content = text;
+  if (f.split_reasoning) {
+    const ReasoningSplit r = split_reasoning(text, f.reasoning_opened);
+    std::string reasoning = r.reasoning;
+    while (!reasoning.empty() && reasoning.front() == '\n') reasoning.erase(0, 1);
+    while (!reasoning.empty() && reasoning.back() == '\n') reasoning.pop_back();
+    content = r.content;
+    while (!content.empty() && content.front() == '\n') content.erase(0, 1);
+    if (!reasoning.empty() || text.find("</think>") != std::string::npos || f.reasoning_opened) m["reasoning_content"] = reasoning;
+  }
+  if (f.parse_tools) {
+    const ParsedToolCalls p = parse_tool_calls(content, f.tool_format, f.tools);
+    if (!p.calls.empty()) {
+      json calls = json::array();
+      for (size_t i = 0; i < p.calls.size(); ++i)
+        calls.push_back({{"id", "call_" + id + "_" + std::to_string(i)}, {"type", "function"},
+                         {"function", {{"name", p.calls[i].name}, {"arguments", p.calls[i].arguments}}}});
+      m["tool_calls"] = calls;
+      content = p.content;
+    }
+  }
+  m["content"] = (m.contains("tool_calls") && content.empty()) ? json(nullptr) : json(content);
+  return m;
+}
+
 void Api::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
   const json body = parse_body(req);
   ParsedRequest p = parse_common(body, chat);
   if (chat) {
     if (!body.contains("messages")) throw ApiError{400, "'messages' is required", "messages", "missing_required_parameter"};
-    p.gen.prompt = chat_prompt(body["messages"], body, req.body, p.gen.extra_checkpoints);
+    p.gen.prompt = chat_prompt(body["messages"], body, req.body, p.gen.extra_checkpoints, p.reply);
   } else {
     if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt", "missing_required_parameter"};
     p.gen.prompt = completion_prompt(body["prompt"]);
@@ -518,6 +574,7 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string model_name = so_.model_name;
+  const ReplyFormat reply = p.reply;
   auto usage = [handle] {
     return json{{"prompt_tokens", handle->prompt_tokens},
                 {"completion_tokens", handle->completion_tokens},
@@ -573,7 +630,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           } else {
             json choice = {{"index", 0}, {"finish_reason", pending->finish_reason}, {"logprobs", nullptr}};
             if (chat) {
-              choice["message"] = {{"role", "assistant"}, {"content", pending->text}};
+              choice["message"] = reply_message(reply, pending->text, id);
+              if (choice["message"].contains("tool_calls") && pending->finish_reason == "stop") choice["finish_reason"] = "tool_calls";
             } else {
               choice["text"] = pending->text;
               choice["token_ids"] = pending->tokens;  // extension: the ids, for checkpoints without a tokenizer
@@ -602,6 +660,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
                 {"model", model_name}, {"choices", json::array({std::move(choice)})}};
   };
   auto started = std::make_shared<bool>(false);
+  auto reasoning = std::make_shared<ReasoningStream>(reply.reasoning_opened);
+  auto held = std::make_shared<std::string>();
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -621,15 +681,47 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
         GenerationEvent ev;
         if (!handle->next(ev)) return false;
         bool ok = true;
-        if (ev.kind == GenerationEvent::Kind::kDelta) {
+        // A split reply streams reasoning_content and content deltas (a partial tag held back);
+        // with tools, the content is held to the end, where the calls are parsed out of it.
+        auto send_split = [&](const ReasoningSplit& d) {
+          if (!d.reasoning.empty())
+            ok = ok && send(chunk({{"index", 0}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
+          if (reply.parse_tools) {
+            *held += d.content;
+          } else if (!d.content.empty()) {
+            ok = ok && send(chunk({{"index", 0}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
+          }
+        };
+        const bool split = chat && (reply.split_reasoning || reply.parse_tools);
+        if (ev.kind == GenerationEvent::Kind::kDelta && split) {
+          send_split(reply.split_reasoning ? reasoning->push(ev.text) : ReasoningSplit{"", ev.text});
+        } else if (ev.kind == GenerationEvent::Kind::kDelta) {
           json choice = chat ? json{{"index", 0}, {"delta", {{"content", ev.text}}}, {"finish_reason", nullptr}}
                              : json{{"index", 0}, {"text", ev.text}, {"token_ids", ev.tokens}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
           ok = send(chunk(std::move(choice)));
         } else {
+          std::string finish_reason = ev.finish_reason;
+          if (split && ev.kind == GenerationEvent::Kind::kDone) {
+            if (reply.split_reasoning) send_split(reasoning->finish());
+            if (reply.parse_tools) {
+              const ParsedToolCalls calls = parse_tool_calls(*held, reply.tool_format, reply.tools);
+              const std::string content = calls.calls.empty() ? *held : calls.content;
+              if (!content.empty())
+                ok = ok && send(chunk({{"index", 0}, {"delta", {{"content", content}}}, {"finish_reason", nullptr}}));
+              if (!calls.calls.empty()) {
+                json tc = json::array();
+                for (size_t i = 0; i < calls.calls.size(); ++i)
+                  tc.push_back({{"index", i}, {"id", "call_" + id + "_" + std::to_string(i)}, {"type", "function"},
+                                {"function", {{"name", calls.calls[i].name}, {"arguments", calls.calls[i].arguments}}}});
+                ok = ok && send(chunk({{"index", 0}, {"delta", {{"tool_calls", tc}}}, {"finish_reason", nullptr}}));
+                if (finish_reason == "stop") finish_reason = "tool_calls";
+              }
+            }
+          }
           if (ev.kind == GenerationEvent::Kind::kDone) {
-            json choice = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", ev.finish_reason}}
+            json choice = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", finish_reason}}
                                : json{{"index", 0}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
-            ok = send(chunk(std::move(choice)));
+            ok = ok && send(chunk(std::move(choice)));
             if (ok && include_usage) {
               json u = chunk(nullptr);
               u["choices"] = json::array();
