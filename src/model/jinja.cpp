@@ -21,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include <utf8proc.h>
+
 #include "hanpu/tensor.hpp"
 
 namespace hanpu::jinja {
@@ -167,9 +169,13 @@ std::string py_strip(std::string_view s, const std::optional<std::string>& chars
   return from_u32(std::u32string_view(u).substr(a, b - a));
 }
 
-std::string py_lower_upper(std::string_view s, bool upper) {  // ASCII case mapping (templates' use)
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+std::string py_lower_upper(std::string_view s, bool upper) {  // per code point (utf8proc's simple case mapping)
+  std::string out;
+  out.reserve(s.size());
+  for (char32_t c : to_u32(s)) {
+    const auto cp = static_cast<utf8proc_int32_t>(c);
+    append_utf8(out, static_cast<char32_t>(upper ? utf8proc_toupper(cp) : utf8proc_tolower(cp)));
+  }
   return out;
 }
 
@@ -229,7 +235,7 @@ std::string to_str(const Value& v);
 std::string repr(const Value& v) {
   switch (v.k) {
     case Value::K::Str: return py_repr_str(v.s);
-    case Value::K::Undef: return "";  // str() of an Undefined inside a list prints as "Undefined"; rare
+    case Value::K::Undef: return "Undefined";  // repr() of jinja2's Undefined, e.g. inside a list
     default: return to_str(v);
   }
 }
@@ -306,7 +312,7 @@ bool equal(const Value& a, const Value& b) {  // Python ==
     if (a.k == Value::K::Float || b.k == Value::K::Float) return num(a) == num(b);
     return inum(a) == inum(b);
   }
-  if (a.k != b.k) return false;
+  if (a.k != b.k || (a.k == Value::K::List && a.tuple != b.tuple)) return false;
   switch (a.k) {
     case Value::K::Undef: case Value::K::None: return true;
     case Value::K::Str: return a.s == b.s;
@@ -2370,6 +2376,7 @@ class Renderer {
       if (!v.is_num()) fail(line, what + ": expected a number, got " + describe(v));
       const int64_t prec = int_arg(a, 0, "precision", 0, what);
       const std::string method = arg_or(a, 1, "method", Value::str("common")).s;
+      if (method == "common" && v.k != Value::K::Float) return Value::integer(inum(v));  // Python round(int, n) stays int
       const double scale = std::pow(10.0, static_cast<double>(std::clamp<int64_t>(prec, -300, 300)));
       double x = num(v) * scale;
       x = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::nearbyint(x);
