@@ -215,7 +215,7 @@ def test_template_sources_in_transformers_order(tmp_path):
     cfg = {"eos_token": "<|end|>", "chat_template": [{"name": "tool_use", "template": "tools"},
                                                      {"name": "default", "template": "default {{ eos_token is defined }}"}]}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
-    assert render(tmp_path) == "default False"  # render --model passes no special tokens; the server does
+    assert render(tmp_path) == "default True"  # the checkpoint's special tokens are variables, as in transformers
     (tmp_path / "chat_template.jinja").write_text("from the jinja file\n")
     assert render(tmp_path) == "from the jinja file"  # one trailing newline dropped, as jinja2 does
     (tmp_path / "chat_template.jinja").unlink()

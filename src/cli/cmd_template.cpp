@@ -37,13 +37,23 @@ void run_render(const TemplateArgs& a) {
     if (origin.empty()) throw hanpu::Error(a.model_dir + ": no chat template (chat_template.jinja or tokenizer_config.json chat_template)");
   }
   const hanpu::ChatTemplate t = hanpu::ChatTemplate::parse(text, origin);
+  // With --model, the checkpoint's special tokens are variables too (as transformers passes
+  // them); a context's own keys win.
+  const nlohmann::ordered_json specials =
+      a.model_dir.empty() ? nlohmann::ordered_json::object() : hanpu::chat_template_special_tokens(a.model_dir);
+  auto with_specials = [&](const nlohmann::ordered_json& ctx) {
+    if (!ctx.is_object()) return ctx;
+    nlohmann::ordered_json out = specials;
+    for (const auto& [k, v] : ctx.items()) out[k] = v;
+    return out;
+  };
   if (!a.contexts_file.empty()) {  // a JSON array of contexts in, a JSON array of {"text"} / {"error"} out
     const nlohmann::ordered_json all = read_json(a.contexts_file, "contexts");
     if (!all.is_array()) throw hanpu::Error(a.contexts_file + ": expected a JSON array of context objects");
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
     for (const auto& ctx : all) {
       try {
-        out.push_back({{"text", t.render_context(ctx)}});
+        out.push_back({{"text", t.render_context(with_specials(ctx))}});
       } catch (const hanpu::Error& e) {
         out.push_back({{"error", e.what()}});
       }
@@ -52,7 +62,7 @@ void run_render(const TemplateArgs& a) {
     return;
   }
   const nlohmann::ordered_json ctx = a.context_file.empty() ? nlohmann::ordered_json::object() : read_json(a.context_file, "context");
-  std::cout << t.render_context(ctx);
+  std::cout << t.render_context(with_specials(ctx));
 }
 
 }  // namespace
