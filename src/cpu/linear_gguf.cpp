@@ -1,0 +1,200 @@
+// Decode GEMV kernels over GGUF blocks (see linear_gguf.hpp): Highway, compiled once per SIMD target
+// and dispatched at run time (HANPU_ISA caps the target, cpu/isa.hpp).
+//
+// Per weight row, blocks in address order. The integer part: the weights widened to int16
+// (Q8_0: sign-extended bytes; Q4_K: zero-extended bytes split into the low nibbles, sub-block 2c,
+// and the high nibbles, sub-block 2c+1, of each 32-byte chunk; ggml-common.h's block_q4_K layout)
+// times the int16 activations, pairs summed into int32 lanes (ReorderWidenMulAccumulate: VPMADDWD
+// on x86). No overflow: |w| <= 127 (Q8_0) or 15 (Q4_K), |x| <= 127, 32 products per sub-block.
+// Then per 32 weights one conversion and one f32 multiply-add by (weight scale * activation scale);
+// the reduction over lanes happens once per row.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "cpu/engine_impl.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/linear_gguf.hpp"
+#include "cpu/linear_kernels.hpp"  // decode_prefetch_bytes
+#include "hanpu/tensor.hpp"
+
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/linear_gguf.cpp"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#ifndef HANPU_LINEAR_GGUF_ONCE
+#define HANPU_LINEAR_GGUF_ONCE
+namespace hanpu::cpu::gguf_detail {
+// f16 -> f32, inline (one per block in the hot loop; the out-of-line hanpu::f16_to_f32 is the same
+// function of the bits). Exact for every input.
+inline float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp != 0 && exp != 31) {
+    u = sign | (exp + 112) << 23 | mant << 13;
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | mant << 13;
+  } else if (mant == 0) {
+    u = sign;
+  } else {  // subnormal: mant * 2^-24, exact in f32
+    float f = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace hanpu::cpu::gguf_detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace hanpu::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using gguf_detail::F16ToF32;
+
+float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const float* xs, int64_t ahead) {
+  const hn::ScalableTag<int16_t> d16;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df;
+  const hn::Rebind<int8_t, decltype(d16)> d8;
+  const size_t L = hn::Lanes(d16);
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  auto block = [&](int64_t i, decltype(acc0)& acc) {
+    hwy::Prefetch(reinterpret_cast<const char*>(b + i) + ahead);
+    auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+    for (size_t j = 0; j < 32; j += L) {
+      const auto w = hn::PromoteTo(d16, hn::LoadU(d8, b[i].qs + j));
+      s0 = hn::ReorderWidenMulAccumulate(d32, w, hn::LoadU(d16, xq + i * 32 + j), s0, s1);
+    }
+    const float scale = F16ToF32(b[i].d) * xs[i];
+    acc = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, scale), acc);
+  };
+  for (; i + 2 <= nb; i += 2) {  // two accumulators: the multiply-adds of neighbouring blocks overlap
+    block(i, acc0);
+    block(i + 1, acc1);
+  }
+  if (i < nb) block(i, acc0);
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+}
+
+float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum,
+              int64_t ahead) {
+  const hn::ScalableTag<int16_t> d16;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df;
+  const hn::Rebind<uint8_t, decltype(d16)> du8;
+  const size_t L = hn::Lanes(d16);
+  const auto low4 = hn::Set(d16, int16_t{0xF});
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  float min_sum = 0.0f;
+  for (int64_t i = 0; i < nb; ++i) {
+    const gguf::BlockQ4_K& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    hwy::Prefetch(bytes + ahead);
+    hwy::Prefetch(bytes + ahead + 64);
+    hwy::Prefetch(bytes + ahead + 128);
+    const float d = F16ToF32(blk.d), dmin = F16ToF32(blk.dmin);
+    const int16_t* x = xq + i * 256;
+    const float* s = xs + i * 8;
+    const float* sx = xsum + i * 8;
+    for (int c = 0; c < 4; ++c) {
+      uint8_t sc_lo, m_lo, sc_hi, m_hi;
+      gguf::k4_scale_min(2 * c, blk.scales, sc_lo, m_lo);
+      gguf::k4_scale_min(2 * c + 1, blk.scales, sc_hi, m_hi);
+      const uint8_t* q = blk.qs + 32 * c;
+      const int16_t* x_lo = x + 64 * c;
+      const int16_t* x_hi = x_lo + 32;
+      auto s0 = hn::Zero(d32), s1 = hn::Zero(d32), t0 = hn::Zero(d32), t1 = hn::Zero(d32);
+      for (size_t j = 0; j < 32; j += L) {
+        const auto raw = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(du8, q + j)));
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::And(raw, low4), hn::LoadU(d16, x_lo + j), s0, s1);
+        t0 = hn::ReorderWidenMulAccumulate(d32, hn::ShiftRight<4>(raw), hn::LoadU(d16, x_hi + j), t0, t1);
+      }
+      acc0 = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, d * sc_lo * s[2 * c]), acc0);
+      acc1 = hn::MulAdd(hn::ConvertTo(df, hn::Add(t0, t1)), hn::Set(df, d * sc_hi * s[2 * c + 1]), acc1);
+      min_sum += dmin * m_lo * sx[2 * c] + dmin * m_hi * sx[2 * c + 1];
+    }
+  }
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_sum;
+}
+
+void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, const float* xs, const float* xsum,
+                  float* y, int64_t n0, int64_t n1, int64_t ahead) {
+  if (type == static_cast<uint32_t>(gguf::GgmlType::Q8_0)) {
+    const int64_t nb = K / 32;
+    const auto* rows = static_cast<const gguf::BlockQ8_0*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotQ8_0(rows + n * nb, nb, xq, xs, ahead);
+  } else {
+    const int64_t nb = K / 256;
+    const auto* rows = static_cast<const gguf::BlockQ4_K*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotQ4_K(rows + n * nb, nb, xq, xs, xsum, ahead);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hanpu::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace hanpu::cpu {
+HWY_EXPORT(GgufGemvRows);
+
+void gguf_quantize_activations(const float* x, int64_t K, GgufActivations& out) {
+  if (K <= 0 || K % 32 != 0)
+    throw Error("gguf_quantize_activations: K = " + std::to_string(K) + " is not a positive multiple of 32");
+  out.K = K;
+  out.q.resize(static_cast<size_t>(K));
+  out.scale.resize(static_cast<size_t>(K / 32));
+  out.sum.resize(static_cast<size_t>(K / 32));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + b * 32;
+    float amax = 0.0f, sum = 0.0f;
+    for (int j = 0; j < 32; ++j) {
+      amax = std::max(amax, std::abs(xb[j]));
+      sum += xb[j];
+    }
+    // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < 32; ++j) out.q[static_cast<size_t>(b * 32 + j)] = static_cast<int16_t>(std::roundf(xb[j] * id));
+    out.scale[static_cast<size_t>(b)] = d;
+    out.sum[static_cast<size_t>(b)] = sum;
+  }
+}
+
+bool gguf_gemv_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K; }
+
+void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
+                    int64_t n1) {
+  if (!gguf_gemv_supported(t))
+    throw Error(std::string("gguf_gemv: no kernel for GGML type ") + gguf::block_format(t).name);
+  const int64_t be = gguf::block_format(t).block_elems;
+  if (K <= 0 || K % be != 0 || x.K != K)
+    throw Error("gguf_gemv: K = " + std::to_string(K) + " (activations " + std::to_string(x.K) +
+                ") is not a positive multiple of " + std::to_string(be));
+  HANPU_DISPATCH(GgufGemvRows)(static_cast<uint32_t>(t), w, K, x.q.data(), x.scale.data(), x.sum.data(), y, n0, n1,
+                               decode_prefetch_bytes());
+}
+
+void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
+               int threads) {
+  GgufActivations xa;
+  gguf_quantize_activations(x, K, xa);
+  const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, std::max<int64_t>(N, 1)));
+  engine.impl().run(parts, [&](int p, Workspace&) {
+    const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;
+    gguf_gemv_rows(t, w, K, xa, y, n0, n1);
+  });
+}
+
+}  // namespace hanpu::cpu
+#endif
