@@ -1,7 +1,8 @@
 // Decode GEMV over GGUF blocks (src/cpu/linear_gguf.cpp) against fp64 of the dequantized weights.
 //
 // The kernel computes y_n = sum_b (weight scale * activation scale_b) * isum_b (- the Q4_K min
-// terms) with the activations quantized per 32 (x~ = s_b * q, |x - x~| <= s_b / 2). Two bounds,
+// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (Q4_K): x~ = s_b * q,
+// |x - x~| <= s_b / 2. Two bounds,
 // both derived from that arithmetic, no fitted tolerance:
 //   activations: |y - y_ref| <= E_act + E_f32, E_act = sum_k |w_k^s| |x_k - x~_k| (w^s the weight
 //     without its min term, i.e. dequantized with dmin = 0), y_ref = sum_k w_k x_k in fp64;
@@ -84,12 +85,12 @@ std::vector<float> make_x(int64_t K, uint32_t seed) {
 
 void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
   GgufActivations xa;
-  hanpu::cpu::gguf_quantize_activations(x.data(), W.K, xa);
+  hanpu::cpu::gguf_quantize_activations(x.data(), W.K, hanpu::cpu::gguf_activation_block(W.type), xa);
   const int64_t K = W.K, nsub = K / 32;
   // The quantizer: |x - x~| <= s/2 (one rounding of x * (1/s) adds at most 2^-23 relative).
   std::vector<double> xt(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k) {
-    const double s = xa.scale[static_cast<size_t>(k / 32)];
+    const double s = xa.scale[static_cast<size_t>(k / xa.block)];
     xt[static_cast<size_t>(k)] = s * xa.q[static_cast<size_t>(k)];
     ASSERT_LE(std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]), s * (0.5 + 128 * 0x1p-23)) << k;
   }
@@ -134,7 +135,7 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
     const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K));
     const std::vector<float> x = make_x(K, static_cast<uint32_t>(K + 1));
     GgufActivations xa;
-    hanpu::cpu::gguf_quantize_activations(x.data(), K, xa);
+    hanpu::cpu::gguf_quantize_activations(x.data(), K, hanpu::cpu::gguf_activation_block(t), xa);
     std::vector<float> y(static_cast<size_t>(N), -1.f);
     hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), K, xa, y.data(), 0, N);
     check(W, x, y);
@@ -154,8 +155,11 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, Ggml
 TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
   GgufActivations xa;
   std::vector<float> x(256, 1.f), y(1);
-  EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 33, xa), hanpu::Error);
-  hanpu::cpu::gguf_quantize_activations(x.data(), 256, xa);
+  EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 33, 32, xa), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 64, 256, xa), hanpu::Error);
+  hanpu::cpu::gguf_quantize_activations(x.data(), 256, 32, xa);
+  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, nullptr, 256, xa, y.data(), 0, 1), hanpu::Error);  // blocks of 32
+  hanpu::cpu::gguf_quantize_activations(x.data(), 256, 256, xa);
   std::vector<uint8_t> w(210);
   EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q6_K, w.data(), 256, xa, y.data(), 0, 1), hanpu::Error);
   EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, w.data(), 128, xa, y.data(), 0, 1), hanpu::Error);

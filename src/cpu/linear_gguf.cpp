@@ -86,6 +86,12 @@ float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const flo
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
 }
 
+// Per super-block of 256: the 6-bit sub-block scales multiply the nibbles in int16 (at most
+// 15 * 63 = 945) before the pairwise multiply-add with the activations (one int8 scale for the
+// whole super-block, as llama.cpp's Q8_K), so the 8 sub-blocks sum into one set of int32 lanes
+// (at most 945 * 127 * 256 in all, below 2^31) and the super-block costs one conversion and one
+// multiply-add by d * activation scale. The min term dmin * sum_j m_j X_j (X_j the f32 sum of x over
+// sub-block j) is scalar, 8 multiply-adds per 256 weights.
 float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum,
               int64_t ahead) {
   const hn::ScalableTag<int16_t> d16;
@@ -102,27 +108,30 @@ float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const flo
     hwy::Prefetch(bytes + ahead);
     hwy::Prefetch(bytes + ahead + 64);
     hwy::Prefetch(bytes + ahead + 128);
-    const float d = F16ToF32(blk.d), dmin = F16ToF32(blk.dmin);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) gguf::k4_scale_min(j, blk.scales, sc[j], m[j]);
     const int16_t* x = xq + i * 256;
-    const float* s = xs + i * 8;
-    const float* sx = xsum + i * 8;
+    auto s0 = hn::Zero(d32), s1 = hn::Zero(d32), t0 = hn::Zero(d32), t1 = hn::Zero(d32);
     for (int c = 0; c < 4; ++c) {
-      uint8_t sc_lo, m_lo, sc_hi, m_hi;
-      gguf::k4_scale_min(2 * c, blk.scales, sc_lo, m_lo);
-      gguf::k4_scale_min(2 * c + 1, blk.scales, sc_hi, m_hi);
+      const auto sc_lo = hn::Set(d16, static_cast<int16_t>(sc[2 * c]));
+      const auto sc_hi = hn::Set(d16, static_cast<int16_t>(sc[2 * c + 1]));
       const uint8_t* q = blk.qs + 32 * c;
       const int16_t* x_lo = x + 64 * c;
       const int16_t* x_hi = x_lo + 32;
-      auto s0 = hn::Zero(d32), s1 = hn::Zero(d32), t0 = hn::Zero(d32), t1 = hn::Zero(d32);
       for (size_t j = 0; j < 32; j += L) {
         const auto raw = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(du8, q + j)));
-        s0 = hn::ReorderWidenMulAccumulate(d32, hn::And(raw, low4), hn::LoadU(d16, x_lo + j), s0, s1);
-        t0 = hn::ReorderWidenMulAccumulate(d32, hn::ShiftRight<4>(raw), hn::LoadU(d16, x_hi + j), t0, t1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(hn::And(raw, low4), sc_lo), hn::LoadU(d16, x_lo + j), s0, s1);
+        t0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(hn::ShiftRight<4>(raw), sc_hi), hn::LoadU(d16, x_hi + j), t0, t1);
       }
-      acc0 = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, d * sc_lo * s[2 * c]), acc0);
-      acc1 = hn::MulAdd(hn::ConvertTo(df, hn::Add(t0, t1)), hn::Set(df, d * sc_hi * s[2 * c + 1]), acc1);
-      min_sum += dmin * m_lo * sx[2 * c] + dmin * m_hi * sx[2 * c + 1];
     }
+    const auto isum = hn::Add(hn::Add(s0, s1), hn::Add(t0, t1));
+    const float scale = F16ToF32(blk.d) * xs[i];
+    if (i & 1) acc1 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc1);
+    else acc0 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc0);
+    const float* sx = xsum + i * 8;
+    float mins = 0.0f;
+    for (int j = 0; j < 8; ++j) mins += static_cast<float>(m[j]) * sx[j];
+    min_sum += F16ToF32(blk.dmin) * mins;
   }
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_sum;
 }
@@ -148,26 +157,32 @@ HWY_AFTER_NAMESPACE();
 namespace hanpu::cpu {
 HWY_EXPORT(GgufGemvRows);
 
-void gguf_quantize_activations(const float* x, int64_t K, GgufActivations& out) {
-  if (K <= 0 || K % 32 != 0)
-    throw Error("gguf_quantize_activations: K = " + std::to_string(K) + " is not a positive multiple of 32");
+int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K ? 256 : 32; }
+
+void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out) {
+  if ((block != 32 && block != 256) || K <= 0 || K % block != 0)
+    throw Error("gguf_quantize_activations: K = " + std::to_string(K) + " is not a positive multiple of the block " +
+                std::to_string(block) + " (32 or 256)");
   out.K = K;
+  out.block = block;
   out.q.resize(static_cast<size_t>(K));
-  out.scale.resize(static_cast<size_t>(K / 32));
+  out.scale.resize(static_cast<size_t>(K / block));
   out.sum.resize(static_cast<size_t>(K / 32));
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const float* xb = x + b * 32;
-    float amax = 0.0f, sum = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      amax = std::max(amax, std::abs(xb[j]));
-      sum += xb[j];
-    }
+  for (int64_t s = 0; s < K / 32; ++s) {
+    float sum = 0.0f;
+    for (int j = 0; j < 32; ++j) sum += x[s * 32 + j];
+    out.sum[static_cast<size_t>(s)] = sum;
+  }
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::abs(xb[j]));
     // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    for (int j = 0; j < 32; ++j) out.q[static_cast<size_t>(b * 32 + j)] = static_cast<int16_t>(std::roundf(xb[j] * id));
+    for (int64_t j = 0; j < block; ++j)
+      out.q[static_cast<size_t>(b * block + j)] = static_cast<int16_t>(std::roundf(xb[j] * id));
     out.scale[static_cast<size_t>(b)] = d;
-    out.sum[static_cast<size_t>(b)] = sum;
   }
 }
 
@@ -178,9 +193,10 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
   if (!gguf_gemv_supported(t))
     throw Error(std::string("gguf_gemv: no kernel for GGML type ") + gguf::block_format(t).name);
   const int64_t be = gguf::block_format(t).block_elems;
-  if (K <= 0 || K % be != 0 || x.K != K)
-    throw Error("gguf_gemv: K = " + std::to_string(K) + " (activations " + std::to_string(x.K) +
-                ") is not a positive multiple of " + std::to_string(be));
+  if (K <= 0 || K % be != 0 || x.K != K || x.block != gguf_activation_block(t))
+    throw Error("gguf_gemv: K = " + std::to_string(K) + " (activations " + std::to_string(x.K) + " in blocks of " +
+                std::to_string(x.block) + ") is not a positive multiple of " + std::to_string(be) +
+                " or the activations are not quantized for " + gguf::block_format(t).name);
   HANPU_DISPATCH(GgufGemvRows)(static_cast<uint32_t>(t), w, K, x.q.data(), x.scale.data(), x.sum.data(), y, n0, n1,
                                decode_prefetch_bytes());
 }
@@ -188,7 +204,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
 void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
                int threads) {
   GgufActivations xa;
-  gguf_quantize_activations(x, K, xa);
+  gguf_quantize_activations(x, K, gguf_activation_block(t), xa);
   const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, std::max<int64_t>(N, 1)));
   engine.impl().run(parts, [&](int p, Workspace&) {
     const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;

@@ -2,11 +2,11 @@
 // (Q8_0, Q4_K), read once in address order, never dequantized to memory.
 //
 // As llama.cpp does for these formats (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / _q4_K_q8_K), the
-// activations are quantized to int8 first, here per 32 elements with an f32 scale (Q8_0's rule:
-// s = max|x| / 127, q = round(x / s), the scale kept in f32 rather than f16), so that each block's
-// dot product runs in integers (exact), then one f32 multiply-add per 32 weights by the product of
-// the scales. For Q4_K the min term, dmin * m_j * sum(x over sub-block j), uses the f32 sum of the
-// unquantized x. tests/test_linear_gguf.cpp bounds both errors (the activation rounding and the f32
+// activations are quantized to int8 first with an f32 scale per block (Q8_0's rule: s = max|x| / 127,
+// q = round(x / s)): per 32 for Q8_0 weights (llama.cpp's Q8_0 activations, the scale kept in f32
+// rather than f16), per 256 for Q4_K (llama.cpp's Q8_K), so that each block's dot product runs in
+// integers (exact), then one f32 multiply-add per weight block by the product of the scales. For
+// Q4_K the min term, dmin * m_j * sum(x over sub-block j), uses the f32 sum of the unquantized x. tests/test_linear_gguf.cpp bounds both errors (the activation rounding and the f32
 // accumulation) against fp64 of the dequantized weights.
 #pragma once
 
@@ -21,22 +21,25 @@ class Engine;
 
 namespace hanpu::cpu {
 
-/// x quantized for the GGUF kernels: per block of 32, int8 values (stored widened to int16, the
-/// form the kernels multiply), the f32 scale and the f32 sum of the original values.
+/// x quantized for the GGUF kernels: int8 values (stored widened to int16, the form the kernels
+/// multiply) with an f32 scale per `block` elements, and the f32 sum of the original values per 32.
 struct GgufActivations {
   int64_t K = 0;
+  int64_t block = 32;
   std::vector<int16_t> q;     // K
-  std::vector<float> scale;   // K / 32
+  std::vector<float> scale;   // K / block
   std::vector<float> sum;     // K / 32
 };
 
-/// Quantizes x[0, K) (K a multiple of 32). Throws hanpu::Error otherwise.
-void gguf_quantize_activations(const float* x, int64_t K, GgufActivations& out);
+/// The activation block the kernel for `t` takes: 32 (Q8_0) or 256 (Q4_K).
+int64_t gguf_activation_block(gguf::GgmlType t);
+/// Quantizes x[0, K) in blocks of `block` (32 or 256; K a multiple of it). Throws hanpu::Error otherwise.
+void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out);
 
 /// Whether gguf_gemv has a kernel for `t`.
 bool gguf_gemv_supported(gguf::GgmlType t);
 
-/// y[n - n0] ... no: y[n] = dot(row n of W, x) for n in [n0, n1). `w` points at row 0; a row is
+/// y[n] = dot(row n of W, x) for n in [n0, n1). `w` points at row 0; a row is
 /// K / block_elems blocks. Throws hanpu::Error for an unsupported type or K not a multiple of the
 /// block size.
 void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
