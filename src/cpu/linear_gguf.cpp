@@ -91,7 +91,7 @@ float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const flo
 // whole super-block, as llama.cpp's Q8_K), so the 8 sub-blocks sum into one set of int32 lanes
 // (at most 945 * 127 * 256 in all, below 2^31) and the super-block costs one conversion and one
 // multiply-add by d * activation scale. The min term dmin * sum_j m_j X_j (X_j the f32 sum of x over
-// sub-block j) is scalar, 8 multiply-adds per 256 weights.
+// sub-block j) runs in 8 f32 lanes, reduced once per row.
 float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum,
               int64_t ahead) {
   const hn::ScalableTag<int16_t> d16;
@@ -101,20 +101,34 @@ float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const flo
   const size_t L = hn::Lanes(d16);
   const auto low4 = hn::Set(d16, int16_t{0xF});
   auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
-  float min_sum = 0.0f;
+  // The min terms: 8 lanes of f32, m_j * dmin * X_j accumulated per lane over the row.
+  const hn::CappedTag<float, 8> d8f;
+  const hn::Rebind<int32_t, decltype(d8f)> d8i;
+  const hn::Rebind<uint8_t, decltype(d8f)> d8u;
+  auto min_acc = hn::Zero(d8f);
+  const size_t L8 = hn::Lanes(d8f);
   for (int64_t i = 0; i < nb; ++i) {
     const gguf::BlockQ4_K& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
     hwy::Prefetch(bytes + ahead);
     hwy::Prefetch(bytes + ahead + 64);
     hwy::Prefetch(bytes + ahead + 128);
-    uint8_t sc[8], m[8];
-    for (int j = 0; j < 8; ++j) gguf::k4_scale_min(j, blk.scales, sc[j], m[j]);
+    // The 8 six-bit scales and mins (k4_scale_min for every j at once): bytes 0..3 hold the low 6
+    // bits of scales 0..3, bytes 4..7 of mins 0..3, bytes 8..11 the low 4 bits of scales / mins
+    // 4..7, whose top 2 bits are the top bits of bytes 0..3 / 4..7.
+    uint32_t w[3];
+    std::memcpy(w, blk.scales, 12);
+    const uint64_t sc = uint64_t{w[0] & 0x3f3f3f3fu} |
+                        uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
+    alignas(8) uint8_t m[8];
+    const uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    std::memcpy(m, &m_lo, 4);
+    std::memcpy(m + 4, &m_hi, 4);
     const int16_t* x = xq + i * 256;
     auto s0 = hn::Zero(d32), s1 = hn::Zero(d32), t0 = hn::Zero(d32), t1 = hn::Zero(d32);
     for (int c = 0; c < 4; ++c) {
-      const auto sc_lo = hn::Set(d16, static_cast<int16_t>(sc[2 * c]));
-      const auto sc_hi = hn::Set(d16, static_cast<int16_t>(sc[2 * c + 1]));
+      const auto sc_lo = hn::Set(d16, static_cast<int16_t>((sc >> (16 * c)) & 0xFF));
+      const auto sc_hi = hn::Set(d16, static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF));
       const uint8_t* q = blk.qs + 32 * c;
       const int16_t* x_lo = x + 64 * c;
       const int16_t* x_hi = x_lo + 32;
@@ -128,11 +142,13 @@ float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const flo
     const float scale = F16ToF32(blk.d) * xs[i];
     if (i & 1) acc1 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc1);
     else acc0 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc0);
-    const float* sx = xsum + i * 8;
-    float mins = 0.0f;
-    for (int j = 0; j < 8; ++j) mins += static_cast<float>(m[j]) * sx[j];
-    min_sum += F16ToF32(blk.dmin) * mins;
+    const auto dmin = hn::Set(d8f, F16ToF32(blk.dmin));
+    for (size_t j = 0; j < 8; j += L8) {
+      const auto mj = hn::ConvertTo(d8f, hn::PromoteTo(d8i, hn::LoadU(d8u, m + j)));
+      min_acc = hn::MulAdd(hn::Mul(mj, dmin), hn::LoadU(d8f, xsum + i * 8 + j), min_acc);
+    }
   }
+  const float min_sum = hn::GetLane(hn::SumOfLanes(d8f, min_acc));
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_sum;
 }
 
