@@ -1,7 +1,7 @@
 // Decode GEMV over GGUF blocks (src/cpu/linear_gguf.cpp) against fp64 of the dequantized weights.
 //
 // The kernel computes y_n = sum_b (weight scale * activation scale_b) * isum_b (- the Q4_K min
-// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (Q4_K): x~ = s_b * q,
+// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (Q4_K, Q6_K): x~ = s_b * q,
 // |x - x~| <= s_b / 2. Two bounds,
 // both derived from that arithmetic, no fitted tolerance:
 //   activations: |y - y_ref| <= E_act + E_f32, E_act = sum_k |w_k^s| |x_k - x~_k| (w^s the weight
@@ -49,7 +49,7 @@ Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed) {
   for (int64_t i = 0; i < nb; ++i) {
     uint8_t* blk = W.bytes.data() + i * f.block_bytes;
     const uint16_t d = hanpu::f32_to_f16(scale(rng)), dmin = hanpu::f32_to_f16(std::abs(scale(rng)));
-    std::memcpy(blk, &d, 2);
+    std::memcpy(blk + (t == GgmlType::Q6_K ? 208 : 0), &d, 2);  // Q6_K's d is last
     if (t == GgmlType::Q4_K) std::memcpy(blk + 2, &dmin, 2);
   }
   W.w.resize(static_cast<size_t>(N * K));
@@ -149,7 +149,7 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K),
+INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
@@ -161,7 +161,7 @@ TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
   EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, nullptr, 256, xa, y.data(), 0, 1), hanpu::Error);  // blocks of 32
   hanpu::cpu::gguf_quantize_activations(x.data(), 256, 256, xa);
   std::vector<uint8_t> w(210);
-  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q6_K, w.data(), 256, xa, y.data(), 0, 1), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q5_K, w.data(), 256, xa, y.data(), 0, 1), hanpu::Error);
   EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, w.data(), 128, xa, y.data(), 0, 1), hanpu::Error);
 }
 

@@ -1,4 +1,4 @@
-// Decode GEMV kernels over GGUF blocks (see linear_gguf.hpp): Highway, compiled once per SIMD target
+// Decode GEMV kernels over GGUF blocks, Q8_0, Q4_K and Q6_K (see linear_gguf.hpp): Highway, compiled once per SIMD target
 // and dispatched at run time (HANPU_ISA caps the target, cpu/isa.hpp).
 //
 // Per weight row, blocks in address order. The integer part: the weights widened to int16
@@ -152,16 +152,72 @@ float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const flo
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_sum;
 }
 
+// Q6_K (ggml-common.h block_q6_K): per half of 128 elements, 64 bytes of low nibbles (element l
+// and l+64 in byte l, l+32 and l+96 in byte l+32), 32 bytes of 2-bit high parts (element l + 32 i
+// in bits 2i of byte l), 8 signed scales per 16 elements. q - 32 is in [-32, 31]; times the scale
+// (|sc| <= 128) it stays within int16 (4096), and a super-block's int32 lanes within
+// 256 * 4096 * 127 < 2^31. Vectors are capped at 16 int16 lanes, so that the 16 elements of one
+// scale fill a whole vector (on Zen 4 a 512-bit operation runs as two 256-bit halves anyway).
+float DotQ6_K(const gguf::BlockQ6_K* b, int64_t nb, const int16_t* xq, const float* xs, int64_t ahead) {
+  const hn::CappedTag<int16_t, 16> d16;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df;
+  const hn::Rebind<uint8_t, decltype(d16)> du8;
+  const hn::RebindToUnsigned<decltype(d16)> du16;
+  const size_t L = hn::Lanes(d16);
+  const auto low4 = hn::Set(d16, int16_t{0xF});
+  const auto low2 = hn::Set(d16, int16_t{3});
+  const auto bias = hn::Set(d16, int16_t{32});
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  for (int64_t i = 0; i < nb; ++i) {
+    const gguf::BlockQ6_K& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    hwy::Prefetch(bytes + ahead);
+    hwy::Prefetch(bytes + ahead + 64);
+    hwy::Prefetch(bytes + ahead + 128);
+    hwy::Prefetch(bytes + ahead + 192);
+    auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = blk.ql + 64 * h;
+      const uint8_t* qh = blk.qh + 32 * h;
+      const int8_t* sc = blk.scales + 8 * h;
+      const int16_t* x = xq + i * 256 + 128 * h;
+      for (size_t j = 0; j < 32; j += L) {
+        const int is = static_cast<int>(j / 16);
+        const auto a = hn::BitCast(d16, hn::PromoteTo(du16, hn::LoadU(du8, ql + j)));
+        const auto c = hn::BitCast(d16, hn::PromoteTo(du16, hn::LoadU(du8, ql + 32 + j)));
+        const auto hb = hn::BitCast(d16, hn::PromoteTo(du16, hn::LoadU(du8, qh + j)));
+        const auto q1 = hn::Sub(hn::Or(hn::And(a, low4), hn::ShiftLeft<4>(hn::And(hb, low2))), bias);
+        const auto q2 = hn::Sub(hn::Or(hn::And(c, low4), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(hb), low2))), bias);
+        const auto q3 = hn::Sub(hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(hb), low2))), bias);
+        const auto q4 = hn::Sub(hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(hb))), bias);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q1, hn::Set(d16, int16_t{sc[is]})), hn::LoadU(d16, x + j), s0, s1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q2, hn::Set(d16, int16_t{sc[is + 2]})), hn::LoadU(d16, x + 32 + j), s0, s1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q3, hn::Set(d16, int16_t{sc[is + 4]})), hn::LoadU(d16, x + 64 + j), s0, s1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q4, hn::Set(d16, int16_t{sc[is + 6]})), hn::LoadU(d16, x + 96 + j), s0, s1);
+      }
+    }
+    const float scale = F16ToF32(blk.d) * xs[i];
+    if (i & 1) acc1 = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, scale), acc1);
+    else acc0 = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, scale), acc0);
+  }
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+}
+
 void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, const float* xs, const float* xsum,
                   float* y, int64_t n0, int64_t n1, int64_t ahead) {
   if (type == static_cast<uint32_t>(gguf::GgmlType::Q8_0)) {
     const int64_t nb = K / 32;
     const auto* rows = static_cast<const gguf::BlockQ8_0*>(w);
     for (int64_t n = n0; n < n1; ++n) y[n] = DotQ8_0(rows + n * nb, nb, xq, xs, ahead);
-  } else {
+  } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q4_K)) {
     const int64_t nb = K / 256;
     const auto* rows = static_cast<const gguf::BlockQ4_K*>(w);
     for (int64_t n = n0; n < n1; ++n) y[n] = DotQ4_K(rows + n * nb, nb, xq, xs, xsum, ahead);
+  } else {
+    const int64_t nb = K / 256;
+    const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotQ6_K(rows + n * nb, nb, xq, xs, ahead);
   }
 }
 
@@ -173,7 +229,7 @@ HWY_AFTER_NAMESPACE();
 namespace hanpu::cpu {
 HWY_EXPORT(GgufGemvRows);
 
-int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q4_K ? 256 : 32; }
+int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 ? 32 : 256; }
 
 void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out) {
   if ((block != 32 && block != 256) || K <= 0 || K % block != 0)
@@ -202,7 +258,9 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   }
 }
 
-bool gguf_gemv_supported(gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K; }
+bool gguf_gemv_supported(gguf::GgmlType t) {
+  return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K;
+}
 
 void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
                     int64_t n1) {
