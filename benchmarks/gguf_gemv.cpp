@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
     bool from_dram;  // false: one copy, read from the caches on every call (the kernel's own ceiling)
   };
   std::mt19937 rng(34);
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     for (const Shape& s : {Shape{"lm_head", 151936, 1024, true}, Shape{"mlp", 3584, 1024, true},
                            Shape{"in-cache", 256, 1024, false}}) {
       const auto& f = hanpu::gguf::block_format(t);
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
       for (int64_t c = 0; c < static_cast<int64_t>(copies) * nb; ++c) {
         const uint16_t d = hanpu::f32_to_f16(scale(rng));
         std::memcpy(w.data() + c * f.block_bytes + (t == GgmlType::Q6_K ? 208 : 0), &d, 2);
-        if (t == GgmlType::Q4_K) std::memcpy(w.data() + c * f.block_bytes + 2, &d, 2);
+        if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) std::memcpy(w.data() + c * f.block_bytes + 2, &d, 2);
       }
       std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
       std::normal_distribution<float> nrm(0.f, 1.f);

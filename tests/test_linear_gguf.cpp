@@ -1,7 +1,7 @@
 // Decode GEMV over GGUF blocks (src/cpu/linear_gguf.cpp) against fp64 of the dequantized weights.
 //
 // The kernel computes y_n = sum_b (weight scale * activation scale_b) * isum_b (- the Q4_K min
-// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (Q4_K, Q6_K): x~ = s_b * q,
+// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (the K-quants): x~ = s_b * q,
 // |x - x~| <= s_b / 2. Two bounds,
 // both derived from that arithmetic, no fitted tolerance:
 //   activations: |y - y_ref| <= E_act + E_f32, E_act = sum_k |w_k^s| |x_k - x~_k| (w^s the weight
@@ -50,16 +50,17 @@ Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed) {
     uint8_t* blk = W.bytes.data() + i * f.block_bytes;
     const uint16_t d = hanpu::f32_to_f16(scale(rng)), dmin = hanpu::f32_to_f16(std::abs(scale(rng)));
     std::memcpy(blk + (t == GgmlType::Q6_K ? 208 : 0), &d, 2);  // Q6_K's d is last
-    if (t == GgmlType::Q4_K) std::memcpy(blk + 2, &dmin, 2);
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) std::memcpy(blk + 2, &dmin, 2);
   }
   W.w.resize(static_cast<size_t>(N * K));
   hanpu::gguf::dequantize(t, W.bytes.data(), W.w.data(), N * K);
   W.w_scale = W.w;
-  if (t == GgmlType::Q4_K) {
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) {
     std::vector<uint8_t> no_min = W.bytes;
     for (int64_t i = 0; i < nb; ++i) std::memset(no_min.data() + i * f.block_bytes + 2, 0, 2);
     hanpu::gguf::dequantize(t, no_min.data(), W.w_scale.data(), N * K);
     for (int64_t i = 0; i < nb; ++i) {
+      // Q4_K and Q5_K start alike: d, dmin, the 12 scale bytes
       const auto* blk = reinterpret_cast<const hanpu::gguf::BlockQ4_K*>(W.bytes.data() + i * f.block_bytes);
       for (int j = 0; j < 8; ++j) {
         uint8_t sc, m;
@@ -149,7 +150,7 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K),
+INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
@@ -161,7 +162,7 @@ TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
   EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, nullptr, 256, xa, y.data(), 0, 1), hanpu::Error);  // blocks of 32
   hanpu::cpu::gguf_quantize_activations(x.data(), 256, 256, xa);
   std::vector<uint8_t> w(210);
-  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q5_K, w.data(), 256, xa, y.data(), 0, 1), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::IQ4_XS, w.data(), 256, xa, y.data(), 0, 1), hanpu::Error);
   EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, w.data(), 128, xa, y.data(), 0, 1), hanpu::Error);
 }
 

@@ -1,5 +1,5 @@
-// Decode GEMV kernels over GGUF blocks, Q8_0, Q4_K and Q6_K (see linear_gguf.hpp): Highway, compiled once per SIMD target
-// and dispatched at run time (HANPU_ISA caps the target, cpu/isa.hpp).
+// Decode GEMV kernels over GGUF blocks, Q8_0, Q4_K, Q5_K and Q6_K (see linear_gguf.hpp): Highway,
+// compiled once per SIMD target and dispatched at run time (HANPU_ISA caps the target, cpu/isa.hpp).
 //
 // Per weight row, blocks in address order. The integer part: the weights widened to int16
 // (Q8_0: sign-extended bytes; Q4_K: zero-extended bytes split into the low nibbles, sub-block 2c,
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "cpu/engine_impl.hpp"
 #include "cpu/isa.hpp"
@@ -92,8 +93,12 @@ float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const flo
 // (at most 945 * 127 * 256 in all, below 2^31) and the super-block costs one conversion and one
 // multiply-add by d * activation scale. The min term dmin * sum_j m_j X_j (X_j the f32 sum of x over
 // sub-block j) runs in 8 f32 lanes, reduced once per row.
-float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum,
-              int64_t ahead) {
+// Q5_K (block_q5_K) is the same with a fifth bit: bit 2c of qh[l] for element l of sub-block 2c,
+// bit 2c+1 for sub-block 2c+1 (values up to 31, times the scale 1953, a super-block's int32 lanes
+// within 256 * 1953 * 127 < 2^31).
+template <class Block>
+float DotK4(const Block* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum, int64_t ahead) {
+  constexpr bool kQ5 = std::is_same_v<Block, gguf::BlockQ5_K>;
   const hn::ScalableTag<int16_t> d16;
   const hn::Repartition<int32_t, decltype(d16)> d32;
   const hn::Repartition<float, decltype(d16)> df;
@@ -108,11 +113,12 @@ float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const flo
   auto min_acc = hn::Zero(d8f);
   const size_t L8 = hn::Lanes(d8f);
   for (int64_t i = 0; i < nb; ++i) {
-    const gguf::BlockQ4_K& blk = b[i];
+    const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
     hwy::Prefetch(bytes + ahead);
     hwy::Prefetch(bytes + ahead + 64);
     hwy::Prefetch(bytes + ahead + 128);
+    if constexpr (kQ5) hwy::Prefetch(bytes + ahead + 192);
     // The 8 six-bit scales and mins (k4_scale_min for every j at once): bytes 0..3 hold the low 6
     // bits of scales 0..3, bytes 4..7 of mins 0..3, bytes 8..11 the low 4 bits of scales / mins
     // 4..7, whose top 2 bits are the top bits of bytes 0..3 / 4..7.
@@ -134,8 +140,15 @@ float DotQ4_K(const gguf::BlockQ4_K* b, int64_t nb, const int16_t* xq, const flo
       const int16_t* x_hi = x_lo + 32;
       for (size_t j = 0; j < 32; j += L) {
         const auto raw = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(du8, q + j)));
-        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(hn::And(raw, low4), sc_lo), hn::LoadU(d16, x_lo + j), s0, s1);
-        t0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(hn::ShiftRight<4>(raw), sc_hi), hn::LoadU(d16, x_hi + j), t0, t1);
+        auto lo = hn::And(raw, low4), hi = hn::ShiftRight<4>(raw);
+        if constexpr (kQ5) {
+          const auto one = hn::Set(d16, int16_t{1});
+          const auto hb = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(du8, blk.qh + j)));
+          lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(hb, 2 * c), one)));
+          hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(hb, 2 * c + 1), one)));
+        }
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(lo, sc_lo), hn::LoadU(d16, x_lo + j), s0, s1);
+        t0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(hi, sc_hi), hn::LoadU(d16, x_hi + j), t0, t1);
       }
     }
     const auto isum = hn::Add(hn::Add(s0, s1), hn::Add(t0, t1));
@@ -213,7 +226,11 @@ void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, co
   } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q4_K)) {
     const int64_t nb = K / 256;
     const auto* rows = static_cast<const gguf::BlockQ4_K*>(w);
-    for (int64_t n = n0; n < n1; ++n) y[n] = DotQ4_K(rows + n * nb, nb, xq, xs, xsum, ahead);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, xsum, ahead);
+  } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q5_K)) {
+    const int64_t nb = K / 256;
+    const auto* rows = static_cast<const gguf::BlockQ5_K*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, xsum, ahead);
   } else {
     const int64_t nb = K / 256;
     const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
@@ -259,7 +276,8 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
 }
 
 bool gguf_gemv_supported(gguf::GgmlType t) {
-  return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q6_K;
+  return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
+         t == gguf::GgmlType::Q6_K;
 }
 
 void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,

@@ -1,12 +1,12 @@
 // Decode GEMV over GGUF block formats: y = W x with W [N, K] stored as rows of GGML blocks
-// (Q8_0, Q4_K, Q6_K), read once in address order, never dequantized to memory.
+// (Q8_0, Q4_K, Q5_K, Q6_K), read once in address order, never dequantized to memory.
 //
 // As llama.cpp does for these formats (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / _q4_K_q8_K), the
 // activations are quantized to int8 first with an f32 scale per block (Q8_0's rule: s = max|x| / 127,
 // q = round(x / s)): per 32 for Q8_0 weights (llama.cpp's Q8_0 activations, the scale kept in f32
-// rather than f16), per 256 for Q4_K and Q6_K (llama.cpp's Q8_K), so that each block's dot product runs in
+// rather than f16), per 256 for Q4_K, Q5_K and Q6_K (llama.cpp's Q8_K), so that each block's dot product runs in
 // integers (exact), then one f32 multiply-add per weight block by the product of the scales. For
-// Q4_K the min term, dmin * m_j * sum(x over sub-block j), uses the f32 sum of the unquantized x. tests/test_linear_gguf.cpp bounds both errors (the activation rounding and the f32
+// Q4_K / Q5_K the min term, dmin * m_j * sum(x over sub-block j), uses the f32 sum of the unquantized x. tests/test_linear_gguf.cpp bounds both errors (the activation rounding and the f32
 // accumulation) against fp64 of the dequantized weights.
 #pragma once
 
@@ -31,7 +31,7 @@ struct GgufActivations {
   std::vector<float> sum;     // K / 32
 };
 
-/// The activation block the kernel for `t` takes: 32 (Q8_0) or 256 (Q4_K, Q6_K).
+/// The activation block the kernel for `t` takes: 32 (Q8_0) or 256 (the K-quants).
 int64_t gguf_activation_block(gguf::GgmlType t);
 /// Quantizes x[0, K) in blocks of `block` (32 or 256; K a multiple of it). Throws hanpu::Error otherwise.
 void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out);
