@@ -59,7 +59,14 @@ HWY_BEFORE_NAMESPACE();
 namespace hanpu::cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
-using gguf_detail::F16ToF32;
+
+// A block's f16 scale as f32 (exact): one VCVTPH2PS where the target has F16C (Highway's AVX2 and
+// AVX3 targets are compiled with it), else the bit conversion.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+HWY_INLINE float F16ToF32(uint16_t h) { return _cvtsh_ss(h); }
+#else
+HWY_INLINE float F16ToF32(uint16_t h) { return gguf_detail::F16ToF32(h); }
+#endif
 
 float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const float* xs, int64_t ahead) {
   const hn::ScalableTag<int16_t> d16;
