@@ -10,13 +10,16 @@
 // 256 MiB is replicated and the copies are used in turn, so every call reads its weights from DRAM
 // (not from a cache that held the previous call's). Weight bytes are random with f16 scales in
 // [-0.05, 0.05]; the numbers do not depend on the values.
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -44,8 +47,10 @@ int main(int argc, char** argv) {
   hanpu::Engine engine(threads);
   threads = engine.threads();
   const hanpu::HostMeasurement host = hanpu::measure_host(threads, 1.0);
-  std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run)\n",
-              hanpu::cpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs);
+  const char* hp = std::getenv("HANPU_GGUF_BENCH_HUGEPAGES");
+  std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run); weights in %s\n",
+              hanpu::cpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs,
+              hp && std::string(hp) == "0" ? "4 KiB pages" : "memory advised for huge pages");
   std::printf("%-6s %-9s %-12s %6s %10s %9s %8s %9s %8s %9s\n", "type", "case", "shape", "copies", "us/call",
               "GB/s W", "% of bw", "best GB/s", "% of bw", "cpu GB/s");
   struct Shape {
@@ -61,7 +66,24 @@ int main(int argc, char** argv) {
       const int64_t nb = s.N * s.K / f.block_elems;
       const size_t bytes = static_cast<size_t>(nb * f.block_bytes);
       const size_t copies = s.from_dram ? std::max<size_t>(1, (size_t{256} << 20) / bytes) : 1;
-      std::vector<uint8_t> w(bytes * copies);
+      // Weights in memory advised for transparent huge pages, as measure_host's probe buffer is
+      // (HANPU_GGUF_BENCH_HUGEPAGES=0: plain 4 KiB pages, as a file mapping gets).
+      const bool huge = !std::getenv("HANPU_GGUF_BENCH_HUGEPAGES") || std::string(std::getenv("HANPU_GGUF_BENCH_HUGEPAGES")) != "0";
+      const size_t total = bytes * copies;
+      void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (mem == MAP_FAILED) {
+        std::fprintf(stderr, "gguf_gemv: cannot allocate %zu bytes\n", total);
+        return 1;
+      }
+#ifdef MADV_HUGEPAGE
+      if (huge) (void)madvise(mem, total, MADV_HUGEPAGE);
+#endif
+      struct Unmap {
+        void* p;
+        size_t n;
+        ~Unmap() { munmap(p, n); }
+      } unmap{mem, total};
+      std::span<uint8_t> w(static_cast<uint8_t*>(mem), total);
       for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<uint8_t>(rng());
       std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
       for (int64_t c = 0; c < static_cast<int64_t>(copies) * nb; ++c) {
