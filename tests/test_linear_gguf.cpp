@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -152,6 +153,21 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
+TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const Weights W = make_weights(t, 3, 512, 9);
+    for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<float> x = make_x(512, 10);
+      x[300] = bad;
+      GgufActivations xa;
+      hanpu::cpu::gguf_quantize_activations(x.data(), 512, hanpu::cpu::gguf_activation_block(t), xa);
+      std::vector<float> y(3);
+      hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), 512, xa, y.data(), 0, 3);
+      for (float v : y) EXPECT_TRUE(std::isnan(v)) << hanpu::gguf::block_format(t).name << " " << bad;
+    }
+  }
+}
 
 TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
   GgufActivations xa;

@@ -209,7 +209,12 @@ void quantize_q8_0(const float* x, void* dst, int64_t n) {
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     b[i].d = f32_to_f16(d);
-    for (int j = 0; j < kQK8_0; ++j) b[i].qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+    for (int j = 0; j < kQK8_0; ++j) {
+      // For finite x the value is within [-127, 127]; an inf or NaN input (where ggml's C converts
+      // out of range, which is undefined) gives 0 here, never undefined behaviour.
+      const float r = std::roundf(x[j] * id);
+      b[i].qs[j] = std::isnan(r) ? int8_t{0} : static_cast<int8_t>(std::clamp(r, -128.0f, 127.0f));
+    }
     x += kQK8_0;
   }
 }

@@ -12,7 +12,9 @@
 // kernel was slower (1 thread, 256 x 1024 in cache: 16.6 GB/s of weights against 21.9 capped; Q4_K
 // from DRAM about 11 -> 14 GB/s), and a Q6_K vector then holds exactly one 16-element scale group.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -275,7 +277,16 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   for (int64_t b = 0; b < K / block; ++b) {
     const float* xb = x + b * block;
     float amax = 0.0f;
-    for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::abs(xb[j]));
+    bool finite = true;
+    for (int64_t j = 0; j < block; ++j) {
+      amax = std::max(amax, std::abs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    if (!finite) {  // a NaN or inf activation: the block's scale is NaN, so every output is NaN
+      std::fill(out.q.begin() + b * block, out.q.begin() + (b + 1) * block, int16_t{0});
+      out.scale[static_cast<size_t>(b)] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
