@@ -27,6 +27,7 @@ struct GgufActivations {
   int64_t K = 0;
   int64_t block = 32;
   std::vector<int16_t> q;     // K
+  std::vector<int8_t> q8;     // the same values as int8 (the AVX2 K-quant form multiplies bytes)
   std::vector<float> scale;   // K / block
   std::vector<float> sum;     // K / 32
 };
