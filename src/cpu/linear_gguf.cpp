@@ -318,6 +318,60 @@ __attribute__((target("avx2,fma,f16c"))) float DotK4Avx2(const void* blocks, int
   return hsum(acc) - hsum(min_acc);
 }
 
+// The AVX2 form of DotQ6_K: the 6-bit values q (0..63, before the -32) stay bytes; VPMADDUBSW
+// by the int8 activations gives int16 pairs (at most 2 * 63 * 127 = 16002), VPMADDWD by the
+// signed 16-element scale sums them into int32 (one 32-byte vector spans two scales: the low
+// 128 bits the first, the high 128 bits the second). The -32 is applied once per super-block as
+// 32 * sum_g sc_g * (sum of the int8 activations over group g), from the per-16 sums the
+// quantizer stores. All in exact integers, the same total as DotQ6_K.
+__attribute__((target("avx2,fma,f16c"))) float DotQ6KAvx2(const gguf::BlockQ6_K* b, int64_t nb, const int8_t* x8,
+                                                         const int16_t* bsum16, const float* xs, int64_t ahead) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
+                m30 = _mm256_set1_epi8(0x30), mc0 = _mm256_set1_epi8(static_cast<char>(0xC0));
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const gguf::BlockQ6_K& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
+    const int8_t* x = x8 + i * 256;
+    auto scale2 = [&](int k) __attribute__((target("avx2"))) {  // low 128 bits sc[k], high sc[k + 1]
+      return _mm256_set_m128i(_mm_set1_epi16(blk.scales[k + 1]), _mm_set1_epi16(blk.scales[k]));
+    };
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h));
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m03), 4));
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m0c), 2));
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, m30));
+      const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                                         _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
+      const int8_t* xh = x + 128 * h;
+      const int s = 8 * h;
+      auto term = [&](__m256i q, int off, int k) __attribute__((target("avx2"))) {
+        const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xh + off)));
+        return _mm256_madd_epi16(p, scale2(k));
+      };
+      isum = _mm256_add_epi32(isum, term(q1, 0, s + 0));
+      isum = _mm256_add_epi32(isum, term(q2, 32, s + 2));
+      isum = _mm256_add_epi32(isum, term(q3, 64, s + 4));
+      isum = _mm256_add_epi32(isum, term(q4, 96, s + 6));
+    }
+    // - 32 * sum_g sc_g * bsum_g over the 16 groups (scales in element order, as the sums)
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + i * 16));
+    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
+  }
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
 // AVX2 (plain AVX2 + FMA + F16C instructions) whenever the selected Highway target is AVX2 or
 // better, as linear_int8_dot.cpp's chosen_form.
 bool k4_avx2_allowed() {
@@ -342,6 +396,7 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   out.block = block;
   out.q.resize(static_cast<size_t>(K));
   out.q8.resize(static_cast<size_t>(K));
+  out.bsum16.resize(static_cast<size_t>(K / 16));
   out.scale.resize(static_cast<size_t>(K / block));
   out.sum.resize(static_cast<size_t>(K / 32));
   for (int64_t s = 0; s < K / 32; ++s) {
@@ -373,6 +428,11 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
     }
     out.scale[static_cast<size_t>(b)] = d;
   }
+  for (int64_t g = 0; g < K / 16; ++g) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += out.q8[static_cast<size_t>(g * 16 + j)];
+    out.bsum16[static_cast<size_t>(g)] = static_cast<int16_t>(sum);  // |sum| <= 16 * 127
+  }
 }
 
 bool gguf_gemv_supported(gguf::GgmlType t) {
@@ -398,6 +458,13 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
       y[n] = t == gguf::GgmlType::Q4_K
                  ? DotK4Avx2<false>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead)
                  : DotK4Avx2<true>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead);
+    return;
+  }
+  if (t == gguf::GgmlType::Q6_K && k4_avx2_allowed()) {
+    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
+    const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
+    for (int64_t n = n0; n < n1; ++n)
+      y[n] = DotQ6KAvx2(rows + n * nb, nb, x.q8.data(), x.bsum16.data(), x.scale.data(), ahead);
     return;
   }
 #endif

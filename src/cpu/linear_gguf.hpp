@@ -28,6 +28,7 @@ struct GgufActivations {
   int64_t block = 32;
   std::vector<int16_t> q;     // K
   std::vector<int8_t> q8;     // the same values as int8 (the AVX2 K-quant form multiplies bytes)
+  std::vector<int16_t> bsum16;  // K / 16: sums of q8 per 16 (the AVX2 Q6_K form's -32 term)
   std::vector<float> scale;   // K / block
   std::vector<float> sum;     // K / 32
 };
