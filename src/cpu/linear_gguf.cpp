@@ -377,7 +377,9 @@ __attribute__((target("avx2,fma,f16c"))) float DotQ6KAvx2(const gguf::BlockQ6_K*
 bool k4_avx2_allowed() {
   static const bool cpu = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;  // (clang's builtin has no "f16c")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
   const IsaSelection& isa = isa_selection();
   return cpu && (isa.native || isa.target == "AVX2" || isa.target.rfind("AVX3", 0) == 0);
