@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_tests.sh
 cmake --preset release >/dev/null
 cmake --build --preset release
 # The Python package: pip builds it (incrementally, in build/python/) and installs it.
@@ -16,7 +17,7 @@ python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore 
 results="$PWD/build/release/test-results"
 rm -rf "$results"
 mkdir -p "$results"
-# setup.sh installed every package the tests use: a test that still skips for one fails the run.
+# setup_tests.sh installed every package the tests use: a test that still skips for one fails the run.
 export HANPU_TESTS_NO_SKIP=1
 summary_args=()
 run_suite() {  # LABEL HANPU_ISA [ctest args]

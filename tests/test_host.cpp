@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <sched.h>
+
 #include <cmath>
+#include <fstream>
 #include <string>
 
 #include "device/host.hpp"
@@ -34,18 +37,55 @@ TEST(Host, DetectBasics) {
   EXPECT_GT(h.l1d_bytes(), 0);
   EXPECT_GT(h.l2_bytes(), 0);
   EXPECT_GE(h.l2_bytes(), h.l1d_bytes());
-  EXPECT_GE(h.l3_bytes(), 0);
+  // l3_bytes() is the per-core share of the level-3 data/unified cache, 0 without one.
+  const CacheLevel* l3 = h.data_cache(3);
+  EXPECT_EQ(h.l3_bytes(), l3 ? l3->size_bytes / l3->shared_by_cores : 0);
   EXPECT_FALSE(h.simd_target.empty());
   EXPECT_GE(h.simd_f32_lanes, 1);
 }
 
-TEST(Host, DetectIsCachedAndStable) {
-  const HostInfo a = detect_host();
-  const HostInfo b = detect_host();
-  EXPECT_EQ(a.cpu_model, b.cpu_model);
-  EXPECT_EQ(a.logical_cpus, b.logical_cpus);
-  EXPECT_EQ(a.simd_target, b.simd_target);
-  EXPECT_EQ(a.caches.size(), b.caches.size());
+// Detection against the OS read independently here: the CPUs this process may run on
+// (sched_getaffinity), the "model name" of /proc/cpuinfo, and every data or unified cache level
+// sysfs lists for cpu0 (its size and line).
+TEST(Host, DetectMatchesTheOs) {
+  const HostInfo h = detect_host();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(h.logical_cpus, CPU_COUNT(&set));
+  EXPECT_EQ(h.logical_cpus_source, "sysconf");
+
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model;
+  while (model.empty() && std::getline(cpuinfo, line))
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 1);
+      model.erase(0, model.find_first_not_of(" \t"));
+    }
+  if (!model.empty()) EXPECT_EQ(h.cpu_model, model);
+
+  int levels_seen = 0;
+  for (int index = 0;; ++index) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    std::ifstream level_file(dir + "level"), type_file(dir + "type"), size_file(dir + "size");
+    if (!level_file) break;
+    int level = 0;
+    std::string type, size;
+    level_file >> level;
+    type_file >> type;
+    size_file >> size;
+    if (type == "Instruction" || size.empty()) continue;
+    // sysfs writes sizes as "48K" or "32768K" (KiB) or "1M".
+    int64_t bytes = std::stoll(size);
+    if (size.back() == 'K') bytes <<= 10;
+    if (size.back() == 'M') bytes <<= 20;
+    const CacheLevel* c = h.data_cache(level);
+    ASSERT_NE(c, nullptr) << "sysfs lists a level-" << level << " " << type << " cache";
+    EXPECT_EQ(c->size_bytes, bytes) << "level " << level;
+    EXPECT_EQ(c->source, "sysfs") << "level " << level;
+    ++levels_seen;
+  }
+  if (levels_seen == 0) GTEST_SKIP() << "no cache levels in /sys/devices/system/cpu/cpu0/cache on this machine";
 }
 
 TEST(Host, MeasureSmallBudget) {

@@ -138,7 +138,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         terminalreporter.write_line(f"  skipped {report.nodeid}: {reason}")
     if skipped and os.environ.get("HANPU_TESTS_NO_SKIP") == "1":
-        terminalreporter.write_line("HANPU_TESTS_NO_SKIP=1: a skipped test fails the run (scripts/setup.sh installs "
+        terminalreporter.write_line("HANPU_TESTS_NO_SKIP=1: a skipped test fails the run (scripts/setup_tests.sh installs "
                                     "every package the tests use)")
 
 
