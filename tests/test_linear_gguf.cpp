@@ -183,3 +183,10 @@ TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
 }
 
 }  // namespace
+
+// A tensor with a zero dimension decodes to nothing, whatever its (null) data and output pointers:
+// the libFuzzer finding tests/fuzz/regressions/gguf_header/zero-element-tensor passed null to memcpy.
+TEST(GgufBlocks, ZeroElementsTouchNothing) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+    EXPECT_NO_THROW(hanpu::gguf::dequantize(t, nullptr, nullptr, 0)) << hanpu::gguf::block_format(t).name;
+}

@@ -175,6 +175,10 @@ void dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
   if (n < 0 || n % f.block_elems != 0)
     throw Error(std::string("dequantizing ") + f.name + ": " + std::to_string(n) +
                 " elements is not a whole number of blocks of " + std::to_string(f.block_elems));
+  // A tensor may have a zero dimension (GGUF allows it): nothing to decode, and its data and the
+  // caller's buffer may then be null, which memcpy must not see (a libFuzzer finding,
+  // tests/fuzz/regressions/gguf_header/zero-element-tensor).
+  if (n == 0) return;
   const int64_t nb = n / f.block_elems;
   switch (t) {
     case GgmlType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
