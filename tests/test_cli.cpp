@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "test_support.hpp"
+#include "plan_testing.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -146,6 +147,39 @@ void expect_tensor_error(const TempDir& dir, const std::string& variant, const T
 
 // ------------------------------------------------------------------------------------------------
 // Bad files
+
+TEST(SimulateCli, AStrategyThatExceedsGmStaysInTheTable) {
+  // vLLM-Ascend (and FLA) at T = 1M need more GM than the 310P has: listed as "does not fit",
+  // the others still simulated; a single such plan remains an error.
+  TempDir dir;
+  const std::string dev = "--device " + quote(hanpu::testing::device_path("ascend310p"));
+  const RunResult r = run_hanpu(dir, "simulate " + dev + " --strategies all --T 1048576 --heads 16");
+  ASSERT_TRUE(r.exited && r.code == 0) << r.err;
+  EXPECT_NE(r.out.find("vllm-ascend                    does not fit: needs 50.69 GiB of GM, the device has 24.00 GiB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\nhanpu  "), std::string::npos) << r.out;
+  const RunResult j = run_hanpu(dir, "simulate " + dev + " --strategies all --T 1048576 --heads 16 --json");
+  ASSERT_EQ(j.code, 0) << j.err;
+  const auto arr = nlohmann::json::parse(j.out);
+  EXPECT_EQ(arr.at(0).at("fits"), false);
+  EXPECT_GT(arr.at(0).at("needs_gm_bytes").get<int64_t>(), arr.at(0).at("device_gm_bytes").get<int64_t>());
+  EXPECT_GT(arr.back().at("latency_ms").get<double>(), 0);
+  const RunResult one = run_hanpu(dir, "simulate " + dev + " --strategy vllm-ascend --T 1048576 --heads 16");
+  EXPECT_NE(one.code, 0);
+  EXPECT_NE(one.err.find("bytes of device memory (GM)"), std::string::npos) << one.err;
+}
+
+TEST(SimulateCli, BufferPolicyFlag) {
+  TempDir dir;
+  const std::string dev = "--device " + quote(hanpu::testing::device_path("ascend310p"));
+  const RunResult st = run_hanpu(dir, "simulate " + dev + " --strategy fla+mapping --T 1024 --heads 16 --buffer-policy static --json");
+  ASSERT_EQ(st.code, 0) << st.err;
+  const auto r = nlohmann::json::parse(st.out).at(0);
+  EXPECT_EQ(r.at("buffer_policy"), "static");
+  EXPECT_GT(r.at("static_spill_bytes").get<int64_t>(), 0);
+  const RunResult bad = run_hanpu(dir, "simulate " + dev + " --buffer-policy greedy");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_NE(bad.err.find("--buffer-policy"), std::string::npos) << bad.err;
+}
 
 TEST(CliErrors, MissingInputFile) {
   TempDir dir("hanpu_cli");

@@ -96,6 +96,14 @@ TEST(Device, EveryNumberHasSourceAndStatus) {
       if (b.reserved_bytes.value > 0) check(b.reserved_bytes, b.name + ".reserved_bytes");
     check(d.vector.transform_row_elements, "vector.transform_row_elements");
     check(d.handoff_sync_cycles, "handoff_sync_cycles");
+    // The fixed costs the simulator charges per event (the Ascend files calibrate three of them).
+    if (std::string(f).rfind("ascend", 0) == 0) {
+      check(d.kernel_boundary_us, "kernel_boundary_us");
+      check(d.dma_setup_cycles, "dma_setup_cycles");
+      check(d.gm_segment_cycles, "gm_segment_cycles");
+      check(d.pipe_sync_cycles, "pipe_sync_cycles");
+      check(d.vector_startup_cycles, "vector_startup_cycles");
+    }
     for (const CoreConfiguration& c : d.core_configurations) {
       check(c.cores, c.name + ".cores");
       check(c.clock_ghz, c.name + ".clock_ghz");
@@ -270,6 +278,10 @@ TEST(Device, MalformedFilesNameTheField) {
        "clock_ghz.value: got -1.5, expected a positive number"},
       {"alignment not a power of two", [](json& j) { j["buffers"][0]["alignment_bytes"]["value"] = 48; },
        "buffers[0].alignment_bytes.value: got 48, expected a positive power of two"},
+      {"negative fixed cost", [](json& j) { j["dma_setup_cycles"]["value"] = -5; },
+       "dma_setup_cycles.value: got -5, expected a non-negative number"},
+      {"fixed cost without source", [](json& j) { j["pipe_sync_cycles"].erase("source"); }, "pipe_sync_cycles.source: missing field"},
+      {"misspelt fixed cost", [](json& j) { j["dma_setup_cycle"] = j["dma_setup_cycles"]; }, "dma_setup_cycle: unknown field"},
       {"alternative without status", [](json& j) { j["cores"]["alternatives"][0].erase("status"); },
        "cores.alternatives[0].status: missing field"},
       {"alternative violating the constraint", [](json& j) { j["cores"]["alternatives"][0]["value"] = 0; },

@@ -189,6 +189,15 @@ void expect_decode_continues_prefill(const ModelConfig& config, uint64_t seed, i
   }
 }
 
+TEST(Qwen35MoeConfig, AbsentHeadDimIsTransformersDefault) {
+  // transformers' Qwen3.5 / Qwen3-Next config classes default head_dim to 256 (hidden 64 / 4 heads
+  // would give 16): a config.json without it describes the model transformers builds from it.
+  nlohmann::json j = nlohmann::json::parse(read_file(qwen_moe_dir() / "config.json"));
+  ASSERT_EQ(j["text_config"]["hidden_size"], 64);
+  j["text_config"].erase("head_dim");
+  EXPECT_EQ(parse_model_config(j.dump(), "config.json").head_dim, 256);
+}
+
 TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   const ModelConfig c = model_preset("qwen3.5-35b-a3b-slice");
   EXPECT_EQ(c.num_moe_layers(), 4);
@@ -344,6 +353,19 @@ TEST(KimiLinearLoader, OfficialDenseMlpNameAndMissingTensorsNamed) {
   });
   const std::string err = load_error(tmp2.path().string());
   EXPECT_NE(err.find("model.layers.3.self_attn.k_conv1d.weight"), std::string::npos) << err;
+
+  // A KDA head dim the tensors disagree with: the tensor, both shapes and the keys that set it.
+  TempDir tmp3;
+  copy_checkpoint(kimi_dir(), tmp3.path());
+  nlohmann::json j = nlohmann::json::parse(read_file(kimi_dir() / "config.json"));
+  j["linear_head_dim"] = 20;
+  write_file(tmp3.path() / "config.json", j.dump());
+  const std::string geometry = load_error(tmp3.path().string());
+  EXPECT_NE(geometry.find("tensor 'model.layers.0.self_attn.q_conv1d.weight' has shape [72,1,4], expected [60,1,4] "
+                          "from config.json; config.json gives the KDA layers 3 heads of 20 and a conv of 4 "
+                          "(linear_num_heads, linear_head_dim, linear_conv_kernel_dim)"),
+            std::string::npos)
+      << geometry;
 }
 
 TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
@@ -382,7 +404,13 @@ TEST_F(BailingHybridGolden, ConfigReadFromTheBailingHybridConfig) {
   EXPECT_FALSE(c.kda_low_rank_gates);
   EXPECT_TRUE(c.kda_safe_gate);
   EXPECT_DOUBLE_EQ(c.kda_lower_bound, -5.0);
+  // save_pretrained's config as it is: head_dim holds qk_rope_head_dim (8), the KDA geometry is in
+  // linear_head_dim / linear_num_heads, as transformers reads it back.
+  const nlohmann::json saved = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+  ASSERT_EQ(saved["head_dim"], 8);
+  ASSERT_EQ(saved["linear_head_dim"], 24);
   EXPECT_EQ(c.linear_key_head_dim, 24);
+  EXPECT_EQ(c.linear_num_value_heads, 3);
   EXPECT_TRUE(c.mla_rope);
   EXPECT_TRUE(c.mla_head_gate);
   EXPECT_EQ(c.mla_q_lora_rank, 20);
@@ -429,6 +457,133 @@ TEST(BailingHybridConfig, UnsupportedOptionsAreNamed) {
   bad = j;
   bad["kda_safe_gate"] = false;
   EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda_safe_gate);
+  // The published layout's options hanpu does not run, each named with what it got.
+  const std::vector<std::pair<nlohmann::json, std::string>> refused = {
+      {{{"no_kda_lora", false}}, "field 'no_kda_lora' is false"},
+      {{{"use_kda_lora", true}}, "field 'use_kda_lora' is true"},
+      {{{"gated_attention_proj_granularity_type", "element_wise"}}, "field 'gated_attention_proj_granularity_type' is a string"},
+      {{{"gated_attention_proj_granularity_type", nullptr}}, "field 'gated_attention_proj_granularity_type' is null"},
+      {{{"rope_interleave", false}}, "field 'rope_interleave' is a boolean false"},
+      {{{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}, "rope_scaling type 'yarn'"},
+      {{{"use_mla_nope", true}}, "field 'use_mla_nope' is true"},
+      {{{"use_qkv_bias", true}}, "field 'use_qkv_bias' is true"},
+      {{{"use_bias", true}}, "field 'use_bias' is true"},
+      {{{"scoring_func", "softmax"}}, "field 'scoring_func' is a string"},
+      {{{"topk_method", "greedy"}}, "field 'topk_method' is a string"},
+      {{{"moe_router_enable_expert_bias", false}}, "field 'moe_router_enable_expert_bias' is false"},
+      {{{"expert_swiglu_limit_list", {0, 0, 0, 7.0, 7.0}}}, "field 'expert_swiglu_limit_list[3]' is a number 7"},
+      {{{"share_expert_swiglu_limit_list", {5, nullptr, 0, 0, 0}}}, "field 'share_expert_swiglu_limit_list[0]' is an integer 5"},
+  };
+  for (const auto& [edit, named] : refused) {
+    bad = j;
+    bad.update(edit);
+    const std::string err = error_of(bad);
+    EXPECT_NE(err.find(named), std::string::npos) << edit.dump() << ": " << err;
+    EXPECT_NE(err.find("expected"), std::string::npos) << err;
+  }
+  // Their published values are accepted (null / zero clamps, limits past num_hidden_layers for the MTP layer).
+  bad = j;
+  bad.update({{"no_kda_lora", true}, {"use_kda_lora", false}, {"gated_attention_proj_granularity_type", "head_wise"},
+              {"rope_interleave", true}, {"rope_scaling", nullptr}, {"scoring_func", "sigmoid"},
+              {"topk_method", "noaux_tc"}, {"expert_swiglu_limit_list", nullptr},
+              {"share_expert_swiglu_limit_list", {0, nullptr, 0, 0, 0, 7.0}}, {"num_nextn_predict_layers", 1}});
+  EXPECT_EQ(error_of(bad), "(no error)");
+  // Without layer_types, groups that do not divide the layers are refused (transformers and the
+  // published code disagree on the trailing layers); groups that do give every group's last layer.
+  bad = j;
+  bad.erase("layer_types");
+  bad["layer_group_size"] = 2;
+  EXPECT_NE(error_of(bad).find("num_hidden_layers 5 is not a multiple of layer_group_size 2"), std::string::npos)
+      << error_of(bad);
+  bad["num_hidden_layers"] = 6;
+  bad["mlp_layer_types"].push_back("sparse");
+  EXPECT_EQ(parse_model_config(bad.dump(), "config.json").is_full_attention,
+            (std::vector<bool>{false, true, false, true, false, true}));
+}
+
+TEST(BailingHybridConfig, KdaGeometryReadAsTransformersReadsIt) {
+  const nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+  auto kda = [](const nlohmann::json& cfg) {
+    const ModelConfig c = parse_model_config(cfg.dump(), "config.json");
+    EXPECT_EQ(c.linear_num_key_heads, c.linear_num_value_heads);
+    EXPECT_EQ(c.linear_key_head_dim, c.linear_value_head_dim);
+    return std::vector<int64_t>{c.linear_num_value_heads, c.linear_key_head_dim, c.linear_conv_kernel};
+  };
+  // save_pretrained's keys win over head_dim (= qk_rope_head_dim) and short_conv_kernel_size.
+  nlohmann::json cfg = j;
+  cfg["linear_num_heads"] = 6;
+  cfg["linear_head_dim"] = 12;
+  cfg["linear_conv_kernel_dim"] = 3;
+  EXPECT_EQ(kda(cfg), (std::vector<int64_t>{6, 12, 3}));
+  // Without them (the published configs), BailingHybridConfig's rule: num_attention_heads, head_dim,
+  // short_conv_kernel_size.
+  for (const char* k : {"linear_num_heads", "linear_head_dim", "linear_conv_kernel_dim"}) cfg.erase(k);
+  cfg["head_dim"] = 24;
+  cfg["short_conv_kernel_size"] = 2;
+  EXPECT_EQ(kda(cfg), (std::vector<int64_t>{3, 24, 2}));
+  // The model_types and architecture the published checkpoints and their code declare.
+  for (const char* type : {"bailing_hybrid", "bailing_moe_v3", ""}) {
+    nlohmann::json t = cfg;
+    if (*type) t["model_type"] = type;
+    else t.erase("model_type");
+    t["architectures"] = {"BailingMoeV3ForCausalLM"};
+    EXPECT_EQ(parse_model_config(t.dump(), "config.json").model_type, "bailing_hybrid") << type;
+  }
+}
+
+TEST(BailingHybridLoader, KdaGeometryTheTensorsDisagreeWithIsNamed) {
+  // The failure, now with the cause: a config whose KDA head dim does not match the
+  // checkpoint names the tensor, both shapes and the keys the geometry came from.
+  TempDir tmp;
+  copy_checkpoint(ling_dir(), tmp.path());
+  nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+  j["linear_head_dim"] = 16;
+  write_file(tmp.path() / "config.json", j.dump());
+  const std::string err = load_error(tmp.path().string());
+  EXPECT_NE(err.find("tensor 'model.layers.0.attention.q_conv1d.weight' has shape [72,1,4], expected [48,1,4] from "
+                     "config.json; config.json gives the KDA layers 3 heads of 16 (linear_num_heads, linear_head_dim)"),
+            std::string::npos)
+      << err;
+}
+
+TEST_F(BailingHybridGolden, PublishedLayoutGivesTheSameLogits) {
+  // The golden rewritten in the published checkpoints' layout (Ling-3.0-tiny/-flash config keys,
+  // as llama.cpp's conversion/bailingmoe3.py and vLLM's bailing_moe_v3.py read them; the KDA
+  // output projection named o_proj): the same model, so transformers' logits. layer_types and
+  // mlp_layer_types stay (the golden's layer pattern is no layer_group_size's).
+  TempDir tmp;
+  const std::vector<int> kda_layers = {0, 1, 3};
+  auto renamed = [&](const std::string& name) {
+    for (int i : kda_layers) {
+      const std::string dense = "model.layers." + std::to_string(i) + ".attention.dense.weight";
+      if (name == dense) return "model.layers." + std::to_string(i) + ".attention.o_proj.weight";
+    }
+    return name;
+  };
+  copy_checkpoint(ling_dir(), tmp.path(), [&](const std::string&, TensorMap& m) {
+    TensorMap out;
+    for (auto& [n, t] : m) out.emplace(renamed(n), std::move(t));
+    m = std::move(out);
+  });
+  nlohmann::json index = nlohmann::json::parse(read_file(ling_dir() / "model.safetensors.index.json"));
+  nlohmann::json map = nlohmann::json::object();
+  for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) map[renamed(it.key())] = it.value();
+  ASSERT_TRUE(map.contains("model.layers.3.attention.o_proj.weight"));
+  index["weight_map"] = map;
+  write_file(tmp.path() / "model.safetensors.index.json", index.dump());
+  nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
+  j["head_dim"] = j["linear_head_dim"];
+  for (const char* k : {"linear_head_dim", "linear_num_heads", "linear_conv_kernel_dim", "qk_head_dim"}) j.erase(k);
+  j.update({{"architectures", {"BailingMoeV3ForCausalLM"}}, {"no_kda_lora", true},
+            {"gated_attention_proj_granularity_type", "head_wise"}, {"rope_interleave", true},
+            {"partial_rotary_factor", 0.5}, {"rope_scaling", nullptr}, {"use_qkv_bias", false},
+            {"moe_shared_expert_intermediate_size", 16}, {"scoring_func", "sigmoid"}, {"topk_method", "noaux_tc"},
+            {"moe_router_enable_expert_bias", true}, {"expert_swiglu_limit_list", nullptr},
+            {"num_nextn_predict_layers", 1}});
+  write_file(tmp.path() / "config.json", j.dump());
+  HybridModel m = HybridModel::load(tmp.path().string());
+  EXPECT_EQ(m.config().linear_key_head_dim, 24);
+  testing::expect_logits_match_at_every_position(m, *expected_);
 }
 
 TEST(BailingHybridSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {

@@ -25,9 +25,9 @@ Writes (see tests/golden/README.md):
                                  dense, the rest MoE (8 experts in 4 groups, best 2 groups, top-2,
                                  sigmoid + expert_bias, scaling 2.5, a shared expert); an MTP layer
                                  (layers.5.*) in its own shard that both sides skip; no tokenizer.
-                                 config.json's head_dim is set back to the KDA head dim after
-                                 save_pretrained (transformers writes qk_rope_head_dim there, which
-                                 would not reload the same model)
+                                 config.json is save_pretrained's, unchanged: head_dim 8 (transformers
+                                 overwrites it with qk_rope_head_dim), the KDA geometry in
+                                 linear_head_dim 24 / linear_num_heads 3, as transformers reads it
 Each directory holds what save_pretrained wrote (config.json, sharded model-*.safetensors and
 model.safetensors.index.json, BF16 weights: transformers writes the official layouts, i.e. one
 tensor set per expert, Kimi's block_sparse_moe.* / q_conv1d / k_conv1d / v_conv1d / f_a_proj
@@ -278,16 +278,8 @@ def make_bailing_hybrid(seed):
     randomize(model, gen, plus_one_norms=False)
 
     def fix_checkpoint(directory):
-        # BailingHybridConfig reads the KDA head dim from head_dim and then overwrites head_dim with
-        # qk_rope_head_dim, so save_pretrained writes 8 and from_pretrained would build 8-dim KDA
-        # heads; the official config carries the KDA head dim there. Restore it.
-        path = os.path.join(directory, "config.json")
-        with open(path) as f:
-            cfg = json.load(f)
-        cfg["head_dim"] = config.linear_head_dim
-        with open(path, "w") as f:
-            json.dump(cfg, f, indent=2, sort_keys=True)
-            f.write("\n")
+        # config.json stays as save_pretrained wrote it (head_dim = qk_rope_head_dim = 8, the KDA
+        # head dim in linear_head_dim): hanpu reads it as transformers does.
         # An MTP layer after the decoder, as Ling checkpoints store one (num_mtp_layers 1): both
         # transformers and hanpu skip it.
         mtp = {"model.layers.5.attention.dense.weight": torch.randn(64, 60, generator=gen).to(torch.bfloat16)}

@@ -136,6 +136,25 @@ struct Device {
   /// pipe and waited on by the other), paid by every hand-off of data between them. JSON
   /// "handoff_sync_cycles", optional (absent: 0, as on a CPU where one core does both).
   Quantity handoff_sync_cycles;
+  /// Fixed costs real kernels pay regardless of bytes and MACs (docs/SIMULATION.md, "Fixed costs
+  /// and calibration"); each optional in the JSON (absent: 0), charged per event by the simulator.
+  /// Per kernel phase (a launched kernel or a megakernel phase): the pipeline fill and drain at the
+  /// boundary and the all-core barrier, with no overlap of one phase's data movement with the next
+  /// one's compute. JSON "kernel_boundary_us".
+  Quantity kernel_boundary_us;
+  /// Per DMA transfer (one move step of one chunk): descriptor set-up and the first access's
+  /// latency, on the transfer's DMA lane. JSON "dma_setup_cycles".
+  Quantity dma_setup_cycles;
+  /// Per contiguous segment after the first of a GM transfer: a new burst (a 64-row tile of a
+  /// [T, H, K] tensor is 64 segments of K elements, strided by H K). JSON "gm_segment_cycles".
+  Quantity gm_segment_cycles;
+  /// Per operator per tile (one compute step of one chunk, either unit): the set_flag/wait_flag
+  /// pairs and pipe barriers around it and the scalar unit's address and loop work. JSON
+  /// "pipe_sync_cycles".
+  Quantity pipe_sync_cycles;
+  /// Per vector instruction sequence (a vector compute, transform, cast or zero step of one
+  /// chunk): issue start-up, masks and repeat set-up. JSON "vector_startup_cycles".
+  Quantity vector_startup_cycles;
   std::vector<std::string> notes; // open conflicts and caveats, shown in reports
   std::vector<CoreConfiguration> core_configurations;  // coherent alternatives to the default
   CpuFacts cpu;                   // kind Cpu only

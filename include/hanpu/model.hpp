@@ -78,6 +78,10 @@ struct ModelConfig {
   double rope_theta = 0;
   int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;  // GDN; KDA: both = its head count
   int64_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel = 0;  // KDA: both = head_dim
+  /// Which config.json keys gave the linear-attention geometry ("config.json gives the KDA layers 4
+  /// heads of 32 (linear_num_heads, linear_head_dim) ..."), appended to a load error of those
+  /// layers' tensors; empty: nothing appended.
+  std::string linear_shape_source;
   /// MLA: q_lora_rank 0 means a full-rank q_proj; keys are [nope | rope] dims, values v_head_dim.
   int64_t mla_q_lora_rank = 0, mla_kv_lora_rank = 0, mla_qk_nope_head_dim = 0, mla_qk_rope_head_dim = 0,
           mla_v_head_dim = 0;

@@ -7,7 +7,11 @@
 // the state written by the previous chunk of the same item, and the last reader of the buffer it
 // overwrites `buffering` chunks earlier (double buffering lets loads of chunk c+1 overlap chunk c).
 // Shared paths (the chip's GM interface) split their bandwidth evenly over the kernel's busy cores.
-// Kernels run one after another, each paying the device's launch cost unless part of a megakernel.
+// Kernels run one after another, each paying the device's launch cost unless part of a megakernel,
+// and every kernel (megakernel phases too) its boundary cost. Fixed costs per event (device data:
+// dma_setup_cycles per transfer, gm_segment_cycles per extra strided GM segment, pipe_sync_cycles
+// per operator per tile, vector_startup_cycles per vector instruction sequence) lengthen the step
+// that pays them, so overlap with other lanes is simulated, not assumed.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +34,17 @@ struct SimOptions {
   /// one round instead of simulating each (same totals as the chunk loop up to floating-point
   /// rounding; integer byte counts exactly); off: the plain loop, for tests that compare.
   bool steady_state_shortcut = true;
+  /// How on-core buffers are allocated. LastReader: each tensor copy is freed after its last
+  /// reader (the plan's lowering; an ideal allocator). Static: as Ascend C kernels allocate their
+  /// TPipe/TQue buffers, every tensor copy of the kernel (double-buffered slots twice) holds its
+  /// bytes for the kernel's whole life; what does not fit is spilled (see SimResult::static_*).
+  enum class BufferPolicy { LastReader, Static };
+  BufferPolicy buffer_policy = BufferPolicy::LastReader;
 };
+
+/// "static" / "last-reader"; buffer_policy_from_name throws hanpu::Error naming the choices.
+const char* buffer_policy_name(SimOptions::BufferPolicy p);
+SimOptions::BufferPolicy buffer_policy_from_name(const std::string& name);
 
 /// Totals for one operator (fine operator name; "state_in"/"state_out"/"state_snapshot" for the
 /// state's own loads and stores).
@@ -48,7 +62,13 @@ struct KernelStats {
   std::string name;
   double latency_s = 0;  // including its launch
   double launch_s = 0;
+  double boundary_s = 0;  // the device's kernel_boundary_us (fill, drain, barrier)
   int busy_cores = 0;
+  /// Buffer policy Static: bytes each buffer needs with every copy allocated for the kernel's
+  /// life, the tensors spilled to make it fit, and their GM traffic (store + reload per chunk).
+  std::map<std::string, int64_t> static_bytes;
+  std::vector<std::string> static_spilled;
+  int64_t static_spill_bytes = 0;
 };
 
 struct TimelineEvent {
@@ -80,6 +100,15 @@ struct SimResult {
   int64_t spill_bytes = 0;        // GM traffic of spills and reloads
   int64_t transform_bytes = 0;    // bytes layout transforms read and write inside the vector buffer
   std::map<std::string, double> busy_s;  // per lane, summed over cores
+  /// Time each fixed-cost mechanism adds, summed over lanes and cores for the per-step ones
+  /// ("dma_setup", "gm_segments", "pipe_sync", "vector_startup"), over kernels for "launch" and
+  /// "kernel_boundary" (these two add to the latency exactly).
+  std::map<std::string, double> fixed_cost_s;
+  /// Counted events: "launches", "kernel_boundaries", "dma_transfers", "gm_segments" (extra
+  /// segments), "operator_syncs", "vector_sequences".
+  std::map<std::string, double> fixed_cost_events;
+  std::string buffer_policy = "last-reader";
+  int64_t static_spill_bytes = 0;  // buffer policy Static: GM traffic its spills add (in gm_*_bytes too)
   std::vector<OperatorStats> per_operator;
   std::vector<KernelStats> kernels;
   std::vector<TimelineEvent> timeline;
@@ -91,6 +120,15 @@ struct SimResult {
 /// Throws hanpu::Error if the plan was made for another device (by name) or uses a path, buffer
 /// or unit rate the device does not have.
 SimResult simulate(const Plan& plan, const Device& dev, const SimOptions& opt = {});
+
+/// Whether a plan's peak GM footprint fits the device's GM: bytes needed and available.
+struct GmFit {
+  bool fits = true;
+  int64_t needs_bytes = 0, device_bytes = 0;
+  /// "does not fit: needs X GiB of GM, the device has Y GiB"
+  std::string message() const;
+};
+GmFit gm_fit(const Plan& plan, const Device& dev);
 
 /// Peak GM footprint of a plan without timing it (cheap; for peak-memory sweeps to long T).
 int64_t plan_peak_gm_bytes(const Plan& plan);

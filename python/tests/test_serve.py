@@ -374,15 +374,14 @@ def checkpoint_with_template(tmp_path, template):
     return d
 
 
-def test_chat_template_chatml_is_rendered_and_others_refused(tmp_path):
+def test_chat_template_is_rendered_and_unrenderable_ones_refused(tmp_path):
     msgs = [{"role": "user", "content": "hi"}]
-    # Qwen's ChatML template: rendered (the tokenizer's ChatML), same answer as without one.
-    chatml = checkpoint_with_template(tmp_path / "a", "{% for message in messages %}<|im_start|>{{ message.role }}\n"
-                                      "{{ message.content }}<|im_end|>\n{% endfor %}")
-    # A Llama-2 style template: no Jinja engine here, so chat is refused by name; completions work.
-    llama = checkpoint_with_template(tmp_path / "b", "{% for message in messages %}[INST] {{ message.content }} "
+    # Any template in hanpu's Jinja subset is rendered (a Llama-2 style one here) ...
+    llama = checkpoint_with_template(tmp_path / "a", "{% for message in messages %}[INST] {{ message.content }} "
                                      "[/INST]{% endfor %}")
-    for d, ok in ((chatml, True), (llama, False)):
+    # ... one outside it is refused by construct and line; completions still work.
+    bad = checkpoint_with_template(tmp_path / "b", "{% for message in messages %}\n{% extends 'x' %}{% endfor %}")
+    for d, ok in ((llama, True), (bad, False)):
         s = Server(str(d))
         try:
             status, body = s.request("POST", "/v1/chat/completions", {"model": "qwen35_tiny", "messages": msgs,
@@ -391,11 +390,76 @@ def test_chat_template_chatml_is_rendered_and_others_refused(tmp_path):
                 assert status == 200, body
             else:
                 assert status == 400 and body["error"]["code"] == "unsupported_chat_template", body
-                assert "[INST]" in body["error"]["message"] and "/v1/completions" in body["error"]["message"]
+                assert "line 2" in body["error"]["message"] and "extends" in body["error"]["message"]
                 assert s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": "hi",
                                                              "max_tokens": 3})[0] == 200
         finally:
             s.stop()
+
+
+def test_chat_template_gets_tools_tool_calls_and_kwargs(tmp_path):
+    """The checkpoint's template sees messages (tool calls, tool results, reasoning), tools and
+    chat_template_kwargs as sent; the prompt it renders is what jinja2 renders (same token count as
+    `hanpu tokenize` of jinja2's text); raise_exception in it is a 400 naming the message."""
+    jinja2 = pytest.importorskip("jinja2")
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    template = (Path(__file__).parent / "chat_templates" / "qwen_json_tools.jinja").read_text()
+    template = "{%- if messages[-1].role == 'system' %}{{ raise_exception('system last') }}{% endif %}" + template
+    d = checkpoint_with_template(tmp_path, template)
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}}]
+    msgs = [{"role": "user", "content": "Weather in Oslo?"},
+            {"role": "assistant", "content": "", "reasoning_content": "Use the tool.",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}]
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = lambda x, ensure_ascii=False, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    want = env.from_string(template).render(messages=msgs, tools=tools, documents=None, add_generation_prompt=True,
+                                            enable_thinking=False, eos_token=cfg.get("eos_token"),
+                                            pad_token=cfg.get("pad_token"))
+    (tmp_path / "want.txt").write_text(want)
+    ids = subprocess.run([str(hanpu_exe()), "tokenize", "--tokenizer", str(GOLDEN / "qwen35_tiny"), "--ids", "--file",
+                          str(tmp_path / "want.txt")], capture_output=True, text=True, check=True).stdout.strip().split(",")
+    s = Server(str(d))
+    try:
+        status, body = s.request("POST", "/v1/chat/completions", {
+            "model": "qwen35_tiny", "messages": msgs, "tools": tools, "tool_choice": "auto", "max_tokens": 2,
+            "chat_template_kwargs": {"enable_thinking": False}})
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == len(ids)
+        status, body = s.request("POST", "/v1/chat/completions", {
+            "model": "qwen35_tiny", "messages": msgs + [{"role": "system", "content": "x"}], "max_tokens": 2})
+        assert status == 400 and "raise_exception: system last" in body["error"]["message"], body
+    finally:
+        s.stop()
+
+
+def test_chat_reply_split_into_reasoning_content(tmp_path):
+    """With a template that opens <think> in the prompt (qwen35_xml_tools.jinja, thinking on by
+    default), the tiny model's reply never closes it: all of it is reasoning_content, in the whole
+    response and in the stream; with enable_thinking false the prompt closes the block and the
+    reply is content."""
+    d = checkpoint_with_template(tmp_path, (Path(__file__).parent / "chat_templates" / "qwen35_xml_tools.jinja").read_text())
+    s = Server(str(d))
+    try:
+        req = {"model": "qwen35_tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+               "temperature": 0, "ignore_eos": True}
+        status, body = s.request("POST", "/v1/chat/completions", req)
+        assert status == 200, body
+        msg = body["choices"][0]["message"]
+        assert msg["content"] == "" and msg["reasoning_content"], msg
+        status, off = s.request("POST", "/v1/chat/completions", {**req, "chat_template_kwargs": {"enable_thinking": False}})
+        assert status == 200 and off["choices"][0]["message"]["content"] and "reasoning_content" not in off["choices"][0]["message"]
+        stream = s.client().chat.completions.create(**{k: v for k, v in req.items() if k != "ignore_eos"}, stream=True,
+                                                    extra_body={"ignore_eos": True})
+        reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in stream if c.choices)
+        assert reasoning.strip("\n") == msg["reasoning_content"]
+    finally:
+        s.stop()
 
 
 def test_limits_body_prompt_and_queue():

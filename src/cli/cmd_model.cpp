@@ -21,6 +21,7 @@
 #include "cpu/thread_pool.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
+#include "hanpu/chat_template.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
@@ -168,7 +169,9 @@ void run_generate(const RunArgs& a) {
       std::vector<ChatMessage> msgs;
       if (!a.system.empty()) msgs.push_back({"system", a.system});
       msgs.push_back({"user", a.prompt});
-      text = tok->apply_chat_template(msgs, true, a.think);
+      // the checkpoint's chat template when it has one, else ChatML (hanpu/chat_template.hpp)
+      const std::unique_ptr<ChatTemplate> tmpl = load_chat_template(a.model_dir);
+      text = render_chat_prompt(tmpl.get(), chat_template_special_tokens(a.model_dir), *tok, msgs, true, a.think);
     }
     prompt = tok->encode(text, /*parse_special=*/a.chat);
     if (prompt.empty()) throw Error("--prompt: the prompt encodes to no tokens");
@@ -483,7 +486,7 @@ void register_model_commands(CLI::App& app) {
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
   r->add_option("-n,--n-predict", run->n_predict, "tokens to generate at most (default 128)")->check(CLI::Range(0, 1 << 30));
-  r->add_flag("--chat", run->chat, "wrap the prompt in the ChatML chat template as a user message");
+  r->add_flag("--chat", run->chat, "wrap the prompt as a user message in the checkpoint's chat template (ChatML when it has none)");
   r->add_option("--system", run->system, "system message (with --chat)");
   r->add_flag("--think", run->think, "with --chat: let the model think (no empty <think></think> block)");
   r->add_option("--threads", run->threads, "threads (default all)")->check(CLI::Range(1, 1024));

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -103,11 +104,23 @@ std::string human_bytes(double b) {
   return buf;
 }
 
-void print_table(const std::vector<SimResult>& rs) {
+// One row of the table: a simulated plan, or a strategy whose plan does not fit the device's GM.
+struct Row {
+  std::string strategy;
+  std::optional<SimResult> result;
+  GmFit fit;
+};
+
+void print_table(const std::vector<Row>& rows) {
   // util% is from executed MACs (masked full tiles included), useful% from exact triangles.
   std::printf("%-30s %11s %10s %11s %11s %11s %11s %7s %8s %11s %11s %11s\n", "strategy", "latency_ms", "energy_mJ", "GM_read",
               "GM_write", "L1->L0", "UB<->L1", "util%", "useful%", "peak_UB", "spill", "peak_GM");
-  for (const SimResult& r : rs) {
+  for (const Row& row : rows) {
+    if (!row.result) {
+      std::printf("%-30s %s\n", row.strategy.c_str(), row.fit.message().c_str());
+      continue;
+    }
+    const SimResult& r = *row.result;
     auto peak = [&](const char* b) {
       auto it = r.peak_bytes.find(b);
       return it == r.peak_bytes.end() ? std::string("-") : human_bytes(static_cast<double>(it->second));
@@ -156,6 +169,7 @@ void register_plan_commands(CLI::App& app) {
     auto plan_file = std::make_shared<std::string>();
     auto timeline = std::make_shared<std::string>();
     auto timeline_chunks = std::make_shared<int>(4);
+    auto buffer_policy = std::make_shared<std::string>("last-reader");
     add_problem_options(c, *a, true);
     c->add_option("plan", *plan_file, "a plan JSON written by `hanpu plan -o` (then --device must describe its device)");
     c->add_option("--strategy", *strategy, "one strategy (default hanpu)");
@@ -165,6 +179,11 @@ void register_plan_commands(CLI::App& app) {
     c->add_flag("--detail", *detail, "with --json: per-operator and per-kernel figures");
     c->add_option("--timeline", *timeline, "write the per-core timeline (first chunks of every core and kernel) of the first plan as JSON");
     c->add_option("--timeline-chunks", *timeline_chunks, "chunks per core and kernel in the timeline")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+    c->add_option("--buffer-policy", *buffer_policy,
+                  "on-core buffer allocation: last-reader (each copy freed after its last reader) or static (every copy held for the "
+                  "kernel's life, as Ascend C TPipe/TQue; overflow spilled to GM)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"last-reader", "static"}));
     c->callback([=] {
       // `--strategies all` reads naturally; CLI11 flags take no value, so accept "all" as the plan slot.
       bool every = *all;
@@ -184,14 +203,27 @@ void register_plan_commands(CLI::App& app) {
         else names = {strategy->empty() ? std::string("hanpu") : *strategy};
         for (const std::string& n : names) plans.push_back(make_plan(p, dev, n, po));
       }
+      // A plan whose GM footprint exceeds the device's stays in the table as "does not fit"
+      // when several strategies are compared; a single plan that does not fit is an error.
+      std::vector<Row> rows;
       std::vector<SimResult> rs;
       for (size_t i = 0; i < plans.size(); ++i) {
         SimOptions so;
-        so.timeline = i == 0 && !timeline->empty();
+        so.timeline = rs.empty() && !timeline->empty();
         so.timeline_chunks = *timeline_chunks;
-        rs.push_back(simulate(plans[i], dev, so));
+        so.buffer_policy = buffer_policy_from_name(*buffer_policy);
+        Row row;
+        row.strategy = plans[i].strategy;
+        row.fit = gm_fit(plans[i], dev);
+        if (!row.fit.fits && plans.size() > 1) {
+          rows.push_back(row);
+          continue;
+        }
+        row.result = simulate(plans[i], dev, so);
+        rs.push_back(*row.result);
+        rows.push_back(row);
       }
-      if (!timeline->empty()) {
+      if (!timeline->empty() && !rs.empty()) {
         nlohmann::json ev = nlohmann::json::array();
         for (const TimelineEvent& e : rs.front().timeline)
           ev.push_back({{"core", e.core}, {"kernel", e.kernel}, {"lane", e.lane}, {"op", e.op}, {"kind", step_kind_name(e.kind)}, {"tensor", e.tensor},
@@ -200,13 +232,16 @@ void register_plan_commands(CLI::App& app) {
       }
       if (*json) {
         nlohmann::json arr = nlohmann::json::array();
-        for (const SimResult& r : rs) arr.push_back(sim_result_to_json(r, *detail));
+        for (const Row& row : rows)
+          arr.push_back(row.result ? sim_result_to_json(*row.result, *detail)
+                                   : nlohmann::json{{"strategy", row.strategy}, {"fits", false}, {"needs_gm_bytes", row.fit.needs_bytes},
+                                                    {"device_gm_bytes", row.fit.device_bytes}, {"message", row.fit.message()}});
         std::cout << arr.dump(1) << "\n";
       } else {
         const Problem& p = plans.front().problem;
         std::cout << variant_name(p.variant) << " on " << dev.name << " (" << plans.front().cores << " cores): " << p.sequences()
                   << " sequence(s), " << p.total_tokens() << " tokens, H=" << p.H << " HV=" << p.HV << " K=" << p.K << " V=" << p.V << "\n";
-        print_table(rs);
+        print_table(rows);
       }
     });
   }

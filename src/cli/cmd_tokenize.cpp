@@ -10,9 +10,11 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <sstream>
 
 #include "cli/commands.hpp"
+#include "hanpu/chat_template.hpp"
 #include "hanpu/tensor.hpp"
 #include "hanpu/tokenizer.hpp"
 
@@ -107,7 +109,12 @@ void run_tokenize(const TokenizeArgs& a) {
   } else if (!a.text_given) {
     text.assign(std::istreambuf_iterator<char>(std::cin), {});  // neither --text nor --file: stdin
   }
-  if (a.chat) text = tok.apply_chat_template({{"user", text}}, true, a.think);
+  if (a.chat) {  // the checkpoint's chat template when it has one, else ChatML
+    namespace fs = std::filesystem;
+    const std::string dir = fs::is_directory(a.tokenizer) ? a.tokenizer : fs::path(a.tokenizer).parent_path().string();
+    const std::unique_ptr<ChatTemplate> tmpl = load_chat_template(dir.empty() ? "." : dir);
+    text = render_chat_prompt(tmpl.get(), chat_template_special_tokens(dir.empty() ? "." : dir), tok, {{"user", text}}, true, a.think);
+  }
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<int32_t> ids = tok.encode(text, !a.no_special);
@@ -135,7 +142,7 @@ void register_tokenize_command(CLI::App& app) {
   auto* file = sub->add_option("--file", args->file, "encode the contents of this file");
   text->excludes(file);
   sub->add_flag("--ids", args->ids_only, "print only the ids, comma-separated");
-  sub->add_flag("--chat", args->chat, "wrap the text as one user message in the ChatML chat template");
+  sub->add_flag("--chat", args->chat, "wrap the text as one user message in the chat template beside the tokenizer (ChatML when there is none)");
   sub->add_flag("--think", args->think, "with --chat: open a <think> block (thinking mode) instead of an empty one");
   sub->add_flag("--no-special", args->no_special, "treat special tokens written in the text as plain text");
   sub->add_flag("--stats", args->stats, "report token count and encode speed on stderr");

@@ -31,3 +31,5 @@ void register_isa_command(CLI::App& app);
 void register_tune_command(CLI::App& app);
 /// `hanpu serve`: OpenAI-compatible HTTP server with a prefix cache (cmd_serve.cpp, src/serve).
 void register_serve_command(CLI::App& app);
+/// `hanpu template render`: a chat template rendered with a JSON context (cmd_template.cpp).
+void register_template_command(CLI::App& app);

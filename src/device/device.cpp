@@ -79,6 +79,15 @@ std::string show(const json& j) {
   return j.is_number() ? format_number(j.get<double>()) : json_summary(j);
 }
 
+/// The optional fixed-cost fields (JSON key, member), read and written alike.
+std::vector<std::pair<const char*, Quantity*>> fixed_cost_fields(Device& d) {
+  return {{"kernel_boundary_us", &d.kernel_boundary_us},
+          {"dma_setup_cycles", &d.dma_setup_cycles},
+          {"gm_segment_cycles", &d.gm_segment_cycles},
+          {"pipe_sync_cycles", &d.pipe_sync_cycles},
+          {"vector_startup_cycles", &d.vector_startup_cycles}};
+}
+
 /// Reads one device description, remembering the file for error messages.
 class DeviceReader {
  public:
@@ -194,7 +203,8 @@ class DeviceReader {
   Device read(const json& j) const {
     expect_object(j, "");
     only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
-                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "handoff_sync_cycles", "notes",
+                      "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "handoff_sync_cycles", "kernel_boundary_us",
+                      "dma_setup_cycles", "gm_segment_cycles", "pipe_sync_cycles", "vector_startup_cycles", "notes",
                       "core_configurations", "cpu"});
     if (auto it = j.find("schema_version"); it != j.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 1)
@@ -222,6 +232,8 @@ class DeviceReader {
     d.static_power_w = quantity_field(j, "", "static_power_w", Constraint::kNonNegative);
     if (j.contains("handoff_sync_cycles"))
       d.handoff_sync_cycles = quantity_field(j, "", "handoff_sync_cycles", Constraint::kNonNegative);
+    for (auto [key, q] : fixed_cost_fields(d))
+      if (j.contains(key)) *q = quantity_field(j, "", key, Constraint::kNonNegative);
 
     // Buffers first: the units and paths below refer to them by name.
     const json& bufs = field(j, "", "buffers");
@@ -488,6 +500,9 @@ nlohmann::json device_to_json(const Device& d) {
   j["kernel_launch_us"] = quantity_to_json(d.kernel_launch_us);
   j["static_power_w"] = quantity_to_json(d.static_power_w);
   if (!d.handoff_sync_cycles.source.empty()) j["handoff_sync_cycles"] = quantity_to_json(d.handoff_sync_cycles);
+  Device fixed = d;  // fixed_cost_fields names the members of a mutable device
+  for (auto [key, q] : fixed_cost_fields(fixed))
+    if (!q->source.empty()) j[key] = quantity_to_json(*q);
   j["notes"] = d.notes;
   if (d.kind == DeviceKind::Cpu && d.cpu != CpuFacts{})
     j["cpu"] = {{"model", d.cpu.model}, {"isa", d.cpu.isa}, {"bf16_gram", d.cpu.bf16_gram}};

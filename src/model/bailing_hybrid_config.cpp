@@ -1,9 +1,11 @@
-// Ling 3.0's config.json parser (model_type bailing_hybrid; docs/MODEL.md,
-// transformers 5.24's BailingHybridConfig): KDA layers with full-rank gate projections and the
-// safe gate, MLA with interleaved RoPE and a head-wise output gate, sigmoid grouped top-k MoE.
+// Ling 3.0's config.json parser (docs/MODEL.md): the config transformers 5.24's
+// BailingHybridConfig saves (model_type bailing_hybrid) and the layout of the published
+// checkpoints (architectures BailingMoeV3ForCausalLM, model_type bailing_hybrid, or bailing_moe_v3
+// from their remote-code config class): KDA layers with full-rank gate projections and the safe
+// gate, MLA with interleaved RoPE and a head-wise output gate, sigmoid grouped top-k MoE.
 // Absent optional keys take BailingHybridConfig's defaults. Options the BailingHybrid model does
-// not compute either, or that hanpu does not run (a RoPE type other than default, biases), are
-// refused, naming the key.
+// not compute either, or that hanpu does not run (a RoPE type other than default, biases, KDA LoRA
+// gates, element-wise MLA gates, SwiGLU clamps), are refused, naming the key.
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -43,18 +45,40 @@ ModelConfig parse(const json& top, const std::string& source) {
   ModelConfig c;
   read_kda_mla_decoder_fields(f, c, "bailing_hybrid", "Ling 3.0", 1e-6);
 
-  // KDA: BailingHybridConfig takes its head dim from head_dim and its head count from
-  // num_attention_heads (head_dim is the KDA head dim in the official config; transformers'
-  // save_pretrained overwrites it with qk_rope_head_dim, which does not reload the same model).
+  // KDA geometry as transformers reads it: BailingHybridConfig.__post_init__ copies head_dim into
+  // linear_head_dim, num_attention_heads into linear_num_heads and short_conv_kernel_size into
+  // linear_conv_kernel_dim, then overwrites head_dim with qk_rope_head_dim; its KDA layers are built
+  // from the linear_* values, and save_pretrained writes them all (head_dim then holds
+  // qk_rope_head_dim). The published configs have no linear_* keys: head_dim is the KDA head dim
+  // there (llama.cpp's conversion/bailingmoe3.py and vLLM's bailing_moe_v3.py read it so).
   c.num_heads = f.required_int("num_attention_heads");
   c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
   if (c.num_kv_heads != c.num_heads)
     config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
                             std::to_string(c.num_heads) + ": the MLA latent expands to one key/value head per query head");
-  c.linear_num_key_heads = c.linear_num_value_heads = c.num_heads;
-  c.linear_key_head_dim = c.linear_value_head_dim = f.optional_int("head_dim", 128);
-  c.linear_conv_kernel = f.optional_int("short_conv_kernel_size", 4);
+  const char* heads_key = f.present("linear_num_heads") ? "linear_num_heads" : "num_attention_heads";
+  const char* dim_key = f.present("linear_head_dim") ? "linear_head_dim" : "head_dim";
+  const char* conv_key = f.present("linear_conv_kernel_dim") ? "linear_conv_kernel_dim" : "short_conv_kernel_size";
+  c.linear_num_key_heads = c.linear_num_value_heads = f.required_int(heads_key);
+  c.linear_key_head_dim = c.linear_value_head_dim = f.optional_int(dim_key, 128);
+  c.linear_conv_kernel = f.optional_int(conv_key, 4);
+  c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(c.linear_num_value_heads) + " heads of " +
+                          std::to_string(c.linear_key_head_dim) + " (" + heads_key + ", " + dim_key + ") and a conv of " +
+                          std::to_string(c.linear_conv_kernel) + " (" + conv_key + ")";
   c.kda_low_rank_gates = false;
+  // The published layout's switches (llama.cpp's conversion/bailingmoe3.py refuses the same ones):
+  // KDA LoRA gate projections, and any MLA output gate but the head-wise one.
+  if (f.present("no_kda_lora") && !f.boolean("no_kda_lora", true))
+    config_fail(source, "field 'no_kda_lora' is false: Ling's low-rank (LoRA) KDA gate projections are not supported, "
+                        "expected true (full-rank f_proj / g_proj, as the published Ling 3.0 checkpoints)");
+  if (f.boolean("use_kda_lora", false))
+    config_fail(source, "field 'use_kda_lora' is true: Ling's low-rank (LoRA) KDA gate projections are not supported, "
+                        "expected false (full-rank f_proj / g_proj)");
+  if (top.contains("gated_attention_proj_granularity_type") && top["gated_attention_proj_granularity_type"] != "head_wise")
+    config_fail(source, "field 'gated_attention_proj_granularity_type' is " +
+                            json_got(top["gated_attention_proj_granularity_type"]) +
+                            ", expected 'head_wise' (one sigmoid gate per MLA head; element-wise or no gate is not "
+                            "supported)");
   c.kda_safe_gate = f.boolean("kda_safe_gate", true);
   if (c.kda_safe_gate) {
     c.kda_lower_bound = -5.0;
@@ -87,6 +111,26 @@ ModelConfig parse(const json& top, const std::string& source) {
   } else if (f.present("rope_theta")) {
     c.rope_theta = f.number(top, "rope_theta", "rope_theta");
   }
+  if (f.present("rope_scaling")) {  // the published configs: null
+    const json& rs = top["rope_scaling"];
+    if (!rs.is_object()) config_fail(source, "field 'rope_scaling' is " + json_got(rs) + ", expected null or an object");
+    const std::string type = rs.value("rope_type", rs.value("type", "default"));
+    if (type != "default")
+      config_fail(source, "rope_scaling type '" + type + "' is not supported (expected null or 'default'; YaRN and other "
+                          "scalings are not implemented)");
+  }
+  // The published configs carry partial_rotary_factor 0.5 beside qk_rope_head_dim 64: MLA rotates
+  // all qk_rope_head_dim dims either way (transformers' BailingHybridRotaryEmbedding takes its
+  // width from qk_rope_head_dim; vLLM's bailing_moe_v3.py drops the factor), so it is not read.
+  if (top.contains("rope_interleave") && top["rope_interleave"] != true)
+    config_fail(source, "field 'rope_interleave' is " + json_got(top["rope_interleave"]) +
+                            ", expected true (Ling's MLA rotates interleaved pairs; the half-split layout is not supported)");
+  if (f.boolean("use_mla_nope", false))
+    config_fail(source, "field 'use_mla_nope' is true (MLA without RoPE) is not supported for bailing_hybrid; expected "
+                        "false, as the published Ling 3.0 checkpoints");
+  for (const char* bias : {"use_qkv_bias", "use_bias"})
+    if (f.boolean(bias, false))
+      config_fail(source, std::string("field '") + bias + "' is true: projections with biases are not supported, expected false");
   if (c.mla_qk_rope_head_dim % 2 != 0)
     config_fail(source, "qk_rope_head_dim " + std::to_string(c.mla_qk_rope_head_dim) + " is odd; RoPE rotates pairs");
   c.rotary_dim = c.mla_qk_rope_head_dim;
@@ -95,7 +139,15 @@ ModelConfig parse(const json& top, const std::string& source) {
   if (f.present("layer_types")) {
     c.is_full_attention = kinds(top, "layer_types", "full_attention", "linear_attention", c.num_layers, source);
   } else {
+    // The last layer of each group is MLA. transformers stops there; the published model's code
+    // (as llama.cpp's conversion/bailingmoe3.py and vLLM's bailing_moe_v3.py mirror it) also makes
+    // the layers after the last whole group MLA. The two agree when the groups divide the layers,
+    // as in every published config; otherwise it is refused rather than guessed.
     const int64_t group = f.optional_int("layer_group_size", 6);
+    if (c.num_layers % group != 0)
+      config_fail(source, "num_hidden_layers " + std::to_string(c.num_layers) + " is not a multiple of layer_group_size " +
+                              std::to_string(group) + " and there is no layer_types: transformers and the published "
+                              "model's code disagree on the layers after the last group; give layer_types");
     for (int64_t i = 0; i < c.num_layers; ++i) c.is_full_attention.push_back((i + 1) % group == 0);
   }
   if (f.present("mlp_layer_types")) {
@@ -120,10 +172,33 @@ ModelConfig parse(const json& top, const std::string& source) {
     c.moe_intermediate_size = f.required_int("moe_intermediate_size");
     const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
     const bool no_shared = shared && top[shared] == 0;
-    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe_intermediate_size;
+    // The published configs give the shared expert's width (moe_shared_expert_intermediate_size,
+    // times num_shared_experts as vLLM's bailing_moe_v3.py builds it); transformers uses
+    // moe_intermediate_size. Equal in every published config; the tensors' shapes are checked.
+    const int64_t shared_width = f.optional_int("moe_shared_expert_intermediate_size", c.moe_intermediate_size);
+    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * shared_width;
     c.shared_expert_gated = false;
     c.router_scoring = RouterScoring::kSigmoid;
     c.router_score_bias = true;
+    for (const char* key : {"scoring_func", "score_function", "moe_router_activation_func"})
+      if (top.contains(key) && top[key] != "sigmoid")
+        config_fail(source, std::string("field '") + key + "' is " + json_got(top[key]) + ", expected 'sigmoid' (the Ling router)");
+    if (top.contains("topk_method") && top["topk_method"] != "noaux_tc")
+      config_fail(source, "field 'topk_method' is " + json_got(top["topk_method"]) +
+                              ", expected 'noaux_tc' (grouped top-k on the bias-corrected sigmoid scores)");
+    if (!f.boolean("moe_router_enable_expert_bias", true))
+      config_fail(source, "field 'moe_router_enable_expert_bias' is false: a Ling router without its expert_bias is not "
+                          "supported, expected true");
+    // SwiGLU clamps per layer (published as null): a non-zero limit on a layer hanpu runs is refused.
+    for (const char* key : {"expert_swiglu_limit_list", "share_expert_swiglu_limit_list"}) {
+      if (!f.present(key)) continue;
+      const json& v = top[key];
+      if (!v.is_array()) config_fail(source, std::string("field '") + key + "' is " + json_got(v) + ", expected null or a list");
+      for (size_t i = 0; i < v.size() && static_cast<int64_t>(i) < c.num_layers; ++i)
+        if (!v[i].is_null() && !(v[i].is_number() && v[i].get<double>() == 0.0))
+          config_fail(source, std::string("field '") + key + "[" + std::to_string(i) + "]' is " + json_got(v[i]) +
+                                  ": clamped SwiGLU experts are not supported, expected null or 0");
+    }
     const char* groups = first_present(top, {"num_expert_group", "n_group"});
     c.num_expert_groups = groups ? f.required_int(groups) : 8;
     c.topk_groups = f.optional_int("topk_group", 4);
@@ -134,9 +209,10 @@ ModelConfig parse(const json& top, const std::string& source) {
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.5;
   }
 
-  // Checkpoint names (transformers' conversion_mapping for bailing_hybrid, reversed): the MTP
-  // layers stored after num_hidden_layers are never read (skipped by design: a text engine
-  // decoding one token at a time does not use them).
+  // Checkpoint names (transformers' conversion_mapping for bailing_hybrid, reversed; the published
+  // checkpoints name the KDA output projection o_proj, which the KDA loader reads when present):
+  // the MTP layers stored after num_hidden_layers (num_nextn_predict_layers / num_mtp_layers) are
+  // never read (skipped by design: a text engine decoding one token at a time does not use them).
   c.names.embed_tokens = "word_embeddings.";
   c.names.attention = "attention.";
   c.names.linear_attention = "attention.";

@@ -179,7 +179,8 @@ void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
   in_proj = w.stacked(parts, H);
   dt_bias = w.floats(f + "dt_bias", {qkv});
   o_norm = w.floats(p + "o_norm.weight", {dk});
-  o_proj = w.projection(p + c.names.attention_out + ".weight", H, qkv);
+  // The published Ling checkpoints name it o_proj; transformers' save_pretrained writes dense.
+  o_proj = w.projection(p + (w.has(p + "o_proj.weight") ? std::string("o_proj") : c.names.attention_out) + ".weight", H, qkv);
 }
 
 void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_state, const float* h, float* x) const {

@@ -269,9 +269,18 @@ struct HybridModel::Impl {
       L.slot = full ? attn_slot++ : linear_slot++;
       L.input_norm = w.norm_scale(p + "input_layernorm.weight", H, c.norm_weight_plus_one);
       L.post_norm = w.norm_scale(p + "post_attention_layernorm.weight", H, c.norm_weight_plus_one);
+      // A linear-attention tensor of the wrong shape: the error says which config keys set it.
+      auto with_source = [&](auto&& load) {
+        try {
+          load();
+        } catch (const Error& e) {
+          if (c.linear_shape_source.empty()) throw;
+          throw Error(std::string(e.what()) + "; " + c.linear_shape_source);
+        }
+      };
       switch (L.mixer) {
-        case TokenMixer::kGdn: L.gdn.load(c, w, p + c.names.linear_attention); break;
-        case TokenMixer::kKda: L.kda.load(c, w, p + c.names.linear_attention); break;
+        case TokenMixer::kGdn: with_source([&] { L.gdn.load(c, w, p + c.names.linear_attention); }); break;
+        case TokenMixer::kKda: with_source([&] { L.kda.load(c, w, p + c.names.linear_attention); }); break;
         case TokenMixer::kGatedAttention: L.attn.load(c, w, p + c.names.attention); break;
         case TokenMixer::kMla: L.mla.load(c, w, p + c.names.attention); break;
       }

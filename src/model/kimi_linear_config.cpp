@@ -42,9 +42,14 @@ ModelConfig parse(const json& top, const std::string& source) {
   const json empty = json::object();
   const json& lac = top.contains("linear_attn_config") && top["linear_attn_config"].is_object() ? top["linear_attn_config"] : empty;
   const ConfigFields lf{lac, top, source};
+  std::string keys;  // which keys gave the geometry, for load errors
   auto kda_int = [&](const char* nested, const char* flat, int64_t fallback) {
-    if (lac.contains(nested) && !lac[nested].is_null())
+    keys += keys.empty() ? "" : ", ";
+    if (lac.contains(nested) && !lac[nested].is_null()) {
+      keys += std::string("linear_attn_config.") + nested;
       return lf.int_value(lac[nested], nested, std::string("linear_attn_config.") + nested);
+    }
+    keys += flat;
     return f.optional_int(flat, fallback);
   };
   const int64_t kda_heads = kda_int("num_heads", "linear_num_heads", 32);
@@ -52,6 +57,9 @@ ModelConfig parse(const json& top, const std::string& source) {
   c.linear_num_key_heads = c.linear_num_value_heads = kda_heads;
   c.linear_key_head_dim = c.linear_value_head_dim = kda_dim;
   c.linear_conv_kernel = kda_int("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
+  c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(kda_heads) + " heads of " +
+                          std::to_string(kda_dim) + " and a conv of " + std::to_string(c.linear_conv_kernel) + " (" +
+                          keys + ")";
 
   // Layer kinds: layer_types, else linear_attn_config's 1-indexed lists, else transformers' default.
   c.is_full_attention.assign(static_cast<size_t>(c.num_layers), false);

@@ -195,7 +195,14 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
                                ? top["model_type"].get<std::string>()
                                : "";
   if (type == "kimi_linear") return parse_kimi_linear_config(json_text, source);
-  if (type == "bailing_hybrid") return parse_bailing_hybrid_config(json_text, source);
+  // Ling 3.0: transformers' bailing_hybrid, which the published checkpoints declare too; their
+  // remote-code config class says bailing_moe_v3, and a config without model_type names the
+  // architecture only (BailingMoeV3ForCausalLM, the one llama.cpp's and vLLM's Ling code registers).
+  bool ling = type == "bailing_hybrid" || type == "bailing_moe_v3";
+  if (type.empty() && top.is_object() && top.contains("architectures") && top["architectures"].is_array())
+    for (const nlohmann::json& a : top["architectures"])
+      ling = ling || a == "BailingMoeV3ForCausalLM" || a == "BailingHybridForCausalLM";
+  if (ling) return parse_bailing_hybrid_config(json_text, source);
   return parse_qwen35_config(json_text, source);  // the Qwen family, and the errors for unknown types
 }
 

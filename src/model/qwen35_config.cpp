@@ -52,7 +52,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
   if (!next && !q35 && !q35_moe)
     fail(source, "unknown model_type '" + top_type +
                      "', expected 'qwen3_5' / 'qwen3_5_moe' (nested text_config), 'qwen3_5_text' / 'qwen3_5_moe_text' "
-                     "(flat), 'qwen3_next' or 'kimi_linear'");
+                     "(flat), 'qwen3_next', 'kimi_linear' or 'bailing_hybrid'");
 
   ConfigFields f{text, top, source};
   ModelConfig c;
@@ -65,7 +65,9 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
   c.num_layers = f.required_int("num_hidden_layers");
   c.num_heads = f.required_int("num_attention_heads");
   c.num_kv_heads = f.required_int("num_key_value_heads");
-  c.head_dim = f.optional_int("head_dim", c.hidden_size / c.num_heads);
+  // Absent: 256, the dataclass default of transformers 5.24's Qwen3_5TextConfig, Qwen3_5MoeTextConfig
+  // and Qwen3NextConfig (not hidden_size / num_attention_heads, which those classes never derive).
+  c.head_dim = f.optional_int("head_dim", 256);
   c.linear_num_key_heads = f.required_int("linear_num_key_heads");
   c.linear_num_value_heads = f.required_int("linear_num_value_heads");
   c.linear_key_head_dim = f.required_int("linear_key_head_dim");

@@ -17,6 +17,8 @@
 #include <random>
 #include <sstream>
 
+#include "hanpu/chat_output.hpp"
+#include "hanpu/chat_template.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
 
@@ -72,47 +74,42 @@ ApiError wrong_type(const std::string& field, const json& got, const std::string
 
 // ---- chat template --------------------------------------------------------------------------
 
-enum class TemplateKind { kNone, kChatMl, kUnrecognised };
+enum class TemplateKind { kNone, kChatMl, kJinja, kUnrecognised };
 
 struct ChatTemplateInfo {
   TemplateKind kind = TemplateKind::kNone;
   std::string description;  // for the startup line and errors
+  std::shared_ptr<const ChatTemplate> tmpl;       // kJinja: the default template
+  std::shared_ptr<const ChatTemplate> tools_tmpl;  // kJinja: the one for requests with tools ("tool_use" if named)
+  nlohmann::ordered_json special_tokens = nlohmann::ordered_json::object();  // bos_token, eos_token, ... (kJinja)
 };
 
-// Qwen's templates (Qwen3.5, Qwen3-Next) are ChatML; the tokenizer renders ChatML itself
-// (Tokenizer::apply_chat_template). There is no Jinja engine here, so any other template is
-// refused by name rather than guessed at.
+// The checkpoint's own chat template, rendered by hanpu's Jinja subset (hanpu/chat_template.hpp)
+// as transformers renders it. ChatML (Tokenizer::apply_chat_template) is the fallback for a
+// checkpoint without a template whose tokenizer has <|im_start|> and <|im_end|>. A template
+// outside the subset is reported by construct and line, and chat requests are refused with it.
 ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok) {
   if (!tok) return {TemplateKind::kNone, "no tokenizer (tokenizer.json or tiktoken.model)"};
-  std::string tmpl;
-  namespace fs = std::filesystem;
-  const fs::path dir(model_dir);
-  if (fs::exists(dir / "chat_template.jinja")) {
-    tmpl = read_regular_file((dir / "chat_template.jinja").string(), "chat template", 1u << 24);
-  } else if (fs::exists(dir / "tokenizer_config.json")) {
-    const json cfg = json::parse(read_regular_file((dir / "tokenizer_config.json").string(), "tokenizer config", 1u << 26),
-                                 nullptr, false);
-    if (cfg.is_object() && cfg.contains("chat_template")) {
-      const json& t = cfg["chat_template"];
-      if (t.is_string()) tmpl = t.get<std::string>();
-      else if (t.is_array())  // [{"name": "default", "template": "..."}, ...]
-        for (const json& e : t)
-          if (e.is_object() && e.value("name", "") == "default" && e.contains("template") && e["template"].is_string())
-            tmpl = e["template"].get<std::string>();
+  ChatTemplateInfo info;
+  try {
+    std::string origin, tools_origin;
+    const std::string text = find_chat_template(model_dir, false, &origin);
+    if (!origin.empty()) {
+      info.tmpl = std::make_shared<const ChatTemplate>(ChatTemplate::parse(text, origin));
+      const std::string tools_text = find_chat_template(model_dir, true, &tools_origin);
+      info.tools_tmpl = tools_origin == origin ? info.tmpl : std::make_shared<const ChatTemplate>(ChatTemplate::parse(tools_text, tools_origin));
+      info.special_tokens = chat_template_special_tokens(model_dir);
+      info.kind = TemplateKind::kJinja;
+      info.description = "the checkpoint's (" + origin + "), rendered as Jinja";
+      return info;
     }
+  } catch (const Error& e) {
+    return {TemplateKind::kUnrecognised, std::string("a chat_template hanpu cannot render: ") + e.what()};
   }
-  const bool has_chatml_tokens = tok->token_to_id("<|im_start|>") && tok->token_to_id("<|im_end|>");
-  if (tmpl.empty()) {
-    if (has_chatml_tokens)
-      return {TemplateKind::kChatMl, "ChatML (no chat_template in the checkpoint; its tokenizer has <|im_start|> and "
-                                     "<|im_end|>, as `hanpu run --chat` assumes)"};
-    return {TemplateKind::kUnrecognised, "none (no chat_template and no ChatML tokens)"};
-  }
-  if (tmpl.find("<|im_start|>") != std::string::npos && has_chatml_tokens) return {TemplateKind::kChatMl, "ChatML (Qwen)"};
-  std::string head = tmpl.substr(0, 60);
-  for (char& c : head)
-    if (c == '\n') c = ' ';
-  return {TemplateKind::kUnrecognised, "unrecognised chat_template starting '" + head + "...' (only Qwen's ChatML is rendered)"};
+  if (tok->token_to_id("<|im_start|>") && tok->token_to_id("<|im_end|>"))
+    return {TemplateKind::kChatMl, "ChatML (no chat_template in the checkpoint; its tokenizer has <|im_start|> and "
+                                   "<|im_end|>, as `hanpu run --chat` assumes)"};
+  return {TemplateKind::kUnrecognised, "none (no chat_template and no ChatML tokens)"};
 }
 
 // ---- metrics ----------------------------------------------------------------------------------
@@ -135,10 +132,21 @@ double resident_bytes() {
 
 // ---- the server -------------------------------------------------------------------------------
 
+// How a chat reply is split back into OpenAI's fields (hanpu/chat_output.hpp): only for a
+// checkpoint template that knows <think> blocks or tool calls.
+struct ReplyFormat {
+  bool split_reasoning = false;   // the template writes <think> blocks
+  bool reasoning_opened = false;  // ... and the prompt ends inside one
+  bool parse_tools = false;       // the request has tools and the template shows a call format
+  ToolCallFormat tool_format = ToolCallFormat::kJsonTags;
+  nlohmann::ordered_json tools;
+};
+
 struct ParsedRequest {
   GenerationRequest gen;
   bool stream = false, include_usage = false;
   std::string max_tokens_field;  // the field the limit came from, for errors
+  ReplyFormat reply;
 };
 
 class Api {
@@ -163,7 +171,9 @@ class Api {
  private:
   json parse_body(const httplib::Request& req) const;
   ParsedRequest parse_common(const json& body, bool chat) const;
-  std::vector<int32_t> chat_prompt(const json& messages, const json& body, std::vector<int64_t>& checkpoints) const;
+  std::vector<int32_t> chat_prompt(const json& messages, const json& body, const std::string& raw_body,
+                                   std::vector<int64_t>& checkpoints, ReplyFormat& reply) const;
+  std::vector<int32_t> template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints, ReplyFormat& reply) const;
   std::vector<int32_t> completion_prompt(const json& prompt) const;
   std::string new_id(const char* prefix) {
     return prefix + std::to_string(id_seed_ % 100000) + "-" + std::to_string(++next_id_);
@@ -200,7 +210,7 @@ const std::vector<std::string>& known_fields(bool chat) {
   static const std::vector<std::string> chat_fields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
       "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
-      "chat_template_kwargs", "ignore_eos"};
+      "chat_template_kwargs", "ignore_eos", "tools", "tool_choice"};
   static const std::vector<std::string> completion_fields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
@@ -326,16 +336,84 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
   return p;
 }
 
-std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, std::vector<int64_t>& checkpoints) const {
+// The checkpoint's template (transformers' apply_chat_template): messages and tools as the client
+// sent them (the raw body is parsed again keeping key order, which tojson output depends on), the
+// tokenizer's special tokens and chat_template_kwargs as further variables.
+std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints, ReplyFormat& reply) const {
+  const nlohmann::ordered_json raw = nlohmann::ordered_json::parse(raw_body, nullptr, false);
+  const nlohmann::ordered_json& messages = raw["messages"];
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    const nlohmann::ordered_json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      throw ApiError{400, "'" + where + "': expected an object with a string 'role'", where, "invalid_value"};
+  }
+  nlohmann::ordered_json tools = raw.contains("tools") ? raw["tools"] : nlohmann::ordered_json(nullptr);
+  if (!tools.is_null()) {
+    if (!tools.is_array()) throw ApiError{400, "'tools': expected an array of tools", "tools", "invalid_type"};
+    for (const auto& t : tools)
+      if (!t.is_object()) throw ApiError{400, "'tools': expected an array of tool objects", "tools", "invalid_type"};
+    if (tools.empty() || (raw.contains("tool_choice") && raw["tool_choice"] == "none")) tools = nullptr;
+  }
+  nlohmann::ordered_json kwargs = chat_template_.special_tokens;
+  if (raw.contains("chat_template_kwargs") && !raw["chat_template_kwargs"].is_null()) {
+    const auto& k = raw["chat_template_kwargs"];
+    if (!k.is_object()) throw ApiError{400, "'chat_template_kwargs': expected an object", "chat_template_kwargs", "invalid_type"};
+    for (const auto& [key, value] : k.items()) {
+      if (key == "messages" || key == "tools" || key == "add_generation_prompt" || key == "documents")
+        throw ApiError{400, "'chat_template_kwargs." + key + "': set by the request itself", "chat_template_kwargs." + key, "invalid_value"};
+      kwargs[key] = value;
+    }
+  }
+  const ChatTemplate& t = tools.is_null() ? *chat_template_.tmpl : *chat_template_.tools_tmpl;
+  std::string text;
+  try {
+    text = t.render(messages, tools, true, kwargs);
+  } catch (const Error& e) {
+    throw ApiError{400, std::string("messages: the chat template refused them: ") + e.what(), "messages", "invalid_value"};
+  }
+  const std::string& src = t.source();
+  if (src.find("</think>") != std::string::npos) {
+    reply.split_reasoning = true;
+    const size_t open = text.rfind("<think>"), close = text.rfind("</think>");
+    reply.reasoning_opened = open != std::string::npos && (close == std::string::npos || close < open);
+  }
+  if (!tools.is_null()) {
+    reply.parse_tools = true;
+    if (src.find("<|tool_call_begin|>") != std::string::npos) reply.tool_format = ToolCallFormat::kKimiSections;
+    else if (src.find("<function=") != std::string::npos) reply.tool_format = ToolCallFormat::kXmlTags;
+    else if (src.find("<tool_call>") != std::string::npos) reply.tool_format = ToolCallFormat::kJsonTags;
+    else reply.parse_tools = false;
+    reply.tools = tools;
+  }
+  std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
+  try {  // as with ChatML below: a snapshot where the next turn's prompt will diverge
+    const std::vector<int32_t> history = tok_->encode(t.render(messages, tools, false, kwargs), true);
+    if (history.size() < ids.size() && std::equal(history.begin(), history.end(), ids.begin()))
+      checkpoints.push_back(static_cast<int64_t>(history.size()));
+  } catch (const Error&) {
+  }
+  return ids;
+}
+
+std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, const std::string& raw_body,
+                                      std::vector<int64_t>& checkpoints, ReplyFormat& reply) const {
   if (!tok_)
     throw ApiError{400, "model '" + so_.model_name + "' has no tokenizer.json, so it has no chat: send token ids to "
                         "/v1/completions as 'prompt'", "messages", "no_tokenizer"};
-  if (chat_template_.kind != TemplateKind::kChatMl)
+  if (chat_template_.kind != TemplateKind::kChatMl && chat_template_.kind != TemplateKind::kJinja)
     throw ApiError{400, "model '" + so_.model_name + "': chat template " + chat_template_.description +
                             "; /v1/completions with a rendered prompt still works",
                    "messages", "unsupported_chat_template"};
   if (!messages.is_array()) throw wrong_type("messages", messages, "an array of messages");
   if (messages.empty()) throw ApiError{400, "'messages': empty, expected at least one message", "messages", "invalid_value"};
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null() &&
+      !(body["tool_choice"].is_string() && (body["tool_choice"] == "auto" || body["tool_choice"] == "none")))
+    throw ApiError{400, "'tool_choice': only \"auto\" and \"none\" are supported", "tool_choice", "unsupported_value"};
+  if (chat_template_.kind == TemplateKind::kJinja) return template_prompt(raw_body, checkpoints, reply);
+  if (body.contains("tools") && !body["tools"].is_null() && !(body["tools"].is_array() && body["tools"].empty()))
+    throw ApiError{400, "'tools': model '" + so_.model_name + "' has no chat template, and the ChatML fallback renders no tools",
+                   "tools", "unsupported_parameter"};
   std::vector<ChatMessage> msgs;
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
@@ -430,13 +508,43 @@ void write_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
+// The assistant message of a finished chat reply: content split into reasoning_content and
+// content, tool calls parsed out (ReplyFormat; hanpu/chat_output.hpp). The reasoning loses the
+// newlines around it and the content its leading ones (the templates put them there).
+json reply_message(const ReplyFormat& f, const std::string& text, const std::string& id) {
+  json m = {{"role", "assistant"}};
+  std::string content = text;
+  if (f.split_reasoning) {
+    const ReasoningSplit r = split_reasoning(text, f.reasoning_opened);
+    std::string reasoning = r.reasoning;
+    while (!reasoning.empty() && reasoning.front() == '\n') reasoning.erase(0, 1);
+    while (!reasoning.empty() && reasoning.back() == '\n') reasoning.pop_back();
+    content = r.content;
+    while (!content.empty() && content.front() == '\n') content.erase(0, 1);
+    if (!reasoning.empty() || text.find("</think>") != std::string::npos || f.reasoning_opened) m["reasoning_content"] = reasoning;
+  }
+  if (f.parse_tools) {
+    const ParsedToolCalls p = parse_tool_calls(content, f.tool_format, f.tools);
+    if (!p.calls.empty()) {
+      json calls = json::array();
+      for (size_t i = 0; i < p.calls.size(); ++i)
+        calls.push_back({{"id", "call_" + id + "_" + std::to_string(i)}, {"type", "function"},
+                         {"function", {{"name", p.calls[i].name}, {"arguments", p.calls[i].arguments}}}});
+      m["tool_calls"] = calls;
+      content = p.content;
+    }
+  }
+  m["content"] = (m.contains("tool_calls") && content.empty()) ? json(nullptr) : json(content);
+  return m;
+}
+
 void Api::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
   const json body = parse_body(req);
   ParsedRequest p = parse_common(body, chat);
   if (chat) {
     if (!body.contains("messages")) throw ApiError{400, "'messages' is required", "messages", "missing_required_parameter"};
-    p.gen.prompt = chat_prompt(body["messages"], body, p.gen.extra_checkpoints);
+    p.gen.prompt = chat_prompt(body["messages"], body, req.body, p.gen.extra_checkpoints, p.reply);
   } else {
     if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt", "missing_required_parameter"};
     p.gen.prompt = completion_prompt(body["prompt"]);
@@ -466,6 +574,7 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string model_name = so_.model_name;
+  const ReplyFormat reply = p.reply;
   auto usage = [handle] {
     return json{{"prompt_tokens", handle->prompt_tokens},
                 {"completion_tokens", handle->completion_tokens},
@@ -521,7 +630,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           } else {
             json choice = {{"index", 0}, {"finish_reason", pending->finish_reason}, {"logprobs", nullptr}};
             if (chat) {
-              choice["message"] = {{"role", "assistant"}, {"content", pending->text}};
+              choice["message"] = reply_message(reply, pending->text, id);
+              if (choice["message"].contains("tool_calls") && pending->finish_reason == "stop") choice["finish_reason"] = "tool_calls";
             } else {
               choice["text"] = pending->text;
               choice["token_ids"] = pending->tokens;  // extension: the ids, for checkpoints without a tokenizer
@@ -550,6 +660,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
                 {"model", model_name}, {"choices", json::array({std::move(choice)})}};
   };
   auto started = std::make_shared<bool>(false);
+  auto reasoning = std::make_shared<ReasoningStream>(reply.reasoning_opened);
+  auto held = std::make_shared<std::string>();
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -569,15 +681,47 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
         GenerationEvent ev;
         if (!handle->next(ev)) return false;
         bool ok = true;
-        if (ev.kind == GenerationEvent::Kind::kDelta) {
+        // A split reply streams reasoning_content and content deltas (a partial tag held back);
+        // with tools, the content is held to the end, where the calls are parsed out of it.
+        auto send_split = [&](const ReasoningSplit& d) {
+          if (!d.reasoning.empty())
+            ok = ok && send(chunk({{"index", 0}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
+          if (reply.parse_tools) {
+            *held += d.content;
+          } else if (!d.content.empty()) {
+            ok = ok && send(chunk({{"index", 0}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
+          }
+        };
+        const bool split = chat && (reply.split_reasoning || reply.parse_tools);
+        if (ev.kind == GenerationEvent::Kind::kDelta && split) {
+          send_split(reply.split_reasoning ? reasoning->push(ev.text) : ReasoningSplit{"", ev.text});
+        } else if (ev.kind == GenerationEvent::Kind::kDelta) {
           json choice = chat ? json{{"index", 0}, {"delta", {{"content", ev.text}}}, {"finish_reason", nullptr}}
                              : json{{"index", 0}, {"text", ev.text}, {"token_ids", ev.tokens}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
           ok = send(chunk(std::move(choice)));
         } else {
+          std::string finish_reason = ev.finish_reason;
+          if (split && ev.kind == GenerationEvent::Kind::kDone) {
+            if (reply.split_reasoning) send_split(reasoning->finish());
+            if (reply.parse_tools) {
+              const ParsedToolCalls calls = parse_tool_calls(*held, reply.tool_format, reply.tools);
+              const std::string content = calls.calls.empty() ? *held : calls.content;
+              if (!content.empty())
+                ok = ok && send(chunk({{"index", 0}, {"delta", {{"content", content}}}, {"finish_reason", nullptr}}));
+              if (!calls.calls.empty()) {
+                json tc = json::array();
+                for (size_t i = 0; i < calls.calls.size(); ++i)
+                  tc.push_back({{"index", i}, {"id", "call_" + id + "_" + std::to_string(i)}, {"type", "function"},
+                                {"function", {{"name", calls.calls[i].name}, {"arguments", calls.calls[i].arguments}}}});
+                ok = ok && send(chunk({{"index", 0}, {"delta", {{"tool_calls", tc}}}, {"finish_reason", nullptr}}));
+                if (finish_reason == "stop") finish_reason = "tool_calls";
+              }
+            }
+          }
           if (ev.kind == GenerationEvent::Kind::kDone) {
-            json choice = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", ev.finish_reason}}
+            json choice = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", finish_reason}}
                                : json{{"index", 0}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
-            ok = send(chunk(std::move(choice)));
+            ok = ok && send(chunk(std::move(choice)));
             if (ok && include_usage) {
               json u = chunk(nullptr);
               u["choices"] = json::array();

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 
@@ -19,6 +20,9 @@ struct StepCost {
   int64_t bytes = 0;
   double macs = 0, executed_macs = 0, vector_ops = 0;
   double energy_j = 0;
+  // The fixed costs inside `seconds` (device data, per event) and their event counts.
+  double dma_setup_s = 0, gm_segment_s = 0, pipe_sync_s = 0, vector_startup_s = 0;
+  double dma_transfers = 0, gm_segments = 0, operator_syncs = 0, vector_sequences = 0;
 };
 
 struct StepInfo {
@@ -58,6 +62,10 @@ class Simulator {
     mac_rate_ = macs->second.value * hz_;
     tile_ = std::max<int64_t>(1, static_cast<int64_t>(dev.matrix.tile_n.value));
     handoff_s_ = dev.handoff_sync_cycles.value / hz_;
+    dma_setup_s_ = dev.dma_setup_cycles.value / hz_;
+    gm_segment_s_ = dev.gm_segment_cycles.value / hz_;
+    pipe_sync_s_ = dev.pipe_sync_cycles.value / hz_;
+    vector_startup_s_ = dev.vector_startup_cycles.value / hz_;
   }
 
   SimResult run() {
@@ -65,10 +73,11 @@ class Simulator {
       throw Error("plan for device \"" + plan_.device + "\" cannot be simulated on device \"" + dev_.name + "\"");
     // The problem must fit the device's memory (gm_bytes): a plan that cannot run is refused
     // before any accounting, not simulated as if memory were unbounded.
-    const int64_t gm_peak = plan_peak_gm_bytes(plan_);
-    if (static_cast<double>(gm_peak) > dev_.gm_bytes.value)
+    const GmFit fit = gm_fit(plan_, dev_);
+    const int64_t gm_peak = fit.needs_bytes;
+    if (!fit.fits)
       throw Error("plan (" + plan_.strategy + "): needs " + std::to_string(gm_peak) + " bytes of device memory (GM) at peak, " +
-                  "but device \"" + dev_.name + "\" has gm_bytes " + std::to_string(static_cast<int64_t>(dev_.gm_bytes.value)) +
+                  "but device \"" + dev_.name + "\" has gm_bytes " + std::to_string(fit.device_bytes) +
                   "; use fewer tokens or heads");
     // Every on-chip peak must fit its buffer on this device (plans from files are not trusted).
     for (const Kernel& k : plan_.kernels)
@@ -79,6 +88,7 @@ class Simulator {
                       ", but device \"" + dev_.name + "\" has a capacity of " + std::to_string(static_cast<int64_t>(cap)) + " bytes");
       }
     SimResult r;
+    r.buffer_policy = buffer_policy_name(opt_.buffer_policy);
     r.strategy = plan_.strategy;
     r.device = dev_.name;
     r.variant = p_.variant;
@@ -122,6 +132,7 @@ class Simulator {
   OpGraph g_;
   const Problem& p_;
   double hz_ = 0, vec_lanes_ = 0, mac_rate_ = 0, handoff_s_ = 0;
+  double dma_setup_s_ = 0, gm_segment_s_ = 0, pipe_sync_s_ = 0, vector_startup_s_ = 0;
   int64_t tile_ = 16;
   std::map<std::string, int> op_index_;
 
@@ -141,6 +152,24 @@ class Simulator {
     return tensor_bytes(d, L, p_.K, Vc) / static_cast<int64_t>(dtype_size(d.dtype));
   }
 
+  int64_t dim(const std::string& d, int64_t L, int64_t Vc) const {
+    if (d == "L") return L;
+    if (d == "K") return p_.K;
+    if (d == "V") return Vc;
+    return std::stoll(d);
+  }
+
+  /// Contiguous segments of one chunk's tile of `t` in GM. Every token-indexed tensor is stored
+  /// [T, H, ...] (FLA's and vLLM-Ascend's layout, and the inputs'), so a chunk's rows of one head
+  /// are strided by the heads: one segment per row. A K x V block of full width (a state, a
+  /// per-chunk state snapshot) is contiguous; a column block of it is one segment per row.
+  int64_t gm_segments(const std::string& t, int64_t L, int64_t Vc) const {
+    const TensorDef& d = g_.tensor(t);
+    const int64_t rows = dim(d.rows, L, Vc);
+    if (d.rows == "K" && d.cols == "V" && Vc == p_.V) return 1;
+    return std::max<int64_t>(1, rows);
+  }
+
   StepCost cost(const StepInfo& si, int64_t L, int64_t Vc, int busy_cores) const {
     const Step& s = *si.step;
     StepCost c;
@@ -149,6 +178,14 @@ class Simulator {
       const double bw = si.path->bandwidth_gbs.value * 1e9 / (si.path->shared ? std::max(1, busy_cores) : 1);
       c.seconds = static_cast<double>(c.bytes) / bw;
       c.energy_j = static_cast<double>(c.bytes) * si.path->energy_pj_per_byte.value * 1e-12;
+      // Per transfer: its set-up; per extra GM segment: a new burst.
+      c.dma_transfers = 1;
+      c.dma_setup_s = dma_setup_s_;
+      if (si.from_gm || si.to_gm) {
+        c.gm_segments = static_cast<double>(gm_segments(s.tensor, L, Vc) - 1);
+        c.gm_segment_s = c.gm_segments * gm_segment_s_;
+      }
+      c.seconds += c.dma_setup_s + c.gm_segment_s;
     } else if (s.kind == StepKind::Compute) {
       const OpCounts oc = op_counts(g_, *si.op, L, p_.K, Vc, tile_, si.masked_full_tiles);
       c.macs = oc.macs, c.executed_macs = oc.executed_macs, c.vector_ops = oc.vector_ops;
@@ -159,6 +196,15 @@ class Simulator {
         c.seconds = oc.vector_ops / vec_lanes_ / hz_ * (si.row_penalty ? kBlockedRowPenalty : 1.0);
         c.energy_j = oc.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
       }
+      // Per operator per tile: its flags, barriers and scalar work; on the vector side also
+      // the instruction start-up (on a matrix engine that is the vector unit, matrix steps too).
+      c.operator_syncs = 1;
+      c.pipe_sync_s = pipe_sync_s_;
+      if (si.op->unit != Unit::Matrix || dev_.matrix.runs_on_vector_unit) {
+        c.vector_sequences = 1;
+        c.vector_startup_s = vector_startup_s_;
+      }
+      c.seconds += c.pipe_sync_s + c.vector_startup_s;
     } else {  // transform, cast, zero: one vector operation per element
       c.vector_ops = static_cast<double>(numel(s.tensor, L, Vc));
       if (s.kind == StepKind::Transform) c.bytes = 2 * numel(s.tensor, L, Vc) * s.elem_bytes;  // read and write in UB
@@ -166,6 +212,9 @@ class Simulator {
       // vector width; casts and zeroing run at the lane width.
       c.seconds = s.kind == StepKind::Transform ? transform_seconds(dev_, c.vector_ops) : c.vector_ops / vec_lanes_ / hz_;
       c.energy_j = c.vector_ops * dev_.vector.energy_pj_per_op.value * 1e-12;
+      c.vector_sequences = 1;
+      c.vector_startup_s = vector_startup_s_;
+      c.seconds += c.vector_startup_s;
     }
     return c;
   }
@@ -225,6 +274,11 @@ class Simulator {
     ks.name = k.name;
     ks.busy_cores = busy;
     ks.launch_s = k.launch ? dev_.kernel_launch_us.value * 1e-6 : 0;
+    ks.boundary_s = dev_.kernel_boundary_us.value * 1e-6;
+    r.fixed_cost_s["launch"] += ks.launch_s;
+    r.fixed_cost_s["kernel_boundary"] += ks.boundary_s;
+    r.fixed_cost_events["launches"] += k.launch ? 1 : 0;
+    r.fixed_cost_events["kernel_boundaries"] += 1;
 
     const size_t n = k.steps.size();
     lane_busy_.assign(lanes.size(), 0.0);
@@ -351,11 +405,74 @@ class Simulator {
       r.busy_s[lanes[l]] += lane_busy_[l];
       for (const auto& [path, bytes] : path_bytes_[l]) r.bytes_per_path[path->name()] += bytes;
     }
-    ks.latency_s = kernel_end + ks.launch_s;
+    if (opt_.buffer_policy == SimOptions::BufferPolicy::Static) kernel_end += static_policy(r, k, ks, busy);
+    ks.latency_s = kernel_end + ks.launch_s + ks.boundary_s;
     kernel_start_ += ks.latency_s;
     r.latency_s += ks.latency_s;
     for (const auto& [b, bytes] : k.peak_bytes) r.peak_bytes[b] = std::max(r.peak_bytes[b], bytes);
     r.kernels.push_back(ks);
+  }
+
+  /// Buffer policy Static for one kernel: every tensor copy of its lifetimes (converted copies,
+  /// prefetch slots and the reservation included) holds its bytes for the kernel's whole life, as
+  /// TPipe/TQue allocations do. A buffer with GM paths both ways that overflows spills the
+  /// largest tensors (never the state, a prefetch slot or the reservation) until the rest plus
+  /// one staging slot of the largest spilled tensor fits; each spilled tensor is stored and
+  /// reloaded every chunk (a GM input only reloaded). That traffic is accounted as GM bytes and
+  /// charged as time after the kernel's simulated end, at the core's share of the GM bandwidth
+  /// with one DMA set-up per transfer, without overlap (conservative). Returns the added time.
+  double static_policy(SimResult& r, const Kernel& k, KernelStats& ks, int busy) {
+    std::map<std::string, std::vector<const Lifetime*>> per_buffer;
+    for (const Lifetime& lt : k.lifetimes) {
+      per_buffer[lt.buffer].push_back(&lt);
+      ks.static_bytes[lt.buffer] += lt.bytes * lt.copies;
+    }
+    double added = 0;
+    for (auto& [buf, lts] : per_buffer) {
+      const double cap = dev_.buffer(buf).capacity_bytes.value;
+      if (static_cast<double>(ks.static_bytes[buf]) <= cap) continue;
+      if (!dev_.has_path(kGM, buf) || !dev_.has_path(buf, kGM)) continue;  // no way to spill from it
+      std::vector<const Lifetime*> cand;
+      for (const Lifetime* lt : lts) {
+        const std::string base = lt->tensor.substr(0, lt->tensor.find('('));
+        if (base.empty() || lt->tensor.find("(next chunk)") != std::string::npos) continue;
+        if (g_.tensor(base).role == TensorRole::State) continue;
+        cand.push_back(lt);
+      }
+      std::stable_sort(cand.begin(), cand.end(), [](const Lifetime* a, const Lifetime* b) { return a->bytes * a->copies > b->bytes * b->copies; });
+      int64_t need = ks.static_bytes[buf], slot = 0;
+      std::vector<const Lifetime*> spilled;
+      for (const Lifetime* lt : cand) {
+        if (static_cast<double>(need + slot) <= cap) break;
+        need -= lt->bytes * lt->copies;
+        slot = std::max(slot, lt->bytes);
+        spilled.push_back(lt);
+      }
+      if (spilled.empty()) continue;
+      const double up = dev_.path(buf, kGM).bandwidth_gbs.value * 1e9 / (dev_.path(buf, kGM).shared ? std::max(1, busy) : 1);
+      const double down = dev_.path(kGM, buf).bandwidth_gbs.value * 1e9 / (dev_.path(kGM, buf).shared ? std::max(1, busy) : 1);
+      double worst = 0;
+      for (const auto& items : k.cores) {
+        int64_t chunks = 0;
+        for (const PlanItem& it : items) chunks += it.chunk1 - it.chunk0;
+        double t = 0;
+        for (const Lifetime* lt : spilled) {
+          const std::string base = lt->tensor.substr(0, lt->tensor.find('('));
+          const bool input = g_.tensor(base).role == TensorRole::Input && lt->tensor == base;
+          const int64_t read = chunks * lt->bytes, written = input ? 0 : chunks * lt->bytes;
+          r.gm_read_bytes += read, r.gm_write_bytes += written;
+          r.spill_bytes += read + written, r.static_spill_bytes += read + written, ks.static_spill_bytes += read + written;
+          const double transfers = static_cast<double>(chunks) * (input ? 1 : 2);
+          t += static_cast<double>(read) / down + static_cast<double>(written) / up + transfers * dma_setup_s_;
+          r.fixed_cost_s["dma_setup"] += transfers * dma_setup_s_;
+          r.fixed_cost_events["dma_transfers"] += transfers;
+        }
+        worst = std::max(worst, t);
+      }
+      for (const Lifetime* lt : spilled) ks.static_spilled.push_back(buf + ":" + lt->tensor);
+      added += worst;
+    }
+    return added;
   }
 
   /// The period d if every component of `now` is its `before` value plus d, or unchanged and no
@@ -383,6 +500,8 @@ class Simulator {
     StepCost s = c;
     const double f = static_cast<double>(times);
     s.seconds *= f, s.macs *= f, s.executed_macs *= f, s.vector_ops *= f, s.energy_j *= f;
+    s.dma_setup_s *= f, s.gm_segment_s *= f, s.pipe_sync_s *= f, s.vector_startup_s *= f;
+    s.dma_transfers *= f, s.gm_segments *= f, s.operator_syncs *= f, s.vector_sequences *= f;
     s.bytes *= times;
     return s;
   }
@@ -390,6 +509,13 @@ class Simulator {
   void account(SimResult& r, const StepInfo& si, const StepCost& sc) {
     OperatorStats& o = r.per_operator[static_cast<size_t>(si.op_index)];
     o.busy_s += sc.seconds;
+    if (sc.dma_transfers > 0) {
+      r.fixed_cost_s["dma_setup"] += sc.dma_setup_s, r.fixed_cost_events["dma_transfers"] += sc.dma_transfers;
+      r.fixed_cost_s["gm_segments"] += sc.gm_segment_s, r.fixed_cost_events["gm_segments"] += sc.gm_segments;
+    }
+    if (sc.operator_syncs > 0) r.fixed_cost_s["pipe_sync"] += sc.pipe_sync_s, r.fixed_cost_events["operator_syncs"] += sc.operator_syncs;
+    if (sc.vector_sequences > 0)
+      r.fixed_cost_s["vector_startup"] += sc.vector_startup_s, r.fixed_cost_events["vector_sequences"] += sc.vector_sequences;
     o.energy_j += sc.energy_j;
     r.dynamic_energy_j += sc.energy_j;
     lane_busy_[static_cast<size_t>(si.lane)] += sc.seconds;
@@ -435,6 +561,31 @@ SimResult simulate(const Plan& plan, const Device& dev, const SimOptions& opt) {
   }
   Simulator s(plan, dev, opt);
   return s.run();
+}
+
+const char* buffer_policy_name(SimOptions::BufferPolicy p) {
+  return p == SimOptions::BufferPolicy::Static ? "static" : "last-reader";
+}
+
+SimOptions::BufferPolicy buffer_policy_from_name(const std::string& name) {
+  if (name == "static") return SimOptions::BufferPolicy::Static;
+  if (name == "last-reader") return SimOptions::BufferPolicy::LastReader;
+  throw Error("buffer policy: got \"" + name + "\", expected \"static\" or \"last-reader\"");
+}
+
+std::string GmFit::message() const {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "does not fit: needs %.2f GiB of GM, the device has %.2f GiB", static_cast<double>(needs_bytes) / (1 << 30),
+                static_cast<double>(device_bytes) / (1 << 30));
+  return buf;
+}
+
+GmFit gm_fit(const Plan& plan, const Device& dev) {
+  GmFit f;
+  f.needs_bytes = plan_peak_gm_bytes(plan);
+  f.device_bytes = static_cast<int64_t>(dev.gm_bytes.value);
+  f.fits = static_cast<double>(f.needs_bytes) <= dev.gm_bytes.value;
+  return f;
 }
 
 int64_t plan_peak_gm_bytes(const Plan& plan) {
@@ -515,6 +666,11 @@ nlohmann::json sim_result_to_json(const SimResult& r, bool detail) {
   j["spill_bytes"] = r.spill_bytes;
   j["transform_bytes"] = r.transform_bytes;
   j["busy_s"] = r.busy_s;
+  j["fixed_cost_ms"] = nlohmann::json::object();
+  for (const auto& [k, v] : r.fixed_cost_s) j["fixed_cost_ms"][k] = v * 1e3;
+  j["fixed_cost_events"] = r.fixed_cost_events;
+  j["buffer_policy"] = r.buffer_policy;
+  j["static_spill_bytes"] = r.static_spill_bytes;
   j["kernels"] = static_cast<int64_t>(r.kernels.size());
   if (detail) {
     nlohmann::json ops = nlohmann::json::array();
@@ -526,7 +682,9 @@ nlohmann::json sim_result_to_json(const SimResult& r, bool detail) {
     j["per_operator"] = ops;
     nlohmann::json ks = nlohmann::json::array();
     for (const KernelStats& k : r.kernels)
-      ks.push_back({{"name", k.name}, {"latency_ms", k.latency_s * 1e3}, {"launch_ms", k.launch_s * 1e3}, {"busy_cores", k.busy_cores}});
+      ks.push_back({{"name", k.name}, {"latency_ms", k.latency_s * 1e3}, {"launch_ms", k.launch_s * 1e3}, {"boundary_ms", k.boundary_s * 1e3},
+                    {"busy_cores", k.busy_cores}, {"static_bytes", k.static_bytes}, {"static_spilled", k.static_spilled},
+                    {"static_spill_bytes", k.static_spill_bytes}});
     j["per_kernel"] = ks;
   }
   return j;

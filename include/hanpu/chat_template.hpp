@@ -1,0 +1,67 @@
+// A checkpoint's chat template (Hugging Face `chat_template`), rendered by hanpu's own Jinja
+// subset (src/model/jinja.cpp) with the settings transformers uses: trim_blocks and
+// lstrip_blocks on, jinja2's default Undefined, loop controls (break/continue), the globals
+// raise_exception and strftime_now, and a tojson filter that is Python's json.dumps with
+// ensure_ascii=False. docs/SERVE.md, "Chat templates", lists the supported subset.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "hanpu/tokenizer.hpp"
+
+namespace hanpu {
+
+namespace jinja {
+struct Template;
+}
+
+class ChatTemplate {
+ public:
+  /// Parses `text` (the template source). `origin` names it in error messages (a file name or
+  /// "tokenizer_config.json chat_template"). A construct outside the subset is a hanpu::Error that
+  /// names the construct and its line.
+  static ChatTemplate parse(std::string_view text, std::string origin = "chat template");
+
+  /// Renders with every key of `context` (an object) as a template variable.
+  std::string render_context(const nlohmann::ordered_json& context) const;
+
+  /// transformers' apply_chat_template: messages, tools (null when none), add_generation_prompt,
+  /// and the extra kwargs (enable_thinking, bos_token, ...) as further variables.
+  std::string render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                     const nlohmann::ordered_json& extra_kwargs = nlohmann::ordered_json::object()) const;
+
+  const std::string& origin() const { return origin_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  std::shared_ptr<const jinja::Template> t_;
+  std::string origin_, source_;
+};
+
+/// A checkpoint directory's chat template text, as transformers finds it: chat_template.jinja
+/// beside the tokenizer (it overrides the config), else tokenizer_config.json's `chat_template`,
+/// a string or a list of {name, template} (the one named "tool_use" when `want_tools` and it
+/// exists, else "default"). Empty when the checkpoint has none. `origin` gets the source's name.
+std::string find_chat_template(const std::string& model_dir, bool want_tools, std::string* origin);
+
+/// The special tokens transformers passes to every chat template (its special_tokens_map:
+/// bos_token, eos_token, unk_token, pad_token, sep_token, cls_token, mask_token,
+/// additional_special_tokens) from the checkpoint's tokenizer_config.json, as strings (an
+/// AddedToken object {"content": ...} gives its content). An empty object when there is none.
+nlohmann::ordered_json chat_template_special_tokens(const std::string& model_dir);
+
+/// A checkpoint's chat template parsed, or nullptr when it has none (find_chat_template). A
+/// template outside the subset throws hanpu::Error naming the construct and line.
+std::unique_ptr<ChatTemplate> load_chat_template(const std::string& model_dir, bool want_tools = false);
+
+/// The prompt for a plain conversation (`hanpu run --chat`, `hanpu tokenize --chat`): the
+/// checkpoint's template when `tmpl` is given (with `special_tokens` and enable_thinking as
+/// variables), else the tokenizer's ChatML (Tokenizer::apply_chat_template), the stated fallback.
+std::string render_chat_prompt(const ChatTemplate* tmpl, const nlohmann::ordered_json& special_tokens, const Tokenizer& tok,
+                               const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool enable_thinking);
+
+}  // namespace hanpu

@@ -1,0 +1,131 @@
+// GGML/GGUF tensor block formats: the registry of type codes and the scalar reference
+// dequantizers (and the Q8_0 quantizer) hanpu uses to read GGUF checkpoints.
+//
+// Every format here is defined by ggml (ggml/src/ggml-common.h for the block layouts,
+// ggml/src/ggml-quants.c for dequantize_row_* / quantize_row_*_ref) and mirrored in gguf-py
+// (gguf-py/gguf/quants.py, gguf-py/gguf/constants.py GGML_QUANT_SIZES). The dequantizers compute
+// each element with the same float32 operations in the same order as those definitions, so their
+// results are bit-identical to gguf-py's numpy dequantizers (tests/python: test_gguf_blocks.py).
+// This file is compiled with -ffp-contract=off so that no a*b-c becomes a fused multiply-add.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace hanpu::gguf {
+
+/// GGML type codes (the `ggml_type` enum, stored as u32 in a GGUF tensor info).
+enum class GgmlType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  IQ1_M = 29,
+  BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
+  MXFP4 = 39,
+};
+
+/// One row of the registry: a block of `block_elems` consecutive elements of a row is stored in
+/// `block_bytes` bytes. `dequantize` says whether hanpu can turn it into float32.
+struct BlockFormat {
+  GgmlType type;
+  const char* name;
+  uint32_t block_elems;
+  uint32_t block_bytes;
+  bool dequantize;
+};
+
+/// Every GGML type a GGUF file may name (sizes from ggml's type traits), in code order.
+std::span<const BlockFormat> block_formats();
+/// The row for a type code, or nullptr for a code ggml does not define (or has retired).
+const BlockFormat* find_block_format(uint32_t code);
+/// The row for a known type (throws hanpu::Error if `t` is not in the registry).
+const BlockFormat& block_format(GgmlType t);
+/// "Q4_K", or "unknown type code N".
+std::string ggml_type_name(uint32_t code);
+
+/// Dequantizes `n` elements (a whole number of blocks) stored as `t` at `src` into `dst`.
+/// Throws hanpu::Error if `t` is not dequantizable or `n` is not a multiple of its block size.
+void dequantize(GgmlType t, const void* src, float* dst, int64_t n);
+
+/// ggml's quantize_row_q8_0_ref: per block of 32, d = max|x| / 127 (stored f16), q = round(x / d)
+/// with round half away from zero. `n` must be a multiple of 32.
+void quantize_q8_0(const float* src, void* dst, int64_t n);
+
+// Block layouts (ggml-common.h). Sizes are checked against the registry in gguf_blocks.cpp.
+inline constexpr int kQK4_0 = 32, kQK8_0 = 32, kQK_K = 256, kKScaleSize = 12;
+struct BlockQ8_0 {
+  uint16_t d;  // f16 scale
+  int8_t qs[kQK8_0];
+};
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK4_0 / 2];  // element j in the low nibble of byte j, element j+16 in the high nibble
+};
+struct BlockQ4_K {
+  uint16_t d, dmin;               // f16 super-block scales for the 6-bit scales and mins
+  uint8_t scales[kKScaleSize];    // 8 scales and 8 mins of 6 bits each
+  uint8_t qs[kQK_K / 2];          // 4-bit quants, 64 elements per 32 bytes (low nibbles, then high)
+};
+struct BlockQ5_K {
+  uint16_t d, dmin;
+  uint8_t scales[kKScaleSize];
+  uint8_t qh[kQK_K / 8];  // 5th bit: bit j of qh[l] belongs to sub-block j, element l
+  uint8_t qs[kQK_K / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[kQK_K / 2];     // low 4 bits
+  uint8_t qh[kQK_K / 4];     // high 2 bits
+  int8_t scales[kQK_K / 16];  // 16 signed 8-bit scales
+  uint16_t d;
+};
+struct BlockIQ4_XS {
+  uint16_t d;
+  uint16_t scales_h;           // high 2 bits of the 8 6-bit scales
+  uint8_t scales_l[kQK_K / 64];  // low 4 bits
+  uint8_t qs[kQK_K / 2];         // 4-bit indices into the IQ4_NL table
+};
+
+/// The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block (ggml's get_scale_min_k4).
+inline void k4_scale_min(int j, const uint8_t* q, uint8_t& sc, uint8_t& m) {
+  if (j < 4) {
+    sc = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+/// IQ4_NL / IQ4_XS non-linear 4-bit levels (ggml-common.h kvalues_iq4nl).
+inline constexpr int8_t kIQ4NLValues[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+}  // namespace hanpu::gguf

@@ -1,0 +1,489 @@
+// Decode GEMV kernels over GGUF blocks, Q8_0, Q4_K, Q5_K and Q6_K (see linear_gguf.hpp): Highway,
+// compiled once per SIMD target and dispatched at run time (HANPU_ISA caps the target, cpu/isa.hpp).
+//
+// Per weight row, blocks in address order. The integer part: the weights widened to int16
+// (Q8_0: sign-extended bytes; Q4_K: zero-extended bytes split into the low nibbles, sub-block 2c,
+// and the high nibbles, sub-block 2c+1, of each 32-byte chunk; ggml-common.h's block_q4_K layout)
+// times the int16 activations, pairs summed into int32 lanes (ReorderWidenMulAccumulate: VPMADDWD
+// on x86). No overflow: |w| <= 127 (Q8_0) or 15 (Q4_K), |x| <= 127, 32 products per sub-block.
+// Then per 32 weights one conversion and one f32 multiply-add by (weight scale * activation scale);
+// the reduction over lanes happens once per row. Vectors are capped at 16 int16 lanes (256 bits):
+// on Zen 4, where a 512-bit operation runs as two 256-bit halves, the 512-bit form of the Q8_0
+// kernel was slower (1 thread, 256 x 1024 in cache: 16.6 GB/s of weights against 21.9 capped; Q4_K
+// from DRAM about 11 -> 14 GB/s), and a Q6_K vector then holds exactly one 16-element scale group.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+#include "cpu/engine_impl.hpp"
+#include "cpu/isa.hpp"
+#include "cpu/linear_gguf.hpp"
+#include "cpu/linear_kernels.hpp"  // decode_prefetch_bytes
+#include "cpu/x86_features.hpp"
+#include "hanpu/tensor.hpp"
+
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)
+#endif
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "cpu/linear_gguf.cpp"
+#include <hwy/foreach_target.h>  // re-includes this file once per target
+#include <hwy/cache_control.h>
+#include <hwy/highway.h>
+
+#ifndef HANPU_LINEAR_GGUF_ONCE
+#define HANPU_LINEAR_GGUF_ONCE
+namespace hanpu::cpu::gguf_detail {
+// f16 -> f32, inline (one per block in the hot loop; the out-of-line hanpu::f16_to_f32 is the same
+// function of the bits). Exact for every input.
+inline float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp != 0 && exp != 31) {
+    u = sign | (exp + 112) << 23 | mant << 13;
+  } else if (exp == 31) {
+    u = sign | 0x7f800000u | mant << 13;
+  } else if (mant == 0) {
+    u = sign;
+  } else {  // subnormal: mant * 2^-24, exact in f32
+    float f = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+}  // namespace hanpu::cpu::gguf_detail
+#endif
+
+HWY_BEFORE_NAMESPACE();
+namespace hanpu::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// A block's f16 scale as f32 (exact): one VCVTPH2PS where the target has F16C (Highway's AVX2 and
+// AVX3 targets are compiled with it), else the bit conversion.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+HWY_INLINE float F16ToF32(uint16_t h) { return _cvtsh_ss(h); }
+#else
+HWY_INLINE float F16ToF32(uint16_t h) { return gguf_detail::F16ToF32(h); }
+#endif
+
+float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const float* xs, int64_t ahead) {
+  const hn::CappedTag<int16_t, 16> d16;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df;
+  const hn::Rebind<int8_t, decltype(d16)> d8;
+  const size_t L = hn::Lanes(d16);
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  int64_t i = 0;
+  auto block = [&](int64_t i, decltype(acc0)& acc) {
+    hwy::Prefetch(reinterpret_cast<const char*>(b + i) + ahead);
+    auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+    for (size_t j = 0; j < 32; j += L) {
+      const auto w = hn::PromoteTo(d16, hn::LoadU(d8, b[i].qs + j));
+      s0 = hn::ReorderWidenMulAccumulate(d32, w, hn::LoadU(d16, xq + i * 32 + j), s0, s1);
+    }
+    const float scale = F16ToF32(b[i].d) * xs[i];
+    acc = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, scale), acc);
+  };
+  for (; i + 2 <= nb; i += 2) {  // two accumulators: the multiply-adds of neighbouring blocks overlap
+    block(i, acc0);
+    block(i + 1, acc1);
+  }
+  if (i < nb) block(i, acc0);
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+}
+
+// Per super-block of 256: the 6-bit sub-block scales multiply the nibbles in int16 (at most
+// 15 * 63 = 945) before the pairwise multiply-add with the activations (one int8 scale for the
+// whole super-block, as llama.cpp's Q8_K), so the 8 sub-blocks sum into one set of int32 lanes
+// (at most 945 * 127 * 256 in all, below 2^31) and the super-block costs one conversion and one
+// multiply-add by d * activation scale. The min term dmin * sum_j m_j X_j (X_j the f32 sum of x over
+// sub-block j) runs in 8 f32 lanes, reduced once per row.
+// Q5_K (block_q5_K) is the same with a fifth bit: bit 2c of qh[l] for element l of sub-block 2c,
+// bit 2c+1 for sub-block 2c+1 (values up to 31, times the scale 1953, a super-block's int32 lanes
+// within 256 * 1953 * 127 < 2^31).
+template <class Block>
+float DotK4(const Block* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum, int64_t ahead) {
+  constexpr bool kQ5 = std::is_same_v<Block, gguf::BlockQ5_K>;
+  const hn::CappedTag<int16_t, 16> d16;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df;
+  const hn::Rebind<uint8_t, decltype(d16)> du8;
+  const size_t L = hn::Lanes(d16);
+  const auto low4 = hn::Set(d16, int16_t{0xF});
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  // The min terms: 8 lanes of f32, m_j * dmin * X_j accumulated per lane over the row.
+  const hn::CappedTag<float, 8> d8f;
+  const hn::Rebind<int32_t, decltype(d8f)> d8i;
+  const hn::Rebind<uint8_t, decltype(d8f)> d8u;
+  auto min_acc = hn::Zero(d8f);
+  const size_t L8 = hn::Lanes(d8f);
+  for (int64_t i = 0; i < nb; ++i) {
+    const Block& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    hwy::Prefetch(bytes + ahead);
+    hwy::Prefetch(bytes + ahead + 64);
+    hwy::Prefetch(bytes + ahead + 128);
+    if constexpr (kQ5) hwy::Prefetch(bytes + ahead + 192);
+    // The 8 six-bit scales and mins (k4_scale_min for every j at once): bytes 0..3 hold the low 6
+    // bits of scales 0..3, bytes 4..7 of mins 0..3, bytes 8..11 the low 4 bits of scales / mins
+    // 4..7, whose top 2 bits are the top bits of bytes 0..3 / 4..7.
+    uint32_t w[3];
+    std::memcpy(w, blk.scales, 12);
+    const uint64_t sc = uint64_t{w[0] & 0x3f3f3f3fu} |
+                        uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
+    alignas(8) uint8_t m[8];
+    const uint32_t m_lo = w[1] & 0x3f3f3f3fu, m_hi = ((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u);
+    std::memcpy(m, &m_lo, 4);
+    std::memcpy(m + 4, &m_hi, 4);
+    const int16_t* x = xq + i * 256;
+    auto s0 = hn::Zero(d32), s1 = hn::Zero(d32), t0 = hn::Zero(d32), t1 = hn::Zero(d32);
+    for (int c = 0; c < 4; ++c) {
+      const auto sc_lo = hn::Set(d16, static_cast<int16_t>((sc >> (16 * c)) & 0xFF));
+      const auto sc_hi = hn::Set(d16, static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF));
+      const uint8_t* q = blk.qs + 32 * c;
+      const int16_t* x_lo = x + 64 * c;
+      const int16_t* x_hi = x_lo + 32;
+      for (size_t j = 0; j < 32; j += L) {
+        const auto raw = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(du8, q + j)));
+        auto lo = hn::And(raw, low4), hi = hn::ShiftRight<4>(raw);
+        if constexpr (kQ5) {
+          const auto one = hn::Set(d16, int16_t{1});
+          const auto hb = hn::BitCast(d16, hn::PromoteTo(hn::RebindToUnsigned<decltype(d16)>(), hn::LoadU(du8, blk.qh + j)));
+          lo = hn::Or(lo, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(hb, 2 * c), one)));
+          hi = hn::Or(hi, hn::ShiftLeft<4>(hn::And(hn::ShiftRightSame(hb, 2 * c + 1), one)));
+        }
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(lo, sc_lo), hn::LoadU(d16, x_lo + j), s0, s1);
+        t0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(hi, sc_hi), hn::LoadU(d16, x_hi + j), t0, t1);
+      }
+    }
+    const auto isum = hn::Add(hn::Add(s0, s1), hn::Add(t0, t1));
+    const float scale = F16ToF32(blk.d) * xs[i];
+    if (i & 1) acc1 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc1);
+    else acc0 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc0);
+    const auto dmin = hn::Set(d8f, F16ToF32(blk.dmin));
+    for (size_t j = 0; j < 8; j += L8) {
+      const auto mj = hn::ConvertTo(d8f, hn::PromoteTo(d8i, hn::LoadU(d8u, m + j)));
+      min_acc = hn::MulAdd(hn::Mul(mj, dmin), hn::LoadU(d8f, xsum + i * 8 + j), min_acc);
+    }
+  }
+  const float min_sum = hn::GetLane(hn::SumOfLanes(d8f, min_acc));
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_sum;
+}
+
+// Q6_K (ggml-common.h block_q6_K): per half of 128 elements, 64 bytes of low nibbles (element l
+// and l+64 in byte l, l+32 and l+96 in byte l+32), 32 bytes of 2-bit high parts (element l + 32 i
+// in bits 2i of byte l), 8 signed scales per 16 elements. q - 32 is in [-32, 31]; times the scale
+// (|sc| <= 128) it stays within int16 (4096), and a super-block's int32 lanes within
+// 256 * 4096 * 127 < 2^31. Vectors are capped at 16 int16 lanes, so that the 16 elements of one
+// scale fill a whole vector (on Zen 4 a 512-bit operation runs as two 256-bit halves anyway).
+float DotQ6_K(const gguf::BlockQ6_K* b, int64_t nb, const int16_t* xq, const float* xs, int64_t ahead) {
+  const hn::CappedTag<int16_t, 16> d16;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df;
+  const hn::Rebind<uint8_t, decltype(d16)> du8;
+  const hn::RebindToUnsigned<decltype(d16)> du16;
+  const size_t L = hn::Lanes(d16);
+  const auto low4 = hn::Set(d16, int16_t{0xF});
+  const auto low2 = hn::Set(d16, int16_t{3});
+  const auto bias = hn::Set(d16, int16_t{32});
+  auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
+  for (int64_t i = 0; i < nb; ++i) {
+    const gguf::BlockQ6_K& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    hwy::Prefetch(bytes + ahead);
+    hwy::Prefetch(bytes + ahead + 64);
+    hwy::Prefetch(bytes + ahead + 128);
+    hwy::Prefetch(bytes + ahead + 192);
+    auto s0 = hn::Zero(d32), s1 = hn::Zero(d32);
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = blk.ql + 64 * h;
+      const uint8_t* qh = blk.qh + 32 * h;
+      const int8_t* sc = blk.scales + 8 * h;
+      const int16_t* x = xq + i * 256 + 128 * h;
+      for (size_t j = 0; j < 32; j += L) {
+        const int is = static_cast<int>(j / 16);
+        const auto a = hn::BitCast(d16, hn::PromoteTo(du16, hn::LoadU(du8, ql + j)));
+        const auto c = hn::BitCast(d16, hn::PromoteTo(du16, hn::LoadU(du8, ql + 32 + j)));
+        const auto hb = hn::BitCast(d16, hn::PromoteTo(du16, hn::LoadU(du8, qh + j)));
+        const auto q1 = hn::Sub(hn::Or(hn::And(a, low4), hn::ShiftLeft<4>(hn::And(hb, low2))), bias);
+        const auto q2 = hn::Sub(hn::Or(hn::And(c, low4), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<2>(hb), low2))), bias);
+        const auto q3 = hn::Sub(hn::Or(hn::ShiftRight<4>(a), hn::ShiftLeft<4>(hn::And(hn::ShiftRight<4>(hb), low2))), bias);
+        const auto q4 = hn::Sub(hn::Or(hn::ShiftRight<4>(c), hn::ShiftLeft<4>(hn::ShiftRight<6>(hb))), bias);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q1, hn::Set(d16, int16_t{sc[is]})), hn::LoadU(d16, x + j), s0, s1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q2, hn::Set(d16, int16_t{sc[is + 2]})), hn::LoadU(d16, x + 32 + j), s0, s1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q3, hn::Set(d16, int16_t{sc[is + 4]})), hn::LoadU(d16, x + 64 + j), s0, s1);
+        s0 = hn::ReorderWidenMulAccumulate(d32, hn::Mul(q4, hn::Set(d16, int16_t{sc[is + 6]})), hn::LoadU(d16, x + 96 + j), s0, s1);
+      }
+    }
+    const float scale = F16ToF32(blk.d) * xs[i];
+    if (i & 1) acc1 = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, scale), acc1);
+    else acc0 = hn::MulAdd(hn::ConvertTo(df, hn::Add(s0, s1)), hn::Set(df, scale), acc0);
+  }
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
+}
+
+void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, const float* xs, const float* xsum,
+                  float* y, int64_t n0, int64_t n1, int64_t ahead) {
+  if (type == static_cast<uint32_t>(gguf::GgmlType::Q8_0)) {
+    const int64_t nb = K / 32;
+    const auto* rows = static_cast<const gguf::BlockQ8_0*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotQ8_0(rows + n * nb, nb, xq, xs, ahead);
+  } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q4_K)) {
+    const int64_t nb = K / 256;
+    const auto* rows = static_cast<const gguf::BlockQ4_K*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, xsum, ahead);
+  } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q5_K)) {
+    const int64_t nb = K / 256;
+    const auto* rows = static_cast<const gguf::BlockQ5_K*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, xsum, ahead);
+  } else {
+    const int64_t nb = K / 256;
+    const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotQ6_K(rows + n * nb, nb, xq, xs, ahead);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace hanpu::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace hanpu::cpu {
+HWY_EXPORT(GgufGemvRows);
+
+#if HANPU_X86_KERNELS
+namespace {
+
+// The AVX2 form of DotK4 for Q4_K / Q5_K (target attributes, chosen at run time as in
+// linear_int8_dot.cpp; Highway 1.0.3 has no u8 x i8 multiply-add): the nibbles stay bytes and
+// VPMADDUBSW multiplies them (unsigned, at most 31) by the int8 activations into int16 pairs (at
+// most 2 * 31 * 127 = 7874, no saturation), then VPMADDWD by the sub-block scale sums pairs into
+// int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^24: its conversion is exact). Per 64
+// weights about 12 instructions against the int16 form's 22. The same sums as DotK4, so the same
+// error bound.
+template <bool kQ5>
+__attribute__((target("avx2,fma,f16c"))) float DotK4Avx2(const void* blocks, int64_t nb, const int8_t* x8,
+                                                         const float* xs, const float* xsum, int64_t ahead) {
+  using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
+  const auto* b = static_cast<const Block*>(blocks);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), min_acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const Block& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
+    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
+    uint32_t w[3];
+    std::memcpy(w, blk.scales, 12);
+    const uint64_t sc = uint64_t{w[0] & 0x3f3f3f3fu} |
+                        uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
+    const uint64_t m = uint64_t{w[1] & 0x3f3f3f3fu} |
+                       uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
+    const int8_t* x = x8 + i * 256;
+    __m256i isum = _mm256_setzero_si256();
+    __m256i hb = _mm256_setzero_si256();
+    if constexpr (kQ5) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * c));
+      __m256i lo = _mm256_and_si256(raw, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      if constexpr (kQ5) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * c)), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * c + 1)), one), 4));
+      }
+      const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c)));
+      const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32)));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF))));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF))));
+    }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
+    const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(m))));
+    min_acc = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(_cvtsh_ss(blk.dmin))), _mm256_loadu_ps(xsum + i * 8), min_acc);
+  }
+  auto hsum = [](__m256 v) __attribute__((target("avx2"))) {
+    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+  };
+  return hsum(acc) - hsum(min_acc);
+}
+
+// The AVX2 form of DotQ6_K: the 6-bit values q (0..63, before the -32) stay bytes; VPMADDUBSW
+// by the int8 activations gives int16 pairs (at most 2 * 63 * 127 = 16002), VPMADDWD by the
+// signed 16-element scale sums them into int32 (one 32-byte vector spans two scales: the low
+// 128 bits the first, the high 128 bits the second). The -32 is applied once per super-block as
+// 32 * sum_g sc_g * (sum of the int8 activations over group g), from the per-16 sums the
+// quantizer stores. All in exact integers, the same total as DotQ6_K.
+__attribute__((target("avx2,fma,f16c"))) float DotQ6KAvx2(const gguf::BlockQ6_K* b, int64_t nb, const int8_t* x8,
+                                                         const int16_t* bsum16, const float* xs, int64_t ahead) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
+                m30 = _mm256_set1_epi8(0x30), mc0 = _mm256_set1_epi8(static_cast<char>(0xC0));
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const gguf::BlockQ6_K& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
+    const int8_t* x = x8 + i * 256;
+    auto scale2 = [&](int k) __attribute__((target("avx2"))) {  // low 128 bits sc[k], high sc[k + 1]
+      return _mm256_set_m128i(_mm_set1_epi16(blk.scales[k + 1]), _mm_set1_epi16(blk.scales[k]));
+    };
+    __m256i isum = _mm256_setzero_si256();
+    for (int h = 0; h < 2; ++h) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h));
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32));
+      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
+      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m03), 4));
+      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m0c), 2));
+      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, m30));
+      const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
+                                         _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
+      const int8_t* xh = x + 128 * h;
+      const int s = 8 * h;
+      auto term = [&](__m256i q, int off, int k) __attribute__((target("avx2"))) {
+        const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xh + off)));
+        return _mm256_madd_epi16(p, scale2(k));
+      };
+      isum = _mm256_add_epi32(isum, term(q1, 0, s + 0));
+      isum = _mm256_add_epi32(isum, term(q2, 32, s + 2));
+      isum = _mm256_add_epi32(isum, term(q3, 64, s + 4));
+      isum = _mm256_add_epi32(isum, term(q4, 96, s + 6));
+    }
+    // - 32 * sum_g sc_g * bsum_g over the 16 groups (scales in element order, as the sums)
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + i * 16));
+    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
+  }
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// AVX2 (plain AVX2 + FMA + F16C instructions) whenever the selected Highway target is AVX2 or
+// better, as linear_int8_dot.cpp's chosen_form.
+bool k4_avx2_allowed() {
+  static const bool cpu = [] {
+    __builtin_cpu_init();
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;  // (clang's builtin has no "f16c")
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+  }();
+  const IsaSelection& isa = isa_selection();
+  return cpu && (isa.native || isa.target == "AVX2" || isa.target.rfind("AVX3", 0) == 0);
+}
+
+}  // namespace
+#endif
+
+int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 ? 32 : 256; }
+
+void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out) {
+  if ((block != 32 && block != 256) || K <= 0 || K % block != 0)
+    throw Error("gguf_quantize_activations: K = " + std::to_string(K) + " is not a positive multiple of the block " +
+                std::to_string(block) + " (32 or 256)");
+  out.K = K;
+  out.block = block;
+  out.q.resize(static_cast<size_t>(K));
+  out.q8.resize(static_cast<size_t>(K));
+  out.bsum16.resize(static_cast<size_t>(K / 16));
+  out.scale.resize(static_cast<size_t>(K / block));
+  out.sum.resize(static_cast<size_t>(K / 32));
+  for (int64_t s = 0; s < K / 32; ++s) {
+    float sum = 0.0f;
+    for (int j = 0; j < 32; ++j) sum += x[s * 32 + j];
+    out.sum[static_cast<size_t>(s)] = sum;
+  }
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t j = 0; j < block; ++j) {
+      amax = std::max(amax, std::abs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    if (!finite) {  // a NaN or inf activation: the block's scale is NaN, so every output is NaN
+      std::fill(out.q.begin() + b * block, out.q.begin() + (b + 1) * block, int16_t{0});
+      std::fill(out.q8.begin() + b * block, out.q8.begin() + (b + 1) * block, int8_t{0});
+      out.scale[static_cast<size_t>(b)] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t j = 0; j < block; ++j) {
+      const auto v = static_cast<int16_t>(std::roundf(xb[j] * id));
+      out.q[static_cast<size_t>(b * block + j)] = v;
+      out.q8[static_cast<size_t>(b * block + j)] = static_cast<int8_t>(v);
+    }
+    out.scale[static_cast<size_t>(b)] = d;
+  }
+  for (int64_t g = 0; g < K / 16; ++g) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += out.q8[static_cast<size_t>(g * 16 + j)];
+    out.bsum16[static_cast<size_t>(g)] = static_cast<int16_t>(sum);  // |sum| <= 16 * 127
+  }
+}
+
+bool gguf_gemv_supported(gguf::GgmlType t) {
+  return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
+         t == gguf::GgmlType::Q6_K;
+}
+
+void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
+                    int64_t n1) {
+  if (!gguf_gemv_supported(t))
+    throw Error(std::string("gguf_gemv: no kernel for GGML type ") + gguf::block_format(t).name);
+  const int64_t be = gguf::block_format(t).block_elems;
+  if (K <= 0 || K % be != 0 || x.K != K || x.block != gguf_activation_block(t))
+    throw Error("gguf_gemv: K = " + std::to_string(K) + " (activations " + std::to_string(x.K) + " in blocks of " +
+                std::to_string(x.block) + ") is not a positive multiple of " + std::to_string(be) +
+                " or the activations are not quantized for " + gguf::block_format(t).name);
+#if HANPU_X86_KERNELS
+  if ((t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K) && k4_avx2_allowed()) {
+    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
+    const size_t row_bytes = static_cast<size_t>(nb) * gguf::block_format(t).block_bytes;
+    const auto* base = static_cast<const uint8_t*>(w);
+    for (int64_t n = n0; n < n1; ++n)
+      y[n] = t == gguf::GgmlType::Q4_K
+                 ? DotK4Avx2<false>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead)
+                 : DotK4Avx2<true>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead);
+    return;
+  }
+  if (t == gguf::GgmlType::Q6_K && k4_avx2_allowed()) {
+    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
+    const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
+    for (int64_t n = n0; n < n1; ++n)
+      y[n] = DotQ6KAvx2(rows + n * nb, nb, x.q8.data(), x.bsum16.data(), x.scale.data(), ahead);
+    return;
+  }
+#endif
+  HANPU_DISPATCH(GgufGemvRows)(static_cast<uint32_t>(t), w, K, x.q.data(), x.scale.data(), x.sum.data(), y, n0, n1,
+                               decode_prefetch_bytes());
+}
+
+void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
+               int threads) {
+  GgufActivations xa;
+  gguf_quantize_activations(x, K, gguf_activation_block(t), xa);
+  const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, std::max<int64_t>(N, 1)));
+  engine.impl().run(parts, [&](int p, Workspace&) {
+    const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;
+    gguf_gemv_rows(t, w, K, xa, y, n0, n1);
+  });
+}
+
+}  // namespace hanpu::cpu
+#endif

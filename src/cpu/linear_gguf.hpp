@@ -1,0 +1,55 @@
+// Decode GEMV over GGUF block formats: y = W x with W [N, K] stored as rows of GGML blocks
+// (Q8_0, Q4_K, Q5_K, Q6_K), read once in address order, never dequantized to memory.
+//
+// As llama.cpp does for these formats (ggml-cpu's ggml_vec_dot_q8_0_q8_0 / _q4_K_q8_K), the
+// activations are quantized to int8 first with an f32 scale per block (Q8_0's rule: s = max|x| / 127,
+// q = round(x / s)): per 32 for Q8_0 weights (llama.cpp's Q8_0 activations, the scale kept in f32
+// rather than f16), per 256 for Q4_K, Q5_K and Q6_K (llama.cpp's Q8_K), so that each block's dot product runs in
+// integers (exact), then one f32 multiply-add per weight block by the product of the scales. For
+// Q4_K / Q5_K the min term, dmin * m_j * sum(x over sub-block j), uses the f32 sum of the unquantized x. tests/test_linear_gguf.cpp bounds both errors (the activation rounding and the f32
+// accumulation) against fp64 of the dequantized weights.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cpu/gguf_blocks.hpp"
+
+namespace hanpu {
+class Engine;
+}
+
+namespace hanpu::cpu {
+
+/// x quantized for the GGUF kernels: int8 values (stored widened to int16, the form the kernels
+/// multiply) with an f32 scale per `block` elements, and the f32 sum of the original values per 32.
+struct GgufActivations {
+  int64_t K = 0;
+  int64_t block = 32;
+  std::vector<int16_t> q;     // K
+  std::vector<int8_t> q8;     // the same values as int8 (the AVX2 K-quant form multiplies bytes)
+  std::vector<int16_t> bsum16;  // K / 16: sums of q8 per 16 (the AVX2 Q6_K form's -32 term)
+  std::vector<float> scale;   // K / block
+  std::vector<float> sum;     // K / 32
+};
+
+/// The activation block the kernel for `t` takes: 32 (Q8_0) or 256 (the K-quants).
+int64_t gguf_activation_block(gguf::GgmlType t);
+/// Quantizes x[0, K) in blocks of `block` (32 or 256; K a multiple of it). Throws hanpu::Error otherwise.
+void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out);
+
+/// Whether gguf_gemv has a kernel for `t`.
+bool gguf_gemv_supported(gguf::GgmlType t);
+
+/// y[n] = dot(row n of W, x) for n in [n0, n1). `w` points at row 0; a row is
+/// K / block_elems blocks. Throws hanpu::Error for an unsupported type or K not a multiple of the
+/// block size.
+void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
+                    int64_t n1);
+
+/// The whole y = W x (N rows) on `engine`'s threads (`threads` <= 0: all of them), rows split
+/// evenly.
+void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
+               int threads = 0);
+
+}  // namespace hanpu::cpu

@@ -1,0 +1,192 @@
+// Decode GEMV over GGUF blocks (src/cpu/linear_gguf.cpp) against fp64 of the dequantized weights.
+//
+// The kernel computes y_n = sum_b (weight scale * activation scale_b) * isum_b (- the Q4_K min
+// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (the K-quants): x~ = s_b * q,
+// |x - x~| <= s_b / 2. Two bounds,
+// both derived from that arithmetic, no fitted tolerance:
+//   activations: |y - y_ref| <= E_act + E_f32, E_act = sum_k |w_k^s| |x_k - x~_k| (w^s the weight
+//     without its min term, i.e. dequantized with dmin = 0), y_ref = sum_k w_k x_k in fp64;
+//   f32 arithmetic: |y - y_act| <= E_f32, y_act = the same sum in fp64 with x~ for the scale terms,
+//     E_f32 = 2u ((K/32 + 8) (T_scale + T_min) + 32 sum_j |dmin m_j| sum_{k in j} |x_k|), u = 2^-24,
+//     T_scale = sum_k |w_k^s x~_k|, T_min = sum_j |dmin m_j X_j|: every product of the scales and
+//     the integer sum is rounded at most 3 times, the sum of at most K/32 + 8 such terms (lanes,
+//     then the reduction) adds at most that many roundings, and each f32 sum X_j of 32 x's at most
+//     31 relative roundings of sum |x|.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cpu/gguf_blocks.hpp"
+#include "cpu/linear_gguf.hpp"
+#include "hanpu/engine.hpp"
+#include "hanpu/tensor.hpp"
+
+namespace {
+
+using hanpu::gguf::GgmlType;
+using hanpu::cpu::GgufActivations;
+
+struct Weights {
+  GgmlType type;
+  int64_t N, K;
+  std::vector<uint8_t> bytes;
+  std::vector<float> w;         // dequantized (exact)
+  std::vector<float> w_scale;   // dequantized with dmin = 0 (Q4_K), = w for Q8_0
+  std::vector<float> min_term;  // Q4_K: dmin * m_j per (row, sub-block); empty for Q8_0
+};
+
+Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto& f = hanpu::gguf::block_format(t);
+  Weights W{t, N, K, {}, {}, {}, {}};
+  const int64_t nb = N * K / f.block_elems;
+  W.bytes.resize(static_cast<size_t>(nb * f.block_bytes));
+  for (auto& b : W.bytes) b = static_cast<uint8_t>(rng());
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  for (int64_t i = 0; i < nb; ++i) {
+    uint8_t* blk = W.bytes.data() + i * f.block_bytes;
+    const uint16_t d = hanpu::f32_to_f16(scale(rng)), dmin = hanpu::f32_to_f16(std::abs(scale(rng)));
+    std::memcpy(blk + (t == GgmlType::Q6_K ? 208 : 0), &d, 2);  // Q6_K's d is last
+    if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) std::memcpy(blk + 2, &dmin, 2);
+  }
+  W.w.resize(static_cast<size_t>(N * K));
+  hanpu::gguf::dequantize(t, W.bytes.data(), W.w.data(), N * K);
+  W.w_scale = W.w;
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) {
+    std::vector<uint8_t> no_min = W.bytes;
+    for (int64_t i = 0; i < nb; ++i) std::memset(no_min.data() + i * f.block_bytes + 2, 0, 2);
+    hanpu::gguf::dequantize(t, no_min.data(), W.w_scale.data(), N * K);
+    for (int64_t i = 0; i < nb; ++i) {
+      // Q4_K and Q5_K start alike: d, dmin, the 12 scale bytes
+      const auto* blk = reinterpret_cast<const hanpu::gguf::BlockQ4_K*>(W.bytes.data() + i * f.block_bytes);
+      for (int j = 0; j < 8; ++j) {
+        uint8_t sc, m;
+        hanpu::gguf::k4_scale_min(j, blk->scales, sc, m);
+        W.min_term.push_back(static_cast<float>(hanpu::f16_to_f32(blk->dmin) * m));
+      }
+    }
+  }
+  return W;
+}
+
+std::vector<float> make_x(int64_t K, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nrm(0.f, 1.f);
+  std::uniform_real_distribution<float> mag(-6.f, 3.f);
+  std::vector<float> x(static_cast<size_t>(K));
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float s = std::pow(10.f, mag(rng));  // blocks of very different magnitudes
+    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(b * 32 + j)] = b % 7 == 3 ? 0.f : s * nrm(rng);
+  }
+  return x;
+}
+
+void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
+  GgufActivations xa;
+  hanpu::cpu::gguf_quantize_activations(x.data(), W.K, hanpu::cpu::gguf_activation_block(W.type), xa);
+  const int64_t K = W.K, nsub = K / 32;
+  // The quantizer: |x - x~| <= s/2 (one rounding of x * (1/s) adds at most 2^-23 relative).
+  std::vector<double> xt(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k) {
+    const double s = xa.scale[static_cast<size_t>(k / xa.block)];
+    xt[static_cast<size_t>(k)] = s * xa.q[static_cast<size_t>(k)];
+    ASSERT_LE(std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]), s * (0.5 + 128 * 0x1p-23)) << k;
+  }
+  const double u = 0x1p-24;
+  int tight = 0;
+  for (int64_t n = 0; n < W.N; ++n) {
+    double y_ref = 0, y_act = 0, e_act = 0, t_scale = 0, t_min = 0, x_abs_min = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const size_t i = static_cast<size_t>(n * K + k);
+      y_ref += static_cast<double>(W.w[i]) * x[static_cast<size_t>(k)];
+      y_act += static_cast<double>(W.w_scale[i]) * xt[static_cast<size_t>(k)];
+      e_act += std::abs(static_cast<double>(W.w_scale[i])) * std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]);
+      t_scale += std::abs(static_cast<double>(W.w_scale[i]) * xt[static_cast<size_t>(k)]);
+    }
+    if (!W.min_term.empty()) {
+      for (int64_t j = 0; j < nsub; ++j) {
+        const double mt = W.min_term[static_cast<size_t>(n * nsub + j)];
+        double sum_abs = 0;
+        for (int l = 0; l < 32; ++l) sum_abs += std::abs(x[static_cast<size_t>(j * 32 + l)]);
+        y_act -= mt * xa.sum[static_cast<size_t>(j)];
+        t_min += std::abs(mt * xa.sum[static_cast<size_t>(j)]);
+        x_abs_min += std::abs(mt) * sum_abs;
+      }
+    }
+    const double e_f32 = 2 * u * ((static_cast<double>(nsub) + 8) * (t_scale + t_min) + 32 * x_abs_min);
+    const double got = y[static_cast<size_t>(n)];
+    ASSERT_LE(std::abs(got - y_act), e_f32) << "row " << n << " y " << got << " y_act " << y_act;
+    ASSERT_LE(std::abs(got - y_ref), e_act + e_f32) << "row " << n << " y " << got << " y_ref " << y_ref;
+    tight += std::abs(got - y_ref) > 1e-3 * (e_act + e_f32);
+  }
+  EXPECT_GT(tight, 0) << "every error far below its bound: is the bound derived from the right arithmetic?";
+}
+
+class GgufGemv : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
+  const GgmlType t = GetParam();
+  const int64_t be = hanpu::gguf::block_format(t).block_elems;
+  for (int64_t K : std::vector<int64_t>{be, 3 * be, 1024, 4096}) {
+    SCOPED_TRACE("K = " + std::to_string(K));
+    const int64_t N = 37;
+    const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K));
+    const std::vector<float> x = make_x(K, static_cast<uint32_t>(K + 1));
+    GgufActivations xa;
+    hanpu::cpu::gguf_quantize_activations(x.data(), K, hanpu::cpu::gguf_activation_block(t), xa);
+    std::vector<float> y(static_cast<size_t>(N), -1.f);
+    hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), K, xa, y.data(), 0, N);
+    check(W, x, y);
+    // The threaded form: rows are independent, so the same bits.
+    hanpu::Engine engine(2);
+    for (int threads : {1, 2, 5}) {
+      std::vector<float> y2(static_cast<size_t>(N), -2.f);
+      hanpu::cpu::gguf_gemv(engine, t, W.bytes.data(), N, K, x.data(), y2.data(), threads);
+      EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << threads << " threads";
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
+                         [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
+TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+    const Weights W = make_weights(t, 3, 512, 9);
+    for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
+      std::vector<float> x = make_x(512, 10);
+      x[300] = bad;
+      GgufActivations xa;
+      hanpu::cpu::gguf_quantize_activations(x.data(), 512, hanpu::cpu::gguf_activation_block(t), xa);
+      std::vector<float> y(3);
+      hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), 512, xa, y.data(), 0, 3);
+      for (float v : y) EXPECT_TRUE(std::isnan(v)) << hanpu::gguf::block_format(t).name << " " << bad;
+    }
+  }
+}
+
+TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
+  GgufActivations xa;
+  std::vector<float> x(256, 1.f), y(1);
+  EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 33, 32, xa), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 64, 256, xa), hanpu::Error);
+  hanpu::cpu::gguf_quantize_activations(x.data(), 256, 32, xa);
+  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, nullptr, 256, xa, y.data(), 0, 1), hanpu::Error);  // blocks of 32
+  hanpu::cpu::gguf_quantize_activations(x.data(), 256, 256, xa);
+  std::vector<uint8_t> w(210);
+  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::IQ4_XS, w.data(), 256, xa, y.data(), 0, 1), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_gemv_rows(GgmlType::Q4_K, w.data(), 128, xa, y.data(), 0, 1), hanpu::Error);
+}
+
+}  // namespace
+
+// A tensor with a zero dimension decodes to nothing, whatever its (null) data and output pointers:
+// the libFuzzer finding tests/fuzz/regressions/gguf_header/zero-element-tensor passed null to memcpy.
+TEST(GgufBlocks, ZeroElementsTouchNothing) {
+  for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K})
+    EXPECT_NO_THROW(hanpu::gguf::dequantize(t, nullptr, nullptr, 0)) << hanpu::gguf::block_format(t).name;
+}
