@@ -7,6 +7,7 @@
 
 #include <map>
 
+#include "cpu/cpu_planning.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/lowering.hpp"
 #include "hanpu/host_device.hpp"
@@ -46,10 +47,19 @@ Problem big_gdn() {
   return p;
 }
 
+// The CPU backend's rules without wisdom: the model-based choice.
 PlanOptions no_wisdom(int cores) {
   PlanOptions po;
   po.cores = cores;
-  po.no_wisdom = true;
+  po.backend = &cpu_plan_backend();
+  return po;
+}
+
+// `po` with the CPU backend's rules and the wisdom of `path`, read as the callers do.
+PlanOptions with_wisdom_file(PlanOptions po, const std::string& path) {
+  po.backend = &cpu_plan_backend();
+  po.wisdom = std::make_shared<const Wisdom>(read_wisdom(path));
+  po.wisdom_origin = path;
   return po;
 }
 
@@ -77,7 +87,7 @@ TEST(CpuTuning, TheModelFollowsTheHostDescription) {
     if (b.name == "L2") b.capacity_bytes.value = 1 << 20;
   dev.vector.registers.value = 32;
   dev.matrix.tile_n.value = 16;
-  CpuTuning t = model_cpu_tuning(big_gdn(), dev, 2);
+  CpuTuning t = cpu::model_cpu_tuning(big_gdn(), dev, 2);
   EXPECT_EQ(t.gemm_rows.value, 8);
   EXPECT_EQ(t.gemm_vectors.value, 3);
   EXPECT_NE(t.gemm_rows.reason.find("of 32 vector registers"), std::string::npos) << t.gemm_rows.reason;
@@ -90,14 +100,14 @@ TEST(CpuTuning, TheModelFollowsTheHostDescription) {
   batch.seqlens = {75, 75};
   batch.H = batch.HV = 4;
   batch.K = batch.V = 32;
-  EXPECT_EQ(model_cpu_tuning(batch, dev, 2).lockstep_group.value, 4) << model_cpu_tuning(batch, dev, 2).lockstep_group.reason;
+  EXPECT_EQ(cpu::model_cpu_tuning(batch, dev, 2).lockstep_group.value, 4) << cpu::model_cpu_tuning(batch, dev, 2).lockstep_group.reason;
   dev.vector.registers.value = 16;  // AVX2 register file: the 6 x 2 tile
-  t = model_cpu_tuning(big_gdn(), dev, 2);
+  t = cpu::model_cpu_tuning(big_gdn(), dev, 2);
   EXPECT_EQ(t.gemm_rows.value, 6);
   EXPECT_EQ(t.gemm_vectors.value, 2);
   for (BufferSpec& b : dev.buffers)
     if (b.name == "L2") b.capacity_bytes.value = 128 << 10;  // a state crowds a 128 KiB L2: column blocks
-  t = model_cpu_tuning(big_gdn(), dev, 2);
+  t = cpu::model_cpu_tuning(big_gdn(), dev, 2);
   EXPECT_EQ(t.column_block.value, 32);  // 128 x 32 f32 = 16 KiB <= 32 KiB; 64 columns pad to 40 KiB
   EXPECT_EQ(t.lockstep_group.value, 2);
   // The planner follows its CPU part: column blocks of 32 and groups of at most 2 like blocks.
@@ -333,8 +343,7 @@ TEST(CpuTuning, WisdomRoundTripsAndThePlannerUsesIt) {
 
   PlanOptions po;
   po.cores = 2;
-  po.wisdom_path = path;
-  const Plan plan = make_plan(prob, host(2), "hanpu", po);
+  const Plan plan = make_plan(prob, host(2), "hanpu", with_wisdom_file(po, path));
   EXPECT_EQ(plan.cpu.source, "wisdom " + path + ", measured 2026-12-01T19:00Z");
   EXPECT_EQ(plan.cpu.lockstep_group.value, 1);
   EXPECT_EQ(plan.cpu.column_block.value, 64);
@@ -344,13 +353,11 @@ TEST(CpuTuning, WisdomRoundTripsAndThePlannerUsesIt) {
   for (const auto& list : plan.kernels[0].cores)
     for (const PlanItem& it : list) EXPECT_EQ(it.col1 - it.col0, 64);
   // no_wisdom: the model.
-  po.no_wisdom = true;
-  EXPECT_EQ(make_plan(prob, host(2), "hanpu", po).cpu.source, "model");
+  EXPECT_EQ(make_plan(prob, host(2), "hanpu", no_wisdom(2)).cpu.source, "model");
   // Another problem class (3 threads): the model, the wisdom says nothing about it.
   PlanOptions po3;
   po3.cores = 3;
-  po3.wisdom_path = path;
-  EXPECT_EQ(make_plan(prob, host(3), "hanpu", po3).cpu.source, "model");
+  EXPECT_EQ(make_plan(prob, host(3), "hanpu", with_wisdom_file(po3, path)).cpu.source, "model");
 }
 
 TEST(CpuTuning, WisdomForAnotherCpuOrIsaIsIgnoredWithAReason) {
@@ -362,8 +369,7 @@ TEST(CpuTuning, WisdomForAnotherCpuOrIsaIsIgnoredWithAReason) {
   write_wisdom_entry(path, entry_for({me.cpu_model, me.isa + "X"}, wisdom_problem_class(prob, 2)));
   PlanOptions po;
   po.cores = 2;
-  po.wisdom_path = path;
-  const Plan plan = make_plan(prob, host(2), "hanpu", po);
+  const Plan plan = make_plan(prob, host(2), "hanpu", with_wisdom_file(po, path));
   const CpuTuning model = make_plan(prob, host(2), "hanpu", no_wisdom(2)).cpu;
   for (const std::string& name : cpu_param_names()) {
     EXPECT_EQ(cpu_param(plan.cpu, name).value, cpu_param(model, name).value) << name;
@@ -378,10 +384,9 @@ TEST(CpuTuning, MalformedWisdomIsAnErrorNamingTheFileAndField) {
   const std::string path = dir.file("wisdom.json");
   PlanOptions po;
   po.cores = 2;
-  po.wisdom_path = path;
   auto plan_error = [&](const std::string& text) {
     write_file_atomic(path, text);
-    return error_of([&] { make_plan(big_gdn(), host(2), "hanpu", po); });
+    return error_of([&] { make_plan(big_gdn(), host(2), "hanpu", with_wisdom_file(po, path)); });
   };
   EXPECT_NE(plan_error("{not json").find(path), std::string::npos);
   EXPECT_NE(plan_error(R"({"schema": "hanpu-wisdom-0", "entries": []})").find(path + ": schema: got \"hanpu-wisdom-0\""), std::string::npos)
@@ -425,8 +430,7 @@ TEST(CpuTuning, TuneOnATinyProblemWritesWisdomThePlannerUses) {
   prob.qkv_dtype = prob.out_dtype = DType::F32;
   PlanOptions po;
   po.cores = 1;
-  po.wisdom_path = path;
-  const Plan plan = make_plan(prob, host(1), "hanpu", po);
+  const Plan plan = make_plan(prob, host(1), "hanpu", with_wisdom_file(po, path));
   EXPECT_EQ(plan.cpu.source, "wisdom " + path + ", measured " + w.entries[0].measured);
   EXPECT_NE(plan.cpu.lockstep_group.reason.find("from wisdom " + path + ", measured "), std::string::npos);
   // HANPU_WISDOM names the default file; "none" turns wisdom off (the CLI's --no-wisdom sets it).
@@ -436,10 +440,10 @@ TEST(CpuTuning, TuneOnATinyProblemWritesWisdomThePlannerUses) {
   EXPECT_EQ(default_wisdom_path(), path);
   PlanOptions dflt;
   dflt.cores = 1;
-  EXPECT_EQ(make_plan(prob, host(1), "hanpu", dflt).cpu.source, plan.cpu.source);
+  EXPECT_EQ(make_plan(prob, host(1), "hanpu", cpu_plan_options(host(1), dflt)).cpu.source, plan.cpu.source);
   ::setenv("HANPU_WISDOM", "none", 1);
   EXPECT_EQ(default_wisdom_path(), "");
-  EXPECT_EQ(make_plan(prob, host(1), "hanpu", dflt).cpu.source, "model");
+  EXPECT_EQ(make_plan(prob, host(1), "hanpu", cpu_plan_options(host(1), dflt)).cpu.source, "model");
   if (saved) ::setenv("HANPU_WISDOM", before.c_str(), 1);
   else ::unsetenv("HANPU_WISDOM");
 }

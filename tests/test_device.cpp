@@ -29,7 +29,7 @@ json read_json(const std::filesystem::path& p) {
 TEST(Device, Ascend310pLoads) {
   const Device d = load_device((devices_dir() / "ascend310p.json").string());
   EXPECT_EQ(d.name, "ascend310p");
-  EXPECT_EQ(d.kind, "npu");
+  EXPECT_EQ(d.kind, DeviceKind::Npu);
   // The paper's setup is the default; HAMi's 8 stays visible and usable as a coherent set.
   EXPECT_EQ(d.core_count(), 10);
   EXPECT_EQ(d.cores.status, "paper");
@@ -191,7 +191,7 @@ TEST(Device, OptionalFieldsRoundTripSemantically) {
 
 TEST(Device, HostIsSane) {
   const Device d = host_device(0, 0.0);  // no measurement: seconds, not a benchmark
-  EXPECT_EQ(d.kind, "cpu");
+  EXPECT_EQ(d.kind, DeviceKind::Cpu);
   EXPECT_GE(d.core_count(), 1);
   EXPECT_GT(d.clock_ghz.value, 0);
   EXPECT_GT(d.buffer("L1D").capacity_bytes.value, 0);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 
+#include "cpu_plan_testing.hpp"
 #include "cpu/kernels.hpp"
 #include "hanpu/host_device.hpp"
 #include "hanpu/plan_exec.hpp"
@@ -263,7 +264,7 @@ TEST(LaPaths, ExplicitPlansGiveTheSameResult) {
   const hanpu::Problem prob = problem_for_inputs(s.variant, p.inputs(), s.opt);
   PlanOptions po;
   po.cores = 3;
-  Plan plan = make_plan(prob, host_device(3, 0.0), "hanpu", po);
+  Plan plan = testing::plan_as_callers_do(prob, host_device(3, 0.0), "hanpu", po);
   ASSERT_EQ(plan.kernels.size(), 1u);
   Kernel& fused = plan.kernels[0];
   fused.cores.assign(3, {});
@@ -602,7 +603,7 @@ TEST(LaPlan, OperatorOrdersAreExact) {
     for (const std::string strategy : {"hanpu", "fla+mapping"}) {
       PlanOptions po;
       po.cores = 2;
-      Plan plan = make_plan(prob, host_device(2, 0.0), strategy, po);
+      Plan plan = testing::plan_as_callers_do(prob, host_device(2, 0.0), strategy, po);
       for (Kernel& k : plan.kernels)
         for (auto& g : k.groups) g = lockstep_groups(k.cores[&g - &k.groups[0]], 2);
       ExecOptions ex;

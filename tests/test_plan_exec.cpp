@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 
+#include "cpu_plan_testing.hpp"
 #include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/engine.hpp"
@@ -96,7 +97,7 @@ TEST(PlanExec, EveryStrategyAndAblationStepMatchesTheReferenceOrIsRefused) {
       SCOPED_TRACE(c.spec.describe() + " cores " + std::to_string(c.cores) + " strategy " + s);
       PlanOptions po;
       po.cores = c.cores;
-      const Plan plan = make_plan(prob, dev, s, po);
+      const Plan plan = testing::plan_as_callers_do(prob, dev, s, po);
       if (s == "flashqla") {
         EXPECT_NE(cpu_cannot_run(plan).find(".parallel: got \"segment\""), std::string::npos) << cpu_cannot_run(plan);
         EXPECT_THROW(run_plan(c.spec, p, plan), Error);
@@ -184,18 +185,18 @@ TEST(PlanExec, TailTiersReachTheCpu) {
   po.cores = 2;
   LaShape shape;
   shape.variant = p.variant, shape.H = shape.HV = 3, shape.K = 64, shape.V = 128, shape.N = 1;
-  CpuSchedule s = lower_plan_for_cpu(make_plan(p, dev, "hanpu", po), shape, p.seqlens);
+  CpuSchedule s = lower_plan_for_cpu(testing::plan_as_callers_do(p, dev, "hanpu", po), shape, p.seqlens);
   EXPECT_EQ(s.per_thread[0].size() + s.per_thread[1].size(), 4u);  // 2 whole heads + the third in two column blocks
   EXPECT_TRUE(s.chunk_parallel.empty());
   p.H = p.HV = shape.H = shape.HV = 1, p.V = shape.V = 16;
-  s = lower_plan_for_cpu(make_plan(p, dev, "hanpu", po), shape, p.seqlens);
+  s = lower_plan_for_cpu(testing::plan_as_callers_do(p, dev, "hanpu", po), shape, p.seqlens);
   EXPECT_EQ(s.chunk_parallel.size(), 1u);
   EXPECT_TRUE(s.per_thread[0].empty() && s.per_thread[1].empty());
   EXPECT_TRUE(s.chunk_parallel_gemm_first);
   // V = 32 on 3 cores: tier 3, the state recurrence in two column blocks of 16 on two threads.
   p.V = shape.V = 32;
   po.cores = 3;
-  s = lower_plan_for_cpu(make_plan(p, dev, "hanpu", po), shape, p.seqlens);
+  s = lower_plan_for_cpu(testing::plan_as_callers_do(p, dev, "hanpu", po), shape, p.seqlens);
   ASSERT_EQ(s.chunk_parallel.size(), 1u);
   size_t blocks = 0;
   for (const auto& items : s.fla_state)
@@ -217,7 +218,7 @@ TEST(PlanExec, PlansReadFromJsonRunTheSame) {
     po.cores = 2;
     for (const std::string s : {"hanpu", "fla", "fla+mapping"}) {
       SCOPED_TRACE(std::string(variant_name(v)) + " " + s);
-      const Plan plan = make_plan(prob, host(2), s, po);
+      const Plan plan = testing::plan_as_callers_do(prob, host(2), s, po);
       const Plan back = plan_from_json(nlohmann::json::parse(plan_to_json(plan).dump()), "test.json");
       EXPECT_EQ(back, plan);
       const LaResult x = run_plan(a, p, plan), y = run_plan(a, p, back);
@@ -247,7 +248,7 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     if (v == Variant::GDN) order.push_back("update_gate");
     order.insert(order.end(), {"update", "state_add"});
     po.order = order;
-    const Plan plan = make_plan(prob, host(2), "hanpu", po);
+    const Plan plan = testing::plan_as_callers_do(prob, host(2), "hanpu", po);
     const CpuSchedule s = lower_plan_for_cpu(plan, shape, prob.seqlens);
     const std::vector<CpuStage> want = {CpuStage::Gate,  CpuStage::StateK, CpuStage::StateQ, CpuStage::Grams,
                                         CpuStage::Mask,  CpuStage::Solve,  CpuStage::Output, CpuStage::Update};
@@ -257,17 +258,17 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     EXPECT_LT(nmse(r.final_state, ref.final_state), 1e-10);
     // The host plan's default order is that one too (the hand-wired CPU order); the graph's default
     // order, the grams first, is what an NPU plan runs.
-    const CpuSchedule d = lower_plan_for_cpu(make_plan(prob, host(2), "hanpu", PlanOptions{2, {}}), shape, prob.seqlens);
+    const CpuSchedule d = lower_plan_for_cpu(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}}), shape, prob.seqlens);
     EXPECT_EQ(d.program.stages, want);
     std::vector<std::string> graph_order;
     for (const OperatorDef& op : make_op_graph(v, GraphForm::GemmFirst, true).ops) graph_order.push_back(op.name);
-    const CpuSchedule n = lower_plan_for_cpu(make_plan(prob, host(2), "hanpu", PlanOptions{2, graph_order}), shape, prob.seqlens);
+    const CpuSchedule n = lower_plan_for_cpu(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, graph_order}), shape, prob.seqlens);
     EXPECT_EQ(n.program.stages.at(1), CpuStage::Grams);
-    const LaResult rn = run_plan(a, p, make_plan(prob, host(2), "hanpu", PlanOptions{2, graph_order}));
+    const LaResult rn = run_plan(a, p, testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, graph_order}));
     EXPECT_LT(nmse(rn.o, ref.o), 1e-10);
     EXPECT_LT(nmse(rn.final_state, ref.final_state), 1e-10);
     // FLA's order (the W/U form, the next state built before the output): GDN keeps v_new apart.
-    const CpuSchedule f = lower_plan_for_cpu(make_plan(prob, host(2), "fla+mapping", PlanOptions{2, {}}), shape, prob.seqlens);
+    const CpuSchedule f = lower_plan_for_cpu(testing::plan_as_callers_do(prob, host(2), "fla+mapping", PlanOptions{2, {}}), shape, prob.seqlens);
     EXPECT_FALSE(f.program.gemm_first);
     EXPECT_FALSE(f.program.state_in_place);
     EXPECT_EQ(f.program.update_keeps_vnew, v == Variant::GDN);
@@ -276,7 +277,7 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
 
     // Refused: the output after the in-place update would read the new state (qs after state_add;
     // every operator still follows its producers, so only the in-place hazard is wrong).
-    Plan late_qs = make_plan(prob, host(2), "hanpu", PlanOptions{2, {}});
+    Plan late_qs = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}});
     for (Kernel& k : late_qs.kernels) {
       if (k.name != "fused") continue;
       for (const char* op : {"qs", "pv", "out"}) {
@@ -288,14 +289,14 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
               std::string::npos)
         << cpu_cannot_run(late_qs);
     // Refused: an operator the form does not have.
-    Plan foreign = make_plan(prob, host(2), "hanpu", PlanOptions{2, {}});
+    Plan foreign = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}});
     foreign.kernels[0].order.insert(foreign.kernels[0].order.begin() + 1, "wu");
     EXPECT_NE(cpu_cannot_run(foreign).find("operator \"wu\" has no CPU stage in the gemm_first form"), std::string::npos)
         << cpu_cannot_run(foreign);
     // make_plan itself refuses an order that reads a tensor before its producer.
     std::vector<std::string> bad = order;
     std::swap(bad[0], bad.back());
-    EXPECT_THROW(make_plan(prob, host(2), "hanpu", PlanOptions{2, bad}), Error);
+    EXPECT_THROW(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, bad}), Error);
   }
 }
 
@@ -316,7 +317,7 @@ TEST(PlanExec, KdaDecaysJustInTimeRunInTheGateStage) {
   const OpGraph g = make_op_graph(Variant::KDA, GraphForm::GemmFirst, true);
   const ReorderResult pass = lifetime_aware_order(g, 64, a.K, a.V, 256 * 1024);
   for (const std::vector<std::string>& order : {just_in_time, pass.order}) {
-    const Plan plan = make_plan(prob, host(2), "hanpu", PlanOptions{2, order});
+    const Plan plan = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, order});
     ASSERT_EQ(fused_kernel(plan)->order, order);
     const CpuSchedule s = lower_plan_for_cpu(plan, shape, prob.seqlens);
     ASSERT_FALSE(s.program.stages.empty());
@@ -331,7 +332,7 @@ TEST(PlanExec, KdaDecaysJustInTimeRunInTheGateStage) {
   old.erase(std::remove_if(old.begin(), old.end(), [](const std::string& o) { return o.rfind("decay_k", 0) == 0; }), old.end());
   old.insert(old.begin() + 1, "decay_k");
   try {
-    (void)make_plan(prob, host(2), "hanpu", PlanOptions{2, old});
+    (void)testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, old});
     ADD_FAILURE() << "an order naming decay_k was planned";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("decay_k"), std::string::npos) << e.what();
@@ -346,7 +347,7 @@ TEST(PlanExec, LockstepGroupsAreAPlanField) {
   const auto p = make_problem(a);
   const LaReference ref = la_reference(a.variant, p.inputs(), a.opt);
   const Problem prob = problem_for_inputs(a.variant, p.inputs(), a.opt);
-  const Plan plan = make_plan(prob, host(2), "hanpu", PlanOptions{2, {}});
+  const Plan plan = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}});
   const Kernel& f = plan.kernels[0];
   ASSERT_EQ(f.name, "fused");
   ASSERT_EQ(f.groups.size(), 2u);
@@ -370,7 +371,7 @@ TEST(PlanExec, LockstepGroupsAreAPlanField) {
   Device dev = host(2);
   for (BufferSpec& b : dev.buffers)
     if (b.name == dev.matrix.output) b.capacity_bytes.value = 1 << 20;  // a 1 MiB L2 wherever the test runs
-  const Plan grouped = make_plan(big, dev, "hanpu", PlanOptions{2, {}});
+  const Plan grouped = testing::plan_as_callers_do(big, dev, "hanpu", PlanOptions{2, {}});
   // 64 KiB states as 72 KiB in cache (rows of 512 B padded by a line): 3 in a quarter of 1 MiB,
   // so a core's 8 heads run as 3 + 3 + 2.
   ASSERT_EQ(grouped.kernels[0].groups[0], (std::vector<int32_t>{3, 3, 2}));
@@ -484,7 +485,7 @@ TEST(PlanExec, PlanForAnotherProblemIsRefused) {
   po.cores = 2;
   Problem longer = prob;
   longer.seqlens = {128};
-  const Plan wrong_len = make_plan(longer, host(2), "hanpu", po);
+  const Plan wrong_len = testing::plan_as_callers_do(longer, host(2), "hanpu", po);
   try {
     lower_plan_for_cpu(wrong_len, shape, prob.seqlens);
     FAIL() << "expected an error";
@@ -495,11 +496,11 @@ TEST(PlanExec, PlanForAnotherProblemIsRefused) {
   EXPECT_THROW(run_plan(a, p, wrong_len), Error);
   Problem kda = prob;
   kda.variant = Variant::KDA;
-  const Plan wrong_var = make_plan(kda, host(2), "hanpu", po);
+  const Plan wrong_var = testing::plan_as_callers_do(kda, host(2), "hanpu", po);
   EXPECT_THROW(lower_plan_for_cpu(wrong_var, shape, prob.seqlens), Error);
   Problem chunk32 = prob;
   chunk32.chunk = 32;
-  EXPECT_NE(cpu_cannot_run(make_plan(chunk32, host(2), "hanpu", po)).find("plan.problem.chunk: got 32"), std::string::npos);
+  EXPECT_NE(cpu_cannot_run(testing::plan_as_callers_do(chunk32, host(2), "hanpu", po)).find("plan.problem.chunk: got 32"), std::string::npos);
 }
 
 // Refusals name the field: kernels the CPU has no execution for, phases out of order.
@@ -507,7 +508,7 @@ TEST(PlanExec, UnrunnablePlansAreRefusedByName) {
   Problem prob;
   prob.seqlens = {200};
   prob.H = prob.HV = 2, prob.K = prob.V = 32;
-  const Plan fla = make_plan(prob, host(2), "fla", PlanOptions{2, {}});
+  const Plan fla = testing::plan_as_callers_do(prob, host(2), "fla", PlanOptions{2, {}});
   EXPECT_EQ(cpu_cannot_run(fla), "");
   Plan swapped = fla;  // fwd_o before fwd_h
   std::swap(swapped.kernels[3], swapped.kernels[4]);
@@ -526,13 +527,13 @@ TEST(PlanExec, UnrunnablePlansAreRefusedByName) {
   Plan cores = fla;
   cores.cores = 0;
   EXPECT_NE(cpu_cannot_run(cores).find("plan.cores: got 0"), std::string::npos);
-  Plan inverse = make_plan(prob, host(2), "hanpu", PlanOptions{2, {}});
+  Plan inverse = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}});
   inverse.form = GraphForm::Inverse;
   EXPECT_NE(cpu_cannot_run(inverse).find("plan.form: got \"inverse\""), std::string::npos);
 }
 
 TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
-  EXPECT_EQ(host(2).matrix.operand_layout, "dense");
+  EXPECT_EQ(host(2).matrix.operand_layout, OperandLayout::Dense);
   ProblemSpec a;
   a.T = 100, a.H = 2, a.HV = 2, a.K = 32, a.V = 32;
   const auto p = make_problem(a);
@@ -542,7 +543,7 @@ TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
   po.cores = 2;
   // On the host the layout planner keeps everything dense (the FMA units read rows), and the
   // lowering places no layout transform.
-  const Plan on_host = make_plan(prob, host(2), "hanpu", po);
+  const Plan on_host = testing::plan_as_callers_do(prob, host(2), "hanpu", po);
   EXPECT_TRUE(on_host.layout_planned);
   for (const auto& [t, l] : on_host.layouts) EXPECT_EQ(l, Layout::Dense) << t;
   for (const Kernel& k : on_host.kernels)
@@ -551,7 +552,7 @@ TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
   // A plan for the Ascend 310P keeps some matrix results blocked (its Cube's fractal format): the
   // CPU refuses it, naming the tensor.
   const Device npu = load_device((testing::golden_dir().parent_path().parent_path() / "devices" / "ascend310p.json").string());
-  const Plan on_npu = make_plan(prob, npu, "hanpu", po);
+  const Plan on_npu = testing::plan_as_callers_do(prob, npu, "hanpu", po);
   std::string blocked;
   for (const auto& [t, l] : on_npu.layouts)
     if (l == Layout::Blocked && blocked.empty()) blocked = t;
@@ -562,6 +563,19 @@ TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("plan.layouts." + blocked + ": got blocked"), std::string::npos) << e.what();
   }
+}
+
+TEST(PlanExec, ACpuDeviceWithoutTheCpuBackendIsRefusedByName) {
+  // The planner depends only on its arguments: a CPU device's plan needs the CPU backend's rules
+  // handed in (PlanOptions::backend); an NPU's is planned by the planner's own passes.
+  Problem prob;
+  prob.seqlens = {128};
+  prob.H = prob.HV = 2;
+  const std::string err = testing::error_of([&] { make_plan(prob, host_device(2, 0.0), "hanpu", PlanOptions{2, {}}); });
+  EXPECT_NE(err.find("PlanOptions.backend: device host is a CPU"), std::string::npos) << err;
+  PlanOptions with_backend{2, {}};
+  with_backend.backend = &cpu_plan_backend();
+  EXPECT_TRUE(make_plan(prob, host_device(2, 0.0), "hanpu", with_backend).cpu.set());
 }
 
 }  // namespace

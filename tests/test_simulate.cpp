@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "cpu_plan_testing.hpp"
 #include "hanpu/host_device.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/simulate.hpp"
@@ -31,7 +32,7 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
   ps[2].read_initial_state = false;
   ps[3].write_final_state = false;
   for (const Problem& p : ps) {
-    const SimResult r = simulate(make_plan(p, dev, "hanpu"), dev);
+    const SimResult r = simulate(testing::plan_as_callers_do(p, dev, "hanpu"), dev);
     const auto c = compulsory_traffic(p);
     EXPECT_EQ(r.gm_read_bytes, c.read) << variant_name(p.variant) << " T=" << p.total_tokens();
     EXPECT_EQ(r.gm_write_bytes, c.write) << variant_name(p.variant) << " T=" << p.total_tokens();
@@ -48,7 +49,7 @@ TEST(Simulate, HanpuFitsThe310pWithoutExtraTraffic) {
   for (Variant v : {Variant::GDN, Variant::KDA})
     for (const auto& [dev, heads] : {std::pair{&ten, int64_t{20}}, std::pair{&eight, int64_t{16}}}) {
       const Problem p = problem(v, {4096}, heads);
-      const SimResult r = simulate(make_plan(p, *dev, "hanpu"), *dev);
+      const SimResult r = simulate(testing::plan_as_callers_do(p, *dev, "hanpu"), *dev);
       EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read) << heads;
       EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << heads;
     }
@@ -60,14 +61,14 @@ TEST(Simulate, TheCoreConfigurationSetsTheClock) {
   const Device ten = ascend310p();
   const Device eight = device_with_cores(ten, 8);
   const Problem p = problem(Variant::GDN, {1024}, 16);
-  const SimResult r10 = simulate(make_plan(p, ten, "hanpu"), ten);
-  const SimResult r8 = simulate(make_plan(p, eight, "hanpu"), eight);
+  const SimResult r10 = simulate(testing::plan_as_callers_do(p, ten, "hanpu"), ten);
+  const SimResult r8 = simulate(testing::plan_as_callers_do(p, eight, "hanpu"), eight);
   EXPECT_GT(r10.gm_read_bytes, compulsory_traffic(p).read);
   EXPECT_EQ(r8.gm_read_bytes, compulsory_traffic(p).read);
   // A plan for 8 cores simulated with the default file runs at the 8-core set's clock.
   PlanOptions o;
   o.cores = 8;
-  const SimResult via_default = simulate(make_plan(p, ten, "hanpu", o), ten);
+  const SimResult via_default = simulate(testing::plan_as_callers_do(p, ten, "hanpu", o), ten);
   EXPECT_DOUBLE_EQ(via_default.latency_s, r8.latency_s);
   // Utilization is against each set's own peak, and the two peaks are the same chip peak.
   EXPECT_NEAR(8 * eight.clock_ghz.value, 10 * ten.clock_ghz.value, 0.01);
@@ -78,12 +79,12 @@ TEST(Simulate, BaselinesMoveMoreThanCompulsory) {
   const Problem p = problem(Variant::GDN, {2048}, 16);
   const auto c = compulsory_traffic(p);
   for (const char* s : {"vllm-ascend", "fla", "fla-megakernel", "flashqla"}) {
-    const SimResult r = simulate(make_plan(p, dev, s), dev);
+    const SimResult r = simulate(testing::plan_as_callers_do(p, dev, s), dev);
     EXPECT_GT(r.gm_read_bytes + r.gm_write_bytes, c.read + c.write) << s;
     EXPECT_GT(r.peak_gm_bytes, c.read + c.write) << s;
   }
   // FLA materializes at least the per-chunk states h (fp16 K x V per chunk and head).
-  const SimResult fla = simulate(make_plan(p, dev, "fla"), dev);
+  const SimResult fla = simulate(testing::plan_as_callers_do(p, dev, "fla"), dev);
   EXPECT_GE(fla.gm_intermediate_bytes, 32 * 16 * 128 * 128 * 2);
 }
 
@@ -92,7 +93,7 @@ TEST(Simulate, MacsAreTheGraphsAndLatencyRespectsPhysicalBounds) {
   const double rate = dev.matrix.macs_per_cycle.at(DType::F16).value * dev.clock_ghz.value * 1e9;
   for (const std::string& s : strategy_names()) {
     const Problem p = problem(Variant::KDA, {1500}, 20);
-    const Plan plan = make_plan(p, dev, s);
+    const Plan plan = testing::plan_as_callers_do(p, dev, s);
     const SimResult r = simulate(plan, dev);
     if (s == "hanpu" || s == "fla" || s == "vllm-ascend") EXPECT_DOUBLE_EQ(r.macs, layer_macs(p, plan.form)) << s;
     EXPECT_GE(r.executed_macs, r.macs);
@@ -110,7 +111,7 @@ TEST(Simulate, LatencyScalesWithLength) {
   const Device dev = ascend310p();
   // The per-kernel fixed costs (launch, boundary) do not grow with T; the rest does, linearly.
   auto variable = [&](int64_t T) {
-    const SimResult r = simulate(make_plan(problem(Variant::GDN, {T}, 16), dev, "hanpu"), dev);
+    const SimResult r = simulate(testing::plan_as_callers_do(problem(Variant::GDN, {T}, 16), dev, "hanpu"), dev);
     return r.latency_s - r.fixed_cost_s.at("launch") - r.fixed_cost_s.at("kernel_boundary");
   };
   EXPECT_NEAR(variable(4096) / variable(2048), 2.0, 0.1);
@@ -119,8 +120,8 @@ TEST(Simulate, LatencyScalesWithLength) {
 TEST(Simulate, MegakernelSavesExactlyTheLaunches) {
   const Device dev = ascend310p();
   const Problem p = problem(Variant::GDN, {1024}, 16);
-  const SimResult fla = simulate(make_plan(p, dev, "fla"), dev);
-  const SimResult mk = simulate(make_plan(p, dev, "fla-megakernel"), dev);
+  const SimResult fla = simulate(testing::plan_as_callers_do(p, dev, "fla"), dev);
+  const SimResult mk = simulate(testing::plan_as_callers_do(p, dev, "fla-megakernel"), dev);
   EXPECT_EQ(fla.gm_read_bytes, mk.gm_read_bytes);
   EXPECT_NEAR(fla.latency_s - mk.latency_s, (fla.kernels.size() - 1) * dev.kernel_launch_us.value * 1e-6, 1e-12);
 }
@@ -130,7 +131,7 @@ TEST(Simulate, TimelineLanesNeverOverlap) {
   SimOptions o;
   o.timeline = true;
   o.timeline_chunks = 3;
-  const SimResult r = simulate(make_plan(problem(Variant::GDN, {1024}, 16), dev, "hanpu"), dev, o);
+  const SimResult r = simulate(testing::plan_as_callers_do(problem(Variant::GDN, {1024}, 16), dev, "hanpu"), dev, o);
   ASSERT_FALSE(r.timeline.empty());
   std::map<std::pair<int, std::string>, double> lane_end;
   std::set<std::string> lanes;
@@ -160,7 +161,7 @@ TEST(Simulate, EveryTailCaseUnderEveryStrategy) {
     for (const std::string& s : names) {
       PlanOptions o;
       o.cores = c.cores;
-      const SimResult r = simulate(make_plan(c.p, dev, s, o), dev);
+      const SimResult r = simulate(testing::plan_as_callers_do(c.p, dev, s, o), dev);
       EXPECT_GT(r.latency_s, 0) << s;
       EXPECT_GE(r.gm_read_bytes, compulsory_traffic(c.p).read) << s;
       EXPECT_GE(r.gm_write_bytes, compulsory_traffic(c.p).write) << s;
@@ -170,7 +171,7 @@ TEST(Simulate, EveryTailCaseUnderEveryStrategy) {
 
 TEST(Simulate, JsonCarriesTheReportedFields) {
   const Device dev = ascend310p();
-  const SimResult r = simulate(make_plan(problem(Variant::GDN, {512}, 16), dev, "fla"), dev);
+  const SimResult r = simulate(testing::plan_as_callers_do(problem(Variant::GDN, {512}, 16), dev, "fla"), dev);
   const nlohmann::json j = sim_result_to_json(r, true);
   for (const char* key : {"strategy", "variant", "T", "heads", "latency_ms", "energy_mj", "gm_read_bytes", "gm_write_bytes",
                           "l1_to_l0_bytes", "ub_l1_bytes", "macs", "matrix_utilization", "peak_bytes", "peak_gm_bytes",
@@ -197,7 +198,7 @@ TEST(Simulate, FinalStatesAreWrittenOnceInFp32UnderEveryStrategy) {
   for (const auto& a : ablation_names()) names.push_back(a);
   for (const std::string& s : names) {
     SimOptions so;
-    const SimResult r = simulate(make_plan(p, dev, s, o), dev, so);
+    const SimResult r = simulate(testing::plan_as_callers_do(p, dev, s, o), dev, so);
     int64_t final_bytes = 0;
     for (const OperatorStats& st : r.per_operator)
       if (st.op == "state_out") final_bytes += st.gm_write_bytes;
@@ -213,7 +214,7 @@ TEST(Simulate, DeviceWhoseUnitsShareOneBuffer) {
   dev.matrix.macs_per_cycle[DType::F32] = dev.vector.lanes.at(DType::F32);
   const Problem p = problem(Variant::KDA, {1000}, 10);
   for (const std::string& s : strategy_names()) {
-    const SimResult r = simulate(make_plan(p, dev, s), dev);
+    const SimResult r = simulate(testing::plan_as_callers_do(p, dev, s), dev);
     EXPECT_GT(r.latency_s, 0) << s;
     if (s == "hanpu") {
       EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read);
@@ -224,7 +225,7 @@ TEST(Simulate, DeviceWhoseUnitsShareOneBuffer) {
 
 TEST(Simulate, RejectsAPlanForAnotherDevice) {
   Device dev = ascend310p();
-  const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), dev, "hanpu");
+  const Plan plan = testing::plan_as_callers_do(problem(Variant::GDN, {256}, 16), dev, "hanpu");
   dev.name = "other";
   EXPECT_THROW(simulate(plan, dev), Error);
 }
@@ -232,7 +233,7 @@ TEST(Simulate, RejectsAPlanForAnotherDevice) {
 TEST(Simulate, AllStrategiesForOneShapeAreFast) {
   const Device dev = ascend310p();
   const auto t0 = std::chrono::steady_clock::now();
-  for (const std::string& s : strategy_names()) simulate(make_plan(problem(Variant::KDA, {4096}, 32), dev, s), dev);
+  for (const std::string& s : strategy_names()) simulate(testing::plan_as_callers_do(problem(Variant::KDA, {4096}, 32), dev, s), dev);
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The report sweeps ~72 shapes x 5 strategies in under a minute; generous for shared machines.
   EXPECT_LT(sec, 2.0);
@@ -284,7 +285,7 @@ TEST(Simulate, SteadyStateShortcutEqualsTheChunkLoop) {
   for (const auto& a : ablation_names()) names.push_back(a);
   for (const auto& [p, dev] : cases)
     for (const std::string& s : names) {
-      const Plan plan = make_plan(p, *dev, s);
+      const Plan plan = testing::plan_as_callers_do(p, *dev, s);
       expect_same_totals(simulate(plan, *dev), simulate(plan, *dev, loop),
                          s + " " + variant_name(p.variant) + " T=" + std::to_string(p.total_tokens()) + " HV=" + std::to_string(p.HV));
     }
@@ -296,7 +297,7 @@ TEST(Simulate, SteadyStateShortcutEqualsTheLoopWithLockstepGroups) {
   SimOptions loop;
   loop.steady_state_shortcut = false;
   for (const Problem& p : {problem(Variant::GDN, {2000}, 6), problem(Variant::KDA, {1100, 300}, 4)}) {
-    const Plan plan = make_plan(p, host, "hanpu");
+    const Plan plan = testing::plan_as_callers_do(p, host, "hanpu");
     expect_same_totals(simulate(plan, host), simulate(plan, host, loop), variant_name(p.variant));
   }
 }
@@ -307,7 +308,7 @@ TEST(Simulate, SteadyStateShortcutEqualsTheLoopWithLockstepGroups) {
 TEST(Simulate, AMillionTokensStepOnlyAFewRounds) {
   const Device dev = ascend310p();
   const Problem p = problem(Variant::GDN, {1 << 20}, 16);
-  const Plan plan = make_plan(p, dev, "hanpu");
+  const Plan plan = testing::plan_as_callers_do(p, dev, "hanpu");
   const SimResult r = simulate(plan, dev);
   EXPECT_GT(r.latency_s, 0);
   int64_t items = 0;  // an upper bound on the lockstep groups
@@ -318,7 +319,7 @@ TEST(Simulate, AMillionTokensStepOnlyAFewRounds) {
   EXPECT_LE(r.simulated_rounds, 12 * items) << "of " << chunk_rounds << " rounds per item";
   SimOptions loop;
   loop.steady_state_shortcut = false;
-  const SimResult slow = simulate(make_plan(problem(Variant::GDN, {1 << 14}, 16), dev, "hanpu"), dev, loop);
+  const SimResult slow = simulate(testing::plan_as_callers_do(problem(Variant::GDN, {1 << 14}, 16), dev, "hanpu"), dev, loop);
   EXPECT_GE(slow.simulated_rounds, (int64_t{1} << 14) / 64) << "without the shortcut every round is stepped";
 }
 
@@ -335,7 +336,7 @@ TEST(Simulate, BaselinesExecuteFullTilesHanpuBlockTriangles) {
   EXPECT_EQ(full.macs, tri.macs);
   EXPECT_EQ(full.macs, 64.0 * 63 / 2 * 128);
   for (const std::string& s : strategy_names()) {
-    const Plan plan = make_plan(p, dev, s);
+    const Plan plan = testing::plan_as_callers_do(p, dev, s);
     const SimResult r = simulate(plan, dev);
     for (const Kernel& k : plan.kernels) EXPECT_EQ(k.masked_full_tiles, s != "hanpu") << s << " " << k.name;
     // Utilization from executed MACs, the useful fraction beside it.
@@ -361,7 +362,7 @@ TEST(Simulate, TransformsAndHandOffsCostWhatTheDeviceSays) {
   // One transform of 64 x 128 elements: 8192 / 16 per cycle.
   EXPECT_DOUBLE_EQ(transform_seconds(dev, 8192), 8192 / 16.0 / (dev.clock_ghz.value * 1e9));
   const Problem p = problem(Variant::GDN, {1024}, 10);
-  const Plan dense = make_plan(p, dev, "fla+mapping+reordering");  // every tensor dense: transforms
+  const Plan dense = testing::plan_as_callers_do(p, dev, "fla+mapping+reordering");  // every tensor dense: transforms
   // Without the sync cost and with transforms at the lane width, the same plan is faster.
   Device free_handoffs = dev;
   free_handoffs.handoff_sync_cycles.value = 0;
@@ -372,7 +373,7 @@ TEST(Simulate, TransformsAndHandOffsCostWhatTheDeviceSays) {
   EXPECT_LT(simulate(dense, wide_transforms).latency_s, r.latency_s);
   EXPECT_GT(r.transform_bytes, 0);
   // Layout planning exists to remove transforms: it must win on a device where they are costly.
-  EXPECT_LT(simulate(make_plan(p, dev, "hanpu"), dev).latency_s, r.latency_s);
+  EXPECT_LT(simulate(testing::plan_as_callers_do(p, dev, "hanpu"), dev).latency_s, r.latency_s);
 }
 
 
@@ -383,7 +384,7 @@ TEST(Simulate, EveryStrategyOnAnXdnaDevice) {
   EXPECT_EQ(dev.matrix.input_a, dev.vector.buffer);
   EXPECT_TRUE(dev.matrix.runs_on_vector_unit);
   // One issue lane for matrix and vector work: no "matrix" lane in the results.
-  const SimResult one = simulate(make_plan(problem(Variant::GDN, {256}, 5), dev, "hanpu"), dev);
+  const SimResult one = simulate(testing::plan_as_callers_do(problem(Variant::GDN, {256}, 5), dev, "hanpu"), dev);
   EXPECT_EQ(one.busy_s.count("matrix"), 0u);
   EXPECT_GT(one.busy_s.at("vector"), 0);
   EXPECT_TRUE(dev.matrix.macs_per_cycle.count(DType::BF16));
@@ -392,7 +393,7 @@ TEST(Simulate, EveryStrategyOnAnXdnaDevice) {
   for (Variant v : {Variant::GDN, Variant::KDA})
     for (const std::string& s : names) {
       const Problem p = problem(v, {1000}, 10);
-      const SimResult r = simulate(make_plan(p, dev, s), dev);
+      const SimResult r = simulate(testing::plan_as_callers_do(p, dev, s), dev);
       EXPECT_GT(r.latency_s, 0) << s;
       EXPECT_EQ(r.l1_to_l0_bytes, 0) << s;  // no operand staging level
       // 10 heads on 5 columns: whole heads, and with the reordering pass's order both variants'
@@ -428,7 +429,7 @@ TEST(FixedCosts, EveryKernelPaysItsBoundaryAndEveryLaunchedOneItsLaunch) {
   more.kernel_boundary_us.value += 7;
   more.kernel_launch_us.value += 3;
   for (const char* s : {"fla", "fla-megakernel", "vllm-ascend", "hanpu", "flashqla"}) {
-    const Plan plan = make_plan(p, dev, s);
+    const Plan plan = testing::plan_as_callers_do(p, dev, s);
     const SimResult a = simulate(plan, dev), b = simulate(plan, more);
     size_t launched = 0;
     for (const Kernel& k : plan.kernels) launched += k.launch ? 1 : 0;
@@ -439,7 +440,7 @@ TEST(FixedCosts, EveryKernelPaysItsBoundaryAndEveryLaunchedOneItsLaunch) {
     EXPECT_NEAR(a.fixed_cost_s.at("kernel_boundary"), plan.kernels.size() * dev.kernel_boundary_us.value * 1e-6, 1e-15) << s;
   }
   // The megakernel keeps FLA's traffic and its boundaries and drops the launches after the first.
-  const SimResult fla = simulate(make_plan(p, dev, "fla"), dev), mk = simulate(make_plan(p, dev, "fla-megakernel"), dev);
+  const SimResult fla = simulate(testing::plan_as_callers_do(p, dev, "fla"), dev), mk = simulate(testing::plan_as_callers_do(p, dev, "fla-megakernel"), dev);
   EXPECT_EQ(fla.gm_read_bytes + fla.gm_write_bytes, mk.gm_read_bytes + mk.gm_write_bytes);
   EXPECT_EQ(fla.fixed_cost_events.at("kernel_boundaries"), mk.fixed_cost_events.at("kernel_boundaries"));
   EXPECT_EQ(mk.fixed_cost_events.at("launches"), 1);
@@ -450,7 +451,7 @@ TEST(FixedCosts, PerStepCostsAreChargedOncePerEvent) {
   // steps times its items' chunks, and each constant adds exactly events x constant of busy time.
   const Device dev = ascend310p();
   const Problem p = problem(Variant::GDN, {1000}, 16);  // a tail chunk too
-  const Plan fla = make_plan(p, dev, "fla");
+  const Plan fla = testing::plan_as_callers_do(p, dev, "fla");
   int checked = 0;
   for (size_t ki = 0; ki < fla.kernels.size(); ++ki) {
     const Kernel& k = fla.kernels[ki];
@@ -514,8 +515,8 @@ TEST(FixedCosts, FusingSavesTransfersSyncsAndBoundaries) {
   // pays one boundary instead of five.
   const Device dev = ascend310p();
   const Problem p = problem(Variant::GDN, {1024}, 16);
-  const SimResult fla = simulate(make_plan(p, dev, "fla"), dev);
-  const SimResult mapped = simulate(make_plan(p, dev, "fla+mapping"), dev);
+  const SimResult fla = simulate(testing::plan_as_callers_do(p, dev, "fla"), dev);
+  const SimResult mapped = simulate(testing::plan_as_callers_do(p, dev, "fla+mapping"), dev);
   EXPECT_LT(mapped.fixed_cost_events.at("dma_transfers"), fla.fixed_cost_events.at("dma_transfers"));
   EXPECT_LT(mapped.fixed_cost_events.at("gm_segments"), fla.fixed_cost_events.at("gm_segments"));
   EXPECT_LT(mapped.fixed_cost_events.at("kernel_boundaries"), fla.fixed_cost_events.at("kernel_boundaries"));
@@ -523,7 +524,7 @@ TEST(FixedCosts, FusingSavesTransfersSyncsAndBoundaries) {
   Device none = dev;
   for (Quantity* q : {&none.dma_setup_cycles, &none.gm_segment_cycles, &none.pipe_sync_cycles, &none.vector_startup_cycles, &none.kernel_boundary_us})
     q->value = 0;
-  const SimResult bare = simulate(make_plan(p, none, "fla"), none);
+  const SimResult bare = simulate(testing::plan_as_callers_do(p, none, "fla"), none);
   EXPECT_EQ(bare.gm_read_bytes, fla.gm_read_bytes);
   EXPECT_LT(bare.latency_s, fla.latency_s);
 }
@@ -536,7 +537,7 @@ TEST(FixedCosts, CalibratedAblationIsWithinFifteenPercentOfThePaper) {
   const std::vector<std::pair<std::string, double>> paper = {
       {"fla", 5.46e-3}, {"fla+mapping", 1.91e-3}, {"fla+mapping+reordering", 1.45e-3}, {"fla+mapping+reordering+layout", 1.23e-3}};
   for (const auto& [s, t] : paper) {
-    const double sim = simulate(make_plan(p, dev, s), dev).latency_s;
+    const double sim = simulate(testing::plan_as_callers_do(p, dev, s), dev).latency_s;
     EXPECT_NEAR(sim / t, 1.0, 0.15) << s << ": simulated " << sim * 1e3 << " ms, paper " << t * 1e3 << " ms";
   }
 }
@@ -547,7 +548,7 @@ TEST(BufferPolicy, StaticHoldsEveryCopyForTheKernelsLife) {
   SimOptions st;
   st.buffer_policy = SimOptions::BufferPolicy::Static;
   for (const char* s : {"fla+mapping", "hanpu", "fla"}) {
-    const Plan plan = make_plan(p, dev, s);
+    const Plan plan = testing::plan_as_callers_do(p, dev, s);
     const SimResult a = simulate(plan, dev), b = simulate(plan, dev, st);
     EXPECT_EQ(b.buffer_policy, "static");
     ASSERT_EQ(a.kernels.size(), b.kernels.size());
@@ -561,7 +562,7 @@ TEST(BufferPolicy, StaticHoldsEveryCopyForTheKernelsLife) {
   // FLA's default order fused on one core (the +mapping step) does not fit the UB when every
   // copy is held for the kernel's life: it spills (the paper's finding), and the spilled tensors
   // are named.
-  const SimResult mapped = simulate(make_plan(p, dev, "fla+mapping"), dev, st);
+  const SimResult mapped = simulate(testing::plan_as_callers_do(p, dev, "fla+mapping"), dev, st);
   EXPECT_GT(mapped.static_spill_bytes, 0);
   EXPECT_FALSE(mapped.kernels.front().static_spilled.empty());
   EXPECT_EQ(buffer_policy_from_name("static"), SimOptions::BufferPolicy::Static);
@@ -571,13 +572,13 @@ TEST(BufferPolicy, StaticHoldsEveryCopyForTheKernelsLife) {
 TEST(GmFit, AStrategyThatExceedsGmIsReportedNotSimulated) {
   const Device dev = ascend310p();
   const Problem p = problem(Variant::GDN, {1 << 20}, 16);
-  const Plan native = make_plan(p, dev, "vllm-ascend");
+  const Plan native = testing::plan_as_callers_do(p, dev, "vllm-ascend");
   const GmFit f = gm_fit(native, dev);
   EXPECT_FALSE(f.fits);
   EXPECT_GT(f.needs_bytes, f.device_bytes);
   EXPECT_NE(f.message().find("does not fit: needs"), std::string::npos);
   EXPECT_THROW(simulate(native, dev), Error);
-  EXPECT_TRUE(gm_fit(make_plan(p, dev, "hanpu"), dev).fits);
+  EXPECT_TRUE(gm_fit(testing::plan_as_callers_do(p, dev, "hanpu"), dev).fits);
 }
 
 }  // namespace

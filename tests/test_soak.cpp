@@ -61,7 +61,7 @@ TEST(Soak, ConcurrentCallersGetReferenceResults) {
         if (ex.path == CpuPath::HeadFused && rng() % 2) {  // an explicit plan, made here for the host
           PlanOptions po;
           po.cores = ex.threads;
-          plan = make_plan(problem_for_inputs(spec.variant, prob.inputs(), spec.opt), host_device(ex.threads, 0.0), "hanpu", po);
+          plan = make_plan(problem_for_inputs(spec.variant, prob.inputs(), spec.opt), host_device(ex.threads, 0.0), "hanpu", cpu_plan_options(host_device(ex.threads, 0.0), po));
           ex.plan = &plan;
         }
         try {
