@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
 #include "model/blocks.hpp"
@@ -753,6 +755,82 @@ TEST(ModelInt8, EveryFamilyNearTheFp32LogitsAndSelfConsistent) {
     }
     EXPECT_LE(testing::nmse(rows.data(), whole.ptr<float>(), whole.numel()), 1e-10);
   }
+}
+
+
+// The family registry (hanpu/model_family.hpp): every row is found by each of its model types and
+// by nothing else, its presets describe models of its own type with its checkpoint layout, and the
+// golden checkpoints' configs are read through it.
+// The message `fn` throws hanpu::Error with, or "(no error)".
+template <class Fn>
+std::string thrown(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ModelFamilies, EveryRowIsFoundByItsTypesAndOwnsItsPresets) {
+  std::set<std::string> types, presets, gguf;
+  for (const ModelFamily* f : model_families()) {
+    ASSERT_NE(f->parse, nullptr) << f->name;
+    EXPECT_FALSE(f->model_types.empty()) << f->name;
+    EXPECT_FALSE(f->presets.empty()) << f->name;
+    EXPECT_TRUE(gguf.insert(f->gguf_architecture).second) << f->name << ": GGUF architecture '" << f->gguf_architecture << "' twice";
+    for (const std::string& t : f->model_types) {
+      EXPECT_TRUE(types.insert(t).second) << "model_type '" << t << "' in two rows";
+      EXPECT_EQ(find_model_family(t), f) << t;
+    }
+    for (const std::string& a : f->architectures) EXPECT_EQ(find_model_family("", {"SomethingElse", a}), f) << a;
+    for (const ModelPreset& p : f->presets) {
+      EXPECT_TRUE(presets.insert(p.name).second) << "preset '" << p.name << "' twice";
+      const ModelConfig c = model_preset(p.name);
+      EXPECT_EQ(&model_family(c), f) << p.name << " is " << c.model_type;
+      EXPECT_EQ(c.names.embed_tokens, f->checkpoint_names.embed_tokens) << p.name;
+      EXPECT_EQ(c.names.linear_attention, f->checkpoint_names.linear_attention) << p.name;
+      EXPECT_EQ(c.names.channel_mixer, f->checkpoint_names.channel_mixer) << p.name;
+      EXPECT_EQ(c.names.expert_gate, f->checkpoint_names.expert_gate) << p.name;
+      EXPECT_EQ(c.names.router_score_bias, f->checkpoint_names.router_score_bias) << p.name;
+      EXPECT_NO_THROW(c.check()) << p.name;
+    }
+  }
+  EXPECT_EQ(gguf, (std::set<std::string>{"qwen35", "qwen35moe", "qwen3next", "kimi-linear", "bailingmoe3"}));
+  EXPECT_EQ(presets.size(), model_preset_names().size());
+  EXPECT_EQ(find_model_family("llama"), nullptr);
+  EXPECT_EQ(find_model_family("", {"LlamaForCausalLM"}), nullptr);
+  EXPECT_EQ(find_model_family("llama", {"BailingMoeV3ForCausalLM"}), nullptr);  // a model_type decides alone
+}
+
+TEST(ModelFamilies, GoldenConfigsAreReadByTheirRowsParser) {
+  const std::pair<const char*, const char*> goldens[] = {{"qwen35_tiny", "Qwen3.5"},
+                                                         {"qwen35moe_tiny", "Qwen3.5-MoE"},
+                                                         {"qwen3next_tiny", "Qwen3-Next"},
+                                                         {"kimi_linear_tiny", "Kimi Linear"},
+                                                         {"bailing_hybrid_tiny", "Ling 3.0"}};
+  for (const auto& [dir, family] : goldens) {
+    const std::string text = read_file(testing::golden_dir() / dir / "config.json");
+    const ModelConfig c = parse_model_config(text, "config.json");
+    EXPECT_EQ(model_family(c).name, family) << dir;
+    const ModelConfig direct = model_family(c).parse(text, "config.json");
+    EXPECT_EQ(direct.describe(), c.describe()) << dir;
+  }
+}
+
+TEST(ModelFamilies, UnknownTypeListsEveryKnownOne) {
+  const std::string err = thrown([] { parse_model_config(R"({"model_type": "llama"})", "config.json"); });
+  EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+  EXPECT_NE(err.find("unknown model_type 'llama'"), std::string::npos) << err;
+  for (const ModelFamily* f : model_families()) {
+    EXPECT_NE(err.find("(" + f->name + ")"), std::string::npos) << err;
+    for (const std::string& t : f->model_types) EXPECT_NE(err.find("'" + t + "'"), std::string::npos) << t << ": " << err;
+  }
+  ModelConfig unknown = model_preset("qwen3.5-0.8b");
+  unknown.model_type = "llama";
+  EXPECT_NE(thrown([&] { model_family(unknown); }).find("unknown model_type 'llama'"), std::string::npos);
+  const std::string preset_err = thrown([] { model_preset("qwen3.5-7b"); });
+  for (const std::string& n : model_preset_names()) EXPECT_NE(preset_err.find(n), std::string::npos) << preset_err;
 }
 
 }  // namespace

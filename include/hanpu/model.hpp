@@ -10,8 +10,8 @@
 // Token mixers: Gated DeltaNet (GDN), Kimi Delta Attention (KDA), gated GQA attention, multi-head
 // latent attention (MLA). Channel mixers: the SwiGLU MLP and a mixture of experts (softmax or sigmoid
 // routing, expert-score bias, grouped top-k, routed scaling, shared experts with or without a gate).
-// One config parser per family (parse_model_config dispatches on model_type) fills one
-// ModelConfig; one runtime runs them all.
+// One config parser per family (the family registry, hanpu/model_family.hpp, picks it by
+// model_type) fills one ModelConfig; one runtime runs them all.
 //
 // forward() with several tokens is a (chunked) prefill: GDN/KDA layers run through the plan-driven
 // engine (gdn_prefill / kda_prefill) from the state's recurrent and conv states, attention layers
@@ -144,32 +144,24 @@ struct ModelConfig {
   /// of the wrong length, head counts that do not divide, a block the runtime cannot run).
   void check() const;
 };
-using Qwen35Config = ModelConfig;  // the name from when Qwen3.5 was the only family
 
-/// Parses a config.json of any supported family, dispatching on model_type: qwen3_5 (nested
-/// text_config) / qwen3_5_text, qwen3_5_moe / qwen3_5_moe_text, qwen3_next, kimi_linear, bailing_hybrid.
-/// `source` names the file in errors. Throws hanpu::Error for an unsupported model_type (naming
-/// it and the supported ones) or a missing/invalid field, naming it.
+/// Parses a config.json of any supported family: the family registry (hanpu/model_family.hpp)
+/// picks the parser by model_type (or architectures). `source` names the file in errors. Throws
+/// hanpu::Error for an unsupported model_type (naming it and the supported ones) or a
+/// missing/invalid field, naming it.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 
-/// The Qwen family's parser (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next).
-ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source);
-/// The Kimi Linear parser (kimi_linear).
-ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source);
-/// The Ling 3.0 parser (bailing_hybrid).
-ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source);
-
-/// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b";
+/// A synthetic model's description, by preset name, from the presets of every family's registry
+/// row: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b" (published sizes);
 /// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +
 /// 1 attention) and 64 of its 512 experts, so it fits in a few GB; "kimi-linear-48b-a3b-slice":
 /// Kimi-Linear-48B-A3B's layer shapes, 4 of its 27 layers (dense KDA layer 0, two MoE KDA layers,
 /// one MoE MLA layer) and 64 of its 256 experts; "qwen3.5-35b-a3b-slice": transformers'
-/// Qwen3_5MoeTextConfig default shapes (Qwen3.5-35B-A3B), 4 of 40 layers, 64 of 256 experts.
+/// Qwen3_5MoeTextConfig default shapes (Qwen3.5-35B-A3B), 4 of 40 layers, 64 of 256 experts;
+/// "ling-3.0-flash-slice". Throws hanpu::Error listing the names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 /// The names model_preset accepts, for help texts.
 std::vector<std::string> model_preset_names();
-inline ModelConfig qwen35_preset(const std::string& name) { return model_preset(name); }  // older names
-inline std::vector<std::string> qwen35_preset_names() { return model_preset_names(); }
 
 /// The int8 group size `--weights int8` uses unless told otherwise (docs/MODEL.md has the
 /// accuracy and speed measured for 32, 64 and 128).
@@ -206,7 +198,6 @@ struct HybridState {
   /// Bytes held (states and caches).
   size_t bytes() const;
 };
-using Qwen35State = HybridState;
 
 /// Where forward() spent its time, in seconds, accumulated over calls (for bench-model).
 struct ForwardTimes {
@@ -275,7 +266,6 @@ class HybridModel {
   struct Impl;  // src/model/hybrid_model.cpp
   std::unique_ptr<Impl> impl_;
 };
-using Qwen35Model = HybridModel;
 
 /// Sampling settings; greedy when temperature <= 0 or top_k == 1.
 struct SamplingOptions {

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "model/blocks.hpp"
-#include "model/qwen35_kernels.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_kernels.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::model {
 

@@ -8,9 +8,9 @@
 
 #include "hanpu/la.hpp"
 #include "model/blocks.hpp"
-#include "model/qwen35_kernels.hpp"
-#include "model/qwen35_ops.hpp"
-#include "model/qwen3next_layout.hpp"
+#include "model/layer_kernels.hpp"
+#include "model/layer_ops.hpp"
+#include "model/fused_gdn_layout.hpp"
 
 namespace hanpu::model {
 

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "model/blocks.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::model {
 

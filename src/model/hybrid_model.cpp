@@ -19,7 +19,7 @@
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "model/blocks.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu {
 

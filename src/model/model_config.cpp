@@ -1,6 +1,5 @@
 // The model description (ModelConfig in include/hanpu/model.hpp): consistency checks, parameter
-// count, the one-line summary, the model_type dispatch to each family's parser, and the synthetic
-// presets of published shapes (docs/MODEL.md).
+// count, the one-line summary, and the readers the family parsers share (docs/MODEL.md).
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -187,23 +186,5 @@ std::vector<int32_t> read_eos_token_ids(const ConfigFields& f) {
   return ids;
 }
 }  // namespace model
-
-ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
-  // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
-  const nlohmann::json top = parse_json(json_text, "config '" + source + "'");
-  const std::string type = top.is_object() && top.contains("model_type") && top["model_type"].is_string()
-                               ? top["model_type"].get<std::string>()
-                               : "";
-  if (type == "kimi_linear") return parse_kimi_linear_config(json_text, source);
-  // Ling 3.0: transformers' bailing_hybrid, which the published checkpoints declare too; their
-  // remote-code config class says bailing_moe_v3, and a config without model_type names the
-  // architecture only (BailingMoeV3ForCausalLM, the one llama.cpp's and vLLM's Ling code registers).
-  bool ling = type == "bailing_hybrid" || type == "bailing_moe_v3";
-  if (type.empty() && top.is_object() && top.contains("architectures") && top["architectures"].is_array())
-    for (const nlohmann::json& a : top["architectures"])
-      ling = ling || a == "BailingMoeV3ForCausalLM" || a == "BailingHybridForCausalLM";
-  if (ling) return parse_bailing_hybrid_config(json_text, source);
-  return parse_qwen35_config(json_text, source);  // the Qwen family, and the errors for unknown types
-}
 
 }  // namespace hanpu

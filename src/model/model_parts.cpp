@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::model {
 

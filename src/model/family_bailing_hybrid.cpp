@@ -1,4 +1,5 @@
-// Ling 3.0's config.json parser (docs/MODEL.md): the config transformers 5.24's
+// The Ling 3.0 family: its registry row, preset and config.json parser (docs/MODEL.md). The
+// parser reads the config transformers 5.24's
 // BailingHybridConfig saves (model_type bailing_hybrid) and the layout of the published
 // checkpoints (architectures BailingMoeV3ForCausalLM, model_type bailing_hybrid, or bailing_moe_v3
 // from their remote-code config class): KDA layers with full-rank gate projections and the safe
@@ -9,7 +10,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
 
@@ -37,6 +38,21 @@ std::vector<bool> kinds(const json& top, const char* key, const char* a, const c
     out.push_back(t == a);
   }
   return out;
+}
+
+// The checkpoint layout (transformers' conversion_mapping for bailing_hybrid, reversed; the
+// published checkpoints name the KDA output projection o_proj, which the KDA loader reads when
+// present).
+CheckpointNames bailing_hybrid_names() {
+  CheckpointNames n;
+  n.embed_tokens = "word_embeddings.";
+  n.attention = "attention.";
+  n.linear_attention = "attention.";
+  n.attention_out = "dense";
+  n.router_score_bias = "gate.expert_bias";
+  n.channel_mixer = {"mlp."};
+  n.shared_expert = "shared_experts.";
+  return n;
 }
 
 ModelConfig parse(const json& top, const std::string& source) {
@@ -209,17 +225,9 @@ ModelConfig parse(const json& top, const std::string& source) {
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.5;
   }
 
-  // Checkpoint names (transformers' conversion_mapping for bailing_hybrid, reversed; the published
-  // checkpoints name the KDA output projection o_proj, which the KDA loader reads when present):
-  // the MTP layers stored after num_hidden_layers (num_nextn_predict_layers / num_mtp_layers) are
+  // The MTP layers stored after num_hidden_layers (num_nextn_predict_layers / num_mtp_layers) are
   // never read (skipped by design: a text engine decoding one token at a time does not use them).
-  c.names.embed_tokens = "word_embeddings.";
-  c.names.attention = "attention.";
-  c.names.linear_attention = "attention.";
-  c.names.attention_out = "dense";
-  c.names.router_score_bias = "gate.expert_bias";
-  c.names.channel_mixer = {"mlp."};
-  c.names.shared_expert = "shared_experts.";
+  c.names = bailing_hybrid_names();
   c.eos_token_ids = model::read_eos_token_ids(f);
   c.check();
   return c;
@@ -237,5 +245,55 @@ ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std:
     config_fail(source, "a field has an unexpected JSON type: " + what);
   }
 }
+
+namespace {
+
+// A slice of Ling-3.0-Flash with the shapes of transformers 5.24's BailingHybridConfig defaults
+// (whose docstring names inclusionAI/Ling-3.0-Flash; no official config was read): hidden 2560,
+// KDA 32 heads of 128 with full-rank gates and the safe gate (lower bound -5), MLA 32 heads
+// (kv_lora 512, nope 128 + rope 64, v 128, RoPE theta 6e6, no q_lora), 512 experts top-8 of 768
+// plus a shared expert of 768 with grouped sigmoid routing (8 groups, top-4), dense MLPs of 6144
+// in the first two layers, vocabulary 157184, untied. Of the 42 layers (groups of 5 KDA + 1 MLA)
+// it keeps 3 KDA + 1 MLA, the two dense layers and two MoE layers, and 64 of the 512 experts
+// (8 per group, so grouped top-k still chooses 4 of 8 groups). Written as a config.json and read
+// by the family's own parser, so the preset is exactly what such a checkpoint would load.
+constexpr const char* kLingFlashSlice = "ling-3.0-flash-slice";
+
+ModelConfig ling_flash_slice() {
+  return parse_bailing_hybrid_config(R"({
+    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2560,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+    "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "rope_theta": 6000000.0,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "mlp_layer_types": ["dense", "dense", "sparse", "sparse"],
+    "num_experts": 64, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "kda_safe_gate": true, "kda_lower_bound": -5.0,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "eos_token_id": 156895
+  })", kLingFlashSlice);
+}
+
+}  // namespace
+
+namespace model {
+
+extern const ModelFamily kBailingHybridFamily{
+    .name = "Ling 3.0",
+    // bailing_hybrid: transformers' type, which the published checkpoints declare too;
+    // bailing_moe_v3: their remote-code config class.
+    .model_types = {"bailing_hybrid", "bailing_moe_v3"},
+    // A config without model_type names the architecture only (BailingMoeV3ForCausalLM, the one
+    // llama.cpp's and vLLM's Ling code registers).
+    .architectures = {"BailingMoeV3ForCausalLM", "BailingHybridForCausalLM"},
+    .parse = parse_bailing_hybrid_config,
+    .presets = {{kLingFlashSlice, ling_flash_slice}},
+    .checkpoint_names = bailing_hybrid_names(),
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "bailingmoe3",
+};
+
+}  // namespace model
 
 }  // namespace hanpu

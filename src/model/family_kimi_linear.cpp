@@ -1,4 +1,5 @@
-// Kimi Linear's config.json parser (model_type kimi_linear; docs/MODEL.md): the
+// The Kimi Linear family: its registry row, presets and config.json parser (model_type
+// kimi_linear; docs/MODEL.md). The parser reads the
 // official checkpoints' keys (linear_attn_config with 1-indexed kda_layers / full_attn_layers,
 // num_experts_per_token, first_k_dense_replace, ...) and the ones transformers' save_pretrained
 // writes (layer_types, mlp_layer_types, linear_num_heads, ...), with transformers 5.24's
@@ -6,7 +7,7 @@
 // not run either (RoPE in MLA, biases, other activations) are refused, naming the key.
 #include <nlohmann/json.hpp>
 
-#include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
 
@@ -18,6 +19,20 @@ using json = nlohmann::json;
 using model::config_fail;
 using model::ConfigFields;
 using model::first_present;
+
+// The checkpoint layout (docs/MODEL.md): the KDA module is self_attn; MoE layers are
+// block_sparse_moe (dense ones mlp in official checkpoints, block_sparse_moe in save_pretrained's),
+// experts w1 / w3 / w2, the shared experts shared_experts.
+CheckpointNames kimi_linear_names() {
+  CheckpointNames n;
+  n.linear_attention = "self_attn.";
+  n.channel_mixer = {"block_sparse_moe.", "mlp."};
+  n.expert_gate = "w1";
+  n.expert_up = "w3";
+  n.expert_down = "w2";
+  n.shared_expert = "shared_experts.";
+  return n;
+}
 
 ModelConfig parse(const json& top, const std::string& source) {
   if (!top.is_object()) config_fail(source, "expected a JSON object");
@@ -158,16 +173,52 @@ ModelConfig parse(const json& top, const std::string& source) {
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.446;
   }
 
-  // Checkpoint names (docs/MODEL.md): the KDA module is self_attn; MoE layers are
-  // block_sparse_moe (dense ones mlp in official checkpoints, block_sparse_moe in save_pretrained's).
-  c.names.linear_attention = "self_attn.";
-  c.names.channel_mixer = {"block_sparse_moe.", "mlp."};
-  c.names.expert_gate = "w1";
-  c.names.expert_up = "w3";
-  c.names.expert_down = "w2";
-  c.names.shared_expert = "shared_experts.";
+  c.names = kimi_linear_names();
   c.eos_token_ids = model::read_eos_token_ids(f);
   c.check();
+  return c;
+}
+
+// A slice of Kimi-Linear-48B-A3B (docs/MODEL.md) with its real layer shapes: the dense
+// KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
+// MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
+constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";
+
+ModelConfig kimi_linear_slice() {
+  ModelConfig c;
+  c.model_type = "kimi_linear";
+  c.linear_mixer = TokenMixer::kKda;
+  c.attention_mixer = TokenMixer::kMla;
+  c.norm_weight_plus_one = false;
+  c.vocab_size = 163840;
+  c.hidden_size = 2304;
+  c.intermediate_size = 9216;
+  c.num_layers = 4;
+  c.num_heads = c.num_kv_heads = 32;
+  c.mla_kv_lora_rank = 512;
+  c.mla_qk_nope_head_dim = 128;
+  c.mla_qk_rope_head_dim = 64;
+  c.mla_v_head_dim = 128;
+  c.head_dim = 192;
+  c.linear_num_key_heads = c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = c.linear_value_head_dim = 128;
+  c.linear_conv_kernel = 4;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = false;
+  c.is_full_attention = {false, false, false, true};
+  c.is_moe = {false, true, true, true};
+  c.num_experts = 64;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 1024;
+  c.shared_expert_intermediate_size = 1024;
+  c.shared_expert_gated = false;
+  c.router_scoring = RouterScoring::kSigmoid;
+  c.router_score_bias = true;
+  c.norm_topk_prob = true;
+  c.topk_norm_eps = 1e-20;
+  c.routed_scaling_factor = 2.446;
+  c.names = kimi_linear_names();
+  c.eos_token_ids = {163586};
   return c;
 }
 
@@ -183,5 +234,21 @@ ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::st
     config_fail(source, "a field has an unexpected JSON type: " + what);
   }
 }
+
+namespace model {
+
+extern const ModelFamily kKimiLinearFamily{
+    .name = "Kimi Linear",
+    .model_types = {"kimi_linear"},
+    .architectures = {"KimiLinearForCausalLM"},
+    .parse = parse_kimi_linear_config,
+    .presets = {{kKimiLinearSlice, kimi_linear_slice}},
+    .checkpoint_names = kimi_linear_names(),
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "kimi-linear",
+};
+
+}  // namespace model
 
 }  // namespace hanpu

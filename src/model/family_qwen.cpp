@@ -1,9 +1,9 @@
-// The Qwen family's config.json parser (Qwen3.5 dense and MoE, nested text_config or flat;
-// Qwen3-Next) and the published model sizes (docs/MODEL.md).
+// The Qwen families (docs/MODEL.md): their registry rows (Qwen3.5 dense, Qwen3.5-MoE, Qwen3-Next),
+// the config.json parser they share (nested text_config or flat), and their presets.
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
 
@@ -20,7 +20,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source);
 
 }  // namespace
 
-ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_qwen_config(const std::string& json_text, const std::string& source) {
   // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
   const json top = parse_json(json_text, "config '" + source + "'");
   try {
@@ -50,9 +50,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
     fail(source, "model_type '" + top_type + "' with text_config.model_type '" + text_type +
                      "': the text model's type does not belong to it");
   if (!next && !q35 && !q35_moe)
-    fail(source, "unknown model_type '" + top_type +
-                     "', expected 'qwen3_5' / 'qwen3_5_moe' (nested text_config), 'qwen3_5_text' / 'qwen3_5_moe_text' "
-                     "(flat), 'qwen3_next', 'kimi_linear' or 'bailing_hybrid'");
+    fail(source, "unknown model_type '" + printable(top_type) + "', expected one of " + known_model_types());
 
   ConfigFields f{text, top, source};
   ModelConfig c;
@@ -268,125 +266,75 @@ ModelConfig qwen35_moe_slice() {
   return c;
 }
 
-// A slice of Kimi-Linear-48B-A3B (docs/MODEL.md) with its real layer shapes: the dense
-// KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
-// MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
-constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";
-
-ModelConfig kimi_linear_slice() {
+// A Qwen3.5 dense model of a published size: every fourth layer full attention.
+ModelConfig qwen35_dense(const Preset& p) {
   ModelConfig c;
-  c.model_type = "kimi_linear";
-  c.linear_mixer = TokenMixer::kKda;
-  c.attention_mixer = TokenMixer::kMla;
-  c.norm_weight_plus_one = false;
-  c.vocab_size = 163840;
-  c.hidden_size = 2304;
-  c.intermediate_size = 9216;
-  c.num_layers = 4;
-  c.num_heads = c.num_kv_heads = 32;
-  c.mla_kv_lora_rank = 512;
-  c.mla_qk_nope_head_dim = 128;
-  c.mla_qk_rope_head_dim = 64;
-  c.mla_v_head_dim = 128;
-  c.head_dim = 192;
-  c.linear_num_key_heads = c.linear_num_value_heads = 32;
-  c.linear_key_head_dim = c.linear_value_head_dim = 128;
+  c.model_type = "qwen3_5_text";
+  c.vocab_size = 248320;
+  c.hidden_size = p.hidden;
+  c.intermediate_size = p.intermediate;
+  c.num_layers = p.layers;
+  c.num_heads = p.heads;
+  c.num_kv_heads = p.kv_heads;
+  c.head_dim = 256;
+  c.rotary_dim = 64;
+  c.rope_theta = 1e7;
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = p.v_heads;
+  c.linear_key_head_dim = 128;
+  c.linear_value_head_dim = 128;
   c.linear_conv_kernel = 4;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = false;
-  c.is_full_attention = {false, false, false, true};
-  c.is_moe = {false, true, true, true};
-  c.num_experts = 64;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 1024;
-  c.shared_expert_intermediate_size = 1024;
-  c.shared_expert_gated = false;
-  c.router_scoring = RouterScoring::kSigmoid;
-  c.router_score_bias = true;
-  c.norm_topk_prob = true;
-  c.topk_norm_eps = 1e-20;
-  c.routed_scaling_factor = 2.446;
-  c.names.linear_attention = "self_attn.";
-  c.names.channel_mixer = {"block_sparse_moe.", "mlp."};
-  c.names.expert_gate = "w1";
-  c.names.expert_up = "w3";
-  c.names.expert_down = "w2";
-  c.names.shared_expert = "shared_experts.";
-  c.eos_token_ids = {163586};
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = p.tied;
+  for (int64_t i = 0; i < p.layers; ++i) c.is_full_attention.push_back((i + 1) % 4 == 0);
+  c.eos_token_ids = {248044, 248046};
   return c;
-}
-
-// A slice of Ling-3.0-Flash with the shapes of transformers 5.24's BailingHybridConfig defaults
-// (whose docstring names inclusionAI/Ling-3.0-Flash; no official config was read): hidden 2560,
-// KDA 32 heads of 128 with full-rank gates and the safe gate (lower bound -5), MLA 32 heads
-// (kv_lora 512, nope 128 + rope 64, v 128, RoPE theta 6e6, no q_lora), 512 experts top-8 of 768
-// plus a shared expert of 768 with grouped sigmoid routing (8 groups, top-4), dense MLPs of 6144
-// in the first two layers, vocabulary 157184, untied. Of the 42 layers (groups of 5 KDA + 1 MLA)
-// it keeps 3 KDA + 1 MLA, the two dense layers and two MoE layers, and 64 of the 512 experts
-// (8 per group, so grouped top-k still chooses 4 of 8 groups). Written as a config.json and read
-// by the family's own parser, so the preset is exactly what such a checkpoint would load.
-constexpr const char* kLingFlashSlice = "ling-3.0-flash-slice";
-
-ModelConfig ling_flash_slice() {
-  return parse_bailing_hybrid_config(R"({
-    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2560,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
-    "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
-    "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "v_head_dim": 128, "rope_theta": 6000000.0,
-    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-    "mlp_layer_types": ["dense", "dense", "sparse", "sparse"],
-    "num_experts": 64, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
-    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "kda_safe_gate": true, "kda_lower_bound": -5.0,
-    "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "eos_token_id": 156895
-  })", kLingFlashSlice);
 }
 
 }  // namespace
 
-std::vector<std::string> model_preset_names() {
-  std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.emplace_back(p.name);
-  names.emplace_back(kQwen3NextSlice);
-  names.emplace_back(kQwen35MoeSlice);
-  names.emplace_back(kKimiLinearSlice);
-  names.emplace_back(kLingFlashSlice);
-  return names;
-}
+namespace model {
 
-ModelConfig model_preset(const std::string& name) {
-  if (name == kQwen3NextSlice) return qwen3next_slice();
-  if (name == kKimiLinearSlice) return kimi_linear_slice();
-  if (name == kLingFlashSlice) return ling_flash_slice();
-  if (name == kQwen35MoeSlice) return qwen35_moe_slice();
-  for (const Preset& p : kPresets) {
-    if (name != p.name) continue;
-    ModelConfig c;
-    c.model_type = "qwen3_5_text";
-    c.vocab_size = 248320;
-    c.hidden_size = p.hidden;
-    c.intermediate_size = p.intermediate;
-    c.num_layers = p.layers;
-    c.num_heads = p.heads;
-    c.num_kv_heads = p.kv_heads;
-    c.head_dim = 256;
-    c.rotary_dim = 64;
-    c.rope_theta = 1e7;
-    c.linear_num_key_heads = 16;
-    c.linear_num_value_heads = p.v_heads;
-    c.linear_key_head_dim = 128;
-    c.linear_value_head_dim = 128;
-    c.linear_conv_kernel = 4;
-    c.rms_norm_eps = 1e-6;
-    c.tie_word_embeddings = p.tied;
-    for (int64_t i = 0; i < p.layers; ++i) c.is_full_attention.push_back((i + 1) % 4 == 0);
-    c.eos_token_ids = {248044, 248046};
-    return c;
-  }
-  std::string names;
-  for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
-  names += std::string(", ") + kQwen3NextSlice + ", " + kQwen35MoeSlice + ", " + kKimiLinearSlice;
-  throw Error("unknown model size '" + name + "', expected one of " + names);
-}
+extern const ModelFamily kQwen35Family{
+    .name = "Qwen3.5",
+    .model_types = {"qwen3_5", "qwen3_5_text"},
+    .architectures = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"},
+    .parse = parse_qwen_config,
+    .presets = [] {
+      std::vector<ModelPreset> out;
+      for (const Preset& p : kPresets) out.push_back({p.name, [p] { return qwen35_dense(p); }});
+      return out;
+    }(),
+    .checkpoint_names = {},
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "qwen35",
+};
+
+extern const ModelFamily kQwen35MoeFamily{
+    .name = "Qwen3.5-MoE",
+    .model_types = {"qwen3_5_moe", "qwen3_5_moe_text"},
+    .architectures = {"Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"},
+    .parse = parse_qwen_config,
+    .presets = {{kQwen35MoeSlice, qwen35_moe_slice}},
+    .checkpoint_names = {},
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "qwen35moe",
+};
+
+extern const ModelFamily kQwen3NextFamily{
+    .name = "Qwen3-Next",
+    .model_types = {"qwen3_next"},
+    .architectures = {"Qwen3NextForCausalLM"},
+    .parse = parse_qwen_config,
+    .presets = {{kQwen3NextSlice, qwen3next_slice}},
+    .checkpoint_names = {},
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "qwen3next",
+};
+
+}  // namespace model
 
 }  // namespace hanpu
