@@ -59,9 +59,9 @@ TEST_F(Qwen35Golden, ConfigReadFromNestedTextConfig) {
   EXPECT_EQ(c.num_layers, 4);
   EXPECT_EQ(c.num_gdn_layers(), 3);
   EXPECT_TRUE(c.is_full_attention[2]);
-  EXPECT_EQ(c.rotary_dim, 8);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 50000.0);
-  EXPECT_EQ(c.linear_num_value_heads, 4);
+  EXPECT_EQ(c.attention.rotary_dim, 8);
+  EXPECT_DOUBLE_EQ(c.attention.rope_theta, 50000.0);
+  EXPECT_EQ(c.gdn.num_value_heads, 4);
   EXPECT_FALSE(c.tie_word_embeddings);
 }
 
@@ -276,11 +276,11 @@ TEST(Qwen35Synthetic, SmallSyntheticModelRunsAndDecodes) {
   c.is_full_attention = {false, false, false, true};
   c.vocab_size = 1000;
   c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
+  c.mlp.intermediate_size = 512;
+  c.gdn.num_key_heads = 2;
+  c.gdn.num_value_heads = 4;
+  c.attention.num_heads = 2;
+  c.attention.num_kv_heads = 1;
   HybridModel m = HybridModel::synthetic(c, 7, 2);
   HybridState st = m.new_state();
   std::vector<int32_t> ids(40);

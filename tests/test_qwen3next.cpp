@@ -56,18 +56,18 @@ Expected* Qwen3NextGolden::expected_ = nullptr;
 TEST_F(Qwen3NextGolden, ConfigReadFromTheFlatQwen3NextConfig) {
   const ModelConfig& c = model_->config();
   EXPECT_EQ(c.model_type, "qwen3_next");
-  EXPECT_TRUE(c.fused_gdn_projections);
+  EXPECT_TRUE(c.gdn.fused_projections);
   EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, true, false, true}));  // full_attention_interval 2
   EXPECT_EQ(c.is_moe, (std::vector<bool>{true, false, true, true}));              // mlp_only_layers [1]
-  EXPECT_EQ(c.num_experts, 8);
-  EXPECT_EQ(c.num_experts_per_tok, 2);
-  EXPECT_EQ(c.moe_intermediate_size, 16);
-  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
-  EXPECT_TRUE(c.norm_topk_prob);
-  EXPECT_EQ(c.linear_key_head_dim, 16);
-  EXPECT_EQ(c.linear_value_head_dim, 32);
-  EXPECT_EQ(c.rotary_dim, 8);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 50000.0);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe.intermediate_size, 16);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.gdn.key_head_dim, 16);
+  EXPECT_EQ(c.gdn.value_head_dim, 32);
+  EXPECT_EQ(c.attention.rotary_dim, 8);
+  EXPECT_DOUBLE_EQ(c.attention.rope_theta, 50000.0);
   // The parameter count from the config equals the checkpoint's text tensors, element for element.
   int64_t stored = 0;
   for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
@@ -84,9 +84,9 @@ TEST_F(Qwen3NextGolden, PermutedProjectionRowsEqualTransformersSplit) {
   SafetensorsFile want = SafetensorsFile::open((next_dir() / "expected.safetensors").string());
   const TensorView qkvz = ckpt.get("model.layers.0.linear_attn.in_proj_qkvz.weight");
   const TensorView ba = ckpt.get("model.layers.0.linear_attn.in_proj_ba.weight");
-  const int64_t H = c.hidden_size, nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+  const int64_t H = c.hidden_size, nk = c.gdn.num_key_heads, nv = c.gdn.num_value_heads;
   const std::vector<int64_t> qkvz_rows =
-      model::qwen3next_qkvz_source_rows(nk, nv, c.linear_key_head_dim, c.linear_value_head_dim);
+      model::qwen3next_qkvz_source_rows(nk, nv, c.gdn.key_head_dim, c.gdn.value_head_dim);
   const std::vector<int64_t> ba_rows = model::qwen3next_ba_source_rows(nk, nv);
   // Each is a permutation: every source row used once.
   for (const auto* rows : {&qkvz_rows, &ba_rows}) {
@@ -103,7 +103,7 @@ TEST_F(Qwen3NextGolden, PermutedProjectionRowsEqualTransformersSplit) {
     for (int64_t i = 0; i < w.numel(); ++i) mismatches += bf16_to_f32(bits[i]) != w.ptr<float>()[i];
     EXPECT_EQ(mismatches, 0) << name << ": " << w.shape()[0] << " rows";
   };
-  const int64_t cd = c.gdn_conv_dim();
+  const int64_t cd = c.gdn.conv_dim();
   compare(p_qkvz, 0, "perm_qkv");
   compare(p_qkvz, cd, "perm_z");
   compare(p_ba, 0, "perm_b");
@@ -182,7 +182,7 @@ TEST_F(Qwen3NextGolden, SyntheticModelOfTheSameShapesRunsAndDecodes) {
   EXPECT_NE(std::find(presets.begin(), presets.end(), "qwen3-next-80b-a3b-slice"), presets.end());
   const ModelConfig slice = model_preset("qwen3-next-80b-a3b-slice");
   EXPECT_EQ(slice.num_moe_layers(), 4);
-  EXPECT_TRUE(slice.fused_gdn_projections);
+  EXPECT_TRUE(slice.gdn.fused_projections);
 }
 
 TEST(Qwen3NextLayout, RowMapsWrittenOutByHand) {

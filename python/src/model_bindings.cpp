@@ -61,7 +61,7 @@ nb::dict config_dict(const ModelConfig& c) {
   d["linear_layers"] = c.num_linear_layers();
   d["attention_layers"] = c.num_attention_layers();
   d["moe_layers"] = c.num_moe_layers();
-  d["num_experts"] = c.num_experts;
+  d["num_experts"] = c.moe.num_experts;
   d["parameters"] = c.parameter_count();
   nb::list eos;
   for (int32_t e : c.eos_token_ids) eos.append(e);

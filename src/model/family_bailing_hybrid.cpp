@@ -67,21 +67,21 @@ ModelConfig parse(const json& top, const std::string& source) {
   // from the linear_* values, and save_pretrained writes them all (head_dim then holds
   // qk_rope_head_dim). The published configs have no linear_* keys: head_dim is the KDA head dim
   // there (llama.cpp's conversion/bailingmoe3.py and vLLM's bailing_moe_v3.py read it so).
-  c.num_heads = f.required_int("num_attention_heads");
-  c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
-  if (c.num_kv_heads != c.num_heads)
-    config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
-                            std::to_string(c.num_heads) + ": the MLA latent expands to one key/value head per query head");
+  c.mla.num_heads = f.required_int("num_attention_heads");
+  const int64_t num_kv_heads = f.optional_int("num_key_value_heads", c.mla.num_heads);
+  if (num_kv_heads != c.mla.num_heads)
+    config_fail(source, "num_key_value_heads " + std::to_string(num_kv_heads) + " differs from num_attention_heads " +
+                            std::to_string(c.mla.num_heads) + ": the MLA latent expands to one key/value head per query head");
   const char* heads_key = f.present("linear_num_heads") ? "linear_num_heads" : "num_attention_heads";
   const char* dim_key = f.present("linear_head_dim") ? "linear_head_dim" : "head_dim";
   const char* conv_key = f.present("linear_conv_kernel_dim") ? "linear_conv_kernel_dim" : "short_conv_kernel_size";
-  c.linear_num_key_heads = c.linear_num_value_heads = f.required_int(heads_key);
-  c.linear_key_head_dim = c.linear_value_head_dim = f.optional_int(dim_key, 128);
-  c.linear_conv_kernel = f.optional_int(conv_key, 4);
-  c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(c.linear_num_value_heads) + " heads of " +
-                          std::to_string(c.linear_key_head_dim) + " (" + heads_key + ", " + dim_key + ") and a conv of " +
-                          std::to_string(c.linear_conv_kernel) + " (" + conv_key + ")";
-  c.kda_low_rank_gates = false;
+  c.kda.num_heads = f.required_int(heads_key);
+  c.kda.head_dim = f.optional_int(dim_key, 128);
+  c.kda.conv_kernel = f.optional_int(conv_key, 4);
+  c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(c.kda.num_heads) + " heads of " +
+                          std::to_string(c.kda.head_dim) + " (" + heads_key + ", " + dim_key + ") and a conv of " +
+                          std::to_string(c.kda.conv_kernel) + " (" + conv_key + ")";
+  c.kda.low_rank_gates = false;
   // The published layout's switches (llama.cpp's conversion/bailingmoe3.py refuses the same ones):
   // KDA LoRA gate projections, and any MLA output gate but the head-wise one.
   if (f.present("no_kda_lora") && !f.boolean("no_kda_lora", true))
@@ -95,27 +95,26 @@ ModelConfig parse(const json& top, const std::string& source) {
                             json_got(top["gated_attention_proj_granularity_type"]) +
                             ", expected 'head_wise' (one sigmoid gate per MLA head; element-wise or no gate is not "
                             "supported)");
-  c.kda_safe_gate = f.boolean("kda_safe_gate", true);
-  if (c.kda_safe_gate) {
-    c.kda_lower_bound = -5.0;
+  c.kda.safe_gate = f.boolean("kda_safe_gate", true);
+  if (c.kda.safe_gate) {
+    c.kda.lower_bound = -5.0;
     if (f.present("kda_lower_bound")) {
       const json& v = top["kda_lower_bound"];
       if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() < 0))
         config_fail(source, "field 'kda_lower_bound' is " + json_got(v) + ", expected a negative number");
-      c.kda_lower_bound = v.get<double>();
+      c.kda.lower_bound = v.get<double>();
     }
   }
 
   // MLA with RoPE and the head-wise output gate.
-  c.mla_q_lora_rank = f.optional_int("q_lora_rank", 0);
-  c.mla_kv_lora_rank = f.optional_int("kv_lora_rank", 512);
-  c.mla_qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
-  c.mla_qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
-  c.mla_v_head_dim = f.optional_int("v_head_dim", 128);
-  c.head_dim = c.mla_qk_head_dim();
-  c.mla_rope = true;
-  c.mla_head_gate = true;
-  c.rope_theta = 6e6;
+  c.mla.q_lora_rank = f.optional_int("q_lora_rank", 0);
+  c.mla.kv_lora_rank = f.optional_int("kv_lora_rank", 512);
+  c.mla.qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
+  c.mla.qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
+  c.mla.v_head_dim = f.optional_int("v_head_dim", 128);
+  c.mla.rope = true;
+  c.mla.head_gate = true;
+  c.mla.rope_theta = 6e6;
   if (f.present("rope_parameters")) {
     const json& rp = top["rope_parameters"];
     if (!rp.is_object()) config_fail(source, "field 'rope_parameters' is " + json_got(rp) + ", expected an object");
@@ -123,9 +122,9 @@ ModelConfig parse(const json& top, const std::string& source) {
     if (type != "default")
       config_fail(source, "rope_parameters.rope_type '" + type + "' is not supported (expected 'default'; YaRN and other "
                           "scalings are not implemented)");
-    if (rp.contains("rope_theta")) c.rope_theta = f.number(rp, "rope_theta", "rope_parameters.rope_theta");
+    if (rp.contains("rope_theta")) c.mla.rope_theta = f.number(rp, "rope_theta", "rope_parameters.rope_theta");
   } else if (f.present("rope_theta")) {
-    c.rope_theta = f.number(top, "rope_theta", "rope_theta");
+    c.mla.rope_theta = f.number(top, "rope_theta", "rope_theta");
   }
   if (f.present("rope_scaling")) {  // the published configs: null
     const json& rs = top["rope_scaling"];
@@ -147,9 +146,8 @@ ModelConfig parse(const json& top, const std::string& source) {
   for (const char* bias : {"use_qkv_bias", "use_bias"})
     if (f.boolean(bias, false))
       config_fail(source, std::string("field '") + bias + "' is true: projections with biases are not supported, expected false");
-  if (c.mla_qk_rope_head_dim % 2 != 0)
-    config_fail(source, "qk_rope_head_dim " + std::to_string(c.mla_qk_rope_head_dim) + " is odd; RoPE rotates pairs");
-  c.rotary_dim = c.mla_qk_rope_head_dim;
+  if (c.mla.qk_rope_head_dim % 2 != 0)
+    config_fail(source, "qk_rope_head_dim " + std::to_string(c.mla.qk_rope_head_dim) + " is odd; RoPE rotates pairs");
 
   // Layer kinds: layer_types, else the last layer of every layer_group_size group is MLA.
   if (f.present("layer_types")) {
@@ -179,23 +177,23 @@ ModelConfig parse(const json& top, const std::string& source) {
     }
     for (int64_t i = 0; i < c.num_layers; ++i) c.is_moe.push_back(i >= dense_first);
   }
-  if (c.num_moe_layers() < c.num_layers) c.intermediate_size = f.required_int("intermediate_size");
+  if (c.num_moe_layers() < c.num_layers) c.mlp.intermediate_size = f.required_int("intermediate_size");
   if (c.num_moe_layers() > 0) {
     const char* experts = first_present(top, {"num_experts", "num_local_experts"});
-    c.num_experts = experts ? f.required_int(experts) : 512;
+    c.moe.num_experts = experts ? f.required_int(experts) : 512;
     const char* per_tok = first_present(top, {"num_experts_per_token", "num_experts_per_tok"});
-    c.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
-    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    c.moe.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
+    c.moe.intermediate_size = f.required_int("moe_intermediate_size");
     const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
     const bool no_shared = shared && top[shared] == 0;
     // The published configs give the shared expert's width (moe_shared_expert_intermediate_size,
     // times num_shared_experts as vLLM's bailing_moe_v3.py builds it); transformers uses
     // moe_intermediate_size. Equal in every published config; the tensors' shapes are checked.
-    const int64_t shared_width = f.optional_int("moe_shared_expert_intermediate_size", c.moe_intermediate_size);
-    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * shared_width;
-    c.shared_expert_gated = false;
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.router_score_bias = true;
+    const int64_t shared_width = f.optional_int("moe_shared_expert_intermediate_size", c.moe.intermediate_size);
+    c.moe.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * shared_width;
+    c.moe.shared_expert_gated = false;
+    c.moe.router_scoring = RouterScoring::kSigmoid;
+    c.moe.router_score_bias = true;
     for (const char* key : {"scoring_func", "score_function", "moe_router_activation_func"})
       if (top.contains(key) && top[key] != "sigmoid")
         config_fail(source, std::string("field '") + key + "' is " + json_got(top[key]) + ", expected 'sigmoid' (the Ling router)");
@@ -216,12 +214,12 @@ ModelConfig parse(const json& top, const std::string& source) {
                                   ": clamped SwiGLU experts are not supported, expected null or 0");
     }
     const char* groups = first_present(top, {"num_expert_group", "n_group"});
-    c.num_expert_groups = groups ? f.required_int(groups) : 8;
-    c.topk_groups = f.optional_int("topk_group", 4);
+    c.moe.num_expert_groups = groups ? f.required_int(groups) : 8;
+    c.moe.topk_groups = f.optional_int("topk_group", 4);
     const char* renorm = first_present(top, {"moe_renormalize", "norm_topk_prob"});
-    c.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
-    c.topk_norm_eps = 1e-20;
-    c.routed_scaling_factor =
+    c.moe.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
+    c.moe.topk_norm_eps = 1e-20;
+    c.moe.routed_scaling_factor =
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.5;
   }
 

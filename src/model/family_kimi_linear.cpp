@@ -69,11 +69,11 @@ ModelConfig parse(const json& top, const std::string& source) {
   };
   const int64_t kda_heads = kda_int("num_heads", "linear_num_heads", 32);
   const int64_t kda_dim = kda_int("head_dim", "linear_head_dim", 128);
-  c.linear_num_key_heads = c.linear_num_value_heads = kda_heads;
-  c.linear_key_head_dim = c.linear_value_head_dim = kda_dim;
-  c.linear_conv_kernel = kda_int("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
+  c.kda.num_heads = kda_heads;
+  c.kda.head_dim = kda_dim;
+  c.kda.conv_kernel = kda_int("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
   c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(kda_heads) + " heads of " +
-                          std::to_string(kda_dim) + " and a conv of " + std::to_string(c.linear_conv_kernel) + " (" +
+                          std::to_string(kda_dim) + " and a conv of " + std::to_string(c.kda.conv_kernel) + " (" +
                           keys + ")";
 
   // Layer kinds: layer_types, else linear_attn_config's 1-indexed lists, else transformers' default.
@@ -112,18 +112,17 @@ ModelConfig parse(const json& top, const std::string& source) {
   }
 
   // MLA (KimiLinearAttention): one KV head per query head after kv_b_proj.
-  c.num_heads = f.required_int("num_attention_heads");
-  c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
-  if (c.num_kv_heads != c.num_heads)
-    config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
-                            std::to_string(c.num_heads) + ": Kimi Linear's MLA expands the latent to one key/value head "
+  c.mla.num_heads = f.required_int("num_attention_heads");
+  const int64_t num_kv_heads = f.optional_int("num_key_value_heads", c.mla.num_heads);
+  if (num_kv_heads != c.mla.num_heads)
+    config_fail(source, "num_key_value_heads " + std::to_string(num_kv_heads) + " differs from num_attention_heads " +
+                            std::to_string(c.mla.num_heads) + ": Kimi Linear's MLA expands the latent to one key/value head "
                             "per query head");
-  c.mla_q_lora_rank = f.optional_int("q_lora_rank", 0);
-  c.mla_kv_lora_rank = f.optional_int("kv_lora_rank", 512);
-  c.mla_qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
-  c.mla_qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
-  c.mla_v_head_dim = f.optional_int("v_head_dim", 128);
-  c.head_dim = c.mla_qk_head_dim();
+  c.mla.q_lora_rank = f.optional_int("q_lora_rank", 0);
+  c.mla.kv_lora_rank = f.optional_int("kv_lora_rank", 512);
+  c.mla.qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
+  c.mla.qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
+  c.mla.v_head_dim = f.optional_int("v_head_dim", 128);
 
   // Channel mixers: mlp_layer_types ("dense" / "sparse"), else the first first_k_dense_replace
   // layers dense and the rest MoE.
@@ -149,27 +148,27 @@ ModelConfig parse(const json& top, const std::string& source) {
     }
     for (int64_t i = dense_first; i < c.num_layers; ++i) c.is_moe[static_cast<size_t>(i)] = true;
   }
-  if (c.num_moe_layers() < c.num_layers) c.intermediate_size = f.required_int("intermediate_size");
+  if (c.num_moe_layers() < c.num_layers) c.mlp.intermediate_size = f.required_int("intermediate_size");
   if (c.num_moe_layers() > 0) {
     const char* experts = first_present(top, {"num_experts", "num_local_experts", "n_routed_experts"});
     if (!experts) config_fail(source, "field 'num_experts' is missing (needed by the MoE layers)");
-    c.num_experts = f.required_int(experts);
+    c.moe.num_experts = f.required_int(experts);
     const char* per_tok = first_present(top, {"num_experts_per_token", "num_experts_per_tok"});
-    c.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
-    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    c.moe.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
+    c.moe.intermediate_size = f.required_int("moe_intermediate_size");
     const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
     const bool no_shared = shared && top[shared] == 0;
-    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe_intermediate_size;
-    c.shared_expert_gated = false;
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.router_score_bias = true;  // KimiLinearTopkRouter.e_score_correction_bias
+    c.moe.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe.intermediate_size;
+    c.moe.shared_expert_gated = false;
+    c.moe.router_scoring = RouterScoring::kSigmoid;
+    c.moe.router_score_bias = true;  // KimiLinearTopkRouter.e_score_correction_bias
     const char* groups = first_present(top, {"num_expert_group", "n_group"});
-    c.num_expert_groups = groups ? f.required_int(groups) : 1;
-    c.topk_groups = f.optional_int("topk_group", 1);
+    c.moe.num_expert_groups = groups ? f.required_int(groups) : 1;
+    c.moe.topk_groups = f.optional_int("topk_group", 1);
     const char* renorm = first_present(top, {"moe_renormalize", "norm_topk_prob"});
-    c.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
-    c.topk_norm_eps = 1e-20;
-    c.routed_scaling_factor =
+    c.moe.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
+    c.moe.topk_norm_eps = 1e-20;
+    c.moe.routed_scaling_factor =
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.446;
   }
 
@@ -192,31 +191,30 @@ ModelConfig kimi_linear_slice() {
   c.norm_weight_plus_one = false;
   c.vocab_size = 163840;
   c.hidden_size = 2304;
-  c.intermediate_size = 9216;
+  c.mlp.intermediate_size = 9216;
   c.num_layers = 4;
-  c.num_heads = c.num_kv_heads = 32;
-  c.mla_kv_lora_rank = 512;
-  c.mla_qk_nope_head_dim = 128;
-  c.mla_qk_rope_head_dim = 64;
-  c.mla_v_head_dim = 128;
-  c.head_dim = 192;
-  c.linear_num_key_heads = c.linear_num_value_heads = 32;
-  c.linear_key_head_dim = c.linear_value_head_dim = 128;
-  c.linear_conv_kernel = 4;
+  c.mla.num_heads = 32;
+  c.mla.kv_lora_rank = 512;
+  c.mla.qk_nope_head_dim = 128;
+  c.mla.qk_rope_head_dim = 64;
+  c.mla.v_head_dim = 128;
+  c.kda.num_heads = 32;
+  c.kda.head_dim = 128;
+  c.kda.conv_kernel = 4;
   c.rms_norm_eps = 1e-5;
   c.tie_word_embeddings = false;
   c.is_full_attention = {false, false, false, true};
   c.is_moe = {false, true, true, true};
-  c.num_experts = 64;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 1024;
-  c.shared_expert_intermediate_size = 1024;
-  c.shared_expert_gated = false;
-  c.router_scoring = RouterScoring::kSigmoid;
-  c.router_score_bias = true;
-  c.norm_topk_prob = true;
-  c.topk_norm_eps = 1e-20;
-  c.routed_scaling_factor = 2.446;
+  c.moe.num_experts = 64;
+  c.moe.num_experts_per_tok = 8;
+  c.moe.intermediate_size = 1024;
+  c.moe.shared_expert_intermediate_size = 1024;
+  c.moe.shared_expert_gated = false;
+  c.moe.router_scoring = RouterScoring::kSigmoid;
+  c.moe.router_score_bias = true;
+  c.moe.norm_topk_prob = true;
+  c.moe.topk_norm_eps = 1e-20;
+  c.moe.routed_scaling_factor = 2.446;
   c.names = kimi_linear_names();
   c.eos_token_ids = {163586};
   return c;

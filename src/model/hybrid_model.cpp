@@ -315,7 +315,7 @@ struct HybridModel::Impl {
       const bool moe = c.layer_is_moe(i);
       const std::string m = channel_module(w, p, moe);
       if (moe) L.channel_mixer.emplace<model::MoeBlock>().load(c, w, m);
-      else L.channel_mixer.emplace<model::SwiGluMlp>().load(w, m, H, c.intermediate_size);
+      else L.channel_mixer.emplace<model::SwiGluMlp>().load(w, m, H, c.mlp.intermediate_size);
       layers.push_back(std::move(L));
     }
   }
@@ -432,10 +432,10 @@ size_t HybridState::bytes() const {
 HybridState HybridModel::new_state() const {
   const ModelConfig& c = impl_->cfg;
   HybridState s;
+  const LinearAttentionShape la = c.linear_shape();
   for (int64_t i = 0; i < c.num_linear_layers(); ++i) {
-    s.conv_state.emplace_back(DType::F32, std::vector<int64_t>{c.linear_conv_kernel - 1, c.gdn_conv_dim()});
-    s.recurrent_state.emplace_back(DType::F32, std::vector<int64_t>{1, c.linear_num_value_heads,
-                                                                    c.linear_key_head_dim, c.linear_value_head_dim});
+    s.conv_state.emplace_back(DType::F32, std::vector<int64_t>{la.conv_kernel - 1, la.conv_dim()});
+    s.recurrent_state.emplace_back(DType::F32, std::vector<int64_t>{1, la.value_heads, la.key_head_dim, la.value_head_dim});
   }
   s.key_cache.resize(static_cast<size_t>(c.num_attention_layers()));
   s.value_cache.resize(static_cast<size_t>(c.num_attention_layers()));
