@@ -23,6 +23,7 @@
 #include "hanpu/engine.hpp"
 #include "hanpu/chat_template.hpp"
 #include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
 #include "io/json_io.hpp"
@@ -481,7 +482,10 @@ void run_bench_model(const BenchModelArgs& a) {
 
 void register_model_commands(CLI::App& app) {
   auto run = std::make_shared<RunArgs>();
-  CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint: qwen3_5, qwen3_5_moe, qwen3_next, kimi_linear (prefill, then decode)");
+  std::string families;  // the family registry's (hanpu/model_family.hpp)
+  for (const ModelFamily* f : model_families()) families += (families.empty() ? "" : ", ") + f->name;
+  CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint of any family (" + families +
+                                              "): prefill, then decode");
   r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");

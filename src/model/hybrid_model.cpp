@@ -399,8 +399,8 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
     if (ends("linear_attn.norm.weight") || ends("o_norm.weight")) return src.make(name, shape, 0.1, 1.0);
     if (ends("norm.weight")) return src.make(name, shape, 0.1, c.norm_weight_plus_one ? 0.0 : 1.0);
     if (ends("conv1d.weight")) return src.make(name, shape, 0.5);
-    if (ends("embed_tokens.weight") || ends("word_embeddings.weight")) return src.make(name, shape, 1.0);
-    if (ends("e_score_correction_bias") || ends("expert_bias")) return src.make(name, shape, 0.01);
+    if (ends((c.names.embed_tokens + "weight").c_str())) return src.make(name, shape, 1.0);
+    if (ends(c.names.router_score_bias.c_str())) return src.make(name, shape, 0.01);
     return src.make(name, shape, 1.0 / std::sqrt(static_cast<double>(shape.back())));
   };
   model::WeightReader w;
