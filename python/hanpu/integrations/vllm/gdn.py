@@ -21,6 +21,8 @@ hanpu runs is accepted. The core is registered as the torch custom op
 compiled mode treats it as one opaque call, as it does vLLM's own.
 """
 
+import os
+
 import torch
 
 from hanpu import _hanpu
@@ -68,16 +70,42 @@ def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_init
         activation=layer.activation).transpose(0, 1)
 
 
-def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_start_loc, has_initial_state):
+def engine_array(x):
+    """What the engine is handed for torch tensor x (None stays None): a numpy view of the same
+    memory, bf16 as its uint16 bits tagged "bf16" (hanpu's spelling, python/src/arrays.cpp). With
+    torch 2.13 a tensor's DLPack export costs about 3.5 us and its numpy view about 2 us (2-core
+    Zen 4): a decode call passes about a dozen tensors, and the engine's own work for one token of
+    a small layer is a few microseconds."""
+    if x is None:
+        return None
+    if x.dtype == torch.bfloat16:
+        return (x.view(torch.uint16).numpy(), "bf16")
+    return x.numpy()
+
+
+def _layer_arrays(layer, ssm_state):
+    """The engine arrays of the tensors that live as long as the layer (the state pool, A_log,
+    dt_bias), made once: re-made only if vLLM re-allocates one of them."""
+    key = (ssm_state.data_ptr(), layer.A_log.data_ptr(), layer.dt_bias.data_ptr())
+    cached = getattr(layer, "_hanpu_arrays", None)
+    if cached is None or cached[0] != key:
+        cached = (key, engine_array(ssm_state), engine_array(layer.A_log.detach()), engine_array(layer.dt_bias.detach()))
+        layer._hanpu_arrays = cached
+    return cached[1:]
+
+
+def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_start_loc, has_initial_state, threads):
     """The gated delta rule for one part of the batch: reads and updates ssm_state[state_indices]
     in place and writes out [tokens, HV, V]."""
     key_dim = layer.key_dim // layer.tp_size
     q = mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
     k = mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
     v = mixed_qkv[:, 2 * key_dim:].unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
-    _hanpu.la_slots("gdn", q, k, v, a.unsqueeze(0), b.unsqueeze(0), ssm_state, state_indices, has_initial_state,
-                    query_start_loc, layer.A_log, layer.dt_bias, out.unsqueeze(0), None, True, True, True, False,
-                    "auto", layer.hanpu_threads)
+    pool, A_log, dt_bias = _layer_arrays(layer, ssm_state)
+    e = engine_array
+    _hanpu.la_slots("gdn", e(q), e(k), e(v), e(a.unsqueeze(0)), e(b.unsqueeze(0)), pool, e(state_indices),
+                    e(has_initial_state), e(query_start_loc), A_log, dt_bias, e(out.unsqueeze(0)), None, True, True,
+                    True, False, "auto", threads)
 
 
 def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
@@ -96,7 +124,7 @@ def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
         loc = query_start_loc[:num_decodes + 1]
         x = _conv(layer, mixed_qkv[:num_decode_tokens], conv_state, indices, loc, None, decode=True)
         _recurrence(layer, x, b[:num_decode_tokens], a[:num_decode_tokens], core_attn_out[:num_decode_tokens],
-                    ssm_state, indices, loc, None)
+                    ssm_state, indices, loc, None, layer.hanpu_decode_threads if num_decodes == 1 else layer.hanpu_threads)
     if num_prefills > 0:
         end = num_decode_tokens + num_prefill_tokens
         indices = state_indices[num_decodes:num_decodes + num_prefills]
@@ -104,7 +132,7 @@ def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
         has_initial = attn_metadata.has_initial_state[num_decodes:num_decodes + num_prefills]
         x = _conv(layer, mixed_qkv[num_decode_tokens:end], conv_state, indices, loc, has_initial, decode=False)
         _recurrence(layer, x, b[num_decode_tokens:end], a[num_decode_tokens:end], core_attn_out[num_decode_tokens:end],
-                    ssm_state, indices, loc, has_initial.contiguous())
+                    ssm_state, indices, loc, has_initial.contiguous(), layer.hanpu_threads)
 
 
 def _core_op(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor,
@@ -157,8 +185,18 @@ def _layer_class():
             # enable_prefix_caching). "align" keeps one state per request in the slot of its current
             # block and copies states between slots itself: what the kernels here read and write.
             # Checkpoint states inside a prefill are refused per call (_core_op).
-            # hanpu runs as many threads as vLLM's torch (OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND).
+            # Prefill chunks: as many threads as vLLM's torch (OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND).
             self.hanpu_threads = torch.get_num_threads()
+            # A decode step of a single request: one thread by default. It is about 60 us of work
+            # per layer (16 heads of 128); handing half of it to hanpu's second worker costs more
+            # than it saves while torch's OpenMP worker, spin-waiting after the previous torch op,
+            # holds that core (benchmarks/vllm_gdn_kernels.py, idle 2-core Zen 4: 58.6 us on 1
+            # thread against 74-77 us on 2; 52 us on 2 with OMP_WAIT_POLICY=passive). Four requests
+            # gain from the second thread (137 us against 180 us), so batches use all threads.
+            # HANPU_VLLM_DECODE_THREADS overrides the single-request count.
+            self.hanpu_decode_threads = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", "1"))
+            if self.hanpu_decode_threads < 1:
+                _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
 
         def forward_cpu(self, hidden_states):
             if hasattr(self, "in_proj_qkv"):
