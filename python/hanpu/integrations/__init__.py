@@ -2,6 +2,6 @@
 
 `hanpu.integrations.transformers` routes the linear-attention kernels of Hugging Face
 transformers' hybrid models to hanpu; `hanpu.integrations.vllm` is a vLLM general plugin that makes
-vLLM-CPU run its Gated DeltaNet layers on hanpu (docs/VLLM.md). Nothing here is imported by `import hanpu`: importing a
-submodule imports the library it integrates with.
+vLLM-CPU run its Gated DeltaNet layers on hanpu (docs/VLLM.md). Nothing here is imported by
+`import hanpu`: importing a submodule imports the library it integrates with.
 """
