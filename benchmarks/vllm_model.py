@@ -11,7 +11,7 @@ The checkpoint has Qwen3.5-0.8B's shapes (docs/MODEL.md: hidden 1024, 24 layers 
 recurrent state as the published config asks with mamba_ssm_dtype) and random bf16 weights
 (transformers' initialisation). One request: a prompt of --prompt random tokens, timed as a
 generate() of one token (prefill), then as a generate() of 1 + --decode tokens, whose extra time
-over the first is the decode. Eager mode (enforce_eager) for both sides: vLLM's compiled mode
+over the first is the decode (--time-gdn: also the GDN core's time in each). Eager mode (enforce_eager) for both sides: vLLM's compiled mode
 first compiles with inductor for minutes on 2 cores. Prints one JSON line (tokens/s, medians
 of --repeats).
 """
@@ -44,10 +44,36 @@ def make_checkpoint(path):
     print(f"wrote {path}")
 
 
-def run(path, prompt_len, decode, repeats):
+def time_gdn_core(acc):
+    """Sums the time of the GDN core into acc: vLLM's `_cpu_gdn_attention_nonspec` without the
+    plugin, the plugin's `gdn_attention_core` with it (both include vLLM's convolution). Both are
+    looked up as module globals at each call, so replacing them times every layer."""
+    if os.environ.get("HANPU_VLLM", "1") == "0":
+        import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as module
+        name = "_cpu_gdn_attention_nonspec"
+    else:
+        import hanpu.integrations.vllm.gdn as module
+        name = "gdn_attention_core"
+    inner = getattr(module, name)
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            acc[0] += time.perf_counter() - t0
+
+    setattr(module, name, timed)
+
+
+def run(path, prompt_len, decode, repeats, time_gdn):
     import random
 
     from vllm import LLM, SamplingParams
+
+    gdn = [0.0]
+    if time_gdn:  # in-process engines only (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        time_gdn_core(gdn)
 
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=prompt_len + decode + 8,
               enforce_eager=True, enable_prefix_caching=False, max_num_seqs=1, seed=0)
@@ -56,20 +82,25 @@ def run(path, prompt_len, decode, repeats):
     def once(tokens):
         ids = [rng.randrange(1000, 200000) for _ in range(prompt_len)]  # a new prompt: no cache hits
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+        gdn[0] = 0.0
         t0 = time.perf_counter()
         llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, gdn[0]
 
     once(2)  # warm-up
     prefill, total = [], []
     for _ in range(repeats):
         prefill.append(once(1))
         total.append(once(1 + decode))
-    p = statistics.median(prefill)
-    d = statistics.median(total) - p
-    print(json.dumps({"plugin": os.environ.get("HANPU_VLLM", "1") != "0", "prompt": prompt_len, "decode": decode,
-                      "prefill_tokens_per_s": prompt_len / p, "decode_tokens_per_s": decode / d,
-                      "prefill_s": prefill, "generate_s": total}))
+    p = statistics.median(t for t, _ in prefill)
+    d = statistics.median(t for t, _ in total) - p
+    result = {"plugin": os.environ.get("HANPU_VLLM", "1") != "0", "prompt": prompt_len, "decode": decode,
+              "prefill_tokens_per_s": prompt_len / p, "decode_tokens_per_s": decode / d,
+              "prefill_s": [t for t, _ in prefill], "generate_s": [t for t, _ in total]}
+    if time_gdn:  # per repeat: the GDN core's seconds in the prefill, and in the decode tokens
+        result["gdn_prefill_s"] = [g for _, g in prefill]
+        result["gdn_decode_s"] = [g1 - g0 for (_, g0), (_, g1) in zip(prefill, total)]
+    print(json.dumps(result))
 
 
 def main():
@@ -79,11 +110,12 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time-gdn", action="store_true", help="also sum the GDN core's time (in-process engine only)")
     args = ap.parse_args()
     if args.make_checkpoint:
         make_checkpoint(args.make_checkpoint)
     if args.checkpoint:
-        run(args.checkpoint, args.prompt, args.decode, args.repeats)
+        run(args.checkpoint, args.prompt, args.decode, args.repeats, args.time_gdn)
 
 
 if __name__ == "__main__":
