@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 
 #include "hanpu/tensor.hpp"
 
@@ -28,6 +30,29 @@ size_t whole_characters_end(const std::string& text, size_t begin, size_t end) {
     i += len;
   }
   return i;
+}
+
+// log softmax of one row at `token`, and the `top` most likely tokens (ties: lower id first).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top) {
+  float mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, x);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
+  const double log_z = mx + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  if (top > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(ids.size(), static_cast<size_t>(top));
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
+      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
+             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_z));
+  }
+  return out;
 }
 
 }  // namespace
@@ -72,6 +97,9 @@ struct Scheduler::Sequence {
   std::string text;                    // output so far (bytes)
   size_t emitted = 0;                  // bytes of `text` already sent
   std::vector<int32_t> pending_tokens; // generated tokens not yet sent
+  std::vector<TokenLogprob> pending_logprobs;
+  std::string stop_string;             // the stop string that ended it
+  std::vector<std::unique_ptr<Sequence>> forks;  // choices 2..n: start from this one's prompt state
   size_t longest_stop = 0;
   Clock::time_point submitted = Clock::now();
 };
@@ -89,6 +117,13 @@ Scheduler::Scheduler(const HybridModel& model, const Tokenizer* tokenizer, Sched
 Scheduler::~Scheduler() { drain(); }
 
 std::shared_ptr<GenerationHandle> Scheduler::submit(GenerationRequest req) {
+  req.n = 1;
+  return submit_choices(std::move(req)).front();
+}
+
+std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(GenerationRequest req) {
+  const int choices = std::max(1, req.n);
+  if (req.warm_only && choices != 1) throw Error("scheduler: a warm_only request has no choices to fork");
   auto s = std::make_unique<Sequence>();
   s->handle = std::make_shared<GenerationHandle>();
   s->handle->prompt_tokens = static_cast<int64_t>(req.prompt.size());
@@ -100,23 +135,42 @@ std::shared_ptr<GenerationHandle> Scheduler::submit(GenerationRequest req) {
   for (int64_t at : req.extra_checkpoints)
     if (at > 0 && at < len) s->checkpoints.push_back(at);
   s->checkpoints.push_back(len);
+  // And one token before the end: the same prompt again (a regenerate, another choice later, a
+  // retry) can then restore all it may (the last token always runs, for its logits).
+  if (!req.warm_only && len > 1) s->checkpoints.push_back(len - 1);
   std::sort(s->checkpoints.begin(), s->checkpoints.end());
   s->checkpoints.erase(std::unique(s->checkpoints.begin(), s->checkpoints.end()), s->checkpoints.end());
+  std::vector<std::shared_ptr<GenerationHandle>> handles{s->handle};
+  for (int i = 1; i < choices; ++i) {
+    auto f = std::make_unique<Sequence>();
+    f->handle = std::make_shared<GenerationHandle>();
+    f->handle->prompt_tokens = s->handle->prompt_tokens;
+    SamplingOptions so = req.sampling;
+    so.seed += static_cast<uint64_t>(i);
+    f->sampler = std::make_unique<Sampler>(so);
+    f->longest_stop = s->longest_stop;
+    f->req = req;
+    f->req.prompt.clear();  // the parent's prompt; only its length matters (snapshot() uses it)
+    f->req.prompt.shrink_to_fit();
+    handles.push_back(f->handle);
+    s->forks.push_back(std::move(f));
+  }
   s->req = std::move(req);
-  auto handle = s->handle;
+  for (auto& f : s->forks) f->req.prompt = s->req.prompt;
   {
     std::lock_guard lock(mu_);
     if (draining_) throw Error("the server is shutting down");
-    if (admitted_ >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
+    // A request with n choices takes n places (each choice becomes a sequence of its own).
+    if (admitted_ + choices - 1 >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
       throw QueueFull("the server is full: " + std::to_string(admitted_) + " requests running or waiting (--parallel " +
                       std::to_string(opt_.max_running) + " plus --max-queue " + std::to_string(opt_.max_queue) +
                       "); retry later");
-    ++admitted_;
+    admitted_ += choices;
     waiting_.push_back(std::move(s));
     metrics_.waiting = static_cast<int64_t>(waiting_.size());
   }
   cv_.notify_all();
-  return handle;
+  return handles;
 }
 
 void Scheduler::drain() {
@@ -133,7 +187,10 @@ void Scheduler::admit(Sequence& s) {
   const int64_t len = static_cast<int64_t>(s.req.prompt.size());
   // At most len - 1 tokens come from the cache: the last prompt token must run through the
   // model to give the logits of the first generated token (snapshots hold states, not logits).
-  if (std::optional<HybridState> hit = cache_.lookup(s.req.prompt, len - 1)) {
+  // A warm_only request needs no logits: a snapshot of its whole prompt means nothing to do.
+  const int64_t usable = s.req.warm_only ? len : len - 1;
+  const int64_t shared = cache_.shared_prefix(s.req.prompt);
+  if (std::optional<HybridState> hit = cache_.lookup(s.req.prompt, usable)) {
     s.state = std::move(*hit);
     s.handle->cached_tokens = s.state.position;
     ++metrics_.cache_hits;
@@ -141,6 +198,21 @@ void Scheduler::admit(Sequence& s) {
   } else {
     s.state = model_.new_state();
     ++metrics_.cache_misses;
+  }
+  const int64_t got = s.handle->cached_tokens;
+  if (got > 0 && got >= std::min(shared, usable)) {
+    s.handle->cache_result = "hit";
+    s.handle->cache_note = "reused " + std::to_string(got) + " of " + std::to_string(len) + " prompt tokens" +
+                           (got == len - 1 && !s.req.warm_only ? " (the last one always runs, for its logits)" : "");
+  } else if (shared == 0) {
+    s.handle->cache_result = "miss";
+    s.handle->cache_note = "no cached sequence starts with this prompt's first token";
+  } else {
+    s.handle->cache_result = got > 0 ? "partial" : "miss";
+    s.handle->cache_note = "cached sequences share " + std::to_string(std::min(shared, len)) + " prompt tokens, but " +
+                           (got > 0 ? "the deepest snapshot within them is at " + std::to_string(got)
+                                    : std::string("no snapshot lies within them")) +
+                           " (snapshots are taken every --checkpoint-every tokens, at prompt ends and after replies)";
   }
   metrics_.restore_ns += nanoseconds_since(t0);
   ++metrics_.requests_started;
@@ -173,6 +245,8 @@ void Scheduler::emit_text(Sequence& s, bool final) {
   e.text = s.text.substr(s.emitted, end - s.emitted);
   e.tokens = std::move(s.pending_tokens);
   s.pending_tokens.clear();
+  e.logprobs = std::move(s.pending_logprobs);
+  s.pending_logprobs.clear();
   s.emitted = end;
   s.handle->push(std::move(e));
 }
@@ -183,20 +257,28 @@ void Scheduler::finish(Sequence& s, const std::string& reason) {
   s.handle->completion_tokens = static_cast<int64_t>(s.generated.size());
   metrics_.completion_tokens += s.generated.size();
   ++metrics_.requests_finished;
+  if (s.req.warm_only) ++metrics_.warm_requests;
+  if (log_requests_)
+    std::fprintf(stderr, "hanpu serve: %s: prompt %lld tokens, cache %s: %s; generated %lld (%s), first token after %.3f s\n",
+                 s.req.warm_only ? "next-turn snapshot" : "request", static_cast<long long>(s.req.prompt.size()),
+                 s.handle->cache_result.c_str(), s.handle->cache_note.c_str(), static_cast<long long>(s.generated.size()),
+                 reason.c_str(), s.handle->ttft_seconds);
   GenerationEvent done;
   done.kind = GenerationEvent::Kind::kDone;
   done.finish_reason = reason;
+  done.stop_string = s.stop_string;
   s.finished = true;
   s.handle->push(std::move(done));
 }
 
-void Scheduler::on_token(Sequence& s, int32_t token) {
+void Scheduler::on_token(Sequence& s, int32_t token, std::span<const float> logits) {
   if (!s.req.ignore_eos && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
     finish(s, "stop");
     return;
   }
   s.generated.push_back(token);
   s.pending_tokens.push_back(token);
+  if (s.req.top_logprobs >= 0) s.pending_logprobs.push_back(token_logprob(logits, token, s.req.top_logprobs));
   if (tokenizer_ && !tokenizer_->is_special(token)) {
     const size_t before = s.text.size();
     s.text += tokenizer_->token_bytes(token);
@@ -205,7 +287,10 @@ void Scheduler::on_token(Sequence& s, int32_t token) {
     size_t cut = std::string::npos;
     for (const std::string& stop : s.req.stop) {
       const size_t at = s.text.find(stop, from);
-      if (at != std::string::npos) cut = std::min(cut, at);
+      if (at != std::string::npos && at < cut) {
+        cut = at;
+        s.stop_string = stop;
+      }
     }
     if (cut != std::string::npos) {
       s.text.resize(std::max(cut, s.emitted));
@@ -225,6 +310,11 @@ void Scheduler::prefill_step(Sequence& s) {
   const ForwardOptions fo{.threads = opt_.threads, .precision = opt_.precision};
   const int64_t V = model_.config().vocab_size;
   const int64_t pos = s.state.position, len = static_cast<int64_t>(s.req.prompt.size());
+  if (pos == len) {  // a warm_only prompt already snapshotted whole: nothing to compute
+    s.prefilling = false;
+    finish(s, "length");
+    return;
+  }
   int64_t end = std::min(len, pos + opt_.prefill_chunk);
   // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
   auto next_checkpoint = std::upper_bound(s.checkpoints.begin(), s.checkpoints.end(), pos);
@@ -239,13 +329,38 @@ void Scheduler::prefill_step(Sequence& s) {
   s.prefilling = false;
   if (s.req.max_tokens <= 0) {
     finish(s, "length");
+    for (auto& f : s.forks) {
+      finish(*f, "length");
+      spawned_.push_back(std::move(f));
+    }
+    s.forks.clear();
     return;
   }
-  const int32_t first = s.sampler->sample({logits.ptr<float>(), static_cast<size_t>(V)});
+  const std::span<const float> row{logits.ptr<float>(), static_cast<size_t>(V)};
+  fork_choices(s, row);
+  const int32_t first = s.sampler->sample(row);
   s.handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
   metrics_.ttft_ns += static_cast<uint64_t>(s.handle->ttft_seconds * 1e9);
   ++metrics_.ttft_count;
-  on_token(s, first);
+  on_token(s, first, row);
+}
+
+// Choices 2..n start from a copy of the prompt's state and its logits, each with its own sampler
+// (they join running_ at the end of this turn).
+void Scheduler::fork_choices(Sequence& s, std::span<const float> logits) {
+  for (auto& f : s.forks) {
+    f->state = s.state;
+    f->admitted = true;
+    f->prefilling = false;
+    f->submitted = s.submitted;
+    f->handle->cached_tokens = s.handle->cached_tokens;
+    f->handle->cache_result = s.handle->cache_result;
+    f->handle->cache_note = s.handle->cache_note;
+    f->handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
+    on_token(*f, f->sampler->sample(logits), logits);
+    spawned_.push_back(std::move(f));
+  }
+  s.forks.clear();
 }
 
 void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
@@ -263,7 +378,10 @@ void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
     metrics_.decode_ns += nanoseconds_since(t0);
     metrics_.decode_tokens += batch.size();
     ++metrics_.decode_steps;
-    for (size_t i = 0; i < batch.size(); ++i) on_token(*batch[i], batch[i]->sampler->sample({logits.ptr<float>() + i * V, V}));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::span<const float> row{logits.ptr<float>() + i * V, V};
+      on_token(*batch[i], batch[i]->sampler->sample(row), row);
+    }
     return;
   }
   for (Sequence* s : batch) {
@@ -273,7 +391,8 @@ void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
     metrics_.decode_ns += nanoseconds_since(t1);
     ++metrics_.decode_tokens;
     ++metrics_.decode_steps;
-    on_token(*s, s->sampler->sample({logits.ptr<float>(), V}));
+    const std::span<const float> row{logits.ptr<float>(), V};
+    on_token(*s, s->sampler->sample(row), row);
   }
 }
 
@@ -284,7 +403,14 @@ void Scheduler::loop() {
     GenerationEvent e;
     e.kind = GenerationEvent::Kind::kError;
     e.error = why;
-    s.handle->push(std::move(e));
+    s.handle->push(e);
+    // Choices not forked yet fail with it (and leave running_ at the end of this turn).
+    for (auto& f : s.forks) {
+      f->finished = true;
+      f->handle->push(e);
+      spawned_.push_back(std::move(f));
+    }
+    s.forks.clear();
   };
   for (;;) {
     {
@@ -302,6 +428,8 @@ void Scheduler::loop() {
       if (s->handle->cancelled()) fail(*s, "cancelled", true);
       else (s->admitted && !s->prefilling ? decoding : prefilling).push_back(s.get());
     }
+    // A next-turn snapshot goes first: the turn it is for is usually queued right behind it.
+    auto warm = std::find_if(prefilling.begin(), prefilling.end(), [](Sequence* s) { return s->req.warm_only; });
     // Alternate: a batched decode step of everything generating, then one prefill chunk.
     const bool decode_turn = !decoding.empty() && (prefilling.empty() || !last_turn_decoded_);
     if (decode_turn) {
@@ -314,7 +442,7 @@ void Scheduler::loop() {
       }
     } else if (!prefilling.empty()) {
       last_turn_decoded_ = false;
-      Sequence& s = *prefilling[next_prefill_++ % prefilling.size()];
+      Sequence& s = warm != prefilling.end() ? **warm : *prefilling[next_prefill_++ % prefilling.size()];
       try {
         if (!s.admitted) {
           admit(s);
@@ -325,6 +453,8 @@ void Scheduler::loop() {
         fail(s, ex.what(), false);
       }
     }
+    for (auto& f : spawned_) running_.push_back(std::move(f));
+    spawned_.clear();
     // Finished sequences leave (freeing their states); the others keep their order.
     size_t left = 0;
     {
