@@ -81,7 +81,8 @@ const char* anthropic_error_type(int status) {
 ojson anthropic_to_chat_request(const ojson& body) {
   expect(body.is_object(), "body", body, "a JSON object");
   only_keys(body, "", {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature", "top_p",
-                       "top_k", "tools", "tool_choice", "thinking", "metadata", "service_tier", "cache_control", "output_config"});
+                       "top_k", "tools", "tool_choice", "thinking", "metadata", "service_tier", "cache_control", "output_config",
+                       "ignore_eos"});
   // Accepted, with no effect here: cache_control (hanpu caches every prefix on its own; see
   // docs/SERVE.md) and service_tier. output_config.effort is accepted and has no effect;
   // output_config.format (structured output) is refused, as response_format is.
@@ -272,6 +273,10 @@ ojson anthropic_to_chat_request(const ojson& body) {
       if (!(v >= 0 && v <= 1)) fail(key, "must be between 0 and 1, got " + body[key].dump());
       out[key] = body[key];
     }
+  if (body.contains("ignore_eos") && !body["ignore_eos"].is_null()) {  // extension, as on the OpenAI endpoints
+    expect(body["ignore_eos"].is_boolean(), "ignore_eos", body["ignore_eos"], "a boolean");
+    out["ignore_eos"] = body["ignore_eos"];
+  }
   if (body.contains("top_k") && !body["top_k"].is_null()) {
     expect(body["top_k"].is_number_integer(), "top_k", body["top_k"], "an integer");
     out["top_k"] = body["top_k"];

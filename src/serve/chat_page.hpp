@@ -30,6 +30,7 @@ textarea{flex:1;height:3.5em;font:inherit}
 <header><b>hanpu</b><span id="model">…</span>
 <label>system <input id="system" placeholder="system prompt"></label>
 <label>max tokens <input id="max_tokens" type="number" value="512" style="width:5em"></label>
+<label>temperature <input id="temperature" type="number" value="0.8" step="0.1" min="0" max="2" style="width:4em"></label>
 <label>API key <input id="key" type="password" placeholder="if --api-key"></label>
 <button id="clear" type="button">new chat</button></header>
 <div id="log"></div>
@@ -87,7 +88,8 @@ $("form").onsubmit = async (e) => {
   try {
     const r = await fetch("/v1/chat/completions", {method: "POST", headers: headers(), body: JSON.stringify({
       model, messages, stream: true, stream_options: {include_usage: true},
-      max_tokens: parseInt($("max_tokens").value) || 512})});
+      max_tokens: parseInt($("max_tokens").value) || 512,
+      temperature: parseFloat($("temperature").value) >= 0 ? parseFloat($("temperature").value) : 0.8})});
     if (!r.ok) throw new Error((await r.json()).error.message);
     const reader = r.body.getReader(), dec = new TextDecoder();
     let buf = "";

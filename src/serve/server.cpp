@@ -407,12 +407,22 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
   std::vector<int64_t>& checkpoints = p.gen.extra_checkpoints;
   ReplyFormat& reply = p.reply;
   const nlohmann::ordered_json raw = nlohmann::ordered_json::parse(raw_body, nullptr, false);
-  const nlohmann::ordered_json& messages = raw["messages"];
+  nlohmann::ordered_json messages = raw["messages"];
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
-    const nlohmann::ordered_json& m = messages[i];
+    nlohmann::ordered_json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw ApiError{400, "'" + where + "': expected an object with a string 'role'", where, "invalid_value"};
+    // OpenAI clients send a call's arguments as a JSON string; templates that iterate them
+    // (Qwen3.5's arguments|items) need the object. As vLLM does, a string that parses as a JSON
+    // object is passed as the object (templates that print strings print its tojson instead).
+    if (m.contains("tool_calls") && m["tool_calls"].is_array())
+      for (auto& tc : m["tool_calls"])
+        if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("arguments") &&
+            tc["function"]["arguments"].is_string()) {
+          auto parsed = nlohmann::ordered_json::parse(tc["function"]["arguments"].get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded() && parsed.is_object()) tc["function"]["arguments"] = std::move(parsed);
+        }
   }
   nlohmann::ordered_json tools = raw.contains("tools") ? raw["tools"] : nlohmann::ordered_json(nullptr);
   if (!tools.is_null()) {
@@ -470,8 +480,11 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
     if (!reply.parse_tools)
       throw ApiError{400, "'tool_choice': the chat template shows no tool-call format hanpu knows (<tool_call> JSON or XML, "
                           "Kimi's sections), so a call cannot be required", "tool_choice", "unsupported_value"};
+    if (reply.reasoning_opened) {  // a call, not thinking, comes first: the block closes empty
+      text += "\n</think>\n\n";
+      reply.reasoning_opened = false;
+    }
     std::string prefix;
-    if (reply.reasoning_opened) prefix = "\n</think>\n\n";  // a call, not thinking, comes first
     const bool any = forced == "*";
     switch (reply.tool_format) {
       case ToolCallFormat::kJsonTags:
@@ -674,7 +687,8 @@ json reply_message(const ReplyFormat& f, const std::string& text, const std::str
 
 // The bytes of a token as OpenAI's logprobs show them (token_id:N without a tokenizer, as vLLM).
 std::string token_text(const Tokenizer* tok, int32_t id) {
-  return tok ? tok->token_bytes(id) : "token_id:" + std::to_string(id);
+  const int32_t one[1] = {id};
+  return tok ? tok->decode(one) : "token_id:" + std::to_string(id);  // special tokens by name
 }
 
 json bytes_of(const std::string& s) {
@@ -788,7 +802,9 @@ void Api::warm_next_turn(const ParsedRequest& p, const json& reply) {
   if (!p.next_turn || sched_.options().cache_bytes == 0) return;
   try {
     auto [tokens, extra] = p.next_turn(reply);
-    if (tokens.size() <= p.gen.prompt.size() || static_cast<int64_t>(tokens.size()) > so_.context_tokens) return;
+    // (It may be shorter than this prompt: a template may drop the reply's reasoning once a user
+    // message follows.)
+    if (tokens.empty() || static_cast<int64_t>(tokens.size()) > so_.context_tokens) return;
     GenerationRequest g;
     g.prompt = std::move(tokens);
     g.extra_checkpoints = std::move(extra);
