@@ -31,9 +31,11 @@ void expect(bool ok, const std::string& field, const ojson& got, const std::stri
 }
 
 void only_keys(const ojson& obj, const std::string& where, std::initializer_list<const char*> allowed) {
-  for (const auto& [key, value] : obj.items())
+  for (auto it = obj.begin(); it != obj.end(); ++it) {
+    const std::string& key = it.key();
     if (std::none_of(allowed.begin(), allowed.end(), [&](const char* a) { return key == a; }))
       fail(where.empty() ? key : where + "." + key, "Extra inputs are not permitted");
+  }
 }
 
 const ojson& required(const ojson& obj, const std::string& where, const char* key) {
