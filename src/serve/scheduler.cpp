@@ -18,43 +18,6 @@ uint64_t nanoseconds_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
-// Length of the longest run of whole UTF-8 characters in text[begin, end): a character whose
-// bytes are not all there yet waits for the next token (a token may carry half a character).
-// Bytes that cannot start a character are passed on as they are (the JSON writer replaces them).
-size_t whole_characters_end(const std::string& text, size_t begin, size_t end) {
-  size_t i = begin;
-  while (i < end) {
-    const auto lead = static_cast<unsigned char>(text[i]);
-    const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
-    if (i + len > end) break;
-    i += len;
-  }
-  return i;
-}
-
-// log softmax of one row at `token`, and the `top` most likely tokens (ties: lower id first).
-TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top) {
-  float mx = -INFINITY;
-  for (float x : logits) mx = std::max(mx, x);
-  double sum = 0;
-  for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
-  const double log_z = mx + std::log(sum);
-  TokenLogprob out;
-  out.token = token;
-  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
-  if (top > 0) {
-    std::vector<int32_t> ids(logits.size());
-    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
-    const size_t k = std::min(ids.size(), static_cast<size_t>(top));
-    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
-      return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)] ||
-             (logits[static_cast<size_t>(a)] == logits[static_cast<size_t>(b)] && a < b);
-    });
-    for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_z));
-  }
-  return out;
-}
-
 }  // namespace
 
 bool GenerationHandle::next(GenerationEvent& out) {
@@ -89,28 +52,33 @@ struct Scheduler::Sequence {
   GenerationRequest req;
   std::shared_ptr<GenerationHandle> handle;
   HybridState state;
-  std::unique_ptr<Sampler> sampler;
-  std::vector<int64_t> checkpoints;  // sorted prompt lengths to snapshot at
-  std::vector<int32_t> generated;
+  std::unique_ptr<TokenStream> stream;  // sampling and stop rules, as `hanpu run` (hanpu/generator.hpp)
+  std::vector<int64_t> checkpoints;     // sorted prompt lengths to snapshot at
   int32_t next_input = -1;
   bool admitted = false, prefilling = true, finished = false;
-  std::string text;                    // output so far (bytes)
-  size_t emitted = 0;                  // bytes of `text` already sent
-  std::vector<int32_t> pending_tokens; // generated tokens not yet sent
-  std::vector<TokenLogprob> pending_logprobs;
-  std::string stop_string;             // the stop string that ended it
+  size_t emitted = 0;                   // bytes of the stream's text already sent
+  size_t tokens_sent = 0;               // the stream's tokens already sent
   std::vector<std::unique_ptr<Sequence>> forks;  // choices 2..n: start from this one's prompt state
-  size_t longest_stop = 0;
   Clock::time_point submitted = Clock::now();
 };
 
+namespace {
+
+GenerationOptions generation_options(const GenerationRequest& req, uint64_t seed_offset) {
+  GenerationOptions o;
+  o.sampling = req.sampling;
+  o.sampling.seed += seed_offset;
+  o.max_tokens = req.max_tokens;
+  o.stop_strings = req.stop;
+  o.ignore_eos = req.ignore_eos;
+  o.top_logprobs = req.top_logprobs;
+  return o;
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const HybridModel& model, const Tokenizer* tokenizer, SchedulerOptions opt)
-    : model_(model), tokenizer_(tokenizer), opt_(opt), cache_(opt.cache_bytes) {
-  // The same end-of-sequence tokens as `hanpu run`: the config's eos ids, and ChatML's end of turn.
-  stop_tokens_ = model.config().eos_token_ids;
-  if (tokenizer_)
-    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = tokenizer_->token_to_id(s)) stop_tokens_.push_back(*id);
+    : model_(model), tokenizer_(tokenizer), opt_(opt), generator_(model, tokenizer), cache_(opt.cache_bytes) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -127,8 +95,7 @@ std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(Generat
   auto s = std::make_unique<Sequence>();
   s->handle = std::make_shared<GenerationHandle>();
   s->handle->prompt_tokens = static_cast<int64_t>(req.prompt.size());
-  s->sampler = std::make_unique<Sampler>(req.sampling);
-  for (const std::string& stop : req.stop) s->longest_stop = std::max(s->longest_stop, stop.size());
+  s->stream = std::make_unique<TokenStream>(tokenizer_, generator_.stop_ids(), generation_options(req, 0));
   const int64_t len = static_cast<int64_t>(req.prompt.size());
   if (opt_.checkpoint_every > 0)
     for (int64_t at = opt_.checkpoint_every; at < len; at += opt_.checkpoint_every) s->checkpoints.push_back(at);
@@ -145,10 +112,7 @@ std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(Generat
     auto f = std::make_unique<Sequence>();
     f->handle = std::make_shared<GenerationHandle>();
     f->handle->prompt_tokens = s->handle->prompt_tokens;
-    SamplingOptions so = req.sampling;
-    so.seed += static_cast<uint64_t>(i);
-    f->sampler = std::make_unique<Sampler>(so);
-    f->longest_stop = s->longest_stop;
+    f->stream = std::make_unique<TokenStream>(tokenizer_, generator_.stop_ids(), generation_options(req, static_cast<uint64_t>(i)));
     f->req = req;
     f->req.prompt.clear();  // the parent's prompt; only its length matters (snapshot() uses it)
     f->req.prompt.shrink_to_fit();
@@ -224,29 +188,25 @@ void Scheduler::snapshot(const Sequence& s) {
   const size_t pos = static_cast<size_t>(s.state.position);
   std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + static_cast<std::ptrdiff_t>(
                                                                                 std::min(pos, s.req.prompt.size())));
-  for (size_t i = 0; tokens.size() < pos; ++i) tokens.push_back(s.generated[i]);
+  for (size_t i = 0; tokens.size() < pos; ++i) tokens.push_back(s.stream->tokens()[i]);
   if (cache_.insert(tokens, s.state)) ++metrics_.snapshots_taken;
   metrics_.snapshot_ns += nanoseconds_since(t0);
 }
 
 void Scheduler::emit_text(Sequence& s, bool final) {
-  size_t end = s.text.size();
-  if (!final) {
-    // Hold back what could still be the start of a stop string, and half characters.
-    const size_t hold = s.longest_stop > 0 ? s.longest_stop - 1 : 0;
-    end = std::max(s.emitted, s.text.size() > hold ? s.text.size() - hold : 0);
-    end = whole_characters_end(s.text, s.emitted, end);
-  }
+  const TokenStream& st = *s.stream;
+  // Held back: what could still be the start of a stop string, and half characters.
+  const size_t end = final ? st.text().size() : st.settled_text_bytes(s.emitted);
   const bool has_text = end > s.emitted;
-  if (!has_text && s.pending_tokens.empty()) return;
+  const bool has_tokens = st.tokens().size() > s.tokens_sent;
+  if (!has_text && !has_tokens) return;
   // With a tokenizer, tokens that add no visible text yet wait for the next event.
   if (!has_text && tokenizer_ && !final) return;
   GenerationEvent e;
-  e.text = s.text.substr(s.emitted, end - s.emitted);
-  e.tokens = std::move(s.pending_tokens);
-  s.pending_tokens.clear();
-  e.logprobs = std::move(s.pending_logprobs);
-  s.pending_logprobs.clear();
+  e.text = st.text().substr(s.emitted, end - s.emitted);
+  e.tokens.assign(st.tokens().begin() + static_cast<std::ptrdiff_t>(s.tokens_sent), st.tokens().end());
+  e.logprobs = s.stream->take_logprobs();
+  s.tokens_sent = st.tokens().size();
   s.emitted = end;
   s.handle->push(std::move(e));
 }
@@ -254,56 +214,31 @@ void Scheduler::emit_text(Sequence& s, bool final) {
 void Scheduler::finish(Sequence& s, const std::string& reason) {
   emit_text(s, true);
   if (s.state.position > static_cast<int64_t>(s.req.prompt.size())) snapshot(s);  // prompt + reply
-  s.handle->completion_tokens = static_cast<int64_t>(s.generated.size());
-  metrics_.completion_tokens += s.generated.size();
+  s.handle->completion_tokens = static_cast<int64_t>(s.stream->tokens().size());
+  metrics_.completion_tokens += s.stream->tokens().size();
   ++metrics_.requests_finished;
   if (s.req.warm_only) ++metrics_.warm_requests;
   if (log_requests_)
     std::fprintf(stderr, "hanpu serve: %s: prompt %lld tokens, cache %s: %s; generated %lld (%s), first token after %.3f s\n",
                  s.req.warm_only ? "next-turn snapshot" : "request", static_cast<long long>(s.req.prompt.size()),
-                 s.handle->cache_result.c_str(), s.handle->cache_note.c_str(), static_cast<long long>(s.generated.size()),
+                 s.handle->cache_result.c_str(), s.handle->cache_note.c_str(), static_cast<long long>(s.stream->tokens().size()),
                  reason.c_str(), s.handle->ttft_seconds);
   GenerationEvent done;
   done.kind = GenerationEvent::Kind::kDone;
   done.finish_reason = reason;
-  done.stop_string = s.stop_string;
+  done.stop_string = s.stream->stop_string();
   s.finished = true;
   s.handle->push(std::move(done));
 }
 
-void Scheduler::on_token(Sequence& s, int32_t token, std::span<const float> logits) {
-  if (!s.req.ignore_eos && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
-    finish(s, "stop");
-    return;
-  }
-  s.generated.push_back(token);
-  s.pending_tokens.push_back(token);
-  if (s.req.top_logprobs >= 0) s.pending_logprobs.push_back(token_logprob(logits, token, s.req.top_logprobs));
-  if (tokenizer_ && !tokenizer_->is_special(token)) {
-    const size_t before = s.text.size();
-    s.text += tokenizer_->token_bytes(token);
-    // A stop string may end in this token; search from where it could have begun.
-    const size_t from = before > s.longest_stop ? before - s.longest_stop : 0;
-    size_t cut = std::string::npos;
-    for (const std::string& stop : s.req.stop) {
-      const size_t at = s.text.find(stop, from);
-      if (at != std::string::npos && at < cut) {
-        cut = at;
-        s.stop_string = stop;
-      }
-    }
-    if (cut != std::string::npos) {
-      s.text.resize(std::max(cut, s.emitted));
-      finish(s, "stop");
-      return;
-    }
-  }
-  if (static_cast<int64_t>(s.generated.size()) >= s.req.max_tokens) {
-    finish(s, "length");
+void Scheduler::on_token(Sequence& s, std::span<const float> logits) {
+  const std::optional<int32_t> next = s.stream->push(logits);
+  if (!next) {
+    finish(s, s.stream->reason() == FinishReason::kLength ? "length" : "stop");
     return;
   }
   emit_text(s, false);
-  s.next_input = token;
+  s.next_input = *next;
 }
 
 void Scheduler::prefill_step(Sequence& s) {
@@ -316,15 +251,19 @@ void Scheduler::prefill_step(Sequence& s) {
     return;
   }
   int64_t end = std::min(len, pos + opt_.prefill_chunk);
-  // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
+  // One chunk per turn, ending at the next checkpoint if one comes first (Generator::prefill
+  // splits there and snapshots: the state at that point exists anyway, no extra pass).
   auto next_checkpoint = std::upper_bound(s.checkpoints.begin(), s.checkpoints.end(), pos);
   if (next_checkpoint != s.checkpoints.end()) end = std::min(end, *next_checkpoint);
   const auto t0 = Clock::now();
-  Tensor logits = model_.forward(
-      s.state, std::span<const int32_t>(s.req.prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(end - pos)), fo);
-  metrics_.prefill_ns += nanoseconds_since(t0);
+  uint64_t snapshot_ns = 0;
+  Tensor logits = generator_.prefill(s.state, s.req.prompt, end, opt_.prefill_chunk, fo, s.checkpoints, [&](const HybridState&) {
+    const auto t1 = Clock::now();
+    snapshot(s);
+    snapshot_ns += nanoseconds_since(t1);
+  });
+  metrics_.prefill_ns += nanoseconds_since(t0) - snapshot_ns;
   metrics_.prefill_tokens += static_cast<uint64_t>(end - pos);
-  if (std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), end)) snapshot(s);
   if (end < len) return;
   s.prefilling = false;
   if (s.req.max_tokens <= 0) {
@@ -338,11 +277,10 @@ void Scheduler::prefill_step(Sequence& s) {
   }
   const std::span<const float> row{logits.ptr<float>(), static_cast<size_t>(V)};
   fork_choices(s, row);
-  const int32_t first = s.sampler->sample(row);
   s.handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
   metrics_.ttft_ns += static_cast<uint64_t>(s.handle->ttft_seconds * 1e9);
   ++metrics_.ttft_count;
-  on_token(s, first, row);
+  on_token(s, row);
 }
 
 // Choices 2..n start from a copy of the prompt's state and its logits, each with its own sampler
@@ -357,7 +295,7 @@ void Scheduler::fork_choices(Sequence& s, std::span<const float> logits) {
     f->handle->cache_result = s.handle->cache_result;
     f->handle->cache_note = s.handle->cache_note;
     f->handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
-    on_token(*f, f->sampler->sample(logits), logits);
+    on_token(*f, logits);
     spawned_.push_back(std::move(f));
   }
   s.forks.clear();
@@ -380,7 +318,7 @@ void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
     ++metrics_.decode_steps;
     for (size_t i = 0; i < batch.size(); ++i) {
       const std::span<const float> row{logits.ptr<float>() + i * V, V};
-      on_token(*batch[i], batch[i]->sampler->sample(row), row);
+      on_token(*batch[i], row);
     }
     return;
   }
@@ -392,7 +330,7 @@ void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
     ++metrics_.decode_tokens;
     ++metrics_.decode_steps;
     const std::span<const float> row{logits.ptr<float>(), V};
-    on_token(*s, s->sampler->sample(row), row);
+    on_token(*s, row);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "hanpu/generator.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "serve/prefix_cache.hpp"
@@ -70,13 +71,7 @@ struct GenerationRequest {
   bool warm_only = false;
 };
 
-/// One generated token's log probability (natural log, of the model's distribution before
-/// temperature, top-k and top-p, as OpenAI reports it) and the most likely alternatives.
-struct TokenLogprob {
-  int32_t token = -1;
-  float logprob = 0;
-  std::vector<std::pair<int32_t, float>> top;  // most likely first
-};
+using hanpu::TokenLogprob;  // hanpu/generator.hpp
 
 /// What the scheduler tells a request's HTTP handler, in order.
 struct GenerationEvent {
@@ -168,7 +163,7 @@ class Scheduler {
   void admit(Sequence& s);
   void prefill_step(Sequence& s);
   void decode_step(const std::vector<Sequence*>& batch);
-  void on_token(Sequence& s, int32_t token, std::span<const float> logits);
+  void on_token(Sequence& s, std::span<const float> logits);
   void finish(Sequence& s, const std::string& reason);
   void emit_text(Sequence& s, bool final);
   void snapshot(const Sequence& s);
@@ -179,7 +174,7 @@ class Scheduler {
   const Tokenizer* tokenizer_;
   std::atomic<bool> log_requests_{false};
   const SchedulerOptions opt_;
-  std::vector<int32_t> stop_tokens_;
+  Generator generator_;  // stop ids, sampling and stop rules, chunked prefill: as `hanpu run`
   PrefixCache cache_;
   SchedulerMetrics metrics_;
 
