@@ -114,6 +114,10 @@ class Generator {
                   const ForwardOptions& fo, int64_t prefill_chunk,
                   const std::function<void(int32_t)>& on_token = {}) const;
 
+  /// Decoding only: `logits` is the row after the prompt (or after whatever `state` has seen).
+  Result decode(HybridState& state, std::span<const float> logits, const GenerationOptions& opt, const ForwardOptions& fo,
+                const std::function<void(int32_t)>& on_token = {}) const;
+
   /// The prefill chunk all entry points use by default: the server's (docs/SERVE.md) -- 256
   /// prompt tokens take 1 to 2 s on Qwen3.5-0.8B shapes on 2 cores, the longest a long prompt
   /// stalls other sequences per scheduler turn. The same chunking everywhere gives the same

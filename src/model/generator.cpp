@@ -146,20 +146,38 @@ Generator::Result Generator::generate(HybridState& state, std::span<const int32_
   const auto t0 = Clock::now();
   Tensor logits = prefill(state, prompt, static_cast<int64_t>(prompt.size()), prefill_chunk, one);
   r.prefill_seconds = seconds_since(t0);
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  Result d = decode(state, {logits.ptr<float>() + (logits.shape()[0] - 1) * static_cast<int64_t>(V), V}, opt, fo, on_token);
+  d.prefill_seconds = r.prefill_seconds;
+  d.first_token_seconds += r.prefill_seconds;
+  r = std::move(d);
+  return r;
+}
+
+Generator::Result Generator::decode(HybridState& state, std::span<const float> logits, const GenerationOptions& opt,
+                                    const ForwardOptions& fo, const std::function<void(int32_t)>& on_token) const {
+  ForwardOptions one = fo;
+  one.all_logits = false;
+  Result r;
   TokenStream stream = this->stream(opt);
   const size_t V = static_cast<size_t>(model_.config().vocab_size);
-  const auto t_decode = Clock::now();
+  if (logits.size() != V)
+    throw Error("generation: a logits row of " + std::to_string(logits.size()) + " values, expected the vocabulary's " +
+                std::to_string(V));
+  const auto t0 = Clock::now();
   size_t shown = 0;
+  Tensor next_logits;
   while (!stream.finished()) {
-    const std::optional<int32_t> next = stream.push({logits.ptr<float>(), V});
+    const std::optional<int32_t> next = stream.push(logits);
     if (r.first_token_seconds == 0) r.first_token_seconds = seconds_since(t0);
     for (; shown < stream.tokens().size(); ++shown)
       if (on_token) on_token(stream.tokens()[shown]);
     if (!next) break;
     const int32_t ids[1] = {*next};
-    logits = model_.forward(state, ids, one);
+    next_logits = model_.forward(state, ids, one);
+    logits = {next_logits.ptr<float>(), V};
   }
-  r.decode_seconds = seconds_since(t_decode);
+  r.decode_seconds = seconds_since(t0);
   r.tokens = stream.tokens();
   r.reason = stream.reason();
   r.stop_token = stream.stop_token();
