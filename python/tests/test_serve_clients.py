@@ -375,3 +375,62 @@ def test_chat_page_streams_a_reply_in_headless_chromium(server):
         assert len(growing) >= 2 and all(final.startswith(t) for t in growing), growing
     finally:
         driver.quit()
+
+
+# ---- one generation path -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("model", ["qwen35_tiny", "kimi_linear_tiny"])
+def test_cli_python_and_server_generate_the_same_tokens(model):
+    """The same prompt and sampling settings give the same tokens from `hanpu run`, the Python
+    package's Model.generate and `hanpu serve` (hanpu/generator.hpp: one Generator behind all
+    three), sampled at several seeds, and each stops at the same stop token."""
+    hanpu = pytest.importorskip("hanpu")
+    if not hasattr(hanpu.model._hanpu, "_generate"):
+        pytest.fail("the installed hanpu package predates the Generator: pip install this tree")
+    from test_serve import CLI_ENV, hanpu_exe
+    import subprocess
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    m = hanpu.Model.load(str(GOLDEN / model))
+    s = Server(model)
+    try:
+        for seed in (1, 2, 3):
+            settings = {"temperature": 0.8, "top_k": 0, "top_p": 0.9, "seed": seed}
+            cli = [int(t) for t in subprocess.run(
+                [str(hanpu_exe()), "run", "--model", str(GOLDEN / model), "--ids", "--threads", "1", "--prompt-ids",
+                 ",".join(map(str, prompt)), "-n", "40", "--temp", "0.8", "--top-k", "0", "--top-p", "0.9", "--seed",
+                 str(seed)], capture_output=True, text=True, check=True, env=CLI_ENV).stdout.split()]
+            py = m.generate(prompt, max_new_tokens=40, **settings)
+            status, body = s.request("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 40,
+                                                                  **settings})
+            assert status == 200, body
+            served = body["choices"][0]["token_ids"]
+            stop = m.config["eos_token_ids"]
+            py_out = py[:-1] if py and py[-1] in stop else py  # generate() keeps the stop token
+            assert cli == py_out == served, (seed, cli, py, served)
+    finally:
+        s.stop()
+
+
+def test_python_generate_stops_at_the_chat_end_marker_and_uses_the_checkpoint_template(tmp_path):
+    hanpu = pytest.importorskip("hanpu")
+    m = hanpu.Model.load(str(GOLDEN / "qwen35_tiny"))
+    tok = hanpu.Tokenizer.from_dir(str(GOLDEN / "qwen35_tiny"))
+    im_end = tok.token_to_id("<|im_end|>")
+    # The default stop ids are the CLI's and the server's: the config's eos ids and the chat end marker.
+    assert im_end in hanpu.model._hanpu._default_stop_ids(m._m, tok._t)
+    assert im_end not in m.config["eos_token_ids"]
+    # The checkpoint's template when it has one, as the server renders it.
+    d = checkpoint_with_template(tmp_path, (TEMPLATES / "qwen35_xml_tools.jinja").read_text())
+    t = hanpu.Tokenizer.from_dir(str(d))
+    msgs = [{"role": "user", "content": "Weather in Oslo?"}]
+    text = t.apply_chat_template(msgs, tools=TOOLS, enable_thinking=True)
+    assert "<tools>" in text and text.endswith("<think>\n"), text
+    s = Server(str(d))
+    try:
+        status, body = s.request("POST", "/v1/chat/completions", {"model": "qwen35_tiny", "messages": msgs, "tools": TOOLS,
+                                                                  "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": True}})
+        assert status == 200 and body["usage"]["prompt_tokens"] == len(t.encode(text)), body
+    finally:
+        s.stop()
+    # Without a template: ChatML, as before.
+    assert tok.apply_chat_template(msgs).startswith("<|im_start|>user\n")
