@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -28,7 +29,13 @@ struct GenerationOptions {
   bool ignore_eos = false;                // generate max_tokens whatever comes
   /// Log probabilities of the chosen tokens with this many alternatives each; -1: none.
   int top_logprobs = -1;
+  /// Constrain the output to one JSON object, closed within max_tokens (OpenAI's
+  /// response_format json_object): tokens that cannot continue it are masked before sampling,
+  /// and the generation ends when the object closes. Needs a tokenizer and max_tokens >= 2.
+  bool json_object = false;
 };
+
+class JsonConstraint;  // src/model/json_constraint.hpp
 
 /// One generated token's log probability (natural log of the model's distribution before
 /// temperature, top-k and top-p, as OpenAI reports it) and the most likely alternatives.
@@ -47,6 +54,8 @@ class TokenStream {
  public:
   /// `tokenizer` may be null (ids only: no text, no stop strings).
   TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_ids, GenerationOptions opt);
+  TokenStream(TokenStream&&) noexcept;
+  ~TokenStream();
 
   /// Samples the next token from one row of logits and records it. Returns the token to feed to
   /// the model next, or nothing when the generation ended with it (finished()).
@@ -81,6 +90,8 @@ class TokenStream {
   FinishReason reason_ = FinishReason::kNone;
   std::string stop_string_;
   std::optional<int32_t> stop_token_;
+  std::unique_ptr<JsonConstraint> json_;  // json_object
+  std::vector<float> masked_;             // the logits row with the mask applied
 };
 
 class Generator {

@@ -434,3 +434,35 @@ def test_python_generate_stops_at_the_chat_end_marker_and_uses_the_checkpoint_te
         s.stop()
     # Without a template: ChatML, as before.
     assert tok.apply_chat_template(msgs).startswith("<|im_start|>user\n")
+
+
+# ---- structured output ------------------------------------------------------------------------------
+
+def test_json_object_output_parses_at_every_seed(server, xml_server):
+    """response_format json_object: a random-weight model's output, masked token by token, is
+    always one JSON object, closed within max_tokens, streamed or not; with a template that opens
+    <think>, the block is closed first and the object is the content."""
+    msgs = [{"role": "user", "content": "Give me JSON."}]
+    for s in (server, xml_server):
+        client = s.client()
+        for seed in range(12):
+            max_tokens = (2, 3, 7, 40)[seed % 4]
+            r = client.chat.completions.create(model="qwen35_tiny", messages=msgs, seed=seed, temperature=1.0,
+                                               max_tokens=max_tokens, response_format={"type": "json_object"})
+            content = r.choices[0].message.content
+            assert isinstance(json.loads(content), dict), (seed, content)
+            assert r.usage.completion_tokens <= max_tokens
+            assert r.choices[0].finish_reason == "stop", "the object closed and ended the generation"
+            assert not getattr(r.choices[0].message, "reasoning_content", None)
+            streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model="qwen35_tiny", messages=msgs, seed=seed, temperature=1.0, max_tokens=max_tokens, stream=True,
+                response_format={"type": "json_object"}) if c.choices)
+            assert streamed == content
+    client = server.client()
+    for kwargs, param in (({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+                           "response_format"),
+                          ({"response_format": {"type": "json_object"}, "max_tokens": 1}, "max_tokens"),
+                          ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="qwen35_tiny", messages=msgs, **{"max_tokens": 5, **kwargs})
+        assert e.value.body["param"] == param, e.value.body

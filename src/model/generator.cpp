@@ -1,6 +1,8 @@
 // The one generation path (hanpu/generator.hpp).
 #include "hanpu/generator.hpp"
 
+#include "json_constraint.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -60,11 +62,29 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
     longest_stop_ = std::max(longest_stop_, s.size());
   }
   if (opt_.max_tokens <= 0) reason_ = FinishReason::kLength;
+  if (opt_.json_object) {
+    if (!tokenizer_) throw Error("generation: JSON output needs a tokenizer (text output)");
+    if (opt_.max_tokens < 2)
+      throw Error("generation: JSON output needs max_tokens of at least 2 (the shortest object, {}), got " +
+                  std::to_string(opt_.max_tokens));
+    json_ = std::make_unique<JsonConstraint>(*tokenizer_);
+  }
 }
+
+TokenStream::TokenStream(TokenStream&&) noexcept = default;
+TokenStream::~TokenStream() = default;
 
 std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
   if (finished()) throw Error("generation: push() after the generation ended");
-  const int32_t token = sampler_.sample(logits);
+  std::span<const float> row = logits;
+  if (json_) {
+    masked_.assign(logits.begin(), logits.end());
+    json_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
+    row = masked_;
+  }
+  const int32_t token = sampler_.sample(row);
+  if (json_ && !json_->advance(token))  // the mask always leaves a way to close the document
+    throw Error("generation: JSON output: sampled token " + std::to_string(token) + " that the mask excluded");
   if (!opt_.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
     reason_ = FinishReason::kStopToken;
     stop_token_ = token;
@@ -90,6 +110,10 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
       reason_ = FinishReason::kStopString;
       return std::nullopt;
     }
+  }
+  if (json_ && json_->done()) {  // the object closed: nothing may follow it
+    reason_ = FinishReason::kStopToken;
+    return std::nullopt;
   }
   if (static_cast<int64_t>(tokens_.size()) >= opt_.max_tokens) {
     reason_ = FinishReason::kLength;

@@ -72,6 +72,7 @@ GenerationOptions generation_options(const GenerationRequest& req, uint64_t seed
   o.stop_strings = req.stop;
   o.ignore_eos = req.ignore_eos;
   o.top_logprobs = req.top_logprobs;
+  o.json_object = req.json_object;
   return o;
 }
 
@@ -123,7 +124,7 @@ std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(Generat
   for (auto& f : s->forks) f->req.prompt = s->req.prompt;
   {
     std::lock_guard lock(mu_);
-    if (draining_) throw Error("the server is shutting down");
+    if (draining_) throw ShuttingDown("the server is shutting down");
     // A request with n choices takes n places (each choice becomes a sequence of its own).
     if (admitted_ + choices - 1 >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
       throw QueueFull("the server is full: " + std::to_string(admitted_) + " requests running or waiting (--parallel " +

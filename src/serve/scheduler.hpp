@@ -69,6 +69,7 @@ struct GenerationRequest {
   /// render it (docs/SERVE.md, "prefix cache"); it prefills before other prompts, so the next turn,
   /// queued behind it, finds its snapshot.
   bool warm_only = false;
+  bool json_object = false;  // constrain the output to one JSON object (GenerationOptions::json_object)
 };
 
 using hanpu::TokenLogprob;  // hanpu/generator.hpp
@@ -135,6 +136,11 @@ class QueueFull : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+class ShuttingDown : public Error {
+ public:
+  using Error::Error;
+};
+
 class Scheduler {
  public:
   /// The tokenizer may be null (ids in, ids out; no text, no stop strings).
@@ -143,8 +149,8 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  /// Queues a request; throws QueueFull when max_queue requests already wait, and hanpu::Error
-  /// after drain() began.
+  /// Queues a request; throws QueueFull when max_queue requests already wait, ShuttingDown after
+  /// drain() began, and hanpu::Error for settings the generation refuses (TokenStream).
   std::shared_ptr<GenerationHandle> submit(GenerationRequest req);
   /// As submit(), for req.n choices: one handle per choice, in order.
   std::vector<std::shared_ptr<GenerationHandle>> submit_choices(GenerationRequest req);

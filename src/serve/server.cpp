@@ -298,11 +298,14 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
       const json& rf = body["response_format"];
       if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
         throw ApiError{400, "'response_format': expected an object with a 'type'", "response_format", "invalid_type"};
-      if (rf["type"] != "text")
-        throw ApiError{400, "'response_format' " + dump(rf["type"]) + " is not supported by hanpu serve yet: it has no "
-                            "constrained decoding, and output that only might follow the format is not offered; "
-                            "expected {\"type\": \"text\"}",
+      if (rf["type"] == "json_object") {
+        p.gen.json_object = true;  // constrained sampling (hanpu/generator.hpp); checked in chat_prompt
+      } else if (rf["type"] != "text") {
+        throw ApiError{400, "'response_format' " + dump(rf["type"]) + " is not supported by hanpu serve yet (json_schema "
+                            "needs a schema compiled to a grammar; output that only might follow it is not offered); "
+                            "expected {\"type\": \"text\"} or {\"type\": \"json_object\"}",
                        "response_format", "unsupported_value"};
+      }
     }
     if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() && !body["parallel_tool_calls"].is_boolean())
       throw wrong_type("parallel_tool_calls", body["parallel_tool_calls"], "a boolean");
@@ -472,6 +475,15 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
     else if (src.find("<tool_call>") != std::string::npos) reply.tool_format = ToolCallFormat::kJsonTags;
     else reply.parse_tools = false;
     reply.tools = tools;
+  }
+  if (p.gen.json_object) {
+    if (!tools.is_null())
+      throw ApiError{400, "'response_format' json_object with 'tools': the reply is either a JSON object or tool calls; "
+                          "send tool_choice \"none\" or drop one", "response_format", "invalid_value"};
+    if (reply.reasoning_opened) {  // the JSON is the answer, not thinking: the block closes empty
+      text += "\n</think>\n\n";
+      reply.reasoning_opened = false;
+    }
   }
   if (!forced.empty()) {
     // tool_choice required or named: the generation prompt goes on with the start of a call in
@@ -789,8 +801,10 @@ std::vector<std::shared_ptr<GenerationHandle>> Api::submit(ParsedRequest& p, con
     return handles;
   } catch (const QueueFull& e) {
     throw ApiError{429, e.what(), "", "rate_limit_exceeded", "rate_limit_error"};
-  } catch (const Error& e) {
+  } catch (const ShuttingDown& e) {
     throw ApiError{503, e.what(), "", "shutting_down", "server_error"};
+  } catch (const Error& e) {  // settings the generation refuses (hanpu/generator.hpp)
+    throw ApiError{400, e.what(), p.gen.json_object ? "response_format" : "", "invalid_value"};
   }
 }
 
@@ -844,6 +858,15 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
       throw ApiError{400, "'echo' with 'logprobs' would need the prompt tokens' logprobs, which hanpu serve does not compute; "
                           "drop one of them", "echo", "unsupported_value"};
     if (p.echo) echo_text = body["prompt"].is_string() ? body["prompt"].get<std::string>() : tok_ ? tok_->decode(p.gen.prompt) : "";
+  }
+  if (p.gen.json_object) {
+    if (!p.gen.stop.empty())
+      throw ApiError{400, "'stop' with 'response_format' json_object could cut the object short; the generation ends when "
+                          "the object closes", "stop", "invalid_value"};
+    if (p.gen.max_tokens >= 0 && p.gen.max_tokens < 2)
+      throw ApiError{400, "'" + p.max_tokens_field + "': " + std::to_string(p.gen.max_tokens) +
+                          " is too few for response_format json_object (the shortest object, {}, takes 2 tokens)",
+                     p.max_tokens_field, "invalid_value"};
   }
   const auto handles = submit(p, chat ? "messages" : "prompt");
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
