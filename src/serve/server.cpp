@@ -1325,6 +1325,8 @@ void Api::metrics(httplib::Response& res) {
   metric("hanpu_cache_misses_total", "counter", "requests that found no cached prefix", m.cache_misses);
   metric("hanpu_cache_tokens_reused_total", "counter", "prompt tokens restored from the cache instead of computed", m.cache_tokens_reused);
   metric("hanpu_cache_snapshots_total", "counter", "snapshots stored", m.snapshots_taken);
+  metric("hanpu_cache_next_turn_snapshots_total", "counter", "prefills of a chat's next-turn prefix after its reply (warm_only)",
+         m.warm_requests);
   metric("hanpu_cache_snapshot_seconds_total", "counter", "seconds copying states into the cache", sec(m.snapshot_ns));
   metric("hanpu_cache_restore_seconds_total", "counter", "seconds looking up and copying states out of the cache", sec(m.restore_ns));
   metric("hanpu_cache_evictions_total", "counter", "snapshots evicted (least recently used)", static_cast<double>(cs.evictions));
