@@ -476,3 +476,29 @@ def test_json_object_output_parses_at_every_seed(server, xml_server):
         with pytest.raises(openai.BadRequestError) as e:
             client.chat.completions.create(model="qwen35_tiny", messages=msgs, **{"max_tokens": 5, **kwargs})
         assert e.value.body["param"] == param, e.value.body
+
+
+def test_a_prompt_differing_in_its_last_tokens_reuses_up_to_the_last_chunk_boundary():
+    """Two completions that differ only in their last tokens: the second restores the snapshot at
+    the last --prefill-chunk boundary of the first, though --checkpoint-every (512) left none
+    below the difference; a difference in the very last token restores all but it."""
+    s = Server("qwen35_tiny", "--prefill-chunk", "64")
+    try:
+        base = [(7 * i + 3) % 300 for i in range(150)]
+        first = s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": base, "max_tokens": 2})[1]
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        edited = base[:140] + [(base[140] + 1) % 300] + base[141:]
+        second = s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": edited, "max_tokens": 2,
+                                                        "temperature": 0})[1]
+        assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 128, second["usage"]
+        assert second["usage"]["hanpu_cache"]["result"] == "partial", second["usage"]
+        # The same prompt again, and one differing in its last token: all but the last token.
+        again = s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": edited, "max_tokens": 2,
+                                                       "temperature": 0})[1]
+        assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 149
+        assert again["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]
+        last = edited[:-1] + [(edited[-1] + 1) % 300]
+        assert s.request("POST", "/v1/completions", {"model": "qwen35_tiny", "prompt": last, "max_tokens": 2}
+                         )[1]["usage"]["prompt_tokens_details"]["cached_tokens"] == 149
+    finally:
+        s.stop()

@@ -106,6 +106,13 @@ std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(Generat
   // And one token before the end: the same prompt again (a regenerate, another choice later, a
   // retry) can then restore all it may (the last token always runs, for its logits).
   if (!req.warm_only && len > 1) s->checkpoints.push_back(len - 1);
+  // And the last --prefill-chunk boundary before the end (counted from the prompt's start): a
+  // prompt that differs from this one only in its last tokens (a regenerate after an edit,
+  // another suffix) reuses everything up to it, even where --checkpoint-every left no snapshot.
+  if (!req.warm_only && opt_.prefill_chunk > 0) {
+    const int64_t boundary = (len - 1) / opt_.prefill_chunk * opt_.prefill_chunk;
+    if (boundary > 0) s->checkpoints.push_back(boundary);
+  }
   std::sort(s->checkpoints.begin(), s->checkpoints.end());
   s->checkpoints.erase(std::unique(s->checkpoints.begin(), s->checkpoints.end()), s->checkpoints.end());
   std::vector<std::shared_ptr<GenerationHandle>> handles{s->handle};
