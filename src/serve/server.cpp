@@ -1043,6 +1043,7 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
             }
           } else {
             ok = send(error_body({500, "generation failed: " + ev.error, "", "generation_failed", "server_error"}));
+            cancel_all();  // the stream ends here: choices not streamed yet are dropped
           }
           static const std::string done = "data: [DONE]\n\n";
           ok = ok && sink.write(done.data(), done.size());
