@@ -22,6 +22,7 @@
 #include "device/host.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/chat_template.hpp"
+#include "hanpu/generator.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
@@ -178,28 +179,16 @@ void run_generate(const RunArgs& a) {
     if (prompt.empty()) throw Error("--prompt: the prompt encodes to no tokens");
   }
 
-  std::set<int32_t> stop(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  if (tok)
-    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = tok->token_to_id(s)) stop.insert(*id);
-
-  SamplingOptions so{.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
-  Sampler sampler(so);
+  // The one generation path (hanpu/generator.hpp): the stop ids, sampling and stop rules of
+  // `hanpu serve` and the Python package; prefill in the same chunks as they do.
+  const Generator gen(model, tok.get());
+  GenerationOptions go;
+  go.sampling = {.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
+  go.max_tokens = a.n_predict;
   HybridState st = model.new_state();
-
-  const auto t_prefill = Clock::now();
   const LinearPrecision precision = precision_for(a.precision, a.weights, false);
-  Tensor logits =
-      model.forward(st, prompt, {.threads = threads, .all_logits = !a.logits_out.empty(), .precision = precision});
-  const double prefill_s = seconds_since(t_prefill);
+  const ForwardOptions fo{.threads = threads, .precision = precision};
   const int64_t V = cfg.vocab_size;
-  if (!a.logits_out.empty()) {
-    Tensor ids(DType::I64, {static_cast<int64_t>(prompt.size())});
-    for (size_t i = 0; i < prompt.size(); ++i) ids.set(static_cast<int64_t>(i), prompt[i]);
-    write_safetensors(a.logits_out, {{"logits", logits.view()}, {"prompt_ids", ids.view()}},
-                      {{"model", a.model_dir}, {"generator", "hanpu run"}});
-  }
-  const float* last = logits.ptr<float>() + (logits.shape()[0] - 1) * V;
 
   auto emit = [&](int32_t id) {
     if (tok && !a.print_ids) {
@@ -210,26 +199,27 @@ void run_generate(const RunArgs& a) {
     std::cout << id << ' ';
     std::cout.flush();
   };
-  int generated = 0;
-  double ttft = 0, decode_s = 0;
-  std::string stop_reason = "length";
-  if (a.n_predict > 0) {
-    int32_t next = sampler.sample({last, static_cast<size_t>(V)});
-    ttft = seconds_since(t_prefill);
-    const auto t_decode = Clock::now();
-    for (;;) {
-      if (stop.count(next)) {
-        stop_reason = "end of sequence";
-        break;
-      }
-      emit(next);
-      if (++generated >= a.n_predict) break;
-      const int32_t one[1] = {next};
-      Tensor l = model.forward(st, one, {.threads = threads, .precision = precision});
-      next = sampler.sample({l.ptr<float>(), static_cast<size_t>(V)});
-    }
-    decode_s = seconds_since(t_decode);
+  const auto t_prefill = Clock::now();
+  Generator::Result r;
+  double prefill_s = 0;
+  if (!a.logits_out.empty()) {
+    // Every prompt position's logits: one pass with all_logits, then the same decode loop.
+    Tensor logits = model.forward(st, prompt, {.threads = threads, .all_logits = true, .precision = precision});
+    prefill_s = seconds_since(t_prefill);
+    Tensor ids(DType::I64, {static_cast<int64_t>(prompt.size())});
+    for (size_t i = 0; i < prompt.size(); ++i) ids.set(static_cast<int64_t>(i), prompt[i]);
+    write_safetensors(a.logits_out, {{"logits", logits.view()}, {"prompt_ids", ids.view()}},
+                      {{"model", a.model_dir}, {"generator", "hanpu run"}});
+    const float* last = logits.ptr<float>() + (logits.shape()[0] - 1) * V;
+    r = gen.decode(st, {last, static_cast<size_t>(V)}, go, fo, emit);
+    r.first_token_seconds += prefill_s;
+  } else {
+    r = gen.generate(st, prompt, go, fo, Generator::kDefaultPrefillChunk, emit);
+    prefill_s = r.prefill_seconds;
   }
+  const int generated = static_cast<int>(r.tokens.size());
+  const double ttft = a.n_predict > 0 ? r.first_token_seconds : 0, decode_s = r.decode_seconds;
+  const std::string stop_reason = r.reason == FinishReason::kStopToken ? "end of sequence" : "length";
   std::cout << '\n';
   std::fprintf(stderr,
                "\nprompt tokens %zu, generated %d (%s)\n"

@@ -83,6 +83,7 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 18));
   s->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (default 8 MiB)")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+  s->add_flag("!--no-request-log", a->server.log_requests, "do not log one line per request (cache hit or miss and why) on stderr");
   s->add_flag("!--no-batch-decode", a->scheduler.batch_decode,
               "decode each running sequence in its own forward pass instead of batching them (for comparison)");
   s->add_option("--precision", a->precision, "projection activations: exact (default), bf16x2, bf16");
