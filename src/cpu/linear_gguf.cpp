@@ -251,6 +251,44 @@ void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, co
   }
 }
 
+
+// Prefill rows over weights already dequantized to f32 (GgufLinear, M >= kGgufPrefillRows): y[m, n]
+// (+)= dot(x[m, :K], w[n, :K]) for n < nw, m < M. Four weight rows per pass share each load of x.
+void GgufF32Tile(const float* w, int64_t nw, int64_t K, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
+                 bool accumulate) {
+  const hn::ScalableTag<float> df;
+  const int64_t L = static_cast<int64_t>(hn::Lanes(df));
+  const int64_t Kv = K - K % L;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * ldx;
+    float* yr = y + m * ldy;
+    int64_t n = 0;
+    for (; n + 4 <= nw; n += 4) {
+      const float* w0 = w + n * K;
+      auto a0 = hn::Zero(df), a1 = hn::Zero(df), a2 = hn::Zero(df), a3 = hn::Zero(df);
+      for (int64_t k = 0; k < Kv; k += L) {
+        const auto xv = hn::LoadU(df, xr + k);
+        a0 = hn::MulAdd(xv, hn::LoadU(df, w0 + k), a0);
+        a1 = hn::MulAdd(xv, hn::LoadU(df, w0 + K + k), a1);
+        a2 = hn::MulAdd(xv, hn::LoadU(df, w0 + 2 * K + k), a2);
+        a3 = hn::MulAdd(xv, hn::LoadU(df, w0 + 3 * K + k), a3);
+      }
+      float s[4] = {hn::GetLane(hn::SumOfLanes(df, a0)), hn::GetLane(hn::SumOfLanes(df, a1)), hn::GetLane(hn::SumOfLanes(df, a2)), hn::GetLane(hn::SumOfLanes(df, a3))};
+      for (int64_t k = Kv; k < K; ++k)
+        for (int j = 0; j < 4; ++j) s[j] += xr[k] * w0[j * K + k];
+      for (int j = 0; j < 4; ++j) yr[n + j] = accumulate ? yr[n + j] + s[j] : s[j];
+    }
+    for (; n < nw; ++n) {
+      const float* wr = w + n * K;
+      auto a = hn::Zero(df);
+      for (int64_t k = 0; k < Kv; k += L) a = hn::MulAdd(hn::LoadU(df, xr + k), hn::LoadU(df, wr + k), a);
+      float s = hn::GetLane(hn::SumOfLanes(df, a));
+      for (int64_t k = Kv; k < K; ++k) s += xr[k] * wr[k];
+      yr[n] = accumulate ? yr[n] + s : s;
+    }
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace hanpu::cpu
 HWY_AFTER_NAMESPACE();
@@ -258,6 +296,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace hanpu::cpu {
 HWY_EXPORT(GgufGemvRows);
+HWY_EXPORT(GgufF32Tile);
 
 #if HANPU_X86_KERNELS
 namespace {
@@ -485,5 +524,63 @@ void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64
   });
 }
 
+
+GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name)
+    : type_(t), blocks_(blocks), N_(N), K_(K), name_(std::move(name)) {
+  const gguf::BlockFormat& bf = gguf::block_format(t);
+  if (!bf.dequantize) throw Error(name_ + ": GGML type " + bf.name + " cannot be decoded");
+  if (N <= 0 || K <= 0 || K % bf.block_elems != 0)
+    throw Error(name_ + ": shape [" + std::to_string(N) + ", " + std::to_string(K) + "] is not rows of whole " + bf.name +
+                " blocks of " + std::to_string(bf.block_elems));
+  row_bytes_ = K / bf.block_elems * bf.block_bytes;
+}
+
+size_t GgufLinear::bytes() const { return static_cast<size_t>(N_ * row_bytes_); }
+
+void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+                         bool accumulate) const {
+  if (M <= 0) return;
+  const int nt = std::max(1, threads);
+  const auto* w = static_cast<const uint8_t*>(blocks_);
+  if (M < kGgufPrefillRows && gguf_gemv_supported(type_)) {
+    // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's (linear_gguf.hpp).
+    GgufActivations xa;
+    for (int64_t m = 0; m < M; ++m) {
+      gguf_quantize_activations(x + m * ldx, K_, gguf_activation_block(type_), xa);
+      float* yr = y + m * ldy;
+      const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, N_));
+      engine.impl().run(parts, [&](int p, Workspace&) {
+        const int64_t n0 = N_ * p / parts, n1 = N_ * (p + 1) / parts;
+        if (!accumulate) {
+          gguf_gemv_rows(type_, w, K_, xa, yr, n0, n1);
+          return;
+        }
+        float part[256];  // a slice of rows at a time, added into y
+        for (int64_t b = n0; b < n1; b += 256) {
+          const int64_t e = std::min<int64_t>(n1, b + 256);
+          gguf_gemv_rows(type_, w + b * row_bytes_, K_, xa, part, 0, e - b);
+          for (int64_t n = b; n < e; ++n) yr[n] += part[n - b];
+        }
+      });
+    }
+    return;
+  }
+  // Prefill (or a type without a GEMV kernel): tiles of kGgufTileRows weight rows dequantized to
+  // f32 exactly (gguf_blocks.hpp) into the worker's scratch, then f32 dot products with every row of
+  // x. The activations stay f32: the only error is the weights' format.
+  const int64_t tiles = (N_ + kGgufTileRows - 1) / kGgufTileRows;
+  const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, tiles));
+  engine.impl().run(parts, [&](int p, Workspace& ws) {
+    float* tile = ws.get<float>(kLinearPanel, static_cast<size_t>(kGgufTileRows * K_));
+    for (int64_t t = tiles * p / parts; t < tiles * (p + 1) / parts; ++t) {
+      const int64_t n0 = t * kGgufTileRows, nw = std::min<int64_t>(kGgufTileRows, N_ - n0);
+      gguf::dequantize(type_, w + n0 * row_bytes_, tile, nw * K_);
+      // Rows of x in blocks of kGgufRowBlock so that a block of x stays in L2 across the tile's rows.
+      for (int64_t m0 = 0; m0 < M; m0 += kGgufRowBlock)
+        HANPU_DISPATCH(GgufF32Tile)(tile, nw, K_, x + m0 * ldx, ldx, std::min<int64_t>(kGgufRowBlock, M - m0),
+                                    y + m0 * ldy + n0, ldy, accumulate);
+    }
+  });
+}
 }  // namespace hanpu::cpu
 #endif
