@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
 #include "model/gguf_arch.hpp"
 #include "model_testing.hpp"
@@ -143,6 +144,27 @@ TEST_F(GgufQ8, DecodeStepsWithinTheActivationRounding) {
   EXPECT_LE(sum / steps, 5e-3);
   std::printf("Q8_0 decode: mean step NMSE vs float64 %.3g\n", sum / steps);
   std::printf("Q8_0 decode: worst step NMSE vs float64 %.3g\n", worst);
+}
+
+TEST(GgufModel, TokenizerFromGgufKeysEncodesAsTokenizerJson) {
+  // The converter wrote tokenizer.ggml.* from the golden's tokenizer.json; read back they must
+  // tokenize exactly as it does (special tokens, merges, bytes outside the vocabulary's words).
+  const Tokenizer g = Tokenizer::from_dir((data_dir() / "qwen35_tiny-f16.gguf").string());
+  const Tokenizer h = Tokenizer::from_dir(tiny_dir().string());
+  EXPECT_EQ(g.vocab_size(), h.vocab_size());
+  for (const std::string text : {std::string("Hello world, this is a test."), std::string("<|im_start|>user\nhi<|im_end|>\n"),
+                                 std::string("  spaces\t\ttabs\n\nnewlines 12345 caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd"),
+                                 std::string("\xff\xfe invalid bytes"), std::string("")}) {
+    EXPECT_EQ(g.encode(text), h.encode(text)) << text;
+    EXPECT_EQ(g.encode(text, false), h.encode(text, false)) << text;
+    EXPECT_EQ(g.decode(g.encode(text)), text);
+  }
+  for (int32_t id = 0; id < h.vocab_size(); ++id) {
+    EXPECT_EQ(g.token_bytes(id), h.token_bytes(id)) << id;
+    EXPECT_EQ(g.is_special(id), h.is_special(id)) << id;
+  }
+  ASSERT_TRUE(g.eos_token_id().has_value());
+  EXPECT_EQ(g.eos_token_id(), h.eos_token_id());
 }
 
 TEST(GgufModel, RefusesWhatItCannotRunByName) {

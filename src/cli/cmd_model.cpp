@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "model/gguf_arch.hpp"
 #include "cli/commands.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
@@ -160,7 +161,8 @@ void run_generate(const RunArgs& a) {
   }
   // tokenizer.json (Qwen) or tiktoken.model (Kimi Linear); Tokenizer::from_dir picks the format.
   const std::filesystem::path dir(a.model_dir);
-  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model"))
+  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||
+       model::is_gguf_path(a.model_dir))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   if (!a.prompt.empty()) {
     if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tiktoken.model and no tokenizer.json; use --prompt-ids");
@@ -482,7 +484,7 @@ void run_bench_model(const BenchModelArgs& a) {
 void register_model_commands(CLI::App& app) {
   auto run = std::make_shared<RunArgs>();
   CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint: qwen3_5, qwen3_5_moe, qwen3_next, kimi_linear (prefill, then decode)");
-  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)")->required();
+  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model) or a GGUF file (NAME.gguf, or any part NAME-0000i-of-0000N.gguf)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
   r->add_option("-n,--n-predict", run->n_predict, "tokens to generate at most (default 128)")->check(CLI::Range(0, 1 << 30));
@@ -505,7 +507,7 @@ void register_model_commands(CLI::App& app) {
 
   auto bench = std::make_shared<BenchModelArgs>();
   CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a hybrid model (checkpoint or synthetic), with the time per block kind");
-  b->add_option("--model", bench->model_dir, "checkpoint directory");
+  b->add_option("--model", bench->model_dir, "checkpoint directory or GGUF file");
   std::string presets;
   for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   b->add_option("--synthetic", bench->synthetic,

@@ -205,6 +205,86 @@ std::string gguf_config_json(const GgufModel& m) {
   return c.dump();
 }
 
+namespace {
+
+const std::vector<GgufValue>& array_key(const GgufFile& f, const std::string& key, GgufType elem) {
+  const GgufValue* v = f.find(key);
+  if (!v) throw Error("GGUF file '" + f.path() + "': key '" + key + "' is missing");
+  const auto* arr = std::get_if<std::vector<GgufValue>>(&v->value);
+  if (v->type != GgufType::ARRAY || !arr || v->elem_type != elem)
+    throw Error("GGUF file '" + f.path() + "': key '" + key + "' is " + v->describe() + ", expected an array of " +
+                gguf_type_name(elem));
+  return *arr;
+}
+
+// llama.cpp's token types (llama_token_type / gguf-py TokenType).
+constexpr int64_t kTokenNormal = 1, kTokenControl = 3, kTokenUserDefined = 4;
+
+}  // namespace
+
+std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) {
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.model' is '" + model +
+                "', expected 'gpt2' (byte-level BPE, the only tokenizer model hanpu reads from GGUF)");
+  const std::string pre = f.find("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
+  // The split regexes of the Hugging Face tokenizer.json files these names stand for (Qwen2's and
+  // Qwen3.5's; llama.cpp's llama-vocab.cpp has the same expressions for LLAMA_VOCAB_PRE_TYPE_QWEN2 / _QWEN35).
+  std::string regex;
+  if (pre == "qwen2")
+    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  else if (pre == "qwen35")
+    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  else
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.pre' is '" + pre +
+                "', expected one of the pre-tokenizers hanpu knows: qwen2, qwen35");
+  const auto& tokens = array_key(f, "tokenizer.ggml.tokens", GgufType::STRING);
+  const auto& types = array_key(f, "tokenizer.ggml.token_type", GgufType::I32);
+  const auto& merges = array_key(f, "tokenizer.ggml.merges", GgufType::STRING);
+  if (types.size() != tokens.size())
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.token_type' has " + std::to_string(types.size()) +
+                " entries, expected one per token of 'tokenizer.ggml.tokens' (" + std::to_string(tokens.size()) + ")");
+  nlohmann::json vocab = nlohmann::json::object(), added = nlohmann::json::array(), merge_list = nlohmann::json::array();
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& t = std::get<std::string>(tokens[i].value);
+    const int64_t type = std::get<int64_t>(types[i].value);
+    if (type == kTokenControl || type == kTokenUserDefined)
+      added.push_back({{"id", i}, {"content", t}, {"special", type == kTokenControl}, {"normalized", false},
+                       {"lstrip", false}, {"rstrip", false}, {"single_word", false}});
+    else if (type == kTokenNormal || type == 5 /* UNUSED */ || type == 6 /* BYTE */)
+      vocab[t] = i;
+    else
+      throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.token_type'[" + std::to_string(i) + "] is " +
+                  std::to_string(type) + ", expected 1 (normal), 3 (control), 4 (user-defined), 5 (unused) or 6 (byte)");
+  }
+  for (const GgufValue& m : merges) merge_list.push_back(std::get<std::string>(m.value));
+  nlohmann::json root = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}},
+      {"normalizer", {{"type", "NFC"}}},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", added}};
+  if (eos) {
+    eos->reset();
+    if (f.find("tokenizer.ggml.eos_token_id")) {
+      const uint64_t id = f.get_uint("tokenizer.ggml.eos_token_id");
+      if (id >= tokens.size())
+        throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.eos_token_id' is " + std::to_string(id) +
+                    ", expected a token id below " + std::to_string(tokens.size()));
+      *eos = static_cast<int32_t>(id);
+    }
+  }
+  return root.dump();
+}
+
+std::string gguf_chat_template(const GgufFile& f) {
+  return f.find("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
+}
+
 struct GgufCheckpoint::Resolved {
   const GgufTensorInfo* info = nullptr;  // null: no such tensor
   std::string gguf_name;

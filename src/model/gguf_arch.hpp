@@ -69,6 +69,15 @@ class GgufCheckpoint {
   ModelConfig config_;
 };
 
+/// The tokenizer.json (Hugging Face tokenizers' format) the `tokenizer.ggml.*` keys of `f` amount
+/// to: a byte-level BPE (tokenizer.ggml.model "gpt2") with tokens, merges and token types (CONTROL
+/// tokens become special added tokens, USER_DEFINED ones plain added tokens), and the split regex of
+/// its pre-tokenizer (tokenizer.ggml.pre: llama.cpp's names "qwen2", "qwen35"). `eos` gets
+/// tokenizer.ggml.eos_token_id when present. Throws hanpu::Error naming the key for anything else.
+std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos);
+/// tokenizer.chat_template of a GGUF file ("" when absent).
+std::string gguf_chat_template(const GgufFile& f);
+
 /// The config.json text the GGUF metadata of `m` amounts to (what GgufCheckpoint parses; for tests
 /// and `hanpu` diagnostics).
 std::string gguf_config_json(const GgufModel& m);
