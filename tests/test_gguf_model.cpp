@@ -70,6 +70,17 @@ TEST(GgufModel, F16MatchesTransformersAtEveryPositionAndGreedy) {
   testing::expect_greedy_decode_matches(m, e);
 }
 
+TEST(GgufModel, Qwen35MoeF16MatchesTransformersAtEveryPositionAndGreedy) {
+  // Arch qwen35moe: the experts are slices of ffn_{gate,up,down}_exps, the shared expert and its
+  // gate ffn_*_shexp / ffn_gate_inp_shexp.
+  const HybridModel m = HybridModel::load((data_dir() / "qwen35moe_tiny-f16.gguf").string());
+  EXPECT_EQ(m.config().num_experts, 8);
+  EXPECT_EQ(m.config().model_type, "qwen3_5_moe_text");
+  const testing::Expected e = testing::load_expected(testing::golden_dir() / "qwen35moe_tiny");
+  testing::expect_logits_match_at_every_position(m, e);
+  testing::expect_greedy_decode_matches(m, e);
+}
+
 TEST(GgufModel, ConfigEqualsTheSafetensorsOne) {
   const HybridModel g = HybridModel::load((data_dir() / "qwen35_tiny-f16.gguf").string());
   const HybridModel s = HybridModel::load(tiny_dir().string());

@@ -5,6 +5,7 @@ Q8_0 file must give.
 
 Writes into tests/data/gguf/:
   qwen35_tiny-f16.gguf, qwen35_tiny-q8_0.gguf     llama.cpp's converter, --outtype f16 / q8_0
+  qwen35moe_tiny-f16.gguf                        the same for tests/golden/qwen35moe_tiny (arch qwen35moe)
   qwen35_tiny-q8_0.expected.safetensors          ids [T] I64 (the golden's prompt + greedy ids) and
                                                   logits [T, V] F64: transformers' Qwen3_5ForCausalLM in
                                                   float64 on the golden's weights with every tensor the
@@ -13,7 +14,7 @@ Writes into tests/data/gguf/:
                                                   with gguf-py, after its row/column reorders, which
                                                   move whole 32-element blocks here, so the values are
                                                   the file's), all positions, one full forward.
-The F16 file is checked against the golden's own transformers logits (expected.safetensors).
+The F16 files are checked against the goldens' own transformers logits (expected.safetensors).
 
 Usage: python3 tools/make_gguf_model_fixtures.py --llama-cpp DIR [--out tests/data/gguf]
 (DIR: llama.cpp's sources, e.g. the peer build's vendor/llama.cpp; PyPI gguf, torch, transformers
@@ -45,6 +46,8 @@ def main() -> None:
     for t in ("f16", "q8_0"):
         subprocess.run([sys.executable, conv, "--llama-cpp", args.llama_cpp, GOLDEN,
                         os.path.join(args.out, f"qwen35_tiny-{t}.gguf"), "--outtype", t], check=True)
+    subprocess.run([sys.executable, conv, "--llama-cpp", args.llama_cpp, os.path.join(REPO, "tests", "golden", "qwen35moe_tiny"),
+                    os.path.join(args.out, "qwen35moe_tiny-f16.gguf"), "--outtype", "f16"], check=True)
 
     import gguf  # PyPI gguf (python/requirements-test.txt)
     from gguf.quants import dequantize, quantize

@@ -349,9 +349,14 @@ void run_bench_model(const BenchModelArgs& a) {
     };
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
-    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
+    // A GGUF file's weights: its bytes over its parameters (the average of its block formats).
+    const double gguf_bytes_per_weight = model::is_gguf_path(a.model_dir)
+                                             ? static_cast<double>(model.weight_bytes()) /
+                                                   static_cast<double>(cfg.parameter_count())
+                                             : 0.0;
+    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group(), gguf_bytes_per_weight);
     model::ForwardWork decode_parts;  // summed over the decode steps, at their positions
-    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group());
+    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group(), gguf_bytes_per_weight);
     const model::PartWork decode_work = decode_parts.total();
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;

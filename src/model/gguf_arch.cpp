@@ -35,6 +35,8 @@ enum class Fix {
   kZRows,         // in_proj_z: rows tiled by head of linear_value_head_dim
   kConv,          // conv1d [C, 1, K] stored squeezed as [C, K]; value channels tiled
   kOutCols,       // out_proj: input columns tiled by head of linear_value_head_dim
+  kExpert,        // mlp.experts.{e}.*: slice e of the stacked 3-D ffn_*_exps tensor
+  kSqueezed,      // stored without HF's leading 1 (shared_expert_gate [1, H] as [H])
 };
 
 struct TensorRule {
@@ -88,11 +90,23 @@ uint64_t main_layers(const GgufFile& f, const std::string& arch) {
   return blocks - nextn;
 }
 
+void qwen35_config(const GgufFile& f, const std::string& a, json& c);
+
+// Qwen3.5-MoE: Qwen3_5MoeTextModel (the dense keys plus Qwen2MoeModel's expert keys).
+void qwen35moe_config(const GgufFile& f, const std::string& a, json& c) {
+  qwen35_config(f, a, c);
+  c.erase("intermediate_size");  // every layer is MoE; a dense size may be absent or meaningless
+  c["num_experts"] = meta_uint(f, a + ".expert_count");
+  c["num_experts_per_tok"] = meta_uint(f, a + ".expert_used_count");
+  c["moe_intermediate_size"] = meta_uint(f, a + ".expert_feed_forward_length");
+  c["shared_expert_intermediate_size"] = meta_uint(f, a + ".expert_shared_feed_forward_length");
+}
+
 // Qwen3.5 (dense): Qwen3_5TextModel in conversion/qwen.py; keys of Qwen3NextModel.set_gguf_parameters.
 void qwen35_config(const GgufFile& f, const std::string& a, json& c) {
   const uint64_t n_layer = main_layers(f, a);
   c["hidden_size"] = meta_uint(f, a + ".embedding_length");
-  c["intermediate_size"] = meta_uint(f, a + ".feed_forward_length");
+  if (f.find(a + ".feed_forward_length")) c["intermediate_size"] = meta_uint(f, a + ".feed_forward_length");
   c["num_hidden_layers"] = n_layer;
   c["num_attention_heads"] = meta_uint(f, a + ".attention.head_count");
   c["num_key_value_heads"] = meta_uint(f, a + ".attention.head_count_kv");
@@ -121,33 +135,46 @@ void qwen35_config(const GgufFile& f, const std::string& a, json& c) {
 }
 
 const std::vector<ArchRow>& arch_table() {
+  // The token-mixer and norm tensors Qwen3.5 dense and MoE share.
+  const std::vector<TensorRule> q35_global = {{"model.embed_tokens.weight", "token_embd.weight", Fix::kNone},
+                                              {"model.norm.weight", "output_norm.weight", Fix::kNormMinusOne},
+                                              {"lm_head.weight", "output.weight", Fix::kNone}};
+  const std::vector<TensorRule> q35_mixers = {
+      {"input_layernorm.weight", "attn_norm.weight", Fix::kNormMinusOne},
+      {"post_attention_layernorm.weight", "post_attention_norm.weight", Fix::kNormMinusOne},
+      {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight", Fix::kQkvRows},
+      {"linear_attn.in_proj_z.weight", "attn_gate.weight", Fix::kZRows},
+      {"linear_attn.in_proj_b.weight", "ssm_beta.weight", Fix::kBetaAlphaRows},
+      {"linear_attn.in_proj_a.weight", "ssm_alpha.weight", Fix::kBetaAlphaRows},
+      {"linear_attn.conv1d.weight", "ssm_conv1d.weight", Fix::kConv},
+      {"linear_attn.dt_bias", "ssm_dt.bias", Fix::kDtBias},
+      {"linear_attn.A_log", "ssm_a", Fix::kALog},
+      {"linear_attn.norm.weight", "ssm_norm.weight", Fix::kNone},
+      {"linear_attn.out_proj.weight", "ssm_out.weight", Fix::kOutCols},
+      {"self_attn.q_proj.weight", "attn_q.weight", Fix::kNone},  // [query | gate] per head, as in HF
+      {"self_attn.k_proj.weight", "attn_k.weight", Fix::kNone},
+      {"self_attn.v_proj.weight", "attn_v.weight", Fix::kNone},
+      {"self_attn.o_proj.weight", "attn_output.weight", Fix::kNone},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight", Fix::kNormMinusOne},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight", Fix::kNormMinusOne}};
+  auto with = [](std::vector<TensorRule> a, const std::vector<TensorRule>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
   static const std::vector<ArchRow> rows = {
-      {"qwen35",
-       "qwen3_5_text",
-       qwen35_config,
-       {{"model.embed_tokens.weight", "token_embd.weight", Fix::kNone},
-        {"model.norm.weight", "output_norm.weight", Fix::kNormMinusOne},
-        {"lm_head.weight", "output.weight", Fix::kNone}},
-       {{"input_layernorm.weight", "attn_norm.weight", Fix::kNormMinusOne},
-        {"post_attention_layernorm.weight", "post_attention_norm.weight", Fix::kNormMinusOne},
-        {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight", Fix::kQkvRows},
-        {"linear_attn.in_proj_z.weight", "attn_gate.weight", Fix::kZRows},
-        {"linear_attn.in_proj_b.weight", "ssm_beta.weight", Fix::kBetaAlphaRows},
-        {"linear_attn.in_proj_a.weight", "ssm_alpha.weight", Fix::kBetaAlphaRows},
-        {"linear_attn.conv1d.weight", "ssm_conv1d.weight", Fix::kConv},
-        {"linear_attn.dt_bias", "ssm_dt.bias", Fix::kDtBias},
-        {"linear_attn.A_log", "ssm_a", Fix::kALog},
-        {"linear_attn.norm.weight", "ssm_norm.weight", Fix::kNone},
-        {"linear_attn.out_proj.weight", "ssm_out.weight", Fix::kOutCols},
-        {"self_attn.q_proj.weight", "attn_q.weight", Fix::kNone},  // [query | gate] per head, as in HF
-        {"self_attn.k_proj.weight", "attn_k.weight", Fix::kNone},
-        {"self_attn.v_proj.weight", "attn_v.weight", Fix::kNone},
-        {"self_attn.o_proj.weight", "attn_output.weight", Fix::kNone},
-        {"self_attn.q_norm.weight", "attn_q_norm.weight", Fix::kNormMinusOne},
-        {"self_attn.k_norm.weight", "attn_k_norm.weight", Fix::kNormMinusOne},
-        {"mlp.gate_proj.weight", "ffn_gate.weight", Fix::kNone},
-        {"mlp.up_proj.weight", "ffn_up.weight", Fix::kNone},
-        {"mlp.down_proj.weight", "ffn_down.weight", Fix::kNone}}},
+      {"qwen35", "qwen3_5_text", qwen35_config, q35_global,
+       with(q35_mixers, {{"mlp.gate_proj.weight", "ffn_gate.weight", Fix::kNone},
+                         {"mlp.up_proj.weight", "ffn_up.weight", Fix::kNone},
+                         {"mlp.down_proj.weight", "ffn_down.weight", Fix::kNone}})},
+      {"qwen35moe", "qwen3_5_moe_text", qwen35moe_config, q35_global,
+       with(q35_mixers, {{"mlp.gate.weight", "ffn_gate_inp.weight", Fix::kNone},
+                         {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", Fix::kExpert},
+                         {"mlp.experts.*.up_proj.weight", "ffn_up_exps.weight", Fix::kExpert},
+                         {"mlp.experts.*.down_proj.weight", "ffn_down_exps.weight", Fix::kExpert},
+                         {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", Fix::kNone},
+                         {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", Fix::kNone},
+                         {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", Fix::kNone},
+                         {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", Fix::kSqueezed}})},
   };
   return rows;
 }
@@ -289,7 +316,25 @@ struct GgufCheckpoint::Resolved {
   const GgufTensorInfo* info = nullptr;  // null: no such tensor
   std::string gguf_name;
   Fix fix = Fix::kNone;
+  int64_t expert = -1;  // kExpert: the slice
 };
+
+namespace {
+// `rest` against a layer rule's HF name, where "*" stands for an expert index (digits).
+bool rule_matches(const std::string& pattern, const std::string& rest, int64_t* expert) {
+  const size_t star = pattern.find('*');
+  if (star == std::string::npos) return pattern == rest;
+  const std::string head = pattern.substr(0, star), tail = pattern.substr(star + 1);
+  if (rest.size() <= head.size() + tail.size() || rest.compare(0, head.size(), head) != 0 ||
+      rest.compare(rest.size() - tail.size(), tail.size(), tail) != 0)
+    return false;
+  const std::string digits = rest.substr(head.size(), rest.size() - head.size() - tail.size());
+  if (digits.empty() || digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+    return false;
+  *expert = std::stoll(digits);
+  return true;
+}
+}  // namespace
 
 GgufCheckpoint::GgufCheckpoint(const std::string& path) : path_(path) {
   file_ = std::make_shared<GgufModel>(GgufModel::open(path));
@@ -321,13 +366,15 @@ GgufCheckpoint::Resolved GgufCheckpoint::resolve(const std::string& hf) const {
       const std::string idx = hf.substr(lp.size(), dot - lp.size()), rest = hf.substr(dot + 1);
       if (std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
         for (const TensorRule& l : row.layer)
-          if (rest == l.hf) {
+          if (rule_matches(l.hf, rest, &r.expert)) {
             r.gguf_name = "blk." + idx + "." + l.gguf;
             r.fix = l.fix;
           }
     }
   }
   if (!r.gguf_name.empty()) r.info = file_->find_tensor(r.gguf_name);
+  // An expert beyond the stacked tensor's last: no such tensor.
+  if (r.info && r.fix == Fix::kExpert && (r.info->n_dims != 3 || r.expert >= r.info->dims[2])) r.info = nullptr;
   return r;
 }
 
@@ -377,22 +424,30 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
   // The file's shape in HF order (dims reversed); conv1d is stored squeezed [C, K] for HF's [C, 1, K].
   std::vector<int64_t> want = shape;
   if (r.fix == Fix::kConv && want.size() == 3 && want[1] == 1) want = {shape[0], shape[2]};
+  if (r.fix == Fix::kSqueezed && t.n_dims == 1 && want.size() == 2 && want[0] == 1) want = {shape[1]};
   std::vector<int64_t> got;
   for (int d = t.n_dims - 1; d >= 0; --d) got.push_back(t.dims[d]);
+  const std::byte* data = t.data;
+  int64_t n = t.numel();
+  if (r.fix == Fix::kExpert) {  // [E, rows, cols] in HF order: expert r.expert's [rows, cols]
+    got.erase(got.begin());
+    n = t.dims[0] * t.dims[1];
+    const gguf::BlockFormat& bf = gguf::block_format(t.type);
+    data += static_cast<size_t>(r.expert * (n / bf.block_elems) * bf.block_bytes);
+  }
   if (got != want)
     throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' (hanpu's '" + hf + "') has shape " +
                 shape_str(got) + " (GGUF dims reversed), expected " + shape_str(want) + " from the metadata");
   if (!gguf::block_format(t.type).dequantize)
     throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' has type " + gguf::block_format(t.type).name +
                 ", which hanpu cannot decode (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS)");
-  if (r.fix == Fix::kNone && is_float_type(t.type)) {
+  if ((r.fix == Fix::kNone || r.fix == Fix::kExpert || r.fix == Fix::kSqueezed) && is_float_type(t.type)) {
     const DType dt = t.type == gguf::GgmlType::F32 ? DType::F32 : t.type == gguf::GgmlType::F16 ? DType::F16 : DType::BF16;
-    return TensorView::contiguous(const_cast<std::byte*>(t.data), dt, shape);
+    return TensorView::contiguous(const_cast<std::byte*>(data), dt, shape);
   }
-  const int64_t n = t.numel();
   ByteBuffer src(static_cast<size_t>(n) * sizeof(float));
   auto* v = reinterpret_cast<float*>(src.data());
-  gguf::dequantize(t.type, t.data, v, n);
+  gguf::dequantize(t.type, data, v, n);
   if (r.fix == Fix::kNormMinusOne)
     for (int64_t i = 0; i < n; ++i) v[i] -= 1.0f;  // exact for stored weights in [0.5, 2] (Sterbenz)
   if (r.fix == Fix::kALog)
@@ -419,6 +474,13 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
   const Resolved r = resolve(hf);
   if (!r.info || is_float_type(r.info->type) || shape.size() != 2) return std::nullopt;
   const GgufTensorInfo& t = *r.info;
+  if (r.fix == Fix::kExpert) {
+    if (t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
+    if (!gguf::block_format(t.type).dequantize) return std::nullopt;
+    const gguf::BlockFormat& bf = gguf::block_format(t.type);
+    const auto* base = reinterpret_cast<const std::byte*>(t.data);
+    return BlockWeight{t.type, base + r.expert * (shape[0] * shape[1] / bf.block_elems) * bf.block_bytes, shape[0], shape[1]};
+  }
   if (t.n_dims != 2 || t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
   const Reorder ro = reorder_of(r.fix, config_);
   const int64_t nk = config_.linear_num_key_heads, ratio = nk > 0 ? config_.linear_num_value_heads / nk : 1;
