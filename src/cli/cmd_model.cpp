@@ -162,7 +162,7 @@ void run_generate(const RunArgs& a) {
   // tokenizer.json (Qwen) or tiktoken.model (Kimi Linear); Tokenizer::from_dir picks the format.
   const std::filesystem::path dir(a.model_dir);
   if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||
-       model::is_gguf_path(a.model_dir))
+       (model::is_gguf_path(a.model_dir) && model::gguf_has_tokenizer(a.model_dir)))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   if (!a.prompt.empty()) {
     if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tiktoken.model and no tokenizer.json; use --prompt-ids");

@@ -42,7 +42,7 @@ void run_serve(ServeArgs& a) {
   const std::filesystem::path dir(a.model_dir);
   if (!a.model_dir.empty() &&
       (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||
-       model::is_gguf_path(a.model_dir)))
+       (model::is_gguf_path(a.model_dir) && model::gguf_has_tokenizer(a.model_dir))))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   a.server.model_dir = a.model_dir;
   if (a.server.model_name.empty())

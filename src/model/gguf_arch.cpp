@@ -308,6 +308,10 @@ std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) 
   return root.dump();
 }
 
+bool gguf_has_tokenizer(const std::string& path) {
+  return GgufModel::open(path).main().find("tokenizer.ggml.tokens") != nullptr;
+}
+
 std::string gguf_chat_template(const GgufFile& f) {
   return f.find("tokenizer.chat_template") ? f.get_string("tokenizer.chat_template") : std::string();
 }

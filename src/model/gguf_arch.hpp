@@ -75,6 +75,10 @@ class GgufCheckpoint {
 /// its pre-tokenizer (tokenizer.ggml.pre: llama.cpp's names "qwen2", "qwen35"). `eos` gets
 /// tokenizer.ggml.eos_token_id when present. Throws hanpu::Error naming the key for anything else.
 std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos);
+/// Whether the GGUF file (or split set) at `path` carries a vocabulary (tokenizer.ggml.tokens):
+/// llama.cpp's vocab-less files (random weights for benchmarks) have none, as a checkpoint
+/// directory may have no tokenizer.json.
+bool gguf_has_tokenizer(const std::string& path);
 /// tokenizer.chat_template of a GGUF file ("" when absent).
 std::string gguf_chat_template(const GgufFile& f);
 
