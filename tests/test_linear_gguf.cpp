@@ -232,6 +232,37 @@ TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
   }
 }
 
+// A block whose largest activation is subnormal: 1 / scale overflows to inf, and x * inf would be
+// converted to int16 (undefined; libFuzzer's UBSan finding through fuzz_gguf_model). Each value is
+// still rounded to within half a scale step, and the GEMV's outputs are finite.
+TEST(GgufGemvErrors, SubnormalActivationBlockQuantizesWithinHalfAStep) {
+  for (float amax : {1e-39f, 1e-41f, 1.4e-45f}) {
+    std::vector<float> x(256);
+    for (size_t k = 0; k < x.size(); ++k) x[k] = amax * (static_cast<float>(k % 17) / 8.f - 1.f);
+    for (int64_t block : {32, 256}) {
+      GgufActivations xa;
+      hanpu::cpu::gguf_quantize_activations(x.data(), 256, block, xa);
+      for (int64_t k = 0; k < 256; ++k) {
+        const double s = xa.scale[static_cast<size_t>(k / block)];
+        ASSERT_LE(std::abs(xa.q[static_cast<size_t>(k)]), 127);
+        if (s == 0) {  // amax / 127 underflows to 0 (amax = the smallest subnormal): Q8_0's rule zeroes the block
+          ASSERT_EQ(xa.q[static_cast<size_t>(k)], 0);
+          continue;
+        }
+        ASSERT_LE(std::abs(x[static_cast<size_t>(k)] - s * xa.q[static_cast<size_t>(k)]), s * 0.5) << amax << " " << k;
+      }
+    }
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+      const Weights W = make_weights(t, 3, 256, 11);
+      GgufActivations xa;
+      hanpu::cpu::gguf_quantize_activations(x.data(), 256, hanpu::cpu::gguf_activation_block(t), xa);
+      std::vector<float> y(3);
+      hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), 256, xa, y.data(), 0, 3);
+      for (float v : y) EXPECT_TRUE(std::isfinite(v)) << hanpu::gguf::block_format(t).name << " " << amax;
+    }
+  }
+}
+
 TEST(GgufGemvErrors, UnsupportedTypeAndShape) {
   GgufActivations xa;
   std::vector<float> x(256, 1.f), y(1);

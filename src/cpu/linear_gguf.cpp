@@ -479,8 +479,11 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
     // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // A block of subnormal activations (amax below ~127 / FLT_MAX) makes 1 / d overflow to inf; then
+    // x / d (at most 127 in magnitude) instead of x * inf (a libFuzzer finding: inf converted to int16).
+    const bool reciprocal = std::isfinite(id);
     for (int64_t j = 0; j < block; ++j) {
-      const auto v = static_cast<int16_t>(std::roundf(xb[j] * id));
+      const auto v = static_cast<int16_t>(std::roundf(reciprocal ? xb[j] * id : xb[j] / d));
       out.q[static_cast<size_t>(b * block + j)] = v;
       out.q8[static_cast<size_t>(b * block + j)] = static_cast<int8_t>(v);
     }

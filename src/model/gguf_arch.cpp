@@ -305,7 +305,13 @@ std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) 
       *eos = static_cast<int32_t>(id);
     }
   }
-  return root.dump();
+  try {
+    return root.dump();
+  } catch (const nlohmann::json::exception&) {  // type_error 316: a string that is not UTF-8
+    throw Error("GGUF file '" + f.path() +
+                "': key 'tokenizer.ggml.tokens' or 'tokenizer.ggml.merges' holds a string that is not valid UTF-8, "
+                "expected byte-level BPE tokens (always UTF-8)");
+  }
 }
 
 bool gguf_has_tokenizer(const std::string& path) {
