@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "model/gguf_arch.hpp"
 #include "cli/commands.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
@@ -162,7 +163,8 @@ void run_generate(const RunArgs& a) {
   }
   // tokenizer.json (Qwen) or tiktoken.model (Kimi Linear); Tokenizer::from_dir picks the format.
   const std::filesystem::path dir(a.model_dir);
-  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model"))
+  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||
+       (model::is_gguf_path(a.model_dir) && model::gguf_has_tokenizer(a.model_dir)))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   if (!a.prompt.empty()) {
     if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tiktoken.model and no tokenizer.json; use --prompt-ids");
@@ -338,9 +340,14 @@ void run_bench_model(const BenchModelArgs& a) {
     };
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
-    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
+    // A GGUF file's weights: its bytes over its parameters (the average of its block formats).
+    const double gguf_bytes_per_weight = model::is_gguf_path(a.model_dir)
+                                             ? static_cast<double>(model.weight_bytes()) /
+                                                   static_cast<double>(cfg.parameter_count())
+                                             : 0.0;
+    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group(), gguf_bytes_per_weight);
     model::ForwardWork decode_parts;  // summed over the decode steps, at their positions
-    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group());
+    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group(), gguf_bytes_per_weight);
     const model::PartWork decode_work = decode_parts.total();
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;
@@ -476,7 +483,7 @@ void register_model_commands(CLI::App& app) {
   for (const ModelFamily* f : model_families()) families += (families.empty() ? "" : ", ") + f->name;
   CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint of any family (" + families +
                                               "): prefill, then decode");
-  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)")->required();
+  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model) or a GGUF file (NAME.gguf, or any part NAME-0000i-of-0000N.gguf)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
   r->add_option("-n,--n-predict", run->n_predict, "tokens to generate at most (default 128)")->check(CLI::Range(0, 1 << 30));
@@ -499,7 +506,7 @@ void register_model_commands(CLI::App& app) {
 
   auto bench = std::make_shared<BenchModelArgs>();
   CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a hybrid model (checkpoint or synthetic), with the time per block kind");
-  b->add_option("--model", bench->model_dir, "checkpoint directory");
+  b->add_option("--model", bench->model_dir, "checkpoint directory or GGUF file");
   std::string presets;
   for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   b->add_option("--synthetic", bench->synthetic,

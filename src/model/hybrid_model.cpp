@@ -21,6 +21,7 @@
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "model/blocks.hpp"
+#include "model/gguf_arch.hpp"
 #include "model/layer_ops.hpp"
 
 namespace hanpu {
@@ -252,8 +253,25 @@ struct HybridModel::Impl {
   std::vector<SafetensorsFile> files;  // mapped checkpoint (keeps the weight views valid)
   std::vector<ByteBuffer> synthetic;   // synthetic weights
   std::vector<ByteBuffer> owned;       // weight copies made at load (permuted / transposed rows)
+  std::shared_ptr<const model::GgufCheckpoint> gguf;  // a GGUF checkpoint (keeps its mapping)
   uint64_t weight_bytes = 0;
   TensorView embed;  // [V, H]
+  model::BlockWeight embed_blocks;  // instead of `embed`: a GGUF embedding kept in GGML blocks
+
+  // The embedding row of token `id` as f32.
+  void embed_row(int64_t id, float* out) const {
+    const int64_t H = cfg.hidden_size;
+    if (embed_blocks.data) {
+      const gguf::BlockFormat& bf = gguf::block_format(embed_blocks.type);
+      gguf::dequantize(embed_blocks.type,
+                       static_cast<const std::byte*>(embed_blocks.data) + id * (H / bf.block_elems) * bf.block_bytes, out, H);
+    } else if (embed.dtype == DType::BF16) {
+      const auto* src = static_cast<const uint16_t*>(embed.data) + id * H;
+      for (int64_t i = 0; i < H; ++i) out[i] = bf16_to_f32(src[i]);
+    } else {
+      for (int64_t i = 0; i < H; ++i) out[i] = static_cast<float>(load_as_double(embed.data, embed.dtype, id * H + i));
+    }
+  }
   model::Projection lm_head;
   std::vector<float> final_norm;
   std::vector<Layer> layers;
@@ -277,11 +295,19 @@ struct HybridModel::Impl {
     const ModelConfig& c = cfg;
     c.check();
     const int64_t H = c.hidden_size;
-    embed = w.get(prefix + c.names.embed_tokens + "weight", {c.vocab_size, H});
+    const std::string embed_name = prefix + c.names.embed_tokens + "weight";
+    if (std::optional<model::BlockWeight> b = w.get_blocks ? w.get_blocks(embed_name, {c.vocab_size, H}) : std::nullopt)
+      embed_blocks = *b;  // a quantized GGUF embedding: rows dequantized on lookup
+    else
+      embed = w.get(embed_name, {c.vocab_size, H});
     final_norm = w.norm_scale(prefix + "norm.weight", H, c.norm_weight_plus_one);
     if (c.tie_word_embeddings || !have_lm_head) {
       if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
-      lm_head = w.projection_of(embed, prefix + c.names.embed_tokens + "weight (tied LM head)");
+      if (embed_blocks.data)
+        lm_head = model::Projection(cpu::GgufLinear(embed_blocks.type, embed_blocks.data, c.vocab_size, H,
+                                                    embed_name + " (tied LM head)"));
+      else
+        lm_head = w.projection_of(embed, embed_name + " (tied LM head)");
     } else {
       lm_head = w.projection("lm_head.weight", c.vocab_size, H);
     }
@@ -339,6 +365,28 @@ std::shared_ptr<Engine> model_engine(std::shared_ptr<Engine> given) {
 uint64_t HybridModel::weight_bytes() const { return impl_->weight_bytes; }
 
 HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& opt) {
+  if (model::is_gguf_path(dir)) {
+    // A GGUF file (or split set): its metadata mapped onto the config, its tensors onto the HF
+    // names the blocks load (model/gguf_arch.hpp). Quantized projections stay in GGML blocks.
+    HybridModel m;
+    Impl& im = *m.impl_;
+    im.engine = model_engine(opt.engine);
+    auto ck = std::make_shared<const model::GgufCheckpoint>(dir);
+    im.gguf = ck;
+    im.cfg = ck->config();
+    im.weight_bytes = ck->data_bytes();
+    model::WeightReader w;
+    w.get = [&](const std::string& name, const std::vector<int64_t>& shape) { return ck->get(name, shape, im.owned); };
+    w.has = [&](const std::string& name) { return ck->has(name); };
+    w.get_blocks = [&](const std::string& name, const std::vector<int64_t>& shape) {
+      return ck->get_blocks(name, shape, im.owned);
+    };
+    w.owned = &im.owned;
+    w.int8_group = opt.int8_group;
+    w.on_int8 = opt.on_int8_projection;
+    im.build(w, "model.", ck->has_lm_head());
+    return m;
+  }
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw Error("checkpoint '" + dir + "': not a directory");
   const fs::path cfg_path = d / "config.json";
@@ -510,14 +558,7 @@ Tensor HybridModel::Impl::run_decoder(std::span<HybridState* const> states, std:
   float* h = scratch(ws, model::kH, R * H);
   parallel_for(R, th.when(one_sequence && R >= 16), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
-      const int64_t id = ids[static_cast<size_t>(t)];
-      float* xr = x + t * H;
-      if (im.embed.dtype == DType::BF16) {
-        const auto* src = static_cast<const uint16_t*>(im.embed.data) + id * H;
-        for (int64_t i = 0; i < H; ++i) xr[i] = bf16_to_f32(src[i]);
-      } else {
-        for (int64_t i = 0; i < H; ++i) xr[i] = static_cast<float>(load_as_double(im.embed.data, im.embed.dtype, id * H + i));
-      }
+      im.embed_row(ids[static_cast<size_t>(t)], x + t * H);
     }
   });
   tm->embed += seconds_since(t0);

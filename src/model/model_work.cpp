@@ -38,8 +38,11 @@ ForwardWork& ForwardWork::operator+=(const ForwardWork& o) {
   return *this;
 }
 
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group) {
-  const double bytes_per_weight = int8_group > 0 ? 1.0 + 4.0 / static_cast<double>(int8_group) : 2.0;
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group,
+                         double bytes_per_weight_override) {
+  const double bytes_per_weight = bytes_per_weight_override > 0 ? bytes_per_weight_override
+                                  : int8_group > 0                ? 1.0 + 4.0 / static_cast<double>(int8_group)
+                                                                  : 2.0;
   const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);
   ForwardWork w;
   // Per layer kind: the matrices (as ModelConfig::parameter_count counts them, without norms,
