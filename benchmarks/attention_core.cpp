@@ -22,7 +22,7 @@
 #include "cpu/isa.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 
 namespace {
 

@@ -108,7 +108,7 @@ FP32_NMSE = 1e-8
 BF16_DISCREPANCY = 1.0
 TEST_DECODE_TOKENS = 32
 
-# The text tower of Qwen3.5-0.8B (its config.json; src/model/qwen35_config.cpp).
+# The text tower of Qwen3.5-0.8B (its config.json; src/model/family_qwen.cpp).
 QWEN35_0_8B = dict(
     vocab_size=248320,
     hidden_size=1024,

@@ -7,6 +7,7 @@ set -euo pipefail
 source "$(dirname "$0")/apt_install.sh"
 packages=(clang libclang-rt-14-dev)  # the libFuzzer targets (scripts/fuzz.sh; CI runs them briefly)
 packages+=(libopenblas-dev libdnnl-dev)  # benchmarks/linear_libraries.cpp: the projections next to OpenBLAS and oneDNN
+packages+=(chromium chromium-driver)  # python/tests/test_serve_clients.py: hanpu serve's chat page in headless Chromium
 apt_install "${packages[@]}"
 
 # Python package (docs/PYTHON.md): its build backend and test requirements from PyPI, then torch and

@@ -55,8 +55,8 @@ inline Expected load_expected(const std::filesystem::path& checkpoint_dir) {
 }
 
 /// Logits at every position of `ids`, prefilled from a fresh state.
-inline Tensor all_logits(const Qwen35Model& m, std::span<const int32_t> ids, int threads = 1) {
-  Qwen35State st = m.new_state();
+inline Tensor all_logits(const HybridModel& m, std::span<const int32_t> ids, int threads = 1) {
+  HybridState st = m.new_state();
   return m.forward(st, ids, {.threads = threads, .all_logits = true});
 }
 
@@ -73,7 +73,7 @@ inline double nmse(const float* got, const float* want, int64_t n) {
 
 /// The whole golden sequence prefilled at once, on 1 and 2 threads: logits NMSE <= 1e-8 against
 /// transformers' over the sequence and at every position on its own.
-inline void expect_logits_match_at_every_position(const Qwen35Model& m, const Expected& e) {
+inline void expect_logits_match_at_every_position(const HybridModel& m, const Expected& e) {
   const std::vector<int32_t> ids = e.full_sequence();
   const int64_t V = m.config().vocab_size;
   for (int threads : {1, 2}) {
@@ -91,10 +91,10 @@ inline void expect_logits_match_at_every_position(const Qwen35Model& m, const Ex
 
 /// Prefill of the golden's prompt, then greedy decode one token at a time: every step's logits
 /// within NMSE 1e-8 of transformers' and the same tokens. Returns the state after the last step.
-inline Qwen35State expect_greedy_decode_matches(const Qwen35Model& m, const Expected& e) {
+inline HybridState expect_greedy_decode_matches(const HybridModel& m, const Expected& e) {
   const int64_t V = m.config().vocab_size;
   const int64_t T0 = static_cast<int64_t>(e.prompt.size());
-  Qwen35State st = m.new_state();
+  HybridState st = m.new_state();
   Tensor logits = m.forward(st, e.prompt, {.threads = 2});
   Sampler greedy({.temperature = 0});
   std::vector<int32_t> got;
@@ -111,10 +111,10 @@ inline Qwen35State expect_greedy_decode_matches(const Qwen35Model& m, const Expe
   return st;
 }
 
-/// The message Qwen35Model::load(dir) fails with, or "(no error)".
+/// The message HybridModel::load(dir) fails with, or "(no error)".
 inline std::string load_error(const std::string& dir) {
   try {
-    Qwen35Model::load(dir);
+    HybridModel::load(dir);
   } catch (const Error& e) {
     return e.what();
   }

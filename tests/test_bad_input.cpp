@@ -25,6 +25,7 @@
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
 #include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/plan.hpp"
 #include "hanpu/reference.hpp"
 #include "hanpu/simulate.hpp"
@@ -104,7 +105,7 @@ TEST(Crash, DeeplyNestedJsonIsAnErrorInEveryReader) {
            {"device", error_of([&] { load_device(dev); }), dev},
            {"plan", error_of([&] { plan_from_json(read_json_file(plan), plan); }), plan},
            {"plan text", error_of([&] { parse_json(nested_obj, "plan JSON"); }), "plan JSON"},
-           {"config", error_of([&] { parse_qwen35_config("{\"text_config\": " + deep + "}", "config.json"); }), "config.json"},
+           {"config", error_of([&] { parse_qwen_config("{\"text_config\": " + deep + "}", "config.json"); }), "config.json"},
            {"tokenizer", error_of([&] { Tokenizer::from_file(tok); }), tok}}) {
     SCOPED_TRACE(what);
     EXPECT_CONTAINS(msg, file);
@@ -121,7 +122,7 @@ TEST(Crash, DeeplyNestedCheckpointIndexIsAnError) {
   const fs::path src = testing::golden_dir() / "qwen35_tiny";
   fs::copy_file(src / "config.json", tmp.path() / "config.json");
   write_text(tmp.file("model.safetensors.index.json"), "{\"weight_map\": " + deep_json(100000) + "}");
-  const std::string msg = error_of([&] { Qwen35Model::load(tmp.path().string()); });
+  const std::string msg = error_of([&] { HybridModel::load(tmp.path().string()); });
   EXPECT_CONTAINS(msg, "model.safetensors.index.json");
   EXPECT_CONTAINS(msg, "nested deeper than 256 levels");
 }
@@ -179,8 +180,8 @@ TEST(Hang, FifoInputsAreRefused) {
     all += error_of([&] { read_json_file(fifo); }) + "\n";
     all += error_of([&] { Tokenizer::from_file(fifo); }) + "\n";
     all += error_of([&] { SafetensorsFile::open(fifo); }) + "\n";
-    all += error_of([&] { Qwen35Model::load(ckpt.string()); }) + "\n";
-    all += error_of([&] { Qwen35Model::load(shard_ckpt); }) + "\n";
+    all += error_of([&] { HybridModel::load(ckpt.string()); }) + "\n";
+    all += error_of([&] { HybridModel::load(shard_ckpt); }) + "\n";
     return all;
   });
   ASSERT_NE(out, "HANG") << "a FIFO input blocked";
@@ -244,7 +245,7 @@ TEST(Hang, ConfigWithHugeSizesIsRefusedBeforeLooping) {
     json& text = j.contains("text_config") ? j["text_config"] : j;
     text[key] = json::parse(value);
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string msg = error_of([&] { parse_qwen35_config(j.dump(), "config.json"); });
+    const std::string msg = error_of([&] { parse_qwen_config(j.dump(), "config.json"); });
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0);
     EXPECT_CONTAINS(msg, "config 'config.json'");
     EXPECT_CONTAINS(msg, key);
@@ -341,7 +342,7 @@ TEST(Silent, DuplicateKeysAreRejectedInEveryJsonFile) {
   EXPECT_CONTAINS(error_of([] { parse_json(R"([0, {"x": 1, "x": 1}])", "f.json"); }), "f.json: /1: duplicate key \"x\"");
   const std::string cfg = testing::read_text((testing::golden_dir() / "qwen35_tiny" / "config.json").string());
   const std::string twice = "{\"model_type\": \"x\", " + cfg.substr(cfg.find('{') + 1);
-  EXPECT_CONTAINS(error_of([&] { parse_qwen35_config(twice, "config.json"); }), "duplicate key \"model_type\"");
+  EXPECT_CONTAINS(error_of([&] { parse_qwen_config(twice, "config.json"); }), "duplicate key \"model_type\"");
 }
 
 // hanpu's plan of a small GDN problem (256 tokens, 4 heads) on `dev`, as JSON.
@@ -429,7 +430,7 @@ TEST(Silent, ConfigEosIdsOutsideTokenIdRangeAreRejected) {
     j.erase("eos_token_id");
     if (j.contains("text_config")) j["text_config"].erase("eos_token_id");
     j["eos_token_id"] = json::parse(value);
-    EXPECT_CONTAINS(error_of([&] { parse_qwen35_config(j.dump(), "config.json"); }), needle);
+    EXPECT_CONTAINS(error_of([&] { parse_qwen_config(j.dump(), "config.json"); }), needle);
   }
 }
 
@@ -444,7 +445,7 @@ TEST(Unclear, ReadErrorsNameTheFile) {
   EXPECT_CONTAINS(error_of([&] { read_json_file(tmp.file("missing.json")); }), "missing.json: cannot open JSON file: No such file");
   // A checkpoint whose config.json is a directory.
   fs::create_directories(tmp.path() / "ckpt" / "config.json");
-  EXPECT_CONTAINS(error_of([&] { Qwen35Model::load((tmp.path() / "ckpt").string()); }), "config.json: JSON file is a directory");
+  EXPECT_CONTAINS(error_of([&] { HybridModel::load((tmp.path() / "ckpt").string()); }), "config.json: JSON file is a directory");
 }
 
 TEST(Unclear, JsonTypeErrorsNameFileAndField) {
@@ -453,12 +454,12 @@ TEST(Unclear, JsonTypeErrorsNameFileAndField) {
   json& text = j.contains("text_config") ? j["text_config"] : j;
   const std::string prefix = j.contains("text_config") ? "text_config." : "";
   text["num_hidden_layers"] = "24";
-  EXPECT_CONTAINS(error_of([&] { parse_qwen35_config(j.dump(), "config.json"); }),
+  EXPECT_CONTAINS(error_of([&] { parse_qwen_config(j.dump(), "config.json"); }),
                   "config 'config.json': field '" + prefix + "num_hidden_layers' is a string \"24\", expected a positive integer");
   // A field read with nlohmann's value() (model_type) of the wrong type: named, no bare type_error.
   json k = json::parse(cfg);
   k["model_type"] = 5;
-  const std::string msg = error_of([&] { parse_qwen35_config(k.dump(), "config.json"); });
+  const std::string msg = error_of([&] { parse_qwen_config(k.dump(), "config.json"); });
   EXPECT_CONTAINS(msg, "config 'config.json'");
   EXPECT_EQ(msg.find("[json.exception"), std::string::npos) << msg;
 }
@@ -481,7 +482,7 @@ TEST(Unclear, ParseErrorsNameTheFileAndDoNotDumpTheValue) {
 TEST(Unclear, NumberOverflowIsAnErrorNamingTheFile) {
   EXPECT_CONTAINS(error_of([] { parse_json("{\"x\": 2e22222}", "device.json"); }),
                   "device.json: not valid JSON: number overflow parsing '2e22222'");
-  EXPECT_CONTAINS(error_of([] { parse_qwen35_config("{\"vocab_size\": 6666666E666666666}", "config.json"); }),
+  EXPECT_CONTAINS(error_of([] { parse_qwen_config("{\"vocab_size\": 6666666E666666666}", "config.json"); }),
                   "config 'config.json': not valid JSON: number overflow");
 }
 
@@ -578,7 +579,7 @@ TEST(Paths, ShardsOutsideTheCheckpointDirectoryAreRejected) {
     fs::copy_file(src / "config.json", ckpt / "config.json", fs::copy_options::overwrite_existing);
     write_text((ckpt / "model.safetensors.index.json").string(),
                json{{"weight_map", {{"model.embed_tokens.weight", shard}}}}.dump());
-    const std::string msg = error_of([&] { Qwen35Model::load(ckpt.string()); });
+    const std::string msg = error_of([&] { HybridModel::load(ckpt.string()); });
     SCOPED_TRACE(shard);
     EXPECT_CONTAINS(msg, "model.safetensors.index.json");
     EXPECT_CONTAINS(msg, "is \"" + shard + "\", expected a relative path inside the checkpoint directory");

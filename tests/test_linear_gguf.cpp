@@ -154,6 +154,69 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
 INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
+// GgufLinear (the projection a GGUF model's quantized weights run through). Prefill rows (M >=
+// kGgufPrefillRows) and types without a GEMV kernel dequantize tiles exactly and keep x in f32:
+// y = y0 + sum_k w_k x_k with every product and sum rounded once in f32, so, in any order of the
+// K additions (lanes, then the reduction), |y - y_ref| <= (K + 1) u sum_k |w_k x_k| + u |y| (the
+// last term for accumulate's add into y0), u = 2^-24, y_ref in fp64. Decode rows of the GEMV types
+// go through the GEMV above and meet its bound (check()).
+class GgufLinearRows : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
+  const GgmlType t = GetParam();
+  const int64_t be = hanpu::gguf::block_format(t).block_elems;
+  hanpu::Engine engine(2);
+  for (int64_t K : std::vector<int64_t>{be, 2 * be, 1024}) {
+    const int64_t N = 37;  // not a multiple of the 4-row register block or the 16-row tile
+    const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 7));
+    const hanpu::cpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+    for (int64_t M : std::vector<int64_t>{1, 3, 4, 5, 7, 67}) {  // decode rows, tails of 4 x 4, past one 64-row block
+      SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M));
+      std::vector<float> x(static_cast<size_t>(M * (K + 3)));
+      for (int64_t m = 0; m < M; ++m) {
+        const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 31 + K));
+        std::copy(xr.begin(), xr.end(), x.begin() + m * (K + 3));
+      }
+      const int64_t ldy = N + 5;
+      for (bool accumulate : {false, true}) {
+        for (int threads : {1, 2}) {
+          std::vector<float> y(static_cast<size_t>(M * ldy));
+          for (size_t i = 0; i < y.size(); ++i) y[i] = 0.25f * static_cast<float>(i % 13) - 1.5f;
+          const std::vector<float> y0 = y;
+          lin.forward(engine, x.data(), K + 3, y.data(), ldy, M, threads, accumulate);
+          const bool gemv = M < hanpu::cpu::kGgufPrefillRows && hanpu::cpu::gguf_gemv_supported(t);
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], y0[m * ldy + n]) << "padding written";
+            const std::vector<float> xr(x.begin() + m * (K + 3), x.begin() + m * (K + 3) + K);
+            if (gemv) {
+              std::vector<float> row(static_cast<size_t>(N));
+              for (int64_t n = 0; n < N; ++n) row[n] = y[m * ldy + n] - (accumulate ? y0[m * ldy + n] : 0.f);
+              if (!accumulate) check(W, xr, row);  // the GEMV's own bound (accumulate adds one f32 add)
+              continue;
+            }
+            for (int64_t n = 0; n < N; ++n) {
+              double ref = accumulate ? y0[m * ldy + n] : 0.0, mag = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                const double p = static_cast<double>(W.w[n * K + k]) * xr[k];
+                ref += p;
+                mag += std::abs(p);
+              }
+              const double got = y[m * ldy + n];
+              ASSERT_LE(std::abs(got - ref), (K + 1) * 0x1p-24 * mag + 0x1p-24 * std::abs(got))
+                  << "row " << m << " col " << n << " threads " << threads << " accumulate " << accumulate;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GgufLinearRows,
+                         ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                                           GgmlType::Q4_0, GgmlType::IQ4_XS),
+                         [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
 TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     const Weights W = make_weights(t, 3, 512, 9);
@@ -165,6 +228,37 @@ TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
       std::vector<float> y(3);
       hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), 512, xa, y.data(), 0, 3);
       for (float v : y) EXPECT_TRUE(std::isnan(v)) << hanpu::gguf::block_format(t).name << " " << bad;
+    }
+  }
+}
+
+// A block whose largest activation is subnormal: 1 / scale overflows to inf, and x * inf would be
+// converted to int16 (undefined; libFuzzer's UBSan finding through fuzz_gguf_model). Each value is
+// still rounded to within half a scale step, and the GEMV's outputs are finite.
+TEST(GgufGemvErrors, SubnormalActivationBlockQuantizesWithinHalfAStep) {
+  for (float amax : {1e-39f, 1e-41f, 1.4e-45f}) {
+    std::vector<float> x(256);
+    for (size_t k = 0; k < x.size(); ++k) x[k] = amax * (static_cast<float>(k % 17) / 8.f - 1.f);
+    for (int64_t block : {32, 256}) {
+      GgufActivations xa;
+      hanpu::cpu::gguf_quantize_activations(x.data(), 256, block, xa);
+      for (int64_t k = 0; k < 256; ++k) {
+        const double s = xa.scale[static_cast<size_t>(k / block)];
+        ASSERT_LE(std::abs(xa.q[static_cast<size_t>(k)]), 127);
+        if (s == 0) {  // amax / 127 underflows to 0 (amax = the smallest subnormal): Q8_0's rule zeroes the block
+          ASSERT_EQ(xa.q[static_cast<size_t>(k)], 0);
+          continue;
+        }
+        ASSERT_LE(std::abs(x[static_cast<size_t>(k)] - s * xa.q[static_cast<size_t>(k)]), s * 0.5) << amax << " " << k;
+      }
+    }
+    for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+      const Weights W = make_weights(t, 3, 256, 11);
+      GgufActivations xa;
+      hanpu::cpu::gguf_quantize_activations(x.data(), 256, hanpu::cpu::gguf_activation_block(t), xa);
+      std::vector<float> y(3);
+      hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), 256, xa, y.data(), 0, 3);
+      for (float v : y) EXPECT_TRUE(std::isfinite(v)) << hanpu::gguf::block_format(t).name << " " << amax;
     }
   }
 }

@@ -15,7 +15,7 @@
 #include "hanpu/model.hpp"
 #include "io/safetensors.hpp"
 #include "model/model_parts.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
 
@@ -39,7 +39,7 @@ void write_file(const fs::path& p, const std::string& s) { std::ofstream(p) << s
 class Qwen35Golden : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = new Qwen35Model(Qwen35Model::load(tiny_dir().string()));
+    model_ = new HybridModel(HybridModel::load(tiny_dir().string()));
     expected_ = new Expected(testing::load_expected(tiny_dir()));
   }
   static void TearDownTestSuite() {
@@ -47,21 +47,21 @@ class Qwen35Golden : public ::testing::Test {
     delete expected_;
   }
   static std::vector<int32_t> full_sequence() { return expected_->full_sequence(); }
-  static Qwen35Model* model_;
+  static HybridModel* model_;
   static Expected* expected_;
 };
-Qwen35Model* Qwen35Golden::model_ = nullptr;
+HybridModel* Qwen35Golden::model_ = nullptr;
 Expected* Qwen35Golden::expected_ = nullptr;
 
 TEST_F(Qwen35Golden, ConfigReadFromNestedTextConfig) {
-  const Qwen35Config& c = model_->config();
+  const ModelConfig& c = model_->config();
   EXPECT_EQ(c.vocab_size, 320);
   EXPECT_EQ(c.num_layers, 4);
   EXPECT_EQ(c.num_gdn_layers(), 3);
   EXPECT_TRUE(c.is_full_attention[2]);
-  EXPECT_EQ(c.rotary_dim, 8);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 50000.0);
-  EXPECT_EQ(c.linear_num_value_heads, 4);
+  EXPECT_EQ(c.attention.rotary_dim, 8);
+  EXPECT_DOUBLE_EQ(c.attention.rope_theta, 50000.0);
+  EXPECT_EQ(c.gdn.num_value_heads, 4);
   EXPECT_FALSE(c.tie_word_embeddings);
 }
 
@@ -70,7 +70,7 @@ TEST_F(Qwen35Golden, LogitsMatchTransformersAtEveryPosition) {
 }
 
 TEST_F(Qwen35Golden, GreedyDecodeMatchesTransformers) {
-  const Qwen35State st = testing::expect_greedy_decode_matches(*model_, *expected_);
+  const HybridState st = testing::expect_greedy_decode_matches(*model_, *expected_);
   EXPECT_EQ(st.position, static_cast<int64_t>(expected_->prompt.size() + expected_->greedy.size()));
 }
 
@@ -78,7 +78,7 @@ TEST_F(Qwen35Golden, PrefillPlusDecodeEqualsOneLongerPrefill) {
   const std::vector<int32_t> ids = full_sequence();
   const int64_t V = model_->config().vocab_size, T0 = static_cast<int64_t>(expected_->prompt.size());
   Tensor whole = all_logits(*model_, ids);
-  Qwen35State st = model_->new_state();
+  HybridState st = model_->new_state();
   model_->forward(st, std::span(ids).first(static_cast<size_t>(T0)));
   for (size_t t = static_cast<size_t>(T0); t < ids.size(); ++t) {
     Tensor step = model_->forward(st, std::span(ids).subspan(t, 1));
@@ -92,7 +92,7 @@ TEST_F(Qwen35Golden, ChunkedPrefillEqualsWholePrefill) {
   Tensor whole = all_logits(*model_, ids);
   // Chunks cross the conv window (1, 2 tokens), a GDN chunk boundary (64) and end on a decode.
   for (const std::vector<size_t>& split : {std::vector<size_t>{30, 1, 2, 40, 11, 1}, std::vector<size_t>{70, 15}}) {
-    Qwen35State st = model_->new_state();
+    HybridState st = model_->new_state();
     size_t done = 0;
     for (size_t len : split) {
       Tensor part = model_->forward(st, std::span(ids).subspan(done, len), {.threads = 2, .all_logits = true});
@@ -126,7 +126,7 @@ TEST_F(Qwen35Golden, FlatConfigSingleFileGivesTheSameLogits) {
   std::vector<std::pair<std::string, TensorView>> out;
   for (auto& [n, t] : all) out.emplace_back(n, t.view());
   write_safetensors(tmp.file("model.safetensors"), out);
-  Qwen35Model m = Qwen35Model::load(tmp.path().string());
+  HybridModel m = HybridModel::load(tmp.path().string());
   const std::vector<int32_t> ids = full_sequence();
   Tensor a = all_logits(m, ids), b = all_logits(*model_, ids);
   EXPECT_EQ(nmse(a.ptr<float>(), b.ptr<float>(), a.numel()), 0.0);
@@ -152,7 +152,7 @@ TEST_F(Qwen35Golden, TiedHeadUsesTheEmbedding) {
   index["weight_map"].erase("lm_head.weight");
   write_file(tied / "model.safetensors.index.json", index.dump());
 
-  Qwen35Model a = Qwen35Model::load(untied.string()), b = Qwen35Model::load(tied.string());
+  HybridModel a = HybridModel::load(untied.string()), b = HybridModel::load(tied.string());
   EXPECT_TRUE(b.config().tie_word_embeddings);
   const std::vector<int32_t> ids = expected_->prompt;
   Tensor la = all_logits(a, ids), lb = all_logits(b, ids), lorig = all_logits(*model_, ids);
@@ -171,7 +171,7 @@ TEST_F(Qwen35Golden, F32WeightsGiveTheSameLogits) {
       t = std::move(f);
     }
   });
-  Qwen35Model m = Qwen35Model::load(tmp.path().string());
+  HybridModel m = HybridModel::load(tmp.path().string());
   const std::vector<int32_t> ids = full_sequence();
   Tensor got = all_logits(m, ids, 2);
   EXPECT_LE(nmse(got.ptr<float>(), expected_->logits.ptr<float>(), got.numel()), 1e-8);
@@ -256,7 +256,7 @@ TEST(Qwen35Loader, NoWeightsOrNoConfig) {
 TEST(Qwen35Synthetic, PresetsHaveThePublishedParameterCounts) {
   // Text parts of the safetensors totals of Qwen's published model cards and safetensors headers (total minus vision and
   // MTP): the presets have the real shapes.
-  const Qwen35Config c = qwen35_preset("qwen3.5-0.8b");
+  const ModelConfig c = model_preset("qwen3.5-0.8b");
   EXPECT_EQ(c.num_gdn_layers(), 18);
   const int64_t H = 1024, I = 3584;
   const int64_t attn = H * 8 * 256 * 2 + 2 * H * 2 * 256 + 8 * 256 * H + 2 * 256;
@@ -267,22 +267,22 @@ TEST(Qwen35Synthetic, PresetsHaveThePublishedParameterCounts) {
   const int64_t vision = 1536 * h + h + 2304 * h + d * (4 * h + 4 * h * h + 4 * h + 2 * h * vi + vi + h) + 2 * h +
                          16 * h * h + 4 * h + 4 * h * out + out;
   EXPECT_EQ(vision_08b, vision);
-  EXPECT_THROW(qwen35_preset("qwen3.5-7b"), Error);
+  EXPECT_THROW(model_preset("qwen3.5-7b"), Error);
 }
 
 TEST(Qwen35Synthetic, SmallSyntheticModelRunsAndDecodes) {
-  Qwen35Config c = qwen35_preset("qwen3.5-0.8b");
+  ModelConfig c = model_preset("qwen3.5-0.8b");
   c.num_layers = 4;
   c.is_full_attention = {false, false, false, true};
   c.vocab_size = 1000;
   c.hidden_size = 256;
-  c.intermediate_size = 512;
-  c.linear_num_key_heads = 2;
-  c.linear_num_value_heads = 4;
-  c.num_heads = 2;
-  c.num_kv_heads = 1;
-  Qwen35Model m = Qwen35Model::synthetic(c, 7, 2);
-  Qwen35State st = m.new_state();
+  c.mlp.intermediate_size = 512;
+  c.gdn.num_key_heads = 2;
+  c.gdn.num_value_heads = 4;
+  c.attention.num_heads = 2;
+  c.attention.num_kv_heads = 1;
+  HybridModel m = HybridModel::synthetic(c, 7, 2);
+  HybridState st = m.new_state();
   std::vector<int32_t> ids(40);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i * 17 % 1000);
   Tensor l = m.forward(st, ids, {.threads = 2});

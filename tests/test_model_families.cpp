@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
 #include "model/blocks.hpp"
@@ -109,14 +111,14 @@ TEST_F(Qwen35MoeGolden, ConfigReadFromTheNestedQwen35MoeConfig) {
   EXPECT_EQ(c.attention_mixer, TokenMixer::kGatedAttention);
   EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false}));
   EXPECT_EQ(c.is_moe, (std::vector<bool>{true, true, true, true}));
-  EXPECT_EQ(c.num_experts, 8);
-  EXPECT_EQ(c.num_experts_per_tok, 2);
-  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
-  EXPECT_TRUE(c.shared_expert_gated);
-  EXPECT_TRUE(c.norm_topk_prob);
-  EXPECT_EQ(c.router_scoring, RouterScoring::kSoftmax);
-  EXPECT_EQ(c.linear_key_head_dim, 16);
-  EXPECT_EQ(c.linear_value_head_dim, 24);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(c.moe.shared_expert_gated);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.router_scoring, RouterScoring::kSoftmax);
+  EXPECT_EQ(c.gdn.key_head_dim, 16);
+  EXPECT_EQ(c.gdn.value_head_dim, 24);
   EXPECT_EQ(c.parameter_count(), stored_parameters(qwen_moe_dir()));
 }
 
@@ -142,7 +144,7 @@ TEST_F(Qwen35MoeGolden, FusedExpertTensorsGiveTheSameLogits) {
     SafetensorsFile f = SafetensorsFile::open(e.path().string());
     for (const std::string& n : f.names()) all.emplace(n, f.load_copy(n));
   }
-  const int64_t E = c.num_experts, Im = c.moe_intermediate_size, H = c.hidden_size;
+  const int64_t E = c.moe.num_experts, Im = c.moe.intermediate_size, H = c.hidden_size;
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     const std::string m = "model.language_model.layers." + std::to_string(layer) + ".mlp.experts.";
     Tensor gu(DType::BF16, {E, 2 * Im, H}), dn(DType::BF16, {E, H, Im});
@@ -195,7 +197,7 @@ TEST(Qwen35MoeConfig, AbsentHeadDimIsTransformersDefault) {
   nlohmann::json j = nlohmann::json::parse(read_file(qwen_moe_dir() / "config.json"));
   ASSERT_EQ(j["text_config"]["hidden_size"], 64);
   j["text_config"].erase("head_dim");
-  EXPECT_EQ(parse_model_config(j.dump(), "config.json").head_dim, 256);
+  EXPECT_EQ(parse_model_config(j.dump(), "config.json").attention.head_dim, 256);
 }
 
 TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
@@ -205,15 +207,15 @@ TEST(Qwen35MoeSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   ModelConfig small = c;  // the same composition at small sizes
   small.vocab_size = 400;
   small.hidden_size = 64;
-  small.linear_num_key_heads = 2;
-  small.linear_num_value_heads = 4;
-  small.linear_key_head_dim = small.linear_value_head_dim = 16;
-  small.num_heads = 4;
-  small.num_kv_heads = 2;
-  small.head_dim = 32;
-  small.rotary_dim = 8;
-  small.num_experts = 8;
-  small.moe_intermediate_size = small.shared_expert_intermediate_size = 16;
+  small.gdn.num_key_heads = 2;
+  small.gdn.num_value_heads = 4;
+  small.gdn.key_head_dim = small.gdn.value_head_dim = 16;
+  small.attention.num_heads = 4;
+  small.attention.num_kv_heads = 2;
+  small.attention.head_dim = 32;
+  small.attention.rotary_dim = 8;
+  small.moe.num_experts = 8;
+  small.moe.intermediate_size = small.moe.shared_expert_intermediate_size = 16;
   expect_decode_continues_prefill(small, 3, 29, 67);
 }
 
@@ -242,19 +244,19 @@ TEST_F(KimiLinearGolden, ConfigReadFromTheSavedKimiLinearConfig) {
   EXPECT_FALSE(c.norm_weight_plus_one);
   EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false, true}));
   EXPECT_EQ(c.is_moe, (std::vector<bool>{false, true, true, true, true}));
-  EXPECT_EQ(c.linear_num_value_heads, 3);
-  EXPECT_EQ(c.linear_key_head_dim, 24);
-  EXPECT_EQ(c.mla_kv_lora_rank, 40);
-  EXPECT_EQ(c.mla_qk_nope_head_dim, 16);
-  EXPECT_EQ(c.mla_qk_rope_head_dim, 8);
-  EXPECT_EQ(c.mla_v_head_dim, 20);
-  EXPECT_EQ(c.router_scoring, RouterScoring::kSigmoid);
-  EXPECT_TRUE(c.router_score_bias);
-  EXPECT_EQ(c.num_expert_groups, 2);
-  EXPECT_EQ(c.topk_groups, 1);
-  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.446);
-  EXPECT_EQ(c.shared_expert_intermediate_size, 16);
-  EXPECT_FALSE(c.shared_expert_gated);
+  EXPECT_EQ(c.kda.num_heads, 3);
+  EXPECT_EQ(c.kda.head_dim, 24);
+  EXPECT_EQ(c.mla.kv_lora_rank, 40);
+  EXPECT_EQ(c.mla.qk_nope_head_dim, 16);
+  EXPECT_EQ(c.mla.qk_rope_head_dim, 8);
+  EXPECT_EQ(c.mla.v_head_dim, 20);
+  EXPECT_EQ(c.moe.router_scoring, RouterScoring::kSigmoid);
+  EXPECT_TRUE(c.moe.router_score_bias);
+  EXPECT_EQ(c.moe.num_expert_groups, 2);
+  EXPECT_EQ(c.moe.topk_groups, 1);
+  EXPECT_DOUBLE_EQ(c.moe.routed_scaling_factor, 2.446);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 16);
+  EXPECT_FALSE(c.moe.shared_expert_gated);
   EXPECT_EQ(c.parameter_count(), stored_parameters(kimi_dir()));
 }
 
@@ -268,10 +270,10 @@ TEST_F(KimiLinearGolden, GreedyDecodeMatchesTransformers) {
   const ModelConfig& c = model_->config();
   ASSERT_EQ(st.key_cache.size(), 2u);
   for (size_t i = 0; i < st.key_cache.size(); ++i) {
-    EXPECT_EQ(static_cast<int64_t>(st.key_cache[i].size()), st.position * c.mla_cache_dim());
+    EXPECT_EQ(static_cast<int64_t>(st.key_cache[i].size()), st.position * c.mla.cache_dim());
     EXPECT_TRUE(st.value_cache[i].empty());
   }
-  EXPECT_EQ(c.mla_cache_dim(), 48);
+  EXPECT_EQ(c.mla.cache_dim(), 48);
 }
 
 TEST_F(KimiLinearGolden, PrefillPlusDecodeAndChunkedPrefillEqualOneWholePrefill) {
@@ -372,23 +374,23 @@ TEST(KimiLinearSynthetic, SliceOfTheRealShapesHasTheirParameterCountPerLayer) {
   const ModelConfig c = model_preset("kimi-linear-48b-a3b-slice");
   EXPECT_EQ(c.num_kda_layers(), 3);
   EXPECT_EQ(c.num_attention_layers(), 1);
-  EXPECT_EQ(c.mla_cache_dim(), 576);  // docs/MODEL.md: 576 values per token per layer
+  EXPECT_EQ(c.mla.cache_dim(), 576);  // docs/MODEL.md: 576 values per token per layer
   // A tiny model of the same composition runs and its decode continues its prefill exactly.
   ModelConfig small = c;
   small.vocab_size = 500;
   small.hidden_size = 96;
-  small.intermediate_size = 128;
-  small.linear_num_key_heads = small.linear_num_value_heads = 2;
-  small.linear_key_head_dim = small.linear_value_head_dim = 32;
-  small.num_heads = small.num_kv_heads = 2;
-  small.mla_kv_lora_rank = 56;
-  small.mla_qk_nope_head_dim = 16;
-  small.mla_qk_rope_head_dim = 8;
-  small.mla_v_head_dim = 16;
-  small.num_experts = 8;
-  small.num_experts_per_tok = 2;
-  small.moe_intermediate_size = 32;
-  small.shared_expert_intermediate_size = 32;
+  small.mlp.intermediate_size = 128;
+  small.kda.num_heads = 2;
+  small.kda.head_dim = 32;
+  small.mla.num_heads = 2;
+  small.mla.kv_lora_rank = 56;
+  small.mla.qk_nope_head_dim = 16;
+  small.mla.qk_rope_head_dim = 8;
+  small.mla.v_head_dim = 16;
+  small.moe.num_experts = 8;
+  small.moe.num_experts_per_tok = 2;
+  small.moe.intermediate_size = 32;
+  small.moe.shared_expert_intermediate_size = 32;
   expect_decode_continues_prefill(small, 5, 37, 66);
 }
 
@@ -401,23 +403,23 @@ TEST_F(BailingHybridGolden, ConfigReadFromTheBailingHybridConfig) {
   EXPECT_EQ(c.attention_mixer, TokenMixer::kMla);
   EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, false, true, false, true}));
   EXPECT_EQ(c.is_moe, (std::vector<bool>{false, true, true, true, true}));
-  EXPECT_FALSE(c.kda_low_rank_gates);
-  EXPECT_TRUE(c.kda_safe_gate);
-  EXPECT_DOUBLE_EQ(c.kda_lower_bound, -5.0);
+  EXPECT_FALSE(c.kda.low_rank_gates);
+  EXPECT_TRUE(c.kda.safe_gate);
+  EXPECT_DOUBLE_EQ(c.kda.lower_bound, -5.0);
   // save_pretrained's config as it is: head_dim holds qk_rope_head_dim (8), the KDA geometry is in
   // linear_head_dim / linear_num_heads, as transformers reads it back.
   const nlohmann::json saved = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
   ASSERT_EQ(saved["head_dim"], 8);
   ASSERT_EQ(saved["linear_head_dim"], 24);
-  EXPECT_EQ(c.linear_key_head_dim, 24);
-  EXPECT_EQ(c.linear_num_value_heads, 3);
-  EXPECT_TRUE(c.mla_rope);
-  EXPECT_TRUE(c.mla_head_gate);
-  EXPECT_EQ(c.mla_q_lora_rank, 20);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
-  EXPECT_EQ(c.num_expert_groups, 4);
-  EXPECT_EQ(c.topk_groups, 2);
-  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+  EXPECT_EQ(c.kda.head_dim, 24);
+  EXPECT_EQ(c.kda.num_heads, 3);
+  EXPECT_TRUE(c.mla.rope);
+  EXPECT_TRUE(c.mla.head_gate);
+  EXPECT_EQ(c.mla.q_lora_rank, 20);
+  EXPECT_DOUBLE_EQ(c.mla.rope_theta, 10000.0);
+  EXPECT_EQ(c.moe.num_expert_groups, 4);
+  EXPECT_EQ(c.moe.topk_groups, 2);
+  EXPECT_DOUBLE_EQ(c.moe.routed_scaling_factor, 2.5);
   // The MTP layer (layers.5.*, after num_hidden_layers) is in the checkpoint but not in the model.
   EXPECT_EQ(c.parameter_count(), stored_parameters(ling_dir(), "model.layers.5."));
 }
@@ -456,7 +458,7 @@ TEST(BailingHybridConfig, UnsupportedOptionsAreNamed) {
   // Without the safe gate the KDA gate is Kimi's softplus one (computed in the engine).
   bad = j;
   bad["kda_safe_gate"] = false;
-  EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda_safe_gate);
+  EXPECT_FALSE(parse_model_config(bad.dump(), "config.json").kda.safe_gate);
   // The published layout's options hanpu does not run, each named with what it got.
   const std::vector<std::pair<nlohmann::json, std::string>> refused = {
       {{{"no_kda_lora", false}}, "field 'no_kda_lora' is false"},
@@ -505,9 +507,7 @@ TEST(BailingHybridConfig, KdaGeometryReadAsTransformersReadsIt) {
   const nlohmann::json j = nlohmann::json::parse(read_file(ling_dir() / "config.json"));
   auto kda = [](const nlohmann::json& cfg) {
     const ModelConfig c = parse_model_config(cfg.dump(), "config.json");
-    EXPECT_EQ(c.linear_num_key_heads, c.linear_num_value_heads);
-    EXPECT_EQ(c.linear_key_head_dim, c.linear_value_head_dim);
-    return std::vector<int64_t>{c.linear_num_value_heads, c.linear_key_head_dim, c.linear_conv_kernel};
+    return std::vector<int64_t>{c.kda.num_heads, c.kda.head_dim, c.kda.conv_kernel};
   };
   // save_pretrained's keys win over head_dim (= qk_rope_head_dim) and short_conv_kernel_size.
   nlohmann::json cfg = j;
@@ -582,7 +582,7 @@ TEST_F(BailingHybridGolden, PublishedLayoutGivesTheSameLogits) {
             {"num_nextn_predict_layers", 1}});
   write_file(tmp.path() / "config.json", j.dump());
   HybridModel m = HybridModel::load(tmp.path().string());
-  EXPECT_EQ(m.config().linear_key_head_dim, 24);
+  EXPECT_EQ(m.config().kda.head_dim, 24);
   testing::expect_logits_match_at_every_position(m, *expected_);
 }
 
@@ -595,35 +595,33 @@ TEST(BailingHybridSynthetic, SliceOfTheConfigDefaultShapesRunsAndDecodes) {
   EXPECT_EQ(c.num_kda_layers(), 3);
   EXPECT_EQ(c.num_attention_layers(), 1);
   EXPECT_EQ(c.num_moe_layers(), 2);
-  EXPECT_EQ(c.linear_num_value_heads, 32);
-  EXPECT_EQ(c.linear_key_head_dim, 128);
-  EXPECT_FALSE(c.kda_low_rank_gates);
-  EXPECT_TRUE(c.kda_safe_gate);
-  EXPECT_EQ(c.kda_lower_bound, -5.0);
-  EXPECT_EQ(c.mla_cache_dim(), 576);
-  EXPECT_EQ(c.moe_intermediate_size, 768);
-  EXPECT_EQ(c.shared_expert_intermediate_size, 768);
-  EXPECT_EQ(c.intermediate_size, 6144);
-  EXPECT_EQ(c.num_expert_groups, 8);
-  EXPECT_EQ(c.topk_groups, 4);
-  EXPECT_EQ(c.num_experts % c.num_expert_groups, 0);
+  EXPECT_EQ(c.kda.num_heads, 32);
+  EXPECT_EQ(c.kda.head_dim, 128);
+  EXPECT_FALSE(c.kda.low_rank_gates);
+  EXPECT_TRUE(c.kda.safe_gate);
+  EXPECT_EQ(c.kda.lower_bound, -5.0);
+  EXPECT_EQ(c.mla.cache_dim(), 576);
+  EXPECT_EQ(c.moe.intermediate_size, 768);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 768);
+  EXPECT_EQ(c.mlp.intermediate_size, 6144);
+  EXPECT_EQ(c.moe.num_expert_groups, 8);
+  EXPECT_EQ(c.moe.topk_groups, 4);
+  EXPECT_EQ(c.moe.num_experts % c.moe.num_expert_groups, 0);
   // A tiny model of the same composition runs and its decode continues its prefill exactly.
   ModelConfig small = c;
   small.vocab_size = 300;
   small.hidden_size = 64;
-  small.intermediate_size = 96;
-  small.linear_num_key_heads = small.linear_num_value_heads = 2;
-  small.linear_key_head_dim = small.linear_value_head_dim = 16;
-  small.num_heads = small.num_kv_heads = 2;
-  small.mla_kv_lora_rank = 24;
-  small.mla_qk_nope_head_dim = 16;
-  small.mla_qk_rope_head_dim = 8;
-  small.mla_v_head_dim = 16;
-  small.head_dim = small.mla_qk_head_dim();
-  small.rotary_dim = 8;
-  small.num_experts = 16;  // 8 groups of 2, top-4 groups
-  small.num_experts_per_tok = 3;
-  small.moe_intermediate_size = small.shared_expert_intermediate_size = 24;
+  small.mlp.intermediate_size = 96;
+  small.kda.num_heads = 2;
+  small.kda.head_dim = 16;
+  small.mla.num_heads = 2;
+  small.mla.kv_lora_rank = 24;
+  small.mla.qk_nope_head_dim = 16;
+  small.mla.qk_rope_head_dim = 8;
+  small.mla.v_head_dim = 16;
+  small.moe.num_experts = 16;  // 8 groups of 2, top-4 groups
+  small.moe.num_experts_per_tok = 3;
+  small.moe.intermediate_size = small.moe.shared_expert_intermediate_size = 24;
   expect_decode_continues_prefill(small, 7, 41, 65);
 }
 
@@ -679,7 +677,7 @@ TEST(ModelWork, DecodeStepReadsEveryMatrixOnceOnEveryFamily) {
       }
     }
     ASSERT_GT(dense, 0);
-    const double routed = c.num_experts > 0 ? static_cast<double>(c.num_experts_per_tok) / static_cast<double>(c.num_experts) : 0;
+    const double routed = c.moe.num_experts > 0 ? static_cast<double>(c.moe.num_experts_per_tok) / static_cast<double>(c.moe.num_experts) : 0;
     const model::ForwardWork w = model::forward_work(c, 7, 1, false);
     EXPECT_NEAR(w.total().weight_bytes, 2 * (dense + routed * experts), 1e-6 * w.total().weight_bytes);
     // One token: two flops per weight used, plus the engine and the attention over 8 keys.
@@ -706,19 +704,19 @@ TEST(ModelWork, MlaCountsTheFormThatRuns) {
     int64_t attention_layers = 0;
     for (int64_t i = 0; i < c.num_layers; ++i) attention_layers += c.token_mixer(i) == c.attention_mixer;
     ASSERT_GT(attention_layers, 0);
-    const double nh = static_cast<double>(c.num_heads) * static_cast<double>(attention_layers);
+    const double nh = static_cast<double>(c.mla.num_heads) * static_cast<double>(attention_layers);
     const int64_t T = 64;
     ASSERT_TRUE(model::MlaAttention::expand_pays(c, T, 0));
     const double pairs = T * (T + 1) / 2.0;
     EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false).attention_core.flops,
-                     2 * nh * static_cast<double>(c.mla_qk_head_dim() + c.mla_v_head_dim) * pairs);
+                     2 * nh * static_cast<double>(c.mla.qk_head_dim() + c.mla.v_head_dim) * pairs);
     const int64_t cached = 100000;
     ASSERT_FALSE(model::MlaAttention::expand_pays(c, 1, cached));
     EXPECT_DOUBLE_EQ(model::forward_work(c, cached, 1, false).attention_core.flops,
-                     2 * nh * static_cast<double>(c.mla_cache_dim() + c.mla_kv_lora_rank) * (cached + 1));
+                     2 * nh * static_cast<double>(c.mla.cache_dim() + c.mla.kv_lora_rank) * (cached + 1));
     // int8 weights keep the latent form (no W_uk copy is built for them).
     EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false, 32).attention_core.flops,
-                     2 * nh * static_cast<double>(c.mla_cache_dim() + c.mla_kv_lora_rank) * pairs);
+                     2 * nh * static_cast<double>(c.mla.cache_dim() + c.mla.kv_lora_rank) * pairs);
   }
 }
 
@@ -753,6 +751,82 @@ TEST(ModelInt8, EveryFamilyNearTheFp32LogitsAndSelfConsistent) {
     }
     EXPECT_LE(testing::nmse(rows.data(), whole.ptr<float>(), whole.numel()), 1e-10);
   }
+}
+
+
+// The family registry (hanpu/model_family.hpp): every row is found by each of its model types and
+// by nothing else, its presets describe models of its own type with its checkpoint layout, and the
+// golden checkpoints' configs are read through it.
+// The message `fn` throws hanpu::Error with, or "(no error)".
+template <class Fn>
+std::string thrown(Fn fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(ModelFamilies, EveryRowIsFoundByItsTypesAndOwnsItsPresets) {
+  std::set<std::string> types, presets, gguf;
+  for (const ModelFamily* f : model_families()) {
+    ASSERT_NE(f->parse, nullptr) << f->name;
+    EXPECT_FALSE(f->model_types.empty()) << f->name;
+    EXPECT_FALSE(f->presets.empty()) << f->name;
+    EXPECT_TRUE(gguf.insert(f->gguf_architecture).second) << f->name << ": GGUF architecture '" << f->gguf_architecture << "' twice";
+    for (const std::string& t : f->model_types) {
+      EXPECT_TRUE(types.insert(t).second) << "model_type '" << t << "' in two rows";
+      EXPECT_EQ(find_model_family(t), f) << t;
+    }
+    for (const std::string& a : f->architectures) EXPECT_EQ(find_model_family("", {"SomethingElse", a}), f) << a;
+    for (const ModelPreset& p : f->presets) {
+      EXPECT_TRUE(presets.insert(p.name).second) << "preset '" << p.name << "' twice";
+      const ModelConfig c = model_preset(p.name);
+      EXPECT_EQ(&model_family(c), f) << p.name << " is " << c.model_type;
+      EXPECT_EQ(c.names.embed_tokens, f->checkpoint_names.embed_tokens) << p.name;
+      EXPECT_EQ(c.names.linear_attention, f->checkpoint_names.linear_attention) << p.name;
+      EXPECT_EQ(c.names.channel_mixer, f->checkpoint_names.channel_mixer) << p.name;
+      EXPECT_EQ(c.names.expert_gate, f->checkpoint_names.expert_gate) << p.name;
+      EXPECT_EQ(c.names.router_score_bias, f->checkpoint_names.router_score_bias) << p.name;
+      EXPECT_NO_THROW(c.check()) << p.name;
+    }
+  }
+  EXPECT_EQ(gguf, (std::set<std::string>{"qwen35", "qwen35moe", "qwen3next", "kimi-linear", "bailingmoe3"}));
+  EXPECT_EQ(presets.size(), model_preset_names().size());
+  EXPECT_EQ(find_model_family("llama"), nullptr);
+  EXPECT_EQ(find_model_family("", {"LlamaForCausalLM"}), nullptr);
+  EXPECT_EQ(find_model_family("llama", {"BailingMoeV3ForCausalLM"}), nullptr);  // a model_type decides alone
+}
+
+TEST(ModelFamilies, GoldenConfigsAreReadByTheirRowsParser) {
+  const std::pair<const char*, const char*> goldens[] = {{"qwen35_tiny", "Qwen3.5"},
+                                                         {"qwen35moe_tiny", "Qwen3.5-MoE"},
+                                                         {"qwen3next_tiny", "Qwen3-Next"},
+                                                         {"kimi_linear_tiny", "Kimi Linear"},
+                                                         {"bailing_hybrid_tiny", "Ling 3.0"}};
+  for (const auto& [dir, family] : goldens) {
+    const std::string text = read_file(testing::golden_dir() / dir / "config.json");
+    const ModelConfig c = parse_model_config(text, "config.json");
+    EXPECT_EQ(model_family(c).name, family) << dir;
+    const ModelConfig direct = model_family(c).parse(text, "config.json");
+    EXPECT_EQ(direct.describe(), c.describe()) << dir;
+  }
+}
+
+TEST(ModelFamilies, UnknownTypeListsEveryKnownOne) {
+  const std::string err = thrown([] { parse_model_config(R"({"model_type": "llama"})", "config.json"); });
+  EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+  EXPECT_NE(err.find("unknown model_type 'llama'"), std::string::npos) << err;
+  for (const ModelFamily* f : model_families()) {
+    EXPECT_NE(err.find("(" + f->name + ")"), std::string::npos) << err;
+    for (const std::string& t : f->model_types) EXPECT_NE(err.find("'" + t + "'"), std::string::npos) << t << ": " << err;
+  }
+  ModelConfig unknown = model_preset("qwen3.5-0.8b");
+  unknown.model_type = "llama";
+  EXPECT_NE(thrown([&] { model_family(unknown); }).find("unknown model_type 'llama'"), std::string::npos);
+  const std::string preset_err = thrown([] { model_preset("qwen3.5-7b"); });
+  for (const std::string& n : model_preset_names()) EXPECT_NE(preset_err.find(n), std::string::npos) << preset_err;
 }
 
 }  // namespace

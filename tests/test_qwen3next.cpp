@@ -16,7 +16,7 @@
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/safetensors.hpp"
-#include "model/qwen3next_layout.hpp"
+#include "model/fused_gdn_layout.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
 
@@ -39,7 +39,7 @@ std::string read_file(const fs::path& p) { return testing::read_text(p.string())
 class Qwen3NextGolden : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    model_ = new Qwen35Model(Qwen35Model::load(next_dir().string()));
+    model_ = new HybridModel(HybridModel::load(next_dir().string()));
     expected_ = new Expected(testing::load_expected(next_dir()));
   }
   static void TearDownTestSuite() {
@@ -47,27 +47,27 @@ class Qwen3NextGolden : public ::testing::Test {
     delete expected_;
   }
   static std::vector<int32_t> full_sequence() { return expected_->full_sequence(); }
-  static Qwen35Model* model_;
+  static HybridModel* model_;
   static Expected* expected_;
 };
-Qwen35Model* Qwen3NextGolden::model_ = nullptr;
+HybridModel* Qwen3NextGolden::model_ = nullptr;
 Expected* Qwen3NextGolden::expected_ = nullptr;
 
 TEST_F(Qwen3NextGolden, ConfigReadFromTheFlatQwen3NextConfig) {
-  const Qwen35Config& c = model_->config();
+  const ModelConfig& c = model_->config();
   EXPECT_EQ(c.model_type, "qwen3_next");
-  EXPECT_TRUE(c.fused_gdn_projections);
+  EXPECT_TRUE(c.gdn.fused_projections);
   EXPECT_EQ(c.is_full_attention, (std::vector<bool>{false, true, false, true}));  // full_attention_interval 2
   EXPECT_EQ(c.is_moe, (std::vector<bool>{true, false, true, true}));              // mlp_only_layers [1]
-  EXPECT_EQ(c.num_experts, 8);
-  EXPECT_EQ(c.num_experts_per_tok, 2);
-  EXPECT_EQ(c.moe_intermediate_size, 16);
-  EXPECT_EQ(c.shared_expert_intermediate_size, 32);
-  EXPECT_TRUE(c.norm_topk_prob);
-  EXPECT_EQ(c.linear_key_head_dim, 16);
-  EXPECT_EQ(c.linear_value_head_dim, 32);
-  EXPECT_EQ(c.rotary_dim, 8);
-  EXPECT_DOUBLE_EQ(c.rope_theta, 50000.0);
+  EXPECT_EQ(c.moe.num_experts, 8);
+  EXPECT_EQ(c.moe.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe.intermediate_size, 16);
+  EXPECT_EQ(c.moe.shared_expert_intermediate_size, 32);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.gdn.key_head_dim, 16);
+  EXPECT_EQ(c.gdn.value_head_dim, 32);
+  EXPECT_EQ(c.attention.rotary_dim, 8);
+  EXPECT_DOUBLE_EQ(c.attention.rope_theta, 50000.0);
   // The parameter count from the config equals the checkpoint's text tensors, element for element.
   int64_t stored = 0;
   for (const char* shard : {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}) {
@@ -79,14 +79,14 @@ TEST_F(Qwen3NextGolden, ConfigReadFromTheFlatQwen3NextConfig) {
 }
 
 TEST_F(Qwen3NextGolden, PermutedProjectionRowsEqualTransformersSplit) {
-  const Qwen35Config& c = model_->config();
+  const ModelConfig& c = model_->config();
   SafetensorsFile ckpt = SafetensorsFile::open((next_dir() / "model-00001-of-00002.safetensors").string());
   SafetensorsFile want = SafetensorsFile::open((next_dir() / "expected.safetensors").string());
   const TensorView qkvz = ckpt.get("model.layers.0.linear_attn.in_proj_qkvz.weight");
   const TensorView ba = ckpt.get("model.layers.0.linear_attn.in_proj_ba.weight");
-  const int64_t H = c.hidden_size, nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+  const int64_t H = c.hidden_size, nk = c.gdn.num_key_heads, nv = c.gdn.num_value_heads;
   const std::vector<int64_t> qkvz_rows =
-      model::qwen3next_qkvz_source_rows(nk, nv, c.linear_key_head_dim, c.linear_value_head_dim);
+      model::qwen3next_qkvz_source_rows(nk, nv, c.gdn.key_head_dim, c.gdn.value_head_dim);
   const std::vector<int64_t> ba_rows = model::qwen3next_ba_source_rows(nk, nv);
   // Each is a permutation: every source row used once.
   for (const auto* rows : {&qkvz_rows, &ba_rows}) {
@@ -103,7 +103,7 @@ TEST_F(Qwen3NextGolden, PermutedProjectionRowsEqualTransformersSplit) {
     for (int64_t i = 0; i < w.numel(); ++i) mismatches += bf16_to_f32(bits[i]) != w.ptr<float>()[i];
     EXPECT_EQ(mismatches, 0) << name << ": " << w.shape()[0] << " rows";
   };
-  const int64_t cd = c.gdn_conv_dim();
+  const int64_t cd = c.gdn.conv_dim();
   compare(p_qkvz, 0, "perm_qkv");
   compare(p_qkvz, cd, "perm_z");
   compare(p_ba, 0, "perm_b");
@@ -122,7 +122,7 @@ TEST_F(Qwen3NextGolden, PrefillPlusDecodeEqualsOneLongerPrefill) {
   const std::vector<int32_t> ids = full_sequence();
   const int64_t V = model_->config().vocab_size, T0 = static_cast<int64_t>(expected_->prompt.size());
   Tensor whole = all_logits(*model_, ids);
-  Qwen35State st = model_->new_state();
+  HybridState st = model_->new_state();
   model_->forward(st, std::span(ids).first(static_cast<size_t>(T0)));
   for (size_t t = static_cast<size_t>(T0); t < ids.size(); ++t) {
     Tensor step = model_->forward(st, std::span(ids).subspan(t, 1));
@@ -134,7 +134,7 @@ TEST_F(Qwen3NextGolden, ChunkedPrefillEqualsWholePrefill) {
   const std::vector<int32_t> ids = full_sequence();
   const int64_t V = model_->config().vocab_size;
   Tensor whole = all_logits(*model_, ids);
-  Qwen35State st = model_->new_state();
+  HybridState st = model_->new_state();
   size_t done = 0;
   for (size_t len : {30, 1, 2, 40, 11, 1}) {
     Tensor part = model_->forward(st, std::span(ids).subspan(done, len), {.threads = 2, .all_logits = true});
@@ -152,7 +152,7 @@ TEST_F(Qwen3NextGolden, TokenizerAndTextGreedyMatchTransformers) {
   SafetensorsFile f = SafetensorsFile::open((next_dir() / "expected.safetensors").string());
   const std::string text = f.metadata().at("text_prompt");
   EXPECT_EQ(tok.encode(text), expected_->text_prompt);
-  Qwen35State st = model_->new_state();
+  HybridState st = model_->new_state();
   Tensor logits = model_->forward(st, expected_->text_prompt);
   Sampler greedy({.temperature = 0});
   std::vector<int32_t> got;
@@ -168,21 +168,21 @@ TEST_F(Qwen3NextGolden, TokenizerAndTextGreedyMatchTransformers) {
 TEST_F(Qwen3NextGolden, SyntheticModelOfTheSameShapesRunsAndDecodes) {
   // The synthetic builder (bench-model --synthetic) goes through the same fused-projection and MoE
   // construction; its decode continues its prefill exactly as a longer prefill would.
-  Qwen35Model m = Qwen35Model::synthetic(model_->config(), 7);
+  HybridModel m = HybridModel::synthetic(model_->config(), 7);
   const std::vector<int32_t> ids = full_sequence();
   const int64_t V = m.config().vocab_size;
   Tensor whole = all_logits(m, ids, 2);
-  Qwen35State st = m.new_state();
+  HybridState st = m.new_state();
   m.forward(st, std::span(ids).first(ids.size() - 3));
   for (size_t t = ids.size() - 3; t < ids.size(); ++t) {
     Tensor step = m.forward(st, std::span(ids).subspan(t, 1));
     EXPECT_LE(nmse(step.ptr<float>(), whole.ptr<float>() + static_cast<int64_t>(t) * V, V), 1e-10) << "token " << t;
   }
-  const std::vector<std::string> presets = qwen35_preset_names();
+  const std::vector<std::string> presets = model_preset_names();
   EXPECT_NE(std::find(presets.begin(), presets.end(), "qwen3-next-80b-a3b-slice"), presets.end());
-  const Qwen35Config slice = qwen35_preset("qwen3-next-80b-a3b-slice");
+  const ModelConfig slice = model_preset("qwen3-next-80b-a3b-slice");
   EXPECT_EQ(slice.num_moe_layers(), 4);
-  EXPECT_TRUE(slice.fused_gdn_projections);
+  EXPECT_TRUE(slice.gdn.fused_projections);
 }
 
 TEST(Qwen3NextLayout, RowMapsWrittenOutByHand) {

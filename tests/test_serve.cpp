@@ -281,3 +281,144 @@ TEST_P(ServeExactness, ConcurrentRequestsDecodeBatchedWithTheirOwnTokens) {
 }
 
 }  // namespace
+
+namespace {
+
+// The tokens of every event of a handle, and the finish reason.
+std::pair<std::vector<int32_t>, std::string> drain_handle(serve::GenerationHandle& h) {
+  std::vector<int32_t> out;
+  std::string finish;
+  GenerationEvent ev;
+  while (h.next(ev)) {
+    EXPECT_NE(ev.kind, GenerationEvent::Kind::kError) << ev.error;
+    out.insert(out.end(), ev.tokens.begin(), ev.tokens.end());
+    if (ev.kind == GenerationEvent::Kind::kDone) finish = ev.finish_reason;
+  }
+  return {out, finish};
+}
+
+}  // namespace
+
+TEST(ServePrefixCache, SharedPrefixCountsTokensInsideEdgesAndWithoutSnapshots) {
+  PrefixCache cache(1 << 20);
+  EXPECT_EQ(cache.shared_prefix(ids({1, 2})), 0);
+  ASSERT_TRUE(cache.insert(ids({1, 2, 3, 4, 5, 6}), fake_state(6, 4)));
+  EXPECT_EQ(cache.shared_prefix(ids({1, 2, 3, 9})), 3);  // inside the edge
+  EXPECT_EQ(cache.shared_prefix(ids({1, 2, 3, 4, 5, 6, 7})), 6);
+  EXPECT_EQ(cache.shared_prefix(ids({1, 2})), 2);        // the query ends inside the edge
+  EXPECT_EQ(cache.shared_prefix(ids({7})), 0);
+  ASSERT_TRUE(cache.insert(ids({1, 2, 8}), fake_state(3, 4)));  // splits the edge at 2
+  EXPECT_EQ(cache.shared_prefix(ids({1, 2, 8, 1})), 3);
+  EXPECT_EQ(cache.shared_prefix(ids({1, 2, 3, 4, 0})), 4);
+}
+
+// n choices: the prompt is prefilled once; choice i samples with seed + i from a copy of its
+// state, so it gives exactly what a request of its own with that seed gives.
+TEST_P(ServeExactness, ChoicesEqualSingleRequestsWithTheNextSeeds) {
+  const HybridModel model = HybridModel::load((hanpu::testing::golden_dir() / GetParam()).string());
+  serve::SchedulerOptions opt;
+  opt.prefill_chunk = 8;
+  opt.cache_bytes = 0;  // no cache: the singles must not profit from the choices' snapshots
+  Scheduler sched(model, nullptr, opt);
+  GenerationRequest r;
+  r.prompt = test_prompt(model, 21, 5);
+  r.max_tokens = 7;
+  r.ignore_eos = true;
+  r.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 99};
+  r.n = 3;
+  auto handles = sched.submit_choices(r);
+  ASSERT_EQ(handles.size(), 3u);
+  std::vector<std::vector<int32_t>> together;
+  for (auto& h : handles) together.push_back(drain_handle(*h).first);
+  EXPECT_EQ(sched.metrics().prefill_tokens.load(), 21u) << "the prompt is computed once for all choices";
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest one = r;
+    one.n = 1;
+    one.sampling.seed = 99 + static_cast<uint64_t>(i);
+    auto h = sched.submit(one);
+    EXPECT_EQ(drain_handle(*h).first, together[static_cast<size_t>(i)]) << GetParam() << " choice " << i;
+    EXPECT_EQ(together[static_cast<size_t>(i)].size(), 7u);
+  }
+  EXPECT_NE(together[0], together[1]);
+}
+
+// A warm_only request computes and snapshots its prompt and nothing else; a request that then
+// extends it restores all of it and generates what a cold one does.
+TEST_P(ServeExactness, WarmOnlySnapshotIsRestoredExactly) {
+  const HybridModel model = HybridModel::load((hanpu::testing::golden_dir() / GetParam()).string());
+  serve::SchedulerOptions opt;
+  opt.prefill_chunk = 8;
+  opt.checkpoint_every = 0;
+  opt.cache_bytes = 64 << 20;
+  Scheduler sched(model, nullptr, opt);
+  GenerationRequest warm;
+  warm.prompt = test_prompt(model, 19, 8);
+  warm.max_tokens = 0;
+  warm.warm_only = true;
+  auto w = sched.submit(warm);
+  const auto [none, why] = drain_handle(*w);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(sched.cache().snapshot_lengths(warm.prompt), (std::vector<int64_t>{19}));
+  EXPECT_EQ(sched.metrics().warm_requests.load(), 1u);
+  // Again: a snapshot of the whole prompt is there, nothing to compute.
+  const uint64_t computed = sched.metrics().prefill_tokens.load();
+  drain_handle(*sched.submit(warm));
+  EXPECT_EQ(sched.metrics().prefill_tokens.load(), computed);
+
+  GenerationRequest next;
+  next.prompt = warm.prompt;
+  for (int32_t id : test_prompt(model, 5, 30)) next.prompt.push_back(id);
+  next.max_tokens = 5;
+  next.sampling.temperature = 0;
+  auto h = sched.submit(next);
+  const auto hot = drain_handle(*h).first;
+  EXPECT_EQ(h->cached_tokens, 19);
+  EXPECT_EQ(h->cache_result, "hit");
+  serve::SchedulerOptions cold_opt = opt;
+  cold_opt.cache_bytes = 0;
+  Scheduler cold(model, nullptr, cold_opt);
+  auto c = cold.submit(next);
+  EXPECT_EQ(drain_handle(*c).first, hot) << GetParam();
+  EXPECT_EQ(c->cache_result, "miss");
+}
+
+// Logprobs: the log-softmax of the logits at the chosen token, and the top alternatives in order.
+TEST(ServeScheduler, LogprobsAreTheLogSoftmaxOfTheLogits) {
+  const HybridModel model = HybridModel::load((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  serve::SchedulerOptions opt;
+  opt.cache_bytes = 0;
+  Scheduler sched(model, nullptr, opt);
+  GenerationRequest r;
+  r.prompt = test_prompt(model, 9, 2);
+  r.max_tokens = 3;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0;
+  r.top_logprobs = 5;
+  auto h = sched.submit(r);
+  std::vector<serve::TokenLogprob> lps;
+  std::vector<int32_t> tokens;
+  GenerationEvent ev;
+  while (h->next(ev)) {
+    lps.insert(lps.end(), ev.logprobs.begin(), ev.logprobs.end());
+    tokens.insert(tokens.end(), ev.tokens.begin(), ev.tokens.end());
+  }
+  ASSERT_EQ(lps.size(), 3u);
+  HybridState st = model.new_state();
+  Tensor l = model.forward(st, r.prompt);
+  const size_t V = static_cast<size_t>(model.config().vocab_size);
+  for (size_t i = 0; i < 3; ++i) {
+    const float* row = l.ptr<float>();
+    double mx = -1e300, sum = 0;
+    for (size_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(row[v]));
+    for (size_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+    const double log_z = mx + std::log(sum);
+    EXPECT_EQ(lps[i].token, tokens[i]);
+    EXPECT_NEAR(lps[i].logprob, row[tokens[i]] - log_z, 1e-5);
+    ASSERT_EQ(lps[i].top.size(), 5u);
+    EXPECT_EQ(lps[i].top[0].first, tokens[i]) << "greedy picks the most likely token";
+    for (size_t k = 1; k < 5; ++k) EXPECT_GE(lps[i].top[k - 1].second, lps[i].top[k].second);
+    for (const auto& [id, lp] : lps[i].top) EXPECT_NEAR(lp, row[id] - log_z, 1e-5);
+    const int32_t one[1] = {tokens[i]};
+    l = model.forward(st, one);
+  }
+}

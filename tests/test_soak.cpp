@@ -88,26 +88,26 @@ TEST(Soak, ConcurrentCallersGetReferenceResults) {
 TEST(Soak, TwoModelsFromSeveralThreadsGiveTheirSoloLogits) {
   const std::vector<std::string> dirs = {(testing::golden_dir() / "qwen35_tiny").string(),
                                          (testing::golden_dir() / "qwen3next_tiny").string()};
-  std::vector<Qwen35Model> models;
-  for (const std::string& d : dirs) models.push_back(Qwen35Model::load(d));
+  std::vector<HybridModel> models;
+  for (const std::string& d : dirs) models.push_back(HybridModel::load(d));
   std::vector<int32_t> ids;
   for (int i = 0; i < 40; ++i) ids.push_back(static_cast<int32_t>((i * 37 + 11) % 300));
   ForwardOptions fo;
   fo.threads = 2;
   fo.all_logits = true;
   std::vector<Tensor> solo;
-  for (const Qwen35Model& m : models) {
-    Qwen35State st = m.new_state();
+  for (const HybridModel& m : models) {
+    HybridState st = m.new_state();
     solo.push_back(m.forward(st, ids, fo));
   }
   std::atomic<int> mismatches{0};
   std::vector<std::thread> callers;
   for (int c = 0; c < 4; ++c)
     callers.emplace_back([&, c] {
-      const Qwen35Model& m = models[static_cast<size_t>(c % 2)];
+      const HybridModel& m = models[static_cast<size_t>(c % 2)];
       const Tensor& want = solo[static_cast<size_t>(c % 2)];
       for (int r = 0; r < rounds() / 4 + 1; ++r) {
-        Qwen35State st = m.new_state();
+        HybridState st = m.new_state();
         const Tensor got = m.forward(st, ids, fo);
         if (got.shape() != want.shape() || std::memcmp(got.data(), want.data(), want.bytes()) != 0) ++mismatches;
       }
@@ -117,9 +117,9 @@ TEST(Soak, TwoModelsFromSeveralThreadsGiveTheirSoloLogits) {
 }
 
 // The logits of a prefill of `ids` and then `decode` single-token steps, one after another.
-std::vector<float> prefill_then_decode(const Qwen35Model& m, const std::vector<int32_t>& ids, int decode,
+std::vector<float> prefill_then_decode(const HybridModel& m, const std::vector<int32_t>& ids, int decode,
                                        const ForwardOptions& fo) {
-  Qwen35State st = m.new_state();
+  HybridState st = m.new_state();
   const Tensor pre = m.forward(st, ids, fo);
   std::vector<float> out(pre.ptr<float>(), pre.ptr<float>() + pre.numel());
   for (int i = 0; i < decode; ++i) {
@@ -145,11 +145,11 @@ TEST(Soak, TwoModelsWithTheirOwnEnginesOnTwoThreadsGiveTheirSoloLogits) {
   // Alone: each model the only one in the process's life so far, on a fresh engine.
   std::vector<std::vector<float>> solo;
   for (const std::string& d : dirs) {
-    const Qwen35Model m = Qwen35Model::load(d, {.engine = std::make_shared<Engine>(2)});
+    const HybridModel m = HybridModel::load(d, {.engine = std::make_shared<Engine>(2)});
     solo.push_back(prefill_then_decode(m, ids, kDecode, fo));
   }
-  std::vector<Qwen35Model> models;
-  for (const std::string& d : dirs) models.push_back(Qwen35Model::load(d, {.engine = std::make_shared<Engine>(2)}));
+  std::vector<HybridModel> models;
+  for (const std::string& d : dirs) models.push_back(HybridModel::load(d, {.engine = std::make_shared<Engine>(2)}));
   ASSERT_NE(&models[0].engine(), &models[1].engine());
   ASSERT_NE(&models[0].engine(), &Engine::default_engine());
   std::atomic<int> mismatches{0};

@@ -10,8 +10,8 @@
 // Token mixers: Gated DeltaNet (GDN), Kimi Delta Attention (KDA), gated GQA attention, multi-head
 // latent attention (MLA). Channel mixers: the SwiGLU MLP and a mixture of experts (softmax or sigmoid
 // routing, expert-score bias, grouped top-k, routed scaling, shared experts with or without a gate).
-// One config parser per family (parse_model_config dispatches on model_type) fills one
-// ModelConfig; one runtime runs them all.
+// One config parser per family (the family registry, hanpu/model_family.hpp, picks it by
+// model_type) fills one ModelConfig; one runtime runs them all.
 //
 // forward() with several tokens is a (chunked) prefill: GDN/KDA layers run through the plan-driven
 // engine (gdn_prefill / kda_prefill) from the state's recurrent and conv states, attention layers
@@ -64,48 +64,60 @@ struct CheckpointNames {
   std::string shared_expert = "shared_expert.";
 };
 
-/// The model description: hyperparameters of the text model and its block composition.
-/// Layer i's token mixer is `attention_mixer` when is_full_attention[i], else `linear_mixer`;
-/// its channel mixer is the MoE block when is_moe[i], else the SwiGLU MLP of intermediate_size.
-struct ModelConfig {
-  std::string model_type;  // of the text model: "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "kimi_linear", "bailing_hybrid"
-  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0;
-  TokenMixer linear_mixer = TokenMixer::kGdn, attention_mixer = TokenMixer::kGatedAttention;
-  /// Qwen's zero-centred RMSNorms multiply by (1 + w); Kimi's by w.
-  bool norm_weight_plus_one = true;
-  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;  // full attention (MLA: num_heads)
-  int64_t rotary_dim = 0;                                  // head_dim * partial_rotary_factor
-  double rope_theta = 0;
-  int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;  // GDN; KDA: both = its head count
-  int64_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel = 0;  // KDA: both = head_dim
-  /// Which config.json keys gave the linear-attention geometry ("config.json gives the KDA layers 4
-  /// heads of 32 (linear_num_heads, linear_head_dim) ..."), appended to a load error of those
-  /// layers' tensors; empty: nothing appended.
-  std::string linear_shape_source;
-  /// MLA: q_lora_rank 0 means a full-rank q_proj; keys are [nope | rope] dims, values v_head_dim.
-  int64_t mla_q_lora_rank = 0, mla_kv_lora_rank = 0, mla_qk_nope_head_dim = 0, mla_qk_rope_head_dim = 0,
-          mla_v_head_dim = 0;
-  /// MLA RoPE (Ling): DeepSeek's interleaved-pair rotation of the rope dims of q and of the cached
-  /// shared key, theta rope_theta; Kimi's MLA has none.
-  bool mla_rope = false;
-  /// MLA head-wise output gate (Ling): each head's output times sigmoid(g_proj(x))[head].
-  bool mla_head_gate = false;
-  /// KDA gate projections: Kimi's low-rank f_a/f_b and g_a/g_b (rank head_dim, A_log stored
+/// Gated DeltaNet layers (Qwen3.5, Qwen3-Next linear_attn).
+struct GdnConfig {
+  int64_t num_key_heads = 0, num_value_heads = 0, key_head_dim = 0, value_head_dim = 0, conv_kernel = 0;
+  /// Qwen3-Next's checkpoint layout: the projections are stored fused (in_proj_qkvz, in_proj_ba)
+  /// in an interleaved per-key-head-group layout; the loader permutes them into the Qwen3.5 layout.
+  bool fused_projections = false;
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  /// Channels of the conv: q, k and v.
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+/// Kimi Delta Attention layers (Kimi Linear, Ling 3.0): one head count and one head dim for q, k, v.
+struct KdaConfig {
+  int64_t num_heads = 0, head_dim = 0, conv_kernel = 0;
+  /// Gate projections: Kimi's low-rank f_a/f_b and g_a/g_b (rank head_dim, A_log stored
   /// [1,1,H,1]), or Ling's full-rank f_proj and g_proj (A_log [H]).
-  bool kda_low_rank_gates = true;
-  /// KDA safe gate (Ling): g = kda_lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), in (lower_bound, 0),
+  bool low_rank_gates = true;
+  /// Safe gate (Ling): g = lower_bound * sigmoid(exp(A_log) * (f + dt_bias)), in (lower_bound, 0),
   /// instead of -exp(A_log) * softplus(f + dt_bias).
-  bool kda_safe_gate = false;
-  double kda_lower_bound = 0;
-  double rms_norm_eps = 1e-6;
-  bool tie_word_embeddings = false;
-  std::vector<bool> is_full_attention;  // per layer (layer_types)
-  std::vector<int32_t> eos_token_ids;
-  /// Qwen3-Next: the GDN projections are stored fused (in_proj_qkvz, in_proj_ba) in an interleaved
-  /// per-key-head-group layout; the loader permutes them into the Qwen3.5 layout.
-  bool fused_gdn_projections = false;
-  /// Mixture of experts (docs/MODEL.md); num_experts 0: dense MLPs only.
-  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0, shared_expert_intermediate_size = 0;
+  bool safe_gate = false;
+  double lower_bound = 0;
+};
+
+/// Gated GQA full attention (Qwen3.5, Qwen3-Next): q/k norms, partial RoPE, sigmoid output gate.
+struct GatedAttentionConfig {
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int64_t rotary_dim = 0;  // head_dim * partial_rotary_factor
+  double rope_theta = 0;
+};
+
+/// Multi-head latent attention (Kimi Linear, Ling 3.0). q_lora_rank 0 means a full-rank q_proj;
+/// keys are [nope | rope] dims, values v_head_dim.
+struct MlaConfig {
+  int64_t num_heads = 0, q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  /// RoPE (Ling): DeepSeek's interleaved-pair rotation of the rope dims of q and of the cached
+  /// shared key, theta rope_theta; Kimi's MLA has none.
+  bool rope = false;
+  double rope_theta = 0;
+  /// Head-wise output gate (Ling): each head's output times sigmoid(g_proj(x))[head].
+  bool head_gate = false;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  /// Floats per token of the cache: the normed latent and the (shared) rope key part.
+  int64_t cache_dim() const { return kv_lora_rank + qk_rope_head_dim; }
+};
+
+/// The dense SwiGLU MLP.
+struct MlpConfig {
+  int64_t intermediate_size = 0;
+};
+
+/// Mixture of experts (docs/MODEL.md).
+struct MoeConfig {
+  int64_t num_experts = 0, num_experts_per_tok = 0, intermediate_size = 0, shared_expert_intermediate_size = 0;
   bool norm_topk_prob = true;
   RouterScoring router_scoring = RouterScoring::kSoftmax;
   /// Sigmoid routers: e_score_correction_bias is added to the scores to choose experts (not to weigh them).
@@ -116,19 +128,47 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;  // multiplies the routed experts' weights
   double topk_norm_eps = 0;            // added to the top-k sum when renormalising (Kimi: 1e-20)
   bool shared_expert_gated = true;     // shared expert scaled by sigmoid(shared_expert_gate(x))
-  std::vector<bool> is_moe;  // per layer: MoE block, else the dense MLP of intermediate_size
-  CheckpointNames names;
+};
+
+/// What the states of the linear-attention layers (GDN or KDA) and their engine calls share.
+struct LinearAttentionShape {
+  int64_t key_heads = 0, value_heads = 0, key_head_dim = 0, value_head_dim = 0, conv_kernel = 0;
+  int64_t conv_dim() const { return 2 * key_heads * key_head_dim + value_heads * value_head_dim; }
+};
+
+/// The model description: the decoder's shared hyperparameters, its block composition, and one
+/// typed config per block kind it uses. Layer i's token mixer is `attention_mixer` when
+/// is_full_attention[i], else `linear_mixer`; its channel mixer is the MoE block when is_moe[i],
+/// else the SwiGLU MLP. Only the configs of the blocks the model uses are read.
+struct ModelConfig {
+  std::string model_type;  // of the text model: "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "kimi_linear", "bailing_hybrid"
+  int64_t vocab_size = 0, hidden_size = 0, num_layers = 0;
+  TokenMixer linear_mixer = TokenMixer::kGdn, attention_mixer = TokenMixer::kGatedAttention;
+  /// Qwen's zero-centred RMSNorms multiply by (1 + w); Kimi's by w.
+  bool norm_weight_plus_one = true;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  std::vector<bool> is_full_attention;  // per layer (layer_types)
+  std::vector<bool> is_moe;             // per layer: MoE block, else the dense MLP
+  std::vector<int32_t> eos_token_ids;
+  /// Which config.json keys gave the linear-attention geometry ("config.json gives the KDA layers 4
+  /// heads of 32 (linear_num_heads, linear_head_dim) ..."), appended to a load error of those
+  /// layers' tensors; empty: nothing appended.
+  std::string linear_shape_source;
+  CheckpointNames names;  // the family's checkpoint layout (its registry row's)
+
+  GdnConfig gdn;                   // linear_mixer kGdn
+  KdaConfig kda;                   // linear_mixer kKda
+  GatedAttentionConfig attention;  // attention_mixer kGatedAttention
+  MlaConfig mla;                   // attention_mixer kMla
+  MlpConfig mlp;                   // layers with !is_moe[i]
+  MoeConfig moe;                   // layers with is_moe[i]
 
   TokenMixer token_mixer(int64_t layer) const {
     return is_full_attention[static_cast<size_t>(layer)] ? attention_mixer : linear_mixer;
   }
-  int64_t gdn_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }
-  int64_t gdn_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }
-  /// Channels of the linear-attention conv: q, k and v.
-  int64_t gdn_conv_dim() const { return 2 * gdn_key_dim() + gdn_value_dim(); }
-  int64_t mla_qk_head_dim() const { return mla_qk_nope_head_dim + mla_qk_rope_head_dim; }
-  /// Floats per token of an MLA layer's cache: the normed latent and the (shared) rope key part.
-  int64_t mla_cache_dim() const { return mla_kv_lora_rank + mla_qk_rope_head_dim; }
+  /// The linear-attention layers' geometry, from gdn or kda.
+  LinearAttentionShape linear_shape() const;
   /// Linear-attention layers (GDN or KDA): the ones with conv and recurrent states.
   int64_t num_linear_layers() const;
   int64_t num_gdn_layers() const { return linear_mixer == TokenMixer::kGdn ? num_linear_layers() : 0; }
@@ -144,32 +184,24 @@ struct ModelConfig {
   /// of the wrong length, head counts that do not divide, a block the runtime cannot run).
   void check() const;
 };
-using Qwen35Config = ModelConfig;  // the name from when Qwen3.5 was the only family
 
-/// Parses a config.json of any supported family, dispatching on model_type: qwen3_5 (nested
-/// text_config) / qwen3_5_text, qwen3_5_moe / qwen3_5_moe_text, qwen3_next, kimi_linear, bailing_hybrid.
-/// `source` names the file in errors. Throws hanpu::Error for an unsupported model_type (naming
-/// it and the supported ones) or a missing/invalid field, naming it.
+/// Parses a config.json of any supported family: the family registry (hanpu/model_family.hpp)
+/// picks the parser by model_type (or architectures). `source` names the file in errors. Throws
+/// hanpu::Error for an unsupported model_type (naming it and the supported ones) or a
+/// missing/invalid field, naming it.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
 
-/// The Qwen family's parser (qwen3_5, qwen3_5_text, qwen3_5_moe, qwen3_5_moe_text, qwen3_next).
-ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source);
-/// The Kimi Linear parser (kimi_linear).
-ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source);
-/// The Ling 3.0 parser (bailing_hybrid).
-ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source);
-
-/// The real shapes of a published size: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b";
+/// A synthetic model's description, by preset name, from the presets of every family's registry
+/// row: "qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b" (published sizes);
 /// "qwen3-next-80b-a3b-slice": Qwen3-Next-80B-A3B's layer shapes, 4 of its 48 layers (3 GDN +
 /// 1 attention) and 64 of its 512 experts, so it fits in a few GB; "kimi-linear-48b-a3b-slice":
 /// Kimi-Linear-48B-A3B's layer shapes, 4 of its 27 layers (dense KDA layer 0, two MoE KDA layers,
 /// one MoE MLA layer) and 64 of its 256 experts; "qwen3.5-35b-a3b-slice": transformers'
-/// Qwen3_5MoeTextConfig default shapes (Qwen3.5-35B-A3B), 4 of 40 layers, 64 of 256 experts.
+/// Qwen3_5MoeTextConfig default shapes (Qwen3.5-35B-A3B), 4 of 40 layers, 64 of 256 experts;
+/// "ling-3.0-flash-slice". Throws hanpu::Error listing the names for an unknown one.
 ModelConfig model_preset(const std::string& name);
 /// The names model_preset accepts, for help texts.
 std::vector<std::string> model_preset_names();
-inline ModelConfig qwen35_preset(const std::string& name) { return model_preset(name); }  // older names
-inline std::vector<std::string> qwen35_preset_names() { return model_preset_names(); }
 
 /// The int8 group size `--weights int8` uses unless told otherwise (docs/MODEL.md has the
 /// accuracy and speed measured for 32, 64 and 128).
@@ -206,7 +238,6 @@ struct HybridState {
   /// Bytes held (states and caches).
   size_t bytes() const;
 };
-using Qwen35State = HybridState;
 
 /// Where forward() spent its time, in seconds, accumulated over calls (for bench-model).
 struct ForwardTimes {
@@ -275,7 +306,6 @@ class HybridModel {
   struct Impl;  // src/model/hybrid_model.cpp
   std::unique_ptr<Impl> impl_;
 };
-using Qwen35Model = HybridModel;
 
 /// Sampling settings; greedy when temperature <= 0 or top_k == 1.
 struct SamplingOptions {

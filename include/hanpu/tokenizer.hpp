@@ -26,7 +26,7 @@ class Tokenizer {
  public:
   /// tokenizer.json of a checkpoint; errors name the file and what is wrong with it.
   static Tokenizer from_file(const std::string& tokenizer_json);
-  /// A checkpoint directory: tokenizer.json and tokenizer_config.json (optional: its added tokens
+  /// A checkpoint directory (or a GGUF file: from_gguf): tokenizer.json and tokenizer_config.json (optional: its added tokens
   /// and eos token); or, when it has no tokenizer.json, tiktoken.model and tokenizer_config.json
   /// (from_tiktoken).
   static Tokenizer from_dir(const std::string& dir);
@@ -34,6 +34,9 @@ class Tokenizer {
   /// the ids 0..n-1; ids n..n+257 are special tokens, named by tokenizer_config.json's
   /// added_tokens_decoder or else "<|reserved_token_{id}|>"; its eos_token, if any, is
   /// eos_token_id(). Errors name the file and line or field.
+  /// A GGUF file's tokenizer.ggml.* keys (byte-level BPE: tokens, merges, token types, eos id);
+  /// errors name the file and key.
+  static Tokenizer from_gguf(const std::string& path);
   static Tokenizer from_tiktoken(const std::string& tiktoken_model, const std::string& tokenizer_config);
 
   Tokenizer(Tokenizer&&) noexcept;
@@ -73,6 +76,8 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  /// tokenizer.json text (empty: read the file `source`), `source` naming it in errors.
+  static Tokenizer from_json_text(const std::string& text, const std::string& source);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -14,6 +14,9 @@ prefix to continue from twice, for example). Forward calls release the GIL; two 
 two states through one model at once.
 """
 
+import json
+from pathlib import Path
+
 from . import _hanpu
 from .ops import get_num_threads
 
@@ -43,7 +46,9 @@ class Model:
         weights="int8" quantizes the projections at load (symmetric, one scale per int8_group
         inputs; as `hanpu run --weights int8`). Raises hanpu.HanpuError naming the file and tensor
         for anything it cannot run."""
-        return cls(_hanpu._Model.load(str(path), _int8_group(weights, int8_group)))
+        m = cls(_hanpu._Model.load(str(path), _int8_group(weights, int8_group)))
+        m._dir = str(path)  # its tokenizer's stop ids for generate()
+        return m
 
     @classmethod
     def synthetic(cls, spec, seed=1, weights="bf16", int8_group=DEFAULT_INT8_GROUP):
@@ -72,11 +77,16 @@ class Model:
         return self._m.forward(state, ids, bool(all_logits), get_num_threads(), str(precision))
 
     def generate(self, ids, max_new_tokens=32, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop_ids=None,
-                 state=None, prefill_chunk=None):
-        """Prefills `ids` (in chunks of `prefill_chunk` tokens if given) and samples up to
-        max_new_tokens; greedy with temperature 0. Stops after a token in stop_ids (default: the
-        config's eos ids). Returns the new ids (the stop token included, as `hanpu run` prints it).
-        `state`: continue from it (advanced in place) instead of a fresh one."""
+                 state=None, prefill_chunk=None, stop_strings=(), tokenizer=None):
+        """Prefills `ids` and samples up to max_new_tokens through hanpu's one generation path (the
+        Generator `hanpu run` and `hanpu serve` use: same sampling, stop rules and prefill chunks
+        of `prefill_chunk` tokens, default 256, so the same settings give the same tokens).
+        Greedy with temperature 0. Stops after a token in stop_ids (default: the config's eos ids
+        and, with a tokenizer, the chat end markers <|im_end|> and <|endoftext|>, as the CLI and
+        server) or before a stop string (needs a tokenizer). `tokenizer`: a Tokenizer, or None to
+        use the checkpoint's own when the model was loaded from a directory that has one.
+        Returns the new ids (the stop token included, as before). `state`: continue from it
+        (advanced in place) instead of a fresh one."""
         ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]
         if not ids:
             raise ValueError("`ids` is empty: generation needs at least one prompt token")
@@ -84,21 +94,22 @@ class Model:
             raise ValueError(f"`max_new_tokens` must be >= 0, got {max_new_tokens}")
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"`prefill_chunk` must be >= 1, got {prefill_chunk}")
-        stop = set(self.config["eos_token_ids"] if stop_ids is None else stop_ids)
-        sampler = _hanpu._Sampler(float(temperature), int(top_k), float(top_p), int(seed))
+        tok = tokenizer if tokenizer is not None else self._tokenizer()
         st = self.new_state() if state is None else state
-        step = prefill_chunk or len(ids)
-        for i in range(0, len(ids), step):
-            logits = self.forward(st, ids[i:i + step])
-        out = []
-        for _ in range(max_new_tokens):
-            nxt = sampler.sample(logits[0])
-            out.append(nxt)
-            if nxt in stop or len(out) == max_new_tokens:
-                break
-            logits = self.forward(st, [nxt])
-        return out
+        tokens, (reason, stop_token) = _hanpu._generate(
+            self._m, st, ids, tok._t if tok is not None else None, float(temperature), int(top_k), float(top_p), int(seed),
+            int(max_new_tokens), None if stop_ids is None else [int(t) for t in stop_ids], [str(s) for s in stop_strings],
+            int(prefill_chunk or _hanpu._DEFAULT_PREFILL_CHUNK), get_num_threads())
+        return list(tokens) + ([stop_token] if stop_token is not None else [])
 
+    def _tokenizer(self):
+        d = getattr(self, "_dir", None)
+        if d is None:
+            return None
+        if not hasattr(self, "_tok"):
+            p = Path(d)
+            self._tok = Tokenizer.from_dir(d) if (p / "tokenizer.json").exists() or (p / "tiktoken.model").exists() else None
+        return self._tok
 
 class Tokenizer:
     """A checkpoint's tokenizer: tokenizer.json (Qwen) or tiktoken.model (Kimi), and tokenizer_config.json."""
@@ -108,7 +119,9 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, path):
-        return cls(_hanpu._Tokenizer.from_dir(str(path)))
+        t = cls(_hanpu._Tokenizer.from_dir(str(path)))
+        t._dir = str(path)  # its chat template (apply_chat_template)
+        return t
 
     @classmethod
     def from_file(cls, path):
@@ -136,7 +149,20 @@ class Tokenizer:
     def token_to_id(self, token):
         return self._t.token_to_id(token)
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, enable_thinking=False):
-        """Qwen's ChatML template (roles system/user/assistant/tool, contents trimmed); messages
-        are dicts with 'role' and 'content'. Returns the text; encode() it."""
+    def apply_chat_template(self, messages, add_generation_prompt=True, enable_thinking=False, tools=None, **kwargs):
+        """The checkpoint's own chat template (tokenizer_config.json's chat_template or
+        chat_template.jinja, rendered by hanpu's Jinja subset as `hanpu serve` and `hanpu run
+        --chat` render it: messages and tools as given, enable_thinking and `kwargs` as template
+        variables) for a tokenizer loaded with from_dir; else Qwen's ChatML (roles
+        system/user/assistant/tool, contents trimmed; messages are dicts with 'role' and
+        'content'; no tools). Returns the text; encode() it."""
+        d = getattr(self, "_dir", None)
+        if d is not None:
+            text = _hanpu._render_checkpoint_template(d, json.dumps(list(messages)), json.dumps(tools),
+                                                     bool(add_generation_prompt),
+                                                     json.dumps({"enable_thinking": bool(enable_thinking), **kwargs}))
+            if text is not None:
+                return text
+        if tools:
+            raise ValueError("`tools`: this tokenizer has no chat template, and the ChatML fallback renders no tools")
         return self._t.apply_chat_template(list(messages), bool(add_generation_prompt), bool(enable_thinking))

@@ -148,6 +148,165 @@ void prefill(const std::string& variant, nb::handle q, nb::handle k, nb::handle 
   if (copy_final) copy_state(out.final_state, ht_user);
 }
 
+// ---------------------------------------------------------------------------------------------
+// States kept in a caller's slot pool (vLLM's recurrent-state cache), read and updated in place.
+//
+// pool [S,HV,K,V] holds one state per slot; sequence n of the call uses slot slots[n] (negative:
+// vLLM's PAD_SLOT_ID, the sequence is skipped and its outputs are left as they are). The engine
+// addresses sequence n's state as pool + n * stride[0], so a run of sequences whose slots step by
+// a constant (one sequence, or consecutive slots) is one view of the pool and one engine call;
+// other slot orders split the call into such runs. Nothing is gathered, scattered or allocated
+// when the pool is fp32 with unit column stride; other pool dtypes (bf16 states) go through the
+// fp32 scratch buffers above, one run at a time.
+
+int64_t index_at(const TensorView& t, int64_t i) {
+  const int64_t off = i * t.stride[0];
+  return t.dtype == DType::I32 ? static_cast<const int32_t*>(t.data)[off] : static_cast<const int64_t*>(t.data)[off];
+}
+
+// `t` with dimension `dim` narrowed to [begin, begin + len).
+TensorView narrow(TensorView t, int dim, int64_t begin, int64_t len) {
+  t.data = static_cast<std::byte*>(t.data) + begin * t.stride[dim] * static_cast<int64_t>(dtype_size(t.dtype));
+  t.shape[dim] = len;
+  return t;
+}
+
+// A run of sequences [n0, n1) whose slots are slot0, slot0 + step, ...: one engine call.
+struct SlotRun {
+  int64_t n0, n1, slot0, step;
+  bool decode;  // every sequence has one token: the token-by-token path
+};
+
+// Largest token count of a sequence that still runs token by token in path "auto": a single
+// decode token. Two or more tokens (a prefill chunk, or a speculative draft) go to the chunked path,
+// which is faster from the first whole chunk on and equal to it for short ones (docs/VLLM.md).
+constexpr int64_t kRecurrentMaxTokens = 1;
+
+void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
+                nb::handle state_pool, nb::handle slots, nb::handle has_initial_state, nb::handle cu_seqlens,
+                nb::handle A_log, nb::handle dt_bias, nb::handle o, std::optional<double> scale, bool qk_l2norm,
+                bool gate_in_kernel, bool beta_sigmoid, bool allow_neg_eigval, const std::string& path, int threads,
+                std::optional<double> lower_bound) {
+  const Variant var = parse_variant(variant);
+  if (path != "auto" && path != "hanpu" && path != "recurrent")
+    throw nb::value_error(("path: got \"" + path + "\", expected \"auto\", \"hanpu\" or \"recurrent\"").c_str());
+  Args a;
+  read_inputs(a, q, k, v, g, beta, nb::none(), cu_seqlens, A_log, dt_bias, scale, qk_l2norm, gate_in_kernel,
+              beta_sigmoid, allow_neg_eigval, lower_bound);
+  const TensorView pool = array_view(state_pool, "state_pool", a.refs, /*writable=*/true);
+  const TensorView slot = array_view(slots, "slots", a.refs);
+  const TensorView out_o = array_view(o, "o", a.refs, /*writable=*/true);
+  // has_initial_state: bool [N] (vLLM's), or None (every sequence continues its slot's state).
+  nb::ndarray<nb::ro> has_init_array;
+  const bool* has_init = nullptr;
+  const bool varlen = !a.in.cu_seqlens.empty();
+  if (a.in.q.empty() || a.in.q.rank != 4) throw nb::value_error("tensor 'q': expected [B,T,H,K]");
+  const int64_t N = varlen ? a.in.cu_seqlens.shape[0] - 1 : a.in.q.shape[0];
+  if (!has_initial_state.is_none()) {
+    if (!nb::try_cast(has_initial_state, has_init_array, false) || has_init_array.dtype() != nb::dtype<bool>() ||
+        has_init_array.ndim() != 1 || has_init_array.device_type() != nb::device::cpu::value ||
+        static_cast<int64_t>(has_init_array.shape(0)) != N || (N > 1 && has_init_array.stride(0) != 1))
+      throw nb::type_error(("tensor 'has_initial_state': expected a contiguous bool CPU array [N] with N = " +
+                            std::to_string(N) + " (one flag per sequence)").c_str());
+    has_init = static_cast<const bool*>(has_init_array.data());
+  }
+  if (pool.empty() || pool.rank != 4 || !is_float(pool.dtype))
+    throw nb::value_error(("tensor 'state_pool' has shape " + (pool.empty() ? std::string("None") : pool.shape_str()) +
+                           ", expected a float [slots,HV,K,V] pool").c_str());
+  if (slot.empty() || slot.rank != 1 || (slot.dtype != DType::I32 && slot.dtype != DType::I64) || slot.shape[0] != N)
+    throw nb::value_error(("tensor 'slots': expected int32/int64 [N] with N = " + std::to_string(N) +
+                           " (one slot per sequence), got " + (slot.empty() ? std::string("None") : slot.shape_str()) +
+                           (slot.empty() ? "" : std::string(" ") + dtype_name(slot.dtype)))
+                              .c_str());
+  if (out_o.empty()) throw nb::value_error("tensor 'o' is required");
+  if (varlen && a.in.cu_seqlens.dtype != DType::I32 && a.in.cu_seqlens.dtype != DType::I64)
+    throw nb::type_error("tensor 'cu_seqlens': expected int32 or int64");
+  const int64_t S = pool.shape[0];
+  std::vector<int64_t> bos(static_cast<size_t>(N) + 1);
+  for (int64_t n = 0; n <= N; ++n) bos[static_cast<size_t>(n)] = varlen ? index_at(a.in.cu_seqlens, n) : n;
+  const int64_t T = a.in.q.shape[1];
+  auto seq_len = [&](int64_t n) { return varlen ? bos[n + 1] - bos[n] : T; };
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t s = index_at(slot, n);
+    if (s >= S)
+      throw nb::value_error(("tensor 'slots': slots[" + std::to_string(n) + "] = " + std::to_string(s) +
+                             ", expected < " + std::to_string(S) + " (the pool's slots) or negative (padding)").c_str());
+    if (varlen && (bos[n + 1] < bos[n] || bos[n] < 0 || bos[n + 1] > T))
+      throw nb::value_error(("tensor 'cu_seqlens': entry " + std::to_string(n + 1) + " = " + std::to_string(bos[n + 1]) +
+                             " is out of order or beyond T = " + std::to_string(T)).c_str());
+  }
+  // The runs, in sequence order.
+  std::vector<SlotRun> runs;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t s = index_at(slot, n);
+    if (s < 0) continue;
+    const bool dec = path == "recurrent" || (path == "auto" && seq_len(n) <= kRecurrentMaxTokens);
+    if (!runs.empty()) {
+      SlotRun& r = runs.back();
+      const int64_t last = r.slot0 + (r.n1 - 1 - r.n0) * r.step;
+      const int64_t step = r.n1 - r.n0 == 1 ? s - r.slot0 : r.step;
+      if (r.n1 == n && r.decode == dec && step > 0 && s == last + step) {
+        r.step = step;
+        r.n1 = n + 1;
+        continue;
+      }
+    }
+    runs.push_back({n, n + 1, s, 1, dec});
+  }
+  ExecOptions ex;
+  ex.threads = threads;
+  ex.engine = &Engine::default_engine();
+  nb::gil_scoped_release no_gil;
+  std::lock_guard<std::mutex> lock(engine_mutex);
+  const size_t elem = dtype_size(pool.dtype);
+  const int64_t state_elems = pool.shape[1] * pool.shape[2] * pool.shape[3];
+  for (const SlotRun& r : runs) {
+    TensorView state = pool;
+    state.data = static_cast<std::byte*>(pool.data) + r.slot0 * pool.stride[0] * static_cast<int64_t>(elem);
+    state.shape[0] = r.n1 - r.n0;
+    state.stride[0] = pool.stride[0] * r.step;
+    // Slots starting a new sequence begin from zero (vLLM reuses slots without clearing them).
+    for (int64_t n = r.n0; n < r.n1; ++n) {
+      if (!has_init || has_init[n]) continue;
+      TensorView one = narrow(state, 0, n - r.n0, 1);
+      if (one.is_contiguous()) {
+        std::memset(one.data, 0, static_cast<size_t>(state_elems) * elem);
+      } else {
+        copy_state_tiles(one, one, [](int64_t) { return 0.0; },
+                         [&](int64_t i, double x) { store_from_double(one.data, one.dtype, i, x); });
+      }
+    }
+    LaInputs in = a.in;
+    LaOutputs out;
+    const int64_t t0 = bos[r.n0], tokens = bos[r.n1] - bos[r.n0];
+    std::vector<int64_t> cu;
+    if (varlen) {
+      for (TensorView* t : {&in.q, &in.k, &in.v, &in.g, &in.beta}) *t = narrow(*t, 1, t0, tokens);
+      out.o = narrow(out_o, 1, t0, tokens);
+      for (int64_t n = r.n0; n <= r.n1; ++n) cu.push_back(bos[n] - t0);
+      in.cu_seqlens = TensorView::contiguous(cu.data(), DType::I64, {static_cast<int64_t>(cu.size())});
+    } else {
+      for (TensorView* t : {&in.q, &in.k, &in.v, &in.g, &in.beta}) *t = narrow(*t, 0, r.n0, r.n1 - r.n0);
+      out.o = narrow(out_o, 0, r.n0, r.n1 - r.n0);
+    }
+    ex.path = r.decode ? CpuPath::Recurrent : CpuPath::HeadFused;
+    // In place: the engine loads each (sequence, head, columns) block of the state once before its
+    // tokens and stores it once after them, so the initial and the final state may be one view.
+    if (state.dtype == DType::F32 && state.stride[3] == 1) {
+      in.initial_state = state;
+      out.final_state = state;
+      la_prefill(var, in, a.opt, out, ex);
+    } else {
+      const TensorView scratch = state_scratch(initial_state_scratch, state);
+      copy_state(state, scratch);
+      in.initial_state = scratch;
+      out.final_state = scratch;
+      la_prefill(var, in, a.opt, out, ex);
+      copy_state(scratch, state);
+    }
+  }
+}
+
 // A freshly allocated float64 numpy array holding a copy of `t` (contiguous F64).
 nb::ndarray<nb::numpy, double> to_numpy(const Tensor& t) {
   const size_t n = static_cast<size_t>(t.numel());
@@ -196,6 +355,13 @@ void register_la(nb::module_& m) {
         nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"), nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"),
         nb::arg("path"), nb::arg("threads"), nb::arg("plan_json") = "", nb::arg("lower_bound").none() = nb::none(),
         "Runs GDN/KDA prefill into the given o / final_state arrays (no copies; GIL released).");
+  m.def("la_slots", &slots_call, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
+        nb::arg("beta"), nb::arg("state_pool"), nb::arg("slots"), nb::arg("has_initial_state").none(),
+        nb::arg("cu_seqlens").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("o"),
+        nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"), nb::arg("beta_sigmoid"),
+        nb::arg("allow_neg_eigval"), nb::arg("path"), nb::arg("threads"), nb::arg("lower_bound").none() = nb::none(),
+        "Runs GDN/KDA on states kept in a slot pool [S,HV,K,V], read and updated in place (state_pool[slots[n]] "
+        "for sequence n; negative slots skip the sequence); o is written; nothing is allocated (GIL released).");
   m.def("la_reference", &reference, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"),

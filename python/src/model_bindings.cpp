@@ -6,11 +6,14 @@
 #include <vector>
 
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.hpp"
+#include "hanpu/chat_template.hpp"
 #include "hanpu/engine.hpp"
+#include "hanpu/generator.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
@@ -61,7 +64,7 @@ nb::dict config_dict(const ModelConfig& c) {
   d["linear_layers"] = c.num_linear_layers();
   d["attention_layers"] = c.num_attention_layers();
   d["moe_layers"] = c.num_moe_layers();
-  d["num_experts"] = c.num_experts;
+  d["num_experts"] = c.moe.num_experts;
   d["parameters"] = c.parameter_count();
   nb::list eos;
   for (int32_t e : c.eos_token_ids) eos.append(e);
@@ -161,6 +164,73 @@ void register_model(nb::module_& m) {
              return t.apply_chat_template(messages_from(messages), add_generation_prompt, enable_thinking);
            },
            nb::arg("messages"), nb::arg("add_generation_prompt"), nb::arg("enable_thinking"));
+
+  // The one generation path (hanpu/generator.hpp), as `hanpu run` and `hanpu serve` use it.
+  m.def(
+      "_generate",
+      [](const HybridModel& mdl, HybridState& state, nb::handle ids_obj, const Tokenizer* tok, float temperature, int top_k,
+         float top_p, uint64_t seed, int64_t max_new_tokens, std::optional<std::vector<int32_t>> stop_ids,
+         std::vector<std::string> stop_strings, int64_t prefill_chunk, int threads) {
+        const std::vector<int32_t> ids = ids_from(ids_obj);
+        GenerationOptions go;
+        go.sampling = SamplingOptions{temperature, top_k, top_p, seed};
+        go.max_tokens = max_new_tokens;
+        go.stop_strings = std::move(stop_strings);
+        Generator::Result r;
+        {
+          nb::gil_scoped_release no_gil;
+          const Generator gen(mdl, tok);
+          const ForwardOptions fo{.threads = threads};
+          if (stop_ids) {
+            // Explicit stop ids replace the default ones: a stream of its own over them.
+            HybridState& st = state;
+            Tensor logits = gen.prefill(st, ids, static_cast<int64_t>(ids.size()), prefill_chunk, fo);
+            const size_t V = static_cast<size_t>(mdl.config().vocab_size);
+            TokenStream stream(tok, *stop_ids, go);
+            std::span<const float> row{logits.ptr<float>() + (logits.shape()[0] - 1) * static_cast<int64_t>(V), V};
+            Tensor next_logits;
+            while (!stream.finished()) {
+              const std::optional<int32_t> next = stream.push(row);
+              if (!next) break;
+              const int32_t one[1] = {*next};
+              next_logits = mdl.forward(st, one, fo);
+              row = {next_logits.ptr<float>(), V};
+            }
+            r.tokens = stream.tokens();
+            r.reason = stream.reason();
+            r.stop_token = stream.stop_token();
+            r.stop_string = stream.stop_string();
+          } else {
+            r = gen.generate(state, ids, go, fo, prefill_chunk);
+          }
+        }
+        const char* reason = r.reason == FinishReason::kStopToken    ? "stop_token"
+                             : r.reason == FinishReason::kStopString ? "stop_string"
+                                                                     : "length";
+        return std::make_pair(r.tokens, std::make_pair(std::string(reason), r.stop_token));
+      },
+      nb::arg("model"), nb::arg("state"), nb::arg("ids"), nb::arg("tokenizer").none(), nb::arg("temperature"), nb::arg("top_k"),
+      nb::arg("top_p"), nb::arg("seed"), nb::arg("max_new_tokens"), nb::arg("stop_ids").none(), nb::arg("stop_strings"),
+      nb::arg("prefill_chunk"), nb::arg("threads"));
+  m.def("_default_stop_ids", [](const HybridModel& mdl, const Tokenizer* tok) { return Generator(mdl, tok).stop_ids(); },
+        nb::arg("model"), nb::arg("tokenizer").none());
+  m.attr("_DEFAULT_PREFILL_CHUNK") = Generator::kDefaultPrefillChunk;
+
+  // The checkpoint's chat template (hanpu/chat_template.hpp), rendered as the server renders it:
+  // messages, tools and extra variables as JSON text (key order kept).
+  m.def(
+      "_render_checkpoint_template",
+      [](const std::string& dir, const std::string& messages_json, const std::string& tools_json, bool add_generation_prompt,
+         const std::string& kwargs_json) -> std::optional<std::string> {
+        const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(tools_json);
+        const std::unique_ptr<ChatTemplate> t = load_chat_template(dir, !tools.is_null());
+        if (!t) return std::nullopt;
+        nlohmann::ordered_json kwargs = chat_template_special_tokens(dir);
+        const nlohmann::ordered_json extra = nlohmann::ordered_json::parse(kwargs_json);  // kept alive for items()
+        for (const auto& [key, value] : extra.items()) kwargs[key] = value;
+        return t->render(nlohmann::ordered_json::parse(messages_json), tools, add_generation_prompt, kwargs);
+      },
+      nb::arg("dir"), nb::arg("messages_json"), nb::arg("tools_json"), nb::arg("add_generation_prompt"), nb::arg("kwargs_json"));
 
   nb::class_<Sampler>(m, "_Sampler")
       .def("__init__",

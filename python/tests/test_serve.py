@@ -11,6 +11,7 @@ import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,12 +53,19 @@ class Server:
             self.port = free_port()
             cmd = [str(hanpu_exe()), "serve", "--model", str(model_dir), "--port", str(self.port),
                    "--threads", "1", *args]
-            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=CLI_ENV)
+            # The log goes to a file: the server writes a line per request, which a pipe nobody
+            # reads during the test would fill up and block on.
+            self.log_file = tempfile.TemporaryFile(mode="w+")
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=self.log_file, text=True, env=CLI_ENV)
             if self._wait_ready():
                 return
             self.proc.kill()
             self.proc.wait()
-        raise RuntimeError(f"hanpu serve did not start: {self.proc.stderr.read()}")
+        raise RuntimeError(f"hanpu serve did not start: {self.log()}")
+
+    def log(self):
+        self.log_file.seek(0)
+        return self.log_file.read()
 
     def _wait_ready(self):
         deadline = time.monotonic() + 20
@@ -108,7 +116,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self.proc.stderr.close()
+        self.log_file.close()
 
 
 @pytest.fixture(scope="module")
@@ -526,7 +534,7 @@ def test_sigterm_drains_running_requests_and_exits_0():
                  for e in rest.split("\n\n") if e.startswith("data: {"))
     assert tokens == 3000, "the running request finished in full"
     assert s.proc.wait(timeout=20) == 0
-    assert "draining" in s.proc.stderr.read()
+    assert "draining" in s.log()
     s.stop()
 
 

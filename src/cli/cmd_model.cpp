@@ -16,13 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "model/gguf_arch.hpp"
 #include "cli/commands.hpp"
 #include "cpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/chat_template.hpp"
+#include "hanpu/generator.hpp"
 #include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
 #include "io/json_io.hpp"
@@ -160,7 +163,8 @@ void run_generate(const RunArgs& a) {
   }
   // tokenizer.json (Qwen) or tiktoken.model (Kimi Linear); Tokenizer::from_dir picks the format.
   const std::filesystem::path dir(a.model_dir);
-  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model"))
+  if (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||
+       (model::is_gguf_path(a.model_dir) && model::gguf_has_tokenizer(a.model_dir)))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   if (!a.prompt.empty()) {
     if (!tok) throw Error("checkpoint '" + a.model_dir + "' has no tiktoken.model and no tokenizer.json; use --prompt-ids");
@@ -177,28 +181,16 @@ void run_generate(const RunArgs& a) {
     if (prompt.empty()) throw Error("--prompt: the prompt encodes to no tokens");
   }
 
-  std::set<int32_t> stop(cfg.eos_token_ids.begin(), cfg.eos_token_ids.end());
-  if (tok)
-    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = tok->token_to_id(s)) stop.insert(*id);
-
-  SamplingOptions so{.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
-  Sampler sampler(so);
+  // The one generation path (hanpu/generator.hpp): the stop ids, sampling and stop rules of
+  // `hanpu serve` and the Python package; prefill in the same chunks as they do.
+  const Generator gen(model, tok.get());
+  GenerationOptions go;
+  go.sampling = {.temperature = a.greedy ? 0.f : a.temperature, .top_k = a.top_k, .top_p = a.top_p, .seed = a.seed};
+  go.max_tokens = a.n_predict;
   HybridState st = model.new_state();
-
-  const auto t_prefill = Clock::now();
   const LinearPrecision precision = precision_for(a.precision, a.weights, false);
-  Tensor logits =
-      model.forward(st, prompt, {.threads = threads, .all_logits = !a.logits_out.empty(), .precision = precision});
-  const double prefill_s = seconds_since(t_prefill);
+  const ForwardOptions fo{.threads = threads, .precision = precision};
   const int64_t V = cfg.vocab_size;
-  if (!a.logits_out.empty()) {
-    Tensor ids(DType::I64, {static_cast<int64_t>(prompt.size())});
-    for (size_t i = 0; i < prompt.size(); ++i) ids.set(static_cast<int64_t>(i), prompt[i]);
-    write_safetensors(a.logits_out, {{"logits", logits.view()}, {"prompt_ids", ids.view()}},
-                      {{"model", a.model_dir}, {"generator", "hanpu run"}});
-  }
-  const float* last = logits.ptr<float>() + (logits.shape()[0] - 1) * V;
 
   auto emit = [&](int32_t id) {
     if (tok && !a.print_ids) {
@@ -209,26 +201,27 @@ void run_generate(const RunArgs& a) {
     std::cout << id << ' ';
     std::cout.flush();
   };
-  int generated = 0;
-  double ttft = 0, decode_s = 0;
-  std::string stop_reason = "length";
-  if (a.n_predict > 0) {
-    int32_t next = sampler.sample({last, static_cast<size_t>(V)});
-    ttft = seconds_since(t_prefill);
-    const auto t_decode = Clock::now();
-    for (;;) {
-      if (stop.count(next)) {
-        stop_reason = "end of sequence";
-        break;
-      }
-      emit(next);
-      if (++generated >= a.n_predict) break;
-      const int32_t one[1] = {next};
-      Tensor l = model.forward(st, one, {.threads = threads, .precision = precision});
-      next = sampler.sample({l.ptr<float>(), static_cast<size_t>(V)});
-    }
-    decode_s = seconds_since(t_decode);
+  const auto t_prefill = Clock::now();
+  Generator::Result r;
+  double prefill_s = 0;
+  if (!a.logits_out.empty()) {
+    // Every prompt position's logits: one pass with all_logits, then the same decode loop.
+    Tensor logits = model.forward(st, prompt, {.threads = threads, .all_logits = true, .precision = precision});
+    prefill_s = seconds_since(t_prefill);
+    Tensor ids(DType::I64, {static_cast<int64_t>(prompt.size())});
+    for (size_t i = 0; i < prompt.size(); ++i) ids.set(static_cast<int64_t>(i), prompt[i]);
+    write_safetensors(a.logits_out, {{"logits", logits.view()}, {"prompt_ids", ids.view()}},
+                      {{"model", a.model_dir}, {"generator", "hanpu run"}});
+    const float* last = logits.ptr<float>() + (logits.shape()[0] - 1) * V;
+    r = gen.decode(st, {last, static_cast<size_t>(V)}, go, fo, emit);
+    r.first_token_seconds += prefill_s;
+  } else {
+    r = gen.generate(st, prompt, go, fo, Generator::kDefaultPrefillChunk, emit);
+    prefill_s = r.prefill_seconds;
   }
+  const int generated = static_cast<int>(r.tokens.size());
+  const double ttft = a.n_predict > 0 ? r.first_token_seconds : 0, decode_s = r.decode_seconds;
+  const std::string stop_reason = r.reason == FinishReason::kStopToken ? "end of sequence" : "length";
   std::cout << '\n';
   std::fprintf(stderr,
                "\nprompt tokens %zu, generated %d (%s)\n"
@@ -347,9 +340,14 @@ void run_bench_model(const BenchModelArgs& a) {
     };
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
-    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group());
+    // A GGUF file's weights: its bytes over its parameters (the average of its block formats).
+    const double gguf_bytes_per_weight = model::is_gguf_path(a.model_dir)
+                                             ? static_cast<double>(model.weight_bytes()) /
+                                                   static_cast<double>(cfg.parameter_count())
+                                             : 0.0;
+    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group(), gguf_bytes_per_weight);
     model::ForwardWork decode_parts;  // summed over the decode steps, at their positions
-    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group());
+    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group(), gguf_bytes_per_weight);
     const model::PartWork decode_work = decode_parts.total();
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;
@@ -481,8 +479,11 @@ void run_bench_model(const BenchModelArgs& a) {
 
 void register_model_commands(CLI::App& app) {
   auto run = std::make_shared<RunArgs>();
-  CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint: qwen3_5, qwen3_5_moe, qwen3_next, kimi_linear (prefill, then decode)");
-  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)")->required();
+  std::string families;  // the family registry's (hanpu/model_family.hpp)
+  for (const ModelFamily* f : model_families()) families += (families.empty() ? "" : ", ") + f->name;
+  CLI::App* r = app.add_subcommand("run", "generate text with a hybrid model checkpoint of any family (" + families +
+                                              "): prefill, then decode");
+  r->add_option("--model", run->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model) or a GGUF file (NAME.gguf, or any part NAME-0000i-of-0000N.gguf)")->required();
   r->add_option("--prompt", run->prompt, "prompt text");
   r->add_option("--prompt-ids", run->prompt_ids, "prompt as comma-separated token ids instead of text");
   r->add_option("-n,--n-predict", run->n_predict, "tokens to generate at most (default 128)")->check(CLI::Range(0, 1 << 30));
@@ -505,7 +506,7 @@ void register_model_commands(CLI::App& app) {
 
   auto bench = std::make_shared<BenchModelArgs>();
   CLI::App* b = app.add_subcommand("bench-model", "prefill and decode speed of a hybrid model (checkpoint or synthetic), with the time per block kind");
-  b->add_option("--model", bench->model_dir, "checkpoint directory");
+  b->add_option("--model", bench->model_dir, "checkpoint directory or GGUF file");
   std::string presets;
   for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   b->add_option("--synthetic", bench->synthetic,

@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "model/gguf_arch.hpp"
 #include "cli/commands.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/engine.hpp"
@@ -40,7 +41,8 @@ void run_serve(ServeArgs& a) {
   // Tokenizer::from_dir reads tokenizer.json (Qwen) or tiktoken.model (Kimi Linear).
   const std::filesystem::path dir(a.model_dir);
   if (!a.model_dir.empty() &&
-      (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model")))
+      (std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||
+       (model::is_gguf_path(a.model_dir) && model::gguf_has_tokenizer(a.model_dir))))
     tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(a.model_dir));
   a.server.model_dir = a.model_dir;
   if (a.server.model_name.empty())
@@ -55,7 +57,7 @@ void run_serve(ServeArgs& a) {
 void register_serve_command(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server with a prefix cache for hybrid models (docs/SERVE.md)");
-  s->add_option("--model", a->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model)");
+  s->add_option("--model", a->model_dir, "checkpoint directory (config.json, *.safetensors, tokenizer.json or tiktoken.model) or a GGUF file (NAME.gguf, or any part NAME-0000i-of-0000N.gguf)");
   std::string presets;
   for (const std::string& p : model_preset_names()) presets += (presets.empty() ? "" : ", ") + p;
   s->add_option("--synthetic", a->synthetic, "serve random bf16 weights of a preset instead (" + presets + "; token ids only)");
@@ -83,6 +85,7 @@ void register_serve_command(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 18));
   s->add_option("--max-body-bytes", a->server.max_body_bytes, "largest request body (default 8 MiB)")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+  s->add_flag("!--no-request-log", a->server.log_requests, "do not log one line per request (cache hit or miss and why) on stderr");
   s->add_flag("!--no-batch-decode", a->scheduler.batch_decode,
               "decode each running sequence in its own forward pass instead of batching them (for comparison)");
   s->add_option("--precision", a->precision, "projection activations: exact (default), bf16x2, bf16");

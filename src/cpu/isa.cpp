@@ -1,6 +1,6 @@
 #include "cpu/isa.hpp"
 
-// The same targets as the kernels' translation units (la_kernels.cpp, qwen35_kernels.cpp,
+// The same targets as the kernels' translation units (la_kernels.cpp, layer_kernels.cpp,
 // linear_portable.cpp), so that every name offered here is one they were compiled for.
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)

@@ -4,8 +4,8 @@
 #include <cstring>
 
 #include "model/blocks.hpp"
-#include "model/qwen35_kernels.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_kernels.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::model {
 
@@ -13,23 +13,23 @@ namespace hanpu::model {
 
 void GatedAttention::load(const ModelConfig& c, const WeightReader& w, const std::string& a) {
   const int64_t H = c.hidden_size;
-  qkv_proj = w.stacked({{a + "q_proj.weight", c.num_heads * c.head_dim * 2},
-                        {a + "k_proj.weight", c.num_kv_heads * c.head_dim},
-                        {a + "v_proj.weight", c.num_kv_heads * c.head_dim}},
+  qkv_proj = w.stacked({{a + "q_proj.weight", c.attention.num_heads * c.attention.head_dim * 2},
+                        {a + "k_proj.weight", c.attention.num_kv_heads * c.attention.head_dim},
+                        {a + "v_proj.weight", c.attention.num_kv_heads * c.attention.head_dim}},
                        H);
-  o_proj = w.projection(a + "o_proj.weight", H, c.num_heads * c.head_dim);
-  q_norm = w.norm_scale(a + "q_norm.weight", c.head_dim, c.norm_weight_plus_one);
-  k_norm = w.norm_scale(a + "k_norm.weight", c.head_dim, c.norm_weight_plus_one);
-  inv_freq.resize(static_cast<size_t>(c.rotary_dim / 2));
-  for (int64_t i = 0; i < c.rotary_dim / 2; ++i)  // as transformers: float32 theta^(2i/rot)
+  o_proj = w.projection(a + "o_proj.weight", H, c.attention.num_heads * c.attention.head_dim);
+  q_norm = w.norm_scale(a + "q_norm.weight", c.attention.head_dim, c.norm_weight_plus_one);
+  k_norm = w.norm_scale(a + "k_norm.weight", c.attention.head_dim, c.norm_weight_plus_one);
+  inv_freq.resize(static_cast<size_t>(c.attention.rotary_dim / 2));
+  for (int64_t i = 0; i < c.attention.rotary_dim / 2; ++i)  // as transformers: float32 theta^(2i/rot)
     inv_freq[static_cast<size_t>(i)] =
-        1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(c.rotary_dim));
+        1.0f / std::pow(static_cast<float>(c.attention.rope_theta), static_cast<float>(2 * i) / static_cast<float>(c.attention.rotary_dim));
 }
 
 void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vector<float>& vc, const float* h,
                              float* x) const {
   const ModelConfig& c = r.cfg;
-  const int64_t T = r.T, H = c.hidden_size, nq = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int64_t T = r.T, H = c.hidden_size, nq = c.attention.num_heads, nkv = c.attention.num_kv_heads, hd = c.attention.head_dim;
   const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   const int64_t p0 = r.p0;
@@ -49,11 +49,11 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
   t0 = Clock::now();
   // Query heads out of the per-head [query | gate] interleave, normed and rotated; keys normed
   // and rotated into the cache, values copied there.
-  const int64_t half = c.rotary_dim / 2;
+  const int64_t half = c.attention.rotary_dim / 2;
   float* q = scratch(*r.ws, kQ, T * nq * hd);
   const float eps = static_cast<float>(c.rms_norm_eps);
   parallel_for(T, th.when(T >= 8), [&](int64_t t_begin, int64_t t_end) {
-    std::vector<float> cs(static_cast<size_t>(c.rotary_dim));
+    std::vector<float> cs(static_cast<size_t>(c.attention.rotary_dim));
     for (int64_t t = t_begin; t < t_end; ++t) {
       const float pos = static_cast<float>(p0 + t);
       for (int64_t i = 0; i < half; ++i) {  // as transformers: float32 angle, then cos/sin
@@ -64,13 +64,13 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
       for (int64_t hh = 0; hh < nq; ++hh) {
         float* dst = q + (t * nq + hh) * hd;
         rms_norm_rows(qg + t * S + hh * 2 * hd, hd, dst, hd, 1, hd, q_norm.data(), eps, th.when(false));
-        rope_rotate(dst, c.rotary_dim, cs.data(), cs.data() + half);
+        rope_rotate(dst, c.attention.rotary_dim, cs.data(), cs.data() + half);
       }
       const float* k_in = qg + t * S + nq * 2 * hd;
       for (int64_t hh = 0; hh < nkv; ++hh) {
         float* kr = knew + t * kv_cols + hh * hd;
         rms_norm_rows(k_in + hh * hd, hd, kr, hd, 1, hd, k_norm.data(), eps, th.when(false));
-        rope_rotate(kr, c.rotary_dim, cs.data(), cs.data() + half);
+        rope_rotate(kr, c.attention.rotary_dim, cs.data(), cs.data() + half);
       }
       std::memcpy(vnew + t * kv_cols, k_in + kv_cols, static_cast<size_t>(kv_cols) * sizeof(float));
     }
@@ -95,28 +95,28 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
 // ---- Multi-head latent attention ---------------------------------------------------------------
 
 void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::string& a) {
-  const int64_t H = c.hidden_size, nh = c.num_heads, r = c.mla_kv_lora_rank;
-  const int64_t nope = c.mla_qk_nope_head_dim, rope = c.mla_qk_rope_head_dim, dv = c.mla_v_head_dim;
-  const int64_t qk = c.mla_qk_head_dim();
+  const int64_t H = c.hidden_size, nh = c.mla.num_heads, r = c.mla.kv_lora_rank;
+  const int64_t nope = c.mla.qk_nope_head_dim, rope = c.mla.qk_rope_head_dim, dv = c.mla.v_head_dim;
+  const int64_t qk = c.mla.qk_head_dim();
   // One GEMM for every projection of the layer's input: rows [q (or q_a) | kv_a | head gate].
   std::vector<std::pair<std::string, int64_t>> parts;
-  if (c.mla_q_lora_rank > 0) {
-    parts.emplace_back(a + "q_a_proj.weight", c.mla_q_lora_rank);
-    q_a_norm = w.norm_scale(a + "q_a_layernorm.weight", c.mla_q_lora_rank, c.norm_weight_plus_one);
-    q_b_proj = w.projection(a + "q_b_proj.weight", nh * qk, c.mla_q_lora_rank);
+  if (c.mla.q_lora_rank > 0) {
+    parts.emplace_back(a + "q_a_proj.weight", c.mla.q_lora_rank);
+    q_a_norm = w.norm_scale(a + "q_a_layernorm.weight", c.mla.q_lora_rank, c.norm_weight_plus_one);
+    q_b_proj = w.projection(a + "q_b_proj.weight", nh * qk, c.mla.q_lora_rank);
   } else {
     parts.emplace_back(a + "q_proj.weight", nh * qk);
   }
   parts.emplace_back(a + "kv_a_proj_with_mqa.weight", r + rope);
-  if (c.mla_head_gate) parts.emplace_back(a + "g_proj.weight", nh);
+  if (c.mla.head_gate) parts.emplace_back(a + "g_proj.weight", nh);
   in_proj = w.stacked(parts, H);
   kv_a_norm = w.norm_scale(a + "kv_a_layernorm.weight", r, c.norm_weight_plus_one);
   o_proj = w.projection(a + c.names.attention_out + ".weight", H, nh * dv);
-  if (c.mla_rope) {
+  if (c.mla.rope) {
     inv_freq.resize(static_cast<size_t>(rope / 2));
     for (int64_t i = 0; i < rope / 2; ++i)  // as transformers: float32 theta^(2i/dim), dim = qk_rope_head_dim
       inv_freq[static_cast<size_t>(i)] =
-          1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * i) / static_cast<float>(rope));
+          1.0f / std::pow(static_cast<float>(c.mla.rope_theta), static_cast<float>(2 * i) / static_cast<float>(rope));
   }
   // kv_b_proj [nh·(nope + v), r]: per head nope rows of W_uk, then v rows of W_uv. The absorbed
   // query projection needs W_ukᵀ: a transposed copy of the same values (bit-exact in any dtype).
@@ -147,19 +147,19 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
 // Kimi Linear (r 512, rope 64, nope 128, v 128): a fresh prefill is cheaper expanded at any T
 // (its latent rows are 576 wide against 192), decode of one token over a long cache latent.
 bool MlaAttention::expand_pays(const ModelConfig& c, int64_t T, int64_t p0) {
-  const double r = static_cast<double>(c.mla_kv_lora_rank), up = static_cast<double>(c.mla_qk_nope_head_dim + c.mla_v_head_dim);
+  const double r = static_cast<double>(c.mla.kv_lora_rank), up = static_cast<double>(c.mla.qk_nope_head_dim + c.mla.v_head_dim);
   const double pairs = static_cast<double>(T) * static_cast<double>(p0) + 0.5 * static_cast<double>(T) * static_cast<double>(T + 1);
-  const double latent = static_cast<double>(T) * r * up + pairs * static_cast<double>(c.mla_cache_dim() + c.mla_kv_lora_rank);
+  const double latent = static_cast<double>(T) * r * up + pairs * static_cast<double>(c.mla.cache_dim() + c.mla.kv_lora_rank);
   const double expanded =
-      static_cast<double>(p0 + T) * r * up + pairs * static_cast<double>(c.mla_qk_head_dim() + c.mla_v_head_dim);
+      static_cast<double>(p0 + T) * r * up + pairs * static_cast<double>(c.mla.qk_head_dim() + c.mla.v_head_dim);
   return expanded < latent;
 }
 
 void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const float* h, float* x) const {
   const ModelConfig& c = run.cfg;
-  const int64_t T = run.T, H = c.hidden_size, nh = c.num_heads, r = c.mla_kv_lora_rank;
-  const int64_t nope = c.mla_qk_nope_head_dim, rope = c.mla_qk_rope_head_dim, dv = c.mla_v_head_dim;
-  const int64_t qk = c.mla_qk_head_dim(), cdim = c.mla_cache_dim();
+  const int64_t T = run.T, H = c.hidden_size, nh = c.mla.num_heads, r = c.mla.kv_lora_rank;
+  const int64_t nope = c.mla.qk_nope_head_dim, rope = c.mla.qk_rope_head_dim, dv = c.mla.v_head_dim;
+  const int64_t qk = c.mla.qk_head_dim(), cdim = c.mla.cache_dim();
   const cpu::Threads th = run.th;
   const LinearPrecision prec = run.opt.precision;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -171,8 +171,8 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   in_proj.forward(h, H, in, S, T, th, false, prec);
   float* q = in;  // [T, nh, qk] with rows ldq apart
   int64_t ldq = S, q_cols = nh * qk;
-  if (c.mla_q_lora_rank > 0) {
-    const int64_t qr = c.mla_q_lora_rank;
+  if (c.mla.q_lora_rank > 0) {
+    const int64_t qr = c.mla.q_lora_rank;
     float* low = scratch(*run.ws, kLowRank, T * qr);
     rms_norm_rows(in, S, low, qr, T, qr, q_a_norm.data(), eps, th);
     q = scratch(*run.ws, kQ, T * nh * qk);
@@ -186,7 +186,7 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   rms_norm_rows(kv_in, S, fresh, cdim, T, r, kv_a_norm.data(), eps, th);
   for (int64_t t = 0; t < T; ++t)
     std::memcpy(fresh + t * cdim + r, kv_in + t * S + r, static_cast<size_t>(rope) * sizeof(float));
-  if (c.mla_rope) {
+  if (c.mla.rope) {
     // DeepSeek's interleaved RoPE (transformers' apply_rotary_pos_emb_interleave): the pairs
     // (x0, x1), (x2, x3), ... rotate by one angle each and come out de-interleaved,
     // [x_even·cos - x_odd·sin | x_odd·cos + x_even·sin], for q and the cached shared key alike.
@@ -273,9 +273,9 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
 
 void MlaAttention::finish(const BlockRun& run, const float* kv_in, int64_t S, float* attn, float* x) const {
   const ModelConfig& c = run.cfg;
-  const int64_t T = run.T, nh = c.num_heads, dv = c.mla_v_head_dim;
-  if (c.mla_head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
-    const float* score = kv_in + c.mla_cache_dim();  // the stacked output's last nh columns
+  const int64_t T = run.T, nh = c.mla.num_heads, dv = c.mla.v_head_dim;
+  if (c.mla.head_gate) {  // each head's output times sigmoid(g_proj(x))[head]
+    const float* score = kv_in + c.mla.cache_dim();  // the stacked output's last nh columns
     for (int64_t t = 0; t < T; ++t)
       for (int64_t hh = 0; hh < nh; ++hh) {
         const float g = 1.0f / (1.0f + std::exp(-score[t * S + hh]));

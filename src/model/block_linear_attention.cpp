@@ -8,9 +8,9 @@
 
 #include "hanpu/la.hpp"
 #include "model/blocks.hpp"
-#include "model/qwen35_kernels.hpp"
-#include "model/qwen35_ops.hpp"
-#include "model/qwen3next_layout.hpp"
+#include "model/layer_kernels.hpp"
+#include "model/layer_ops.hpp"
+#include "model/fused_gdn_layout.hpp"
 
 namespace hanpu::model {
 
@@ -76,10 +76,10 @@ void run_engine(Variant variant, const BlockRun& r, const float* conv, int64_t c
 // ---- Gated DeltaNet ----------------------------------------------------------------------------
 
 void GdnMixer::load(const ModelConfig& c, const WeightReader& w, const std::string& g) {
-  const int64_t H = c.hidden_size, nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
-  const int64_t cd = c.gdn_conv_dim(), vd = c.gdn_value_dim();
+  const int64_t H = c.hidden_size, nk = c.gdn.num_key_heads, nv = c.gdn.num_value_heads;
+  const int64_t cd = c.gdn.conv_dim(), vd = c.gdn.value_dim();
   // One GEMM for the four projections of the layer's input, rows [q | k | v | z | b | a].
-  if (c.fused_gdn_projections) {
+  if (c.gdn.fused_projections) {
     // Qwen3-Next: in_proj_qkvz / in_proj_ba rows permuted into one owned copy in that order.
     const std::string qkvz_name = g + "in_proj_qkvz.weight", ba_name = g + "in_proj_ba.weight";
     const TensorView qkvz = w.get(qkvz_name, {cd + vd, H});
@@ -88,7 +88,7 @@ void GdnMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
       throw Error("'" + qkvz_name + "' is " + dtype_name(qkvz.dtype) + " but '" + ba_name + "' is " +
                   dtype_name(ba.dtype) + ", expected one dtype for both (they are stacked into one projection)");
     const ByteBuffer head = gather_rows(
-        qkvz, qwen3next_qkvz_source_rows(nk, nv, c.linear_key_head_dim, c.linear_value_head_dim), qkvz_name);
+        qkvz, qwen3next_qkvz_source_rows(nk, nv, c.gdn.key_head_dim, c.gdn.value_head_dim), qkvz_name);
     const ByteBuffer tail = gather_rows(ba, qwen3next_ba_source_rows(nk, nv), ba_name);
     w.owned->push_back(ByteBuffer(head.size() + tail.size()));
     std::memcpy(w.owned->back().data(), head.data(), head.size());
@@ -102,17 +102,17 @@ void GdnMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
                         H);
   }
   out_proj = w.projection(g + "out_proj.weight", H, vd);
-  append_conv_taps(w.floats(g + "conv1d.weight", {cd, 1, c.linear_conv_kernel}), cd, c.linear_conv_kernel, 0, cd,
+  append_conv_taps(w.floats(g + "conv1d.weight", {cd, 1, c.gdn.conv_kernel}), cd, c.gdn.conv_kernel, 0, cd,
                    conv_taps);
   A_log = w.floats(g + "A_log", {nv});
   dt_bias = w.floats(g + "dt_bias", {nv});
-  norm_w = w.floats(g + "norm.weight", {c.linear_value_head_dim});
+  norm_w = w.floats(g + "norm.weight", {c.gdn.value_head_dim});
 }
 
 void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_state, const float* h, float* x) const {
   const ModelConfig& c = r.cfg;
-  const int64_t T = r.T, H = c.hidden_size, cd = c.gdn_conv_dim(), vd = c.gdn_value_dim();
-  const int64_t nv = c.linear_num_value_heads;
+  const int64_t T = r.T, H = c.hidden_size, cd = c.gdn.conv_dim(), vd = c.gdn.value_dim();
+  const int64_t nv = c.gdn.num_value_heads;
   const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
@@ -127,17 +127,17 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
 
   t0 = Clock::now();
   float* conv = scratch(*r.ws, kConv, T * cd);
-  causal_conv_silu(mixed, S, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
+  causal_conv_silu(mixed, S, conv, T, cd, conv_taps.data(), c.gdn.conv_kernel, conv_state.ptr<float>(), th);
   r.times.gdn_conv += seconds_since(t0);
 
   t0 = Clock::now();
   float* o = scratch(*r.ws, kO, T * vd);
-  run_engine(Variant::GDN, r, conv, cd, c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
+  run_engine(Variant::GDN, r, conv, cd, c.gdn.num_key_heads, nv, c.gdn.key_head_dim, c.gdn.value_head_dim,
              token_rows(a, T, S, {nv}), token_rows(b, T, S, {nv}), std::nullopt, A_log, dt_bias, recurrent_state, o);
   r.times.gdn_engine += seconds_since(t0);
 
   t0 = Clock::now();
-  gated_rms_norm(o, z, S, T, nv, c.linear_value_head_dim, norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
+  gated_rms_norm(o, z, S, T, nv, c.gdn.value_head_dim, norm_w.data(), static_cast<float>(c.rms_norm_eps), th);
   r.times.gdn_norm += seconds_since(t0);
 
   t0 = Clock::now();
@@ -148,8 +148,8 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
 // ---- Kimi Delta Attention ----------------------------------------------------------------------
 
 void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::string& p) {
-  const int64_t H = c.hidden_size, nh = c.linear_num_value_heads, dk = c.linear_key_head_dim;
-  const int64_t qkv = nh * dk, K = c.linear_conv_kernel;
+  const int64_t H = c.hidden_size, nh = c.kda.num_heads, dk = c.kda.head_dim;
+  const int64_t qkv = nh * dk, K = c.kda.conv_kernel;
   // Official checkpoints keep three convs; transformers' in-memory module concatenates them.
   if (w.has(p + "q_conv1d.weight") || !w.has(p + "conv1d.weight")) {
     const char* convs[] = {"q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"};
@@ -166,7 +166,7 @@ void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
   // [q | k | v | f_a | g_a | b] (Kimi's rank-dk gate projections) or [q | k | v | f | g | b].
   std::vector<std::pair<std::string, int64_t>> parts = {
       {p + "q_proj.weight", qkv}, {p + "k_proj.weight", qkv}, {p + "v_proj.weight", qkv}};
-  if (c.kda_low_rank_gates) {
+  if (c.kda.low_rank_gates) {
     parts.insert(parts.end(), {{f + "f_a_proj.weight", dk}, {p + "g_a_proj.weight", dk}});
     f_b = w.projection(f + "f_b_proj.weight", qkv, dk);
     g_b = w.projection(p + "g_b_proj.weight", qkv, dk);
@@ -185,7 +185,7 @@ void KdaMixer::load(const ModelConfig& c, const WeightReader& w, const std::stri
 
 void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_state, const float* h, float* x) const {
   const ModelConfig& c = r.cfg;
-  const int64_t T = r.T, H = c.hidden_size, nh = c.linear_num_value_heads, dk = c.linear_key_head_dim;
+  const int64_t T = r.T, H = c.hidden_size, nh = c.kda.num_heads, dk = c.kda.head_dim;
   const int64_t qkv = nh * dk, cd = 3 * qkv;
   const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
@@ -197,7 +197,7 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const float* f = mixed + cd;  // the forget gate's input to the engine, rows ld_f apart
   const float* gate = mixed + cd + qkv;
   int64_t ld_f = S, ld_gate = S;
-  if (c.kda_low_rank_gates) {
+  if (c.kda.low_rank_gates) {
     float* fb = scratch(*r.ws, kA, T * qkv);
     float* gb = scratch(*r.ws, kGateOut, T * qkv);
     f_b.forward(mixed + cd, S, fb, qkv, T, th, false, prec);
@@ -208,14 +208,14 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
 
   t0 = Clock::now();
   float* conv = scratch(*r.ws, kConv, T * cd);
-  causal_conv_silu(mixed, S, conv, T, cd, conv_taps.data(), c.linear_conv_kernel, conv_state.ptr<float>(), th);
+  causal_conv_silu(mixed, S, conv, T, cd, conv_taps.data(), c.kda.conv_kernel, conv_state.ptr<float>(), th);
   r.times.kda_conv += seconds_since(t0);
 
   t0 = Clock::now();
   float* o = scratch(*r.ws, kO, T * qkv);
   run_engine(Variant::KDA, r, conv, cd, nh, nh, dk, dk, token_rows(f, T, ld_f, {nh, dk}),
              token_rows(mixed + S - nh, T, S, {nh}),
-             c.kda_safe_gate ? std::optional<float>(static_cast<float>(c.kda_lower_bound)) : std::nullopt, A_log,
+             c.kda.safe_gate ? std::optional<float>(static_cast<float>(c.kda.lower_bound)) : std::nullopt, A_log,
              dt_bias, recurrent_state, o);
   r.times.kda_engine += seconds_since(t0);
 

@@ -5,7 +5,7 @@
 #include <limits>
 
 #include "model/blocks.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::model {
 
@@ -25,9 +25,9 @@ void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot
 }
 
 void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::string& m) {
-  const int64_t H = c.hidden_size, E = c.num_experts, Im = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t H = c.hidden_size, E = c.moe.num_experts, Im = c.moe.intermediate_size, Is = c.moe.shared_expert_intermediate_size;
   router = w.projection(m + "gate.weight", E, H, /*quantizable=*/false);
-  if (c.router_score_bias) score_bias = w.floats(m + c.names.router_score_bias, {E});
+  if (c.moe.router_score_bias) score_bias = w.floats(m + c.names.router_score_bias, {E});
   const CheckpointNames& n = c.names;
   // Experts: one tensor set per expert (official checkpoints, save_pretrained), or the fused 3-D
   // tensors of transformers' in-memory layout (gate_up_proj [E, 2·Im, H]: gate rows then up rows,
@@ -54,18 +54,18 @@ void MoeBlock::load(const ModelConfig& c, const WeightReader& w, const std::stri
   if (Is > 0) {
     has_shared = true;
     shared.load(w, m + n.shared_expert, H, Is);
-    if (c.shared_expert_gated) shared_gate = w.projection(m + "shared_expert_gate.weight", 1, H, /*quantizable=*/false);
+    if (c.moe.shared_expert_gated) shared_gate = w.projection(m + "shared_expert_gate.weight", 1, H, /*quantizable=*/false);
   }
 }
 
 void MoeBlock::route(const ModelConfig& c, const float* l, std::vector<int64_t>& chosen, std::vector<float>& weights,
                      std::vector<float>& work) const {
-  const int64_t E = c.num_experts, K = c.num_experts_per_tok;
+  const int64_t E = c.moe.num_experts, K = c.moe.num_experts_per_tok;
   // work = [score (E) | choice (E)]: the score weighs an expert, the choice picks it.
   work.resize(static_cast<size_t>(2 * E));
   float* score = work.data();
   float* choice = work.data() + E;
-  if (c.router_scoring == RouterScoring::kSoftmax) {
+  if (c.moe.router_scoring == RouterScoring::kSoftmax) {
     const float mx = *std::max_element(l, l + E);
     float sum = 0;
     for (int64_t e = 0; e < E; ++e) sum += score[e] = std::exp(l[e] - mx);
@@ -76,10 +76,10 @@ void MoeBlock::route(const ModelConfig& c, const float* l, std::vector<int64_t>&
   for (int64_t e = 0; e < E; ++e) choice[e] = score[e] + (score_bias.empty() ? 0.0f : score_bias[static_cast<size_t>(e)]);
   // Higher first; ties to the lower index.
   auto better = [](const float* v) { return [v](int64_t a, int64_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); }; };
-  if (c.num_expert_groups > 1) {
+  if (c.moe.num_expert_groups > 1) {
     // A group scores the sum of its two best choices; experts outside the best topk_groups groups
     // are not eligible (DeepSeek-V3's grouped top-k).
-    const int64_t G = c.num_expert_groups, per = E / G;
+    const int64_t G = c.moe.num_expert_groups, per = E / G;
     std::vector<float> group_score(static_cast<size_t>(G));
     for (int64_t g = 0; g < G; ++g) {
       float best = -std::numeric_limits<float>::infinity(), second = best;
@@ -91,9 +91,9 @@ void MoeBlock::route(const ModelConfig& c, const float* l, std::vector<int64_t>&
     }
     std::vector<int64_t> groups(static_cast<size_t>(G));
     for (int64_t g = 0; g < G; ++g) groups[static_cast<size_t>(g)] = g;
-    std::partial_sort(groups.begin(), groups.begin() + c.topk_groups, groups.end(), better(group_score.data()));
+    std::partial_sort(groups.begin(), groups.begin() + c.moe.topk_groups, groups.end(), better(group_score.data()));
     std::vector<bool> keep(static_cast<size_t>(G), false);
-    for (int64_t i = 0; i < c.topk_groups; ++i) keep[static_cast<size_t>(groups[static_cast<size_t>(i)])] = true;
+    for (int64_t i = 0; i < c.moe.topk_groups; ++i) keep[static_cast<size_t>(groups[static_cast<size_t>(i)])] = true;
     for (int64_t e = 0; e < E; ++e)
       if (!keep[static_cast<size_t>(e / per)]) choice[e] = -std::numeric_limits<float>::infinity();
   }
@@ -104,14 +104,14 @@ void MoeBlock::route(const ModelConfig& c, const float* l, std::vector<int64_t>&
   weights.resize(static_cast<size_t>(K));
   float sum = 0;
   for (int64_t k = 0; k < K; ++k) sum += weights[static_cast<size_t>(k)] = score[chosen[static_cast<size_t>(k)]];
-  const float denom = c.norm_topk_prob ? sum + static_cast<float>(c.topk_norm_eps) : 1.0f;
-  const float scale = static_cast<float>(c.routed_scaling_factor);
+  const float denom = c.moe.norm_topk_prob ? sum + static_cast<float>(c.moe.topk_norm_eps) : 1.0f;
+  const float scale = static_cast<float>(c.moe.routed_scaling_factor);
   for (float& w : weights) w = w / denom * scale;
 }
 
 void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
   const ModelConfig& c = r.cfg;
-  const int64_t T = r.T, H = c.hidden_size, E = c.num_experts, Im = c.moe_intermediate_size;
+  const int64_t T = r.T, H = c.hidden_size, E = c.moe.num_experts, Im = c.moe.intermediate_size;
   const cpu::Threads th = r.th;
   const LinearPrecision prec = r.opt.precision;
 
@@ -154,7 +154,7 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
   }
 
   if (!has_shared) return;
-  if (!c.shared_expert_gated) {
+  if (!c.moe.shared_expert_gated) {
     shared.forward(r, h, x, kSharedGateUp);  // added straight into the residual
     return;
   }

@@ -7,6 +7,8 @@
 
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
+#include "io/gguf.hpp"
+#include "model/gguf_arch.hpp"
 #include "model/jinja.hpp"
 
 namespace hanpu {
@@ -39,6 +41,11 @@ std::string ChatTemplate::render(const nlohmann::ordered_json& messages, const n
 
 std::string find_chat_template(const std::string& model_dir, bool want_tools, std::string* origin) {
   namespace fs = std::filesystem;
+  if (model::is_gguf_path(model_dir)) {  // a GGUF file: tokenizer.chat_template
+    std::string t = model::gguf_chat_template(GgufModel::open(model_dir).main());
+    if (origin) *origin = t.empty() ? std::string() : "GGUF file '" + model_dir + "' tokenizer.chat_template";
+    return t;
+  }
   const fs::path dir(model_dir);
   std::error_code ec;
   if (fs::is_regular_file(dir / "chat_template.jinja", ec)) {
@@ -76,6 +83,24 @@ std::string find_chat_template(const std::string& model_dir, bool want_tools, st
 
 nlohmann::ordered_json chat_template_special_tokens(const std::string& model_dir) {
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
+  if (model::is_gguf_path(model_dir)) {  // tokenizer.ggml.<bos|eos|...>_token_id as the tokens' text
+    const GgufModel m = GgufModel::open(model_dir);
+    const GgufFile& f = m.main();
+    const GgufValue* tokens = f.find("tokenizer.ggml.tokens");
+    const auto* list = tokens ? std::get_if<std::vector<GgufValue>>(&tokens->value) : nullptr;
+    for (const char* key : {"bos", "eos", "unknown", "separator", "padding", "cls", "mask"}) {
+      const std::string k = std::string("tokenizer.ggml.") + key + "_token_id";
+      if (!list || !f.find(k)) continue;
+      const uint64_t id = f.get_uint(k);
+      if (id >= list->size()) continue;
+      if (const auto* text = std::get_if<std::string>(&(*list)[id].value)) {
+        const std::string name = std::string(key) == "unknown" ? "unk" : std::string(key) == "separator" ? "sep"
+                                 : std::string(key) == "padding" ? "pad" : key;
+        out[name + "_token"] = *text;
+      }
+    }
+    return out;
+  }
   const std::filesystem::path cfg_path = std::filesystem::path(model_dir) / "tokenizer_config.json";
   std::error_code ec;
   if (!std::filesystem::is_regular_file(cfg_path, ec)) return out;

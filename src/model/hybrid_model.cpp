@@ -13,13 +13,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
+#include <variant>
 
 #include "hanpu/model.hpp"
 #include "io/file_io.hpp"
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "model/blocks.hpp"
-#include "model/qwen35_ops.hpp"
+#include "model/gguf_arch.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu {
 
@@ -213,20 +216,35 @@ class SyntheticSource : public TensorSource {
 
 }  // namespace
 
-// One decoder layer: its token mixer (one of the four, by config) and channel mixer. Only the
-// block `mixer` names and one of mlp / experts are loaded; the others stay empty (a few empty
-// vectors each), which keeps the dispatch in forward() a plain switch.
+// One decoder layer: its token mixer and its channel mixer, each one of the blocks of blocks.hpp
+// (the one the config names), and its two norms.
+using TokenMixerBlock = std::variant<model::GdnMixer, model::KdaMixer, model::GatedAttention, model::MlaAttention>;
+using ChannelMixerBlock = std::variant<model::SwiGluMlp, model::MoeBlock>;
+
 struct Layer {
-  TokenMixer mixer = TokenMixer::kGdn;
-  bool moe = false;  // MoE block instead of the dense MLP
+  TokenMixerBlock token_mixer;
+  ChannelMixerBlock channel_mixer;
   int64_t slot = 0;  // index among the layers of its kind (linear: state index; attention: cache index)
-  model::GdnMixer gdn;
-  model::KdaMixer kda;
-  model::GatedAttention attn;
-  model::MlaAttention mla;
-  model::SwiGluMlp mlp;
-  model::MoeBlock experts;
   std::vector<float> input_norm, post_norm;  // norm multipliers
+
+  // The token mixer on rows h of one sequence, with that sequence's state of this layer.
+  void mix_tokens(const model::BlockRun& run, HybridState& st, const float* h, float* x) const {
+    const size_t s = static_cast<size_t>(slot);
+    std::visit(
+        [&](const auto& m) {
+          using M = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<M, model::GdnMixer> || std::is_same_v<M, model::KdaMixer>)
+            m.forward(run, st.conv_state[s], st.recurrent_state[s], h, x);
+          else if constexpr (std::is_same_v<M, model::GatedAttention>)
+            m.forward(run, st.key_cache[s], st.value_cache[s], h, x);
+          else
+            m.forward(run, st.key_cache[s], h, x);
+        },
+        token_mixer);
+  }
+  void mix_channels(const model::BlockRun& run, const float* h, float* x) const {
+    std::visit([&](const auto& m) { m.forward(run, h, x); }, channel_mixer);
+  }
 };
 
 struct HybridModel::Impl {
@@ -235,8 +253,25 @@ struct HybridModel::Impl {
   std::vector<SafetensorsFile> files;  // mapped checkpoint (keeps the weight views valid)
   std::vector<ByteBuffer> synthetic;   // synthetic weights
   std::vector<ByteBuffer> owned;       // weight copies made at load (permuted / transposed rows)
+  std::shared_ptr<const model::GgufCheckpoint> gguf;  // a GGUF checkpoint (keeps its mapping)
   uint64_t weight_bytes = 0;
   TensorView embed;  // [V, H]
+  model::BlockWeight embed_blocks;  // instead of `embed`: a GGUF embedding kept in GGML blocks
+
+  // The embedding row of token `id` as f32.
+  void embed_row(int64_t id, float* out) const {
+    const int64_t H = cfg.hidden_size;
+    if (embed_blocks.data) {
+      const gguf::BlockFormat& bf = gguf::block_format(embed_blocks.type);
+      gguf::dequantize(embed_blocks.type,
+                       static_cast<const std::byte*>(embed_blocks.data) + id * (H / bf.block_elems) * bf.block_bytes, out, H);
+    } else if (embed.dtype == DType::BF16) {
+      const auto* src = static_cast<const uint16_t*>(embed.data) + id * H;
+      for (int64_t i = 0; i < H; ++i) out[i] = bf16_to_f32(src[i]);
+    } else {
+      for (int64_t i = 0; i < H; ++i) out[i] = static_cast<float>(load_as_double(embed.data, embed.dtype, id * H + i));
+    }
+  }
   model::Projection lm_head;
   std::vector<float> final_norm;
   std::vector<Layer> layers;
@@ -248,15 +283,31 @@ struct HybridModel::Impl {
     return p + cfg.names.channel_mixer.front();  // absent everywhere: the loader names this one
   }
 
+  // The part of forward() and forward_batch() after their checks: the decoder on rows of hidden
+  // state, the T new tokens of one sequence (states.size() == 1) or one token of each of several
+  // sequences (row r continues states[r]). The row-wise parts (embedding, norms, channel mixers,
+  // LM head) run on all rows at once, so their weights are read once; a token mixer runs on each
+  // sequence's rows with that sequence's state. Returns the logits of the last `logit_rows` rows.
+  Tensor run_decoder(std::span<HybridState* const> states, std::span<const int32_t> ids, int64_t logit_rows,
+                     const ForwardOptions& opt) const;
+
   void build(const model::WeightReader& w, const std::string& prefix, bool have_lm_head) {
     const ModelConfig& c = cfg;
     c.check();
     const int64_t H = c.hidden_size;
-    embed = w.get(prefix + c.names.embed_tokens + "weight", {c.vocab_size, H});
+    const std::string embed_name = prefix + c.names.embed_tokens + "weight";
+    if (std::optional<model::BlockWeight> b = w.get_blocks ? w.get_blocks(embed_name, {c.vocab_size, H}) : std::nullopt)
+      embed_blocks = *b;  // a quantized GGUF embedding: rows dequantized on lookup
+    else
+      embed = w.get(embed_name, {c.vocab_size, H});
     final_norm = w.norm_scale(prefix + "norm.weight", H, c.norm_weight_plus_one);
     if (c.tie_word_embeddings || !have_lm_head) {
       if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
-      lm_head = w.projection_of(embed, prefix + c.names.embed_tokens + "weight (tied LM head)");
+      if (embed_blocks.data)
+        lm_head = model::Projection(cpu::GgufLinear(embed_blocks.type, embed_blocks.data, c.vocab_size, H,
+                                                    embed_name + " (tied LM head)"));
+      else
+        lm_head = w.projection_of(embed, embed_name + " (tied LM head)");
     } else {
       lm_head = w.projection("lm_head.weight", c.vocab_size, H);
     }
@@ -264,7 +315,6 @@ struct HybridModel::Impl {
     for (int64_t i = 0; i < c.num_layers; ++i) {
       const std::string p = prefix + "layers." + std::to_string(i) + ".";
       Layer L;
-      L.mixer = c.token_mixer(i);
       const bool full = c.is_full_attention[static_cast<size_t>(i)];
       L.slot = full ? attn_slot++ : linear_slot++;
       L.input_norm = w.norm_scale(p + "input_layernorm.weight", H, c.norm_weight_plus_one);
@@ -278,16 +328,20 @@ struct HybridModel::Impl {
           throw Error(std::string(e.what()) + "; " + c.linear_shape_source);
         }
       };
-      switch (L.mixer) {
-        case TokenMixer::kGdn: with_source([&] { L.gdn.load(c, w, p + c.names.linear_attention); }); break;
-        case TokenMixer::kKda: with_source([&] { L.kda.load(c, w, p + c.names.linear_attention); }); break;
-        case TokenMixer::kGatedAttention: L.attn.load(c, w, p + c.names.attention); break;
-        case TokenMixer::kMla: L.mla.load(c, w, p + c.names.attention); break;
+      switch (c.token_mixer(i)) {
+        case TokenMixer::kGdn:
+          with_source([&] { L.token_mixer.emplace<model::GdnMixer>().load(c, w, p + c.names.linear_attention); });
+          break;
+        case TokenMixer::kKda:
+          with_source([&] { L.token_mixer.emplace<model::KdaMixer>().load(c, w, p + c.names.linear_attention); });
+          break;
+        case TokenMixer::kGatedAttention: L.token_mixer.emplace<model::GatedAttention>().load(c, w, p + c.names.attention); break;
+        case TokenMixer::kMla: L.token_mixer.emplace<model::MlaAttention>().load(c, w, p + c.names.attention); break;
       }
-      L.moe = c.layer_is_moe(i);
-      const std::string m = channel_module(w, p, L.moe);
-      if (L.moe) L.experts.load(c, w, m);
-      else L.mlp.load(w, m, H, c.intermediate_size);
+      const bool moe = c.layer_is_moe(i);
+      const std::string m = channel_module(w, p, moe);
+      if (moe) L.channel_mixer.emplace<model::MoeBlock>().load(c, w, m);
+      else L.channel_mixer.emplace<model::SwiGluMlp>().load(w, m, H, c.mlp.intermediate_size);
       layers.push_back(std::move(L));
     }
   }
@@ -311,6 +365,28 @@ std::shared_ptr<Engine> model_engine(std::shared_ptr<Engine> given) {
 uint64_t HybridModel::weight_bytes() const { return impl_->weight_bytes; }
 
 HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& opt) {
+  if (model::is_gguf_path(dir)) {
+    // A GGUF file (or split set): its metadata mapped onto the config, its tensors onto the HF
+    // names the blocks load (model/gguf_arch.hpp). Quantized projections stay in GGML blocks.
+    HybridModel m;
+    Impl& im = *m.impl_;
+    im.engine = model_engine(opt.engine);
+    auto ck = std::make_shared<const model::GgufCheckpoint>(dir);
+    im.gguf = ck;
+    im.cfg = ck->config();
+    im.weight_bytes = ck->data_bytes();
+    model::WeightReader w;
+    w.get = [&](const std::string& name, const std::vector<int64_t>& shape) { return ck->get(name, shape, im.owned); };
+    w.has = [&](const std::string& name) { return ck->has(name); };
+    w.get_blocks = [&](const std::string& name, const std::vector<int64_t>& shape) {
+      return ck->get_blocks(name, shape, im.owned);
+    };
+    w.owned = &im.owned;
+    w.int8_group = opt.int8_group;
+    w.on_int8 = opt.on_int8_projection;
+    im.build(w, "model.", ck->has_lm_head());
+    return m;
+  }
   const fs::path d(dir);
   if (!fs::is_directory(d)) throw Error("checkpoint '" + dir + "': not a directory");
   const fs::path cfg_path = d / "config.json";
@@ -371,8 +447,8 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
     if (ends("linear_attn.norm.weight") || ends("o_norm.weight")) return src.make(name, shape, 0.1, 1.0);
     if (ends("norm.weight")) return src.make(name, shape, 0.1, c.norm_weight_plus_one ? 0.0 : 1.0);
     if (ends("conv1d.weight")) return src.make(name, shape, 0.5);
-    if (ends("embed_tokens.weight") || ends("word_embeddings.weight")) return src.make(name, shape, 1.0);
-    if (ends("e_score_correction_bias") || ends("expert_bias")) return src.make(name, shape, 0.01);
+    if (ends((c.names.embed_tokens + "weight").c_str())) return src.make(name, shape, 1.0);
+    if (ends(c.names.router_score_bias.c_str())) return src.make(name, shape, 0.01);
     return src.make(name, shape, 1.0 / std::sqrt(static_cast<double>(shape.back())));
   };
   model::WeightReader w;
@@ -404,20 +480,29 @@ size_t HybridState::bytes() const {
 HybridState HybridModel::new_state() const {
   const ModelConfig& c = impl_->cfg;
   HybridState s;
+  const LinearAttentionShape la = c.linear_shape();
   for (int64_t i = 0; i < c.num_linear_layers(); ++i) {
-    s.conv_state.emplace_back(DType::F32, std::vector<int64_t>{c.linear_conv_kernel - 1, c.gdn_conv_dim()});
-    s.recurrent_state.emplace_back(DType::F32, std::vector<int64_t>{1, c.linear_num_value_heads,
-                                                                    c.linear_key_head_dim, c.linear_value_head_dim});
+    s.conv_state.emplace_back(DType::F32, std::vector<int64_t>{la.conv_kernel - 1, la.conv_dim()});
+    s.recurrent_state.emplace_back(DType::F32, std::vector<int64_t>{1, la.value_heads, la.key_head_dim, la.value_head_dim});
   }
   s.key_cache.resize(static_cast<size_t>(c.num_attention_layers()));
   s.value_cache.resize(static_cast<size_t>(c.num_attention_layers()));
   return s;
 }
 
+namespace {
+// The activation scratch of a forward call: a workspace of the model's engine, held until it returns.
+struct CallScratch {
+  Engine::Impl::Lease lease;
+  cpu::Workspace& ws;
+  explicit CallScratch(Engine& e) : lease(e.impl(), 1), ws(lease[0]) {}
+};
+}  // namespace
+
 Tensor HybridModel::forward(HybridState& st, std::span<const int32_t> ids, const ForwardOptions& opt) const {
   const Impl& im = *impl_;
   const ModelConfig& c = im.cfg;
-  const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
+  const int64_t T = static_cast<int64_t>(ids.size());
   if (T == 0) throw Error("forward: no input tokens");
   for (int64_t t = 0; t < T; ++t)
     if (ids[static_cast<size_t>(t)] < 0 || ids[static_cast<size_t>(t)] >= c.vocab_size)
@@ -426,70 +511,15 @@ Tensor HybridModel::forward(HybridState& st, std::span<const int32_t> ids, const
   if (st.conv_state.size() != static_cast<size_t>(c.num_linear_layers()) ||
       st.key_cache.size() != static_cast<size_t>(c.num_attention_layers()))
     throw Error("forward: the state was not made by this model's new_state()");
-  ForwardTimes local;
-  ForwardTimes* tm = opt.times ? opt.times : &local;
-  // The activation scratch of this call: a workspace of the model's engine, held until it returns.
-  Engine::Impl::Lease scratch_lease(im.engine->impl(), 1);
-  cpu::Workspace& ws = scratch_lease[0];
-  const cpu::Threads th{im.engine.get(), opt.threads};
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const model::BlockRun run{c, opt, *tm, T, st.position, th, &ws};
-
-  auto t0 = Clock::now();
-  float* x = scratch(ws, model::kX, T * H);
-  float* h = scratch(ws, model::kH, T * H);
-  parallel_for(T, th.when(T >= 16), [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t id = ids[static_cast<size_t>(t)];
-      float* xr = x + t * H;
-      if (im.embed.dtype == DType::BF16) {
-        const auto* src = static_cast<const uint16_t*>(im.embed.data) + id * H;
-        for (int64_t i = 0; i < H; ++i) xr[i] = bf16_to_f32(src[i]);
-      } else {
-        for (int64_t i = 0; i < H; ++i) xr[i] = static_cast<float>(load_as_double(im.embed.data, im.embed.dtype, id * H + i));
-      }
-    }
-  });
-  tm->embed += seconds_since(t0);
-
-  for (const Layer& L : im.layers) {
-    t0 = Clock::now();
-    model::rms_norm_rows(x, H, h, H, T, H, L.input_norm.data(), eps, th);
-    tm->norms += seconds_since(t0);
-    const size_t s = static_cast<size_t>(L.slot);
-    switch (L.mixer) {
-      case TokenMixer::kGdn: L.gdn.forward(run, st.conv_state[s], st.recurrent_state[s], h, x); break;
-      case TokenMixer::kKda: L.kda.forward(run, st.conv_state[s], st.recurrent_state[s], h, x); break;
-      case TokenMixer::kGatedAttention: L.attn.forward(run, st.key_cache[s], st.value_cache[s], h, x); break;
-      case TokenMixer::kMla: L.mla.forward(run, st.key_cache[s], h, x); break;
-    }
-    t0 = Clock::now();
-    model::rms_norm_rows(x, H, h, H, T, H, L.post_norm.data(), eps, th);
-    tm->norms += seconds_since(t0);
-    t0 = Clock::now();
-    if (L.moe) L.experts.forward(run, h, x);
-    else L.mlp.forward(run, h, x);
-    tm->mlp += seconds_since(t0);
-  }
-  st.position += T;
-
-  t0 = Clock::now();
-  const int64_t rows = opt.all_logits ? T : 1;
-  const float* last = x + (T - rows) * H;
-  model::rms_norm_rows(last, H, h, H, rows, H, im.final_norm.data(), eps, th);
-  tm->norms += seconds_since(t0);
-  t0 = Clock::now();
-  Tensor logits(DType::F32, {rows, c.vocab_size});
-  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, rows, th, false, opt.precision);
-  tm->lm_head += seconds_since(t0);
-  return logits;
+  HybridState* const one[] = {&st};
+  return im.run_decoder(one, ids, opt.all_logits ? T : 1, opt);
 }
 
 Tensor HybridModel::forward_batch(std::span<HybridState* const> states, std::span<const int32_t> ids,
                                   const ForwardOptions& opt) const {
   const Impl& im = *impl_;
   const ModelConfig& c = im.cfg;
-  const int64_t B = static_cast<int64_t>(states.size()), H = c.hidden_size;
+  const int64_t B = static_cast<int64_t>(states.size());
   if (B == 0) throw Error("forward_batch: no sequences");
   if (ids.size() != states.size())
     throw Error("forward_batch: " + std::to_string(ids.size()) + " token ids for " + std::to_string(B) +
@@ -504,63 +534,66 @@ Tensor HybridModel::forward_batch(std::span<HybridState* const> states, std::spa
         st->key_cache.size() != static_cast<size_t>(c.num_attention_layers()))
       throw Error("forward_batch: the state of sequence " + std::to_string(b) + " was not made by this model's new_state()");
   }
+  return im.run_decoder(states, ids, B, opt);
+}
+
+Tensor HybridModel::Impl::run_decoder(std::span<HybridState* const> states, std::span<const int32_t> ids,
+                                      int64_t logit_rows, const ForwardOptions& opt) const {
+  const Impl& im = *this;
+  const ModelConfig& c = im.cfg;
+  const int64_t R = static_cast<int64_t>(ids.size()), H = c.hidden_size;
+  const bool one_sequence = states.size() == 1;
   ForwardTimes local;
   ForwardTimes* tm = opt.times ? opt.times : &local;
-  Engine::Impl::Lease scratch_lease(im.engine->impl(), 1);  // as forward()'s
-  cpu::Workspace& ws = scratch_lease[0];
+  CallScratch scratch_ws(*im.engine);
+  cpu::Workspace& ws = scratch_ws.ws;
   const cpu::Threads th{im.engine.get(), opt.threads};
   const float eps = static_cast<float>(c.rms_norm_eps);
-  // Row-wise parts see the B rows as B tokens; a token mixer sees one token at its sequence's position.
-  const model::BlockRun rows_run{c, opt, *tm, B, 0, th, &ws};
+  // The row-wise parts see the rows as tokens: of one sequence from its position, or of several
+  // sequences (no position: the channel mixers do not use one).
+  const model::BlockRun rows_run{c, opt, *tm, R, one_sequence ? states[0]->position : 0, th, &ws};
 
   auto t0 = Clock::now();
-  float* x = scratch(ws, model::kX, B * H);
-  float* h = scratch(ws, model::kH, B * H);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t id = ids[static_cast<size_t>(b)];
-    float* xr = x + b * H;
-    if (im.embed.dtype == DType::BF16) {
-      const auto* src = static_cast<const uint16_t*>(im.embed.data) + id * H;
-      for (int64_t i = 0; i < H; ++i) xr[i] = bf16_to_f32(src[i]);
-    } else {
-      for (int64_t i = 0; i < H; ++i) xr[i] = static_cast<float>(load_as_double(im.embed.data, im.embed.dtype, id * H + i));
+  float* x = scratch(ws, model::kX, R * H);
+  float* h = scratch(ws, model::kH, R * H);
+  parallel_for(R, th.when(one_sequence && R >= 16), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      im.embed_row(ids[static_cast<size_t>(t)], x + t * H);
     }
-  }
+  });
   tm->embed += seconds_since(t0);
 
   for (const Layer& L : im.layers) {
     t0 = Clock::now();
-    model::rms_norm_rows(x, H, h, H, B, H, L.input_norm.data(), eps, th);
+    model::rms_norm_rows(x, H, h, H, R, H, L.input_norm.data(), eps, th);
     tm->norms += seconds_since(t0);
-    const size_t s = static_cast<size_t>(L.slot);
-    for (int64_t b = 0; b < B; ++b) {
-      HybridState& st = *states[static_cast<size_t>(b)];
-      const model::BlockRun run{c, opt, *tm, 1, st.position, th, &ws};
-      const float* hb = h + b * H;
-      float* xb = x + b * H;
-      switch (L.mixer) {
-        case TokenMixer::kGdn: L.gdn.forward(run, st.conv_state[s], st.recurrent_state[s], hb, xb); break;
-        case TokenMixer::kKda: L.kda.forward(run, st.conv_state[s], st.recurrent_state[s], hb, xb); break;
-        case TokenMixer::kGatedAttention: L.attn.forward(run, st.key_cache[s], st.value_cache[s], hb, xb); break;
-        case TokenMixer::kMla: L.mla.forward(run, st.key_cache[s], hb, xb); break;
+    if (one_sequence) {
+      L.mix_tokens(rows_run, *states[0], h, x);
+    } else {
+      for (int64_t b = 0; b < R; ++b) {
+        HybridState& st = *states[static_cast<size_t>(b)];
+        const model::BlockRun run{c, opt, *tm, 1, st.position, th, &ws};
+        L.mix_tokens(run, st, h + b * H, x + b * H);
       }
     }
     t0 = Clock::now();
-    model::rms_norm_rows(x, H, h, H, B, H, L.post_norm.data(), eps, th);
+    model::rms_norm_rows(x, H, h, H, R, H, L.post_norm.data(), eps, th);
     tm->norms += seconds_since(t0);
     t0 = Clock::now();
-    if (L.moe) L.experts.forward(rows_run, h, x);
-    else L.mlp.forward(rows_run, h, x);
+    L.mix_channels(rows_run, h, x);
     tm->mlp += seconds_since(t0);
   }
-  for (HybridState* st : states) st->position += 1;
+  if (one_sequence) states[0]->position += R;
+  else
+    for (HybridState* st : states) st->position += 1;
 
   t0 = Clock::now();
-  model::rms_norm_rows(x, H, h, H, B, H, im.final_norm.data(), eps, th);
+  const float* last = x + (R - logit_rows) * H;
+  model::rms_norm_rows(last, H, h, H, logit_rows, H, im.final_norm.data(), eps, th);
   tm->norms += seconds_since(t0);
   t0 = Clock::now();
-  Tensor logits(DType::F32, {B, c.vocab_size});
-  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, B, th, false, opt.precision);
+  Tensor logits(DType::F32, {logit_rows, c.vocab_size});
+  im.lm_head.forward(h, H, logits.ptr<float>(), c.vocab_size, logit_rows, th, false, opt.precision);
   tm->lm_head += seconds_since(t0);
   return logits;
 }

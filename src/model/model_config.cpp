@@ -1,6 +1,5 @@
 // The model description (ModelConfig in include/hanpu/model.hpp): consistency checks, parameter
-// count, the one-line summary, the model_type dispatch to each family's parser, and the synthetic
-// presets of published shapes (docs/MODEL.md).
+// count, the one-line summary, and the readers the family parsers share (docs/MODEL.md).
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -18,6 +17,11 @@ const char* token_mixer_name(TokenMixer m) {
     case TokenMixer::kMla: return "MLA";
   }
   return "?";
+}
+
+LinearAttentionShape ModelConfig::linear_shape() const {
+  if (linear_mixer == TokenMixer::kKda) return {kda.num_heads, kda.num_heads, kda.head_dim, kda.head_dim, kda.conv_kernel};
+  return {gdn.num_key_heads, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim, gdn.conv_kernel};
 }
 
 int64_t ModelConfig::num_linear_layers() const {
@@ -43,25 +47,27 @@ void ModelConfig::check() const {
     fail(std::string("linear-attention layers must be GDN or KDA, got ") + token_mixer_name(linear_mixer));
   if (attention_mixer != TokenMixer::kGatedAttention && attention_mixer != TokenMixer::kMla)
     fail(std::string("full-attention layers must be gated attention or MLA, got ") + token_mixer_name(attention_mixer));
-  if (num_linear_layers() > 0) {
-    if (linear_num_key_heads < 1 || linear_num_value_heads % linear_num_key_heads != 0)
-      fail("linear_num_value_heads " + std::to_string(linear_num_value_heads) + " is not a multiple of linear_num_key_heads " +
-           std::to_string(linear_num_key_heads));
-    if (linear_mixer == TokenMixer::kKda &&
-        (linear_num_key_heads != linear_num_value_heads || linear_key_head_dim != linear_value_head_dim))
-      fail("KDA layers have one head count and one head dim for q, k and v");
+  if (num_linear_layers() > 0 && linear_mixer == TokenMixer::kGdn) {
+    if (gdn.num_key_heads < 1 || gdn.num_value_heads % gdn.num_key_heads != 0)
+      fail("linear_num_value_heads " + std::to_string(gdn.num_value_heads) + " is not a multiple of linear_num_key_heads " +
+           std::to_string(gdn.num_key_heads));
   }
+  if (num_linear_layers() > 0 && linear_mixer == TokenMixer::kKda && kda.num_heads < 1)
+    fail("KDA layers need at least one head, got " + std::to_string(kda.num_heads));
   if (num_attention_layers() > 0) {
-    if (attention_mixer == TokenMixer::kGatedAttention && (num_kv_heads < 1 || num_heads % num_kv_heads != 0))
-      fail("num_attention_heads " + std::to_string(num_heads) + " is not a multiple of num_key_value_heads " +
-           std::to_string(num_kv_heads));
+    if (attention_mixer == TokenMixer::kGatedAttention &&
+        (attention.num_kv_heads < 1 || attention.num_heads % attention.num_kv_heads != 0))
+      fail("num_attention_heads " + std::to_string(attention.num_heads) + " is not a multiple of num_key_value_heads " +
+           std::to_string(attention.num_kv_heads));
     if (attention_mixer == TokenMixer::kMla &&
-        (mla_kv_lora_rank < 1 || mla_qk_nope_head_dim < 1 || mla_qk_rope_head_dim < 1 || mla_v_head_dim < 1))
+        (mla.kv_lora_rank < 1 || mla.qk_nope_head_dim < 1 || mla.qk_rope_head_dim < 1 || mla.v_head_dim < 1))
       fail("MLA needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim >= 1");
-    if (attention_mixer == TokenMixer::kMla && mla_rope && mla_qk_rope_head_dim % 2 != 0)
+    if (attention_mixer == TokenMixer::kMla && mla.rope && mla.qk_rope_head_dim % 2 != 0)
       fail("MLA RoPE needs an even qk_rope_head_dim");
   }
   if (num_moe_layers() > 0) {
+    const int64_t num_experts = moe.num_experts, num_experts_per_tok = moe.num_experts_per_tok;
+    const int64_t num_expert_groups = moe.num_expert_groups, topk_groups = moe.topk_groups;
     if (num_experts_per_tok < 1 || num_experts_per_tok > num_experts)
       fail("num_experts_per_tok " + std::to_string(num_experts_per_tok) + " must be in [1, num_experts " +
            std::to_string(num_experts) + "]");
@@ -78,31 +84,32 @@ int64_t ModelConfig::parameter_count() const {
   const int64_t H = hidden_size;
   int64_t attn = 0;
   if (attention_mixer == TokenMixer::kGatedAttention) {
-    attn = H * num_heads * head_dim * 2 + 2 * H * num_kv_heads * head_dim + num_heads * head_dim * H + 2 * head_dim;
+    const int64_t nh = attention.num_heads, nkv = attention.num_kv_heads, hd = attention.head_dim;
+    attn = H * nh * hd * 2 + 2 * H * nkv * hd + nh * hd * H + 2 * hd;
   } else {
-    const int64_t nh = num_heads, qk = mla_qk_head_dim(), r = mla_kv_lora_rank;
-    attn = (mla_q_lora_rank > 0 ? H * mla_q_lora_rank + mla_q_lora_rank + mla_q_lora_rank * nh * qk : H * nh * qk) +
-           H * (r + mla_qk_rope_head_dim) + r + r * nh * (mla_qk_nope_head_dim + mla_v_head_dim) + nh * mla_v_head_dim * H +
-           (mla_head_gate ? H * nh : 0);
+    const int64_t nh = mla.num_heads, qk = mla.qk_head_dim(), r = mla.kv_lora_rank, ql = mla.q_lora_rank;
+    attn = (ql > 0 ? H * ql + ql + ql * nh * qk : H * nh * qk) + H * (r + mla.qk_rope_head_dim) + r +
+           r * nh * (mla.qk_nope_head_dim + mla.v_head_dim) + nh * mla.v_head_dim * H + (mla.head_gate ? H * nh : 0);
   }
   int64_t linear = 0;
-  const int64_t nv = linear_num_value_heads;
   if (linear_mixer == TokenMixer::kGdn) {
-    linear = H * gdn_conv_dim() + H * gdn_value_dim() + 2 * H * nv + gdn_conv_dim() * linear_conv_kernel + 2 * nv +
-             linear_value_head_dim + gdn_value_dim() * H;
+    const int64_t nv = gdn.num_value_heads;
+    linear = H * gdn.conv_dim() + H * gdn.value_dim() + 2 * H * nv + gdn.conv_dim() * gdn.conv_kernel + 2 * nv +
+             gdn.value_head_dim + gdn.value_dim() * H;
   } else {
-    const int64_t dk = linear_key_head_dim, qkv = nv * dk;
-    const int64_t gate = kda_low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
-    linear = 3 * H * qkv + 3 * qkv * linear_conv_kernel + gate + nv + qkv + H * nv + gate + dk + qkv * H;
+    const int64_t nv = kda.num_heads, dk = kda.head_dim, qkv = nv * dk;
+    const int64_t gate = kda.low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
+    linear = 3 * H * qkv + 3 * qkv * kda.conv_kernel + gate + nv + qkv + H * nv + gate + dk + qkv * H;
   }
-  const int64_t dense_mlp = 3 * H * intermediate_size;
-  const int64_t moe = H * num_experts + (router_score_bias ? num_experts : 0) + num_experts * 3 * H * moe_intermediate_size +
-                      (shared_expert_intermediate_size > 0
-                           ? 3 * H * shared_expert_intermediate_size + (shared_expert_gated ? H : 0)
-                           : 0);
+  const int64_t dense_mlp = 3 * H * mlp.intermediate_size;
+  const int64_t E = moe.num_experts;
+  const int64_t moe_block = H * E + (moe.router_score_bias ? E : 0) + E * 3 * H * moe.intermediate_size +
+                            (moe.shared_expert_intermediate_size > 0
+                                 ? 3 * H * moe.shared_expert_intermediate_size + (moe.shared_expert_gated ? H : 0)
+                                 : 0);
   int64_t total = 0;
   for (int64_t i = 0; i < num_layers; ++i)
-    total += (is_full_attention[static_cast<size_t>(i)] ? attn : linear) + (layer_is_moe(i) ? moe : dense_mlp) + 2 * H;
+    total += (is_full_attention[static_cast<size_t>(i)] ? attn : linear) + (layer_is_moe(i) ? moe_block : dense_mlp) + 2 * H;
   total += vocab_size * H * (tie_word_embeddings ? 1 : 2) + H;
   return total;
 }
@@ -111,34 +118,34 @@ std::string ModelConfig::describe() const {
   std::ostringstream os;
   os << model_type << ": " << num_layers << " layers (" << num_linear_layers() << " " << token_mixer_name(linear_mixer)
      << " + " << num_attention_layers() << " " << token_mixer_name(attention_mixer) << "), hidden " << hidden_size;
-  if (num_moe_layers() < num_layers) os << ", MLP " << intermediate_size;
+  if (num_moe_layers() < num_layers) os << ", MLP " << mlp.intermediate_size;
   if (num_moe_layers() > 0) {
-    os << ", MoE on " << num_moe_layers() << " layers (" << num_experts << " experts, "
-       << (router_scoring == RouterScoring::kSoftmax ? "softmax" : "sigmoid") << " top-" << num_experts_per_tok;
-    if (num_expert_groups > 1) os << " of " << topk_groups << "/" << num_expert_groups << " groups";
-    os << " x " << moe_intermediate_size << ", shared " << shared_expert_intermediate_size;
-    if (routed_scaling_factor != 1.0) os << ", scaling " << routed_scaling_factor;
+    os << ", MoE on " << num_moe_layers() << " layers (" << moe.num_experts << " experts, "
+       << (moe.router_scoring == RouterScoring::kSoftmax ? "softmax" : "sigmoid") << " top-" << moe.num_experts_per_tok;
+    if (moe.num_expert_groups > 1) os << " of " << moe.topk_groups << "/" << moe.num_expert_groups << " groups";
+    os << " x " << moe.intermediate_size << ", shared " << moe.shared_expert_intermediate_size;
+    if (moe.routed_scaling_factor != 1.0) os << ", scaling " << moe.routed_scaling_factor;
     os << ")";
   }
   os << ", vocab " << vocab_size;
   if (attention_mixer == TokenMixer::kGatedAttention)
-    os << ", attention " << num_heads << "q/" << num_kv_heads << "kv x " << head_dim << " (rope " << rotary_dim
-       << " dims, theta " << rope_theta << ")";
+    os << ", attention " << attention.num_heads << "q/" << attention.num_kv_heads << "kv x " << attention.head_dim
+       << " (rope " << attention.rotary_dim << " dims, theta " << attention.rope_theta << ")";
   else {
-    os << ", MLA " << num_heads << " heads, latent " << mla_kv_lora_rank << " + " << mla_qk_rope_head_dim << " (qk "
-       << mla_qk_nope_head_dim << "+" << mla_qk_rope_head_dim << ", v " << mla_v_head_dim;
-    if (mla_q_lora_rank > 0) os << ", q LoRA " << mla_q_lora_rank;
+    os << ", MLA " << mla.num_heads << " heads, latent " << mla.kv_lora_rank << " + " << mla.qk_rope_head_dim << " (qk "
+       << mla.qk_nope_head_dim << "+" << mla.qk_rope_head_dim << ", v " << mla.v_head_dim;
+    if (mla.q_lora_rank > 0) os << ", q LoRA " << mla.q_lora_rank;
     // theta through the stream, as the gated branch prints it: a cast to an integer is undefined
     // for a theta beyond int64 (found by fuzz_config_json).
-    if (mla_rope) os << ", RoPE theta " << rope_theta;
+    if (mla.rope) os << ", RoPE theta " << mla.rope_theta;
     else os << ", no RoPE";
-    os << (mla_head_gate ? ", head gate" : "") << ")";
+    os << (mla.head_gate ? ", head gate" : "") << ")";
   }
   if (linear_mixer == TokenMixer::kGdn)
-    os << ", GDN " << linear_num_key_heads << "qk/" << linear_num_value_heads << "v x " << linear_key_head_dim;
+    os << ", GDN " << gdn.num_key_heads << "qk/" << gdn.num_value_heads << "v x " << gdn.key_head_dim;
   else {
-    os << ", KDA " << linear_num_value_heads << " heads x " << linear_key_head_dim;
-    if (kda_safe_gate) os << " (safe gate, lower bound " << kda_lower_bound << ")";  // ostream: -5, not -5.000000
+    os << ", KDA " << kda.num_heads << " heads x " << kda.head_dim;
+    if (kda.safe_gate) os << " (safe gate, lower bound " << kda.lower_bound << ")";  // ostream: -5, not -5.000000
   }
   os << ", " << (tie_word_embeddings ? "tied" : "untied") << " head, " << static_cast<double>(parameter_count()) / 1e9
      << "B parameters";
@@ -187,23 +194,5 @@ std::vector<int32_t> read_eos_token_ids(const ConfigFields& f) {
   return ids;
 }
 }  // namespace model
-
-ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
-  // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
-  const nlohmann::json top = parse_json(json_text, "config '" + source + "'");
-  const std::string type = top.is_object() && top.contains("model_type") && top["model_type"].is_string()
-                               ? top["model_type"].get<std::string>()
-                               : "";
-  if (type == "kimi_linear") return parse_kimi_linear_config(json_text, source);
-  // Ling 3.0: transformers' bailing_hybrid, which the published checkpoints declare too; their
-  // remote-code config class says bailing_moe_v3, and a config without model_type names the
-  // architecture only (BailingMoeV3ForCausalLM, the one llama.cpp's and vLLM's Ling code registers).
-  bool ling = type == "bailing_hybrid" || type == "bailing_moe_v3";
-  if (type.empty() && top.is_object() && top.contains("architectures") && top["architectures"].is_array())
-    for (const nlohmann::json& a : top["architectures"])
-      ling = ling || a == "BailingMoeV3ForCausalLM" || a == "BailingHybridForCausalLM";
-  if (ling) return parse_bailing_hybrid_config(json_text, source);
-  return parse_qwen35_config(json_text, source);  // the Qwen family, and the errors for unknown types
-}
 
 }  // namespace hanpu

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "model/qwen35_ops.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::model {
 
@@ -21,8 +21,28 @@ Projection::Projection(const TensorView& w, const std::string& name, int64_t int
   else f32_ = to_f32(w);
 }
 
+Projection::Projection(std::vector<Projection> parts) : in_(parts.empty() ? 0 : parts[0].in_features()) {
+  for (const Projection& p : parts) {
+    if (p.in_features() != in_) throw Error("Projection: stacked parts with different in_features");
+    out_ += p.out_features();
+  }
+  parts_ = std::move(parts);
+}
+
 void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, cpu::Threads threads, bool accumulate,
                          LinearPrecision precision) const {
+  if (!parts_.empty()) {
+    int64_t col = 0;
+    for (const Projection& p : parts_) {
+      p.forward(x, ldx, y + col, ldy, M, threads, accumulate, precision);
+      col += p.out_features();
+    }
+    return;
+  }
+  if (gguf_) {  // the format's own arithmetic (cpu/linear_gguf.hpp); `precision` does not apply
+    gguf_->forward(*threads.engine, x, ldx, y, ldy, M, threads.n, accumulate);
+    return;
+  }
   if (int8_) {  // activations stay f32 unless `precision` is kInt8 (decode rows, AVX512-VNNI or AVX2)
     TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
     xv.stride[0] = ldx;
@@ -57,6 +77,9 @@ float* scratch(cpu::Workspace& ws, ScratchSlot slot, int64_t floats) {
 }
 
 Projection WeightReader::projection(const std::string& name, int64_t out, int64_t in, bool quantizable) const {
+  if (get_blocks)
+    if (const std::optional<BlockWeight> b = get_blocks(name, {out, in}))
+      return Projection(cpu::GgufLinear(b->type, b->data, out, in, name));
   if (get_stored && has(name + kInt8ScaleSuffix)) {
     const TensorView q = get_stored(name, {out, in});
     if (q.dtype != DType::I8)
@@ -85,6 +108,21 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
   if (parts.size() == 1) return projection(parts[0].first, parts[0].second, in);
   int64_t rows = 0;
   for (const auto& [n, out] : parts) rows += out;
+  if (get_blocks) {
+    // GGUF: parts in GGML blocks stay where they are (each its own GgufLinear, possibly of
+    // different types), side by side in one projection; float parts go through projection().
+    std::vector<std::optional<BlockWeight>> blocks;
+    for (const auto& [n, out] : parts) blocks.push_back(get_blocks(n, {out, in}));
+    if (std::any_of(blocks.begin(), blocks.end(), [](const auto& b) { return b.has_value(); })) {
+      std::vector<Projection> ps;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const auto& [n, out] = parts[i];
+        if (blocks[i]) ps.emplace_back(cpu::GgufLinear(blocks[i]->type, blocks[i]->data, out, in, n));
+        else ps.push_back(projection(n, out, in));
+      }
+      return Projection(std::move(ps));
+    }
+  }
   // Every part is copied below, so its source bytes are handed back as soon as they are (the
   // stacked rows are then the only copy a synthetic model or the process's resident set holds).
   auto release_parts = [&] {

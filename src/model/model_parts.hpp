@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "cpu/engine_impl.hpp"
+#include "cpu/linear_gguf.hpp"
 #include "hanpu/linear.hpp"
+#include "model/gguf_arch.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu::model {
@@ -33,6 +35,11 @@ class Projection {
   Projection(const TensorView& w, const std::string& name, int64_t int8_group = 0);
   explicit Projection(Int8Linear q) : out_(q.out_features()), in_(q.in_features()), int8_(std::move(q)) {}
   explicit Projection(Bf16Linear w) : out_(w.out_features()), in_(w.in_features()), bf16_(std::move(w)) {}
+  /// A weight kept in GGML blocks (a GGUF checkpoint's quantized tensor).
+  explicit Projection(cpu::GgufLinear g) : out_(g.out_features()), in_(g.in_features()), gguf_(std::move(g)) {}
+  /// Several projections of one input side by side: output columns in the order given (stacked
+  /// parts that cannot share one weight, e.g. a Q4_K_M file's Q4_K q/k rows next to Q6_K v rows).
+  explicit Projection(std::vector<Projection> parts);
   const Int8Linear* int8() const { return int8_ ? &*int8_ : nullptr; }
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
@@ -44,6 +51,8 @@ class Projection {
   int64_t out_ = 0, in_ = 0;
   std::optional<Bf16Linear> bf16_;
   std::optional<Int8Linear> int8_;
+  std::optional<cpu::GgufLinear> gguf_;
+  std::vector<Projection> parts_;
   std::vector<float> f32_;
 };
 
@@ -82,6 +91,9 @@ struct WeightReader {
   /// quantized it to int8 at load). A synthetic model frees its bytes; a mapped checkpoint drops
   /// its pages from the process.
   std::function<void(const std::string& name)> release;
+  /// GGUF checkpoints: the projection `name` [out, in] as GGML blocks when the file stores it
+  /// quantized (projection() then keeps it in blocks: cpu::GgufLinear); nullopt: read it with get().
+  std::function<std::optional<BlockWeight>(const std::string& name, const std::vector<int64_t>& shape)> get_blocks;
 
   /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8
   /// weights (MoE routers and shared-expert gates: tiny, and they decide which experts run).

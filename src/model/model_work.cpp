@@ -38,35 +38,39 @@ ForwardWork& ForwardWork::operator+=(const ForwardWork& o) {
   return *this;
 }
 
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group) {
-  const double bytes_per_weight = int8_group > 0 ? 1.0 + 4.0 / static_cast<double>(int8_group) : 2.0;
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group,
+                         double bytes_per_weight_override) {
+  const double bytes_per_weight = bytes_per_weight_override > 0 ? bytes_per_weight_override
+                                  : int8_group > 0                ? 1.0 + 4.0 / static_cast<double>(int8_group)
+                                                                  : 2.0;
   const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);
   ForwardWork w;
   // Per layer kind: the matrices (as ModelConfig::parameter_count counts them, without norms,
   // conv taps and gate vectors, which are not multiplied per token as matrices).
   double linear_weights = 0;
-  const double nv = static_cast<double>(c.linear_num_value_heads);
+  const LinearAttentionShape la = c.linear_shape();
+  const double nv = static_cast<double>(la.value_heads);
   if (c.linear_mixer == TokenMixer::kGdn) {
-    const double cd = static_cast<double>(c.gdn_conv_dim()), vd = static_cast<double>(c.gdn_value_dim());
+    const double cd = static_cast<double>(c.gdn.conv_dim()), vd = static_cast<double>(c.gdn.value_dim());
     linear_weights = H * cd + H * vd + 2 * H * nv + vd * H;
   } else {
-    const double dk = static_cast<double>(c.linear_key_head_dim), qkv = nv * dk;
-    const double gate = c.kda_low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
+    const double dk = static_cast<double>(c.kda.head_dim), qkv = nv * dk;
+    const double gate = c.kda.low_rank_gates ? H * dk + dk * qkv : H * qkv;  // forget and output gate each
     linear_weights = 3 * H * qkv + 2 * gate + H * nv + qkv * H;
   }
-  const double nh = static_cast<double>(c.num_heads);
+  const double nh = static_cast<double>(c.attention_mixer == TokenMixer::kMla ? c.mla.num_heads : c.attention.num_heads);
   double attention_weights = 0, core_dim = 0;  // core_dim: multiply-adds per query head per key
   double attention_rows_weights = 0;  // MLA expanded: matrices applied once per cached row, not per token
   if (c.attention_mixer == TokenMixer::kGatedAttention) {
-    const double hd = static_cast<double>(c.head_dim), nkv = static_cast<double>(c.num_kv_heads);
+    const double hd = static_cast<double>(c.attention.head_dim), nkv = static_cast<double>(c.attention.num_kv_heads);
     attention_weights = H * nh * hd * 2 + 2 * H * nkv * hd + nh * hd * H;
     core_dim = 2 * hd;  // q·k and p·v
   } else {
-    const double qk = static_cast<double>(c.mla_qk_head_dim()), r = static_cast<double>(c.mla_kv_lora_rank);
-    const double ql = static_cast<double>(c.mla_q_lora_rank), rope = static_cast<double>(c.mla_qk_rope_head_dim);
-    const double nope = static_cast<double>(c.mla_qk_nope_head_dim), dv = static_cast<double>(c.mla_v_head_dim);
+    const double qk = static_cast<double>(c.mla.qk_head_dim()), r = static_cast<double>(c.mla.kv_lora_rank);
+    const double ql = static_cast<double>(c.mla.q_lora_rank), rope = static_cast<double>(c.mla.qk_rope_head_dim);
+    const double nope = static_cast<double>(c.mla.qk_nope_head_dim), dv = static_cast<double>(c.mla.v_head_dim);
     attention_weights = (ql > 0 ? H * ql + ql * nh * qk : H * nh * qk) + H * (r + rope) + nh * dv * H +
-                        (c.mla_head_gate ? H * nh : 0);
+                        (c.mla.head_gate ? H * nh : 0);
     // The form MlaAttention::forward runs: expanded (int8 weights never expand) or latent.
     if (int8_group == 0 && MlaAttention::expand_pays(c, tokens, start)) {
       attention_rows_weights = r * nh * (nope + dv);  // W_uk and W_uv over every cached row
@@ -78,16 +82,16 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
   }
   // Keys each new token attends to: its position + 1, summed over the tokens.
   const double keys = T * static_cast<double>(start) + T * (T + 1) / 2;
-  const double E = static_cast<double>(c.num_experts), topk = static_cast<double>(c.num_experts_per_tok);
-  const double expert = 3 * H * static_cast<double>(c.moe_intermediate_size);
-  const double shared = c.shared_expert_intermediate_size > 0
-                            ? 3 * H * static_cast<double>(c.shared_expert_intermediate_size) + (c.shared_expert_gated ? H : 0)
+  const double E = static_cast<double>(c.moe.num_experts), topk = static_cast<double>(c.moe.num_experts_per_tok);
+  const double expert = 3 * H * static_cast<double>(c.moe.intermediate_size);
+  const double shared = c.moe.shared_expert_intermediate_size > 0
+                            ? 3 * H * static_cast<double>(c.moe.shared_expert_intermediate_size) + (c.moe.shared_expert_gated ? H : 0)
                             : 0;
   const double experts_touched = E > 0 ? E * (1 - std::pow(1 - topk / E, T)) : 0;
-  const double K = static_cast<double>(c.linear_key_head_dim), V = static_cast<double>(c.linear_value_head_dim);
+  const double K = static_cast<double>(la.key_head_dim), V = static_cast<double>(la.value_head_dim);
   const Variant variant = c.linear_mixer == TokenMixer::kGdn ? Variant::GDN : Variant::KDA;
   const double engine_flops_per_token_head =
-      tokens > 1 ? la_flops_per_token_head(variant, c.linear_key_head_dim, c.linear_value_head_dim) : 2 * 3 * K * V;
+      tokens > 1 ? la_flops_per_token_head(variant, la.key_head_dim, la.value_head_dim) : 2 * 3 * K * V;
 
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.token_mixer(i) == c.attention_mixer) {
@@ -103,7 +107,7 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
       w.mlp.flops += 2 * T * (H * E + topk * expert + shared);
       w.mlp.weight_bytes += bytes_per_weight * (H * E + experts_touched * expert + shared);
     } else {
-      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.intermediate_size), T, bytes_per_weight));
+      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.mlp.intermediate_size), T, bytes_per_weight));
     }
   }
   add(w.lm_head, per_token_matrices(H * static_cast<double>(c.vocab_size), all_logits ? T : 1, bytes_per_weight));

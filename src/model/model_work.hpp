@@ -36,6 +36,9 @@ struct ForwardWork {
 /// cached row and attention over nope + rope key dims and v value dims, or latent. Weight bytes
 /// are bf16's (2 per weight), or with int8_group > 0 int8's plus the f32 scales (1 + 4 / group;
 /// the few unquantized router rows are counted alike).
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group = 0);
+/// `bytes_per_weight` > 0 overrides that (a GGUF file: its tensor bytes over its parameters, the
+/// average of its block formats).
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group = 0,
+                         double bytes_per_weight = 0);
 
 }  // namespace hanpu::model

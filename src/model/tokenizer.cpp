@@ -41,6 +41,8 @@
 
 #include "hanpu/tensor.hpp"
 #include "io/json_io.hpp"
+#include "io/gguf.hpp"
+#include "model/gguf_arch.hpp"
 #include "model/tokenizer_bpe.hpp"
 #include "model/tokenizer_text.hpp"
 
@@ -552,12 +554,27 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
+Tokenizer Tokenizer::from_gguf(const std::string& path) {
+  // The tokenizer.ggml.* keys as the tokenizer.json they stand for (model/gguf_arch.hpp), read by
+  // the same steps as a checkpoint's, so everything a tokenizer.json is checked for is checked here.
+  const GgufModel m = GgufModel::open(path);
+  std::optional<int32_t> eos;
+  const std::string text = model::gguf_tokenizer_json(m.main(), &eos);
+  Tokenizer t = from_json_text(text, "GGUF file '" + path + "' (tokenizer.ggml.*)");
+  t.impl_->eos = eos;
+  return t;
+}
+
 Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
+  return from_json_text(std::string(), tokenizer_json);
+}
+
+Tokenizer Tokenizer::from_json_text(const std::string& text, const std::string& tokenizer_json) {
   auto load = [&] {
     Tokenizer t;
     Impl& impl = *t.impl_;
     impl.source = tokenizer_json;
-    const json root = parse_json_file(tokenizer_json);
+    const json root = text.empty() ? parse_json_file(tokenizer_json) : parse_json(text, tokenizer_json);
     if (!root.is_object()) throw Error(tokenizer_json + ": the top level is " + type_name(root) + ", expected an object");
     const JsonReader r{impl.source};
     impl.load_model(root, r);
@@ -577,6 +594,7 @@ Tokenizer Tokenizer::from_file(const std::string& tokenizer_json) {
 
 Tokenizer Tokenizer::from_dir(const std::string& dir) {
   namespace fs = std::filesystem;
+  if (model::is_gguf_path(dir)) return from_gguf(dir);
   const fs::path tokenizer_json = fs::path(dir) / "tokenizer.json";
   if (!fs::is_directory(dir)) throw Error(dir + ": not a directory (expected a checkpoint directory with tokenizer.json)");
   const fs::path config_path = fs::path(dir) / "tokenizer_config.json";

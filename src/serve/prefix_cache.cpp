@@ -145,6 +145,23 @@ std::vector<int64_t> PrefixCache::snapshot_lengths(std::span<const int32_t> toke
   return out;
 }
 
+int64_t PrefixCache::shared_prefix(std::span<const int32_t> tokens) const {
+  std::lock_guard lock(mu_);
+  const Node* n = root_.get();
+  const int64_t len = static_cast<int64_t>(tokens.size());
+  while (n->depth < len) {
+    auto it = n->children.find(tokens[static_cast<size_t>(n->depth)]);
+    if (it == n->children.end()) return n->depth;
+    const Node* c = it->second.get();
+    int64_t matched = 0;
+    const int64_t most = std::min<int64_t>(static_cast<int64_t>(c->edge.size()), len - n->depth);
+    while (matched < most && c->edge[static_cast<size_t>(matched)] == tokens[static_cast<size_t>(n->depth + matched)]) ++matched;
+    if (matched < static_cast<int64_t>(c->edge.size())) return n->depth + matched;
+    n = c;
+  }
+  return n->depth;
+}
+
 CacheStats PrefixCache::stats() const {
   std::lock_guard lock(mu_);
   return stats_;

@@ -35,6 +35,9 @@ class PrefixCache {
   /// The deepest snapshot whose tokens are a prefix of `tokens` and whose length is at most
   /// `max_length` (a copy of it: the caller continues it), or nothing. Marks it recently used.
   std::optional<HybridState> lookup(std::span<const int32_t> tokens, int64_t max_length);
+  /// How many leading tokens of `tokens` some cached sequence shares (snapshot or not): with the
+  /// depth of the snapshot lookup() finds, it tells why a prompt reused less than it shares.
+  int64_t shared_prefix(std::span<const int32_t> tokens) const;
   /// Stores a copy of `state`, which must be the state after exactly `tokens` (state.position ==
   /// tokens.size()). Evicts least recently used snapshots to stay within the capacity; a snapshot
   /// larger than the whole capacity is not stored (returns false). Storing a length already held

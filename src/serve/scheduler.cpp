@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdio>
 
 #include "hanpu/tensor.hpp"
 
@@ -14,20 +16,6 @@ using Clock = std::chrono::steady_clock;
 
 uint64_t nanoseconds_since(Clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
-
-// Length of the longest run of whole UTF-8 characters in text[begin, end): a character whose
-// bytes are not all there yet waits for the next token (a token may carry half a character).
-// Bytes that cannot start a character are passed on as they are (the JSON writer replaces them).
-size_t whole_characters_end(const std::string& text, size_t begin, size_t end) {
-  size_t i = begin;
-  while (i < end) {
-    const auto lead = static_cast<unsigned char>(text[i]);
-    const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
-    if (i + len > end) break;
-    i += len;
-  }
-  return i;
 }
 
 }  // namespace
@@ -64,59 +52,97 @@ struct Scheduler::Sequence {
   GenerationRequest req;
   std::shared_ptr<GenerationHandle> handle;
   HybridState state;
-  std::unique_ptr<Sampler> sampler;
-  std::vector<int64_t> checkpoints;  // sorted prompt lengths to snapshot at
-  std::vector<int32_t> generated;
+  std::unique_ptr<TokenStream> stream;  // sampling and stop rules, as `hanpu run` (hanpu/generator.hpp)
+  std::vector<int64_t> checkpoints;     // sorted prompt lengths to snapshot at
   int32_t next_input = -1;
   bool admitted = false, prefilling = true, finished = false;
-  std::string text;                    // output so far (bytes)
-  size_t emitted = 0;                  // bytes of `text` already sent
-  std::vector<int32_t> pending_tokens; // generated tokens not yet sent
-  size_t longest_stop = 0;
+  size_t emitted = 0;                   // bytes of the stream's text already sent
+  size_t tokens_sent = 0;               // the stream's tokens already sent
+  std::vector<std::unique_ptr<Sequence>> forks;  // choices 2..n: start from this one's prompt state
   Clock::time_point submitted = Clock::now();
 };
 
+namespace {
+
+GenerationOptions generation_options(const GenerationRequest& req, uint64_t seed_offset) {
+  GenerationOptions o;
+  o.sampling = req.sampling;
+  o.sampling.seed += seed_offset;
+  o.max_tokens = req.max_tokens;
+  o.stop_strings = req.stop;
+  o.ignore_eos = req.ignore_eos;
+  o.top_logprobs = req.top_logprobs;
+  o.json_object = req.json_object;
+  return o;
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const HybridModel& model, const Tokenizer* tokenizer, SchedulerOptions opt)
-    : model_(model), tokenizer_(tokenizer), opt_(opt), cache_(opt.cache_bytes) {
-  // The same end-of-sequence tokens as `hanpu run`: the config's eos ids, and ChatML's end of turn.
-  stop_tokens_ = model.config().eos_token_ids;
-  if (tokenizer_)
-    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = tokenizer_->token_to_id(s)) stop_tokens_.push_back(*id);
+    : model_(model), tokenizer_(tokenizer), opt_(opt), generator_(model, tokenizer), cache_(opt.cache_bytes) {
   thread_ = std::thread([this] { loop(); });
 }
 
 Scheduler::~Scheduler() { drain(); }
 
 std::shared_ptr<GenerationHandle> Scheduler::submit(GenerationRequest req) {
+  req.n = 1;
+  return submit_choices(std::move(req)).front();
+}
+
+std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(GenerationRequest req) {
+  const int choices = std::max(1, req.n);
+  if (req.warm_only && choices != 1) throw Error("scheduler: a warm_only request has no choices to fork");
   auto s = std::make_unique<Sequence>();
   s->handle = std::make_shared<GenerationHandle>();
   s->handle->prompt_tokens = static_cast<int64_t>(req.prompt.size());
-  s->sampler = std::make_unique<Sampler>(req.sampling);
-  for (const std::string& stop : req.stop) s->longest_stop = std::max(s->longest_stop, stop.size());
+  s->stream = std::make_unique<TokenStream>(tokenizer_, generator_.stop_ids(), generation_options(req, 0));
   const int64_t len = static_cast<int64_t>(req.prompt.size());
   if (opt_.checkpoint_every > 0)
     for (int64_t at = opt_.checkpoint_every; at < len; at += opt_.checkpoint_every) s->checkpoints.push_back(at);
   for (int64_t at : req.extra_checkpoints)
     if (at > 0 && at < len) s->checkpoints.push_back(at);
   s->checkpoints.push_back(len);
+  // And one token before the end: the same prompt again (a regenerate, another choice later, a
+  // retry) can then restore all it may (the last token always runs, for its logits).
+  if (!req.warm_only && len > 1) s->checkpoints.push_back(len - 1);
+  // And the last --prefill-chunk boundary before the end (counted from the prompt's start): a
+  // prompt that differs from this one only in its last tokens (a regenerate after an edit,
+  // another suffix) reuses everything up to it, even where --checkpoint-every left no snapshot.
+  if (!req.warm_only && opt_.prefill_chunk > 0) {
+    const int64_t boundary = (len - 1) / opt_.prefill_chunk * opt_.prefill_chunk;
+    if (boundary > 0) s->checkpoints.push_back(boundary);
+  }
   std::sort(s->checkpoints.begin(), s->checkpoints.end());
   s->checkpoints.erase(std::unique(s->checkpoints.begin(), s->checkpoints.end()), s->checkpoints.end());
+  std::vector<std::shared_ptr<GenerationHandle>> handles{s->handle};
+  for (int i = 1; i < choices; ++i) {
+    auto f = std::make_unique<Sequence>();
+    f->handle = std::make_shared<GenerationHandle>();
+    f->handle->prompt_tokens = s->handle->prompt_tokens;
+    f->stream = std::make_unique<TokenStream>(tokenizer_, generator_.stop_ids(), generation_options(req, static_cast<uint64_t>(i)));
+    f->req = req;
+    f->req.prompt.clear();  // the parent's prompt; only its length matters (snapshot() uses it)
+    f->req.prompt.shrink_to_fit();
+    handles.push_back(f->handle);
+    s->forks.push_back(std::move(f));
+  }
   s->req = std::move(req);
-  auto handle = s->handle;
+  for (auto& f : s->forks) f->req.prompt = s->req.prompt;
   {
     std::lock_guard lock(mu_);
-    if (draining_) throw Error("the server is shutting down");
-    if (admitted_ >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
+    if (draining_) throw ShuttingDown("the server is shutting down");
+    // A request with n choices takes n places (each choice becomes a sequence of its own).
+    if (admitted_ + choices - 1 >= static_cast<int64_t>(opt_.max_running) + opt_.max_queue)
       throw QueueFull("the server is full: " + std::to_string(admitted_) + " requests running or waiting (--parallel " +
                       std::to_string(opt_.max_running) + " plus --max-queue " + std::to_string(opt_.max_queue) +
                       "); retry later");
-    ++admitted_;
+    admitted_ += choices;
     waiting_.push_back(std::move(s));
     metrics_.waiting = static_cast<int64_t>(waiting_.size());
   }
   cv_.notify_all();
-  return handle;
+  return handles;
 }
 
 void Scheduler::drain() {
@@ -133,7 +159,10 @@ void Scheduler::admit(Sequence& s) {
   const int64_t len = static_cast<int64_t>(s.req.prompt.size());
   // At most len - 1 tokens come from the cache: the last prompt token must run through the
   // model to give the logits of the first generated token (snapshots hold states, not logits).
-  if (std::optional<HybridState> hit = cache_.lookup(s.req.prompt, len - 1)) {
+  // A warm_only request needs no logits: a snapshot of its whole prompt means nothing to do.
+  const int64_t usable = s.req.warm_only ? len : len - 1;
+  const int64_t shared = cache_.shared_prefix(s.req.prompt);
+  if (std::optional<HybridState> hit = cache_.lookup(s.req.prompt, usable)) {
     s.state = std::move(*hit);
     s.handle->cached_tokens = s.state.position;
     ++metrics_.cache_hits;
@@ -141,6 +170,21 @@ void Scheduler::admit(Sequence& s) {
   } else {
     s.state = model_.new_state();
     ++metrics_.cache_misses;
+  }
+  const int64_t got = s.handle->cached_tokens;
+  if (got > 0 && got >= std::min(shared, usable)) {
+    s.handle->cache_result = "hit";
+    s.handle->cache_note = "reused " + std::to_string(got) + " of " + std::to_string(len) + " prompt tokens" +
+                           (got == len - 1 && !s.req.warm_only ? " (the last one always runs, for its logits)" : "");
+  } else if (shared == 0) {
+    s.handle->cache_result = "miss";
+    s.handle->cache_note = "no cached sequence starts with this prompt's first token";
+  } else {
+    s.handle->cache_result = got > 0 ? "partial" : "miss";
+    s.handle->cache_note = "cached sequences share " + std::to_string(std::min(shared, len)) + " prompt tokens, but " +
+                           (got > 0 ? "the deepest snapshot within them is at " + std::to_string(got)
+                                    : std::string("no snapshot lies within them")) +
+                           " (snapshots are taken every --checkpoint-every tokens, at prompt ends and after replies)";
   }
   metrics_.restore_ns += nanoseconds_since(t0);
   ++metrics_.requests_started;
@@ -152,27 +196,25 @@ void Scheduler::snapshot(const Sequence& s) {
   const size_t pos = static_cast<size_t>(s.state.position);
   std::vector<int32_t> tokens(s.req.prompt.begin(), s.req.prompt.begin() + static_cast<std::ptrdiff_t>(
                                                                                 std::min(pos, s.req.prompt.size())));
-  for (size_t i = 0; tokens.size() < pos; ++i) tokens.push_back(s.generated[i]);
+  for (size_t i = 0; tokens.size() < pos; ++i) tokens.push_back(s.stream->tokens()[i]);
   if (cache_.insert(tokens, s.state)) ++metrics_.snapshots_taken;
   metrics_.snapshot_ns += nanoseconds_since(t0);
 }
 
 void Scheduler::emit_text(Sequence& s, bool final) {
-  size_t end = s.text.size();
-  if (!final) {
-    // Hold back what could still be the start of a stop string, and half characters.
-    const size_t hold = s.longest_stop > 0 ? s.longest_stop - 1 : 0;
-    end = std::max(s.emitted, s.text.size() > hold ? s.text.size() - hold : 0);
-    end = whole_characters_end(s.text, s.emitted, end);
-  }
+  const TokenStream& st = *s.stream;
+  // Held back: what could still be the start of a stop string, and half characters.
+  const size_t end = final ? st.text().size() : st.settled_text_bytes(s.emitted);
   const bool has_text = end > s.emitted;
-  if (!has_text && s.pending_tokens.empty()) return;
+  const bool has_tokens = st.tokens().size() > s.tokens_sent;
+  if (!has_text && !has_tokens) return;
   // With a tokenizer, tokens that add no visible text yet wait for the next event.
   if (!has_text && tokenizer_ && !final) return;
   GenerationEvent e;
-  e.text = s.text.substr(s.emitted, end - s.emitted);
-  e.tokens = std::move(s.pending_tokens);
-  s.pending_tokens.clear();
+  e.text = st.text().substr(s.emitted, end - s.emitted);
+  e.tokens.assign(st.tokens().begin() + static_cast<std::ptrdiff_t>(s.tokens_sent), st.tokens().end());
+  e.logprobs = s.stream->take_logprobs();
+  s.tokens_sent = st.tokens().size();
   s.emitted = end;
   s.handle->push(std::move(e));
 }
@@ -180,72 +222,91 @@ void Scheduler::emit_text(Sequence& s, bool final) {
 void Scheduler::finish(Sequence& s, const std::string& reason) {
   emit_text(s, true);
   if (s.state.position > static_cast<int64_t>(s.req.prompt.size())) snapshot(s);  // prompt + reply
-  s.handle->completion_tokens = static_cast<int64_t>(s.generated.size());
-  metrics_.completion_tokens += s.generated.size();
+  s.handle->completion_tokens = static_cast<int64_t>(s.stream->tokens().size());
+  metrics_.completion_tokens += s.stream->tokens().size();
   ++metrics_.requests_finished;
+  if (s.req.warm_only) ++metrics_.warm_requests;
+  if (log_requests_)
+    std::fprintf(stderr, "hanpu serve: %s: prompt %lld tokens, cache %s: %s; generated %lld (%s), first token after %.3f s\n",
+                 s.req.warm_only ? "next-turn snapshot" : "request", static_cast<long long>(s.req.prompt.size()),
+                 s.handle->cache_result.c_str(), s.handle->cache_note.c_str(), static_cast<long long>(s.stream->tokens().size()),
+                 reason.c_str(), s.handle->ttft_seconds);
   GenerationEvent done;
   done.kind = GenerationEvent::Kind::kDone;
   done.finish_reason = reason;
+  done.stop_string = s.stream->stop_string();
   s.finished = true;
   s.handle->push(std::move(done));
 }
 
-void Scheduler::on_token(Sequence& s, int32_t token) {
-  if (!s.req.ignore_eos && std::find(stop_tokens_.begin(), stop_tokens_.end(), token) != stop_tokens_.end()) {
-    finish(s, "stop");
-    return;
-  }
-  s.generated.push_back(token);
-  s.pending_tokens.push_back(token);
-  if (tokenizer_ && !tokenizer_->is_special(token)) {
-    const size_t before = s.text.size();
-    s.text += tokenizer_->token_bytes(token);
-    // A stop string may end in this token; search from where it could have begun.
-    const size_t from = before > s.longest_stop ? before - s.longest_stop : 0;
-    size_t cut = std::string::npos;
-    for (const std::string& stop : s.req.stop) {
-      const size_t at = s.text.find(stop, from);
-      if (at != std::string::npos) cut = std::min(cut, at);
-    }
-    if (cut != std::string::npos) {
-      s.text.resize(std::max(cut, s.emitted));
-      finish(s, "stop");
-      return;
-    }
-  }
-  if (static_cast<int64_t>(s.generated.size()) >= s.req.max_tokens) {
-    finish(s, "length");
+void Scheduler::on_token(Sequence& s, std::span<const float> logits) {
+  const std::optional<int32_t> next = s.stream->push(logits);
+  if (!next) {
+    finish(s, s.stream->reason() == FinishReason::kLength ? "length" : "stop");
     return;
   }
   emit_text(s, false);
-  s.next_input = token;
+  s.next_input = *next;
 }
 
 void Scheduler::prefill_step(Sequence& s) {
   const ForwardOptions fo{.threads = opt_.threads, .precision = opt_.precision};
   const int64_t V = model_.config().vocab_size;
   const int64_t pos = s.state.position, len = static_cast<int64_t>(s.req.prompt.size());
+  if (pos == len) {  // a warm_only prompt already snapshotted whole: nothing to compute
+    s.prefilling = false;
+    finish(s, "length");
+    return;
+  }
   int64_t end = std::min(len, pos + opt_.prefill_chunk);
-  // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
+  // One chunk per turn, ending at the next checkpoint if one comes first (Generator::prefill
+  // splits there and snapshots: the state at that point exists anyway, no extra pass).
   auto next_checkpoint = std::upper_bound(s.checkpoints.begin(), s.checkpoints.end(), pos);
   if (next_checkpoint != s.checkpoints.end()) end = std::min(end, *next_checkpoint);
   const auto t0 = Clock::now();
-  Tensor logits = model_.forward(
-      s.state, std::span<const int32_t>(s.req.prompt).subspan(static_cast<size_t>(pos), static_cast<size_t>(end - pos)), fo);
-  metrics_.prefill_ns += nanoseconds_since(t0);
+  uint64_t snapshot_ns = 0;
+  Tensor logits = generator_.prefill(s.state, s.req.prompt, end, opt_.prefill_chunk, fo, s.checkpoints, [&](const HybridState&) {
+    const auto t1 = Clock::now();
+    snapshot(s);
+    snapshot_ns += nanoseconds_since(t1);
+  });
+  metrics_.prefill_ns += nanoseconds_since(t0) - snapshot_ns;
   metrics_.prefill_tokens += static_cast<uint64_t>(end - pos);
-  if (std::binary_search(s.checkpoints.begin(), s.checkpoints.end(), end)) snapshot(s);
   if (end < len) return;
   s.prefilling = false;
   if (s.req.max_tokens <= 0) {
     finish(s, "length");
+    for (auto& f : s.forks) {
+      finish(*f, "length");
+      spawned_.push_back(std::move(f));
+    }
+    s.forks.clear();
     return;
   }
-  const int32_t first = s.sampler->sample({logits.ptr<float>(), static_cast<size_t>(V)});
+  const std::span<const float> row{logits.ptr<float>(), static_cast<size_t>(V)};
+  fork_choices(s, row);
   s.handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
   metrics_.ttft_ns += static_cast<uint64_t>(s.handle->ttft_seconds * 1e9);
   ++metrics_.ttft_count;
-  on_token(s, first);
+  on_token(s, row);
+}
+
+// Choices 2..n start from a copy of the prompt's state and its logits, each with its own sampler
+// (they join running_ at the end of this turn).
+void Scheduler::fork_choices(Sequence& s, std::span<const float> logits) {
+  for (auto& f : s.forks) {
+    f->state = s.state;
+    f->admitted = true;
+    f->prefilling = false;
+    f->submitted = s.submitted;
+    f->handle->cached_tokens = s.handle->cached_tokens;
+    f->handle->cache_result = s.handle->cache_result;
+    f->handle->cache_note = s.handle->cache_note;
+    f->handle->ttft_seconds = std::chrono::duration<double>(Clock::now() - s.submitted).count();
+    on_token(*f, logits);
+    spawned_.push_back(std::move(f));
+  }
+  s.forks.clear();
 }
 
 void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
@@ -263,7 +324,10 @@ void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
     metrics_.decode_ns += nanoseconds_since(t0);
     metrics_.decode_tokens += batch.size();
     ++metrics_.decode_steps;
-    for (size_t i = 0; i < batch.size(); ++i) on_token(*batch[i], batch[i]->sampler->sample({logits.ptr<float>() + i * V, V}));
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::span<const float> row{logits.ptr<float>() + i * V, V};
+      on_token(*batch[i], row);
+    }
     return;
   }
   for (Sequence* s : batch) {
@@ -273,7 +337,8 @@ void Scheduler::decode_step(const std::vector<Sequence*>& batch) {
     metrics_.decode_ns += nanoseconds_since(t1);
     ++metrics_.decode_tokens;
     ++metrics_.decode_steps;
-    on_token(*s, s->sampler->sample({logits.ptr<float>(), V}));
+    const std::span<const float> row{logits.ptr<float>(), V};
+    on_token(*s, row);
   }
 }
 
@@ -284,7 +349,14 @@ void Scheduler::loop() {
     GenerationEvent e;
     e.kind = GenerationEvent::Kind::kError;
     e.error = why;
-    s.handle->push(std::move(e));
+    s.handle->push(e);
+    // Choices not forked yet fail with it (and leave running_ at the end of this turn).
+    for (auto& f : s.forks) {
+      f->finished = true;
+      f->handle->push(e);
+      spawned_.push_back(std::move(f));
+    }
+    s.forks.clear();
   };
   for (;;) {
     {
@@ -302,6 +374,8 @@ void Scheduler::loop() {
       if (s->handle->cancelled()) fail(*s, "cancelled", true);
       else (s->admitted && !s->prefilling ? decoding : prefilling).push_back(s.get());
     }
+    // A next-turn snapshot goes first: the turn it is for is usually queued right behind it.
+    auto warm = std::find_if(prefilling.begin(), prefilling.end(), [](Sequence* s) { return s->req.warm_only; });
     // Alternate: a batched decode step of everything generating, then one prefill chunk.
     const bool decode_turn = !decoding.empty() && (prefilling.empty() || !last_turn_decoded_);
     if (decode_turn) {
@@ -314,7 +388,7 @@ void Scheduler::loop() {
       }
     } else if (!prefilling.empty()) {
       last_turn_decoded_ = false;
-      Sequence& s = *prefilling[next_prefill_++ % prefilling.size()];
+      Sequence& s = warm != prefilling.end() ? **warm : *prefilling[next_prefill_++ % prefilling.size()];
       try {
         if (!s.admitted) {
           admit(s);
@@ -325,6 +399,8 @@ void Scheduler::loop() {
         fail(s, ex.what(), false);
       }
     }
+    for (auto& f : spawned_) running_.push_back(std::move(f));
+    spawned_.clear();
     // Finished sequences leave (freeing their states); the others keep their order.
     size_t left = 0;
     {

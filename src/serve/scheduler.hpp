@@ -12,10 +12,12 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "hanpu/generator.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "serve/prefix_cache.hpp"
@@ -56,13 +58,29 @@ struct GenerationRequest {
   /// Prompt lengths worth a snapshot besides the regular ones (a chat's last message end, which
   /// the next turn of the conversation shares, unlike the generation prompt after it).
   std::vector<int64_t> extra_checkpoints;
+  /// Log probabilities of the chosen tokens, with this many alternatives each (OpenAI's
+  /// top_logprobs, 0 to 20); -1: none.
+  int top_logprobs = -1;
+  /// Choices (OpenAI's n): the prompt is prefilled once, and its state is copied into n - 1 more
+  /// sequences, sampled with seeds seed + 1, seed + 2, ... (see Scheduler::submit_choices).
+  int n = 1;
+  /// Only compute the prompt's state and snapshot it; nothing is generated and no one reads the
+  /// handle. The server sends one after a chat reply with the conversation as the next turn will
+  /// render it (docs/SERVE.md, "prefix cache"); it prefills before other prompts, so the next turn,
+  /// queued behind it, finds its snapshot.
+  bool warm_only = false;
+  bool json_object = false;  // constrain the output to one JSON object (GenerationOptions::json_object)
 };
+
+using hanpu::TokenLogprob;  // hanpu/generator.hpp
 
 /// What the scheduler tells a request's HTTP handler, in order.
 struct GenerationEvent {
   enum class Kind { kDelta, kDone, kError } kind = Kind::kDelta;
   std::string text;              // kDelta: new output text (whole UTF-8 characters)
   std::vector<int32_t> tokens;   // kDelta: the tokens generated since the previous event
+  std::vector<TokenLogprob> logprobs;  // kDelta: one per token in `tokens` (top_logprobs >= 0)
+  std::string stop_string;       // kDone: the stop string that ended it (empty: a stop token or length)
   std::string finish_reason;     // kDone: "stop" or "length"
   std::string error;             // kError
 };
@@ -82,6 +100,9 @@ class GenerationHandle {
   // Filled by the scheduler before kDone.
   int64_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   double ttft_seconds = 0;
+  /// Why the cache gave what it gave (set when the request is admitted): "hit", "partial" (a
+  /// cached sequence shares more of the prompt than the deepest snapshot in it covers) or "miss".
+  std::string cache_result, cache_note;
 
   void push(GenerationEvent e);  // scheduler side
 
@@ -102,6 +123,7 @@ struct SchedulerMetrics {
   std::atomic<uint64_t> decode_steps{0};      // forward passes of decode (batched: several tokens each)
   std::atomic<uint64_t> cache_hits{0}, cache_misses{0}, cache_tokens_reused{0};
   std::atomic<uint64_t> snapshots_taken{0};
+  std::atomic<uint64_t> warm_requests{0};     // warm_only sequences (next-turn snapshots)
   std::atomic<uint64_t> ttft_count{0};
   // Seconds, kept as nanoseconds so they can be atomic integers.
   std::atomic<uint64_t> prefill_ns{0}, decode_ns{0}, snapshot_ns{0}, restore_ns{0}, ttft_ns{0};
@@ -114,6 +136,11 @@ class QueueFull : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+class ShuttingDown : public Error {
+ public:
+  using Error::Error;
+};
+
 class Scheduler {
  public:
   /// The tokenizer may be null (ids in, ids out; no text, no stop strings).
@@ -122,9 +149,13 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  /// Queues a request; throws QueueFull when max_queue requests already wait, and hanpu::Error
-  /// after drain() began.
+  /// Queues a request; throws QueueFull when max_queue requests already wait, ShuttingDown after
+  /// drain() began, and hanpu::Error for settings the generation refuses (TokenStream).
   std::shared_ptr<GenerationHandle> submit(GenerationRequest req);
+  /// As submit(), for req.n choices: one handle per choice, in order.
+  std::vector<std::shared_ptr<GenerationHandle>> submit_choices(GenerationRequest req);
+  /// Log one line per finished request to stderr (prompt, cached tokens and why, output, TTFT).
+  void set_log_requests(bool on) { log_requests_ = on; }
   /// Stops taking requests, finishes the queued and running ones, and joins the thread.
   void drain();
 
@@ -138,15 +169,18 @@ class Scheduler {
   void admit(Sequence& s);
   void prefill_step(Sequence& s);
   void decode_step(const std::vector<Sequence*>& batch);
-  void on_token(Sequence& s, int32_t token);
+  void on_token(Sequence& s, std::span<const float> logits);
   void finish(Sequence& s, const std::string& reason);
   void emit_text(Sequence& s, bool final);
   void snapshot(const Sequence& s);
 
+  void fork_choices(Sequence& s, std::span<const float> logits);
+
   const HybridModel& model_;
   const Tokenizer* tokenizer_;
+  std::atomic<bool> log_requests_{false};
   const SchedulerOptions opt_;
-  std::vector<int32_t> stop_tokens_;
+  Generator generator_;  // stop ids, sampling and stop rules, chunked prefill: as `hanpu run`
   PrefixCache cache_;
   SchedulerMetrics metrics_;
 
@@ -155,6 +189,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   bool draining_ = false;
   std::vector<std::unique_ptr<Sequence>> running_;  // scheduler thread only
+  std::vector<std::unique_ptr<Sequence>> spawned_;  // forked choices joining running_ after this turn
   size_t next_prefill_ = 0;
   bool last_turn_decoded_ = false;
   int64_t admitted_ = 0;  // waiting plus running, under mu_

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -21,6 +22,8 @@
 #include "hanpu/chat_template.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
+#include "serve/anthropic.hpp"
+#include "serve/chat_page.hpp"
 
 namespace hanpu::serve {
 
@@ -33,6 +36,9 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxStopStrings = 4;
 // A stop string longer than this is a mistake, not a stop sequence (and is held back per token).
 constexpr size_t kMaxStopBytes = 256;
+// Choices per request (n): each is a sequence with its own state; 8 keeps one request from
+// filling the scheduler's slots on a small machine.
+constexpr int64_t kMaxChoices = 8;
 
 /// An error answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 struct ApiError {
@@ -135,6 +141,7 @@ double resident_bytes() {
 // How a chat reply is split back into OpenAI's fields (hanpu/chat_output.hpp): only for a
 // checkpoint template that knows <think> blocks or tool calls.
 struct ReplyFormat {
+  std::string forced_prefix;      // generation prompt text the reply continues (tool_choice required/named)
   bool split_reasoning = false;   // the template writes <think> blocks
   bool reasoning_opened = false;  // ... and the prompt ends inside one
   bool parse_tools = false;       // the request has tools and the template shows a call format
@@ -142,11 +149,19 @@ struct ReplyFormat {
   nlohmann::ordered_json tools;
 };
 
+/// Renders the conversation as the next turn will begin, given this turn's reply message: the
+/// tokens every next turn shares, and the lengths worth a snapshot within them. Empty when the
+/// conversation cannot be rendered that way.
+using NextTurnPrefix = std::function<std::pair<std::vector<int32_t>, std::vector<int64_t>>(const json& reply)>;
+
 struct ParsedRequest {
   GenerationRequest gen;
   bool stream = false, include_usage = false;
   std::string max_tokens_field;  // the field the limit came from, for errors
   ReplyFormat reply;
+  NextTurnPrefix next_turn;      // chat: see warm_next_turn()
+  bool logprobs = false;         // chat: 'logprobs': true; completions: 'logprobs' given
+  bool echo = false;             // completions: the prompt's text before the output
 };
 
 class Api {
@@ -165,15 +180,17 @@ class Api {
   std::atomic<int> responses_in_flight{0};
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
+  void messages(const httplib::Request& req, httplib::Response& res);
   void models(httplib::Response& res) const;
   void metrics(httplib::Response& res);
 
  private:
   json parse_body(const httplib::Request& req) const;
   ParsedRequest parse_common(const json& body, bool chat) const;
-  std::vector<int32_t> chat_prompt(const json& messages, const json& body, const std::string& raw_body,
-                                   std::vector<int64_t>& checkpoints, ReplyFormat& reply) const;
-  std::vector<int32_t> template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints, ReplyFormat& reply) const;
+  std::vector<int32_t> chat_prompt(const json& messages, const json& body, const std::string& raw_body, ParsedRequest& p) const;
+  std::vector<int32_t> template_prompt(const std::string& raw_body, ParsedRequest& p) const;
+  void warm_next_turn(const ParsedRequest& p, const json& reply);
+  std::vector<std::shared_ptr<GenerationHandle>> submit(ParsedRequest& p, const char* prompt_field);
   std::vector<int32_t> completion_prompt(const json& prompt) const;
   std::string new_id(const char* prefix) {
     return prefix + std::to_string(id_seed_ % 100000) + "-" + std::to_string(++next_id_);
@@ -210,7 +227,8 @@ const std::vector<std::string>& known_fields(bool chat) {
   static const std::vector<std::string> chat_fields = {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
       "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
-      "chat_template_kwargs", "ignore_eos", "tools", "tool_choice"};
+      "chat_template_kwargs", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs",
+      "response_format"};
   static const std::vector<std::string> completion_fields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
@@ -262,15 +280,42 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
                        so_.model_name + "'",
                    "model", "model_not_found"};
   ParsedRequest p;
-  // Accepted only at the value that means "off": this server has no penalties, logprobs or n > 1.
-  integer_field(body, "n", 1, 1, 1);        // one choice per request
+  // n choices share the prompt's prefill (Scheduler::submit_choices); each takes a running slot,
+  // so at most --parallel + --max-queue of them, and 8 as a sanity bound (OpenAI allows 128).
+  p.gen.n = static_cast<int>(integer_field(body, "n", 1, kMaxChoices, 1));
+  // Accepted only at the value that means "off": this server has no penalties or best_of.
   integer_field(body, "best_of", 1, 1, 1);
   number_field(body, "presence_penalty", 0, 0, 0);
   number_field(body, "frequency_penalty", 0, 0, 0);
-  if (body.contains("logprobs") && !body["logprobs"].is_null() && body["logprobs"] != false && body["logprobs"] != 0)
-    throw ApiError{400, "'logprobs' is not supported by hanpu serve (expected false or null)", "logprobs", "unsupported_value"};
-  if (bool_field(body, "echo", false))
-    throw ApiError{400, "'echo' is not supported by hanpu serve (expected false)", "echo", "unsupported_value"};
+  if (chat) {
+    // OpenAI: logprobs a boolean, top_logprobs 0 to 20 (only with logprobs true).
+    p.logprobs = bool_field(body, "logprobs", false);
+    const int64_t top = integer_field(body, "top_logprobs", 0, 20, -1);
+    if (top >= 0 && !p.logprobs)
+      throw ApiError{400, "'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value"};
+    if (p.logprobs) p.gen.top_logprobs = static_cast<int>(std::max<int64_t>(top, 0));
+    if (body.contains("response_format") && !body["response_format"].is_null()) {
+      const json& rf = body["response_format"];
+      if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+        throw ApiError{400, "'response_format': expected an object with a 'type'", "response_format", "invalid_type"};
+      if (rf["type"] == "json_object") {
+        p.gen.json_object = true;  // constrained sampling (hanpu/generator.hpp); checked in chat_prompt
+      } else if (rf["type"] != "text") {
+        throw ApiError{400, "'response_format' " + dump(rf["type"]) + " is not supported by hanpu serve yet (json_schema "
+                            "needs a schema compiled to a grammar; output that only might follow it is not offered); "
+                            "expected {\"type\": \"text\"} or {\"type\": \"json_object\"}",
+                       "response_format", "unsupported_value"};
+      }
+    }
+    if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() && !body["parallel_tool_calls"].is_boolean())
+      throw wrong_type("parallel_tool_calls", body["parallel_tool_calls"], "a boolean");
+  } else {
+    // Completions: logprobs is the number of alternatives, 0 to 5.
+    const int64_t top = integer_field(body, "logprobs", 0, 5, -1);
+    p.logprobs = top >= 0;
+    p.gen.top_logprobs = static_cast<int>(top);
+    p.echo = bool_field(body, "echo", false);
+  }
   if (body.contains("user") && !body["user"].is_null() && !body["user"].is_string()) throw wrong_type("user", body["user"], "a string");
 
   p.gen.ignore_eos = bool_field(body, "ignore_eos", false);
@@ -339,14 +384,48 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
 // The checkpoint's template (transformers' apply_chat_template): messages and tools as the client
 // sent them (the raw body is parsed again keeping key order, which tojson output depends on), the
 // tokenizer's special tokens and chat_template_kwargs as further variables.
-std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vector<int64_t>& checkpoints, ReplyFormat& reply) const {
+// The tokens two renderings share from the start: what every continuation of a conversation has.
+size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
+  return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+}
+
+// tool_choice: "auto", "none", "required", or {"type": "function", "function": {"name": ...}};
+// returns "" for auto/none/absent, "*" for required, else the function's name.
+std::string forced_tool(const json& body) {
+  if (!body.contains("tool_choice") || body["tool_choice"].is_null()) return "";
+  const json& c = body["tool_choice"];
+  if (c.is_string()) {
+    if (c == "auto" || c == "none") return "";
+    if (c == "required") return "*";
+  } else if (c.is_object() && c.value("type", "") == "function" && c.contains("function") && c["function"].is_object() &&
+             c["function"].contains("name") && c["function"]["name"].is_string()) {
+    return c["function"]["name"].get<std::string>();
+  }
+  throw ApiError{400, "'tool_choice': expected \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+                      "{\"name\": ...}}, got " + dump(c).substr(0, 80),
+                 "tool_choice", "invalid_value"};
+}
+
+std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedRequest& p) const {
+  std::vector<int64_t>& checkpoints = p.gen.extra_checkpoints;
+  ReplyFormat& reply = p.reply;
   const nlohmann::ordered_json raw = nlohmann::ordered_json::parse(raw_body, nullptr, false);
-  const nlohmann::ordered_json& messages = raw["messages"];
+  nlohmann::ordered_json messages = raw["messages"];
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string where = "messages[" + std::to_string(i) + "]";
-    const nlohmann::ordered_json& m = messages[i];
+    nlohmann::ordered_json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
       throw ApiError{400, "'" + where + "': expected an object with a string 'role'", where, "invalid_value"};
+    // OpenAI clients send a call's arguments as a JSON string; templates that iterate them
+    // (Qwen3.5's arguments|items) need the object. As vLLM does, a string that parses as a JSON
+    // object is passed as the object (templates that print strings print its tojson instead).
+    if (m.contains("tool_calls") && m["tool_calls"].is_array())
+      for (auto& tc : m["tool_calls"])
+        if (tc.is_object() && tc.contains("function") && tc["function"].is_object() && tc["function"].contains("arguments") &&
+            tc["function"]["arguments"].is_string()) {
+          auto parsed = nlohmann::ordered_json::parse(tc["function"]["arguments"].get<std::string>(), nullptr, false);
+          if (!parsed.is_discarded() && parsed.is_object()) tc["function"]["arguments"] = std::move(parsed);
+        }
   }
   nlohmann::ordered_json tools = raw.contains("tools") ? raw["tools"] : nlohmann::ordered_json(nullptr);
   if (!tools.is_null()) {
@@ -354,6 +433,17 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vect
     for (const auto& t : tools)
       if (!t.is_object()) throw ApiError{400, "'tools': expected an array of tool objects", "tools", "invalid_type"};
     if (tools.empty() || (raw.contains("tool_choice") && raw["tool_choice"] == "none")) tools = nullptr;
+  }
+  const std::string forced = forced_tool(json::parse(raw.contains("tool_choice") ? "{\"tool_choice\":" + raw["tool_choice"].dump() + "}" : "{}"));
+  if (!forced.empty() && tools.is_null())
+    throw ApiError{400, "'tool_choice': " + std::string(forced == "*" ? "\"required\"" : "function '" + forced + "'") +
+                        " needs a non-empty 'tools'", "tool_choice", "invalid_value"};
+  if (!forced.empty() && forced != "*") {
+    bool found = false;
+    for (const auto& t : tools)
+      if (t.contains("function") && t["function"].is_object() && t["function"].value("name", "") == forced) found = true;
+    if (!found)
+      throw ApiError{400, "'tool_choice': function '" + forced + "' is not in 'tools'", "tool_choice", "invalid_value"};
   }
   nlohmann::ordered_json kwargs = chat_template_.special_tokens;
   if (raw.contains("chat_template_kwargs") && !raw["chat_template_kwargs"].is_null()) {
@@ -386,6 +476,41 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vect
     else reply.parse_tools = false;
     reply.tools = tools;
   }
+  if (p.gen.json_object) {
+    if (!tools.is_null())
+      throw ApiError{400, "'response_format' json_object with 'tools': the reply is either a JSON object or tool calls; "
+                          "send tool_choice \"none\" or drop one", "response_format", "invalid_value"};
+    if (reply.reasoning_opened) {  // the JSON is the answer, not thinking: the block closes empty
+      text += "\n</think>\n\n";
+      reply.reasoning_opened = false;
+    }
+  }
+  if (!forced.empty()) {
+    // tool_choice required or named: the generation prompt goes on with the start of a call in
+    // the template's format (and the function's name), so the reply is a call from its first
+    // token. The arguments that follow are not constrained (no grammar sampling yet).
+    if (!reply.parse_tools)
+      throw ApiError{400, "'tool_choice': the chat template shows no tool-call format hanpu knows (<tool_call> JSON or XML, "
+                          "Kimi's sections), so a call cannot be required", "tool_choice", "unsupported_value"};
+    if (reply.reasoning_opened) {  // a call, not thinking, comes first: the block closes empty
+      text += "\n</think>\n\n";
+      reply.reasoning_opened = false;
+    }
+    std::string prefix;
+    const bool any = forced == "*";
+    switch (reply.tool_format) {
+      case ToolCallFormat::kJsonTags:
+        prefix += any ? "<tool_call>\n{\"name\": \"" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
+        break;
+      case ToolCallFormat::kXmlTags: prefix += any ? "<tool_call>\n<function=" : "<tool_call>\n<function=" + forced + ">\n"; break;
+      case ToolCallFormat::kKimiSections:
+        prefix += any ? "<|tool_calls_section_begin|><|tool_call_begin|>functions."
+                      : "<|tool_calls_section_begin|><|tool_call_begin|>functions." + forced + ":0<|tool_call_argument_begin|>";
+        break;
+    }
+    text += prefix;
+    reply.forced_prefix = prefix;
+  }
   std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
   try {  // as with ChatML below: a snapshot where the next turn's prompt will diverge
     const std::vector<int32_t> history = tok_->encode(t.render(messages, tools, false, kwargs), true);
@@ -393,11 +518,29 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, std::vect
       checkpoints.push_back(static_cast<int64_t>(history.size()));
   } catch (const Error&) {
   }
+  // The next turn: this conversation plus the reply, then a message not known yet. Two
+  // renderings with different user messages share exactly what any next user turn shares.
+  std::shared_ptr<const ChatTemplate> tmpl = tools.is_null() ? chat_template_.tmpl : chat_template_.tools_tmpl;
+  const Tokenizer* tok = tok_;
+  p.next_turn = [tmpl, messages, tools, kwargs, tok](const json& reply_msg) {
+    nlohmann::ordered_json conv = messages;
+    conv.push_back(nlohmann::ordered_json::parse(dump(reply_msg)));
+    nlohmann::ordered_json a = conv, b = conv;
+    a.push_back({{"role", "user"}, {"content", "A"}});
+    b.push_back({{"role", "user"}, {"content", "B"}});
+    std::vector<int32_t> ta = tok->encode(tmpl->render(a, tools, false, kwargs), true);
+    const std::vector<int32_t> tb = tok->encode(tmpl->render(b, tools, false, kwargs), true);
+    ta.resize(common_prefix(ta, tb));
+    std::vector<int64_t> extra;
+    const std::vector<int32_t> end = tok->encode(tmpl->render(conv, tools, false, kwargs), true);
+    if (end.size() < ta.size() && std::equal(end.begin(), end.end(), ta.begin())) extra.push_back(static_cast<int64_t>(end.size()));
+    return std::make_pair(std::move(ta), std::move(extra));
+  };
   return ids;
 }
 
-std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, const std::string& raw_body,
-                                      std::vector<int64_t>& checkpoints, ReplyFormat& reply) const {
+std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, const std::string& raw_body, ParsedRequest& p) const {
+  std::vector<int64_t>& checkpoints = p.gen.extra_checkpoints;
   if (!tok_)
     throw ApiError{400, "model '" + so_.model_name + "' has no tokenizer.json, so it has no chat: send token ids to "
                         "/v1/completions as 'prompt'", "messages", "no_tokenizer"};
@@ -407,10 +550,10 @@ std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, co
                    "messages", "unsupported_chat_template"};
   if (!messages.is_array()) throw wrong_type("messages", messages, "an array of messages");
   if (messages.empty()) throw ApiError{400, "'messages': empty, expected at least one message", "messages", "invalid_value"};
-  if (body.contains("tool_choice") && !body["tool_choice"].is_null() &&
-      !(body["tool_choice"].is_string() && (body["tool_choice"] == "auto" || body["tool_choice"] == "none")))
-    throw ApiError{400, "'tool_choice': only \"auto\" and \"none\" are supported", "tool_choice", "unsupported_value"};
-  if (chat_template_.kind == TemplateKind::kJinja) return template_prompt(raw_body, checkpoints, reply);
+  if (chat_template_.kind == TemplateKind::kJinja) return template_prompt(raw_body, p);
+  if (!forced_tool(body).empty())
+    throw ApiError{400, "'tool_choice': model '" + so_.model_name + "' has no chat template, and the ChatML fallback renders no tools",
+                   "tool_choice", "unsupported_parameter"};
   if (body.contains("tools") && !body["tools"].is_null() && !(body["tools"].is_array() && body["tools"].empty()))
     throw ApiError{400, "'tools': model '" + so_.model_name + "' has no chat template, and the ChatML fallback renders no tools",
                    "tools", "unsupported_parameter"};
@@ -473,6 +616,22 @@ std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, co
   } catch (const Error&) {
     // the history alone may not be a valid conversation (no user message yet): no extra snapshot
   }
+  const Tokenizer* tok = tok_;
+  p.next_turn = [msgs, thinking, tok](const json& reply_msg) {
+    const json sent = json::parse(dump(reply_msg));  // as the client gets it back (invalid UTF-8 replaced)
+    std::vector<ChatMessage> conv = msgs;
+    conv.push_back({"assistant", sent["content"].is_string() ? sent["content"].get<std::string>() : ""});
+    std::vector<ChatMessage> a = conv, b = conv;
+    a.push_back({"user", "A"});
+    b.push_back({"user", "B"});
+    std::vector<int32_t> ta = tok->encode(tok->apply_chat_template(a, false, thinking), true);
+    const std::vector<int32_t> tb = tok->encode(tok->apply_chat_template(b, false, thinking), true);
+    ta.resize(common_prefix(ta, tb));
+    std::vector<int64_t> extra;
+    const std::vector<int32_t> end = tok->encode(tok->apply_chat_template(conv, false, thinking), true);
+    if (end.size() < ta.size() && std::equal(end.begin(), end.end(), ta.begin())) extra.push_back(static_cast<int64_t>(end.size()));
+    return std::make_pair(std::move(ta), std::move(extra));
+  };
   return ids;
 }
 
@@ -538,108 +697,460 @@ json reply_message(const ReplyFormat& f, const std::string& text, const std::str
   return m;
 }
 
-void Api::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
-  if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
-  const json body = parse_body(req);
-  ParsedRequest p = parse_common(body, chat);
-  if (chat) {
-    if (!body.contains("messages")) throw ApiError{400, "'messages' is required", "messages", "missing_required_parameter"};
-    p.gen.prompt = chat_prompt(body["messages"], body, req.body, p.gen.extra_checkpoints, p.reply);
-  } else {
-    if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt", "missing_required_parameter"};
-    p.gen.prompt = completion_prompt(body["prompt"]);
+// The bytes of a token as OpenAI's logprobs show them (token_id:N without a tokenizer, as vLLM).
+std::string token_text(const Tokenizer* tok, int32_t id) {
+  const int32_t one[1] = {id};
+  return tok ? tok->decode(one) : "token_id:" + std::to_string(id);  // special tokens by name
+}
+
+json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Chat completions' logprobs.content entries.
+json chat_logprobs(const Tokenizer* tok, const std::vector<TokenLogprob>& lps) {
+  json out = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string t = token_text(tok, lp.token);
+    json top = json::array();
+    for (const auto& [id, v] : lp.top) {
+      const std::string s = token_text(tok, id);
+      top.push_back({{"token", s}, {"logprob", v}, {"bytes", bytes_of(s)}});
+    }
+    out.push_back({{"token", t}, {"logprob", lp.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", std::move(top)}});
   }
+  return out;
+}
+
+// Legacy completions' logprobs object; text_offset counts bytes from `offset`.
+json completion_logprobs(const Tokenizer* tok, const std::vector<TokenLogprob>& lps, size_t offset) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  for (const TokenLogprob& lp : lps) {
+    const std::string t = token_text(tok, lp.token);
+    tokens.push_back(t);
+    values.push_back(lp.logprob);
+    json top = json::object();
+    for (const auto& [id, v] : lp.top) top[token_text(tok, id)] = v;
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += tok && tok->is_special(lp.token) ? 0 : t.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", values}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// A finished choice, gathered from its handle's events.
+struct ChoiceResult {
+  std::string text, finish_reason, stop_string, error;
+  std::vector<int32_t> tokens;
+  std::vector<TokenLogprob> logprobs;
+};
+
+// Waits for the end of `handle` while probing the connection every kKeepAliveMs with a space
+// (whitespace before a JSON value is valid JSON): a write that fails means the client went away.
+// Returns false then. cpp-httplib 0.11 tells a handler nothing about a closed connection otherwise.
+bool gather(GenerationHandle& handle, httplib::DataSink& sink, bool probe_with_space, ChoiceResult& out) {
+  // How often an idle request probes its connection: a client that leaves is noticed within about
+  // two periods (the first write after the close may still be buffered).
+  constexpr int kKeepAliveMs = 500;
+  GenerationEvent ev;
+  auto last_probe = std::chrono::steady_clock::now();
+  for (;;) {
+    const GenerationHandle::Wait w = handle.next_for(ev, std::chrono::milliseconds(kKeepAliveMs));
+    // Probe on time, not only when idle: a busy generation sends events continuously.
+    if (std::chrono::steady_clock::now() - last_probe >= std::chrono::milliseconds(kKeepAliveMs)) {
+      last_probe = std::chrono::steady_clock::now();
+      static const std::string ping_event = "event: ping\ndata: {\"type\": \"ping\"}\n\n";
+      const bool ok = sink.is_writable() &&
+                      (probe_with_space ? sink.write(" ", 1) : sink.write(ping_event.data(), ping_event.size()));
+      if (!ok) return false;
+    }
+    if (w == GenerationHandle::Wait::kTimeout) continue;
+    if (w == GenerationHandle::Wait::kEnd) return true;
+    if (ev.kind == GenerationEvent::Kind::kDelta) {
+      out.text += ev.text;
+      out.tokens.insert(out.tokens.end(), ev.tokens.begin(), ev.tokens.end());
+      out.logprobs.insert(out.logprobs.end(), ev.logprobs.begin(), ev.logprobs.end());
+    } else if (ev.kind == GenerationEvent::Kind::kDone) {
+      out.finish_reason = ev.finish_reason;
+      out.stop_string = ev.stop_string;
+    } else {
+      out.error = ev.error;
+    }
+  }
+}
+
+// Checks the prompt against the limits and queues it (n choices); one response in flight.
+std::vector<std::shared_ptr<GenerationHandle>> Api::submit(ParsedRequest& p, const char* prompt_field) {
   const int64_t n = static_cast<int64_t>(p.gen.prompt.size());
-  if (n == 0) throw ApiError{400, "the prompt is empty (0 tokens), expected at least one token", chat ? "messages" : "prompt", "invalid_value"};
+  if (n == 0) throw ApiError{400, "the prompt is empty (0 tokens), expected at least one token", prompt_field, "invalid_value"};
   if (n > so_.max_prompt_tokens)
     throw ApiError{400, "the prompt is " + std::to_string(n) + " tokens, expected at most " +
                             std::to_string(so_.max_prompt_tokens) + " (--max-prompt-tokens)",
-                   chat ? "messages" : "prompt", "context_length_exceeded"};
+                   prompt_field, "context_length_exceeded"};
   const int64_t room = so_.context_tokens - n;
   if (p.gen.max_tokens < 0) p.gen.max_tokens = room;
   if (p.gen.max_tokens > room)
     throw ApiError{400, "the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" + std::to_string(p.gen.max_tokens) +
                             ") exceed the context of " + std::to_string(so_.context_tokens) + " tokens (--ctx)",
                    p.max_tokens_field, "context_length_exceeded"};
-
-  std::shared_ptr<GenerationHandle> handle;
   try {
-    handle = sched_.submit(std::move(p.gen));
+    auto handles = sched_.submit_choices(p.gen);
     ++responses_in_flight;
+    return handles;
   } catch (const QueueFull& e) {
     throw ApiError{429, e.what(), "", "rate_limit_exceeded", "rate_limit_error"};
-  } catch (const Error& e) {
+  } catch (const ShuttingDown& e) {
     throw ApiError{503, e.what(), "", "shutting_down", "server_error"};
+  } catch (const Error& e) {  // settings the generation refuses (hanpu/generator.hpp)
+    throw ApiError{400, e.what(), p.gen.json_object ? "response_format" : "", "invalid_value"};
   }
+}
+
+// After a chat reply: the conversation as the next turn will begin (this prompt, the reply as
+// the client gets it back, the template's end of turn) is prefilled from the snapshots this
+// request left and snapshotted, so that next turn computes only its new message. Queued before
+// the reply's last bytes go out, so a client's next turn queues behind it.
+void Api::warm_next_turn(const ParsedRequest& p, const json& reply) {
+  if (!p.next_turn || sched_.options().cache_bytes == 0) return;
+  try {
+    auto [tokens, extra] = p.next_turn(reply);
+    // (It may be shorter than this prompt: a template may drop the reply's reasoning once a user
+    // message follows.)
+    if (tokens.empty() || static_cast<int64_t>(tokens.size()) > so_.context_tokens) return;
+    GenerationRequest g;
+    g.prompt = std::move(tokens);
+    g.extra_checkpoints = std::move(extra);
+    g.max_tokens = 0;
+    g.warm_only = true;
+    sched_.submit(std::move(g));  // no one waits for it
+  } catch (const std::exception&) {
+    // A full queue or a conversation the template refuses to continue: the next turn just
+    // reuses less (the snapshots after the prompt and after the reply's tokens remain).
+  }
+}
+
+json usage_of(const std::vector<std::shared_ptr<GenerationHandle>>& handles) {
+  int64_t completion = 0;
+  for (const auto& h : handles) completion += h->completion_tokens;
+  const GenerationHandle& h = *handles.front();
+  return {{"prompt_tokens", h.prompt_tokens},
+          {"completion_tokens", completion},
+          {"total_tokens", h.prompt_tokens + completion},
+          {"prompt_tokens_details", {{"cached_tokens", h.cached_tokens}}},
+          // Extension: why the prefix cache gave what it gave (docs/SERVE.md, "prefix cache").
+          {"hanpu_cache", {{"result", h.cache_result}, {"note", h.cache_note}}}};
+}
+
+void Api::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
+  if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
+  const json body = parse_body(req);
+  ParsedRequest p = parse_common(body, chat);
+  std::string echo_text;
+  if (chat) {
+    if (!body.contains("messages")) throw ApiError{400, "'messages' is required", "messages", "missing_required_parameter"};
+    p.gen.prompt = chat_prompt(body["messages"], body, req.body, p);
+  } else {
+    if (!body.contains("prompt")) throw ApiError{400, "'prompt' is required", "prompt", "missing_required_parameter"};
+    p.gen.prompt = completion_prompt(body["prompt"]);
+    if (p.echo && p.logprobs)
+      throw ApiError{400, "'echo' with 'logprobs' would need the prompt tokens' logprobs, which hanpu serve does not compute; "
+                          "drop one of them", "echo", "unsupported_value"};
+    if (p.echo) echo_text = body["prompt"].is_string() ? body["prompt"].get<std::string>() : tok_ ? tok_->decode(p.gen.prompt) : "";
+  }
+  if (p.gen.json_object) {
+    if (!p.gen.stop.empty())
+      throw ApiError{400, "'stop' with 'response_format' json_object could cut the object short; the generation ends when "
+                          "the object closes", "stop", "invalid_value"};
+    if (p.gen.max_tokens >= 0 && p.gen.max_tokens < 2)
+      throw ApiError{400, "'" + p.max_tokens_field + "': " + std::to_string(p.gen.max_tokens) +
+                          " is too few for response_format json_object (the shortest object, {}, takes 2 tokens)",
+                     p.max_tokens_field, "invalid_value"};
+  }
+  const auto handles = submit(p, chat ? "messages" : "prompt");
   const std::string id = new_id(chat ? "chatcmpl-" : "cmpl-");
   const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const std::string model_name = so_.model_name;
   const ReplyFormat reply = p.reply;
-  auto usage = [handle] {
-    return json{{"prompt_tokens", handle->prompt_tokens},
-                {"completion_tokens", handle->completion_tokens},
-                {"total_tokens", handle->prompt_tokens + handle->completion_tokens},
-                {"prompt_tokens_details", {{"cached_tokens", handle->cached_tokens}}}};
+  const bool logprobs = p.logprobs;
+  const Tokenizer* tok = tok_;
+  auto cancel_all = [handles] {
+    for (const auto& h : handles) h->cancel();
   };
+  auto shared_p = std::make_shared<const ParsedRequest>(std::move(p));
 
-  if (!p.stream) {
-    // The body is sent when the generation ends, but the connection is watched meanwhile: while
-    // waiting, a space goes out every kKeepAliveMs (whitespace before a JSON value is valid JSON),
-    // and a write that fails means the client went away, which cancels the request and frees its
-    // sequence (cpp-httplib 0.11 tells a handler nothing about a closed connection otherwise).
-    // The status is 200 from the first byte on; a generation that fails afterwards returns the
-    // error object in the body.
-    struct Pending {
-      std::string text, finish_reason, error;
-      std::vector<int32_t> tokens;
-    };
-    auto pending = std::make_shared<Pending>();
+  if (!shared_p->stream) {
+    // The body is sent when every choice ends; the status is 200 from the first byte on, and a
+    // generation that fails afterwards returns the error object in the body.
     res.status = 200;
     res.set_chunked_content_provider(
         "application/json",
-        [=](size_t, httplib::DataSink& sink) {
-          // How often an idle request probes its connection: a client that leaves is noticed
-          // within about two periods (the first write after the close may still be buffered).
-          constexpr int kKeepAliveMs = 500;
-          GenerationEvent ev;
-          auto last_probe = std::chrono::steady_clock::now();
-          for (;;) {
-            const GenerationHandle::Wait w = handle->next_for(ev, std::chrono::milliseconds(kKeepAliveMs));
-            // Probe on time, not only when idle: a busy generation sends events continuously.
-            if (std::chrono::steady_clock::now() - last_probe >= std::chrono::milliseconds(kKeepAliveMs)) {
-              last_probe = std::chrono::steady_clock::now();
-              if (!sink.is_writable() || !sink.write(" ", 1)) {
-                handle->cancel();
-                return false;
+        [=, this](size_t, httplib::DataSink& sink) {
+          std::vector<ChoiceResult> results(handles.size());
+          for (size_t c = 0; c < handles.size(); ++c)
+            if (!gather(*handles[c], sink, true, results[c])) {
+              cancel_all();
+              return false;
+            }
+          json out;
+          json choices = json::array();
+          for (size_t c = 0; c < handles.size() && out.is_null(); ++c) {
+            const ChoiceResult& r = results[c];
+            if (!r.error.empty()) {
+              out = error_body({500, "generation failed: " + r.error, "", "generation_failed", "server_error"});
+              break;
+            }
+            json choice = {{"index", c}, {"finish_reason", r.finish_reason}, {"logprobs", nullptr}};
+            if (chat) {
+              choice["message"] = reply_message(reply, reply.forced_prefix + r.text, id + "_" + std::to_string(c));
+              if (choice["message"].contains("tool_calls") && r.finish_reason == "stop") choice["finish_reason"] = "tool_calls";
+              if (logprobs) choice["logprobs"] = {{"content", chat_logprobs(tok, r.logprobs)}};
+              if (handles.size() == 1) warm_next_turn(*shared_p, choice["message"]);
+            } else {
+              choice["text"] = echo_text + r.text;
+              choice["token_ids"] = r.tokens;  // extension: the ids, for checkpoints without a tokenizer
+              if (logprobs) choice["logprobs"] = completion_logprobs(tok, r.logprobs, 0);
+            }
+            choices.push_back(std::move(choice));
+          }
+          if (out.is_null())
+            out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                   {"model", model_name}, {"choices", std::move(choices)}, {"usage", usage_of(handles)}};
+          const std::string text = dump(out);
+          if (!sink.write(text.data(), text.size())) {
+            cancel_all();
+            return false;
+          }
+          sink.done();
+          return true;
+        },
+        [cancel_all, this](bool success) {
+          if (!success) cancel_all();
+          --responses_in_flight;
+        });
+    return;
+  }
+
+  // Streaming: the choices one after another (each chunk names its index; a client assembles
+  // them by it), then the usage chunk if asked for, then [DONE].
+  const bool include_usage = shared_p->include_usage;
+  auto chunk = [=](json choice) {
+    return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                {"model", model_name}, {"choices", json::array({std::move(choice)})}};
+  };
+  struct StreamState {
+    size_t current = 0;  // the choice being streamed
+    bool started = false;
+    std::unique_ptr<ReasoningStream> reasoning;
+    std::string held, full;  // held: content kept back for tool-call parsing; full: the whole reply
+    size_t text_offset = 0;  // completions' logprobs.text_offset
+  };
+  auto st = std::make_shared<StreamState>();
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [=, this](size_t, httplib::DataSink& sink) {
+        auto send = [&](const json& j) {
+          const std::string line = "data: " + dump(j) + "\n\n";
+          return sink.write(line.data(), line.size());
+        };
+        const size_t c = st->current;
+        GenerationHandle& handle = *handles[c];
+        if (!st->started) {
+          st->started = true;
+          st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
+          st->held = reply.forced_prefix;
+          st->full.clear();
+          bool ok = true;
+          if (chat) ok = send(chunk({{"index", c}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}));
+          else if (!echo_text.empty()) ok = send(chunk({{"index", c}, {"text", echo_text}, {"finish_reason", nullptr}, {"logprobs", nullptr}}));
+          if (!ok) {
+            cancel_all();
+            return false;
+          }
+        }
+        GenerationEvent ev;
+        if (!handle.next(ev)) return false;
+        bool ok = true;
+        // A split reply streams reasoning_content and content deltas (a partial tag held back);
+        // with tools, the content is held to the end, where the calls are parsed out of it.
+        auto send_split = [&](const ReasoningSplit& d) {
+          if (!d.reasoning.empty())
+            ok = ok && send(chunk({{"index", c}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
+          if (reply.parse_tools) {
+            st->held += d.content;
+          } else if (!d.content.empty()) {
+            ok = ok && send(chunk({{"index", c}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
+          }
+        };
+        const bool split = chat && (reply.split_reasoning || reply.parse_tools);
+        if (ev.kind == GenerationEvent::Kind::kDelta) st->full += ev.text;
+        if (ev.kind == GenerationEvent::Kind::kDelta && split) {
+          send_split(reply.split_reasoning ? st->reasoning->push(ev.text) : ReasoningSplit{"", ev.text});
+          if (logprobs && !ev.logprobs.empty())
+            ok = ok && send(chunk({{"index", c}, {"delta", json::object()}, {"logprobs", {{"content", chat_logprobs(tok, ev.logprobs)}}},
+                                   {"finish_reason", nullptr}}));
+        } else if (ev.kind == GenerationEvent::Kind::kDelta) {
+          json choice;
+          if (chat) {
+            choice = {{"index", c}, {"delta", {{"content", ev.text}}}, {"finish_reason", nullptr}};
+            if (logprobs) choice["logprobs"] = {{"content", chat_logprobs(tok, ev.logprobs)}};
+          } else {
+            choice = {{"index", c}, {"text", ev.text}, {"token_ids", ev.tokens}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
+            if (logprobs) choice["logprobs"] = completion_logprobs(tok, ev.logprobs, st->text_offset);
+            st->text_offset += ev.text.size();
+          }
+          ok = send(chunk(std::move(choice)));
+        } else {
+          std::string finish_reason = ev.finish_reason;
+          json message = {{"role", "assistant"}, {"content", st->full}};
+          if (split && ev.kind == GenerationEvent::Kind::kDone) {
+            if (reply.split_reasoning) send_split(st->reasoning->finish());
+            if (reply.parse_tools) {
+              const ParsedToolCalls calls = parse_tool_calls(st->held, reply.tool_format, reply.tools);
+              const std::string content = calls.calls.empty() ? st->held : calls.content;
+              if (!content.empty())
+                ok = ok && send(chunk({{"index", c}, {"delta", {{"content", content}}}, {"finish_reason", nullptr}}));
+              if (!calls.calls.empty()) {
+                json tc = json::array();
+                for (size_t i = 0; i < calls.calls.size(); ++i)
+                  tc.push_back({{"index", i}, {"id", "call_" + id + "_" + std::to_string(c) + "_" + std::to_string(i)}, {"type", "function"},
+                                {"function", {{"name", calls.calls[i].name}, {"arguments", calls.calls[i].arguments}}}});
+                ok = ok && send(chunk({{"index", c}, {"delta", {{"tool_calls", tc}}}, {"finish_reason", nullptr}}));
+                if (finish_reason == "stop") finish_reason = "tool_calls";
               }
             }
-            if (w == GenerationHandle::Wait::kTimeout) continue;
-            if (w == GenerationHandle::Wait::kEnd) break;
-            if (ev.kind == GenerationEvent::Kind::kDelta) {
-              pending->text += ev.text;
-              pending->tokens.insert(pending->tokens.end(), ev.tokens.begin(), ev.tokens.end());
-            } else if (ev.kind == GenerationEvent::Kind::kDone) {
-              pending->finish_reason = ev.finish_reason;
-            } else {
-              pending->error = ev.error;
-            }
           }
-          json body;
-          if (!pending->error.empty()) {
-            body = error_body({500, "generation failed: " + pending->error, "", "generation_failed", "server_error"});
+          if (ev.kind == GenerationEvent::Kind::kDone) {
+            if (chat && handles.size() == 1) warm_next_turn(*shared_p, reply_message(reply, reply.forced_prefix + st->full, id + "_0"));
+            json choice = chat ? json{{"index", c}, {"delta", json::object()}, {"finish_reason", finish_reason}}
+                               : json{{"index", c}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
+            ok = ok && send(chunk(std::move(choice)));
+            if (c + 1 < handles.size()) {  // the next choice
+              st->current = c + 1;
+              st->started = false;
+              st->text_offset = 0;
+              if (!ok) cancel_all();
+              return ok;
+            }
+            if (ok && include_usage) {
+              json u = chunk(nullptr);
+              u["choices"] = json::array();
+              u["usage"] = usage_of(handles);
+              ok = send(u);
+            }
           } else {
-            json choice = {{"index", 0}, {"finish_reason", pending->finish_reason}, {"logprobs", nullptr}};
-            if (chat) {
-              choice["message"] = reply_message(reply, pending->text, id);
-              if (choice["message"].contains("tool_calls") && pending->finish_reason == "stop") choice["finish_reason"] = "tool_calls";
-            } else {
-              choice["text"] = pending->text;
-              choice["token_ids"] = pending->tokens;  // extension: the ids, for checkpoints without a tokenizer
-            }
-            body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                    {"model", model_name}, {"choices", json::array({choice})}, {"usage", usage()}};
+            ok = send(error_body({500, "generation failed: " + ev.error, "", "generation_failed", "server_error"}));
+            cancel_all();  // the stream ends here: choices not streamed yet are dropped
           }
-          const std::string text = dump(body);
+          static const std::string done = "data: [DONE]\n\n";
+          ok = ok && sink.write(done.data(), done.size());
+          if (ok) sink.done();
+        }
+        if (!ok) cancel_all();  // the client went away: free its sequences
+        return ok;
+      },
+      [cancel_all, this](bool success) {
+        if (!success) cancel_all();
+        --responses_in_flight;
+      });
+}
+
+// ---- Anthropic Messages ---------------------------------------------------------------------
+
+json anthropic_error_body(int status, const std::string& message) {
+  return {{"type", "error"}, {"error", {{"type", anthropic_error_type(status)}, {"message", message}}}};
+}
+
+json anthropic_usage(const GenerationHandle& h) {
+  // Anthropic counts cache reads apart from input_tokens (the tokens computed).
+  return {{"input_tokens", h.prompt_tokens - h.cached_tokens},
+          {"output_tokens", h.completion_tokens},
+          {"cache_read_input_tokens", h.cached_tokens},
+          {"cache_creation_input_tokens", 0}};
+}
+
+std::string anthropic_stop_reason(const std::string& finish_reason, const std::string& stop_string, bool tool_calls) {
+  if (tool_calls) return "tool_use";
+  if (finish_reason == "length") return "max_tokens";
+  if (!stop_string.empty()) return "stop_sequence";
+  return "end_turn";
+}
+
+// An OpenAI-shaped assistant message (reply_message) as Anthropic content blocks: thinking, text,
+// tool_use (input: the parsed arguments; a call whose arguments are not a JSON object stays text).
+json anthropic_blocks(const json& message) {
+  json blocks = json::array();
+  if (message.contains("reasoning_content"))
+    blocks.push_back({{"type", "thinking"}, {"thinking", message["reasoning_content"]}, {"signature", ""}});
+  std::string text = message["content"].is_string() ? message["content"].get<std::string>() : "";
+  json tools = json::array();
+  if (message.contains("tool_calls"))
+    for (const json& tc : message["tool_calls"]) {
+      const std::string args = tc["function"]["arguments"].get<std::string>();
+      json input = json::parse(args, nullptr, false);
+      if (input.is_discarded() || !input.is_object()) {
+        text += args;
+        continue;
+      }
+      std::string id = tc["id"].get<std::string>();
+      tools.push_back({{"type", "tool_use"}, {"id", "toolu_" + id.substr(std::min<size_t>(id.size(), 5))}, {"name", tc["function"]["name"]}, {"input", input}});
+    }
+  if (!text.empty() || (blocks.empty() && tools.empty())) blocks.push_back({{"type", "text"}, {"text", text}});
+  for (json& t : tools) blocks.push_back(std::move(t));
+  return blocks;
+}
+
+void Api::messages(const httplib::Request& req, httplib::Response& res) {
+  if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
+  nlohmann::ordered_json raw;
+  try {
+    raw = nlohmann::ordered_json::parse(req.body);
+  } catch (const std::exception& e) {
+    throw ApiError{400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json"};
+  }
+  nlohmann::ordered_json chat_body;
+  try {
+    chat_body = anthropic_to_chat_request(raw);
+  } catch (const AnthropicRequestError& e) {
+    throw ApiError{400, e.what(), e.field(), "invalid_request"};
+  }
+  const std::string chat_text = chat_body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  const json body = json::parse(chat_text);
+  ParsedRequest p = parse_common(body, true);
+  p.gen.prompt = chat_prompt(body["messages"], body, chat_text, p);
+  const auto handles = submit(p, "messages");
+  auto handle = handles.front();
+  const std::string id = new_id("msg_");
+  const std::string model_name = so_.model_name;
+  const ReplyFormat reply = p.reply;
+  auto shared_p = std::make_shared<const ParsedRequest>(std::move(p));
+
+  if (!shared_p->stream) {
+    res.status = 200;
+    res.set_chunked_content_provider(
+        "application/json",
+        [=, this](size_t, httplib::DataSink& sink) {
+          ChoiceResult r;
+          if (!gather(*handle, sink, true, r)) {
+            handle->cancel();
+            return false;
+          }
+          json out;
+          if (!r.error.empty()) {
+            out = anthropic_error_body(500, "generation failed: " + r.error);
+          } else {
+            const json message = reply_message(reply, reply.forced_prefix + r.text, id);
+            warm_next_turn(*shared_p, message);
+            out = {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model_name},
+                   {"content", anthropic_blocks(message)},
+                   {"stop_reason", anthropic_stop_reason(r.finish_reason, r.stop_string, message.contains("tool_calls"))},
+                   {"stop_sequence", r.stop_string.empty() ? json(nullptr) : json(r.stop_string)},
+                   {"usage", anthropic_usage(*handle)}};
+          }
+          const std::string text = dump(out);
           if (!sink.write(text.data(), text.size())) {
             handle->cancel();
             return false;
@@ -654,88 +1165,112 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
     return;
   }
 
-  const bool include_usage = p.include_usage;
-  auto chunk = [=](json choice) {
-    return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                {"model", model_name}, {"choices", json::array({std::move(choice)})}};
+  // Streaming, as Anthropic's API sends it: message_start, then per content block
+  // content_block_start, its deltas and content_block_stop (thinking blocks stream as the model
+  // thinks, text as it writes; with tools the text is held to the end, where the calls are parsed
+  // out of it and each becomes a tool_use block with one input_json_delta), then message_delta
+  // with the stop reason and usage, and message_stop.
+  struct StreamState {
+    bool started = false;
+    int index = -1;          // the open block's index (-1: none)
+    std::string open_type;   // "thinking", "text" or ""
+    std::unique_ptr<ReasoningStream> reasoning;
+    std::string held, full;
   };
-  auto started = std::make_shared<bool>(false);
-  auto reasoning = std::make_shared<ReasoningStream>(reply.reasoning_opened);
-  auto held = std::make_shared<std::string>();
+  auto st = std::make_shared<StreamState>();
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [=](size_t, httplib::DataSink& sink) {
-        auto send = [&](const json& j) {
-          const std::string line = "data: " + dump(j) + "\n\n";
-          return sink.write(line.data(), line.size());
+      [=, this](size_t, httplib::DataSink& sink) {
+        bool ok = true;
+        auto send = [&](const char* event, const json& data) {
+          const std::string s = std::string("event: ") + event + "\ndata: " + dump(data) + "\n\n";
+          ok = ok && sink.write(s.data(), s.size());
         };
-        if (chat && !*started) {
-          *started = true;
-          if (!send(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}))) {
-            handle->cancel();
-            return false;
+        auto close_block = [&] {
+          if (st->open_type.empty()) return;
+          if (st->open_type == "thinking")  // hanpu signs nothing: an empty signature
+            send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index}, {"delta", {{"type", "signature_delta"}, {"signature", ""}}}});
+          send("content_block_stop", {{"type", "content_block_stop"}, {"index", st->index}});
+          st->open_type.clear();
+        };
+        auto open_block = [&](const std::string& type, json block) {
+          if (st->open_type == type) return;
+          close_block();
+          ++st->index;
+          st->open_type = type;
+          send("content_block_start", {{"type", "content_block_start"}, {"index", st->index}, {"content_block", std::move(block)}});
+        };
+        auto stream_text = [&](const std::string& kind, const std::string& text) {
+          if (text.empty()) return;
+          if (kind == "thinking") {
+            open_block("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+            send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index}, {"delta", {{"type", "thinking_delta"}, {"thinking", text}}}});
+          } else {
+            open_block("text", {{"type", "text"}, {"text", ""}});
+            send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
           }
-        }
+        };
+        auto split = [&](const ReasoningSplit& d) {
+          stream_text("thinking", d.reasoning);
+          if (reply.parse_tools) st->held += d.content;
+          else stream_text("text", d.content);
+        };
         GenerationEvent ev;
         if (!handle->next(ev)) return false;
-        bool ok = true;
-        // A split reply streams reasoning_content and content deltas (a partial tag held back);
-        // with tools, the content is held to the end, where the calls are parsed out of it.
-        auto send_split = [&](const ReasoningSplit& d) {
-          if (!d.reasoning.empty())
-            ok = ok && send(chunk({{"index", 0}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
+        if (!st->started) {  // after the first event: the cached token count is known by then
+          st->started = true;
+          st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
+          st->held = reply.forced_prefix;
+          json usage = anthropic_usage(*handle);
+          usage["output_tokens"] = 0;
+          send("message_start", {{"type", "message_start"},
+                                 {"message", {{"id", id}, {"type", "message"}, {"role", "assistant"}, {"model", model_name},
+                                              {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
+                                              {"usage", usage}}}});
+          send("ping", {{"type", "ping"}});
+        }
+        if (ev.kind == GenerationEvent::Kind::kDelta) {
+          st->full += ev.text;
+          if (reply.split_reasoning) split(st->reasoning->push(ev.text));
+          else split({"", ev.text});
+        } else if (ev.kind == GenerationEvent::Kind::kDone) {
+          if (reply.split_reasoning) split(st->reasoning->finish());
+          bool called = false;
           if (reply.parse_tools) {
-            *held += d.content;
-          } else if (!d.content.empty()) {
-            ok = ok && send(chunk({{"index", 0}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
-          }
-        };
-        const bool split = chat && (reply.split_reasoning || reply.parse_tools);
-        if (ev.kind == GenerationEvent::Kind::kDelta && split) {
-          send_split(reply.split_reasoning ? reasoning->push(ev.text) : ReasoningSplit{"", ev.text});
-        } else if (ev.kind == GenerationEvent::Kind::kDelta) {
-          json choice = chat ? json{{"index", 0}, {"delta", {{"content", ev.text}}}, {"finish_reason", nullptr}}
-                             : json{{"index", 0}, {"text", ev.text}, {"token_ids", ev.tokens}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
-          ok = send(chunk(std::move(choice)));
-        } else {
-          std::string finish_reason = ev.finish_reason;
-          if (split && ev.kind == GenerationEvent::Kind::kDone) {
-            if (reply.split_reasoning) send_split(reasoning->finish());
-            if (reply.parse_tools) {
-              const ParsedToolCalls calls = parse_tool_calls(*held, reply.tool_format, reply.tools);
-              const std::string content = calls.calls.empty() ? *held : calls.content;
-              if (!content.empty())
-                ok = ok && send(chunk({{"index", 0}, {"delta", {{"content", content}}}, {"finish_reason", nullptr}}));
-              if (!calls.calls.empty()) {
-                json tc = json::array();
-                for (size_t i = 0; i < calls.calls.size(); ++i)
-                  tc.push_back({{"index", i}, {"id", "call_" + id + "_" + std::to_string(i)}, {"type", "function"},
-                                {"function", {{"name", calls.calls[i].name}, {"arguments", calls.calls[i].arguments}}}});
-                ok = ok && send(chunk({{"index", 0}, {"delta", {{"tool_calls", tc}}}, {"finish_reason", nullptr}}));
-                if (finish_reason == "stop") finish_reason = "tool_calls";
+            const json message = reply_message(ReplyFormat{.parse_tools = true, .tool_format = reply.tool_format, .tools = reply.tools},
+                                               st->held, id);
+            const json blocks = anthropic_blocks(message);
+            for (const json& b : blocks) {
+              if (b["type"] == "text") {
+                stream_text("text", b["text"].get<std::string>());
+              } else if (b["type"] == "tool_use") {
+                called = true;
+                close_block();
+                ++st->index;
+                send("content_block_start", {{"type", "content_block_start"}, {"index", st->index},
+                                             {"content_block", {{"type", "tool_use"}, {"id", b["id"]}, {"name", b["name"]}, {"input", json::object()}}}});
+                send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index},
+                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", dump(b["input"])}}}});
+                send("content_block_stop", {{"type", "content_block_stop"}, {"index", st->index}});
               }
             }
           }
-          if (ev.kind == GenerationEvent::Kind::kDone) {
-            json choice = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", finish_reason}}
-                               : json{{"index", 0}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
-            ok = ok && send(chunk(std::move(choice)));
-            if (ok && include_usage) {
-              json u = chunk(nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage();
-              ok = send(u);
-            }
-          } else {
-            ok = send(error_body({500, "generation failed: " + ev.error, "", "generation_failed", "server_error"}));
-          }
-          static const std::string done = "data: [DONE]\n\n";
-          ok = ok && sink.write(done.data(), done.size());
+          if (st->index < 0) open_block("text", {{"type", "text"}, {"text", ""}});  // never an empty content list
+          close_block();
+          warm_next_turn(*shared_p, reply_message(reply, reply.forced_prefix + st->full, id));
+          send("message_delta", {{"type", "message_delta"},
+                                 {"delta", {{"stop_reason", anthropic_stop_reason(ev.finish_reason, ev.stop_string, called)},
+                                            {"stop_sequence", ev.stop_string.empty() ? json(nullptr) : json(ev.stop_string)}}},
+                                 {"usage", {{"output_tokens", handle->completion_tokens}}}});
+          send("message_stop", {{"type", "message_stop"}});
+          if (ok) sink.done();
+        } else {
+          send("error", anthropic_error_body(500, "generation failed: " + ev.error));
           if (ok) sink.done();
         }
-        if (!ok) handle->cancel();  // the client went away: free its sequence
+        if (!ok) handle->cancel();
         return ok;
       },
       [handle, this](bool success) {
@@ -791,6 +1326,8 @@ void Api::metrics(httplib::Response& res) {
   metric("hanpu_cache_misses_total", "counter", "requests that found no cached prefix", m.cache_misses);
   metric("hanpu_cache_tokens_reused_total", "counter", "prompt tokens restored from the cache instead of computed", m.cache_tokens_reused);
   metric("hanpu_cache_snapshots_total", "counter", "snapshots stored", m.snapshots_taken);
+  metric("hanpu_cache_next_turn_snapshots_total", "counter", "prefills of a chat's next-turn prefix after its reply (warm_only)",
+         m.warm_requests);
   metric("hanpu_cache_snapshot_seconds_total", "counter", "seconds copying states into the cache", sec(m.snapshot_ns));
   metric("hanpu_cache_restore_seconds_total", "counter", "seconds looking up and copying states out of the cache", sec(m.restore_ns));
   metric("hanpu_cache_evictions_total", "counter", "snapshots evicted (least recently used)", static_cast<double>(cs.evictions));
@@ -816,6 +1353,7 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
   signal(SIGPIPE, SIG_IGN);
 
   Scheduler sched(model, tokenizer, sched_opt);
+  sched.set_log_requests(so.log_requests);
   Api api(model, tokenizer, so, sched);
   httplib::Server svr;
   // Each running or queued request holds a handler thread while it waits for tokens; keep-alive
@@ -828,13 +1366,16 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
   svr.set_keep_alive_timeout(2);
 
   svr.set_pre_routing_handler([&](const httplib::Request& req, httplib::Response& res) {
-    if (so.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    if (so.api_key.empty() || req.path == "/health" || req.path == "/") return httplib::Server::HandlerResponse::Unhandled;
     const std::string auth = req.get_header_value("Authorization");
-    if (auth == "Bearer " + so.api_key) return httplib::Server::HandlerResponse::Unhandled;
-    write_json(res, 401,
-               error_body({401, auth.empty() ? "no API key given: send 'Authorization: Bearer <key>'"
-                                             : "incorrect API key in the Authorization header",
-                           "", "invalid_api_key", "invalid_request_error"}));
+    // Anthropic's clients send the key as x-api-key.
+    const std::string x_api_key = req.get_header_value("x-api-key");
+    if (auth == "Bearer " + so.api_key || x_api_key == so.api_key) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string why = auth.empty() && x_api_key.empty()
+                                ? "no API key given: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+                                : "incorrect API key in the Authorization or x-api-key header";
+    if (req.path.rfind("/v1/messages", 0) == 0) write_json(res, 401, anthropic_error_body(401, why));
+    else write_json(res, 401, error_body({401, why, "", "invalid_api_key", "invalid_request_error"}));
     api.http_metrics().count(req.path, 401);
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -847,17 +1388,19 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
     if (res.status == 413)
       message = "the request body is over the limit of " + std::to_string(so.max_body_bytes) + " bytes (--max-body-bytes)";
     if (res.status == 405) message = "method " + req.method + " is not allowed on " + req.path;
-    write_json(res, res.status, error_body({res.status, message, "", res.status == 413 ? "request_too_large" : "", "invalid_request_error"}));
+    if (req.path.rfind("/v1/messages", 0) == 0) write_json(res, res.status, anthropic_error_body(res.status, message));
+    else write_json(res, res.status, error_body({res.status, message, "", res.status == 413 ? "request_too_large" : "", "invalid_request_error"}));
   });
 
-  auto guarded = [&](const std::string& path, auto&& body_fn) {
-    return [&, path, body_fn](const httplib::Request& req, httplib::Response& res) {
+  auto guarded = [&](const std::string& path, auto&& body_fn, bool anthropic = false) {
+    return [&, path, body_fn, anthropic](const httplib::Request& req, httplib::Response& res) {
       try {
         body_fn(req, res);
       } catch (const ApiError& e) {
-        write_json(res, e.status, error_body(e));
+        write_json(res, e.status, anthropic ? anthropic_error_body(e.status, e.message) : error_body(e));
       } catch (const std::exception& e) {
-        write_json(res, 500, error_body({500, std::string("internal error: ") + e.what(), "", "internal_error", "server_error"}));
+        const std::string m = std::string("internal error: ") + e.what();
+        write_json(res, 500, anthropic ? anthropic_error_body(500, m) : error_body({500, m, "", "internal_error", "server_error"}));
       }
       api.http_metrics().count(path, res.status);
     };
@@ -868,6 +1411,10 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
   svr.Post("/v1/completions", guarded("/v1/completions", [&](const httplib::Request& q, httplib::Response& r) {
              api.completions(q, r, false);
            }));
+  svr.Post("/v1/messages", guarded("/v1/messages", [&](const httplib::Request& q, httplib::Response& r) { api.messages(q, r); }, true));
+  svr.Get("/", guarded("/", [&](const httplib::Request&, httplib::Response& r) {
+            r.set_content(chat_page_html(), "text/html; charset=utf-8");
+          }));
   svr.Get("/v1/models", guarded("/v1/models", [&](const httplib::Request&, httplib::Response& r) { api.models(r); }));
   svr.Get("/health", guarded("/health", [&](const httplib::Request&, httplib::Response& r) {
             if (api.draining) write_json(r, 503, {{"status", "shutting down"}});

@@ -20,6 +20,7 @@ struct ServerOptions {
   size_t max_body_bytes = size_t{8} << 20;
   int64_t max_prompt_tokens = 32768;
   int64_t context_tokens = 32768;  // prompt + generated tokens per sequence
+  bool log_requests = true;         // one line per request on stderr (cache hit/miss and why)
   int http_threads = 0;            // 0: enough for every running and queued request, plus spares
 };
 

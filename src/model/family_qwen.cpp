@@ -1,9 +1,9 @@
-// The Qwen family's config.json parser (Qwen3.5 dense and MoE, nested text_config or flat;
-// Qwen3-Next) and the published model sizes (docs/MODEL.md).
+// The Qwen families (docs/MODEL.md): their registry rows (Qwen3.5 dense, Qwen3.5-MoE, Qwen3-Next),
+// the config.json parser they share (nested text_config or flat), and their presets.
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
 
@@ -20,7 +20,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source);
 
 }  // namespace
 
-ModelConfig parse_qwen35_config(const std::string& json_text, const std::string& source) {
+ModelConfig parse_qwen_config(const std::string& json_text, const std::string& source) {
   // The project's JSON layer (io/json_io.hpp): nesting limited, duplicate keys rejected.
   const json top = parse_json(json_text, "config '" + source + "'");
   try {
@@ -50,37 +50,35 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
     fail(source, "model_type '" + top_type + "' with text_config.model_type '" + text_type +
                      "': the text model's type does not belong to it");
   if (!next && !q35 && !q35_moe)
-    fail(source, "unknown model_type '" + top_type +
-                     "', expected 'qwen3_5' / 'qwen3_5_moe' (nested text_config), 'qwen3_5_text' / 'qwen3_5_moe_text' "
-                     "(flat), 'qwen3_next', 'kimi_linear' or 'bailing_hybrid'");
+    fail(source, "unknown model_type '" + printable(top_type) + "', expected one of " + known_model_types());
 
   ConfigFields f{text, top, source};
   ModelConfig c;
   c.model_type = next ? "qwen3_next" : q35_moe ? "qwen3_5_moe_text" : "qwen3_5_text";
-  c.fused_gdn_projections = next;
+  c.gdn.fused_projections = next;
   c.vocab_size = f.required_int("vocab_size");
   c.hidden_size = f.required_int("hidden_size");
   // Qwen3.5-MoE has no dense MLP (every layer is MoE): no intermediate_size.
-  c.intermediate_size = q35_moe ? f.optional_int("intermediate_size", 0) : f.required_int("intermediate_size");
+  c.mlp.intermediate_size = q35_moe ? f.optional_int("intermediate_size", 0) : f.required_int("intermediate_size");
   c.num_layers = f.required_int("num_hidden_layers");
-  c.num_heads = f.required_int("num_attention_heads");
-  c.num_kv_heads = f.required_int("num_key_value_heads");
+  c.attention.num_heads = f.required_int("num_attention_heads");
+  c.attention.num_kv_heads = f.required_int("num_key_value_heads");
   // Absent: 256, the dataclass default of transformers 5.24's Qwen3_5TextConfig, Qwen3_5MoeTextConfig
   // and Qwen3NextConfig (not hidden_size / num_attention_heads, which those classes never derive).
-  c.head_dim = f.optional_int("head_dim", 256);
-  c.linear_num_key_heads = f.required_int("linear_num_key_heads");
-  c.linear_num_value_heads = f.required_int("linear_num_value_heads");
-  c.linear_key_head_dim = f.required_int("linear_key_head_dim");
-  c.linear_value_head_dim = f.required_int("linear_value_head_dim");
-  c.linear_conv_kernel = f.optional_int("linear_conv_kernel_dim", 4);
+  c.attention.head_dim = f.optional_int("head_dim", 256);
+  c.gdn.num_key_heads = f.required_int("linear_num_key_heads");
+  c.gdn.num_value_heads = f.required_int("linear_num_value_heads");
+  c.gdn.key_head_dim = f.required_int("linear_key_head_dim");
+  c.gdn.value_head_dim = f.required_int("linear_value_head_dim");
+  c.gdn.conv_kernel = f.optional_int("linear_conv_kernel_dim", 4);
   if (text.contains("rms_norm_eps")) c.rms_norm_eps = f.number(text, "rms_norm_eps", f.where("rms_norm_eps"));
 
-  if (c.num_heads % c.num_kv_heads != 0)
-    fail(source, "num_attention_heads " + std::to_string(c.num_heads) + " is not a multiple of num_key_value_heads " +
-                     std::to_string(c.num_kv_heads));
-  if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
-    fail(source, "linear_num_value_heads " + std::to_string(c.linear_num_value_heads) +
-                     " is not a multiple of linear_num_key_heads " + std::to_string(c.linear_num_key_heads));
+  if (c.attention.num_heads % c.attention.num_kv_heads != 0)
+    fail(source, "num_attention_heads " + std::to_string(c.attention.num_heads) + " is not a multiple of num_key_value_heads " +
+                     std::to_string(c.attention.num_kv_heads));
+  if (c.gdn.num_value_heads % c.gdn.num_key_heads != 0)
+    fail(source, "linear_num_value_heads " + std::to_string(c.gdn.num_value_heads) +
+                     " is not a multiple of linear_num_key_heads " + std::to_string(c.gdn.num_key_heads));
 
   // RoPE: rope_parameters (transformers v5) or the older top-level keys.
   double partial = 0.25;
@@ -93,24 +91,24 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
       if (type != "default" && type != "mrope")
         fail(source, std::string(holder) + ".rope_type '" + type + "' is not supported (expected 'default')");
       if (!have_theta && rp.contains("rope_theta")) {
-        c.rope_theta = f.number(rp, "rope_theta", std::string(holder) + ".rope_theta");
+        c.attention.rope_theta = f.number(rp, "rope_theta", std::string(holder) + ".rope_theta");
         have_theta = true;
       }
       if (rp.contains("partial_rotary_factor"))
         partial = f.number(rp, "partial_rotary_factor", std::string(holder) + ".partial_rotary_factor");
     }
     if (!have_theta && obj->contains("rope_theta")) {
-      c.rope_theta = f.number(*obj, "rope_theta", "rope_theta");
+      c.attention.rope_theta = f.number(*obj, "rope_theta", "rope_theta");
       have_theta = true;
     }
     if (obj->contains("partial_rotary_factor"))
       partial = f.number(*obj, "partial_rotary_factor", "partial_rotary_factor");
   }
   if (!have_theta) fail(source, "no rope_theta (looked in rope_parameters and at the top level)");
-  c.rotary_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
-  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0 || c.rotary_dim > c.head_dim)
-    fail(source, "partial_rotary_factor " + std::to_string(partial) + " gives " + std::to_string(c.rotary_dim) +
-                     " rotary dims of head_dim " + std::to_string(c.head_dim) + ", expected an even count >= 2");
+  c.attention.rotary_dim = static_cast<int64_t>(static_cast<double>(c.attention.head_dim) * partial);
+  if (c.attention.rotary_dim < 2 || c.attention.rotary_dim % 2 != 0 || c.attention.rotary_dim > c.attention.head_dim)
+    fail(source, "partial_rotary_factor " + std::to_string(partial) + " gives " + std::to_string(c.attention.rotary_dim) +
+                     " rotary dims of head_dim " + std::to_string(c.attention.head_dim) + ", expected an even count >= 2");
 
   // The class whose config this is decides tying: the top level for a nested config.
   const json& tie_src = top.contains("tie_word_embeddings") ? top : text;
@@ -143,18 +141,18 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
   c.is_moe.assign(static_cast<size_t>(c.num_layers), false);
   const bool has_experts = text.contains("num_experts") && !text["num_experts"].is_null() && text["num_experts"] != 0;
   if (q35_moe || (next && has_experts)) {
-    c.num_experts = f.required_int("num_experts");
-    c.num_experts_per_tok = f.required_int("num_experts_per_tok");
-    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
-    c.shared_expert_intermediate_size = q35_moe ? f.required_int("shared_expert_intermediate_size")
+    c.moe.num_experts = f.required_int("num_experts");
+    c.moe.num_experts_per_tok = f.required_int("num_experts_per_tok");
+    c.moe.intermediate_size = f.required_int("moe_intermediate_size");
+    c.moe.shared_expert_intermediate_size = q35_moe ? f.required_int("shared_expert_intermediate_size")
                                         : text.contains("shared_expert_intermediate_size") &&
                                                 text["shared_expert_intermediate_size"] == 0
                                             ? 0
                                             : f.optional_int("shared_expert_intermediate_size", 0);
-    if (c.num_experts_per_tok > c.num_experts)
-      fail(source, "num_experts_per_tok " + std::to_string(c.num_experts_per_tok) + " exceeds num_experts " +
-                       std::to_string(c.num_experts));
-    if (next) c.norm_topk_prob = f.boolean("norm_topk_prob", true);  // absent: true, Qwen3NextConfig's default
+    if (c.moe.num_experts_per_tok > c.moe.num_experts)
+      fail(source, "num_experts_per_tok " + std::to_string(c.moe.num_experts_per_tok) + " exceeds num_experts " +
+                       std::to_string(c.moe.num_experts));
+    if (next) c.moe.norm_topk_prob = f.boolean("norm_topk_prob", true);  // absent: true, Qwen3NextConfig's default
     const int64_t step = next ? f.optional_int("decoder_sparse_step", 1) : 1;
     std::vector<bool> dense_only(static_cast<size_t>(c.num_layers), false);
     if (next && text.contains("mlp_only_layers") && !text["mlp_only_layers"].is_null()) {
@@ -169,7 +167,7 @@ ModelConfig parse_config_json(const json& top, const std::string& source) {
     }
     for (int64_t i = 0; i < c.num_layers; ++i)
       c.is_moe[static_cast<size_t>(i)] = !dense_only[static_cast<size_t>(i)] && (i + 1) % step == 0;
-    if (c.num_moe_layers() < c.num_layers && c.intermediate_size < 1)
+    if (c.num_moe_layers() < c.num_layers && c.mlp.intermediate_size < 1)
       fail(source, "field '" + f.where("intermediate_size") + "' is missing (needed by the dense MLP layers)");
   }
 
@@ -205,29 +203,29 @@ constexpr const char* kQwen3NextSlice = "qwen3-next-80b-a3b-slice";
 ModelConfig qwen3next_slice() {
   ModelConfig c;
   c.model_type = "qwen3_next";
-  c.fused_gdn_projections = true;
+  c.gdn.fused_projections = true;
   c.vocab_size = 151936;
   c.hidden_size = 2048;
-  c.intermediate_size = 5120;  // in the config, used by no layer (every layer is MoE)
+  c.mlp.intermediate_size = 5120;  // in the config, used by no layer (every layer is MoE)
   c.num_layers = 4;
-  c.num_heads = 16;
-  c.num_kv_heads = 2;
-  c.head_dim = 256;
-  c.rotary_dim = 64;
-  c.rope_theta = 1e7;
-  c.linear_num_key_heads = 16;
-  c.linear_num_value_heads = 32;
-  c.linear_key_head_dim = 128;
-  c.linear_value_head_dim = 128;
-  c.linear_conv_kernel = 4;
+  c.attention.num_heads = 16;
+  c.attention.num_kv_heads = 2;
+  c.attention.head_dim = 256;
+  c.attention.rotary_dim = 64;
+  c.attention.rope_theta = 1e7;
+  c.gdn.num_key_heads = 16;
+  c.gdn.num_value_heads = 32;
+  c.gdn.key_head_dim = 128;
+  c.gdn.value_head_dim = 128;
+  c.gdn.conv_kernel = 4;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = false;
   c.is_full_attention = {false, false, false, true};
-  c.num_experts = 64;
-  c.num_experts_per_tok = 10;
-  c.moe_intermediate_size = 512;
-  c.shared_expert_intermediate_size = 512;
-  c.norm_topk_prob = true;
+  c.moe.num_experts = 64;
+  c.moe.num_experts_per_tok = 10;
+  c.moe.intermediate_size = 512;
+  c.moe.shared_expert_intermediate_size = 512;
+  c.moe.norm_topk_prob = true;
   c.is_moe.assign(4, true);
   c.eos_token_ids = {151645, 151643};
   return c;
@@ -245,148 +243,98 @@ ModelConfig qwen35_moe_slice() {
   c.vocab_size = 248320;
   c.hidden_size = 2048;
   c.num_layers = 4;
-  c.num_heads = 16;
-  c.num_kv_heads = 2;
-  c.head_dim = 256;
-  c.rotary_dim = 64;
-  c.rope_theta = 10000.0;  // the config default; it does not change the work
-  c.linear_num_key_heads = 16;
-  c.linear_num_value_heads = 32;
-  c.linear_key_head_dim = 128;
-  c.linear_value_head_dim = 128;
-  c.linear_conv_kernel = 4;
+  c.attention.num_heads = 16;
+  c.attention.num_kv_heads = 2;
+  c.attention.head_dim = 256;
+  c.attention.rotary_dim = 64;
+  c.attention.rope_theta = 10000.0;  // the config default; it does not change the work
+  c.gdn.num_key_heads = 16;
+  c.gdn.num_value_heads = 32;
+  c.gdn.key_head_dim = 128;
+  c.gdn.value_head_dim = 128;
+  c.gdn.conv_kernel = 4;
   c.rms_norm_eps = 1e-6;
   c.tie_word_embeddings = false;
   c.is_full_attention = {false, false, false, true};
-  c.num_experts = 64;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 512;
-  c.shared_expert_intermediate_size = 512;
-  c.norm_topk_prob = true;
+  c.moe.num_experts = 64;
+  c.moe.num_experts_per_tok = 8;
+  c.moe.intermediate_size = 512;
+  c.moe.shared_expert_intermediate_size = 512;
+  c.moe.norm_topk_prob = true;
   c.is_moe.assign(4, true);
   c.eos_token_ids = {248044, 248046};
   return c;
 }
 
-// A slice of Kimi-Linear-48B-A3B (docs/MODEL.md) with its real layer shapes: the dense
-// KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
-// MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
-constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";
-
-ModelConfig kimi_linear_slice() {
+// A Qwen3.5 dense model of a published size: every fourth layer full attention.
+ModelConfig qwen35_dense(const Preset& p) {
   ModelConfig c;
-  c.model_type = "kimi_linear";
-  c.linear_mixer = TokenMixer::kKda;
-  c.attention_mixer = TokenMixer::kMla;
-  c.norm_weight_plus_one = false;
-  c.vocab_size = 163840;
-  c.hidden_size = 2304;
-  c.intermediate_size = 9216;
-  c.num_layers = 4;
-  c.num_heads = c.num_kv_heads = 32;
-  c.mla_kv_lora_rank = 512;
-  c.mla_qk_nope_head_dim = 128;
-  c.mla_qk_rope_head_dim = 64;
-  c.mla_v_head_dim = 128;
-  c.head_dim = 192;
-  c.linear_num_key_heads = c.linear_num_value_heads = 32;
-  c.linear_key_head_dim = c.linear_value_head_dim = 128;
-  c.linear_conv_kernel = 4;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = false;
-  c.is_full_attention = {false, false, false, true};
-  c.is_moe = {false, true, true, true};
-  c.num_experts = 64;
-  c.num_experts_per_tok = 8;
-  c.moe_intermediate_size = 1024;
-  c.shared_expert_intermediate_size = 1024;
-  c.shared_expert_gated = false;
-  c.router_scoring = RouterScoring::kSigmoid;
-  c.router_score_bias = true;
-  c.norm_topk_prob = true;
-  c.topk_norm_eps = 1e-20;
-  c.routed_scaling_factor = 2.446;
-  c.names.linear_attention = "self_attn.";
-  c.names.channel_mixer = {"block_sparse_moe.", "mlp."};
-  c.names.expert_gate = "w1";
-  c.names.expert_up = "w3";
-  c.names.expert_down = "w2";
-  c.names.shared_expert = "shared_experts.";
-  c.eos_token_ids = {163586};
+  c.model_type = "qwen3_5_text";
+  c.vocab_size = 248320;
+  c.hidden_size = p.hidden;
+  c.mlp.intermediate_size = p.intermediate;
+  c.num_layers = p.layers;
+  c.attention.num_heads = p.heads;
+  c.attention.num_kv_heads = p.kv_heads;
+  c.attention.head_dim = 256;
+  c.attention.rotary_dim = 64;
+  c.attention.rope_theta = 1e7;
+  c.gdn.num_key_heads = 16;
+  c.gdn.num_value_heads = p.v_heads;
+  c.gdn.key_head_dim = 128;
+  c.gdn.value_head_dim = 128;
+  c.gdn.conv_kernel = 4;
+  c.rms_norm_eps = 1e-6;
+  c.tie_word_embeddings = p.tied;
+  for (int64_t i = 0; i < p.layers; ++i) c.is_full_attention.push_back((i + 1) % 4 == 0);
+  c.eos_token_ids = {248044, 248046};
   return c;
-}
-
-// A slice of Ling-3.0-Flash with the shapes of transformers 5.24's BailingHybridConfig defaults
-// (whose docstring names inclusionAI/Ling-3.0-Flash; no official config was read): hidden 2560,
-// KDA 32 heads of 128 with full-rank gates and the safe gate (lower bound -5), MLA 32 heads
-// (kv_lora 512, nope 128 + rope 64, v 128, RoPE theta 6e6, no q_lora), 512 experts top-8 of 768
-// plus a shared expert of 768 with grouped sigmoid routing (8 groups, top-4), dense MLPs of 6144
-// in the first two layers, vocabulary 157184, untied. Of the 42 layers (groups of 5 KDA + 1 MLA)
-// it keeps 3 KDA + 1 MLA, the two dense layers and two MoE layers, and 64 of the 512 experts
-// (8 per group, so grouped top-k still chooses 4 of 8 groups). Written as a config.json and read
-// by the family's own parser, so the preset is exactly what such a checkpoint would load.
-constexpr const char* kLingFlashSlice = "ling-3.0-flash-slice";
-
-ModelConfig ling_flash_slice() {
-  return parse_bailing_hybrid_config(R"({
-    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2560,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
-    "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
-    "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
-    "v_head_dim": 128, "rope_theta": 6000000.0,
-    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
-    "mlp_layer_types": ["dense", "dense", "sparse", "sparse"],
-    "num_experts": 64, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
-    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "kda_safe_gate": true, "kda_lower_bound": -5.0,
-    "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "eos_token_id": 156895
-  })", kLingFlashSlice);
 }
 
 }  // namespace
 
-std::vector<std::string> model_preset_names() {
-  std::vector<std::string> names;
-  for (const Preset& p : kPresets) names.emplace_back(p.name);
-  names.emplace_back(kQwen3NextSlice);
-  names.emplace_back(kQwen35MoeSlice);
-  names.emplace_back(kKimiLinearSlice);
-  names.emplace_back(kLingFlashSlice);
-  return names;
-}
+namespace model {
 
-ModelConfig model_preset(const std::string& name) {
-  if (name == kQwen3NextSlice) return qwen3next_slice();
-  if (name == kKimiLinearSlice) return kimi_linear_slice();
-  if (name == kLingFlashSlice) return ling_flash_slice();
-  if (name == kQwen35MoeSlice) return qwen35_moe_slice();
-  for (const Preset& p : kPresets) {
-    if (name != p.name) continue;
-    ModelConfig c;
-    c.model_type = "qwen3_5_text";
-    c.vocab_size = 248320;
-    c.hidden_size = p.hidden;
-    c.intermediate_size = p.intermediate;
-    c.num_layers = p.layers;
-    c.num_heads = p.heads;
-    c.num_kv_heads = p.kv_heads;
-    c.head_dim = 256;
-    c.rotary_dim = 64;
-    c.rope_theta = 1e7;
-    c.linear_num_key_heads = 16;
-    c.linear_num_value_heads = p.v_heads;
-    c.linear_key_head_dim = 128;
-    c.linear_value_head_dim = 128;
-    c.linear_conv_kernel = 4;
-    c.rms_norm_eps = 1e-6;
-    c.tie_word_embeddings = p.tied;
-    for (int64_t i = 0; i < p.layers; ++i) c.is_full_attention.push_back((i + 1) % 4 == 0);
-    c.eos_token_ids = {248044, 248046};
-    return c;
-  }
-  std::string names;
-  for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
-  names += std::string(", ") + kQwen3NextSlice + ", " + kQwen35MoeSlice + ", " + kKimiLinearSlice;
-  throw Error("unknown model size '" + name + "', expected one of " + names);
-}
+extern const ModelFamily kQwen35Family{
+    .name = "Qwen3.5",
+    .model_types = {"qwen3_5", "qwen3_5_text"},
+    .architectures = {"Qwen3_5ForConditionalGeneration", "Qwen3_5ForCausalLM"},
+    .parse = parse_qwen_config,
+    .presets = [] {
+      std::vector<ModelPreset> out;
+      for (const Preset& p : kPresets) out.push_back({p.name, [p] { return qwen35_dense(p); }});
+      return out;
+    }(),
+    .checkpoint_names = {},
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "qwen35",
+};
+
+extern const ModelFamily kQwen35MoeFamily{
+    .name = "Qwen3.5-MoE",
+    .model_types = {"qwen3_5_moe", "qwen3_5_moe_text"},
+    .architectures = {"Qwen3_5MoeForConditionalGeneration", "Qwen3_5MoeForCausalLM"},
+    .parse = parse_qwen_config,
+    .presets = {{kQwen35MoeSlice, qwen35_moe_slice}},
+    .checkpoint_names = {},
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "qwen35moe",
+};
+
+extern const ModelFamily kQwen3NextFamily{
+    .name = "Qwen3-Next",
+    .model_types = {"qwen3_next"},
+    .architectures = {"Qwen3NextForCausalLM"},
+    .parse = parse_qwen_config,
+    .presets = {{kQwen3NextSlice, qwen3next_slice}},
+    .checkpoint_names = {},
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "qwen3next",
+};
+
+}  // namespace model
 
 }  // namespace hanpu

@@ -1,6 +1,6 @@
 // Row permutations from Qwen3-Next's fused, group-interleaved GDN projections to the Qwen3.5 order
-// (see qwen3next_layout.hpp).
-#include "model/qwen3next_layout.hpp"
+// (see fused_gdn_layout.hpp).
+#include "model/fused_gdn_layout.hpp"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// The element-wise and small kernels of a Qwen3.5 layer besides the projections and the GDN
+// The element-wise and small kernels of a decoder layer (every family) besides the projections and the LA
 // engine: RMSNorms, the causal depthwise conv, the gated RMSNorm, SwiGLU, RoPE and causal GQA
 // attention over the KV cache. All in F32, each one work-split over the given engine's threads.
 #pragma once

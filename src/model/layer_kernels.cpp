@@ -1,4 +1,4 @@
-// SIMD kernels of the Qwen3.5 layer glue (Highway, compiled per target and dispatched at run
+// SIMD kernels of the layer glue every block uses (Highway, compiled per target and dispatched at run
 // time): rows of RMSNorm, SiLU/sigmoid gating, and the block kernel of causal attention.
 //
 // Attention block (attention_rows): R query rows that share one KV head (the GQA group of a few
@@ -18,7 +18,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/qwen35_kernels.hpp"
+#include "model/layer_kernels.hpp"
 #include "cpu/isa.hpp"
 
 #ifndef HWY_DISABLED_TARGETS
@@ -26,7 +26,7 @@
 #endif
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "model/qwen35_kernels.cpp"
+#define HWY_TARGET_INCLUDE "model/layer_kernels.cpp"
 #include <hwy/foreach_target.h>  // re-includes this file once per target
 #include <hwy/highway.h>
 #include <hwy/cache_control.h>

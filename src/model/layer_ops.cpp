@@ -1,6 +1,6 @@
-// F32 kernels of a Qwen3.5 layer (see qwen35_ops.hpp): work split over threads and the data
-// layouts here, the per-row SIMD work in qwen35_kernels.cpp.
-#include "model/qwen35_ops.hpp"
+// F32 kernels between the projections of every block (see layer_ops.hpp): work split over threads and the data
+// layouts here, the per-row SIMD work in layer_kernels.cpp.
+#include "model/layer_ops.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "hanpu/tensor.hpp"
-#include "model/qwen35_kernels.hpp"
+#include "model/layer_kernels.hpp"
 
 namespace hanpu::model {
 

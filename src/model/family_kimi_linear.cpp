@@ -1,4 +1,5 @@
-// Kimi Linear's config.json parser (model_type kimi_linear; docs/MODEL.md): the
+// The Kimi Linear family: its registry row, presets and config.json parser (model_type
+// kimi_linear; docs/MODEL.md). The parser reads the
 // official checkpoints' keys (linear_attn_config with 1-indexed kda_layers / full_attn_layers,
 // num_experts_per_token, first_k_dense_replace, ...) and the ones transformers' save_pretrained
 // writes (layer_types, mlp_layer_types, linear_num_heads, ...), with transformers 5.24's
@@ -6,7 +7,7 @@
 // not run either (RoPE in MLA, biases, other activations) are refused, naming the key.
 #include <nlohmann/json.hpp>
 
-#include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
 
@@ -18,6 +19,20 @@ using json = nlohmann::json;
 using model::config_fail;
 using model::ConfigFields;
 using model::first_present;
+
+// The checkpoint layout (docs/MODEL.md): the KDA module is self_attn; MoE layers are
+// block_sparse_moe (dense ones mlp in official checkpoints, block_sparse_moe in save_pretrained's),
+// experts w1 / w3 / w2, the shared experts shared_experts.
+CheckpointNames kimi_linear_names() {
+  CheckpointNames n;
+  n.linear_attention = "self_attn.";
+  n.channel_mixer = {"block_sparse_moe.", "mlp."};
+  n.expert_gate = "w1";
+  n.expert_up = "w3";
+  n.expert_down = "w2";
+  n.shared_expert = "shared_experts.";
+  return n;
+}
 
 ModelConfig parse(const json& top, const std::string& source) {
   if (!top.is_object()) config_fail(source, "expected a JSON object");
@@ -54,11 +69,11 @@ ModelConfig parse(const json& top, const std::string& source) {
   };
   const int64_t kda_heads = kda_int("num_heads", "linear_num_heads", 32);
   const int64_t kda_dim = kda_int("head_dim", "linear_head_dim", 128);
-  c.linear_num_key_heads = c.linear_num_value_heads = kda_heads;
-  c.linear_key_head_dim = c.linear_value_head_dim = kda_dim;
-  c.linear_conv_kernel = kda_int("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
+  c.kda.num_heads = kda_heads;
+  c.kda.head_dim = kda_dim;
+  c.kda.conv_kernel = kda_int("short_conv_kernel_size", "linear_conv_kernel_dim", 4);
   c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(kda_heads) + " heads of " +
-                          std::to_string(kda_dim) + " and a conv of " + std::to_string(c.linear_conv_kernel) + " (" +
+                          std::to_string(kda_dim) + " and a conv of " + std::to_string(c.kda.conv_kernel) + " (" +
                           keys + ")";
 
   // Layer kinds: layer_types, else linear_attn_config's 1-indexed lists, else transformers' default.
@@ -97,18 +112,17 @@ ModelConfig parse(const json& top, const std::string& source) {
   }
 
   // MLA (KimiLinearAttention): one KV head per query head after kv_b_proj.
-  c.num_heads = f.required_int("num_attention_heads");
-  c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
-  if (c.num_kv_heads != c.num_heads)
-    config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
-                            std::to_string(c.num_heads) + ": Kimi Linear's MLA expands the latent to one key/value head "
+  c.mla.num_heads = f.required_int("num_attention_heads");
+  const int64_t num_kv_heads = f.optional_int("num_key_value_heads", c.mla.num_heads);
+  if (num_kv_heads != c.mla.num_heads)
+    config_fail(source, "num_key_value_heads " + std::to_string(num_kv_heads) + " differs from num_attention_heads " +
+                            std::to_string(c.mla.num_heads) + ": Kimi Linear's MLA expands the latent to one key/value head "
                             "per query head");
-  c.mla_q_lora_rank = f.optional_int("q_lora_rank", 0);
-  c.mla_kv_lora_rank = f.optional_int("kv_lora_rank", 512);
-  c.mla_qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
-  c.mla_qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
-  c.mla_v_head_dim = f.optional_int("v_head_dim", 128);
-  c.head_dim = c.mla_qk_head_dim();
+  c.mla.q_lora_rank = f.optional_int("q_lora_rank", 0);
+  c.mla.kv_lora_rank = f.optional_int("kv_lora_rank", 512);
+  c.mla.qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
+  c.mla.qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
+  c.mla.v_head_dim = f.optional_int("v_head_dim", 128);
 
   // Channel mixers: mlp_layer_types ("dense" / "sparse"), else the first first_k_dense_replace
   // layers dense and the rest MoE.
@@ -134,40 +148,75 @@ ModelConfig parse(const json& top, const std::string& source) {
     }
     for (int64_t i = dense_first; i < c.num_layers; ++i) c.is_moe[static_cast<size_t>(i)] = true;
   }
-  if (c.num_moe_layers() < c.num_layers) c.intermediate_size = f.required_int("intermediate_size");
+  if (c.num_moe_layers() < c.num_layers) c.mlp.intermediate_size = f.required_int("intermediate_size");
   if (c.num_moe_layers() > 0) {
     const char* experts = first_present(top, {"num_experts", "num_local_experts", "n_routed_experts"});
     if (!experts) config_fail(source, "field 'num_experts' is missing (needed by the MoE layers)");
-    c.num_experts = f.required_int(experts);
+    c.moe.num_experts = f.required_int(experts);
     const char* per_tok = first_present(top, {"num_experts_per_token", "num_experts_per_tok"});
-    c.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
-    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    c.moe.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
+    c.moe.intermediate_size = f.required_int("moe_intermediate_size");
     const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
     const bool no_shared = shared && top[shared] == 0;
-    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe_intermediate_size;
-    c.shared_expert_gated = false;
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.router_score_bias = true;  // KimiLinearTopkRouter.e_score_correction_bias
+    c.moe.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * c.moe.intermediate_size;
+    c.moe.shared_expert_gated = false;
+    c.moe.router_scoring = RouterScoring::kSigmoid;
+    c.moe.router_score_bias = true;  // KimiLinearTopkRouter.e_score_correction_bias
     const char* groups = first_present(top, {"num_expert_group", "n_group"});
-    c.num_expert_groups = groups ? f.required_int(groups) : 1;
-    c.topk_groups = f.optional_int("topk_group", 1);
+    c.moe.num_expert_groups = groups ? f.required_int(groups) : 1;
+    c.moe.topk_groups = f.optional_int("topk_group", 1);
     const char* renorm = first_present(top, {"moe_renormalize", "norm_topk_prob"});
-    c.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
-    c.topk_norm_eps = 1e-20;
-    c.routed_scaling_factor =
+    c.moe.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
+    c.moe.topk_norm_eps = 1e-20;
+    c.moe.routed_scaling_factor =
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.446;
   }
 
-  // Checkpoint names (docs/MODEL.md): the KDA module is self_attn; MoE layers are
-  // block_sparse_moe (dense ones mlp in official checkpoints, block_sparse_moe in save_pretrained's).
-  c.names.linear_attention = "self_attn.";
-  c.names.channel_mixer = {"block_sparse_moe.", "mlp."};
-  c.names.expert_gate = "w1";
-  c.names.expert_up = "w3";
-  c.names.expert_down = "w2";
-  c.names.shared_expert = "shared_experts.";
+  c.names = kimi_linear_names();
   c.eos_token_ids = model::read_eos_token_ids(f);
   c.check();
+  return c;
+}
+
+// A slice of Kimi-Linear-48B-A3B (docs/MODEL.md) with its real layer shapes: the dense
+// KDA layer 0, two MoE KDA layers and one MoE MLA layer of the 27 (the real ratio is 20 KDA : 7
+// MLA), 64 of the 256 experts (top-8 of them, as the real router picks 8).
+constexpr const char* kKimiLinearSlice = "kimi-linear-48b-a3b-slice";
+
+ModelConfig kimi_linear_slice() {
+  ModelConfig c;
+  c.model_type = "kimi_linear";
+  c.linear_mixer = TokenMixer::kKda;
+  c.attention_mixer = TokenMixer::kMla;
+  c.norm_weight_plus_one = false;
+  c.vocab_size = 163840;
+  c.hidden_size = 2304;
+  c.mlp.intermediate_size = 9216;
+  c.num_layers = 4;
+  c.mla.num_heads = 32;
+  c.mla.kv_lora_rank = 512;
+  c.mla.qk_nope_head_dim = 128;
+  c.mla.qk_rope_head_dim = 64;
+  c.mla.v_head_dim = 128;
+  c.kda.num_heads = 32;
+  c.kda.head_dim = 128;
+  c.kda.conv_kernel = 4;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = false;
+  c.is_full_attention = {false, false, false, true};
+  c.is_moe = {false, true, true, true};
+  c.moe.num_experts = 64;
+  c.moe.num_experts_per_tok = 8;
+  c.moe.intermediate_size = 1024;
+  c.moe.shared_expert_intermediate_size = 1024;
+  c.moe.shared_expert_gated = false;
+  c.moe.router_scoring = RouterScoring::kSigmoid;
+  c.moe.router_score_bias = true;
+  c.moe.norm_topk_prob = true;
+  c.moe.topk_norm_eps = 1e-20;
+  c.moe.routed_scaling_factor = 2.446;
+  c.names = kimi_linear_names();
+  c.eos_token_ids = {163586};
   return c;
 }
 
@@ -183,5 +232,21 @@ ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::st
     config_fail(source, "a field has an unexpected JSON type: " + what);
   }
 }
+
+namespace model {
+
+extern const ModelFamily kKimiLinearFamily{
+    .name = "Kimi Linear",
+    .model_types = {"kimi_linear"},
+    .architectures = {"KimiLinearForCausalLM"},
+    .parse = parse_kimi_linear_config,
+    .presets = {{kKimiLinearSlice, kimi_linear_slice}},
+    .checkpoint_names = kimi_linear_names(),
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "kimi-linear",
+};
+
+}  // namespace model
 
 }  // namespace hanpu

@@ -1,4 +1,4 @@
-// SIMD row kernels of the Qwen3.5 layer glue and the attention block kernel (qwen35_kernels.cpp,
+// SIMD row kernels of the layer glue and the attention block kernel (layer_kernels.cpp,
 // compiled per SIMD target by Highway and dispatched at run time).
 #pragma once
 

@@ -1,4 +1,5 @@
-// Ling 3.0's config.json parser (docs/MODEL.md): the config transformers 5.24's
+// The Ling 3.0 family: its registry row, preset and config.json parser (docs/MODEL.md). The
+// parser reads the config transformers 5.24's
 // BailingHybridConfig saves (model_type bailing_hybrid) and the layout of the published
 // checkpoints (architectures BailingMoeV3ForCausalLM, model_type bailing_hybrid, or bailing_moe_v3
 // from their remote-code config class): KDA layers with full-rank gate projections and the safe
@@ -9,7 +10,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
 
@@ -39,6 +40,21 @@ std::vector<bool> kinds(const json& top, const char* key, const char* a, const c
   return out;
 }
 
+// The checkpoint layout (transformers' conversion_mapping for bailing_hybrid, reversed; the
+// published checkpoints name the KDA output projection o_proj, which the KDA loader reads when
+// present).
+CheckpointNames bailing_hybrid_names() {
+  CheckpointNames n;
+  n.embed_tokens = "word_embeddings.";
+  n.attention = "attention.";
+  n.linear_attention = "attention.";
+  n.attention_out = "dense";
+  n.router_score_bias = "gate.expert_bias";
+  n.channel_mixer = {"mlp."};
+  n.shared_expert = "shared_experts.";
+  return n;
+}
+
 ModelConfig parse(const json& top, const std::string& source) {
   if (!top.is_object()) config_fail(source, "expected a JSON object");
   const ConfigFields f{top, top, source};
@@ -51,21 +67,21 @@ ModelConfig parse(const json& top, const std::string& source) {
   // from the linear_* values, and save_pretrained writes them all (head_dim then holds
   // qk_rope_head_dim). The published configs have no linear_* keys: head_dim is the KDA head dim
   // there (llama.cpp's conversion/bailingmoe3.py and vLLM's bailing_moe_v3.py read it so).
-  c.num_heads = f.required_int("num_attention_heads");
-  c.num_kv_heads = f.optional_int("num_key_value_heads", c.num_heads);
-  if (c.num_kv_heads != c.num_heads)
-    config_fail(source, "num_key_value_heads " + std::to_string(c.num_kv_heads) + " differs from num_attention_heads " +
-                            std::to_string(c.num_heads) + ": the MLA latent expands to one key/value head per query head");
+  c.mla.num_heads = f.required_int("num_attention_heads");
+  const int64_t num_kv_heads = f.optional_int("num_key_value_heads", c.mla.num_heads);
+  if (num_kv_heads != c.mla.num_heads)
+    config_fail(source, "num_key_value_heads " + std::to_string(num_kv_heads) + " differs from num_attention_heads " +
+                            std::to_string(c.mla.num_heads) + ": the MLA latent expands to one key/value head per query head");
   const char* heads_key = f.present("linear_num_heads") ? "linear_num_heads" : "num_attention_heads";
   const char* dim_key = f.present("linear_head_dim") ? "linear_head_dim" : "head_dim";
   const char* conv_key = f.present("linear_conv_kernel_dim") ? "linear_conv_kernel_dim" : "short_conv_kernel_size";
-  c.linear_num_key_heads = c.linear_num_value_heads = f.required_int(heads_key);
-  c.linear_key_head_dim = c.linear_value_head_dim = f.optional_int(dim_key, 128);
-  c.linear_conv_kernel = f.optional_int(conv_key, 4);
-  c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(c.linear_num_value_heads) + " heads of " +
-                          std::to_string(c.linear_key_head_dim) + " (" + heads_key + ", " + dim_key + ") and a conv of " +
-                          std::to_string(c.linear_conv_kernel) + " (" + conv_key + ")";
-  c.kda_low_rank_gates = false;
+  c.kda.num_heads = f.required_int(heads_key);
+  c.kda.head_dim = f.optional_int(dim_key, 128);
+  c.kda.conv_kernel = f.optional_int(conv_key, 4);
+  c.linear_shape_source = "config.json gives the KDA layers " + std::to_string(c.kda.num_heads) + " heads of " +
+                          std::to_string(c.kda.head_dim) + " (" + heads_key + ", " + dim_key + ") and a conv of " +
+                          std::to_string(c.kda.conv_kernel) + " (" + conv_key + ")";
+  c.kda.low_rank_gates = false;
   // The published layout's switches (llama.cpp's conversion/bailingmoe3.py refuses the same ones):
   // KDA LoRA gate projections, and any MLA output gate but the head-wise one.
   if (f.present("no_kda_lora") && !f.boolean("no_kda_lora", true))
@@ -79,27 +95,26 @@ ModelConfig parse(const json& top, const std::string& source) {
                             json_got(top["gated_attention_proj_granularity_type"]) +
                             ", expected 'head_wise' (one sigmoid gate per MLA head; element-wise or no gate is not "
                             "supported)");
-  c.kda_safe_gate = f.boolean("kda_safe_gate", true);
-  if (c.kda_safe_gate) {
-    c.kda_lower_bound = -5.0;
+  c.kda.safe_gate = f.boolean("kda_safe_gate", true);
+  if (c.kda.safe_gate) {
+    c.kda.lower_bound = -5.0;
     if (f.present("kda_lower_bound")) {
       const json& v = top["kda_lower_bound"];
       if (!v.is_number() || !std::isfinite(v.get<double>()) || !(v.get<double>() < 0))
         config_fail(source, "field 'kda_lower_bound' is " + json_got(v) + ", expected a negative number");
-      c.kda_lower_bound = v.get<double>();
+      c.kda.lower_bound = v.get<double>();
     }
   }
 
   // MLA with RoPE and the head-wise output gate.
-  c.mla_q_lora_rank = f.optional_int("q_lora_rank", 0);
-  c.mla_kv_lora_rank = f.optional_int("kv_lora_rank", 512);
-  c.mla_qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
-  c.mla_qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
-  c.mla_v_head_dim = f.optional_int("v_head_dim", 128);
-  c.head_dim = c.mla_qk_head_dim();
-  c.mla_rope = true;
-  c.mla_head_gate = true;
-  c.rope_theta = 6e6;
+  c.mla.q_lora_rank = f.optional_int("q_lora_rank", 0);
+  c.mla.kv_lora_rank = f.optional_int("kv_lora_rank", 512);
+  c.mla.qk_nope_head_dim = f.optional_int("qk_nope_head_dim", 128);
+  c.mla.qk_rope_head_dim = f.optional_int("qk_rope_head_dim", 64);
+  c.mla.v_head_dim = f.optional_int("v_head_dim", 128);
+  c.mla.rope = true;
+  c.mla.head_gate = true;
+  c.mla.rope_theta = 6e6;
   if (f.present("rope_parameters")) {
     const json& rp = top["rope_parameters"];
     if (!rp.is_object()) config_fail(source, "field 'rope_parameters' is " + json_got(rp) + ", expected an object");
@@ -107,9 +122,9 @@ ModelConfig parse(const json& top, const std::string& source) {
     if (type != "default")
       config_fail(source, "rope_parameters.rope_type '" + type + "' is not supported (expected 'default'; YaRN and other "
                           "scalings are not implemented)");
-    if (rp.contains("rope_theta")) c.rope_theta = f.number(rp, "rope_theta", "rope_parameters.rope_theta");
+    if (rp.contains("rope_theta")) c.mla.rope_theta = f.number(rp, "rope_theta", "rope_parameters.rope_theta");
   } else if (f.present("rope_theta")) {
-    c.rope_theta = f.number(top, "rope_theta", "rope_theta");
+    c.mla.rope_theta = f.number(top, "rope_theta", "rope_theta");
   }
   if (f.present("rope_scaling")) {  // the published configs: null
     const json& rs = top["rope_scaling"];
@@ -131,9 +146,8 @@ ModelConfig parse(const json& top, const std::string& source) {
   for (const char* bias : {"use_qkv_bias", "use_bias"})
     if (f.boolean(bias, false))
       config_fail(source, std::string("field '") + bias + "' is true: projections with biases are not supported, expected false");
-  if (c.mla_qk_rope_head_dim % 2 != 0)
-    config_fail(source, "qk_rope_head_dim " + std::to_string(c.mla_qk_rope_head_dim) + " is odd; RoPE rotates pairs");
-  c.rotary_dim = c.mla_qk_rope_head_dim;
+  if (c.mla.qk_rope_head_dim % 2 != 0)
+    config_fail(source, "qk_rope_head_dim " + std::to_string(c.mla.qk_rope_head_dim) + " is odd; RoPE rotates pairs");
 
   // Layer kinds: layer_types, else the last layer of every layer_group_size group is MLA.
   if (f.present("layer_types")) {
@@ -163,23 +177,23 @@ ModelConfig parse(const json& top, const std::string& source) {
     }
     for (int64_t i = 0; i < c.num_layers; ++i) c.is_moe.push_back(i >= dense_first);
   }
-  if (c.num_moe_layers() < c.num_layers) c.intermediate_size = f.required_int("intermediate_size");
+  if (c.num_moe_layers() < c.num_layers) c.mlp.intermediate_size = f.required_int("intermediate_size");
   if (c.num_moe_layers() > 0) {
     const char* experts = first_present(top, {"num_experts", "num_local_experts"});
-    c.num_experts = experts ? f.required_int(experts) : 512;
+    c.moe.num_experts = experts ? f.required_int(experts) : 512;
     const char* per_tok = first_present(top, {"num_experts_per_token", "num_experts_per_tok"});
-    c.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
-    c.moe_intermediate_size = f.required_int("moe_intermediate_size");
+    c.moe.num_experts_per_tok = per_tok ? f.required_int(per_tok) : 8;
+    c.moe.intermediate_size = f.required_int("moe_intermediate_size");
     const char* shared = first_present(top, {"num_shared_experts", "n_shared_experts"});
     const bool no_shared = shared && top[shared] == 0;
     // The published configs give the shared expert's width (moe_shared_expert_intermediate_size,
     // times num_shared_experts as vLLM's bailing_moe_v3.py builds it); transformers uses
     // moe_intermediate_size. Equal in every published config; the tensors' shapes are checked.
-    const int64_t shared_width = f.optional_int("moe_shared_expert_intermediate_size", c.moe_intermediate_size);
-    c.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * shared_width;
-    c.shared_expert_gated = false;
-    c.router_scoring = RouterScoring::kSigmoid;
-    c.router_score_bias = true;
+    const int64_t shared_width = f.optional_int("moe_shared_expert_intermediate_size", c.moe.intermediate_size);
+    c.moe.shared_expert_intermediate_size = no_shared ? 0 : (shared ? f.required_int(shared) : 1) * shared_width;
+    c.moe.shared_expert_gated = false;
+    c.moe.router_scoring = RouterScoring::kSigmoid;
+    c.moe.router_score_bias = true;
     for (const char* key : {"scoring_func", "score_function", "moe_router_activation_func"})
       if (top.contains(key) && top[key] != "sigmoid")
         config_fail(source, std::string("field '") + key + "' is " + json_got(top[key]) + ", expected 'sigmoid' (the Ling router)");
@@ -200,26 +214,18 @@ ModelConfig parse(const json& top, const std::string& source) {
                                   ": clamped SwiGLU experts are not supported, expected null or 0");
     }
     const char* groups = first_present(top, {"num_expert_group", "n_group"});
-    c.num_expert_groups = groups ? f.required_int(groups) : 8;
-    c.topk_groups = f.optional_int("topk_group", 4);
+    c.moe.num_expert_groups = groups ? f.required_int(groups) : 8;
+    c.moe.topk_groups = f.optional_int("topk_group", 4);
     const char* renorm = first_present(top, {"moe_renormalize", "norm_topk_prob"});
-    c.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
-    c.topk_norm_eps = 1e-20;
-    c.routed_scaling_factor =
+    c.moe.norm_topk_prob = renorm ? f.boolean(renorm, true) : true;
+    c.moe.topk_norm_eps = 1e-20;
+    c.moe.routed_scaling_factor =
         f.present("routed_scaling_factor") ? f.number(top, "routed_scaling_factor", "routed_scaling_factor") : 2.5;
   }
 
-  // Checkpoint names (transformers' conversion_mapping for bailing_hybrid, reversed; the published
-  // checkpoints name the KDA output projection o_proj, which the KDA loader reads when present):
-  // the MTP layers stored after num_hidden_layers (num_nextn_predict_layers / num_mtp_layers) are
+  // The MTP layers stored after num_hidden_layers (num_nextn_predict_layers / num_mtp_layers) are
   // never read (skipped by design: a text engine decoding one token at a time does not use them).
-  c.names.embed_tokens = "word_embeddings.";
-  c.names.attention = "attention.";
-  c.names.linear_attention = "attention.";
-  c.names.attention_out = "dense";
-  c.names.router_score_bias = "gate.expert_bias";
-  c.names.channel_mixer = {"mlp."};
-  c.names.shared_expert = "shared_experts.";
+  c.names = bailing_hybrid_names();
   c.eos_token_ids = model::read_eos_token_ids(f);
   c.check();
   return c;
@@ -237,5 +243,55 @@ ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std:
     config_fail(source, "a field has an unexpected JSON type: " + what);
   }
 }
+
+namespace {
+
+// A slice of Ling-3.0-Flash with the shapes of transformers 5.24's BailingHybridConfig defaults
+// (whose docstring names inclusionAI/Ling-3.0-Flash; no official config was read): hidden 2560,
+// KDA 32 heads of 128 with full-rank gates and the safe gate (lower bound -5), MLA 32 heads
+// (kv_lora 512, nope 128 + rope 64, v 128, RoPE theta 6e6, no q_lora), 512 experts top-8 of 768
+// plus a shared expert of 768 with grouped sigmoid routing (8 groups, top-4), dense MLPs of 6144
+// in the first two layers, vocabulary 157184, untied. Of the 42 layers (groups of 5 KDA + 1 MLA)
+// it keeps 3 KDA + 1 MLA, the two dense layers and two MoE layers, and 64 of the 512 experts
+// (8 per group, so grouped top-k still chooses 4 of 8 groups). Written as a config.json and read
+// by the family's own parser, so the preset is exactly what such a checkpoint would load.
+constexpr const char* kLingFlashSlice = "ling-3.0-flash-slice";
+
+ModelConfig ling_flash_slice() {
+  return parse_bailing_hybrid_config(R"({
+    "model_type": "bailing_hybrid", "vocab_size": 157184, "hidden_size": 2560,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 4,
+    "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+    "kv_lora_rank": 512, "q_lora_rank": null, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "rope_theta": 6000000.0,
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+    "mlp_layer_types": ["dense", "dense", "sparse", "sparse"],
+    "num_experts": 64, "num_experts_per_tok": 8, "n_shared_experts": 1, "n_group": 8, "topk_group": 4,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": true, "kda_safe_gate": true, "kda_lower_bound": -5.0,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": false, "eos_token_id": 156895
+  })", kLingFlashSlice);
+}
+
+}  // namespace
+
+namespace model {
+
+extern const ModelFamily kBailingHybridFamily{
+    .name = "Ling 3.0",
+    // bailing_hybrid: transformers' type, which the published checkpoints declare too;
+    // bailing_moe_v3: their remote-code config class.
+    .model_types = {"bailing_hybrid", "bailing_moe_v3"},
+    // A config without model_type names the architecture only (BailingMoeV3ForCausalLM, the one
+    // llama.cpp's and vLLM's Ling code registers).
+    .architectures = {"BailingMoeV3ForCausalLM", "BailingHybridForCausalLM"},
+    .parse = parse_bailing_hybrid_config,
+    .presets = {{kLingFlashSlice, ling_flash_slice}},
+    .checkpoint_names = bailing_hybrid_names(),
+    .chat_template = {},
+    .stop_tokens = {},
+    .gguf_architecture = "bailingmoe3",
+};
+
+}  // namespace model
 
 }  // namespace hanpu

@@ -1,0 +1,144 @@
+// One generation path for `hanpu run`, the Python package's Model.generate and `hanpu serve`'s
+// scheduler (issue 35): the same stop tokens, stop strings, sampling and chunked prefill, so the
+// same prompt and settings give the same tokens from each.
+//   - TokenStream: one sequence's decisions after each forward pass (sample, stop on a stop token,
+//     a stop string or the length; the output text and how much of it is safe to show). The
+//     scheduler drives it from its batched decode steps.
+//   - Generator: the whole loop for one sequence (chunked prefill with snapshot hooks, then
+//     decode), used by the CLI and Python.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
+
+namespace hanpu {
+
+struct GenerationOptions {
+  SamplingOptions sampling;
+  int64_t max_tokens = 128;
+  std::vector<std::string> stop_strings;  // end the output before them (not included)
+  bool ignore_eos = false;                // generate max_tokens whatever comes
+  /// Log probabilities of the chosen tokens with this many alternatives each; -1: none.
+  int top_logprobs = -1;
+  /// Constrain the output to one JSON object, closed within max_tokens (OpenAI's
+  /// response_format json_object): tokens that cannot continue it are masked before sampling,
+  /// and the generation ends when the object closes. Needs a tokenizer and max_tokens >= 2.
+  bool json_object = false;
+};
+
+class JsonConstraint;  // src/model/json_constraint.hpp
+
+/// One generated token's log probability (natural log of the model's distribution before
+/// temperature, top-k and top-p, as OpenAI reports it) and the most likely alternatives.
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // most likely first (ties: lower id first)
+};
+
+/// log_softmax(logits)[token] and the `top` most likely tokens.
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top);
+
+enum class FinishReason { kNone, kStopToken, kStopString, kLength };
+
+class TokenStream {
+ public:
+  /// `tokenizer` may be null (ids only: no text, no stop strings).
+  TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_ids, GenerationOptions opt);
+  TokenStream(TokenStream&&) noexcept;
+  ~TokenStream();
+
+  /// Samples the next token from one row of logits and records it. Returns the token to feed to
+  /// the model next, or nothing when the generation ended with it (finished()).
+  std::optional<int32_t> push(std::span<const float> logits);
+  /// Ends it now as `length` (max_tokens 0: nothing is sampled).
+  void finish_by_length() { reason_ = FinishReason::kLength; }
+
+  bool finished() const { return reason_ != FinishReason::kNone; }
+  FinishReason reason() const { return reason_; }
+  const std::string& stop_string() const { return stop_string_; }     // kStopString: which one
+  std::optional<int32_t> stop_token() const { return stop_token_; }  // kStopToken: which one
+  /// The generated tokens (a stop token not included).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  /// Their bytes (special tokens skipped), cut before a stop string.
+  const std::string& text() const { return text_; }
+  /// How many bytes of text() cannot change any more: all once finished, else short of what
+  /// could still be the start of a stop string and of a UTF-8 character not complete yet.
+  /// `from`: a character boundary already known settled (the scan starts there).
+  size_t settled_text_bytes(size_t from = 0) const;
+  /// The logprobs recorded since the last call (top_logprobs >= 0).
+  std::vector<TokenLogprob> take_logprobs() { return std::exchange(logprobs_, {}); }
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> stop_ids_;
+  GenerationOptions opt_;
+  Sampler sampler_;
+  size_t longest_stop_ = 0;
+  std::vector<int32_t> tokens_;
+  std::string text_;
+  std::vector<TokenLogprob> logprobs_;
+  FinishReason reason_ = FinishReason::kNone;
+  std::string stop_string_;
+  std::optional<int32_t> stop_token_;
+  std::unique_ptr<JsonConstraint> json_;  // json_object
+  std::vector<float> masked_;             // the logits row with the mask applied
+};
+
+class Generator {
+ public:
+  /// `tokenizer` may be null.
+  Generator(const HybridModel& model, const Tokenizer* tokenizer);
+
+  /// The tokens that end a generation: the config's eos ids, and with a tokenizer the chat end
+  /// markers it has (<|im_end|>, <|endoftext|>, as Qwen's templates end a turn).
+  const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
+  TokenStream stream(const GenerationOptions& opt) const { return TokenStream(tokenizer_, stop_ids_, opt); }
+
+  /// Prefills prompt[state.position, end) in chunks of at most `chunk` tokens (0: one chunk)
+  /// that also end at each of `checkpoints` (sorted lengths), calling on_checkpoint(state) there.
+  /// Returns the logits of the last chunk's last token.
+  Tensor prefill(HybridState& state, std::span<const int32_t> prompt, int64_t end, int64_t chunk,
+                 const ForwardOptions& fo, std::span<const int64_t> checkpoints = {},
+                 const std::function<void(const HybridState&)>& on_checkpoint = {}) const;
+
+  struct Result {
+    std::vector<int32_t> tokens;  // generated, a stop token not included
+    FinishReason reason = FinishReason::kNone;
+    std::optional<int32_t> stop_token;
+    std::string stop_string, text;
+    double prefill_seconds = 0, first_token_seconds = 0, decode_seconds = 0;
+  };
+  /// One sequence from `state` (fresh or restored): prefill the prompt's tokens after
+  /// state.position in `prefill_chunk` chunks, then decode until the stream ends. on_token sees
+  /// each generated token as it comes (not a stop token).
+  Result generate(HybridState& state, std::span<const int32_t> prompt, const GenerationOptions& opt,
+                  const ForwardOptions& fo, int64_t prefill_chunk,
+                  const std::function<void(int32_t)>& on_token = {}) const;
+
+  /// Decoding only: `logits` is the row after the prompt (or after whatever `state` has seen).
+  Result decode(HybridState& state, std::span<const float> logits, const GenerationOptions& opt, const ForwardOptions& fo,
+                const std::function<void(int32_t)>& on_token = {}) const;
+
+  /// The prefill chunk all entry points use by default: the server's (docs/SERVE.md) -- 256
+  /// prompt tokens take 1 to 2 s on Qwen3.5-0.8B shapes on 2 cores, the longest a long prompt
+  /// stalls other sequences per scheduler turn. The same chunking everywhere gives the same
+  /// floating-point sums, hence the same tokens.
+  static constexpr int64_t kDefaultPrefillChunk = 256;
+
+ private:
+  const HybridModel& model_;
+  const Tokenizer* tokenizer_;
+  std::vector<int32_t> stop_ids_;
+};
+
+}  // namespace hanpu

@@ -1,0 +1,72 @@
+// The model-family registry: one row per supported family, holding everything that is particular
+// to it outside the blocks it is built from (docs/ARCHITECTURE.md, "Model families").
+//
+//   const ModelFamily* f = find_model_family("kimi_linear");   // or by architectures, or a config's type
+//   ModelConfig c = f->parse(config_json_text, "config.json");
+//
+// A row gives the Hugging Face `model_type`s and `architectures` that select the family, its
+// config.json parser (which fills the typed block configs of ModelConfig), its synthetic presets,
+// its checkpoint layout (tensor names), and the slots other parts fill: the chat template and stop
+// tokens (serving) and the GGUF architecture name (GGUF loading). Adding a family is a new
+// src/model/family_<name>.cpp holding its row, parser and presets, one line in the list of
+// src/model/model_families.cpp, and any block the runtime does not have yet.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "hanpu/model.hpp"
+
+namespace hanpu {
+
+/// A synthetic model of a family: random weights of published shapes (bench-model, tests).
+struct ModelPreset {
+  std::string name;                  // "qwen3.5-0.8b", "kimi-linear-48b-a3b-slice"
+  std::function<ModelConfig()> make;  // the description, with the family's checkpoint names
+};
+
+struct ModelFamily {
+  std::string name;  // for people: "Qwen3.5", "Kimi Linear"
+  /// config.json `model_type` values that select the family: the top-level ones and the text
+  /// model's own (ModelConfig::model_type is one of these).
+  std::vector<std::string> model_types;
+  /// `architectures` entries of its checkpoints; they select the family when a config has no
+  /// model_type.
+  std::vector<std::string> architectures;
+  /// The config.json parser. `source` names the file in errors.
+  ModelConfig (*parse)(const std::string& json_text, const std::string& source) = nullptr;
+  std::vector<ModelPreset> presets;
+  /// The checkpoint layout: the tensor names that differ from the shared ones.
+  CheckpointNames checkpoint_names;
+  /// Serving (empty until the serving work fills them): the chat template used when a checkpoint
+  /// has none, and the stop tokens besides config.json's eos_token_id.
+  std::string chat_template;
+  std::vector<std::string> stop_tokens;
+  /// GGUF `general.architecture` of the family's GGUF files ("qwen35", "kimi-linear"); the tensor
+  /// mapping comes with GGUF model loading.
+  std::string gguf_architecture;
+};
+
+/// Every supported family, in a fixed order.
+const std::vector<const ModelFamily*>& model_families();
+
+/// The family a config.json selects: by `model_type` when it is non-empty, else by the first of
+/// `architectures` a family lists. nullptr when none does.
+const ModelFamily* find_model_family(std::string_view model_type, const std::vector<std::string>& architectures = {});
+
+/// The family of a description (by its model_type). Throws hanpu::Error listing the known types
+/// when none has it.
+const ModelFamily& model_family(const ModelConfig& config);
+
+/// "'qwen3_5', 'qwen3_5_text' (Qwen3.5), ..., 'bailing_hybrid' (Ling 3.0)": the known model types,
+/// for errors and help texts.
+std::string known_model_types();
+
+/// The parsers (each family row's `parse`). parse_model_config dispatches to them.
+ModelConfig parse_qwen_config(const std::string& json_text, const std::string& source);  // Qwen3.5, Qwen3.5-MoE, Qwen3-Next
+ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source);
+ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source);  // Ling 3.0
+
+}  // namespace hanpu

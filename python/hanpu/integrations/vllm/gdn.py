@@ -1,0 +1,232 @@
+"""vLLM's Gated DeltaNet layer (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) with hanpu's CPU kernels.
+
+vLLM 0.32 builds each GDN layer as `QwenGatedDeltaNetAttention`, a PluggableLayer: registering
+an out-of-tree class under that name makes vLLM build `HanpuGatedDeltaNetAttention` instead. It
+keeps every parameter, weight loader and the state shapes of vLLM's class and changes only the
+CPU forward's core, the part vLLM runs as its custom op `cpu_gdn_attention_core`
+(vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py):
+
+- the causal convolution in front of the recurrence, through vLLM's own CPU convolution on the
+  conv-state pool (its C++ kernel when vLLM packed the bf16 weights for it at load time, else its
+  torch path), so that the conv states stay vLLM's;
+- the gated delta rule (gate -exp(A_log) softplus(a + dt_bias), beta sigmoid(b), q and k
+  L2-normalised, scale K^-0.5) through `hanpu._hanpu.la_slots`: decode tokens token by token,
+  prefill chunks head-fused, on the recurrent-state pool itself. vLLM declares that pool
+  [slots, HV, V, K] but its CPU kernels read it as [slots, HV, K, V] (a view, not a transpose);
+  hanpu reads it the same way, so states pass between the two freely.
+
+Unlike vLLM's own CPU kernels (bf16 only, head dims 64 and 128 only) any dtype and head dim
+hanpu runs is accepted. The core is registered as the torch custom op
+`torch.ops.vllm.hanpu_gdn_attention_core` (vLLM's `direct_register_custom_op`), so that vLLM's
+compiled mode treats it as one opaque call, as it does vLLM's own.
+"""
+
+import os
+
+import torch
+
+from hanpu import _hanpu
+
+_REGISTERED = False
+# The in-tree layer replaced (its class name is the key of vLLM's out-of-tree registry).
+LAYER_NAME = "QwenGatedDeltaNetAttention"
+
+
+def _refuse(option, got, why):
+    raise NotImplementedError(f"hanpu vLLM plugin: {option} = {got!r} is not supported ({why}); "
+                              f"set HANPU_VLLM=0 to run vLLM's own layer")
+
+
+def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode):
+    """vLLM's causal convolution over the tokens of one part (decode or prefill) of the batch,
+    updating the conv-state pool in place, as vLLM's `_cpu_gdn_attention_nonspec` runs it."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as conv_torch
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as vllm_gdn
+
+    silu = layer.activation == "silu"
+    # vLLM packs the conv weight for its C++ kernel at load time (bf16, width 4, AVX512-BF16 or
+    # Arm bf16) and keeps the plain one next to it; a layer without it has plain weights.
+    packed = hasattr(layer.conv1d, "_cpu_unpacked_conv_weight")
+    if not is_conv_state_dim_first():
+        conv_state = conv_state.transpose(1, 2)  # a view: (slots, dim, width - 1)
+    if packed:
+        if decode:
+            return vllm_gdn._causal_conv1d_update_cpu(
+                x=mixed_qkv, conv_states=conv_state, weight=layer.conv1d.weight, bias=layer.conv1d.bias,
+                silu_activation=silu, conv_state_indices=state_indices, is_weight_packed=True)
+        return vllm_gdn._causal_conv1d_fwd_cpu(
+            x=mixed_qkv.transpose(0, 1), weight=layer.conv1d.weight, bias=layer.conv1d.bias, conv_states=conv_state,
+            query_start_loc=query_start_loc, cache_indices=state_indices, has_initial_state=has_initial_state,
+            silu_activation=silu, is_weight_packed=True).transpose(0, 1)
+    weight = layer.conv1d.weight.view(layer.conv1d.weight.size(0), layer.conv1d.weight.size(2))
+    if decode:
+        return conv_torch.causal_conv1d_update_cpu(
+            x=mixed_qkv, conv_state=conv_state, weight=weight, bias=layer.conv1d.bias, activation=layer.activation,
+            conv_state_indices=state_indices)
+    return conv_torch.causal_conv1d_fn_cpu(
+        x=mixed_qkv.transpose(0, 1), weight=weight, bias=layer.conv1d.bias, conv_states=conv_state,
+        query_start_loc=query_start_loc, cache_indices=state_indices, has_initial_state=has_initial_state,
+        activation=layer.activation).transpose(0, 1)
+
+
+def engine_array(x):
+    """What the engine is handed for torch tensor x (None stays None): a numpy view of the same
+    memory, bf16 as its uint16 bits tagged "bf16" (hanpu's spelling, python/src/arrays.cpp). With
+    torch 2.13 a tensor's DLPack export costs about 3.5 us and its numpy view about 2 us (2-core
+    Zen 4): a decode call passes about a dozen tensors, and the engine's own work for one token of
+    a small layer is a few microseconds."""
+    if x is None:
+        return None
+    if x.dtype == torch.bfloat16:
+        return (x.view(torch.uint16).numpy(), "bf16")
+    return x.numpy()
+
+
+def _layer_arrays(layer, ssm_state):
+    """The engine arrays of the tensors that live as long as the layer (the state pool, A_log,
+    dt_bias), made once: re-made only if vLLM re-allocates one of them."""
+    key = (ssm_state.data_ptr(), layer.A_log.data_ptr(), layer.dt_bias.data_ptr())
+    cached = getattr(layer, "_hanpu_arrays", None)
+    if cached is None or cached[0] != key:
+        cached = (key, engine_array(ssm_state), engine_array(layer.A_log.detach()), engine_array(layer.dt_bias.detach()))
+        layer._hanpu_arrays = cached
+    return cached[1:]
+
+
+def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_start_loc, has_initial_state, threads):
+    """The gated delta rule for one part of the batch: reads and updates ssm_state[state_indices]
+    in place and writes out [tokens, HV, V]."""
+    key_dim = layer.key_dim // layer.tp_size
+    q = mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
+    k = mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
+    v = mixed_qkv[:, 2 * key_dim:].unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
+    pool, A_log, dt_bias = _layer_arrays(layer, ssm_state)
+    e = engine_array
+    _hanpu.la_slots("gdn", e(q), e(k), e(v), e(a.unsqueeze(0)), e(b.unsqueeze(0)), pool, e(state_indices),
+                    e(has_initial_state), e(query_start_loc), A_log, dt_bias, e(out.unsqueeze(0)), None, True, True,
+                    True, False, "auto", threads)
+
+
+def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
+    """What vLLM's `cpu_gdn_attention_core` computes (non-speculative), with hanpu's kernels.
+    The batch is ordered decodes first, then prefills (vLLM's GDN metadata builder)."""
+    state_indices = attn_metadata.non_spec_state_indices_tensor
+    query_start_loc = attn_metadata.non_spec_query_start_loc
+    conv_state = layer.kv_cache[0]
+    ssm_state = layer.kv_cache[1]
+    slots, heads, v_dim, k_dim = ssm_state.shape
+    ssm_state = ssm_state.view(slots, heads, k_dim, v_dim)  # vLLM's kernels' reading, see above
+    num_decodes, num_decode_tokens = attn_metadata.num_decodes, attn_metadata.num_decode_tokens
+    num_prefills, num_prefill_tokens = attn_metadata.num_prefills, attn_metadata.num_prefill_tokens
+    if num_decodes > 0:
+        indices = state_indices[:num_decodes]
+        loc = query_start_loc[:num_decodes + 1]
+        x = _conv(layer, mixed_qkv[:num_decode_tokens], conv_state, indices, loc, None, decode=True)
+        _recurrence(layer, x, b[:num_decode_tokens], a[:num_decode_tokens], core_attn_out[:num_decode_tokens],
+                    ssm_state, indices, loc, None, layer.hanpu_decode_threads if num_decodes == 1 else layer.hanpu_threads)
+    if num_prefills > 0:
+        end = num_decode_tokens + num_prefill_tokens
+        indices = state_indices[num_decodes:num_decodes + num_prefills]
+        loc = query_start_loc[num_decodes:num_decodes + num_prefills + 1] - num_decode_tokens
+        has_initial = attn_metadata.has_initial_state[num_decodes:num_decodes + num_prefills]
+        x = _conv(layer, mixed_qkv[num_decode_tokens:end], conv_state, indices, loc, has_initial, decode=False)
+        _recurrence(layer, x, b[num_decode_tokens:end], a[num_decode_tokens:end], core_attn_out[num_decode_tokens:end],
+                    ssm_state, indices, loc, has_initial.contiguous(), layer.hanpu_threads)
+
+
+def _core_op(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor,
+             layer_name: str) -> None:
+    from vllm.forward_context import get_forward_context
+    from vllm.utils.torch_utils import _resolve_layer_name
+
+    layer_name = _resolve_layer_name(layer_name)
+    context = get_forward_context()
+    attn_metadata = context.attn_metadata
+    if attn_metadata is None:  # vLLM's profile run: no states yet
+        return
+    layer = context.no_compile_layers[layer_name]
+    metadata = attn_metadata[layer.prefix]
+    if metadata.num_actual_tokens == 0:
+        return
+    if getattr(metadata, "checkpoint", None) is not None:
+        # Checkpoint slots inside a prefill (prefix caching that saves states mid-prefill), which
+        # vLLM's own CPU kernels do not write either: refused rather than silently skipped.
+        _refuse("GDNAttentionMetadata.checkpoint", "prefill checkpoints",
+                "states at block boundaries inside a prefill are not written")
+    # Contiguous token rows, as vLLM's core makes them: its C++ convolution reads x [dim, tokens] as
+    # the transpose of a row-major [tokens, dim] (mixed_qkv is a column slice of the projection).
+    gdn_attention_core(layer, metadata, mixed_qkv.contiguous(), b.contiguous(), a.contiguous(), core_attn_out)
+
+
+def _register_op():
+    from vllm.utils.torch_utils import LayerNameType, direct_register_custom_op
+
+    # The annotation vLLM's own op has (a str, or vLLM's LayerName wrapper when enabled).
+    _core_op.__annotations__["layer_name"] = LayerNameType
+    direct_register_custom_op(op_name="hanpu_gdn_attention_core", op_func=_core_op, mutates_args=["core_attn_out"])
+
+
+def _layer_class():
+    from einops import rearrange
+    from vllm.model_executor.custom_op import PluggableLayer
+    from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+    from vllm.utils.torch_utils import _encode_layer_name
+
+    class HanpuGatedDeltaNetAttention(QwenGatedDeltaNetAttention):
+        """vLLM's QwenGatedDeltaNetAttention with hanpu's CPU core (module docstring)."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            if self.num_spec > 0:
+                _refuse("speculative_config.num_speculative_tokens", self.num_spec,
+                        "vLLM keeps draft states in several slots per request")
+            # Prefix caching: vLLM 0.32 has the modes "none" and "align" (its default with
+            # enable_prefix_caching). "align" keeps one state per request in the slot of its current
+            # block and copies states between slots itself: what the kernels here read and write.
+            # Checkpoint states inside a prefill are refused per call (_core_op).
+            # Prefill chunks: as many threads as vLLM's torch (OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND).
+            self.hanpu_threads = torch.get_num_threads()
+            # A decode step of a single request: one thread by default. It is about 60 us of work
+            # per layer (16 heads of 128); handing half of it to hanpu's second worker costs more
+            # than it saves while torch's OpenMP worker, spin-waiting after the previous torch op,
+            # holds that core (benchmarks/vllm_gdn_kernels.py, idle 2-core Zen 4: 58.6 us on 1
+            # thread against 74-77 us on 2; 52 us on 2 with OMP_WAIT_POLICY=passive). Four requests
+            # gain from the second thread (137 us against 180 us), so batches use all threads.
+            # HANPU_VLLM_DECODE_THREADS overrides the single-request count.
+            self.hanpu_decode_threads = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", "1"))
+            if self.hanpu_decode_threads < 1:
+                _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
+
+        def forward_cpu(self, hidden_states):
+            if hasattr(self, "in_proj_qkv"):
+                _refuse("enable_lora", True, "LoRA splits the GDN input projection")
+            mixed_qkvz, _ = self.in_proj_qkvz(hidden_states)
+            ba, _ = self.in_proj_ba(hidden_states)
+            if self.gqa_interleaved_layout:  # Qwen3-Next: unpack the interleaved GQA layout
+                query, key, value, z, b, a = self.fix_query_key_value_ordering(mixed_qkvz, ba)
+                query, key, value = (rearrange(x, "l p d -> l (p d)") for x in (query, key, value))
+                mixed_qkv = torch.cat((query, key, value), dim=-1)
+            else:  # Qwen3.5: [q, k, v, z] and [b, a]
+                qkv_size = (self.key_dim * 2 + self.value_dim) // self.tp_size
+                z_size = self.value_dim // self.tp_size
+                mixed_qkv, z = mixed_qkvz.split([qkv_size, z_size], dim=-1)
+                z = z.reshape(z.size(0), -1, self.head_v_dim)
+                b, a = ba.chunk(2, dim=-1)
+            core_attn_out = torch.zeros((hidden_states.size(0), self.num_v_heads // self.tp_size, self.head_v_dim),
+                                        dtype=hidden_states.dtype, device=hidden_states.device)
+            torch.ops.vllm.hanpu_gdn_attention_core(mixed_qkv, b, a, core_attn_out, _encode_layer_name(self.prefix))
+            return self._output_projection(core_attn_out, z)
+
+    PluggableLayer.register_oot(HanpuGatedDeltaNetAttention, name=LAYER_NAME)
+    return HanpuGatedDeltaNetAttention
+
+
+def register():
+    """Registers the custom op and the layer (once per process)."""
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    _register_op()
+    _layer_class()
+    _REGISTERED = True

@@ -1,0 +1,136 @@
+"""hanpu._hanpu.la_slots: GDN/KDA on states kept in a slot pool (vLLM's recurrent-state cache,
+hanpu.integrations.vllm), read and updated in place, against the fp64 reference run on the same
+states gathered by hand. Slot orders that make one view of the pool (consecutive, strided, one
+sequence) and ones that do not (permuted), padding slots, sequences starting from zero
+(has_initial_state False), decode tokens and prefill chunks in one call, fp32 and bf16 pools."""
+
+import numpy as np
+import pytest
+
+import hanpu
+from conftest import NMSE_BOUND, needs_torch, nmse, torch
+from hanpu import _hanpu
+
+SLOTS = 9
+# (name, slots, sequence lengths, has_initial_state or None): the lengths mix single decode tokens
+# (the token-by-token path) with prefill chunks (the chunked path, 70 tokens: one whole chunk and a
+# tail), so one call runs both paths on one pool.
+CASES = [
+    ("permuted-mixed", [5, 2, 7, 0], [1, 1, 70, 3], [True, True, False, True]),
+    ("consecutive-decode", [1, 2, 3, 4], [1, 1, 1, 1], None),
+    ("strided-prefill", [0, 3, 6], [20, 70, 1], [False, True, True]),
+    ("padding", [4, -1, 8], [1, 5, 66], [True, True, False]),
+    ("one-sequence", [6], [130], [True]),
+]
+
+
+def make_case(variant, lengths, K=32, V=48, H=2, HV=4, seed=0):
+    rng = np.random.default_rng(seed)
+    T = sum(lengths)
+    x = {
+        "q": rng.standard_normal((1, T, H, K)).astype(np.float32),
+        "k": rng.standard_normal((1, T, H, K)).astype(np.float32),
+        "v": rng.standard_normal((1, T, HV, V)).astype(np.float32),
+        # raw gate and beta: the in-kernel gate and sigmoid, as the vLLM layer passes them
+        "g": rng.standard_normal((1, T, HV) if variant == "gdn" else (1, T, HV, K)).astype(np.float32),
+        "beta": rng.standard_normal((1, T, HV)).astype(np.float32),
+        "A_log": np.log(rng.uniform(0.5, 4.0, HV)).astype(np.float32),
+        "dt_bias": rng.standard_normal(HV if variant == "gdn" else HV * K).astype(np.float32),
+        "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+    }
+    pool = (0.1 * rng.standard_normal((SLOTS, HV, K, V))).astype(np.float32)
+    return x, pool
+
+
+def run_reference(variant, x, pool, slots, has_init):
+    """The fp64 reference on the states gathered from the pool (zero where a sequence starts)."""
+    N = len(slots)
+    HV, K, V = pool.shape[1:]
+    h0 = np.zeros((N, HV, K, V), np.float32)
+    for n, s in enumerate(slots):
+        if s >= 0 and (has_init is None or has_init[n]):
+            h0[n] = pool[s]
+    fn = hanpu.reference.gated_delta_rule if variant == "gdn" else hanpu.reference.kda
+    return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=h0, cu_seqlens=x["cu_seqlens"],
+              use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+              use_beta_sigmoid_in_kernel=True)
+
+
+def call(variant, x, pool, slots, has_init, o, path="auto"):
+    _hanpu.la_slots(variant, x["q"], x["k"], x["v"], x["g"], x["beta"], pool, slots, has_init, x["cu_seqlens"],
+                    x["A_log"], x["dt_bias"], o, None, True, True, True, False, path, 2)
+
+
+def check(variant, x, pool_before, pool_after_f32, o, slots, has_init, bound):
+    ref_o, ref_ht = run_reference(variant, x, pool_before, slots, has_init)
+    cu = x["cu_seqlens"]
+    for n, s in enumerate(slots):
+        rows = slice(cu[n], cu[n + 1])
+        if s < 0:  # padding: outputs and every slot untouched
+            assert np.all(o[0, rows] == 7.0), f"sequence {n} (padding) wrote outputs"
+            continue
+        assert nmse(o[0, rows], ref_o[0, rows]) < bound, f"sequence {n} (slot {s}): o"
+        assert nmse(pool_after_f32[s], ref_ht[n]) < bound, f"sequence {n} (slot {s}): state"
+    for s in set(range(SLOTS)) - {s for s in slots if s >= 0}:
+        assert np.array_equal(pool_after_f32[s], pool_before[s]), f"slot {s} (unused) changed"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_f32_pool_in_place(variant, case):
+    _, slots, lengths, has_init = case
+    x, pool = make_case(variant, lengths, seed=len(lengths))
+    before = pool.copy()
+    o = np.full((1, sum(lengths), 4, 48), 7.0, np.float32)
+    address = pool.ctypes.data
+    call(variant, x, pool, np.asarray(slots, np.int64), None if has_init is None else np.asarray(has_init), o)
+    assert pool.ctypes.data == address
+    check(variant, x, before, pool, o, slots, has_init, NMSE_BOUND["float32"])
+
+
+@pytest.mark.parametrize("path", ["recurrent", "hanpu"])
+def test_forced_paths_agree(path):
+    """Each path alone (the "auto" choice per run is covered above) gives the reference result."""
+    _, slots, lengths, has_init = CASES[0]
+    x, pool = make_case("gdn", lengths, seed=11)
+    before = pool.copy()
+    o = np.full((1, sum(lengths), 4, 48), 7.0, np.float32)
+    call("gdn", x, pool, np.asarray(slots, np.int32), np.asarray(has_init), o, path=path)
+    check("gdn", x, before, pool, o, slots, has_init, NMSE_BOUND["float32"])
+
+
+@needs_torch
+@pytest.mark.parametrize("variant", ["gdn", "kda"])
+def test_bf16_pool_and_inputs_torch(variant):
+    """A bf16 state pool (vLLM's default state dtype for bf16 models without mamba_ssm_dtype) and
+    bf16 q/k/v, as torch tensors; the pool in vLLM's declared [S,HV,V,K] shape viewed as [S,HV,K,V]."""
+    _, slots, lengths, has_init = CASES[0]
+    x, pool = make_case(variant, lengths, seed=5)
+    tx = {n: torch.from_numpy(a) for n, a in x.items()}
+    for n in ("q", "k", "v"):
+        tx[n] = tx[n].bfloat16()
+    declared = torch.from_numpy(pool).bfloat16().transpose(-1, -2).contiguous()  # [S,HV,V,K] storage
+    view = declared.view(SLOTS, 4, 32, 48)  # what vLLM's kernels (and hanpu) read: [S,HV,K,V]
+    view.copy_(torch.from_numpy(pool).bfloat16())
+    before = view.float().numpy().copy()
+    o = torch.full((1, sum(lengths), 4, 48), 7.0, dtype=torch.bfloat16)
+    _hanpu.la_slots(variant, tx["q"], tx["k"], tx["v"], tx["g"], tx["beta"], view, torch.tensor(slots, dtype=torch.int32),
+                    torch.tensor(has_init), tx["cu_seqlens"], tx["A_log"], tx["dt_bias"], o, None, True, True, True,
+                    False, "auto", 2)
+    rx = dict(x, q=tx["q"], k=tx["k"], v=tx["v"])
+    check(variant, rx, before, view.float().numpy(), o.float().numpy(), slots, has_init, NMSE_BOUND["bfloat16"])
+
+
+def test_bad_slots_and_flags_are_named():
+    x, pool = make_case("gdn", [1, 2])
+    o = np.zeros((1, 3, 4, 48), np.float32)
+    with pytest.raises(ValueError, match=r"slots\[1\] = 9, expected < 9"):
+        call("gdn", x, pool, np.asarray([0, 9]), None, o)
+    with pytest.raises(ValueError, match=r"'slots': expected int32/int64 \[N\] with N = 2"):
+        call("gdn", x, pool, np.asarray([0]), None, o)
+    with pytest.raises(TypeError, match="'has_initial_state'"):
+        call("gdn", x, pool, np.asarray([0, 1]), np.asarray([1, 0], np.int32), o)
+    with pytest.raises(ValueError, match="'state_pool'"):
+        call("gdn", x, pool[0], np.asarray([0, 1]), None, o)
+    with pytest.raises(ValueError, match='path: got "fla"'):
+        call("gdn", x, pool, np.asarray([0, 1]), None, o, path="fla")

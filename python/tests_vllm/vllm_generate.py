@@ -1,0 +1,35 @@
+"""Runs vLLM once, greedy, and prints the generated token ids as JSON (one vLLM engine per process:
+vLLM keeps process-wide state, so each configuration of the tests gets a process of its own).
+
+    python vllm_generate.py '{"model": DIR, "dtype": "float32", "prompts": [[ids], ...], "max_tokens": 8,
+                              "llm": {extra keyword arguments of vllm.LLM}}'
+
+Prints RESULT_PREFIX + {"tokens": [[ids], ...], "gdn_layer": class name of the first GDN layer built} on one
+line. The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
+"""
+
+import json
+import sys
+
+# vLLM logs to stdout too: the result is the line starting with this.
+RESULT_PREFIX = "HANPU_VLLM_RESULT "
+
+
+def main():
+    spec = json.loads(sys.argv[1])
+    from vllm import LLM, SamplingParams
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    kwargs = dict(model=spec["model"], dtype=spec["dtype"], skip_tokenizer_init=True, max_model_len=512, seed=0,
+                  enforce_eager=True)
+    kwargs.update(spec.get("llm", {}))
+    llm = LLM(**kwargs)
+    params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params, use_tqdm=False)
+    layer = op_registry_oot.get("QwenGatedDeltaNetAttention")
+    print(RESULT_PREFIX + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                      "gdn_layer": layer.__name__ if layer is not None else "QwenGatedDeltaNetAttention"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+// The one generation path (hanpu/generator.hpp).
+#include "hanpu/generator.hpp"
+
+#include "json_constraint.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+namespace hanpu {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Length of the longest run of whole UTF-8 characters in text[begin, end): a character whose
+// bytes are not all there yet waits for the next token (a token may carry half a character).
+// Bytes that cannot start a character count as one each (a JSON writer replaces them).
+size_t whole_characters_end(const std::string& text, size_t begin, size_t end) {
+  size_t i = begin;
+  while (i < end) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
+    if (i + len > end) break;
+    i += len;
+  }
+  return i;
+}
+
+}  // namespace
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top) {
+  float mx = -INFINITY;
+  for (float x : logits) mx = std::max(mx, x);
+  double sum = 0;
+  for (float x : logits) sum += std::exp(static_cast<double>(x) - mx);
+  const double log_z = mx + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = static_cast<float>(logits[static_cast<size_t>(token)] - log_z);
+  if (top > 0) {
+    std::vector<int32_t> ids(logits.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+    const size_t k = std::min(ids.size(), static_cast<size_t>(top));
+    std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), [&](int32_t a, int32_t b) {
+      const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+      return la > lb || (la == lb && a < b);
+    });
+    for (size_t i = 0; i < k; ++i) out.top.emplace_back(ids[i], static_cast<float>(logits[static_cast<size_t>(ids[i])] - log_z));
+  }
+  return out;
+}
+
+TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_ids, GenerationOptions opt)
+    : tokenizer_(tokenizer), stop_ids_(std::move(stop_ids)), opt_(std::move(opt)), sampler_(opt_.sampling) {
+  if (!opt_.stop_strings.empty() && !tokenizer_) throw Error("generation: stop strings need a tokenizer (text output)");
+  for (const std::string& s : opt_.stop_strings) {
+    if (s.empty()) throw Error("generation: an empty stop string");
+    longest_stop_ = std::max(longest_stop_, s.size());
+  }
+  if (opt_.max_tokens <= 0) reason_ = FinishReason::kLength;
+  if (opt_.json_object) {
+    if (!tokenizer_) throw Error("generation: JSON output needs a tokenizer (text output)");
+    if (opt_.max_tokens < 2)
+      throw Error("generation: JSON output needs max_tokens of at least 2 (the shortest object, {}), got " +
+                  std::to_string(opt_.max_tokens));
+    json_ = std::make_unique<JsonConstraint>(*tokenizer_);
+  }
+}
+
+TokenStream::TokenStream(TokenStream&&) noexcept = default;
+TokenStream::~TokenStream() = default;
+
+std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
+  if (finished()) throw Error("generation: push() after the generation ended");
+  std::span<const float> row = logits;
+  if (json_) {
+    masked_.assign(logits.begin(), logits.end());
+    json_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
+    row = masked_;
+  }
+  const int32_t token = sampler_.sample(row);
+  if (json_ && !json_->advance(token))  // the mask always leaves a way to close the document
+    throw Error("generation: JSON output: sampled token " + std::to_string(token) + " that the mask excluded");
+  if (!opt_.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
+    reason_ = FinishReason::kStopToken;
+    stop_token_ = token;
+    return std::nullopt;
+  }
+  tokens_.push_back(token);
+  if (opt_.top_logprobs >= 0) logprobs_.push_back(token_logprob(logits, token, opt_.top_logprobs));
+  if (tokenizer_ && !tokenizer_->is_special(token)) {
+    const size_t before = text_.size();
+    text_ += tokenizer_->token_bytes(token);
+    // A stop string may end in this token: search from where it could have begun.
+    const size_t from = before > longest_stop_ ? before - longest_stop_ : 0;
+    size_t cut = std::string::npos;
+    for (const std::string& stop : opt_.stop_strings) {
+      const size_t at = text_.find(stop, from);
+      if (at != std::string::npos && at < cut) {
+        cut = at;
+        stop_string_ = stop;
+      }
+    }
+    if (cut != std::string::npos) {
+      text_.resize(cut);
+      reason_ = FinishReason::kStopString;
+      return std::nullopt;
+    }
+  }
+  if (json_ && json_->done()) {  // the object closed: nothing may follow it
+    reason_ = FinishReason::kStopToken;
+    return std::nullopt;
+  }
+  if (static_cast<int64_t>(tokens_.size()) >= opt_.max_tokens) {
+    reason_ = FinishReason::kLength;
+    return std::nullopt;
+  }
+  return token;
+}
+
+size_t TokenStream::settled_text_bytes(size_t from) const {
+  if (finished()) return text_.size();
+  // Hold back what could still be the start of a stop string, and half characters.
+  const size_t hold = longest_stop_ > 0 ? longest_stop_ - 1 : 0;
+  const size_t end = text_.size() > hold ? text_.size() - hold : 0;
+  return end <= from ? from : whole_characters_end(text_, from, end);
+}
+
+Generator::Generator(const HybridModel& model, const Tokenizer* tokenizer)
+    : model_(model), tokenizer_(tokenizer), stop_ids_(model.config().eos_token_ids) {
+  if (tokenizer_)
+    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
+      if (auto id = tokenizer_->token_to_id(s))
+        if (std::find(stop_ids_.begin(), stop_ids_.end(), *id) == stop_ids_.end()) stop_ids_.push_back(*id);
+}
+
+Tensor Generator::prefill(HybridState& state, std::span<const int32_t> prompt, int64_t end, int64_t chunk,
+                          const ForwardOptions& fo, std::span<const int64_t> checkpoints,
+                          const std::function<void(const HybridState&)>& on_checkpoint) const {
+  if (end > static_cast<int64_t>(prompt.size()) || end <= state.position)
+    throw Error("generation: prefill to " + std::to_string(end) + " from position " + std::to_string(state.position) +
+                " of a " + std::to_string(prompt.size()) + "-token prompt");
+  Tensor logits;
+  while (state.position < end) {
+    const int64_t pos = state.position;
+    int64_t stop = chunk > 0 ? std::min(end, pos + chunk) : end;
+    // Chunks end at the checkpoints, where the state is the snapshot: one copy, no extra pass.
+    auto next_checkpoint = std::upper_bound(checkpoints.begin(), checkpoints.end(), pos);
+    if (next_checkpoint != checkpoints.end()) stop = std::min(stop, *next_checkpoint);
+    logits = model_.forward(state, prompt.subspan(static_cast<size_t>(pos), static_cast<size_t>(stop - pos)), fo);
+    if (on_checkpoint && std::binary_search(checkpoints.begin(), checkpoints.end(), stop)) on_checkpoint(state);
+  }
+  return logits;
+}
+
+Generator::Result Generator::generate(HybridState& state, std::span<const int32_t> prompt, const GenerationOptions& opt,
+                                      const ForwardOptions& fo, int64_t prefill_chunk,
+                                      const std::function<void(int32_t)>& on_token) const {
+  if (prompt.empty()) throw Error("generation: the prompt is empty, expected at least one token");
+  if (state.position >= static_cast<int64_t>(prompt.size()))
+    throw Error("generation: the state is at position " + std::to_string(state.position) + ", past the " +
+                std::to_string(prompt.size()) + "-token prompt (the last prompt token must run for its logits)");
+  ForwardOptions one = fo;
+  one.all_logits = false;
+  Result r;
+  const auto t0 = Clock::now();
+  Tensor logits = prefill(state, prompt, static_cast<int64_t>(prompt.size()), prefill_chunk, one);
+  r.prefill_seconds = seconds_since(t0);
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  Result d = decode(state, {logits.ptr<float>() + (logits.shape()[0] - 1) * static_cast<int64_t>(V), V}, opt, fo, on_token);
+  d.prefill_seconds = r.prefill_seconds;
+  d.first_token_seconds += r.prefill_seconds;
+  r = std::move(d);
+  return r;
+}
+
+Generator::Result Generator::decode(HybridState& state, std::span<const float> logits, const GenerationOptions& opt,
+                                    const ForwardOptions& fo, const std::function<void(int32_t)>& on_token) const {
+  ForwardOptions one = fo;
+  one.all_logits = false;
+  Result r;
+  TokenStream stream = this->stream(opt);
+  const size_t V = static_cast<size_t>(model_.config().vocab_size);
+  if (logits.size() != V)
+    throw Error("generation: a logits row of " + std::to_string(logits.size()) + " values, expected the vocabulary's " +
+                std::to_string(V));
+  const auto t0 = Clock::now();
+  size_t shown = 0;
+  Tensor next_logits;
+  while (!stream.finished()) {
+    const std::optional<int32_t> next = stream.push(logits);
+    if (r.first_token_seconds == 0) r.first_token_seconds = seconds_since(t0);
+    for (; shown < stream.tokens().size(); ++shown)
+      if (on_token) on_token(stream.tokens()[shown]);
+    if (!next) break;
+    const int32_t ids[1] = {*next};
+    next_logits = model_.forward(state, ids, one);
+    logits = {next_logits.ptr<float>(), V};
+  }
+  r.decode_seconds = seconds_since(t0);
+  r.tokens = stream.tokens();
+  r.reason = stream.reason();
+  r.stop_token = stream.stop_token();
+  r.stop_string = stream.stop_string();
+  r.text = stream.text();
+  return r;
+}
+
+}  // namespace hanpu

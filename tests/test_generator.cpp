@@ -1,0 +1,128 @@
+// The one generation path (hanpu/generator.hpp): TokenStream's stop rules, and JSON output
+// (src/model/json_constraint.cpp): the automaton against documents valid and invalid per RFC 8259,
+// and constrained sampling from random logits that always yields a parseable object within
+// max_tokens.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hanpu/generator.hpp"
+#include "hanpu/tokenizer.hpp"
+#include "model/json_constraint.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+using namespace hanpu;
+
+bool accepts(const std::string& doc) {
+  JsonState s;
+  for (char c : doc)
+    if (!s.feed(static_cast<uint8_t>(c))) return false;
+  return s.done();
+}
+
+TEST(JsonState, AcceptsCompactObjectsAndRejectsTheRest) {
+  for (const char* ok : {"{}", R"({"a":1})", R"({"a":[1,-2.5e+3,0,true,false,null,"x\n\u00e9"],"b":{"c":{}}})",
+                         R"({"":[[],[{}]]})", "{\"k\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}", R"({"n":0.0E-0})"}) {
+    EXPECT_TRUE(accepts(ok)) << ok;
+    EXPECT_NO_THROW((void)nlohmann::json::parse(ok)) << ok;
+  }
+  for (const char* bad : {"[]", "1", "{", R"({"a"})", R"({"a":})", R"({"a":01})", R"({"a":1.})", R"({"a":tru})",
+                          R"({"a":1,})", R"({a:1})", R"({"a":"\x"})", "{\"a\":\"\x01\"}", "{\"a\":\"\xc0\xaf\"}",
+                          "{\"a\":\"\xed\xa0\x80\"}", R"({} )", R"({ })", R"({"a":1}})", R"({"a":-})", R"({"a":1e100})"}) {
+    EXPECT_FALSE(accepts(bad)) << bad;
+  }
+}
+
+TEST(JsonState, ClosingCostIsTheShortestCompletion) {
+  auto cost_after = [](const std::string& prefix) {
+    JsonState s;
+    for (char c : prefix) EXPECT_TRUE(s.feed(static_cast<uint8_t>(c))) << prefix;
+    return s.closing_cost();
+  };
+  EXPECT_EQ(cost_after(""), 2);             // {}
+  EXPECT_EQ(cost_after("{"), 1);            // }
+  EXPECT_EQ(cost_after("{\"a"), 4);         // ":0}
+  EXPECT_EQ(cost_after("{\"a\":[{\"b\":"), 4);  // 0}]}
+  EXPECT_EQ(cost_after("{\"a\":tr"), 3);    // ue}
+  EXPECT_EQ(cost_after("{\"a\":\"\xe2"), 4); // two continuation bytes, "}
+  EXPECT_EQ(cost_after("{\"a\":1,"), 5);    // "":0}
+}
+
+// Random logits, many seeds, budgets down to the minimum: the sampled text always parses as an
+// object and ends the generation by itself or exactly at max_tokens with the object closed.
+TEST(GeneratorJson, RandomLogitsAlwaysGiveAnObjectWithinMaxTokens) {
+  const Tokenizer tok = Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  int ended_by_itself = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) {
+    GenerationOptions o;
+    o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = seed};
+    o.max_tokens = 2 + static_cast<int64_t>(seed % 40);
+    o.json_object = true;
+    TokenStream s(&tok, {}, o);
+    std::vector<float> logits(V);
+    while (!s.finished()) {
+      for (float& x : logits) x = normal(rng);
+      s.push(logits);
+    }
+    EXPECT_LE(static_cast<int64_t>(s.tokens().size()), o.max_tokens);
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(s.text())) << "seed " << seed << ": " << s.text();
+    EXPECT_TRUE(j.is_object()) << s.text();
+    ended_by_itself += s.reason() == FinishReason::kStopToken;
+  }
+  EXPECT_EQ(ended_by_itself, 200) << "the object closes within the budget, which ends the generation";
+}
+
+TEST(GeneratorJson, RefusesWhatItCannotGuarantee) {
+  const Tokenizer tok = Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  GenerationOptions o;
+  o.json_object = true;
+  o.max_tokens = 1;
+  EXPECT_THROW(TokenStream(&tok, {}, o), Error);
+  o.max_tokens = 10;
+  EXPECT_THROW(TokenStream(nullptr, {}, o), Error);
+}
+
+TEST(TokenStream, StopsAtStopIdsStopStringsAndLength) {
+  const Tokenizer tok = Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  // Greedy over logits that single out one token per step.
+  auto run = [&](std::vector<int32_t> script, GenerationOptions o, std::vector<int32_t> stop_ids) {
+    o.sampling.temperature = 0;
+    TokenStream s(&tok, std::move(stop_ids), o);
+    for (int32_t t : script) {
+      if (s.finished()) break;
+      std::vector<float> logits(V, 0.f);
+      logits[static_cast<size_t>(t)] = 1.f;
+      s.push(logits);
+    }
+    return s;
+  };
+  const std::vector<int32_t> hello = tok.encode("Hello world, hello", false);
+  ASSERT_GE(hello.size(), 3u);
+  GenerationOptions o;
+  o.max_tokens = 100;
+  TokenStream a = run(hello, o, {hello[1]});
+  EXPECT_EQ(a.reason(), FinishReason::kStopToken);
+  EXPECT_EQ(a.tokens(), std::vector<int32_t>{hello[0]});
+  o.stop_strings = {"o w"};  // spans tokens unless one token holds it
+  TokenStream b = run(hello, o, {});
+  EXPECT_EQ(b.reason(), FinishReason::kStopString);
+  EXPECT_EQ(b.text(), "Hell");
+  EXPECT_EQ(b.stop_string(), "o w");
+  o.stop_strings.clear();
+  o.max_tokens = 2;
+  TokenStream c = run(hello, o, {});
+  EXPECT_EQ(c.reason(), FinishReason::kLength);
+  EXPECT_EQ(c.tokens().size(), 2u);
+}
+
+}  // namespace
