@@ -5,7 +5,15 @@
 // mixes follow llama.cpp's src/llama-quant.cpp (llama_tensor_get_type_impl).
 #include "io/gguf_export.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -118,7 +126,9 @@ GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::
   return t;
 }
 
-GgufExportStats write_checkpoint_as_gguf(const std::string& model_dir, const std::string& out_path, GgufFileFormat f) {
+namespace {
+
+GgufExportStats build_gguf(const std::string& model_dir, GgufFileFormat f, GgufWriter& w) {
   const fs::path dir(model_dir);
   const std::string config_path = (dir / "config.json").string();
   const std::string config_text = read_regular_file(config_path, "config", kMaxJsonFileBytes);
@@ -136,7 +146,6 @@ GgufExportStats write_checkpoint_as_gguf(const std::string& model_dir, const std
   const int64_t n_layer = field("num_hidden_layers").get<int64_t>();
   const int64_t head_dim = field("head_dim").get<int64_t>();
 
-  GgufWriter w;
   w.add_string("general.architecture", arch);
   w.add_string("general.type", "model");
   w.add_string("general.name", fs::path(fs::absolute(dir).lexically_normal()).filename().string());
@@ -275,24 +284,75 @@ GgufExportStats write_checkpoint_as_gguf(const std::string& model_dir, const std
   });
   GgufExportStats stats;
   int i_attn_v = 0;
+  struct Job {
+    Pending* p;
+    GgmlType type;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Job> jobs;
   for (Pending& p : pending) {
     const GgmlType t = gguf_tensor_type(f, p.name, p.dims, i_attn_v, n_attn_v, n_layer, tied);
     i_attn_v += ends_with(p.name, "attn_v.weight") || ends_with(p.name, "attn_qkv.weight");
     const gguf::BlockFormat& bf = gguf::block_format(t);
-    std::vector<uint8_t> bytes(p.data.size() / bf.block_elems * bf.block_bytes);
-    try {
-      gguf::quantize(t, p.data.data(), bytes.data(), static_cast<int64_t>(p.data.size()));
-    } catch (const Error& e) {
-      throw Error("quantize --format: tensor '" + p.name + "': " + e.what());
+    jobs.push_back({&p, t, std::vector<uint8_t>(p.data.size() / bf.block_elems * bf.block_bytes)});
+  }
+  // The tensors are independent: quantized on all cores, largest first (the LM head / embedding
+  // would otherwise finish last on one core).
+  std::vector<size_t> order(jobs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return jobs[a].p->data.size() > jobs[b].p->data.size(); });
+  std::atomic<size_t> next{0};
+  std::mutex error_mutex;
+  std::string error;
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();) {
+      Job& j = jobs[order[k]];
+      try {
+        gguf::quantize(j.type, j.p->data.data(), j.bytes.data(), static_cast<int64_t>(j.p->data.size()));
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (error.empty()) error = "quantize --format: tensor '" + j.p->name + "': " + e.what();
+      }
+      std::vector<float>().swap(j.p->data);
     }
-    stats.bytes += bytes.size();
-    stats.types.emplace_back(p.name, t);
-    w.add_tensor(p.name, t, p.dims, std::move(bytes));
-    std::vector<float>().swap(p.data);
+  };
+  std::vector<std::thread> threads;
+  const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 1; i < n_threads; ++i) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  if (!error.empty()) throw Error(error);
+  for (Job& j : jobs) {
+    stats.bytes += j.bytes.size();
+    stats.types.emplace_back(j.p->name, j.type);
+    w.add_tensor(j.p->name, j.type, j.p->dims, std::move(j.bytes));
   }
   stats.tensors = pending.size();
+  return stats;
+}
+
+}  // namespace
+
+GgufExportStats write_checkpoint_as_gguf(const std::string& model_dir, const std::string& out_path, GgufFileFormat f) {
+  GgufWriter w;
+  const GgufExportStats stats = build_gguf(model_dir, f, w);
   w.write(out_path);
   return stats;
+}
+
+int write_checkpoint_as_gguf_memfd(const std::string& model_dir, GgufFileFormat f, GgufExportStats* stats) {
+  GgufWriter w;
+  const GgufExportStats s = build_gguf(model_dir, f, w);
+  const int fd = ::memfd_create("hanpu-quantized.gguf", MFD_CLOEXEC);
+  if (fd < 0) throw Error(std::string("quantizing '") + model_dir + "' at load: memfd_create failed: " + std::strerror(errno));
+  try {
+    w.write_fd(fd, "the GGUF of '" + model_dir + "' quantized at load");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (stats) *stats = s;
+  return fd;
 }
 
 }  // namespace hanpu

@@ -38,4 +38,9 @@ struct GgufExportStats {
 /// without a GGUF name, a missing tokenizer).
 GgufExportStats write_checkpoint_as_gguf(const std::string& model_dir, const std::string& out_path, GgufFileFormat f);
 
+/// The same file in an anonymous memory file (memfd) instead of on disk, for `--weights q4_k_m`
+/// etc. on a safetensors checkpoint: returns the descriptor (the caller closes it once the GGUF
+/// reader has mapped it). Throws hanpu::Error as write_checkpoint_as_gguf.
+int write_checkpoint_as_gguf_memfd(const std::string& model_dir, GgufFileFormat f, GgufExportStats* stats = nullptr);
+
 }  // namespace hanpu

@@ -5,7 +5,9 @@
 #include "io/gguf_writer.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <unistd.h>
 
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
@@ -78,7 +80,8 @@ void GgufWriter::add_tensor(const std::string& name, gguf::GgmlType type, const 
   tensors_.push_back({name, type, dims, std::move(data)});
 }
 
-void GgufWriter::write(const std::string& path) const {
+template <class Sink>
+void GgufWriter::emit(Sink&& sink) const {
   std::string head;
   head += "GGUF";
   put<uint32_t>(head, 3);
@@ -96,14 +99,31 @@ void GgufWriter::write(const std::string& path) const {
     offset = align(offset + t.data.size());
   }
   head.resize(align(head.size()), '\0');
-  AtomicFile out(path);
-  out.write(head);
+  sink(head.data(), head.size());
   const std::string pad(kAlignment, '\0');
   for (const Tensor& t : tensors_) {
-    out.write(t.data.data(), t.data.size());
-    out.write(pad.data(), align(t.data.size()) - t.data.size());
+    sink(t.data.data(), t.data.size());
+    sink(pad.data(), align(t.data.size()) - t.data.size());
   }
+}
+
+void GgufWriter::write(const std::string& path) const {
+  AtomicFile out(path);
+  emit([&](const void* p, size_t n) { out.write(p, n); });
   out.commit();
+}
+
+void GgufWriter::write_fd(int fd, const std::string& what) const {
+  emit([&](const void* p, size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n > 0) {
+      const ssize_t w = ::write(fd, c, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) throw Error("writing " + what + ": " + std::strerror(errno));
+      c += w;
+      n -= static_cast<size_t>(w);
+    }
+  });
 }
 
 }  // namespace hanpu

@@ -31,6 +31,9 @@ class GgufWriter {
 
   /// Writes the file atomically; throws hanpu::Error naming the file.
   void write(const std::string& path) const;
+  /// Writes the file to the open descriptor `fd` (an anonymous memory file for quantizing at
+  /// load); `what` names it in errors.
+  void write_fd(int fd, const std::string& what) const;
 
   static constexpr uint32_t kAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT (no general.alignment key written)
 
@@ -42,6 +45,8 @@ class GgufWriter {
     std::vector<uint8_t> data;
   };
   void key(const std::string& k, GgufType t);
+  template <class Sink>
+  void emit(Sink&& sink) const;
   std::string kv_;  // encoded key/value pairs
   uint64_t kv_count_ = 0;
   std::vector<std::string> keys_;

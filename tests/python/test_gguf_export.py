@@ -226,6 +226,27 @@ def test_hanpu_reads_its_own_files(tmp_path, synthetic, fmt):
         assert err < 1e-6, (fmt, pos, err)
 
 
+@pytest.mark.parametrize("fmt", ["q4_k_m", "q8_0", "q4_k", "q6_k"])
+def test_weights_quantized_at_load_equal_the_file(tmp_path, synthetic, fmt):
+    """`run --weights FMT` on the safetensors checkpoint quantizes at load into the representation
+    the GGUF loader builds: its logits at every position are bit-equal to running the file
+    `hanpu quantize --format FMT` wrote."""
+    d, _ = synthetic
+    out = str(tmp_path / f"{fmt}.gguf")
+    quantize(d, out, fmt)
+    from_file = run_logits(out, str(tmp_path / "file.safetensors"))
+    ids = ",".join(str(i) for i in (5, 17, 42, 99, 123, 7, 250, 64))
+    subprocess.run([HANPU, "run", "--model", d, "--weights", fmt, "--prompt-ids", ids, "-n", "1", "--greedy",
+                    "--logits-out", str(tmp_path / "load.safetensors")], capture_output=True, text=True, check=True)
+    from safetensors.numpy import load_file
+    at_load = load_file(str(tmp_path / "load.safetensors"))["logits"].astype(np.float64)
+    assert np.array_equal(from_file, at_load)
+    # A GGUF file is already quantized: refused by name.
+    res = subprocess.run([HANPU, "run", "--model", out, "--weights", fmt, "--prompt-ids", ids, "-n", "1"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "GGUF file already" in res.stderr, res.stderr
+
+
 def test_errors_leave_no_file(tmp_path):
     d = str(tmp_path / "ckpt")
     shutil.copytree(TINY, d)
