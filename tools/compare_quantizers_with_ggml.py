@@ -74,6 +74,9 @@ def main():
         "~/.cache/hanpu-peers/llama_cpp_python-0.3.36/vendor/llama.cpp"))
     ap.add_argument("--build", default="build-noamx")
     ap.add_argument("--seed", type=int, default=34)
+    ap.add_argument("--write-fixture", metavar="DIR",
+                    help="also write DIR/ggml_k_quants.{f32,q4_k,q6_k}: 4 blocks of each input kind and ggml's "
+                         "bytes for them (tests/test_gguf_quantize.cpp compares against these without the peer)")
     a = ap.parse_args()
     libdir = os.path.join(a.llama_dir, a.build, "bin")
     failures = 0
@@ -97,6 +100,14 @@ def main():
                 status = "equal" if len(diff) == 0 else f"{len(diff)} of {len(r)} blocks differ (first: {diff[0]})"
                 failures += len(diff) > 0
                 print(f"{name:5s} {case:30s} {len(r):4d} blocks: {status}")
+        if a.write_fixture:
+            fixture_rng = np.random.default_rng(a.seed)
+            x = np.concatenate([c[: 256 * 4] for _, c in cases(256, fixture_rng)]).astype(np.float32)
+            base = os.path.join(a.write_fixture, "ggml_k_quants")
+            x.tofile(base + ".f32")
+            for name in ("Q4_K", "Q6_K"):
+                subprocess.run([exe, str(GGML_TYPES[name][0]), "256", base + ".f32", base + "." + name.lower()], check=True)
+            print("wrote", base + ".{f32,q4_k,q6_k}", len(x) // 256, "blocks")
     print("all equal" if failures == 0 else f"{failures} case(s) differ")
     return 1 if failures else 0
 
