@@ -128,7 +128,22 @@ GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::
 
 namespace {
 
+GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w);
+
+// The JSON files' fields are read with nlohmann's accessors below; a field of another type than
+// the writer expects (in tokenizer.json, tokenizer_config.json or the index) becomes an error
+// naming the checkpoint and nlohmann's description of the field.
 GgufExportStats build_gguf(const std::string& model_dir, GgufFileFormat f, GgufWriter& w) {
+  try {
+    return build_gguf_unchecked(model_dir, f, w);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("quantize --format: checkpoint '" + model_dir +
+                "': a field of config.json, tokenizer.json, tokenizer_config.json or the index is not what a "
+                "Qwen3.5 checkpoint has: " + e.what());
+  }
+}
+
+GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w) {
   const fs::path dir(model_dir);
   const std::string config_path = (dir / "config.json").string();
   const std::string config_text = read_regular_file(config_path, "config", kMaxJsonFileBytes);
@@ -142,42 +157,61 @@ GgufExportStats build_gguf(const std::string& model_dir, GgufFileFormat f, GgufW
     if (!tc.contains(key)) throw Error("quantize --format: '" + config_path + "' has no '" + key + "'");
     return tc[key];
   };
+  const auto bad = [&](const std::string& key, const json& v, const char* expected) {
+    return Error("quantize --format: '" + config_path + "': field '" + key + "' is " + v.dump() + ", expected " + expected);
+  };
+  const auto uint_field = [&](const char* key) -> int64_t {
+    const json& v = field(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{UINT32_MAX})
+      throw bad(key, v, "a non-negative integer below 2^32");
+    return v.get<int64_t>();
+  };
+  const auto float_of = [&](const json& v, const std::string& key) -> double {
+    if (!v.is_number()) throw bad(key, v, "a number");
+    return v.get<double>();
+  };
   const std::string arch = "qwen35";
-  const int64_t n_layer = field("num_hidden_layers").get<int64_t>();
-  const int64_t head_dim = field("head_dim").get<int64_t>();
+  const int64_t n_layer = uint_field("num_hidden_layers");
+  const int64_t head_dim = uint_field("head_dim");
 
   w.add_string("general.architecture", arch);
   w.add_string("general.type", "model");
   w.add_string("general.name", fs::path(fs::absolute(dir).lexically_normal()).filename().string());
   w.add_u32(arch + ".block_count", static_cast<uint32_t>(n_layer));
-  w.add_u32(arch + ".context_length", field("max_position_embeddings").get<uint32_t>());
-  w.add_u32(arch + ".embedding_length", field("hidden_size").get<uint32_t>());
-  w.add_u32(arch + ".feed_forward_length", field("intermediate_size").get<uint32_t>());
-  w.add_u32(arch + ".attention.head_count", field("num_attention_heads").get<uint32_t>());
-  w.add_u32(arch + ".attention.head_count_kv", field("num_key_value_heads").get<uint32_t>());
+  w.add_u32(arch + ".context_length", static_cast<uint32_t>(uint_field("max_position_embeddings")));
+  w.add_u32(arch + ".embedding_length", static_cast<uint32_t>(uint_field("hidden_size")));
+  w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(uint_field("intermediate_size")));
+  w.add_u32(arch + ".attention.head_count", static_cast<uint32_t>(uint_field("num_attention_heads")));
+  w.add_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(uint_field("num_key_value_heads")));
   const json& rope = tc.contains("rope_parameters") ? tc["rope_parameters"] : tc;
   if (rope.contains("mrope_section")) {  // padded to 4 sections as the converter does
-    std::vector<int32_t> sections = rope["mrope_section"].get<std::vector<int32_t>>();
+    std::vector<int32_t> sections;
+    for (const json& v : rope["mrope_section"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        throw bad("rope_parameters.mrope_section", rope["mrope_section"], "an array of non-negative integers");
+      sections.push_back(v.get<int32_t>());
+    }
     sections.resize(std::max<size_t>(4, sections.size()), 0);
     w.add_i32s(arch + ".rope.dimension_sections", sections);
   }
   if (!rope.contains("rope_theta")) throw Error("quantize --format: '" + config_path + "' has no rope_theta");
-  w.add_f32(arch + ".rope.freq_base", rope["rope_theta"].get<float>());
-  w.add_f32(arch + ".attention.layer_norm_rms_epsilon", field("rms_norm_eps").get<float>());
+  w.add_f32(arch + ".rope.freq_base", static_cast<float>(float_of(rope["rope_theta"], "rope_theta")));
+  w.add_f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(float_of(field("rms_norm_eps"), "rms_norm_eps")));
   w.add_u32(arch + ".attention.key_length", static_cast<uint32_t>(head_dim));
   w.add_u32(arch + ".attention.value_length", static_cast<uint32_t>(head_dim));
   w.add_u32("general.file_type", gguf_file_type(f));
-  const int64_t nv = field("linear_num_value_heads").get<int64_t>();
-  w.add_u32(arch + ".ssm.conv_kernel", field("linear_conv_kernel_dim").get<uint32_t>());
-  w.add_u32(arch + ".ssm.state_size", field("linear_key_head_dim").get<uint32_t>());
-  w.add_u32(arch + ".ssm.group_count", field("linear_num_key_heads").get<uint32_t>());
+  const int64_t nv = uint_field("linear_num_value_heads");
+  w.add_u32(arch + ".ssm.conv_kernel", static_cast<uint32_t>(uint_field("linear_conv_kernel_dim")));
+  w.add_u32(arch + ".ssm.state_size", static_cast<uint32_t>(uint_field("linear_key_head_dim")));
+  w.add_u32(arch + ".ssm.group_count", static_cast<uint32_t>(uint_field("linear_num_key_heads")));
   w.add_u32(arch + ".ssm.time_step_rank", static_cast<uint32_t>(nv));
-  w.add_u32(arch + ".ssm.inner_size", static_cast<uint32_t>(field("linear_value_head_dim").get<int64_t>() * nv));
+  w.add_u32(arch + ".ssm.inner_size", static_cast<uint32_t>(uint_field("linear_value_head_dim") * nv));
   std::vector<bool> recurrent;
-  for (const auto& lt : field("layer_types")) recurrent.push_back(lt.get<std::string>() == "linear_attention");
+  for (int64_t i = 0; i < n_layer; ++i) recurrent.push_back(!config.is_full_attention.at(static_cast<size_t>(i)));
   w.add_bools(arch + ".attention.recurrent_layers", recurrent);
-  w.add_u32(arch + ".full_attention_interval", field("full_attention_interval").get<uint32_t>());
-  const double partial = rope.contains("partial_rotary_factor") ? rope["partial_rotary_factor"].get<double>() : 1.0;
+  if (tc.contains("full_attention_interval"))
+    w.add_u32(arch + ".full_attention_interval", static_cast<uint32_t>(uint_field("full_attention_interval")));
+  const double partial = rope.contains("partial_rotary_factor") ? float_of(rope["partial_rotary_factor"], "partial_rotary_factor") : 1.0;
   w.add_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(static_cast<double>(head_dim) * partial));
   w.add_u32("general.quantization_version", 2);
 
