@@ -3,7 +3,7 @@
 //
 //   gguf_blocks_tool formats                      one line per registry row: code name elems bytes dequantize
 //   gguf_blocks_tool dequantize TYPE IN OUT       IN: whole blocks of TYPE; OUT: float32 values
-//   gguf_blocks_tool quantize TYPE IN OUT         IN: float32 values; OUT: blocks of TYPE (Q8_0)
+//   gguf_blocks_tool quantize TYPE IN OUT         IN: float32 values; OUT: blocks of TYPE (Q8_0, Q4_K, Q6_K, F16, BF16)
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -54,10 +54,9 @@ int main(int argc, char** argv) {
         hanpu::gguf::dequantize(f.type, in.data(), out.data(), n);
         write_all(argv[4], out.data(), out.size() * 4);
       } else {
-        if (f.type != hanpu::gguf::GgmlType::Q8_0) throw hanpu::Error("only Q8_0 has a quantizer");
         const int64_t n = static_cast<int64_t>(in.size() / 4);
         std::vector<char> out(static_cast<size_t>(n / f.block_elems * f.block_bytes));
-        hanpu::gguf::quantize_q8_0(reinterpret_cast<const float*>(in.data()), out.data(), n);
+        hanpu::gguf::quantize(f.type, reinterpret_cast<const float*>(in.data()), out.data(), n);
         write_all(argv[4], out.data(), out.size());
       }
       return 0;

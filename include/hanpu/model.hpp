@@ -220,6 +220,10 @@ struct ModelLoadOptions {
   /// stored as they are used; `hanpu quantize` writes them out). The reference stays valid while
   /// the model lives.
   std::function<void(const std::string& tensor, const Int8Linear& q)> on_int8_projection;
+  /// Non-empty ("q8_0", "q4_k_m", "q4_k", "q6_k"): a safetensors checkpoint is quantized at load
+  /// into that GGUF file format, with the quantizer and tensor mix `hanpu quantize --format`
+  /// writes, and loaded as that GGUF file would be (an anonymous memory file; docs/GGUF.md).
+  std::string gguf_format;
   /// The engine the model runs on (its pool, workspaces and activation scratch); null:
   /// Engine::default_engine(). Two models with their own engines share nothing.
   std::shared_ptr<Engine> engine;

@@ -106,11 +106,15 @@ struct WeightArgs {
   std::string weights = "bf16";
   int64_t int8_group = kDefaultInt8Group;
   int64_t group() const { return weights == "int8" ? int8_group : 0; }
+  /// A GGUF file format to quantize a safetensors checkpoint into at load ("" for bf16 / int8).
+  std::string gguf_format() const { return weights == "bf16" || weights == "int8" ? "" : weights; }
   void add_to(CLI::App* app) {
     app->add_option("--weights", weights,
-                    "projection weights: bf16 (as the checkpoint stores them, default) or int8 (quantized at load: "
-                    "symmetric, one scale per --int8-group inputs; about half the bytes per decode step)")
-        ->check(CLI::IsMember(std::vector<std::string>{"bf16", "int8"}))
+                    "projection weights: bf16 (as the checkpoint stores them, default), int8 (quantized at load: "
+                    "symmetric, one scale per --int8-group inputs; about half the bytes per decode step), or a "
+                    "GGUF format q8_0, q4_k_m, q4_k, q6_k (a safetensors checkpoint quantized at load as "
+                    "`hanpu quantize --format` writes it, then run as that GGUF file)")
+        ->check(CLI::IsMember(std::vector<std::string>{"bf16", "int8", "q8_0", "q4_k_m", "q4_k", "q6_k"}))
         ->capture_default_str();
     app->add_option("--int8-group", int8_group, "with --weights int8: inputs per scale")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
@@ -152,7 +156,10 @@ void run_generate(const RunArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty()) throw Error("give exactly one of --prompt and --prompt-ids");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   HybridModel model = HybridModel::load(
-      a.model_dir, {.progress = true, .int8_group = a.weights.group(), .engine = std::make_shared<Engine>(threads)});
+      a.model_dir, {.progress = true,
+                    .int8_group = a.weights.group(),
+                    .gguf_format = a.weights.gguf_format(),
+                    .engine = std::make_shared<Engine>(threads)});
   const ModelConfig& cfg = model.config();
 
   std::unique_ptr<Tokenizer> tok;
@@ -267,10 +274,14 @@ void run_bench_model(const BenchModelArgs& a) {
     return model_preset(a.synthetic);
   };
   auto engine = std::make_shared<Engine>(threads);
+  if (a.model_dir.empty() && !a.weights.gguf_format().empty())
+    throw Error("--weights " + a.weights.weights + " quantizes a checkpoint at load; give --model (synthetic weights are bf16 or int8)");
   HybridModel model = a.model_dir.empty()
                           ? HybridModel::synthetic(synthetic_config(), a.seed, threads, a.weights.group(), engine)
-                          : HybridModel::load(a.model_dir,
-                                              {.progress = !a.json, .int8_group = a.weights.group(), .engine = engine});
+                          : HybridModel::load(a.model_dir, {.progress = !a.json,
+                                                            .int8_group = a.weights.group(),
+                                                            .gguf_format = a.weights.gguf_format(),
+                                                            .engine = engine});
   const double load_s = seconds_since(t_load);
   const ModelConfig& cfg = model.config();
   const std::string name = a.model_dir.empty() ? a.synthetic : a.model_dir;
@@ -341,7 +352,7 @@ void run_bench_model(const BenchModelArgs& a) {
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
     // A GGUF file's weights: its bytes over its parameters (the average of its block formats).
-    const double gguf_bytes_per_weight = model::is_gguf_path(a.model_dir)
+    const double gguf_bytes_per_weight = model::is_gguf_path(a.model_dir) || !a.weights.gguf_format().empty()
                                              ? static_cast<double>(model.weight_bytes()) /
                                                    static_cast<double>(cfg.parameter_count())
                                              : 0.0;
@@ -425,7 +436,7 @@ void run_bench_model(const BenchModelArgs& a) {
         {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
         {"isa", cpu::isa_selection().target},
-        {"weights", a.weights.group() > 0 ? "int8" : "bf16"},
+        {"weights", a.weights.weights},
         {"int8_group", a.weights.group()},
     };
     if (a.json) {

@@ -19,6 +19,7 @@
 #include "cli/commands.hpp"
 #include "hanpu/model.hpp"
 #include "io/file_io.hpp"
+#include "model/gguf_export.hpp"
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "model/model_parts.hpp"
@@ -31,9 +32,26 @@ namespace fs = std::filesystem;
 struct QuantizeArgs {
   std::string model_dir, out_dir;
   int64_t group = kDefaultInt8Group;
+  std::string format;  // empty: hanpu's int8 safetensors; else a GGUF file format
 };
 
+// `--format`: one GGUF file (docs/GGUF.md "Writing GGUF").
+void run_quantize_gguf(const QuantizeArgs& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const GgufFileFormat f = parse_gguf_file_format(a.format);
+  const GgufExportStats s = write_checkpoint_as_gguf(a.model_dir, a.out_dir, f);
+  std::map<std::string, int> by_type;
+  for (const auto& [name, t] : s.types) ++by_type[gguf::block_format(t).name];
+  std::string mix;
+  for (const auto& [t, n] : by_type) mix += (mix.empty() ? "" : ", ") + std::to_string(n) + " " + t;
+  std::fprintf(stderr, "quantize: %zu tensors (%s), %.3f GB of tensor data, %.1f s; written to %s (%s)\n", s.tensors,
+               mix.c_str(), static_cast<double>(s.bytes) / 1e9,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), a.out_dir.c_str(),
+               a.format.c_str());
+}
+
 void run_quantize(const QuantizeArgs& a) {
+  if (!a.format.empty()) return run_quantize_gguf(a);
   const fs::path src(a.model_dir), dst(a.out_dir);
   if (fs::weakly_canonical(src) == fs::weakly_canonical(dst))
     throw Error("quantize: --out '" + a.out_dir + "' is the input checkpoint; write to another directory");
@@ -126,7 +144,11 @@ void register_quantize_command(CLI::App& app) {
   CLI::App* q = app.add_subcommand(
       "quantize", "write a copy of a checkpoint with its projections stored as int8 (run it with --weights int8 or as is)");
   q->add_option("--model", a->model_dir, "checkpoint directory to read")->required();
-  q->add_option("--out", a->out_dir, "directory to write (created; the shards, index, config and tokenizer)")->required();
+  q->add_option("--out", a->out_dir,
+                "directory to write (created; the shards, index, config and tokenizer), or with --format the .gguf file")
+      ->required();
+  q->add_option("--format", a->format,
+                "write one GGUF file in this llama.cpp format instead: q8_0, q4_k_m, q4_k (all Q4_K), q6_k (all Q6_K), f16");
   q->add_option("--int8-group", a->group, "inputs per scale")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   q->callback([a] { hanpu::run_quantize(*a); });
 }

@@ -223,4 +223,270 @@ void quantize_q8_0(const float* x, void* dst, int64_t n) {
   }
 }
 
+namespace {
+
+// ggml's GROUP_MAX_EPS (ggml-quants.c): a group whose largest magnitude is below it is all zero.
+constexpr float kGroupMaxEps = 1e-15f;
+
+// ggml's nearest_int: round to nearest, ties to even (ggml adds 1.5 * 2^23 in float32, which is
+// exact for |x| <= 2^22, the range its callers assert). Values beyond that range (only from
+// inf/NaN or overflowing inputs, where ggml's result is unspecified) are clamped here so that the
+// conversion to int is always defined; every caller clamps the result to a few bits anyway.
+inline int nearest_int(float x) {
+  if (!(x == x)) return 0;  // NaN
+  const float r = std::nearbyint(std::clamp(x, -4194304.0f, 4194304.0f));
+  return static_cast<int>(r);
+}
+
+// The asymmetric fit of ggml's make_qkx2_quants for n values with per-element weights: levels
+// 0..nmax, x ~ scale * L - min_out. Starts from the min/max fit, then tries nstep + 1 scales
+// (nmax + rmin + rdelta * k) / (max - min) and keeps the weighted least-squares scale and min of
+// the candidate with the smallest weighted squared error. Returns scale; *min_out >= 0.
+float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float* min_out, float rmin,
+                    float rdelta, int nstep) {
+  float lo = x[0], hi = x[0];
+  float sum_w = w[0], sum_x = sum_w * x[0];
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < lo) lo = x[i];
+    if (x[i] > hi) hi = x[i];
+    sum_w += w[i];
+    sum_x += w[i] * x[i];
+  }
+  if (lo > 0) lo = 0;  // the min is only ever subtracted: a block of positive values keeps min 0
+  if (hi == lo) {
+    std::fill(L, L + n, uint8_t{0});
+    *min_out = -lo;
+    return 0.0f;
+  }
+  float iscale = static_cast<float>(nmax) / (hi - lo);
+  float scale = 1 / iscale;
+  float best_error = 0;
+  for (int i = 0; i < n; ++i) {
+    L[i] = static_cast<uint8_t>(std::clamp(nearest_int(iscale * (x[i] - lo)), 0, nmax));
+    const float diff = scale * static_cast<float>(L[i]) + lo - x[i];
+    best_error += w[i] * (diff * diff);
+  }
+  uint8_t candidate[32];
+  for (int step = 0; step <= nstep; ++step) {
+    iscale = (rmin + rdelta * static_cast<float>(step) + static_cast<float>(nmax)) / (hi - lo);
+    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = std::clamp(nearest_int(iscale * (x[i] - lo)), 0, nmax);
+      candidate[i] = static_cast<uint8_t>(l);
+      const float wl = w[i] * static_cast<float>(l);
+      sum_l += wl;
+      sum_l2 += wl * static_cast<float>(l);
+      sum_xl += wl * x[i];
+    }
+    const float det = sum_w * sum_l2 - sum_l * sum_l;
+    if (!(det > 0)) continue;
+    float this_scale = (sum_w * sum_xl - sum_x * sum_l) / det;
+    float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det;
+    if (this_min > 0) {  // a positive offset is not representable: refit the scale through zero
+      this_min = 0;
+      this_scale = sum_xl / sum_l2;
+    }
+    float error = 0;
+    for (int i = 0; i < n; ++i) {
+      const float diff = this_scale * static_cast<float>(candidate[i]) + this_min - x[i];
+      error += w[i] * (diff * diff);
+    }
+    if (error < best_error) {
+      std::copy(candidate, candidate + n, L);
+      best_error = error;
+      scale = this_scale;
+      lo = this_min;
+    }
+  }
+  *min_out = -lo;
+  return scale;
+}
+
+// The symmetric fit of ggml's make_qx_quants with rmse_type 1 and no importance weights (weights
+// x^2): levels -nmax..nmax-1 stored as L + nmax. Starts from iscale = -nmax / x_absmax (the
+// value of largest magnitude maps to -nmax exactly), then tries the 18 scales
+// (nmax + 0.1 k) / x_absmax, k = -9..9 except 0, keeping the one that maximizes sumlx^2 / suml2.
+// Returns the scale (negative when the largest-magnitude value is positive).
+float fit_symmetric_scale(int n, int nmax, const float* x, int8_t* L) {
+  float amax = 0, max = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
+  }
+  if (amax < kGroupMaxEps) {
+    std::fill(L, L + n, int8_t{0});
+    return 0.0f;
+  }
+  const auto level = [&](float iscale, int i) { return std::clamp(nearest_int(iscale * x[i]), -nmax, nmax - 1); };
+  float iscale = static_cast<float>(-nmax) / max;
+  float sumlx = 0, suml2 = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = level(iscale, i);
+    L[i] = static_cast<int8_t>(l + nmax);
+    const float w = x[i] * x[i];
+    sumlx += w * x[i] * static_cast<float>(l);
+    suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+  }
+  float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int k = -9; k <= 9; ++k) {
+    if (k == 0) continue;
+    iscale = -(static_cast<float>(nmax) + 0.1f * static_cast<float>(k)) / max;
+    sumlx = suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = level(iscale, i);
+      const float w = x[i] * x[i];
+      sumlx += w * x[i] * static_cast<float>(l);
+      suml2 += w * static_cast<float>(l) * static_cast<float>(l);
+    }
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; ++i) L[i] = static_cast<int8_t>(level(iscale, i) + nmax);
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+void check_whole_blocks(const char* name, int64_t n, int64_t block) {
+  if (n < 0 || n % block != 0)
+    throw Error(std::string("quantizing ") + name + ": " + std::to_string(n) +
+                " elements is not a whole number of blocks of " + std::to_string(block));
+}
+
+}  // namespace
+
+void quantize_q4_k(const float* x, void* dst, int64_t n) {
+  check_whole_blocks("Q4_K", n, kQK_K);
+  auto* b = static_cast<BlockQ4_K*>(dst);
+  constexpr int kSub = 32, kSubBlocks = kQK_K / kSub;
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    uint8_t L[kQK_K];
+    float scales[kSubBlocks], mins[kSubBlocks], weights[kSub];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < kSubBlocks; ++j) {
+      const float* xs = x + kSub * j;
+      // Weights: the element's magnitude plus the sub-block's rms, so large values count more
+      // without the small ones counting for nothing.
+      float sum_x2 = 0;
+      for (int l = 0; l < kSub; ++l) sum_x2 += xs[l] * xs[l];
+      const float rms = std::sqrt(sum_x2 / kSub);
+      for (int l = 0; l < kSub; ++l) weights[l] = rms + std::fabs(xs[l]);
+      scales[j] = fit_scale_min(kSub, 15, xs, weights, L + kSub * j, &mins[j], -1.0f, 0.1f, 20);
+      if (scales[j] > max_scale) max_scale = scales[j];
+      if (mins[j] > max_min) max_min = mins[j];
+    }
+    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+    BlockQ4_K& blk = b[i];
+    std::memset(blk.scales, 0, sizeof blk.scales);
+    for (int j = 0; j < kSubBlocks; ++j) {
+      // As ggml: the rounded code is taken modulo 256 (a negative scale wraps to a large code),
+      // then capped at 63.
+      const auto ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+      const auto lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+      if (j < 4) {
+        blk.scales[j] = ls;
+        blk.scales[j + 4] = lm;
+      } else {  // low 4 bits in bytes 8..11, high 2 bits in the top of bytes 0..7 (k4_scale_min)
+        blk.scales[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+        blk.scales[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+        blk.scales[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+      }
+    }
+    blk.d = f32_to_f16(max_scale / 63.0f);
+    blk.dmin = f32_to_f16(max_min / 63.0f);
+    // Re-round every element against the scale and min as they are stored.
+    for (int j = 0; j < kSubBlocks; ++j) {
+      uint8_t sc, m;
+      k4_scale_min(j, blk.scales, sc, m);
+      const float d = f16_to_f32(blk.d) * static_cast<float>(sc);
+      if (d == 0) continue;  // keeps the fit's levels (they dequantize to -dm regardless)
+      const float dm = f16_to_f32(blk.dmin) * static_cast<float>(m);
+      for (int l = 0; l < kSub; ++l)
+        L[kSub * j + l] = static_cast<uint8_t>(std::clamp(nearest_int((x[kSub * j + l] + dm) / d), 0, 15));
+    }
+    for (int j = 0; j < kQK_K; j += 64)
+      for (int l = 0; l < 32; ++l) blk.qs[j / 2 + l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+  }
+}
+
+void quantize_q6_k(const float* x, void* dst, int64_t n) {
+  check_whole_blocks("Q6_K", n, kQK_K);
+  auto* b = static_cast<BlockQ6_K*>(dst);
+  constexpr int kSub = 16, kSubBlocks = kQK_K / kSub;
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    int8_t L[kQK_K];
+    float scales[kSubBlocks];
+    float max_scale = 0, max_abs_scale = 0;
+    for (int j = 0; j < kSubBlocks; ++j) {
+      scales[j] = fit_symmetric_scale(kSub, 32, x + kSub * j, L + kSub * j);
+      if (std::fabs(scales[j]) > max_abs_scale) {
+        max_abs_scale = std::fabs(scales[j]);
+        max_scale = scales[j];
+      }
+    }
+    BlockQ6_K& blk = b[i];
+    std::memset(&blk, 0, sizeof blk);
+    if (max_abs_scale < kGroupMaxEps) continue;  // all zero: d = 0, every level 0
+    // The sub-block scale of largest magnitude codes as -128; the others within [-128, 127].
+    const float iscale = -128.0f / max_scale;
+    blk.d = f32_to_f16(1 / iscale);
+    for (int j = 0; j < kSubBlocks; ++j)
+      blk.scales[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * scales[j])));
+    for (int j = 0; j < kSubBlocks; ++j) {
+      const float d = f16_to_f32(blk.d) * static_cast<float>(blk.scales[j]);
+      if (d == 0) continue;
+      for (int l = 0; l < kSub; ++l)
+        L[kSub * j + l] = static_cast<int8_t>(std::clamp(nearest_int(x[kSub * j + l] / d), -32, 31) + 32);
+    }
+    // Layout (see dequant_q6_k): per 128 elements, ql holds low nibbles of elements l and l+64
+    // (byte l) and of l+32 and l+96 (byte l+32); qh byte l holds the top 2 bits of all four.
+    for (int j = 0; j < kQK_K; j += 128) {
+      uint8_t* ql = blk.ql + j / 2;
+      uint8_t* qh = blk.qh + j / 4;
+      for (int l = 0; l < 32; ++l) {
+        const auto q = [&](int o) { return static_cast<uint8_t>(L[j + l + o]); };
+        ql[l] = static_cast<uint8_t>((q(0) & 0xF) | ((q(64) & 0xF) << 4));
+        ql[l + 32] = static_cast<uint8_t>((q(32) & 0xF) | ((q(96) & 0xF) << 4));
+        qh[l] = static_cast<uint8_t>((q(0) >> 4) | ((q(32) >> 4) << 2) | ((q(64) >> 4) << 4) | ((q(96) >> 4) << 6));
+      }
+    }
+  }
+}
+
+bool can_quantize(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
+    case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+    default: return false;
+  }
+}
+
+void quantize(GgmlType t, const float* src, void* dst, int64_t n) {
+  const BlockFormat& f = block_format(t);
+  if (!can_quantize(t)) throw Error(std::string("quantizing to GGML type ") + f.name + " is not supported by hanpu");
+  check_whole_blocks(f.name, n, f.block_elems);
+  switch (t) {
+    case GgmlType::F32: if (n) std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case GgmlType::F16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case GgmlType::BF16: {
+      auto* h = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) h[i] = f32_to_bf16(src[i]);
+      return;
+    }
+    case GgmlType::Q8_0: quantize_q8_0(src, dst, n); return;
+    case GgmlType::Q4_K: quantize_q4_k(src, dst, n); return;
+    case GgmlType::Q6_K: quantize_q6_k(src, dst, n); return;
+    default: break;
+  }
+}
+
 }  // namespace hanpu::gguf

@@ -79,6 +79,24 @@ void dequantize(GgmlType t, const void* src, float* dst, int64_t n);
 /// with round half away from zero. `n` must be a multiple of 32.
 void quantize_q8_0(const float* src, void* dst, int64_t n);
 
+/// ggml's quantize_row_q4_K_ref (the rounding llama-quantize uses without an importance matrix):
+/// per sub-block of 32 an asymmetric 4-bit fit, scale and min searched by make_qkx2_quants
+/// (weights |x| + rms, 21 candidate scales), the 8 scales and 8 mins coded in 6 bits against two
+/// f16 super-block scales, then every element re-rounded against the coded scale and min.
+/// `n` must be a multiple of 256. Bit-equal to ggml's (tools/compare_quantizers_with_ggml.py).
+void quantize_q4_k(const float* src, void* dst, int64_t n);
+
+/// ggml's quantize_row_q6_K_ref: per sub-block of 16 a symmetric 6-bit fit (make_qx_quants,
+/// weights x^2, 19 candidate scales), the 16 scales coded as int8 against one f16 scale, then
+/// every element re-rounded against its coded scale. `n` must be a multiple of 256.
+void quantize_q6_k(const float* src, void* dst, int64_t n);
+
+/// True for the types `quantize` writes: Q8_0, Q4_K, Q6_K (and F32/F16/BF16 as plain conversions).
+bool can_quantize(GgmlType t);
+/// Quantizes `n` float32 values (a whole number of blocks of `t`) into `dst`, which holds
+/// n / block_elems * block_bytes bytes. Throws hanpu::Error for a type hanpu cannot write.
+void quantize(GgmlType t, const float* src, void* dst, int64_t n);
+
 // Block layouts (ggml-common.h). Sizes are checked against the registry in gguf_blocks.cpp.
 inline constexpr int kQK4_0 = 32, kQK8_0 = 32, kQK_K = 256, kKScaleSize = 12;
 struct BlockQ8_0 {

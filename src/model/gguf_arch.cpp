@@ -422,6 +422,67 @@ Reorder reorder_of(Fix fix, const ModelConfig& c) {
 
 }  // namespace
 
+std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c,
+                                                     const std::string& hf, const std::vector<int64_t>& hf_shape,
+                                                     std::vector<float>& data) {
+  const ArchRow* row = find_arch(arch);
+  if (!row || arch != "qwen35")
+    throw Error("writing GGUF architecture '" + arch + "' is not supported by hanpu (it writes qwen35)");
+  std::string name;
+  Fix fix = Fix::kNone;
+  for (const TensorRule& g : row->global)
+    if (hf == g.hf) {
+      name = g.gguf;
+      fix = g.fix;
+    }
+  const std::string lp = "model.layers.";
+  if (name.empty() && hf.rfind(lp, 0) == 0) {
+    const size_t dot = hf.find('.', lp.size());
+    if (dot != std::string::npos && dot > lp.size()) {
+      const std::string idx = hf.substr(lp.size(), dot - lp.size()), rest = hf.substr(dot + 1);
+      int64_t expert = -1;
+      if (std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        for (const TensorRule& l : row->layer)
+          if (rule_matches(l.hf, rest, &expert)) {
+            name = "blk." + idx + "." + l.gguf;
+            fix = l.fix;
+          }
+    }
+  }
+  if (name.empty()) return std::nullopt;
+  int64_t n = 1;
+  for (int64_t d : hf_shape) n *= d;
+  if (static_cast<int64_t>(data.size()) != n || hf_shape.empty())
+    throw Error("writing GGUF tensor '" + name + "' (HF '" + hf + "'): " + std::to_string(data.size()) +
+                " values for shape " + shape_str(hf_shape));
+  std::vector<int64_t> shape = hf_shape;
+  if (fix == Fix::kConv) {
+    if (shape.size() != 3 || shape[1] != 1)
+      throw Error("writing GGUF tensor '" + name + "' (HF '" + hf + "'): shape " + shape_str(hf_shape) +
+                  ", expected [channels, 1, kernel]");
+    shape = {shape[0], shape[2]};
+  }
+  if (fix == Fix::kNormMinusOne)
+    for (float& v : data) v += 1.0f;  // conversion/qwen.py: norm weights stored as 1 + w (float32)
+  if (fix == Fix::kALog)
+    for (float& v : data) v = -std::exp(v);  // conversion/qwen.py: ssm_a = -exp(A_log)
+  const Reorder ro = reorder_of(fix, c);
+  const int64_t nk = c.gdn.num_key_heads, ratio = nk > 0 ? c.gdn.num_value_heads / nk : 1;
+  if ((ro.rows || ro.cols) && ratio > 1) {
+    const int64_t rows = shape[0], cols = n / rows;
+    std::vector<float> out(data.size());
+    for (int64_t i = 0; i < rows; ++i) {
+      const int64_t di = ro.rows ? tiled_index(i, ro.offset, nk, ratio, ro.head_dim) : i;
+      for (int64_t j = 0; j < cols; ++j)
+        out[di * cols + (ro.cols ? tiled_index(j, ro.offset, nk, ratio, ro.head_dim) : j)] = data[i * cols + j];
+    }
+    data.swap(out);
+  }
+  GgufExportedTensor t{name, {}};
+  for (auto it = shape.rbegin(); it != shape.rend(); ++it) t.dims.push_back(*it);
+  return t;
+}
+
 TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>& shape, std::vector<ByteBuffer>& owned) const {
   const Resolved r = resolve(hf);
   if (!r.info) {

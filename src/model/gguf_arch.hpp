@@ -82,6 +82,23 @@ bool gguf_has_tokenizer(const std::string& path);
 /// tokenizer.chat_template of a GGUF file ("" when absent).
 std::string gguf_chat_template(const GgufFile& f);
 
+/// A tensor as llama.cpp's converter writes it: its GGUF name and dims (ggml's ne order: dims[0]
+/// is the element count of a row).
+struct GgufExportedTensor {
+  std::string name;
+  std::vector<int64_t> dims;
+};
+/// The inverse of GgufCheckpoint::get for `hf_name` ("model.layers.3.linear_attn.A_log", the text
+/// model's names) of a model of GGUF architecture `arch` with config `c`: applies in place to
+/// `data` (float32, HF shape `hf_shape`) what llama.cpp's converter does to that tensor (norm
+/// weights + 1, A_log -> -exp(A_log), value heads to ggml's tiled order, conv squeezed) and
+/// returns the GGUF name and dims. nullopt for a tensor the mapping has no name for (the caller
+/// decides whether that is an error). Throws hanpu::Error naming the tensor for an architecture
+/// hanpu does not write (only qwen35) or a shape that does not fit the config.
+std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c,
+                                                     const std::string& hf_name, const std::vector<int64_t>& hf_shape,
+                                                     std::vector<float>& data);
+
 /// The config.json text the GGUF metadata of `m` amounts to (what GgufCheckpoint parses; for tests
 /// and `hanpu` diagnostics).
 std::string gguf_config_json(const GgufModel& m);

@@ -18,6 +18,7 @@
 
 #include "hanpu/model.hpp"
 #include "io/file_io.hpp"
+#include "model/gguf_export.hpp"
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "model/blocks.hpp"
@@ -365,7 +366,20 @@ std::shared_ptr<Engine> model_engine(std::shared_ptr<Engine> given) {
 uint64_t HybridModel::weight_bytes() const { return impl_->weight_bytes; }
 
 HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& opt) {
-  if (model::is_gguf_path(dir)) {
+  std::string gguf_path = model::is_gguf_path(dir) ? dir : "";
+  int memfd = -1;  // --weights q4_k_m etc.: the checkpoint quantized into a GGUF in memory
+  if (!opt.gguf_format.empty()) {
+    if (!gguf_path.empty())
+      throw Error("'" + dir + "' is a GGUF file already; --weights " + opt.gguf_format + " quantizes a safetensors checkpoint");
+    memfd = write_checkpoint_as_gguf_memfd(dir, parse_gguf_file_format(opt.gguf_format));
+    gguf_path = "/proc/self/fd/" + std::to_string(memfd);
+  }
+  struct CloseFd {
+    int fd;
+    ~CloseFd() { if (fd >= 0) ::close(fd); }  // the reader's mapping keeps the memory file alive
+  } close_memfd{memfd};
+  if (!gguf_path.empty()) {
+    const std::string& dir = gguf_path;
     // A GGUF file (or split set): its metadata mapped onto the config, its tensors onto the HF
     // names the blocks load (model/gguf_arch.hpp). Quantized projections stay in GGML blocks.
     HybridModel m;

@@ -1,0 +1,392 @@
+// A safetensors checkpoint written as GGUF (gguf_export.hpp). The tensor mapping is the GGUF
+// loader's table run backwards (src/model/gguf_arch.cpp: gguf_export_tensor); the metadata keys
+// and the tokenizer keys are those llama.cpp's converter writes for Qwen3.5 (convert_hf_to_gguf.py
+// with conversion/qwen.py, gguf-py's gguf_writer.py and vocab.py); the per-tensor types of the
+// mixes follow llama.cpp's src/llama-quant.cpp (llama_tensor_get_type_impl).
+#include "model/gguf_export.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "hanpu/model.hpp"
+#include "hanpu/tensor.hpp"
+#include "io/file_io.hpp"
+#include "io/gguf_writer.hpp"
+#include "io/json_io.hpp"
+#include "io/safetensors.hpp"
+#include "model/gguf_arch.hpp"
+
+namespace hanpu {
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using gguf::GgmlType;
+
+struct FormatRow {
+  GgufFileFormat format;
+  const char* name;
+  uint32_t file_type;  // llama_ftype (llama.h)
+  GgmlType base;       // the type of a quantized tensor before the mix's rules
+};
+constexpr FormatRow kFormats[] = {
+    {GgufFileFormat::kF16, "f16", 1, GgmlType::F16},
+    {GgufFileFormat::kQ8_0, "q8_0", 7, GgmlType::Q8_0},
+    {GgufFileFormat::kQ4_K_M, "q4_k_m", 15, GgmlType::Q4_K},
+    // Every quantized tensor Q4_K: what `llama-quantize --pure ... Q4_K_S` writes (ftype Q4_K_S).
+    {GgufFileFormat::kQ4_K, "q4_k", 14, GgmlType::Q4_K},
+    {GgufFileFormat::kQ6_K, "q6_k", 18, GgmlType::Q6_K},
+};
+
+const FormatRow& row_of(GgufFileFormat f) {
+  for (const FormatRow& r : kFormats)
+    if (r.format == f) return r;
+  throw Error("unknown GGUF file format");
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// llama-quant.cpp tensor_allows_quantization, the rules that can apply to qwen35: 2-D tensors
+// whose name ends in "weight", except norms and the small ssm_conv1d.
+bool allows_quantization(const std::string& name, const std::vector<int64_t>& dims) {
+  return dims.size() >= 2 && ends_with(name, "weight") && name.find("_norm.weight") == std::string::npos &&
+         name.find("ssm_conv1d") == std::string::npos;
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third in between.
+bool use_more_bits(int64_t i, int64_t n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+float to_float(const TensorView& v, int64_t i) {
+  switch (v.dtype) {
+    case DType::F32: return static_cast<const float*>(v.data)[i];
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(v.data)[i]);
+    default: throw Error("tensor of dtype " + std::string(dtype_name(v.dtype)) + " cannot be written as GGUF (float tensors only)");
+  }
+}
+
+std::string token_content(const json& j) {  // tokenizer_config's "eos_token": "<x>" or {"content": "<x>"}
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
+  return "";
+}
+
+}  // namespace
+
+GgufFileFormat parse_gguf_file_format(const std::string& name) {
+  std::string names;
+  for (const FormatRow& r : kFormats) {
+    if (name == r.name) return r.format;
+    names += (names.empty() ? "" : ", ") + std::string(r.name);
+  }
+  throw Error("GGUF format '" + name + "' is not one hanpu writes (" + names + ")");
+}
+
+uint32_t gguf_file_type(GgufFileFormat f) { return row_of(f).file_type; }
+
+GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::vector<int64_t>& dims, int i_attn_v,
+                          int n_attn_v, int64_t n_layer, bool tied) {
+  if (!allows_quantization(name, dims)) return GgmlType::F32;  // as the converter writes them
+  const FormatRow& row = row_of(f);
+  GgmlType t = row.base;
+  if (f == GgufFileFormat::kQ4_K_M) {
+    const bool output = name == "output.weight" || (tied && name == "token_embd.weight");
+    if (output) {
+      t = GgmlType::Q6_K;
+    } else if (ends_with(name, "attn_v.weight") || ends_with(name, "attn_qkv.weight")) {
+      // attn_qkv counts as attn_v in llama.cpp (category_is_attn_v), so qwen35's linear-attention
+      // in_proj_qkv follows the attn_v rule, counted over both kinds in file order.
+      if (use_more_bits(i_attn_v, n_attn_v)) t = GgmlType::Q6_K;
+    } else if (name.find("ffn_down") != std::string::npos) {
+      int layer = 0;
+      if (std::sscanf(name.c_str(), "blk.%d.", &layer) == 1 && use_more_bits(layer, n_layer)) t = GgmlType::Q6_K;
+    }
+  }
+  // llama.cpp's tensor_type_fallback for rows that are not whole blocks: Q6_K -> Q8_0 as there;
+  // Q4_K -> Q8_0 here where llama.cpp picks Q5_0 (a format hanpu neither writes nor reads);
+  // rows that are not whole blocks of 32 -> F16, as there.
+  const gguf::BlockFormat& bf = gguf::block_format(t);
+  if (dims[0] % bf.block_elems != 0) t = dims[0] % 32 == 0 ? GgmlType::Q8_0 : GgmlType::F16;
+  (void)n_layer;
+  return t;
+}
+
+namespace {
+
+GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w);
+
+// The JSON files' fields are read with nlohmann's accessors below; a field of another type than
+// the writer expects (in tokenizer.json, tokenizer_config.json or the index) becomes an error
+// naming the checkpoint and nlohmann's description of the field.
+GgufExportStats build_gguf(const std::string& model_dir, GgufFileFormat f, GgufWriter& w) {
+  try {
+    return build_gguf_unchecked(model_dir, f, w);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error("quantize --format: checkpoint '" + model_dir +
+                "': a field of config.json, tokenizer.json, tokenizer_config.json or the index is not what a "
+                "Qwen3.5 checkpoint has: " + e.what());
+  }
+}
+
+GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w) {
+  const fs::path dir(model_dir);
+  const std::string config_path = (dir / "config.json").string();
+  const std::string config_text = read_regular_file(config_path, "config", kMaxJsonFileBytes);
+  const ModelConfig config = parse_model_config(config_text, config_path);
+  if (config.model_type != "qwen3_5_text")
+    throw Error("quantize --format: '" + config_path + "' is a " + config.model_type +
+                " model; hanpu writes GGUF for qwen3_5 (GGUF architecture qwen35) only");
+  const json top = parse_json(config_text, config_path);
+  const json& tc = top.contains("text_config") ? top["text_config"] : top;
+  const auto field = [&](const char* key) -> const json& {
+    if (!tc.contains(key)) throw Error("quantize --format: '" + config_path + "' has no '" + key + "'");
+    return tc[key];
+  };
+  const auto bad = [&](const std::string& key, const json& v, const char* expected) {
+    return Error("quantize --format: '" + config_path + "': field '" + key + "' is " + v.dump() + ", expected " + expected);
+  };
+  const auto uint_field = [&](const char* key) -> int64_t {
+    const json& v = field(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > int64_t{UINT32_MAX})
+      throw bad(key, v, "a non-negative integer below 2^32");
+    return v.get<int64_t>();
+  };
+  const auto float_of = [&](const json& v, const std::string& key) -> double {
+    if (!v.is_number()) throw bad(key, v, "a number");
+    return v.get<double>();
+  };
+  const std::string arch = "qwen35";
+  const int64_t n_layer = uint_field("num_hidden_layers");
+  const int64_t head_dim = uint_field("head_dim");
+
+  w.add_string("general.architecture", arch);
+  w.add_string("general.type", "model");
+  w.add_string("general.name", fs::path(fs::absolute(dir).lexically_normal()).filename().string());
+  w.add_u32(arch + ".block_count", static_cast<uint32_t>(n_layer));
+  w.add_u32(arch + ".context_length", static_cast<uint32_t>(uint_field("max_position_embeddings")));
+  w.add_u32(arch + ".embedding_length", static_cast<uint32_t>(uint_field("hidden_size")));
+  w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(uint_field("intermediate_size")));
+  w.add_u32(arch + ".attention.head_count", static_cast<uint32_t>(uint_field("num_attention_heads")));
+  w.add_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(uint_field("num_key_value_heads")));
+  const json& rope = tc.contains("rope_parameters") ? tc["rope_parameters"] : tc;
+  if (rope.contains("mrope_section")) {  // padded to 4 sections as the converter does
+    std::vector<int32_t> sections;
+    for (const json& v : rope["mrope_section"]) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+        throw bad("rope_parameters.mrope_section", rope["mrope_section"], "an array of non-negative integers");
+      sections.push_back(v.get<int32_t>());
+    }
+    sections.resize(std::max<size_t>(4, sections.size()), 0);
+    w.add_i32s(arch + ".rope.dimension_sections", sections);
+  }
+  if (!rope.contains("rope_theta")) throw Error("quantize --format: '" + config_path + "' has no rope_theta");
+  w.add_f32(arch + ".rope.freq_base", static_cast<float>(float_of(rope["rope_theta"], "rope_theta")));
+  w.add_f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(float_of(field("rms_norm_eps"), "rms_norm_eps")));
+  w.add_u32(arch + ".attention.key_length", static_cast<uint32_t>(head_dim));
+  w.add_u32(arch + ".attention.value_length", static_cast<uint32_t>(head_dim));
+  w.add_u32("general.file_type", gguf_file_type(f));
+  const int64_t nv = uint_field("linear_num_value_heads");
+  w.add_u32(arch + ".ssm.conv_kernel", static_cast<uint32_t>(uint_field("linear_conv_kernel_dim")));
+  w.add_u32(arch + ".ssm.state_size", static_cast<uint32_t>(uint_field("linear_key_head_dim")));
+  w.add_u32(arch + ".ssm.group_count", static_cast<uint32_t>(uint_field("linear_num_key_heads")));
+  w.add_u32(arch + ".ssm.time_step_rank", static_cast<uint32_t>(nv));
+  w.add_u32(arch + ".ssm.inner_size", static_cast<uint32_t>(uint_field("linear_value_head_dim") * nv));
+  std::vector<bool> recurrent;
+  for (int64_t i = 0; i < n_layer; ++i) recurrent.push_back(!config.is_full_attention.at(static_cast<size_t>(i)));
+  w.add_bools(arch + ".attention.recurrent_layers", recurrent);
+  if (tc.contains("full_attention_interval"))
+    w.add_u32(arch + ".full_attention_interval", static_cast<uint32_t>(uint_field("full_attention_interval")));
+  const double partial = rope.contains("partial_rotary_factor") ? float_of(rope["partial_rotary_factor"], "partial_rotary_factor") : 1.0;
+  w.add_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(static_cast<double>(head_dim) * partial));
+  w.add_u32("general.quantization_version", 2);
+
+  // Tokenizer (gguf-py vocab.py / convert_hf_to_gguf.py get_vocab_base for a byte-level BPE):
+  // tokens by id up to vocab_size (gaps "[PADi]", UNUSED), added special tokens CONTROL, other
+  // added tokens USER_DEFINED, merges as "a b".
+  const std::string tok_path = (dir / "tokenizer.json").string();
+  const json tok = parse_json(read_regular_file(tok_path, "tokenizer", 1ull << 30), tok_path);
+  if (!tok.contains("model") || tok["model"].value("type", "") != "BPE")
+    throw Error("quantize --format: '" + tok_path + "': model.type is not BPE (GGUF tokenizer.ggml.model gpt2 needs a byte-level BPE)");
+  const int64_t vocab_size = config.vocab_size;
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 5);  // UNUSED
+  std::vector<bool> seen(static_cast<size_t>(vocab_size), false);
+  std::map<std::string, int64_t> id_of;
+  const auto place = [&](const std::string& t, int64_t id, int32_t type) {
+    if (id < 0 || id >= vocab_size)
+      throw Error("quantize --format: '" + tok_path + "': token '" + t + "' has id " + std::to_string(id) +
+                  ", expected below vocab_size " + std::to_string(vocab_size));
+    tokens[static_cast<size_t>(id)] = t;
+    types[static_cast<size_t>(id)] = type;
+    seen[static_cast<size_t>(id)] = true;
+    id_of[t] = id;
+  };
+  for (auto it = tok["model"]["vocab"].begin(); it != tok["model"]["vocab"].end(); ++it) place(it.key(), it.value().get<int64_t>(), 1);
+  if (tok.contains("added_tokens"))
+    for (const json& a : tok["added_tokens"]) place(a["content"].get<std::string>(), a["id"].get<int64_t>(), a.value("special", false) ? 3 : 4);
+  for (int64_t i = 0; i < vocab_size; ++i)
+    if (!seen[static_cast<size_t>(i)]) tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
+  std::vector<std::string> merges;
+  for (const json& m : tok["model"]["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", "qwen35");
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_i32s("tokenizer.ggml.token_type", types);
+  w.add_strings("tokenizer.ggml.merges", merges);
+  json tcfg = json::object();
+  const fs::path tcfg_path = dir / "tokenizer_config.json";
+  if (fs::exists(tcfg_path)) tcfg = parse_json(read_regular_file(tcfg_path.string(), "tokenizer config", kMaxJsonFileBytes), tcfg_path.string());
+  for (const auto& [key, gguf_key] : {std::pair<const char*, const char*>{"bos_token", "tokenizer.ggml.bos_token_id"},
+                                      {"eos_token", "tokenizer.ggml.eos_token_id"},
+                                      {"pad_token", "tokenizer.ggml.padding_token_id"}}) {
+    if (!tcfg.contains(key)) continue;
+    const std::string content = token_content(tcfg[key]);
+    auto it = id_of.find(content);
+    if (it == id_of.end()) throw Error("quantize --format: '" + tcfg_path.string() + "': " + key + " '" + content + "' is not a token of " + tok_path);
+    w.add_u32(gguf_key, static_cast<uint32_t>(it->second));
+  }
+  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
+  std::string chat_template;
+  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
+  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+
+  // Tensors, shard by shard in the index's order of shards and each shard's order of names.
+  std::vector<std::string> shards;
+  const fs::path index_path = dir / "model.safetensors.index.json";
+  if (fs::exists(index_path)) {
+    const json index = parse_json(read_regular_file(index_path.string(), "index", kMaxJsonFileBytes), index_path.string());
+    std::set<std::string> seen_shards;
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it)
+      if (seen_shards.insert(it.value().get<std::string>()).second) shards.push_back(it.value().get<std::string>());
+    std::sort(shards.begin(), shards.end());
+  } else {
+    shards.push_back("model.safetensors");
+  }
+  struct Pending {
+    std::string name;
+    std::vector<int64_t> dims;
+    std::vector<float> data;
+  };
+  std::vector<Pending> pending;
+  for (const std::string& shard : shards) {
+    const SafetensorsFile st = SafetensorsFile::map((dir / shard).string());
+    for (const std::string& hf_name : st.names()) {
+      std::string name = hf_name;
+      if (name.rfind("model.language_model.", 0) == 0) name = "model." + name.substr(21);
+      if (name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0) continue;  // not the text model (llama.cpp: --no-mtp, mmproj)
+      if (name == "lm_head.weight" && config.tie_word_embeddings) continue;
+      const TensorView v = st.get(hf_name);
+      std::vector<float> data(static_cast<size_t>(v.numel()));
+      for (int64_t i = 0; i < v.numel(); ++i) data[static_cast<size_t>(i)] = to_float(v, i);
+      std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.rank);
+      const auto out = model::gguf_export_tensor(arch, config, name, shape, data);
+      if (!out)
+        throw Error("quantize --format: tensor '" + hf_name + "' of '" + (dir / shard).string() +
+                    "' has no GGUF name in the qwen35 mapping (src/model/gguf_arch.cpp)");
+      pending.push_back({out->name, out->dims, std::move(data)});
+    }
+  }
+  const bool tied = std::none_of(pending.begin(), pending.end(), [](const Pending& p) { return p.name == "output.weight"; });
+  int n_attn_v = 0;
+  for (const Pending& p : pending) n_attn_v += ends_with(p.name, "attn_v.weight") || ends_with(p.name, "attn_qkv.weight");
+  // Layer order for the attn_v counter (llama.cpp counts in file order, which is the converter's
+  // layer order): sort by (layer, name) with the global tensors first.
+  const auto layer_of = [](const std::string& n) {
+    int l = -1;
+    return std::sscanf(n.c_str(), "blk.%d.", &l) == 1 ? l : -1;
+  };
+  std::stable_sort(pending.begin(), pending.end(), [&](const Pending& a, const Pending& b) {
+    return std::make_pair(layer_of(a.name), a.name) < std::make_pair(layer_of(b.name), b.name);
+  });
+  GgufExportStats stats;
+  int i_attn_v = 0;
+  struct Job {
+    Pending* p;
+    GgmlType type;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Job> jobs;
+  for (Pending& p : pending) {
+    const GgmlType t = gguf_tensor_type(f, p.name, p.dims, i_attn_v, n_attn_v, n_layer, tied);
+    i_attn_v += ends_with(p.name, "attn_v.weight") || ends_with(p.name, "attn_qkv.weight");
+    const gguf::BlockFormat& bf = gguf::block_format(t);
+    jobs.push_back({&p, t, std::vector<uint8_t>(p.data.size() / bf.block_elems * bf.block_bytes)});
+  }
+  // The tensors are independent: quantized on all cores, largest first (the LM head / embedding
+  // would otherwise finish last on one core).
+  std::vector<size_t> order(jobs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return jobs[a].p->data.size() > jobs[b].p->data.size(); });
+  std::atomic<size_t> next{0};
+  std::mutex error_mutex;
+  std::string error;
+  auto work = [&] {
+    for (size_t k; (k = next.fetch_add(1)) < order.size();) {
+      Job& j = jobs[order[k]];
+      try {
+        gguf::quantize(j.type, j.p->data.data(), j.bytes.data(), static_cast<int64_t>(j.p->data.size()));
+      } catch (const Error& e) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (error.empty()) error = "quantize --format: tensor '" + j.p->name + "': " + e.what();
+      }
+      std::vector<float>().swap(j.p->data);
+    }
+  };
+  std::vector<std::thread> threads;
+  const unsigned n_threads = std::max(1u, std::thread::hardware_concurrency());
+  for (unsigned i = 1; i < n_threads; ++i) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  if (!error.empty()) throw Error(error);
+  for (Job& j : jobs) {
+    stats.bytes += j.bytes.size();
+    stats.types.emplace_back(j.p->name, j.type);
+    w.add_tensor(j.p->name, j.type, j.p->dims, std::move(j.bytes));
+  }
+  stats.tensors = pending.size();
+  return stats;
+}
+
+}  // namespace
+
+GgufExportStats write_checkpoint_as_gguf(const std::string& model_dir, const std::string& out_path, GgufFileFormat f) {
+  GgufWriter w;
+  const GgufExportStats stats = build_gguf(model_dir, f, w);
+  w.write(out_path);
+  return stats;
+}
+
+int write_checkpoint_as_gguf_memfd(const std::string& model_dir, GgufFileFormat f, GgufExportStats* stats) {
+  GgufWriter w;
+  const GgufExportStats s = build_gguf(model_dir, f, w);
+  const int fd = ::memfd_create("hanpu-quantized.gguf", MFD_CLOEXEC);
+  if (fd < 0) throw Error(std::string("quantizing '") + model_dir + "' at load: memfd_create failed: " + std::strerror(errno));
+  try {
+    w.write_fd(fd, "the GGUF of '" + model_dir + "' quantized at load");
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (stats) *stats = s;
+  return fd;
+}
+
+}  // namespace hanpu
