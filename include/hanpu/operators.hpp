@@ -23,6 +23,7 @@ enum class Unit { Matrix, Vector };
 
 /// The graph forms (plan.hpp documents them), as bits of the forms an operator appears in.
 enum class GraphForm { WU, Inverse, GemmFirst };
+inline constexpr std::array<GraphForm, 3> kGraphForms = {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst};
 
 /// Every operator of the chunk graph, in manifest order (the order of kOperatorManifest).
 enum class OpId : uint8_t {

@@ -353,13 +353,15 @@ const OpGraph& op_graph(Variant variant, GraphForm form, bool state_in_place) {
   static const std::vector<OpGraph> graphs = [] {
     std::vector<OpGraph> all;
     for (size_t v = 0; v < std::size(kVariantTraits); ++v)
-      for (GraphForm f : {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst})
+      for (GraphForm f : kGraphForms)
         for (bool in_place : {false, true}) all.push_back(make_op_graph(static_cast<Variant>(v), f, in_place));
     return all;
   }();
   const size_t v = static_cast<size_t>(variant);
   if (v >= std::size(kVariantTraits)) throw Error("operator graph: unknown variant " + std::to_string(v));
-  return graphs[(v * 3 + static_cast<size_t>(form)) * 2 + (state_in_place ? 1 : 0)];
+  static_assert(static_cast<size_t>(kGraphForms[0]) == 0 && static_cast<size_t>(kGraphForms[1]) == 1 && static_cast<size_t>(kGraphForms[2]) == 2,
+                "op_graph indexes its graphs by the form's value");
+  return graphs[(v * kGraphForms.size() + static_cast<size_t>(form)) * 2 + (state_in_place ? 1 : 0)];
 }
 
 double layer_macs(const Problem& p, GraphForm form) {
