@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
     // Decode: a buffer twice the last-level cache, read by all threads through the engine's pool
     // before each call, evicts the cache as a decode step's projections do (and leaves the pool's
     // workers awake, as the projection before the attention does).
-    const cpu::Threads th{&Engine::default_engine(), threads};
+    const EngineThreads th{&Engine::default_engine(), threads};
     const int64_t llc = info.data_cache(3) ? info.data_cache(3)->size_bytes : 0;
     std::vector<float> evict(decode ? static_cast<size_t>(2 * std::max<int64_t>(llc, 64 << 20)) / sizeof(float) : 0, 1.0f);
     std::atomic<float> evict_sink{0.0f};  // keeps the eviction reads

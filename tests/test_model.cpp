@@ -353,7 +353,7 @@ TEST(Qwen35Ops, CausalAttentionMatchesPlainSoftmax) {
     const float* values = v.data();
     if (c.ldv == c.nkv * c.hd && c.nkv == 1) values = k.data();  // the latent form: values inside the key rows
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.hd));
-    const cpu::Threads th{&Engine::default_engine(), 2};
+    const EngineThreads th{&Engine::default_engine(), 2};
     if (c.dv == 0 && c.ldv == 0)
       model::causal_attention(q.data(), k.data(), values, out.data(), c.T, c.p0, c.nq, c.nkv, c.hd, scale, th);
     else
@@ -462,7 +462,7 @@ TEST(StackedProjection, EqualsThePartsAndReleasesEachPartOnce) {
     for (const auto& [name, rows] : parts) EXPECT_EQ(released[name], 1) << name << ", int8 group " << group;
     released.clear();
     std::vector<float> y(static_cast<size_t>(M * 80));
-    const hanpu::cpu::Threads th{&hanpu::Engine::default_engine(), 1};
+    const hanpu::EngineThreads th{&hanpu::Engine::default_engine(), 1};
     stacked.forward(x.data(), K, y.data(), 80, M, th, false);
     int64_t col = 0;
     for (const auto& [name, rows] : parts) {

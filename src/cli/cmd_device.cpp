@@ -79,6 +79,14 @@ void print_table(const Device& d) {
   add(rows, "gm_bytes", d.gm_bytes, true);
   add(rows, "kernel_launch_us", d.kernel_launch_us);
   add(rows, "static_power_w", d.static_power_w);
+  // The per-event fixed costs the simulator charges (docs/SIMULATION.md, "Fixed costs and
+  // calibration"); a device file without them reads 0, and so does the table.
+  add(rows, "handoff_sync_cycles", d.handoff_sync_cycles);
+  add(rows, "kernel_boundary_us", d.kernel_boundary_us);
+  add(rows, "dma_setup_cycles", d.dma_setup_cycles);
+  add(rows, "gm_segment_cycles", d.gm_segment_cycles);
+  add(rows, "pipe_sync_cycles", d.pipe_sync_cycles);
+  add(rows, "vector_startup_cycles", d.vector_startup_cycles);
 
   size_t wf = 5, wv = 5, ws = 6;
   for (const TableRow& r : rows) {

@@ -7,7 +7,7 @@ namespace hanpu {
 
 Engine::Impl::Impl(int threads) : pool(threads > 0 ? threads : hardware_threads()), host(detect_host()) {}
 
-Engine::Impl::Lease::Lease(Impl& e, int parts) : e_(e) {
+WorkspaceLease::WorkspaceLease(Engine::Impl& e, int parts) : engine_(e) {
   {
     std::lock_guard<std::mutex> lock(e.mu);
     if (!e.idle.empty()) {
@@ -23,10 +23,12 @@ Engine::Impl::Lease::Lease(Impl& e, int parts) : e_(e) {
   if (set_->size() < static_cast<size_t>(parts)) set_->resize(static_cast<size_t>(parts));
 }
 
-Engine::Impl::Lease::~Lease() {
-  std::lock_guard<std::mutex> lock(e_.mu);
-  e_.idle.push_back(std::move(set_));  // capacity reserved by the constructor
+WorkspaceLease::~WorkspaceLease() {
+  std::lock_guard<std::mutex> lock(engine_.mu);
+  engine_.idle.push_back(std::move(set_));  // capacity reserved by the constructor
 }
+
+void EngineThreads::run(int parts, const std::function<void(int, Workspace&)>& fn) const { impl().run(parts, fn); }
 
 void Engine::Impl::run(int n, const std::function<void(int, cpu::Workspace&)>& fn) {
   if (n <= 0) return;

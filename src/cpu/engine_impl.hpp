@@ -1,10 +1,8 @@
 // Inside an Engine (hanpu/engine.hpp): its pool, the per-thread workspaces the kernels reuse, its
 // host plan cache, and how a call takes its share. Internal to the library.
 //
-// A run takes a set of workspaces (one per part) for its duration and gives it back after, so two
-// runs at once (two threads calling one engine, or a run nested in another's part: the pool then
-// runs the second's parts on the calling thread) never share a buffer. Sets are kept and only
-// grow: after the first call of each shape, a call allocates nothing.
+// What code outside src/cpu may use of an engine (workspaces, leases, a call's share of threads)
+// is public: hanpu/engine_work.hpp.
 #pragma once
 
 #include <functional>
@@ -21,6 +19,7 @@
 #include "cpu/host.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/engine.hpp"
+#include "hanpu/engine_work.hpp"
 #include "hanpu/plan_exec.hpp"
 
 namespace hanpu {
@@ -52,19 +51,8 @@ struct Engine::Impl {
   size_t sets = 0;  // workspace sets made (idle or leased)
   cpu::PlanCache plans;
 
-  /// A set of workspaces held for one run (or one model forward), given back when destroyed.
-  class Lease {
-   public:
-    Lease(Impl& e, int parts);
-    ~Lease();
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    cpu::Workspace& operator[](int t) { return (*set_)[static_cast<size_t>(t)]; }
-
-   private:
-    Impl& e_;
-    std::unique_ptr<std::vector<cpu::Workspace>> set_;
-  };
+  /// A set of workspaces held for one run (hanpu/engine_work.hpp).
+  using Lease = WorkspaceLease;
 
   /// fn(t, workspace of part t) for t in [0, n) on the pool; more parts than threads run in turn
   /// on the pool's threads (parts are independent: the results do not change).
@@ -73,14 +61,8 @@ struct Engine::Impl {
 
 namespace cpu {
 
-/// A call's share of an engine: the engine and how many parts to split into.
-struct Threads {
-  Engine* engine = nullptr;
-  int n = 1;
-  /// This share when `many`, else one part (work too small to wake the pool for).
-  Threads when(bool many) const { return many ? *this : Threads{engine, 1}; }
-  Engine::Impl& impl() const { return engine->impl(); }
-};
+/// A call's share of an engine (hanpu/engine_work.hpp).
+using Threads = EngineThreads;
 
 /// The engine a call names, or the default one.
 inline Engine& engine_or_default(Engine* e) { return e ? *e : Engine::default_engine(); }

@@ -17,9 +17,13 @@
 #include <cstdint>
 #include <limits>
 
+namespace hanpu {
+class Workspace;  // hanpu/engine_work.hpp (cpu/workspace.hpp)
+}  // namespace hanpu
+
 namespace hanpu::cpu {
 
-class Workspace;  // cpu/workspace.hpp
+using hanpu::Workspace;
 
 // ---- portable -----------------------------------------------------------------------------
 /// From this many rows on linear_portable(_int8) use their GEMM form (a widened panel amortised

@@ -30,7 +30,7 @@ void GatedAttention::forward(const BlockRun& r, std::vector<float>& kc, std::vec
                              float* x) const {
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, nq = c.attention.num_heads, nkv = c.attention.num_kv_heads, hd = c.attention.head_dim;
-  const cpu::Threads th = r.th;
+  const EngineThreads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   const int64_t p0 = r.p0;
   auto t0 = Clock::now();
@@ -160,7 +160,7 @@ void MlaAttention::forward(const BlockRun& run, std::vector<float>& cache, const
   const int64_t T = run.T, H = c.hidden_size, nh = c.mla.num_heads, r = c.mla.kv_lora_rank;
   const int64_t nope = c.mla.qk_nope_head_dim, rope = c.mla.qk_rope_head_dim, dv = c.mla.v_head_dim;
   const int64_t qk = c.mla.qk_head_dim(), cdim = c.mla.cache_dim();
-  const cpu::Threads th = run.th;
+  const EngineThreads th = run.th;
   const LinearPrecision prec = run.opt.precision;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int64_t p0 = run.p0;

@@ -113,7 +113,7 @@ void GdnMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, cd = c.gdn.conv_dim(), vd = c.gdn.value_dim();
   const int64_t nv = c.gdn.num_value_heads;
-  const cpu::Threads th = r.th;
+  const EngineThreads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
   // [T, S] rows of [q | k | v | z | b | a] (in_proj's output columns).
@@ -187,7 +187,7 @@ void KdaMixer::forward(const BlockRun& r, Tensor& conv_state, Tensor& recurrent_
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, nh = c.kda.num_heads, dk = c.kda.head_dim;
   const int64_t qkv = nh * dk, cd = 3 * qkv;
-  const cpu::Threads th = r.th;
+  const EngineThreads th = r.th;
   const LinearPrecision prec = r.opt.precision;
   auto t0 = Clock::now();
   // [T, S] rows of in_proj's outputs: [q | k | v | f_a | g_a | b] or [q | k | v | f | g | b].

@@ -17,7 +17,7 @@ void SwiGluMlp::load(const WeightReader& w, const std::string& p, int64_t hidden
 
 void SwiGluMlp::forward(const BlockRun& r, const float* h, float* x, ScratchSlot slot, bool accumulate) const {
   const int64_t T = r.T, H = r.cfg.hidden_size, I = down_proj.in_features();
-  const cpu::Threads th = r.th;
+  const EngineThreads th = r.th;
   float* gu = scratch(*r.ws, slot, T * 2 * I);  // rows [gate | up]
   gate_up.forward(h, H, gu, 2 * I, T, th, false, r.opt.precision);
   silu_mul(gu, gu + I, T, I, 2 * I, th);
@@ -112,7 +112,7 @@ void MoeBlock::route(const ModelConfig& c, const float* l, std::vector<int64_t>&
 void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
   const ModelConfig& c = r.cfg;
   const int64_t T = r.T, H = c.hidden_size, E = c.moe.num_experts, Im = c.moe.intermediate_size;
-  const cpu::Threads th = r.th;
+  const EngineThreads th = r.th;
   const LinearPrecision prec = r.opt.precision;
 
   float* logits = scratch(*r.ws, kRouter, T * E);
@@ -134,7 +134,7 @@ void MoeBlock::forward(const BlockRun& r, const float* h, float* x) const {
     float* xe = scratch(*r.ws, kExpertIn, n * H);
     float* gu = scratch(*r.ws, kExpertGateUp, n * 2 * Im);  // rows [gate | up]
     float* ye = scratch(*r.ws, kExpertOut, n * H);
-    const cpu::Threads row_threads = th.when(n >= 16);  // few rows: copying is cheaper than waking threads
+    const EngineThreads row_threads = th.when(n >= 16);  // few rows: copying is cheaper than waking threads
     parallel_for(n, row_threads, [&](int64_t b, int64_t end) {
       for (int64_t i = b; i < end; ++i)
         std::memcpy(xe + i * H, h + rows[static_cast<size_t>(i)].first * H, static_cast<size_t>(H) * sizeof(float));

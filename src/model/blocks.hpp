@@ -22,8 +22,8 @@ struct BlockRun {
   ForwardTimes& times;
   int64_t T = 0;   // new tokens
   int64_t p0 = 0;  // position of the first new token
-  cpu::Threads th;       // the model's engine and opt.threads
-  cpu::Workspace* ws = nullptr;  // the forward's activation scratch (held from the engine for the call)
+  EngineThreads th;       // the model's engine and opt.threads
+  Workspace* ws = nullptr;  // the forward's activation scratch (held from the engine for the call)
 };
 
 /// Gated DeltaNet (docs/MODEL.md; Qwen3_5GatedDeltaNet): in_proj_qkv/z/b/a, causal conv +

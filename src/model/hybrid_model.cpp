@@ -163,7 +163,7 @@ class CheckpointSource : public TensorSource {
 // Random BF16 weights of the configured shapes, generated on request (synthetic models).
 class SyntheticSource : public TensorSource {
  public:
-  SyntheticSource(uint64_t seed, cpu::Threads threads, std::vector<ByteBuffer>& buffers)
+  SyntheticSource(uint64_t seed, EngineThreads threads, std::vector<ByteBuffer>& buffers)
       : seed_(seed), threads_(threads), buffers_(buffers) {}
   TensorView find(const std::string& name, std::string* file) const override { return {}; }
   std::string where() const override { return "synthetic model"; }
@@ -207,7 +207,7 @@ class SyntheticSource : public TensorSource {
 
  private:
   uint64_t seed_;
-  cpu::Threads threads_;
+  EngineThreads threads_;
   std::vector<ByteBuffer>& buffers_;
   uint64_t counter_ = 0;
   uint64_t made_bytes_ = 0;
@@ -434,7 +434,7 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
   Impl& im = *m.impl_;
   im.engine = model_engine(std::move(engine));
   im.cfg = c;
-  SyntheticSource src(seed, cpu::Threads{im.engine.get(), threads}, im.synthetic);
+  SyntheticSource src(seed, EngineThreads{im.engine.get(), threads}, im.synthetic);
   auto get = [&](const std::string& name, const std::vector<int64_t>& shape) -> TensorView {
     auto ends = [&](const char* s) {
       const std::string t(s);
@@ -493,9 +493,9 @@ HybridState HybridModel::new_state() const {
 namespace {
 // The activation scratch of a forward call: a workspace of the model's engine, held until it returns.
 struct CallScratch {
-  Engine::Impl::Lease lease;
-  cpu::Workspace& ws;
-  explicit CallScratch(Engine& e) : lease(e.impl(), 1), ws(lease[0]) {}
+  WorkspaceLease lease;
+  Workspace& ws;
+  explicit CallScratch(Engine& e) : lease(e, 1), ws(lease[0]) {}
 };
 }  // namespace
 
@@ -546,8 +546,8 @@ Tensor HybridModel::Impl::run_decoder(std::span<HybridState* const> states, std:
   ForwardTimes local;
   ForwardTimes* tm = opt.times ? opt.times : &local;
   CallScratch scratch_ws(*im.engine);
-  cpu::Workspace& ws = scratch_ws.ws;
-  const cpu::Threads th{im.engine.get(), opt.threads};
+  Workspace& ws = scratch_ws.ws;
+  const EngineThreads th{im.engine.get(), opt.threads};
   const float eps = static_cast<float>(c.rms_norm_eps);
   // The row-wise parts see the rows as tokens: of one sequence from its position, or of several
   // sequences (no position: the channel mixers do not use one).

@@ -20,7 +20,7 @@ void parallel_for(int64_t n, Threads threads, const std::function<void(int64_t, 
     fn(0, n);
     return;
   }
-  threads.impl().run(nt, [&](int t, cpu::Workspace&) {
+  threads.run(nt, [&](int t, Workspace&) {
     const int64_t b = n * t / nt, e = n * (t + 1) / nt;
     if (b < e) fn(b, e);
   });
@@ -219,12 +219,12 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
   const size_t nkeys = static_cast<size_t>(p0 + T), W = tile, uhd = static_cast<size_t>(hd), udv = static_cast<size_t>(dv);
   const bool blocked_values = udv % W == 0;
   // In the caller's workspace of the engine, held for the call (the parts get pointers).
-  Engine::Impl::Lease caller(threads.impl(), 1);
+  WorkspaceLease caller(*threads.engine, 1);
   const size_t keys_t_floats = static_cast<size_t>(nkv) * uhd * score_stride;
-  float* const keys_t = caller[0].get<float>(cpu::kAttentionKeys, keys_t_floats);
+  float* const keys_t = caller[0].get<float>(kAttentionKeys, keys_t_floats);
   std::fill(keys_t, keys_t + keys_t_floats, 0.0f);
   float* const values_b =
-      blocked_values ? caller[0].get<float>(cpu::kAttentionValues, static_cast<size_t>(nkv) * udv * nkeys) : nullptr;
+      blocked_values ? caller[0].get<float>(kAttentionValues, static_cast<size_t>(nkv) * udv * nkeys) : nullptr;
   const size_t tiles = score_stride / W;
   parallel_for(nkv * static_cast<int64_t>(tiles), threads, [&](int64_t w0, int64_t w1) {
     for (int64_t w = w0; w < w1; ++w) {
@@ -244,7 +244,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
     }
   });
   std::atomic<int64_t> next_item{0};
-  auto work = [&](int, cpu::Workspace&) {
+  auto work = [&](int, Workspace&) {
     const size_t max_rows = static_cast<size_t>(tokens_per_item * group);
     ByteBuffer scratch((max_rows * score_stride + 2 * side) * sizeof(float));
     float* scores = reinterpret_cast<float*>(scratch.data());
@@ -283,7 +283,7 @@ void causal_attention(const float* q, const float* keys, const float* values, fl
       attention_rows(args);
     }
   };
-  threads.impl().run(nt, work);
+  threads.run(nt, work);
 }
 
 }  // namespace hanpu::model

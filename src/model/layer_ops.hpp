@@ -6,12 +6,12 @@
 #include <cstdint>
 #include <functional>
 
-#include "cpu/engine_impl.hpp"
+#include "hanpu/engine_work.hpp"
 
 namespace hanpu::model {
 
-/// A call's engine and how many parts to split into (cpu/engine_impl.hpp).
-using cpu::Threads;
+/// A call's engine and how many parts to split into (hanpu/engine_work.hpp).
+using Threads = EngineThreads;
 
 /// Runs fn(begin, end) over [0, n) split into at most `threads.n` contiguous ranges on the engine's pool.
 void parallel_for(int64_t n, Threads threads, const std::function<void(int64_t, int64_t)>& fn);

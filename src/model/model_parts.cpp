@@ -29,7 +29,7 @@ Projection::Projection(std::vector<Projection> parts) : in_(parts.empty() ? 0 : 
   parts_ = std::move(parts);
 }
 
-void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, cpu::Threads threads, bool accumulate,
+void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, EngineThreads threads, bool accumulate,
                          LinearPrecision precision) const {
   if (!parts_.empty()) {
     int64_t col = 0;
@@ -71,8 +71,8 @@ void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int
   });
 }
 
-float* scratch(cpu::Workspace& ws, ScratchSlot slot, int64_t floats) {
-  const int at = static_cast<int>(cpu::kModelSlots) + static_cast<int>(slot);
+float* scratch(Workspace& ws, ScratchSlot slot, int64_t floats) {
+  const int at = static_cast<int>(kModelSlots) + static_cast<int>(slot);
   return ws.get<float>(at, static_cast<size_t>(std::max<int64_t>(floats, 1)));
 }
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/engine_impl.hpp"
+#include "hanpu/engine_work.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "hanpu/linear.hpp"
 #include "model/gguf_arch.hpp"
@@ -44,7 +44,7 @@ class Projection {
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   /// y[m, :out] (+)= x[m, :in] W^T for m < M; rows of x and y are ldx / ldy floats apart.
-  void forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, cpu::Threads threads, bool accumulate,
+  void forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, EngineThreads threads, bool accumulate,
                LinearPrecision precision = LinearPrecision::kExact) const;
 
  private:
@@ -57,7 +57,7 @@ class Projection {
 };
 
 /// Activation buffers reused across forward() calls, in the workspace the forward holds from its
-/// model's engine for the call (cpu/engine_impl.hpp: two forwards at once hold two): a prefill of 2K tokens needs
+/// model's engine for the call (hanpu/engine_work.hpp: two forwards at once hold two): a prefill of 2K tokens needs
 /// ~150 MiB of activations per layer, and fresh allocations would page-fault (and zero) all of it
 /// for every layer. Each slot only grows. They are ByteBuffers, not vectors: 64-byte aligned rows and,
 /// from 2 MiB on, huge pages. The LA engine reads q/k/v as 512-byte pieces of rows 24 KiB apart (one
@@ -69,9 +69,9 @@ enum ScratchSlot {
   kLowRank, kGateOut, kLatentQ, kLatentOut, kExpandedQ, kExpandedKeys, kExpandedValues,
   kSlots
 };
-float* scratch(cpu::Workspace& ws, ScratchSlot slot, int64_t floats);
-static_assert(static_cast<int>(cpu::kModelSlots) + static_cast<int>(kSlots) <= static_cast<int>(cpu::kWorkspaceSlots),
-              "cpu/workspace.hpp: more model slots");
+float* scratch(Workspace& ws, ScratchSlot slot, int64_t floats);
+static_assert(static_cast<int>(kModelSlots) + static_cast<int>(kSlots) <= static_cast<int>(kWorkspaceSlots),
+              "hanpu/engine_work.hpp: more model slots");
 
 /// What the loader gives each block: checked tensors by name and expected shape (a missing tensor
 /// or a wrong shape throws, naming the file and tensor), whether a tensor exists, and a place to
