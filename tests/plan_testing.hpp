@@ -2,20 +2,19 @@
 // with unlimited buffers, problems, and compulsory GM traffic computed from first principles.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "hanpu/device.hpp"
 #include "hanpu/plan.hpp"
+#include "registry_testing.hpp"
 
 namespace hanpu::testing {
-
-inline std::string device_path(const std::string& name) {
-  std::filesystem::path root = std::filesystem::path(__FILE__).parent_path().parent_path();
-  if (const char* src = std::getenv("HANPU_SOURCE_DIR"); src && *src) root = src;
-  return (root / "devices" / (name + ".json")).string();
-}
 
 inline Device ascend310p() { return load_device(device_path("ascend310p")); }
 
@@ -44,7 +43,7 @@ inline Compulsory compulsory_traffic(const Problem& p) {
   Compulsory c;
   c.read = tok * p.H * p.K * 2 * 2                          // q, k fp16 (per key head)
            + tok * p.HV * p.V * 2                            // v fp16
-           + tok * p.HV * (p.variant == Variant::KDA ? p.K : 1) * 4  // g fp32
+           + tok * p.HV * variant_traits(p.variant).gate_width(p.K) * 4  // g fp32
            + tok * p.HV * 4;                                 // beta fp32
   c.write = tok * p.HV * p.V * 2;                            // o fp16
   const int64_t state = p.sequences() * p.HV * p.K * p.V * 4;

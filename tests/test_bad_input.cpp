@@ -34,6 +34,7 @@
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "la_testing.hpp"
+#include "registry_testing.hpp"
 #include "test_support.hpp"
 
 namespace hanpu {
@@ -271,7 +272,7 @@ TEST(Hang, TokenizerWithHugeTokenIdIsRefusedBeforeAllocating) {
 // NaN in g used to act as -inf on the chunk and FLA-style paths (a finite wrong answer) while the
 // recurrent path and the reference gave NaN. Policy: non-finite gates are an error on every path.
 TEST(Silent, NonFiniteGateIsAnErrorOnEveryPath) {
-  for (Variant variant : {Variant::GDN, Variant::KDA}) {
+  for (Variant variant : testing::every_variant()) {
     testing::ProblemSpec spec;
     spec.variant = variant;
     spec.T = 100;

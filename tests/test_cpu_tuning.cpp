@@ -16,6 +16,7 @@
 #include "hanpu/plan_exec.hpp"
 #include "io/file_io.hpp"
 #include "la_testing.hpp"
+#include "registry_testing.hpp"
 #include "test_support.hpp"
 
 #ifndef HANPU_EXE
@@ -129,7 +130,7 @@ TEST(CpuTuning, EveryAllowedValueRunsExactly) {
     int cores;
   };
   std::vector<Case> cases;
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
+  for (Variant v : testing::every_variant()) {
     ProblemSpec a;  // T not a multiple of 64, HV > H, heads not a multiple of the cores (tier 2)
     a.variant = v, a.T = 200, a.H = 2, a.HV = 6, a.K = 64, a.V = 64, a.seed = 21;
     cases.push_back({a, 4});

@@ -10,6 +10,7 @@
 #include "hanpu/host_device.hpp"
 #include "hanpu/plan_exec.hpp"
 #include "la_testing.hpp"
+#include "registry_testing.hpp"
 
 namespace hanpu::testing {
 namespace {
@@ -236,7 +237,7 @@ TEST(LaGates, LowerBoundRefusedWhereItWouldDoNothing) {
 }
 
 TEST(LaPaths, HeadsNotMultipleOfThreadsAndColumnSplits) {
-  for (Variant var : {Variant::GDN, Variant::KDA}) {
+  for (Variant var : testing::every_variant()) {
     ProblemSpec s;
     s.variant = var;
     s.T = 200;
@@ -295,7 +296,7 @@ TEST(LaPaths, ChunkParallelFallbackIsExact) {
 
 // Varlen with a 15-token and a multi-thousand-token sequence equals per-sequence runs.
 TEST(LaVarlen, EqualsPerSequenceRuns) {
-  for (Variant var : {Variant::GDN, Variant::KDA}) {
+  for (Variant var : testing::every_variant()) {
     ProblemSpec s;
     s.variant = var;
     s.seqlens = {15, 2100, 77};
@@ -337,7 +338,7 @@ TEST(LaVarlen, EqualsPerSequenceRuns) {
 
 // Prefill of T1 tokens then decode of n tokens equals one prefill of T1 + n.
 TEST(LaDecode, PrefillThenDecodeEqualsLongerPrefill) {
-  for (Variant var : {Variant::GDN, Variant::KDA}) {
+  for (Variant var : testing::every_variant()) {
     ProblemSpec s;
     s.variant = var;
     s.B = 2;
@@ -396,7 +397,7 @@ TEST(LaDecode, PrefillThenDecodeEqualsLongerPrefill) {
 // (V = 100 on 8- and 16-lane targets), with HV > H, two sequences, strong gates, and thread counts
 // that split heads into column ranges (3 threads over 8 heads).
 TEST(LaDecode, StepsInPlaceAndCopiedAgainstFp64Reference) {
-  for (Variant var : {Variant::GDN, Variant::KDA})
+  for (Variant var : testing::every_variant())
     for (int64_t V : {128, 100})
       for (int threads : {1, 2, 3}) {
         ProblemSpec s;
@@ -450,7 +451,7 @@ TEST(LaPaths, ChunkEqualsRecurrent) {
 
 // T = 0 (and zero-length sequences inside cu_seqlens): no output rows, final_state = initial_state.
 TEST(LaPaths, EmptySequencesKeepTheInitialState) {
-  for (Variant var : {Variant::GDN, Variant::KDA}) {
+  for (Variant var : testing::every_variant()) {
     for (bool varlen : {false, true}) {
       ProblemSpec s;
       s.variant = var;
@@ -498,7 +499,7 @@ TEST(LaValidation, ErrorsNameTheTensor) {
 // Inputs given as strided views (head-major storage seen through [B,T,H,K] strides, and a
 // non-unit stride on the last dimension) give the same result as contiguous inputs.
 TEST(LaViews, StridedInputsMatchContiguous) {
-  for (Variant var : {Variant::GDN, Variant::KDA}) {
+  for (Variant var : testing::every_variant()) {
     ProblemSpec s;
     s.variant = var;
     s.B = 2;
@@ -588,7 +589,7 @@ TEST(LaBf16Dot, GramsFromBf16DotProductsAreExact) {
 // The operator orders of the planner's head-mapped strategies (GEMM-first with the state in place;
 // FLA's W/U form with the next state built before the output), in lockstep groups of 2, with GVA.
 TEST(LaPlan, OperatorOrdersAreExact) {
-  for (Variant var : {Variant::GDN, Variant::KDA}) {
+  for (Variant var : testing::every_variant()) {
     ProblemSpec s;
     s.variant = var;
     s.T = 150;

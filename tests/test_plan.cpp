@@ -19,13 +19,121 @@ namespace hanpu {
 namespace {
 
 using testing::ascend310p;
+using testing::every_strategy;
+using testing::every_variant;
 using testing::problem;
 
-std::vector<std::string> every_strategy() {
-  auto s = strategy_names();
-  for (const auto& a : ablation_names())
-    if (std::find(s.begin(), s.end(), a) == s.end()) s.push_back(a);
-  return s;
+// --- the operator manifest (hanpu/operators.hpp) ----------------------------------------------------
+
+bool variant_has(Variant v, GateKind gate) {
+  switch (gate) {
+    case GateKind::Any: return true;
+    case GateKind::Channel: return variant_traits(v).channel_gate();
+    case GateKind::Head: return variant_traits(v).head_gate();
+  }
+  return false;
+}
+
+using VariantForm = std::tuple<Variant, GraphForm>;
+std::string variant_form_name(const ::testing::TestParamInfo<VariantForm>& info) {
+  return std::string(variant_name(std::get<0>(info.param))) + "_" + graph_form_name(std::get<1>(info.param));
+}
+
+class GraphOfVariantForm : public ::testing::TestWithParam<VariantForm> {};
+class PlanOfVariant : public ::testing::TestWithParam<Variant> {};
+std::string variant_param_name(const ::testing::TestParamInfo<Variant>& info) { return variant_name(info.param); }
+
+TEST_P(GraphOfVariantForm, HoldsExactlyTheManifestsOperatorsWithTheirRows) {
+  const auto [v, f] = GetParam();
+  std::set<OpId> want;
+  for (const OperatorManifestRow& r : kOperatorManifest)
+    if ((r.forms & form_bit(f)) && variant_has(v, r.gate)) want.insert(r.id);
+  for (bool in_place : {true, false}) {
+    const OpGraph g = make_op_graph(v, f, in_place);
+    std::set<OpId> got;
+    for (const OperatorDef& op : g.ops) {
+      EXPECT_TRUE(got.insert(op.id).second) << op.name << " twice";
+      const OperatorManifestRow& row = operator_row(op.id);
+      EXPECT_EQ(op.name, row.name);
+      EXPECT_EQ(op.paper_op, row.paper_op) << op.name;
+      EXPECT_EQ(op.unit, row.unit) << op.name;
+      EXPECT_EQ(&g.op(op.id), &op) << op.name;
+      EXPECT_EQ(&g.op(op.name), &op) << op.name;
+    }
+    EXPECT_EQ(got, want) << (in_place ? "in place" : "double-buffered");
+    for (const OperatorManifestRow& r : kOperatorManifest)
+      if (!want.count(r.id)) EXPECT_THROW(g.op(r.id), Error) << r.name;
+    // The shared graph is the same graph, built once.
+    const OpGraph& shared = op_graph(v, f, in_place);
+    EXPECT_EQ(&shared, &op_graph(v, f, in_place));
+    EXPECT_EQ(shared.ops, g.ops);
+    EXPECT_EQ(shared.tensors, g.tensors);
+    EXPECT_EQ(shared.variant, v);
+    EXPECT_EQ(shared.form, f);
+    EXPECT_EQ(shared.state_in_place, in_place);
+  }
+}
+
+TEST_P(GraphOfVariantForm, EveryOperatorHasACpuStageAndAnFlaPhaseWhereTheCpuRunsTheForm) {
+  // The CPU runs the GEMM-first form head-fused (every operator in a stage) and the W/U form both
+  // head-fused and chunk-parallel (every operator in a phase, or recomputed); the inverse form not.
+  const auto [v, f] = GetParam();
+  for (const OperatorDef& op : op_graph(v, f, true).ops) {
+    const OperatorManifestRow& row = operator_row(op.id);
+    EXPECT_EQ(cpu_stage_of(op.id, f).has_value(), f != GraphForm::Inverse) << op.name;
+    if (f == GraphForm::WU) EXPECT_NE(row.fla_phase, FlaPhase::None) << op.name;
+    EXPECT_EQ(row.fla_phase == FlaPhase::Recomputed, is_decay_operator(op.id)) << op.name;
+  }
+}
+
+
+TEST(OperatorManifest, NamesAreTheJsonEdgeOnly) {
+  for (const OperatorManifestRow& r : kOperatorManifest) {
+    EXPECT_EQ(operator_id(r.name), r.id) << r.name;
+    EXPECT_EQ(operator_name(r.id), r.name);
+  }
+  EXPECT_EQ(operator_id("decay_k"), std::nullopt);  // a kernel name of vllm-ascend's, no operator
+  EXPECT_EQ(operator_id(""), std::nullopt);
+  const OpGraph& wu = op_graph(Variant::GDN, GraphForm::WU, false);
+  EXPECT_THROW(wu.op("decay_k"), Error);
+  try {
+    wu.op(OpId::Solve);  // GEMM-first only
+    ADD_FAILURE() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("\"solve\""), std::string::npos) << e.what();
+  }
+  // The decay operators are the manifest's channel-gate rows.
+  std::vector<std::string> decays;
+  for (const OperatorManifestRow& r : kOperatorManifest)
+    if (r.gate == GateKind::Channel) decays.emplace_back(r.name);
+  EXPECT_EQ(kda_decay_operators(), decays);
+}
+
+TEST(KernelRole, NamesRoundTripAndPlansCarryTheRolesThroughJson) {
+  for (KernelRole r : {KernelRole::Named, KernelRole::Fused, KernelRole::TailMap, KernelRole::TailState, KernelRole::TailOutput})
+    EXPECT_EQ(kernel_role_of_name(kernel_role_name(r)), r) << kernel_role_name(r);
+  EXPECT_EQ(kernel_role_of_name("fused_fwd"), KernelRole::Named);
+  EXPECT_EQ(kernel_role_of_name("tail_"), KernelRole::Named);
+  // 11 heads on 10 cores: whole heads, and tier-3 work run by the tail kernels.
+  PlanOptions o;
+  o.cores = 10;
+  const Plan plan = make_plan(problem(Variant::GDN, {300}, 11), ascend310p(), "hanpu", o);
+  std::vector<KernelRole> roles;
+  for (const Kernel& k : plan.kernels) {
+    roles.push_back(k.role);
+    EXPECT_EQ(k.name, kernel_role_name(k.role));
+  }
+  EXPECT_EQ(roles, (std::vector<KernelRole>{KernelRole::Fused, KernelRole::TailMap, KernelRole::TailState, KernelRole::TailOutput}));
+  EXPECT_EQ(plan_from_json(plan_to_json(plan)), plan);
+  for (const Kernel& k : make_plan(problem(Variant::GDN, {512}, 5), ascend310p(), "fla").kernels) EXPECT_EQ(k.role, KernelRole::Named) << k.name;
+}
+
+TEST(Plans, CarryTheGraphBuiltOnce) {
+  for (const std::string& s : every_strategy()) {
+    const Plan plan = make_plan(problem(Variant::KDA, {300}, 4), ascend310p(), s);
+    EXPECT_EQ(&plan.graph(), &op_graph(Variant::KDA, plan.form, plan.state_in_place)) << s;
+    EXPECT_EQ(&plan.graph(), &plan_from_json(plan_to_json(plan)).graph()) << s;
+  }
 }
 
 TEST(OpGraph, GemmFirstMacsMatchTheEngineOperationCount) {
@@ -46,9 +154,8 @@ TEST(OpGraph, WuFormMacsFollowTheClosedFormula) {
   EXPECT_DOUBLE_EQ(layer_macs(p, GraphForm::WU), per_chunk * 10 * 2);
 }
 
-TEST(OpGraph, EveryOperatorHasCountsAndKnownTensors) {
-  for (Variant v : {Variant::GDN, Variant::KDA})
-    for (GraphForm f : {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst})
+TEST_P(GraphOfVariantForm, EveryOperatorHasCountsAndKnownTensors) {
+  const auto [v, f] = GetParam();
       for (bool in_place : {true, false}) {
         const OpGraph g = make_op_graph(v, f, in_place);
         std::set<std::string> produced = {"q", "k", "v", "g", "beta", "S"};
@@ -409,10 +516,9 @@ TEST(Capacity, SpillingStrategiesAccountTheirSpills) {
 
 // --- layout DP -------------------------------------------------------------------------------------
 
-TEST(LayoutDp, MatchesExhaustiveSearchOnTheLaGraphs) {
+TEST_P(GraphOfVariantForm, LayoutDpMatchesExhaustiveSearch) {
   const Device dev = ascend310p();
-  for (Variant v : {Variant::GDN, Variant::KDA})
-    for (GraphForm f : {GraphForm::WU, GraphForm::Inverse, GraphForm::GemmFirst})
+  const auto [v, f] = GetParam();
       for (bool in_place : {true, false}) {
         const OpGraph g = make_op_graph(v, f, in_place);
         std::vector<std::string> order;
@@ -428,13 +534,13 @@ TEST(LayoutDp, AGmInputSeveralVectorOperatorsReadIsConvertedOnceOnArrival) {
   // KDA's k feeds three decay operators: its UB layout is a decision, blocked costs one conversion
   // on arrival that the three share. q (one decay) and GDN's inputs stay unary costs of their reader.
   const Device dev = ascend310p();
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
+  for (Variant v : every_variant()) {
     const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
     std::vector<std::string> order;
     for (const auto& op : g.ops) order.push_back(op.name);
     const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
     const bool has_k = std::find(lp.tensors.begin(), lp.tensors.end(), "k") != lp.tensors.end();
-    EXPECT_EQ(has_k, v == Variant::KDA) << variant_name(v);
+    EXPECT_EQ(has_k, variant_traits(v).channel_gate()) << variant_name(v);
     EXPECT_EQ(std::find(lp.tensors.begin(), lp.tensors.end(), "q"), lp.tensors.end()) << variant_name(v);
   }
   const Plan plan = make_plan(problem(Variant::KDA, {256}, 10), dev, "hanpu");
@@ -676,8 +782,9 @@ TEST(Reordering, ExactAgainstEveryOrderOnSmallGraphs) {
   }
 }
 
-TEST(Reordering, LaGraphsGetGemmFirstAndALowerPeakThanTheGraphOrder) {
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
+TEST_P(PlanOfVariant, ReorderingGivesGemmFirstAndALowerPeakThanTheGraphOrder) {
+  {
+    const Variant v = GetParam();
     const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
     std::vector<std::string> graph_order;
     for (const OperatorDef& op : g.ops) graph_order.push_back(op.name);
@@ -755,6 +862,11 @@ TEST(BufferAccounting, OperandsStayInL0OnlyAcrossAdjacentGemms) {
       if (s.tensor == "S" && n.tensor == "S_next" && s.buffer == "UB" && n.buffer == "UB" && s.last >= n.first) both = true;
   EXPECT_TRUE(both);
 }
+
+INSTANTIATE_TEST_SUITE_P(Registry, GraphOfVariantForm,
+                         ::testing::Combine(::testing::ValuesIn(every_variant()), ::testing::ValuesIn(kGraphForms)),
+                         variant_form_name);
+INSTANTIATE_TEST_SUITE_P(Registry, PlanOfVariant, ::testing::ValuesIn(every_variant()), variant_param_name);
 
 }  // namespace
 }  // namespace hanpu

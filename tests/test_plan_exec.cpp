@@ -16,6 +16,7 @@
 #include "hanpu/plan_exec.hpp"
 #include "hanpu/simulate.hpp"
 #include "la_testing.hpp"
+#include "registry_testing.hpp"
 #include "test_support.hpp"
 
 namespace hanpu {
@@ -43,7 +44,7 @@ struct Case {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
+  for (Variant v : testing::every_variant()) {
     ProblemSpec a;  // T not a multiple of 64, HV > H, heads not a multiple of cores (tier 2)
     a.variant = v, a.T = 200, a.H = 1, a.HV = 3, a.K = 64, a.V = 64, a.seed = 3;
     out.push_back({a, 2});
@@ -209,7 +210,7 @@ TEST(PlanExec, TailTiersReachTheCpu) {
 
 // Plans written to JSON and read back run exactly as the plan they came from.
 TEST(PlanExec, PlansReadFromJsonRunTheSame) {
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
+  for (Variant v : testing::every_variant()) {
     ProblemSpec a;
     a.variant = v, a.T = 150, a.H = 2, a.HV = 4, a.K = 40, a.V = 64, a.seed = 9;
     const auto p = make_problem(a);
@@ -231,7 +232,7 @@ TEST(PlanExec, PlansReadFromJsonRunTheSame) {
 // Operator orders other than the default: the planner lowers them, the CPU runs its stages in that
 // order (and the result stays exact); orders the CPU cannot follow are refused by name.
 TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
-  for (Variant v : {Variant::GDN, Variant::KDA}) {
+  for (Variant v : testing::every_variant()) {
     ProblemSpec a;
     a.variant = v, a.T = 150, a.H = 1, a.HV = 2, a.K = 48, a.V = 64, a.seed = 11;
     a.gates = testing::GateRegime::kMasked;

@@ -41,18 +41,20 @@ TEST(Simulate, HanpuMovesOnlyCompulsoryTrafficWithUnlimitedBuffers) {
   }
 }
 
-TEST(Simulate, HanpuFitsThe310pWithoutExtraTraffic) {
+class SimulateVariant : public ::testing::TestWithParam<Variant> {};
+
+TEST_P(SimulateVariant, HanpuFitsThe310pWithoutExtraTraffic) {
   // Head counts that are multiples of the core count, on the default (10 cores) and on the
   // 8-core configuration.
   const Device ten = ascend310p();
   const Device eight = device_with_cores(ten, 8);
-  for (Variant v : {Variant::GDN, Variant::KDA})
-    for (const auto& [dev, heads] : {std::pair{&ten, int64_t{20}}, std::pair{&eight, int64_t{16}}}) {
-      const Problem p = problem(v, {4096}, heads);
-      const SimResult r = simulate(testing::plan_as_callers_do(p, *dev, "hanpu"), *dev);
-      EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read) << heads;
-      EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << heads;
-    }
+  const Variant v = GetParam();
+  for (const auto& [dev, heads] : {std::pair{&ten, int64_t{20}}, std::pair{&eight, int64_t{16}}}) {
+    const Problem p = problem(v, {4096}, heads);
+    const SimResult r = simulate(testing::plan_as_callers_do(p, *dev, "hanpu"), *dev);
+    EXPECT_EQ(r.gm_read_bytes, compulsory_traffic(p).read) << heads;
+    EXPECT_EQ(r.gm_write_bytes, compulsory_traffic(p).write) << heads;
+  }
 }
 
 TEST(Simulate, TheCoreConfigurationSetsTheClock) {
@@ -388,10 +390,8 @@ TEST(Simulate, EveryStrategyOnAnXdnaDevice) {
   EXPECT_EQ(one.busy_s.count("matrix"), 0u);
   EXPECT_GT(one.busy_s.at("vector"), 0);
   EXPECT_TRUE(dev.matrix.macs_per_cycle.count(DType::BF16));
-  auto names = strategy_names();
-  for (const auto& a : ablation_names()) names.push_back(a);
-  for (Variant v : {Variant::GDN, Variant::KDA})
-    for (const std::string& s : names) {
+  for (Variant v : testing::every_variant())
+    for (const std::string& s : testing::every_strategy()) {
       const Problem p = problem(v, {1000}, 10);
       const SimResult r = simulate(testing::plan_as_callers_do(p, dev, s), dev);
       EXPECT_GT(r.latency_s, 0) << s;
@@ -580,6 +580,35 @@ TEST(GmFit, AStrategyThatExceedsGmIsReportedNotSimulated) {
   EXPECT_THROW(simulate(native, dev), Error);
   EXPECT_TRUE(gm_fit(testing::plan_as_callers_do(p, dev, "hanpu"), dev).fits);
 }
+
+// Every device file of devices/, every variant of the traits table, every strategy of the registry:
+// a valid plan (with a partial chunk and tier-2/3 heads) that round-trips through JSON and
+// simulates with at least the compulsory traffic.
+using DeviceVariantStrategy = std::tuple<std::string, Variant, std::string>;
+class EveryDeviceVariantStrategy : public ::testing::TestWithParam<DeviceVariantStrategy> {};
+
+TEST_P(EveryDeviceVariantStrategy, PlansAValidPlanThatSimulates) {
+  const auto& [device, v, strategy] = GetParam();
+  const Device dev = load_device(testing::device_path(device));
+  const Problem p = problem(v, {300}, 6, 12);
+  const Plan plan = testing::plan_as_callers_do(p, dev, strategy);
+  EXPECT_NO_THROW(validate_plan(plan));
+  EXPECT_EQ(plan_from_json(plan_to_json(plan)), plan);
+  const SimResult r = simulate(plan, dev);
+  EXPECT_GT(r.latency_s, 0);
+  EXPECT_GE(r.gm_read_bytes, compulsory_traffic(p).read);
+  EXPECT_GE(r.gm_write_bytes, compulsory_traffic(p).write);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, EveryDeviceVariantStrategy,
+                         ::testing::Combine(::testing::ValuesIn(testing::device_names()), ::testing::ValuesIn(testing::every_variant()),
+                                            ::testing::ValuesIn(testing::every_strategy())),
+                         [](const ::testing::TestParamInfo<DeviceVariantStrategy>& info) {
+                           return testing::param_name(std::get<0>(info.param) + "_" + variant_name(std::get<1>(info.param)) + "_" +
+                                                      std::get<2>(info.param));
+                         });
+INSTANTIATE_TEST_SUITE_P(Registry, SimulateVariant, ::testing::ValuesIn(testing::every_variant()),
+                         [](const ::testing::TestParamInfo<Variant>& info) { return std::string(variant_name(info.param)); });
 
 }  // namespace
 }  // namespace hanpu

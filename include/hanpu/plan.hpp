@@ -21,6 +21,7 @@
 #include "hanpu/cpu_tuning.hpp"
 #include "hanpu/device.hpp"
 #include "hanpu/la.hpp"
+#include "hanpu/operators.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu {
@@ -69,7 +70,6 @@ void validate_problem(const Problem& p);
 // ---------------------------------------------------------------------------------------------
 // The operator graph of one chunk (the paper's chunkwise computation; FLA's fla/ops/gated_delta_rule and fla/ops/kda chunk kernels)
 
-enum class Unit { Matrix, Vector };
 enum class TensorRole { Input, Output, State, Intermediate };
 enum class Layout { Dense, Blocked };  // dense row-major (ND) / 16x16 fractal blocks (NZ)
 
@@ -79,7 +79,7 @@ enum class Layout { Dense, Blocked };  // dense row-major (ND) / 16x16 fractal b
 ///   Inverse   T formed but W, U never: v_new = T (diag(beta) V - diag(beta e^G) K S) (FlashQLA);
 ///   GemmFirst HA-NPU's rewrite: v_new solved from (I + A) v_new = diag(beta) V - diag(beta e^G) K S
 ///             by block forward substitution; T never formed, K S / Q S / K K^T / Q K^T grouped.
-enum class GraphForm { WU, Inverse, GemmFirst };
+/// (GraphForm and Unit are declared in hanpu/operators.hpp, next to the operator manifest.)
 const char* graph_form_name(GraphForm f);  // "wu" / "inverse" / "gemm_first"
 
 /// A tensor of one chunk. Dims are symbolic: "L" (tokens of the chunk), "K", "V" (the item's
@@ -93,8 +93,10 @@ struct TensorDef {
 };
 
 /// A fine-grained operator on one unit. paper_op names the paper's operator (#1-#6 of its chunkwise computation) it belongs to
-/// ("1".."4", "5r" = #5 read, "5u" = #5 update, "6").
+/// ("1".."4", "5r" = #5 read, "5u" = #5 update, "6"). id, name, paper_op and unit are its row of
+/// the operator manifest (hanpu/operators.hpp).
 struct OperatorDef {
+  OpId id = OpId::Gate;
   std::string name;
   std::string paper_op;
   Unit unit = Unit::Vector;
@@ -122,19 +124,28 @@ struct OpGraph {
   std::vector<OperatorDef> ops;  // in a valid default order
 
   const TensorDef& tensor(const std::string& name) const;  // throws hanpu::Error if unknown
+  /// The operator with that id; throws hanpu::Error naming it if this graph has none.
+  const OperatorDef& op(OpId id) const;
+  /// By name (the JSON/CLI edge: Kernel::order): throws hanpu::Error for a name that is no
+  /// operator of the manifest or not of this graph.
   const OperatorDef& op(const std::string& name) const;
+  bool has_op(OpId id) const;
   bool has_tensor(const std::string& name) const;
 };
 
 /// KDA's operators forming the channel-decayed operands, one per operand: decay_q (q e^G),
 /// decay_ke (k e^G), decay_ki (k e^-G), decay_kl (k e^(G_L - G)). Separate operators so an order
 /// can build each just before its consumers and a kernel only those it multiplies.
+/// (The manifest's rows with GateKind::Channel, in manifest order.)
 const std::vector<std::string>& kda_decay_operators();
 bool is_kda_decay_operator(const std::string& op);
 
 /// The chunk graph of a variant in a form. With state_in_place the update overwrites "S";
 /// otherwise it writes "S_next", which becomes the next chunk's "S".
 OpGraph make_op_graph(Variant variant, GraphForm form, bool state_in_place);
+/// The same graph, built once per process (for every variant, form and state handling) and shared:
+/// what Plan::graph() returns.
+const OpGraph& op_graph(Variant variant, GraphForm form, bool state_in_place);
 
 /// An operator order and the peak bytes the reordering model gives it: in the vector buffer (UB)
 /// and in the matrix unit's result buffer (L0C), where matrix results wait for their first
@@ -250,8 +261,20 @@ const char* parallel_name(Parallel p);
 const char* state_in_name(StateIn s);
 const char* state_out_name(StateOut s);
 
+/// What a kernel is to the backends: one of a strategy's own kernels (Named: fla's fwd_h, ...),
+/// the head-mapped strategies' fused kernel (every operator, head-parallel, with lockstep groups),
+/// or one of the three chunk-parallel kernels that run their tier-3 heads (Map, state
+/// recurrence, output). In the JSON only the kernel's name says it: the fused kernel is named
+/// "fused", the tail kernels "tail_map", "tail_state", "tail_output" (kernel_role_of_name).
+enum class KernelRole { Named, Fused, TailMap, TailState, TailOutput };
+/// The name a kernel of that role carries ("fused", "tail_map", ...; "" for Named).
+const char* kernel_role_name(KernelRole r);
+/// The role of a kernel name as plan_from_json reads it (Named for any other name).
+KernelRole kernel_role_of_name(const std::string& name);
+
 struct Kernel {
   std::string name;
+  KernelRole role = KernelRole::Named;  // kept in step with name: kernel_role_of_name(name)
   Parallel parallel = Parallel::Head;
   bool launch = true;  // pays a kernel launch (false inside a megakernel after its first phase)
   std::vector<std::string> order;  // operators in program order
@@ -297,7 +320,9 @@ struct Plan {
   CpuTuning cpu;
   bool operator==(const Plan&) const = default;
 
-  OpGraph graph() const { return make_op_graph(problem.variant, form, state_in_place); }
+  /// The plan's operator graph: a function of (problem.variant, form, state_in_place), built once
+  /// per process and shared by every consumer (op_graph), so no consumer rebuilds it.
+  const OpGraph& graph() const { return op_graph(problem.variant, form, state_in_place); }
 };
 
 // ---------------------------------------------------------------------------------------------

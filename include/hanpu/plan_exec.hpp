@@ -45,7 +45,7 @@ struct WorkItem {
 ///   inverse  solve_diag, solve_inv (W/U)            wu       wu_scale, wu (W/U)
 ///   state_w  ws, vnew (W/U)                         output   pv, out (and the store of o)
 ///   update   update_gate, update, state_add
-enum class CpuStage { Gate, Grams, Mask, StateK, StateQ, Solve, Inverse, WU, StateW, Output, Update };
+/// (CpuStage is declared in hanpu/operators.hpp: the operator manifest gives each operator its stage.)
 const char* cpu_stage_name(CpuStage s);
 
 /// The head-fused chunk program lowered from the fused kernel's order.

@@ -194,10 +194,10 @@ class CpuPlanBackend final : public PlanBackend {
     for (const OperatorDef& op : g.ops) order.push_back(op.name);
     if (g.form != GraphForm::GemmFirst) return order;
     std::vector<std::string> front, rest;
-    for (const std::string& o : order) (o == "gate" || is_kda_decay_operator(o) ? front : rest).push_back(o);
-    for (const char* o : {"ks", "qs"}) {
+    for (const OperatorDef& op : g.ops) (op.id == OpId::Gate || is_decay_operator(op.id) ? front : rest).push_back(op.name);
+    for (const std::string_view o : {operator_name(OpId::Ks), operator_name(OpId::Qs)}) {
       rest.erase(std::find(rest.begin(), rest.end(), o));
-      front.push_back(o);
+      front.emplace_back(o);
     }
     front.insert(front.end(), rest.begin(), rest.end());
     return front;

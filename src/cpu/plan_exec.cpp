@@ -24,6 +24,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -103,41 +104,48 @@ void check_problem(const Problem& p, const LaShape& shape, const std::vector<int
 
 std::string kernel_at(size_t ki, const Kernel& k) { return "plan.kernels[" + std::to_string(ki) + "] (" + k.name + ")"; }
 
-// The plan operators each CPU stage runs, per form (plan_exec.hpp, CpuStage).
+// The plan operators each CPU stage runs in a form (plan_exec.hpp, CpuStage), derived from the
+// operator manifest (hanpu/operators.hpp): the stages in first-listed order, each with its
+// operators in manifest order.
 struct StageOps {
   CpuStage stage;
-  std::vector<std::string> ops;
+  std::vector<OpId> ops;
 };
+std::vector<StageOps> derive_stage_table(GraphForm form) {
+  std::vector<StageOps> table;
+  for (const OperatorManifestRow& row : kOperatorManifest) {
+    const std::optional<CpuStage> stage = cpu_stage_of(row.id, form);
+    if (!stage) continue;
+    auto it = std::find_if(table.begin(), table.end(), [&](const StageOps& so) { return so.stage == *stage; });
+    if (it == table.end()) table.push_back({*stage, {row.id}});
+    else it->ops.push_back(row.id);
+  }
+  return table;
+}
 const std::vector<StageOps>& stage_table(GraphForm form) {
-  static const std::vector<StageOps> gemm_first = {
-      {CpuStage::Gate, {"gate", "decay_q", "decay_ke", "decay_ki", "decay_kl"}}, {CpuStage::Grams, {"kkt", "qkt"}},
-      {CpuStage::Mask, {"kkt_gate", "qkt_gate"}},       {CpuStage::StateK, {"ks", "rhs"}},
-      {CpuStage::StateQ, {"qs"}},                       {CpuStage::Solve, {"solve_diag", "solve"}},
-      {CpuStage::Output, {"pv", "out"}},                {CpuStage::Update, {"update_gate", "update", "state_add"}}};
-  static const std::vector<StageOps> wu = {
-      {CpuStage::Gate, {"gate", "decay_q", "decay_ke", "decay_ki", "decay_kl"}}, {CpuStage::Grams, {"kkt", "qkt"}},
-      {CpuStage::Mask, {"kkt_gate", "qkt_gate"}},       {CpuStage::Inverse, {"solve_diag", "solve_inv"}},
-      {CpuStage::WU, {"wu_scale", "wu"}},               {CpuStage::StateW, {"ws", "vnew"}},
-      {CpuStage::StateQ, {"qs"}},                       {CpuStage::Output, {"pv", "out"}},
-      {CpuStage::Update, {"update_gate", "update", "state_add"}}};
+  static const std::vector<StageOps> gemm_first = derive_stage_table(GraphForm::GemmFirst);
+  static const std::vector<StageOps> wu = derive_stage_table(GraphForm::WU);
   return form == GraphForm::WU ? wu : gemm_first;
+}
+
+bool in_order(const Kernel& k, OpId id) {
+  return std::find(k.order.begin(), k.order.end(), operator_name(id)) != k.order.end();
 }
 
 // The fused kernel's order as CPU stages; "" on success, else why not (naming the field).
 std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
   const Kernel& k = plan.kernels[ki];
-  const OpGraph g = plan.graph();
+  const OpGraph& g = plan.graph();
   const auto& table = stage_table(plan.form);
-  std::map<std::string, size_t> stage_of;  // operator -> index into table
-  for (size_t s = 0; s < table.size(); ++s)
-    for (const std::string& op : table[s].ops) stage_of[op] = s;
   const std::string at = kernel_at(ki, k) + ".order";
   std::vector<size_t> stages;
   for (const std::string& op : k.order) {
-    const auto it = stage_of.find(op);
-    if (it == stage_of.end())
-      return at + ": operator \"" + op + "\" has no CPU stage in the " + graph_form_name(plan.form) + " form";
-    if (std::find(stages.begin(), stages.end(), it->second) == stages.end()) stages.push_back(it->second);
+    const std::optional<OpId> id = operator_id(op);
+    const std::optional<CpuStage> stage = id ? cpu_stage_of(*id, plan.form) : std::nullopt;
+    if (!stage) return at + ": operator \"" + op + "\" has no CPU stage in the " + graph_form_name(plan.form) + " form";
+    const size_t s = static_cast<size_t>(
+        std::find_if(table.begin(), table.end(), [&](const StageOps& so) { return so.stage == *stage; }) - table.begin());
+    if (std::find(stages.begin(), stages.end(), s) == stages.end()) stages.push_back(s);
   }
   // A stage runs all its operators where the first of them stands: every tensor one of them reads
   // must be an input, the state, or made by an earlier stage (or inside the stage).
@@ -150,12 +158,13 @@ std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
   for (size_t s : stages) {
     const StageOps& so = table[s];
     std::set<std::string> inside;
-    for (const std::string& op : so.ops)
-      if (std::find(k.order.begin(), k.order.end(), op) != k.order.end())
+    for (OpId op : so.ops)
+      if (in_order(k, op))
         for (const std::string& out : g.op(op).outputs) inside.insert(out);
-    for (const std::string& op : so.ops) {
-      if (std::find(k.order.begin(), k.order.end(), op) == k.order.end()) continue;
-      for (const std::string& in : g.op(op).inputs) {
+    for (OpId id : so.ops) {
+      if (!in_order(k, id)) continue;
+      const std::string op(operator_name(id));
+      for (const std::string& in : g.op(id).inputs) {
         if (in == "S") {
           if (state_written && plan.state_in_place)
             return at + ": stage " + cpu_stage_name(so.stage) + " (operator " + op +
@@ -167,7 +176,7 @@ std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
                  in + ", which no earlier stage has made";
       }
       if (update_done && so.stage != CpuStage::Update)
-        for (const std::string& in : g.op(op).inputs)
+        for (const std::string& in : g.op(id).inputs)
           if (in == vnew && variant_traits(g.variant).head_gate()) prog.update_keeps_vnew = true;
     }
     // The CPU's update reuses the transposed (KDA: decayed) keys the grams stage leaves behind.
@@ -185,27 +194,28 @@ std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
   return "";
 }
 
-// The CPU's FLA-style phases (W/U form): which operators each runs (KDA's decays are recomputed in
-// every phase that needs them, as FLA's kernels do).
-int fla_phase(const std::string& op) {
-  static const std::map<std::string, int> phase = {
-      {"gate", 0}, {"kkt", 0},  {"kkt_gate", 0}, {"solve_diag", 0}, {"solve_inv", 0},  {"wu_scale", 0}, {"wu", 0},
-      {"ws", 1},   {"vnew", 1}, {"update_gate", 1}, {"update", 1}, {"state_add", 1},
-      {"qkt", 2},  {"qkt_gate", 2}, {"qs", 2},   {"pv", 2},         {"out", 2}};
-  if (is_kda_decay_operator(op)) return -1;
-  const auto it = phase.find(op);
-  return it == phase.end() ? -2 : it->second;
+// The CPU's FLA-style phases (W/U form): the operator's FlaPhase in the manifest (KDA's decays
+// are recomputed in every phase that needs them, as FLA's kernels do). An unknown name has none.
+FlaPhase fla_phase(const std::string& op) {
+  const std::optional<OpId> id = operator_id(op);
+  return id ? operator_row(*id).fla_phase : FlaPhase::None;
 }
-const char* fla_phase_name(int p) { return p == 0 ? "map" : p == 1 ? "state" : "output"; }
+const char* fla_phase_name(FlaPhase p) { return p == FlaPhase::Map ? "map" : p == FlaPhase::State ? "state" : "output"; }
+// Index into the map / state / output kernel lists.
+size_t phase_index(FlaPhase p) { return static_cast<size_t>(p); }
+static_assert(static_cast<int>(FlaPhase::Map) == 0 && static_cast<int>(FlaPhase::State) == 1 && static_cast<int>(FlaPhase::Output) == 2,
+              "phase_index: Map, State, Output index the chunk-parallel path's phase kernels");
 
+// One of the tier-3 kernels of a head mapping (their role, and every item of tier 3).
 bool is_tail_kernel(const Kernel& k) {
+  if (k.role != KernelRole::TailMap && k.role != KernelRole::TailState && k.role != KernelRole::TailOutput) return false;
   bool any = false;
   for (const auto& list : k.cores)
     for (const PlanItem& it : list) {
       if (it.tier != 3) return false;
       any = true;
     }
-  return any && k.name.rfind("tail_", 0) == 0;
+  return any;
 }
 
 bool runs_whole_graph(const Kernel& k, const OpGraph& g) {
@@ -289,12 +299,13 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     if (layout != Layout::Dense)
       return "plan.layouts." + tensor + ": got blocked; the CPU backend executes dense layouts only (plan for the host "
              "device, whose matrix unit reads dense rows)";
-  const OpGraph g = plan.graph();
+  const OpGraph& g = plan.graph();
   CpuSchedule s;
   s.threads = plan.cores;
   s.per_thread.assign(static_cast<size_t>(plan.cores), {});
   s.groups.assign(static_cast<size_t>(plan.cores), {});
-  int fused = -1, last_phase = 0;
+  int fused = -1;
+  FlaPhase last_phase = FlaPhase::Map;
   bool fla_kernels = false, state_kernel = false;
   std::set<std::pair<int32_t, int32_t>> tail;
   std::vector<size_t> phase_kernels[3];  // map, state, output kernels of the chunk-parallel path
@@ -319,39 +330,38 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     if (is_tail_kernel(k)) {
       for (const auto& list : k.cores)
         for (const PlanItem& it : list) tail.insert({it.seq, it.head});
-      const int phase = k.name == "tail_map" ? 0 : k.name == "tail_state" ? 1 : k.name == "tail_output" ? 2 : -1;
-      if (phase < 0) return kernel_at(ki, k) + ": a tier-3 kernel other than tail_map, tail_state, tail_output";
-      phase_kernels[phase].push_back(ki);
+      const FlaPhase phase = k.role == KernelRole::TailMap ? FlaPhase::Map : k.role == KernelRole::TailState ? FlaPhase::State : FlaPhase::Output;
+      phase_kernels[phase_index(phase)].push_back(ki);
       continue;
     }
     // A kernel of the FLA-style path: all its operators in one phase, phases in order.
-    int phase = -1;
+    std::optional<FlaPhase> phase;
     for (const std::string& op : k.order) {
-      const int p = fla_phase(op);
-      if (p == -2) return kernel_at(ki, k) + ".order: operator \"" + op + "\" has no phase on the CPU's FLA-style path";
-      if (p < 0) continue;
-      if (phase >= 0 && p != phase)
-        return kernel_at(ki, k) + ".order: operators of the " + fla_phase_name(phase) + " and " + fla_phase_name(p) +
+      const FlaPhase p = fla_phase(op);
+      if (p == FlaPhase::None) return kernel_at(ki, k) + ".order: operator \"" + op + "\" has no phase on the CPU's FLA-style path";
+      if (p == FlaPhase::Recomputed) continue;
+      if (phase && p != *phase)
+        return kernel_at(ki, k) + ".order: operators of the " + fla_phase_name(*phase) + " and " + fla_phase_name(p) +
                " phases in one kernel; the CPU's FLA-style path runs them in separate phases";
       phase = p;
     }
     // A kernel of decays only (vllm-ascend's decay_q, and decay_k with decay_ke, decay_ki,
     // decay_kl): the CPU recomputes them inside the phase it stands in.
-    if (phase < 0) phase = last_phase;
-    if (phase < last_phase)
-      return kernel_at(ki, k) + ": a " + fla_phase_name(phase) + " kernel after a " + fla_phase_name(last_phase) +
+    if (!phase) phase = last_phase;
+    if (phase_index(*phase) < phase_index(last_phase))
+      return kernel_at(ki, k) + ": a " + fla_phase_name(*phase) + " kernel after a " + fla_phase_name(last_phase) +
              " kernel; the CPU's FLA-style path runs map, state, output in that order";
-    const Parallel want = phase == 1 ? Parallel::Head : Parallel::Chunk;
+    const Parallel want = *phase == FlaPhase::State ? Parallel::Head : Parallel::Chunk;
     if (k.parallel != want)
-      return kernel_at(ki, k) + ".parallel: got \"" + parallel_name(k.parallel) + "\", the CPU runs the " + fla_phase_name(phase) +
+      return kernel_at(ki, k) + ".parallel: got \"" + parallel_name(k.parallel) + "\", the CPU runs the " + fla_phase_name(*phase) +
              " phase " + parallel_name(want) + "-parallel";
-    if (phase == 1) {
+    if (*phase == FlaPhase::State) {
       if (state_kernel) return kernel_at(ki, k) + ": a second state kernel; the CPU's FLA-style path has one state phase";
       state_kernel = true;
     }
-    last_phase = phase;
+    last_phase = *phase;
     fla_kernels = true;
-    phase_kernels[phase].push_back(ki);
+    phase_kernels[phase_index(*phase)].push_back(ki);
   }
   if (fused >= 0 && fla_kernels)
     return "plan.kernels: a fused kernel next to FLA-style phase kernels; the CPU runs one or the other";

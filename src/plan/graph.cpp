@@ -6,6 +6,9 @@
 // six operators of the paper. Matrix operators write fp32 results (the L0C accumulator); vector
 // operators write fp16 when their result feeds the matrix unit and fp32 otherwise.
 #include <algorithm>
+#include <array>
+#include <iterator>
+#include <optional>
 #include <cmath>
 #include <string>
 
@@ -26,16 +29,22 @@ struct GraphBuilder {
               TensorRole role = TensorRole::Intermediate) {
     g.tensors.push_back({n, r, c, dt, role});
   }
-  void op(const std::string& n, const std::string& paper, Unit u, std::vector<std::string> in,
-          std::vector<std::string> out, bool row = false, int left = 1) {
-    g.ops.push_back({n, paper, u, std::move(in), std::move(out), row, left});
+  // Name, paper operator and unit come from the operator's manifest row (hanpu/operators.hpp).
+  void op(OpId id, std::vector<std::string> in, std::vector<std::string> out, bool row = false, int left = 1) {
+    const OperatorManifestRow& r = operator_row(id);
+    g.ops.push_back({id, std::string(r.name), std::string(r.paper_op), r.unit, std::move(in), std::move(out), row, left});
   }
 };
 
 }  // namespace
 
 const std::vector<std::string>& kda_decay_operators() {
-  static const std::vector<std::string> ops = {"decay_q", "decay_ke", "decay_ki", "decay_kl"};
+  static const std::vector<std::string> ops = [] {
+    std::vector<std::string> v;
+    for (const OperatorManifestRow& r : kOperatorManifest)
+      if (is_decay_operator(r.id)) v.emplace_back(r.name);
+    return v;
+  }();
   return ops;
 }
 
@@ -63,10 +72,20 @@ bool OpGraph::has_tensor(const std::string& name) const {
   return std::any_of(tensors.begin(), tensors.end(), [&](const TensorDef& t) { return t.name == name; });
 }
 
-const OperatorDef& OpGraph::op(const std::string& name) const {
+const OperatorDef& OpGraph::op(OpId id) const {
   for (const OperatorDef& o : ops)
-    if (o.name == name) return o;
-  throw Error("operator graph: no operator \"" + name + "\"");
+    if (o.id == id) return o;
+  throw Error("operator graph: no operator \"" + std::string(operator_name(id)) + "\"");
+}
+
+bool OpGraph::has_op(OpId id) const {
+  return std::any_of(ops.begin(), ops.end(), [&](const OperatorDef& o) { return o.id == id; });
+}
+
+const OperatorDef& OpGraph::op(const std::string& name) const {
+  const std::optional<OpId> id = operator_id(name);
+  if (!id || !has_op(*id)) throw Error("operator graph: no operator \"" + name + "\"");
+  return op(*id);
 }
 
 OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
@@ -94,18 +113,18 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   std::string qm = "q", km = "k", kr = "k", kt = "k";  // operands of Q.., K.. (left), K^T (right), update
   if (channel) {
     for (const char* n : {"qe", "ke", "ki", "kl"}) b.tensor(n, "L", "K", f16);
-    b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
+    b.op(OpId::Gate, {"g"}, {"Gc"}, true);
     // Element-wise on L x K: the decayed operands are cheap to recompute in every kernel that
     // needs them, as FLA's kernels do, rather than stored. One operator per decayed operand, so
     // an order may build each just before its consumers (the reordering pass decides) and a
     // kernel builds only the operands it multiplies.
-    b.op("decay_q", "1", Unit::Vector, {"q", "Gc"}, {"qe"}, false);
-    b.op("decay_ke", "1", Unit::Vector, {"k", "Gc"}, {"ke"}, false);
-    b.op("decay_ki", "1", Unit::Vector, {"k", "Gc"}, {"ki"}, false);
-    b.op("decay_kl", "1", Unit::Vector, {"k", "Gc"}, {"kl"}, false);
+    b.op(OpId::DecayQ, {"q", "Gc"}, {"qe"}, false);
+    b.op(OpId::DecayKe, {"k", "Gc"}, {"ke"}, false);
+    b.op(OpId::DecayKi, {"k", "Gc"}, {"ki"}, false);
+    b.op(OpId::DecayKl, {"k", "Gc"}, {"kl"}, false);
     qm = "qe", km = "ke", kr = "ki", kt = "kl";
   } else {
-    b.op("gate", "1", Unit::Vector, {"g"}, {"Gc"}, true);
+    b.op(OpId::Gate, {"g"}, {"Gc"}, true);
   }
 
   // #2 A = strictly-lower(diag(beta) K K^T gated); #6's Q K^T with the same operands.
@@ -114,42 +133,42 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   b.tensor("QK", "L", "L", f32);
   b.tensor("P", "L", "L", f16);
   auto kkt = [&] {
-    b.op("kkt", "2", Unit::Matrix, {km, kr}, {"KK"});
-    b.op("kkt_gate", "2", Unit::Vector, channel ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
+    b.op(OpId::Kkt, {km, kr}, {"KK"});
+    b.op(OpId::KktGate, channel ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
          {"A"}, true);
   };
-  auto qkt = [&] { b.op("qkt", "6", Unit::Matrix, {qm, kr}, {"QK"}); };
+  auto qkt = [&] { b.op(OpId::Qkt, {qm, kr}, {"QK"}); };
   auto qkt_gate = [&] {
-    b.op("qkt_gate", "6", Unit::Vector, channel ? std::vector<std::string>{"QK"} : std::vector<std::string>{"QK", "Gc"}, {"P"}, true);
+    b.op(OpId::QktGate, channel ? std::vector<std::string>{"QK"} : std::vector<std::string>{"QK", "Gc"}, {"P"}, true);
   };
   b.tensor("Ad", "L", std::to_string(kSubChunk), f16);
-  auto solve_diag = [&] { b.op("solve_diag", "3", Unit::Vector, {"A"}, {"Ad"}, true); };
+  auto solve_diag = [&] { b.op(OpId::SolveDiag, {"A"}, {"Ad"}, true); };
   // The state half of #5 and the output #6, shared by all forms: `vnew` is v_new.
   b.tensor("QS", "L", "V", f32);
   b.tensor("PE", "L", "V", f32);
   b.tensor("KE", "K", "V", f32);
-  auto qs = [&] { b.op("qs", "6", Unit::Matrix, {qm, "S"}, {"QS"}); };
+  auto qs = [&] { b.op(OpId::Qs, {qm, "S"}, {"QS"}); };
   auto output = [&](const std::string& vnew) {
-    b.op("pv", "6", Unit::Matrix, {"P", vnew}, {"PE"});
-    b.op("out", "6", Unit::Vector, channel ? std::vector<std::string>{"QS", "PE"} : std::vector<std::string>{"QS", "Gc", "PE"}, {"o"}, !channel);
+    b.op(OpId::Pv, {"P", vnew}, {"PE"});
+    b.op(OpId::Out, channel ? std::vector<std::string>{"QS", "PE"} : std::vector<std::string>{"QS", "Gc", "PE"}, {"o"}, !channel);
   };
   auto update = [&](const std::string& vnew) {
     if (!channel) {
       b.tensor("Eg", "L", "V", f16);
-      b.op("update_gate", "5u", Unit::Vector, {vnew, "Gc"}, {"Eg"}, true);
-      b.op("update", "5u", Unit::Matrix, {kt, "Eg"}, {"KE"});
+      b.op(OpId::UpdateGate, {vnew, "Gc"}, {"Eg"}, true);
+      b.op(OpId::Update, {kt, "Eg"}, {"KE"});
     } else {
-      b.op("update", "5u", Unit::Matrix, {kt, vnew}, {"KE"});
+      b.op(OpId::Update, {kt, vnew}, {"KE"});
     }
-    b.op("state_add", "5u", Unit::Vector, {"S", "Gc", "KE"}, {s_out}, channel);
+    b.op(OpId::StateAdd, {"S", "Gc", "KE"}, {s_out}, channel);
   };
   auto rhs = [&] {
     b.tensor("KS", "L", "V", f32);
     b.tensor("X", "L", "V", f32);
-    b.op("ks", "5r", Unit::Matrix, {km, "S"}, {"KS"});
+    b.op(OpId::Ks, {km, "S"}, {"KS"});
   };
   auto rhs_vec = [&] {
-    b.op("rhs", "5r", Unit::Vector, channel ? std::vector<std::string>{"v", "beta", "KS"} : std::vector<std::string>{"v", "beta", "Gc", "KS"},
+    b.op(OpId::Rhs, channel ? std::vector<std::string>{"v", "beta", "KS"} : std::vector<std::string>{"v", "beta", "Gc", "KS"},
          {"X"}, true);
   };
 
@@ -162,12 +181,12 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
       qkt();
       rhs();
       qs();
-      b.op("kkt_gate", "2", Unit::Vector, channel ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
+      b.op(OpId::KktGate, channel ? std::vector<std::string>{"KK", "beta"} : std::vector<std::string>{"KK", "beta", "Gc"},
            {"A"}, true);
       qkt_gate();
       rhs_vec();
       solve_diag();
-      b.op("solve", "3", Unit::Matrix, {"Ad", "A", "X"}, {"E"}, false, 2);
+      b.op(OpId::Solve, {"Ad", "A", "X"}, {"E"}, false, 2);
       output("E");
       update("E");
       break;
@@ -177,13 +196,13 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
       b.tensor("E", "L", "V", f32);
       kkt();
       solve_diag();
-      b.op("solve_inv", "3", Unit::Matrix, {"Ad", "A"}, {"Tm"});
+      b.op(OpId::SolveInv, {"Ad", "A"}, {"Tm"});
       rhs();
       qs();
       qkt();
       qkt_gate();
       rhs_vec();
-      b.op("apply", "4", Unit::Matrix, {"Tm", "X"}, {"E"});
+      b.op(OpId::Apply, {"Tm", "X"}, {"E"});
       output("E");
       update("E");
       break;
@@ -195,12 +214,12 @@ OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
       b.tensor("vn", "L", "V", f16);
       kkt();
       solve_diag();
-      b.op("solve_inv", "3", Unit::Matrix, {"Ad", "A"}, {"Tm"});
-      b.op("wu_scale", "4", Unit::Vector, channel ? std::vector<std::string>{"ke", "v", "beta"} : std::vector<std::string>{"k", "v", "beta", "Gc"},
+      b.op(OpId::SolveInv, {"Ad", "A"}, {"Tm"});
+      b.op(OpId::WuScale, channel ? std::vector<std::string>{"ke", "v", "beta"} : std::vector<std::string>{"k", "v", "beta", "Gc"},
            {"kb", "vb"}, true);
-      b.op("wu", "4", Unit::Matrix, {"Tm", "kb", "vb"}, {"W", "U"});
-      b.op("ws", "5r", Unit::Matrix, {"W", "S"}, {"WS"});
-      b.op("vnew", "5r", Unit::Vector, {"U", "WS"}, {"vn"});
+      b.op(OpId::Wu, {"Tm", "kb", "vb"}, {"W", "U"});
+      b.op(OpId::Ws, {"W", "S"}, {"WS"});
+      b.op(OpId::Vnew, {"U", "WS"}, {"vn"});
       if (in_place) {
         // Chunk-first: the output reads S before the update overwrites it.
         qkt();
@@ -249,62 +268,104 @@ OpCounts op_counts(const OpGraph& g, const OperatorDef& op, int64_t L, int64_t K
   const double tri_blocks = masked_full_tiles ? nb * nb * t * t : nb * (nb + 1) / 2 * t * t;
   const double strict = l * (l - 1) / 2, incl = l * (l + 1) / 2;
   OpCounts c;
-  const std::string& n = op.name;
-  if (n == "gate") {
-    c.vector_ops = channel ? 2 * l * k : 2 * l;  // cumsum and the exponent (per channel for KDA)
-  } else if (n == "decay_q") {
-    c.vector_ops = 2 * l * k;  // the exponential e^G and the product
-  } else if (n == "decay_ke") {
-    c.vector_ops = l * k;  // the product with e^G (its exponential is counted once, in decay_q)
-  } else if (n == "decay_ki" || n == "decay_kl") {
-    c.vector_ops = 2 * l * k;  // an exponential (e^-G; e^(G_L - G)) and the product
-  } else if (n == "kkt") {
-    c.macs = strict * k, c.executed_macs = tri_blocks * up(k);
-  } else if (n == "kkt_gate") {
-    c.vector_ops = (channel ? 2 : 3) * l * l;  // (exp of decay difference,) beta row scale, mask
-  } else if (n == "qkt") {
-    c.macs = incl * k, c.executed_macs = tri_blocks * up(k);
-  } else if (n == "qkt_gate") {
-    c.vector_ops = (channel ? 1 : 2) * l * l;
-  } else if (n == "ks" || n == "qs" || n == "ws") {
-    c.macs = l * k * v, c.executed_macs = up(l) * up(k) * up(v);
-  } else if (n == "rhs") {
-    c.vector_ops = 3 * l * v;  // beta v, row scale of K S, subtraction
-  } else if (n == "solve_diag") {
-    const double sub = static_cast<double>(kSubChunk);
-    c.vector_ops = std::ceil(l / sub) * sub * sub * sub / 3;  // forward substitution per 16x16 block
-  } else if (n == "solve") {
-    c.macs = strict * v, c.executed_macs = tri_blocks * up(v);
-    c.vector_ops = nb * l * v / 2;  // subtracting each block row's accumulated products
-  } else if (n == "solve_inv") {
-    c.macs = l * (l - 1) * (l - 2) / 6;
-    double blocks = 0;  // block merge: Ai_rc = -Ai_rr (sum_{m=c}^{r-1} A_rm Ai_mc): d+1 products at distance d
-    for (double d = 1; d < nb; ++d) blocks += (nb - d) * (d + 1);
-    c.executed_macs = blocks * t * t * t;
-  } else if (n == "wu_scale") {
-    c.vector_ops = (channel ? 1 : 2) * l * k + l * v;
-  } else if (n == "wu") {
-    c.macs = incl * (k + v), c.executed_macs = tri_blocks * (up(k) + up(v));
-  } else if (n == "vnew") {
-    c.vector_ops = l * v;
-  } else if (n == "apply" || n == "pv") {
-    c.macs = incl * v, c.executed_macs = tri_blocks * up(v);
-  } else if (n == "out") {
-    c.vector_ops = (channel ? 2 : 3) * l * v;
-  } else if (n == "update_gate") {
-    c.vector_ops = 2 * l * v;
-  } else if (n == "update") {
-    c.macs = k * l * v, c.executed_macs = up(k) * up(l) * up(v);
-  } else if (n == "state_add") {
-    c.vector_ops = 2 * k * v;
-  } else {
-    throw Error("operator graph: no work formula for operator \"" + n + "\"");
+  switch (op.id) {
+    case OpId::Gate:
+      c.vector_ops = channel ? 2 * l * k : 2 * l;  // cumsum and the exponent (per channel for KDA)
+      break;
+    case OpId::DecayQ:
+      c.vector_ops = 2 * l * k;  // the exponential e^G and the product
+      break;
+    case OpId::DecayKe:
+      c.vector_ops = l * k;  // the product with e^G (its exponential is counted once, in decay_q)
+      break;
+    case OpId::DecayKi:
+    case OpId::DecayKl:
+      c.vector_ops = 2 * l * k;  // an exponential (e^-G; e^(G_L - G)) and the product
+      break;
+    case OpId::Kkt:
+      c.macs = strict * k, c.executed_macs = tri_blocks * up(k);
+      break;
+    case OpId::KktGate:
+      c.vector_ops = (channel ? 2 : 3) * l * l;  // (exp of decay difference,) beta row scale, mask
+      break;
+    case OpId::Qkt:
+      c.macs = incl * k, c.executed_macs = tri_blocks * up(k);
+      break;
+    case OpId::QktGate:
+      c.vector_ops = (channel ? 1 : 2) * l * l;
+      break;
+    case OpId::Ks:
+    case OpId::Qs:
+    case OpId::Ws:
+      c.macs = l * k * v, c.executed_macs = up(l) * up(k) * up(v);
+      break;
+    case OpId::Rhs:
+      c.vector_ops = 3 * l * v;  // beta v, row scale of K S, subtraction
+      break;
+    case OpId::SolveDiag: {
+      const double sub = static_cast<double>(kSubChunk);
+      c.vector_ops = std::ceil(l / sub) * sub * sub * sub / 3;  // forward substitution per 16x16 block
+      break;
+    }
+    case OpId::Solve:
+      c.macs = strict * v, c.executed_macs = tri_blocks * up(v);
+      c.vector_ops = nb * l * v / 2;  // subtracting each block row's accumulated products
+      break;
+    case OpId::SolveInv: {
+      c.macs = l * (l - 1) * (l - 2) / 6;
+      double blocks = 0;  // block merge: Ai_rc = -Ai_rr (sum_{m=c}^{r-1} A_rm Ai_mc): d+1 products at distance d
+      for (double d = 1; d < nb; ++d) blocks += (nb - d) * (d + 1);
+      c.executed_macs = blocks * t * t * t;
+      break;
+    }
+    case OpId::WuScale:
+      c.vector_ops = (channel ? 1 : 2) * l * k + l * v;
+      break;
+    case OpId::Wu:
+      c.macs = incl * (k + v), c.executed_macs = tri_blocks * (up(k) + up(v));
+      break;
+    case OpId::Vnew:
+      c.vector_ops = l * v;
+      break;
+    case OpId::Apply:
+    case OpId::Pv:
+      c.macs = incl * v, c.executed_macs = tri_blocks * up(v);
+      break;
+    case OpId::Out:
+      c.vector_ops = (channel ? 2 : 3) * l * v;
+      break;
+    case OpId::UpdateGate:
+      c.vector_ops = 2 * l * v;
+      break;
+    case OpId::Update:
+      c.macs = k * l * v, c.executed_macs = up(k) * up(l) * up(v);
+      break;
+    case OpId::StateAdd:
+      c.vector_ops = 2 * k * v;
+      break;
   }
   return c;
 }
 
+const OpGraph& op_graph(Variant variant, GraphForm form, bool state_in_place) {
+  // Every (variant, form, state handling), built on first use (thread-safe static init) and
+  // never changed afterwards.
+  static const std::vector<OpGraph> graphs = [] {
+    std::vector<OpGraph> all;
+    for (size_t v = 0; v < std::size(kVariantTraits); ++v)
+      for (GraphForm f : kGraphForms)
+        for (bool in_place : {false, true}) all.push_back(make_op_graph(static_cast<Variant>(v), f, in_place));
+    return all;
+  }();
+  const size_t v = static_cast<size_t>(variant);
+  if (v >= std::size(kVariantTraits)) throw Error("operator graph: unknown variant " + std::to_string(v));
+  static_assert(static_cast<size_t>(kGraphForms[0]) == 0 && static_cast<size_t>(kGraphForms[1]) == 1 && static_cast<size_t>(kGraphForms[2]) == 2,
+                "op_graph indexes its graphs by the form's value");
+  return graphs[(v * kGraphForms.size() + static_cast<size_t>(form)) * 2 + (state_in_place ? 1 : 0)];
+}
+
 double layer_macs(const Problem& p, GraphForm form) {
-  const OpGraph g = make_op_graph(p.variant, form, true);
+  const OpGraph& g = op_graph(p.variant, form, true);
   double total = 0;
   for (int64_t s = 0; s < p.sequences(); ++s) {
     const int64_t nc = p.chunks_of(s);

@@ -106,7 +106,7 @@ class Lowerer {
         // The inversion's workspace (its 16x16 block inverses and partial products) takes the
         // operand buffers: operands no input of it needs are released first (the paper's lifetime-aware reordering,
         // "released to give the inversion its workspace").
-        if (op.name == "solve" || op.name == "solve_inv") release_operands(std::set<std::string>(op.inputs.begin(), op.inputs.end()));
+        if (op.id == OpId::Solve || op.id == OpId::SolveInv) release_operands(std::set<std::string>(op.inputs.begin(), op.inputs.end()));
         matrix_op(op);
       } else {
         // Operands stay in L0A/L0B only across GEMMs adjacent in the order: a vector operator in

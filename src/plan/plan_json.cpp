@@ -237,7 +237,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       throw Error(origin + ": " + e.what());
     }
   }
-  const OpGraph g = plan.graph();
+  const OpGraph& g = plan.graph();
   const json& lj = r.field(j, "layouts", P);
   if (!lj.is_object()) r.fail(P + ".layouts", &lj, "an object (tensor -> dense|blocked)");
   for (auto it = lj.begin(); it != lj.end(); ++it) {
@@ -250,6 +250,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     const json& kj = ks[ki];
     Kernel k;
     k.name = r.string(kj, "name", kp);
+    k.role = kernel_role_of_name(k.name);  // the JSON edge: the role is carried by the name
     k.parallel = r.named(kj, "parallel", kp, kParallels, parallel_name);
     k.launch = r.boolean(kj, "launch", kp);
     k.order = r.strings(kj, "order", kp);

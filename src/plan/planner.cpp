@@ -47,11 +47,31 @@ std::vector<std::vector<PlanItem>> round_robin(const std::vector<PlanItem>& item
   return out;
 }
 
+// Operator names for a kernel's order (Kernel::order keeps names, the JSON edge's form): from
+// manifest ids, so a renamed operator fails to compile here rather than at plan time.
+std::vector<std::string> op_names(const std::vector<OpId>& ids) {
+  std::vector<std::string> names;
+  for (OpId id : ids) names.emplace_back(operator_name(id));
+  return names;
+}
+
+void append_ops(std::vector<std::string>& order, const std::vector<OpId>& ids) {
+  for (OpId id : ids) order.emplace_back(operator_name(id));
+}
+
+// A strategy's own kernel (KernelRole::Named).
 Kernel kernel(const std::string& name, Parallel parallel, std::vector<std::string> order) {
   Kernel k;
   k.name = name;
   k.parallel = parallel;
   k.order = std::move(order);
+  return k;
+}
+
+// A kernel whose role the backends know (the fused kernel, the tail kernels): named after it.
+Kernel kernel(KernelRole role, Parallel parallel, std::vector<std::string> order) {
+  Kernel k = kernel(kernel_role_name(role), parallel, std::move(order));
+  k.role = role;
   return k;
 }
 
@@ -128,15 +148,14 @@ std::vector<std::string> default_order(const OpGraph& g) {
 
 // Kernels running `items` the FLA way: Map phases chunk-parallel over all cores, the recurrence
 // head-parallel on column blocks of `state_cols`, the output chunk-parallel.
-std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, const std::vector<std::string>& order,
-                                           const std::vector<PlanItem>& items, int cores, int state_cols,
-                                           const std::string& prefix) {
+std::vector<Kernel> tail_kernels(const Problem& p, const OpGraph& g, const std::vector<std::string>& order,
+                                 const std::vector<PlanItem>& items, int cores, int state_cols) {
   const Phases ph = split_phases(g, order);
   std::vector<Kernel> ks;
-  Kernel map = kernel(prefix + "map", Parallel::Chunk, ph.map);
+  Kernel map = kernel(KernelRole::TailMap, Parallel::Chunk, ph.map);
   map.cores = map_chunks(p, items, cores);
   ks.push_back(map);
-  Kernel red = kernel(prefix + "state", Parallel::Head, ph.reduce);
+  Kernel red = kernel(KernelRole::TailState, Parallel::Head, ph.reduce);
   std::vector<PlanItem> blocks;
   for (const PlanItem& it : items)
     for (int32_t c0 = it.col0; c0 < it.col1; c0 += state_cols) {
@@ -147,7 +166,7 @@ std::vector<Kernel> chunk_parallel_kernels(const Problem& p, const OpGraph& g, c
   red.cores = round_robin(blocks, cores);
   red.state_in = StateIn::Initial, red.state_out = StateOut::Final;
   ks.push_back(red);
-  Kernel out = kernel(prefix + "output", Parallel::Chunk, ph.output);
+  Kernel out = kernel(KernelRole::TailOutput, Parallel::Chunk, ph.output);
   out.cores = map_chunks(p, items, cores);
   ks.push_back(out);
   return ks;
@@ -171,7 +190,7 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
   if (any) {
-    Kernel fused = kernel("fused", Parallel::Head, order.empty() ? default_order(g) : order);
+    Kernel fused = kernel(KernelRole::Fused, Parallel::Head, order.empty() ? default_order(g) : order);
     fused.cores = m.cores;
     fused.state_in = StateIn::Initial, fused.state_out = StateOut::Final;
     ks.push_back(fused);
@@ -181,7 +200,7 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
     const int quantum = matrix_quantum(dev);
     const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(cores, (p.V + quantum - 1) / quantum)));
     const int cols = static_cast<int>((p.V + blocks - 1) / blocks + quantum - 1) / quantum * quantum;
-    auto tail = chunk_parallel_kernels(p, g, default_order(g), m.chunk_parallel, cores, cols, "tail_");
+    auto tail = tail_kernels(p, g, default_order(g), m.chunk_parallel, cores, cols);
     add_decay(tail, g);
     for (Kernel& k : tail)
       for (auto& list : k.cores)
@@ -213,7 +232,7 @@ void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
     std::vector<std::string> missing;
     for (const std::string& op : kda_decay_operators())
       if (std::find(k.order.begin(), k.order.end(), op) == k.order.end() && read_in(k, op)) missing.push_back(op);
-    auto gate = std::find(k.order.begin(), k.order.end(), "gate");
+    auto gate = std::find(k.order.begin(), k.order.end(), operator_name(OpId::Gate));
     k.order.insert(gate == k.order.end() ? k.order.begin() : gate + 1, missing.begin(), missing.end());
   }
 }
@@ -281,7 +300,7 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
         // FLA's kernels tile the value columns (BV): a kernel other than the fused one whose chunk
         // does not fit the buffers runs on column blocks half as wide (the fused kernel's own loop
         // in make_plan does this for it). Plans that fit are unchanged.
-        if (ks[i].name == "fused" || width <= quantum) throw;
+        if (ks[i].role == KernelRole::Fused || width <= quantum) throw;
         width = (width / 2 + quantum - 1) / quantum * quantum;
         for (auto& list : ks[i].cores) {
           std::vector<PlanItem> split;
@@ -319,16 +338,16 @@ using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const OpGraph& g
 
 std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, bool megakernel) {
   const auto items = whole_items(p, static_cast<int>(p.V));
-  Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, {"gate"});
-  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, {"kkt", "kkt_gate", "solve_diag", "solve_inv"});
-  Kernel wu = kernel("recompute_w_u", Parallel::Chunk, {"wu_scale", "wu"});
-  std::vector<std::string> h_ops = {"ws", "vnew"};
-  if (variant_traits(p.variant).head_gate()) h_ops.push_back("update_gate");
-  h_ops.insert(h_ops.end(), {"update", "state_add"});
+  Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, op_names({OpId::Gate}));
+  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, op_names({OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv}));
+  Kernel wu = kernel("recompute_w_u", Parallel::Chunk, op_names({OpId::WuScale, OpId::Wu}));
+  std::vector<std::string> h_ops = op_names({OpId::Ws, OpId::Vnew});
+  if (variant_traits(p.variant).head_gate()) h_ops.push_back(std::string(operator_name(OpId::UpdateGate)));
+  append_ops(h_ops, {OpId::Update, OpId::StateAdd});
   Kernel h = kernel("fwd_h", Parallel::Head, h_ops);
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
-  Kernel o = kernel("fwd_o", Parallel::Chunk, {"qkt", "qkt_gate", "qs", "pv", "out"});
+  Kernel o = kernel("fwd_o", Parallel::Chunk, op_names({OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out}));
   for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
   std::vector<Kernel> ks = {cumsum, kkt_solve, wu, h, o};
   add_decay(ks, g);
@@ -347,22 +366,29 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
   // On 310P the WY preparation runs as torch operations, each its own kernel (one per fine
   // operator here), before the two AscendC kernels.
   std::vector<Kernel> ks;
-  for (const char* op : {"gate", "decay_q", "decay_k", "kkt", "kkt_gate", "solve_diag", "solve_inv", "wu_scale", "wu"}) {
-    const bool decay = std::string(op).rfind("decay", 0) == 0;
-    if (decay && !variant_traits(p.variant).channel_gate()) continue;
-    // The three decayed keys stay one kernel, as they were while the graph had one operator for them.
-    ks.push_back(kernel(op, Parallel::Chunk,
-                        std::string(op) == "decay_k" ? std::vector<std::string>{"decay_ke", "decay_ki", "decay_kl"}
-                                                     : std::vector<std::string>{op}));
+  // The three decayed keys stay one kernel, as they were while the graph had one operator for them.
+  struct TorchKernel {
+    const char* name;
+    std::vector<OpId> ops;
+  };
+  const TorchKernel torch_kernels[] = {
+      {"gate", {OpId::Gate}},           {"decay_q", {OpId::DecayQ}},
+      {"decay_k", {OpId::DecayKe, OpId::DecayKi, OpId::DecayKl}},
+      {"kkt", {OpId::Kkt}},             {"kkt_gate", {OpId::KktGate}},
+      {"solve_diag", {OpId::SolveDiag}}, {"solve_inv", {OpId::SolveInv}},
+      {"wu_scale", {OpId::WuScale}},    {"wu", {OpId::Wu}}};
+  for (const TorchKernel& tk : torch_kernels) {
+    if (is_decay_operator(tk.ops.front()) && !variant_traits(p.variant).channel_gate()) continue;
+    ks.push_back(kernel(tk.name, Parallel::Chunk, op_names(tk.ops)));
   }
   for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
-  std::vector<std::string> h_ops = {"ws", "vnew"};
-  if (variant_traits(p.variant).head_gate()) h_ops.push_back("update_gate");
-  h_ops.insert(h_ops.end(), {"update", "state_add"});
+  std::vector<std::string> h_ops = op_names({OpId::Ws, OpId::Vnew});
+  if (variant_traits(p.variant).head_gate()) h_ops.push_back(std::string(operator_name(OpId::UpdateGate)));
+  append_ops(h_ops, {OpId::Update, OpId::StateAdd});
   Kernel h = kernel("chunk_gated_delta_rule_fwd_h", Parallel::Head, h_ops);
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
-  Kernel o = kernel("chunk_fwd_o", Parallel::Chunk, {"qkt", "qkt_gate", "qs", "pv", "out"});
+  Kernel o = kernel("chunk_fwd_o", Parallel::Chunk, op_names({OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out}));
   o.cores = map_chunks(p, items, cores);
   ks.push_back(h);
   ks.push_back(o);
@@ -374,7 +400,7 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
   // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
   // next segment's start state; then all segments in parallel, fused.
   const auto items = whole_items(p, static_cast<int>(p.V));
-  std::vector<std::string> prep = {"gate", "kkt", "kkt_gate", "solve_diag", "solve_inv"};
+  std::vector<std::string> prep = op_names({OpId::Gate, OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv});
   Kernel ks0 = kernel("kkt_solve", Parallel::Chunk, prep);
   ks0.cores = map_chunks(p, items, cores);
   const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
@@ -398,15 +424,15 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
       if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
     }
   }
-  std::vector<std::string> state_ops = {"ks", "rhs", "apply"};
-  if (variant_traits(p.variant).head_gate()) state_ops.push_back("update_gate");
-  state_ops.insert(state_ops.end(), {"update", "state_add"});
+  std::vector<std::string> state_ops = op_names({OpId::Ks, OpId::Rhs, OpId::Apply});
+  if (variant_traits(p.variant).head_gate()) state_ops.push_back(std::string(operator_name(OpId::UpdateGate)));
+  append_ops(state_ops, {OpId::Update, OpId::StateAdd});
   Kernel ks1 = kernel("segment_states", Parallel::Segment, state_ops);
   ks1.state_in = StateIn::Zero, ks1.state_out = StateOut::Segment;
   ks1.cores = round_robin(state_items, cores);
-  std::vector<std::string> fwd = {"ks", "qs", "qkt", "qkt_gate", "rhs", "apply", "pv", "out"};
-  if (variant_traits(p.variant).head_gate()) fwd.push_back("update_gate");
-  fwd.insert(fwd.end(), {"update", "state_add"});
+  std::vector<std::string> fwd = op_names({OpId::Ks, OpId::Qs, OpId::Qkt, OpId::QktGate, OpId::Rhs, OpId::Apply, OpId::Pv, OpId::Out});
+  if (variant_traits(p.variant).head_gate()) fwd.push_back(std::string(operator_name(OpId::UpdateGate)));
+  append_ops(fwd, {OpId::Update, OpId::StateAdd});
   Kernel ks2 = kernel("fused_fwd", Parallel::Segment, fwd);
   ks2.state_in = StateIn::Initial, ks2.state_out = StateOut::Final;
   ks2.cores = round_robin(seg_items, cores);
@@ -471,7 +497,7 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
   for (int64_t width = first_width;; width = (width / 2 + quantum - 1) / quantum * quantum) {
     plan.kernels = head_mapped_kernels(p, dev, g, cores, order);
     for (Kernel& k : plan.kernels) {
-      if (k.name != "fused") continue;
+      if (k.role != KernelRole::Fused) continue;
       k.results_wait = results_wait;
       for (auto& list : k.cores) {
         std::vector<PlanItem> split;
@@ -495,7 +521,7 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
   // Lockstep groups of the fused kernel: consecutive items of a core that share sequence and
   // columns advance chunk by chunk together, as many as the working buffer holds states of.
   for (Kernel& k : plan.kernels) {
-    if (k.name != "fused") continue;
+    if (k.role != KernelRole::Fused) continue;
     k.groups.clear();
     for (const auto& list : k.cores) {
       int64_t w = 0;
@@ -515,6 +541,21 @@ const char* parallel_name(Parallel p) {
     case Parallel::Chunk: return "chunk";
   }
   return "?";
+}
+const char* kernel_role_name(KernelRole r) {
+  switch (r) {
+    case KernelRole::Named: return "";
+    case KernelRole::Fused: return "fused";
+    case KernelRole::TailMap: return "tail_map";
+    case KernelRole::TailState: return "tail_state";
+    case KernelRole::TailOutput: return "tail_output";
+  }
+  return "";
+}
+KernelRole kernel_role_of_name(const std::string& name) {
+  for (KernelRole r : {KernelRole::Fused, KernelRole::TailMap, KernelRole::TailState, KernelRole::TailOutput})
+    if (name == kernel_role_name(r)) return r;
+  return KernelRole::Named;
 }
 const char* state_in_name(StateIn s) {
   switch (s) {
@@ -604,7 +645,7 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
                   " is a CPU; its plans need the CPU backend's planning rules (cpu_plan_backend(), hanpu/plan_exec.hpp)");
     plan.cpu = opt.backend->tune(p, dev, cores, opt);
   }
-  const OpGraph g = plan.graph();
+  const OpGraph& g = plan.graph();
   plan_layouts(plan, dev, g);
   if (!opt.order.empty() && def.build)
     throw Error("PlanOptions.order: strategy " + strategy + " has no fused kernel whose order could be given");
@@ -628,7 +669,7 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
 void validate_plan(const Plan& plan) {
   const Problem& p = plan.problem;
   validate_problem(p);
-  const OpGraph g = plan.graph();
+  const OpGraph& g = plan.graph();
   auto op_id = [&](const std::string& name) {
     for (size_t i = 0; i < g.ops.size(); ++i)
       if (g.ops[i].name == name) return i;
@@ -721,16 +762,17 @@ void validate_plan(const Plan& plan) {
       }
       for (size_t oi = 0; oi < g.ops.size(); ++oi) {
         const std::string& op = g.ops[oi].name;
+        const bool is_out = g.ops[oi].id == OpId::Out;
         for (size_t a = 0; a < ncol; ++a)
           for (size_t b = 0; b < nch; ++b) {
             int n = 0;
             for (size_t ki = 0; ki < plan.kernels.size(); ++ki)
               if (!per_kernel[ki].empty() && std::find(kernel_ops[ki].begin(), kernel_ops[ki].end(), oi) != kernel_ops[ki].end())
                 n += per_kernel[ki][a * nch + b];
-            if (op == "out" ? n != 1 : n == 0)
+            if (is_out ? n != 1 : n == 0)
               throw Error("plan: operator " + op + " runs " + std::to_string(n) + " times on (seq " + std::to_string(s) + ", head " +
                           std::to_string(h) + ", column " + std::to_string(cols[a]) + ", chunk " + std::to_string(chunks[b]) + ")" +
-                          (op == "out" ? ", expected exactly once" : ", expected at least once"));
+                          (is_out ? ", expected exactly once" : ", expected at least once"));
           }
       }
     }

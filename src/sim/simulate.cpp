@@ -129,7 +129,7 @@ class Simulator {
   const Plan& plan_;
   const Device& dev_;
   const SimOptions& opt_;
-  OpGraph g_;
+  const OpGraph& g_;  // the plan's (op_graph: built once, shared)
   const Problem& p_;
   double hz_ = 0, vec_lanes_ = 0, mac_rate_ = 0, handoff_s_ = 0;
   double dma_setup_s_ = 0, gm_segment_s_ = 0, pipe_sync_s_ = 0, vector_startup_s_ = 0;
@@ -263,7 +263,7 @@ class Simulator {
         if (si.op->unit == Unit::Vector && si.op->row_structured &&
             working_layout(*si.op, g_, plan_.layouts) == Layout::Blocked)
           si.row_penalty = true;
-        if (s.op == "state_add") state_writer = static_cast<int>(i);
+        if (s.op == operator_name(OpId::StateAdd)) state_writer = static_cast<int>(i);
       } else if (s.kind == StepKind::Zero) {
         si.zero = true;
       }
@@ -590,7 +590,7 @@ GmFit gm_fit(const Plan& plan, const Device& dev) {
 
 int64_t plan_peak_gm_bytes(const Plan& plan) {
   const Problem& p = plan.problem;
-  const OpGraph g = plan.graph();
+  const OpGraph& g = plan.graph();
   const int64_t tok = p.total_tokens();
   int64_t b = tok * p.H * p.K * 2 * static_cast<int64_t>(dtype_size(p.qkv_dtype));
   b += tok * p.HV * p.V * static_cast<int64_t>(dtype_size(p.qkv_dtype));
