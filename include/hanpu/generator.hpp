@@ -22,6 +22,8 @@
 
 namespace hanpu {
 
+class JsonSchema;  // src/model/json_constraint_schema.hpp
+
 struct GenerationOptions {
   SamplingOptions sampling;
   int64_t max_tokens = 128;
@@ -33,9 +35,15 @@ struct GenerationOptions {
   /// response_format json_object): tokens that cannot continue it are masked before sampling,
   /// and the generation ends when the object closes. Needs a tokenizer and max_tokens >= 2.
   bool json_object = false;
+  /// Constrain the output to a document that follows this compiled JSON Schema (OpenAI's
+  /// response_format json_schema; src/model/json_constraint_schema.hpp): masked the same way, and
+  /// the generation ends when the document closes. Needs a tokenizer and max_tokens of at least
+  /// the schema's shortest document in bytes.
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
-class JsonConstraint;  // src/model/json_constraint.hpp
+class JsonConstraint;    // src/model/json_constraint.hpp
+class SchemaConstraint;  // src/model/json_constraint_schema.hpp
 
 /// One generated token's log probability (natural log of the model's distribution before
 /// temperature, top-k and top-p, as OpenAI reports it) and the most likely alternatives.
@@ -91,6 +99,7 @@ class TokenStream {
   std::string stop_string_;
   std::optional<int32_t> stop_token_;
   std::unique_ptr<JsonConstraint> json_;  // json_object
+  std::unique_ptr<SchemaConstraint> schema_;  // json_schema
   std::vector<float> masked_;             // the logits row with the mask applied
 };
 

@@ -2,6 +2,7 @@
 #include "hanpu/generator.hpp"
 
 #include "json_constraint.hpp"
+#include "json_constraint_schema.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -69,6 +70,15 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
                   std::to_string(opt_.max_tokens));
     json_ = std::make_unique<JsonConstraint>(*tokenizer_);
   }
+  if (opt_.json_schema) {
+    if (opt_.json_object) throw Error("generation: json_object and json_schema are exclusive");
+    if (!tokenizer_) throw Error("generation: JSON schema output needs a tokenizer (text output)");
+    if (opt_.max_tokens < opt_.json_schema->min_bytes())
+      throw Error("generation: max_tokens " + std::to_string(opt_.max_tokens) +
+                  " is too few for the JSON schema (its shortest document takes up to " +
+                  std::to_string(opt_.json_schema->min_bytes()) + " tokens)");
+    schema_ = std::make_unique<SchemaConstraint>(*tokenizer_, opt_.json_schema);
+  }
 }
 
 TokenStream::TokenStream(TokenStream&&) noexcept = default;
@@ -81,10 +91,16 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
     masked_.assign(logits.begin(), logits.end());
     json_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
     row = masked_;
+  } else if (schema_) {
+    masked_.assign(logits.begin(), logits.end());
+    schema_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
+    row = masked_;
   }
   const int32_t token = sampler_.sample(row);
   if (json_ && !json_->advance(token))  // the mask always leaves a way to close the document
     throw Error("generation: JSON output: sampled token " + std::to_string(token) + " that the mask excluded");
+  if (schema_ && !schema_->advance(token))
+    throw Error("generation: JSON schema output: sampled token " + std::to_string(token) + " that the mask excluded");
   if (!opt_.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
     reason_ = FinishReason::kStopToken;
     stop_token_ = token;
@@ -111,7 +127,7 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
       return std::nullopt;
     }
   }
-  if (json_ && json_->done()) {  // the object closed: nothing may follow it
+  if ((json_ && json_->done()) || (schema_ && schema_->done())) {  // the object closed: nothing may follow it
     reason_ = FinishReason::kStopToken;
     return std::nullopt;
   }

@@ -27,6 +27,17 @@ class JsonState {
   bool done() const { return mode_ == Mode::kDone; }
   /// Bytes the shortest completion needs (each of them one of {"}]0:, or a literal's letters).
   int64_t closing_cost() const;
+  /// A state that reads one JSON value of any kind instead of an object (json_constraint_schema.hpp).
+  static JsonState any_value() {
+    JsonState s;
+    s.mode_ = Mode::kValue;
+    return s;
+  }
+  /// A top-level number that may end here: the next byte belongs to what follows it.
+  bool number_may_end() const {
+    return stack_.empty() && (mode_ == Mode::kNumberZero || mode_ == Mode::kNumberInt ||
+                              mode_ == Mode::kNumberFrac || mode_ == Mode::kNumberExpInt);
+  }
 
  private:
   enum class Mode : uint8_t {
