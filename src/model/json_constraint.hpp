@@ -33,6 +33,8 @@ class JsonState {
     s.mode_ = Mode::kValue;
     return s;
   }
+  /// Inside a string, between characters: content bytes leave it here, whatever encloses it.
+  bool in_plain_string() const { return mode_ == Mode::kString && utf8_left_ == 0; }
   /// A top-level number that may end here: the next byte belongs to what follows it.
   bool number_may_end() const {
     return stack_.empty() && (mode_ == Mode::kNumberZero || mode_ == Mode::kNumberInt ||

@@ -832,6 +832,13 @@ bool SchemaState::done() const {
   return false;
 }
 
+bool SchemaState::in_plain_string() const {
+  if (stacks_.size() != 1 || stacks_[0].empty()) return false;
+  const Frame& top = stacks_[0].back();
+  const Kind kind = schema_->nodes[static_cast<size_t>(top.node)].kind;
+  return (kind == Kind::kString || kind == Kind::kAny) && top.json.in_plain_string();
+}
+
 int64_t SchemaState::closing_cost() const {
   Machine m{*schema_};
   int64_t best = kInfinite;
@@ -839,18 +846,63 @@ int64_t SchemaState::closing_cost() const {
   return best;
 }
 
-// The vocabulary as a byte trie, in arrays: node i's children are edges [first_edge[i],
+// A set of tokens as a byte trie, in arrays: node i's children are edges [first_edge[i],
 // first_edge[i + 1]), its tokens (those whose bytes end here) [first_token[i], first_token[i + 1]).
-struct SchemaConstraint::Trie {
+struct ByteTrie {
   std::vector<uint32_t> first_edge, first_token;
   std::vector<uint8_t> edge_byte;
   std::vector<uint32_t> edge_node;
   std::vector<int32_t> tokens;
-  int32_t vocab = 0;
+};
+
+// The vocabulary, preprocessed once per tokenizer. Inside a string most tokens are plain
+// content (no quote, no backslash, no control byte, whole UTF-8 characters), which leaves the
+// state as it was: those are listed apart and allowed at once there, and only the others are
+// walked (docs/SERVE.md, "Structured output", has the measured difference).
+struct SchemaConstraint::Trie {
+  ByteTrie all, not_plain;
+  std::vector<int32_t> plain;
   std::vector<bool> single_byte = std::vector<bool>(256, false);  // a token of exactly this byte exists
 };
 
 namespace {
+
+// `sorted`: (bytes, id) sorted by bytes. Each trie node's tokens and children are then
+// contiguous; the trie is laid out breadth by breadth through a queue of (token range, depth).
+ByteTrie build_byte_trie(const std::vector<std::pair<std::string, int32_t>>& sorted) {
+  ByteTrie t;
+  struct Pending {
+    size_t begin, end, depth;
+  };
+  std::vector<Pending> queue{{0, sorted.size(), 0}};
+  for (size_t q = 0; q < queue.size(); ++q) {
+    const Pending p = queue[q];
+    t.first_edge.push_back(static_cast<uint32_t>(t.edge_byte.size()));
+    t.first_token.push_back(static_cast<uint32_t>(t.tokens.size()));
+    size_t i = p.begin;
+    while (i < p.end && sorted[i].first.size() == p.depth) t.tokens.push_back(sorted[i++].second);
+    while (i < p.end) {
+      const char c = sorted[i].first[p.depth];
+      size_t j = i;
+      while (j < p.end && sorted[j].first[p.depth] == c) ++j;
+      t.edge_byte.push_back(static_cast<uint8_t>(c));
+      t.edge_node.push_back(static_cast<uint32_t>(queue.size()));
+      queue.push_back({i, j, p.depth + 1});
+      i = j;
+    }
+  }
+  t.first_edge.push_back(static_cast<uint32_t>(t.edge_byte.size()));
+  t.first_token.push_back(static_cast<uint32_t>(t.tokens.size()));
+  return t;
+}
+
+bool plain_string_content(const std::string& bytes) {
+  JsonState s = JsonState::any_value();
+  s.feed('"');
+  for (char c : bytes)
+    if (c == '"' || c == '\\' || !s.feed(static_cast<uint8_t>(c))) return false;
+  return s.in_plain_string();
+}
 
 std::shared_ptr<const SchemaConstraint::Trie> build_trie(const Tokenizer& tok) {
   static std::mutex mu;
@@ -858,11 +910,8 @@ std::shared_ptr<const SchemaConstraint::Trie> build_trie(const Tokenizer& tok) {
   std::lock_guard lock(mu);
   auto& slot = cache[&tok];
   if (slot) return slot;
-  // Tokens sorted by their bytes: then each trie node's tokens and children are contiguous,
-  // and the trie is laid out breadth by breadth through a queue of (node, token range, depth).
-  std::vector<std::pair<std::string, int32_t>> sorted;
+  std::vector<std::pair<std::string, int32_t>> sorted, not_plain;
   auto t = std::make_shared<SchemaConstraint::Trie>();
-  t->vocab = tok.vocab_size();
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     if (tok.is_special(id)) continue;
     std::string b = tok.token_bytes(id);
@@ -871,28 +920,12 @@ std::shared_ptr<const SchemaConstraint::Trie> build_trie(const Tokenizer& tok) {
     sorted.emplace_back(std::move(b), id);
   }
   std::sort(sorted.begin(), sorted.end());
-  struct Pending {
-    size_t begin, end, depth;
-  };
-  std::vector<Pending> queue{{0, sorted.size(), 0}};
-  for (size_t q = 0; q < queue.size(); ++q) {
-    const Pending p = queue[q];
-    t->first_edge.push_back(static_cast<uint32_t>(t->edge_byte.size()));
-    t->first_token.push_back(static_cast<uint32_t>(t->tokens.size()));
-    size_t i = p.begin;
-    while (i < p.end && sorted[i].first.size() == p.depth) t->tokens.push_back(sorted[i++].second);
-    while (i < p.end) {
-      const char c = sorted[i].first[p.depth];
-      size_t j = i;
-      while (j < p.end && sorted[j].first[p.depth] == c) ++j;
-      t->edge_byte.push_back(static_cast<uint8_t>(c));
-      t->edge_node.push_back(static_cast<uint32_t>(queue.size()));
-      queue.push_back({i, j, p.depth + 1});
-      i = j;
-    }
+  for (const auto& entry : sorted) {
+    if (plain_string_content(entry.first)) t->plain.push_back(entry.second);
+    else not_plain.push_back(entry);
   }
-  t->first_edge.push_back(static_cast<uint32_t>(t->edge_byte.size()));
-  t->first_token.push_back(static_cast<uint32_t>(t->tokens.size()));
+  t->all = build_byte_trie(sorted);
+  t->not_plain = build_byte_trie(not_plain);
   slot = std::move(t);
   return slot;
 }
@@ -923,7 +956,12 @@ SchemaConstraint::~SchemaConstraint() = default;
 
 void SchemaConstraint::mask(std::span<float> logits, int64_t tokens_left) const {
   std::vector<uint8_t> allowed(logits.size(), 0);
-  const Trie& t = *trie_;
+  // Inside a string: plain content tokens keep the state and so its shortest completion.
+  const bool in_string = state_.in_plain_string();
+  if (in_string && state_.closing_cost() <= tokens_left - 1)
+    for (int32_t id : trie_->plain)
+      if (static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
+  const ByteTrie& t = in_string ? trie_->not_plain : trie_->all;
   // Depth first over the trie from the current state: a byte no alternative takes prunes every
   // token under it.
   std::function<void(uint32_t, const SchemaState&)> walk = [&](uint32_t node, const SchemaState& state) {

@@ -97,6 +97,9 @@ class SchemaState {
   bool done() const;
   /// Bytes the shortest valid completion needs.
   int64_t closing_cost() const;
+  /// One alternative, inside a string between characters: plain content bytes (no quote,
+  /// backslash or control byte; whole UTF-8 characters) leave the state as it is.
+  bool in_plain_string() const;
 
   struct Frame {
     int32_t node = -1;
