@@ -53,6 +53,11 @@ struct TokenLogprob {
   std::vector<std::pair<int32_t, float>> top;  // most likely first (ties: lower id first)
 };
 
+/// The ids that end a generation for a model of this config: config.json's eos ids, then the
+/// stop tokens its family's registry row names (hanpu/model_family.hpp) that `tokenizer` has
+/// (none without a tokenizer or for a config of no known family).
+std::vector<int32_t> family_stop_ids(const ModelConfig& config, const Tokenizer* tokenizer);
+
 /// log_softmax(logits)[token] and the `top` most likely tokens.
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top);
 
@@ -108,8 +113,8 @@ class Generator {
   /// `tokenizer` may be null.
   Generator(const HybridModel& model, const Tokenizer* tokenizer);
 
-  /// The tokens that end a generation: the config's eos ids, and with a tokenizer the chat end
-  /// markers it has (<|im_end|>, <|endoftext|>, as Qwen's templates end a turn).
+  /// The tokens that end a generation: family_stop_ids (the config's eos ids and the family's
+  /// end-of-turn markers the tokenizer has).
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
   TokenStream stream(const GenerationOptions& opt) const { return TokenStream(tokenizer_, stop_ids_, opt); }
 

@@ -282,6 +282,37 @@ def test_tool_choice_required_and_named_and_refusals(xml_server, server):
                                                 tool_choice="required")
 
 
+# A template that passes the tools without showing how a call is written: the family's registry
+# row (hanpu/model_family.hpp) says it -- XML parameters for Qwen3.5, JSON for Qwen3-Next.
+MARKERLESS_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("golden, call_start", [
+    ("qwen35_tiny", "<tool_call>\n<function=get_weather>\n"),
+    ("qwen3next_tiny", '<tool_call>\n{"name": "get_weather", "arguments": '),
+])
+def test_tool_call_format_from_the_family_row(tmp_path, golden, call_start):
+    d = tmp_path / golden
+    d.mkdir()
+    for f in (GOLDEN / golden).iterdir():
+        if f.name != "tokenizer_config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((GOLDEN / golden / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = MARKERLESS_TOOLS_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    s = Server(str(d))
+    try:
+        r = s.client().chat.completions.create(model=golden, messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                                               tools=TOOLS, max_tokens=4, temperature=0,
+                                               tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        assert r.choices[0].message.content.startswith(call_start), r.choices[0].message.content
+    finally:
+        s.stop()
+
+
 # ---- the prefix cache across a conversation ------------------------------------------------------
 
 def conversation_reuse(server, turns, template_kwargs=None, max_tokens=16):

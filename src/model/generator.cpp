@@ -1,6 +1,7 @@
 // The one generation path (hanpu/generator.hpp).
 #include "hanpu/generator.hpp"
 
+#include "hanpu/model_family.hpp"
 #include "json_constraint.hpp"
 #include "json_constraint_schema.hpp"
 
@@ -146,13 +147,18 @@ size_t TokenStream::settled_text_bytes(size_t from) const {
   return end <= from ? from : whole_characters_end(text_, from, end);
 }
 
-Generator::Generator(const HybridModel& model, const Tokenizer* tokenizer)
-    : model_(model), tokenizer_(tokenizer), stop_ids_(model.config().eos_token_ids) {
-  if (tokenizer_)
-    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = tokenizer_->token_to_id(s))
-        if (std::find(stop_ids_.begin(), stop_ids_.end(), *id) == stop_ids_.end()) stop_ids_.push_back(*id);
+std::vector<int32_t> family_stop_ids(const ModelConfig& config, const Tokenizer* tokenizer) {
+  std::vector<int32_t> ids = config.eos_token_ids;
+  const ModelFamily* family = find_model_family(config.model_type);
+  if (tokenizer && family)
+    for (const std::string& s : family->stop_tokens)
+      if (auto id = tokenizer->token_to_id(s))
+        if (std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
+  return ids;
 }
+
+Generator::Generator(const HybridModel& model, const Tokenizer* tokenizer)
+    : model_(model), tokenizer_(tokenizer), stop_ids_(family_stop_ids(model.config(), tokenizer)) {}
 
 Tensor Generator::prefill(HybridState& state, std::span<const int32_t> prompt, int64_t end, int64_t chunk,
                           const ForwardOptions& fo, std::span<const int64_t> checkpoints,

@@ -20,6 +20,7 @@
 
 #include "hanpu/chat_output.hpp"
 #include "hanpu/chat_template.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
 #include "serve/anthropic.hpp"
@@ -95,7 +96,7 @@ struct ChatTemplateInfo {
 // as transformers renders it. ChatML (Tokenizer::apply_chat_template) is the fallback for a
 // checkpoint without a template whose tokenizer has <|im_start|> and <|im_end|>. A template
 // outside the subset is reported by construct and line, and chat requests are refused with it.
-ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok) {
+ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok, const ModelFamily* family) {
   if (!tok) return {TemplateKind::kNone, "no tokenizer (tokenizer.json or tiktoken.model)"};
   ChatTemplateInfo info;
   try {
@@ -113,9 +114,18 @@ ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokeni
   } catch (const Error& e) {
     return {TemplateKind::kUnrecognised, std::string("a chat_template hanpu cannot render: ") + e.what()};
   }
+  // The family's fallback (its registry row, hanpu/model_family.hpp); a model of no known family
+  // gets ChatML when its tokenizer has the tokens.
+  if (family && family->chat_template.empty())
+    return {TemplateKind::kUnrecognised, "none (no chat_template in the checkpoint, and " + family->name +
+                                             " checkpoints have no fallback template: they ship their own)"};
+  if (family && family->chat_template != "chatml")
+    return {TemplateKind::kUnrecognised, "none (the " + family->name + " fallback template \"" + family->chat_template +
+                                             "\" is not one hanpu has)"};
   if (tok->token_to_id("<|im_start|>") && tok->token_to_id("<|im_end|>"))
-    return {TemplateKind::kChatMl, "ChatML (no chat_template in the checkpoint; its tokenizer has <|im_start|> and "
-                                   "<|im_end|>, as `hanpu run --chat` assumes)"};
+    return {TemplateKind::kChatMl, std::string("ChatML (no chat_template in the checkpoint; ") +
+                                       (family ? family->name + "'s fallback" : std::string("no known family")) +
+                                       ", and its tokenizer has <|im_start|> and <|im_end|>)"};
   return {TemplateKind::kUnrecognised, "none (no chat_template and no ChatML tokens)"};
 }
 
@@ -169,7 +179,7 @@ struct ParsedRequest {
 class Api {
  public:
   Api(const HybridModel& model, const Tokenizer* tok, const ServerOptions& so, Scheduler& sched)
-      : model_(model), tok_(tok), so_(so), sched_(sched), chat_template_(detect_chat_template(so.model_dir, tok)) {
+      : model_(model), tok_(tok), so_(so), sched_(sched), chat_template_(detect_chat_template(so.model_dir, tok, find_model_family(model.config().model_type))) {
     std::random_device rd;
     id_seed_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
@@ -486,9 +496,12 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
   }
   if (!tools.is_null()) {
     reply.parse_tools = true;
+    // The template's own markers say what it teaches the model; a template that shows none (it
+    // passes the tools in another way) leaves the family's format (its registry row).
     if (src.find("<|tool_call_begin|>") != std::string::npos) reply.tool_format = ToolCallFormat::kKimiSections;
     else if (src.find("<function=") != std::string::npos) reply.tool_format = ToolCallFormat::kXmlTags;
     else if (src.find("<tool_call>") != std::string::npos) reply.tool_format = ToolCallFormat::kJsonTags;
+    else if (const ModelFamily* family = find_model_family(model_.config().model_type)) reply.tool_format = family->tool_call_format;
     else reply.parse_tools = false;
     reply.tools = tools;
   }
