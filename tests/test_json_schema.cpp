@@ -161,7 +161,11 @@ TEST(JsonSchemaAutomaton, EveryKeyword) {
     std::vector<std::string> good, bad;
   };
   const std::vector<Case> cases = {
-      {R"({"type":"object"})", {"{}"}, {"{\"a\":1}", "[]", "{", "{} "}},
+      {R"({"type":"object"})", {"{}", R"({"a":1,"b":[{"c":null}],"a":"x"})"}, {"[]", "{", "{} ", "0"}},
+      {R"({"type":"object","additionalProperties":false})", {"{}"}, {R"({"a":1})"}},
+      {R"({"type":"object","additionalProperties":{"type":"integer"}})", {"{}"}, {R"({"a":1})"}},
+      {R"({"type":"object","properties":{"meta":{"type":"object"}},"required":["meta"]})",
+       {R"({"meta":{}})", R"({"meta":{"k":[1,2],"j":"s"}})"}, {R"({"meta":[]})", R"({"meta":1})"}},
       {R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"}},"required":["b"]})",
        {R"({"b":""})", R"({"a":-12,"b":"x\n\u00e9"})", R"({"a":0,"b":"é"})"},
        {R"({})", R"({"a":1})", R"({"b":"x","a":1})", R"({"a":1.5,"b":""})", R"({"a":1e3,"b":""})", R"({"a":01,"b":""})", R"({"a":1234567890123456,"b":""})",
@@ -246,6 +250,8 @@ const char* const kSchemas[] = {
         "maxItems":2}},"required":["v"]}},"$ref":"#/$defs/t"})",
     R"({"type":"object","properties":{"u":{"type":"string","format":"uuid"},"any":true,"x":{"type":["integer","string"]}},
         "required":["any","x"]})",
+    R"({"type":"object","properties":{"meta":{"type":"object"}},"required":["meta"]})",
+    R"({"type":"object"})",
 };
 
 TEST(JsonSchemaSampling, RandomLogitsAlwaysGiveAValidDocumentWithinMaxTokens) {

@@ -498,6 +498,7 @@ JSON_SCHEMAS = [
                                       "when": {"type": "string", "format": "date-time"}, "id": {"type": "string", "format": "uuid"},
                                       "n": {"type": ["number", "null"]}, "const": {"const": {"k": [1, "x"]}}},
      "required": ["color", "tags", "when", "id", "const"]},
+    {"type": "object", "properties": {"meta": {"type": "object"}, "any": {}}, "required": ["meta", "any"]},
 ]
 
 

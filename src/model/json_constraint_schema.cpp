@@ -132,7 +132,10 @@ class Compiler {
     minimum_sizes();
     const JsonSchema::Node& root = s_->nodes[static_cast<size_t>(s_->root)];
     bool root_is_object = !root.flat.empty();
-    for (int32_t n : root.flat) root_is_object = root_is_object && s_->nodes[static_cast<size_t>(n)].kind == Kind::kObject;
+    for (int32_t n : root.flat) {
+      const JsonSchema::Node& m = s_->nodes[static_cast<size_t>(n)];
+      root_is_object = root_is_object && (m.kind == Kind::kObject || (m.kind == Kind::kAny && m.object_only));
+    }
     if (!root_is_object)
       throw SchemaError("", "type",
                         "the root must be an object schema (\"type\": \"object\"), as OpenAI's strict mode requires: the "
@@ -348,6 +351,13 @@ class Compiler {
 
   int32_t compile_object(const ojson& schema, const std::string& at) {
     JsonSchema::Node n;
+    const bool free_form = !schema.contains("properties") && !schema.contains("required") &&
+                           (!schema.contains("additionalProperties") || schema["additionalProperties"] == true);
+    if (free_form) {  // any object: the JSON automaton from its '{'
+      n.kind = Kind::kAny;
+      n.object_only = true;
+      return add(std::move(n));
+    }
     n.kind = Kind::kObject;
     std::set<std::string> required;
     if (schema.contains("required")) {
@@ -487,7 +497,8 @@ class Compiler {
       for (JsonSchema::Node& n : s_->nodes) {
         int64_t m = kInfinite;
         switch (n.kind) {
-          case Kind::kAny: case Kind::kNumber: case Kind::kInteger: m = 1; break;  // 0
+          case Kind::kAny: m = n.object_only ? 2 : 1; break;  // {} or 0
+          case Kind::kNumber: case Kind::kInteger: m = 1; break;  // 0
           case Kind::kString: m = 2; break;  // ""
           case Kind::kPattern: m = static_cast<int64_t>(n.pattern.size()); break;
           case Kind::kAnyOf:
@@ -585,6 +596,10 @@ struct Machine {
         return ++f.index == static_cast<int32_t>(n.pattern.size()) ? Step::kDone : Step::kConsumed;
       }
       case Kind::kString: case Kind::kNumber: case Kind::kInteger: case Kind::kAny: {
+        if (f.phase == kOpen) {  // the first byte: strings, numbers and objects begin as their type says
+          if (!first_byte_fits(n, b)) return Step::kReject;
+          f.phase = kInValue;
+        }
         if (f.json.number_may_end() && (b == ',' || b == '}' || b == ']')) return Step::kEndBefore;
         if (n.kind == Kind::kInteger) {
           if (b == '.' || b == 'e' || b == 'E') return Step::kReject;
@@ -705,7 +720,9 @@ struct Machine {
   }
 
   // First byte of a value frame just pushed: strings and numbers begin as their type says.
-  static bool first_byte_fits(Kind k, uint8_t b) {
+  static bool first_byte_fits(const JsonSchema::Node& n, uint8_t b) {
+    const Kind k = n.kind;
+    if (k == Kind::kAny && n.object_only) return b == '{';
     if (k == Kind::kString) return b == '"';
     if (k == Kind::kNumber || k == Kind::kInteger) return b == '-' || (b >= '0' && b <= '9');
     return true;
@@ -730,7 +747,7 @@ struct Machine {
         case Step::kPush: {
           const std::vector<int32_t>& alts = node(child).flat;
           for (size_t i = 0; i < alts.size(); ++i) {
-            if (!first_byte_fits(node(alts[i]).kind, b)) continue;
+            if (!first_byte_fits(node(alts[i]), b)) continue;
             Stack c = s;
             c.push_back(start(alts[i]));
             feed(std::move(c), b, out);
@@ -746,7 +763,8 @@ struct Machine {
     const JsonSchema::Node& n = node(f.node);
     switch (n.kind) {
       case Kind::kPattern: return static_cast<int64_t>(n.pattern.size()) - f.index;
-      case Kind::kString: case Kind::kNumber: case Kind::kInteger: case Kind::kAny: return f.json.closing_cost();
+      case Kind::kString: case Kind::kNumber: case Kind::kInteger: case Kind::kAny:
+        return f.phase == kOpen ? n.min_bytes : f.json.closing_cost();
       case Kind::kAnyOf: return kInfinite;
       case Kind::kArray: {
         const int64_t item = node(n.items).min_bytes;

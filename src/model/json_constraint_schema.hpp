@@ -13,9 +13,10 @@
 // single-byte token each) still fits max_tokens.
 //
 // What is enforced: type (one or a list), properties (written in the schema's order; optional
-// ones may be left out, required ones may not), required, additionalProperties (no extra keys are
-// ever written, so false/true/a schema all hold; required names missing from properties take the
-// additionalProperties schema), enum and const (the value written as compact JSON), items,
+// ones may be left out, required ones may not), required, additionalProperties (with properties
+// or required, no extra keys are ever written, so false/true/a schema all hold; required names
+// missing from properties take the additionalProperties schema; an object schema with neither
+// and additionalProperties absent or true is any object), enum and const (the value written as compact JSON), items,
 // minItems, maxItems, anyOf, allOf with one member, $ref to "#", "#/$defs/..." or
 // "#/definitions/...", recursion through $ref, and the string formats date, time, date-time and
 // uuid (as fixed patterns: dates up to day 28, times in UTC "Z"; each a subset of RFC 3339's).
@@ -78,6 +79,7 @@ class JsonSchema {
     std::vector<std::pair<uint8_t, uint8_t>> pattern;  // kPattern: a byte range per position
     std::vector<int32_t> alternatives;  // kAnyOf: as written; flat: the non-anyOf nodes they reach
     std::vector<int32_t> flat;
+    bool object_only = false;            // kAny: an object of any keys and values (a free-form object schema)
     int64_t min_bytes = 0;               // the shortest value
     // kObject, for the shortest completion: from property i on, the bytes of the required ones
     // ("key":value each, with a comma before each) and the cheapest single property.
