@@ -864,25 +864,6 @@ int64_t SchemaState::closing_cost() const {
   return best;
 }
 
-// A set of tokens as a byte trie, in arrays: node i's children are edges [first_edge[i],
-// first_edge[i + 1]), its tokens (those whose bytes end here) [first_token[i], first_token[i + 1]).
-struct ByteTrie {
-  std::vector<uint32_t> first_edge, first_token;
-  std::vector<uint8_t> edge_byte;
-  std::vector<uint32_t> edge_node;
-  std::vector<int32_t> tokens;
-};
-
-// The vocabulary, preprocessed once per tokenizer. Inside a string most tokens are plain
-// content (no quote, no backslash, no control byte, whole UTF-8 characters), which leaves the
-// state as it was: those are listed apart and allowed at once there, and only the others are
-// walked (docs/SERVE.md, "Structured output", has the measured difference).
-struct SchemaConstraint::Trie {
-  ByteTrie all, not_plain;
-  std::vector<int32_t> plain;
-  std::vector<bool> single_byte = std::vector<bool>(256, false);  // a token of exactly this byte exists
-};
-
 namespace {
 
 // `sorted`: (bytes, id) sorted by bytes. Each trie node's tokens and children are then
@@ -922,14 +903,16 @@ bool plain_string_content(const std::string& bytes) {
   return s.in_plain_string();
 }
 
-std::shared_ptr<const SchemaConstraint::Trie> build_trie(const Tokenizer& tok) {
+}  // namespace
+
+std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
   static std::mutex mu;
-  static std::map<const Tokenizer*, std::shared_ptr<const SchemaConstraint::Trie>> cache;
+  static std::map<const Tokenizer*, std::shared_ptr<const VocabularyTrie>> cache;
   std::lock_guard lock(mu);
   auto& slot = cache[&tok];
   if (slot) return slot;
   std::vector<std::pair<std::string, int32_t>> sorted, not_plain;
-  auto t = std::make_shared<SchemaConstraint::Trie>();
+  auto t = std::make_shared<VocabularyTrie>();
   for (int32_t id = 0; id < tok.vocab_size(); ++id) {
     if (tok.is_special(id)) continue;
     std::string b = tok.token_bytes(id);
@@ -948,10 +931,8 @@ std::shared_ptr<const SchemaConstraint::Trie> build_trie(const Tokenizer& tok) {
   return slot;
 }
 
-}  // namespace
-
 SchemaConstraint::SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema)
-    : tokenizer_(&tokenizer), trie_(build_trie(tokenizer)), schema_(std::move(schema)), state_(*schema_) {
+    : tokenizer_(&tokenizer), trie_(vocabulary_trie(tokenizer)), schema_(std::move(schema)), state_(*schema_) {
   // The budget counts one token per byte of the shortest completion: each byte such a
   // completion may use must exist as a token of its own. Those are JSON's punctuation, "0",
   // the letters of true/false/null, UTF-8 continuation bytes (the rest of a character cut
@@ -973,29 +954,7 @@ SchemaConstraint::SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<c
 SchemaConstraint::~SchemaConstraint() = default;
 
 void SchemaConstraint::mask(std::span<float> logits, int64_t tokens_left) const {
-  std::vector<uint8_t> allowed(logits.size(), 0);
-  // Inside a string: plain content tokens keep the state and so its shortest completion.
-  const bool in_string = state_.in_plain_string();
-  if (in_string && state_.closing_cost() <= tokens_left - 1)
-    for (int32_t id : trie_->plain)
-      if (static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
-  const ByteTrie& t = in_string ? trie_->not_plain : trie_->all;
-  // Depth first over the trie from the current state: a byte no alternative takes prunes every
-  // token under it.
-  std::function<void(uint32_t, const SchemaState&)> walk = [&](uint32_t node, const SchemaState& state) {
-    for (uint32_t e = t.first_edge[node]; e < t.first_edge[node + 1]; ++e) {
-      SchemaState next = state;
-      if (!next.feed(t.edge_byte[e])) continue;
-      const uint32_t child = t.edge_node[e];
-      if (t.first_token[child] < t.first_token[child + 1] && next.closing_cost() <= tokens_left - 1)
-        for (uint32_t k = t.first_token[child]; k < t.first_token[child + 1]; ++k)
-          if (static_cast<size_t>(t.tokens[k]) < allowed.size()) allowed[static_cast<size_t>(t.tokens[k])] = 1;
-      walk(child, next);
-    }
-  };
-  walk(0, state_);
-  for (size_t id = 0; id < logits.size(); ++id)
-    if (!allowed[id]) logits[id] = -INFINITY;
+  mask_with_trie(*trie_, state_, state_.in_plain_string(), logits, tokens_left);
 }
 
 bool SchemaConstraint::advance(int32_t token) {

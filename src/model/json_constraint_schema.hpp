@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -118,6 +119,59 @@ class SchemaState {
   std::vector<Stack> stacks_;
 };
 
+// A set of tokens as a byte trie, in arrays: node i's children are edges [first_edge[i],
+// first_edge[i + 1]), its tokens (those whose bytes end here) [first_token[i], first_token[i + 1]).
+struct ByteTrie {
+  std::vector<uint32_t> first_edge, first_token;
+  std::vector<uint8_t> edge_byte;
+  std::vector<uint32_t> edge_node;
+  std::vector<int32_t> tokens;
+};
+
+/// The vocabulary, preprocessed once per tokenizer (and cached). Inside a string most tokens
+/// are plain content (no quote, no backslash, no control byte, whole UTF-8 characters), which
+/// leaves the state as it was: those are listed apart and allowed at once there, and only the
+/// others are walked (docs/SERVE.md, "JSON Schema", has the measured difference).
+struct VocabularyTrie {
+  ByteTrie all, not_plain;
+  std::vector<int32_t> plain;
+  std::vector<bool> single_byte = std::vector<bool>(256, false);  // a token of exactly this byte exists
+};
+std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tokenizer);
+
+/// Sets the logits of the tokens that cannot continue `state` (feed(byte) -> bool, closing_cost())
+/// within `tokens_left` tokens to -infinity: depth first over the trie, a byte the state refuses
+/// prunes every token under it. `in_plain_string`: plain content tokens keep the state (and its
+/// shortest completion), so they are decided at once and only the other tokens are walked.
+template <class State>
+void mask_with_trie(const VocabularyTrie& vocab, const State& state, bool in_plain_string, std::span<float> logits,
+                    int64_t tokens_left) {
+  std::vector<uint8_t> allowed(logits.size(), 0);
+  if (in_plain_string && state.closing_cost() <= tokens_left - 1)
+    for (int32_t id : vocab.plain)
+      if (static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
+  const ByteTrie& t = in_plain_string ? vocab.not_plain : vocab.all;
+  struct Walk {
+    const ByteTrie& t;
+    std::vector<uint8_t>& allowed;
+    int64_t tokens_left;
+    void operator()(uint32_t node, const State& from) const {
+      for (uint32_t e = t.first_edge[node]; e < t.first_edge[node + 1]; ++e) {
+        State next = from;
+        if (!next.feed(t.edge_byte[e])) continue;
+        const uint32_t child = t.edge_node[e];
+        if (t.first_token[child] < t.first_token[child + 1] && next.closing_cost() <= tokens_left - 1)
+          for (uint32_t k = t.first_token[child]; k < t.first_token[child + 1]; ++k)
+            if (static_cast<size_t>(t.tokens[k]) < allowed.size()) allowed[static_cast<size_t>(t.tokens[k])] = 1;
+        (*this)(child, next);
+      }
+    }
+  };
+  Walk{t, allowed, tokens_left}(0, state);
+  for (size_t id = 0; id < logits.size(); ++id)
+    if (!allowed[id]) logits[id] = -std::numeric_limits<float>::infinity();
+}
+
 /// The mask for one generation (see the file comment).
 class SchemaConstraint {
  public:
@@ -128,11 +182,9 @@ class SchemaConstraint {
   bool advance(int32_t token);
   bool done() const { return state_.done(); }
 
-  struct Trie;
-
  private:
   const Tokenizer* tokenizer_;
-  std::shared_ptr<const Trie> trie_;
+  std::shared_ptr<const VocabularyTrie> trie_;
   std::shared_ptr<const JsonSchema> schema_;
   SchemaState state_;
 };
