@@ -5,11 +5,17 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "hanpu/generator.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "model/json_constraint.hpp"
 #include "test_support.hpp"
@@ -79,6 +85,52 @@ TEST(GeneratorJson, RandomLogitsAlwaysGiveAnObjectWithinMaxTokens) {
     ended_by_itself += s.reason() == FinishReason::kStopToken;
   }
   EXPECT_EQ(ended_by_itself, 200) << "the object closes within the budget, which ends the generation";
+}
+
+// Each family's registry row supplies the stop tokens (hanpu/model_family.hpp): a tokenizer
+// holding every family's end markers gives each family exactly its own row's, after the config's
+// eos ids, and a config of no known family only its eos ids.
+TEST(FamilyRegistry, StopIdsComeFromEachFamilysRow) {
+  std::ifstream in(hanpu::testing::golden_dir() / "qwen35_tiny" / "tokenizer.json");
+  nlohmann::ordered_json tj = nlohmann::ordered_json::parse(in);
+  int32_t next = Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string()).vocab_size();
+  std::set<std::string> all;
+  for (const ModelFamily* f : model_families()) all.insert(f->stop_tokens.begin(), f->stop_tokens.end());
+  std::set<std::string> have;
+  for (const auto& t : tj["added_tokens"]) have.insert(t["content"].get<std::string>());
+  for (const std::string& t : all)
+    if (!have.count(t))
+      tj["added_tokens"].push_back({{"id", next++}, {"content", t}, {"single_word", false}, {"lstrip", false},
+                                    {"rstrip", false}, {"normalized", false}, {"special", true}});
+  const auto path = std::filesystem::temp_directory_path() / ("hanpu_family_stops_" + std::to_string(::getpid()) + ".json");
+  std::ofstream(path) << tj.dump();
+  const Tokenizer tok = Tokenizer::from_file(path.string());
+  std::filesystem::remove(path);
+  std::set<std::string> seen_rows;
+  for (const ModelFamily* f : model_families()) {
+    ASSERT_FALSE(f->stop_tokens.empty()) << f->name;
+    EXPECT_TRUE(f->chat_template.empty() || f->chat_template == "chatml") << f->name << ": a fallback hanpu has";
+    ModelConfig c;
+    c.model_type = f->model_types[0];
+    c.eos_token_ids = {7};
+    std::vector<int32_t> expected = {7};
+    for (const std::string& t : f->stop_tokens) expected.push_back(*tok.token_to_id(t));
+    EXPECT_EQ(family_stop_ids(c, &tok), expected) << f->name;
+    EXPECT_EQ(family_stop_ids(c, nullptr), std::vector<int32_t>{7}) << f->name;
+    std::string row;
+    for (const std::string& t : f->stop_tokens) row += t + " ";
+    seen_rows.insert(row);
+  }
+  EXPECT_GE(seen_rows.size(), 3u) << "Qwen, Kimi and Ling end turns differently";
+  ModelConfig unknown;
+  unknown.model_type = "not_a_family";
+  unknown.eos_token_ids = {3};
+  EXPECT_EQ(family_stop_ids(unknown, &tok), std::vector<int32_t>{3});
+  // The golden tokenizer has only Qwen's markers: a Kimi config finds <|im_end|> but no [EOS].
+  const Tokenizer tiny = Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  ModelConfig kimi;
+  kimi.model_type = "kimi_linear";
+  EXPECT_EQ(family_stop_ids(kimi, &tiny), std::vector<int32_t>{*tiny.token_to_id("<|im_end|>")});
 }
 
 TEST(GeneratorJson, RefusesWhatItCannotGuarantee) {

@@ -22,6 +22,8 @@
 
 namespace hanpu {
 
+class JsonSchema;  // src/model/json_constraint_schema.hpp
+
 struct GenerationOptions {
   SamplingOptions sampling;
   int64_t max_tokens = 128;
@@ -33,9 +35,15 @@ struct GenerationOptions {
   /// response_format json_object): tokens that cannot continue it are masked before sampling,
   /// and the generation ends when the object closes. Needs a tokenizer and max_tokens >= 2.
   bool json_object = false;
+  /// Constrain the output to a document that follows this compiled JSON Schema (OpenAI's
+  /// response_format json_schema; src/model/json_constraint_schema.hpp): masked the same way, and
+  /// the generation ends when the document closes. Needs a tokenizer and max_tokens of at least
+  /// the schema's shortest document in bytes.
+  std::shared_ptr<const JsonSchema> json_schema;
 };
 
-class JsonConstraint;  // src/model/json_constraint.hpp
+class JsonConstraint;    // src/model/json_constraint.hpp
+class SchemaConstraint;  // src/model/json_constraint_schema.hpp
 
 /// One generated token's log probability (natural log of the model's distribution before
 /// temperature, top-k and top-p, as OpenAI reports it) and the most likely alternatives.
@@ -44,6 +52,11 @@ struct TokenLogprob {
   float logprob = 0;
   std::vector<std::pair<int32_t, float>> top;  // most likely first (ties: lower id first)
 };
+
+/// The ids that end a generation for a model of this config: config.json's eos ids, then the
+/// stop tokens its family's registry row names (hanpu/model_family.hpp) that `tokenizer` has
+/// (none without a tokenizer or for a config of no known family).
+std::vector<int32_t> family_stop_ids(const ModelConfig& config, const Tokenizer* tokenizer);
 
 /// log_softmax(logits)[token] and the `top` most likely tokens.
 TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int top);
@@ -91,6 +104,7 @@ class TokenStream {
   std::string stop_string_;
   std::optional<int32_t> stop_token_;
   std::unique_ptr<JsonConstraint> json_;  // json_object
+  std::unique_ptr<SchemaConstraint> schema_;  // json_schema
   std::vector<float> masked_;             // the logits row with the mask applied
 };
 
@@ -99,8 +113,8 @@ class Generator {
   /// `tokenizer` may be null.
   Generator(const HybridModel& model, const Tokenizer* tokenizer);
 
-  /// The tokens that end a generation: the config's eos ids, and with a tokenizer the chat end
-  /// markers it has (<|im_end|>, <|endoftext|>, as Qwen's templates end a turn).
+  /// The tokens that end a generation: family_stop_ids (the config's eos ids and the family's
+  /// end-of-turn markers the tokenizer has).
   const std::vector<int32_t>& stop_ids() const { return stop_ids_; }
   TokenStream stream(const GenerationOptions& opt) const { return TokenStream(tokenizer_, stop_ids_, opt); }
 

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "hanpu/chat_output.hpp"
 #include "hanpu/model.hpp"
 
 namespace hanpu {
@@ -40,10 +41,18 @@ struct ModelFamily {
   std::vector<ModelPreset> presets;
   /// The checkpoint layout: the tensor names that differ from the shared ones.
   CheckpointNames checkpoint_names;
-  /// Serving (empty until the serving work fills them): the chat template used when a checkpoint
-  /// has none, and the stop tokens besides config.json's eos_token_id.
+  /// Serving. The chat template used when a checkpoint has none, by name: "chatml" (ChatML,
+  /// Tokenizer::apply_chat_template, when the tokenizer has its tokens) or "" (none: the family's
+  /// checkpoints ship their own, and a guess in another family's format would be worse than a
+  /// clear refusal).
   std::string chat_template;
+  /// The tokens that end a reply besides config.json's eos_token_id (the end-of-turn marker of
+  /// the family's template), by their text; those the tokenizer lacks are skipped
+  /// (family_stop_ids in hanpu/generator.hpp).
   std::vector<std::string> stop_tokens;
+  /// How the family's models write tool calls (hanpu/chat_output.hpp), used when the chat
+  /// template in use does not show it by its own markers.
+  ToolCallFormat tool_call_format = ToolCallFormat::kJsonTags;
   /// GGUF `general.architecture` of the family's GGUF files ("qwen35", "kimi-linear"); the tensor
   /// mapping comes with GGUF model loading.
   std::string gguf_architecture;

@@ -282,6 +282,37 @@ def test_tool_choice_required_and_named_and_refusals(xml_server, server):
                                                 tool_choice="required")
 
 
+# A template that passes the tools without showing how a call is written: the family's registry
+# row (hanpu/model_family.hpp) says it -- XML parameters for Qwen3.5, JSON for Qwen3-Next.
+MARKERLESS_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("golden, call_start", [
+    ("qwen35_tiny", "<tool_call>\n<function=get_weather>\n"),
+    ("qwen3next_tiny", '<tool_call>\n{"name": "get_weather", "arguments": '),
+])
+def test_tool_call_format_from_the_family_row(tmp_path, golden, call_start):
+    d = tmp_path / golden
+    d.mkdir()
+    for f in (GOLDEN / golden).iterdir():
+        if f.name != "tokenizer_config.json":
+            (d / f.name).symlink_to(f)
+    cfg = json.loads((GOLDEN / golden / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = MARKERLESS_TOOLS_TEMPLATE
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    s = Server(str(d))
+    try:
+        r = s.client().chat.completions.create(model=golden, messages=[{"role": "user", "content": "Weather in Oslo?"}],
+                                               tools=TOOLS, max_tokens=4, temperature=0,
+                                               tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        assert r.choices[0].message.content.startswith(call_start), r.choices[0].message.content
+    finally:
+        s.stop()
+
+
 # ---- the prefix cache across a conversation ------------------------------------------------------
 
 def conversation_reuse(server, turns, template_kwargs=None, max_tokens=16):
@@ -448,6 +479,100 @@ def test_python_generate_stops_at_the_chat_end_marker_and_uses_the_checkpoint_te
 
 # ---- structured output ------------------------------------------------------------------------------
 
+# Schemas as clients send them: OpenAI strict style, pydantic's (with $defs, anyOf null, titles),
+# recursion through $ref, enums of mixed types, formats.
+JSON_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}, "ok": {"type": "boolean"}},
+     "required": ["name", "age", "ok"], "additionalProperties": False},
+    {"$defs": {"Item": {"properties": {"name": {"title": "Name", "type": "string"},
+                                       "qty": {"title": "Qty", "type": "integer"}},
+                        "required": ["name", "qty"], "title": "Item", "type": "object", "additionalProperties": False}},
+     "properties": {"items": {"items": {"$ref": "#/$defs/Item"}, "type": "array", "maxItems": 3, "title": "Items"},
+                    "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
+     "required": ["items", "note"], "title": "Order", "type": "object", "additionalProperties": False},
+    {"$defs": {"t": {"type": "object", "properties": {"v": {"type": "integer"},
+                                                      "c": {"type": "array", "items": {"$ref": "#/$defs/t"}, "maxItems": 2}},
+                     "required": ["v"]}}, "$ref": "#/$defs/t"},
+    {"type": "object", "properties": {"color": {"enum": ["red", "green", 3, None]}, "tags": {"type": "array", "minItems": 2,
+                                      "items": {"type": "string", "format": "date"}},
+                                      "when": {"type": "string", "format": "date-time"}, "id": {"type": "string", "format": "uuid"},
+                                      "n": {"type": ["number", "null"]}, "const": {"const": {"k": [1, "x"]}}},
+     "required": ["color", "tags", "when", "id", "const"]},
+    {"type": "object", "properties": {"meta": {"type": "object"}, "any": {}}, "required": ["meta", "any"]},
+]
+
+
+def test_json_schema_output_validates_at_every_seed(server, xml_server):
+    """response_format json_schema (strict): a random-weight model's output, masked token by token,
+    parses and validates against the schema (PyPI jsonschema, with format checking) at every seed,
+    streamed or not, closed within max_tokens, and ends the generation by itself."""
+    import jsonschema
+    msgs = [{"role": "user", "content": "Give me JSON."}]
+    checker = jsonschema.FormatChecker()
+    for s in (server, xml_server):
+        client = s.client()
+        for i, schema in enumerate(JSON_SCHEMAS):
+            rf = {"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}}
+            for seed in range(5):
+                max_tokens = (150, 200)[seed % 2]
+                r = client.chat.completions.create(model="qwen35_tiny", messages=msgs, seed=seed, temperature=1.0,
+                                                   max_tokens=max_tokens, response_format=rf)
+                content = r.choices[0].message.content
+                doc = json.loads(content)
+                jsonschema.validate(doc, schema, format_checker=checker)
+                assert r.usage.completion_tokens <= max_tokens
+                assert r.choices[0].finish_reason == "stop", "the document closed and ended the generation"
+                assert not getattr(r.choices[0].message, "reasoning_content", None)
+                if seed < 2:
+                    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                        model="qwen35_tiny", messages=msgs, seed=seed, temperature=1.0, max_tokens=max_tokens, stream=True,
+                        response_format=rf) if c.choices)
+                    assert streamed == content
+
+
+def test_json_schema_tight_budget_and_refusals(server, xml_server):
+    """The shortest document fits exactly max_tokens; fewer is refused on max_tokens. Keywords that
+    cannot be enforced get a 400 whose param points into the schema and whose message names the
+    keyword: never unconstrained output."""
+    import jsonschema
+    client = server.client()
+    msgs = [{"role": "user", "content": "Give me JSON."}]
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}  # shortest: {"a":""}, 8 bytes
+    rf = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    for seed in range(6):
+        r = client.chat.completions.create(model="qwen35_tiny", messages=msgs, seed=seed, temperature=1.0, max_tokens=8,
+                                           response_format=rf)
+        jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+        assert r.usage.completion_tokens <= 8 and r.choices[0].finish_reason == "stop"
+    bad = [
+        ({"response_format": rf, "max_tokens": 7}, "max_tokens", "too few"),
+        ({"response_format": rf, "stop": ["}"]}, "stop", "stop"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}},
+         "response_format.json_schema.schema/properties/age", "minimum"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"e": {"type": "string", "format": "email"}}}}}},
+         "response_format.json_schema.schema/properties/e", "format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"v": {"oneOf": [{"type": "string"}]}}}}}},
+         "response_format.json_schema.schema/properties/v", "oneOf"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}},
+         "response_format.json_schema.schema", "root"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema",
+         "schema"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "json_schema"),
+    ]
+    for kwargs, param, word in bad:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="qwen35_tiny", messages=msgs, **{"max_tokens": 50, **kwargs})
+        assert e.value.body["param"] == param, e.value.body
+        assert word in e.value.body["message"], e.value.body
+    with pytest.raises(openai.BadRequestError) as e:  # a template with tools: a document or tool calls, not both
+        xml_server.client().chat.completions.create(model="qwen35_tiny", messages=msgs, max_tokens=50, response_format=rf,
+                                                    tools=TOOLS)
+    assert e.value.body["param"] == "response_format" and "tools" in e.value.body["message"], e.value.body
+
+
 def test_json_object_output_parses_at_every_seed(server, xml_server):
     """response_format json_object: a random-weight model's output, masked token by token, is
     always one JSON object, closed within max_tokens, streamed or not; with a template that opens
@@ -470,7 +595,7 @@ def test_json_object_output_parses_at_every_seed(server, xml_server):
             assert streamed == content
     client = server.client()
     for kwargs, param in (({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-                           "response_format"),
+                           "response_format.json_schema.schema"),
                           ({"response_format": {"type": "json_object"}, "max_tokens": 1}, "max_tokens"),
                           ({"response_format": {"type": "json_object"}, "stop": ["}"]}, "stop")):
         with pytest.raises(openai.BadRequestError) as e:

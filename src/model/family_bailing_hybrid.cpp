@@ -287,8 +287,11 @@ extern const ModelFamily kBailingHybridFamily{
     .parse = parse_bailing_hybrid_config,
     .presets = {{kLingFlashSlice, ling_flash_slice}},
     .checkpoint_names = bailing_hybrid_names(),
-    .chat_template = {},
-    .stop_tokens = {},
+    // Ling's (Bailing) template: <role>HUMAN</role>... turns ending in <|role_end|>,
+    // <|endoftext|> its end of text; tool calls as JSON in <tool_call> tags. No fallback.
+    .chat_template = "",
+    .stop_tokens = {"<|role_end|>", "<|endoftext|>"},
+    .tool_call_format = ToolCallFormat::kJsonTags,
     .gguf_architecture = "bailingmoe3",
 };
 

@@ -242,8 +242,12 @@ extern const ModelFamily kKimiLinearFamily{
     .parse = parse_kimi_linear_config,
     .presets = {{kKimiLinearSlice, kimi_linear_slice}},
     .checkpoint_names = kimi_linear_names(),
-    .chat_template = {},
-    .stop_tokens = {},
+    // Kimi's template: <|im_user|>/<|im_assistant|> turns ending in <|im_end|>, [EOS] its
+    // tokenizer's end of text; tool calls in <|tool_calls_section_begin|> sections. No fallback:
+    // its tokenizer has no ChatML tokens.
+    .chat_template = "",
+    .stop_tokens = {"<|im_end|>", "[EOS]"},
+    .tool_call_format = ToolCallFormat::kKimiSections,
     .gguf_architecture = "kimi-linear",
 };
 

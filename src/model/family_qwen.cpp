@@ -306,8 +306,11 @@ extern const ModelFamily kQwen35Family{
       return out;
     }(),
     .checkpoint_names = {},
-    .chat_template = {},
-    .stop_tokens = {},
+    // Qwen3.5's template: ChatML turns ending in <|im_end|>; tool calls as XML parameters in
+    // <tool_call> tags ("Qwen3-Coder" style).
+    .chat_template = "chatml",
+    .stop_tokens = {"<|im_end|>", "<|endoftext|>"},
+    .tool_call_format = ToolCallFormat::kXmlTags,
     .gguf_architecture = "qwen35",
 };
 
@@ -318,8 +321,11 @@ extern const ModelFamily kQwen35MoeFamily{
     .parse = parse_qwen_config,
     .presets = {{kQwen35MoeSlice, qwen35_moe_slice}},
     .checkpoint_names = {},
-    .chat_template = {},
-    .stop_tokens = {},
+    // Qwen3.5's template: ChatML turns ending in <|im_end|>; tool calls as XML parameters in
+    // <tool_call> tags ("Qwen3-Coder" style).
+    .chat_template = "chatml",
+    .stop_tokens = {"<|im_end|>", "<|endoftext|>"},
+    .tool_call_format = ToolCallFormat::kXmlTags,
     .gguf_architecture = "qwen35moe",
 };
 
@@ -330,8 +336,10 @@ extern const ModelFamily kQwen3NextFamily{
     .parse = parse_qwen_config,
     .presets = {{kQwen3NextSlice, qwen3next_slice}},
     .checkpoint_names = {},
-    .chat_template = {},
-    .stop_tokens = {},
+    // Qwen3-Next's template: ChatML turns; tool calls as JSON in <tool_call> tags (Hermes style).
+    .chat_template = "chatml",
+    .stop_tokens = {"<|im_end|>", "<|endoftext|>"},
+    .tool_call_format = ToolCallFormat::kJsonTags,
     .gguf_architecture = "qwen3next",
 };
 

@@ -1,7 +1,9 @@
 // The one generation path (hanpu/generator.hpp).
 #include "hanpu/generator.hpp"
 
+#include "hanpu/model_family.hpp"
 #include "json_constraint.hpp"
+#include "json_constraint_schema.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -69,6 +71,15 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
                   std::to_string(opt_.max_tokens));
     json_ = std::make_unique<JsonConstraint>(*tokenizer_);
   }
+  if (opt_.json_schema) {
+    if (opt_.json_object) throw Error("generation: json_object and json_schema are exclusive");
+    if (!tokenizer_) throw Error("generation: JSON schema output needs a tokenizer (text output)");
+    if (opt_.max_tokens < opt_.json_schema->min_bytes())
+      throw Error("generation: max_tokens " + std::to_string(opt_.max_tokens) +
+                  " is too few for the JSON schema (its shortest document takes up to " +
+                  std::to_string(opt_.json_schema->min_bytes()) + " tokens)");
+    schema_ = std::make_unique<SchemaConstraint>(*tokenizer_, opt_.json_schema);
+  }
 }
 
 TokenStream::TokenStream(TokenStream&&) noexcept = default;
@@ -81,10 +92,16 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
     masked_.assign(logits.begin(), logits.end());
     json_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
     row = masked_;
+  } else if (schema_) {
+    masked_.assign(logits.begin(), logits.end());
+    schema_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
+    row = masked_;
   }
   const int32_t token = sampler_.sample(row);
   if (json_ && !json_->advance(token))  // the mask always leaves a way to close the document
     throw Error("generation: JSON output: sampled token " + std::to_string(token) + " that the mask excluded");
+  if (schema_ && !schema_->advance(token))
+    throw Error("generation: JSON schema output: sampled token " + std::to_string(token) + " that the mask excluded");
   if (!opt_.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
     reason_ = FinishReason::kStopToken;
     stop_token_ = token;
@@ -111,7 +128,7 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
       return std::nullopt;
     }
   }
-  if (json_ && json_->done()) {  // the object closed: nothing may follow it
+  if ((json_ && json_->done()) || (schema_ && schema_->done())) {  // the object closed: nothing may follow it
     reason_ = FinishReason::kStopToken;
     return std::nullopt;
   }
@@ -130,13 +147,18 @@ size_t TokenStream::settled_text_bytes(size_t from) const {
   return end <= from ? from : whole_characters_end(text_, from, end);
 }
 
-Generator::Generator(const HybridModel& model, const Tokenizer* tokenizer)
-    : model_(model), tokenizer_(tokenizer), stop_ids_(model.config().eos_token_ids) {
-  if (tokenizer_)
-    for (const char* s : {"<|im_end|>", "<|endoftext|>"})
-      if (auto id = tokenizer_->token_to_id(s))
-        if (std::find(stop_ids_.begin(), stop_ids_.end(), *id) == stop_ids_.end()) stop_ids_.push_back(*id);
+std::vector<int32_t> family_stop_ids(const ModelConfig& config, const Tokenizer* tokenizer) {
+  std::vector<int32_t> ids = config.eos_token_ids;
+  const ModelFamily* family = find_model_family(config.model_type);
+  if (tokenizer && family)
+    for (const std::string& s : family->stop_tokens)
+      if (auto id = tokenizer->token_to_id(s))
+        if (std::find(ids.begin(), ids.end(), *id) == ids.end()) ids.push_back(*id);
+  return ids;
 }
+
+Generator::Generator(const HybridModel& model, const Tokenizer* tokenizer)
+    : model_(model), tokenizer_(tokenizer), stop_ids_(family_stop_ids(model.config(), tokenizer)) {}
 
 Tensor Generator::prefill(HybridState& state, std::span<const int32_t> prompt, int64_t end, int64_t chunk,
                           const ForwardOptions& fo, std::span<const int64_t> checkpoints,

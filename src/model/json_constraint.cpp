@@ -7,6 +7,7 @@
 
 #include "hanpu/tensor.hpp"
 #include "hanpu/tokenizer.hpp"
+#include "json_constraint_schema.hpp"
 
 namespace hanpu {
 
@@ -236,7 +237,8 @@ std::shared_ptr<const std::vector<std::string>> vocabulary_bytes(const Tokenizer
 
 }  // namespace
 
-JsonConstraint::JsonConstraint(const Tokenizer& tokenizer) : token_bytes_(vocabulary_bytes(tokenizer)) {
+JsonConstraint::JsonConstraint(const Tokenizer& tokenizer)
+    : token_bytes_(vocabulary_bytes(tokenizer)), trie_(vocabulary_trie(tokenizer)) {
   // The budget counts one token per closing byte: each must exist as a token of its own.
   for (char c : std::string("{}[]\":,0-.eE+rueal sn")) {
     if (c == ' ') continue;
@@ -261,22 +263,9 @@ JsonConstraint::JsonConstraint(const Tokenizer& tokenizer) : token_bytes_(vocabu
 }
 
 void JsonConstraint::mask(std::span<float> logits, int64_t tokens_left) const {
-  const std::vector<std::string>& bytes = *token_bytes_;
-  for (size_t id = 0; id < logits.size(); ++id) {
-    const std::string& t = id < bytes.size() ? bytes[id] : std::string();
-    bool ok = !t.empty();
-    if (ok) {
-      JsonState s = state_;
-      for (char c : t)
-        if (!s.feed(static_cast<uint8_t>(c))) {
-          ok = false;
-          break;
-        }
-      // After this token, tokens_left - 1 tokens must be enough to close the document.
-      ok = ok && s.closing_cost() <= tokens_left - 1;
-    }
-    if (!ok) logits[id] = -INFINITY;
-  }
+  // Over the vocabulary's byte trie (json_constraint_schema.hpp): shared prefixes are fed once,
+  // and inside a string the plain content tokens are decided at once.
+  mask_with_trie(*trie_, state_, state_.in_plain_string(), logits, tokens_left);
 }
 
 bool JsonConstraint::advance(int32_t token) {

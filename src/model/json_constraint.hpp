@@ -1,6 +1,7 @@
 // Constrained sampling for JSON output (OpenAI's response_format {"type": "json_object"}): a
 // byte-level pushdown automaton of compact JSON (no whitespace between tokens) whose top level is
-// an object (exponents of at most two digits, so every number fits a double), run over each vocabulary token's bytes to mask the tokens that cannot continue a
+// an object (exponents of at most two digits, so every number fits a double), run over the
+// vocabulary's byte trie (json_constraint_schema.hpp) to mask the tokens that cannot continue a
 // valid document, and a length budget so the document is always closed within max_tokens
 // (a token is allowed only if the shortest completion after it still fits). Written from the JSON
 // grammar of RFC 8259; strings must be valid UTF-8 (RFC 3629's byte ranges).
@@ -15,6 +16,7 @@
 namespace hanpu {
 
 class Tokenizer;
+struct VocabularyTrie;  // json_constraint_schema.hpp
 
 /// Where a JSON document is after some bytes. Small and copyable: the mask tries every token
 /// from a copy of the current state.
@@ -27,6 +29,19 @@ class JsonState {
   bool done() const { return mode_ == Mode::kDone; }
   /// Bytes the shortest completion needs (each of them one of {"}]0:, or a literal's letters).
   int64_t closing_cost() const;
+  /// A state that reads one JSON value of any kind instead of an object (json_constraint_schema.hpp).
+  static JsonState any_value() {
+    JsonState s;
+    s.mode_ = Mode::kValue;
+    return s;
+  }
+  /// Inside a string, between characters: content bytes leave it here, whatever encloses it.
+  bool in_plain_string() const { return mode_ == Mode::kString && utf8_left_ == 0; }
+  /// A top-level number that may end here: the next byte belongs to what follows it.
+  bool number_may_end() const {
+    return stack_.empty() && (mode_ == Mode::kNumberZero || mode_ == Mode::kNumberInt ||
+                              mode_ == Mode::kNumberFrac || mode_ == Mode::kNumberExpInt);
+  }
 
  private:
   enum class Mode : uint8_t {
@@ -48,8 +63,8 @@ class JsonState {
   const char* literal_ = nullptr;  // kLiteral: the rest of true/false/null
 };
 
-/// The mask for one generation: the vocabulary's token bytes (preprocessed once per tokenizer and
-/// shared), the document's state, and the budget.
+/// The mask for one generation: the vocabulary's token bytes and byte trie (preprocessed once per
+/// tokenizer and shared), the document's state, and the budget.
 class JsonConstraint {
  public:
   /// Throws hanpu::Error when the vocabulary lacks a single-byte token the budget relies on.
@@ -64,6 +79,7 @@ class JsonConstraint {
 
  private:
   std::shared_ptr<const std::vector<std::string>> token_bytes_;  // empty: special or unusable
+  std::shared_ptr<const VocabularyTrie> trie_;  // the same tokens as a byte trie (the mask walks it)
   JsonState state_;
 };
 

@@ -73,6 +73,7 @@ GenerationOptions generation_options(const GenerationRequest& req, uint64_t seed
   o.ignore_eos = req.ignore_eos;
   o.top_logprobs = req.top_logprobs;
   o.json_object = req.json_object;
+  o.json_schema = req.json_schema;
   return o;
 }
 

@@ -70,6 +70,7 @@ struct GenerationRequest {
   /// queued behind it, finds its snapshot.
   bool warm_only = false;
   bool json_object = false;  // constrain the output to one JSON object (GenerationOptions::json_object)
+  std::shared_ptr<const hanpu::JsonSchema> json_schema;  // ... to a schema's document (GenerationOptions::json_schema)
 };
 
 using hanpu::TokenLogprob;  // hanpu/generator.hpp

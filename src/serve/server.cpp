@@ -20,10 +20,12 @@
 
 #include "hanpu/chat_output.hpp"
 #include "hanpu/chat_template.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
 #include "serve/anthropic.hpp"
 #include "serve/chat_page.hpp"
+#include "model/json_constraint_schema.hpp"
 
 namespace hanpu::serve {
 
@@ -94,7 +96,7 @@ struct ChatTemplateInfo {
 // as transformers renders it. ChatML (Tokenizer::apply_chat_template) is the fallback for a
 // checkpoint without a template whose tokenizer has <|im_start|> and <|im_end|>. A template
 // outside the subset is reported by construct and line, and chat requests are refused with it.
-ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok) {
+ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokenizer* tok, const ModelFamily* family) {
   if (!tok) return {TemplateKind::kNone, "no tokenizer (tokenizer.json or tiktoken.model)"};
   ChatTemplateInfo info;
   try {
@@ -112,9 +114,18 @@ ChatTemplateInfo detect_chat_template(const std::string& model_dir, const Tokeni
   } catch (const Error& e) {
     return {TemplateKind::kUnrecognised, std::string("a chat_template hanpu cannot render: ") + e.what()};
   }
+  // The family's fallback (its registry row, hanpu/model_family.hpp); a model of no known family
+  // gets ChatML when its tokenizer has the tokens.
+  if (family && family->chat_template.empty())
+    return {TemplateKind::kUnrecognised, "none (no chat_template in the checkpoint, and " + family->name +
+                                             " checkpoints have no fallback template: they ship their own)"};
+  if (family && family->chat_template != "chatml")
+    return {TemplateKind::kUnrecognised, "none (the " + family->name + " fallback template \"" + family->chat_template +
+                                             "\" is not one hanpu has)"};
   if (tok->token_to_id("<|im_start|>") && tok->token_to_id("<|im_end|>"))
-    return {TemplateKind::kChatMl, "ChatML (no chat_template in the checkpoint; its tokenizer has <|im_start|> and "
-                                   "<|im_end|>, as `hanpu run --chat` assumes)"};
+    return {TemplateKind::kChatMl, std::string("ChatML (no chat_template in the checkpoint; ") +
+                                       (family ? family->name + "'s fallback" : std::string("no known family")) +
+                                       ", and its tokenizer has <|im_start|> and <|im_end|>)"};
   return {TemplateKind::kUnrecognised, "none (no chat_template and no ChatML tokens)"};
 }
 
@@ -162,12 +173,13 @@ struct ParsedRequest {
   NextTurnPrefix next_turn;      // chat: see warm_next_turn()
   bool logprobs = false;         // chat: 'logprobs': true; completions: 'logprobs' given
   bool echo = false;             // completions: the prompt's text before the output
+  bool wants_schema = false;     // chat: response_format json_schema (compiled into gen.json_schema)
 };
 
 class Api {
  public:
   Api(const HybridModel& model, const Tokenizer* tok, const ServerOptions& so, Scheduler& sched)
-      : model_(model), tok_(tok), so_(so), sched_(sched), chat_template_(detect_chat_template(so.model_dir, tok)) {
+      : model_(model), tok_(tok), so_(so), sched_(sched), chat_template_(detect_chat_template(so.model_dir, tok, find_model_family(model.config().model_type))) {
     std::random_device rd;
     id_seed_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
@@ -300,10 +312,24 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
         throw ApiError{400, "'response_format': expected an object with a 'type'", "response_format", "invalid_type"};
       if (rf["type"] == "json_object") {
         p.gen.json_object = true;  // constrained sampling (hanpu/generator.hpp); checked in chat_prompt
+      } else if (rf["type"] == "json_schema") {
+        // Compiled in completions() from the raw body, whose key order this parse does not keep
+        // (properties are written in the schema's order).
+        if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+          throw ApiError{400, "'response_format.json_schema': expected an object {\"name\": ..., \"schema\": {...}, "
+                              "\"strict\": true}", "response_format.json_schema", "invalid_type"};
+        const json& js = rf["json_schema"];
+        if (!js.contains("schema") || !(js["schema"].is_object() || js["schema"].is_boolean()))
+          throw ApiError{400, "'response_format.json_schema.schema': expected a JSON Schema object", 
+                         "response_format.json_schema.schema", "invalid_type"};
+        if (js.contains("strict") && !js["strict"].is_null() && !js["strict"].is_boolean())
+          throw wrong_type("response_format.json_schema.strict", js["strict"], "a boolean");
+        if (js.contains("name") && !js["name"].is_null() && !js["name"].is_string())
+          throw wrong_type("response_format.json_schema.name", js["name"], "a string");
+        p.wants_schema = true;  // strict or not, the schema is enforced
       } else if (rf["type"] != "text") {
-        throw ApiError{400, "'response_format' " + dump(rf["type"]) + " is not supported by hanpu serve yet (json_schema "
-                            "needs a schema compiled to a grammar; output that only might follow it is not offered); "
-                            "expected {\"type\": \"text\"} or {\"type\": \"json_object\"}",
+        throw ApiError{400, "'response_format' " + dump(rf["type"]) + " is not supported by hanpu serve; expected "
+                            "{\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", ...}",
                        "response_format", "unsupported_value"};
       }
     }
@@ -470,15 +496,19 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
   }
   if (!tools.is_null()) {
     reply.parse_tools = true;
+    // The template's own markers say what it teaches the model; a template that shows none (it
+    // passes the tools in another way) leaves the family's format (its registry row).
     if (src.find("<|tool_call_begin|>") != std::string::npos) reply.tool_format = ToolCallFormat::kKimiSections;
     else if (src.find("<function=") != std::string::npos) reply.tool_format = ToolCallFormat::kXmlTags;
     else if (src.find("<tool_call>") != std::string::npos) reply.tool_format = ToolCallFormat::kJsonTags;
+    else if (const ModelFamily* family = find_model_family(model_.config().model_type)) reply.tool_format = family->tool_call_format;
     else reply.parse_tools = false;
     reply.tools = tools;
   }
-  if (p.gen.json_object) {
+  if (p.gen.json_object || p.wants_schema) {
     if (!tools.is_null())
-      throw ApiError{400, "'response_format' json_object with 'tools': the reply is either a JSON object or tool calls; "
+      throw ApiError{400, "'response_format' " + std::string(p.wants_schema ? "json_schema" : "json_object") +
+                          " with 'tools': the reply is either a JSON document or tool calls; "
                           "send tool_choice \"none\" or drop one", "response_format", "invalid_value"};
     if (reply.reasoning_opened) {  // the JSON is the answer, not thinking: the block closes empty
       text += "\n</think>\n\n";
@@ -804,7 +834,7 @@ std::vector<std::shared_ptr<GenerationHandle>> Api::submit(ParsedRequest& p, con
   } catch (const ShuttingDown& e) {
     throw ApiError{503, e.what(), "", "shutting_down", "server_error"};
   } catch (const Error& e) {  // settings the generation refuses (hanpu/generator.hpp)
-    throw ApiError{400, e.what(), p.gen.json_object ? "response_format" : "", "invalid_value"};
+    throw ApiError{400, e.what(), p.gen.json_object || p.gen.json_schema ? "response_format" : "", "invalid_value"};
   }
 }
 
@@ -858,6 +888,24 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
       throw ApiError{400, "'echo' with 'logprobs' would need the prompt tokens' logprobs, which hanpu serve does not compute; "
                           "drop one of them", "echo", "unsupported_value"};
     if (p.echo) echo_text = body["prompt"].is_string() ? body["prompt"].get<std::string>() : tok_ ? tok_->decode(p.gen.prompt) : "";
+  }
+  if (p.wants_schema) {
+    const auto raw = nlohmann::ordered_json::parse(req.body, nullptr, false);
+    const std::string param = "response_format.json_schema.schema";
+    try {
+      p.gen.json_schema = hanpu::JsonSchema::compile(raw["response_format"]["json_schema"]["schema"]);
+    } catch (const hanpu::SchemaError& e) {
+      throw ApiError{400, "'" + param + e.pointer() + "': " + e.what(), param + e.pointer(), "unsupported_value"};
+    }
+    if (!p.gen.stop.empty())
+      throw ApiError{400, "'stop' with 'response_format' json_schema could cut the document short; the generation ends "
+                          "when the document closes", "stop", "invalid_value"};
+    const int64_t shortest = p.gen.json_schema->min_bytes();
+    if (p.gen.max_tokens >= 0 && p.gen.max_tokens < shortest)
+      throw ApiError{400, "'" + p.max_tokens_field + "': " + std::to_string(p.gen.max_tokens) +
+                          " is too few for this response_format json_schema (its shortest document, " +
+                          std::to_string(shortest) + " bytes, may take as many tokens)",
+                     p.max_tokens_field, "invalid_value"};
   }
   if (p.gen.json_object) {
     if (!p.gen.stop.empty())
