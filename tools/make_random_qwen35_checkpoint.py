@@ -23,6 +23,44 @@ TINY = os.path.join(ROOT, "tests", "golden", "qwen35_tiny")
 SHAPES = {"0.8b": (1024, 24, 8, 2, 16, 3584), "2b": (2048, 24, 8, 2, 16, 6144)}
 
 
+def qwen35_tensors(w, rng, *, hidden, intermediate, vocab, layers, full_layers, heads, kv_heads, head_dim,
+                   linear_key_heads, linear_value_heads, key_dim, value_dim, conv_kernel, lm_head=False):
+    """The text model's tensors under transformers' Qwen3.5 names: `w(*shape, scale=...)` draws a
+    projection, `rng` the A_log values; full attention in `full_layers`, Gated DeltaNet elsewhere.
+    Also used by tests/python/test_gguf_export.py."""
+    H, I, NK, NV, DK, DV = hidden, intermediate, linear_key_heads, linear_value_heads, key_dim, value_dim
+    p = "model.language_model."
+    t = {p + "embed_tokens.weight": w(vocab, H), p + "norm.weight": w(H)}
+    if lm_head:
+        t["lm_head.weight"] = w(vocab, H)
+    for i in range(layers):
+        pre = f"{p}layers.{i}."
+        t[pre + "input_layernorm.weight"] = w(H)
+        t[pre + "post_attention_layernorm.weight"] = w(H)
+        t[pre + "mlp.gate_proj.weight"] = w(I, H)
+        t[pre + "mlp.up_proj.weight"] = w(I, H)
+        t[pre + "mlp.down_proj.weight"] = w(H, I)
+        if i in full_layers:
+            t[pre + "self_attn.q_proj.weight"] = w(2 * heads * head_dim, H)
+            t[pre + "self_attn.k_proj.weight"] = w(kv_heads * head_dim, H)
+            t[pre + "self_attn.v_proj.weight"] = w(kv_heads * head_dim, H)
+            t[pre + "self_attn.o_proj.weight"] = w(H, heads * head_dim)
+            t[pre + "self_attn.q_norm.weight"] = w(head_dim)
+            t[pre + "self_attn.k_norm.weight"] = w(head_dim)
+        else:
+            conv = 2 * NK * DK + NV * DV
+            t[pre + "linear_attn.A_log"] = np.log(rng.uniform(1, 16, NV)).astype(np.float32)
+            t[pre + "linear_attn.dt_bias"] = w(NV, scale=1.0)
+            t[pre + "linear_attn.conv1d.weight"] = w(conv, 1, conv_kernel, scale=0.3)
+            t[pre + "linear_attn.in_proj_qkv.weight"] = w(conv, H)
+            t[pre + "linear_attn.in_proj_z.weight"] = w(NV * DV, H)
+            t[pre + "linear_attn.in_proj_b.weight"] = w(NV, H)
+            t[pre + "linear_attn.in_proj_a.weight"] = w(NV, H)
+            t[pre + "linear_attn.norm.weight"] = (1 + w(DV)).astype(np.float16)
+            t[pre + "linear_attn.out_proj.weight"] = w(H, NV * DV)
+    return t
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", choices=sorted(SHAPES), default="0.8b")
@@ -51,33 +89,9 @@ def main():
     def w(*shape, scale=0.02):
         return (rng.standard_normal(shape, dtype=np.float32) * scale).astype(np.float16)
 
-    p = "model.language_model."
-    t = {p + "embed_tokens.weight": w(V, H), p + "norm.weight": w(H)}
-    for i in range(L):
-        pre = f"{p}layers.{i}."
-        t[pre + "input_layernorm.weight"] = w(H)
-        t[pre + "post_attention_layernorm.weight"] = w(H)
-        t[pre + "mlp.gate_proj.weight"] = w(I, H)
-        t[pre + "mlp.up_proj.weight"] = w(I, H)
-        t[pre + "mlp.down_proj.weight"] = w(H, I)
-        if (i + 1) % 4 == 0:
-            t[pre + "self_attn.q_proj.weight"] = w(2 * NH * HD, H)
-            t[pre + "self_attn.k_proj.weight"] = w(NKV * HD, H)
-            t[pre + "self_attn.v_proj.weight"] = w(NKV * HD, H)
-            t[pre + "self_attn.o_proj.weight"] = w(H, NH * HD)
-            t[pre + "self_attn.q_norm.weight"] = w(HD)
-            t[pre + "self_attn.k_norm.weight"] = w(HD)
-        else:
-            conv = 2 * NK * DK + NV * DV
-            t[pre + "linear_attn.A_log"] = np.log(rng.uniform(1, 16, NV)).astype(np.float32)
-            t[pre + "linear_attn.dt_bias"] = w(NV, scale=1.0)
-            t[pre + "linear_attn.conv1d.weight"] = w(conv, 1, K, scale=0.3)
-            t[pre + "linear_attn.in_proj_qkv.weight"] = w(conv, H)
-            t[pre + "linear_attn.in_proj_z.weight"] = w(NV * DV, H)
-            t[pre + "linear_attn.in_proj_b.weight"] = w(NV, H)
-            t[pre + "linear_attn.in_proj_a.weight"] = w(NV, H)
-            t[pre + "linear_attn.norm.weight"] = (1 + w(DV)).astype(np.float16)
-            t[pre + "linear_attn.out_proj.weight"] = w(H, NV * DV)
+    t = qwen35_tensors(w, rng, hidden=H, intermediate=I, vocab=V, layers=L,
+                       full_layers={i for i in range(L) if (i + 1) % 4 == 0}, heads=NH, kv_heads=NKV, head_dim=HD,
+                       linear_key_heads=NK, linear_value_heads=NV, key_dim=DK, value_dim=DV, conv_kernel=K)
     save_file(t, os.path.join(a.out, "model.safetensors"))
     print(a.out)
 

@@ -15,12 +15,16 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGMLQuantizationType as T
 from gguf.quants import dequantize
 from safetensors.numpy import save_file
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "tools"))
+from make_random_qwen35_checkpoint import qwen35_tensors  # noqa: E402  (the same tensors as the benchmarks')
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = os.path.join(ROOT, "tests", "golden", "qwen35_tiny")
@@ -94,33 +98,9 @@ def write_checkpoint(d, rng):
     def w(*shape, scale=0.05):
         return (rng.standard_normal(shape) * scale).astype(np.float16)
 
-    p = "model.language_model."
-    t = {p + "embed_tokens.weight": w(V, H), p + "norm.weight": w(H), "lm_head.weight": w(V, H)}
-    for i in range(LAYERS):
-        L = f"{p}layers.{i}."
-        t[L + "input_layernorm.weight"] = w(H)
-        t[L + "post_attention_layernorm.weight"] = w(H)
-        t[L + "mlp.gate_proj.weight"] = w(I, H)
-        t[L + "mlp.up_proj.weight"] = w(I, H)
-        t[L + "mlp.down_proj.weight"] = w(H, I)
-        if i in FULL:
-            t[L + "self_attn.q_proj.weight"] = w(2 * HEADS * HD, H)
-            t[L + "self_attn.k_proj.weight"] = w(KV_HEADS * HD, H)
-            t[L + "self_attn.v_proj.weight"] = w(KV_HEADS * HD, H)
-            t[L + "self_attn.o_proj.weight"] = w(H, HEADS * HD)
-            t[L + "self_attn.q_norm.weight"] = w(HD)
-            t[L + "self_attn.k_norm.weight"] = w(HD)
-        else:
-            conv = 2 * NK * DK + NV * DV
-            t[L + "linear_attn.A_log"] = np.log(rng.uniform(1, 16, NV)).astype(np.float32)
-            t[L + "linear_attn.dt_bias"] = w(NV, scale=1.0)
-            t[L + "linear_attn.conv1d.weight"] = w(conv, 1, K, scale=0.3)
-            t[L + "linear_attn.in_proj_qkv.weight"] = w(conv, H)
-            t[L + "linear_attn.in_proj_z.weight"] = w(NV * DV, H)
-            t[L + "linear_attn.in_proj_b.weight"] = w(NV, H)
-            t[L + "linear_attn.in_proj_a.weight"] = w(NV, H)
-            t[L + "linear_attn.norm.weight"] = (1 + w(DV)).astype(np.float16)
-            t[L + "linear_attn.out_proj.weight"] = w(H, NV * DV)
+    t = qwen35_tensors(w, rng, hidden=H, intermediate=I, vocab=V, layers=LAYERS, full_layers=FULL, heads=HEADS,
+                       kv_heads=KV_HEADS, head_dim=HD, linear_key_heads=NK, linear_value_heads=NV, key_dim=DK,
+                       value_dim=DV, conv_kernel=K, lm_head=True)
     save_file(t, os.path.join(d, "model.safetensors"))
 
 
