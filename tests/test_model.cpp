@@ -4,6 +4,8 @@
 // file, tied head) and loader errors that name the file and the tensor.
 #include <gtest/gtest.h>
 
+#include <numeric>
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -316,6 +318,52 @@ TEST(Sampler, GreedyTopKTopPAndSeeds) {
   Sampler a({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5}), b({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
   EXPECT_THROW(Sampler({.temperature = 1.0f, .top_k = 0, .top_p = 0.0f}), Error);
+}
+
+// The sampler's fast paths (no filter: a draw in id order; nucleus: a growing sorted top m)
+// against the distribution a full sort defines: every draw inside the reference nucleus, and each
+// token's frequency near its renormalized probability. Flat logits over 2000 tokens make the
+// nucleus far larger than the first selection of 256, so the growing path is taken too.
+TEST(Sampler, FastPathsDrawFromTheFullSortsDistribution) {
+  for (const float spread : {8.0f, 0.05f}) {  // peaked, and nearly flat
+    std::vector<float> logits(2000);
+    uint64_t s = 42;
+    for (float& x : logits) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      x = spread * static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0);
+    }
+    logits[17] = logits[1500];  // a tie, broken by id
+    for (const float top_p : {1.0f, 0.9f, 0.3f}) {
+      // Reference: sort everything, softmax in double, smallest prefix reaching top_p.
+      std::vector<int32_t> order(logits.size());
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+      });
+      std::vector<double> p(logits.size());
+      double z = 0;
+      for (size_t i = 0; i < p.size(); ++i) z += (p[i] = std::exp(static_cast<double>(logits[i]) - logits[order[0]]));
+      std::vector<double> want(logits.size(), 0.0);
+      double cum = 0, kept = 0;
+      size_t nucleus = 0;
+      while (nucleus < order.size() && (nucleus == 0 || cum < top_p)) kept += p[order[nucleus]], cum += p[order[nucleus++]] / z;
+      for (size_t i = 0; i < nucleus; ++i) want[order[i]] = p[order[i]] / kept;
+      Sampler sampler({.temperature = 1.0f, .top_k = 0, .top_p = top_p, .seed = 9});
+      const int draws = 10000;
+      std::vector<int> seen(logits.size(), 0);
+      for (int d = 0; d < draws; ++d) {
+        const int32_t t = sampler.sample(logits);
+        ASSERT_GT(want[t], 0.0) << "token " << t << " outside the nucleus of " << nucleus << " (top_p " << top_p << ")";
+        ++seen[t];
+      }
+      // The five most probable tokens: frequency within 5 standard deviations of the binomial.
+      for (size_t i = 0; i < std::min<size_t>(5, nucleus); ++i) {
+        const double q = want[order[i]], sd = std::sqrt(q * (1 - q) / draws);
+        EXPECT_NEAR(seen[order[i]] / static_cast<double>(draws), q, 5 * sd + 1e-9)
+            << "spread " << spread << " top_p " << top_p << " rank " << i;
+      }
+    }
+  }
 }
 
 }  // namespace
