@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
 #include "model/layer_ops.hpp"
@@ -49,8 +49,8 @@ int main(int argc, char** argv) {
     const HostInfo info = detect_host();
     const HostMeasurement m = measure_host(threads, 0.5);
     std::printf("attention core: %s, SIMD %s (HANPU_ISA %s), %d threads; f32 FMA peak %.0f GFLOP/s (measured now)\n",
-                info.cpu_model.c_str(), cpu::isa_selection().target.c_str(),
-                cpu::isa_selection().requested.empty() ? "unset" : cpu::isa_selection().requested.c_str(), threads,
+                info.cpu_model.c_str(), isa_selection().target.c_str(),
+                isa_selection().requested.empty() ? "unset" : isa_selection().requested.c_str(), threads,
                 m.fma_peak_gflops_all);
     if (decode)
       std::printf("decode: one token over a cache of T keys; read bandwidth %.1f GB/s (measured now)\n%-26s %6s %10s %9s %7s\n",

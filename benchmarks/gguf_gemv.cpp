@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cpu/gguf_blocks.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
-    else if (a == "--isa") hanpu::cpu::request_isa(argv[i + 1]);
+    else if (a == "--isa") hanpu::request_isa(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME]\n");
       return 2;
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   const hanpu::HostMeasurement host = hanpu::measure_host(threads, 1.0);
   const char* hp = std::getenv("HANPU_GGUF_BENCH_HUGEPAGES");
   std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run); weights in %s\n",
-              hanpu::cpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs,
+              hanpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs,
               hp && std::string(hp) == "0" ? "4 KiB pages" : "memory advised for huge pages");
   std::printf("%-6s %-9s %-12s %6s %10s %9s %8s %9s %8s %9s\n", "type", "case", "shape", "copies", "us/call",
               "GB/s W", "% of bw", "best GB/s", "% of bw", "cpu GB/s");

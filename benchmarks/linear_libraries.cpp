@@ -38,7 +38,7 @@
 
 #include "compare.hpp"
 #include "cli/linear_shapes.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/linear.hpp"
@@ -146,7 +146,7 @@ void run(const Args& a) {
   std::printf("machine: %s; f32 FMA peak %.0f GFLOP/s, read bandwidth %.1f GB/s with %d threads (measured now)\n",
               detect_host().cpu_model.c_str(), host.fma_peak_gflops_all, host.mem_bandwidth_gbs, threads);
   std::printf("kernels: hanpu %s (linear backend %s), OpenBLAS %s (%s), oneDNN %d.%d.%d (%s)\n",
-              cpu::isa_selection().target.c_str(),
+              isa_selection().target.c_str(),
               linear_avx512bf16_available() ? "avx512bf16" : (linear_amx_available() ? "amx" : "portable"),
               openblas_get_corename(), openblas_get_config(), dnnl_version()->major, dnnl_version()->minor,
               dnnl_version()->patch, onednn_isa_name());

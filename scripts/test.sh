@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start, second command: install dependencies, build (Release), run the test suite (CTest +
 # the Python package's pytest) on the best SIMD target of this CPU, then again with the kernels
-# capped at AVX2 (where the CPU has it) and at the portable C++ target (HANPU_ISA, src/cpu/isa.hpp),
+# capped at AVX2 (where the CPU has it) and at the portable C++ target (HANPU_ISA, include/hanpu/isa.hpp),
 # and the LA kernels' tests on every other target the CPU runs, so that a test passing on one ISA
 # only is caught. Ends with the skipped tests and their reasons and
 # one line of counts over every run. Arguments go to each ctest run (e.g. -R LaGrid).

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace {

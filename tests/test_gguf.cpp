@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 #include "io/gguf.hpp"
 #include "test_support.hpp"
 

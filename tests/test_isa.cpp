@@ -1,4 +1,4 @@
-// HANPU_ISA / --isa (cpu/isa.hpp): the kernels really dispatch to the capped target, every target
+// HANPU_ISA / --isa (hanpu/isa.hpp): the kernels really dispatch to the capped target, every target
 // this CPU runs can be chosen, and a bad value is a one-line error naming it. scripts/test.sh runs
 // the whole suite under HANPU_ISA=avx2 and =portable as well, so these also run capped.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cctype>
 #include <string>
 
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "cpu/linear_kernels.hpp"
 #include "test_support.hpp"
@@ -41,14 +41,14 @@ std::string reported_target(const std::string& out) {
 TEST(Isa, DispatchFollowsTheSelection) {
   // In this process (whatever HANPU_ISA the suite runs under): the LA kernels' own target is the
   // one the selection names. Highway 1.0.3's DisableTargets alone did not hold (cpu/isa.cpp).
-  const hanpu::cpu::IsaSelection& s = hanpu::cpu::isa_selection();
+  const hanpu::IsaSelection& s = hanpu::isa_selection();
   EXPECT_EQ(s.target, hanpu::cpu::simd_target_name());
   if (!s.native) EXPECT_FALSE(hanpu::cpu::amx_usable());
 }
 
 TEST(Isa, EveryRunnableTargetCanBeChosen) {
   TempDir dir;
-  const std::vector<std::string> choices = hanpu::cpu::isa_choices();
+  const std::vector<std::string> choices = hanpu::isa_choices();
   ASSERT_GE(choices.size(), 3u);  // native, at least one target, portable
   EXPECT_EQ(choices.front(), "native");
   EXPECT_EQ(choices.back(), "portable");
@@ -69,7 +69,7 @@ TEST(Isa, EveryRunnableTargetCanBeChosen) {
 
 TEST(Isa, CommandLineOptionCapsLikeTheEnvironment) {
   TempDir dir;
-  const std::vector<std::string> choices = hanpu::cpu::isa_choices();
+  const std::vector<std::string> choices = hanpu::isa_choices();
   const std::string lowest = choices[choices.size() - 2];  // the plain C++ target, runnable everywhere
   for (const std::string& args : std::vector<std::string>{" --isa " + lowest, ""}) {
     const std::string env = args.empty() ? "HANPU_ISA=" + lowest : "HANPU_ISA=";
@@ -102,9 +102,9 @@ TEST(Isa, IsaCommandListsTheChoicesAndTheTarget) {
   const auto listed = hanpu::testing::run_command(dir, "HANPU_ISA= " + shell_quote(HANPU_EXE) + " isa --choices");
   ASSERT_EQ(listed.code, 0) << listed.err;
   std::string expected;
-  for (const std::string& c : hanpu::cpu::isa_choices()) expected += c + "\n";
+  for (const std::string& c : hanpu::isa_choices()) expected += c + "\n";
   EXPECT_EQ(listed.out, expected);
-  const std::vector<std::string> choices = hanpu::cpu::isa_choices();
+  const std::vector<std::string> choices = hanpu::isa_choices();
   const std::string lowest = choices[choices.size() - 2];
   const auto shown = hanpu::testing::run_command(dir, "HANPU_ISA= " + shell_quote(HANPU_EXE) + " --isa " + lowest + " isa");
   ASSERT_EQ(shown.code, 0) << shown.err;

@@ -23,6 +23,7 @@
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "hanpu/engine.hpp"
+#include "hanpu/linear.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace {
@@ -169,7 +170,7 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
   for (int64_t K : std::vector<int64_t>{be, 2 * be, 1024}) {
     const int64_t N = 37;  // not a multiple of the 4-row register block or the 16-row tile
     const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 7));
-    const hanpu::cpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+    const hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
     for (int64_t M : std::vector<int64_t>{1, 3, 4, 5, 7, 67}) {  // decode rows, tails of 4 x 4, past one 64-row block
       SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M));
       std::vector<float> x(static_cast<size_t>(M * (K + 3)));

@@ -4,7 +4,9 @@
 //
 // Bf16Linear is a handle so that the implementation may repack the weight once at load time into
 // whatever layout its kernel wants (e.g. pairs for the bf16 dot-product instructions); callers
-// never see the layout. Kernels: src/cpu/linear_*.cpp; method, errors and speed: docs/LINEAR.md.
+// never see the layout. Int8Linear and GgufLinear hold quantized weights (int8 with group scales;
+// a GGUF checkpoint's GGML blocks). Kernels: src/cpu/linear_*.cpp; method, errors and speed:
+// docs/LINEAR.md, docs/GGUF.md.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "hanpu/gguf_format.hpp"
 #include "hanpu/tensor.hpp"
 
 namespace hanpu {
@@ -152,6 +155,31 @@ class Int8Linear {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+/// A projection y = x W^T whose weight W [N, K] stays in GGML blocks (a GGUF tensor, not copied:
+/// it must outlive this object): a GGUF checkpoint's quantized weights. Decode rows (M < 4) of
+/// Q8_0 / Q4_K / Q5_K / Q6_K run a GEMV over the blocks with int8 activations, as llama.cpp does;
+/// other rows and other decodable types dequantize tiles of W to f32 exactly and keep the
+/// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
+class GgufLinear {
+ public:
+  GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name);
+  gguf::GgmlType type() const { return type_; }
+  int64_t out_features() const { return N_; }
+  int64_t in_features() const { return K_; }
+  const std::string& name() const { return name_; }
+  const void* blocks() const { return blocks_; }
+  size_t bytes() const;
+  /// y[m, :N] (+)= x[m, :K] W^T for m < M; rows ldx / ldy floats apart; `threads` of the engine's pool.
+  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+               bool accumulate) const;
+
+ private:
+  gguf::GgmlType type_;
+  const void* blocks_;
+  int64_t N_, K_, row_bytes_ = 0;
+  std::string name_;
 };
 
 }  // namespace hanpu

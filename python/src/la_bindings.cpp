@@ -12,7 +12,7 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/la.hpp"
@@ -333,15 +333,15 @@ nb::tuple reference(const std::string& variant, nb::handle q, nb::handle k, nb::
   return nb::make_tuple(to_numpy(r.o), to_numpy(r.final_state));
 }
 
-// HANPU_ISA as applied (cpu/isa.hpp); a bad value raises ValueError naming it.
+// HANPU_ISA as applied (hanpu/isa.hpp); a bad value raises ValueError naming it.
 nb::dict isa_info() {
-  const cpu::IsaSelection& s = cpu::isa_selection();
+  const IsaSelection& s = isa_selection();
   nb::dict d;
   d["requested"] = s.requested;
   d["target"] = s.target;
   d["native"] = s.native;
   nb::list choices;
-  for (const std::string& c : cpu::isa_choices()) choices.append(c);
+  for (const std::string& c : isa_choices()) choices.append(c);
   d["choices"] = choices;
   return d;
 }

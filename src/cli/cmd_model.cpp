@@ -18,7 +18,7 @@
 
 #include "model/gguf_arch.hpp"
 #include "cli/commands.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
@@ -297,7 +297,7 @@ void run_bench_model(const BenchModelArgs& a) {
   if (!a.json)
     std::printf("machine: %s, kernels %s; f32 FMA peak %.0f GFLOP/s and read bandwidth %.1f GB/s with %d threads "
                 "(measured now)\n\n",
-                detect_host().cpu_model.c_str(), cpu::isa_selection().target.c_str(), host.fma_peak_gflops_all,
+                detect_host().cpu_model.c_str(), isa_selection().target.c_str(), host.fma_peak_gflops_all,
                 host.mem_bandwidth_gbs, threads);
   if (!a.json)
     std::printf("%8s %10s %10s %9s | %6s %6s %6s %6s %6s | %9s\n", "prompt", "prefill_ms", "prefill/s", "TTFT_ms",
@@ -435,7 +435,7 @@ void run_bench_model(const BenchModelArgs& a) {
         {"decode_rest_ms_per_token", a.decode_tokens > 0 ? decode_rest_s * 1e3 / a.decode_tokens : 0.0},
         {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
-        {"isa", cpu::isa_selection().target},
+        {"isa", isa_selection().target},
         {"weights", a.weights.weights},
         {"int8_group", a.weights.group()},
     };

@@ -8,17 +8,17 @@
 #include <new>
 
 #include "cli/commands.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/linear_kernels.hpp"
 #include "hanpu/tensor.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"hanpu: linear-attention engine (GDN, KDA) for hybrid LLMs"};
   app.require_subcommand(1);
-  // Before any subcommand's callback runs a kernel: caps Highway's runtime dispatch (cpu/isa.hpp).
+  // Before any subcommand's callback runs a kernel: caps Highway's runtime dispatch (hanpu/isa.hpp).
   // fallthrough lets it follow the subcommand too (`hanpu bench --isa avx2`).
   app.fallthrough();
-  app.add_option_function<std::string>("--isa", [](const std::string& isa) { hanpu::cpu::request_isa(isa); },
+  app.add_option_function<std::string>("--isa", [](const std::string& isa) { hanpu::request_isa(isa); },
                                        "SIMD target the kernels may use at most: native (default), avx3, avx2, "
                                        "sse4, portable, ... (as the environment variable HANPU_ISA)");
   // Plans for the host then use the model-based CPU parameters only (cpu_tuning.hpp), as

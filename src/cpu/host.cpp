@@ -103,7 +103,7 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 
 #include "cpu/host.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 
 #include <pthread.h>
 #include <sched.h>

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "cpu/host.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/kernels.hpp"
 #include "hanpu/host_device.hpp"
 #include "hanpu/device.hpp"
@@ -88,7 +88,7 @@ Device host_device(const HostInfo& info, int threads, double measure_seconds) {
   // What the CPU's planning rules read instead of probing the process (src/cpu/cpu_planning.cpp):
   // the wisdom key (CPU model, the ISA the kernels dispatch to) and whether bf16 grams run on AMX.
   d.cpu.model = info.cpu_model;
-  d.cpu.isa = cpu::isa_selection().target;
+  d.cpu.isa = isa_selection().target;
   d.cpu.bf16_gram = cpu::gram_bf16_usable();
   d.description = info.cpu_model + " (" + info.simd_target + ", " + std::to_string(info.simd_f32_lanes) +
                   " f32 lanes), " + std::to_string(threads) + " thread(s)";

@@ -1,4 +1,4 @@
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 
 // The same targets as the kernels' translation units (la_kernels.cpp, layer_kernels.cpp,
 // linear_portable.cpp), so that every name offered here is one they were compiled for.
@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
-namespace hanpu::cpu {
+namespace hanpu {
 namespace {
 
 std::string lower(std::string s) {
@@ -96,4 +96,4 @@ std::vector<std::string> isa_choices() {
   return out;
 }
 
-}  // namespace hanpu::cpu
+}  // namespace hanpu

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 
 // SVE/RVV vectors are sizeless and cannot live in the accumulator arrays the GEMM tile uses.
 #ifndef HWY_DISABLED_TARGETS

@@ -18,7 +18,7 @@
 // C tiles inside y are loaded from / stored to y directly on the first / last k block; edge
 // blocks (partial rows or columns) go through cbuf and a masked copy.
 #include "cpu/linear_kernels.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -286,7 +286,7 @@ bool detect_amx() {
 }  // namespace
 
 bool amx_usable() {
-  // HANPU_ISA below "native" turns the kernels outside Highway off (cpu/isa.hpp).
+  // HANPU_ISA below "native" turns the kernels outside Highway off (hanpu/isa.hpp).
   static const bool usable = detect_amx();
   return usable && isa_selection().native;
 }

@@ -27,7 +27,7 @@
 //     rows x 3 vectors accumulate broadcast activation pairs times panel rows. No second copy of
 //     the weight is kept: the panel (K * 96 bytes) is per-thread scratch.
 #include "cpu/linear_kernels.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -186,7 +186,7 @@ HANPU_BF16DOT_TARGET void gemm_form(const uint16_t* w, int64_t K, const uint16_t
 }  // namespace
 
 bool avx512bf16_usable() {
-  // HANPU_ISA below "native" turns the kernels outside Highway off (cpu/isa.hpp).
+  // HANPU_ISA below "native" turns the kernels outside Highway off (hanpu/isa.hpp).
   static const bool usable = detect_avx512bf16();
   return usable && isa_selection().native;
 }

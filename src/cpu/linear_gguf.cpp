@@ -1,5 +1,5 @@
 // Decode GEMV kernels over GGUF blocks, Q8_0, Q4_K, Q5_K and Q6_K (see linear_gguf.hpp): Highway,
-// compiled once per SIMD target and dispatched at run time (HANPU_ISA caps the target, cpu/isa.hpp).
+// compiled once per SIMD target and dispatched at run time (HANPU_ISA caps the target, hanpu/isa.hpp).
 //
 // Per weight row, blocks in address order. The integer part: the weights widened to int16
 // (Q8_0: sign-extended bytes; Q4_K: zero-extended bytes split into the low nibbles, sub-block 2c,
@@ -19,8 +19,10 @@
 #include <type_traits>
 
 #include "cpu/engine_impl.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
+#include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
+#include "hanpu/linear.hpp"
 #include "cpu/linear_kernels.hpp"  // decode_prefetch_bytes
 #include "cpu/x86_features.hpp"
 #include "hanpu/tensor.hpp"
@@ -545,6 +547,14 @@ void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64
 }
 
 
+}  // namespace hanpu::cpu
+
+namespace hanpu {
+
+using namespace cpu;  // the kernels above: gguf_gemv_rows, the thresholds, the workspace slots
+
+static_assert(kGgufPrefillRows == 4, "hanpu/linear.hpp documents GgufLinear's decode rows as M < 4");
+
 GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name)
     : type_(t), blocks_(blocks), N_(N), K_(K), name_(std::move(name)) {
   const gguf::BlockFormat& bf = gguf::block_format(t);
@@ -586,7 +596,7 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
     return;
   }
   // Prefill (or a type without a GEMV kernel): tiles of kGgufTileRows weight rows dequantized to
-  // f32 exactly (gguf_blocks.hpp) into the worker's scratch, then f32 dot products with every row of
+  // f32 exactly (gguf::dequantize) into the worker's scratch, then f32 dot products with every row of
   // x. The activations stay f32: the only error is the weights' format.
   const int64_t tiles = (N_ + kGgufTileRows - 1) / kGgufTileRows;
   const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, tiles));
@@ -602,5 +612,5 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
     }
   });
 }
-}  // namespace hanpu::cpu
-#endif
+}  // namespace hanpu
+#endif  // HWY_ONCE

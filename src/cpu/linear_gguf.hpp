@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 
 namespace hanpu {
 class Engine;
@@ -53,7 +53,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
 void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
                int threads = 0);
 
-/// Rows of x from which GgufLinear dequantizes weight tiles instead of streaming the blocks once per
+/// Rows of x from which GgufLinear (hanpu/linear.hpp) dequantizes weight tiles instead of streaming the blocks once per
 /// row: at 4 rows the GEMV has read the weights 4 times (placeholder until the prefill kernels are
 /// chosen by measurement, issue 34).
 inline constexpr int64_t kGgufPrefillRows = 4;
@@ -62,29 +62,5 @@ inline constexpr int64_t kGgufPrefillRows = 4;
 inline constexpr int64_t kGgufTileRows = 16;
 /// Rows of x per pass over a tile: 64 x K f32 (256 KiB at K = 1024).
 inline constexpr int64_t kGgufRowBlock = 64;
-
-/// A projection y = x W^T whose weight W [N, K] stays in GGML blocks (a GGUF tensor, not copied:
-/// it must outlive this object). Decode rows (M < kGgufPrefillRows) of Q8_0 / Q4_K / Q5_K / Q6_K run
-/// the GEMV above (int8 activations, as llama.cpp); other rows and other decodable types dequantize
-/// tiles of W to f32 exactly and keep the activations f32.
-class GgufLinear {
- public:
-  GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name);
-  gguf::GgmlType type() const { return type_; }
-  int64_t out_features() const { return N_; }
-  int64_t in_features() const { return K_; }
-  const std::string& name() const { return name_; }
-  const void* blocks() const { return blocks_; }
-  size_t bytes() const;
-  /// y[m, :N] (+)= x[m, :K] W^T for m < M; rows ldx / ldy floats apart; `threads` of the engine's pool.
-  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
-               bool accumulate) const;
-
- private:
-  gguf::GgmlType type_;
-  const void* blocks_;
-  int64_t N_, K_, row_bytes_ = 0;
-  std::string name_;
-};
 
 }  // namespace hanpu::cpu

@@ -19,7 +19,7 @@
 // (u = |w|, s = x with the sign of w, an exact identity since |q| <= 127 on both sides), so neither
 // side needs an offset and its correction term.
 #include "cpu/linear_kernels.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "hanpu/tensor.hpp"
 
 #include <algorithm>

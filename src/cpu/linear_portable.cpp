@@ -17,7 +17,7 @@
 
 #include "cpu/linear_kernels.hpp"
 #include "cpu/workspace.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 #include "cpu/x86_features.hpp"
 #include "hanpu/tensor.hpp"  // Error
 

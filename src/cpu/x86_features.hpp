@@ -1,6 +1,6 @@
 // x86-64 feature checks and helpers shared by the kernels written outside Highway (AMX,
 // AVX512-BF16, AVX512-VNNI, AVX2 int8: linear_amx.cpp, linear_bf16dot.cpp, linear_int8_dot.cpp).
-// Each caller also asks isa_selection() (cpu/isa.hpp) before it runs such a kernel.
+// Each caller also asks isa_selection() (hanpu/isa.hpp) before it runs such a kernel.
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

@@ -23,7 +23,7 @@
 #include <variant>
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 
 namespace hanpu {
 

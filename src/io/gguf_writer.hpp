@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 #include "io/gguf.hpp"
 
 namespace hanpu {

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/gguf.hpp"

@@ -1,6 +1,6 @@
 // `hanpu quantize --format`: a Hugging Face safetensors checkpoint written as a GGUF file that
 // llama.cpp loads, with llama.cpp's tensor names, metadata keys and tokenizer.ggml.* keys, and the
-// projections in a GGML block format quantized with ggml's reference rounding (gguf_blocks.hpp).
+// projections in a GGML block format quantized with ggml's reference rounding (hanpu/gguf_format.hpp).
 // docs/GGUF.md ("Writing GGUF").
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 
 namespace hanpu {
 

@@ -305,7 +305,7 @@ struct HybridModel::Impl {
     if (c.tie_word_embeddings || !have_lm_head) {
       if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
       if (embed_blocks.data)
-        lm_head = model::Projection(cpu::GgufLinear(embed_blocks.type, embed_blocks.data, c.vocab_size, H,
+        lm_head = model::Projection(GgufLinear(embed_blocks.type, embed_blocks.data, c.vocab_size, H,
                                                     embed_name + " (tied LM head)"));
       else
         lm_head = w.projection_of(embed, embed_name + " (tied LM head)");

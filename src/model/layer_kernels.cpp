@@ -19,7 +19,7 @@
 #include <cstring>
 
 #include "model/layer_kernels.hpp"
-#include "cpu/isa.hpp"
+#include "hanpu/isa.hpp"
 
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SVE | HWY_SVE2 | HWY_SVE_256 | HWY_SVE2_128 | HWY_RVV)

@@ -39,7 +39,7 @@ void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int
     }
     return;
   }
-  if (gguf_) {  // the format's own arithmetic (cpu/linear_gguf.hpp); `precision` does not apply
+  if (gguf_) {  // the format's own arithmetic (GgufLinear, hanpu/linear.hpp); `precision` does not apply
     gguf_->forward(*threads.engine, x, ldx, y, ldy, M, threads.n, accumulate);
     return;
   }
@@ -79,7 +79,7 @@ float* scratch(Workspace& ws, ScratchSlot slot, int64_t floats) {
 Projection WeightReader::projection(const std::string& name, int64_t out, int64_t in, bool quantizable) const {
   if (get_blocks)
     if (const std::optional<BlockWeight> b = get_blocks(name, {out, in}))
-      return Projection(cpu::GgufLinear(b->type, b->data, out, in, name));
+      return Projection(GgufLinear(b->type, b->data, out, in, name));
   if (get_stored && has(name + kInt8ScaleSuffix)) {
     const TensorView q = get_stored(name, {out, in});
     if (q.dtype != DType::I8)
@@ -117,7 +117,7 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
       std::vector<Projection> ps;
       for (size_t i = 0; i < parts.size(); ++i) {
         const auto& [n, out] = parts[i];
-        if (blocks[i]) ps.emplace_back(cpu::GgufLinear(blocks[i]->type, blocks[i]->data, out, in, n));
+        if (blocks[i]) ps.emplace_back(GgufLinear(blocks[i]->type, blocks[i]->data, out, in, n));
         else ps.push_back(projection(n, out, in));
       }
       return Projection(std::move(ps));

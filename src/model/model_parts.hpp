@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "hanpu/engine_work.hpp"
-#include "cpu/linear_gguf.hpp"
 #include "hanpu/linear.hpp"
 #include "model/gguf_arch.hpp"
 #include "hanpu/tensor.hpp"
@@ -36,7 +35,7 @@ class Projection {
   explicit Projection(Int8Linear q) : out_(q.out_features()), in_(q.in_features()), int8_(std::move(q)) {}
   explicit Projection(Bf16Linear w) : out_(w.out_features()), in_(w.in_features()), bf16_(std::move(w)) {}
   /// A weight kept in GGML blocks (a GGUF checkpoint's quantized tensor).
-  explicit Projection(cpu::GgufLinear g) : out_(g.out_features()), in_(g.in_features()), gguf_(std::move(g)) {}
+  explicit Projection(GgufLinear g) : out_(g.out_features()), in_(g.in_features()), gguf_(std::move(g)) {}
   /// Several projections of one input side by side: output columns in the order given (stacked
   /// parts that cannot share one weight, e.g. a Q4_K_M file's Q4_K q/k rows next to Q6_K v rows).
   explicit Projection(std::vector<Projection> parts);
@@ -51,7 +50,7 @@ class Projection {
   int64_t out_ = 0, in_ = 0;
   std::optional<Bf16Linear> bf16_;
   std::optional<Int8Linear> int8_;
-  std::optional<cpu::GgufLinear> gguf_;
+  std::optional<GgufLinear> gguf_;
   std::vector<Projection> parts_;
   std::vector<float> f32_;
 };
@@ -92,7 +91,7 @@ struct WeightReader {
   /// its pages from the process.
   std::function<void(const std::string& name)> release;
   /// GGUF checkpoints: the projection `name` [out, in] as GGML blocks when the file stores it
-  /// quantized (projection() then keeps it in blocks: cpu::GgufLinear); nullopt: read it with get().
+  /// quantized (projection() then keeps it in blocks: GgufLinear); nullopt: read it with get().
   std::function<std::optional<BlockWeight>(const std::string& name, const std::vector<int64_t>& shape)> get_blocks;
 
   /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8

@@ -2,7 +2,7 @@
 // GgufFile::open, then every tensor hanpu can dequantize decoded (bounded in size).
 #include <vector>
 
-#include "cpu/gguf_blocks.hpp"
+#include "hanpu/gguf_format.hpp"
 #include "fuzz_common.hpp"
 #include "io/gguf.hpp"
 

@@ -1,3 +1,3 @@
 // Must NOT compile with the planner's include view: src/plan may not include the CPU backend
 // (tests/CMakeLists.txt, Layering.PlanCannotIncludeTheCpuBackend).
-#include "cpu/isa.hpp"
+#include "cpu/thread_pool.hpp"
