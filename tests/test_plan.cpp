@@ -22,6 +22,9 @@ using testing::ascend310p;
 using testing::every_strategy;
 using testing::every_variant;
 using testing::problem;
+using testing::op_names;
+using testing::op_id;
+using testing::position;
 
 // --- the operator manifest (hanpu/operators.hpp) ----------------------------------------------------
 
@@ -103,9 +106,9 @@ TEST(OperatorManifest, NamesAreTheJsonEdgeOnly) {
     EXPECT_NE(std::string(e.what()).find("\"solve\""), std::string::npos) << e.what();
   }
   // The decay operators are the manifest's channel-gate rows.
-  std::vector<std::string> decays;
+  std::vector<OpId> decays;
   for (const OperatorManifestRow& r : kOperatorManifest)
-    if (r.gate == GateKind::Channel) decays.emplace_back(r.name);
+    if (r.gate == GateKind::Channel) decays.push_back(r.id);
   EXPECT_EQ(kda_decay_operators(), decays);
 }
 
@@ -188,7 +191,7 @@ TEST(OpGraph, KdaDecaysAreOneOperatorPerOperandAndKeepTheWorkOfOne) {
       for (const auto& [L, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 128}, {37, 48}}) {
         double decay_k_ops = 0;
         for (const OperatorDef& op : g.ops) {
-          if (!is_kda_decay_operator(op.name)) continue;
+          if (!is_decay_operator(op.id)) continue;
           EXPECT_EQ(op.outputs, std::vector<std::string>{operand.at(op.name)}) << op.name;
           EXPECT_EQ(op.unit, Unit::Vector);
           if (op.name != "decay_q") decay_k_ops += op_counts(g, op, L, K, 128, 16).vector_ops;
@@ -199,8 +202,8 @@ TEST(OpGraph, KdaDecaysAreOneOperatorPerOperandAndKeepTheWorkOfOne) {
       for (const auto& [op, out] : operand) EXPECT_NO_THROW(g.op(op)) << op;
       EXPECT_FALSE(make_op_graph(Variant::GDN, f, in_place).has_tensor("ke"));
     }
-  EXPECT_FALSE(is_kda_decay_operator("gate"));
-  EXPECT_FALSE(is_kda_decay_operator("decay_k"));
+  EXPECT_FALSE(is_decay_operator(OpId::Gate));
+  EXPECT_FALSE(operator_id("decay_k"));  // the single decay_k of old is gone
 }
 
 TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
@@ -208,8 +211,8 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
   // the recurrence k e^(G_L - G) only, the output q e^G and k e^-G.
   auto decays = [](const Kernel& k) {
     std::vector<std::string> d;
-    for (const std::string& o : k.order)
-      if (is_kda_decay_operator(o)) d.push_back(o);
+    for (const OpId o : k.order)
+      if (is_decay_operator(o)) d.emplace_back(operator_name(o));
     return d;
   };
   const Plan fla = make_plan(problem(Variant::KDA, {1024}, 10), ascend310p(), "fla");
@@ -230,7 +233,7 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
       for (const std::string& d : decays(k)) {
         const std::string& operand = g.op(d).outputs.at(0);
         bool read_here = false;
-        for (const std::string& o : k.order)
+        for (const OpId o : k.order)
           for (const std::string& in : g.op(o).inputs) read_here |= in == operand;
         const bool stored = std::any_of(k.steps.begin(), k.steps.end(), [&](const Step& st) {
           return st.kind == StepKind::Move && st.tensor == operand && st.path.find("->GM") != std::string::npos;
@@ -241,7 +244,7 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
   const Plan vllm = make_plan(problem(Variant::KDA, {256}, 10), ascend310p(), "vllm-ascend");
   auto named = [&](const char* n) {
     for (const Kernel& k : vllm.kernels)
-      if (k.name == n) return k.order;
+      if (k.name == n) return op_names(k.order);
     return std::vector<std::string>{};
   };
   EXPECT_EQ(named("decay_q"), std::vector<std::string>{"decay_q"});
@@ -322,7 +325,7 @@ void expect_output_once(const Plan& plan) {
   const Problem& p = plan.problem;
   std::map<std::tuple<int, int, int, int64_t>, int> seen;
   for (const Kernel& k : plan.kernels) {
-    if (std::find(k.order.begin(), k.order.end(), "out") == k.order.end()) continue;
+    if (std::find(k.order.begin(), k.order.end(), OpId::Out) == k.order.end()) continue;
     for (const auto& l : k.cores)
       for (const PlanItem& it : l)
         for (int64_t c = it.chunk0; c < it.chunk1; ++c)
@@ -457,7 +460,7 @@ TEST(Plans, HanpuKeepsOneStateAndFlaOrderTwo) {
 TEST(Plans, GemmFirstGroupsSharedInputGemmsBeforeTheSolve) {
   const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "hanpu");
   const auto& order = plan.kernels[0].order;
-  auto pos = [&](const char* n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+  auto pos = [&](const char* n) { return position(order, n); };
   for (const char* gemm : {"kkt", "qkt", "ks", "qs"}) EXPECT_LT(pos(gemm), pos("solve")) << gemm;
   EXPECT_EQ(pos("qkt") - pos("kkt"), 1);
   EXPECT_EQ(pos("ks") - pos("qkt"), 1);
@@ -521,8 +524,8 @@ TEST_P(GraphOfVariantForm, LayoutDpMatchesExhaustiveSearch) {
   const auto [v, f] = GetParam();
       for (bool in_place : {true, false}) {
         const OpGraph g = make_op_graph(v, f, in_place);
-        std::vector<std::string> order;
-        for (const auto& op : g.ops) order.push_back(op.name);
+        std::vector<OpId> order;
+        for (const auto& op : g.ops) order.push_back(op.id);
         const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
         ASSERT_LE(lp.tensors.size(), 24u);
         const LayoutSolution dp = solve_layouts_dp(lp), ex = solve_layouts_exhaustive(lp);
@@ -536,8 +539,8 @@ TEST(LayoutDp, AGmInputSeveralVectorOperatorsReadIsConvertedOnceOnArrival) {
   const Device dev = ascend310p();
   for (Variant v : every_variant()) {
     const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
-    std::vector<std::string> order;
-    for (const auto& op : g.ops) order.push_back(op.name);
+    std::vector<OpId> order;
+    for (const auto& op : g.ops) order.push_back(op.id);
     const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
     const bool has_k = std::find(lp.tensors.begin(), lp.tensors.end(), "k") != lp.tensors.end();
     EXPECT_EQ(has_k, variant_traits(v).channel_gate()) << variant_name(v);
@@ -586,8 +589,8 @@ TEST(LayoutDp, MatchesExhaustiveSearchOnRandomProblems) {
 TEST(LayoutDp, PlannedLayoutsAreNoWorseThanAllDense) {
   const Device dev = ascend310p();
   const OpGraph g = make_op_graph(Variant::GDN, GraphForm::GemmFirst, true);
-  std::vector<std::string> order;
-  for (const auto& op : g.ops) order.push_back(op.name);
+  std::vector<OpId> order;
+  for (const auto& op : g.ops) order.push_back(op.id);
   const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
   const LayoutSolution dp = solve_layouts_dp(lp);
   EXPECT_LT(dp.cost, evaluate(lp, std::vector<Layout>(lp.tensors.size(), Layout::Dense)));
@@ -683,8 +686,8 @@ TEST(PlanJson, UnknownStrategyIsRejected) {
 
 // Every topological order of `g` (with the in-place update after the other readers of the state),
 // by recursion; calls `visit` with each.
-void each_order(const OpGraph& g, std::vector<std::string>& prefix, std::vector<bool>& used,
-                const std::function<void(const std::vector<std::string>&)>& visit) {
+void each_order(const OpGraph& g, std::vector<OpId>& prefix, std::vector<bool>& used,
+                const std::function<void(const std::vector<OpId>&)>& visit) {
   if (prefix.size() == g.ops.size()) {
     visit(prefix);
     return;
@@ -707,7 +710,7 @@ void each_order(const OpGraph& g, std::vector<std::string>& prefix, std::vector<
         }
     if (!ready) continue;
     used[i] = true;
-    prefix.push_back(g.ops[i].name);
+    prefix.push_back(g.ops[i].id);
     each_order(g, prefix, used, visit);
     prefix.pop_back();
     used[i] = false;
@@ -726,7 +729,9 @@ OpGraph random_graph(std::mt19937& rng, int n) {
   std::vector<std::string> available = {"x", "y", "S"};
   for (int i = 0; i < n - 1; ++i) {
     OperatorDef op;
-    op.name = "op" + std::to_string(i);
+    // Distinct operators need distinct ids (orders hold OpIds): the manifest's first n, as labels.
+    op.id = static_cast<OpId>(i);
+    op.name = std::string(operator_name(op.id));
     op.unit = coin(rng) ? Unit::Matrix : Unit::Vector;
     std::uniform_int_distribution<size_t> pick(0, available.size() - 1);
     op.inputs.push_back(available[pick(rng)]);
@@ -743,7 +748,8 @@ OpGraph random_graph(std::mt19937& rng, int n) {
     if (i != n - 2) available.push_back(out);
   }
   OperatorDef update;
-  update.name = "update";
+  update.id = static_cast<OpId>(n - 1);
+  update.name = std::string(operator_name(update.id));
   update.inputs = {"S", available.back()};
   update.outputs = {"S"};
   g.ops.push_back(update);
@@ -757,10 +763,10 @@ TEST(Reordering, ExactAgainstEveryOrderOnSmallGraphs) {
     const int64_t capacity = trial % 3 == 0 ? 64 * 1024 : 1 << 30;  // sometimes L0C binds
     int64_t best_peak = std::numeric_limits<int64_t>::max();
     int best_handoffs = std::numeric_limits<int>::max();
-    std::vector<std::string> prefix;
+    std::vector<OpId> prefix;
     std::vector<bool> used(g.ops.size(), false);
     // The exhaustive reference: each order's peak is the model's, feasible only within capacity.
-    each_order(g, prefix, used, [&](const std::vector<std::string>& order) {
+    each_order(g, prefix, used, [&](const std::vector<OpId>& order) {
       const ReorderResult r = order_occupancy(g, order, 64, 128, 128);
       if (r.peak_result_bytes > capacity) return;
       if (r.peak_vector_bytes < best_peak || (r.peak_vector_bytes == best_peak && r.handoffs < best_handoffs))
@@ -786,14 +792,14 @@ TEST_P(PlanOfVariant, ReorderingGivesGemmFirstAndALowerPeakThanTheGraphOrder) {
   {
     const Variant v = GetParam();
     const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
-    std::vector<std::string> graph_order;
-    for (const OperatorDef& op : g.ops) graph_order.push_back(op.name);
+    std::vector<OpId> graph_order;
+    for (const OperatorDef& op : g.ops) graph_order.push_back(op.id);
     const ReorderResult pass = lifetime_aware_order(g, 64, 128, 128, 256 * 1024);
     const ReorderResult fixed = order_occupancy(g, graph_order, 64, 128, 128);
     EXPECT_LE(pass.peak_vector_bytes, fixed.peak_vector_bytes) << variant_name(v);
     EXPECT_LE(pass.handoffs, fixed.handoffs) << variant_name(v);
     // The four shared-input GEMMs run back to back, and the output reads S before the update.
-    auto pos = [&](const char* n) { return std::find(pass.order.begin(), pass.order.end(), n) - pass.order.begin(); };
+    auto pos = [&](const char* n) { return position(pass.order, n); };
     EXPECT_EQ(pos("qkt") - pos("kkt"), 1) << variant_name(v);
     EXPECT_EQ(pos("ks") - pos("qkt"), 1) << variant_name(v);
     EXPECT_EQ(pos("qs") - pos("ks"), 1) << variant_name(v);

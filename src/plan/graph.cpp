@@ -38,19 +38,14 @@ struct GraphBuilder {
 
 }  // namespace
 
-const std::vector<std::string>& kda_decay_operators() {
-  static const std::vector<std::string> ops = [] {
-    std::vector<std::string> v;
+const std::vector<OpId>& kda_decay_operators() {
+  static const std::vector<OpId> ops = [] {
+    std::vector<OpId> v;
     for (const OperatorManifestRow& r : kOperatorManifest)
-      if (is_decay_operator(r.id)) v.emplace_back(r.name);
+      if (is_decay_operator(r.id)) v.push_back(r.id);
     return v;
   }();
   return ops;
-}
-
-bool is_kda_decay_operator(const std::string& op) {
-  const auto& ops = kda_decay_operators();
-  return std::find(ops.begin(), ops.end(), op) != ops.end();
 }
 
 const char* graph_form_name(GraphForm f) {

@@ -100,8 +100,8 @@ class Lowerer {
     k_.lifetimes.clear();
     start_state();
     bool previous_matrix = false;
-    for (const std::string& name : k_.order) {
-      const OperatorDef& op = g_.op(name);
+    for (const OpId id : k_.order) {
+      const OperatorDef& op = g_.op(id);
       if (op.unit == Unit::Matrix) {
         // The inversion's workspace (its 16x16 block inverses and partial products) takes the
         // operand buffers: operands no input of it needs are released first (the paper's lifetime-aware reordering,
@@ -385,7 +385,7 @@ class Lowerer {
   bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
 
   void start_state() {
-    const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const std::string& o) {
+    const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const OpId o) {
       const auto& in = g_.op(o).inputs;
       return std::find(in.begin(), in.end(), "S") != in.end();
     });
@@ -669,7 +669,7 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
         if (std::find(k.spilled.begin(), k.spilled.end(), lt.tensor) != k.spilled.end()) continue;
         const Step& at = k.steps[static_cast<size_t>(peak_step)];
         if (at.tensor == lt.tensor) continue;
-        const auto& in = cx.graph->op(at.op == "state_in" || at.op == "state_out" || at.op == "state_snapshot" ? k.order.front() : at.op).inputs;
+        const auto& in = (at.op == "state_in" || at.op == "state_out" || at.op == "state_snapshot" ? cx.graph->op(k.order.front()) : cx.graph->op(at.op)).inputs;
         if (at.kind == StepKind::Compute && std::find(in.begin(), in.end(), lt.tensor) != in.end()) continue;
         const double s = static_cast<double>(lt.bytes) * (lt.last - lt.first + 1);
         if (s > score) score = s, victim = lt.tensor;

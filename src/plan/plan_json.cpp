@@ -175,7 +175,9 @@ json plan_to_json(const Plan& plan) {
     kj["name"] = k.name;
     kj["parallel"] = parallel_name(k.parallel);
     kj["launch"] = k.launch;
-    kj["order"] = k.order;
+    json order = json::array();
+    for (const OpId o : k.order) order.push_back(operator_name(o));
+    kj["order"] = order;
     kj["buffering"] = k.buffering;
     kj["double_buffered"] = k.double_buffered;
     kj["state_in"] = state_in_name(k.state_in);
@@ -253,11 +255,13 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     k.role = kernel_role_of_name(k.name);  // the JSON edge: the role is carried by the name
     k.parallel = r.named(kj, "parallel", kp, kParallels, parallel_name);
     k.launch = r.boolean(kj, "launch", kp);
-    k.order = r.strings(kj, "order", kp);
-    for (size_t i = 0; i < k.order.size(); ++i) {
-      bool known = false;
-      for (const OperatorDef& op : g.ops) known |= op.name == k.order[i];
-      if (!known) r.fail(kp + ".order[" + std::to_string(i) + "]", &kj.at("order")[i], "an operator of the " + std::string(graph_form_name(plan.form)) + " graph");
+    // The JSON edge: operators by name, each one of this graph's (the program holds OpIds).
+    const std::vector<std::string> order = r.strings(kj, "order", kp);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::optional<OpId> id = operator_id(order[i]);
+      if (!id || !g.has_op(*id))
+        r.fail(kp + ".order[" + std::to_string(i) + "]", &kj.at("order")[i], "an operator of the " + std::string(graph_form_name(plan.form)) + " graph");
+      k.order.push_back(*id);
     }
     k.buffering = static_cast<int>(r.integer_in(kj, "buffering", kp, 1, 2));
     k.double_buffered = r.strings(kj, "double_buffered", kp);
