@@ -112,6 +112,22 @@ TEST(OperatorManifest, NamesAreTheJsonEdgeOnly) {
   EXPECT_EQ(kda_decay_operators(), decays);
 }
 
+TEST(StepOp, NamesRoundTrip) {
+  for (const OperatorManifestRow& r : kOperatorManifest) {
+    EXPECT_EQ(step_op_name(r.id), r.name);
+    EXPECT_EQ(step_op_of_name(r.name), StepOp(r.id)) << r.name;
+  }
+  for (StateTraffic s : {StateTraffic::StateIn, StateTraffic::StateOut, StateTraffic::StateSnapshot}) {
+    EXPECT_FALSE(StepOp(s).is_operator());
+    EXPECT_EQ(step_op_of_name(step_op_name(s)), StepOp(s)) << step_op_name(s);
+  }
+  EXPECT_EQ(step_op_name(StateTraffic::StateIn), "state_in");
+  EXPECT_EQ(step_op_name(StateTraffic::StateOut), "state_out");
+  EXPECT_EQ(step_op_name(StateTraffic::StateSnapshot), "state_snapshot");
+  EXPECT_FALSE(step_op_of_name("decay_k"));
+  EXPECT_FALSE(step_op_of_name(""));
+}
+
 TEST(KernelRole, NamesRoundTripAndPlansCarryTheRolesThroughJson) {
   for (KernelRole r : {KernelRole::Named, KernelRole::Fused, KernelRole::TailMap, KernelRole::TailState, KernelRole::TailOutput})
     EXPECT_EQ(kernel_role_of_name(kernel_role_name(r)), r) << kernel_role_name(r);
@@ -367,7 +383,8 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
         closure[i].insert(closure[static_cast<size_t>(d)].begin(), closure[static_cast<size_t>(d)].end());
       }
       if (s.kind == StepKind::Compute) {
-        const OperatorDef& op = g.op(s.op);
+        ASSERT_TRUE(s.op.is_operator()) << step_op_name(s.op);
+        const OperatorDef& op = g.op(s.op.op);
         for (size_t a = 0; a < op.inputs.size(); ++a) {
           const std::string& t = op.inputs[a];
           const std::string buf = op.unit == Unit::Vector ? dev.vector.buffer
@@ -375,10 +392,10 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
           auto it = arrived.find({t, buf});
           if (it == arrived.end()) {
             // Only the carried state may be there from the previous chunk.
-            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != StateIn::None) << s.op << " reads " << t << " from " << buf;
+            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != StateIn::None) << step_op_name(s.op) << " reads " << t << " from " << buf;
             continue;
           }
-          EXPECT_TRUE(closure[i].count(it->second)) << s.op << " does not wait for " << t << " in " << buf;
+          EXPECT_TRUE(closure[i].count(it->second)) << step_op_name(s.op) << " does not wait for " << t << " in " << buf;
         }
         for (const std::string& out : op.outputs) arrived[{out, op.unit == Unit::Matrix ? dev.matrix.output : dev.vector.buffer}] = static_cast<int>(i);
       } else if (s.kind == StepKind::Move) {
@@ -407,7 +424,7 @@ TEST(Plans, OperandCheckCatchesAMissingDependency) {
   g_device = ascend310p();
   g_broken_plan = make_plan(problem(Variant::GDN, {256}, 16), g_device, "hanpu");
   for (Step& s : g_broken_plan.kernels[0].steps)
-    if (s.kind == StepKind::Compute && s.op == "gate") s.deps.clear();  // reads only g
+    if (s.kind == StepKind::Compute && s.op == StepOp(OpId::Gate)) s.deps.clear();  // reads only g
   EXPECT_NONFATAL_FAILURE(expect_operands_delivered(g_broken_plan, g_device), "does not wait for");
 }
 
@@ -667,6 +684,19 @@ TEST(PlanJson, MalformedFieldsAreNamed) {
   j = good;
   std::swap(j["kernels"][4]["order"][0], j["kernels"][4]["order"][1]);  // order no longer matches the steps
   EXPECT_NE(parse_error(j).find("plan.kernels[4].steps: the compute steps do not run"), std::string::npos) << parse_error(j);
+  // Step operators by name at the edge: a compute step's must be an operator of this graph, any
+  // other step's may also be the state's traffic; anything else is refused naming the field.
+  j = good;
+  j["kernels"][1]["steps"][compute]["op"] = "state_in";
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[" + std::to_string(compute) + "].op: got \"state_in\", expected an operator of the graph"),
+            std::string::npos)
+      << parse_error(j);
+  j = good;
+  j["kernels"][1]["steps"][move]["op"] = "decay_k";
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[" + std::to_string(move) +
+                                "].op: got \"decay_k\", expected an operator of the graph, state_in, state_out or state_snapshot"),
+            std::string::npos)
+      << parse_error(j);
   j = good;
   j["kernels"][0]["cores"][0].erase(0);  // coverage broken
   EXPECT_NE(parse_error(j).find("runs 0 times"), std::string::npos) << parse_error(j);

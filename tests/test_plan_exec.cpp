@@ -550,7 +550,7 @@ TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
   EXPECT_TRUE(on_host.layout_planned);
   for (const auto& [t, l] : on_host.layouts) EXPECT_EQ(l, Layout::Dense) << t;
   for (const Kernel& k : on_host.kernels)
-    for (const Step& s : k.steps) EXPECT_NE(s.kind, StepKind::Transform) << k.name << " " << s.op << " " << s.tensor;
+    for (const Step& s : k.steps) EXPECT_NE(s.kind, StepKind::Transform) << k.name << " " << step_op_name(s.op) << " " << s.tensor;
   EXPECT_NO_THROW(lower_plan_for_cpu(on_host, shape, prob.seqlens));
   // A plan for the Ascend 310P keeps some matrix results blocked (its Cube's fractal format): the
   // CPU refuses it, naming the tensor.

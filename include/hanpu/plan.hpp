@@ -214,12 +214,33 @@ enum class StepWhen { Every, First, Last };
 const char* step_kind_name(StepKind k);
 const char* step_when_name(StepWhen w);
 
+/// What a step serves: an operator of the graph (its compute step, and the moves, casts and
+/// conversions of its operands and results), or the state's own traffic: StateIn (loading or
+/// zeroing the carried state at the first chunk), StateOut (storing it at the last), StateSnapshot
+/// (storing it every chunk for a later kernel). Typed, so a renamed operator is a compile error;
+/// names only at the JSON edge and in the simulator's results (step_op_name, step_op_of_name).
+enum class StateTraffic : uint8_t { None, StateIn, StateOut, StateSnapshot };
+struct StepOp {
+  OpId op = OpId::Gate;                      // the operator (state == None)
+  StateTraffic state = StateTraffic::None;  // otherwise the state traffic (op stays Gate)
+  constexpr StepOp() = default;
+  constexpr StepOp(OpId id) : op(id) {}  // NOLINT(google-explicit-constructor): a step serves an operator
+  constexpr StepOp(StateTraffic s) : state(s) {}  // NOLINT(google-explicit-constructor)
+  constexpr bool is_operator() const { return state == StateTraffic::None; }
+  bool operator==(const StepOp&) const = default;
+};
+/// "state_in" / "state_out" / "state_snapshot", or the operator's manifest name.
+std::string_view step_op_name(StepOp s);
+/// The StepOp of a name (an operator of the manifest or a state traffic name); nullopt otherwise.
+std::optional<StepOp> step_op_of_name(std::string_view name);
+
 /// One step of a kernel's chunk program.
 /// deps: earlier steps of the same chunk it waits for. reuse_of: the step whose buffer this step
 /// overwrites in a later chunk (-1 none): it waits for that step `buffering` chunks earlier.
 struct Step {
   StepKind kind = StepKind::Compute;
-  std::string op, tensor;
+  StepOp op;
+  std::string tensor;
   StepLane lane = StepLane::Vector;
   std::string engine;  // lane Dma: the DMA engine (the path's engine, or the path's name if it has none)
   std::string path;

@@ -187,7 +187,7 @@ json plan_to_json(const Plan& plan) {
     kj["results_wait"] = k.results_wait;
     json steps = json::array();
     for (const Step& s : k.steps) {
-      json sj = {{"kind", step_kind_name(s.kind)}, {"op", s.op}, {"lane", step_lane_name(s)}, {"when", step_when_name(s.when)}, {"deps", s.deps}};
+      json sj = {{"kind", step_kind_name(s.kind)}, {"op", step_op_name(s.op)}, {"lane", step_lane_name(s)}, {"when", step_when_name(s.when)}, {"deps", s.deps}};
       if (!s.tensor.empty()) sj["tensor"] = s.tensor;
       if (!s.path.empty()) sj["path"] = s.path;
       if (s.elem_bytes) sj["elem_bytes"] = s.elem_bytes;
@@ -277,7 +277,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       const json& sj = steps[si];
       Step s;
       s.kind = r.named(sj, "kind", sp, kStepKinds, step_kind_name);
-      s.op = r.string(sj, "op", sp);
+      const std::string op = r.string(sj, "op", sp);
       // The units by name; any other lane is a move's DMA engine, named by the device.
       const std::string lane = r.string(sj, "lane", sp);
       if (lane == "matrix") {
@@ -296,11 +296,13 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       } else if (s.kind != StepKind::Compute) {
         r.fail(sp + ".tensor", nullptr, std::string("the tensor a ") + step_kind_name(s.kind) + " step works on");
       }
-      if (s.kind == StepKind::Compute) {
-        bool known = false;
-        for (const OperatorDef& op : g.ops) known |= op.name == s.op;
-        if (!known) r.fail(sp + ".op", &sj.at("op"), "an operator of the graph");
-      }
+      // The JSON edge: the operator (or, for other steps, the state's traffic) by name.
+      const std::optional<StepOp> step_op = step_op_of_name(op);
+      if (s.kind == StepKind::Compute && (!step_op || !step_op->is_operator() || !g.has_op(step_op->op)))
+        r.fail(sp + ".op", &sj.at("op"), "an operator of the graph");
+      if (!step_op || (step_op->is_operator() && !g.has_op(step_op->op)))
+        r.fail(sp + ".op", &sj.at("op"), "an operator of the graph, state_in, state_out or state_snapshot");
+      s.op = *step_op;
       if (sj.contains("path")) s.path = r.string(sj, "path", sp);
       else if (s.kind == StepKind::Move) r.fail(sp + ".path", nullptr, "the device path of a move (e.g. \"GM->L1\")");
       if (sj.contains("elem_bytes")) s.elem_bytes = static_cast<int>(r.integer_in(sj, "elem_bytes", sp, 0, 64));

@@ -582,6 +582,21 @@ const char* step_when_name(StepWhen w) {
   }
   return "?";
 }
+std::string_view step_op_name(StepOp s) {
+  switch (s.state) {
+    case StateTraffic::None: return operator_name(s.op);
+    case StateTraffic::StateIn: return "state_in";
+    case StateTraffic::StateOut: return "state_out";
+    case StateTraffic::StateSnapshot: return "state_snapshot";
+  }
+  return "?";
+}
+std::optional<StepOp> step_op_of_name(std::string_view name) {
+  for (StateTraffic s : {StateTraffic::StateIn, StateTraffic::StateOut, StateTraffic::StateSnapshot})
+    if (name == step_op_name(s)) return StepOp(s);
+  if (const std::optional<OpId> id = operator_id(name)) return StepOp(*id);
+  return std::nullopt;
+}
 std::string step_lane_name(const Step& s) {
   switch (s.lane) {
     case StepLane::Matrix: return "matrix";
@@ -684,10 +699,9 @@ void validate_plan(const Plan& plan) {
       throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
     for (const OpId o : k.order) kernel_ops[ki].push_back(op_index(o));
     // The chunk program computes exactly the order's operators, in that order.
-    std::vector<std::string> computed, ordered;
+    std::vector<StepOp> computed, ordered(k.order.begin(), k.order.end());
     for (const Step& st : k.steps)
       if (st.kind == StepKind::Compute) computed.push_back(st.op);
-    for (const OpId o : k.order) ordered.emplace_back(operator_name(o));
     if (computed != ordered)
       throw Error(where(ki) + ".steps: the compute steps do not run the operators of " + where(ki) +
                   ".order in that order (re-plan after changing the order)");
