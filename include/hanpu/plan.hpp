@@ -126,9 +126,6 @@ struct OpGraph {
   const TensorDef& tensor(const std::string& name) const;  // throws hanpu::Error if unknown
   /// The operator with that id; throws hanpu::Error naming it if this graph has none.
   const OperatorDef& op(OpId id) const;
-  /// By name (the JSON/CLI edge: Kernel::order): throws hanpu::Error for a name that is no
-  /// operator of the manifest or not of this graph.
-  const OperatorDef& op(const std::string& name) const;
   bool has_op(OpId id) const;
   bool has_tensor(const std::string& name) const;
 };

@@ -77,11 +77,6 @@ bool OpGraph::has_op(OpId id) const {
   return std::any_of(ops.begin(), ops.end(), [&](const OperatorDef& o) { return o.id == id; });
 }
 
-const OperatorDef& OpGraph::op(const std::string& name) const {
-  const std::optional<OpId> id = operator_id(name);
-  if (!id || !has_op(*id)) throw Error("operator graph: no operator \"" + name + "\"");
-  return op(*id);
-}
 
 OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   const bool channel = variant_traits(variant).channel_gate();  // the decay multiplies q and k element-wise
