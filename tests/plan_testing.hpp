@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
+#include <optional>
+#include <stdexcept>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,25 @@
 #include "registry_testing.hpp"
 
 namespace hanpu::testing {
+
+/// The names of an operator order (Kernel::order holds OpIds; names read better in expectations).
+inline std::vector<std::string> op_names(const std::vector<OpId>& order) {
+  std::vector<std::string> names;
+  for (const OpId o : order) names.emplace_back(operator_name(o));
+  return names;
+}
+
+/// The operator of a manifest name (fails the test for an unknown one).
+inline OpId op_id(std::string_view name) {
+  const std::optional<OpId> id = operator_id(name);
+  if (!id) throw std::invalid_argument("no operator named " + std::string(name));
+  return *id;
+}
+
+/// The position of an operator in an order (its size if absent).
+inline std::ptrdiff_t position(const std::vector<OpId>& order, std::string_view name) {
+  return std::find(order.begin(), order.end(), op_id(name)) - order.begin();
+}
 
 inline Device ascend310p() { return load_device(device_path("ascend310p")); }
 

@@ -22,6 +22,9 @@ using testing::ascend310p;
 using testing::every_strategy;
 using testing::every_variant;
 using testing::problem;
+using testing::op_names;
+using testing::op_id;
+using testing::position;
 
 // --- the operator manifest (hanpu/operators.hpp) ----------------------------------------------------
 
@@ -58,7 +61,7 @@ TEST_P(GraphOfVariantForm, HoldsExactlyTheManifestsOperatorsWithTheirRows) {
       EXPECT_EQ(op.paper_op, row.paper_op) << op.name;
       EXPECT_EQ(op.unit, row.unit) << op.name;
       EXPECT_EQ(&g.op(op.id), &op) << op.name;
-      EXPECT_EQ(&g.op(op.name), &op) << op.name;
+      EXPECT_EQ(operator_id(op.name), op.id) << op.name;
     }
     EXPECT_EQ(got, want) << (in_place ? "in place" : "double-buffered");
     for (const OperatorManifestRow& r : kOperatorManifest)
@@ -95,7 +98,6 @@ TEST(OperatorManifest, NamesAreTheJsonEdgeOnly) {
   EXPECT_EQ(operator_id("decay_k"), std::nullopt);  // a kernel name of vllm-ascend's, no operator
   EXPECT_EQ(operator_id(""), std::nullopt);
   const OpGraph& wu = op_graph(Variant::GDN, GraphForm::WU, false);
-  EXPECT_THROW(wu.op("decay_k"), Error);
   try {
     wu.op(OpId::Solve);  // GEMM-first only
     ADD_FAILURE() << "no throw";
@@ -103,10 +105,26 @@ TEST(OperatorManifest, NamesAreTheJsonEdgeOnly) {
     EXPECT_NE(std::string(e.what()).find("\"solve\""), std::string::npos) << e.what();
   }
   // The decay operators are the manifest's channel-gate rows.
-  std::vector<std::string> decays;
+  std::vector<OpId> decays;
   for (const OperatorManifestRow& r : kOperatorManifest)
-    if (r.gate == GateKind::Channel) decays.emplace_back(r.name);
+    if (r.gate == GateKind::Channel) decays.push_back(r.id);
   EXPECT_EQ(kda_decay_operators(), decays);
+}
+
+TEST(StepOp, NamesRoundTrip) {
+  for (const OperatorManifestRow& r : kOperatorManifest) {
+    EXPECT_EQ(step_op_name(r.id), r.name);
+    EXPECT_EQ(step_op_of_name(r.name), StepOp(r.id)) << r.name;
+  }
+  for (StateTraffic s : {StateTraffic::StateIn, StateTraffic::StateOut, StateTraffic::StateSnapshot}) {
+    EXPECT_FALSE(StepOp(s).is_operator());
+    EXPECT_EQ(step_op_of_name(step_op_name(s)), StepOp(s)) << step_op_name(s);
+  }
+  EXPECT_EQ(step_op_name(StateTraffic::StateIn), "state_in");
+  EXPECT_EQ(step_op_name(StateTraffic::StateOut), "state_out");
+  EXPECT_EQ(step_op_name(StateTraffic::StateSnapshot), "state_snapshot");
+  EXPECT_FALSE(step_op_of_name("decay_k"));
+  EXPECT_FALSE(step_op_of_name(""));
 }
 
 TEST(KernelRole, NamesRoundTripAndPlansCarryTheRolesThroughJson) {
@@ -188,19 +206,19 @@ TEST(OpGraph, KdaDecaysAreOneOperatorPerOperandAndKeepTheWorkOfOne) {
       for (const auto& [L, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 128}, {37, 48}}) {
         double decay_k_ops = 0;
         for (const OperatorDef& op : g.ops) {
-          if (!is_kda_decay_operator(op.name)) continue;
+          if (!is_decay_operator(op.id)) continue;
           EXPECT_EQ(op.outputs, std::vector<std::string>{operand.at(op.name)}) << op.name;
           EXPECT_EQ(op.unit, Unit::Vector);
           if (op.name != "decay_q") decay_k_ops += op_counts(g, op, L, K, 128, 16).vector_ops;
         }
         EXPECT_DOUBLE_EQ(decay_k_ops, 5.0 * static_cast<double>(L * K)) << graph_form_name(f);
-        EXPECT_DOUBLE_EQ(op_counts(g, g.op("decay_q"), L, K, 128, 16).vector_ops, 2.0 * static_cast<double>(L * K));
+        EXPECT_DOUBLE_EQ(op_counts(g, g.op(OpId::DecayQ), L, K, 128, 16).vector_ops, 2.0 * static_cast<double>(L * K));
       }
-      for (const auto& [op, out] : operand) EXPECT_NO_THROW(g.op(op)) << op;
+      for (const auto& [op, out] : operand) EXPECT_NO_THROW(g.op(op_id(op))) << op;
       EXPECT_FALSE(make_op_graph(Variant::GDN, f, in_place).has_tensor("ke"));
     }
-  EXPECT_FALSE(is_kda_decay_operator("gate"));
-  EXPECT_FALSE(is_kda_decay_operator("decay_k"));
+  EXPECT_FALSE(is_decay_operator(OpId::Gate));
+  EXPECT_FALSE(operator_id("decay_k"));  // the single decay_k of old is gone
 }
 
 TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
@@ -208,8 +226,8 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
   // the recurrence k e^(G_L - G) only, the output q e^G and k e^-G.
   auto decays = [](const Kernel& k) {
     std::vector<std::string> d;
-    for (const std::string& o : k.order)
-      if (is_kda_decay_operator(o)) d.push_back(o);
+    for (const OpId o : k.order)
+      if (is_decay_operator(o)) d.emplace_back(operator_name(o));
     return d;
   };
   const Plan fla = make_plan(problem(Variant::KDA, {1024}, 10), ascend310p(), "fla");
@@ -228,9 +246,9 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
     const OpGraph g = plan.graph();
     for (const Kernel& k : plan.kernels)
       for (const std::string& d : decays(k)) {
-        const std::string& operand = g.op(d).outputs.at(0);
+        const std::string& operand = g.op(op_id(d)).outputs.at(0);
         bool read_here = false;
-        for (const std::string& o : k.order)
+        for (const OpId o : k.order)
           for (const std::string& in : g.op(o).inputs) read_here |= in == operand;
         const bool stored = std::any_of(k.steps.begin(), k.steps.end(), [&](const Step& st) {
           return st.kind == StepKind::Move && st.tensor == operand && st.path.find("->GM") != std::string::npos;
@@ -241,7 +259,7 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
   const Plan vllm = make_plan(problem(Variant::KDA, {256}, 10), ascend310p(), "vllm-ascend");
   auto named = [&](const char* n) {
     for (const Kernel& k : vllm.kernels)
-      if (k.name == n) return k.order;
+      if (k.name == n) return op_names(k.order);
     return std::vector<std::string>{};
   };
   EXPECT_EQ(named("decay_q"), std::vector<std::string>{"decay_q"});
@@ -322,7 +340,7 @@ void expect_output_once(const Plan& plan) {
   const Problem& p = plan.problem;
   std::map<std::tuple<int, int, int, int64_t>, int> seen;
   for (const Kernel& k : plan.kernels) {
-    if (std::find(k.order.begin(), k.order.end(), "out") == k.order.end()) continue;
+    if (std::find(k.order.begin(), k.order.end(), OpId::Out) == k.order.end()) continue;
     for (const auto& l : k.cores)
       for (const PlanItem& it : l)
         for (int64_t c = it.chunk0; c < it.chunk1; ++c)
@@ -364,7 +382,8 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
         closure[i].insert(closure[static_cast<size_t>(d)].begin(), closure[static_cast<size_t>(d)].end());
       }
       if (s.kind == StepKind::Compute) {
-        const OperatorDef& op = g.op(s.op);
+        ASSERT_TRUE(s.op.is_operator()) << step_op_name(s.op);
+        const OperatorDef& op = g.op(s.op.op);
         for (size_t a = 0; a < op.inputs.size(); ++a) {
           const std::string& t = op.inputs[a];
           const std::string buf = op.unit == Unit::Vector ? dev.vector.buffer
@@ -372,10 +391,10 @@ void expect_operands_delivered(const Plan& plan, const Device& dev) {
           auto it = arrived.find({t, buf});
           if (it == arrived.end()) {
             // Only the carried state may be there from the previous chunk.
-            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != StateIn::None) << s.op << " reads " << t << " from " << buf;
+            EXPECT_TRUE(t == "S" && buf == dev.vector.buffer && k.state_in != StateIn::None) << step_op_name(s.op) << " reads " << t << " from " << buf;
             continue;
           }
-          EXPECT_TRUE(closure[i].count(it->second)) << s.op << " does not wait for " << t << " in " << buf;
+          EXPECT_TRUE(closure[i].count(it->second)) << step_op_name(s.op) << " does not wait for " << t << " in " << buf;
         }
         for (const std::string& out : op.outputs) arrived[{out, op.unit == Unit::Matrix ? dev.matrix.output : dev.vector.buffer}] = static_cast<int>(i);
       } else if (s.kind == StepKind::Move) {
@@ -404,7 +423,7 @@ TEST(Plans, OperandCheckCatchesAMissingDependency) {
   g_device = ascend310p();
   g_broken_plan = make_plan(problem(Variant::GDN, {256}, 16), g_device, "hanpu");
   for (Step& s : g_broken_plan.kernels[0].steps)
-    if (s.kind == StepKind::Compute && s.op == "gate") s.deps.clear();  // reads only g
+    if (s.kind == StepKind::Compute && s.op == StepOp(OpId::Gate)) s.deps.clear();  // reads only g
   EXPECT_NONFATAL_FAILURE(expect_operands_delivered(g_broken_plan, g_device), "does not wait for");
 }
 
@@ -457,7 +476,7 @@ TEST(Plans, HanpuKeepsOneStateAndFlaOrderTwo) {
 TEST(Plans, GemmFirstGroupsSharedInputGemmsBeforeTheSolve) {
   const Plan plan = make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "hanpu");
   const auto& order = plan.kernels[0].order;
-  auto pos = [&](const char* n) { return std::find(order.begin(), order.end(), n) - order.begin(); };
+  auto pos = [&](const char* n) { return position(order, n); };
   for (const char* gemm : {"kkt", "qkt", "ks", "qs"}) EXPECT_LT(pos(gemm), pos("solve")) << gemm;
   EXPECT_EQ(pos("qkt") - pos("kkt"), 1);
   EXPECT_EQ(pos("ks") - pos("qkt"), 1);
@@ -521,8 +540,8 @@ TEST_P(GraphOfVariantForm, LayoutDpMatchesExhaustiveSearch) {
   const auto [v, f] = GetParam();
       for (bool in_place : {true, false}) {
         const OpGraph g = make_op_graph(v, f, in_place);
-        std::vector<std::string> order;
-        for (const auto& op : g.ops) order.push_back(op.name);
+        std::vector<OpId> order;
+        for (const auto& op : g.ops) order.push_back(op.id);
         const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
         ASSERT_LE(lp.tensors.size(), 24u);
         const LayoutSolution dp = solve_layouts_dp(lp), ex = solve_layouts_exhaustive(lp);
@@ -536,8 +555,8 @@ TEST(LayoutDp, AGmInputSeveralVectorOperatorsReadIsConvertedOnceOnArrival) {
   const Device dev = ascend310p();
   for (Variant v : every_variant()) {
     const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
-    std::vector<std::string> order;
-    for (const auto& op : g.ops) order.push_back(op.name);
+    std::vector<OpId> order;
+    for (const auto& op : g.ops) order.push_back(op.id);
     const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
     const bool has_k = std::find(lp.tensors.begin(), lp.tensors.end(), "k") != lp.tensors.end();
     EXPECT_EQ(has_k, variant_traits(v).channel_gate()) << variant_name(v);
@@ -586,8 +605,8 @@ TEST(LayoutDp, MatchesExhaustiveSearchOnRandomProblems) {
 TEST(LayoutDp, PlannedLayoutsAreNoWorseThanAllDense) {
   const Device dev = ascend310p();
   const OpGraph g = make_op_graph(Variant::GDN, GraphForm::GemmFirst, true);
-  std::vector<std::string> order;
-  for (const auto& op : g.ops) order.push_back(op.name);
+  std::vector<OpId> order;
+  for (const auto& op : g.ops) order.push_back(op.id);
   const LayoutProblem lp = layout_problem(g, order, dev, 64, 128, 128);
   const LayoutSolution dp = solve_layouts_dp(lp);
   EXPECT_LT(dp.cost, evaluate(lp, std::vector<Layout>(lp.tensors.size(), Layout::Dense)));
@@ -664,6 +683,19 @@ TEST(PlanJson, MalformedFieldsAreNamed) {
   j = good;
   std::swap(j["kernels"][4]["order"][0], j["kernels"][4]["order"][1]);  // order no longer matches the steps
   EXPECT_NE(parse_error(j).find("plan.kernels[4].steps: the compute steps do not run"), std::string::npos) << parse_error(j);
+  // Step operators by name at the edge: a compute step's must be an operator of this graph, any
+  // other step's may also be the state's traffic; anything else is refused naming the field.
+  j = good;
+  j["kernels"][1]["steps"][compute]["op"] = "state_in";
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[" + std::to_string(compute) + "].op: got \"state_in\", expected an operator of the graph"),
+            std::string::npos)
+      << parse_error(j);
+  j = good;
+  j["kernels"][1]["steps"][move]["op"] = "decay_k";
+  EXPECT_NE(parse_error(j).find("plan.kernels[1].steps[" + std::to_string(move) +
+                                "].op: got \"decay_k\", expected an operator of the graph, state_in, state_out or state_snapshot"),
+            std::string::npos)
+      << parse_error(j);
   j = good;
   j["kernels"][0]["cores"][0].erase(0);  // coverage broken
   EXPECT_NE(parse_error(j).find("runs 0 times"), std::string::npos) << parse_error(j);
@@ -683,8 +715,8 @@ TEST(PlanJson, UnknownStrategyIsRejected) {
 
 // Every topological order of `g` (with the in-place update after the other readers of the state),
 // by recursion; calls `visit` with each.
-void each_order(const OpGraph& g, std::vector<std::string>& prefix, std::vector<bool>& used,
-                const std::function<void(const std::vector<std::string>&)>& visit) {
+void each_order(const OpGraph& g, std::vector<OpId>& prefix, std::vector<bool>& used,
+                const std::function<void(const std::vector<OpId>&)>& visit) {
   if (prefix.size() == g.ops.size()) {
     visit(prefix);
     return;
@@ -707,7 +739,7 @@ void each_order(const OpGraph& g, std::vector<std::string>& prefix, std::vector<
         }
     if (!ready) continue;
     used[i] = true;
-    prefix.push_back(g.ops[i].name);
+    prefix.push_back(g.ops[i].id);
     each_order(g, prefix, used, visit);
     prefix.pop_back();
     used[i] = false;
@@ -726,7 +758,9 @@ OpGraph random_graph(std::mt19937& rng, int n) {
   std::vector<std::string> available = {"x", "y", "S"};
   for (int i = 0; i < n - 1; ++i) {
     OperatorDef op;
-    op.name = "op" + std::to_string(i);
+    // Distinct operators need distinct ids (orders hold OpIds): the manifest's first n, as labels.
+    op.id = static_cast<OpId>(i);
+    op.name = std::string(operator_name(op.id));
     op.unit = coin(rng) ? Unit::Matrix : Unit::Vector;
     std::uniform_int_distribution<size_t> pick(0, available.size() - 1);
     op.inputs.push_back(available[pick(rng)]);
@@ -743,7 +777,8 @@ OpGraph random_graph(std::mt19937& rng, int n) {
     if (i != n - 2) available.push_back(out);
   }
   OperatorDef update;
-  update.name = "update";
+  update.id = static_cast<OpId>(n - 1);
+  update.name = std::string(operator_name(update.id));
   update.inputs = {"S", available.back()};
   update.outputs = {"S"};
   g.ops.push_back(update);
@@ -757,10 +792,10 @@ TEST(Reordering, ExactAgainstEveryOrderOnSmallGraphs) {
     const int64_t capacity = trial % 3 == 0 ? 64 * 1024 : 1 << 30;  // sometimes L0C binds
     int64_t best_peak = std::numeric_limits<int64_t>::max();
     int best_handoffs = std::numeric_limits<int>::max();
-    std::vector<std::string> prefix;
+    std::vector<OpId> prefix;
     std::vector<bool> used(g.ops.size(), false);
     // The exhaustive reference: each order's peak is the model's, feasible only within capacity.
-    each_order(g, prefix, used, [&](const std::vector<std::string>& order) {
+    each_order(g, prefix, used, [&](const std::vector<OpId>& order) {
       const ReorderResult r = order_occupancy(g, order, 64, 128, 128);
       if (r.peak_result_bytes > capacity) return;
       if (r.peak_vector_bytes < best_peak || (r.peak_vector_bytes == best_peak && r.handoffs < best_handoffs))
@@ -786,14 +821,14 @@ TEST_P(PlanOfVariant, ReorderingGivesGemmFirstAndALowerPeakThanTheGraphOrder) {
   {
     const Variant v = GetParam();
     const OpGraph g = make_op_graph(v, GraphForm::GemmFirst, true);
-    std::vector<std::string> graph_order;
-    for (const OperatorDef& op : g.ops) graph_order.push_back(op.name);
+    std::vector<OpId> graph_order;
+    for (const OperatorDef& op : g.ops) graph_order.push_back(op.id);
     const ReorderResult pass = lifetime_aware_order(g, 64, 128, 128, 256 * 1024);
     const ReorderResult fixed = order_occupancy(g, graph_order, 64, 128, 128);
     EXPECT_LE(pass.peak_vector_bytes, fixed.peak_vector_bytes) << variant_name(v);
     EXPECT_LE(pass.handoffs, fixed.handoffs) << variant_name(v);
     // The four shared-input GEMMs run back to back, and the output reads S before the update.
-    auto pos = [&](const char* n) { return std::find(pass.order.begin(), pass.order.end(), n) - pass.order.begin(); };
+    auto pos = [&](const char* n) { return position(pass.order, n); };
     EXPECT_EQ(pos("qkt") - pos("kkt"), 1) << variant_name(v);
     EXPECT_EQ(pos("ks") - pos("qkt"), 1) << variant_name(v);
     EXPECT_EQ(pos("qs") - pos("ks"), 1) << variant_name(v);

@@ -243,11 +243,12 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     PlanOptions po;
     po.cores = 2;
     // The state GEMMs before the grams (the CPU's hand-wired order before plans drove it).
-    std::vector<std::string> order = {"gate"};
-    if (v == Variant::KDA) order.insert(order.end(), {"decay_q", "decay_ke", "decay_ki", "decay_kl"});
-    order.insert(order.end(), {"ks", "qs", "kkt", "qkt", "kkt_gate", "qkt_gate", "rhs", "solve_diag", "solve", "pv", "out"});
-    if (v == Variant::GDN) order.push_back("update_gate");
-    order.insert(order.end(), {"update", "state_add"});
+    std::vector<OpId> order = {OpId::Gate};
+    if (v == Variant::KDA) order.insert(order.end(), {OpId::DecayQ, OpId::DecayKe, OpId::DecayKi, OpId::DecayKl});
+    order.insert(order.end(), {OpId::Ks, OpId::Qs, OpId::Kkt, OpId::Qkt, OpId::KktGate, OpId::QktGate, OpId::Rhs, OpId::SolveDiag,
+                               OpId::Solve, OpId::Pv, OpId::Out});
+    if (v == Variant::GDN) order.push_back(OpId::UpdateGate);
+    order.insert(order.end(), {OpId::Update, OpId::StateAdd});
     po.order = order;
     const Plan plan = testing::plan_as_callers_do(prob, host(2), "hanpu", po);
     const CpuSchedule s = lower_plan_for_cpu(plan, shape, prob.seqlens);
@@ -261,8 +262,8 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     // order, the grams first, is what an NPU plan runs.
     const CpuSchedule d = lower_plan_for_cpu(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}}), shape, prob.seqlens);
     EXPECT_EQ(d.program.stages, want);
-    std::vector<std::string> graph_order;
-    for (const OperatorDef& op : make_op_graph(v, GraphForm::GemmFirst, true).ops) graph_order.push_back(op.name);
+    std::vector<OpId> graph_order;
+    for (const OperatorDef& op : make_op_graph(v, GraphForm::GemmFirst, true).ops) graph_order.push_back(op.id);
     const CpuSchedule n = lower_plan_for_cpu(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, graph_order}), shape, prob.seqlens);
     EXPECT_EQ(n.program.stages.at(1), CpuStage::Grams);
     const LaResult rn = run_plan(a, p, testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, graph_order}));
@@ -281,7 +282,7 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
     Plan late_qs = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}});
     for (Kernel& k : late_qs.kernels) {
       if (k.name != "fused") continue;
-      for (const char* op : {"qs", "pv", "out"}) {
+      for (const OpId op : {OpId::Qs, OpId::Pv, OpId::Out}) {
         k.order.erase(std::find(k.order.begin(), k.order.end(), op));
         k.order.push_back(op);
       }
@@ -291,11 +292,11 @@ TEST(PlanExec, OperatorOrdersAreStagesInPlanOrder) {
         << cpu_cannot_run(late_qs);
     // Refused: an operator the form does not have.
     Plan foreign = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, {}});
-    foreign.kernels[0].order.insert(foreign.kernels[0].order.begin() + 1, "wu");
+    foreign.kernels[0].order.insert(foreign.kernels[0].order.begin() + 1, OpId::Wu);
     EXPECT_NE(cpu_cannot_run(foreign).find("operator \"wu\" has no CPU stage in the gemm_first form"), std::string::npos)
         << cpu_cannot_run(foreign);
     // make_plan itself refuses an order that reads a tensor before its producer.
-    std::vector<std::string> bad = order;
+    std::vector<OpId> bad = order;
     std::swap(bad[0], bad.back());
     EXPECT_THROW(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, bad}), Error);
   }
@@ -312,12 +313,12 @@ TEST(PlanExec, KdaDecaysJustInTimeRunInTheGateStage) {
   const LaReference ref = la_reference(a.variant, p.inputs(), a.opt);
   const Problem prob = problem_for_inputs(a.variant, p.inputs(), a.opt);
   const LaShape shape = validate_la(a.variant, p.inputs(), a.opt);
-  const std::vector<std::string> just_in_time = {"gate",     "decay_ke", "decay_ki", "kkt",      "decay_q", "qkt", "ks",
-                                                 "qs",       "kkt_gate", "qkt_gate", "rhs",      "solve_diag", "solve", "pv",
-                                                 "out",      "decay_kl", "update",   "state_add"};
+  const std::vector<OpId> just_in_time = {OpId::Gate,    OpId::DecayKe, OpId::DecayKi, OpId::Kkt,       OpId::DecayQ, OpId::Qkt,
+                                          OpId::Ks,      OpId::Qs,      OpId::KktGate, OpId::QktGate,   OpId::Rhs,    OpId::SolveDiag,
+                                          OpId::Solve,   OpId::Pv,      OpId::Out,     OpId::DecayKl,   OpId::Update, OpId::StateAdd};
   const OpGraph g = make_op_graph(Variant::KDA, GraphForm::GemmFirst, true);
   const ReorderResult pass = lifetime_aware_order(g, 64, a.K, a.V, 256 * 1024);
-  for (const std::vector<std::string>& order : {just_in_time, pass.order}) {
+  for (const std::vector<OpId>& order : {just_in_time, pass.order}) {
     const Plan plan = testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, order});
     ASSERT_EQ(fused_kernel(plan)->order, order);
     const CpuSchedule s = lower_plan_for_cpu(plan, shape, prob.seqlens);
@@ -328,15 +329,16 @@ TEST(PlanExec, KdaDecaysJustInTimeRunInTheGateStage) {
     EXPECT_LT(nmse(r.o, ref.o), 1e-10);
     EXPECT_LT(nmse(r.final_state, ref.final_state), 1e-10);
   }
-  // The old single operator is no operator of the graph any more: refused by name.
-  std::vector<std::string> old = just_in_time;
-  old.erase(std::remove_if(old.begin(), old.end(), [](const std::string& o) { return o.rfind("decay_k", 0) == 0; }), old.end());
-  old.insert(old.begin() + 1, "decay_k");
+  // The old single operator is no operator of the manifest any more: a plan file whose order
+  // names it is refused by name at the JSON edge.
+  EXPECT_FALSE(operator_id("decay_k"));
+  nlohmann::json old = plan_to_json(testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, just_in_time}));
+  old["kernels"][0]["order"][1] = "decay_k";
   try {
-    (void)testing::plan_as_callers_do(prob, host(2), "hanpu", PlanOptions{2, old});
-    ADD_FAILURE() << "an order naming decay_k was planned";
+    (void)plan_from_json(old, "old.json");
+    ADD_FAILURE() << "an order naming decay_k was read";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("decay_k"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("old.json: plan.kernels[0].order[1]: got \"decay_k\""), std::string::npos) << e.what();
   }
 }
 
@@ -516,7 +518,7 @@ TEST(PlanExec, UnrunnablePlansAreRefusedByName) {
   EXPECT_NE(cpu_cannot_run(swapped).find("plan.kernels[4] (fwd_h): a state kernel after a output kernel"), std::string::npos)
       << cpu_cannot_run(swapped);
   Plan mixed = fla;  // one kernel with Map and output operators
-  mixed.kernels[1].order.push_back("qkt");
+  mixed.kernels[1].order.push_back(OpId::Qkt);
   EXPECT_NE(cpu_cannot_run(mixed).find("plan.kernels[1] (kkt_solve).order: operators of the map and output phases in one kernel"),
             std::string::npos)
       << cpu_cannot_run(mixed);
@@ -548,7 +550,7 @@ TEST(PlanExec, HostLayoutsAreDenseAndBlockedPlansAreRefused) {
   EXPECT_TRUE(on_host.layout_planned);
   for (const auto& [t, l] : on_host.layouts) EXPECT_EQ(l, Layout::Dense) << t;
   for (const Kernel& k : on_host.kernels)
-    for (const Step& s : k.steps) EXPECT_NE(s.kind, StepKind::Transform) << k.name << " " << s.op << " " << s.tensor;
+    for (const Step& s : k.steps) EXPECT_NE(s.kind, StepKind::Transform) << k.name << " " << step_op_name(s.op) << " " << s.tensor;
   EXPECT_NO_THROW(lower_plan_for_cpu(on_host, shape, prob.seqlens));
   // A plan for the Ascend 310P keeps some matrix results blocked (its Cube's fractal format): the
   // CPU refuses it, naming the tensor.

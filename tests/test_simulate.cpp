@@ -331,8 +331,8 @@ TEST(Simulate, BaselinesExecuteFullTilesHanpuBlockTriangles) {
   const OpGraph g = make_op_graph(Variant::GDN, GraphForm::WU, false);
   // One 64-token chunk of K K^T: 4 x 4 tiles of 16 x 16 when masked afterwards, 10 of them as a
   // block triangle; the useful count is the strict triangle either way.
-  const OpCounts full = op_counts(g, g.op("kkt"), 64, 128, 128, 16, true);
-  const OpCounts tri = op_counts(g, g.op("kkt"), 64, 128, 128, 16, false);
+  const OpCounts full = op_counts(g, g.op(OpId::Kkt), 64, 128, 128, 16, true);
+  const OpCounts tri = op_counts(g, g.op(OpId::Kkt), 64, 128, 128, 16, false);
   EXPECT_EQ(full.executed_macs, 16.0 * 256 * 128);
   EXPECT_EQ(tri.executed_macs, 10.0 * 256 * 128);
   EXPECT_EQ(full.macs, tri.macs);

@@ -4,8 +4,8 @@
 // the graph builder takes each operator's name, paper operator and unit from its row
 // (src/plan/graph.cpp), the CPU lowering its stage table and FLA phases (src/cpu/plan_exec.cpp),
 // the planner its list of KDA decay operators. Code names an operator by OpId, so renaming or
-// dropping one is a compile error; names are strings only at the edges (Plan JSON, CLI orders,
-// the simulator's per-operator table).
+// dropping one is a compile error; names are strings only at the edges (Plan JSON, the
+// simulator's per-operator table and timeline).
 //
 // The header is public because OperatorDef (plan.hpp) carries the OpId and FusedProgram
 // (plan_exec.hpp) the CpuStage; it depends on nothing but the standard library.

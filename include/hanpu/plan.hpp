@@ -126,9 +126,6 @@ struct OpGraph {
   const TensorDef& tensor(const std::string& name) const;  // throws hanpu::Error if unknown
   /// The operator with that id; throws hanpu::Error naming it if this graph has none.
   const OperatorDef& op(OpId id) const;
-  /// By name (the JSON/CLI edge: Kernel::order): throws hanpu::Error for a name that is no
-  /// operator of the manifest or not of this graph.
-  const OperatorDef& op(const std::string& name) const;
   bool has_op(OpId id) const;
   bool has_tensor(const std::string& name) const;
 };
@@ -137,8 +134,7 @@ struct OpGraph {
 /// decay_ke (k e^G), decay_ki (k e^-G), decay_kl (k e^(G_L - G)). Separate operators so an order
 /// can build each just before its consumers and a kernel only those it multiplies.
 /// (The manifest's rows with GateKind::Channel, in manifest order.)
-const std::vector<std::string>& kda_decay_operators();
-bool is_kda_decay_operator(const std::string& op);
+const std::vector<OpId>& kda_decay_operators();
 
 /// The chunk graph of a variant in a form. With state_in_place the update overwrites "S";
 /// otherwise it writes "S_next", which becomes the next chunk's "S".
@@ -152,7 +148,7 @@ const OpGraph& op_graph(Variant variant, GraphForm form, bool state_in_place);
 /// consumer. The model counts each tensor as it is stored (dtype size) from its producer (or its
 /// first reader, for inputs) to its last reader; the state the next chunk reads stays to the end.
 struct ReorderResult {
-  std::vector<std::string> order;
+  std::vector<OpId> order;
   int64_t peak_vector_bytes = 0, peak_result_bytes = 0;
   int handoffs = 0;  // switches between the matrix and the vector unit along the order
 };
@@ -168,7 +164,7 @@ ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64
                                    bool results_wait = true);
 
 /// The same model's peaks for a given order (throws naming an operator run before its inputs).
-ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V,
+ReorderResult order_occupancy(const OpGraph& g, const std::vector<OpId>& order, int64_t L, int64_t K, int64_t V,
                               bool results_wait = true);
 
 /// Counts of `op` for a chunk of L tokens and an item of Vc columns; `tile` is the matrix unit's
@@ -215,12 +211,33 @@ enum class StepWhen { Every, First, Last };
 const char* step_kind_name(StepKind k);
 const char* step_when_name(StepWhen w);
 
+/// What a step serves: an operator of the graph (its compute step, and the moves, casts and
+/// conversions of its operands and results), or the state's own traffic: StateIn (loading or
+/// zeroing the carried state at the first chunk), StateOut (storing it at the last), StateSnapshot
+/// (storing it every chunk for a later kernel). Typed, so a renamed operator is a compile error;
+/// names only at the JSON edge and in the simulator's results (step_op_name, step_op_of_name).
+enum class StateTraffic : uint8_t { None, StateIn, StateOut, StateSnapshot };
+struct StepOp {
+  OpId op = OpId::Gate;                      // the operator (state == None)
+  StateTraffic state = StateTraffic::None;  // otherwise the state traffic (op stays Gate)
+  constexpr StepOp() = default;
+  constexpr StepOp(OpId id) : op(id) {}  // NOLINT(google-explicit-constructor): a step serves an operator
+  constexpr StepOp(StateTraffic s) : state(s) {}  // NOLINT(google-explicit-constructor)
+  constexpr bool is_operator() const { return state == StateTraffic::None; }
+  bool operator==(const StepOp&) const = default;
+};
+/// "state_in" / "state_out" / "state_snapshot", or the operator's manifest name.
+std::string_view step_op_name(StepOp s);
+/// The StepOp of a name (an operator of the manifest or a state traffic name); nullopt otherwise.
+std::optional<StepOp> step_op_of_name(std::string_view name);
+
 /// One step of a kernel's chunk program.
 /// deps: earlier steps of the same chunk it waits for. reuse_of: the step whose buffer this step
 /// overwrites in a later chunk (-1 none): it waits for that step `buffering` chunks earlier.
 struct Step {
   StepKind kind = StepKind::Compute;
-  std::string op, tensor;
+  StepOp op;
+  std::string tensor;
   StepLane lane = StepLane::Vector;
   std::string engine;  // lane Dma: the DMA engine (the path's engine, or the path's name if it has none)
   std::string path;
@@ -277,7 +294,7 @@ struct Kernel {
   KernelRole role = KernelRole::Named;  // kept in step with name: kernel_role_of_name(name)
   Parallel parallel = Parallel::Head;
   bool launch = true;  // pays a kernel launch (false inside a megakernel after its first phase)
-  std::vector<std::string> order;  // operators in program order
+  std::vector<OpId> order;  // operators in program order (names only in the JSON)
   std::vector<Step> steps;
   std::vector<Lifetime> lifetimes;
   std::map<std::string, int64_t> peak_bytes;                   // buffer -> peak live bytes
@@ -347,7 +364,7 @@ class PlanBackend {
   virtual CpuTuning tune(const Problem& p, const Device& dev, int cores, const PlanOptions& opt) const = 0;
   /// The head-fused kernel's operator order when PlanOptions::order gives none. Empty: the
   /// planner's own (the lifetime-aware reordering pass where the strategy has it).
-  virtual std::vector<std::string> fused_order(const OpGraph& g) const = 0;
+  virtual std::vector<OpId> fused_order(const OpGraph& g) const = 0;
   /// Reorders one core's head-fused items after they were cut into column blocks (e.g. so that
   /// like blocks of neighbouring heads become adjacent and can share a lockstep group).
   virtual void order_column_blocks(std::vector<PlanItem>& items) const = 0;
@@ -358,7 +375,7 @@ struct PlanOptions {
   /// Head-mapped strategies: the operator order of the fused kernel instead of the graph's
   /// default (any order in which every operator follows the producers of its inputs; make_plan
   /// throws naming the operator otherwise). Empty: the default order.
-  std::vector<std::string> order;
+  std::vector<OpId> order;
   /// The rules of the backend that will execute the plan; required for a CPU device (make_plan
   /// throws naming this field otherwise), none for an NPU.
   const PlanBackend* backend = nullptr;
@@ -446,7 +463,7 @@ LayoutSolution solve_layouts_dp(const LayoutProblem& lp);
 /// Every assignment (2^n), for checking the DP on small problems.
 LayoutSolution solve_layouts_exhaustive(const LayoutProblem& lp);
 /// The layout problem of a graph's chunk program on a device (costs in seconds per chunk).
-LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& order, const Device& dev,
+LayoutProblem layout_problem(const OpGraph& g, const std::vector<OpId>& order, const Device& dev,
                              int64_t chunk, int64_t K, int64_t V);
 
 /// Vector work that indexes rows (masks, row scales, substitution) costs this factor more on

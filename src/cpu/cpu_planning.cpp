@@ -189,15 +189,15 @@ class CpuPlanBackend final : public PlanBackend {
   // right after the gate, before the grams. That is the order of the hand-wired CPU schedule that
   // plans replaced, whose speed the default path must keep; the grams first measured no faster on
   // the bench shapes (docs/bench/history.md, "One plan drives the CPU").
-  std::vector<std::string> fused_order(const OpGraph& g) const override {
-    std::vector<std::string> order;  // the graph's default: its operators in definition order
-    for (const OperatorDef& op : g.ops) order.push_back(op.name);
+  std::vector<OpId> fused_order(const OpGraph& g) const override {
+    std::vector<OpId> order;  // the graph's default: its operators in definition order
+    for (const OperatorDef& op : g.ops) order.push_back(op.id);
     if (g.form != GraphForm::GemmFirst) return order;
-    std::vector<std::string> front, rest;
-    for (const OperatorDef& op : g.ops) (op.id == OpId::Gate || is_decay_operator(op.id) ? front : rest).push_back(op.name);
-    for (const std::string_view o : {operator_name(OpId::Ks), operator_name(OpId::Qs)}) {
+    std::vector<OpId> front, rest;
+    for (const OperatorDef& op : g.ops) (op.id == OpId::Gate || is_decay_operator(op.id) ? front : rest).push_back(op.id);
+    for (const OpId o : {OpId::Ks, OpId::Qs}) {
       rest.erase(std::find(rest.begin(), rest.end(), o));
-      front.emplace_back(o);
+      front.push_back(o);
     }
     front.insert(front.end(), rest.begin(), rest.end());
     return front;

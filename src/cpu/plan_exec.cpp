@@ -129,7 +129,7 @@ const std::vector<StageOps>& stage_table(GraphForm form) {
 }
 
 bool in_order(const Kernel& k, OpId id) {
-  return std::find(k.order.begin(), k.order.end(), operator_name(id)) != k.order.end();
+  return std::find(k.order.begin(), k.order.end(), id) != k.order.end();
 }
 
 // The fused kernel's order as CPU stages; "" on success, else why not (naming the field).
@@ -139,10 +139,9 @@ std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
   const auto& table = stage_table(plan.form);
   const std::string at = kernel_at(ki, k) + ".order";
   std::vector<size_t> stages;
-  for (const std::string& op : k.order) {
-    const std::optional<OpId> id = operator_id(op);
-    const std::optional<CpuStage> stage = id ? cpu_stage_of(*id, plan.form) : std::nullopt;
-    if (!stage) return at + ": operator \"" + op + "\" has no CPU stage in the " + graph_form_name(plan.form) + " form";
+  for (const OpId id : k.order) {
+    const std::optional<CpuStage> stage = cpu_stage_of(id, plan.form);
+    if (!stage) return at + ": operator \"" + std::string(operator_name(id)) + "\" has no CPU stage in the " + graph_form_name(plan.form) + " form";
     const size_t s = static_cast<size_t>(
         std::find_if(table.begin(), table.end(), [&](const StageOps& so) { return so.stage == *stage; }) - table.begin());
     if (std::find(stages.begin(), stages.end(), s) == stages.end()) stages.push_back(s);
@@ -195,11 +194,8 @@ std::string lower_order(const Plan& plan, size_t ki, FusedProgram& prog) {
 }
 
 // The CPU's FLA-style phases (W/U form): the operator's FlaPhase in the manifest (KDA's decays
-// are recomputed in every phase that needs them, as FLA's kernels do). An unknown name has none.
-FlaPhase fla_phase(const std::string& op) {
-  const std::optional<OpId> id = operator_id(op);
-  return id ? operator_row(*id).fla_phase : FlaPhase::None;
-}
+// are recomputed in every phase that needs them, as FLA's kernels do).
+FlaPhase fla_phase(OpId op) { return operator_row(op).fla_phase; }
 const char* fla_phase_name(FlaPhase p) { return p == FlaPhase::Map ? "map" : p == FlaPhase::State ? "state" : "output"; }
 // Index into the map / state / output kernel lists.
 size_t phase_index(FlaPhase p) { return static_cast<size_t>(p); }
@@ -221,7 +217,7 @@ bool is_tail_kernel(const Kernel& k) {
 bool runs_whole_graph(const Kernel& k, const OpGraph& g) {
   if (k.parallel != Parallel::Head) return false;
   for (const OperatorDef& op : g.ops)
-    if (std::find(k.order.begin(), k.order.end(), op.name) == k.order.end()) return false;
+    if (std::find(k.order.begin(), k.order.end(), op.id) == k.order.end()) return false;
   return true;
 }
 
@@ -336,9 +332,9 @@ std::string check_plan(const Plan& plan, CpuSchedule* out) {
     }
     // A kernel of the FLA-style path: all its operators in one phase, phases in order.
     std::optional<FlaPhase> phase;
-    for (const std::string& op : k.order) {
+    for (const OpId op : k.order) {
       const FlaPhase p = fla_phase(op);
-      if (p == FlaPhase::None) return kernel_at(ki, k) + ".order: operator \"" + op + "\" has no phase on the CPU's FLA-style path";
+      if (p == FlaPhase::None) return kernel_at(ki, k) + ".order: operator \"" + std::string(operator_name(op)) + "\" has no phase on the CPU's FLA-style path";
       if (p == FlaPhase::Recomputed) continue;
       if (phase && p != *phase)
         return kernel_at(ki, k) + ".order: operators of the " + fla_phase_name(*phase) + " and " + fla_phase_name(p) +

@@ -38,19 +38,14 @@ struct GraphBuilder {
 
 }  // namespace
 
-const std::vector<std::string>& kda_decay_operators() {
-  static const std::vector<std::string> ops = [] {
-    std::vector<std::string> v;
+const std::vector<OpId>& kda_decay_operators() {
+  static const std::vector<OpId> ops = [] {
+    std::vector<OpId> v;
     for (const OperatorManifestRow& r : kOperatorManifest)
-      if (is_decay_operator(r.id)) v.emplace_back(r.name);
+      if (is_decay_operator(r.id)) v.push_back(r.id);
     return v;
   }();
   return ops;
-}
-
-bool is_kda_decay_operator(const std::string& op) {
-  const auto& ops = kda_decay_operators();
-  return std::find(ops.begin(), ops.end(), op) != ops.end();
 }
 
 const char* graph_form_name(GraphForm f) {
@@ -82,11 +77,6 @@ bool OpGraph::has_op(OpId id) const {
   return std::any_of(ops.begin(), ops.end(), [&](const OperatorDef& o) { return o.id == id; });
 }
 
-const OperatorDef& OpGraph::op(const std::string& name) const {
-  const std::optional<OpId> id = operator_id(name);
-  if (!id || !has_op(*id)) throw Error("operator graph: no operator \"" + name + "\"");
-  return op(*id);
-}
 
 OpGraph make_op_graph(Variant variant, GraphForm form, bool in_place) {
   const bool channel = variant_traits(variant).channel_gate();  // the decay multiplies q and k element-wise

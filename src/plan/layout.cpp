@@ -95,7 +95,7 @@ LayoutSolution solve_layouts_exhaustive(const LayoutProblem& lp) {
   return best;
 }
 
-LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& order, const Device& dev, int64_t chunk,
+LayoutProblem layout_problem(const OpGraph& g, const std::vector<OpId>& order, const Device& dev, int64_t chunk,
                              int64_t K, int64_t V) {
   using plan_detail::is_layout_decision;
   const double lanes = dev.vector.lanes.count(DType::F32) ? dev.vector.lanes.at(DType::F32).value : 0;
@@ -125,7 +125,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
   };
   // The state first: it is there when the chunk starts (pruning 1).
   bool has_state = false;
-  for (const std::string& o : order)
+  for (const OpId o : order)
     for (const std::string& in : g.op(o).inputs)
       if (in == "S") has_state = true;
   if (has_state) add("S");
@@ -133,7 +133,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
   // dense and is converted at most once, on arrival: its layout in UB is a decision of its own,
   // coupled to each reader. An input with one vector reader keeps the equivalent unary cost below.
   std::map<std::string, int> vector_readers;
-  for (const std::string& o : order)
+  for (const OpId o : order)
     if (g.op(o).unit != Unit::Matrix)
       for (const std::string& in : g.op(o).inputs) ++vector_readers[in];
   for (const TensorDef& t : g.tensors)
@@ -141,7 +141,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
       add(t.name);
       lp.unary[static_cast<size_t>(index.at(t.name))][1] += xform(t.name);  // dense in GM: blocked costs the conversion
     }
-  for (const std::string& o : order)
+  for (const OpId o : order)
     for (const std::string& out : g.op(o).outputs)
       if (is_layout_decision(g.tensor(out))) add(var(out));
 
@@ -156,7 +156,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
     c[2] += cost_if_differ;  // (blocked, dense)
   };
 
-  for (const std::string& o : order) {
+  for (const OpId o : order) {
     const OperatorDef& op = g.op(o);
     if (op.unit == Unit::Matrix) {
       for (const std::string& out : op.outputs)
@@ -187,7 +187,7 @@ LayoutProblem layout_problem(const OpGraph& g, const std::vector<std::string>& o
   for (const std::string& t : lp.tensors) {
     if (g.tensor(t).role == TensorRole::Input) continue;  // matrix operands come from GM, converted by the DMA
     bool matrix_use = false;
-    for (const std::string& o : order) {
+    for (const OpId o : order) {
       const OperatorDef& op = g.op(o);
       if (op.unit == Unit::Matrix && std::find(op.inputs.begin(), op.inputs.end(), t) != op.inputs.end()) matrix_use = true;
     }

@@ -100,8 +100,8 @@ class Lowerer {
     k_.lifetimes.clear();
     start_state();
     bool previous_matrix = false;
-    for (const std::string& name : k_.order) {
-      const OperatorDef& op = g_.op(name);
+    for (const OpId id : k_.order) {
+      const OperatorDef& op = g_.op(id);
       if (op.unit == Unit::Matrix) {
         // The inversion's workspace (its 16x16 block inverses and partial products) takes the
         // operand buffers: operands no input of it needs are released first (the paper's lifetime-aware reordering,
@@ -132,7 +132,7 @@ class Lowerer {
   std::map<std::string, std::map<std::string, Copy>> res_;
   std::map<std::string, std::vector<int>> readers_;  // steps reading each tensor (for in-place writes)
   std::map<std::pair<std::string, std::string>, int> arrival_step_;
-  std::map<std::string, std::string> waiting_;  // matrix results waiting in L0C -> their producer
+  std::map<std::string, OpId> waiting_;  // matrix results waiting in L0C -> their producer
   int clock_ = 0;
 
   int64_t numel(const std::string& t) const {
@@ -202,7 +202,7 @@ class Lowerer {
       }
       if (static_cast<double>(used + bytes) <= cap || victim.empty()) return;
       if (waiting_.count(victim) && buf == l0c_) {
-        const std::string producer = waiting_.at(victim);  // a copy: land_result erases the entry
+        const OpId producer = waiting_.at(victim);  // a copy: land_result erases the entry
         land_result(victim, producer);                      // a waiting result is moved out, never lost
         continue;
       }
@@ -229,13 +229,13 @@ class Lowerer {
   }
 
   // Moves t from `from` to `to` along the cheapest route; returns the last step.
-  int move(const std::string& t, const std::string& from, const std::string& to, const std::string& op, int elem,
+  int move(const std::string& t, const std::string& from, const std::string& to, StepOp op, int elem,
            StepWhen when = StepWhen::Every, const std::set<std::string>& keep = {}) {
     if (from == to) return res_.at(t).at(from).ready;  // one buffer serves both (a CPU's cache)
     const Route r = cheapest_route(dev_, from, to);
     if (r.hops.empty())
       throw Error("device " + dev_.name + ": no data path from " + from + " to " + to + " (needed to move tensor " + t +
-                  " for operator " + op + ")");
+                  " for operator " + std::string(step_op_name(op)) + ")");
     int last = -1;
     std::string at = from;
     const Layout layout = res_.at(t).at(from).layout;
@@ -272,7 +272,7 @@ class Lowerer {
     return it != res_.end() && it->second.count(loc);
   }
 
-  void require_available(const std::string& t, const std::string& op) {
+  void require_available(const std::string& t, StepOp op) {
     if (res_.count(t) && !res_[t].empty()) return;
     if (cx_.from_gm.count(t)) {
       Copy c;
@@ -280,13 +280,13 @@ class Lowerer {
       res_[t][kGM] = c;
       return;
     }
-    throw Error("planner: operator " + op + " in kernel " + k_.name + " reads tensor " + t +
+    throw Error("planner: operator " + std::string(step_op_name(op)) + " in kernel " + k_.name + " reads tensor " + t +
                 ", which is neither an input, produced earlier, nor stored by an earlier kernel");
   }
 
-  void ensure_ub(const std::string& t, const std::string& op) {
+  void ensure_ub(const std::string& t, StepOp op) {
     if (auto w = waiting_.find(t); w != waiting_.end()) {
-      const std::string producer = w->second;  // a copy: land_result erases the map entry
+      const OpId producer = w->second;  // a copy: land_result erases the map entry
       land_result(t, producer);                // its first consumer takes it from L0C
       return;
     }
@@ -312,7 +312,7 @@ class Lowerer {
     return it == cx_.layouts.end() ? Layout::Dense : it->second;
   }
 
-  int transform(const std::string& t, const std::string& op, int after) {
+  int transform(const std::string& t, StepOp op, int after) {
     Step s;
     s.kind = StepKind::Transform, s.op = op, s.tensor = t, s.lane = StepLane::Vector;
     s.elem_bytes = res_.at(t).at(ub_).elem;
@@ -323,7 +323,7 @@ class Lowerer {
   }
 
   // Brings t into an operand buffer as fp16 blocked data.
-  int ensure_operand(const std::string& t, const std::string& buf, const std::string& op, const std::set<std::string>& keep) {
+  int ensure_operand(const std::string& t, const std::string& buf, StepOp op, const std::set<std::string>& keep) {
     require_available(t, op);
     if (resident(t, buf)) {
       res_[t][buf].touch = ++clock_;
@@ -385,7 +385,7 @@ class Lowerer {
   bool spilled(const std::string& t) const { return std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end(); }
 
   void start_state() {
-    const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const std::string& o) {
+    const bool uses_state = std::any_of(k_.order.begin(), k_.order.end(), [&](const OpId o) {
       const auto& in = g_.op(o).inputs;
       return std::find(in.begin(), in.end(), "S") != in.end();
     });
@@ -394,20 +394,20 @@ class Lowerer {
     Copy gm;
     gm.elem = 4;
     res_["S"][kGM] = gm;
-    const int load = move("S", kGM, ub_, "state_in", 4, StepWhen::First);
+    const int load = move("S", kGM, ub_, StateTraffic::StateIn, 4, StepWhen::First);
     Step z;
-    z.kind = StepKind::Zero, z.op = "state_in", z.tensor = "S", z.lane = StepLane::Vector, z.when = StepWhen::First;
+    z.kind = StepKind::Zero, z.op = StateTraffic::StateIn, z.tensor = "S", z.lane = StepLane::Vector, z.when = StepWhen::First;
     const int zero = add(z);
     dep(zero, load);
     res_["S"].erase(kGM);
     Copy& c = res_["S"][ub_];
     c.ready = zero, c.carried = true, c.first = 0, c.layout = layout_of("S");
     c.from_gm = false;  // loaded once per item, not per chunk: not double-buffered
-    if (cx_.to_gm.count("S")) store("S", "state_snapshot");
+    if (cx_.to_gm.count("S")) store("S", StateTraffic::StateSnapshot);
   }
 
   // Stores t to GM; intermediates kept in GM as fp16 are cast first, the final state never is.
-  void store(const std::string& t, const std::string& op, StepWhen when = StepWhen::Every, bool fp16_allowed = true) {
+  void store(const std::string& t, StepOp op, StepWhen when = StepWhen::Every, bool fp16_allowed = true) {
     int elem = res_.at(t).at(ub_).elem;
     if (fp16_allowed && cx_.f16_in_gm.count(t) && elem == 4) {
       Step s;
@@ -425,11 +425,11 @@ class Lowerer {
     move(t, ub_, kGM, op, elem, when);
   }
 
-  void produced(const std::string& t, const std::string& op) {
+  void produced(const std::string& t, StepOp op) {
     const bool state = state_tensor(t);
     if (state) {
       res_[t][ub_].carried = true;
-      if (k_.state_out != StateOut::None) store(t, "state_out", StepWhen::Last, false);
+      if (k_.state_out != StateOut::None) store(t, StateTraffic::StateOut, StepWhen::Last, false);
       return;
     }
     const bool spill = std::find(k_.spilled.begin(), k_.spilled.end(), t) != k_.spilled.end();
@@ -445,9 +445,9 @@ class Lowerer {
     std::vector<int> ready;
     std::set<std::string> keep(op.inputs.begin(), op.inputs.end());
     for (size_t i = 0; i < op.inputs.size(); ++i)
-      ready.push_back(ensure_operand(op.inputs[i], static_cast<int>(i) < op.left ? l0a_ : l0b_, op.name, keep));
+      ready.push_back(ensure_operand(op.inputs[i], static_cast<int>(i) < op.left ? l0a_ : l0b_, op.id, keep));
     Step s;
-    s.kind = StepKind::Compute, s.op = op.name, s.lane = StepLane::Matrix;
+    s.kind = StepKind::Compute, s.op = op.id, s.lane = StepLane::Matrix;
     const int c = add(s);
     for (size_t i = 0; i < op.inputs.size(); ++i) {
       const std::string buf = static_cast<int>(i) < op.left ? l0a_ : l0b_;
@@ -464,7 +464,7 @@ class Lowerer {
     for (const std::string& out : op.outputs) {
       if (l0c_ == ub_) {
         arrive(out, ub_, c, 4, native_, false);
-        convert_result(out, op.name);
+        convert_result(out, op.id);
       } else {
         arrive(out, l0c_, c, 4, native_, false);
         // A result nothing outside the core needs may wait in L0C for its first consumer (the
@@ -472,25 +472,25 @@ class Lowerer {
         const bool may_wait = k_.results_wait && !cx_.to_gm.count(out) && g_.tensor(out).role == TensorRole::Intermediate &&
                               !spilled(out);
         if (may_wait) {
-          waiting_[out] = op.name;
+          waiting_[out] = op.id;
           continue;
         }
-        land_result(out, op.name);
+        land_result(out, op.id);
       }
-      produced(out, op.name);
+      produced(out, op.id);
     }
   }
 
   // Moves a matrix result from L0C to the vector buffer and converts it to its planned layout.
   // `op` is taken by value: callers pass the waiting_ entry this erases.
-  void land_result(const std::string& out, std::string op) {
+  void land_result(const std::string& out, StepOp op) {
     move(out, l0c_, ub_, op, 4);
     drop(out, l0c_);
     waiting_.erase(out);
     convert_result(out, op);
   }
 
-  void convert_result(const std::string& out, const std::string& op) {
+  void convert_result(const std::string& out, StepOp op) {
     if (layout_of(out) != native_ && is_layout_decision(g_.tensor(out))) {
       transform(out, op, res_[out][ub_].ready);
       res_[out][ub_].layout = layout_of(out);
@@ -502,19 +502,19 @@ class Lowerer {
     const Layout w = working_layout(op, g_, cx_.layouts);
     std::vector<int> ready;
     for (const std::string& in : op.inputs) {
-      ensure_ub(in, op.name);
+      ensure_ub(in, op.id);
       Copy& c = res_[in][ub_];
       int r = c.ready;
       const TensorDef& d = g_.tensor(in);
       const bool two_d = d.rows != "1" && d.cols != "1";
       if (two_d && c.layout != w && !(state_tensor(in) && g_.state_in_place && std::find(op.outputs.begin(), op.outputs.end(), in) != op.outputs.end())) {
-        r = transform(in, op.name, r);
+        r = transform(in, op.id, r);
         k_.lifetimes.push_back({in + "(converted)", ub_, r, r + 1, numel(in) * c.elem, 1});
       }
       ready.push_back(r);
     }
     Step s;
-    s.kind = StepKind::Compute, s.op = op.name, s.lane = StepLane::Vector;
+    s.kind = StepKind::Compute, s.op = op.id, s.lane = StepLane::Vector;
     const int c = add(s);
     for (const std::string& in : op.inputs) read(in, ub_, c);
     for (int r : ready) dep(c, r);
@@ -529,18 +529,18 @@ class Lowerer {
         Copy& cp = res_[out][ub_];
         cp.ready = c;
         cp.last_use = std::max(cp.last_use, c);
-        produced(out, op.name);
+        produced(out, op.id);
         continue;
       }
       const int elem = static_cast<int>(dtype_size(d.dtype));
       arrive(out, ub_, c, elem, w, false);
       const Layout want = layout_of(out);
       if (i > 0 && is_layout_decision(d) && want != w) {
-        const int t = transform(out, op.name, c);
+        const int t = transform(out, op.id, c);
         res_[out][ub_].layout = want;
         res_[out][ub_].ready = t;
       }
-      produced(out, op.name);
+      produced(out, op.id);
     }
   }
 
@@ -626,7 +626,7 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
   std::vector<std::pair<int64_t, std::string>> loads;
   for (const Lifetime& lt : k.lifetimes)
     for (const Step& s : k.steps)
-      if (s.kind == StepKind::Move && s.tensor == lt.tensor && s.path.rfind("GM->", 0) == 0 && s.op != "state_in" &&
+      if (s.kind == StepKind::Move && s.tensor == lt.tensor && s.path.rfind("GM->", 0) == 0 && s.op != StepOp(StateTraffic::StateIn) &&
           std::none_of(loads.begin(), loads.end(), [&](const auto& x) { return x.second == lt.tensor; }))
         loads.push_back({lt.bytes, lt.tensor});
   std::sort(loads.begin(), loads.end());
@@ -669,7 +669,7 @@ void lower_with_capacity(Kernel& k, const LowerContext& cx, int64_t L, int64_t V
         if (std::find(k.spilled.begin(), k.spilled.end(), lt.tensor) != k.spilled.end()) continue;
         const Step& at = k.steps[static_cast<size_t>(peak_step)];
         if (at.tensor == lt.tensor) continue;
-        const auto& in = cx.graph->op(at.op == "state_in" || at.op == "state_out" || at.op == "state_snapshot" ? k.order.front() : at.op).inputs;
+        const auto& in = cx.graph->op(at.op.is_operator() ? at.op.op : k.order.front()).inputs;
         if (at.kind == StepKind::Compute && std::find(in.begin(), in.end(), lt.tensor) != in.end()) continue;
         const double s = static_cast<double>(lt.bytes) * (lt.last - lt.first + 1);
         if (s > score) score = s, victim = lt.tensor;

@@ -175,7 +175,9 @@ json plan_to_json(const Plan& plan) {
     kj["name"] = k.name;
     kj["parallel"] = parallel_name(k.parallel);
     kj["launch"] = k.launch;
-    kj["order"] = k.order;
+    json order = json::array();
+    for (const OpId o : k.order) order.push_back(operator_name(o));
+    kj["order"] = order;
     kj["buffering"] = k.buffering;
     kj["double_buffered"] = k.double_buffered;
     kj["state_in"] = state_in_name(k.state_in);
@@ -185,7 +187,7 @@ json plan_to_json(const Plan& plan) {
     kj["results_wait"] = k.results_wait;
     json steps = json::array();
     for (const Step& s : k.steps) {
-      json sj = {{"kind", step_kind_name(s.kind)}, {"op", s.op}, {"lane", step_lane_name(s)}, {"when", step_when_name(s.when)}, {"deps", s.deps}};
+      json sj = {{"kind", step_kind_name(s.kind)}, {"op", step_op_name(s.op)}, {"lane", step_lane_name(s)}, {"when", step_when_name(s.when)}, {"deps", s.deps}};
       if (!s.tensor.empty()) sj["tensor"] = s.tensor;
       if (!s.path.empty()) sj["path"] = s.path;
       if (s.elem_bytes) sj["elem_bytes"] = s.elem_bytes;
@@ -253,11 +255,13 @@ Plan plan_from_json(const json& j, const std::string& origin) {
     k.role = kernel_role_of_name(k.name);  // the JSON edge: the role is carried by the name
     k.parallel = r.named(kj, "parallel", kp, kParallels, parallel_name);
     k.launch = r.boolean(kj, "launch", kp);
-    k.order = r.strings(kj, "order", kp);
-    for (size_t i = 0; i < k.order.size(); ++i) {
-      bool known = false;
-      for (const OperatorDef& op : g.ops) known |= op.name == k.order[i];
-      if (!known) r.fail(kp + ".order[" + std::to_string(i) + "]", &kj.at("order")[i], "an operator of the " + std::string(graph_form_name(plan.form)) + " graph");
+    // The JSON edge: operators by name, each one of this graph's (the program holds OpIds).
+    const std::vector<std::string> order = r.strings(kj, "order", kp);
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::optional<OpId> id = operator_id(order[i]);
+      if (!id || !g.has_op(*id))
+        r.fail(kp + ".order[" + std::to_string(i) + "]", &kj.at("order")[i], "an operator of the " + std::string(graph_form_name(plan.form)) + " graph");
+      k.order.push_back(*id);
     }
     k.buffering = static_cast<int>(r.integer_in(kj, "buffering", kp, 1, 2));
     k.double_buffered = r.strings(kj, "double_buffered", kp);
@@ -273,7 +277,7 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       const json& sj = steps[si];
       Step s;
       s.kind = r.named(sj, "kind", sp, kStepKinds, step_kind_name);
-      s.op = r.string(sj, "op", sp);
+      const std::string op = r.string(sj, "op", sp);
       // The units by name; any other lane is a move's DMA engine, named by the device.
       const std::string lane = r.string(sj, "lane", sp);
       if (lane == "matrix") {
@@ -292,11 +296,13 @@ Plan plan_from_json(const json& j, const std::string& origin) {
       } else if (s.kind != StepKind::Compute) {
         r.fail(sp + ".tensor", nullptr, std::string("the tensor a ") + step_kind_name(s.kind) + " step works on");
       }
-      if (s.kind == StepKind::Compute) {
-        bool known = false;
-        for (const OperatorDef& op : g.ops) known |= op.name == s.op;
-        if (!known) r.fail(sp + ".op", &sj.at("op"), "an operator of the graph");
-      }
+      // The JSON edge: the operator (or, for other steps, the state's traffic) by name.
+      const std::optional<StepOp> step_op = step_op_of_name(op);
+      if (s.kind == StepKind::Compute && (!step_op || !step_op->is_operator() || !g.has_op(step_op->op)))
+        r.fail(sp + ".op", &sj.at("op"), "an operator of the graph");
+      if (!step_op || (step_op->is_operator() && !g.has_op(step_op->op)))
+        r.fail(sp + ".op", &sj.at("op"), "an operator of the graph, state_in, state_out or state_snapshot");
+      s.op = *step_op;
       if (sj.contains("path")) s.path = r.string(sj, "path", sp);
       else if (s.kind == StepKind::Move) r.fail(sp + ".path", nullptr, "the device path of a move (e.g. \"GM->L1\")");
       if (sj.contains("elem_bytes")) s.elem_bytes = static_cast<int>(r.integer_in(sj, "elem_bytes", sp, 0, 64));

@@ -47,20 +47,10 @@ std::vector<std::vector<PlanItem>> round_robin(const std::vector<PlanItem>& item
   return out;
 }
 
-// Operator names for a kernel's order (Kernel::order keeps names, the JSON edge's form): from
-// manifest ids, so a renamed operator fails to compile here rather than at plan time.
-std::vector<std::string> op_names(const std::vector<OpId>& ids) {
-  std::vector<std::string> names;
-  for (OpId id : ids) names.emplace_back(operator_name(id));
-  return names;
-}
-
-void append_ops(std::vector<std::string>& order, const std::vector<OpId>& ids) {
-  for (OpId id : ids) order.emplace_back(operator_name(id));
-}
+void append_ops(std::vector<OpId>& order, const std::vector<OpId>& ids) { order.insert(order.end(), ids.begin(), ids.end()); }
 
 // A strategy's own kernel (KernelRole::Named).
-Kernel kernel(const std::string& name, Parallel parallel, std::vector<std::string> order) {
+Kernel kernel(const std::string& name, Parallel parallel, std::vector<OpId> order) {
   Kernel k;
   k.name = name;
   k.parallel = parallel;
@@ -69,14 +59,14 @@ Kernel kernel(const std::string& name, Parallel parallel, std::vector<std::strin
 }
 
 // A kernel whose role the backends know (the fused kernel, the tail kernels): named after it.
-Kernel kernel(KernelRole role, Parallel parallel, std::vector<std::string> order) {
+Kernel kernel(KernelRole role, Parallel parallel, std::vector<OpId> order) {
   Kernel k = kernel(kernel_role_name(role), parallel, std::move(order));
   k.role = role;
   return k;
 }
 
 bool reads(const OpGraph& g, const Kernel& k, const std::string& t) {
-  for (const std::string& o : k.order) {
+  for (const OpId o : k.order) {
     const auto& in = g.op(o).inputs;
     if (std::find(in.begin(), in.end(), t) != in.end()) return true;
   }
@@ -84,7 +74,7 @@ bool reads(const OpGraph& g, const Kernel& k, const std::string& t) {
 }
 
 bool produces(const OpGraph& g, const Kernel& k, const std::string& t) {
-  for (const std::string& o : k.order) {
+  for (const OpId o : k.order) {
     const auto& out = g.op(o).outputs;
     if (std::find(out.begin(), out.end(), t) != out.end()) return true;
   }
@@ -93,7 +83,7 @@ bool produces(const OpGraph& g, const Kernel& k, const std::string& t) {
 
 // Produced before its first read inside the kernel (the state is carried instead).
 bool produced_before_read(const OpGraph& g, const Kernel& k, const std::string& t) {
-  for (const std::string& o : k.order) {
+  for (const OpId o : k.order) {
     const OperatorDef& op = g.op(o);
     if (std::find(op.inputs.begin(), op.inputs.end(), t) != op.inputs.end()) return false;
     if (std::find(op.outputs.begin(), op.outputs.end(), t) != op.outputs.end()) return true;
@@ -104,12 +94,12 @@ bool produced_before_read(const OpGraph& g, const Kernel& k, const std::string& 
 // Splits an order into the state-independent Map operators, the state recurrence (operators the
 // next state depends on) and the rest (the output), for chunk-parallel execution.
 struct Phases {
-  std::vector<std::string> map, reduce, output;
+  std::vector<OpId> map, reduce, output;
 };
-Phases split_phases(const OpGraph& g, const std::vector<std::string>& order) {
+Phases split_phases(const OpGraph& g, const std::vector<OpId>& order) {
   std::set<std::string> dep_state = {"S"};
-  std::set<std::string> ops_dep;
-  for (const std::string& o : order) {
+  std::set<OpId> ops_dep;
+  for (const OpId o : order) {
     const OperatorDef& op = g.op(o);
     bool d = false;
     for (const std::string& in : op.inputs) d |= dep_state.count(in) > 0;
@@ -121,7 +111,7 @@ Phases split_phases(const OpGraph& g, const std::vector<std::string>& order) {
   // Backward: operators whose results reach the state update.
   const std::string s_out = g.state_in_place ? "S" : "S_next";
   std::set<std::string> needed = {s_out};
-  std::set<std::string> ops_needed;
+  std::set<OpId> ops_needed;
   for (auto it = order.rbegin(); it != order.rend(); ++it) {
     const OperatorDef& op = g.op(*it);
     bool n = false;
@@ -132,7 +122,7 @@ Phases split_phases(const OpGraph& g, const std::vector<std::string>& order) {
     }
   }
   Phases ph;
-  for (const std::string& o : order) {
+  for (const OpId o : order) {
     if (!ops_dep.count(o)) ph.map.push_back(o);
     else if (ops_needed.count(o)) ph.reduce.push_back(o);
     else ph.output.push_back(o);
@@ -140,15 +130,15 @@ Phases split_phases(const OpGraph& g, const std::vector<std::string>& order) {
   return ph;
 }
 
-std::vector<std::string> default_order(const OpGraph& g) {
-  std::vector<std::string> o;
-  for (const OperatorDef& op : g.ops) o.push_back(op.name);
+std::vector<OpId> default_order(const OpGraph& g) {
+  std::vector<OpId> o;
+  for (const OperatorDef& op : g.ops) o.push_back(op.id);
   return o;
 }
 
 // Kernels running `items` the FLA way: Map phases chunk-parallel over all cores, the recurrence
 // head-parallel on column blocks of `state_cols`, the output chunk-parallel.
-std::vector<Kernel> tail_kernels(const Problem& p, const OpGraph& g, const std::vector<std::string>& order,
+std::vector<Kernel> tail_kernels(const Problem& p, const OpGraph& g, const std::vector<OpId>& order,
                                  const std::vector<PlanItem>& items, int cores, int state_cols) {
   const Phases ph = split_phases(g, order);
   std::vector<Kernel> ks;
@@ -185,7 +175,7 @@ void add_decay(std::vector<Kernel>& ks, const OpGraph& g);
 
 // Head-level mapping (with the chunk-parallel fallback for tier-3 items) of one fused kernel.
 std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores,
-                                        const std::vector<std::string>& order) {
+                                        const std::vector<OpId>& order) {
   const HeadMapping m = map_heads(p, cores, matrix_quantum(dev));
   std::vector<Kernel> ks;
   const bool any = std::any_of(m.cores.begin(), m.cores.end(), [](const auto& l) { return !l.empty(); });
@@ -216,23 +206,23 @@ std::vector<Kernel> head_mapped_kernels(const Problem& p, const Device& dev, con
 // chunk-parallel split puts every decay in the Map phase).
 void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
   if (!variant_traits(g.variant).channel_gate()) return;
-  auto read_in = [&](const Kernel& k, const std::string& decay) {
+  auto read_in = [&](const Kernel& k, const OpId decay) {
     const std::string& operand = g.op(decay).outputs.at(0);
-    for (const std::string& o : k.order)
+    for (const OpId o : k.order)
       if (o != decay)
         for (const std::string& in : g.op(o).inputs)
           if (in == operand) return true;
     return false;
   };
   for (Kernel& k : ks) {
-    std::vector<std::string> kept;
-    for (const std::string& o : k.order)
-      if (!is_kda_decay_operator(o) || read_in(k, o)) kept.push_back(o);
+    std::vector<OpId> kept;
+    for (const OpId o : k.order)
+      if (!is_decay_operator(o) || read_in(k, o)) kept.push_back(o);
     k.order = kept;
-    std::vector<std::string> missing;
-    for (const std::string& op : kda_decay_operators())
+    std::vector<OpId> missing;
+    for (const OpId op : kda_decay_operators())
       if (std::find(k.order.begin(), k.order.end(), op) == k.order.end() && read_in(k, op)) missing.push_back(op);
-    auto gate = std::find(k.order.begin(), k.order.end(), operator_name(OpId::Gate));
+    auto gate = std::find(k.order.begin(), k.order.end(), OpId::Gate);
     k.order.insert(gate == k.order.end() ? k.order.begin() : gate + 1, missing.begin(), missing.end());
   }
 }
@@ -264,7 +254,7 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
           const bool carried_there = t.role == TensorRole::State && ks[j].state_in != StateIn::None;
           if (reads(g, ks[j], t.name) && !carried_there && !produced_before_read(g, ks[j], t.name)) {
             stored = true;
-            for (const std::string& o : ks[j].order) {
+            for (const OpId o : ks[j].order) {
               const OperatorDef& op = g.op(o);
               if (op.unit != Unit::Matrix && std::find(op.inputs.begin(), op.inputs.end(), t.name) != op.inputs.end())
                 later_matrix_only = false;
@@ -338,16 +328,16 @@ using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const OpGraph& g
 
 std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, bool megakernel) {
   const auto items = whole_items(p, static_cast<int>(p.V));
-  Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, op_names({OpId::Gate}));
-  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, op_names({OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv}));
-  Kernel wu = kernel("recompute_w_u", Parallel::Chunk, op_names({OpId::WuScale, OpId::Wu}));
-  std::vector<std::string> h_ops = op_names({OpId::Ws, OpId::Vnew});
-  if (variant_traits(p.variant).head_gate()) h_ops.push_back(std::string(operator_name(OpId::UpdateGate)));
+  Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, std::vector<OpId>{OpId::Gate});
+  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, std::vector<OpId>{OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv});
+  Kernel wu = kernel("recompute_w_u", Parallel::Chunk, std::vector<OpId>{OpId::WuScale, OpId::Wu});
+  std::vector<OpId> h_ops = std::vector<OpId>{OpId::Ws, OpId::Vnew};
+  if (variant_traits(p.variant).head_gate()) h_ops.push_back(OpId::UpdateGate);
   append_ops(h_ops, {OpId::Update, OpId::StateAdd});
   Kernel h = kernel("fwd_h", Parallel::Head, h_ops);
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
-  Kernel o = kernel("fwd_o", Parallel::Chunk, op_names({OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out}));
+  Kernel o = kernel("fwd_o", Parallel::Chunk, std::vector<OpId>{OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out});
   for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
   std::vector<Kernel> ks = {cumsum, kkt_solve, wu, h, o};
   add_decay(ks, g);
@@ -379,16 +369,16 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
       {"wu_scale", {OpId::WuScale}},    {"wu", {OpId::Wu}}};
   for (const TorchKernel& tk : torch_kernels) {
     if (is_decay_operator(tk.ops.front()) && !variant_traits(p.variant).channel_gate()) continue;
-    ks.push_back(kernel(tk.name, Parallel::Chunk, op_names(tk.ops)));
+    ks.push_back(kernel(tk.name, Parallel::Chunk, tk.ops));
   }
   for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
-  std::vector<std::string> h_ops = op_names({OpId::Ws, OpId::Vnew});
-  if (variant_traits(p.variant).head_gate()) h_ops.push_back(std::string(operator_name(OpId::UpdateGate)));
+  std::vector<OpId> h_ops = std::vector<OpId>{OpId::Ws, OpId::Vnew};
+  if (variant_traits(p.variant).head_gate()) h_ops.push_back(OpId::UpdateGate);
   append_ops(h_ops, {OpId::Update, OpId::StateAdd});
   Kernel h = kernel("chunk_gated_delta_rule_fwd_h", Parallel::Head, h_ops);
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kVllmStateColumns), cores);
-  Kernel o = kernel("chunk_fwd_o", Parallel::Chunk, op_names({OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out}));
+  Kernel o = kernel("chunk_fwd_o", Parallel::Chunk, std::vector<OpId>{OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out});
   o.cores = map_chunks(p, items, cores);
   ks.push_back(h);
   ks.push_back(o);
@@ -400,7 +390,7 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
   // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
   // next segment's start state; then all segments in parallel, fused.
   const auto items = whole_items(p, static_cast<int>(p.V));
-  std::vector<std::string> prep = op_names({OpId::Gate, OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv});
+  std::vector<OpId> prep = std::vector<OpId>{OpId::Gate, OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv};
   Kernel ks0 = kernel("kkt_solve", Parallel::Chunk, prep);
   ks0.cores = map_chunks(p, items, cores);
   const double per_core = static_cast<double>(p.HV * p.total_chunks()) / cores;
@@ -424,14 +414,14 @@ std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cor
       if (s.chunk1 < it.chunk1) state_items.push_back(s);  // the last segment's end state is not needed
     }
   }
-  std::vector<std::string> state_ops = op_names({OpId::Ks, OpId::Rhs, OpId::Apply});
-  if (variant_traits(p.variant).head_gate()) state_ops.push_back(std::string(operator_name(OpId::UpdateGate)));
+  std::vector<OpId> state_ops = std::vector<OpId>{OpId::Ks, OpId::Rhs, OpId::Apply};
+  if (variant_traits(p.variant).head_gate()) state_ops.push_back(OpId::UpdateGate);
   append_ops(state_ops, {OpId::Update, OpId::StateAdd});
   Kernel ks1 = kernel("segment_states", Parallel::Segment, state_ops);
   ks1.state_in = StateIn::Zero, ks1.state_out = StateOut::Segment;
   ks1.cores = round_robin(state_items, cores);
-  std::vector<std::string> fwd = op_names({OpId::Ks, OpId::Qs, OpId::Qkt, OpId::QktGate, OpId::Rhs, OpId::Apply, OpId::Pv, OpId::Out});
-  if (variant_traits(p.variant).head_gate()) fwd.push_back(std::string(operator_name(OpId::UpdateGate)));
+  std::vector<OpId> fwd = std::vector<OpId>{OpId::Ks, OpId::Qs, OpId::Qkt, OpId::QktGate, OpId::Rhs, OpId::Apply, OpId::Pv, OpId::Out};
+  if (variant_traits(p.variant).head_gate()) fwd.push_back(OpId::UpdateGate);
   append_ops(fwd, {OpId::Update, OpId::StateAdd});
   Kernel ks2 = kernel("fused_fwd", Parallel::Segment, fwd);
   ks2.state_in = StateIn::Initial, ks2.state_out = StateOut::Final;
@@ -484,7 +474,7 @@ void plan_head_mapped(Plan& plan, const Device& dev, const OpGraph& g, int cores
   // reordering pass's; where matrix results leave through a result buffer of their own (L0C)
   // they wait there for their first consumer. A given order (PlanOptions::order) and a CPU (its
   // order is the CPU schedule's) keep theirs.
-  std::vector<std::string> order = opt.order;
+  std::vector<OpId> order = opt.order;
   if (order.empty() && opt.backend) order = opt.backend->fused_order(g);
   const bool reorder_pass = plan.form == GraphForm::GemmFirst && plan.state_in_place && order.empty();
   const bool results_wait = reorder_pass && dev.matrix.output != dev.vector.buffer;
@@ -592,6 +582,21 @@ const char* step_when_name(StepWhen w) {
   }
   return "?";
 }
+std::string_view step_op_name(StepOp s) {
+  switch (s.state) {
+    case StateTraffic::None: return operator_name(s.op);
+    case StateTraffic::StateIn: return "state_in";
+    case StateTraffic::StateOut: return "state_out";
+    case StateTraffic::StateSnapshot: return "state_snapshot";
+  }
+  return "?";
+}
+std::optional<StepOp> step_op_of_name(std::string_view name) {
+  for (StateTraffic s : {StateTraffic::StateIn, StateTraffic::StateOut, StateTraffic::StateSnapshot})
+    if (name == step_op_name(s)) return StepOp(s);
+  if (const std::optional<OpId> id = operator_id(name)) return StepOp(*id);
+  return std::nullopt;
+}
 std::string step_lane_name(const Step& s) {
   switch (s.lane) {
     case StepLane::Matrix: return "matrix";
@@ -649,7 +654,7 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
   plan_layouts(plan, dev, g);
   if (!opt.order.empty() && def.build)
     throw Error("PlanOptions.order: strategy " + strategy + " has no fused kernel whose order could be given");
-  for (const std::string& o : opt.order) g.op(o);  // throws naming an unknown operator
+  for (const OpId o : opt.order) g.op(o);  // throws naming an operator not of this graph
   if (def.build) {
     plan.kernels = def.build(p, g, cores);
     // The baselines' kernels are general-purpose (torch ops, Triton-style tiles): they multiply
@@ -670,10 +675,10 @@ void validate_plan(const Plan& plan) {
   const Problem& p = plan.problem;
   validate_problem(p);
   const OpGraph& g = plan.graph();
-  auto op_id = [&](const std::string& name) {
+  auto op_index = [&](const OpId id) {
     for (size_t i = 0; i < g.ops.size(); ++i)
-      if (g.ops[i].name == name) return i;
-    throw Error("plan: unknown operator " + name);
+      if (g.ops[i].id == id) return i;
+    throw Error("plan: unknown operator " + std::string(operator_name(id)));
   };
   auto where = [](size_t k) { return "plan.kernels[" + std::to_string(k) + "]"; };
 
@@ -692,12 +697,12 @@ void validate_plan(const Plan& plan) {
     const Kernel& k = plan.kernels[ki];
     if (static_cast<int>(k.cores.size()) != plan.cores)
       throw Error(where(ki) + ".cores: " + std::to_string(k.cores.size()) + " lists for " + std::to_string(plan.cores) + " cores");
-    for (const std::string& o : k.order) kernel_ops[ki].push_back(op_id(o));
+    for (const OpId o : k.order) kernel_ops[ki].push_back(op_index(o));
     // The chunk program computes exactly the order's operators, in that order.
-    std::vector<std::string> computed;
+    std::vector<StepOp> computed, ordered(k.order.begin(), k.order.end());
     for (const Step& st : k.steps)
       if (st.kind == StepKind::Compute) computed.push_back(st.op);
-    if (computed != k.order)
+    if (computed != ordered)
       throw Error(where(ki) + ".steps: the compute steps do not run the operators of " + where(ki) +
                   ".order in that order (re-plan after changing the order)");
     for (size_t ci = 0; ci < k.cores.size(); ++ci)
@@ -715,12 +720,12 @@ void validate_plan(const Plan& plan) {
       }
     // Dependencies: every tensor read is an input, produced earlier in the order, carried, or in GM.
     std::set<std::string> here;
-    for (const std::string& o : k.order) {
+    for (const OpId o : k.order) {
       const OperatorDef& op = g.op(o);
       for (const std::string& in : op.inputs) {
         const bool carried = g.tensor(in).role == TensorRole::State && k.state_in != StateIn::None && k.parallel != Parallel::Chunk;
         if (!here.count(in) && !carried && !available.count(in))
-          throw Error(where(ki) + ".order: operator " + o + " reads " + in + ", which is not produced before it in kernel " + k.name +
+          throw Error(where(ki) + ".order: operator " + std::string(operator_name(o)) + " reads " + in + ", which is not produced before it in kernel " + k.name +
                       (g.tensor(in).role == TensorRole::State ? " (a chunk-parallel kernel cannot carry the state)" : "") +
                       " nor by an earlier kernel");
       }
@@ -830,7 +835,7 @@ std::string describe_plan(const Plan& plan) {
       return s;
     }()
        << ")\n    order:";
-    for (const std::string& o : k.order) os << " " << o;
+    for (const OpId o : k.order) os << " " << operator_name(o);
     os << "\n    steps: " << k.steps.size() << "\n";
     for (const auto& [b, bytes] : k.peak_bytes) {
       os << "    peak " << b << ": " << bytes << " B (";

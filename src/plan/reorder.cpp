@@ -140,7 +140,7 @@ Occupancy live_during(const Model& m, uint32_t done, size_t i) {
 
 }  // namespace
 
-ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& order, int64_t L, int64_t K, int64_t V,
+ReorderResult order_occupancy(const OpGraph& g, const std::vector<OpId>& order, int64_t L, int64_t K, int64_t V,
                               bool results_wait) {
   const Model m = build_model(g, L, K, V, results_wait);
   ReorderResult r;
@@ -149,9 +149,10 @@ ReorderResult order_occupancy(const OpGraph& g, const std::vector<std::string>& 
   int last_unit = -1;
   const Occupancy start = live_after(m, 0);
   r.peak_vector_bytes = start.vector_buffer, r.peak_result_bytes = start.result_buffer;
-  for (const std::string& name : order) {
+  for (const OpId id : order) {
+    const std::string name(operator_name(id));
     size_t i = 0;
-    while (i < g.ops.size() && g.ops[i].name != name) ++i;
+    while (i < g.ops.size() && g.ops[i].id != id) ++i;
     if (i == g.ops.size()) throw Error("reordering: order names operator \"" + name + "\", which the graph does not have");
     if ((m.needs[i] & ~done) != 0) throw Error("reordering: operator " + name + " runs before an operator producing its input");
     const Occupancy o = live_during(m, done, i);
@@ -229,7 +230,7 @@ ReorderResult lifetime_aware_order(const OpGraph& g, int64_t L, int64_t K, int64
   r.handoffs = best[all][static_cast<size_t>(unit)].handoffs;
   for (uint32_t s = all; s != 0;) {
     const Best& b = best[s][static_cast<size_t>(unit)];
-    r.order.push_back(g.ops[static_cast<size_t>(b.last)].name);
+    r.order.push_back(g.ops[static_cast<size_t>(b.last)].id);
     s &= ~(1u << b.last);
     unit = b.from_unit;
   }

@@ -95,7 +95,7 @@ class Simulator {
     r.T = p_.total_tokens();
     r.heads = p_.HV;
     r.sequences = p_.sequences();
-    for (const OperatorDef& op : g_.ops) op_index(r, op.name);
+    for (const OperatorDef& op : g_.ops) op_index(r, op.id);
     for (const Kernel& k : plan_.kernels) run_kernel(r, k);
     r.macs = 0;
     for (const OperatorStats& o : r.per_operator) r.macs += o.macs;
@@ -134,17 +134,18 @@ class Simulator {
   double hz_ = 0, vec_lanes_ = 0, mac_rate_ = 0, handoff_s_ = 0;
   double dma_setup_s_ = 0, gm_segment_s_ = 0, pipe_sync_s_ = 0, vector_startup_s_ = 0;
   int64_t tile_ = 16;
-  std::map<std::string, int> op_index_;
+  // Rows of SimResult::per_operator, in order of first appearance (the results name them).
+  std::vector<std::pair<StepOp, int>> op_index_;
 
-  int op_index(SimResult& r, const std::string& op) {
-    auto it = op_index_.find(op);
-    if (it != op_index_.end()) return it->second;
+  int op_index(SimResult& r, StepOp op) {
+    for (const auto& [o, i] : op_index_)
+      if (o == op) return i;
     OperatorStats s;
-    s.op = op;
-    for (const OperatorDef& d : g_.ops)
-      if (d.name == op) s.paper_op = d.paper_op;
+    s.op = std::string(step_op_name(op));
+    if (op.is_operator() && g_.has_op(op.op)) s.paper_op = g_.op(op.op).paper_op;
     r.per_operator.push_back(s);
-    return op_index_[op] = static_cast<int>(r.per_operator.size()) - 1;
+    op_index_.emplace_back(op, static_cast<int>(r.per_operator.size()) - 1);
+    return op_index_.back().second;
   }
 
   int64_t numel(const std::string& t, int64_t L, int64_t Vc) const {
@@ -251,19 +252,20 @@ class Simulator {
         si.double_buffered = si.from_gm && std::find(k.double_buffered.begin(), k.double_buffered.end(), s.tensor) != k.double_buffered.end();
         si.l1_to_l0 = from == stage && (to == dev_.matrix.input_a || to == dev_.matrix.input_b);
         si.ub_l1 = (from == dev_.vector.buffer && to == stage) || (from == stage && to == dev_.vector.buffer);
-        si.state_load = s.op == "state_in";
-        si.state_store = s.op == "state_out";
+        si.state_load = s.op == StepOp(StateTraffic::StateIn);
+        si.state_store = s.op == StepOp(StateTraffic::StateOut);
         si.spill = std::find(k.spilled.begin(), k.spilled.end(), s.tensor) != k.spilled.end();
         // Results leaving the matrix unit's output buffer, and operands leaving the vector
         // buffer for the matrix side, cross between the units: one flag synchronization each.
         si.handoff = (from == dev_.matrix.output && from != dev_.vector.buffer) ||
                      (from == dev_.vector.buffer && to != kGM && to != dev_.vector.buffer);
       } else if (s.kind == StepKind::Compute) {
-        si.op = &g_.op(s.op);
+        if (!s.op.is_operator()) throw Error("plan kernel " + k.name + ": compute step of " + std::string(step_op_name(s.op)));
+        si.op = &g_.op(s.op.op);
         if (si.op->unit == Unit::Vector && si.op->row_structured &&
             working_layout(*si.op, g_, plan_.layouts) == Layout::Blocked)
           si.row_penalty = true;
-        if (s.op == operator_name(OpId::StateAdd)) state_writer = static_cast<int>(i);
+        if (s.op == StepOp(OpId::StateAdd)) state_writer = static_cast<int>(i);
       } else if (s.kind == StepKind::Zero) {
         si.zero = true;
       }
@@ -362,7 +364,7 @@ class Simulator {
               account(r, si, sc);
               round_costs.emplace_back(&si, &sc);
               if (opt_.timeline && stream_chunk < opt_.timeline_chunks && sc.seconds > 0)
-                r.timeline.push_back({static_cast<int>(core), k.name, step_lane_name(s), s.op, s.kind, s.tensor, static_cast<int64_t>(ii), c,
+                r.timeline.push_back({static_cast<int>(core), k.name, step_lane_name(s), std::string(step_op_name(s.op)), s.kind, s.tensor, static_cast<int64_t>(ii), c,
                                       kernel_start_ + start, kernel_start_ + end[i]});
             }
             if (state_writer >= 0) state_ready = end[static_cast<size_t>(state_writer)];
@@ -606,7 +608,7 @@ int64_t plan_peak_gm_bytes(const Plan& plan) {
     for (const Step& s : k.steps) {
       if (s.kind != StepKind::Move || s.path.size() < 4 || s.path.compare(s.path.size() - 4, 4, "->GM") != 0) continue;
       if (g.tensor(s.tensor).role == TensorRole::Output) continue;
-      const bool state_store = s.op == "state_out";
+      const bool state_store = s.op == StepOp(StateTraffic::StateOut);
       if (state_store && k.state_out != StateOut::Segment) continue;  // the final state, counted above
       // Spills, and results routed through GM for want of an on-core path (L0C->GM->UB on a 310B),
       // are read back by the same kernel: per-core scratch reused every chunk, not a materialized
