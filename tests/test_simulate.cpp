@@ -3,7 +3,6 @@
 // every tail case simulated under every strategy.
 #include <gtest/gtest.h>
 
-#include <chrono>
 
 #include "cpu_plan_testing.hpp"
 #include "hanpu/host_device.hpp"
@@ -232,13 +231,25 @@ TEST(Simulate, RejectsAPlanForAnotherDevice) {
   EXPECT_THROW(simulate(plan, dev), Error);
 }
 
-TEST(Simulate, AllStrategiesForOneShapeAreFast) {
+// Every strategy's plan simulates in work that does not grow with T once the timing is periodic
+// (the report sweeps ~72 shapes x every strategy, and `--strategies all` at T = 1M must answer):
+// a bound on the stepped rounds per item, not a wall-clock limit (a timed version failed under
+// ASan on a loaded 2-core machine; the simulator's speed is a benchmark: docs/SIMULATION.md).
+TEST(Simulate, EveryStrategyStepsAFewRoundsPerItem) {
   const Device dev = ascend310p();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const std::string& s : strategy_names()) simulate(testing::plan_as_callers_do(problem(Variant::KDA, {4096}, 32), dev, s), dev);
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // The report sweeps ~72 shapes x 5 strategies in under a minute; generous for shared machines.
-  EXPECT_LT(sec, 2.0);
+  const int64_t T = 65536, chunk_rounds = T / 64;  // per sequence and head
+  for (const std::string& s : strategy_names()) {
+    SCOPED_TRACE(s);
+    const Plan plan = testing::plan_as_callers_do(problem(Variant::KDA, {T}, 32), dev, s);
+    const SimResult r = simulate(plan, dev);
+    EXPECT_GT(r.latency_s, 0);
+    int64_t items = 0;  // an upper bound on the lockstep groups
+    for (const auto& k : plan.kernels)
+      for (const auto& core : k.cores) items += static_cast<int64_t>(core.size());
+    // Measured 5 to 12.4 rounds per item (hanpu's lockstep groups take the longest to settle
+    // with the fixed costs), against 1,024 chunk rounds per sequence and head without the shortcut.
+    EXPECT_LE(r.simulated_rounds, 16 * items) << "of " << chunk_rounds << " chunk rounds per sequence and head";
+  }
 }
 
 
