@@ -832,6 +832,23 @@ SchemaState::SchemaState(const JsonSchema& schema) : schema_(&schema) {
   for (int32_t id : schema.nodes[static_cast<size_t>(schema.root)].flat) stacks_.push_back({m.start(id)});
 }
 
+SchemaState::SchemaState(const JsonSchema& schema, int32_t node) : schema_(&schema) {
+  Machine m{schema};
+  for (int32_t id : schema.nodes[static_cast<size_t>(node)].flat) stacks_.push_back({m.start(id)});
+}
+
+bool SchemaState::can_end() const {
+  for (const Stack& s : stacks_) {
+    if (s.empty()) return true;
+    if (s.size() != 1) continue;
+    const Frame& f = s[0];
+    const Kind kind = schema_->nodes[static_cast<size_t>(f.node)].kind;
+    if ((kind == Kind::kNumber || kind == Kind::kInteger || kind == Kind::kAny) && f.phase != kOpen && f.json.number_may_end())
+      return true;
+  }
+  return false;
+}
+
 bool SchemaState::feed(uint8_t byte) {
   Machine m{*schema_};
   std::vector<Stack> next;
@@ -921,12 +938,19 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
     sorted.emplace_back(std::move(b), id);
   }
   std::sort(sorted.begin(), sorted.end());
+  std::vector<std::pair<std::string, int32_t>> with_angle;
   for (const auto& entry : sorted) {
-    if (plain_string_content(entry.first)) t->plain.push_back(entry.second);
-    else not_plain.push_back(entry);
+    if (plain_string_content(entry.first)) {
+      t->plain.push_back(entry.second);
+      if (entry.first.find('<') == std::string::npos) t->plain_without_angle.push_back(entry.second);
+      else with_angle.push_back(entry);
+    } else {
+      not_plain.push_back(entry);
+    }
   }
   t->all = build_byte_trie(sorted);
   t->not_plain = build_byte_trie(not_plain);
+  t->plain_with_angle = build_byte_trie(with_angle);
   slot = std::move(t);
   return slot;
 }
