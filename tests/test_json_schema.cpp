@@ -8,6 +8,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -570,6 +571,52 @@ TEST(ToolCallSampling, SpecialTokenMarkers) {
   EXPECT_EQ(marker_at, static_cast<int64_t>(greedy.tokens().size())) << "the marker is the last token";
   expect_valid_calls(g->prompt_prefix() + greedy.text(), ToolCallFormat::kJsonTags, ojson::parse(kTools), "noargs", 1, 1,
                      "special marker");
+}
+
+// The mask (a walk of the vocabulary's trie with shortcuts for plain string and text content)
+// allows exactly the tokens whose bytes the automaton takes one by one within the budget, plus the
+// stop tokens where the reply may end: checked token by token along random replies.
+TEST(ToolCallSampling, MaskIsTheTokenByTokenCheck) {
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  const int32_t im_end = *tok.token_to_id("<|im_end|>");
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  int64_t checked = 0;
+  for (ToolCallFormat format : {ToolCallFormat::kJsonTags, ToolCallFormat::kKimiSections, ToolCallFormat::kXmlTags})
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+      const auto g = tool_grammar(format, seed % 3 == 0 ? "book" : "", seed % 2 == 0);
+      hanpu::ToolCallConstraint c(tok, g, {im_end});
+      ToolCallState st(*g);
+      hanpu::Sampler sampler({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = seed});
+      const int64_t max_tokens = g->min_bytes() + 60;
+      for (int64_t i = 0; i < max_tokens && !st.done(); ++i) {
+        std::vector<float> logits(V);
+        for (float& x : logits) x = normal(rng);
+        std::vector<float> masked = logits;
+        c.mask(masked, max_tokens - i);
+        for (size_t id = 0; id < V; ++id) {
+          bool ok = false;
+          if (static_cast<int32_t>(id) == im_end) {
+            ok = st.accepting();
+          } else {
+            const std::string bytes = tok.token_bytes(static_cast<int32_t>(id));
+            ToolCallState next = st;
+            ok = !bytes.empty();
+            for (char b : bytes) ok = ok && next.feed(static_cast<uint8_t>(b), tok.is_special(static_cast<int32_t>(id)));
+            ok = ok && next.closing_cost() <= max_tokens - i - 1;
+          }
+          EXPECT_EQ(std::isfinite(masked[id]), ok) << "format " << static_cast<int>(format) << " seed " << seed << " step "
+                                                   << i << " token " << id << " " << tok.token_bytes(static_cast<int32_t>(id));
+          ++checked;
+        }
+        const int32_t token = sampler.sample(masked);
+        if (token == im_end) break;
+        ASSERT_TRUE(c.advance(token));
+        for (char b : tok.token_bytes(token)) ASSERT_TRUE(st.feed(static_cast<uint8_t>(b), tok.is_special(token)));
+      }
+    }
+  EXPECT_GT(checked, 100000);
 }
 
 TEST(ToolCallSampling, RefusesTooFewTokensAndStopStrings) {

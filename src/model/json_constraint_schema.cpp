@@ -920,6 +920,18 @@ bool plain_string_content(const std::string& bytes) {
   return s.in_plain_string();
 }
 
+bool plain_raw_text(const std::string& bytes) {
+  JsonState s = JsonState::any_value();
+  s.feed('"');
+  for (char c : bytes) {
+    const auto b = static_cast<uint8_t>(c);
+    if (b == '<' || b == '\n' || (b < 0x20 && b != '\t' && b != '\r')) return false;
+    // Bytes a JSON string would escape are one ASCII character of raw text: feed a stand-in.
+    if (!s.feed(b == '"' || b == '\\' || b < 0x20 ? static_cast<uint8_t>('a') : b)) return false;
+  }
+  return s.in_plain_string();
+}
+
 }  // namespace
 
 std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
@@ -948,9 +960,15 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
       not_plain.push_back(entry);
     }
   }
+  std::vector<std::pair<std::string, int32_t>> text_rest;
+  for (const auto& entry : sorted) {
+    if (plain_raw_text(entry.first)) t->text_plain.push_back(entry.second);
+    else text_rest.push_back(entry);
+  }
   t->all = build_byte_trie(sorted);
   t->not_plain = build_byte_trie(not_plain);
   t->plain_with_angle = build_byte_trie(with_angle);
+  t->text_rest = build_byte_trie(text_rest);
   slot = std::move(t);
   return slot;
 }

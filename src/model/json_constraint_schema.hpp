@@ -145,6 +145,11 @@ struct VocabularyTrie {
   // out of values starts with one (json_constraint_tools.hpp), so only those need walking there.
   std::vector<int32_t> plain_without_angle;
   ByteTrie plain_with_angle;
+  // For raw text (an XML parameter's string value): tokens of whole UTF-8 characters with no
+  // '<', no line feed and no control byte but tab and CR leave such a value's state as it is;
+  // the rest is walked.
+  std::vector<int32_t> text_plain;
+  ByteTrie text_rest;
   std::vector<bool> single_byte = std::vector<bool>(256, false);  // a token of exactly this byte exists
 };
 std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tokenizer);

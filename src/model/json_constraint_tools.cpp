@@ -549,8 +549,15 @@ bool ToolCallState::done() const {
 
 bool ToolCallState::in_plain_string() const {
   const Node& n = g_->nodes[static_cast<size_t>(node_)];
-  const bool plain = (n.kind == Kind::kJson && value_->in_plain_string()) || (n.kind == Kind::kRaw && utf8_left_ == 0);
-  if (!plain || term_match_ != 0) return false;
+  if (n.kind != Kind::kJson || !value_->in_plain_string()) return false;
+  for (size_t i = 0; i < g_->tracked.size(); ++i)
+    if (match_[i] != 0) return false;
+  return true;
+}
+
+bool ToolCallState::in_plain_text() const {
+  const Node& n = g_->nodes[static_cast<size_t>(node_)];
+  if (n.kind != Kind::kRaw || utf8_left_ != 0 || term_match_ != 0) return false;
   for (size_t i = 0; i < g_->tracked.size(); ++i)
     if (match_[i] != 0) return false;
   return true;
@@ -626,7 +633,14 @@ ToolCallConstraint::~ToolCallConstraint() = default;
 void ToolCallConstraint::mask(std::span<float> logits, int64_t tokens_left) const {
   std::vector<uint8_t> allowed(logits.size(), 0);
   const VocabularyTrie& v = *trie_;
-  if (state_.in_plain_string()) {
+  if (state_.in_plain_text()) {
+    // Raw text: whole characters without '<' or a line feed leave the state as it is (every
+    // marker and the terminator start with one of those).
+    if (state_.closing_cost() <= tokens_left - 1)
+      for (int32_t id : v.text_plain)
+        if (static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
+    walk_trie(v.text_rest, state_, allowed, tokens_left);
+  } else if (state_.in_plain_string()) {
     // Plain string content without '<' leaves the state (and its shortest completion) as it is.
     if (state_.closing_cost() <= tokens_left - 1)
       for (int32_t id : v.plain_without_angle)

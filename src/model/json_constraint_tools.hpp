@@ -136,9 +136,12 @@ class ToolCallState {
   /// Nothing more can follow.
   bool done() const;
   int64_t closing_cost() const;
-  /// Inside a value's string between characters with no marker partly matched: a token of plain
-  /// string content without '<' leaves the state as it is.
+  /// Inside a JSON value's string between characters with no marker partly matched: a token of
+  /// plain string content without '<' leaves the state as it is.
   bool in_plain_string() const;
+  /// Inside a raw text value between characters with no marker or terminator partly matched: a
+  /// token of VocabularyTrie::text_plain leaves the state as it is.
+  bool in_plain_text() const;
 
  private:
   void enter(int32_t node);
