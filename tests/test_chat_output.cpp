@@ -116,6 +116,32 @@ TEST(ToolCalls, XmlTagsWithSchemaTypes) {
   EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"New York\",\"days\":3,\"zip\":10001,\"opts\":{\"units\":\"c\"}}");
 }
 
+// The value's form follows the schema as the constrained grammar writes it
+// (src/model/json_constraint_tools.hpp): a parameter that admits only strings (type string, a
+// string enum, a format, a $ref to one) is its text; others JSON, with Python's True/False/None
+// (what the template prints for past calls) read as JSON's.
+TEST(ToolCalls, XmlTagsValueFormBySchema) {
+  const nlohmann::ordered_json tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "f",
+      "parameters": {"type": "object", "properties": {"note": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+      "color": {"enum": ["red", "1"]}, "when": {"format": "date"}, "ref": {"$ref": "#/$defs/s"}, "flag": {"type": "boolean"},
+      "any": {}}, "required": ["extra"], "additionalProperties": {"type": "string"}, "$defs": {"s": {"type": "string"}}}}}])");
+  auto args = [&](const std::string& params) {
+    const ParsedToolCalls p = parse_tool_calls("<tool_call>\n<function=f>\n" + params + "</function>\n</tool_call>",
+                                               ToolCallFormat::kXmlTags, tools);
+    return p.calls.size() == 1 ? p.calls[0].arguments : "(no call)";
+  };
+  auto param = [](const std::string& name, const std::string& value) {
+    return "<parameter=" + name + ">\n" + value + "\n</parameter>\n";
+  };
+  EXPECT_EQ(args(param("note", "\"hi\"")), R"({"note":"hi"})");
+  EXPECT_EQ(args(param("note", "null") + param("flag", "true")), R"({"note":null,"flag":true})");
+  EXPECT_EQ(args(param("note", "None") + param("flag", "False")), R"({"note":null,"flag":false})");
+  EXPECT_EQ(args(param("note", "plain words")), R"({"note":"plain words"})");  // not JSON: the text
+  EXPECT_EQ(args(param("color", "1") + param("when", "2024-01-02") + param("ref", "12")),
+            R"({"color":"1","when":"2024-01-02","ref":"12"})");
+  EXPECT_EQ(args(param("any", "\"x\"") + param("extra", "7")), R"({"any":"x","extra":"7"})");
+}
+
 TEST(ToolCalls, XmlTagsMultilineValueTwoCallsAndMalformed) {
   const ParsedToolCalls p = parse_tool_calls(
       "<tool_call>\n<function=write>\n<parameter=text>\nline 1\nline 2\n</parameter>\n</function>\n</tool_call>\n"

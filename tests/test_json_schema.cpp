@@ -6,12 +6,20 @@
 // jsonschema through the server.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 
 #include "hanpu/generator.hpp"
 #include "hanpu/tokenizer.hpp"
+#include "hanpu/chat_output.hpp"
 #include "model/json_constraint_schema.hpp"
+#include "model/json_constraint_tools.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -292,6 +300,336 @@ TEST(JsonSchemaSampling, RefusesTooFewTokens) {
   o.max_tokens = 8;
   EXPECT_NO_THROW(TokenStream(&tok, {}, o));
   EXPECT_THROW(TokenStream(nullptr, {}, o), hanpu::Error);
+}
+
+// ---- tool calls (json_constraint_tools.hpp) -----------------------------------------------------
+
+using hanpu::ToolCallFormat;
+using hanpu::ToolCallGrammar;
+using hanpu::ToolCallState;
+using hanpu::ToolSchemaError;
+
+const char* const kTools = R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+     "city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}},
+  {"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+     "when": {"type": "string", "format": "date-time"}, "guests": {"type": "integer"}, "vip": {"type": "boolean"},
+     "note": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "tags": {"type": "array", "items": {"type": "string"},
+     "maxItems": 3}, "address": {"$ref": "#/$defs/addr"}}, "required": ["when", "guests", "vip"],
+     "$defs": {"addr": {"type": "object", "properties": {"street": {"type": "string"}}, "required": ["street"]}}}}},
+  {"type": "function", "function": {"name": "noargs"}}
+])";
+
+std::shared_ptr<const ToolCallGrammar> tool_grammar(ToolCallFormat format, const std::string& forced, bool parallel,
+                                                    const ojson& tools = ojson::parse(kTools)) {
+  ToolCallGrammar::Options o;
+  o.format = format;
+  o.forced = forced;
+  o.parallel = parallel;
+  for (const ojson& t : tools)
+    o.tools.push_back({t["function"]["name"], t["function"].contains("parameters") ? t["function"]["parameters"] : ojson()});
+  return ToolCallGrammar::compile(o);
+}
+
+// Feeds a reply (after the prompt prefix); the state afterwards, or nothing if a byte was refused.
+std::optional<ToolCallState> feed_reply(const ToolCallGrammar& g, const std::string& reply) {
+  ToolCallState st(g);
+  for (char c : reply)
+    if (!st.feed(static_cast<uint8_t>(c))) return std::nullopt;
+  return st;
+}
+
+bool accepts_reply(const ToolCallGrammar& g, const std::string& reply) {
+  const auto st = feed_reply(g, reply);
+  return st && st->accepting();
+}
+
+// Every call in prefix + reply parses, names a tool, and its arguments validate.
+void expect_valid_calls(const std::string& text, ToolCallFormat format, const ojson& tools, const std::string& forced,
+                        size_t min_calls, size_t max_calls, const std::string& where) {
+  const hanpu::ParsedToolCalls p = hanpu::parse_tool_calls(text, format, tools);
+  EXPECT_EQ(p.content, "") << where << ": " << text;
+  EXPECT_GE(p.calls.size(), min_calls) << where << ": " << text;
+  EXPECT_LE(p.calls.size(), max_calls) << where << ": " << text;
+  for (const hanpu::ToolCall& c : p.calls) {
+    const ojson* schema = nullptr;
+    for (const ojson& t : tools)
+      if (t["function"]["name"] == c.name) schema = t["function"].contains("parameters") ? &t["function"]["parameters"] : nullptr;
+    if (!forced.empty()) EXPECT_EQ(c.name, forced) << where;
+    bool known = false;
+    for (const ojson& t : tools) known = known || t["function"]["name"] == c.name;
+    EXPECT_TRUE(known) << where << ": " << c.name;
+    ojson args;
+    ASSERT_NO_THROW(args = ojson::parse(c.arguments)) << where << ": " << c.arguments;
+    const ojson empty_object = ojson::parse(R"({"type":"object","properties":{},"additionalProperties":false})");
+    EXPECT_TRUE(valid(args, schema ? *schema : empty_object, schema ? *schema : empty_object))
+        << where << ": " << c.name << " " << c.arguments << "\n" << text;
+  }
+}
+
+TEST(ToolCallGrammar, RefusesWhatItCannotEnforceNamingToolAndKeyword) {
+  auto refused = [](ToolCallFormat format, const char* tools, size_t tool, const std::string& pointer, const std::string& keyword) {
+    try {
+      tool_grammar(format, "", false, ojson::parse(tools));
+      ADD_FAILURE() << "accepted: " << tools;
+    } catch (const ToolSchemaError& e) {
+      EXPECT_EQ(e.tool(), tool) << tools;
+      EXPECT_EQ(e.pointer(), pointer) << tools;
+      EXPECT_EQ(e.keyword(), keyword) << tools << ": " << e.what();
+    }
+  };
+  const auto J = ToolCallFormat::kJsonTags, X = ToolCallFormat::kXmlTags;
+  refused(J, R"([{"function": {"name": "a"}}, {"function": {"name": "b", "parameters": {"type": "object",
+      "properties": {"age": {"type": "integer", "minimum": 0}}}}}])", 1, "/properties/age", "minimum");
+  refused(J, R"([{"function": {"name": "a b"}}])", 0, "", "name");
+  refused(J, R"([{"function": {"name": "a"}}, {"function": {"name": "a"}}])", 1, "", "name");
+  refused(J, R"([{"function": {"name": "a", "parameters": {"type": "string"}}}])", 0, "", "type");
+  refused(X, R"([{"function": {"name": "a", "parameters": {"type": "object"}}}])", 0, "", "properties");
+  refused(X, R"([{"function": {"name": "a", "parameters": {"anyOf": [{"type": "object", "properties": {"x": {}}},
+      {"type": "object", "properties": {"y": {}}}]}}}])", 0, "", "anyOf");
+  refused(X, R"([{"function": {"name": "a", "parameters": {"type": "object", "properties": {"m": {"enum": ["x\ny"]}}}}}])",
+          0, "/properties/m", "enum");
+  refused(X, R"([{"function": {"name": "a", "parameters": {"type": "object", "properties": {"m": {"enum": ["</parameter>"]}}}}}])",
+          0, "/properties/m", "enum");
+  refused(X, R"([{"function": {"name": "a", "parameters": {"type": "object", "properties": {"a>b": {"type": "string"}}}}}])",
+          0, "/properties/a>b", "properties");
+  // The JSON format takes a free-form object (any keys).
+  EXPECT_NO_THROW(tool_grammar(J, "", false, ojson::parse(R"([{"function": {"name": "a", "parameters": {"type": "object"}}}])")));
+}
+
+TEST(ToolCallGrammar, JsonTagsAutomaton) {
+  const auto g = tool_grammar(ToolCallFormat::kJsonTags, "", false);
+  EXPECT_EQ(g->prompt_prefix(), "<tool_call>\n{\"name\": \"");
+  EXPECT_TRUE(accepts_reply(*g, "get_weather\", \"arguments\": {\"city\":\"Oslo\",\"days\":3}}\n</tool_call>"));
+  EXPECT_TRUE(accepts_reply(*g, "noargs\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_TRUE(accepts_reply(*g, "book\", \"arguments\": {\"when\":\"2024-02-28T10:00:00Z\",\"guests\":2,\"vip\":false,"
+                                "\"address\":{\"street\":\"a\"}}}\n</tool_call>"));
+  EXPECT_TRUE(feed_reply(*g, "get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>")->done())
+      << "without parallel calls the reply ends with the first call";
+  EXPECT_FALSE(feed_reply(*g, "get_weathers"));                                              // not a tool
+  EXPECT_FALSE(feed_reply(*g, "get_weather\", \"arguments\": {\"days\":3"));                // city is required first
+  EXPECT_FALSE(feed_reply(*g, "get_weather\", \"arguments\": {\"city\":\"a</tool_call>"));  // a marker inside a value
+  EXPECT_FALSE(feed_reply(*g, "get_weather\", \"arguments\": {\"city\":\"<think>"));
+  EXPECT_TRUE(feed_reply(*g, "get_weather\", \"arguments\": {\"city\":\"a<b</tool_ca\\u003e"));  // escaped: not the marker
+  EXPECT_FALSE(feed_reply(*g, "get_weather\", \"arguments\": {\"city\":\"Oslo\"}}\n</tool_call>\n"));
+  const auto named = tool_grammar(ToolCallFormat::kJsonTags, "book", true);
+  EXPECT_EQ(named->prompt_prefix(), "<tool_call>\n{\"name\": \"book\", \"arguments\": ");
+  const std::string one = "{\"when\":\"2024-02-28T10:00:00Z\",\"guests\":2,\"vip\":true}}\n</tool_call>";
+  const auto st = feed_reply(*named, one);
+  ASSERT_TRUE(st);
+  EXPECT_TRUE(st->accepting() && !st->done()) << "parallel calls: another may follow";
+  // ... of the named function only
+  EXPECT_TRUE(accepts_reply(*named, one + "\n<tool_call>\n{\"name\": \"book\", \"arguments\": " + one));
+  EXPECT_FALSE(feed_reply(*named, one + "\n<tool_call>\n{\"name\": \"noargs"));
+}
+
+TEST(ToolCallGrammar, KimiSectionsAutomaton) {
+  const auto g = tool_grammar(ToolCallFormat::kKimiSections, "", true);
+  EXPECT_EQ(g->prompt_prefix(), "<|tool_calls_section_begin|><|tool_call_begin|>functions.");
+  const std::string call = "get_weather:12<|tool_call_argument_begin|>{\"city\":\"x\"}<|tool_call_end|>";
+  EXPECT_TRUE(accepts_reply(*g, call + "<|tool_calls_section_end|>"));
+  EXPECT_TRUE(accepts_reply(*g, call + "<|tool_call_begin|>functions.noargs:13<|tool_call_argument_begin|>{}"
+                                       "<|tool_call_end|><|tool_calls_section_end|>"));
+  EXPECT_FALSE(accepts_reply(*g, call)) << "the section must close";
+  EXPECT_FALSE(feed_reply(*g, "get_weather:<|tool_call_argument_begin|>")) << "an index of one or more digits";
+  EXPECT_FALSE(feed_reply(*g, "get_weather:1234567")) << "at most six digits";
+  EXPECT_FALSE(feed_reply(*g, "get_weather:0<|tool_call_argument_begin|>{\"city\":\"<|tool_call_end|>"));
+  const auto named = tool_grammar(ToolCallFormat::kKimiSections, "get_weather", false);
+  EXPECT_EQ(named->prompt_prefix(),
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>");
+  EXPECT_TRUE(feed_reply(*named, "{\"city\":\"x\"}<|tool_call_end|><|tool_calls_section_end|>")->done());
+  EXPECT_FALSE(feed_reply(*named, "{\"city\":\"x\"}<|tool_call_end|><|tool_call_begin|>"));
+}
+
+TEST(ToolCallGrammar, XmlTagsAutomaton) {
+  const auto g = tool_grammar(ToolCallFormat::kXmlTags, "", true);
+  EXPECT_EQ(g->prompt_prefix(), "<tool_call>\n<function=");
+  const std::string weather = "get_weather>\n<parameter=city>\nNew York\nline two\n</parameter>\n<parameter=days>\n12\n"
+                              "</parameter>\n<parameter=unit>\nc\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(accepts_reply(*g, weather));
+  const std::string book = "book>\n<parameter=when>\n2024-01-02T03:04:05Z\n</parameter>\n<parameter=guests>\n-3\n</parameter>\n"
+                           "<parameter=vip>\ntrue\n</parameter>\n<parameter=note>\n\"hi\"\n</parameter>\n<parameter=tags>\n"
+                           "[\"a\",\"b\"]\n</parameter>\n</function>\n</tool_call>";
+  EXPECT_TRUE(accepts_reply(*g, book));
+  EXPECT_TRUE(accepts_reply(*g, weather + "\n<tool_call>\n<function=" + book));
+  EXPECT_TRUE(accepts_reply(*g, "noargs>\n</function>\n</tool_call>"));
+  EXPECT_TRUE(accepts_reply(*g, "get_weather>\n<parameter=city>\n\n</parameter>\n</function>\n</tool_call>")) << "empty text";
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n</function>")) << "city is required";
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n<parameter=days>")) << "city comes first (the schema's order)";
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n<parameter=zip>")) << "not a parameter";
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n<parameter=city>\na</parameter>")) << "the closing tag on its own line only";
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n<parameter=city>\na<parameter=")) << "a marker inside the text";
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n<parameter=city>\na\n</parameter>\n<parameter=unit>\nk"));  // enum c or f
+  EXPECT_FALSE(feed_reply(*g, "get_weather>\n<parameter=city>\na\n</parameter>\n<parameter=days>\n1.5"));  // integer
+  EXPECT_FALSE(feed_reply(*g, "book>\n<parameter=when>\n2024-13"));  // the date-time pattern
+  EXPECT_FALSE(feed_reply(*g, "book>\n<parameter=when>\n\"2024"));   // a string parameter is its text, unquoted
+  EXPECT_FALSE(feed_reply(*g, "book>\n<parameter=when>\n2024-01-02T03:04:05Z\n</parameter>\n<parameter=guests>\n1\n"
+                              "</parameter>\n<parameter=vip>\nTrue"));  // JSON's true
+  EXPECT_FALSE(feed_reply(*g, std::string("get_weather>\n<parameter=city>\n\xC3\x28")));  // not UTF-8
+  // What the grammar writes, the XML parser reads back as the schema's values.
+  const hanpu::ParsedToolCalls p =
+      hanpu::parse_tool_calls(g->prompt_prefix() + book, ToolCallFormat::kXmlTags, ojson::parse(kTools));
+  ASSERT_EQ(p.calls.size(), 1u);
+  EXPECT_EQ(p.calls[0].arguments,
+            R"({"when":"2024-01-02T03:04:05Z","guests":-3,"vip":true,"note":"hi","tags":["a","b"]})");
+}
+
+// From every prefix of a shortest reply, closing_cost() is exactly the bytes left.
+TEST(ToolCallGrammar, ClosingCostIsTheShortestCompletion) {
+  const std::pair<ToolCallFormat, std::string> shortest[] = {
+      {ToolCallFormat::kJsonTags, "noargs\", \"arguments\": {}}\n</tool_call>"},
+      {ToolCallFormat::kKimiSections, "noargs:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>"},
+      {ToolCallFormat::kXmlTags, "noargs>\n</function>\n</tool_call>"},
+  };
+  for (const auto& [format, reply] : shortest)
+    for (bool parallel : {false, true}) {
+      const auto g = tool_grammar(format, "", parallel);
+      EXPECT_EQ(g->min_bytes(), static_cast<int64_t>(reply.size())) << reply;
+      ToolCallState st(*g);
+      for (size_t i = 0; i < reply.size(); ++i) {
+        EXPECT_EQ(st.closing_cost(), static_cast<int64_t>(reply.size() - i)) << reply.substr(0, i);
+        ASSERT_TRUE(st.feed(static_cast<uint8_t>(reply[i])));
+      }
+      EXPECT_EQ(st.closing_cost(), 0);
+      EXPECT_TRUE(st.accepting());
+    }
+  // XML: inside a raw value, the rest of a character and the terminator.
+  const auto g = tool_grammar(ToolCallFormat::kXmlTags, "get_weather", false);
+  const std::string tail = "\n</parameter>\n</function>\n</tool_call>";
+  for (const std::string& text : {std::string("Oslo"), std::string("Oslo\n</para"), std::string("\xC3")}) {
+    const auto st = feed_reply(*g, "<parameter=city>\n" + text);
+    ASSERT_TRUE(st) << text;
+    const int64_t partial = text.back() == 'a' ? 7 : 0, utf8 = text == "\xC3" ? 1 : 0;
+    EXPECT_EQ(st->closing_cost(), static_cast<int64_t>(tail.size()) - partial + utf8) << text;
+  }
+}
+
+// Random logits, every format, required and named, with and without parallel calls, budgets
+// down to the minimum: every reply parses as calls whose arguments validate.
+TEST(ToolCallSampling, RandomLogitsAlwaysGiveValidCallsWithinMaxTokens) {
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  const int32_t im_end = *tok.token_to_id("<|im_end|>");
+  const ojson tools = ojson::parse(kTools);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (ToolCallFormat format : {ToolCallFormat::kJsonTags, ToolCallFormat::kKimiSections, ToolCallFormat::kXmlTags})
+    for (const std::string forced : {"", "book", "get_weather"})
+      for (bool parallel : {false, true}) {
+        const auto g = tool_grammar(format, forced, parallel);
+        for (uint64_t seed = 0; seed < 12; ++seed) {
+          GenerationOptions o;
+          o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = seed};
+          o.max_tokens = g->min_bytes() + static_cast<int64_t>(seed % 4) * 40;
+          o.tool_calls = g;
+          TokenStream s(&tok, {im_end}, o);
+          std::vector<float> logits(V);
+          while (!s.finished()) {
+            for (float& x : logits) x = normal(rng);
+            logits[static_cast<size_t>(im_end)] += 2;  // end often where it may
+            s.push(logits);
+          }
+          const std::string where = "format " + std::to_string(static_cast<int>(format)) + " forced '" + forced +
+                                    "' parallel " + std::to_string(parallel) + " seed " + std::to_string(seed);
+          EXPECT_EQ(s.reason(), hanpu::FinishReason::kStopToken) << where;
+          EXPECT_LE(static_cast<int64_t>(s.tokens().size()), o.max_tokens) << where;
+          expect_valid_calls(g->prompt_prefix() + s.text(), format, tools, forced, 1, parallel ? 1000 : 1, where);
+        }
+      }
+}
+
+// A marker the tokenizer has as a special token is allowed exactly where the grammar writes it,
+// and its text is part of the reply.
+TEST(ToolCallSampling, SpecialTokenMarkers) {
+  // qwen35_tiny's tokenizer with its special <|endoftext|> renamed </tool_call>.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("hanpu_tool_marker_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  ojson t = ojson::parse(std::ifstream(hanpu::testing::golden_dir() / "qwen35_tiny" / "tokenizer.json"));
+  for (ojson& a : t["added_tokens"])
+    if (a["content"] == "<|endoftext|>") a["content"] = "</tool_call>";
+  std::ofstream(dir / "tokenizer.json") << t.dump();
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir(dir.string());
+  std::filesystem::remove_all(dir);
+  const int32_t marker = *tok.token_to_id("</tool_call>");
+  ASSERT_TRUE(tok.is_special(marker));
+  const auto g = tool_grammar(ToolCallFormat::kJsonTags, "noargs", false);
+  GenerationOptions o;
+  o.max_tokens = 40;
+  o.tool_calls = g;
+  std::vector<float> logits(static_cast<size_t>(tok.vocab_size()), 0.f);
+  // Greedy towards the marker: the mask decides where it may come.
+  logits[static_cast<size_t>(marker)] = 50;
+  o.sampling.temperature = 0;
+  TokenStream greedy(&tok, {}, GenerationOptions{o});
+  int64_t marker_at = -1;
+  while (!greedy.finished()) {
+    const auto next = greedy.push(logits);
+    if (!greedy.tokens().empty() && greedy.tokens().back() == marker) marker_at = static_cast<int64_t>(greedy.tokens().size());
+    (void)next;
+  }
+  EXPECT_EQ(greedy.text(), "{}}\n</tool_call>");
+  EXPECT_EQ(marker_at, static_cast<int64_t>(greedy.tokens().size())) << "the marker is the last token";
+  expect_valid_calls(g->prompt_prefix() + greedy.text(), ToolCallFormat::kJsonTags, ojson::parse(kTools), "noargs", 1, 1,
+                     "special marker");
+}
+
+// The mask (a walk of the vocabulary's trie with shortcuts for plain string and text content)
+// allows exactly the tokens whose bytes the automaton takes one by one within the budget, plus the
+// stop tokens where the reply may end: checked token by token along random replies.
+TEST(ToolCallSampling, MaskIsTheTokenByTokenCheck) {
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  const int32_t im_end = *tok.token_to_id("<|im_end|>");
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  int64_t checked = 0;
+  for (ToolCallFormat format : {ToolCallFormat::kJsonTags, ToolCallFormat::kKimiSections, ToolCallFormat::kXmlTags})
+    for (uint64_t seed = 0; seed < 6; ++seed) {
+      const auto g = tool_grammar(format, seed % 3 == 0 ? "book" : "", seed % 2 == 0);
+      hanpu::ToolCallConstraint c(tok, g, {im_end});
+      ToolCallState st(*g);
+      hanpu::Sampler sampler({.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = seed});
+      const int64_t max_tokens = g->min_bytes() + 60;
+      for (int64_t i = 0; i < max_tokens && !st.done(); ++i) {
+        std::vector<float> logits(V);
+        for (float& x : logits) x = normal(rng);
+        std::vector<float> masked = logits;
+        c.mask(masked, max_tokens - i);
+        for (size_t id = 0; id < V; ++id) {
+          bool ok = false;
+          if (static_cast<int32_t>(id) == im_end) {
+            ok = st.accepting();
+          } else {
+            const std::string bytes = tok.token_bytes(static_cast<int32_t>(id));
+            ToolCallState next = st;
+            ok = !bytes.empty();
+            for (char b : bytes) ok = ok && next.feed(static_cast<uint8_t>(b), tok.is_special(static_cast<int32_t>(id)));
+            ok = ok && next.closing_cost() <= max_tokens - i - 1;
+          }
+          EXPECT_EQ(std::isfinite(masked[id]), ok) << "format " << static_cast<int>(format) << " seed " << seed << " step "
+                                                   << i << " token " << id << " " << tok.token_bytes(static_cast<int32_t>(id));
+          ++checked;
+        }
+        const int32_t token = sampler.sample(masked);
+        if (token == im_end) break;
+        ASSERT_TRUE(c.advance(token));
+        for (char b : tok.token_bytes(token)) ASSERT_TRUE(st.feed(static_cast<uint8_t>(b), tok.is_special(token)));
+      }
+    }
+  EXPECT_GT(checked, 100000);
+}
+
+TEST(ToolCallSampling, RefusesTooFewTokensAndStopStrings) {
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  GenerationOptions o;
+  o.tool_calls = tool_grammar(ToolCallFormat::kJsonTags, "noargs", false);
+  EXPECT_EQ(o.tool_calls->min_bytes(), 16);  // {}}\n</tool_call>
+  o.max_tokens = 15;
+  EXPECT_THROW(TokenStream(&tok, {}, o), hanpu::Error);
+  o.max_tokens = 16;
+  EXPECT_NO_THROW(TokenStream(&tok, {}, o));
+  o.stop_strings = {"x"};
+  EXPECT_THROW(TokenStream(&tok, {}, o), hanpu::Error);
 }
 
 }  // namespace

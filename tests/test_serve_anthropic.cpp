@@ -85,6 +85,25 @@ TEST(ServeAnthropic, ErrorsNameTheField) {
   EXPECT_EQ(error_of(R"({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x", "name": "n"}]})"),
             "messages[0].name | messages[0].name: Extra inputs are not permitted");
   EXPECT_EQ(error_of(R"([1])"), "body | body: expected a JSON object, got array");
+  EXPECT_EQ(error_of(R"({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                         "output_config": {"format": {"type": "json_object"}}})"),
+            "output_config.format.type | output_config.format.type: expected 'json_schema', got \"json_object\"");
+  EXPECT_EQ(error_of(R"({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}],
+                         "output_config": {"format": {"type": "json_schema"}}})"),
+            "output_config.format.schema | output_config.format.schema: Field required");
+}
+
+// output_config.format is OpenAI's response_format json_schema (the schema kept as sent, key order
+// included: the document follows it).
+TEST(ServeAnthropic, OutputFormatIsResponseFormatJsonSchema) {
+  const ojson c = chat(R"({"model": "m", "max_tokens": 50, "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": {"type": "object",
+      "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}, "required": ["z", "a"]}}}})");
+  EXPECT_EQ(c["response_format"], ojson::parse(R"({"type": "json_schema", "json_schema": {"name": "output", "schema":
+      {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "integer"}}, "required": ["z", "a"]},
+      "strict": true}})"));
+  EXPECT_EQ(c["response_format"]["json_schema"]["schema"]["properties"].begin().key(), "z");
+  EXPECT_FALSE(chat(R"({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})").contains("response_format"));
 }
 
 }  // namespace

@@ -57,8 +57,11 @@ struct ParsedToolCalls {
 
 /// Tool calls in `text` in the given format. A call that does not parse stays in `content` as
 /// text (the client sees what the model wrote). For the XML form, `tools` (the request's tools,
-/// or null) gives each parameter's JSON-schema type: a "string" parameter stays a string, others
-/// are read as JSON when they parse (numbers, booleans, objects, arrays), else kept as strings.
+/// or null) gives each parameter's schema: one that admits only strings keeps the text as it is,
+/// others are read as JSON when they parse (Python's True/False/None, as the template prints past
+/// calls, as JSON's), else kept as strings; a parameter the tools do not describe is JSON when it
+/// parses to a non-string. The constrained grammar writes what this reads
+/// (src/model/json_constraint_tools.hpp, xml_parameter_is_string).
 ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format,
                                  const nlohmann::ordered_json& tools = nullptr);
 

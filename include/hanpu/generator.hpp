@@ -22,7 +22,8 @@
 
 namespace hanpu {
 
-class JsonSchema;  // src/model/json_constraint_schema.hpp
+class JsonSchema;       // src/model/json_constraint_schema.hpp
+class ToolCallGrammar;  // src/model/json_constraint_tools.hpp
 
 struct GenerationOptions {
   SamplingOptions sampling;
@@ -40,10 +41,17 @@ struct GenerationOptions {
   /// the generation ends when the document closes. Needs a tokenizer and max_tokens of at least
   /// the schema's shortest document in bytes.
   std::shared_ptr<const JsonSchema> json_schema;
+  /// Constrain the output to tool calls following this grammar (tool_choice "required" or a
+  /// named function; src/model/json_constraint_tools.hpp): the prompt ends with the grammar's
+  /// prompt_prefix(), and the generation ends when the call closes (with parallel calls: at a stop
+  /// token after a call, or when no further call fits). Needs a tokenizer and max_tokens of at
+  /// least the grammar's min_bytes().
+  std::shared_ptr<const ToolCallGrammar> tool_calls;
 };
 
-class JsonConstraint;    // src/model/json_constraint.hpp
-class SchemaConstraint;  // src/model/json_constraint_schema.hpp
+class JsonConstraint;      // src/model/json_constraint.hpp
+class SchemaConstraint;    // src/model/json_constraint_schema.hpp
+class ToolCallConstraint;  // src/model/json_constraint_tools.hpp
 
 /// One generated token's log probability (natural log of the model's distribution before
 /// temperature, top-k and top-p, as OpenAI reports it) and the most likely alternatives.
@@ -105,6 +113,7 @@ class TokenStream {
   std::optional<int32_t> stop_token_;
   std::unique_ptr<JsonConstraint> json_;  // json_object
   std::unique_ptr<SchemaConstraint> schema_;  // json_schema
+  std::unique_ptr<ToolCallConstraint> tools_;  // tool_calls
   std::vector<float> masked_;             // the logits row with the mask applied
 };
 

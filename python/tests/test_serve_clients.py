@@ -125,11 +125,13 @@ def test_anthropic_thinking_tools_and_tool_results(xml_server):
                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
                   {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}])
     assert a.usage.input_tokens + a.usage.cache_read_input_tokens == o.usage.prompt_tokens
-    # tool_choice naming a tool: the reply starts as a call to it, in the template's format.
-    forced = c.messages.create(model="qwen35_tiny", max_tokens=6, messages=msgs, tools=ANTHROPIC_TOOLS,
+    # tool_choice naming a tool: the reply is a call to it, constrained to its input_schema
+    # (python/tests/test_serve_tool_calls.py has the rest).
+    forced = c.messages.create(model="qwen35_tiny", max_tokens=80, messages=msgs, tools=ANTHROPIC_TOOLS,
                                tool_choice={"type": "tool", "name": "get_weather"}, extra_body=GREEDY)
-    text = "".join(b.text for b in forced.content if b.type == "text")
-    assert text.startswith("<tool_call>\n<function=get_weather>\n"), forced.content
+    uses = [b for b in forced.content if b.type == "tool_use"]
+    assert forced.stop_reason == "tool_use" and len(uses) >= 1, forced.content
+    assert uses[0].name == "get_weather" and isinstance(uses[0].input["city"], str), forced.content
 
 
 def test_anthropic_errors_have_anthropics_shape():
@@ -258,17 +260,23 @@ def test_stop_string_across_a_token_boundary_and_echo(server):
 def test_tool_choice_required_and_named_and_refusals(xml_server, server):
     client = xml_server.client()
     msgs = [{"role": "user", "content": "Weather in Oslo?"}]
-    named = client.chat.completions.create(model="qwen35_tiny", messages=msgs, tools=TOOLS, max_tokens=6, temperature=0,
-                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    assert named.choices[0].message.content.startswith("<tool_call>\n<function=get_weather>\n")
+    named = client.chat.completions.create(model="qwen35_tiny", messages=msgs, tools=TOOLS, max_tokens=80, temperature=0,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                           logprobs=True)
+    call = named.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    assert named.choices[0].finish_reason == "tool_calls" and not named.choices[0].message.content
+    # The prompt ended with "<tool_call>\n<function=get_weather>\n": the reply goes on from there.
+    assert "".join(t.token for t in named.choices[0].logprobs.content).startswith("<parameter=city>\n")
     assert not named.choices[0].message.reasoning_content if hasattr(named.choices[0].message, "reasoning_content") else True
-    required = client.chat.completions.create(model="qwen35_tiny", messages=msgs, tools=TOOLS, max_tokens=6,
+    required = client.chat.completions.create(model="qwen35_tiny", messages=msgs, tools=TOOLS, max_tokens=80,
                                               temperature=0, tool_choice="required")
-    assert required.choices[0].message.content.startswith("<tool_call>\n<function=")
-    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="qwen35_tiny", messages=msgs, tools=TOOLS, max_tokens=6, temperature=0, tool_choice="required", stream=True)
-        if c.choices)
-    assert streamed == required.choices[0].message.content
+    assert required.choices[0].message.tool_calls[0].function.name == "get_weather"
+    streamed = [d.function for c in client.chat.completions.create(
+        model="qwen35_tiny", messages=msgs, tools=TOOLS, max_tokens=80, temperature=0, tool_choice="required", stream=True)
+        if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(f.name, f.arguments) for f in streamed] == \
+        [(t.function.name, t.function.arguments) for t in required.choices[0].message.tool_calls]
     for kwargs, param in (({"tool_choice": {"type": "function", "function": {"name": "nope"}}, "tools": TOOLS}, "tool_choice"),
                           ({"tool_choice": "required"}, "tool_choice"),
                           ({"tool_choice": "sometimes", "tools": TOOLS}, "tool_choice"),
@@ -291,8 +299,8 @@ MARKERLESS_TOOLS_TEMPLATE = (
 
 
 @pytest.mark.parametrize("golden, call_start", [
-    ("qwen35_tiny", "<tool_call>\n<function=get_weather>\n"),
-    ("qwen3next_tiny", '<tool_call>\n{"name": "get_weather", "arguments": '),
+    ("qwen35_tiny", "<parameter=city>\n"),  # after the prompt's "<tool_call>\n<function=get_weather>\n"
+    ("qwen3next_tiny", '{"city":'),          # after '<tool_call>\n{"name": "get_weather", "arguments": '
 ])
 def test_tool_call_format_from_the_family_row(tmp_path, golden, call_start):
     d = tmp_path / golden
@@ -306,9 +314,11 @@ def test_tool_call_format_from_the_family_row(tmp_path, golden, call_start):
     s = Server(str(d))
     try:
         r = s.client().chat.completions.create(model=golden, messages=[{"role": "user", "content": "Weather in Oslo?"}],
-                                               tools=TOOLS, max_tokens=4, temperature=0,
+                                               tools=TOOLS, max_tokens=80, temperature=0, logprobs=True,
                                                tool_choice={"type": "function", "function": {"name": "get_weather"}})
-        assert r.choices[0].message.content.startswith(call_start), r.choices[0].message.content
+        generated = "".join(t.token for t in r.choices[0].logprobs.content)
+        assert generated.startswith(call_start), generated
+        assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
     finally:
         s.stop()
 

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 
+#include "json_constraint_tools.hpp"  // xml_parameter_is_string
+
 namespace hanpu {
 namespace {
 
@@ -67,20 +69,31 @@ ReasoningSplit split_reasoning(std::string_view text, bool opened_in_prompt) {
 
 namespace {
 
-// The JSON-schema type of parameter `param` of tool `name` in an OpenAI tools array, or "".
-std::string param_type(const nlohmann::ordered_json& tools, const std::string& name, const std::string& param) {
-  if (!tools.is_array()) return {};
+// The schema of parameter `param` of tool `name` in an OpenAI tools array (its property, else the
+// additionalProperties schema), and the tool's parameters schema it belongs to (for $ref); nulls
+// when the tools do not say.
+std::pair<const nlohmann::ordered_json*, const nlohmann::ordered_json*> param_schema(const nlohmann::ordered_json& tools,
+                                                                                    const std::string& name,
+                                                                                    const std::string& param) {
+  if (!tools.is_array()) return {nullptr, nullptr};
   for (const auto& t : tools) {
     const auto& fn = t.contains("function") ? t["function"] : t;
     if (!fn.is_object() || fn.value("name", std::string()) != name) continue;
-    const auto& params = fn.contains("parameters") ? fn["parameters"] : nlohmann::ordered_json();
-    if (!params.is_object() || !params.contains("properties") || !params["properties"].is_object()) return {};
-    const auto& props = params["properties"];
-    if (!props.contains(param) || !props[param].is_object()) return {};
-    const auto& type = props[param].contains("type") ? props[param]["type"] : nlohmann::ordered_json();
-    return type.is_string() ? type.get<std::string>() : std::string();
+    if (!fn.contains("parameters")) return {nullptr, nullptr};
+    const auto& params = fn["parameters"];
+    if (!params.is_object()) return {nullptr, nullptr};
+    if (params.contains("properties") && params["properties"].is_object() && params["properties"].contains(param))
+      return {&params["properties"][param], &params};
+    // A name not among the properties takes additionalProperties' schema, as the grammar does
+    // (any value when a required name has none).
+    if (params.contains("additionalProperties")) return {&params["additionalProperties"], &params};
+    static const nlohmann::ordered_json any_value = true;
+    if (params.contains("required") && params["required"].is_array())
+      for (const auto& r : params["required"])
+        if (r == param) return {&any_value, &params};
+    return {nullptr, nullptr};
   }
-  return {};
+  return {nullptr, nullptr};
 }
 
 bool parse_json_call(std::string_view body, ToolCall& call) {
@@ -128,12 +141,19 @@ bool parse_xml_call(std::string_view body, const nlohmann::ordered_json& tools, 
     if (close == std::string_view::npos || (next != std::string_view::npos && next < close)) value_end = next == std::string_view::npos ? rest.size() : next;
     const std::string value(trim_newlines(rest.substr(0, value_end)));
     rest = rest.substr(value_end == close && close != std::string_view::npos ? close + p_close.size() : value_end);
-    const std::string type = param_type(tools, call.name, pname);
-    if (type == "string") {
+    // As the constrained grammar writes them (json_constraint_tools.hpp): a parameter whose
+    // schema admits only strings is its text; others are JSON. Unconstrained models write what
+    // the template renders for past calls, Python's str() of scalars: True, False and None are
+    // read as JSON's. A parameter the tools do not describe: JSON where it parses to a non-string,
+    // else the text.
+    const auto [schema, root] = param_schema(tools, call.name, pname);
+    if (schema && xml_parameter_is_string(*schema, *root)) {
       args[pname] = value;
     } else {
       auto j = nlohmann::ordered_json::parse(value, nullptr, false);
-      args[pname] = (j.is_discarded() || (type.empty() && j.is_string())) ? nlohmann::ordered_json(value) : j;
+      if (j.is_discarded() && schema && (value == "True" || value == "False")) j = value == "True";
+      else if (j.is_discarded() && schema && value == "None") j = nullptr;
+      args[pname] = (j.is_discarded() || (!schema && j.is_string())) ? nlohmann::ordered_json(value) : j;
     }
   }
   call.arguments = args.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

@@ -4,6 +4,7 @@
 #include "hanpu/model_family.hpp"
 #include "json_constraint.hpp"
 #include "json_constraint_schema.hpp"
+#include "json_constraint_tools.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -80,6 +81,19 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
                   std::to_string(opt_.json_schema->min_bytes()) + " tokens)");
     schema_ = std::make_unique<SchemaConstraint>(*tokenizer_, opt_.json_schema);
   }
+  if (opt_.tool_calls) {
+    if (opt_.json_object || opt_.json_schema) throw Error("generation: tool calls and JSON output are exclusive");
+    if (!tokenizer_) throw Error("generation: constrained tool calls need a tokenizer (text output)");
+    if (!opt_.stop_strings.empty()) throw Error("generation: stop strings could cut a constrained tool call short");
+    if (opt_.max_tokens < opt_.tool_calls->min_bytes())
+      throw Error("generation: max_tokens " + std::to_string(opt_.max_tokens) +
+                  " is too few for the tool call (its shortest form takes up to " +
+                  std::to_string(opt_.tool_calls->min_bytes()) + " tokens)");
+    // The stop tokens end the reply where the grammar may end (after a call, with parallel
+    // calls); with ignore_eos none does, and the reply ends there by itself.
+    tools_ = std::make_unique<ToolCallConstraint>(*tokenizer_, opt_.tool_calls,
+                                                  opt_.ignore_eos ? std::vector<int32_t>{} : stop_ids_);
+  }
 }
 
 TokenStream::TokenStream(TokenStream&&) noexcept = default;
@@ -96,20 +110,32 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
     masked_.assign(logits.begin(), logits.end());
     schema_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
     row = masked_;
+  } else if (tools_) {
+    masked_.assign(logits.begin(), logits.end());
+    tools_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
+    row = masked_;
   }
   const int32_t token = sampler_.sample(row);
+  const bool is_stop = std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end();
+  // A special token the call grammar took is a marker of the call: its text belongs to the reply.
+  bool call_marker = false;
+  if (tools_ && !(is_stop && !opt_.ignore_eos && tools_->accepting())) {
+    if (!tools_->advance(token))
+      throw Error("generation: tool call output: sampled token " + std::to_string(token) + " that the mask excluded");
+    call_marker = true;
+  }
   if (json_ && !json_->advance(token))  // the mask always leaves a way to close the document
     throw Error("generation: JSON output: sampled token " + std::to_string(token) + " that the mask excluded");
   if (schema_ && !schema_->advance(token))
     throw Error("generation: JSON schema output: sampled token " + std::to_string(token) + " that the mask excluded");
-  if (!opt_.ignore_eos && std::find(stop_ids_.begin(), stop_ids_.end(), token) != stop_ids_.end()) {
+  if (!opt_.ignore_eos && is_stop) {
     reason_ = FinishReason::kStopToken;
     stop_token_ = token;
     return std::nullopt;
   }
   tokens_.push_back(token);
   if (opt_.top_logprobs >= 0) logprobs_.push_back(token_logprob(logits, token, opt_.top_logprobs));
-  if (tokenizer_ && !tokenizer_->is_special(token)) {
+  if (tokenizer_ && (!tokenizer_->is_special(token) || call_marker)) {
     const size_t before = text_.size();
     text_ += tokenizer_->token_bytes(token);
     // A stop string may end in this token: search from where it could have begun.
@@ -129,6 +155,13 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
     }
   }
   if ((json_ && json_->done()) || (schema_ && schema_->done())) {  // the object closed: nothing may follow it
+    reason_ = FinishReason::kStopToken;
+    return std::nullopt;
+  }
+  // The call closed and nothing may follow, or only a stop token could end it here and none
+  // may come (ignore_eos) or fit: the reply ends as a finished call.
+  if (tools_ && (tools_->done() || (tools_->accepting() && (!tools_->may_stop() ||
+                                                            static_cast<int64_t>(tokens_.size()) >= opt_.max_tokens)))) {
     reason_ = FinishReason::kStopToken;
     return std::nullopt;
   }

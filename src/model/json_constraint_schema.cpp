@@ -832,6 +832,23 @@ SchemaState::SchemaState(const JsonSchema& schema) : schema_(&schema) {
   for (int32_t id : schema.nodes[static_cast<size_t>(schema.root)].flat) stacks_.push_back({m.start(id)});
 }
 
+SchemaState::SchemaState(const JsonSchema& schema, int32_t node) : schema_(&schema) {
+  Machine m{schema};
+  for (int32_t id : schema.nodes[static_cast<size_t>(node)].flat) stacks_.push_back({m.start(id)});
+}
+
+bool SchemaState::can_end() const {
+  for (const Stack& s : stacks_) {
+    if (s.empty()) return true;
+    if (s.size() != 1) continue;
+    const Frame& f = s[0];
+    const Kind kind = schema_->nodes[static_cast<size_t>(f.node)].kind;
+    if ((kind == Kind::kNumber || kind == Kind::kInteger || kind == Kind::kAny) && f.phase != kOpen && f.json.number_may_end())
+      return true;
+  }
+  return false;
+}
+
 bool SchemaState::feed(uint8_t byte) {
   Machine m{*schema_};
   std::vector<Stack> next;
@@ -903,6 +920,18 @@ bool plain_string_content(const std::string& bytes) {
   return s.in_plain_string();
 }
 
+bool plain_raw_text(const std::string& bytes) {
+  JsonState s = JsonState::any_value();
+  s.feed('"');
+  for (char c : bytes) {
+    const auto b = static_cast<uint8_t>(c);
+    if (b == '<' || b == '\n' || (b < 0x20 && b != '\t' && b != '\r')) return false;
+    // Bytes a JSON string would escape are one ASCII character of raw text: feed a stand-in.
+    if (!s.feed(b == '"' || b == '\\' || b < 0x20 ? static_cast<uint8_t>('a') : b)) return false;
+  }
+  return s.in_plain_string();
+}
+
 }  // namespace
 
 std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
@@ -921,12 +950,25 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
     sorted.emplace_back(std::move(b), id);
   }
   std::sort(sorted.begin(), sorted.end());
+  std::vector<std::pair<std::string, int32_t>> with_angle;
   for (const auto& entry : sorted) {
-    if (plain_string_content(entry.first)) t->plain.push_back(entry.second);
-    else not_plain.push_back(entry);
+    if (plain_string_content(entry.first)) {
+      t->plain.push_back(entry.second);
+      if (entry.first.find('<') == std::string::npos) t->plain_without_angle.push_back(entry.second);
+      else with_angle.push_back(entry);
+    } else {
+      not_plain.push_back(entry);
+    }
+  }
+  std::vector<std::pair<std::string, int32_t>> text_rest;
+  for (const auto& entry : sorted) {
+    if (plain_raw_text(entry.first)) t->text_plain.push_back(entry.second);
+    else text_rest.push_back(entry);
   }
   t->all = build_byte_trie(sorted);
   t->not_plain = build_byte_trie(not_plain);
+  t->plain_with_angle = build_byte_trie(with_angle);
+  t->text_rest = build_byte_trie(text_rest);
   slot = std::move(t);
   return slot;
 }

@@ -95,9 +95,15 @@ class JsonSchema {
 class SchemaState {
  public:
   explicit SchemaState(const JsonSchema& schema);
+  /// A value of the schema's node `node` (any node, not only an object root; the tool-call
+  /// grammar starts one per parameter, json_constraint_tools.hpp).
+  SchemaState(const JsonSchema& schema, int32_t node);
   /// Feeds one byte; false if no alternative can take it (the state is then unusable).
   bool feed(uint8_t byte);
   bool done() const;
+  /// The value may end here: done(), or a top-level number that could also go on (what follows
+  /// it is not the value's, so only the byte after it decides).
+  bool can_end() const;
   /// Bytes the shortest valid completion needs.
   int64_t closing_cost() const;
   /// One alternative, inside a string between characters: plain content bytes (no quote,
@@ -135,6 +141,15 @@ struct ByteTrie {
 struct VocabularyTrie {
   ByteTrie all, not_plain;
   std::vector<int32_t> plain;
+  // The plain tokens split by whether they hold a '<': every marker the tool-call grammar keeps
+  // out of values starts with one (json_constraint_tools.hpp), so only those need walking there.
+  std::vector<int32_t> plain_without_angle;
+  ByteTrie plain_with_angle;
+  // For raw text (an XML parameter's string value): tokens of whole UTF-8 characters with no
+  // '<', no line feed and no control byte but tab and CR leave such a value's state as it is;
+  // the rest is walked.
+  std::vector<int32_t> text_plain;
+  ByteTrie text_rest;
   std::vector<bool> single_byte = std::vector<bool>(256, false);  // a token of exactly this byte exists
 };
 std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tokenizer);
@@ -143,14 +158,9 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tokenizer
 /// within `tokens_left` tokens to -infinity: depth first over the trie, a byte the state refuses
 /// prunes every token under it. `in_plain_string`: plain content tokens keep the state (and its
 /// shortest completion), so they are decided at once and only the other tokens are walked.
+/// Marks in `allowed` the tokens of trie `t` that `state` takes within `tokens_left` tokens.
 template <class State>
-void mask_with_trie(const VocabularyTrie& vocab, const State& state, bool in_plain_string, std::span<float> logits,
-                    int64_t tokens_left) {
-  std::vector<uint8_t> allowed(logits.size(), 0);
-  if (in_plain_string && state.closing_cost() <= tokens_left - 1)
-    for (int32_t id : vocab.plain)
-      if (static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
-  const ByteTrie& t = in_plain_string ? vocab.not_plain : vocab.all;
+void walk_trie(const ByteTrie& t, const State& state, std::vector<uint8_t>& allowed, int64_t tokens_left) {
   struct Walk {
     const ByteTrie& t;
     std::vector<uint8_t>& allowed;
@@ -168,6 +178,16 @@ void mask_with_trie(const VocabularyTrie& vocab, const State& state, bool in_pla
     }
   };
   Walk{t, allowed, tokens_left}(0, state);
+}
+
+template <class State>
+void mask_with_trie(const VocabularyTrie& vocab, const State& state, bool in_plain_string, std::span<float> logits,
+                    int64_t tokens_left) {
+  std::vector<uint8_t> allowed(logits.size(), 0);
+  if (in_plain_string && state.closing_cost() <= tokens_left - 1)
+    for (int32_t id : vocab.plain)
+      if (static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
+  walk_trie(in_plain_string ? vocab.not_plain : vocab.all, state, allowed, tokens_left);
   for (size_t id = 0; id < logits.size(); ++id)
     if (!allowed[id]) logits[id] = -std::numeric_limits<float>::infinity();
 }

@@ -87,13 +87,24 @@ ojson anthropic_to_chat_request(const ojson& body) {
                        "ignore_eos"});
   // Accepted, with no effect here: cache_control (hanpu caches every prefix on its own; see
   // docs/SERVE.md) and service_tier. output_config.effort is accepted and has no effect;
-  // output_config.format (structured output) is refused, as response_format is.
+  // output_config.format (structured output, {"type": "json_schema", "schema": {...}}) becomes
+  // OpenAI's response_format json_schema: the same compiled schema masks the reply.
+  ojson response_format;
   if (body.contains("output_config") && !body["output_config"].is_null()) {
     const ojson& oc = body["output_config"];
     expect(oc.is_object(), "output_config", oc, "an object");
     only_keys(oc, "output_config", {"effort", "format"});
-    if (oc.contains("format") && !oc["format"].is_null())
-      fail("output_config.format", "structured output is not supported by hanpu serve yet (no constrained decoding)");
+    if (oc.contains("format") && !oc["format"].is_null()) {
+      const ojson& f = oc["format"];
+      expect(f.is_object(), "output_config.format", f, "an object {\"type\": \"json_schema\", \"schema\": {...}}");
+      only_keys(f, "output_config.format", {"type", "schema"});
+      const ojson& type = required(f, "output_config.format", "type");
+      if (type != "json_schema")
+        fail("output_config.format.type", "expected 'json_schema', got " + type.dump());
+      const ojson& schema = required(f, "output_config.format", "schema");
+      expect(schema.is_object(), "output_config.format.schema", schema, "a JSON Schema object");
+      response_format = {{"type", "json_schema"}, {"json_schema", {{"name", "output"}, {"schema", schema}, {"strict", true}}}};
+    }
   }
   ojson out = ojson::object();
   const ojson& model = required(body, "", "model");
@@ -287,6 +298,7 @@ ojson anthropic_to_chat_request(const ojson& body) {
     expect(body["metadata"].is_object(), "metadata", body["metadata"], "an object");
     only_keys(body["metadata"], "metadata", {"user_id"});
   }
+  if (!response_format.is_null()) out["response_format"] = std::move(response_format);
   return out;
 }
 

@@ -74,6 +74,7 @@ GenerationOptions generation_options(const GenerationRequest& req, uint64_t seed
   o.top_logprobs = req.top_logprobs;
   o.json_object = req.json_object;
   o.json_schema = req.json_schema;
+  o.tool_calls = req.tool_calls;
   return o;
 }
 

@@ -71,6 +71,7 @@ struct GenerationRequest {
   bool warm_only = false;
   bool json_object = false;  // constrain the output to one JSON object (GenerationOptions::json_object)
   std::shared_ptr<const hanpu::JsonSchema> json_schema;  // ... to a schema's document (GenerationOptions::json_schema)
+  std::shared_ptr<const hanpu::ToolCallGrammar> tool_calls;  // ... to tool calls (GenerationOptions::tool_calls)
 };
 
 using hanpu::TokenLogprob;  // hanpu/generator.hpp

@@ -26,6 +26,7 @@
 #include "serve/anthropic.hpp"
 #include "serve/chat_page.hpp"
 #include "model/json_constraint_schema.hpp"
+#include "model/json_constraint_tools.hpp"
 
 namespace hanpu::serve {
 
@@ -198,6 +199,7 @@ class Api {
 
  private:
   json parse_body(const httplib::Request& req) const;
+  void compile_response_schema(ParsedRequest& p, const std::string& raw_body) const;
   ParsedRequest parse_common(const json& body, bool chat) const;
   std::vector<int32_t> chat_prompt(const json& messages, const json& body, const std::string& raw_body, ParsedRequest& p) const;
   std::vector<int32_t> template_prompt(const std::string& raw_body, ParsedRequest& p) const;
@@ -517,8 +519,9 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
   }
   if (!forced.empty()) {
     // tool_choice required or named: the generation prompt goes on with the start of a call in
-    // the template's format (and the function's name), so the reply is a call from its first
-    // token. The arguments that follow are not constrained (no grammar sampling yet).
+    // the template's format (and the function's name), and the call grammar masks every token
+    // after it (src/model/json_constraint_tools.hpp): the name one of the tools, the arguments
+    // following its parameters schema, the closing markers, then the end of the reply.
     if (!reply.parse_tools)
       throw ApiError{400, "'tool_choice': the chat template shows no tool-call format hanpu knows (<tool_call> JSON or XML, "
                           "Kimi's sections), so a call cannot be required", "tool_choice", "unsupported_value"};
@@ -526,18 +529,41 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
       text += "\n</think>\n\n";
       reply.reasoning_opened = false;
     }
-    std::string prefix;
-    const bool any = forced == "*";
-    switch (reply.tool_format) {
-      case ToolCallFormat::kJsonTags:
-        prefix += any ? "<tool_call>\n{\"name\": \"" : "<tool_call>\n{\"name\": \"" + forced + "\", \"arguments\": ";
-        break;
-      case ToolCallFormat::kXmlTags: prefix += any ? "<tool_call>\n<function=" : "<tool_call>\n<function=" + forced + ">\n"; break;
-      case ToolCallFormat::kKimiSections:
-        prefix += any ? "<|tool_calls_section_begin|><|tool_call_begin|>functions."
-                      : "<|tool_calls_section_begin|><|tool_call_begin|>functions." + forced + ":0<|tool_call_argument_begin|>";
-        break;
+    hanpu::ToolCallGrammar::Options o;
+    o.format = reply.tool_format;
+    o.forced = forced == "*" ? "" : forced;
+    // OpenAI's default allows parallel calls: then more calls may follow the first, each
+    // constrained the same way, until a stop token (or max_tokens leaves no room for another).
+    o.parallel = !(raw.contains("parallel_tool_calls") && raw["parallel_tool_calls"] == false);
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const std::string where = "tools[" + std::to_string(i) + "].function";
+      const auto& t = tools[i];
+      if (!t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
+          !t["function"]["name"].is_string())
+        throw ApiError{400, "'" + where + ".name': expected a string (a required call chooses among the tools by name)",
+                       where + ".name", "invalid_value"};
+      const auto& fn = t["function"];
+      o.tools.push_back({fn["name"].get<std::string>(), fn.contains("parameters") ? fn["parameters"] : nlohmann::ordered_json()});
     }
+    try {
+      p.gen.tool_calls = hanpu::ToolCallGrammar::compile(o);
+    } catch (const hanpu::ToolSchemaError& e) {
+      const std::string where = "tools[" + std::to_string(e.tool()) + "].function";
+      const std::string param = e.keyword() == "name" && e.pointer().empty() ? where + ".name" : where + ".parameters" + e.pointer();
+      throw ApiError{400, "'" + param + "' (tool '" + e.tool_name() + "', keyword '" + e.keyword() +
+                              "'): a required tool call cannot be constrained to it: " + e.what(),
+                     param, "unsupported_value"};
+    }
+    if (!p.gen.stop.empty())
+      throw ApiError{400, "'stop' with tool_choice " + std::string(forced == "*" ? "\"required\"" : "naming a function") +
+                          " could cut the call short; the generation ends when the call closes", "stop", "invalid_value"};
+    const int64_t shortest = p.gen.tool_calls->min_bytes();
+    if (p.gen.max_tokens >= 0 && p.gen.max_tokens < shortest)
+      throw ApiError{400, "'" + p.max_tokens_field + "': " + std::to_string(p.gen.max_tokens) +
+                          " is too few for the required tool call (its shortest form after the call's start, " +
+                          std::to_string(shortest) + " bytes, may take as many tokens)",
+                     p.max_tokens_field, "invalid_value"};
+    const std::string& prefix = p.gen.tool_calls->prompt_prefix();
     text += prefix;
     reply.forced_prefix = prefix;
   }
@@ -834,7 +860,8 @@ std::vector<std::shared_ptr<GenerationHandle>> Api::submit(ParsedRequest& p, con
   } catch (const ShuttingDown& e) {
     throw ApiError{503, e.what(), "", "shutting_down", "server_error"};
   } catch (const Error& e) {  // settings the generation refuses (hanpu/generator.hpp)
-    throw ApiError{400, e.what(), p.gen.json_object || p.gen.json_schema ? "response_format" : "", "invalid_value"};
+    throw ApiError{400, e.what(), p.gen.json_object || p.gen.json_schema ? "response_format" : p.gen.tool_calls ? "tool_choice" : "",
+                   "invalid_value"};
   }
 }
 
@@ -873,6 +900,27 @@ json usage_of(const std::vector<std::shared_ptr<GenerationHandle>>& handles) {
           {"hanpu_cache", {{"result", h.cache_result}, {"note", h.cache_note}}}};
 }
 
+// response_format json_schema: the schema compiled from the raw body (its key order kept, which
+// the written document follows), and the limits it puts on stop and max_tokens.
+void Api::compile_response_schema(ParsedRequest& p, const std::string& raw_body) const {
+  const auto raw = nlohmann::ordered_json::parse(raw_body, nullptr, false);
+  const std::string param = "response_format.json_schema.schema";
+  try {
+    p.gen.json_schema = hanpu::JsonSchema::compile(raw["response_format"]["json_schema"]["schema"]);
+  } catch (const hanpu::SchemaError& e) {
+    throw ApiError{400, "'" + param + e.pointer() + "': " + e.what(), param + e.pointer(), "unsupported_value"};
+  }
+  if (!p.gen.stop.empty())
+    throw ApiError{400, "'stop' with 'response_format' json_schema could cut the document short; the generation ends "
+                        "when the document closes", "stop", "invalid_value"};
+  const int64_t shortest = p.gen.json_schema->min_bytes();
+  if (p.gen.max_tokens >= 0 && p.gen.max_tokens < shortest)
+    throw ApiError{400, "'" + p.max_tokens_field + "': " + std::to_string(p.gen.max_tokens) +
+                        " is too few for this response_format json_schema (its shortest document, " +
+                        std::to_string(shortest) + " bytes, may take as many tokens)",
+                   p.max_tokens_field, "invalid_value"};
+}
+
 void Api::completions(const httplib::Request& req, httplib::Response& res, bool chat) {
   if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
   const json body = parse_body(req);
@@ -889,24 +937,7 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
                           "drop one of them", "echo", "unsupported_value"};
     if (p.echo) echo_text = body["prompt"].is_string() ? body["prompt"].get<std::string>() : tok_ ? tok_->decode(p.gen.prompt) : "";
   }
-  if (p.wants_schema) {
-    const auto raw = nlohmann::ordered_json::parse(req.body, nullptr, false);
-    const std::string param = "response_format.json_schema.schema";
-    try {
-      p.gen.json_schema = hanpu::JsonSchema::compile(raw["response_format"]["json_schema"]["schema"]);
-    } catch (const hanpu::SchemaError& e) {
-      throw ApiError{400, "'" + param + e.pointer() + "': " + e.what(), param + e.pointer(), "unsupported_value"};
-    }
-    if (!p.gen.stop.empty())
-      throw ApiError{400, "'stop' with 'response_format' json_schema could cut the document short; the generation ends "
-                          "when the document closes", "stop", "invalid_value"};
-    const int64_t shortest = p.gen.json_schema->min_bytes();
-    if (p.gen.max_tokens >= 0 && p.gen.max_tokens < shortest)
-      throw ApiError{400, "'" + p.max_tokens_field + "': " + std::to_string(p.gen.max_tokens) +
-                          " is too few for this response_format json_schema (its shortest document, " +
-                          std::to_string(shortest) + " bytes, may take as many tokens)",
-                     p.max_tokens_field, "invalid_value"};
-  }
+  if (p.wants_schema) compile_response_schema(p, req.body);
   if (p.gen.json_object) {
     if (!p.gen.stop.empty())
       throw ApiError{400, "'stop' with 'response_format' json_object could cut the object short; the generation ends when "
@@ -1168,7 +1199,18 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
   const std::string chat_text = chat_body.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
   const json body = json::parse(chat_text);
   ParsedRequest p = parse_common(body, true);
-  p.gen.prompt = chat_prompt(body["messages"], body, chat_text, p);
+  try {
+    p.gen.prompt = chat_prompt(body["messages"], body, chat_text, p);
+    if (p.wants_schema) compile_response_schema(p, chat_text);  // output_config.format
+  } catch (ApiError& e) {
+    // The checks ran on the OpenAI-shaped request: name the Anthropic fields it came from.
+    for (auto [from, to] : {std::pair<std::string, std::string>{"response_format.json_schema.schema", "output_config.format.schema"},
+                            {".function.parameters", ".input_schema"}, {".function.name", ".name"}})
+      for (std::string* text : {&e.param, &e.message})
+        for (size_t at = text->find(from); at != std::string::npos; at = text->find(from, at + to.size()))
+          text->replace(at, from.size(), to);
+    throw;
+  }
   const auto handles = submit(p, "messages");
   auto handle = handles.front();
   const std::string id = new_id("msg_");
