@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header gguf_header gguf_model device_json plan_json config_json tokenizer_json tokenizer_encode chat_template json_schema anthropic_request)
+[[ ${#targets[@]} -gt 0 ]] || targets=(safetensors_header gguf_header gguf_model device_json plan_json config_json tokenizer_json tokenizer_encode chat_template json_schema tool_call_grammar anthropic_request)
 jobs="${FUZZ_JOBS:-1}"
 
 command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is needed (Debian: apt-get install clang libclang-rt-dev)" >&2; exit 2; }
