@@ -112,7 +112,7 @@ struct Reference {
         content = "<think>\n" + m["reasoning_content"].get<std::string>() + "\n</think>\n\n" + content;
       msgs.push_back({m["role"].get<std::string>(), content});
     }
-    return tok.apply_chat_template(msgs, generation_prompt, false);
+    return tok.apply_chat_template(msgs, generation_prompt, kwargs["enable_thinking"].get<bool>());
   }
   std::vector<int32_t> render(const ojson& messages, bool generation_prompt) const {
     return tok.encode(render_text(messages, generation_prompt), true);
@@ -256,6 +256,12 @@ TEST(ChatCli, QwenFallbackTemplateResumesWhereTheRenderingsPart) {
   const Chat c = chat(tmp, dir, join_lines(kUsers), "--system " + quote(system));
   check_conversation(dir, kUsers, c, {"history snapshot", "history snapshot"}, ojson::object(), system);
 
+  // Thinking on: the prompt ends inside "<think>\n", the replies are reasoning, and the next
+  // rendering shows an earlier turn's answer alone: again the history snapshot.
+  const Chat t = chat(tmp, dir, join_lines(kUsers), "--think");
+  check_conversation(dir, kUsers, t, {"history snapshot", "history snapshot"}, {{"enable_thinking", true}});
+  for (const ojson& turn : t.turns) EXPECT_TRUE(turn["message"].contains("reasoning_content")) << turn.dump();
+
   // The first turn is `hanpu run --chat`'s reply.
   const CommandResult run = hanpu::testing::run_command(
       tmp, quote(HANPU_EXE) + " run --model " + quote(dir) + " --chat --greedy --ids -n 12 --threads 2 --system " +
@@ -338,6 +344,10 @@ TEST(ChatCli, BadInputIsAnErrorNamingIt) {
   const Chat k = chat(tmp, kimi, "Hello\n");
   EXPECT_EQ(k.result.code, 1);
   EXPECT_NE(k.result.err.find("Kimi Linear checkpoints have no fallback template"), std::string::npos) << k.result.err;
+  // No tokenizer: no text to chat with.
+  const Chat bare = chat(tmp, (hanpu::testing::golden_dir() / "bailing_hybrid_tiny").string(), "Hello\n");
+  EXPECT_EQ(bare.result.code, 1);
+  EXPECT_NE(bare.result.err.find("has no tokenizer (tokenizer.json or tiktoken.model)"), std::string::npos) << bare.result.err;
   // The ChatML fallback reads enable_thinking only.
   const std::string qwen = checkpoint(tmp, "qwen35_tiny", "", "qwen_no_template");
   const Chat q = chat(tmp, qwen, "Hello\n", "--chat-template-kwargs '{\"thinking\": false}'");
