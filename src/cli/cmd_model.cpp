@@ -18,6 +18,7 @@
 
 #include "model/gguf_arch.hpp"
 #include "cli/commands.hpp"
+#include "cli/weight_args.hpp"
 #include "hanpu/isa.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/host.hpp"
@@ -100,27 +101,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   if (ids.empty()) throw Error("--prompt-ids: no ids given");
   return ids;
 }
-
-// --weights bf16|int8 and --int8-group, shared by run and bench-model.
-struct WeightArgs {
-  std::string weights = "bf16";
-  int64_t int8_group = kDefaultInt8Group;
-  int64_t group() const { return weights == "int8" ? int8_group : 0; }
-  /// A GGUF file format to quantize a safetensors checkpoint into at load ("" for bf16 / int8).
-  std::string gguf_format() const { return weights == "bf16" || weights == "int8" ? "" : weights; }
-  void add_to(CLI::App* app) {
-    app->add_option("--weights", weights,
-                    "projection weights: bf16 (as the checkpoint stores them, default), int8 (quantized at load: "
-                    "symmetric, one scale per --int8-group inputs; about half the bytes per decode step), or a "
-                    "GGUF format q8_0, q4_k_m, q4_k, q6_k (a safetensors checkpoint quantized at load as "
-                    "`hanpu quantize --format` writes it, then run as that GGUF file)")
-        ->check(CLI::IsMember(std::vector<std::string>{"bf16", "int8", "q8_0", "q4_k_m", "q4_k", "q6_k"}))
-        ->capture_default_str();
-    app->add_option("--int8-group", int8_group, "with --weights int8: inputs per scale")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
-        ->capture_default_str();
-  }
-};
 
 // --precision as a LinearPrecision; int8 (quantized activations) is for int8 weights only, so a
 // synthetic model without --weights int8 is refused rather than silently run exact. (A checkpoint

@@ -33,3 +33,5 @@ void register_tune_command(CLI::App& app);
 void register_serve_command(CLI::App& app);
 /// `hanpu template render`: a chat template rendered with a JSON context (cmd_template.cpp).
 void register_template_command(CLI::App& app);
+/// `hanpu chat`: an interactive conversation that keeps the model's state between turns (cmd_chat.cpp).
+void register_chat_command(CLI::App& app);

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   register_tune_command(app);
   register_quantize_command(app);
   register_template_command(app);
+  register_chat_command(app);
 #ifdef HANPU_HAVE_SERVE  // not in builds without cpp-httplib (CMake option HANPU_BUILD_SERVE)
   register_serve_command(app);
 #endif
