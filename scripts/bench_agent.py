@@ -325,7 +325,10 @@ def chat(port, messages, tool_list, max_tokens):
         r["computed"] = timings["prompt_n"]
         r["prompt_tokens"] = timings["cache_n"] + timings["prompt_n"]
         r["server_prompt_ms"] = timings.get("prompt_ms")
-    else:  # hanpu
+    else:  # hanpu (and any server that reports OpenAI's cached_tokens)
+        if not usage:
+            raise RuntimeError("the server sent neither `usage` (stream_options.include_usage) nor llama-server's "
+                               "`timings`, expected one of them to count the reused prompt tokens")
         r["prompt_tokens"] = usage["prompt_tokens"]
         r["reused"] = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
         r["computed"] = r["prompt_tokens"] - r["reused"]
