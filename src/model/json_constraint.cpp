@@ -18,6 +18,20 @@ bool is_hex(uint8_t b) { return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= '
 
 }  // namespace
 
+bool utf8_lead(uint8_t b, uint8_t& left, uint8_t& lo, uint8_t& hi) {
+  // RFC 3629, section 4: E0, ED, F0 and F4 narrow their first continuation byte (no overlong
+  // forms, no surrogates, nothing above U+10FFFF); C0, C1 and F5..FF never occur.
+  if (b >= 0xC2 && b <= 0xDF) left = 1;
+  else if (b == 0xE0) left = 2, lo = 0xA0;
+  else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) left = 2;
+  else if (b == 0xED) left = 2, hi = 0x9F;
+  else if (b == 0xF0) left = 3, lo = 0x90;
+  else if (b >= 0xF1 && b <= 0xF3) left = 3;
+  else if (b == 0xF4) left = 3, hi = 0x8F;
+  else return false;
+  return true;
+}
+
 bool JsonState::after_value() {
   if (stack_.empty()) {
     mode_ = Mode::kDone;
@@ -119,16 +133,7 @@ bool JsonState::feed(uint8_t b) {
       }
       if (b < 0x20) return false;  // control characters must be escaped
       if (b < 0x80) return true;
-      // UTF-8 lead bytes and the range of the first continuation byte (RFC 3629, section 4).
-      if (b >= 0xC2 && b <= 0xDF) utf8_left_ = 1;
-      else if (b == 0xE0) utf8_left_ = 2, utf8_lo_ = 0xA0;
-      else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) utf8_left_ = 2;
-      else if (b == 0xED) utf8_left_ = 2, utf8_hi_ = 0x9F;
-      else if (b == 0xF0) utf8_left_ = 3, utf8_lo_ = 0x90;
-      else if (b >= 0xF1 && b <= 0xF3) utf8_left_ = 3;
-      else if (b == 0xF4) utf8_left_ = 3, utf8_hi_ = 0x8F;
-      else return false;
-      return true;
+      return utf8_lead(b, utf8_left_, utf8_lo_, utf8_hi_);
     case Mode::kStringEscape:
       if (b == 'u') {
         hex_left_ = 4;

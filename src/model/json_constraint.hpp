@@ -18,6 +18,10 @@ namespace hanpu {
 class Tokenizer;
 struct VocabularyTrie;  // json_constraint_schema.hpp
 
+/// A UTF-8 lead byte (>= 0x80): sets `left` to the continuation bytes it needs and narrows
+/// [lo, hi] to the first one's range; false for a byte that cannot start a character.
+bool utf8_lead(uint8_t byte, uint8_t& left, uint8_t& lo, uint8_t& hi);
+
 /// Where a JSON document is after some bytes. Small and copyable: the mask tries every token
 /// from a copy of the current state.
 class JsonState {

@@ -14,6 +14,17 @@
 
 namespace hanpu {
 
+// RFC 6901, section 3: "~" and "/" inside a reference token.
+std::string escape_pointer_token(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '~') out += "~0";
+    else if (c == '/') out += "~1";
+    else out += c;
+  }
+  return out;
+}
+
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -44,16 +55,6 @@ const std::set<std::string>& unsupported_keywords() {
       "minContains", "maxContains", "unevaluatedItems", "additionalItems", "contentEncoding", "contentMediaType",
       "contentSchema", "$dynamicRef", "$recursiveRef"};
   return k;
-}
-
-std::string escape_pointer_token(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
-  }
-  return out;
 }
 
 using Pattern = std::vector<std::pair<uint8_t, uint8_t>>;
@@ -973,6 +974,16 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
   return slot;
 }
 
+void add_closing_bytes(const JsonSchema& schema, std::set<uint8_t>& bytes) {
+  for (char c : std::string("{}[]\":,0-.eE+truefalsn")) bytes.insert(static_cast<uint8_t>(c));
+  for (int b = 0x80; b <= 0xBF; ++b) bytes.insert(static_cast<uint8_t>(b));
+  for (const JsonSchema::Node& n : schema.nodes) {
+    for (const JsonSchema::Property& p : n.properties)
+      for (char c : p.key) bytes.insert(static_cast<uint8_t>(c));
+    for (const auto& [lo, hi] : n.pattern) bytes.insert(lo);
+  }
+}
+
 SchemaConstraint::SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<const JsonSchema> schema)
     : tokenizer_(&tokenizer), trie_(vocabulary_trie(tokenizer)), schema_(std::move(schema)), state_(*schema_) {
   // The budget counts one token per byte of the shortest completion: each byte such a
@@ -980,13 +991,7 @@ SchemaConstraint::SchemaConstraint(const Tokenizer& tokenizer, std::shared_ptr<c
   // the letters of true/false/null, UTF-8 continuation bytes (the rest of a character cut
   // short), and every byte of the schema's keys and patterns (the lowest of each range).
   std::set<uint8_t> needed;
-  for (char c : std::string("{}[]\":,0-.eE+truefalsn")) needed.insert(static_cast<uint8_t>(c));
-  for (int b = 0x80; b <= 0xBF; ++b) needed.insert(static_cast<uint8_t>(b));
-  for (const JsonSchema::Node& n : schema_->nodes) {
-    for (const JsonSchema::Property& p : n.properties)
-      for (char c : p.key) needed.insert(static_cast<uint8_t>(c));
-    for (const auto& [lo, hi] : n.pattern) needed.insert(lo);
-  }
+  add_closing_bytes(*schema_, needed);
   for (uint8_t b : needed)
     if (!trie_->single_byte[b])
       throw Error("JSON schema output: the tokenizer has no single-byte token for byte " + std::to_string(b) +

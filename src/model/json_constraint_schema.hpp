@@ -29,6 +29,7 @@
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -191,6 +192,14 @@ void mask_with_trie(const VocabularyTrie& vocab, const State& state, bool in_pla
   for (size_t id = 0; id < logits.size(); ++id)
     if (!allowed[id]) logits[id] = -std::numeric_limits<float>::infinity();
 }
+
+/// A key as a JSON Pointer reference token (RFC 6901: "~" as "~0", "/" as "~1"), for error pointers.
+std::string escape_pointer_token(const std::string& key);
+
+/// Adds the bytes that closing a document of `schema` within max_tokens may need one token each
+/// for: JSON's punctuation, "0", the letters of true/false/null, UTF-8 continuation bytes, and
+/// every byte of the schema's keys and the lowest of each pattern range.
+void add_closing_bytes(const JsonSchema& schema, std::set<uint8_t>& bytes);
 
 /// The mask for one generation (see the file comment).
 class SchemaConstraint {

@@ -36,16 +36,6 @@ bool plain_name(const std::string& s) {
   return true;
 }
 
-std::string escape_pointer_token(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '~') out += "~0";
-    else if (c == '/') out += "~1";
-    else out += c;
-  }
-  return out;
-}
-
 // A substring matcher as a table (Knuth-Morris-Pratt's automaton): state k = the first k bytes
 // of `s` are the end of what was fed; state s.size() = found.
 std::vector<std::array<uint8_t, 256>> substring_dfa(const std::string& s) {
@@ -486,14 +476,9 @@ bool ToolCallState::feed(uint8_t b, bool literal_only) {
           utf8_hi_ = 0xBF;
         } else if (b < 0x80) {
           if (b < 0x20 && b != '\t' && b != '\n' && b != '\r') return false;
-        } else if (b >= 0xC2 && b <= 0xDF) utf8_left_ = 1;
-        else if (b == 0xE0) utf8_left_ = 2, utf8_lo_ = 0xA0;
-        else if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) utf8_left_ = 2;
-        else if (b == 0xED) utf8_left_ = 2, utf8_hi_ = 0x9F;
-        else if (b == 0xF0) utf8_left_ = 3, utf8_lo_ = 0x90;
-        else if (b >= 0xF1 && b <= 0xF3) utf8_left_ = 3;
-        else if (b == 0xF4) utf8_left_ = 3, utf8_hi_ = 0x8F;
-        else return false;
+        } else if (!utf8_lead(b, utf8_left_, utf8_lo_, utf8_hi_)) {
+          return false;
+        }
         term_match_ = g_->terminator_dfa[term_match_][b];
         if (term_match_ == g_->terminator.size()) {  // "\n</parameter>": the value ended
           const int32_t typed = static_cast<int32_t>(g_->terminator.size());
@@ -606,22 +591,14 @@ ToolCallConstraint::ToolCallConstraint(const Tokenizer& tokenizer, std::shared_p
   // may use needs a token of its own (as SchemaConstraint checks for JSON), here also the bytes of
   // the markers and names, the terminator and the raw patterns.
   std::set<uint8_t> needed;
-  for (char c : std::string("{}[]\":,0-.eE+truefalsn")) needed.insert(static_cast<uint8_t>(c));
-  for (int b = 0x80; b <= 0xBF; ++b) needed.insert(static_cast<uint8_t>(b));
   for (const ToolCallGrammar::Node& n : grammar_->nodes) {
     for (const Option& o : n.options)
       for (char c : o.text) needed.insert(static_cast<uint8_t>(c));
     for (const auto& p : n.patterns)
       for (const auto& [lo, hi] : p) needed.insert(lo);
   }
-  for (const auto& schema : grammar_->schemas) {
-    if (!schema) continue;  // a tool the call may not name
-    for (const JsonSchema::Node& n : schema->nodes) {
-      for (const JsonSchema::Property& p : n.properties)
-        for (char c : p.key) needed.insert(static_cast<uint8_t>(c));
-      for (const auto& [lo, hi] : n.pattern) needed.insert(lo);
-    }
-  }
+  for (const auto& schema : grammar_->schemas)
+    if (schema) add_closing_bytes(*schema, needed);  // null: a tool the call may not name
   for (uint8_t b : needed)
     if (!trie_->single_byte[b])
       throw Error("tool call output: the tokenizer has no single-byte token for byte " + std::to_string(b) +
