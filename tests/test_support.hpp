@@ -7,6 +7,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -31,9 +32,12 @@ class TempDir {
   explicit TempDir(const std::string& prefix = "hanpu") {
     static std::atomic<int> counter{0};
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    // A parameterized test's name is "Name/N": as a path that is a subdirectory, and removing it
+    // would leave "Name" behind in /tmp, so the separator becomes '_'.
+    std::string test_name = info ? info->name() : "none";
+    std::replace(test_name.begin(), test_name.end(), '/', '_');
     dir_ = std::filesystem::temp_directory_path() /
-           (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" +
-            (info ? info->name() : "none"));
+           (prefix + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++) + "_" + test_name);
     std::filesystem::create_directories(dir_);
   }
   ~TempDir() {

@@ -24,6 +24,9 @@ inline const std::string& scratch_path(const char* name) {
     const char* dir = std::getenv("TMPDIR");
     return std::string(dir && *dir ? dir : "/tmp") + "/hanpu_fuzz_" + std::to_string(::getpid()) + "_" + name;
   }();
+  // Removed when the fuzzer exits (-max_total_time ends with exit()), so runs leave no files in /tmp.
+  static const bool removed_at_exit = std::atexit([] { std::remove(path.c_str()); }) == 0;
+  (void)removed_at_exit;
   return path;
 }
 
