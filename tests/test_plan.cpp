@@ -221,9 +221,71 @@ TEST(OpGraph, KdaDecaysAreOneOperatorPerOperandAndKeepTheWorkOfOne) {
   EXPECT_FALSE(operator_id("decay_k"));  // the single decay_k of old is gone
 }
 
+TEST(Plans, FlaRunsItsSixKernelsWithAThroughGm) {
+  // FLA's fla/ops/gated_delta_rule/chunk.py: cumsum, K K^T, solve_tril, W/U, fwd_h, fwd_o; A goes
+  // from the K K^T kernel to the solve through GM in fp32 (the solve reads it on the vector unit).
+  for (const Variant v : every_variant()) {
+    const Plan fla = make_plan(problem(v, {1000}, 16), ascend310p(), "fla");
+    std::vector<std::string> names;
+    for (const Kernel& k : fla.kernels) names.push_back(k.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"chunk_local_cumsum", "chunk_scaled_dot_kkt_fwd", "solve_tril", "recompute_w_u", "fwd_h", "fwd_o"}))
+        << variant_name(v);
+    auto moves_of = [&](const Kernel& k, const std::string& path) {
+      int n = 0, elem = 0;
+      for (const Step& st : k.steps)
+        if (st.kind == StepKind::Move && st.tensor == "A" && st.path == path) ++n, elem = st.elem_bytes;
+      return std::pair{n, elem};
+    };
+    EXPECT_EQ(moves_of(fla.kernels[1], "UB->GM"), (std::pair{1, 4})) << variant_name(v);
+    EXPECT_EQ(moves_of(fla.kernels[2], "GM->UB"), (std::pair{1, 4})) << variant_name(v);
+    EXPECT_EQ(op_names(fla.kernels[2].order), (std::vector<std::string>{"solve_diag", "solve_inv"}));
+    // The megakernel: the same six phases, one launch.
+    const Plan mk = make_plan(problem(v, {1000}, 16), ascend310p(), "fla-megakernel");
+    ASSERT_EQ(mk.kernels.size(), 6u);
+    for (size_t i = 0; i < mk.kernels.size(); ++i) EXPECT_EQ(mk.kernels[i].launch, i == 0);
+  }
+}
+
+TEST(Plans, VllmAscendConvertsTheOperandsAndResultsOfItsTorchMatmuls) {
+  // On the 310P every torch matmul of the WY preparation (K K^T; T kb and T vb) runs TransData
+  // kernels: one per ND operand before it, one per result after it (the device's
+  // framework_matmul_transdata_per_tensor = 1); a device without them gets the same plan without.
+  const Device dev = ascend310p();
+  ASSERT_EQ(dev.framework_matmul_transdata_per_tensor.value, 1);
+  Device none = dev;
+  none.framework_matmul_transdata_per_tensor.value = 0;
+  for (const Variant v : every_variant()) {
+    const Problem p = problem(v, {1000}, 16);
+    const Plan with = make_plan(p, dev, "vllm-ascend"), without = make_plan(p, none, "vllm-ascend");
+    std::vector<std::string> converted;
+    std::vector<Kernel> rest;
+    for (const Kernel& k : with.kernels) {
+      if (k.name.rfind("transdata_", 0) != 0) {
+        rest.push_back(k);
+        continue;
+      }
+      EXPECT_TRUE(k.order.empty()) << k.name;
+      ASSERT_EQ(k.steps.size(), 3u) << k.name;
+      EXPECT_EQ(k.steps[0].path, "GM->UB");
+      EXPECT_EQ(k.steps[1].kind, StepKind::Transform);
+      EXPECT_EQ(k.steps[2].path, "UB->GM");
+      for (const Step& st : k.steps) EXPECT_EQ(st.tensor, k.steps[0].tensor) << k.name;
+      EXPECT_EQ(k.cores, with.kernels[0].cores) << k.name;  // chunk-parallel like the torch kernels
+      EXPECT_LE(k.peak_bytes.at("UB"), static_cast<int64_t>(dev.buffer("UB").capacity_bytes.value));
+      converted.push_back(k.steps[0].tensor + (k.name.find("nd_to_nz") != std::string::npos ? ">" : "<"));
+    }
+    const bool kda = variant_traits(v).channel_gate();
+    const std::vector<std::string> want = {kda ? "ke>" : "k>", kda ? "ki>" : "k>", "KK<", "Tm>", "kb>", "Tm>", "vb>", "W<", "U<"};
+    EXPECT_EQ(converted, want) << variant_name(v);
+    EXPECT_EQ(rest, without.kernels) << variant_name(v);
+    EXPECT_NO_THROW(validate_plan(with));
+    EXPECT_EQ(plan_from_json(plan_to_json(with)), with);
+  }
+}
+
 TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
-  // FLA's kernels recompute the decayed q/k they multiply: kkt_solve k e^G and k e^-G, W/U k e^G,
-  // the recurrence k e^(G_L - G) only, the output q e^G and k e^-G.
+  // FLA's kernels recompute the decayed q/k they multiply: K K^T k e^G and k e^-G, W/U k e^G,
+  // the recurrence k e^(G_L - G) only, the output q e^G and k e^-G; the solve reads A alone.
   auto decays = [](const Kernel& k) {
     std::vector<std::string> d;
     for (const OpId o : k.order)
@@ -232,7 +294,8 @@ TEST(Plans, KdaKernelsBuildOnlyTheDecayedOperandsTheyMultiply) {
   };
   const Plan fla = make_plan(problem(Variant::KDA, {1024}, 10), ascend310p(), "fla");
   std::map<std::string, std::vector<std::string>> want = {{"chunk_local_cumsum", {}},
-                                                          {"kkt_solve", {"decay_ke", "decay_ki"}},
+                                                          {"chunk_scaled_dot_kkt_fwd", {"decay_ke", "decay_ki"}},
+                                                          {"solve_tril", {}},
                                                           {"recompute_w_u", {"decay_ke"}},
                                                           {"fwd_h", {"decay_kl"}},
                                                           {"fwd_o", {"decay_q", "decay_ki"}}};
@@ -456,7 +519,7 @@ TEST(Plans, ValidateCatchesMissingAndDuplicateWork) {
   }
   // A chunk-parallel kernel cannot carry the state.
   Plan bad = make_plan(problem(Variant::GDN, {256}, 16), ascend310p(), "fla");
-  std::swap(bad.kernels[3], bad.kernels[4]);  // fwd_o before fwd_h: the per-chunk states do not exist yet
+  std::swap(bad.kernels[4], bad.kernels[5]);  // fwd_o before fwd_h: the per-chunk states do not exist yet
   EXPECT_THROW(validate_plan(bad), Error);
 }
 

@@ -514,17 +514,17 @@ TEST(PlanExec, UnrunnablePlansAreRefusedByName) {
   const Plan fla = testing::plan_as_callers_do(prob, host(2), "fla", PlanOptions{2, {}});
   EXPECT_EQ(cpu_cannot_run(fla), "");
   Plan swapped = fla;  // fwd_o before fwd_h
-  std::swap(swapped.kernels[3], swapped.kernels[4]);
-  EXPECT_NE(cpu_cannot_run(swapped).find("plan.kernels[4] (fwd_h): a state kernel after a output kernel"), std::string::npos)
+  std::swap(swapped.kernels[4], swapped.kernels[5]);
+  EXPECT_NE(cpu_cannot_run(swapped).find("plan.kernels[5] (fwd_h): a state kernel after a output kernel"), std::string::npos)
       << cpu_cannot_run(swapped);
   Plan mixed = fla;  // one kernel with Map and output operators
   mixed.kernels[1].order.push_back(OpId::Qkt);
-  EXPECT_NE(cpu_cannot_run(mixed).find("plan.kernels[1] (kkt_solve).order: operators of the map and output phases in one kernel"),
+  EXPECT_NE(cpu_cannot_run(mixed).find("plan.kernels[1] (chunk_scaled_dot_kkt_fwd).order: operators of the map and output phases in one kernel"),
             std::string::npos)
       << cpu_cannot_run(mixed);
   Plan remapped = fla;  // the W/U kernel's chunks on other cores than the cumsum's: the CPU fuses them
-  std::swap(remapped.kernels[2].cores[0], remapped.kernels[2].cores[1]);
-  EXPECT_NE(cpu_cannot_run(remapped).find("plan.kernels[2] (recompute_w_u).cores: mapped differently from plan.kernels[0] (chunk_local_cumsum)"),
+  std::swap(remapped.kernels[3].cores[0], remapped.kernels[3].cores[1]);
+  EXPECT_NE(cpu_cannot_run(remapped).find("plan.kernels[3] (recompute_w_u).cores: mapped differently from plan.kernels[0] (chunk_local_cumsum)"),
             std::string::npos)
       << cpu_cannot_run(remapped);
   Plan cores = fla;

@@ -517,13 +517,13 @@ TEST(FixedCosts, PerStepCostsAreChargedOncePerEvent) {
       EXPECT_GE(m.latency_s, r.latency_s) << k.name << " " << events;
     }
   }
-  EXPECT_GE(checked, 3);  // cumsum, kkt_solve, recompute_w_u, fwd_o
+  EXPECT_GE(checked, 4);  // cumsum, K K^T, solve_tril, recompute_w_u, fwd_o
 }
 
 TEST(FixedCosts, FusingSavesTransfersSyncsAndBoundaries) {
   // The mechanism behind the mapping step: one fused head-mapped kernel issues far fewer DMA
-  // transfers than FLA's five kernels (no intermediate round trips, no per-chunk states), and
-  // pays one boundary instead of five.
+  // transfers than FLA's six kernels (no intermediate round trips, no per-chunk states), and
+  // pays one boundary instead of six.
   const Device dev = ascend310p();
   const Problem p = problem(Variant::GDN, {1024}, 16);
   const SimResult fla = simulate(testing::plan_as_callers_do(p, dev, "fla"), dev);
@@ -538,6 +538,47 @@ TEST(FixedCosts, FusingSavesTransfersSyncsAndBoundaries) {
   const SimResult bare = simulate(testing::plan_as_callers_do(p, none, "fla"), none);
   EXPECT_EQ(bare.gm_read_bytes, fla.gm_read_bytes);
   EXPECT_LT(bare.latency_s, fla.latency_s);
+}
+
+TEST(FixedCosts, TransDataKernelsPayTheirLaunchesRoundTripsAndTransforms) {
+  // vLLM-Ascend on the 310P: each TransData kernel (docs/SIMULATION.md section 8) is charged its
+  // launch and boundary, its tile's GM round trip (read and written once per chunk, in the
+  // tensor's GM precision) and its transform on the vector unit; nothing else changes.
+  const Device dev = ascend310p();
+  Device none = dev;
+  none.framework_matmul_transdata_per_tensor.value = 0;
+  for (const Variant v : {Variant::GDN, Variant::KDA}) {
+    const Problem p = problem(v, {1000}, 16);  // a tail chunk too
+    const Plan with = testing::plan_as_callers_do(p, dev, "vllm-ascend"), without = testing::plan_as_callers_do(p, none, "vllm-ascend");
+    const SimResult a = simulate(with, dev), b = simulate(without, none);
+    const OpGraph& g = with.graph();
+    double conversions = 0;
+    int64_t bytes = 0, transform_bytes = 0;
+    for (const Kernel& k : with.kernels) {
+      if (!k.order.empty()) continue;
+      conversions += 1;
+      const TensorDef& t = g.tensor(k.steps[0].tensor);
+      for (const auto& items : k.cores)
+        for (const PlanItem& it : items)
+          for (int64_t c = it.chunk0; c < it.chunk1; ++c) {
+            const int64_t tile = tensor_bytes(t, p.chunk_len(it.seq, c), p.K, it.col1 - it.col0) / static_cast<int64_t>(dtype_size(t.dtype)) *
+                                 k.steps[0].elem_bytes;
+            bytes += tile;
+            transform_bytes += 2 * tile;
+          }
+    }
+    EXPECT_EQ(conversions, 9) << variant_name(v);
+    EXPECT_EQ(a.fixed_cost_events.at("launches") - b.fixed_cost_events.at("launches"), conversions);
+    EXPECT_EQ(a.fixed_cost_events.at("kernel_boundaries") - b.fixed_cost_events.at("kernel_boundaries"), conversions);
+    EXPECT_EQ(a.gm_read_bytes - b.gm_read_bytes, bytes) << variant_name(v);
+    EXPECT_EQ(a.gm_write_bytes - b.gm_write_bytes, bytes) << variant_name(v);
+    EXPECT_EQ(a.transform_bytes - b.transform_bytes, transform_bytes) << variant_name(v);
+    EXPECT_EQ(a.executed_macs, b.executed_macs);
+    // At least their fixed per-kernel costs: each adds its launch and boundary to the latency.
+    EXPECT_GT(a.latency_s - b.latency_s, conversions * (dev.kernel_launch_us.value + dev.kernel_boundary_us.value) * 1e-6);
+    // The NZ copies are materialized in GM (every chunk's), so the peak GM footprint grows too.
+    EXPECT_GT(a.peak_gm_bytes, b.peak_gm_bytes);
+  }
 }
 
 TEST(FixedCosts, CalibratedAblationIsWithinFifteenPercentOfThePaper) {

@@ -13,6 +13,7 @@ constants (deterministic start, no randomness), each evaluation one `hanpu simul
   tools/calibrate_fixed_costs.py                 # fit, print the constants and residuals
   tools/calibrate_fixed_costs.py --write         # ... and store them in the device file(s)
   tools/calibrate_fixed_costs.py --held-out      # only the held-out report with the files' values
+  tools/calibrate_fixed_costs.py --summary       # only section 8's one-line-per-case table
 
 --write updates devices/ascend310p.json and copies the cycle-denominated constants to
 devices/ascend310b.json (same DaVinci core family; its clock turns them into its own times).
@@ -144,6 +145,30 @@ def held_out(hanpu, device_path, b_path):
     return out
 
 
+def summary(hanpu, device_path, b_path):
+    """The one-line-per-case table of docs/SIMULATION.md section 8: the ablation's steps and
+    speed-ups, HA-NPU against FLA and vLLM-Ascend, vLLM-Ascend's matrix utilization and kernels."""
+    cases = [("GDN 1K H=16 (fitted)", device_path, "gdn", 1024, 16), ("GDN 4K H=16", device_path, "gdn", 4096, 16),
+             ("GDN 1K H=32", device_path, "gdn", 1024, 32), ("GDN 1K H=48", device_path, "gdn", 1024, 48),
+             ("KDA 1K H=16", device_path, "kda", 1024, 16), ("KDA 4K H=16", device_path, "kda", 4096, 16),
+             ("KDA 1K H=32", device_path, "kda", 1024, 32), ("KDA 1K H=48", device_path, "kda", 1024, 48),
+             ("310B GDN 1K H=16", b_path, "gdn", 1024, 16)]
+    print("| case | FLA -> +mapping -> +reordering -> +layout (ms) | step speed-ups | HA-NPU vs FLA | vs vLLM-Ascend "
+          "| vLLM-Ascend ms (kernels) | vLLM-Ascend matrix util. |")
+    print("|---|---|---|---|---|---|---|")
+    for name, dev, variant, T, H in cases:
+        common = ["--variant", variant, "--T", str(T), "--heads", str(H)]
+        ab = {r["strategy"]: r for r in simulate(hanpu, dev, ["--ablation"] + common)}
+        st = {r["strategy"]: r for r in simulate(hanpu, dev, ["--strategies"] + common)}
+        steps = [ab[s]["latency_ms"] for s in PAPER_GDN_1K_16]
+        fmt = (lambda x: f"{x:.1f}") if steps[0] >= 20 else (lambda x: f"{x:.2f}")
+        ups = ", ".join(f"{steps[i] / steps[i + 1]:.2f}x" for i in range(3))
+        v = st["vllm-ascend"]
+        print(f"| {name} | {' -> '.join(fmt(x) for x in steps)} | {ups} | {steps[0] / steps[3]:.1f}x | "
+              f"{v['latency_ms'] / st['hanpu']['latency_ms']:.1f}x | {v['latency_ms']:.2f} ({v['kernels']}) | "
+              f"{100 * v['matrix_utilization']:.2f}% |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default=os.path.join(ROOT, "devices/ascend310p.json"))
@@ -151,10 +176,14 @@ def main():
     ap.add_argument("--hanpu", default=None)
     ap.add_argument("--write", action="store_true", help="store the fitted constants in the device file(s)")
     ap.add_argument("--held-out", action="store_true", help="only report the held-out cases (no fit)")
+    ap.add_argument("--summary", action="store_true", help="only the one-line-per-case table of docs/SIMULATION.md section 8 (no fit)")
     ap.add_argument("--fit", default=",".join(FITTED), help="comma-separated constants to fit (default: %(default)s)")
     a = ap.parse_args()
     FITTED[:] = a.fit.split(",")
     hanpu = a.hanpu or find_hanpu()
+    if a.summary:
+        summary(hanpu, a.device, a.device_310b)
+        return
     if not a.held_out:
         device_json = json.load(open(a.device))
         x0 = [math.log(START[k]) for k in FITTED]

@@ -155,6 +155,12 @@ struct Device {
   /// Per vector instruction sequence (a vector compute, transform, cast or zero step of one
   /// chunk): issue start-up, masks and repeat set-up. JSON "vector_startup_cycles".
   Quantity vector_startup_cycles;
+  /// The software stack's, not the silicon's: TransData (ND <-> NZ format conversion) kernels the
+  /// framework's matmul runs per ND operand and per ND result when the matrix unit cannot take the
+  /// operands as they are (torch_npu / aclnn on the 310P for fp32 operands: 1). The vllm-ascend
+  /// strategy charges each as a kernel of its own (launch, boundary, GM round trip, transform on
+  /// the vector unit). JSON "framework_matmul_transdata_per_tensor", optional (absent: 0).
+  Quantity framework_matmul_transdata_per_tensor;
   std::vector<std::string> notes; // open conflicts and caveats, shown in reports
   std::vector<CoreConfiguration> core_configurations;  // coherent alternatives to the default
   CpuFacts cpu;                   // kind Cpu only

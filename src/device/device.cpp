@@ -85,7 +85,8 @@ std::vector<std::pair<const char*, Quantity*>> fixed_cost_fields(Device& d) {
           {"dma_setup_cycles", &d.dma_setup_cycles},
           {"gm_segment_cycles", &d.gm_segment_cycles},
           {"pipe_sync_cycles", &d.pipe_sync_cycles},
-          {"vector_startup_cycles", &d.vector_startup_cycles}};
+          {"vector_startup_cycles", &d.vector_startup_cycles},
+          {"framework_matmul_transdata_per_tensor", &d.framework_matmul_transdata_per_tensor}};
 }
 
 /// Reads one device description, remembering the file for error messages.
@@ -204,7 +205,8 @@ class DeviceReader {
     expect_object(j, "");
     only_keys(j, "", {"schema_version", "name", "kind", "description", "cores", "clock_ghz", "matrix", "vector",
                       "buffers", "paths", "gm_bytes", "kernel_launch_us", "static_power_w", "handoff_sync_cycles", "kernel_boundary_us",
-                      "dma_setup_cycles", "gm_segment_cycles", "pipe_sync_cycles", "vector_startup_cycles", "notes",
+                      "dma_setup_cycles", "gm_segment_cycles", "pipe_sync_cycles", "vector_startup_cycles",
+                      "framework_matmul_transdata_per_tensor", "notes",
                       "core_configurations", "cpu"});
     if (auto it = j.find("schema_version"); it != j.end()) {
       if (!it->is_number_integer() || it->get<int64_t>() != 1)

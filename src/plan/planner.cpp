@@ -9,6 +9,7 @@
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include "hanpu/plan.hpp"
 #include "plan/lower.hpp"
@@ -227,6 +228,45 @@ void add_decay(std::vector<Kernel>& ks, const OpGraph& g) {
   }
 }
 
+// A format conversion kernel (transdata_kernel): its steps get the tensor's element size as the
+// plan keeps it in GM (fp16 for inputs and for fp32 results only the matrix unit reads later),
+// its load is double-buffered (the next chunk's tile arrives while this one is converted), and
+// its lifetimes are the tile and its converted copy in the vector buffer.
+void finish_conversion_kernel(Kernel& k, const Device& dev, const OpGraph& g, const std::set<std::string>& f16_in_gm, const Problem& p) {
+  const TensorDef& t = g.tensor(k.steps.front().tensor);
+  const int elem = f16_in_gm.count(t.name) ? 2 : static_cast<int>(dtype_size(t.dtype));
+  for (Step& st : k.steps) st.elem_bytes = elem;
+  int64_t width = 0;
+  for (const auto& l : k.cores)
+    for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
+  const int64_t bytes = tensor_bytes(t, p.chunk, p.K, width > 0 ? width : p.V) / static_cast<int64_t>(dtype_size(t.dtype)) * elem;
+  const std::string ub = dev.vector.buffer;
+  for (const auto& [st, from, to] : {std::tuple{&k.steps[0], std::string("GM"), ub}, std::tuple{&k.steps[2], ub, std::string("GM")}}) {
+    if (!dev.has_path(from, to))
+      throw Error("device " + dev.name + ": framework_matmul_transdata_per_tensor is " +
+                  std::to_string(static_cast<int>(dev.framework_matmul_transdata_per_tensor.value)) + ", but there is no path " + from + "->" +
+                  to + " for a TransData kernel to move its tiles on");
+    const PathSpec& path = dev.path(from, to);
+    st->path = path.name();
+    st->engine = path.engine.empty() ? path.name() : path.engine;
+  }
+  k.double_buffered = {t.name};
+  k.buffering = 2;
+  k.steps[0].reuse_of = 1;  // the next tile overwrites this one once it is converted
+  k.steps[1].reuse_of = 2;  // the converted copy, once it is stored
+  k.lifetimes = {{t.name, ub, 0, 1, bytes, 1}, {t.name + "(converted)", ub, 1, 2, bytes, 1}, {t.name + "(next chunk)", ub, 0, 2, bytes, 1}};
+  const int64_t reserved = static_cast<int64_t>(dev.buffer(ub).reserved_bytes.value);
+  if (reserved > 0) k.lifetimes.push_back({"(reserved)", ub, 0, 2, reserved, 1});
+  k.peak_bytes = {{ub, 3 * bytes + reserved}};
+  k.peak_tensors = {{ub, {}}};
+  for (const Lifetime& lt : k.lifetimes)
+    if (lt.first <= 1 && 1 <= lt.last) k.peak_tensors[ub].push_back(lt.tensor);
+  if (static_cast<double>(k.peak_bytes[ub]) > dev.buffer(ub).capacity_bytes.value)
+    throw Error("plan on " + dev.name + ": kernel " + k.name + " needs " + std::to_string(k.peak_bytes[ub]) + " bytes of " + ub +
+                " for a tile, its converted copy and the next tile, capacity " +
+                std::to_string(static_cast<int64_t>(dev.buffer(ub).capacity_bytes.value)));
+}
+
 // Decides which tensors cross kernels, lowers every kernel (with the capacity check), fills the plan.
 void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
   const Problem& p = plan.problem;
@@ -265,9 +305,10 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
         if (stored) {
           cx.to_gm.insert(t.name);
           // Intermediates go to GM in the input precision as FLA stores them (FLA's chunk kernels
-          // store w, u, h, v_new in k.dtype); gate sums stay fp32. The state snapshot h feeds
-          // only matrix products.
-          if (t.dtype == DType::F32 && t.name != "Gc" && (t.role != TensorRole::State || later_matrix_only))
+          // store w, u, h, v_new in k.dtype); gate sums stay fp32, and so does A, which
+          // chunk_scaled_dot_kkt_fwd writes with output_dtype=torch.float32 for solve_tril
+          // (fla/ops/gated_delta_rule/chunk.py). The state snapshot h feeds only matrix products.
+          if (t.dtype == DType::F32 && t.name != "Gc" && t.name != "A" && (t.role != TensorRole::State || later_matrix_only))
             f16_in_gm.insert(t.name);
         }
       }
@@ -277,6 +318,10 @@ void finish_plan(Plan& plan, const Device& dev, const OpGraph& g) {
   for (size_t i = 0; i < ks.size(); ++i) {
     LowerContext& cx = cxs[i];
     cx.f16_in_gm = f16_in_gm;
+    if (ks[i].order.empty() && !ks[i].steps.empty()) {
+      finish_conversion_kernel(ks[i], dev, g, f16_in_gm, p);
+      continue;
+    }
     int64_t width = 0;
     for (const auto& l : ks[i].cores)
       for (const PlanItem& it : l) width = std::max<int64_t>(width, it.col1 - it.col0);
@@ -324,12 +369,21 @@ void plan_layouts(Plan& plan, const Device& dev, const OpGraph& g) {
 // The strategies: each a recipe (form, state handling, layout planning, spills) and a way to
 // group the operators into kernels mapped onto cores.
 
-using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const OpGraph& g, int cores);
+using KernelBuilder = std::vector<Kernel> (*)(const Problem& p, const Device& dev, const OpGraph& g, int cores);
 
+// FLA's forward as its public fla/ops/gated_delta_rule/chunk.py (fla-org/flash-linear-attention,
+// the versions ported to Ascend) runs it: chunk_local_cumsum, chunk_scaled_dot_kkt_fwd (A = the
+// gated, beta-scaled K K^T, stored to GM in fp32), solve_tril (reads A, writes (I + A)^-1),
+// recompute_w_u_fwd, chunk_gated_delta_rule_fwd_h, chunk_fwd_o: six kernels, A materialized between
+// the second and the third. FLA's KDA (fla/ops/kda/chunk.py; vLLM-Ascend's port in
+// vllm_ascend/ops/triton/kda/kda.py, chunk_kda_fwd) runs the same six stages
+// (chunk_kda_scaled_dot_kkt_fwd, solve_tril, recompute_w_u_fwd, chunk_gated_delta_rule_fwd_h,
+// chunk_gla_fwd_o_gk after the cumsum).
 std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, bool megakernel) {
   const auto items = whole_items(p, static_cast<int>(p.V));
   Kernel cumsum = kernel("chunk_local_cumsum", Parallel::Chunk, std::vector<OpId>{OpId::Gate});
-  Kernel kkt_solve = kernel("kkt_solve", Parallel::Chunk, std::vector<OpId>{OpId::Kkt, OpId::KktGate, OpId::SolveDiag, OpId::SolveInv});
+  Kernel kkt = kernel("chunk_scaled_dot_kkt_fwd", Parallel::Chunk, std::vector<OpId>{OpId::Kkt, OpId::KktGate});
+  Kernel solve = kernel("solve_tril", Parallel::Chunk, std::vector<OpId>{OpId::SolveDiag, OpId::SolveInv});
   Kernel wu = kernel("recompute_w_u", Parallel::Chunk, std::vector<OpId>{OpId::WuScale, OpId::Wu});
   std::vector<OpId> h_ops = std::vector<OpId>{OpId::Ws, OpId::Vnew};
   if (variant_traits(p.variant).head_gate()) h_ops.push_back(OpId::UpdateGate);
@@ -338,18 +392,49 @@ std::vector<Kernel> fla_kernels(const Problem& p, const OpGraph& g, int cores, b
   h.state_in = StateIn::Initial, h.state_out = StateOut::Final;
   h.cores = round_robin(whole_items(p, kFlaStateColumns), cores);
   Kernel o = kernel("fwd_o", Parallel::Chunk, std::vector<OpId>{OpId::Qkt, OpId::QktGate, OpId::Qs, OpId::Pv, OpId::Out});
-  for (Kernel* k : {&cumsum, &kkt_solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
-  std::vector<Kernel> ks = {cumsum, kkt_solve, wu, h, o};
+  for (Kernel* k : {&cumsum, &kkt, &solve, &wu, &o}) k->cores = map_chunks(p, items, cores);
+  std::vector<Kernel> ks = {cumsum, kkt, solve, wu, h, o};
   add_decay(ks, g);
   if (megakernel)
     for (size_t i = 1; i < ks.size(); ++i) ks[i].launch = false;
   return ks;
 }
 
-std::vector<Kernel> fla_separate_kernels(const Problem& p, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, false); }
-std::vector<Kernel> fla_megakernel_kernels(const Problem& p, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, true); }
+std::vector<Kernel> fla_separate_kernels(const Problem& p, const Device&, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, false); }
+std::vector<Kernel> fla_megakernel_kernels(const Problem& p, const Device&, const OpGraph& g, int cores) { return fla_kernels(p, g, cores, true); }
 
-std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int cores) {
+// A framework format conversion (torch_npu's TransData, ND <-> NZ) of one tensor as a kernel of
+// its own: per chunk, the tensor's tile from GM into the vector buffer, the layout transform on the
+// vector unit, the converted tile back to GM. It computes no operator (empty order); its steps
+// serve the matrix operator whose operand or result it converts, and finish_plan gives them the
+// tensor's element size in GM. So it pays what every kernel pays (launch, boundary, DMA set-ups,
+// vector start-up) plus its GM round trip and its transform.
+Kernel transdata_kernel(const std::string& tensor, OpId serves, const char* direction) {
+  Kernel k = kernel("transdata_" + tensor + "_" + direction, Parallel::Chunk, {});
+  Step load;
+  load.kind = StepKind::Move, load.op = serves, load.tensor = tensor, load.lane = StepLane::Dma;  // path: finish_conversion_kernel
+  Step convert;
+  convert.kind = StepKind::Transform, convert.op = serves, convert.tensor = tensor, convert.lane = StepLane::Vector;
+  convert.deps = {0};
+  Step store;
+  store.kind = StepKind::Move, store.op = serves, store.tensor = tensor, store.lane = StepLane::Dma;
+  store.deps = {1};
+  k.steps = {load, convert, store};
+  return k;
+}
+
+// The TransData kernels a framework matmul runs around one product on `dev`: per ND operand and
+// per ND result, dev.framework_matmul_transdata_per_tensor of them (docs/SIMULATION.md section 8:
+// on the 310P the aclnn matmul converts its fp32 ND operands to NZ and its NZ result back; the
+// Cast kernels it also runs are not charged, since the plan keeps those operands fp16 in GM).
+void add_transdata(std::vector<Kernel>& ks, const Device& dev, const std::vector<std::string>& operands, OpId matmul,
+                   const std::vector<std::string>& results, bool before) {
+  const int per_tensor = static_cast<int>(dev.framework_matmul_transdata_per_tensor.value);
+  for (int r = 0; r < per_tensor; ++r)
+    for (const std::string& t : before ? operands : results) ks.push_back(transdata_kernel(t, matmul, before ? "nd_to_nz" : "nz_to_nd"));
+}
+
+std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const Device& dev, const OpGraph& g, int cores) {
   // Every operator of the paper its own general-purpose kernel; the recurrence and the output
   // are vLLM-Ascend's two AscendC kernels (docs/DEVICES.md).
   const auto items = whole_items(p, static_cast<int>(p.V));
@@ -367,9 +452,25 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
       {"kkt", {OpId::Kkt}},             {"kkt_gate", {OpId::KktGate}},
       {"solve_diag", {OpId::SolveDiag}}, {"solve_inv", {OpId::SolveInv}},
       {"wu_scale", {OpId::WuScale}},    {"wu", {OpId::Wu}}};
+  // The torch matmuls of the WY preparation (vLLM-Ascend's
+  // vllm_ascend/_310p/ops/fla/chunk_gated_delta_rule.py, _compute_kernel_inputs_from_torch_wy:
+  // k_beta @ key^T, then attn @ v_beta and attn @ k_beta e^g, all on fp32 ND tensors) each get
+  // their TransData kernels: two operands in, one result out; attn is converted once per product
+  // (eager torch keeps no converted copy). fwd_h and fwd_o are AscendC kernels that convert on
+  // the fly in their DMA (no TransData).
   for (const TorchKernel& tk : torch_kernels) {
     if (is_decay_operator(tk.ops.front()) && !variant_traits(p.variant).channel_gate()) continue;
+    const OpId first = tk.ops.front();
+    const OperatorDef* mm = first == OpId::Kkt || first == OpId::Wu ? &g.op(first) : nullptr;
+    std::vector<std::string> results;
+    if (mm) {
+      results = mm->outputs;
+      if (first == OpId::Kkt) add_transdata(ks, dev, mm->inputs, first, results, true);
+      else  // W = T kb and U = T vb: T once for each product, then each right operand
+        add_transdata(ks, dev, {mm->inputs.at(0), mm->inputs.at(1), mm->inputs.at(0), mm->inputs.at(2)}, first, results, true);
+    }
     ks.push_back(kernel(tk.name, Parallel::Chunk, tk.ops));
+    if (mm) add_transdata(ks, dev, {}, first, results, false);
   }
   for (Kernel& k : ks) k.cores = map_chunks(p, items, cores);
   std::vector<OpId> h_ops = std::vector<OpId>{OpId::Ws, OpId::Vnew};
@@ -385,7 +486,7 @@ std::vector<Kernel> vllm_ascend_kernels(const Problem& p, const OpGraph&, int co
   return ks;
 }
 
-std::vector<Kernel> flashqla_kernels(const Problem& p, const OpGraph& g, int cores) {
+std::vector<Kernel> flashqla_kernels(const Problem& p, const Device&, const OpGraph& g, int cores) {
   // kkt_solve chunk-parallel; then per segment its end state from a zero start (the extra
   // pre-computation; the transition matrix is skipped by the gate shortcut), chained into the
   // next segment's start state; then all segments in parallel, fused.
@@ -656,7 +757,7 @@ Plan make_plan(const Problem& p, const Device& device_file, const std::string& s
     throw Error("PlanOptions.order: strategy " + strategy + " has no fused kernel whose order could be given");
   for (const OpId o : opt.order) g.op(o);  // throws naming an operator not of this graph
   if (def.build) {
-    plan.kernels = def.build(p, g, cores);
+    plan.kernels = def.build(p, dev, g, cores);
     // The baselines' kernels are general-purpose (torch ops, Triton-style tiles): they multiply
     // full chunk x chunk tiles and mask afterwards, as the hardware-recorded MACs of the paper's
     // method count them.
