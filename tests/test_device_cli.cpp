@@ -46,7 +46,8 @@ TEST(DeviceCli, TableShowsEveryNumberWithStatusAndSource) {
   ASSERT_EQ(r.code, 0) << r.err;
   for (const char* s : {"field", "status", "source", "cores", "confirmed", "HAMi", "alternative", "GM->L1 [MTE2, shared]",
                         "L0C->UB", "262144 (256 KiB)", "notes:", "kernel_boundary_us", "dma_setup_cycles",
-                        "gm_segment_cycles", "pipe_sync_cycles", "vector_startup_cycles", "handoff_sync_cycles"})
+                        "gm_segment_cycles", "pipe_sync_cycles", "vector_startup_cycles", "handoff_sync_cycles",
+                        "framework_matmul_transdata_per_tensor"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }
 

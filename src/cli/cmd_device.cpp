@@ -87,6 +87,7 @@ void print_table(const Device& d) {
   add(rows, "gm_segment_cycles", d.gm_segment_cycles);
   add(rows, "pipe_sync_cycles", d.pipe_sync_cycles);
   add(rows, "vector_startup_cycles", d.vector_startup_cycles);
+  add(rows, "framework_matmul_transdata_per_tensor", d.framework_matmul_transdata_per_tensor);
 
   size_t wf = 5, wv = 5, ws = 6;
   for (const TableRow& r : rows) {
