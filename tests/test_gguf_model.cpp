@@ -246,13 +246,18 @@ fs::path dequantized_copy(const TempDir& tmp, const fs::path& src) {
       case GgufType::F32: w.add_f32(key, static_cast<float>(std::get<double>(v.value))); break;
       case GgufType::BOOL: w.add_bool(key, std::get<bool>(v.value)); break;
       case GgufType::STRING: w.add_string(key, std::get<std::string>(v.value)); break;
-      case GgufType::ARRAY: {
-        std::vector<int32_t> ints;
-        for (const GgufValue& e : *arr) ints.push_back(static_cast<int32_t>(std::get<int64_t>(e.value)));
-        EXPECT_EQ(v.elem_type, GgufType::I32) << key;
-        w.add_i32s(key, ints);
+      case GgufType::ARRAY:
+        if (v.elem_type == GgufType::BOOL) {  // qwen3next.attention.recurrent_layers
+          std::vector<bool> bools;
+          for (const GgufValue& e : *arr) bools.push_back(std::get<bool>(e.value));
+          w.add_bools(key, bools);
+        } else {  // head_count_kv per layer
+          std::vector<int32_t> ints;
+          EXPECT_EQ(v.elem_type, GgufType::I32) << key;
+          for (const GgufValue& e : *arr) ints.push_back(static_cast<int32_t>(std::get<int64_t>(e.value)));
+          w.add_i32s(key, ints);
+        }
         break;
-      }
       default: ADD_FAILURE() << "metadata type of " << key << " not copied: " << v.describe();
     }
   }
@@ -421,6 +426,12 @@ TEST(GgufArch, RefusalsNameTheKeyOrTensor) {
   err = load_error(with_u32(fixture(kimi, "q8_0"), "kimi-linear.attention.value_length_mla", 20, 21));
   EXPECT_NE(err.find("'blk.2.attn_output.weight'"), std::string::npos) << err;  // the first MLA tensor v sizes
   EXPECT_NE(err.find("63"), std::string::npos) << err;                           // 3 heads x 21
+  // Without attention.recurrent_layers, full_attention_interval gives the layers (llama.cpp's order).
+  {
+    const HybridModel m = HybridModel::load(
+        patched(tmp, fixture(qn, "f16"), "qwen3next.attention.recurrent_layers", "qwen3next.attention.recurrent_layerX").string());
+    EXPECT_EQ(m.config().is_full_attention, (std::vector<bool>{false, true, false, true}));
+  }
   // Missing tensors: one half of the MLA kv_b pair, Qwen3-Next's fused ssm_ba.
   err = load_error(patched(tmp, fixture(kimi, "f16"), "blk.2.attn_v_b", "blk.2.attn_v_X"));
   EXPECT_NE(err.find("'blk.2.attn_v_b.weight'"), std::string::npos) << err;

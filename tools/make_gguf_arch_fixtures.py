@@ -17,7 +17,8 @@ gguf-py's Keys, tensor names from its TENSOR_NAMES), and states where it departs
                 to F16 where a row is not whole 32-element blocks (TextModel.prepare_tensors). The MTP
                 tensors are left out (--no-mtp). No tokenizer.ggml.* keys (the Kimi and Ling goldens
                 have no tokenizer; llama.cpp reads vocab-less files too).
-  qwen3next:    Qwen3NextModel: A_log -> -exp(A_log), dt_bias -> ssm_dt.bias, conv squeezed, norm
+  qwen3next:    Qwen3NextModel: recurrent_layers and full_attention_interval (the golden's 2; the
+                converter writes 4 when transformers' config object lacks the key), A_log -> -exp(A_log), dt_bias -> ssm_dt.bias, conv squeezed, norm
                 weights (not linear_attn.norm) + 1, in_proj_qkvz split into attn_qkv ([q | k | v]) and
                 attn_gate (z), in_proj_ba kept as ssm_ba, experts stacked. Departure: the dense layer
                 (mlp_only_layers) is written as ffn_gate/ffn_up/ffn_down with feed_forward_length.
@@ -48,6 +49,7 @@ import sys
 
 import gguf
 import numpy as np
+import torch
 from safetensors.torch import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -114,6 +116,11 @@ class Writer:
         self.w.close()
 
 
+def exp(x):
+    """torch's float32 exp, as the converters compute it (numpy's differs in the last bit here and there)."""
+    return torch.exp(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+
+
 def stack_experts(state, prefix, n, names):
     """{gguf_suffix: [E, out, in]} from per-expert tensors prefix + '{e}.' + hf + '.weight'."""
     return {g: np.stack([state.pop(f"{prefix}{e}.{hf}.weight") for e in range(n)]) for hf, g in names}
@@ -153,7 +160,11 @@ def write_qwen3next(path, ftype):
     w.u32("{arch}.ssm.group_count", nk)
     w.u32("{arch}.ssm.time_step_rank", nv)
     w.u32("{arch}.ssm.inner_size", dv * nv)
-    w.u32("{arch}.full_attention_interval", cfg["full_attention_interval"])
+    # Qwen3NextModel writes the layer pattern as recurrent_layers (transformers' config gives it
+    # layer_types) and full_attention_interval; llama.cpp reads the first, falls back to the second.
+    interval = cfg["full_attention_interval"]
+    w.w.add_array(w.key("{arch}.attention.recurrent_layers"), [(i + 1) % interval != 0 for i in range(n)])
+    w.u32("{arch}.full_attention_interval", interval)
     w.u32("{arch}.rope.dimension_count", int(cfg["head_dim"] * cfg["partial_rotary_factor"]))
 
     w.tensor("token_embd.weight", st.pop("model.embed_tokens.weight"))
@@ -174,7 +185,7 @@ def write_qwen3next(path, ftype):
             w.tensor(b + "ssm_ba.weight", st.pop(a + "in_proj_ba.weight"))
             w.tensor(b + "ssm_conv1d.weight", st.pop(a + "conv1d.weight").squeeze())
             w.tensor(b + "ssm_dt.bias", st.pop(a + "dt_bias"))
-            w.tensor(b + "ssm_a", -np.exp(st.pop(a + "A_log")))
+            w.tensor(b + "ssm_a", -exp(st.pop(a + "A_log")))
             w.tensor(b + "ssm_norm.weight", st.pop(a + "norm.weight"))
             w.tensor(b + "ssm_out.weight", st.pop(a + "out_proj.weight"))
         else:
@@ -227,7 +238,8 @@ def write_kda_mla(path, ftype, golden, arch):
     w.u32("{arch}.expert_group_used_count", cfg["topk_group"])
     w.u32("{arch}.expert_gating_func", gguf.ExpertGatingFuncType.SIGMOID)
     w.u32("{arch}.attention.key_length", kr + rope)
-    w.u32("{arch}.attention.value_length", cfg["head_dim"])
+    # TextModel writes head_dim; the published Ling config's head_dim is the KDA head dim (the golden's is the rope dim)
+    w.u32("{arch}.attention.value_length", cfg["head_dim"] if kimi else cfg["linear_head_dim"])
     w.u32("{arch}.vocab_size", cfg["vocab_size"])
     w.u32("{arch}.ssm.conv_kernel", cfg["linear_conv_kernel_dim"])
     w.u32("{arch}.kda.head_dim", cfg["linear_head_dim"])
@@ -266,11 +278,11 @@ def write_kda_mla(path, ftype, golden, arch):
             if kimi:
                 for hf, g in (("f_a_proj", "ssm_f_a"), ("f_b_proj", "ssm_f_b"), ("g_a_proj", "ssm_g_a"), ("g_b_proj", "ssm_g_b")):
                     w.tensor(b + g + ".weight", st.pop(a + hf + ".weight"))
-                w.tensor(b + "ssm_a", -np.exp(st.pop(a + "A_log")))
+                w.tensor(b + "ssm_a", -exp(st.pop(a + "A_log")))
             else:
                 w.tensor(b + "ssm_f_a.weight", st.pop(a + "f_proj.weight"))
                 w.tensor(b + "ssm_g_a.weight", st.pop(a + "g_proj.weight"))
-                w.tensor(b + "ssm_a", np.exp(st.pop(a + "A_log")).reshape(-1, 1))
+                w.tensor(b + "ssm_a", exp(st.pop(a + "A_log")).reshape(-1, 1))
             w.tensor(b + "ssm_beta.weight", st.pop(a + "b_proj.weight"))
             w.tensor(b + "ssm_dt.bias", st.pop(a + "dt_bias"))
             w.tensor(b + "ssm_norm.weight", st.pop(a + "o_norm.weight"))
