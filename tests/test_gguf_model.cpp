@@ -12,6 +12,8 @@
 //     missing tensor, a tensor of the wrong shape.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +21,10 @@
 #include <vector>
 
 #include "hanpu/model.hpp"
+#include "hanpu/model_family.hpp"
 #include "hanpu/tokenizer.hpp"
+#include "io/gguf.hpp"
+#include "io/gguf_writer.hpp"
 #include "io/safetensors.hpp"
 #include "model/gguf_arch.hpp"
 #include "model_testing.hpp"
@@ -208,6 +213,232 @@ TEST(GgufModel, RefusesWhatItCannotRunByName) {
   err = load_error(tmp.path() / "ffn.gguf");
   EXPECT_NE(err.find("ffn_"), std::string::npos) << err;
   EXPECT_NE(err.find("95"), std::string::npos) << err;
+}
+
+
+// ---- The other families' GGUF architectures: qwen3next, kimi-linear, bailingmoe3 ------------------
+// Fixtures written by tools/make_gguf_arch_fixtures.py (PyPI gguf) from the tiny goldens, doing what
+// llama.cpp's converters do to each tensor (docstring there). Each family's registry row names its
+// architecture and points at its mapping; nothing else lists them.
+
+namespace arch {
+
+struct Family {
+  const char* golden;  // tests/golden/<golden>, fixtures tests/data/gguf/<golden>-{f16,q8_0}.gguf
+  const char* arch;
+};
+const Family kFamilies[] = {{"qwen3next_tiny", "qwen3next"}, {"kimi_linear_tiny", "kimi-linear"},
+                            {"bailing_hybrid_tiny", "bailingmoe3"}};
+
+fs::path fixture(const Family& f, const char* type) { return data_dir() / (std::string(f.golden) + "-" + type + ".gguf"); }
+
+// A copy of the GGUF file `src` with every Q8_0 tensor replaced by its exact dequantization in F32
+// (gguf::dequantize, tested bit-exact against gguf-py), all else as it is: the same weights in a
+// format that runs through the f32 path.
+fs::path dequantized_copy(const TempDir& tmp, const fs::path& src) {
+  const GgufFile f = GgufFile::open(src.string());
+  GgufWriter w;
+  for (const auto& [key, v] : f.metadata()) {
+    const auto* arr = std::get_if<std::vector<GgufValue>>(&v.value);
+    switch (v.type) {
+      case GgufType::U32: w.add_u32(key, static_cast<uint32_t>(std::get<uint64_t>(v.value))); break;
+      case GgufType::I32: w.add_i32(key, static_cast<int32_t>(std::get<int64_t>(v.value))); break;
+      case GgufType::F32: w.add_f32(key, static_cast<float>(std::get<double>(v.value))); break;
+      case GgufType::BOOL: w.add_bool(key, std::get<bool>(v.value)); break;
+      case GgufType::STRING: w.add_string(key, std::get<std::string>(v.value)); break;
+      case GgufType::ARRAY:
+        if (v.elem_type == GgufType::BOOL) {  // qwen3next.attention.recurrent_layers
+          std::vector<bool> bools;
+          for (const GgufValue& e : *arr) bools.push_back(std::get<bool>(e.value));
+          w.add_bools(key, bools);
+        } else {  // head_count_kv per layer
+          std::vector<int32_t> ints;
+          EXPECT_EQ(v.elem_type, GgufType::I32) << key;
+          for (const GgufValue& e : *arr) ints.push_back(static_cast<int32_t>(std::get<int64_t>(e.value)));
+          w.add_i32s(key, ints);
+        }
+        break;
+      default: ADD_FAILURE() << "metadata type of " << key << " not copied: " << v.describe();
+    }
+  }
+  for (const GgufTensorInfo& t : f.tensors()) {
+    const std::vector<int64_t> dims(t.dims, t.dims + t.n_dims);
+    std::vector<uint8_t> bytes;
+    if (t.type == gguf::GgmlType::Q8_0) {
+      bytes.resize(static_cast<size_t>(t.numel()) * sizeof(float));
+      gguf::dequantize(t.type, t.data, reinterpret_cast<float*>(bytes.data()), t.numel());
+      w.add_tensor(t.name, gguf::GgmlType::F32, dims, std::move(bytes));
+    } else {
+      const auto* b = reinterpret_cast<const uint8_t*>(t.data);
+      w.add_tensor(t.name, t.type, dims, std::vector<uint8_t>(b, b + t.bytes));
+    }
+  }
+  const fs::path out = tmp.path() / (src.stem().string() + "-dequantized.gguf");
+  w.write(out.string());
+  return out;
+}
+
+int count_type(const fs::path& p, gguf::GgmlType type) {
+  int n = 0;
+  for (const GgufTensorInfo& t : GgufFile::open(p.string()).tensors()) n += t.type == type;
+  return n;
+}
+
+}  // namespace arch
+
+TEST(GgufArch, RegistryIsTheListOfArchitectures) {
+  std::vector<std::string> want;
+  for (const ModelFamily* f : model_families())
+    if (!f->gguf_architecture.empty()) {
+      EXPECT_NE(f->gguf_mapping, nullptr) << f->name;
+      want.push_back(f->gguf_architecture);
+      EXPECT_EQ(model::gguf_mapping(f->gguf_architecture), f->gguf_mapping);
+    }
+  EXPECT_EQ(model::gguf_supported_archs(), want);
+  EXPECT_EQ(want, (std::vector<std::string>{"qwen35", "qwen3next", "qwen35moe", "kimi-linear", "bailingmoe3"}));
+  EXPECT_EQ(model::gguf_mapping("bailingmoe2"), nullptr);
+}
+
+// F16 holds every bf16 weight of the goldens exactly (8 significant bits, exponents well inside
+// f16's normal range here; the norm offsets +1 and -1 and A_log through -exp / log are done in f32:
+// the +-1 exactly, exp/log within an ulp or two), so the GGUF model is the golden's model: its
+// logits meet the safetensors tests' bound against transformers (NMSE 1e-8 at every position, on 1
+// and 2 threads), the greedy continuation is the same token by token, and against hanpu's own
+// safetensors path of the golden (same runtime, same weight values) the logits differ only by f32
+// rounding: the bf16 weights run Bf16Linear, the F16 ones are widened to f32 and run the f32 path,
+// which sum in another order (relative ~1e-7 per dot product), plus A_log's ulp through -exp/log;
+// carried through 4-5 layers of a random model that amplifies input noise ~40x (GgufQ8), that is
+// ~1e-6 of the logits' range. Bound 1e-5 of the range (measured 1.4e-6 to 3.4e-6 of it); a wrong
+// row, head or transform gives ~0.5-1.
+TEST(GgufArch, F16EqualsTheSafetensorsModel) {
+  for (const arch::Family& fam : arch::kFamilies) {
+    SCOPED_TRACE(fam.arch);
+    const fs::path golden = testing::golden_dir() / fam.golden;
+    const HybridModel g = HybridModel::load(arch::fixture(fam, "f16").string());
+    const HybridModel s = HybridModel::load(golden.string());
+    EXPECT_EQ(g.config().describe(), s.config().describe());
+    EXPECT_EQ(g.config().is_full_attention, s.config().is_full_attention);
+    EXPECT_EQ(g.config().is_moe, s.config().is_moe);
+    const testing::Expected e = testing::load_expected(golden);
+    testing::expect_logits_match_at_every_position(g, e);
+    testing::expect_greedy_decode_matches(g, e);
+    const std::vector<int32_t> ids = e.full_sequence();
+    const Tensor a = testing::all_logits(g, ids, 2), b = testing::all_logits(s, ids, 2);
+    ASSERT_EQ(a.shape(), b.shape());
+    float diff = 0, range = 0;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      diff = std::max(diff, std::abs(a.ptr<float>()[i] - b.ptr<float>()[i]));
+      range = std::max(range, std::abs(b.ptr<float>()[i]));
+    }
+    EXPECT_LE(diff, 1e-5f * range);
+    std::printf("%s f16: max |logit - safetensors path| %.3g (logits up to %.3g)\n", fam.arch, diff, range);
+  }
+}
+
+// The quantized fixture: Q8_0 wherever a row is whole blocks (the converter's rule; the rest F16 or
+// F32), checked against the same file with its Q8_0 tensors dequantized to F32: the same weights,
+// so a whole-sequence prefill (GgufLinear dequantizes exact f32 tiles, f32 activations) gives the
+// same logits up to f32 summation order (bound NMSE 1e-10 at every position) and the same argmax
+// everywhere. (Decode steps use llama.cpp's int8 activations; their bound is the one of
+// GgufQ8.DecodeStepsWithinTheActivationRounding, the same kernels.)
+TEST(GgufArch, Q8_0EqualsItsDequantizedWeights) {
+  for (const arch::Family& fam : arch::kFamilies) {
+    SCOPED_TRACE(fam.arch);
+    TempDir tmp;
+    const fs::path q8 = arch::fixture(fam, "q8_0");
+    EXPECT_GE(arch::count_type(q8, gguf::GgmlType::Q8_0), 10);
+    const HybridModel q = HybridModel::load(q8.string());
+    const HybridModel d = HybridModel::load(arch::dequantized_copy(tmp, q8).string());
+    const std::vector<int32_t> ids = testing::load_expected(testing::golden_dir() / fam.golden).full_sequence();
+    const int64_t V = q.config().vocab_size;
+    for (int threads : {1, 2}) {
+      const Tensor a = testing::all_logits(q, ids, threads), b = testing::all_logits(d, ids, threads);
+      double worst = 0;
+      for (size_t t = 0; t < ids.size(); ++t) {
+        const float* pa = a.ptr<float>() + t * V;
+        const float* pb = b.ptr<float>() + t * V;
+        worst = std::max(worst, nmse(pa, pb, V));
+        EXPECT_EQ(std::max_element(pa, pa + V) - pa, std::max_element(pb, pb + V) - pb) << "position " << t;
+      }
+      EXPECT_LE(worst, 1e-10) << "threads " << threads;
+      std::printf("%s q8_0 prefill, threads %d: worst position NMSE vs dequantized F32 %.3g\n", fam.arch, threads, worst);
+    }
+  }
+}
+
+// Every refusal names what it refuses: an architecture no family maps (listing those it reads),
+// a missing key, a tensor the metadata gives another shape, a missing tensor of a split pair.
+TEST(GgufArch, RefusalsNameTheKeyOrTensor) {
+  TempDir tmp;
+  using arch::fixture;
+  const arch::Family& qn = arch::kFamilies[0];
+  const arch::Family& kimi = arch::kFamilies[1];
+  const arch::Family& ling = arch::kFamilies[2];
+  // An architecture no family maps (llama.cpp's bailingmoe2 is another model).
+  std::string err = load_error(patched(tmp, fixture(ling, "f16"), std::string("\x0b\0\0\0\0\0\0\0bailingmoe3", 19), std::string("\x0b\0\0\0\0\0\0\0bailingmoe2", 19)));
+  EXPECT_NE(err.find("general.architecture"), std::string::npos) << err;
+  EXPECT_NE(err.find("'bailingmoe2'"), std::string::npos) << err;
+  EXPECT_NE(err.find("kimi-linear"), std::string::npos) << err;  // the supported list, from the registry
+  // Missing keys, one per family.
+  err = load_error(patched(tmp, fixture(kimi, "q8_0"), "kimi-linear.kda.head_dim", "kimi-linear.kda.head_diX"));
+  EXPECT_NE(err.find("'kimi-linear.kda.head_dim'"), std::string::npos) << err;
+  err = load_error(patched(tmp, fixture(ling, "q8_0"), "bailingmoe3.kda.gate_lower_bound", "bailingmoe3.kda.gate_lower_bounX"));
+  EXPECT_NE(err.find("'bailingmoe3.kda.gate_lower_bound'"), std::string::npos) << err;
+  err = load_error(patched(tmp, fixture(qn, "q8_0"), "qwen3next.ssm.time_step_rank", "qwen3next.ssm.time_step_ranX"));
+  EXPECT_NE(err.find("'qwen3next.ssm.time_step_rank'"), std::string::npos) << err;
+  err = load_error(patched(tmp, fixture(kimi, "f16"), "kimi-linear.attention.head_count_kv", "kimi-linear.attention.head_count_kX"));
+  EXPECT_NE(err.find("'kimi-linear.attention.head_count_kv'"), std::string::npos) << err;
+  // A router hanpu does not run (expert_gating_func 1, softmax).
+  {
+    std::string b = read_bytes(fixture(kimi, "f16"));
+    const std::string key = "kimi-linear.expert_gating_func";
+    const size_t at = b.find(key);
+    ASSERT_NE(at, std::string::npos);
+    uint32_t v = 0;
+    std::memcpy(&v, b.data() + at + key.size() + 4, 4);
+    ASSERT_EQ(v, 2u);
+    v = 1;
+    std::memcpy(b.data() + at + key.size() + 4, &v, 4);
+    write_bytes(tmp.path() / "gating.gguf", b);
+    err = load_error(tmp.path() / "gating.gguf");
+    EXPECT_NE(err.find("'kimi-linear.expert_gating_func' is 1"), std::string::npos) << err;
+  }
+  // Wrong shapes: metadata that disagrees with the tensors names the tensor (kda.head_dim 24 -> 25;
+  // Qwen3-Next's value heads 4 -> 2 makes ssm_ba, split by rows, the wrong size).
+  auto with_u32 = [&](const fs::path& src, const std::string& key, uint32_t was, uint32_t now) {
+    std::string b = read_bytes(src);
+    const size_t at = b.find(key);
+    EXPECT_NE(at, std::string::npos) << key;
+    uint32_t v = 0;
+    std::memcpy(&v, b.data() + at + key.size() + 4, 4);
+    EXPECT_EQ(v, was) << key;
+    std::memcpy(b.data() + at + key.size() + 4, &now, 4);
+    const fs::path out = tmp.path() / "u32.gguf";
+    write_bytes(out, b);
+    return out;
+  };
+  err = load_error(with_u32(fixture(ling, "q8_0"), "bailingmoe3.kda.head_dim", 24, 25));
+  EXPECT_NE(err.find("blk.0."), std::string::npos) << err;
+  EXPECT_NE(err.find("has shape"), std::string::npos) << err;
+  err = load_error(with_u32(fixture(qn, "q8_0"), "qwen3next.ssm.conv_kernel", 4, 3));
+  EXPECT_NE(err.find("'blk.0.ssm_conv1d.weight'"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.layers.0.linear_attn.conv1d.weight"), std::string::npos) << err;
+  err = load_error(with_u32(fixture(kimi, "q8_0"), "kimi-linear.attention.value_length_mla", 20, 21));
+  EXPECT_NE(err.find("'blk.2.attn_output.weight'"), std::string::npos) << err;  // the first MLA tensor v sizes
+  EXPECT_NE(err.find("63"), std::string::npos) << err;                           // 3 heads x 21
+  // Without attention.recurrent_layers, full_attention_interval gives the layers (llama.cpp's order).
+  {
+    const HybridModel m = HybridModel::load(
+        patched(tmp, fixture(qn, "f16"), "qwen3next.attention.recurrent_layers", "qwen3next.attention.recurrent_layerX").string());
+    EXPECT_EQ(m.config().is_full_attention, (std::vector<bool>{false, true, false, true}));
+  }
+  // Missing tensors: one half of the MLA kv_b pair, Qwen3-Next's fused ssm_ba.
+  err = load_error(patched(tmp, fixture(kimi, "f16"), "blk.2.attn_v_b", "blk.2.attn_v_X"));
+  EXPECT_NE(err.find("'blk.2.attn_v_b.weight'"), std::string::npos) << err;
+  EXPECT_NE(err.find("missing"), std::string::npos) << err;
+  err = load_error(patched(tmp, fixture(qn, "f16"), "blk.2.ssm_ba", "blk.2.ssm_bX"));
+  EXPECT_NE(err.find("'blk.2.ssm_ba.weight'"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.layers.2.linear_attn.in_proj_"), std::string::npos) << err;
 }
 
 }  // namespace

@@ -22,6 +22,10 @@
 
 namespace hanpu {
 
+namespace model {
+struct GgufMapping;  // src/model/gguf_arch.hpp
+}
+
 /// A synthetic model of a family: random weights of published shapes (bench-model, tests).
 struct ModelPreset {
   std::string name;                  // "qwen3.5-0.8b", "kimi-linear-48b-a3b-slice"
@@ -53,9 +57,12 @@ struct ModelFamily {
   /// How the family's models write tool calls (hanpu/chat_output.hpp), used when the chat
   /// template in use does not show it by its own markers.
   ToolCallFormat tool_call_format = ToolCallFormat::kJsonTags;
-  /// GGUF `general.architecture` of the family's GGUF files ("qwen35", "kimi-linear"); the tensor
-  /// mapping comes with GGUF model loading.
+  /// GGUF `general.architecture` of the family's GGUF files ("qwen35", "kimi-linear"), llama.cpp's
+  /// name, and the mapping of those files onto this family's model description (metadata keys,
+  /// tensor names and the converter's transforms: src/model/gguf_arch.hpp), defined in the
+  /// family's file. The registry is the one list of the GGUF architectures hanpu reads.
   std::string gguf_architecture;
+  const model::GgufMapping* gguf_mapping = nullptr;
 };
 
 /// Every supported family, in a fixed order.

@@ -13,6 +13,7 @@
 #include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
+#include "model/gguf_arch.hpp"
 
 namespace hanpu {
 
@@ -231,6 +232,81 @@ ModelConfig parse(const json& top, const std::string& source) {
   return c;
 }
 
+
+// ---- GGUF mapping (llama.cpp's bailingmoe3; model/gguf_arch.hpp) -------------------------------
+// Keys: BailingMoeV3Model.set_gguf_parameters (llama.cpp's conversion/bailingmoe3.py) and
+// TextModel's shared ones; tensors: its modify_tensors (A_log stored as exp(A_log) [H, 1], the KDA
+// convs as [1, C, 1, K], f_proj as ssm_f_a, g_proj as ssm_g_a on KDA layers and attn_gate on MLA
+// layers, expert_bias as exp_probs_b.bias, experts stacked, kv_b_proj split into attn_k_b
+// (transposed per head) and attn_v_b).
+
+void ling_gguf_config(const GgufModel& m, const std::string& a, nlohmann::ordered_json& c) {
+  const GgufFile& f = m.main();
+  model::gguf_meta::kda_mla_decoder(f, a, c);
+  c["rope_theta"] = f.get_float(a + ".rope.freq_base");
+  // llama.cpp's bailingmoe3 loader: an absent safe_gate means true; the lower bound is required.
+  c["kda_safe_gate"] = model::gguf_meta::optional_bool(f, a + ".kda.safe_gate").value_or(true);
+  c["kda_lower_bound"] = f.get_float(a + ".kda.gate_lower_bound");
+  // The shared experts' total width (llama.cpp's n_ff_shexp); hanpu's parser takes it per expert.
+  if (c.contains("num_shared_experts"))
+    if (const auto total = model::gguf_meta::optional_uint(f, a + ".expert_shared_feed_forward_length")) {
+      const uint64_t count = c["num_shared_experts"].get<uint64_t>();
+      if (count == 0 || *total % count != 0)
+        model::gguf_meta::fail_key(f, a + ".expert_shared_feed_forward_length", std::to_string(*total),
+                                   "a multiple of " + a + ".expert_shared_count (" + std::to_string(count) + ")");
+      c["moe_shared_expert_intermediate_size"] = *total / count;
+    }
+  for (const char* clamp : {".swiglu_clamp_exp", ".swiglu_clamp_shexp"})
+    if (const GgufValue* v = f.find(a + clamp)) {
+      const auto* arr = std::get_if<std::vector<GgufValue>>(&v->value);
+      bool all_zero = arr != nullptr;
+      if (arr)
+        for (const GgufValue& x : *arr)
+          all_zero = all_zero && std::holds_alternative<double>(x.value) && std::get<double>(x.value) == 0.0;
+      if (!all_zero)
+        model::gguf_meta::fail_key(f, a + clamp, v->describe(), "absent or all 0 (clamped SwiGLU experts are not supported)");
+    }
+}
+
+std::vector<model::GgufTensorRule> ling_gguf_layer() {
+  using model::GgufFix;
+  using K = model::GgufLayerKind;
+  return {{"input_layernorm.weight", "attn_norm.weight"},
+          {"post_attention_layernorm.weight", "ffn_norm.weight"},
+          {"attention.q_proj.weight", "attn_q.weight"},
+          {"attention.dense.weight", "attn_output.weight"},
+          {"attention.o_proj.weight", "attn_output.weight"},
+          {"attention.k_proj.weight", "attn_k.weight", GgufFix::kNone, K::kLinear},
+          {"attention.v_proj.weight", "attn_v.weight", GgufFix::kNone, K::kLinear},
+          {"attention.q_conv1d.weight", "ssm_conv1d_q.weight", GgufFix::kConv, K::kLinear},
+          {"attention.k_conv1d.weight", "ssm_conv1d_k.weight", GgufFix::kConv, K::kLinear},
+          {"attention.v_conv1d.weight", "ssm_conv1d_v.weight", GgufFix::kConv, K::kLinear},
+          {"attention.f_proj.weight", "ssm_f_a.weight", GgufFix::kNone, K::kLinear},
+          {"attention.g_proj.weight", "ssm_g_a.weight", GgufFix::kNone, K::kLinear},
+          {"attention.b_proj.weight", "ssm_beta.weight", GgufFix::kNone, K::kLinear},
+          {"attention.A_log", "ssm_a", GgufFix::kALogExp, K::kLinear},
+          {"attention.dt_bias", "ssm_dt.bias", GgufFix::kDtBias, K::kLinear},
+          {"attention.o_norm.weight", "ssm_norm.weight", GgufFix::kNone, K::kLinear},
+          {"attention.g_proj.weight", "attn_gate.weight", GgufFix::kNone, K::kAttention},
+          {"attention.q_a_proj.weight", "attn_q_a.weight", GgufFix::kNone, K::kAttention},
+          {"attention.q_a_layernorm.weight", "attn_q_a_norm.weight", GgufFix::kNone, K::kAttention},
+          {"attention.q_b_proj.weight", "attn_q_b.weight", GgufFix::kNone, K::kAttention},
+          {"attention.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", GgufFix::kNone, K::kAttention},
+          {"attention.kv_a_layernorm.weight", "attn_kv_a_norm.weight", GgufFix::kNone, K::kAttention},
+          {"attention.kv_b_proj.weight", "attn_k_b.weight", GgufFix::kKvB, K::kAttention},
+          {"mlp.gate.weight", "ffn_gate_inp.weight"},
+          {"mlp.gate.expert_bias", "exp_probs_b.bias"},
+          {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", GgufFix::kExpert},
+          {"mlp.experts.*.up_proj.weight", "ffn_up_exps.weight", GgufFix::kExpert},
+          {"mlp.experts.*.down_proj.weight", "ffn_down_exps.weight", GgufFix::kExpert},
+          {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+          {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+          {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
+          {"mlp.gate_proj.weight", "ffn_gate.weight"},
+          {"mlp.up_proj.weight", "ffn_up.weight"},
+          {"mlp.down_proj.weight", "ffn_down.weight"}};
+}
+
 }  // namespace
 
 ModelConfig parse_bailing_hybrid_config(const std::string& json_text, const std::string& source) {
@@ -276,6 +352,13 @@ ModelConfig ling_flash_slice() {
 
 namespace model {
 
+extern const GgufMapping kBailingMoe3Gguf{.model_type = "bailing_hybrid",
+                                          .config = ling_gguf_config,
+                                          .global = {{"model.word_embeddings.weight", "token_embd.weight"},
+                                                     {"model.norm.weight", "output_norm.weight"},
+                                                     {"lm_head.weight", "output.weight"}},
+                                          .layer = ling_gguf_layer()};
+
 extern const ModelFamily kBailingHybridFamily{
     .name = "Ling 3.0",
     // bailing_hybrid: transformers' type, which the published checkpoints declare too;
@@ -293,6 +376,7 @@ extern const ModelFamily kBailingHybridFamily{
     .stop_tokens = {"<|role_end|>", "<|endoftext|>"},
     .tool_call_format = ToolCallFormat::kJsonTags,
     .gguf_architecture = "bailingmoe3",
+    .gguf_mapping = &kBailingMoe3Gguf,
 };
 
 }  // namespace model

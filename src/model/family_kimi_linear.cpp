@@ -10,6 +10,7 @@
 #include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
+#include "model/gguf_arch.hpp"
 
 namespace hanpu {
 
@@ -220,7 +221,70 @@ ModelConfig kimi_linear_slice() {
   return c;
 }
 
+// ---- GGUF mapping (llama.cpp's kimi-linear; model/gguf_arch.hpp) ------------------------------
+// Keys: KimiLinearModel.set_gguf_parameters (llama.cpp's conversion/kimi_linear.py) and
+// TextModel's shared ones; tensors: its modify_tensors (A_log stored as -exp(A_log) [1, 1, H, 1],
+// the three KDA convs as [1, C, 1, K], dt_bias as ssm_dt.bias, experts w1/w2/w3 stacked into
+// ffn_{gate,down,up}_exps, kv_b_proj split into attn_k_b (transposed per head) and attn_v_b).
+
+void kimi_gguf_config(const GgufModel& m, const std::string& a, nlohmann::ordered_json& c) {
+  model::gguf_meta::kda_mla_decoder(m.main(), a, c);
+}
+
+std::vector<model::GgufTensorRule> kimi_gguf_layer() {
+  using model::GgufFix;
+  using K = model::GgufLayerKind;
+  std::vector<model::GgufTensorRule> r = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      // KDA and MLA share q_proj (KDA's q, MLA's full-rank q) and o_proj.
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.v_proj.weight", "attn_v.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.q_conv1d.weight", "ssm_conv1d_q.weight", GgufFix::kConv, K::kLinear},
+      {"self_attn.k_conv1d.weight", "ssm_conv1d_k.weight", GgufFix::kConv, K::kLinear},
+      {"self_attn.v_conv1d.weight", "ssm_conv1d_v.weight", GgufFix::kConv, K::kLinear},
+      {"self_attn.f_a_proj.weight", "ssm_f_a.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.f_b_proj.weight", "ssm_f_b.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.g_a_proj.weight", "ssm_g_a.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.g_b_proj.weight", "ssm_g_b.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.b_proj.weight", "ssm_beta.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.A_log", "ssm_a", GgufFix::kALog, K::kLinear},
+      {"self_attn.dt_bias", "ssm_dt.bias", GgufFix::kDtBias, K::kLinear},
+      {"self_attn.o_norm.weight", "ssm_norm.weight", GgufFix::kNone, K::kLinear},
+      {"self_attn.q_a_proj.weight", "attn_q_a.weight", GgufFix::kNone, K::kAttention},
+      {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight", GgufFix::kNone, K::kAttention},
+      {"self_attn.q_b_proj.weight", "attn_q_b.weight", GgufFix::kNone, K::kAttention},
+      {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight", GgufFix::kNone, K::kAttention},
+      {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight", GgufFix::kNone, K::kAttention},
+      {"self_attn.kv_b_proj.weight", "attn_k_b.weight", GgufFix::kKvB, K::kAttention}};
+  // The channel mixer under either module name the checkpoints use (kimi_linear_names()).
+  for (const std::string mod : {"block_sparse_moe.", "mlp."})
+    r.insert(r.end(), {{mod + "gate.weight", "ffn_gate_inp.weight"},
+                       {mod + "gate.e_score_correction_bias", "exp_probs_b.bias"},
+                       {mod + "experts.*.w1.weight", "ffn_gate_exps.weight", GgufFix::kExpert},
+                       {mod + "experts.*.w3.weight", "ffn_up_exps.weight", GgufFix::kExpert},
+                       {mod + "experts.*.w2.weight", "ffn_down_exps.weight", GgufFix::kExpert},
+                       {mod + "shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+                       {mod + "shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+                       {mod + "shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
+                       {mod + "gate_proj.weight", "ffn_gate.weight"},
+                       {mod + "up_proj.weight", "ffn_up.weight"},
+                       {mod + "down_proj.weight", "ffn_down.weight"}});
+  return r;
+}
+
 }  // namespace
+
+namespace model {
+extern const GgufMapping kKimiLinearGguf{.model_type = "kimi_linear",
+                                         .config = kimi_gguf_config,
+                                         .global = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                                    {"model.norm.weight", "output_norm.weight"},
+                                                    {"lm_head.weight", "output.weight"}},
+                                         .layer = kimi_gguf_layer()};
+}  // namespace model
 
 ModelConfig parse_kimi_linear_config(const std::string& json_text, const std::string& source) {
   const json top = parse_json(json_text, "config '" + source + "'");
@@ -249,6 +313,7 @@ extern const ModelFamily kKimiLinearFamily{
     .stop_tokens = {"<|im_end|>", "[EOS]"},
     .tool_call_format = ToolCallFormat::kKimiSections,
     .gguf_architecture = "kimi-linear",
+    .gguf_mapping = &kKimiLinearGguf,
 };
 
 }  // namespace model

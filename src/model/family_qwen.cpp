@@ -6,6 +6,7 @@
 #include "hanpu/model_family.hpp"
 #include "io/json_io.hpp"
 #include "model/config_fields.hpp"
+#include "model/gguf_arch.hpp"
 
 namespace hanpu {
 
@@ -291,9 +292,172 @@ ModelConfig qwen35_dense(const Preset& p) {
   return c;
 }
 
+
+// ---- GGUF mappings (llama.cpp's qwen35, qwen35moe, qwen3next; model/gguf_arch.hpp) ---------------
+// Keys: Qwen3NextModel.set_gguf_parameters in llama.cpp's conversion/qwen.py (the qwen35 classes
+// derive from it), Qwen2MoeModel's expert keys, TextModel's shared ones (conversion/base.py).
+
+using ojson = nlohmann::ordered_json;
+using model::GgufFix;
+using model::GgufTensorRule;
+namespace gguf_meta = model::gguf_meta;
+
+// The keys all three share: embedding, attention, GDN geometry, RoPE and the layer pattern.
+void qwen_gguf_common(const GgufFile& f, const std::string& a, ojson& c) {
+  const uint64_t n_layer = gguf_meta::main_layers(f, a);
+  c["hidden_size"] = f.get_uint(a + ".embedding_length");
+  if (f.find(a + ".feed_forward_length")) c["intermediate_size"] = f.get_uint(a + ".feed_forward_length");
+  c["num_hidden_layers"] = n_layer;
+  c["num_attention_heads"] = f.get_uint(a + ".attention.head_count");
+  c["num_key_value_heads"] = f.get_uint(a + ".attention.head_count_kv");
+  const uint64_t head_dim = f.get_uint(a + ".attention.key_length");
+  if (const auto v = gguf_meta::optional_uint(f, a + ".attention.value_length"); v && *v != head_dim)
+    gguf_meta::fail_key(f, a + ".attention.value_length", std::to_string(*v),
+                        std::to_string(head_dim) + " (key_length: hanpu's gated attention has one head_dim)");
+  c["head_dim"] = head_dim;
+  const uint64_t nk = f.get_uint(a + ".ssm.group_count"), nv = f.get_uint(a + ".ssm.time_step_rank");
+  const uint64_t inner = f.get_uint(a + ".ssm.inner_size");
+  if (nv == 0 || inner % nv != 0)
+    gguf_meta::fail_key(f, a + ".ssm.inner_size", std::to_string(inner),
+                        "a multiple of " + a + ".ssm.time_step_rank (" + std::to_string(nv) + ", the value heads)");
+  c["linear_num_key_heads"] = nk;
+  c["linear_num_value_heads"] = nv;
+  c["linear_key_head_dim"] = f.get_uint(a + ".ssm.state_size");
+  c["linear_value_head_dim"] = inner / nv;
+  c["linear_conv_kernel_dim"] = f.get_uint(a + ".ssm.conv_kernel");
+  c["rms_norm_eps"] = f.get_float(a + ".attention.layer_norm_rms_epsilon");
+  const uint64_t rot = f.get_uint(a + ".rope.dimension_count");
+  c["rope_parameters"] = {{"rope_type", "default"},
+                          {"rope_theta", f.get_float(a + ".rope.freq_base")},
+                          {"partial_rotary_factor", static_cast<double>(rot) / static_cast<double>(head_dim)}};
+  c["layer_types"] = gguf_meta::layer_types_from_recurrent(f, a, n_layer);
+}
+
+void qwen_gguf_experts(const GgufFile& f, const std::string& a, ojson& c) {
+  c["num_experts"] = f.get_uint(a + ".expert_count");
+  c["num_experts_per_tok"] = f.get_uint(a + ".expert_used_count");
+  c["moe_intermediate_size"] = f.get_uint(a + ".expert_feed_forward_length");
+  c["shared_expert_intermediate_size"] = f.get_uint(a + ".expert_shared_feed_forward_length");
+}
+
+// Qwen3.5 (dense): Qwen3_5TextModel.
+void qwen35_gguf_config(const GgufModel& m, const std::string& a, ojson& c) { qwen_gguf_common(m.main(), a, c); }
+
+// Qwen3.5-MoE: Qwen3_5MoeTextModel (every layer MoE).
+void qwen35moe_gguf_config(const GgufModel& m, const std::string& a, ojson& c) {
+  qwen_gguf_common(m.main(), a, c);
+  c.erase("intermediate_size");  // every layer is MoE; a dense size may be absent or meaningless
+  qwen_gguf_experts(m.main(), a, c);
+}
+
+// Qwen3-Next: Qwen3NextModel. GGUF has no key for mlp_only_layers (llama.cpp's qwen3next makes
+// every layer MoE, as the published checkpoints are); a layer without ffn_gate_inp is read as a
+// dense MLP layer (ffn_gate / ffn_up / ffn_down, feed_forward_length), so that checkpoints with
+// mlp_only_layers convert without loss.
+void qwen3next_gguf_config(const GgufModel& m, const std::string& a, ojson& c) {
+  const GgufFile& f = m.main();
+  qwen_gguf_common(f, a, c);
+  qwen_gguf_experts(f, a, c);
+  if (const auto norm = gguf_meta::optional_bool(f, a + ".expert_weights_norm")) c["norm_topk_prob"] = *norm;
+  ojson dense = ojson::array();
+  for (uint64_t i = 0; i < c["num_hidden_layers"].get<uint64_t>(); ++i)
+    if (!m.find_tensor("blk." + std::to_string(i) + ".ffn_gate_inp.weight")) dense.push_back(i);
+  c["mlp_only_layers"] = dense;
+}
+
+// The file stores Qwen3-Next's fused in_proj_qkvz / in_proj_ba split (Qwen3NextModel.modify_tensors:
+// attn_qkv and attn_gate in plain head order; ssm_ba stays fused and is split by rows on load).
+void qwen3next_gguf_adjust(ModelConfig& c) { c.gdn.fused_projections = false; }
+
+const std::vector<GgufTensorRule> kQwenGgufGlobal = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                                     {"model.norm.weight", "output_norm.weight", GgufFix::kNormMinusOne},
+                                                     {"lm_head.weight", "output.weight"}};
+
+// Norms, full attention (q_proj holds [query | gate] per head, as in HF) and the GDN tensors both
+// conversions store alike.
+std::vector<GgufTensorRule> qwen_gguf_layer_common() {
+  return {{"input_layernorm.weight", "attn_norm.weight", GgufFix::kNormMinusOne},
+          {"post_attention_layernorm.weight", "post_attention_norm.weight", GgufFix::kNormMinusOne},
+          {"linear_attn.norm.weight", "ssm_norm.weight"},
+          {"self_attn.q_proj.weight", "attn_q.weight"},
+          {"self_attn.k_proj.weight", "attn_k.weight"},
+          {"self_attn.v_proj.weight", "attn_v.weight"},
+          {"self_attn.o_proj.weight", "attn_output.weight"},
+          {"self_attn.q_norm.weight", "attn_q_norm.weight", GgufFix::kNormMinusOne},
+          {"self_attn.k_norm.weight", "attn_k_norm.weight", GgufFix::kNormMinusOne}};
+}
+
+std::vector<GgufTensorRule> qwen_gguf_dense_mlp() {
+  return {{"mlp.gate_proj.weight", "ffn_gate.weight"},
+          {"mlp.up_proj.weight", "ffn_up.weight"},
+          {"mlp.down_proj.weight", "ffn_down.weight"}};
+}
+
+std::vector<GgufTensorRule> qwen_gguf_moe() {
+  return {{"mlp.gate.weight", "ffn_gate_inp.weight"},
+          {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", GgufFix::kExpert},
+          {"mlp.experts.*.up_proj.weight", "ffn_up_exps.weight", GgufFix::kExpert},
+          {"mlp.experts.*.down_proj.weight", "ffn_down_exps.weight", GgufFix::kExpert},
+          {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+          {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+          {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+          {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", GgufFix::kSqueezed}};
+}
+
+// Qwen3.5's GDN tensors: value heads tiled (_LinearAttentionVReorderBase), A_log as -exp(A_log),
+// conv squeezed.
+std::vector<GgufTensorRule> qwen35_gguf_layer(std::vector<GgufTensorRule> mlp) {
+  std::vector<GgufTensorRule> r = qwen_gguf_layer_common();
+  r.insert(r.end(), {{"linear_attn.in_proj_qkv.weight", "attn_qkv.weight", GgufFix::kQkvRows},
+                     {"linear_attn.in_proj_z.weight", "attn_gate.weight", GgufFix::kZRows},
+                     {"linear_attn.in_proj_b.weight", "ssm_beta.weight", GgufFix::kBetaAlphaRows},
+                     {"linear_attn.in_proj_a.weight", "ssm_alpha.weight", GgufFix::kBetaAlphaRows},
+                     {"linear_attn.conv1d.weight", "ssm_conv1d.weight", GgufFix::kConv},
+                     {"linear_attn.dt_bias", "ssm_dt.bias", GgufFix::kDtBias},
+                     {"linear_attn.A_log", "ssm_a", GgufFix::kALog},
+                     {"linear_attn.out_proj.weight", "ssm_out.weight", GgufFix::kOutCols}});
+  r.insert(r.end(), mlp.begin(), mlp.end());
+  return r;
+}
+
+// Qwen3-Next's: no value-head reorder; in_proj_qkvz split into attn_qkv ([q | k | v], HF head
+// order) and attn_gate (z); in_proj_ba kept fused as ssm_ba.
+std::vector<GgufTensorRule> qwen3next_gguf_layer() {
+  std::vector<GgufTensorRule> r = qwen_gguf_layer_common();
+  r.insert(r.end(), {{"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
+                     {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
+                     {"linear_attn.in_proj_b.weight", "ssm_ba.weight", GgufFix::kBetaOfBa},
+                     {"linear_attn.in_proj_a.weight", "ssm_ba.weight", GgufFix::kAlphaOfBa},
+                     {"linear_attn.conv1d.weight", "ssm_conv1d.weight", GgufFix::kConv},
+                     {"linear_attn.dt_bias", "ssm_dt.bias", GgufFix::kDtBias},
+                     {"linear_attn.A_log", "ssm_a", GgufFix::kALog},
+                     {"linear_attn.out_proj.weight", "ssm_out.weight"}});
+  const std::vector<GgufTensorRule> moe = qwen_gguf_moe(), dense = qwen_gguf_dense_mlp();
+  r.insert(r.end(), moe.begin(), moe.end());
+  r.insert(r.end(), dense.begin(), dense.end());
+  return r;
+}
+
 }  // namespace
 
 namespace model {
+
+extern const GgufMapping kQwen35Gguf{.model_type = "qwen3_5_text",
+                                     .config = qwen35_gguf_config,
+                                     .global = kQwenGgufGlobal,
+                                     .layer = qwen35_gguf_layer(qwen_gguf_dense_mlp()),
+                                     .tiled_value_heads = true};
+extern const GgufMapping kQwen35MoeGguf{.model_type = "qwen3_5_moe_text",
+                                        .config = qwen35moe_gguf_config,
+                                        .global = kQwenGgufGlobal,
+                                        .layer = qwen35_gguf_layer(qwen_gguf_moe()),
+                                        .tiled_value_heads = true};
+extern const GgufMapping kQwen3NextGguf{.model_type = "qwen3_next",
+                                        .config = qwen3next_gguf_config,
+                                        .global = kQwenGgufGlobal,
+                                        .layer = qwen3next_gguf_layer(),
+                                        .tiled_value_heads = false,
+                                        .adjust = qwen3next_gguf_adjust};
 
 extern const ModelFamily kQwen35Family{
     .name = "Qwen3.5",
@@ -312,6 +476,7 @@ extern const ModelFamily kQwen35Family{
     .stop_tokens = {"<|im_end|>", "<|endoftext|>"},
     .tool_call_format = ToolCallFormat::kXmlTags,
     .gguf_architecture = "qwen35",
+    .gguf_mapping = &kQwen35Gguf,
 };
 
 extern const ModelFamily kQwen35MoeFamily{
@@ -327,6 +492,7 @@ extern const ModelFamily kQwen35MoeFamily{
     .stop_tokens = {"<|im_end|>", "<|endoftext|>"},
     .tool_call_format = ToolCallFormat::kXmlTags,
     .gguf_architecture = "qwen35moe",
+    .gguf_mapping = &kQwen35MoeGguf,
 };
 
 extern const ModelFamily kQwen3NextFamily{
@@ -341,6 +507,7 @@ extern const ModelFamily kQwen3NextFamily{
     .stop_tokens = {"<|im_end|>", "<|endoftext|>"},
     .tool_call_format = ToolCallFormat::kJsonTags,
     .gguf_architecture = "qwen3next",
+    .gguf_mapping = &kQwen3NextGguf,
 };
 
 }  // namespace model

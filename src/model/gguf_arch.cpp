@@ -1,11 +1,15 @@
-// The GGUF architecture table (gguf_arch.hpp): one row per GGUF architecture hanpu runs, giving
-// the model_type its metadata becomes, the metadata keys that become config.json fields, and the
-// tensor names with what llama.cpp's converter did to each tensor.
+// GGUF checkpoints as hanpu models (gguf_arch.hpp): the lookup of a GGUF architecture's mapping
+// in the family registry, the metadata helpers the mappings' config functions use, and the
+// loader that resolves each HF tensor name to the file's tensor and undoes what llama.cpp's
+// converter did to it. The mappings themselves (metadata keys, tensor names, transforms) live in
+// the family files next to their registry rows (family_qwen.cpp, family_kimi_linear.cpp,
+// family_bailing_hybrid.cpp).
 //
 // Sources (read, not copied): llama.cpp's gguf-py/gguf/constants.py (MODEL_TENSOR names per
 // architecture, metadata keys), gguf-py/gguf/tensor_mapping.py (HF name <-> GGUF name),
-// convert_hf_to_gguf.py with conversion/qwen.py (Qwen3NextModel.modify_tensors,
-// _LinearAttentionVReorderBase.modify_tensors: the tensor transforms undone here).
+// convert_hf_to_gguf.py with conversion/qwen.py, conversion/kimi_linear.py and
+// conversion/bailingmoe3.py (the tensor transforms undone here), src/models/*.cpp (the shapes
+// llama.cpp's loader accepts).
 #include "model/gguf_arch.hpp"
 
 #include <algorithm>
@@ -15,175 +19,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "hanpu/model_family.hpp"
+#include "model/fused_gdn_layout.hpp"
+
 namespace hanpu::model {
+
+using Fix = GgufFix;
 
 namespace {
 
 using json = nlohmann::ordered_json;
-
-// What the converter did to a tensor, undone on load. r = linear_num_value_heads /
-// linear_num_key_heads; with r > 1 the converter reorders value heads from grouped-by-key-head
-// [g0v0..g0v(r-1), g1v0, ...] to ggml's tiled order [g0v0, g1v0, ..., g0v1, g1v1, ...]
-// (_LinearAttentionVReorderBase._reorder_v_heads).
-enum class Fix {
-  kNone,
-  kNormMinusOne,  // Qwen's zero-centred RMSNorm weights are stored as 1 + w (all "norm.weight" but linear_attn.norm)
-  kALog,          // stored as ssm_a = -exp(A_log), value heads tiled
-  kDtBias,        // value heads tiled (one value per head)
-  kBetaAlphaRows, // in_proj_b / in_proj_a: rows = value heads, tiled
-  kQkvRows,       // in_proj_qkv: the value rows (after 2 * key_dim) tiled by head of linear_value_head_dim
-  kZRows,         // in_proj_z: rows tiled by head of linear_value_head_dim
-  kConv,          // conv1d [C, 1, K] stored squeezed as [C, K]; value channels tiled
-  kOutCols,       // out_proj: input columns tiled by head of linear_value_head_dim
-  kExpert,        // mlp.experts.{e}.*: slice e of the stacked 3-D ffn_*_exps tensor
-  kSqueezed,      // stored without HF's leading 1 (shared_expert_gate [1, H] as [H])
-};
-
-struct TensorRule {
-  const char* hf;    // after "model.layers.{i}." (layer rules) or the full name (global rules)
-  const char* gguf;  // after "blk.{i}." or the full name
-  Fix fix;
-};
-
-struct ArchRow {
-  const char* arch;
-  const char* model_type;
-  // Fills config.json fields from the metadata (keys named "<arch>.<key>").
-  void (*config)(const GgufFile& f, const std::string& arch, json& cfg);
-  std::vector<TensorRule> global, layer;
-};
-
-uint64_t meta_uint(const GgufFile& f, const std::string& key) { return f.get_uint(key); }
-
-// The per-layer recurrent flags as layer_types, from <arch>.attention.recurrent_layers (written
-// by the converter when the HF config has layer_types) or <arch>.full_attention_interval.
-json layer_types(const GgufFile& f, const std::string& arch, uint64_t n_layer) {
-  json lt = json::array();
-  if (const GgufValue* v = f.find(arch + ".attention.recurrent_layers")) {
-    const auto* arr = std::get_if<std::vector<GgufValue>>(&v->value);
-    if (v->type != GgufType::ARRAY || !arr || arr->size() < n_layer)
-      throw Error("GGUF file '" + f.path() + "': key '" + arch + ".attention.recurrent_layers' is " + v->describe() +
-                  ", expected an array of at least " + std::to_string(n_layer) + " bools (one per layer)");
-    for (uint64_t i = 0; i < n_layer; ++i) {
-      const auto* b = std::get_if<bool>(&(*arr)[i].value);
-      if (!b)
-        throw Error("GGUF file '" + f.path() + "': key '" + arch + ".attention.recurrent_layers'[" + std::to_string(i) +
-                    "] is " + (*arr)[i].describe() + ", expected a bool");
-      lt.push_back(*b ? "linear_attention" : "full_attention");
-    }
-    return lt;
-  }
-  const uint64_t interval = meta_uint(f, arch + ".full_attention_interval");
-  if (interval == 0) throw Error("GGUF file '" + f.path() + "': key '" + arch + ".full_attention_interval' is 0, expected >= 1");
-  for (uint64_t i = 0; i < n_layer; ++i) lt.push_back((i + 1) % interval == 0 ? "full_attention" : "linear_attention");
-  return lt;
-}
-
-// Layers of the main model: block_count less the MTP ("nextn") layers the converter appends.
-uint64_t main_layers(const GgufFile& f, const std::string& arch) {
-  const uint64_t blocks = meta_uint(f, arch + ".block_count");
-  uint64_t nextn = 0;
-  if (f.find(arch + ".nextn_predict_layers")) nextn = meta_uint(f, arch + ".nextn_predict_layers");
-  if (nextn >= blocks)
-    throw Error("GGUF file '" + f.path() + "': key '" + arch + ".nextn_predict_layers' is " + std::to_string(nextn) +
-                ", expected fewer than " + arch + ".block_count (" + std::to_string(blocks) + ")");
-  return blocks - nextn;
-}
-
-void qwen35_config(const GgufFile& f, const std::string& a, json& c);
-
-// Qwen3.5-MoE: Qwen3_5MoeTextModel (the dense keys plus Qwen2MoeModel's expert keys).
-void qwen35moe_config(const GgufFile& f, const std::string& a, json& c) {
-  qwen35_config(f, a, c);
-  c.erase("intermediate_size");  // every layer is MoE; a dense size may be absent or meaningless
-  c["num_experts"] = meta_uint(f, a + ".expert_count");
-  c["num_experts_per_tok"] = meta_uint(f, a + ".expert_used_count");
-  c["moe_intermediate_size"] = meta_uint(f, a + ".expert_feed_forward_length");
-  c["shared_expert_intermediate_size"] = meta_uint(f, a + ".expert_shared_feed_forward_length");
-}
-
-// Qwen3.5 (dense): Qwen3_5TextModel in conversion/qwen.py; keys of Qwen3NextModel.set_gguf_parameters.
-void qwen35_config(const GgufFile& f, const std::string& a, json& c) {
-  const uint64_t n_layer = main_layers(f, a);
-  c["hidden_size"] = meta_uint(f, a + ".embedding_length");
-  if (f.find(a + ".feed_forward_length")) c["intermediate_size"] = meta_uint(f, a + ".feed_forward_length");
-  c["num_hidden_layers"] = n_layer;
-  c["num_attention_heads"] = meta_uint(f, a + ".attention.head_count");
-  c["num_key_value_heads"] = meta_uint(f, a + ".attention.head_count_kv");
-  const uint64_t head_dim = meta_uint(f, a + ".attention.key_length");
-  if (f.find(a + ".attention.value_length") && meta_uint(f, a + ".attention.value_length") != head_dim)
-    throw Error("GGUF file '" + f.path() + "': key '" + a + ".attention.value_length' is " +
-                std::to_string(meta_uint(f, a + ".attention.value_length")) + ", expected " + std::to_string(head_dim) +
-                " (key_length: hanpu's gated attention has one head_dim)");
-  c["head_dim"] = head_dim;
-  const uint64_t nk = meta_uint(f, a + ".ssm.group_count"), nv = meta_uint(f, a + ".ssm.time_step_rank");
-  const uint64_t inner = meta_uint(f, a + ".ssm.inner_size");
-  if (nv == 0 || inner % nv != 0)
-    throw Error("GGUF file '" + f.path() + "': key '" + a + ".ssm.inner_size' is " + std::to_string(inner) +
-                ", expected a multiple of " + a + ".ssm.time_step_rank (" + std::to_string(nv) + ", the value heads)");
-  c["linear_num_key_heads"] = nk;
-  c["linear_num_value_heads"] = nv;
-  c["linear_key_head_dim"] = meta_uint(f, a + ".ssm.state_size");
-  c["linear_value_head_dim"] = inner / nv;
-  c["linear_conv_kernel_dim"] = meta_uint(f, a + ".ssm.conv_kernel");
-  c["rms_norm_eps"] = f.get_float(a + ".attention.layer_norm_rms_epsilon");
-  const uint64_t rot = meta_uint(f, a + ".rope.dimension_count");
-  c["rope_parameters"] = {{"rope_type", "default"},
-                          {"rope_theta", f.get_float(a + ".rope.freq_base")},
-                          {"partial_rotary_factor", static_cast<double>(rot) / static_cast<double>(head_dim)}};
-  c["layer_types"] = layer_types(f, a, n_layer);
-}
-
-const std::vector<ArchRow>& arch_table() {
-  // The token-mixer and norm tensors Qwen3.5 dense and MoE share.
-  const std::vector<TensorRule> q35_global = {{"model.embed_tokens.weight", "token_embd.weight", Fix::kNone},
-                                              {"model.norm.weight", "output_norm.weight", Fix::kNormMinusOne},
-                                              {"lm_head.weight", "output.weight", Fix::kNone}};
-  const std::vector<TensorRule> q35_mixers = {
-      {"input_layernorm.weight", "attn_norm.weight", Fix::kNormMinusOne},
-      {"post_attention_layernorm.weight", "post_attention_norm.weight", Fix::kNormMinusOne},
-      {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight", Fix::kQkvRows},
-      {"linear_attn.in_proj_z.weight", "attn_gate.weight", Fix::kZRows},
-      {"linear_attn.in_proj_b.weight", "ssm_beta.weight", Fix::kBetaAlphaRows},
-      {"linear_attn.in_proj_a.weight", "ssm_alpha.weight", Fix::kBetaAlphaRows},
-      {"linear_attn.conv1d.weight", "ssm_conv1d.weight", Fix::kConv},
-      {"linear_attn.dt_bias", "ssm_dt.bias", Fix::kDtBias},
-      {"linear_attn.A_log", "ssm_a", Fix::kALog},
-      {"linear_attn.norm.weight", "ssm_norm.weight", Fix::kNone},
-      {"linear_attn.out_proj.weight", "ssm_out.weight", Fix::kOutCols},
-      {"self_attn.q_proj.weight", "attn_q.weight", Fix::kNone},  // [query | gate] per head, as in HF
-      {"self_attn.k_proj.weight", "attn_k.weight", Fix::kNone},
-      {"self_attn.v_proj.weight", "attn_v.weight", Fix::kNone},
-      {"self_attn.o_proj.weight", "attn_output.weight", Fix::kNone},
-      {"self_attn.q_norm.weight", "attn_q_norm.weight", Fix::kNormMinusOne},
-      {"self_attn.k_norm.weight", "attn_k_norm.weight", Fix::kNormMinusOne}};
-  auto with = [](std::vector<TensorRule> a, const std::vector<TensorRule>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-  static const std::vector<ArchRow> rows = {
-      {"qwen35", "qwen3_5_text", qwen35_config, q35_global,
-       with(q35_mixers, {{"mlp.gate_proj.weight", "ffn_gate.weight", Fix::kNone},
-                         {"mlp.up_proj.weight", "ffn_up.weight", Fix::kNone},
-                         {"mlp.down_proj.weight", "ffn_down.weight", Fix::kNone}})},
-      {"qwen35moe", "qwen3_5_moe_text", qwen35moe_config, q35_global,
-       with(q35_mixers, {{"mlp.gate.weight", "ffn_gate_inp.weight", Fix::kNone},
-                         {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", Fix::kExpert},
-                         {"mlp.experts.*.up_proj.weight", "ffn_up_exps.weight", Fix::kExpert},
-                         {"mlp.experts.*.down_proj.weight", "ffn_down_exps.weight", Fix::kExpert},
-                         {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight", Fix::kNone},
-                         {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight", Fix::kNone},
-                         {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight", Fix::kNone},
-                         {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight", Fix::kSqueezed}})},
-  };
-  return rows;
-}
-
-const ArchRow* find_arch(const std::string& arch) {
-  for (const ArchRow& r : arch_table())
-    if (arch == r.arch) return &r;
-  return nullptr;
-}
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
@@ -195,7 +40,144 @@ bool is_float_type(gguf::GgmlType t) {
   return t == gguf::GgmlType::F32 || t == gguf::GgmlType::F16 || t == gguf::GgmlType::BF16;
 }
 
+std::vector<int64_t> without_unit_dims(std::vector<int64_t> s) {
+  s.erase(std::remove(s.begin(), s.end(), int64_t{1}), s.end());
+  return s;
+}
+
+// Fixes whose tensors llama.cpp stores with other unit dims than HF (conv weights, A_log, a
+// shared-expert gate): their shapes are compared without the 1s (same elements, same order).
+bool unit_dims_free(Fix f) {
+  return f == Fix::kConv || f == Fix::kALog || f == Fix::kALogExp || f == Fix::kSqueezed || f == Fix::kDtBias;
+}
+
 }  // namespace
+
+namespace gguf_meta {
+
+void fail_key(const GgufFile& f, const std::string& key, const std::string& got, const std::string& expected) {
+  throw Error("GGUF file '" + f.path() + "': key '" + key + "' is " + got + ", expected " + expected);
+}
+
+std::optional<uint64_t> optional_uint(const GgufFile& f, const std::string& key) {
+  if (!f.find(key)) return std::nullopt;
+  return f.get_uint(key);
+}
+
+std::optional<double> optional_float(const GgufFile& f, const std::string& key) {
+  if (!f.find(key)) return std::nullopt;
+  return f.get_float(key);
+}
+
+std::optional<bool> optional_bool(const GgufFile& f, const std::string& key) {
+  const GgufValue* v = f.find(key);
+  if (!v) return std::nullopt;
+  const auto* b = std::get_if<bool>(&v->value);
+  if (!b) fail_key(f, key, v->describe(), "a bool");
+  return *b;
+}
+
+uint64_t main_layers(const GgufFile& f, const std::string& arch) {
+  const uint64_t blocks = f.get_uint(arch + ".block_count");
+  const uint64_t nextn = optional_uint(f, arch + ".nextn_predict_layers").value_or(0);
+  if (nextn >= blocks)
+    fail_key(f, arch + ".nextn_predict_layers", std::to_string(nextn),
+             "fewer than " + arch + ".block_count (" + std::to_string(blocks) + ")");
+  return blocks - nextn;
+}
+
+json layer_types_from_recurrent(const GgufFile& f, const std::string& arch, uint64_t n_layer) {
+  json lt = json::array();
+  const std::string key = arch + ".attention.recurrent_layers";
+  if (const GgufValue* v = f.find(key)) {
+    const auto* arr = std::get_if<std::vector<GgufValue>>(&v->value);
+    if (v->type != GgufType::ARRAY || !arr || arr->size() < n_layer)
+      fail_key(f, key, v->describe(), "an array of at least " + std::to_string(n_layer) + " bools (one per layer)");
+    for (uint64_t i = 0; i < n_layer; ++i) {
+      const auto* b = std::get_if<bool>(&(*arr)[i].value);
+      if (!b) fail_key(f, key + "'[" + std::to_string(i), (*arr)[i].describe(), "a bool");
+      lt.push_back(*b ? "linear_attention" : "full_attention");
+    }
+    return lt;
+  }
+  const uint64_t interval = f.get_uint(arch + ".full_attention_interval");
+  if (interval == 0) fail_key(f, arch + ".full_attention_interval", "0", ">= 1");
+  for (uint64_t i = 0; i < n_layer; ++i) lt.push_back((i + 1) % interval == 0 ? "full_attention" : "linear_attention");
+  return lt;
+}
+
+json layer_types_from_head_count_kv(const GgufFile& f, const std::string& arch, uint64_t n_layer) {
+  const std::string key = arch + ".attention.head_count_kv";
+  const GgufValue* v = f.find(key);
+  if (!v) throw Error("GGUF file '" + f.path() + "': key '" + key + "' is missing");
+  const auto* arr = std::get_if<std::vector<GgufValue>>(&v->value);
+  if (v->type != GgufType::ARRAY || !arr || arr->size() < n_layer)
+    fail_key(f, key, v->describe(),
+             "an array of at least " + std::to_string(n_layer) + " integers (per layer: 0 for a KDA layer, > 0 for MLA)");
+  json lt = json::array();
+  for (uint64_t i = 0; i < n_layer; ++i) {
+    const GgufValue& e = (*arr)[i];
+    const auto* u = std::get_if<uint64_t>(&e.value);
+    const auto* s = std::get_if<int64_t>(&e.value);
+    if (!u && !(s && *s >= 0)) fail_key(f, key + "'[" + std::to_string(i), e.describe(), "a non-negative integer");
+    const uint64_t n = u ? *u : static_cast<uint64_t>(*s);
+    lt.push_back(n == 0 ? "linear_attention" : "full_attention");
+  }
+  return lt;
+}
+
+void kda_mla_decoder(const GgufFile& f, const std::string& a, json& c) {
+  const uint64_t n_layer = main_layers(f, a);
+  c["hidden_size"] = f.get_uint(a + ".embedding_length");
+  c["num_hidden_layers"] = n_layer;
+  if (const auto ff = optional_uint(f, a + ".feed_forward_length")) c["intermediate_size"] = *ff;
+  c["rms_norm_eps"] = f.get_float(a + ".attention.layer_norm_rms_epsilon");
+  const uint64_t heads = f.get_uint(a + ".attention.head_count");
+  c["num_attention_heads"] = heads;
+  // The converters write head_count_kv 1 (MLA as MQA over the latent) per attention layer;
+  // hanpu's parsers take the expanded form, one key/value head per query head.
+  c["num_key_value_heads"] = heads;
+  c["layer_types"] = layer_types_from_head_count_kv(f, a, n_layer);
+  // MLA.
+  c["kv_lora_rank"] = f.get_uint(a + ".attention.kv_lora_rank");
+  if (const auto q = optional_uint(f, a + ".attention.q_lora_rank")) c["q_lora_rank"] = *q;
+  const uint64_t rope = f.get_uint(a + ".rope.dimension_count"), k_mla = f.get_uint(a + ".attention.key_length_mla");
+  if (k_mla <= rope)
+    fail_key(f, a + ".attention.key_length_mla", std::to_string(k_mla),
+             "more than " + a + ".rope.dimension_count (" + std::to_string(rope) + "): the MLA key is [nope | rope]");
+  c["qk_rope_head_dim"] = rope;
+  c["qk_nope_head_dim"] = k_mla - rope;
+  c["v_head_dim"] = f.get_uint(a + ".attention.value_length_mla");
+  // KDA: head_count heads of kda.head_dim (llama.cpp's loaders: n_embd_head_kda * n_head).
+  c["linear_num_heads"] = heads;
+  c["linear_head_dim"] = f.get_uint(a + ".kda.head_dim");
+  c["linear_conv_kernel_dim"] = f.get_uint(a + ".ssm.conv_kernel");
+  // Channel mixers: the first leading_dense_block_count layers dense, the rest MoE.
+  const uint64_t dense = optional_uint(f, a + ".leading_dense_block_count").value_or(0);
+  if (dense > n_layer)
+    fail_key(f, a + ".leading_dense_block_count", std::to_string(dense), "at most the layer count " + std::to_string(n_layer));
+  c["first_k_dense_replace"] = dense;
+  if (dense == n_layer) return;
+  c["num_experts"] = f.get_uint(a + ".expert_count");
+  c["num_experts_per_token"] = f.get_uint(a + ".expert_used_count");
+  c["moe_intermediate_size"] = f.get_uint(a + ".expert_feed_forward_length");
+  c["num_shared_experts"] = f.get_uint(a + ".expert_shared_count");
+  if (const auto g = optional_uint(f, a + ".expert_group_count")) c["num_expert_group"] = *g;
+  if (const auto g = optional_uint(f, a + ".expert_group_used_count")) c["topk_group"] = *g;
+  if (const auto s = optional_float(f, a + ".expert_weights_scale")) c["routed_scaling_factor"] = *s;
+  if (const auto n = optional_bool(f, a + ".expert_weights_norm")) c["moe_renormalize"] = *n;
+  const uint64_t gating = f.get_uint(a + ".expert_gating_func");
+  if (gating != 2)  // llama.cpp's ExpertGatingFuncType: 1 softmax, 2 sigmoid, 4 sqrt-softplus
+    fail_key(f, a + ".expert_gating_func", std::to_string(gating), "2 (sigmoid: the Kimi Linear and Ling 3.0 routers)");
+}
+
+}  // namespace gguf_meta
+
+const GgufMapping* gguf_mapping(const std::string& arch) {
+  for (const ModelFamily* f : model_families())
+    if (f->gguf_mapping && f->gguf_architecture == arch) return f->gguf_mapping;
+  return nullptr;
+}
 
 bool is_gguf_path(const std::string& path) {
   std::error_code ec;
@@ -204,14 +186,15 @@ bool is_gguf_path(const std::string& path) {
 
 std::vector<std::string> gguf_supported_archs() {
   std::vector<std::string> out;
-  for (const ArchRow& r : arch_table()) out.emplace_back(r.arch);
+  for (const ModelFamily* f : model_families())
+    if (f->gguf_mapping && !f->gguf_architecture.empty()) out.push_back(f->gguf_architecture);
   return out;
 }
 
 std::string gguf_config_json(const GgufModel& m) {
   const GgufFile& f = m.main();
   const std::string arch = f.get_string("general.architecture");
-  const ArchRow* row = find_arch(arch);
+  const GgufMapping* row = gguf_mapping(arch);
   if (!row) {
     std::string names;
     for (const std::string& a : gguf_supported_archs()) names += (names.empty() ? "" : ", ") + a;
@@ -220,7 +203,7 @@ std::string gguf_config_json(const GgufModel& m) {
   }
   json c = json::object();
   c["model_type"] = row->model_type;
-  row->config(f, arch, c);
+  row->config(m, arch, c);
   const GgufTensorInfo& embd = m.tensor("token_embd.weight");
   c["vocab_size"] = embd.dims[1];
   c["tie_word_embeddings"] = m.find_tensor("output.weight") == nullptr;
@@ -327,9 +310,12 @@ struct GgufCheckpoint::Resolved {
   std::string gguf_name;
   Fix fix = Fix::kNone;
   int64_t expert = -1;  // kExpert: the slice
+  const GgufTensorInfo* second = nullptr;  // kKvB: attn_v_b (info is attn_k_b)
+  std::string second_name;
 };
 
 namespace {
+
 // `rest` against a layer rule's HF name, where "*" stands for an expert index (digits).
 bool rule_matches(const std::string& pattern, const std::string& rest, int64_t* expert) {
   const size_t star = pattern.find('*');
@@ -344,53 +330,38 @@ bool rule_matches(const std::string& pattern, const std::string& rest, int64_t* 
   *expert = std::stoll(digits);
   return true;
 }
-}  // namespace
 
-GgufCheckpoint::GgufCheckpoint(const std::string& path) : path_(path) {
-  file_ = std::make_shared<GgufModel>(GgufModel::open(path));
-  arch_ = file_->main().get_string("general.architecture");
-  config_ = parse_model_config(gguf_config_json(*file_), "GGUF file '" + path + "' (its metadata as config.json)");
-}
+struct RuleHit {
+  std::string gguf_name;  // empty: no rule
+  Fix fix = Fix::kNone;
+  int64_t expert = -1, layer = -1;
+};
 
-uint64_t GgufCheckpoint::data_bytes() const {
-  uint64_t n = 0;
-  for (const GgufFile& f : file_->files())
-    for (const GgufTensorInfo& t : f.tensors()) n += t.bytes;
-  return n;
-}
-
-bool GgufCheckpoint::has_lm_head() const { return file_->find_tensor("output.weight") != nullptr; }
-
-GgufCheckpoint::Resolved GgufCheckpoint::resolve(const std::string& hf) const {
-  const ArchRow& row = *find_arch(arch_);
-  Resolved r;
-  for (const TensorRule& g : row.global)
-    if (hf == g.hf) {
-      r.gguf_name = g.gguf;
-      r.fix = g.fix;
-    }
+// The first rule of `row` for HF name `hf`: global rules by the full name, layer rules by the part
+// after "model.layers.{i}." on a layer of the kind the rule is for (per `c`).
+RuleHit find_rule(const GgufMapping& row, const std::string& hf, const ModelConfig& c) {
+  RuleHit hit;
+  for (const GgufTensorRule& g : row.global)
+    if (hf == g.hf) return {g.gguf, g.fix, -1, -1};
   const std::string lp = "model.layers.";
-  if (r.gguf_name.empty() && hf.rfind(lp, 0) == 0) {
-    const size_t dot = hf.find('.', lp.size());
-    if (dot != std::string::npos && dot > lp.size()) {
-      const std::string idx = hf.substr(lp.size(), dot - lp.size()), rest = hf.substr(dot + 1);
-      if (std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-        for (const TensorRule& l : row.layer)
-          if (rule_matches(l.hf, rest, &r.expert)) {
-            r.gguf_name = "blk." + idx + "." + l.gguf;
-            r.fix = l.fix;
-          }
+  if (hf.rfind(lp, 0) != 0) return hit;
+  const size_t dot = hf.find('.', lp.size());
+  if (dot == std::string::npos || dot == lp.size() || dot - lp.size() > 9) return hit;
+  const std::string idx = hf.substr(lp.size(), dot - lp.size()), rest = hf.substr(dot + 1);
+  if (!std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) return hit;
+  const int64_t layer = std::stoll(idx);
+  const bool in_range = layer < static_cast<int64_t>(c.is_full_attention.size());
+  for (const GgufTensorRule& l : row.layer) {
+    if (l.only != GgufLayerKind::kAny) {
+      if (!in_range) continue;
+      const bool full = c.is_full_attention[static_cast<size_t>(layer)];
+      if (full != (l.only == GgufLayerKind::kAttention)) continue;
     }
+    int64_t expert = -1;
+    if (rule_matches(l.hf, rest, &expert)) return {"blk." + idx + "." + l.gguf, l.fix, expert, layer};
   }
-  if (!r.gguf_name.empty()) r.info = file_->find_tensor(r.gguf_name);
-  // An expert beyond the stacked tensor's last: no such tensor.
-  if (r.info && r.fix == Fix::kExpert && (r.info->n_dims != 3 || r.expert >= r.info->dims[2])) r.info = nullptr;
-  return r;
+  return hit;
 }
-
-bool GgufCheckpoint::has(const std::string& hf_name) const { return resolve(hf_name).info != nullptr; }
-
-namespace {
 
 // Index in the file of element `i` along a value-head-tiled axis: positions before `offset` are
 // not reordered; after it, HF's head h = g * r + j (key group g, j-th value head of the group)
@@ -406,7 +377,11 @@ struct Reorder {
   int64_t offset = 0, head_dim = 1;
 };
 
-Reorder reorder_of(Fix fix, const ModelConfig& c) {
+// The value-head tiling of `fix` (none unless the mapping tiles and there are more value heads
+// than key heads).
+Reorder reorder_of(Fix fix, const ModelConfig& c, bool tiled) {
+  const int64_t nk = c.gdn.num_key_heads;
+  if (!tiled || nk <= 0 || c.gdn.num_value_heads / nk <= 1) return {};
   const int64_t qk = 2 * c.gdn.num_key_heads * c.gdn.key_head_dim, hv = c.gdn.value_head_dim;
   switch (fix) {
     case Fix::kALog:
@@ -420,35 +395,81 @@ Reorder reorder_of(Fix fix, const ModelConfig& c) {
   }
 }
 
+// For fixes that move whole rows: the file row of each of the `rows` HF rows; empty when rows
+// stay where they are.
+std::vector<int64_t> source_rows(Fix fix, const ModelConfig& c, bool tiled, int64_t rows) {
+  const int64_t nk = c.gdn.num_key_heads, nv = c.gdn.num_value_heads;
+  if (fix == Fix::kBetaOfBa || fix == Fix::kAlphaOfBa) {  // [b (nv) | a (nv)] from the fused per-group rows
+    const std::vector<int64_t> all = qwen3next_ba_source_rows(nk, nv);
+    const auto from = all.begin() + (fix == Fix::kBetaOfBa ? 0 : nv);
+    return std::vector<int64_t>(from, from + nv);
+  }
+  const Reorder ro = reorder_of(fix, c, tiled);
+  if (!ro.rows) return {};
+  std::vector<int64_t> src(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) src[static_cast<size_t>(i)] = tiled_index(i, ro.offset, nk, nv / nk, ro.head_dim);
+  return src;
+}
+
+// Rows the file holds for an HF tensor of `hf_rows` rows: Qwen3-Next's b and a are halves of ssm_ba.
+int64_t file_rows(Fix fix, int64_t hf_rows) { return fix == Fix::kBetaOfBa || fix == Fix::kAlphaOfBa ? 2 * hf_rows : hf_rows; }
+
 }  // namespace
+
+GgufCheckpoint::GgufCheckpoint(const std::string& path) : path_(path) {
+  file_ = std::make_shared<GgufModel>(GgufModel::open(path));
+  arch_ = file_->main().get_string("general.architecture");
+  config_ = parse_model_config(gguf_config_json(*file_), "GGUF file '" + path + "' (its metadata as config.json)");
+  mapping_ = gguf_mapping(arch_);  // non-null: gguf_config_json refused the others
+  if (mapping_->adjust) mapping_->adjust(config_);
+}
+
+uint64_t GgufCheckpoint::data_bytes() const {
+  uint64_t n = 0;
+  for (const GgufFile& f : file_->files())
+    for (const GgufTensorInfo& t : f.tensors()) n += t.bytes;
+  return n;
+}
+
+bool GgufCheckpoint::has_lm_head() const { return file_->find_tensor("output.weight") != nullptr; }
+
+GgufCheckpoint::Resolved GgufCheckpoint::resolve(const std::string& hf) const {
+  const RuleHit hit = find_rule(*mapping_, hf, config_);
+  Resolved r;
+  r.gguf_name = hit.gguf_name;
+  r.fix = hit.fix;
+  r.expert = hit.expert;
+  if (r.gguf_name.empty()) return r;
+  if (r.fix == Fix::kKvB) {
+    // llama.cpp's converters split kv_b_proj into attn_k_b and attn_v_b; older files keep attn_kv_b.
+    const std::string blk = "blk." + std::to_string(hit.layer) + ".";
+    if (const GgufTensorInfo* whole = file_->find_tensor(blk + "attn_kv_b.weight")) {
+      r.gguf_name = blk + "attn_kv_b.weight";
+      r.fix = Fix::kNone;
+      r.info = whole;
+      return r;
+    }
+    r.second_name = blk + "attn_v_b.weight";
+    r.second = file_->find_tensor(r.second_name);
+  }
+  r.info = file_->find_tensor(r.gguf_name);
+  if (r.fix == Fix::kKvB && !r.second) r.info = nullptr;
+  // An expert beyond the stacked tensor's last: no such tensor.
+  if (r.info && r.fix == Fix::kExpert && (r.info->n_dims != 3 || r.expert >= r.info->dims[2])) r.info = nullptr;
+  return r;
+}
+
+bool GgufCheckpoint::has(const std::string& hf_name) const { return resolve(hf_name).info != nullptr; }
 
 std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c,
                                                      const std::string& hf, const std::vector<int64_t>& hf_shape,
                                                      std::vector<float>& data) {
-  const ArchRow* row = find_arch(arch);
+  const GgufMapping* row = gguf_mapping(arch);
   if (!row || arch != "qwen35")
     throw Error("writing GGUF architecture '" + arch + "' is not supported by hanpu (it writes qwen35)");
-  std::string name;
-  Fix fix = Fix::kNone;
-  for (const TensorRule& g : row->global)
-    if (hf == g.hf) {
-      name = g.gguf;
-      fix = g.fix;
-    }
-  const std::string lp = "model.layers.";
-  if (name.empty() && hf.rfind(lp, 0) == 0) {
-    const size_t dot = hf.find('.', lp.size());
-    if (dot != std::string::npos && dot > lp.size()) {
-      const std::string idx = hf.substr(lp.size(), dot - lp.size()), rest = hf.substr(dot + 1);
-      int64_t expert = -1;
-      if (std::all_of(idx.begin(), idx.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
-        for (const TensorRule& l : row->layer)
-          if (rule_matches(l.hf, rest, &expert)) {
-            name = "blk." + idx + "." + l.gguf;
-            fix = l.fix;
-          }
-    }
-  }
+  const RuleHit hit = find_rule(*row, hf, c);
+  const std::string& name = hit.gguf_name;
+  const Fix fix = hit.fix;
   if (name.empty()) return std::nullopt;
   int64_t n = 1;
   for (int64_t d : hf_shape) n *= d;
@@ -466,9 +487,9 @@ std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, co
     for (float& v : data) v += 1.0f;  // conversion/qwen.py: norm weights stored as 1 + w (float32)
   if (fix == Fix::kALog)
     for (float& v : data) v = -std::exp(v);  // conversion/qwen.py: ssm_a = -exp(A_log)
-  const Reorder ro = reorder_of(fix, c);
+  const Reorder ro = reorder_of(fix, c, row->tiled_value_heads);
   const int64_t nk = c.gdn.num_key_heads, ratio = nk > 0 ? c.gdn.num_value_heads / nk : 1;
-  if ((ro.rows || ro.cols) && ratio > 1) {
+  if (ro.rows || ro.cols) {
     const int64_t rows = shape[0], cols = n / rows;
     std::vector<float> out(data.size());
     for (int64_t i = 0; i < rows; ++i) {
@@ -483,21 +504,69 @@ std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, co
   return t;
 }
 
+namespace {
+
+// A tensor's dims in HF order (GGUF's reversed).
+std::vector<int64_t> hf_dims(const GgufTensorInfo& t) {
+  std::vector<int64_t> got;
+  for (int d = t.n_dims - 1; d >= 0; --d) got.push_back(t.dims[d]);
+  return got;
+}
+
+std::vector<float> dequantized(const GgufTensorInfo& t, const std::string& path) {
+  if (!gguf::block_format(t.type).dequantize)
+    throw Error("GGUF file '" + path + "': tensor '" + t.name + "' has type " + gguf::block_format(t.type).name +
+                ", which hanpu cannot decode (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS)");
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  gguf::dequantize(t.type, t.data, v.data(), t.numel());
+  return v;
+}
+
+}  // namespace
+
 TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>& shape, std::vector<ByteBuffer>& owned) const {
   const Resolved r = resolve(hf);
   if (!r.info) {
     if (r.gguf_name.empty())
       throw Error("GGUF file '" + path_ + "': hanpu's tensor '" + hf + "' has no GGUF name in the " + arch_ +
-                  " mapping (src/model/gguf_arch.cpp)");
+                  " mapping (src/model/gguf_arch.hpp, the family's GgufMapping)");
+    if (r.fix == Fix::kKvB && file_->find_tensor(r.gguf_name))
+      throw Error("GGUF file '" + path_ + "': tensor '" + r.second_name + "' (with '" + r.gguf_name + "', hanpu's '" + hf +
+                  "') is missing");
     throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' (hanpu's '" + hf + "') is missing");
   }
   const GgufTensorInfo& t = *r.info;
-  // The file's shape in HF order (dims reversed); conv1d is stored squeezed [C, K] for HF's [C, 1, K].
+  if (r.fix == Fix::kKvB) {
+    // MLA kv_b_proj [nh * (nope + v), r]: llama.cpp stores per head k_b transposed (ne {nope, r, nh},
+    // HF order [nh, r, nope]) and v_b (ne {r, v, nh}: [nh, v, r]) (conversion/kimi_linear.py,
+    // conversion/bailingmoe3.py); both are put back into HF's rows: per head nope key rows, then v rows.
+    const int64_t nh = config_.mla.num_heads, kr = config_.mla.kv_lora_rank, nope = config_.mla.qk_nope_head_dim,
+                  dv = config_.mla.v_head_dim;
+    const std::vector<int64_t> want_k = {nh, kr, nope}, want_v = {nh, dv, kr};
+    if (hf_dims(t) != want_k)
+      throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' (hanpu's '" + hf + "', keys) has shape " +
+                  shape_str(hf_dims(t)) + " (GGUF dims reversed), expected " + shape_str(want_k) + " from the metadata");
+    if (hf_dims(*r.second) != want_v)
+      throw Error("GGUF file '" + path_ + "': tensor '" + r.second_name + "' (hanpu's '" + hf + "', values) has shape " +
+                  shape_str(hf_dims(*r.second)) + " (GGUF dims reversed), expected " + shape_str(want_v) + " from the metadata");
+    if (shape != std::vector<int64_t>{nh * (nope + dv), kr})
+      throw Error("GGUF file '" + path_ + "': hanpu's '" + hf + "' asked as " + shape_str(shape) + ", the file's '" +
+                  r.gguf_name + "' and '" + r.second_name + "' make " + shape_str({nh * (nope + dv), kr}));
+    const std::vector<float> kb = dequantized(t, path_), vb = dequantized(*r.second, path_);
+    ByteBuffer out(static_cast<size_t>(nh * (nope + dv) * kr) * sizeof(float));
+    auto* o = reinterpret_cast<float*>(out.data());
+    for (int64_t h = 0; h < nh; ++h) {
+      float* head = o + h * (nope + dv) * kr;
+      for (int64_t j = 0; j < nope; ++j)
+        for (int64_t c = 0; c < kr; ++c) head[j * kr + c] = kb[static_cast<size_t>((h * kr + c) * nope + j)];
+      std::memcpy(head + nope * kr, vb.data() + h * dv * kr, static_cast<size_t>(dv * kr) * sizeof(float));
+    }
+    owned.push_back(std::move(out));
+    return TensorView::contiguous(owned.back().data(), DType::F32, shape);
+  }
   std::vector<int64_t> want = shape;
-  if (r.fix == Fix::kConv && want.size() == 3 && want[1] == 1) want = {shape[0], shape[2]};
-  if (r.fix == Fix::kSqueezed && t.n_dims == 1 && want.size() == 2 && want[0] == 1) want = {shape[1]};
-  std::vector<int64_t> got;
-  for (int d = t.n_dims - 1; d >= 0; --d) got.push_back(t.dims[d]);
+  if (!want.empty()) want[0] = file_rows(r.fix, want[0]);
+  std::vector<int64_t> got = hf_dims(t);
   const std::byte* data = t.data;
   int64_t n = t.numel();
   if (r.fix == Fix::kExpert) {  // [E, rows, cols] in HF order: expert r.expert's [rows, cols]
@@ -506,13 +575,18 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
     const gguf::BlockFormat& bf = gguf::block_format(t.type);
     data += static_cast<size_t>(r.expert * (n / bf.block_elems) * bf.block_bytes);
   }
-  if (got != want)
+  const bool same = unit_dims_free(r.fix) ? without_unit_dims(got) == without_unit_dims(want) : got == want;
+  if (!same)
     throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' (hanpu's '" + hf + "') has shape " +
                 shape_str(got) + " (GGUF dims reversed), expected " + shape_str(want) + " from the metadata");
   if (!gguf::block_format(t.type).dequantize)
     throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' has type " + gguf::block_format(t.type).name +
                 ", which hanpu cannot decode (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS)");
-  if ((r.fix == Fix::kNone || r.fix == Fix::kExpert || r.fix == Fix::kSqueezed) && is_float_type(t.type)) {
+  const bool tiled = mapping_->tiled_value_heads;
+  const Reorder ro = reorder_of(r.fix, config_, tiled);
+  const std::vector<int64_t> rows_from = source_rows(r.fix, config_, tiled, shape.empty() ? 0 : shape[0]);
+  const bool values_change = r.fix == Fix::kNormMinusOne || r.fix == Fix::kALog || r.fix == Fix::kALogExp;
+  if (!values_change && !ro.cols && rows_from.empty() && is_float_type(t.type)) {
     const DType dt = t.type == gguf::GgmlType::F32 ? DType::F32 : t.type == gguf::GgmlType::F16 ? DType::F16 : DType::BF16;
     return TensorView::contiguous(const_cast<std::byte*>(data), dt, shape);
   }
@@ -523,14 +597,15 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
     for (int64_t i = 0; i < n; ++i) v[i] -= 1.0f;  // exact for stored weights in [0.5, 2] (Sterbenz)
   if (r.fix == Fix::kALog)
     for (int64_t i = 0; i < n; ++i) v[i] = std::log(-v[i]);  // A_log = log(-ssm_a); exp() of it is ssm_a within an ulp or two
-  const Reorder ro = reorder_of(r.fix, config_);
-  const int64_t nk = config_.gdn.num_key_heads, ratio = nk > 0 ? config_.gdn.num_value_heads / nk : 1;
-  if ((ro.rows || ro.cols) && ratio > 1) {
-    const int64_t rows = got[0], cols = n / rows;
-    ByteBuffer out(src.size());
+  if (r.fix == Fix::kALogExp)
+    for (int64_t i = 0; i < n; ++i) v[i] = std::log(v[i]);  // A_log = log(ssm_a) (bailingmoe3 stores exp(A_log))
+  if (ro.cols || !rows_from.empty()) {
+    const int64_t rows = shape[0], cols = n / file_rows(r.fix, rows);
+    ByteBuffer out(static_cast<size_t>(rows * cols) * sizeof(float));
     auto* o = reinterpret_cast<float*>(out.data());
+    const int64_t nk = config_.gdn.num_key_heads, ratio = nk > 0 ? config_.gdn.num_value_heads / nk : 1;
     for (int64_t i = 0; i < rows; ++i) {
-      const int64_t si = ro.rows ? tiled_index(i, ro.offset, nk, ratio, ro.head_dim) : i;
+      const int64_t si = rows_from.empty() ? i : rows_from[static_cast<size_t>(i)];
       for (int64_t j = 0; j < cols; ++j)
         o[i * cols + j] = v[si * cols + (ro.cols ? tiled_index(j, ro.offset, nk, ratio, ro.head_dim) : j)];
     }
@@ -543,34 +618,32 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
 std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, const std::vector<int64_t>& shape,
                                                       std::vector<ByteBuffer>& owned) const {
   const Resolved r = resolve(hf);
-  if (!r.info || is_float_type(r.info->type) || shape.size() != 2) return std::nullopt;
+  if (!r.info || is_float_type(r.info->type) || shape.size() != 2 || r.fix == Fix::kKvB) return std::nullopt;
   const GgufTensorInfo& t = *r.info;
+  if (!gguf::block_format(t.type).dequantize) return std::nullopt;  // get() names the type
+  const gguf::BlockFormat& bf = gguf::block_format(t.type);
   if (r.fix == Fix::kExpert) {
     if (t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
-    if (!gguf::block_format(t.type).dequantize) return std::nullopt;
-    const gguf::BlockFormat& bf = gguf::block_format(t.type);
     const auto* base = reinterpret_cast<const std::byte*>(t.data);
     return BlockWeight{t.type, base + r.expert * (shape[0] * shape[1] / bf.block_elems) * bf.block_bytes, shape[0], shape[1]};
   }
-  if (t.n_dims != 2 || t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
-  const Reorder ro = reorder_of(r.fix, config_);
-  const int64_t nk = config_.gdn.num_key_heads, ratio = nk > 0 ? config_.gdn.num_value_heads / nk : 1;
-  const bool reorder = (ro.rows || ro.cols) && ratio > 1;
-  if (!(r.fix == Fix::kNone || r.fix == Fix::kQkvRows || r.fix == Fix::kZRows || r.fix == Fix::kBetaAlphaRows ||
-        r.fix == Fix::kOutCols))
-    return std::nullopt;  // not a projection's transform
-  if (!gguf::block_format(t.type).dequantize) return std::nullopt;  // get() names the type
   const int64_t rows = shape[0], cols = shape[1];
-  if (!reorder) return BlockWeight{t.type, t.data, rows, cols};
-  const gguf::BlockFormat& bf = gguf::block_format(t.type);
+  if (t.n_dims != 2 || t.dims[1] != file_rows(r.fix, rows) || t.dims[0] != cols) return std::nullopt;  // get() reports it
+  if (!(r.fix == Fix::kNone || r.fix == Fix::kQkvRows || r.fix == Fix::kZRows || r.fix == Fix::kBetaAlphaRows ||
+        r.fix == Fix::kOutCols || r.fix == Fix::kBetaOfBa || r.fix == Fix::kAlphaOfBa))
+    return std::nullopt;  // not a projection's transform
+  const bool tiled = mapping_->tiled_value_heads;
+  const Reorder ro = reorder_of(r.fix, config_, tiled);
+  const std::vector<int64_t> rows_from = source_rows(r.fix, config_, tiled, rows);
+  if (!ro.cols && rows_from.empty()) return BlockWeight{t.type, t.data, rows, cols};
   const int64_t be = bf.block_elems, row_bytes = cols / be * bf.block_bytes;
   if (ro.cols && ro.head_dim % be != 0) return std::nullopt;  // a head is not whole blocks: get() dequantizes
+  const int64_t nk = config_.gdn.num_key_heads, ratio = nk > 0 ? config_.gdn.num_value_heads / nk : 1;
   ByteBuffer out(static_cast<size_t>(rows * row_bytes));
   const auto* in = reinterpret_cast<const std::byte*>(t.data);
   for (int64_t i = 0; i < rows; ++i) {
-    if (ro.rows) {
-      const int64_t si = tiled_index(i, ro.offset, nk, ratio, ro.head_dim);
-      std::memcpy(out.data() + i * row_bytes, in + si * row_bytes, static_cast<size_t>(row_bytes));
+    if (!rows_from.empty()) {
+      std::memcpy(out.data() + i * row_bytes, in + rows_from[static_cast<size_t>(i)] * row_bytes, static_cast<size_t>(row_bytes));
     } else {  // columns: whole blocks of a head move together
       for (int64_t b = 0; b < cols / be; ++b) {
         const int64_t sb = tiled_index(b * be, ro.offset, nk, ratio, ro.head_dim) / be;

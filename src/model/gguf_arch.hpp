@@ -13,12 +13,93 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "hanpu/gguf_format.hpp"
 #include "hanpu/model.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/gguf.hpp"
 
 namespace hanpu::model {
+
+/// What llama.cpp's converter did to a tensor, undone on load (and done again by
+/// gguf_export_tensor). "Tiled" value heads: with r = value heads / key heads > 1 the qwen35
+/// converter reorders GDN value heads from grouped-by-key-head [g0v0..g0v(r-1), g1v0, ...] to
+/// ggml's tiled order [g0v0, g1v0, ..., g0v1, g1v1, ...] (_LinearAttentionVReorderBase._reorder_v_heads
+/// in llama.cpp's conversion/qwen.py); only mappings with `tiled_value_heads` do that.
+enum class GgufFix {
+  kNone,
+  kNormMinusOne,   // Qwen's zero-centred RMSNorm weights are stored as 1 + w (all "norm.weight" but linear_attn.norm)
+  kALog,           // stored as ssm_a = -exp(A_log) (Qwen, Kimi); value heads tiled
+  kALogExp,        // stored as exp(A_log) (Ling's safe gate multiplies by it)
+  kDtBias,         // stored as ssm_dt.bias; value heads tiled (one value per head)
+  kBetaAlphaRows,  // in_proj_b / in_proj_a: rows = value heads, tiled
+  kQkvRows,        // in_proj_qkv: the value rows (after 2 * key_dim) tiled by head of linear_value_head_dim
+  kZRows,          // in_proj_z: rows tiled by head of linear_value_head_dim
+  kConv,           // conv weights: stored without their unit dims (GDN [C, K], KDA [1, C, 1, K]); GDN value channels tiled
+  kOutCols,        // out_proj: input columns tiled by head of linear_value_head_dim
+  kExpert,         // experts.{e}.*: slice e of the stacked 3-D ffn_*_exps tensor
+  kSqueezed,       // stored without HF's unit dims (shared_expert_gate [1, H] as [H])
+  kBetaOfBa,       // Qwen3-Next in_proj_b: the b rows of the fused ssm_ba (per key-head group [b (r) | a (r)])
+  kAlphaOfBa,      // Qwen3-Next in_proj_a: the a rows of ssm_ba
+  kKvB,            // MLA kv_b_proj: split into attn_k_b (per head, transposed) and attn_v_b; `gguf` names attn_k_b
+};
+
+/// Which layers a per-layer rule applies to: the same HF name can map to different GGUF tensors
+/// on linear-attention and attention layers (Ling's g_proj: ssm_g_a or attn_gate).
+enum class GgufLayerKind { kAny, kLinear, kAttention };
+
+struct GgufTensorRule {
+  std::string hf;    // after "model.layers.{i}." (layer rules, "*" an expert index) or the full name (global rules)
+  std::string gguf;  // after "blk.{i}." or the full name
+  GgufFix fix = GgufFix::kNone;
+  GgufLayerKind only = GgufLayerKind::kAny;
+};
+
+/// One GGUF architecture as a mapping onto a family's model description: the family's registry
+/// row (hanpu/model_family.hpp) points at it next to its gguf_architecture name, which is the only
+/// list of the architectures hanpu reads.
+struct GgufMapping {
+  /// The model_type the metadata becomes (one of the family's).
+  const char* model_type = "";
+  /// Fills config.json fields from the metadata (keys "<arch>.<key>") and, where the metadata
+  /// leaves a per-layer choice to the tensors present, from `m`'s tensors.
+  void (*config)(const GgufModel& m, const std::string& arch, nlohmann::ordered_json& cfg) = nullptr;
+  std::vector<GgufTensorRule> global, layer;
+  /// The converter reorders GDN value heads to ggml's tiled order (qwen35, qwen35moe).
+  bool tiled_value_heads = false;
+  /// The file's tensors where their layout differs from the HF checkpoint the model_type stands
+  /// for (Qwen3-Next: the fused GDN projections are stored split).
+  void (*adjust)(ModelConfig& c) = nullptr;
+};
+
+/// The mapping of GGUF architecture `arch` from the family registry; nullptr when no family reads it.
+const GgufMapping* gguf_mapping(const std::string& arch);
+
+/// Metadata readers for the mappings' config functions; errors name the file and the key.
+namespace gguf_meta {
+/// block_count less the MTP ("nextn") layers the converter appends.
+uint64_t main_layers(const GgufFile& f, const std::string& arch);
+/// layer_types from <arch>.attention.recurrent_layers, else <arch>.full_attention_interval.
+nlohmann::ordered_json layer_types_from_recurrent(const GgufFile& f, const std::string& arch, uint64_t n_layer);
+/// layer_types from <arch>.attention.head_count_kv as a per-layer array: 0 = a recurrent (KDA)
+/// layer, as llama.cpp's kimi-linear and bailingmoe3 loaders read it.
+nlohmann::ordered_json layer_types_from_head_count_kv(const GgufFile& f, const std::string& arch, uint64_t n_layer);
+/// An optional key: nullopt when absent, else its value (errors as GgufFile's getters).
+std::optional<uint64_t> optional_uint(const GgufFile& f, const std::string& key);
+std::optional<double> optional_float(const GgufFile& f, const std::string& key);
+std::optional<bool> optional_bool(const GgufFile& f, const std::string& key);
+/// The config.json fields of a KDA + MLA decoder (Kimi Linear, Ling 3.0) from the keys llama.cpp's
+/// kimi-linear and bailingmoe3 converters share: sizes, the MLA geometry (attention.kv_lora_rank,
+/// q_lora_rank, key_length_mla = nope + rope, value_length_mla, rope.dimension_count), the KDA
+/// geometry (head_count heads of kda.head_dim, ssm.conv_kernel), the layer kinds
+/// (attention.head_count_kv per layer), the dense lead (leading_dense_block_count) and the experts
+/// (expert_count, expert_used_count, expert_feed_forward_length, expert_shared_count, the groups,
+/// expert_weights_scale / _norm; expert_gating_func must be 2, sigmoid).
+void kda_mla_decoder(const GgufFile& f, const std::string& arch, nlohmann::ordered_json& c);
+/// Throws hanpu::Error "GGUF file '<path>': key '<key>' is <got>, expected <expected>".
+[[noreturn]] void fail_key(const GgufFile& f, const std::string& key, const std::string& got, const std::string& expected);
+}  // namespace gguf_meta
 
 /// A projection weight [rows, cols] stored in GGML blocks (rows of cols / block elements).
 struct BlockWeight {
@@ -67,6 +148,7 @@ class GgufCheckpoint {
   std::string path_, arch_;
   std::shared_ptr<GgufModel> file_;
   ModelConfig config_;
+  const GgufMapping* mapping_ = nullptr;  // from the family registry
 };
 
 /// The tokenizer.json (Hugging Face tokenizers' format) the `tokenizer.ggml.*` keys of `f` amount

@@ -1,7 +1,8 @@
 // libFuzzer target: a GGUF file taken as a model (model/gguf_arch.hpp): its metadata mapped onto a
 // config, every tensor of the mapped model loaded (shapes checked, converter transforms undone,
 // quantized projections kept in blocks), its tokenizer.ggml.* keys read as a tokenizer and its
-// chat template found. Seeds: the tiny llama.cpp-converted models of tests/data/gguf.
+// chat template found. Seeds: the tiny models of tests/data/gguf (qwen35, qwen35moe converted by
+// llama.cpp; qwen3next, kimi-linear, bailingmoe3 by tools/make_gguf_arch_fixtures.py).
 #include "fuzz_common.hpp"
 #include "hanpu/chat_template.hpp"
 #include "hanpu/model.hpp"
