@@ -88,6 +88,37 @@ def check_calls(calls, named, parallel):
         jsonschema.validate(json.loads(args) if isinstance(args, str) else args, SCHEMAS[name], format_checker=checker)
 
 
+def check_streamed_calls(client, kwargs, choice, named, parallel):
+    """Streams the request and checks the tool_calls deltas: the first delta of each call carries
+    its id, type and name; its arguments come in several pieces as the model writes them (not one
+    block at the end), and the client's own stream accumulation gives exactly the non-streamed
+    arguments (string equality)."""
+    pieces, firsts, finish = {}, {}, None
+    with client.chat.completions.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type != "chunk":
+                continue
+            ch = event.chunk.choices[0]
+            for d in ch.delta.tool_calls or []:
+                if d.index not in firsts:
+                    firsts[d.index] = d
+                    assert d.id and d.type == "function" and d.function.name, d
+                else:
+                    assert d.id is None and d.function.name is None, d
+                pieces.setdefault(d.index, []).append(d.function.arguments or "")
+            finish = ch.finish_reason or finish
+        final = stream.get_final_completion()
+    assert finish == "tool_calls"
+    streamed = final.choices[0].message.tool_calls
+    check_calls(streamed, named, parallel)
+    assert [(c.function.name, c.function.arguments) for c in streamed] == \
+        [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    for i, c in enumerate(streamed):
+        assert "".join(pieces[i]) == c.function.arguments
+        if c.function.arguments != "{}":
+            assert sum(1 for p in pieces[i] if p) >= 2, ("arguments in one block", pieces[i])
+
+
 CHOICES = [("required", None), ({"type": "function", "function": {"name": "book_table"}}, "book_table"),
            ({"type": "function", "function": {"name": "get_weather"}}, "get_weather")]
 
@@ -108,19 +139,8 @@ def test_required_and_named_calls_parse_and_validate_at_every_seed(servers, fami
             assert not choice.message.content, (family, tool_choice, seed, choice.message.content)
             check_calls(choice.message.tool_calls, named, parallel)
             assert r.usage.completion_tokens <= 300
-            if seed < 2:  # streamed: the same calls as tool_calls deltas
-                calls, finish = {}, None
-                for chunk in client.chat.completions.create(**kwargs, stream=True):
-                    for d in chunk.choices[0].delta.tool_calls or []:
-                        c = calls.setdefault(d.index, {"name": "", "arguments": ""})
-                        c["name"] += d.function.name or ""
-                        c["arguments"] += d.function.arguments or ""
-                    finish = chunk.choices[0].finish_reason or finish
-                assert finish == "tool_calls"
-                streamed = [calls[i] for i in sorted(calls)]
-                check_calls(streamed, named, parallel)
-                assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == \
-                    [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+            if seed < 2:  # streamed: the same calls, argument by argument
+                check_streamed_calls(client, kwargs, choice, named, parallel)
 
 
 def test_a_tool_schema_the_grammar_refuses_is_a_400_naming_it(servers):
@@ -169,6 +189,29 @@ ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"][
                     "input_schema": t["function"]["parameters"]} for t in TOOLS]
 
 
+def check_anthropic_stream(c, kwargs, named, parallel):
+    """Streams a Messages request: each call is a tool_use content_block_start, then its input in
+    several input_json_delta pieces that the client's accumulation parses into the block's input."""
+    partial = {}
+    with c.messages.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type == "content_block_start" and event.content_block.type == "tool_use":
+                assert event.content_block.name and event.content_block.id.startswith("toolu_")
+                partial[event.index] = []
+            elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                partial[event.index].append(event.delta.partial_json)
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    uses = {i: b for i, b in enumerate(final.content) if b.type == "tool_use"}
+    assert sorted(uses) == sorted(partial)
+    for i, b in uses.items():
+        assert json.loads("".join(partial[i])) == b.input
+        if b.input:
+            assert len(partial[i]) >= 2, ("input in one piece", partial[i])
+    check_calls([{"name": b.name, "arguments": b.input} for b in uses.values()], named, parallel)
+    return final
+
+
 def test_anthropic_tool_choice_any_and_tool_are_constrained_too(servers):
     golden, server = servers["qwen35_xml"]
     c = claude(server)
@@ -184,11 +227,7 @@ def test_anthropic_tool_choice_any_and_tool_are_constrained_too(servers):
             uses = [b for b in r.content if b.type == "tool_use"]
             assert [b.type for b in r.content if b.type == "text" and b.text.strip()] == []
             check_calls([{"name": b.name, "arguments": b.input} for b in uses], named, parallel)
-            with c.messages.stream(**kwargs) as stream:
-                final = stream.get_final_message()
-            assert final.stop_reason == "tool_use"
-            check_calls([{"name": b.name, "arguments": b.input} for b in final.content if b.type == "tool_use"], named,
-                        parallel)
+            check_anthropic_stream(c, kwargs, named, parallel)
     # A schema the grammar refuses: Anthropic's error shape, naming the Anthropic field.
     bad = [{"name": "age", "input_schema": {"type": "object", "properties": {"years": {"type": "integer", "maximum": 9}}}}]
     status, body = server.request("POST", "/v1/messages", {"model": golden, "max_tokens": 100, "messages": msgs,

@@ -1022,7 +1022,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
     size_t current = 0;  // the choice being streamed
     bool started = false;
     std::unique_ptr<ReasoningStream> reasoning;
-    std::string held, full;  // held: content kept back for tool-call parsing; full: the whole reply
+    std::unique_ptr<ToolCallStream> tools;  // with tools: the content's calls as they are written
+    std::string full;        // the whole reply
     size_t text_offset = 0;  // completions' logprobs.text_offset
   };
   auto st = std::make_shared<StreamState>();
@@ -1035,15 +1036,37 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           const std::string line = "data: " + dump(j) + "\n\n";
           return sink.write(line.data(), line.size());
         };
+        // One chunk per piece of a ToolCallDelta: content, then the calls' starts (id, type,
+        // name, the first arguments) and argument pieces.
+        auto send_tool_delta = [&](const ToolCallDelta& d, size_t choice) {
+          bool sent = true;
+          if (!d.content.empty())
+            sent = send(chunk({{"index", choice}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
+          for (const ToolCallPiece& piece : d.calls) {
+            json call = {{"index", piece.index}};
+            if (piece.start) {
+              call["id"] = "call_" + id + "_" + std::to_string(choice) + "_" + std::to_string(piece.index);
+              call["type"] = "function";
+              call["function"] = {{"name", piece.name}, {"arguments", piece.arguments}};
+            } else {
+              call["function"] = {{"arguments", piece.arguments}};
+            }
+            sent = sent && send(chunk({{"index", choice}, {"delta", {{"tool_calls", json::array({std::move(call)})}}}, {"finish_reason", nullptr}}));
+          }
+          return sent;
+        };
         const size_t c = st->current;
         GenerationHandle& handle = *handles[c];
         if (!st->started) {
           st->started = true;
           st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
-          st->held = reply.forced_prefix;
           st->full.clear();
           bool ok = true;
           if (chat) ok = send(chunk({{"index", c}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}));
+          if (reply.parse_tools) {
+            st->tools = std::make_unique<ToolCallStream>(reply.tool_format, reply.tools, reply.split_reasoning);
+            ok = ok && send_tool_delta(st->tools->push(reply.forced_prefix), c);
+          }
           else if (!echo_text.empty()) ok = send(chunk({{"index", c}, {"text", echo_text}, {"finish_reason", nullptr}, {"logprobs", nullptr}}));
           if (!ok) {
             cancel_all();
@@ -1054,12 +1077,14 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
         if (!handle.next(ev)) return false;
         bool ok = true;
         // A split reply streams reasoning_content and content deltas (a partial tag held back);
-        // with tools, the content is held to the end, where the calls are parsed out of it.
+        // with tools, the content goes through the tool-call stream: text outside the calls as
+        // content, each call's id, type and name once its name is known, then its arguments in
+        // pieces as the model writes them (OpenAI's tool_calls deltas).
         auto send_split = [&](const ReasoningSplit& d) {
           if (!d.reasoning.empty())
             ok = ok && send(chunk({{"index", c}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
           if (reply.parse_tools) {
-            st->held += d.content;
+            ok = ok && send_tool_delta(st->tools->push(d.content), c);
           } else if (!d.content.empty()) {
             ok = ok && send(chunk({{"index", c}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
           }
@@ -1088,18 +1113,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           if (split && ev.kind == GenerationEvent::Kind::kDone) {
             if (reply.split_reasoning) send_split(st->reasoning->finish());
             if (reply.parse_tools) {
-              const ParsedToolCalls calls = parse_tool_calls(st->held, reply.tool_format, reply.tools);
-              const std::string content = calls.calls.empty() ? st->held : calls.content;
-              if (!content.empty())
-                ok = ok && send(chunk({{"index", c}, {"delta", {{"content", content}}}, {"finish_reason", nullptr}}));
-              if (!calls.calls.empty()) {
-                json tc = json::array();
-                for (size_t i = 0; i < calls.calls.size(); ++i)
-                  tc.push_back({{"index", i}, {"id", "call_" + id + "_" + std::to_string(c) + "_" + std::to_string(i)}, {"type", "function"},
-                                {"function", {{"name", calls.calls[i].name}, {"arguments", calls.calls[i].arguments}}}});
-                ok = ok && send(chunk({{"index", c}, {"delta", {{"tool_calls", tc}}}, {"finish_reason", nullptr}}));
-                if (finish_reason == "stop") finish_reason = "tool_calls";
-              }
+              ok = ok && send_tool_delta(st->tools->finish(), c);
+              if (st->tools->calls_started() > 0 && finish_reason == "stop") finish_reason = "tool_calls";
             }
           }
           if (ev.kind == GenerationEvent::Kind::kDone) {
@@ -1257,15 +1272,16 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
 
   // Streaming, as Anthropic's API sends it: message_start, then per content block
   // content_block_start, its deltas and content_block_stop (thinking blocks stream as the model
-  // thinks, text as it writes; with tools the text is held to the end, where the calls are parsed
-  // out of it and each becomes a tool_use block with one input_json_delta), then message_delta
+  // thinks, text as it writes; with tools each call becomes a tool_use block once its name is
+  // known, its arguments input_json_delta pieces as they are written), then message_delta
   // with the stop reason and usage, and message_stop.
   struct StreamState {
     bool started = false;
     int index = -1;          // the open block's index (-1: none)
     std::string open_type;   // "thinking", "text" or ""
     std::unique_ptr<ReasoningStream> reasoning;
-    std::string held, full;
+    std::unique_ptr<ToolCallStream> tools;
+    std::string full;
   };
   auto st = std::make_shared<StreamState>();
   res.status = 200;
@@ -1302,9 +1318,27 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
             send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
           }
         };
+        // A tool call becomes a tool_use block once its name is known; its arguments stream as
+        // input_json_delta pieces as the model writes them.
+        auto tool_delta = [&](const ToolCallDelta& d) {
+          stream_text("text", d.content);
+          for (const ToolCallPiece& piece : d.calls) {
+            if (piece.start) {
+              close_block();
+              ++st->index;
+              st->open_type = "tool_use";
+              send("content_block_start", {{"type", "content_block_start"}, {"index", st->index},
+                                           {"content_block", {{"type", "tool_use"}, {"id", "toolu_" + id + "_" + std::to_string(piece.index)},
+                                                              {"name", piece.name}, {"input", json::object()}}}});
+            }
+            if (!piece.arguments.empty())
+              send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index},
+                                           {"delta", {{"type", "input_json_delta"}, {"partial_json", piece.arguments}}}});
+          }
+        };
         auto split = [&](const ReasoningSplit& d) {
           stream_text("thinking", d.reasoning);
-          if (reply.parse_tools) st->held += d.content;
+          if (reply.parse_tools) tool_delta(st->tools->push(d.content));
           else stream_text("text", d.content);
         };
         GenerationEvent ev;
@@ -1312,7 +1346,6 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
         if (!st->started) {  // after the first event: the cached token count is known by then
           st->started = true;
           st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
-          st->held = reply.forced_prefix;
           json usage = anthropic_usage(*handle);
           usage["output_tokens"] = 0;
           send("message_start", {{"type", "message_start"},
@@ -1320,6 +1353,10 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
                                               {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                                               {"usage", usage}}}});
           send("ping", {{"type", "ping"}});
+          if (reply.parse_tools) {
+            st->tools = std::make_unique<ToolCallStream>(reply.tool_format, reply.tools, reply.split_reasoning);
+            tool_delta(st->tools->push(reply.forced_prefix));
+          }
         }
         if (ev.kind == GenerationEvent::Kind::kDelta) {
           st->full += ev.text;
@@ -1329,23 +1366,8 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
           if (reply.split_reasoning) split(st->reasoning->finish());
           bool called = false;
           if (reply.parse_tools) {
-            const json message = reply_message(ReplyFormat{.parse_tools = true, .tool_format = reply.tool_format, .tools = reply.tools},
-                                               st->held, id);
-            const json blocks = anthropic_blocks(message);
-            for (const json& b : blocks) {
-              if (b["type"] == "text") {
-                stream_text("text", b["text"].get<std::string>());
-              } else if (b["type"] == "tool_use") {
-                called = true;
-                close_block();
-                ++st->index;
-                send("content_block_start", {{"type", "content_block_start"}, {"index", st->index},
-                                             {"content_block", {{"type", "tool_use"}, {"id", b["id"]}, {"name", b["name"]}, {"input", json::object()}}}});
-                send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index},
-                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", dump(b["input"])}}}});
-                send("content_block_stop", {{"type", "content_block_stop"}, {"index", st->index}});
-              }
-            }
+            tool_delta(st->tools->finish());
+            called = st->tools->calls_started() > 0;
           }
           if (st->index < 0) open_block("text", {{"type", "text"}, {"text", ""}});  // never an empty content list
           close_block();
