@@ -94,12 +94,13 @@ def test_anthropic_message_is_the_chat_completion_and_streams_as_anthropic_does(
 def test_anthropic_thinking_tools_and_tool_results(xml_server):
     c = claude(xml_server)
     msgs = [{"role": "user", "content": "hi"}]
-    # Thinking on: the template opens <think>, the tiny model never closes it: one thinking block,
-    # streamed as thinking_delta events.
-    think = dict(model="qwen35_tiny", max_tokens=1030, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024},
+    # Thinking on: the template opens <think>, the tiny model never closes it, so the budget does
+    # (1024 tokens, then the end of the block is forced): a thinking block, streamed as
+    # thinking_delta events, then the answer's text.
+    think = dict(model="qwen35_tiny", max_tokens=1060, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024},
                  extra_body={**GREEDY, "ignore_eos": True})
     r = c.messages.create(**think)
-    assert [b.type for b in r.content] == ["thinking"] and r.content[0].thinking and r.stop_reason == "max_tokens"
+    assert [b.type for b in r.content] == ["thinking", "text"] and r.content[0].thinking and r.stop_reason == "max_tokens"
     with c.messages.stream(**think) as stream:
         kinds = [(e.type, getattr(getattr(e, "delta", None), "type", None)) for e in stream]
         final = stream.get_final_message()
