@@ -76,7 +76,7 @@ def server():
 
 def test_out_of_range_penalties_are_400s_naming_them(server):
     client = server.client()
-    for field, value, words in [("presence_penalty", 2.5, ["2.5", "-2", "2"]), ("frequency_penalty", -3, ["-3", "-2 to 2"]),
+    for field, value, words in [("presence_penalty", 2.5, ["2.5", "-2", "2"]), ("frequency_penalty", -3, ["-3", "-2.0 to 2.0"]),
                                 ("repetition_penalty", 0, ["0", "more than 0"]), ("repetition_penalty", 11, ["11", "10"]),
                                 ("repeat_last_n", -2, ["-2", "-1"])]:
         with pytest.raises(openai.BadRequestError) as e:
