@@ -2,7 +2,10 @@
 // the streaming split against the whole-text split at every cut.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "hanpu/chat_output.hpp"
 
@@ -165,6 +168,145 @@ TEST(ToolCalls, KimiSections) {
   EXPECT_EQ(p.calls[0].arguments, "{\"city\":\"Oslo\"}");
   EXPECT_EQ(p.calls[1].name, "search");
   EXPECT_EQ(p.content, "Checking.");
+}
+
+
+// ---- streaming tool calls (issue 35: arguments as the model writes them) ----
+
+std::string compact_dump(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+// Cuts `text` into pieces at random points (some of one byte, some longer).
+std::vector<std::string> random_pieces(const std::string& text, std::mt19937& rng) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = std::min(text.size() - i, static_cast<size_t>(rng() % 7 + 1));
+    out.push_back(text.substr(i, n));
+    i += n;
+  }
+  return out;
+}
+
+std::string normalized_in_pieces(const std::string& text, std::mt19937& rng, bool* complete = nullptr) {
+  JsonTextNormalizer n;
+  std::string out;
+  for (const std::string& p : random_pieces(text, rng)) n.feed(p, out);
+  if (complete) *complete = n.complete() && !n.failed();
+  return out;
+}
+
+TEST(JsonTextNormalizer, PiecesConcatenateToTheCompactDumpOfTheParse) {
+  const std::vector<std::string> docs = {
+      R"({})", R"( { "a" : 1 , "b" : [ 1 , 2.50 , -0.0, 1e3, 1E-2, 12345678901234567890 ] } )",
+      R"({"s": "tab\there \"q\" \\ \/ \u00e9\u4e2d \ud83d\ude00 \u0001 é 中 😀", "t": true, "f": false, "n": null})",
+      R"({"nested": {"x": [[], {}, [{"y": []}]], "e": ""}, "k\u0041": "v"})",
+      R"({"a":[true,false,null,0,-1,3.14159,"x"]})",
+      "{\n  \"city\": \"New York\",\n  \"days\": 3\n}",
+  };
+  std::mt19937 rng(7);
+  for (const std::string& doc : docs)
+    for (int round = 0; round < 50; ++round) {
+      bool complete = false;
+      EXPECT_EQ(normalized_in_pieces(doc, rng, &complete), compact_dump(nlohmann::ordered_json::parse(doc))) << doc;
+      EXPECT_TRUE(complete) << doc;
+    }
+}
+
+TEST(JsonTextNormalizer, StopsAfterTheValueAndFailsOnBadJson) {
+  JsonTextNormalizer n;
+  std::string out;
+  EXPECT_EQ(n.feed("{\"a\": [1]}\n</tool_call>", out), 10u);
+  EXPECT_TRUE(n.complete());
+  EXPECT_EQ(out, "{\"a\":[1]}");
+  for (const std::string bad : {"{a: 1}", "{\"a\" 1}", "[1,]", "{\"a\": tru}", "{\"a\": \"\\x\"}", "{\"a\": \"\\ud800x\"}",
+                                "{\"a\": 01}", "{\"a\": \"\n\"}"}) {
+    JsonTextNormalizer m;
+    std::string o;
+    m.feed(bad, o);
+    EXPECT_TRUE(m.failed()) << bad;
+  }
+}
+
+// Streams `text` in random pieces and checks each call's pieces against parse_tool_calls of the
+// whole text: the first piece carries the name, the arguments concatenate to the parsed ones,
+// and (with `exact_content`) the content too.
+void check_stream(const std::string& text, ToolCallFormat format, const nlohmann::ordered_json& tools, bool exact_content,
+                  size_t min_incremental_pieces) {
+  const ParsedToolCalls whole = parse_tool_calls(text, format, tools);
+  std::mt19937 rng(11);
+  for (int round = 0; round < 40; ++round) {
+    ToolCallStream s(format, tools);
+    std::map<size_t, std::pair<std::string, std::string>> calls;
+    std::string content;
+    size_t pieces_before_finish = 0;
+    auto take = [&](const ToolCallDelta& d, bool final_delta) {
+      content += d.content;
+      for (const ToolCallPiece& p : d.calls) {
+        if (p.start) {
+          ASSERT_FALSE(calls.count(p.index)) << "call " << p.index << " started twice";
+          calls[p.index].first = p.name;
+        }
+        ASSERT_TRUE(calls.count(p.index)) << "arguments before the call's start";
+        calls[p.index].second += p.arguments;
+        if (!final_delta && !p.arguments.empty()) ++pieces_before_finish;
+      }
+    };
+    for (const std::string& p : random_pieces(text, rng)) take(s.push(p), false);
+    take(s.finish(), true);
+    ASSERT_EQ(calls.size(), whole.calls.size()) << text;
+    for (size_t i = 0; i < whole.calls.size(); ++i) {
+      EXPECT_EQ(calls[i].first, whole.calls[i].name);
+      EXPECT_EQ(calls[i].second, whole.calls[i].arguments) << text;
+    }
+    if (exact_content) EXPECT_EQ(content, whole.content) << text;
+    EXPECT_GE(pieces_before_finish, min_incremental_pieces) << "the arguments did not stream: " << text;
+  }
+}
+
+const char* kStreamTools = R"([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "unit": {"enum": ["c", "f"]},
+    "opts": {"type": "object"}, "flag": {"type": "boolean"}}}}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}}])";
+
+TEST(ToolCallStream, JsonTagsStreamArgumentsAsTheyCome) {
+  const auto tools = nlohmann::ordered_json::parse(kStreamTools);
+  check_stream("Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris \\u00e9\\n\", "
+               "\"days\": 3, \"opts\": {\"a\": [1, 2.50]}}}\n</tool_call>\n<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n"
+               "</tool_call>",
+               ToolCallFormat::kJsonTags, tools, true, 3);
+  // what the grammar writes (compact arguments), one call
+  check_stream("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"a < b\",\"days\":12}}\n</tool_call>",
+               ToolCallFormat::kJsonTags, tools, true, 3);
+  // "parameters" for "arguments", and text around
+  check_stream("a <b> c <tool_call>{\"name\":\"noop\",\"parameters\":{\"x\":1}}</tool_call> d", ToolCallFormat::kJsonTags, tools,
+               true, 1);
+  // a call that does not parse stays content, sent at the end; no call started
+  check_stream("x <tool_call>\n{\"name\": \"noop\", \"arguments\": \"oops\"}\n</tool_call>", ToolCallFormat::kJsonTags, tools,
+               true, 0);
+  check_stream("just text with < and <tool and \n\n spaces  ", ToolCallFormat::kJsonTags, tools, true, 0);
+}
+
+TEST(ToolCallStream, XmlParametersStreamAsJsonArgumentText) {
+  const auto tools = nlohmann::ordered_json::parse(kStreamTools);
+  check_stream("I'll look.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\nline two \"q\" é\n</parameter>\n"
+               "<parameter=days>\n3\n</parameter>\n<parameter=unit>\nc\n</parameter>\n<parameter=opts>\n{\"units\": \"c\"}\n"
+               "</parameter>\n<parameter=flag>\nTrue\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=noop>\n"
+               "</function>\n</tool_call>",
+               ToolCallFormat::kXmlTags, tools, true, 6);
+  // a parameter the tools do not describe, a value without </parameter>, no </function>
+  check_stream("<tool_call>\n<function=get_weather>\n<parameter=other>\n42\n<parameter=city>\n\n\nx\n\n</tool_call>",
+               ToolCallFormat::kXmlTags, tools, true, 2);
+  check_stream("<tool_call>\n<function=get_weather>\n<parameter=city>\nx\n</parameter>\n</function>\n</tool_call>",
+               ToolCallFormat::kXmlTags, nullptr, true, 2);
+}
+
+TEST(ToolCallStream, KimiSectionsStreamArguments) {
+  const auto tools = nlohmann::ordered_json::parse(kStreamTools);
+  check_stream("Sure.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+               "{\"city\": \"Oslo\", \"days\": 2}<|tool_call_end|><|tool_call_begin|>functions.noop:1"
+               "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+               ToolCallFormat::kKimiSections, tools, true, 3);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -178,3 +179,49 @@ TEST(TokenStream, StopsAtStopIdsStopStringsAndLength) {
 }
 
 }  // namespace
+
+// ---- penalties (apply_penalties, hanpu/model.hpp) ----
+
+TEST(Penalties, HandComputedCase) {
+  // repetition 2 over {0, 1}: 2 -> 1, -2 -> -4; then the generated tokens [1, 0] once each:
+  // minus 0.25 (frequency) and 0.5 (presence).
+  std::vector<float> logits = {2.f, -2.f, 1.f, 0.5f};
+  const std::vector<int32_t> context = {0, 1, 0};
+  SamplingOptions o;
+  o.presence_penalty = 0.5f;
+  o.frequency_penalty = 0.25f;
+  o.repetition_penalty = 2.f;
+  apply_penalties(logits, context, 1, o);
+  EXPECT_EQ(logits, (std::vector<float>{0.25f, -4.75f, 1.f, 0.5f}));
+  // a window of 1 token: only the last (0) is repeated; negative penalties raise repeated tokens
+  logits = {2.f, -2.f, 1.f, 0.5f};
+  o = SamplingOptions{};
+  o.repetition_penalty = 2.f;
+  o.repetition_window = 1;
+  o.presence_penalty = -1.f;
+  apply_penalties(logits, context, 2, o);
+  EXPECT_EQ(logits, (std::vector<float>{2.f, -2.f, 1.f, 0.5f}));
+}
+
+// The Python reference (python/tests/test_serve_penalties.py) writes random cases to
+// $HANPU_PENALTY_CASES and compares this test's output ($HANPU_PENALTY_OUT) with its own formulas;
+// without them (a plain ctest run) there is nothing to compare.
+TEST(Penalties, CasesFromThePythonReference) {
+  const char* in = std::getenv("HANPU_PENALTY_CASES");
+  const char* out = std::getenv("HANPU_PENALTY_OUT");
+  if (!in || !out) GTEST_SKIP() << "driven by python/tests/test_serve_penalties.py";
+  const nlohmann::json cases = nlohmann::json::parse(std::ifstream(in));
+  nlohmann::json results = nlohmann::json::array();
+  for (const nlohmann::json& c : cases) {
+    std::vector<float> logits = c["logits"].get<std::vector<float>>();
+    const std::vector<int32_t> context = c["context"].get<std::vector<int32_t>>();
+    SamplingOptions o;
+    o.presence_penalty = c["presence_penalty"].get<float>();
+    o.frequency_penalty = c["frequency_penalty"].get<float>();
+    o.repetition_penalty = c["repetition_penalty"].get<float>();
+    o.repetition_window = c["repetition_window"].get<int64_t>();
+    apply_penalties(logits, context, c["generated_from"].get<size_t>(), o);
+    results.push_back(logits);
+  }
+  std::ofstream(out) << results.dump();
+}

@@ -538,6 +538,106 @@ TEST(ToolCallSampling, RandomLogitsAlwaysGiveValidCallsWithinMaxTokens) {
       }
 }
 
+std::shared_ptr<const ToolCallGrammar> lazy_grammar(ToolCallFormat format, bool parallel) {
+  ToolCallGrammar::Options o;
+  o.format = format;
+  o.parallel = parallel;
+  o.lazy = true;
+  for (const ojson& t : ojson::parse(kTools))
+    o.tools.push_back({t["function"]["name"], t["function"].contains("parameters") ? t["function"]["parameters"] : ojson()});
+  return ToolCallGrammar::compile(o);
+}
+
+// tool_choice auto (a lazy grammar): the reply is free until the model writes the opening marker,
+// then the call is constrained. A "model" of random logits that, after some free text, pushes
+// towards the marker byte by byte: every reply holds calls that parse and validate after it, and
+// the text before it is left as written.
+TEST(ToolCallSampling, LazyGrammarConstrainsFromTheTrigger) {
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  const int32_t im_end = *tok.token_to_id("<|im_end|>");
+  std::vector<int32_t> byte_token(256, -1);
+  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+    if (!tok.is_special(id) && tok.token_bytes(id).size() == 1) byte_token[static_cast<uint8_t>(tok.token_bytes(id)[0])] = id;
+  const ojson tools = ojson::parse(kTools);
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.f, 3.f);
+  for (ToolCallFormat format : {ToolCallFormat::kJsonTags, ToolCallFormat::kKimiSections, ToolCallFormat::kXmlTags})
+    for (bool parallel : {false, true}) {
+      const auto g = lazy_grammar(format, parallel);
+      ASSERT_TRUE(g->prompt_prefix().empty());
+      const std::string& trigger = g->trigger();
+      for (uint64_t seed = 0; seed < 12; ++seed) {
+        GenerationOptions o;
+        o.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = seed};
+        o.max_tokens = 220 + static_cast<int64_t>(seed) * 20;
+        o.tool_calls = g;
+        TokenStream s(&tok, {im_end}, o);
+        std::vector<float> logits(V);
+        const size_t free_tokens = 3 + seed % 6;
+        while (!s.finished()) {
+          for (float& x : logits) x = normal(rng);
+          logits[static_cast<size_t>(im_end)] -= 20;  // not before the call
+          const size_t at = s.text().find(trigger);
+          if (s.tokens().size() >= free_tokens && at == std::string::npos) {
+            // the next byte of the marker after what of it the text ends with
+            size_t have = 0;
+            for (size_t n = std::min(trigger.size() - 1, s.text().size()); n > 0; --n)
+              if (s.text().compare(s.text().size() - n, n, trigger, 0, n) == 0) { have = n; break; }
+            logits[static_cast<size_t>(byte_token[static_cast<uint8_t>(trigger[have])])] += 40;
+          } else if (at != std::string::npos) {
+            logits[static_cast<size_t>(im_end)] += 22;  // end often where it may
+          }
+          s.push(logits);
+        }
+        const std::string where = "format " + std::to_string(static_cast<int>(format)) + " parallel " +
+                                  std::to_string(parallel) + " seed " + std::to_string(seed);
+        const size_t at = s.text().find(trigger);
+        ASSERT_NE(at, std::string::npos) << where << ": " << s.text();
+        EXPECT_EQ(s.reason(), hanpu::FinishReason::kStopToken) << where;
+        expect_valid_calls(s.text().substr(at), format, tools, "", 1, parallel ? 1000 : 1, where);
+      }
+    }
+}
+
+// Before the trigger: a token that would complete it is allowed only if the call it opens can go
+// on and close within the budget; inside a think block the marker is text.
+TEST(ToolCallSampling, LazyOpeningIsCheckedAndIgnoredWhileThinking) {
+  const auto g = lazy_grammar(ToolCallFormat::kXmlTags, false);
+  EXPECT_TRUE(hanpu::ToolCallConstraint::opening_fits(*g, "<tool_call>\n<function=get", false, 200));
+  EXPECT_FALSE(hanpu::ToolCallConstraint::opening_fits(*g, "<tool_call>x", false, 200));
+  EXPECT_FALSE(hanpu::ToolCallConstraint::opening_fits(*g, "<tool_call>", false, 10));  // no room to close
+  const hanpu::Tokenizer tok = hanpu::Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  std::vector<int32_t> byte_token(256, -1);
+  for (int32_t id = 0; id < tok.vocab_size(); ++id)
+    if (!tok.is_special(id) && tok.token_bytes(id).size() == 1) byte_token[static_cast<uint8_t>(tok.token_bytes(id)[0])] = id;
+  // Greedy along a scripted text: the marker inside the think block, then garbage after it, is not
+  // constrained (the script goes through); after </think> the same marker is.
+  auto run = [&](const std::string& script, bool opened) {
+    GenerationOptions o;
+    o.sampling.temperature = 0;
+    o.max_tokens = 200;
+    o.tool_calls = g;
+    o.reasoning_opened = opened;
+    TokenStream s(&tok, {}, o);
+    std::vector<float> logits(static_cast<size_t>(tok.vocab_size()));
+    for (char c : script) {
+      if (s.finished()) break;
+      std::fill(logits.begin(), logits.end(), 0.f);
+      logits[static_cast<size_t>(byte_token[static_cast<uint8_t>(c)])] = 10;
+      s.push(logits);
+    }
+    return s.text();
+  };
+  EXPECT_EQ(run("<tool_call>oops</think>ok", true), "<tool_call>oops</think>ok");
+  const std::string after = run("x</think><tool_call>oops", true);
+  EXPECT_EQ(after.substr(0, 20), "x</think><tool_call>");
+  EXPECT_NE(after.substr(20, 4), "oops") << "constrained after the trigger: " << after;
+  const std::string plain = run("<tool_call>oops", false);
+  EXPECT_EQ(plain.substr(0, 11), "<tool_call>");
+  EXPECT_EQ(plain.substr(11, 1), "\n") << plain;  // the grammar's next byte, whatever the script wanted
+}
+
 // A marker the tokenizer has as a special token is allowed exactly where the grammar writes it,
 // and its text is part of the reply.
 TEST(ToolCallSampling, SpecialTokenMarkers) {

@@ -47,7 +47,7 @@ TEST(ServeAnthropic, MapsSystemBlocksToolsAndThinking) {
       {"role": "user", "content": "Thanks"}],
     "tools": [{"type": "function", "function": {"name": "w", "description": "Weather",
                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
-    "tool_choice": "required", "parallel_tool_calls": false,
+    "tool_choice": "required", "parallel_tool_calls": false, "thinking_budget_tokens": 1024,
     "chat_template_kwargs": {"enable_thinking": true}, "stop": ["END"], "stream": true, "temperature": 0.5})");
   EXPECT_EQ(c, want) << c.dump(1);
   // Key order is kept (tojson in templates prints it).

@@ -23,6 +23,7 @@
 namespace hanpu {
 
 class JsonSchema;       // src/model/json_constraint_schema.hpp
+struct VocabularyTrie;  // src/model/json_constraint_schema.hpp
 class ToolCallGrammar;  // src/model/json_constraint_tools.hpp
 
 struct GenerationOptions {
@@ -47,6 +48,18 @@ struct GenerationOptions {
   /// token after a call, or when no further call fits). Needs a tokenizer and max_tokens of at
   /// least the grammar's min_bytes().
   std::shared_ptr<const ToolCallGrammar> tool_calls;
+  /// The prompt ends inside a <think> block (the template opened it): a lazy tool-call grammar's
+  /// trigger (tool_choice auto) counts only once the block is closed.
+  bool reasoning_opened = false;
+  /// The prompt's last tokens (at least sampling.repetition_window of them; all with -1): the
+  /// repetition penalty's window reaches into the prompt (apply_penalties, hanpu/model.hpp).
+  std::vector<int32_t> prompt_tail;
+  /// Tokens of reasoning allowed (inside a <think> block: from the start with reasoning_opened, or
+  /// after a <think> the model writes); when they are spent inside the block, think_end (the
+  /// family's end-of-thinking marker, encoded) is forced token by token and the answer follows.
+  /// -1: no limit.
+  int64_t thinking_budget = -1;
+  std::vector<int32_t> think_end;
 };
 
 class JsonConstraint;      // src/model/json_constraint.hpp
@@ -113,8 +126,21 @@ class TokenStream {
   std::optional<int32_t> stop_token_;
   std::unique_ptr<JsonConstraint> json_;  // json_object
   std::unique_ptr<SchemaConstraint> schema_;  // json_schema
-  std::unique_ptr<ToolCallConstraint> tools_;  // tool_calls
+  std::unique_ptr<ToolCallConstraint> tools_;  // tool_calls (a lazy grammar's: once triggered)
   std::vector<float> masked_;             // the logits row with the mask applied
+  std::vector<float> penalized_;          // the logits row with the penalties applied
+  std::vector<int32_t> context_;          // penalties: prompt_tail, then the generated tokens
+  // A lazy tool-call grammar (tool_choice auto) not triggered yet: the tokens that could complete
+  // its trigger are checked each step (closing_angle of the trie, and the marker as a special token).
+  int64_t thinking_tokens_ = 0;     // generated inside a think block
+  std::vector<int32_t> forcing_;    // think_end tokens still to force (reversed)
+  bool budget_spent_ = false;
+  bool lazy_ = false;
+  std::unique_ptr<ToolCallConstraint> lazy_tools_;  // the call's mask, until the trigger
+  std::shared_ptr<const VocabularyTrie> trie_;
+  std::optional<int32_t> trigger_token_;
+  size_t outside_think_from() const;  // where text outside a <think> block begins (npos: inside one)
+  void mask_lazy_opening(std::span<float> row) const;
 };
 
 class Generator {

@@ -25,6 +25,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hanpu/engine.hpp"
@@ -317,7 +318,26 @@ struct SamplingOptions {
   int top_k = 20;       // 0: no limit
   float top_p = 0.95f;  // 1: no limit
   uint64_t seed = 0;
+  // Penalties (apply_penalties), applied to the logits before temperature and filtering.
+  float presence_penalty = 0;   // OpenAI's: minus this once for each token generated at least once
+  float frequency_penalty = 0;  // OpenAI's: minus this times how often each token was generated
+  float repetition_penalty = 1;  // transformers'/llama.cpp's: positive logits / p, negative * p
+  int64_t repetition_window = 64;  // ... over the last this many prompt and generated tokens (-1: all)
+  std::vector<std::pair<int32_t, float>> logit_bias;  // OpenAI's: added to these tokens' logits
+  bool has_penalties() const {
+    return presence_penalty != 0 || frequency_penalty != 0 || repetition_penalty != 1 || !logit_bias.empty();
+  }
 };
+
+/// The penalties of `opt` on one row of logits. `context` holds the tokens before this step:
+/// the prompt's (at least its last repetition_window) then the generated ones, which begin at
+/// `generated_from`. First the repetition penalty, as transformers' RepetitionPenaltyLogitsProcessor
+/// and llama.cpp's penalties sampler apply it: each distinct token among the last
+/// repetition_window of `context` has its logit divided by repetition_penalty when positive,
+/// multiplied when negative. Then OpenAI's formula over the generated tokens only:
+/// logit[j] -= count[j] * frequency_penalty + (count[j] > 0) * presence_penalty. Last, logit_bias.
+void apply_penalties(std::span<float> logits, std::span<const int32_t> context, size_t generated_from,
+                     const SamplingOptions& opt);
 
 /// Picks the next token from one row of logits. Greedy takes the first maximum.
 class Sampler {

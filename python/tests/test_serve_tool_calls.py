@@ -88,6 +88,37 @@ def check_calls(calls, named, parallel):
         jsonschema.validate(json.loads(args) if isinstance(args, str) else args, SCHEMAS[name], format_checker=checker)
 
 
+def check_streamed_calls(client, kwargs, choice, named, parallel):
+    """Streams the request and checks the tool_calls deltas: the first delta of each call carries
+    its id, type and name; its arguments come in several pieces as the model writes them (not one
+    block at the end), and the client's own stream accumulation gives exactly the non-streamed
+    arguments (string equality)."""
+    pieces, firsts, finish = {}, {}, None
+    with client.chat.completions.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type != "chunk":
+                continue
+            ch = event.chunk.choices[0]
+            for d in ch.delta.tool_calls or []:
+                if d.index not in firsts:
+                    firsts[d.index] = d
+                    assert d.id and d.type == "function" and d.function.name, d
+                else:
+                    assert d.id is None and d.function.name is None, d
+                pieces.setdefault(d.index, []).append(d.function.arguments or "")
+            finish = ch.finish_reason or finish
+        final = stream.get_final_completion()
+    assert finish == "tool_calls"
+    streamed = final.choices[0].message.tool_calls
+    check_calls(streamed, named, parallel)
+    assert [(c.function.name, c.function.arguments) for c in streamed] == \
+        [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+    for i, c in enumerate(streamed):
+        assert "".join(pieces[i]) == c.function.arguments
+        if c.function.arguments != "{}":
+            assert sum(1 for p in pieces[i] if p) >= 2, ("arguments in one block", pieces[i])
+
+
 CHOICES = [("required", None), ({"type": "function", "function": {"name": "book_table"}}, "book_table"),
            ({"type": "function", "function": {"name": "get_weather"}}, "get_weather")]
 
@@ -108,19 +139,8 @@ def test_required_and_named_calls_parse_and_validate_at_every_seed(servers, fami
             assert not choice.message.content, (family, tool_choice, seed, choice.message.content)
             check_calls(choice.message.tool_calls, named, parallel)
             assert r.usage.completion_tokens <= 300
-            if seed < 2:  # streamed: the same calls as tool_calls deltas
-                calls, finish = {}, None
-                for chunk in client.chat.completions.create(**kwargs, stream=True):
-                    for d in chunk.choices[0].delta.tool_calls or []:
-                        c = calls.setdefault(d.index, {"name": "", "arguments": ""})
-                        c["name"] += d.function.name or ""
-                        c["arguments"] += d.function.arguments or ""
-                    finish = chunk.choices[0].finish_reason or finish
-                assert finish == "tool_calls"
-                streamed = [calls[i] for i in sorted(calls)]
-                check_calls(streamed, named, parallel)
-                assert [(c["name"], json.loads(c["arguments"])) for c in streamed] == \
-                    [(c.function.name, json.loads(c.function.arguments)) for c in choice.message.tool_calls]
+            if seed < 2:  # streamed: the same calls, argument by argument
+                check_streamed_calls(client, kwargs, choice, named, parallel)
 
 
 def test_a_tool_schema_the_grammar_refuses_is_a_400_naming_it(servers):
@@ -169,6 +189,29 @@ ANTHROPIC_TOOLS = [{"name": t["function"]["name"], "description": t["function"][
                     "input_schema": t["function"]["parameters"]} for t in TOOLS]
 
 
+def check_anthropic_stream(c, kwargs, named, parallel):
+    """Streams a Messages request: each call is a tool_use content_block_start, then its input in
+    several input_json_delta pieces that the client's accumulation parses into the block's input."""
+    partial = {}
+    with c.messages.stream(**kwargs) as stream:
+        for event in stream:
+            if event.type == "content_block_start" and event.content_block.type == "tool_use":
+                assert event.content_block.name and event.content_block.id.startswith("toolu_")
+                partial[event.index] = []
+            elif event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                partial[event.index].append(event.delta.partial_json)
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use"
+    uses = {i: b for i, b in enumerate(final.content) if b.type == "tool_use"}
+    assert sorted(uses) == sorted(partial)
+    for i, b in uses.items():
+        assert json.loads("".join(partial[i])) == b.input
+        if b.input:
+            assert len(partial[i]) >= 2, ("input in one piece", partial[i])
+    check_calls([{"name": b.name, "arguments": b.input} for b in uses.values()], named, parallel)
+    return final
+
+
 def test_anthropic_tool_choice_any_and_tool_are_constrained_too(servers):
     golden, server = servers["qwen35_xml"]
     c = claude(server)
@@ -184,11 +227,7 @@ def test_anthropic_tool_choice_any_and_tool_are_constrained_too(servers):
             uses = [b for b in r.content if b.type == "tool_use"]
             assert [b.type for b in r.content if b.type == "text" and b.text.strip()] == []
             check_calls([{"name": b.name, "arguments": b.input} for b in uses], named, parallel)
-            with c.messages.stream(**kwargs) as stream:
-                final = stream.get_final_message()
-            assert final.stop_reason == "tool_use"
-            check_calls([{"name": b.name, "arguments": b.input} for b in final.content if b.type == "tool_use"], named,
-                        parallel)
+            check_anthropic_stream(c, kwargs, named, parallel)
     # A schema the grammar refuses: Anthropic's error shape, naming the Anthropic field.
     bad = [{"name": "age", "input_schema": {"type": "object", "properties": {"years": {"type": "integer", "maximum": 9}}}}]
     status, body = server.request("POST", "/v1/messages", {"model": golden, "max_tokens": 100, "messages": msgs,
@@ -213,3 +252,128 @@ def test_anthropic_output_config_format_is_json_schema_output(servers):
             "n": {"type": "integer", "multipleOf": 2}}}}}})
     assert status == 400 and "output_config.format.schema/properties/n" in body["error"]["message"], body
     assert "multipleOf" in body["error"]["message"]
+
+
+# ---- tool_choice "auto": a lazy grammar from the opening marker on (issue 35) ----
+
+TRIGGERS = {"qwen35_xml": "<tool_call>", "qwen35moe_xml": "<tool_call>", "qwen3next_json": "<tool_call>",
+            "ling_json": "<tool_call>", "kimi_sections": "<|tool_calls_section_begin|>"}
+TRIGGER_ID = 316  # a merge token of the tiny tokenizers ("Qw"), made the marker below
+
+
+def trigger_checkpoint(tmp, golden, template, trigger):
+    """The golden with its template, and its last merge token ("Qw", id 316) replaced by the
+    format's opening marker as an added (not special) token, as real Qwen and Kimi tokenizers have
+    it: a random model can then be pushed towards writing a call with logit_bias."""
+    d = checkpoint(tmp, golden, template)
+    tok = json.loads((GOLDEN / golden / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    (old,) = [k for k, v in vocab.items() if v == TRIGGER_ID]
+    del vocab[old]
+    tok["model"]["merges"] = [m for m in tok["model"]["merges"] if "".join(m if isinstance(m, list) else m.split(" ")) != old]
+    tok["added_tokens"].append({"id": TRIGGER_ID, "content": trigger, "single_word": False, "lstrip": False, "rstrip": False,
+                                "normalized": False, "special": False})
+    (d / "tokenizer.json").unlink()
+    (d / "tokenizer.json").write_text(json.dumps(tok))
+    return d
+
+
+@pytest.fixture(scope="module")
+def trigger_servers(tmp_path_factory):
+    started = {}
+    try:
+        for key, (golden, template) in FAMILIES.items():
+            d = trigger_checkpoint(tmp_path_factory.mktemp("trigger_" + key), golden, template, TRIGGERS[key])
+            started[key] = (golden, Server(str(d)))
+        yield started
+    finally:
+        for _, s in started.values():
+            s.stop()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_auto_calls_are_constrained_from_the_marker_on(trigger_servers, family):
+    """tool_choice auto at temperature 1: free text until the model writes the marker (pushed there
+    by logit_bias at several strengths), then every call it writes parses, names a tool and
+    validates against its schema; streamed, the same calls come argument by argument."""
+    golden, server = trigger_servers[family]
+    client = server.client()
+    msgs = [{"role": "user", "content": "Book a table for two and tell me the weather."}]
+    calls_seen, free_text_seen = 0, 0
+    for seed in range(6):
+        parallel = seed % 2 == 0
+        kwargs = dict(model=golden, messages=msgs, tools=TOOLS, seed=seed, temperature=1.0, max_tokens=300,
+                      parallel_tool_calls=parallel, tool_choice="auto",
+                      extra_body={"logit_bias": {str(TRIGGER_ID): [2.0, 4.0, 8.0][seed % 3]},
+                                  "chat_template_kwargs": {"enable_thinking": False, "thinking": False}})
+        r = client.chat.completions.create(**kwargs)
+        choice = r.choices[0]
+        calls = choice.message.tool_calls or []
+        if calls:
+            calls_seen += len(calls)
+            check_calls(calls, None, parallel)
+            assert choice.finish_reason == "tool_calls", choice
+        if choice.message.content or not calls:
+            free_text_seen += 1
+            assert TRIGGERS[family] not in choice.message.content, "a call left unparsed in the content"
+        if seed < 3 and calls:
+            check_streamed_calls(client, kwargs, choice, None, parallel)
+    assert calls_seen > 0, "the bias never led to a call: the test checked nothing"
+    assert free_text_seen > 0, "every reply was nothing but calls: the replies are not free before the marker"
+
+
+# ---- Anthropic: count_tokens, thinking budget ----
+
+def test_anthropic_count_tokens_is_the_messages_prompt(servers):
+    golden, server = servers["qwen35_xml"]
+    c = claude(server)
+    msgs = [{"role": "user", "content": "Book a table."}]
+    for extra in ({}, {"tools": ANTHROPIC_TOOLS}, {"tools": ANTHROPIC_TOOLS, "tool_choice": {"type": "any"}},
+                  {"system": "Be brief.", "thinking": {"type": "disabled"}}):
+        n = c.messages.count_tokens(model=golden, messages=msgs, **extra).input_tokens
+        r = c.messages.create(model=golden, max_tokens=40, messages=msgs, **extra)
+        assert n == r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0), (extra, n, r.usage)
+    on = c.messages.count_tokens(model=golden, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024}).input_tokens
+    off = c.messages.count_tokens(model=golden, messages=msgs, thinking={"type": "disabled"}).input_tokens
+    assert on != off  # the template renders thinking on and off differently
+    status, body = server.request("POST", "/v1/messages/count_tokens", {"model": golden, "messages": msgs, "stream": True})
+    assert status == 400 and "'stream'" in body["error"]["message"], body
+    status, body = server.request("POST", "/v1/messages/count_tokens", {"model": "other", "messages": msgs})
+    assert status == 404 and body["type"] == "error", body
+
+
+def test_thinking_budget_caps_the_reasoning(servers):
+    golden, server = servers["qwen35_xml"]
+    client = server.client()
+    msgs = [{"role": "user", "content": "Think, then answer."}]
+    # OpenAI side (the extension Anthropic's budget maps onto): exactly `budget` reasoning tokens,
+    # then the forced end of the block, then the answer.
+    for budget in (1, 5, 12):
+        r = client.chat.completions.create(model=golden, messages=msgs, max_tokens=40, temperature=1.0, seed=budget,
+                                           logprobs=True, extra_body={"thinking_budget_tokens": budget, "ignore_eos": True})
+        m = r.choices[0].message
+        pieces = [bytes(t.bytes) for t in r.choices[0].logprobs.content]  # bytes: a token may hold half a character
+        thought = b"".join(pieces[:budget])
+        assert b"".join(pieces).startswith(thought + b"\n</think>\n\n"), (budget, pieces[:budget + 6])
+        try:
+            assert m.model_extra["reasoning_content"] == thought.decode("utf-8").strip("\n")
+        except UnicodeDecodeError:
+            pass  # (the server's JSON replaces a cut character)
+        assert m.content, "an answer follows the forced end of thinking"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=golden, messages=msgs, max_tokens=4, extra_body={"thinking_budget_tokens": -1})
+    assert e.value.body["param"] == "thinking_budget_tokens"
+    # Anthropic: budget_tokens (at least 1024, below max_tokens), validated by name.
+    c = claude(server)
+    r = c.messages.create(model=golden, max_tokens=1100, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024},
+                          extra_body={"ignore_eos": True, "temperature": 1.0})
+    assert [b.type for b in r.content] == ["thinking", "text"], [b.type for b in r.content]
+    assert r.stop_reason == "max_tokens"
+    for thinking, words in (({"type": "enabled", "budget_tokens": 100}, ["thinking.budget_tokens", "1024"]),
+                            ({"type": "enabled", "budget_tokens": 2000}, ["thinking.budget_tokens", "max_tokens"]),
+                            ({"type": "enabled"}, ["budget_tokens"])):
+        status, body = server.request("POST", "/v1/messages", {"model": golden, "max_tokens": 1100, "messages": msgs,
+                                                               "thinking": thinking})
+        assert status == 400, body
+        for w in words:
+            assert w in body["error"]["message"], (w, body)

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 namespace hanpu {
@@ -65,6 +66,10 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
     longest_stop_ = std::max(longest_stop_, s.size());
   }
   if (opt_.max_tokens <= 0) reason_ = FinishReason::kLength;
+  if (opt_.sampling.has_penalties()) context_ = opt_.prompt_tail;
+  if (opt_.thinking_budget >= 0 && opt_.think_end.empty()) throw Error("generation: a thinking budget needs the end-of-thinking marker's tokens");
+  for (int32_t t : opt_.think_end)
+    if (t < 0 || (tokenizer_ && t >= tokenizer_->vocab_size())) throw Error("generation: think_end token " + std::to_string(t) + " is outside the vocabulary");
   if (opt_.json_object) {
     if (!tokenizer_) throw Error("generation: JSON output needs a tokenizer (text output)");
     if (opt_.max_tokens < 2)
@@ -81,7 +86,24 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
                   std::to_string(opt_.json_schema->min_bytes()) + " tokens)");
     schema_ = std::make_unique<SchemaConstraint>(*tokenizer_, opt_.json_schema);
   }
-  if (opt_.tool_calls) {
+  if (opt_.tool_calls && !opt_.tool_calls->trigger().empty()) {
+    // tool_choice auto: free text until the trigger, then the call's grammar (push()).
+    if (opt_.json_object || opt_.json_schema) throw Error("generation: tool calls and JSON output are exclusive");
+    if (!tokenizer_) throw Error("generation: constrained tool calls need a tokenizer (text output)");
+    // The call's mask is built now (once): a vocabulary that cannot close a call within the
+    // budget (no single-byte token for a byte it needs) leaves auto unconstrained.
+    try {
+      lazy_tools_ = std::make_unique<ToolCallConstraint>(*tokenizer_, opt_.tool_calls,
+                                                         opt_.ignore_eos ? std::vector<int32_t>{} : stop_ids_);
+      lazy_ = true;
+    } catch (const Error&) {
+      lazy_ = false;
+    }
+    trie_ = vocabulary_trie(*tokenizer_);
+    if (auto id = tokenizer_->token_to_id(opt_.tool_calls->trigger()); id && tokenizer_->is_special(*id) &&
+        std::find(stop_ids_.begin(), stop_ids_.end(), *id) == stop_ids_.end())
+      trigger_token_ = *id;
+  } else if (opt_.tool_calls) {
     if (opt_.json_object || opt_.json_schema) throw Error("generation: tool calls and JSON output are exclusive");
     if (!tokenizer_) throw Error("generation: constrained tool calls need a tokenizer (text output)");
     if (!opt_.stop_strings.empty()) throw Error("generation: stop strings could cut a constrained tool call short");
@@ -96,23 +118,77 @@ TokenStream::TokenStream(const Tokenizer* tokenizer, std::vector<int32_t> stop_i
   }
 }
 
+size_t TokenStream::outside_think_from() const {
+  const size_t open = text_.rfind("<think>"), close = text_.rfind("</think>");
+  if (close != std::string::npos && (open == std::string::npos || open < close)) return close + 8;
+  if (open != std::string::npos) return std::string::npos;
+  return opt_.reasoning_opened ? std::string::npos : 0;
+}
+
+// Before a lazy grammar's trigger: a token that would complete the trigger is allowed only if
+// the call it opens (the trigger and the rest of the token's bytes) can go on and still close
+// within max_tokens, so a call, once opened, always parses.
+void TokenStream::mask_lazy_opening(std::span<float> row) const {
+  const size_t from = outside_think_from();
+  if (from == std::string::npos) return;  // thinking: a marker there is not a call
+  const std::string& trigger = opt_.tool_calls->trigger();
+  const int64_t left = opt_.max_tokens - static_cast<int64_t>(tokens_.size());
+  const size_t keep = std::min(trigger.size() - 1, text_.size() - from);
+  const std::string tail = text_.substr(text_.size() - keep);
+  auto check = [&](int32_t id, bool special) {
+    if (static_cast<size_t>(id) >= row.size()) return;
+    const std::string s = tail + tokenizer_->token_bytes(id);
+    const size_t at = s.find(trigger);
+    if (at != std::string::npos &&
+        !ToolCallConstraint::opening_fits(*opt_.tool_calls, std::string_view(s).substr(at), special, left))
+      row[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+  };
+  for (int32_t id : trie_->closing_angle) check(id, false);
+  if (trigger_token_) check(*trigger_token_, true);
+}
+
 TokenStream::TokenStream(TokenStream&&) noexcept = default;
 TokenStream::~TokenStream() = default;
 
 std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
   if (finished()) throw Error("generation: push() after the generation ended");
   std::span<const float> row = logits;
-  if (json_) {
-    masked_.assign(logits.begin(), logits.end());
+  // A spent thinking budget: the end-of-thinking marker's tokens, one per step, whatever the model
+  // would rather write.
+  const bool in_think = opt_.thinking_budget >= 0 && outside_think_from() == std::string::npos;
+  if (in_think && !budget_spent_ && thinking_tokens_ >= opt_.thinking_budget) {
+    budget_spent_ = true;
+    forcing_.assign(opt_.think_end.rbegin(), opt_.think_end.rend());
+  }
+  const bool forced = !forcing_.empty();
+  if (forced) {
+    masked_.assign(logits.size(), -std::numeric_limits<float>::infinity());
+    masked_[static_cast<size_t>(forcing_.back())] = 0;
+    forcing_.pop_back();
+  }
+  if (forced) {
+  } else if (opt_.sampling.has_penalties()) {
+    penalized_.assign(logits.begin(), logits.end());
+    apply_penalties(penalized_, context_, opt_.prompt_tail.size(), opt_.sampling);
+    row = penalized_;
+  }
+  if (forced) {
+    row = masked_;
+  } else if (json_) {
+    masked_.assign(row.begin(), row.end());
     json_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
     row = masked_;
   } else if (schema_) {
-    masked_.assign(logits.begin(), logits.end());
+    masked_.assign(row.begin(), row.end());
     schema_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
     row = masked_;
   } else if (tools_) {
-    masked_.assign(logits.begin(), logits.end());
+    masked_.assign(row.begin(), row.end());
     tools_->mask(masked_, opt_.max_tokens - static_cast<int64_t>(tokens_.size()));
+    row = masked_;
+  } else if (lazy_) {
+    masked_.assign(row.begin(), row.end());
+    mask_lazy_opening(masked_);
     row = masked_;
   }
   const int32_t token = sampler_.sample(row);
@@ -124,6 +200,10 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
       throw Error("generation: tool call output: sampled token " + std::to_string(token) + " that the mask excluded");
     call_marker = true;
   }
+  // A lazy grammar's trigger written as a special token: the call's marker, kept in the text.
+  const bool trigger_special = lazy_ && !tools_ && trigger_token_ && token == *trigger_token_;
+  if (trigger_special || forced) call_marker = true;  // (a forced marker's text is kept too)
+  if (in_think && !forced) ++thinking_tokens_;
   if (json_ && !json_->advance(token))  // the mask always leaves a way to close the document
     throw Error("generation: JSON output: sampled token " + std::to_string(token) + " that the mask excluded");
   if (schema_ && !schema_->advance(token))
@@ -134,6 +214,7 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
     return std::nullopt;
   }
   tokens_.push_back(token);
+  if (opt_.sampling.has_penalties()) context_.push_back(token);
   if (opt_.top_logprobs >= 0) logprobs_.push_back(token_logprob(logits, token, opt_.top_logprobs));
   if (tokenizer_ && (!tokenizer_->is_special(token) || call_marker)) {
     const size_t before = text_.size();
@@ -152,6 +233,25 @@ std::optional<int32_t> TokenStream::push(std::span<const float> logits) {
       text_.resize(cut);
       reason_ = FinishReason::kStopString;
       return std::nullopt;
+    }
+    if (lazy_ && !tools_) {
+      // The trigger, outside a think block, completed in this token: the call's grammar takes
+      // over from it (with what followed it in the token, which the mask checked it can take).
+      const std::string& trigger = opt_.tool_calls->trigger();
+      const size_t outside = outside_think_from();
+      if (outside != std::string::npos) {
+        const size_t from = std::max(outside, before >= trigger.size() - 1 ? before - (trigger.size() - 1) : 0);
+        const size_t at = text_.find(trigger, from);
+        if (at != std::string::npos) {
+          tools_ = std::move(lazy_tools_);
+          // Only a marker cut in a way the mask did not foresee (after a </think> in the same
+          // token) fails here: the reply then goes on unconstrained.
+          if (!tools_->advance_bytes(std::string_view(text_).substr(at), trigger_special)) {
+            tools_.reset();
+            lazy_ = false;
+          }
+        }
+      }
     }
   }
   if ((json_ && json_->done()) || (schema_ && schema_->done())) {  // the object closed: nothing may follow it

@@ -948,6 +948,7 @@ std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tok) {
     std::string b = tok.token_bytes(id);
     if (b.empty()) continue;
     if (b.size() == 1) t->single_byte[static_cast<uint8_t>(b[0])] = true;
+    if (b.find('>') != std::string::npos) t->closing_angle.push_back(id);
     sorted.emplace_back(std::move(b), id);
   }
   std::sort(sorted.begin(), sorted.end());

@@ -151,6 +151,9 @@ struct VocabularyTrie {
   // the rest is walked.
   std::vector<int32_t> text_plain;
   ByteTrie text_rest;
+  // Tokens holding a '>': each tool-call opening marker ends with one, so a lazy call's trigger
+  // can complete only in such a token (or a special token of the marker).
+  std::vector<int32_t> closing_angle;
   std::vector<bool> single_byte = std::vector<bool>(256, false);  // a token of exactly this byte exists
 };
 std::shared_ptr<const VocabularyTrie> vocabulary_trie(const Tokenizer& tokenizer);

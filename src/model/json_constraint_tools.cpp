@@ -340,6 +340,14 @@ class Builder {
         break;
       }
     }
+    if (o_.lazy) {
+      // The model writes the call's start itself: the grammar begins at the opening marker (the
+      // trigger), with the prefix a required call's prompt would end with as its first text.
+      if (forced >= 0) throw Error("tool call grammar: a lazy grammar is for tool_choice auto (no named function)");
+      g_.trigger_text = o_.format == ToolCallFormat::kKimiSections ? "<|tool_calls_section_begin|>" : "<tool_call>";
+      g_.start = choice({{g_.prefix, g_.start}});
+      g_.prefix.clear();
+    }
     shortest_ways();
     if (g_.nodes[static_cast<size_t>(g_.start)].min_to_end >= kInfinite)
       throw Error("tool call grammar: no call of finite length exists");
@@ -640,6 +648,22 @@ void ToolCallConstraint::mask(std::span<float> logits, int64_t tokens_left) cons
       if (id >= 0 && static_cast<size_t>(id) < allowed.size()) allowed[static_cast<size_t>(id)] = 1;
   for (size_t id = 0; id < logits.size(); ++id)
     if (!allowed[id]) logits[id] = -std::numeric_limits<float>::infinity();
+}
+
+bool ToolCallConstraint::advance_bytes(std::string_view bytes, bool literal_only) {
+  ToolCallState s = state_;
+  for (char c : bytes)
+    if (!s.feed(static_cast<uint8_t>(c), literal_only)) return false;
+  state_ = std::move(s);
+  return true;
+}
+
+bool ToolCallConstraint::opening_fits(const ToolCallGrammar& grammar, std::string_view bytes, bool literal_only,
+                                      int64_t tokens_left) {
+  ToolCallState s(grammar);
+  for (char c : bytes)
+    if (!s.feed(static_cast<uint8_t>(c), literal_only)) return false;
+  return s.closing_cost() <= tokens_left - 1;
 }
 
 bool ToolCallConstraint::advance(int32_t token) {

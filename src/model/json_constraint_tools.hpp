@@ -84,6 +84,10 @@ class ToolCallGrammar {
     std::vector<Tool> tools;
     std::string forced;     // the named function; empty: any of the tools ("required")
     bool parallel = false;  // more than one call may follow the first
+    /// tool_choice "auto" (issue 35): the reply is free until the model writes the format's
+    /// opening marker (trigger()); from there the call is constrained as a required one, as
+    /// llama.cpp's lazy grammars do. The grammar then starts at the marker and has no prompt prefix.
+    bool lazy = false;
   };
   /// Throws ToolSchemaError naming the tool and keyword it cannot enforce (or a bad name).
   static std::shared_ptr<const ToolCallGrammar> compile(const Options& options);
@@ -92,6 +96,9 @@ class ToolCallGrammar {
   const std::string& prompt_prefix() const { return prefix; }
   /// Bytes of the shortest reply (after the prefix) the grammar admits.
   int64_t min_bytes() const;
+  /// Options::lazy: the opening marker that starts a call ("<tool_call>", Kimi's
+  /// "<|tool_calls_section_begin|>"); empty otherwise.
+  const std::string& trigger() const { return trigger_text; }
 
   enum class Kind : uint8_t { kChoice, kJson, kRaw, kRawPatterns, kDigits };
   struct Option {
@@ -122,6 +129,7 @@ class ToolCallGrammar {
   std::string terminator;
   std::vector<std::array<uint8_t, 256>> terminator_dfa;
   std::string prefix;  // prompt_prefix()
+  std::string trigger_text;  // trigger()
 };
 
 /// Where a reply following the grammar is. Copyable; the mask copies it at each trie node.
@@ -169,6 +177,12 @@ class ToolCallConstraint {
   void mask(std::span<float> logits, int64_t tokens_left) const;
   /// Advances over the chosen token (not a stop token); false if it was not allowed.
   bool advance(int32_t token);
+  /// Advances over bytes (a lazy grammar's trigger and what followed it in the same token);
+  /// false, leaving the state as it was, if the grammar cannot take them.
+  bool advance_bytes(std::string_view bytes, bool literal_only);
+  /// A lazy grammar: whether a reply may go on with `bytes` (starting with the trigger) and still
+  /// close within `tokens_left` tokens after the token that carries them.
+  static bool opening_fits(const ToolCallGrammar& grammar, std::string_view bytes, bool literal_only, int64_t tokens_left);
   bool accepting() const { return state_.accepting(); }
   bool done() const { return state_.done(); }
   bool may_stop() const { return !stop_ids_.empty(); }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,33 @@ int32_t draw(const std::vector<std::pair<float, int32_t>>& weighted, size_t keep
 }
 
 }  // namespace
+
+void apply_penalties(std::span<float> logits, std::span<const int32_t> context, size_t generated_from,
+                     const SamplingOptions& opt) {
+  const size_t V = logits.size();
+  if (opt.repetition_penalty != 1) {
+    const size_t n = opt.repetition_window < 0 ? context.size()
+                                               : std::min(context.size(), static_cast<size_t>(opt.repetition_window));
+    std::vector<uint8_t> seen(V, 0);
+    for (size_t i = context.size() - n; i < context.size(); ++i) {
+      const int32_t t = context[i];
+      if (t < 0 || static_cast<size_t>(t) >= V || seen[static_cast<size_t>(t)]) continue;
+      seen[static_cast<size_t>(t)] = 1;
+      float& x = logits[static_cast<size_t>(t)];
+      x = x > 0 ? x / opt.repetition_penalty : x * opt.repetition_penalty;
+    }
+  }
+  if (opt.presence_penalty != 0 || opt.frequency_penalty != 0) {
+    std::vector<int32_t> count(V, 0);
+    for (size_t i = std::min(generated_from, context.size()); i < context.size(); ++i)
+      if (context[i] >= 0 && static_cast<size_t>(context[i]) < V) ++count[static_cast<size_t>(context[i])];
+    for (size_t j = 0; j < V; ++j)
+      if (count[j] > 0)
+        logits[j] -= static_cast<float>(count[j]) * opt.frequency_penalty + opt.presence_penalty;
+  }
+  for (const auto& [t, bias] : opt.logit_bias)
+    if (t >= 0 && static_cast<size_t>(t) < V) logits[static_cast<size_t>(t)] += bias;
+}
 
 Sampler::Sampler(SamplingOptions opt) : opt_(opt), rng_state_(opt.seed) {
   if (opt_.top_k < 0) throw Error("sampling: top-k " + std::to_string(opt_.top_k) + " must be >= 0");

@@ -258,12 +258,14 @@ ojson anthropic_to_chat_request(const ojson& body) {
     } else if (type == "enabled") {
       const ojson& budget = required(t, "thinking", "budget_tokens");
       expect(budget.is_number_integer(), "thinking.budget_tokens", budget, "an integer");
-      // As Anthropic: at least 1024 and below max_tokens. The budget is not a separate limit in
-      // hanpu: thinking ends when the model closes it or at max_tokens.
+      // As Anthropic: at least 1024 and below max_tokens. The reasoning is capped at it: then the
+      // end-of-thinking marker is forced and the answer follows (the chat request's
+      // thinking_budget_tokens, GenerationOptions::thinking_budget).
       if (budget.get<int64_t>() < 1024) fail("thinking.budget_tokens", "must be at least 1024, got " + budget.dump());
       if (budget.get<int64_t>() >= max_tokens.get<int64_t>())
         fail("thinking.budget_tokens", "must be less than max_tokens (" + max_tokens.dump() + "), got " + budget.dump());
       thinking = true;
+      out["thinking_budget_tokens"] = budget;
     } else if (type != "disabled") {
       fail("thinking.type", "expected 'enabled', 'disabled', 'adaptive' or 'between_tools', got " + type.dump());
     }

@@ -113,11 +113,16 @@ $("form").onsubmit = async (e) => {
             reasoning += d.reasoning_content; reasoningText.textContent = reasoning;
           }
           if (d.content) { answer += d.content; content.textContent = answer; }
+          // A call's first delta has its id, type and name; its arguments follow in pieces.
           if (d.tool_calls) for (const t of d.tool_calls) {
-            calls.push(t);
-            const p = document.createElement("div"); p.className = "tool";
-            p.textContent = "tool call: " + t.function.name + "(" + t.function.arguments + ")";
-            tools.appendChild(p);
+            let c = calls[t.index];
+            if (!c) {
+              c = calls[t.index] = {index: t.index, id: t.id, type: t.type, function: {name: t.function.name, arguments: ""}};
+              c.el = document.createElement("div"); c.el.className = "tool";
+              tools.appendChild(c.el);
+            }
+            c.function.arguments += t.function.arguments || "";
+            c.el.textContent = "tool call: " + c.function.name + "(" + c.function.arguments + ")";
           }
           if (d.content || d.reasoning_content) { pieces++; if (firstAt === null) firstAt = performance.now(); }
         }
@@ -125,7 +130,7 @@ $("form").onsubmit = async (e) => {
       }
     }
     const msg = {role: "assistant", content: answer};
-    if (calls.length) msg.tool_calls = calls.map(({index, ...t}) => t);
+    if (calls.length) msg.tool_calls = calls.filter(Boolean).map(({index, el, ...t}) => t);
     history.push(msg);
     if (usage) {
       const secs = (performance.now() - (firstAt ?? started)) / 1000;

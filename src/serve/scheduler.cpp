@@ -75,6 +75,14 @@ GenerationOptions generation_options(const GenerationRequest& req, uint64_t seed
   o.json_object = req.json_object;
   o.json_schema = req.json_schema;
   o.tool_calls = req.tool_calls;
+  o.reasoning_opened = req.reasoning_opened;
+  o.thinking_budget = req.thinking_budget;
+  o.think_end = req.think_end;
+  if (req.sampling.repetition_penalty != 1) {
+    const size_t w = req.sampling.repetition_window < 0 ? req.prompt.size()
+                                                         : std::min(req.prompt.size(), static_cast<size_t>(req.sampling.repetition_window));
+    o.prompt_tail.assign(req.prompt.end() - static_cast<std::ptrdiff_t>(w), req.prompt.end());
+  }
   return o;
 }
 

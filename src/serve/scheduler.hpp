@@ -72,6 +72,9 @@ struct GenerationRequest {
   bool json_object = false;  // constrain the output to one JSON object (GenerationOptions::json_object)
   std::shared_ptr<const hanpu::JsonSchema> json_schema;  // ... to a schema's document (GenerationOptions::json_schema)
   std::shared_ptr<const hanpu::ToolCallGrammar> tool_calls;  // ... to tool calls (GenerationOptions::tool_calls)
+  bool reasoning_opened = false;  // the prompt ends inside a <think> block (GenerationOptions::reasoning_opened)
+  int64_t thinking_budget = -1;   // GenerationOptions::thinking_budget
+  std::vector<int32_t> think_end;  // GenerationOptions::think_end
 };
 
 using hanpu::TokenLogprob;  // hanpu/generator.hpp

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -194,6 +195,7 @@ class Api {
 
   void completions(const httplib::Request& req, httplib::Response& res, bool chat);
   void messages(const httplib::Request& req, httplib::Response& res);
+  void count_tokens(const httplib::Request& req, httplib::Response& res);
   void models(httplib::Response& res) const;
   void metrics(httplib::Response& res);
 
@@ -201,6 +203,7 @@ class Api {
   json parse_body(const httplib::Request& req) const;
   void compile_response_schema(ParsedRequest& p, const std::string& raw_body) const;
   ParsedRequest parse_common(const json& body, bool chat) const;
+  ParsedRequest anthropic_request(const nlohmann::ordered_json& raw) const;  // /v1/messages onto the chat request
   std::vector<int32_t> chat_prompt(const json& messages, const json& body, const std::string& raw_body, ParsedRequest& p) const;
   std::vector<int32_t> template_prompt(const std::string& raw_body, ParsedRequest& p) const;
   void warm_next_turn(const ParsedRequest& p, const json& reply);
@@ -242,11 +245,11 @@ const std::vector<std::string>& known_fields(bool chat) {
       "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed",
       "stop", "stream", "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs",
       "chat_template_kwargs", "ignore_eos", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs",
-      "response_format"};
+      "response_format", "repetition_penalty", "repeat_last_n", "thinking_budget_tokens", "logit_bias"};
   static const std::vector<std::string> completion_fields = {
       "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
       "stream_options", "n", "user", "presence_penalty", "frequency_penalty", "logprobs", "echo", "best_of",
-      "ignore_eos"};
+      "ignore_eos", "repetition_penalty", "repeat_last_n", "logit_bias"};
   return chat ? chat_fields : completion_fields;
 }
 
@@ -297,10 +300,43 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
   // n choices share the prompt's prefill (Scheduler::submit_choices); each takes a running slot,
   // so at most --parallel + --max-queue of them, and 8 as a sanity bound (OpenAI allows 128).
   p.gen.n = static_cast<int>(integer_field(body, "n", 1, kMaxChoices, 1));
-  // Accepted only at the value that means "off": this server has no penalties or best_of.
+  // Accepted only at the value that means "off": this server has no best_of.
   integer_field(body, "best_of", 1, 1, 1);
-  number_field(body, "presence_penalty", 0, 0, 0);
-  number_field(body, "frequency_penalty", 0, 0, 0);
+  // Penalties (hanpu::apply_penalties): OpenAI's two over the generated tokens, in OpenAI's
+  // range; repetition_penalty (vLLM's and llama.cpp's extension) over the last repeat_last_n
+  // prompt and generated tokens (llama.cpp's name and default, 64; -1: the whole sequence).
+  p.gen.sampling.presence_penalty = static_cast<float>(number_field(body, "presence_penalty", -2, 2, 0));
+  p.gen.sampling.frequency_penalty = static_cast<float>(number_field(body, "frequency_penalty", -2, 2, 0));
+  p.gen.sampling.repetition_penalty = static_cast<float>(number_field(body, "repetition_penalty", 0, 10, 1));
+  if (body.contains("repetition_penalty") && body["repetition_penalty"].is_number() && body["repetition_penalty"].get<double>() <= 0)
+    throw ApiError{400, "'repetition_penalty': " + dump(body["repetition_penalty"]) + " is out of range, expected more than 0 up to 10",
+                   "repetition_penalty", "invalid_value"};
+  p.gen.sampling.repetition_window = integer_field(body, "repeat_last_n", -1, so_.context_tokens, 64);
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    // OpenAI's: {"token id": bias from -100 to 100}, at most 300 entries.
+    const json& lb = body["logit_bias"];
+    if (!lb.is_object()) throw wrong_type("logit_bias", lb, "an object of token ids to biases");
+    if (lb.size() > 300)
+      throw ApiError{400, "'logit_bias': " + std::to_string(lb.size()) + " entries, expected at most 300", "logit_bias", "invalid_value"};
+    const int64_t vocab = model_.config().vocab_size;
+    for (const auto& [key, value] : lb.items()) {
+      char* end = nullptr;
+      const long long id = std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || id < 0 || id >= vocab)
+        throw ApiError{400, "'logit_bias': key '" + key + "' is not a token id in [0, " + std::to_string(vocab) + ")",
+                       "logit_bias", "invalid_value"};
+      double bias = 0;
+      try {
+        bias = number_field(lb, key, -100, 100, 0);
+      } catch (ApiError& e) {
+        e.param = "logit_bias." + key;
+        e.message = "'logit_bias." + e.message.substr(1);
+        throw;
+      }
+      p.gen.sampling.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+    }
+  }
+  const int64_t room_limit = so_.context_tokens;
   if (chat) {
     // OpenAI: logprobs a boolean, top_logprobs 0 to 20 (only with logprobs true).
     p.logprobs = bool_field(body, "logprobs", false);
@@ -335,6 +371,9 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
                        "response_format", "unsupported_value"};
       }
     }
+    // Extension (Anthropic's thinking.budget_tokens maps onto it): reasoning tokens allowed before
+    // the end-of-thinking marker is forced (set up in template_prompt).
+    p.gen.thinking_budget = integer_field(body, "thinking_budget_tokens", 0, room_limit, -1);
     if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() && !body["parallel_tool_calls"].is_boolean())
       throw wrong_type("parallel_tool_calls", body["parallel_tool_calls"], "a boolean");
   } else {
@@ -412,6 +451,7 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
 // The checkpoint's template (transformers' apply_chat_template): messages and tools as the client
 // sent them (the raw body is parsed again keeping key order, which tojson output depends on), the
 // tokenizer's special tokens and chat_template_kwargs as further variables.
+
 // The tokens two renderings share from the start: what every continuation of a conversation has.
 size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
@@ -517,6 +557,40 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
       reply.reasoning_opened = false;
     }
   }
+  auto grammar_options = [&] {
+    hanpu::ToolCallGrammar::Options o;
+    o.format = reply.tool_format;
+    // OpenAI's default allows parallel calls: then more calls may follow the first, each
+    // constrained the same way, until a stop token (or max_tokens leaves no room for another).
+    o.parallel = !(raw.contains("parallel_tool_calls") && raw["parallel_tool_calls"] == false);
+    for (const auto& t : tools) {
+      const bool named = t.contains("function") && t["function"].is_object() && t["function"].contains("name") &&
+                         t["function"]["name"].is_string();
+      const auto& fn = named ? t["function"] : t;
+      o.tools.push_back({named ? fn["name"].get<std::string>() : std::string(),
+                         named && fn.contains("parameters") ? fn["parameters"] : nlohmann::ordered_json()});
+    }
+    return o;
+  };
+  if (forced.empty() && reply.parse_tools) {
+    // tool_choice auto: the reply is free text until the model writes the format's opening marker;
+    // from there the call is constrained as a required one (a lazy grammar, as llama.cpp's), so
+    // a call the model starts always parses, names one of the tools and follows its schema. Tools
+    // the grammar cannot enforce (a keyword it refuses, a bad name) leave the reply unconstrained,
+    // as before: with auto nothing is refused.
+    hanpu::ToolCallGrammar::Options o = grammar_options();
+    o.lazy = true;
+    bool named = true;
+    for (const auto& t : o.tools) named = named && !t.name.empty();
+    if (named) {
+      try {
+        p.gen.tool_calls = hanpu::ToolCallGrammar::compile(o);
+        p.gen.reasoning_opened = reply.reasoning_opened;
+      } catch (const hanpu::Error&) {
+        p.gen.tool_calls = nullptr;
+      }
+    }
+  }
   if (!forced.empty()) {
     // tool_choice required or named: the generation prompt goes on with the start of a call in
     // the template's format (and the function's name), and the call grammar masks every token
@@ -529,21 +603,13 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
       text += "\n</think>\n\n";
       reply.reasoning_opened = false;
     }
-    hanpu::ToolCallGrammar::Options o;
-    o.format = reply.tool_format;
+    hanpu::ToolCallGrammar::Options o = grammar_options();
     o.forced = forced == "*" ? "" : forced;
-    // OpenAI's default allows parallel calls: then more calls may follow the first, each
-    // constrained the same way, until a stop token (or max_tokens leaves no room for another).
-    o.parallel = !(raw.contains("parallel_tool_calls") && raw["parallel_tool_calls"] == false);
     for (size_t i = 0; i < tools.size(); ++i) {
       const std::string where = "tools[" + std::to_string(i) + "].function";
-      const auto& t = tools[i];
-      if (!t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
-          !t["function"]["name"].is_string())
+      if (o.tools[i].name.empty())
         throw ApiError{400, "'" + where + ".name': expected a string (a required call chooses among the tools by name)",
                        where + ".name", "invalid_value"};
-      const auto& fn = t["function"];
-      o.tools.push_back({fn["name"].get<std::string>(), fn.contains("parameters") ? fn["parameters"] : nlohmann::ordered_json()});
     }
     try {
       p.gen.tool_calls = hanpu::ToolCallGrammar::compile(o);
@@ -567,6 +633,12 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
     text += prefix;
     reply.forced_prefix = prefix;
   }
+  p.gen.reasoning_opened = reply.reasoning_opened;
+  // A template that writes no <think> blocks leaves no reasoning to cap: the budget is ignored
+  // there (as Anthropic's thinking on such a model always was).
+  if (p.gen.thinking_budget >= 0 && !reply.split_reasoning) p.gen.thinking_budget = -1;
+  // The marker as the templates write a closed block (Qwen3.5's and Kimi's "\n</think>\n\n").
+  if (p.gen.thinking_budget >= 0) p.gen.think_end = tok_->encode("\n</think>\n\n", /*parse_special=*/true);
   std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
   try {  // as with ChatML below: a snapshot where the next turn's prompt will diverge
     const std::vector<int32_t> history = tok_->encode(t.render(messages, tools, false, kwargs), true);
@@ -607,6 +679,7 @@ std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, co
   if (!messages.is_array()) throw wrong_type("messages", messages, "an array of messages");
   if (messages.empty()) throw ApiError{400, "'messages': empty, expected at least one message", "messages", "invalid_value"};
   if (chat_template_.kind == TemplateKind::kJinja) return template_prompt(raw_body, p);
+  p.gen.thinking_budget = -1;  // the ChatML fallback splits no reasoning: nothing to cap
   if (!forced_tool(body).empty())
     throw ApiError{400, "'tool_choice': model '" + so_.model_name + "' has no chat template, and the ChatML fallback renders no tools",
                    "tool_choice", "unsupported_parameter"};
@@ -1022,7 +1095,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
     size_t current = 0;  // the choice being streamed
     bool started = false;
     std::unique_ptr<ReasoningStream> reasoning;
-    std::string held, full;  // held: content kept back for tool-call parsing; full: the whole reply
+    std::unique_ptr<ToolCallStream> tools;  // with tools: the content's calls as they are written
+    std::string full;        // the whole reply
     size_t text_offset = 0;  // completions' logprobs.text_offset
   };
   auto st = std::make_shared<StreamState>();
@@ -1035,15 +1109,37 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           const std::string line = "data: " + dump(j) + "\n\n";
           return sink.write(line.data(), line.size());
         };
+        // One chunk per piece of a ToolCallDelta: content, then the calls' starts (id, type,
+        // name, the first arguments) and argument pieces.
+        auto send_tool_delta = [&](const ToolCallDelta& d, size_t choice) {
+          bool sent = true;
+          if (!d.content.empty())
+            sent = send(chunk({{"index", choice}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
+          for (const ToolCallPiece& piece : d.calls) {
+            json call = {{"index", piece.index}};
+            if (piece.start) {
+              call["id"] = "call_" + id + "_" + std::to_string(choice) + "_" + std::to_string(piece.index);
+              call["type"] = "function";
+              call["function"] = {{"name", piece.name}, {"arguments", piece.arguments}};
+            } else {
+              call["function"] = {{"arguments", piece.arguments}};
+            }
+            sent = sent && send(chunk({{"index", choice}, {"delta", {{"tool_calls", json::array({std::move(call)})}}}, {"finish_reason", nullptr}}));
+          }
+          return sent;
+        };
         const size_t c = st->current;
         GenerationHandle& handle = *handles[c];
         if (!st->started) {
           st->started = true;
           st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
-          st->held = reply.forced_prefix;
           st->full.clear();
           bool ok = true;
           if (chat) ok = send(chunk({{"index", c}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}));
+          if (reply.parse_tools) {
+            st->tools = std::make_unique<ToolCallStream>(reply.tool_format, reply.tools, reply.split_reasoning);
+            ok = ok && send_tool_delta(st->tools->push(reply.forced_prefix), c);
+          }
           else if (!echo_text.empty()) ok = send(chunk({{"index", c}, {"text", echo_text}, {"finish_reason", nullptr}, {"logprobs", nullptr}}));
           if (!ok) {
             cancel_all();
@@ -1054,12 +1150,14 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
         if (!handle.next(ev)) return false;
         bool ok = true;
         // A split reply streams reasoning_content and content deltas (a partial tag held back);
-        // with tools, the content is held to the end, where the calls are parsed out of it.
+        // with tools, the content goes through the tool-call stream: text outside the calls as
+        // content, each call's id, type and name once its name is known, then its arguments in
+        // pieces as the model writes them (OpenAI's tool_calls deltas).
         auto send_split = [&](const ReasoningSplit& d) {
           if (!d.reasoning.empty())
             ok = ok && send(chunk({{"index", c}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
           if (reply.parse_tools) {
-            st->held += d.content;
+            ok = ok && send_tool_delta(st->tools->push(d.content), c);
           } else if (!d.content.empty()) {
             ok = ok && send(chunk({{"index", c}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
           }
@@ -1088,18 +1186,8 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           if (split && ev.kind == GenerationEvent::Kind::kDone) {
             if (reply.split_reasoning) send_split(st->reasoning->finish());
             if (reply.parse_tools) {
-              const ParsedToolCalls calls = parse_tool_calls(st->held, reply.tool_format, reply.tools);
-              const std::string content = calls.calls.empty() ? st->held : calls.content;
-              if (!content.empty())
-                ok = ok && send(chunk({{"index", c}, {"delta", {{"content", content}}}, {"finish_reason", nullptr}}));
-              if (!calls.calls.empty()) {
-                json tc = json::array();
-                for (size_t i = 0; i < calls.calls.size(); ++i)
-                  tc.push_back({{"index", i}, {"id", "call_" + id + "_" + std::to_string(c) + "_" + std::to_string(i)}, {"type", "function"},
-                                {"function", {{"name", calls.calls[i].name}, {"arguments", calls.calls[i].arguments}}}});
-                ok = ok && send(chunk({{"index", c}, {"delta", {{"tool_calls", tc}}}, {"finish_reason", nullptr}}));
-                if (finish_reason == "stop") finish_reason = "tool_calls";
-              }
+              ok = ok && send_tool_delta(st->tools->finish(), c);
+              if (st->tools->calls_started() > 0 && finish_reason == "stop") finish_reason = "tool_calls";
             }
           }
           if (ev.kind == GenerationEvent::Kind::kDone) {
@@ -1182,14 +1270,29 @@ json anthropic_blocks(const json& message) {
   return blocks;
 }
 
-void Api::messages(const httplib::Request& req, httplib::Response& res) {
-  if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
+// Anthropic's POST /v1/messages/count_tokens: the prompt a /v1/messages request with these
+// messages, system, tools, tool_choice and thinking would prefill, rendered and encoded the same
+// way (input_tokens counts every prompt token, cached or not).
+void Api::count_tokens(const httplib::Request& req, httplib::Response& res) {
   nlohmann::ordered_json raw;
   try {
     raw = nlohmann::ordered_json::parse(req.body);
   } catch (const std::exception& e) {
     throw ApiError{400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json"};
   }
+  if (!raw.is_object()) throw ApiError{400, "the request body must be a JSON object", "", "invalid_json"};
+  for (const auto& [key, value] : raw.items())
+    if (key != "model" && key != "messages" && key != "system" && key != "tools" && key != "tool_choice" && key != "thinking" &&
+        key != "output_config" && key != "cache_control")
+      throw ApiError{400, "'" + key + "': not a count_tokens field (model, messages, system, tools, tool_choice, thinking, "
+                          "output_config)", key, "invalid_request"};
+  // max_tokens is no count_tokens field; the mapping needs one (and a thinking budget below it).
+  raw["max_tokens"] = so_.context_tokens;
+  ParsedRequest p = anthropic_request(raw);
+  write_json(res, 200, {{"input_tokens", p.gen.prompt.size()}});
+}
+
+ParsedRequest Api::anthropic_request(const nlohmann::ordered_json& raw) const {
   nlohmann::ordered_json chat_body;
   try {
     chat_body = anthropic_to_chat_request(raw);
@@ -1205,12 +1308,25 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
   } catch (ApiError& e) {
     // The checks ran on the OpenAI-shaped request: name the Anthropic fields it came from.
     for (auto [from, to] : {std::pair<std::string, std::string>{"response_format.json_schema.schema", "output_config.format.schema"},
-                            {".function.parameters", ".input_schema"}, {".function.name", ".name"}})
+                            {".function.parameters", ".input_schema"}, {".function.name", ".name"},
+                            {"thinking_budget_tokens", "thinking.budget_tokens"}})
       for (std::string* text : {&e.param, &e.message})
         for (size_t at = text->find(from); at != std::string::npos; at = text->find(from, at + to.size()))
           text->replace(at, from.size(), to);
     throw;
   }
+  return p;
+}
+
+void Api::messages(const httplib::Request& req, httplib::Response& res) {
+  if (draining) throw ApiError{503, "the server is shutting down", "", "shutting_down", "server_error"};
+  nlohmann::ordered_json raw;
+  try {
+    raw = nlohmann::ordered_json::parse(req.body);
+  } catch (const std::exception& e) {
+    throw ApiError{400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json"};
+  }
+  ParsedRequest p = anthropic_request(raw);
   const auto handles = submit(p, "messages");
   auto handle = handles.front();
   const std::string id = new_id("msg_");
@@ -1257,15 +1373,16 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
 
   // Streaming, as Anthropic's API sends it: message_start, then per content block
   // content_block_start, its deltas and content_block_stop (thinking blocks stream as the model
-  // thinks, text as it writes; with tools the text is held to the end, where the calls are parsed
-  // out of it and each becomes a tool_use block with one input_json_delta), then message_delta
+  // thinks, text as it writes; with tools each call becomes a tool_use block once its name is
+  // known, its arguments input_json_delta pieces as they are written), then message_delta
   // with the stop reason and usage, and message_stop.
   struct StreamState {
     bool started = false;
     int index = -1;          // the open block's index (-1: none)
     std::string open_type;   // "thinking", "text" or ""
     std::unique_ptr<ReasoningStream> reasoning;
-    std::string held, full;
+    std::unique_ptr<ToolCallStream> tools;
+    std::string full;
   };
   auto st = std::make_shared<StreamState>();
   res.status = 200;
@@ -1302,9 +1419,27 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
             send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index}, {"delta", {{"type", "text_delta"}, {"text", text}}}});
           }
         };
+        // A tool call becomes a tool_use block once its name is known; its arguments stream as
+        // input_json_delta pieces as the model writes them.
+        auto tool_delta = [&](const ToolCallDelta& d) {
+          stream_text("text", d.content);
+          for (const ToolCallPiece& piece : d.calls) {
+            if (piece.start) {
+              close_block();
+              ++st->index;
+              st->open_type = "tool_use";
+              send("content_block_start", {{"type", "content_block_start"}, {"index", st->index},
+                                           {"content_block", {{"type", "tool_use"}, {"id", "toolu_" + id + "_" + std::to_string(piece.index)},
+                                                              {"name", piece.name}, {"input", json::object()}}}});
+            }
+            if (!piece.arguments.empty())
+              send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index},
+                                           {"delta", {{"type", "input_json_delta"}, {"partial_json", piece.arguments}}}});
+          }
+        };
         auto split = [&](const ReasoningSplit& d) {
           stream_text("thinking", d.reasoning);
-          if (reply.parse_tools) st->held += d.content;
+          if (reply.parse_tools) tool_delta(st->tools->push(d.content));
           else stream_text("text", d.content);
         };
         GenerationEvent ev;
@@ -1312,7 +1447,6 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
         if (!st->started) {  // after the first event: the cached token count is known by then
           st->started = true;
           st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
-          st->held = reply.forced_prefix;
           json usage = anthropic_usage(*handle);
           usage["output_tokens"] = 0;
           send("message_start", {{"type", "message_start"},
@@ -1320,6 +1454,10 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
                                               {"content", json::array()}, {"stop_reason", nullptr}, {"stop_sequence", nullptr},
                                               {"usage", usage}}}});
           send("ping", {{"type", "ping"}});
+          if (reply.parse_tools) {
+            st->tools = std::make_unique<ToolCallStream>(reply.tool_format, reply.tools, reply.split_reasoning);
+            tool_delta(st->tools->push(reply.forced_prefix));
+          }
         }
         if (ev.kind == GenerationEvent::Kind::kDelta) {
           st->full += ev.text;
@@ -1329,23 +1467,8 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
           if (reply.split_reasoning) split(st->reasoning->finish());
           bool called = false;
           if (reply.parse_tools) {
-            const json message = reply_message(ReplyFormat{.parse_tools = true, .tool_format = reply.tool_format, .tools = reply.tools},
-                                               st->held, id);
-            const json blocks = anthropic_blocks(message);
-            for (const json& b : blocks) {
-              if (b["type"] == "text") {
-                stream_text("text", b["text"].get<std::string>());
-              } else if (b["type"] == "tool_use") {
-                called = true;
-                close_block();
-                ++st->index;
-                send("content_block_start", {{"type", "content_block_start"}, {"index", st->index},
-                                             {"content_block", {{"type", "tool_use"}, {"id", b["id"]}, {"name", b["name"]}, {"input", json::object()}}}});
-                send("content_block_delta", {{"type", "content_block_delta"}, {"index", st->index},
-                                             {"delta", {{"type", "input_json_delta"}, {"partial_json", dump(b["input"])}}}});
-                send("content_block_stop", {{"type", "content_block_stop"}, {"index", st->index}});
-              }
-            }
+            tool_delta(st->tools->finish());
+            called = st->tools->calls_started() > 0;
           }
           if (st->index < 0) open_block("text", {{"type", "text"}, {"text", ""}});  // never an empty content list
           close_block();
@@ -1502,6 +1625,9 @@ int run_server(const HybridModel& model, const Tokenizer* tokenizer, const Serve
              api.completions(q, r, false);
            }));
   svr.Post("/v1/messages", guarded("/v1/messages", [&](const httplib::Request& q, httplib::Response& r) { api.messages(q, r); }, true));
+  svr.Post("/v1/messages/count_tokens", guarded("/v1/messages/count_tokens", [&](const httplib::Request& q, httplib::Response& r) {
+             api.count_tokens(q, r);
+           }, true));
   svr.Get("/", guarded("/", [&](const httplib::Request&, httplib::Response& r) {
             r.set_content(chat_page_html(), "text/html; charset=utf-8");
           }));
