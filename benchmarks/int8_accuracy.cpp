@@ -36,8 +36,8 @@ int main(int argc, char** argv) {
     const ModelConfig c = model_preset(preset);
     const int64_t V = c.vocab_size;
     constexpr int kThreads = 2, kSteps = 32;
-    const HybridModel ref = HybridModel::synthetic(c, 1, kThreads, 0);
-    const HybridModel q = HybridModel::synthetic(c, 1, kThreads, group);
+    const HybridModel ref = HybridModel::synthetic(c, 1, kThreads);
+    const HybridModel q = HybridModel::synthetic(c, 1, kThreads, {.format = "int8", .int8_group = group});
     std::vector<int32_t> prompt(128);
     uint64_t s = 7;
     for (int32_t& id : prompt) {

@@ -493,7 +493,11 @@ TEST(StackedProjection, EqualsThePartsAndReleasesEachPartOnce) {
   }
   std::vector<float> x(static_cast<size_t>(M * K));
   for (float& v : x) v = next();
-  for (const int64_t group : {int64_t{0}, int64_t{32}}) {
+  // As stored (bf16), and converted at load by the int8 (group 32) and f16 rows' quantizers.
+  for (const std::optional<hanpu::WeightFormat> format :
+       {std::optional<hanpu::WeightFormat>{}, std::optional{hanpu::WeightFormat::kInt8},
+        std::optional{hanpu::WeightFormat::kF16}}) {
+    const std::string group = format ? hanpu::weight_format_info(*format).name : "bf16";  // (named for the messages)
     std::vector<hanpu::ByteBuffer> owned;
     std::map<std::string, int> released;
     hanpu::model::WeightReader w;
@@ -503,11 +507,11 @@ TEST(StackedProjection, EqualsThePartsAndReleasesEachPartOnce) {
     };
     w.has = [&](const std::string& name) { return store.count(name) > 0; };
     w.owned = &owned;
-    w.int8_group = group;
+    if (format) w.load = {&hanpu::weight_format_info(*format), 32};
     w.release = [&](const std::string& name) { ++released[name]; };
     const hanpu::model::Projection stacked = w.stacked(parts, K);
     ASSERT_EQ(stacked.out_features(), 80);
-    for (const auto& [name, rows] : parts) EXPECT_EQ(released[name], 1) << name << ", int8 group " << group;
+    for (const auto& [name, rows] : parts) EXPECT_EQ(released[name], 1) << name << ", format " << group;
     released.clear();
     std::vector<float> y(static_cast<size_t>(M * 80));
     const hanpu::EngineThreads th{&hanpu::Engine::default_engine(), 1};
@@ -520,7 +524,7 @@ TEST(StackedProjection, EqualsThePartsAndReleasesEachPartOnce) {
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < rows; ++n)
           ASSERT_EQ(y[static_cast<size_t>(m * 80 + col + n)], yp[static_cast<size_t>(m * rows + n)])
-              << name << " row " << m << " col " << n << ", int8 group " << group;
+              << name << " row " << m << " col " << n << ", format " << group;
       col += rows;
     }
   }

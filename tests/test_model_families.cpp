@@ -715,7 +715,7 @@ TEST(ModelWork, MlaCountsTheFormThatRuns) {
     EXPECT_DOUBLE_EQ(model::forward_work(c, cached, 1, false).attention_core.flops,
                      2 * nh * static_cast<double>(c.mla.cache_dim() + c.mla.kv_lora_rank) * (cached + 1));
     // int8 weights keep the latent form (no W_uk copy is built for them).
-    EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false, 32).attention_core.flops,
+    EXPECT_DOUBLE_EQ(model::forward_work(c, 0, T, false, {.bytes_per_weight = 1 + 4.0 / 32, .latent_only = true}).attention_core.flops,
                      2 * nh * static_cast<double>(c.mla.cache_dim() + c.mla.kv_lora_rank) * pairs);
   }
 }
@@ -734,7 +734,7 @@ TEST(ModelInt8, EveryFamilyNearTheFp32LogitsAndSelfConsistent) {
     SCOPED_TRACE(golden);
     const fs::path dir = testing::golden_dir() / golden;
     const testing::Expected e = testing::load_expected(dir);
-    const HybridModel m = HybridModel::load(dir.string(), {.int8_group = kDefaultInt8Group});
+    const HybridModel m = HybridModel::load(dir.string(), {.weights = {.format = "int8"}});
     const std::vector<int32_t> ids = e.full_sequence();
     const Tensor whole = testing::all_logits(m, ids, 2);
     const double err = testing::nmse(whole.ptr<float>(), e.logits.ptr<float>(), whole.numel());

@@ -1,6 +1,11 @@
 // Dense projections of a model (q/k/v/z/b/a/out projections, MLP, LM head): y = x W^T with the
-// weight in bf16 as checkpoints ship it ([out_features, in_features], row-major, like
-// torch.nn.Linear) and activations in f32.
+// weight [out_features, in_features] (row-major, like torch.nn.Linear) in one of the formats of
+// hanpu/weight_format.hpp, and activations in f32.
+//
+// Linear is the one interface over every format: a model holds its projections as Linear and
+// never asks which format a weight has (the registry row says what differs). One class per
+// family of kernels implements it: Bf16Linear (bf16), F16Linear (f16), F32Linear (f32),
+// Int8Linear (hanpu's int8) and GgufLinear (GGML blocks: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS).
 //
 // Bf16Linear is a handle so that the implementation may repack the weight once at load time into
 // whatever layout its kernel wants (e.g. pairs for the bf16 dot-product instructions); callers
@@ -16,6 +21,7 @@
 
 #include "hanpu/gguf_format.hpp"
 #include "hanpu/tensor.hpp"
+#include "hanpu/weight_format.hpp"
 
 namespace hanpu {
 
@@ -71,7 +77,28 @@ double linear_bf16dot_mac_ratio();
 /// linear_bf16dot_mac_ratio() is at least 1.5, else portable.
 LinearBackend linear_auto_backend();
 
-class Bf16Linear {
+/// y = x W^T over a weight in any format (hanpu/weight_format.hpp). Implementations keep the
+/// arithmetic of their kernels: the pointer form of forward() below computes exactly what each
+/// class's own forward computes.
+class Linear {
+ public:
+  virtual ~Linear() = default;
+  /// The weight's format (its registry row: weight_format_info(format())).
+  virtual WeightFormat format() const = 0;
+  virtual int64_t in_features() const = 0;
+  virtual int64_t out_features() const = 0;
+  virtual const std::string& name() const = 0;
+  /// Bytes of the weight as held (a mapped file's, or the copy made at load).
+  virtual size_t bytes() const = 0;
+  /// y[m, :N] (+)= x[m, :K] W^T for m < M; rows of x and y are ldx / ldy floats apart (>= K, N);
+  /// `threads` parts of the engine's pool. precision: see LinearPrecision (formats whose
+  /// arithmetic it does not apply to ignore it, as their classes document). The result does not
+  /// depend on `threads`. Throws hanpu::Error naming the weight on bad arguments.
+  virtual void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+                       bool accumulate, LinearPrecision precision) const = 0;
+};
+
+class Bf16Linear final : public Linear {
  public:
   Bf16Linear();
   /// weight: [out_features, in_features] BF16, contiguous rows. `name` is used in error messages
@@ -89,11 +116,15 @@ class Bf16Linear {
   Bf16Linear(Bf16Linear&&) noexcept;
   Bf16Linear& operator=(Bf16Linear&&) noexcept;
 
-  int64_t in_features() const;
-  int64_t out_features() const;
-  const std::string& name() const;
+  WeightFormat format() const override { return WeightFormat::kBf16; }
+  int64_t in_features() const override;
+  int64_t out_features() const override;
+  const std::string& name() const override;
+  size_t bytes() const override;
   /// The backend actually chosen (never kAuto).
   LinearBackend backend() const;
+  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+               bool accumulate, LinearPrecision precision) const override;
 
   /// y[m, :] = x[m, :] W^T for every row m: x is [M, in_features] F32 (row stride may exceed
   /// in_features), y is [M, out_features] F32 (row stride may exceed out_features).
@@ -117,7 +148,7 @@ class Bf16Linear {
 /// [-127, 127]; the last group of a row may be shorter). Activations and accumulation stay f32:
 /// the only error is the weights' quantization (docs/LINEAR.md). Memory: 1 + 4 / group bytes per
 /// weight; the weight is read once per decode step, so decode moves about half the bf16 bytes.
-class Int8Linear {
+class Int8Linear final : public Linear {
  public:
   Int8Linear();
   /// Quantizes `weight` ([out_features, in_features] BF16, F16 or F32, contiguous) now; the view
@@ -131,12 +162,15 @@ class Int8Linear {
   Int8Linear(Int8Linear&&) noexcept;
   Int8Linear& operator=(Int8Linear&&) noexcept;
 
-  int64_t in_features() const;
-  int64_t out_features() const;
+  WeightFormat format() const override { return WeightFormat::kInt8; }
+  int64_t in_features() const override;
+  int64_t out_features() const override;
   int64_t group() const;
-  const std::string& name() const;
+  const std::string& name() const override;
   /// Bytes of the int8 weight and its scales (owned, or read in place).
-  size_t bytes() const;
+  size_t bytes() const override;
+  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+               bool accumulate, LinearPrecision precision) const override;
   const int8_t* quantized() const;  // [N, K]
   const float* scales() const;      // [N, ceil(K / group)]
   /// Weight (n, k) as forward() uses it: q * scale, in f32.
@@ -162,24 +196,90 @@ class Int8Linear {
 /// Q8_0 / Q4_K / Q5_K / Q6_K run a GEMV over the blocks with int8 activations, as llama.cpp does;
 /// other rows and other decodable types dequantize tiles of W to f32 exactly and keep the
 /// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
-class GgufLinear {
+class GgufLinear final : public Linear {
  public:
+  /// Throws hanpu::Error naming the weight for a type without a registry row
+  /// (weight_format_of_ggml) or a shape that is not rows of whole blocks.
   GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name);
   gguf::GgmlType type() const { return type_; }
-  int64_t out_features() const { return N_; }
-  int64_t in_features() const { return K_; }
-  const std::string& name() const { return name_; }
+  WeightFormat format() const override { return format_; }
+  int64_t out_features() const override { return N_; }
+  int64_t in_features() const override { return K_; }
+  const std::string& name() const override { return name_; }
   const void* blocks() const { return blocks_; }
-  size_t bytes() const;
+  size_t bytes() const override;
   /// y[m, :N] (+)= x[m, :K] W^T for m < M; rows ldx / ldy floats apart; `threads` of the engine's pool.
   void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
                bool accumulate) const;
+  /// The format's own arithmetic: `precision` does not apply.
+  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+               bool accumulate, LinearPrecision) const override {
+    forward(engine, x, ldx, y, ldy, M, threads, accumulate);
+  }
 
  private:
   gguf::GgmlType type_;
+  WeightFormat format_;
   const void* blocks_;
   int64_t N_, K_, row_bytes_ = 0;
   std::string name_;
+};
+
+/// A weight stored as IEEE half [N, K] (an f16 safetensors checkpoint, a GGUF F16 tensor, or
+/// `--weights f16`), kept in f16: half the bytes of f32, as bf16. Activations and accumulation are
+/// f32 and every product is exact (f16 widens to f32 exactly), so the only difference from f32
+/// weights is the order of the sums. Decode rows (M < 16) stream each weight row once, widened in
+/// registers (VCVTPH2PS on x86 with F16C, Highway's f16 conversion elsewhere); prefill rows widen
+/// panels of rows to f32 once per call and run the register-tiled f32 GEMM bf16 uses
+/// (src/cpu/linear_portable.cpp). `precision` does not apply.
+class F16Linear final : public Linear {
+ public:
+  /// weight: [N, K] F16, contiguous; not copied (it must outlive this object, as Bf16Linear's).
+  F16Linear(TensorView weight, std::string name);
+  /// A copy of `weight` ([N, K] BF16, F16 or F32, contiguous) rounded to f16 (to nearest even;
+  /// values beyond f16's range become +-inf: throws naming the weight and the element instead).
+  static F16Linear converted(const TensorView& weight, std::string name);
+  /// Several f16 weights with the same in_features stacked along out_features (rows copied).
+  F16Linear(const std::vector<TensorView>& weights, std::string name);
+  WeightFormat format() const override { return WeightFormat::kF16; }
+  int64_t in_features() const override { return K_; }
+  int64_t out_features() const override { return N_; }
+  const std::string& name() const override { return name_; }
+  size_t bytes() const override { return static_cast<size_t>(N_ * K_) * 2; }
+  const uint16_t* data() const { return w_; }
+  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+               bool accumulate, LinearPrecision precision = LinearPrecision::kExact) const override;
+
+ private:
+  F16Linear() = default;
+  const uint16_t* w_ = nullptr;
+  int64_t N_ = 0, K_ = 0;
+  std::string name_;
+  ByteBuffer owned_;  // converted or stacked rows (w_ points here), else empty
+};
+
+/// A weight in f32 [N, K] (converted checkpoints, GGUF F32 tensors, weights a loader reorders),
+/// kept in f32: the same kernels as F16Linear without the widening. `precision` does not apply.
+class F32Linear final : public Linear {
+ public:
+  /// weight: [N, K] F32, contiguous; not copied.
+  F32Linear(TensorView weight, std::string name);
+  /// A copy of `weight` ([N, K], any float dtype, contiguous) in f32.
+  static F32Linear converted(const TensorView& weight, std::string name);
+  WeightFormat format() const override { return WeightFormat::kF32; }
+  int64_t in_features() const override { return K_; }
+  int64_t out_features() const override { return N_; }
+  const std::string& name() const override { return name_; }
+  size_t bytes() const override { return static_cast<size_t>(N_ * K_) * 4; }
+  void forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+               bool accumulate, LinearPrecision precision = LinearPrecision::kExact) const override;
+
+ private:
+  F32Linear() = default;
+  const float* w_ = nullptr;
+  int64_t N_ = 0, K_ = 0;
+  std::string name_;
+  ByteBuffer owned_;
 };
 
 }  // namespace hanpu

@@ -208,23 +208,31 @@ std::vector<std::string> model_preset_names();
 /// accuracy and speed measured for 32, 64 and 128).
 inline constexpr int64_t kDefaultInt8Group = 64;
 
+/// Which format a model's projections take (ModelLoadOptions::weights, HybridModel::synthetic).
+struct WeightOptions {
+  /// A name of weight_load_names() (hanpu/weight_format.hpp; its refusal lists them): "bf16" keeps
+  /// the checkpoint's weights as stored (bf16, f16 or f32; a file `hanpu quantize` wrote: its
+  /// int8); "int8" and "f16" convert each projection at load (the row's quantizer); "q8_0",
+  /// "q4_k", "q6_k" and the mix "q4_k_m" quantize a safetensors checkpoint at load into that GGUF
+  /// format, with the quantizer and tensor mix `hanpu quantize --format` writes, and load it as
+  /// that GGUF file would be (an anonymous memory file; docs/GGUF.md).
+  std::string format = "bf16";
+  /// With format "int8": inputs per scale (Int8Linear).
+  int64_t int8_group = kDefaultInt8Group;
+};
+
 struct ModelLoadOptions {
   /// Draw a progress bar on stderr while the weights are paged in (done for files above
   /// progress_min_bytes; the weights are memory-mapped, so this is the actual disk read).
   bool progress = false;
   uint64_t progress_min_bytes = 256ull << 20;
-  /// > 0: every projection (attention, GDN/KDA, MLP and experts, LM head; not the embedding table,
-  /// MoE routers or shared-expert gates) is quantized to int8 at load, one scale per this many
-  /// in_features (hanpu::Int8Linear, docs/MODEL.md); 0 keeps the checkpoint's bf16.
-  int64_t int8_group = 0;
-  /// Called for every projection quantized at load under its checkpoint tensor name (those
+  /// The projections' format (every projection: attention, GDN/KDA, MLP and experts, LM head; not
+  /// the embedding table, MoE routers or shared-expert gates). docs/MODEL.md "Weight formats".
+  WeightOptions weights;
+  /// Called for every projection quantized to int8 at load under its checkpoint tensor name (those
   /// stored as they are used; `hanpu quantize` writes them out). The reference stays valid while
   /// the model lives.
   std::function<void(const std::string& tensor, const Int8Linear& q)> on_int8_projection;
-  /// Non-empty ("q8_0", "q4_k_m", "q4_k", "q6_k"): a safetensors checkpoint is quantized at load
-  /// into that GGUF file format, with the quantizer and tensor mix `hanpu quantize --format`
-  /// writes, and loaded as that GGUF file would be (an anonymous memory file; docs/GGUF.md).
-  std::string gguf_format;
   /// The engine the model runs on (its pool, workspaces and activation scratch); null:
   /// Engine::default_engine(). Two models with their own engines share nothing.
   std::shared_ptr<Engine> engine;
@@ -278,8 +286,10 @@ class HybridModel {
   /// Random BF16 weights of the given shapes, built in memory (benchmarks without a download).
   /// Scales keep activations O(1) through all layers.
   /// engine: as ModelLoadOptions::engine (null: the default engine).
-  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1, int64_t int8_group = 0,
-                               std::shared_ptr<Engine> engine = nullptr);
+  /// weights: as ModelLoadOptions::weights, the formats converted per tensor ("bf16", "int8",
+  /// "f16"; a GGUF format needs a checkpoint: the error says so).
+  static HybridModel synthetic(const ModelConfig& config, uint64_t seed = 1, int threads = 1,
+                               const WeightOptions& weights = {}, std::shared_ptr<Engine> engine = nullptr);
 
   HybridModel(HybridModel&&) noexcept;
   HybridModel& operator=(HybridModel&&) noexcept;

@@ -22,7 +22,7 @@ from .ops import (
     isa,
     set_num_threads,
 )
-from .model import Model, ModelState, Tokenizer
+from .model import WEIGHT_FORMATS, Model, ModelState, Tokenizer
 from .planning import ablation_steps, describe_plan, device, devices, plan, simulate, strategies
 
 __version__ = "0.1.0"
@@ -32,6 +32,7 @@ __all__ = [
     "Model",
     "ModelState",
     "Tokenizer",
+    "WEIGHT_FORMATS",
     "ablation_steps",
     "chunk_gated_delta_rule",
     "chunk_gdn",

@@ -20,18 +20,23 @@ from pathlib import Path
 from . import _hanpu
 from .ops import get_num_threads
 
-__all__ = ["Model", "ModelState", "Tokenizer"]
+__all__ = ["Model", "ModelState", "Tokenizer", "WEIGHT_FORMATS"]
 
 ModelState = _hanpu.ModelState
 DEFAULT_INT8_GROUP = 64  # as hanpu::kDefaultInt8Group
 
 
-def _int8_group(weights, group):
-    if weights not in ("bf16", "int8"):
-        raise ValueError(f"`weights` must be 'bf16' or 'int8', got {weights!r}")
+# The names `weights` takes: the weight-format registry's (hanpu/weight_format.hpp), so a format
+# added there is accepted here without a change.
+WEIGHT_FORMATS = tuple(_hanpu.weight_load_names())
+
+
+def _weights(weights, group):
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"`weights`: got {weights!r}, expected one of {', '.join(WEIGHT_FORMATS)}")
     if weights == "int8" and (not isinstance(group, int) or group < 1):
         raise ValueError(f"`int8_group` must be a positive int, got {group!r}")
-    return int(group) if weights == "int8" else 0
+    return str(weights), int(group) if isinstance(group, int) and group >= 1 else DEFAULT_INT8_GROUP
 
 
 class Model:
@@ -43,18 +48,21 @@ class Model:
     @classmethod
     def load(cls, path, weights="bf16", int8_group=DEFAULT_INT8_GROUP):
         """A checkpoint directory: config.json and model.safetensors (or an index with shards).
-        weights="int8" quantizes the projections at load (symmetric, one scale per int8_group
-        inputs; as `hanpu run --weights int8`). Raises hanpu.HanpuError naming the file and tensor
-        for anything it cannot run."""
-        m = cls(_hanpu._Model.load(str(path), _int8_group(weights, int8_group)))
+        `weights` is one of WEIGHT_FORMATS, as `hanpu run --weights`: "bf16" keeps the checkpoint's
+        weights as stored, "int8" quantizes the projections at load (symmetric, one scale per
+        int8_group inputs), "f16" converts them to f16, "q8_0" / "q4_k" / "q6_k" / "q4_k_m" quantize
+        a safetensors checkpoint into that GGUF format at load (docs/MODEL.md "Weight formats").
+        Raises hanpu.HanpuError naming the file and tensor for anything it cannot run."""
+        m = cls(_hanpu._Model.load(str(path), *_weights(weights, int8_group)))
         m._dir = str(path)  # its tokenizer's stop ids for generate()
         return m
 
     @classmethod
     def synthetic(cls, spec, seed=1, weights="bf16", int8_group=DEFAULT_INT8_GROUP):
         """Random bf16 weights: `spec` is a preset name (as `hanpu bench-model --synthetic`) or the
-        path of any family's config.json; weights as load's."""
-        return cls(_hanpu._Model.synthetic(str(spec), int(seed), get_num_threads(), _int8_group(weights, int8_group)))
+        path of any family's config.json; weights as load's (the formats converted per tensor:
+        bf16, int8, f16)."""
+        return cls(_hanpu._Model.synthetic(str(spec), int(seed), get_num_threads(), *_weights(weights, int8_group)))
 
     @property
     def config(self):

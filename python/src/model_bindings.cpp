@@ -15,6 +15,7 @@
 #include "hanpu/engine.hpp"
 #include "hanpu/generator.hpp"
 #include "hanpu/model.hpp"
+#include "hanpu/weight_format.hpp"
 #include "hanpu/tokenizer.hpp"
 #include "io/file_io.hpp"
 #include "io/json_io.hpp"
@@ -95,6 +96,33 @@ std::vector<ChatMessage> messages_from(nb::handle obj) {
 }  // namespace
 
 void register_model(nb::module_& m) {
+  // The weight-format registry (hanpu/weight_format.hpp): Model.load(weights=) takes these names.
+  m.def(
+      "weight_load_names", [] { return weight_load_names(); },
+      "the names Model.load / Model.synthetic accept as `weights` (the registry rows that load, then the GGUF mixes)");
+  m.def(
+      "weight_formats",
+      [] {
+        nb::list rows;
+        for (const WeightFormatInfo& r : weight_formats()) {
+          nb::dict d;
+          d["name"] = r.name;
+          d["layout"] = r.layout;
+          d["file_metadata"] = r.file_metadata;
+          d["load"] = r.load == WeightLoad::kAsStored    ? "as_stored"
+                      : r.load == WeightLoad::kPerTensor ? "per_tensor"
+                      : r.load == WeightLoad::kGgufFile  ? "gguf_file"
+                                                         : "read_only";
+          d["bytes_per_weight"] = r.format == WeightFormat::kInt8 ? nb::object(nb::none())
+                                                                  : nb::cast(r.bytes_per_weight(0));
+          d["decode_kernels"] = r.decode_kernels;
+          d["prefill_kernels"] = r.prefill_kernels;
+          rows.append(d);
+        }
+        return rows;
+      },
+      "one dict per weight format of the registry (name, layout, file_metadata, load, bytes_per_weight "
+      "(None for int8: 1 + 4 / group), decode_kernels, prefill_kernels)");
   nb::class_<HybridState>(m, "ModelState", "Per-sequence state: LA recurrent and conv states, attention caches.")
       .def_ro("position", &HybridState::position, "tokens consumed so far (the next token's position)")
       .def_prop_ro("nbytes", &HybridState::bytes, "bytes held by the states and caches")
@@ -104,20 +132,23 @@ void register_model(nb::module_& m) {
   nb::class_<HybridModel>(m, "_Model")
       .def_static(
           "load",
-          [](const std::string& dir, int64_t int8_group) {
+          [](const std::string& dir, const std::string& weights, int64_t int8_group) {
             nb::gil_scoped_release no_gil;
             // Each model its own engine (pool, workspaces, activation scratch): two models share nothing.
-            return HybridModel::load(dir, {.int8_group = int8_group, .engine = std::make_shared<Engine>()});
+            return HybridModel::load(dir, {.weights = {.format = weights, .int8_group = int8_group},
+                                           .engine = std::make_shared<Engine>()});
           },
-          nb::arg("dir"), nb::arg("int8_group") = 0)
+          nb::arg("dir"), nb::arg("weights") = "bf16", nb::arg("int8_group") = kDefaultInt8Group)
       .def_static(
           "synthetic",
-          [](const std::string& spec, uint64_t seed, int threads, int64_t int8_group) {
+          [](const std::string& spec, uint64_t seed, int threads, const std::string& weights, int64_t int8_group) {
             ModelConfig c = synthetic_config(spec);
             nb::gil_scoped_release no_gil;
-            return HybridModel::synthetic(c, seed, threads, int8_group, std::make_shared<Engine>());
+            return HybridModel::synthetic(c, seed, threads, {.format = weights, .int8_group = int8_group},
+                                          std::make_shared<Engine>());
           },
-          nb::arg("spec"), nb::arg("seed"), nb::arg("threads"), nb::arg("int8_group") = 0)
+          nb::arg("spec"), nb::arg("seed"), nb::arg("threads"), nb::arg("weights") = "bf16",
+          nb::arg("int8_group") = kDefaultInt8Group)
       .def_prop_ro("config", [](const HybridModel& mdl) { return config_dict(mdl.config()); })
       .def_prop_ro("weight_bytes", &HybridModel::weight_bytes)
       .def("new_state", &HybridModel::new_state)

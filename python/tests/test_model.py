@@ -155,7 +155,26 @@ def test_int8_weights():
     err = nmse(m8.forward(m8.new_state(), ids, all_logits=True), e["logits"])
     assert 1e-9 < err <= 3e-3  # quantized, and close (docs/MODEL.md has the measured errors)
     assert m8.generate(e["prompt_ids"], max_new_tokens=len(e["greedy_ids"])) == e["greedy_ids"].tolist()
-    with pytest.raises(ValueError, match="`weights` must be 'bf16' or 'int8'"):
+    with pytest.raises(ValueError, match=r"`weights`: got 'int4', expected one of bf16, f16, int8, q8_0"):
         hanpu.Model.load(GOLDEN / "qwen35_tiny", weights="int4")
+    # The options are the weight-format registry's rows that load (and the GGUF mixes).
+    assert hanpu.WEIGHT_FORMATS == tuple(hanpu._hanpu.weight_load_names())
+    assert {"bf16", "int8", "f16", "q8_0", "q4_k", "q6_k", "q4_k_m"} == set(hanpu.WEIGHT_FORMATS)
+    rows = {r["name"]: r for r in hanpu._hanpu.weight_formats()}
+    assert rows["f16"]["bytes_per_weight"] == 2.0 and rows["q4_k"]["bytes_per_weight"] == 144 / 256
+    assert rows["q5_k"]["load"] == "read_only"
     with pytest.raises(ValueError, match="`int8_group` must be a positive int"):
         hanpu.Model.load(GOLDEN / "qwen35_tiny", weights="int8", int8_group=0)
+
+
+def test_f16_weights_match_the_bf16_model():
+    # The tiny golden's weights are bf16, which f16 holds exactly here (|w| well inside f16's range
+    # and normal): converted at load, the f16 kernels give the bf16 model's logits up to the order
+    # of the f32 sums.
+    e = expected("qwen35_tiny")
+    ids = np.concatenate([e["prompt_ids"], e["greedy_ids"]])
+    m = hanpu.Model.load(GOLDEN / "qwen35_tiny")
+    m16 = hanpu.Model.load(GOLDEN / "qwen35_tiny", weights="f16")
+    a = m.forward(m.new_state(), ids, all_logits=True)
+    b = m16.forward(m16.new_state(), ids, all_logits=True)
+    assert nmse(b, a) < 1e-10

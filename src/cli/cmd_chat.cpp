@@ -403,8 +403,7 @@ void run_chat(const ChatArgs& a) {
   }
   const LinearPrecision precision = linear_precision_from_name(a.precision);
   HybridModel model = HybridModel::load(a.model_dir, {.progress = true,
-                                                   .int8_group = a.weights.group(),
-                                                   .gguf_format = a.weights.gguf_format(),
+                                                   .weights = a.weights.options(),
                                                    .engine = std::make_shared<Engine>(threads)});
   const std::filesystem::path dir(a.model_dir);
   if (!(std::filesystem::exists(dir / "tokenizer.json") || std::filesystem::exists(dir / "tiktoken.model") ||

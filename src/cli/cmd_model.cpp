@@ -107,14 +107,14 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 // `hanpu quantize` wrote carries int8 weights without the flag.)
 LinearPrecision precision_for(const std::string& name, const WeightArgs& w, bool synthetic) {
   const LinearPrecision p = linear_precision_from_name(name);
-  if (p == LinearPrecision::kInt8 && synthetic && w.group() == 0)
+  if (p == LinearPrecision::kInt8 && synthetic && !w.int8())
     throw Error("--precision int8 quantizes the activations of int8 projections; give --weights int8 too");
   return p;
 }
 
 // What the projections compute, for the header line.
 std::string projections_description(LinearPrecision p, const WeightArgs& w) {
-  if (w.group() == 0) return linear_precision_name(p);
+  if (!w.int8()) return linear_precision_name(p);
   if (p != LinearPrecision::kInt8) return "int8 x f32";
   return Int8Linear::int8_activations_available(1)
              ? "int8 x f32 for prefill, int8 x int8 (activations quantized per group, AVX512-VNNI or AVX2) for decode"
@@ -137,8 +137,7 @@ void run_generate(const RunArgs& a) {
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   HybridModel model = HybridModel::load(
       a.model_dir, {.progress = true,
-                    .int8_group = a.weights.group(),
-                    .gguf_format = a.weights.gguf_format(),
+                    .weights = a.weights.options(),
                     .engine = std::make_shared<Engine>(threads)});
   const ModelConfig& cfg = model.config();
 
@@ -254,13 +253,14 @@ void run_bench_model(const BenchModelArgs& a) {
     return model_preset(a.synthetic);
   };
   auto engine = std::make_shared<Engine>(threads);
-  if (a.model_dir.empty() && !a.weights.gguf_format().empty())
-    throw Error("--weights " + a.weights.weights + " quantizes a checkpoint at load; give --model (synthetic weights are bf16 or int8)");
+  const WeightChoice weights = a.weights.choice();
+  if (a.model_dir.empty() && weights.load() == WeightLoad::kGgufFile)
+    throw Error("--weights " + a.weights.weights + " quantizes a checkpoint at load; give --model (synthetic weights "
+                "take bf16 or a format converted per tensor: int8, f16)");
   HybridModel model = a.model_dir.empty()
-                          ? HybridModel::synthetic(synthetic_config(), a.seed, threads, a.weights.group(), engine)
+                          ? HybridModel::synthetic(synthetic_config(), a.seed, threads, a.weights.options(), engine)
                           : HybridModel::load(a.model_dir, {.progress = !a.json,
-                                                            .int8_group = a.weights.group(),
-                                                            .gguf_format = a.weights.gguf_format(),
+                                                            .weights = a.weights.options(),
                                                             .engine = engine});
   const double load_s = seconds_since(t_load);
   const ModelConfig& cfg = model.config();
@@ -270,8 +270,10 @@ void run_bench_model(const BenchModelArgs& a) {
                 "run(s) per prompt length\n\n", name.c_str(),
                 a.model_dir.empty() ? " (synthetic random bf16 weights)" : "", cfg.describe().c_str(),
                 static_cast<double>(model.weight_bytes()) / 1e9,
-                a.weights.group() > 0
-                    ? (", projections quantized to int8 (group " + std::to_string(a.weights.group()) + ")").c_str()
+                weights.load() == WeightLoad::kPerTensor
+                    ? (", projections converted to " + weights.name + " at load" +
+                       (a.weights.int8() ? " (group " + std::to_string(a.weights.int8_group) + ")" : std::string()))
+                          .c_str()
                     : "",
                 load_s, threads, projections_description(precision, a.weights).c_str(), a.warmup);
   if (!a.json)
@@ -332,13 +334,18 @@ void run_bench_model(const BenchModelArgs& a) {
     auto share = [](double part, double total) { return total > 0 ? part / total : 0.0; };
     // Achieved rates: the counted work (model/model_work.hpp) over the measured time of each part.
     // A GGUF file's weights: its bytes over its parameters (the average of its block formats).
-    const double gguf_bytes_per_weight = model::is_gguf_path(a.model_dir) || !a.weights.gguf_format().empty()
-                                             ? static_cast<double>(model.weight_bytes()) /
-                                                   static_cast<double>(cfg.parameter_count())
-                                             : 0.0;
-    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, a.weights.group(), gguf_bytes_per_weight);
+    // Bytes per weight: the registry row's for a format converted at load (and synthetic bf16); a
+    // file's own (a GGUF file, one quantized at load, a checkpoint as stored): its bytes over its
+    // parameters, the average of its formats.
+    model::ProjectionWork proj_work;
+    if (weights.load() == WeightLoad::kPerTensor || a.model_dir.empty())
+      proj_work.bytes_per_weight = weight_format_info(*weights.format).bytes_per_weight(a.weights.int8_group);
+    else
+      proj_work.bytes_per_weight = static_cast<double>(model.weight_bytes()) / static_cast<double>(cfg.parameter_count());
+    proj_work.latent_only = weights.load() == WeightLoad::kPerTensor && weight_format_info(*weights.format).block_elems != 1;
+    const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, proj_work);
     model::ForwardWork decode_parts;  // summed over the decode steps, at their positions
-    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, a.weights.group(), gguf_bytes_per_weight);
+    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, proj_work);
     const model::PartWork decode_work = decode_parts.total();
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;
@@ -417,7 +424,7 @@ void run_bench_model(const BenchModelArgs& a) {
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
         {"isa", isa_selection().target},
         {"weights", a.weights.weights},
-        {"int8_group", a.weights.group()},
+        {"int8_group", a.weights.int8() ? a.weights.int8_group : 0},
     };
     if (a.json) {
       std::cout << row.dump() << std::endl;

@@ -18,6 +18,7 @@
 
 #include "cli/commands.hpp"
 #include "hanpu/model.hpp"
+#include "hanpu/weight_format.hpp"
 #include "io/file_io.hpp"
 #include "model/gguf_export.hpp"
 #include "io/json_io.hpp"
@@ -51,7 +52,9 @@ void run_quantize_gguf(const QuantizeArgs& a) {
 }
 
 void run_quantize(const QuantizeArgs& a) {
-  if (!a.format.empty()) return run_quantize_gguf(a);
+  // The registry says what --format writes: hanpu's int8 as safetensors, the rest as GGUF files.
+  const WeightChoice choice = weight_choice(a.format.empty() ? "int8" : a.format, "--format", weight_quantize_names());
+  if (choice.format != WeightFormat::kInt8) return run_quantize_gguf(a);
   const fs::path src(a.model_dir), dst(a.out_dir);
   if (fs::weakly_canonical(src) == fs::weakly_canonical(dst))
     throw Error("quantize: --out '" + a.out_dir + "' is the input checkpoint; write to another directory");
@@ -67,7 +70,7 @@ void run_quantize(const QuantizeArgs& a) {
   std::map<std::string, Quantized> quantized;
   ModelLoadOptions opt;
   opt.progress = true;
-  opt.int8_group = a.group;
+  opt.weights = {.format = "int8", .int8_group = a.group};
   opt.on_int8_projection = [&](const std::string& name, const Int8Linear& q) {
     const int64_t groups = (q.in_features() + q.group() - 1) / q.group();
     quantized[name] = {std::vector<int8_t>(q.quantized(), q.quantized() + q.out_features() * q.in_features()),
@@ -147,8 +150,21 @@ void register_quantize_command(CLI::App& app) {
   q->add_option("--out", a->out_dir,
                 "directory to write (created; the shards, index, config and tokenizer), or with --format the .gguf file")
       ->required();
+  std::string formats;
+  for (const std::string& n : hanpu::weight_quantize_names()) formats += (formats.empty() ? "" : ", ") + n;
   q->add_option("--format", a->format,
-                "write one GGUF file in this llama.cpp format instead: q8_0, q4_k_m, q4_k (all Q4_K), q6_k (all Q6_K), f16");
+                "int8 (default): hanpu's int8 checkpoint (safetensors, run it as is); any other writes one GGUF file "
+                "in that llama.cpp format (q4_k: all Q4_K, q6_k: all Q6_K). One of: " + formats)
+      ->check([](const std::string& v) {
+        try {
+          hanpu::weight_choice(v, "--format", hanpu::weight_quantize_names());
+          return std::string();
+        } catch (const hanpu::Error& e) {
+          // CLI11 puts the option's name in front itself.
+          const std::string m = e.what(), named = "--format: ";
+          return m.rfind(named, 0) == 0 ? m.substr(named.size()) : m;
+        }
+      });
   q->add_option("--int8-group", a->group, "inputs per scale")->check(CLI::Range(int64_t{1}, int64_t{1} << 20))->capture_default_str();
   q->callback([a] { hanpu::run_quantize(*a); });
 }

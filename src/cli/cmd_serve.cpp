@@ -35,7 +35,7 @@ void run_serve(ServeArgs& a) {
   a.scheduler.precision = linear_precision_from_name(a.precision);
   auto engine = std::make_shared<Engine>(a.scheduler.threads);
   HybridModel model = a.model_dir.empty()
-                          ? HybridModel::synthetic(model_preset(a.synthetic), a.seed, a.scheduler.threads, 0, engine)
+                          ? HybridModel::synthetic(model_preset(a.synthetic), a.seed, a.scheduler.threads, {}, engine)
                           : HybridModel::load(a.model_dir, {.progress = true, .engine = engine});
   std::unique_ptr<Tokenizer> tok;
   // Tokenizer::from_dir reads tokenizer.json (Qwen) or tiktoken.model (Kimi Linear).

@@ -205,6 +205,20 @@ int64_t Bf16Linear::in_features() const { return impl_->weight.shape[1]; }
 int64_t Bf16Linear::out_features() const { return impl_->weight.shape[0]; }
 const std::string& Bf16Linear::name() const { return impl_->name; }
 LinearBackend Bf16Linear::backend() const { return impl_->backend; }
+size_t Bf16Linear::bytes() const {
+  // AMX holds the repacked copy only (a stacked weight's rows are dropped, a mapped one is not read).
+  if (impl_->backend == LinearBackend::kAmx) return impl_->packed.size();
+  return static_cast<size_t>(impl_->weight.numel()) * sizeof(uint16_t);
+}
+
+void Bf16Linear::forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+                         bool accumulate, LinearPrecision precision) const {
+  TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_features()});
+  xv.stride[0] = ldx;
+  TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_features()});
+  yv.stride[0] = ldy;
+  forward(engine, xv, yv, threads, accumulate, precision);
+}
 
 void Bf16Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {
   forward(Engine::default_engine(), x, y, threads, accumulate, precision);

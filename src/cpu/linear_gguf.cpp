@@ -556,9 +556,13 @@ using namespace cpu;  // the kernels above: gguf_gemv_rows, the thresholds, the 
 static_assert(kGgufPrefillRows == 4, "hanpu/linear.hpp documents GgufLinear's decode rows as M < 4");
 
 GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name)
-    : type_(t), blocks_(blocks), N_(N), K_(K), name_(std::move(name)) {
+    : type_(t), format_(WeightFormat::kQ8_0), blocks_(blocks), N_(N), K_(K), name_(std::move(name)) {
   const gguf::BlockFormat& bf = gguf::block_format(t);
-  if (!bf.dequantize) throw Error(name_ + ": GGML type " + bf.name + " cannot be decoded");
+  const std::optional<WeightFormat> f = weight_format_of_ggml(t);
+  if (!bf.dequantize || !f || weight_format_info(*f).block_elems == 1)
+    throw Error(name_ + ": GGML type " + bf.name + " is not a block format GgufLinear runs (F32/F16/BF16 weights take "
+                "F32Linear / F16Linear / Bf16Linear)");
+  format_ = *f;
   if (N <= 0 || K <= 0 || K % bf.block_elems != 0)
     throw Error(name_ + ": shape [" + std::to_string(N) + ", " + std::to_string(K) + "] is not rows of whole " + bf.name +
                 " blocks of " + std::to_string(bf.block_elems));

@@ -105,6 +105,15 @@ float Int8Linear::weight(int64_t n, int64_t k) const {
   return static_cast<float>(quantized()[n * impl_->K + k]) * scales()[n * impl_->groups + k / impl_->group];
 }
 
+void Int8Linear::forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+                         bool accumulate, LinearPrecision precision) const {
+  TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_features()});
+  xv.stride[0] = ldx;
+  TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_features()});
+  yv.stride[0] = ldy;
+  forward(engine, xv, yv, threads, accumulate, precision);
+}
+
 bool Int8Linear::int8_activations_available(int64_t M) { return M < cpu::kPortableGemmMinRows && cpu::int8_dot_usable(); }
 
 void Int8Linear::forward(TensorView x, TensorView y, int threads, bool accumulate, LinearPrecision precision) const {

@@ -60,6 +60,14 @@ void split_pairs_rows(const float* x, int64_t ldx, int64_t M, int64_t K, float* 
 void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64_t group, const float* x, int64_t ldx,
                           float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws);
 
+/// The same for float weights kept as stored (F16Linear, F32Linear): w [N, K] f16 bits or f32,
+/// rows in address order for M < kPortableGemmMinRows (ws may be null then), the widened-panel
+/// GEMM from there on. Every product is exact (f16 widens to f32 exactly).
+void linear_portable_f16(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                         int64_t n0, int64_t n1, bool accumulate, Workspace* ws);
+void linear_portable_f32(const float* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                         int64_t n0, int64_t n1, bool accumulate, Workspace* ws);
+
 // ---- AMX ------------------------------------------------------------------------------------
 /// Tile geometry: a weight tile holds 16 output columns x 32 k (16 rows of k pairs); an
 /// activation tile 16 rows x 32 k. K is padded with zeros to kAmxK, N to kAmxN (the GEMM's

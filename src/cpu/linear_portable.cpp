@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cpu/linear_kernels.hpp"
 #include "cpu/workspace.hpp"
@@ -515,6 +516,101 @@ void LinearPortableRows(const uint16_t* w, int64_t K, const float* xs, const flo
   }
 }
 
+// ---- f16 and f32 weights (F16Linear, F32Linear) --------------------------------------------------
+// f16 -> f32 in scalar code (the tails): exact for every finite input (F16Linear refuses inf and
+// NaN weights at load, because Highway's emulated vector conversion, on targets without F16C,
+// does not produce them).
+inline float F16ToF32Scalar(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  uint32_t u;
+  if (exp != 0) {
+    u = sign | (exp + 112) << 23 | mant << 13;
+  } else {  // zero or subnormal: mant * 2^-24, exact in f32
+    const float f = static_cast<float>(mant) * 5.9604644775390625e-8f;
+    return sign ? -f : f;
+  }
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
+// Both forms of a float weight whose element type W is hwy::float16_t (stored as uint16_t bits)
+// or float: the decode form is RowOrderDots over each weight row in address order (one widening
+// per vector: VCVTPH2PS on the AVX2 and AVX-512 targets, which Highway compiles with F16C; the
+// shift-and-mask emulation on SSE4 and the portable target), the prefill form GemmPanels on panels
+// widened once per call, the f32 GEMM bf16 and int8 weights use.
+template <class W>
+void LinearPortableFloatT(const W* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                          int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  constexpr bool kF16 = !std::is_same_v<W, float>;
+  const auto scalar_at = [](const W* row, int64_t k) -> float {
+    if constexpr (kF16) return F16ToF32Scalar(reinterpret_cast<const uint16_t*>(row)[k]);
+    else return row[k];
+  };
+  if (M >= kGemmMinRows) {
+    const auto scalar = [&](int64_t n, int64_t k0, int64_t k1, float* out, int64_t stride) {
+      const W* wr = w + n * K;
+      for (int64_t k = k0; k < k1; ++k) out[(k - k0) * stride] = scalar_at(wr, k);
+    };
+#if HANPU_WIDEN_IN_REGISTERS
+    const hn::FixedTag<float, 8> d8;
+    const hn::Rebind<W, decltype(d8)> dw;
+    const auto row8 = [&](int64_t n, int64_t k) {
+      if constexpr (kF16) return hn::PromoteTo(d8, hn::LoadU(dw, w + n * K + k));
+      else return hn::LoadU(d8, w + n * K + k);
+    };
+#else
+    const int row8 = 0;  // 128-bit targets: the columns stay scalar
+#endif
+    GemmPanels(K, x, ldx, y, ldy, M, n0, n1, accumulate, *ws,
+               [&](int64_t n, int64_t width, int64_t k0, int64_t k1, float* panel, int64_t pn) {
+                 WidenBlock8(n, width, pn, k0, k1, panel, row8, scalar);
+               });
+    return;
+  }
+  const hn::ScalableTag<float> df;
+  const hn::Rebind<W, decltype(df)> dw;
+  // Columns in slices whose weight rows stay in L2 while every activation row passes over them
+  // (as the bf16 and int8 decode forms).
+  constexpr int64_t kColumnSlice = 128;
+  const int64_t ahead = decode_prefetch_bytes();
+  for (int64_t c0 = n0; c0 < n1; c0 += kColumnSlice) {
+    const int64_t c1 = std::min(n1, c0 + kColumnSlice);
+    const auto rows = [&](auto mr, int64_t m) {
+      constexpr int MR = decltype(mr)::value;
+      for (int64_t n = c0; n < c1; ++n) {
+        const W* row = w + n * K;
+        const char* pf = reinterpret_cast<const char*>(row) + ahead;
+        RowOrderDots<MR>(
+            K, x + m * ldx, ldx, y + m * ldy, ldy, n, accumulate,
+            [&](int64_t k) {
+              // One prefetch per 64 bytes of weights: every vector of 64 bytes or more, else every
+              // other (f16 vectors of AVX2: 16 bytes per 8 lanes, 4 per line).
+              const int64_t byte = k * static_cast<int64_t>(sizeof(W));
+              if (ahead > 0 && byte % 64 == 0) hwy::Prefetch(pf + byte);
+              if constexpr (kF16) return hn::PromoteTo(df, hn::LoadU(dw, row + k));
+              else return hn::LoadU(df, row + k);
+            },
+            [&](int64_t k) { return scalar_at(row, k); });
+      }
+    };
+    int64_t m = 0;
+    for (; m + kMR <= M; m += kMR) rows(std::integral_constant<int, kMR>{}, m);
+    for (; m < M; ++m) rows(std::integral_constant<int, 1>{}, m);
+  }
+}
+
+void LinearPortableF16(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                       int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  LinearPortableFloatT(reinterpret_cast<const hwy::float16_t*>(w), K, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
+}
+
+void LinearPortableF32(const float* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                       int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  LinearPortableFloatT(w, K, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace hanpu::cpu
 HWY_AFTER_NAMESPACE();
@@ -524,6 +620,18 @@ namespace hanpu::cpu {
 HWY_EXPORT(LinearPortable);
 HWY_EXPORT(LinearPortableRows);
 HWY_EXPORT(LinearPortableInt8);
+HWY_EXPORT(LinearPortableF16);
+HWY_EXPORT(LinearPortableF32);
+
+void linear_portable_f16(const uint16_t* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                         int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  HANPU_DISPATCH(LinearPortableF16)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
+}
+
+void linear_portable_f32(const float* w, int64_t K, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                         int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {
+  HANPU_DISPATCH(LinearPortableF32)(w, K, x, ldx, y, ldy, M, n0, n1, accumulate, ws);
+}
 
 void linear_portable_int8(const int8_t* q, const float* scales, int64_t K, int64_t group, const float* x, int64_t ldx,
                           float* y, int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate, Workspace* ws) {

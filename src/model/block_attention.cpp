@@ -135,7 +135,7 @@ void MlaAttention::load(const ModelConfig& c, const WeightReader& w, const std::
     // The expanded prefill's W_uk (a view). Not with int8 weights: quantized along r it would not
     // be the same numbers as the absorbed copy quantized along nope, and prefill and decode would
     // then use different keys; int8 models keep the latent form throughout.
-    if (w.int8_group == 0) key_up.push_back(w.projection_of(uk, kvb + " (head " + std::to_string(hh) + " keys)"));
+    if (w.load.elementwise()) key_up.push_back(w.projection_of(uk, kvb + " (head " + std::to_string(hh) + " keys)"));
   }
 }
 

@@ -305,8 +305,8 @@ struct HybridModel::Impl {
     if (c.tie_word_embeddings || !have_lm_head) {
       if (!c.tie_word_embeddings) w.get("lm_head.weight", {c.vocab_size, H});  // throws: missing
       if (embed_blocks.data)
-        lm_head = model::Projection(GgufLinear(embed_blocks.type, embed_blocks.data, c.vocab_size, H,
-                                                    embed_name + " (tied LM head)"));
+        lm_head = model::Projection(std::make_unique<GgufLinear>(embed_blocks.type, embed_blocks.data, c.vocab_size, H,
+                                                                 embed_name + " (tied LM head)"));
       else
         lm_head = w.projection_of(embed, embed_name + " (tied LM head)");
     } else {
@@ -357,6 +357,20 @@ const ModelConfig& HybridModel::config() const { return impl_->cfg; }
 Engine& HybridModel::engine() const { return *impl_->engine; }
 
 namespace {
+// What the loader does with float projections for a --weights choice: convert them with the
+// row's load-time quantizer (int8, f16), or keep them as stored (bf16, and the GGUF formats, which
+// arrive as a GGUF file whose blocks stay as they are).
+model::ProjectionLoad projection_load(const WeightChoice& choice, const WeightOptions& opt) {
+  model::ProjectionLoad load;
+  if (choice.load() == WeightLoad::kPerTensor) {
+    load.convert = &weight_format_info(*choice.format);
+    if (choice.format == WeightFormat::kInt8 && opt.int8_group < 1)
+      throw Error("weights: int8 group " + std::to_string(opt.int8_group) + ", expected >= 1");
+    load.int8_group = opt.int8_group;
+  }
+  return load;
+}
+
 // The engine a model was given, or the default one (shared, not owned: it lives until exit).
 std::shared_ptr<Engine> model_engine(std::shared_ptr<Engine> given) {
   if (given) return given;
@@ -367,11 +381,13 @@ uint64_t HybridModel::weight_bytes() const { return impl_->weight_bytes; }
 
 HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& opt) {
   std::string gguf_path = model::is_gguf_path(dir) ? dir : "";
+  const WeightChoice choice = weight_choice(opt.weights.format, "weights", weight_load_names());
+  const model::ProjectionLoad load = projection_load(choice, opt.weights);
   int memfd = -1;  // --weights q4_k_m etc.: the checkpoint quantized into a GGUF in memory
-  if (!opt.gguf_format.empty()) {
+  if (choice.load() == WeightLoad::kGgufFile) {
     if (!gguf_path.empty())
-      throw Error("'" + dir + "' is a GGUF file already; --weights " + opt.gguf_format + " quantizes a safetensors checkpoint");
-    memfd = write_checkpoint_as_gguf_memfd(dir, parse_gguf_file_format(opt.gguf_format));
+      throw Error("'" + dir + "' is a GGUF file already; --weights " + choice.name + " quantizes a safetensors checkpoint");
+    memfd = write_checkpoint_as_gguf_memfd(dir, parse_gguf_file_format(choice.name));
     gguf_path = "/proc/self/fd/" + std::to_string(memfd);
   }
   struct CloseFd {
@@ -396,7 +412,7 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
       return ck->get_blocks(name, shape, im.owned);
     };
     w.owned = &im.owned;
-    w.int8_group = opt.int8_group;
+    w.load = load;
     w.on_int8 = opt.on_int8_projection;
     im.build(w, "model.", ck->has_lm_head());
     return m;
@@ -419,7 +435,7 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   w.has = [&](const std::string& name) { return src.has(name); };
   w.release = [&](const std::string& name) { src.release(name); };
   w.owned = &im.owned;
-  w.int8_group = opt.int8_group;
+  w.load = load;
   // A file `hanpu quantize` wrote says its group size; the projections it stored as int8 are used
   // as they are, the rest (rows the loader permutes or transposes) are quantized with that group.
   for (const SafetensorsFile& f : im.files) {
@@ -431,10 +447,14 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
     } catch (const std::exception&) {
     }
     if (g < 1) throw Error("'" + f.path() + "': metadata 'hanpu.int8_group' is \"" + printable(it->second) + "\", expected a positive integer");
-    if (opt.int8_group > 0 && opt.int8_group != g)
+    if (load.convert && load.convert->format == WeightFormat::kInt8 && load.int8_group != g)
       throw Error("'" + f.path() + "' holds int8 weights with group " + std::to_string(g) + ", but int8 group " +
-                  std::to_string(opt.int8_group) + " was asked for (omit --int8-group, or quantize again)");
-    w.int8_group = g;
+                  std::to_string(load.int8_group) + " was asked for (omit --int8-group, or quantize again)");
+    if (load.convert && load.convert->format != WeightFormat::kInt8)
+      throw Error("'" + f.path() + "' holds int8 weights (hanpu quantize); --weights " + choice.name +
+                  " converts a float checkpoint (omit --weights, or give int8)");
+    w.load.convert = &weight_format_info(WeightFormat::kInt8);
+    w.load.int8_group = g;
   }
   w.get_stored = [&](const std::string& name, const std::vector<int64_t>& shape) { return src.get(name, shape, false); };
   w.on_int8 = opt.on_int8_projection;
@@ -442,8 +462,13 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
   return m;
 }
 
-HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads, int64_t int8_group,
+HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int threads, const WeightOptions& weights,
                                    std::shared_ptr<Engine> engine) {
+  const WeightChoice choice = weight_choice(weights.format, "weights", weight_load_names());
+  if (choice.load() == WeightLoad::kGgufFile)
+    throw Error("weights: '" + choice.name + "' quantizes a safetensors checkpoint into a GGUF file at load; synthetic "
+                "weights take the formats converted per tensor (bf16, and those of weight_load_names() whose rows say "
+                "kPerTensor: int8, f16)");
   HybridModel m;
   Impl& im = *m.impl_;
   im.engine = model_engine(std::move(engine));
@@ -475,7 +500,7 @@ HybridModel HybridModel::synthetic(const ModelConfig& c, uint64_t seed, int thre
            name.find(c.names.channel_mixer.front()) != std::string::npos;
   };
   w.owned = &im.owned;
-  w.int8_group = int8_group;
+  w.load = projection_load(choice, weights);
   w.release = [&](const std::string& name) { src.release(name); };
   im.build(w, "model.", !c.tie_word_embeddings);
   im.weight_bytes = src.made_bytes();

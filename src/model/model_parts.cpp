@@ -14,12 +14,25 @@ std::vector<float> to_f32(const TensorView& v) {
   return out;
 }
 
-Projection::Projection(const TensorView& w, const std::string& name, int64_t int8_group)
+Projection::Projection(const TensorView& w, const std::string& name, const ProjectionLoad& load)
     : out_(w.shape[0]), in_(w.shape[1]) {
-  if (int8_group > 0) int8_.emplace(w, name, int8_group);
-  else if (w.dtype == DType::BF16) bf16_.emplace(w, name);
-  else f32_ = to_f32(w);
+  if (load.convert) {
+    if (!load.convert->quantize)
+      throw Error(name + ": weight format '" + load.convert->name + "' has no load-time quantizer");
+    linear_ = load.convert->quantize(w, name, load.int8_group);
+    return;
+  }
+  switch (w.dtype) {
+    case DType::BF16: linear_ = std::make_unique<Bf16Linear>(w, name); break;
+    case DType::F16: linear_ = std::make_unique<F16Linear>(w, name); break;  // stays f16 (the view is kept)
+    // f32 (and f64) rows are copied, as before the registry: callers may hand a view of a buffer
+    // they do not keep (the stacked rows of mixed parts below).
+    default: linear_ = std::make_unique<F32Linear>(F32Linear::converted(w, name)); break;
+  }
 }
+
+Projection::Projection(std::unique_ptr<Linear> linear)
+    : out_(linear->out_features()), in_(linear->in_features()), linear_(std::move(linear)) {}
 
 Projection::Projection(std::vector<Projection> parts) : in_(parts.empty() ? 0 : parts[0].in_features()) {
   for (const Projection& p : parts) {
@@ -27,6 +40,10 @@ Projection::Projection(std::vector<Projection> parts) : in_(parts.empty() ? 0 : 
     out_ += p.out_features();
   }
   parts_ = std::move(parts);
+}
+
+const Int8Linear* Projection::int8() const {
+  return linear_ && linear_->format() == WeightFormat::kInt8 ? static_cast<const Int8Linear*>(linear_.get()) : nullptr;
 }
 
 void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, EngineThreads threads, bool accumulate,
@@ -39,36 +56,8 @@ void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int
     }
     return;
   }
-  if (gguf_) {  // the format's own arithmetic (GgufLinear, hanpu/linear.hpp); `precision` does not apply
-    gguf_->forward(*threads.engine, x, ldx, y, ldy, M, threads.n, accumulate);
-    return;
-  }
-  if (int8_) {  // activations stay f32 unless `precision` is kInt8 (decode rows, AVX512-VNNI or AVX2)
-    TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
-    xv.stride[0] = ldx;
-    TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
-    yv.stride[0] = ldy;
-    int8_->forward(*threads.engine, xv, yv, threads.n, accumulate, precision);
-    return;
-  }
-  if (bf16_) {
-    TensorView xv = TensorView::contiguous(const_cast<float*>(x), DType::F32, {M, in_});
-    xv.stride[0] = ldx;
-    TensorView yv = TensorView::contiguous(y, DType::F32, {M, out_});
-    yv.stride[0] = ldy;
-    bf16_->forward(*threads.engine, xv, yv, threads.n, accumulate, precision);
-    return;
-  }
-  parallel_for(out_, threads, [&](int64_t n0, int64_t n1) {
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* wr = f32_.data() + n * in_;
-        const float* xr = x + m * ldx;
-        float acc = 0;
-        for (int64_t k = 0; k < in_; ++k) acc += xr[k] * wr[k];
-        y[m * ldy + n] = accumulate ? y[m * ldy + n] + acc : acc;
-      }
-  });
+  if (!linear_) throw Error("Projection: forward on an empty projection");
+  linear_->forward(*threads.engine, x, ldx, y, ldy, M, threads.n, accumulate, precision);
 }
 
 float* scratch(Workspace& ws, ScratchSlot slot, int64_t floats) {
@@ -79,25 +68,26 @@ float* scratch(Workspace& ws, ScratchSlot slot, int64_t floats) {
 Projection WeightReader::projection(const std::string& name, int64_t out, int64_t in, bool quantizable) const {
   if (get_blocks)
     if (const std::optional<BlockWeight> b = get_blocks(name, {out, in}))
-      return Projection(GgufLinear(b->type, b->data, out, in, name));
+      return Projection(std::make_unique<GgufLinear>(b->type, b->data, out, in, name));
   if (get_stored && has(name + kInt8ScaleSuffix)) {
     const TensorView q = get_stored(name, {out, in});
     if (q.dtype != DType::I8)
       throw Error("tensor '" + name + "' has dtype " + dtype_name(q.dtype) + " next to its '" + name + kInt8ScaleSuffix +
                   "', expected I8 (a file `hanpu quantize` wrote)");
-    if (int8_group <= 0)
+    if (load.int8_group <= 0)
       throw Error("tensor '" + name + "' is stored as int8, but no shard has the 'hanpu.int8_group' metadata "
                   "`hanpu quantize` writes");
-    const TensorView s = get_stored(name + kInt8ScaleSuffix, {out, (in + int8_group - 1) / int8_group});
+    const int64_t group = load.int8_group;
+    const TensorView s = get_stored(name + kInt8ScaleSuffix, {out, (in + group - 1) / group});
     if (s.dtype != DType::F32)
       throw Error("tensor '" + name + kInt8ScaleSuffix + "' has dtype " + dtype_name(s.dtype) + ", expected F32");
-    return Projection(Int8Linear(static_cast<const int8_t*>(q.data), static_cast<const float*>(s.data), out, in,
-                                 int8_group, name));
+    return Projection(std::make_unique<Int8Linear>(static_cast<const int8_t*>(q.data), static_cast<const float*>(s.data),
+                                                   out, in, group, name));
   }
-  Projection p(get(name, {out, in}), name, quantizable ? int8_group : 0);
-  if (p.int8()) {
-    if (on_int8) on_int8(name, *p.int8());
-    if (release) release(name);  // quantized at load: the int8 copy is all the layer reads
+  Projection p(get(name, {out, in}), name, quantizable ? load : ProjectionLoad{});
+  if (quantizable && load.convert) {
+    if (on_int8 && p.int8()) on_int8(name, *p.int8());
+    if (release) release(name);  // converted at load: the copy is all the layer reads
   }
   return p;
 }
@@ -117,7 +107,7 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
       std::vector<Projection> ps;
       for (size_t i = 0; i < parts.size(); ++i) {
         const auto& [n, out] = parts[i];
-        if (blocks[i]) ps.emplace_back(GgufLinear(blocks[i]->type, blocks[i]->data, out, in, n));
+        if (blocks[i]) ps.emplace_back(std::make_unique<GgufLinear>(blocks[i]->type, blocks[i]->data, out, in, n));
         else ps.push_back(projection(n, out, in));
       }
       return Projection(std::move(ps));
@@ -129,7 +119,7 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
     if (release)
       for (const auto& [n, out] : parts) release(n);
   };
-  if (int8_group > 0) {
+  if (load.convert && load.convert->format == WeightFormat::kInt8) {
     // int8 weights (stored, or quantized at load per part and reported to on_int8 under the part's
     // own name). Quantization is per row, so the stacked layer is the parts' rows and scales one
     // after another.
@@ -152,13 +142,34 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
       sc += r * groups;
     }
     release_parts();
-    return Projection(Int8Linear(reinterpret_cast<const int8_t*>(owned->end()[-2].data()),
-                                 reinterpret_cast<const float*>(owned->back().data()), rows, in, group, name));
+    return Projection(std::make_unique<Int8Linear>(reinterpret_cast<const int8_t*>(owned->end()[-2].data()),
+                                                   reinterpret_cast<const float*>(owned->back().data()), rows, in, group,
+                                                   name));
+  }
+  if (load.convert) {
+    // Another load-time conversion (f16): the parts converted one by one side by side. The
+    // conversion is element-wise, so the stacked weight holds the same numbers as stacking first.
+    std::vector<Projection> ps;
+    for (const auto& [n, out] : parts) ps.push_back(projection(n, out, in));
+    if (std::all_of(ps.begin(), ps.end(), [](const Projection& p) { return p.linear() && p.linear()->format() == WeightFormat::kF16; })) {
+      // One stacked f16 weight (one GEMM, as bf16's), from the converted parts' rows.
+      std::vector<TensorView> views;
+      for (const Projection& p : ps)
+        views.push_back(TensorView::contiguous(const_cast<uint16_t*>(static_cast<const F16Linear*>(p.linear())->data()),
+                                               DType::F16, {p.out_features(), in}));
+      return Projection(std::make_unique<F16Linear>(views, name));
+    }
+    return Projection(std::move(ps));
   }
   std::vector<TensorView> views;
   for (const auto& [n, out] : parts) views.push_back(get(n, {out, in}));
   if (std::all_of(views.begin(), views.end(), [](const TensorView& v) { return v.dtype == DType::BF16; })) {
-    Projection p(Bf16Linear(views, name));  // copies the rows
+    Projection p(std::make_unique<Bf16Linear>(views, name));  // copies the rows
+    release_parts();
+    return p;
+  }
+  if (std::all_of(views.begin(), views.end(), [](const TensorView& v) { return v.dtype == DType::F16; })) {
+    Projection p(std::make_unique<F16Linear>(views, name));  // copies the rows, stays f16
     release_parts();
     return p;
   }

@@ -1,17 +1,19 @@
-// The pieces every block of a hybrid model is built from: projections over BF16 (or F32/F16)
-// weights, the per-thread activation scratch, the weight reader the loader hands to each block,
+// The pieces every block of a hybrid model is built from: projections over weights in any format
+// (hanpu::Linear), the per-thread activation scratch, the weight reader the loader hands to each block,
 // and timing. Internal to src/model.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "hanpu/engine_work.hpp"
 #include "hanpu/linear.hpp"
+#include "hanpu/weight_format.hpp"
 #include "model/gguf_arch.hpp"
 #include "hanpu/tensor.hpp"
 
@@ -23,23 +25,33 @@ inline double seconds_since(Clock::time_point t0) { return std::chrono::duration
 /// A tensor's values as F32 (any float dtype).
 std::vector<float> to_f32(const TensorView& v);
 
-/// y = x W^T with a BF16 weight through Bf16Linear, or an F32/F16 weight (converted to F32 once)
-/// through a plain loop: checkpoints are BF16, the F32 path exists so converted or test
-/// checkpoints still run.
+/// What the loader does with a checkpoint's float projections: keep them as stored (`convert`
+/// null: BF16 -> Bf16Linear, F16 -> F16Linear, F32 -> F32Linear), or convert each with the load-time
+/// quantizer of a registry row (hanpu/weight_format.hpp: int8, f16).
+struct ProjectionLoad {
+  const WeightFormatInfo* convert = nullptr;
+  /// int8's inputs per scale (the quantizer's argument; a stored int8 file's group).
+  int64_t int8_group = 0;
+  /// Whether converting commutes with transposing a weight (an element-wise conversion: f16; not
+  /// int8's groups along in_features), so that W and a transposed copy hold the same numbers.
+  bool elementwise() const { return convert == nullptr || convert->block_elems == 1; }
+};
+
+/// y = x W^T over a weight in any format (hanpu::Linear), or several of them side by side.
 class Projection {
  public:
   Projection() = default;
-  /// int8_group > 0: the weight is quantized to int8 now (Int8Linear, one scale per int8_group
-  /// in_features) and the view is not kept; 0 keeps it as stored.
-  Projection(const TensorView& w, const std::string& name, int64_t int8_group = 0);
-  explicit Projection(Int8Linear q) : out_(q.out_features()), in_(q.in_features()), int8_(std::move(q)) {}
-  explicit Projection(Bf16Linear w) : out_(w.out_features()), in_(w.in_features()), bf16_(std::move(w)) {}
-  /// A weight kept in GGML blocks (a GGUF checkpoint's quantized tensor).
-  explicit Projection(GgufLinear g) : out_(g.out_features()), in_(g.in_features()), gguf_(std::move(g)) {}
+  /// A checked weight view as a projection in the format `load` says (the view must stay valid
+  /// when kept as stored; converted weights are copies).
+  Projection(const TensorView& w, const std::string& name, const ProjectionLoad& load = {});
+  explicit Projection(std::unique_ptr<Linear> linear);
   /// Several projections of one input side by side: output columns in the order given (stacked
   /// parts that cannot share one weight, e.g. a Q4_K_M file's Q4_K q/k rows next to Q6_K v rows).
   explicit Projection(std::vector<Projection> parts);
-  const Int8Linear* int8() const { return int8_ ? &*int8_ : nullptr; }
+  /// The single weight (null for side-by-side parts or an empty projection).
+  const Linear* linear() const { return linear_.get(); }
+  /// The weight as int8 (its format is WeightFormat::kInt8), else null.
+  const Int8Linear* int8() const;
   int64_t out_features() const { return out_; }
   int64_t in_features() const { return in_; }
   /// y[m, :out] (+)= x[m, :in] W^T for m < M; rows of x and y are ldx / ldy floats apart.
@@ -48,11 +60,8 @@ class Projection {
 
  private:
   int64_t out_ = 0, in_ = 0;
-  std::optional<Bf16Linear> bf16_;
-  std::optional<Int8Linear> int8_;
-  std::optional<GgufLinear> gguf_;
+  std::unique_ptr<Linear> linear_;
   std::vector<Projection> parts_;
-  std::vector<float> f32_;
 };
 
 /// Activation buffers reused across forward() calls, in the workspace the forward holds from its
@@ -79,9 +88,9 @@ struct WeightReader {
   std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get;
   std::function<bool(const std::string& name)> has;
   std::vector<ByteBuffer>* owned = nullptr;
-  /// > 0: projections are quantized to int8 at load with this group size (ModelLoadOptions, or
-  /// the hanpu.int8_group of a file `hanpu quantize` wrote).
-  int64_t int8_group = 0;
+  /// The projections' format at load (ModelLoadOptions::weights; a file `hanpu quantize` wrote
+  /// gives its int8 group in its hanpu.int8_group metadata).
+  ProjectionLoad load;
   /// Checkpoints only: a tensor with its shape checked and any dtype (stored int8 weights).
   std::function<TensorView(const std::string& name, const std::vector<int64_t>& shape)> get_stored;
   /// ModelLoadOptions::on_int8_projection.
@@ -105,7 +114,7 @@ struct WeightReader {
   /// projection(). `parts`: (tensor name, out_features); all have `in` inputs.
   Projection stacked(const std::vector<std::pair<std::string, int64_t>>& parts, int64_t in) const;
   /// A projection over a view the block made (permuted or sliced rows), with this reader's format.
-  Projection projection_of(const TensorView& w, const std::string& name) const { return Projection(w, name, int8_group); }
+  Projection projection_of(const TensorView& w, const std::string& name) const { return Projection(w, name, load); }
   std::vector<float> floats(const std::string& name, const std::vector<int64_t>& shape) const {
     return to_f32(get(name, shape));
   }

@@ -38,11 +38,9 @@ ForwardWork& ForwardWork::operator+=(const ForwardWork& o) {
   return *this;
 }
 
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group,
-                         double bytes_per_weight_override) {
-  const double bytes_per_weight = bytes_per_weight_override > 0 ? bytes_per_weight_override
-                                  : int8_group > 0                ? 1.0 + 4.0 / static_cast<double>(int8_group)
-                                                                  : 2.0;
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits,
+                         const ProjectionWork& weights) {
+  const double bytes_per_weight = weights.bytes_per_weight;
   const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);
   ForwardWork w;
   // Per layer kind: the matrices (as ModelConfig::parameter_count counts them, without norms,
@@ -72,7 +70,7 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
     attention_weights = (ql > 0 ? H * ql + ql * nh * qk : H * nh * qk) + H * (r + rope) + nh * dv * H +
                         (c.mla.head_gate ? H * nh : 0);
     // The form MlaAttention::forward runs: expanded (int8 weights never expand) or latent.
-    if (int8_group == 0 && MlaAttention::expand_pays(c, tokens, start)) {
+    if (!weights.latent_only && MlaAttention::expand_pays(c, tokens, start)) {
       attention_rows_weights = r * nh * (nope + dv);  // W_uk and W_uv over every cached row
       core_dim = qk + dv;  // scores over nope + rope, sums over the v dims
     } else {

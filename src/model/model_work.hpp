@@ -26,6 +26,14 @@ struct ForwardWork {
   ForwardWork& operator+=(const ForwardWork& other);  // part by part (e.g. over decode steps)
 };
 
+/// What the projections' format changes in the count.
+struct ProjectionWork {
+  double bytes_per_weight = 2.0;  // bf16
+  /// MLA keeps the latent form (no expanded W_uk is built: the load conversion is not element-wise,
+  /// model_parts.hpp ProjectionLoad::elementwise).
+  bool latent_only = false;
+};
+
 /// The work of one forward of `tokens` new tokens at positions start .. start+tokens-1, with
 /// logits for every token (all_logits) or for the last only. Projections count one multiply-add
 /// per weight per token; MoE layers the top-k experts and shared expert per token and, for the
@@ -34,11 +42,10 @@ struct ForwardWork {
 /// three K x V products of the recurrent step per token in decode (tokens == 1). MLA counts the
 /// form MlaAttention::forward runs (MlaAttention::expand_pays): expanded, W_uk and W_uv over every
 /// cached row and attention over nope + rope key dims and v value dims, or latent. Weight bytes
-/// are bf16's (2 per weight), or with int8_group > 0 int8's plus the f32 scales (1 + 4 / group;
-/// the few unquantized router rows are counted alike).
-/// `bytes_per_weight` > 0 overrides that (a GGUF file: its tensor bytes over its parameters, the
-/// average of its block formats).
-ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits, int64_t int8_group = 0,
-                         double bytes_per_weight = 0);
+/// are `weights.bytes_per_weight` each (the registry row's: hanpu/weight_format.hpp; a GGUF file:
+/// its tensor bytes over its parameters, the average of its block formats; the few unconverted
+/// router rows are counted alike).
+ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits,
+                         const ProjectionWork& weights = {});
 
 }  // namespace hanpu::model
