@@ -33,6 +33,7 @@ def register():
 
     if not current_platform.is_cpu():
         return
-    from . import gdn
+    from . import gdn, kimi_linear
 
     gdn.register()
+    kimi_linear.register()
