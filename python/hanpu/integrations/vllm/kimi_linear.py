@@ -25,10 +25,11 @@ registers `HanpuKimiLinearForCausalLM` under the same architecture name on the C
 
 Both config spellings are read: Moonshot's (`linear_attn_config` with 1-based `kda_layers`,
 `first_k_dense_replace`, `mla_use_nope`) and transformers' (`layer_types`, `mlp_layer_types`,
-`linear_num_heads`, ...; what tests/golden/kimi_linear_tiny has). What hanpu cannot run is refused
-when the model is built, naming the option: RoPE in MLA (`mla_use_nope` false), q LoRA is run,
-Kimi-K3 extensions (`routed_expert_hidden_size`, `attn_res_block_size`, full-rank KDA gates),
-`use_kda_recoverssm`, speculative decoding, pipeline parallelism.
+`linear_num_heads`, ...; what tests/golden/kimi_linear_tiny has). What the classes here cannot run is
+refused when the model is built, naming the option (check_supported): RoPE in MLA (`mla_use_nope`
+false), MLA's output gate, the Kimi-K3 extensions (`routed_expert_hidden_size`,
+`attn_res_block_size`, full-rank KDA gates), `use_kda_recoverssm`, speculative decoding, pipeline
+parallelism. (A q LoRA, `q_lora_rank`, is run.)
 """
 
 from collections.abc import Iterable
@@ -271,7 +272,7 @@ def padded_head_size(width):
 
 
 def _model_classes():
-    from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+    from vllm.distributed import get_tensor_model_parallel_world_size
     from vllm.model_executor.layers.activation import SiluAndMul
     from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear, fused_moe_make_expert_params_mapping
