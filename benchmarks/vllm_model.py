@@ -3,6 +3,7 @@
 Run in the venv of scripts/setup_vllm.sh:
 
     build/vllm-venv/bin/python benchmarks/vllm_model.py --make-checkpoint build/qwen35-0.8b-random
+    build/vllm-venv/bin/python benchmarks/vllm_model.py --make-kimi-checkpoint build/kimi-linear-slice-random
     OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \\
         HANPU_VLLM=1 build/vllm-venv/bin/python benchmarks/vllm_model.py build/qwen35-0.8b-random
 
@@ -30,6 +31,87 @@ QWEN35_08B = dict(
     max_position_embeddings=4096, tie_word_embeddings=True, attn_output_gate=True, mamba_ssm_dtype="float32",
     rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
     eos_token_id=248044, torch_dtype="bfloat16")
+
+# Kimi-Linear-48B-A3B's layer shapes at reduced depth: hanpu's `kimi-linear-48b-a3b-slice`
+# (src/model/family_kimi_linear.cpp): dense KDA layer 0, two MoE KDA layers, one MoE MLA layer;
+# 64 of the 256 experts, top-8. transformers' config spelling (as tests/golden/kimi_linear_tiny).
+KIMI_LINEAR_SLICE = dict(
+    architectures=["KimiLinearForCausalLM"], model_type="kimi_linear", vocab_size=163840, hidden_size=2304,
+    intermediate_size=9216, num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=32, head_dim=64,
+    kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, qk_head_dim=192,
+    v_head_dim=128, linear_num_heads=32, linear_head_dim=128, linear_conv_kernel_dim=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"], mlp_layer_types=["dense"] + ["sparse"] * 3,
+    num_experts=64, num_experts_per_token=8, moe_intermediate_size=1024, num_shared_experts=1,
+    num_expert_group=1, topk_group=1, moe_renormalize=True, routed_scaling_factor=2.446, hidden_act="silu",
+    rms_norm_eps=1e-5, tie_word_embeddings=False, eos_token_id=163586, bos_token_id=163584, pad_token_id=163839,
+    max_position_embeddings=4096, dtype="bfloat16")
+
+
+def make_kimi_checkpoint(path):
+    """Random bf16 weights under transformers' Kimi Linear names, written directly (transformers'
+    own initialisation of 3 billion parameters takes many minutes on 2 cores)."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    c = KIMI_LINEAR_SLICE
+    hidden, heads, hd = c["hidden_size"], c["linear_num_heads"], c["linear_head_dim"]
+    proj = heads * hd
+    bf16 = torch.bfloat16
+
+    def w(*shape, std=0.02):
+        return (torch.randn(*shape) * std).to(bf16)
+
+    def ones(n):
+        return torch.ones(n, dtype=bf16)
+
+    t = {"model.embed_tokens.weight": w(c["vocab_size"], hidden), "lm_head.weight": w(c["vocab_size"], hidden),
+         "model.norm.weight": ones(hidden)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = ones(hidden)
+        t[p + "post_attention_layernorm.weight"] = ones(hidden)
+        a = p + "self_attn."
+        if c["layer_types"][i] == "linear_attention":
+            for n in ("q", "k", "v"):
+                t[a + f"{n}_proj.weight"] = w(proj, hidden)
+                t[a + f"{n}_conv1d.weight"] = w(proj, 1, 4, std=0.3)
+            t[a + "b_proj.weight"] = w(heads, hidden)
+            t[a + "f_a_proj.weight"] = w(hd, hidden)
+            t[a + "f_b_proj.weight"] = w(proj, hd)
+            t[a + "g_a_proj.weight"] = w(hd, hidden)
+            t[a + "g_b_proj.weight"] = w(proj, hd)
+            t[a + "A_log"] = torch.log(torch.empty(1, 1, heads, 1).uniform_(1, 16)).to(bf16)
+            t[a + "dt_bias"] = w(proj, std=1.0)
+            t[a + "o_norm.weight"] = ones(hd)
+            t[a + "o_proj.weight"] = w(hidden, proj)
+        else:
+            mh, qk, v, rank = c["num_attention_heads"], c["qk_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
+            t[a + "q_proj.weight"] = w(mh * qk, hidden)
+            t[a + "kv_a_proj_with_mqa.weight"] = w(rank + c["qk_rope_head_dim"], hidden)
+            t[a + "kv_a_layernorm.weight"] = ones(rank)
+            t[a + "kv_b_proj.weight"] = w(mh * (c["qk_nope_head_dim"] + v), rank)
+            t[a + "o_proj.weight"] = w(hidden, mh * v)
+        m = p + "block_sparse_moe."
+        if c["mlp_layer_types"][i] == "dense":
+            t[m + "gate_proj.weight"] = w(c["intermediate_size"], hidden)
+            t[m + "up_proj.weight"] = w(c["intermediate_size"], hidden)
+            t[m + "down_proj.weight"] = w(hidden, c["intermediate_size"])
+        else:
+            inter = c["moe_intermediate_size"]
+            t[m + "gate.weight"] = w(c["num_experts"], hidden)
+            t[m + "gate.e_score_correction_bias"] = torch.zeros(c["num_experts"])
+            for e in range(c["num_experts"]):
+                t[m + f"experts.{e}.w1.weight"] = w(inter, hidden)
+                t[m + f"experts.{e}.w3.weight"] = w(inter, hidden)
+                t[m + f"experts.{e}.w2.weight"] = w(hidden, inter)
+            for n, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
+                t[m + f"shared_experts.{n}.weight"] = w(*shape)
+    os.makedirs(path, exist_ok=True)
+    save_file(t, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
+    print(f"wrote {path}")
 
 
 def make_checkpoint(path):
@@ -78,9 +160,11 @@ def run(path, prompt_len, decode, repeats, time_gdn):
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=prompt_len + decode + 8,
               enforce_eager=True, enable_prefix_caching=False, max_num_seqs=1, seed=0)
     rng = random.Random(0)
+    with open(os.path.join(path, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
 
     def once(tokens):
-        ids = [rng.randrange(1000, 200000) for _ in range(prompt_len)]  # a new prompt: no cache hits
+        ids = [rng.randrange(1000, vocab) for _ in range(prompt_len)]  # a new prompt: no cache hits
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
         gdn[0] = 0.0
         t0 = time.perf_counter()
@@ -107,6 +191,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("checkpoint", nargs="?")
     ap.add_argument("--make-checkpoint")
+    ap.add_argument("--make-kimi-checkpoint", help="a Kimi Linear checkpoint (reduced depth, random weights)")
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
@@ -114,6 +199,8 @@ def main():
     args = ap.parse_args()
     if args.make_checkpoint:
         make_checkpoint(args.make_checkpoint)
+    if args.make_kimi_checkpoint:
+        make_kimi_checkpoint(args.make_kimi_checkpoint)
     if args.checkpoint:
         run(args.checkpoint, args.prompt, args.decode, args.repeats, args.time_gdn)
 

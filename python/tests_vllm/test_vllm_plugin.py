@@ -75,12 +75,15 @@ def expected(family):
     return f.get_tensor("prompt_ids").tolist(), f.get_tensor("greedy_ids").tolist()
 
 
-def generate(model, dtype, prompts, max_tokens, multiprocessing=True, plugin=True, llm=None):
+def generate(model, dtype, prompts, max_tokens, multiprocessing=True, plugin=True, llm=None, env_extra=None,
+             model_class=False):
     """vLLM's greedy tokens in a fresh process; (returncode, result dict or None, output)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0", HANPU_VLLM="1" if plugin else "0")
+               VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0", HANPU_VLLM="1" if plugin else "0",
+               **(env_extra or {}))
     env.setdefault("OMP_NUM_THREADS", "2")
-    spec = {"model": str(model), "dtype": dtype, "prompts": prompts, "max_tokens": max_tokens, "llm": llm or {}}
+    spec = {"model": str(model), "dtype": dtype, "prompts": prompts, "max_tokens": max_tokens, "llm": llm or {},
+            "model_class": model_class}
     p = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=env, capture_output=True, text=True,
                        timeout=900)
     out = p.stdout + p.stderr
@@ -128,3 +131,60 @@ def test_mixed_batch_equals_hanpu_engine(checkpoints, family):
                                  llm={"max_num_batched_tokens": 24, "max_num_seqs": 4, "max_model_len": 128})
     assert code == 0, out[-4000:]
     assert result["tokens"] == reference
+
+
+KIMI = GOLDEN / "kimi_linear_tiny"
+
+
+def test_kimi_linear_mixed_batch_equals_transformers_and_hanpu():
+    """Kimi Linear (KDA, KDA, MLA, KDA, MLA; dense then MoE layers; transformers' config spelling)
+    through the plugin's CPU model class, float32, in one engine start (CI time): four requests of
+    75, 56, 7 and 1 tokens under a 24-token step budget, so chunked prefills continuing a KDA state
+    run next to decode steps. The first request is the golden's prompt: its tokens equal
+    transformers' (greedy_ids); every request's tokens equal hanpu's own engine running it alone.
+    VLLM_MLA_DISABLE=1 is vLLM's own switch: without it vLLM-CPU counts kimi_linear as an MLA model
+    and turns chunked prefill off (docs/VLLM.md)."""
+    f = safe_open(str(KIMI / "expected.safetensors"), "pt")
+    prompt, greedy = f.get_tensor("prompt_ids").tolist(), f.get_tensor("greedy_ids").tolist()
+    prompts = mixed_prompts(prompt)
+    new = len(greedy)
+    model = hanpu.Model.load(KIMI)
+    reference = [model.generate(p, max_new_tokens=new, stop_ids=[]) for p in prompts]
+    assert reference[0] == greedy  # hanpu and transformers agree on the golden
+    code, result, out = generate(KIMI, "float32", prompts, new, multiprocessing=False,
+                                 llm={"max_num_batched_tokens": 24, "max_num_seqs": 4, "max_model_len": 128},
+                                 env_extra={"VLLM_MLA_DISABLE": "1"}, model_class=True)
+    assert code == 0, out[-4000:]
+    assert result["model_class"] == "HanpuKimiLinearForCausalLM"
+    assert result["tokens"] == reference
+
+
+def test_kimi_linear_refusals_name_the_option():
+    """What the CPU model class cannot run is refused by name when the model is built (checked on
+    the config alone: no engine start)."""
+    from types import SimpleNamespace
+
+    from hanpu.integrations.vllm.kimi_linear import check_supported, normalize_config
+    from transformers import AutoConfig
+
+    def vllm_config(**changes):
+        config = normalize_config(AutoConfig.from_pretrained(KIMI))
+        for key, value in changes.items():
+            setattr(config, key, value)
+        return SimpleNamespace(model_config=SimpleNamespace(hf_config=config), speculative_config=None,
+                               cache_config=SimpleNamespace(use_kda_recoverssm=False),
+                               parallel_config=SimpleNamespace(pipeline_parallel_size=1))
+
+    check_supported(vllm_config())  # the golden itself runs
+    with pytest.raises(NotImplementedError, match="mla_use_nope = False"):
+        check_supported(vllm_config(mla_use_nope=False))
+    with pytest.raises(NotImplementedError, match="routed_expert_hidden_size = 32"):
+        check_supported(vllm_config(routed_expert_hidden_size=32))
+    config = vllm_config()
+    config.speculative_config = SimpleNamespace(num_speculative_tokens=2)
+    with pytest.raises(NotImplementedError, match="num_speculative_tokens = 2"):
+        check_supported(config)
+    config = vllm_config()
+    config.cache_config.use_kda_recoverssm = True
+    with pytest.raises(NotImplementedError, match="use_kda_recoverssm"):
+        check_supported(config)

@@ -4,8 +4,8 @@ vLLM keeps process-wide state, so each configuration of the tests gets a process
     python vllm_generate.py '{"model": DIR, "dtype": "float32", "prompts": [[ids], ...], "max_tokens": 8,
                               "llm": {extra keyword arguments of vllm.LLM}}'
 
-Prints RESULT_PREFIX + {"tokens": [[ids], ...], "gdn_layer": class name of the first GDN layer built} on one
-line. The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
+Prints RESULT_PREFIX + {"tokens": [[ids], ...], "gdn_layer": class name of the first GDN layer built,
+"model_class": the model class vLLM built, when the spec asks with "model_class": true} on one line. The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
 """
 
 import json
@@ -27,8 +27,11 @@ def main():
     params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params, use_tqdm=False)
     layer = op_registry_oot.get("QwenGatedDeltaNetAttention")
+    # The class vLLM built (multiprocessing needs VLLM_ALLOW_INSECURE_SERIALIZATION for a function).
+    model_class = llm.apply_model(lambda m: type(m).__name__)[0] if spec.get("model_class") else None
     print(RESULT_PREFIX + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
-                      "gdn_layer": layer.__name__ if layer is not None else "QwenGatedDeltaNetAttention"}))
+                      "gdn_layer": layer.__name__ if layer is not None else "QwenGatedDeltaNetAttention",
+                      "model_class": model_class}))
 
 
 if __name__ == "__main__":

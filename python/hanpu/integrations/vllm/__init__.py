@@ -4,7 +4,9 @@ Installed with hanpu, it is found by vLLM through the `vllm.general_plugins` ent
 (pyproject.toml) and loaded in every vLLM process before the model is built. On the CPU platform it
 replaces vLLM's Gated DeltaNet layer (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) by a subclass whose CPU
 forward runs the convolution and the recurrent core through hanpu, on vLLM's own state pool, in
-place (hanpu.integrations.vllm.gdn). Elsewhere (CUDA, ROCm, XPU) it does nothing.
+place (hanpu.integrations.vllm.gdn), and registers a CPU model class for Kimi Linear built from
+vLLM's parts with hanpu's KDA (hanpu.integrations.vllm.kimi_linear). Elsewhere (CUDA, ROCm, XPU)
+it does nothing.
 
     HANPU_VLLM=0 vllm serve ...      # vLLM without the plugin (hanpu stays installed)
     VLLM_PLUGINS=hanpu vllm serve ... # vLLM's own switch: load only the plugins named
@@ -33,6 +35,7 @@ def register():
 
     if not current_platform.is_cpu():
         return
-    from . import gdn
+    from . import gdn, kimi_linear
 
     gdn.register()
+    kimi_linear.register()
