@@ -5,7 +5,11 @@
 // ensure_ascii=False. docs/SERVE.md, "Chat templates", lists the supported subset.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -63,5 +67,17 @@ std::unique_ptr<ChatTemplate> load_chat_template(const std::string& model_dir, b
 /// variables), else the tokenizer's ChatML (Tokenizer::apply_chat_template), the stated fallback.
 std::string render_chat_prompt(const ChatTemplate* tmpl, const nlohmann::ordered_json& special_tokens, const Tokenizer& tok,
                                const std::vector<ChatMessage>& messages, bool add_generation_prompt, bool enable_thinking);
+
+/// How many tokens two encodings share from the start.
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
+
+/// Where a chat prompt's "history" snapshot goes (the server and `hanpu chat` keep one there): the
+/// conversation rendered without the generation prompt (`render_history`), encoded with special
+/// tokens parsed, when that is a proper prefix of `prompt`. The next turn's rendering agrees up to
+/// it, while the generation prompt (and a <think> block it opened) differ once the reply is part of
+/// the history. Nothing when the template refuses the shorter conversation (it may want a user
+/// message last) or its tokens are not a prefix of the prompt's.
+std::optional<int64_t> history_snapshot_length(const std::function<std::string()>& render_history, const Tokenizer& tok,
+                                               std::span<const int32_t> prompt);
 
 }  // namespace hanpu

@@ -62,10 +62,6 @@ struct ChatArgs {
   WeightArgs weights;
 };
 
-size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
-  return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
-}
-
 // How the conversation becomes text: the checkpoint's template, or ChatML where the family's
 // registry row names it as the fallback (the same choice `hanpu serve` makes).
 class ChatRenderer {
@@ -262,13 +258,9 @@ class ChatSession {
     // (where a template that re-renders the reply differently diverges at the latest, e.g.
     // Qwen3.5's dropping its <think> block), and at the end of the prompt.
     std::vector<int64_t> checkpoints;
-    try {
-      const std::vector<int32_t> history = tok_.encode(renderer_.render(messages, false, thinking_), true);
-      const auto h = static_cast<int64_t>(history.size());
-      if (h > reused && h < n && std::equal(history.begin(), history.end(), prompt.begin())) checkpoints.push_back(h);
-    } catch (const Error&) {
-      // a template may refuse a conversation without its generation prompt: no snapshot there
-    }
+    if (auto h = history_snapshot_length([&] { return renderer_.render(messages, false, thinking_); }, tok_, prompt);
+        h && *h > reused)
+      checkpoints.push_back(*h);
     checkpoints.push_back(n);
     std::vector<Snapshot> next_snapshots;
     ForwardOptions one = fo_;

@@ -2,6 +2,7 @@
 // through hanpu's Jinja subset (model/jinja.hpp).
 #include "hanpu/chat_template.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
@@ -138,6 +139,22 @@ std::string render_chat_prompt(const ChatTemplate* tmpl, const nlohmann::ordered
   nlohmann::ordered_json kwargs = special_tokens.is_object() ? special_tokens : nlohmann::ordered_json::object();
   kwargs["enable_thinking"] = enable_thinking;
   return tmpl->render(msgs, nullptr, add_generation_prompt, kwargs);
+}
+
+size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+}
+
+std::optional<int64_t> history_snapshot_length(const std::function<std::string()>& render_history, const Tokenizer& tok,
+                                               std::span<const int32_t> prompt) {
+  std::vector<int32_t> history;
+  try {
+    history = tok.encode(render_history(), /*parse_special=*/true);
+  } catch (const Error&) {
+    return std::nullopt;  // the history alone may not be a conversation the template renders
+  }
+  if (history.size() >= prompt.size() || !std::equal(history.begin(), history.end(), prompt.begin())) return std::nullopt;
+  return static_cast<int64_t>(history.size());
 }
 
 }  // namespace hanpu

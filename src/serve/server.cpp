@@ -452,11 +452,6 @@ ParsedRequest Api::parse_common(const json& body, bool chat) const {
 // sent them (the raw body is parsed again keeping key order, which tojson output depends on), the
 // tokenizer's special tokens and chat_template_kwargs as further variables.
 
-// The tokens two renderings share from the start: what every continuation of a conversation has.
-size_t common_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
-  return static_cast<size_t>(std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
-}
-
 // tool_choice: "auto", "none", "required", or {"type": "function", "function": {"name": ...}};
 // returns "" for auto/none/absent, "*" for required, else the function's name.
 std::string forced_tool(const json& body) {
@@ -640,12 +635,8 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
   // The marker as the templates write a closed block (Qwen3.5's and Kimi's "\n</think>\n\n").
   if (p.gen.thinking_budget >= 0) p.gen.think_end = tok_->encode("\n</think>\n\n", /*parse_special=*/true);
   std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
-  try {  // as with ChatML below: a snapshot where the next turn's prompt will diverge
-    const std::vector<int32_t> history = tok_->encode(t.render(messages, tools, false, kwargs), true);
-    if (history.size() < ids.size() && std::equal(history.begin(), history.end(), ids.begin()))
-      checkpoints.push_back(static_cast<int64_t>(history.size()));
-  } catch (const Error&) {
-  }
+  // As with ChatML below: a snapshot where the next turn's prompt will diverge.
+  if (auto h = history_snapshot_length([&] { return t.render(messages, tools, false, kwargs); }, *tok_, ids)) checkpoints.push_back(*h);
   // The next turn: this conversation plus the reply, then a message not known yet. Two
   // renderings with different user messages share exactly what any next user turn shares.
   std::shared_ptr<const ChatTemplate> tmpl = tools.is_null() ? chat_template_.tmpl : chat_template_.tools_tmpl;
@@ -738,13 +729,9 @@ std::vector<int32_t> Api::chat_prompt(const json& messages, const json& body, co
   // The conversation without the generation prompt is what the next turn shares: a snapshot there
   // lets it skip everything up to its new tokens (the generation prompt and any <think> block
   // differ once the reply is part of the history).
-  try {
-    const std::vector<int32_t> history = tok_->encode(tok_->apply_chat_template(msgs, false, thinking), true);
-    if (history.size() < ids.size() && std::equal(history.begin(), history.end(), ids.begin()))
-      checkpoints.push_back(static_cast<int64_t>(history.size()));
-  } catch (const Error&) {
-    // the history alone may not be a valid conversation (no user message yet): no extra snapshot
-  }
+  // (The history alone may not be a valid conversation, no user message yet: then no snapshot.)
+  if (auto h = history_snapshot_length([&] { return tok_->apply_chat_template(msgs, false, thinking); }, *tok_, ids))
+    checkpoints.push_back(*h);
   const Tokenizer* tok = tok_;
   p.next_turn = [msgs, thinking, tok](const json& reply_msg) {
     const json sent = json::parse(dump(reply_msg));  // as the client gets it back (invalid UTF-8 replaced)
