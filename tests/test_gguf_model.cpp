@@ -280,7 +280,9 @@ fs::path dequantized_copy(const TempDir& tmp, const fs::path& src) {
 
 int count_type(const fs::path& p, gguf::GgmlType type) {
   int n = 0;
-  for (const GgufTensorInfo& t : GgufFile::open(p.string()).tensors()) n += t.type == type;
+  // The file named: a range-for over a temporary's member would read it after it is gone.
+  const GgufFile file = GgufFile::open(p.string());
+  for (const GgufTensorInfo& t : file.tensors()) n += t.type == type;
   return n;
 }
 

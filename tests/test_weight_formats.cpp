@@ -224,6 +224,11 @@ TEST(WeightFormatRefactor, LogitsBitEqualToThoseRecordedBeforeIt) {
   const std::filesystem::path tests = testing::golden_dir().parent_path();
   std::ifstream in(testing::golden_dir() / "weight_formats_logits.json");
   const nlohmann::json rec = nlohmann::json::parse(in);
+#ifndef NDEBUG
+  // The hashes are of the release build's logits (-O3): an unoptimized build (the ASan + UBSan
+  // preset) compiles the plain C++ between the SIMD kernels differently, and rounds differently.
+  GTEST_SKIP() << "logits recorded from the release build; this build is not optimized";
+#endif
   const std::string target = isa_selection().target;
   if (!rec["fnv1a64"].contains(target))
     GTEST_SKIP() << "no logits recorded for kernel target " << target << " (recorded: AVX2, SCALAR)";
