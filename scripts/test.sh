@@ -11,7 +11,7 @@ bash scripts/setup.sh
 bash scripts/setup_tests.sh
 cmake --preset release >/dev/null
 cmake --build --preset release
-# The Python package: pip builds it (incrementally, in build/python/) and installs it.
+# The Python package: pip builds it (incrementally, in build/python-<wheel tag>/, reusing the release build's objects through ccache) and installs it.
 python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-build-isolation .
 
 results="$PWD/build/release/test-results"

@@ -41,6 +41,11 @@ void request_isa(const std::string& name);
 /// The values HANPU_ISA accepts on this build and CPU, best first ("native" first).
 std::vector<std::string> isa_choices();
 
+/// What `hanpu isa` prints: "kernels: TARGET (HANPU_ISA=...)" and the choices, or with
+/// `choices_only` the choices one per line (for scripts that run the tests on every target).
+/// Shared by the CLI and tools/isa_query.cpp, which the ARM64 cross build uses instead of the CLI.
+std::string describe_isa(bool choices_only);
+
 }  // namespace hanpu
 
 /// HWY_DYNAMIC_DISPATCH after the ISA cap has been applied.

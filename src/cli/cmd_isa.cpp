@@ -12,17 +12,5 @@ void register_isa_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("isa", "Show the SIMD target the kernels use and the values HANPU_ISA accepts");
   auto choices_only = std::make_shared<bool>(false);
   cmd->add_flag("--choices", *choices_only, "Print only the accepted values, one per line, best first");
-  cmd->callback([choices_only] {
-    const hanpu::IsaSelection& selection = hanpu::isa_selection();
-    const std::vector<std::string> choices = hanpu::isa_choices();
-    if (*choices_only) {
-      for (const std::string& c : choices) std::cout << c << '\n';
-      return;
-    }
-    std::cout << "kernels: " << selection.target << " (HANPU_ISA="
-              << (selection.requested.empty() ? std::string("native") : selection.requested) << ")\n"
-              << "choices:";
-    for (const std::string& c : choices) std::cout << ' ' << c;
-    std::cout << '\n';
-  });
+  cmd->callback([choices_only] { std::cout << hanpu::describe_isa(*choices_only); });
 }

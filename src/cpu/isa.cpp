@@ -96,4 +96,18 @@ std::vector<std::string> isa_choices() {
   return out;
 }
 
+std::string describe_isa(bool choices_only) {
+  const IsaSelection& selection = isa_selection();  // first: a bad HANPU_ISA is refused either way
+  const std::vector<std::string> choices = isa_choices();
+  std::string out;
+  if (choices_only) {
+    for (const std::string& c : choices) out += c + '\n';
+    return out;
+  }
+  out = "kernels: " + selection.target + " (HANPU_ISA=" + (selection.requested.empty() ? std::string("native") : selection.requested) +
+        ")\nchoices:";
+  for (const std::string& c : choices) out += ' ' + c;
+  return out + '\n';
+}
+
 }  // namespace hanpu
