@@ -461,14 +461,48 @@ GgufCheckpoint::Resolved GgufCheckpoint::resolve(const std::string& hf) const {
 
 bool GgufCheckpoint::has(const std::string& hf_name) const { return resolve(hf_name).info != nullptr; }
 
-std::vector<std::string> gguf_writable_archs() { return {"qwen35", "kimi-linear", "bailingmoe3"}; }
+std::vector<std::string> gguf_writable_archs() { return {"qwen35", "qwen35moe", "qwen3next", "kimi-linear", "bailingmoe3"}; }
 
 std::vector<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c, const std::string& hf,
                                                    const std::vector<int64_t>& hf_shape, std::vector<float> data) {
   const GgufMapping* row = gguf_mapping(arch);
   const std::vector<std::string> writable = gguf_writable_archs();
   if (!row || std::find(writable.begin(), writable.end(), arch) == writable.end())
-    throw Error("writing GGUF architecture '" + arch + "' is not supported by hanpu (it writes qwen35, kimi-linear, bailingmoe3)");
+    throw Error("writing GGUF architecture '" + arch + "' is not supported by hanpu (it writes qwen35, qwen35moe, qwen3next, "
+                "kimi-linear, bailingmoe3)");
+  const auto ggml_dims = [](const std::vector<int64_t>& shape) { return std::vector<int64_t>(shape.rbegin(), shape.rend()); };
+  if (arch == "qwen3next") {
+    // The checkpoint's fused GDN projections (conversion/qwen.py Qwen3NextModel.modify_tensors):
+    // in_proj_qkvz, per key-head group [q (dk) | k (dk) | v (r dv) | z (r dv)] rows, is split into
+    // attn_qkv = [all q | all k | all v] and attn_gate = [all z]; in_proj_ba stays whole as ssm_ba.
+    const std::string lp = "model.layers.";
+    const size_t dot = hf.find('.', lp.size());
+    const std::string rest = hf.rfind(lp, 0) == 0 && dot != std::string::npos ? hf.substr(dot + 1) : "";
+    const std::string blk = rest.empty() ? "" : "blk." + hf.substr(lp.size(), dot - lp.size()) + ".";
+    if (rest == "linear_attn.in_proj_ba.weight") return {{blk + "ssm_ba.weight", ggml_dims(hf_shape), std::move(data)}};
+    if (rest == "linear_attn.in_proj_qkvz.weight") {
+      const int64_t nk = c.gdn.num_key_heads, dk = c.gdn.key_head_dim, dv = c.gdn.value_head_dim;
+      const int64_t r = nk > 0 ? c.gdn.num_value_heads / nk : 0, group = 2 * dk + 2 * r * dv;
+      if (hf_shape.size() != 2 || hf_shape[0] != nk * group)
+        throw Error("writing GGUF tensor (HF '" + hf + "'): shape " + shape_str(hf_shape) + ", expected [" +
+                    std::to_string(nk * group) + ", hidden] from the config");
+      const int64_t cols = hf_shape[1];
+      std::vector<float> qkv, z;
+      const auto rows = [&](std::vector<float>& to, int64_t g, int64_t from, int64_t count) {
+        const float* p = data.data() + (g * group + from) * cols;
+        to.insert(to.end(), p, p + count * cols);
+      };
+      for (int64_t g = 0; g < nk; ++g) rows(qkv, g, 0, dk);
+      for (int64_t g = 0; g < nk; ++g) rows(qkv, g, dk, dk);
+      for (int64_t g = 0; g < nk; ++g) rows(qkv, g, 2 * dk, r * dv);
+      for (int64_t g = 0; g < nk; ++g) rows(z, g, 2 * dk + r * dv, r * dv);
+      const int64_t qkv_rows = static_cast<int64_t>(qkv.size()) / cols, z_rows = static_cast<int64_t>(z.size()) / cols;
+      std::vector<GgufExportedTensor> out;
+      out.push_back({blk + "attn_qkv.weight", {cols, qkv_rows}, std::move(qkv)});
+      out.push_back({blk + "attn_gate.weight", {cols, z_rows}, std::move(z)});
+      return out;
+    }
+  }
   const RuleHit hit = find_rule(*row, hf, c);
   const std::string& name = hit.gguf_name;
   const Fix fix = hit.fix;
@@ -478,7 +512,6 @@ std::vector<GgufExportedTensor> gguf_export_tensor(const std::string& arch, cons
   if (static_cast<int64_t>(data.size()) != n || hf_shape.empty())
     throw Error("writing GGUF tensor '" + name + "' (HF '" + hf + "'): " + std::to_string(data.size()) +
                 " values for shape " + shape_str(hf_shape));
-  const auto ggml_dims = [](const std::vector<int64_t>& shape) { return std::vector<int64_t>(shape.rbegin(), shape.rend()); };
   std::vector<int64_t> shape = hf_shape;
   const bool kda = c.linear_mixer == TokenMixer::kKda;
   if (fix == Fix::kConv) {

@@ -249,12 +249,20 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   w.add_string("general.architecture", arch);
   w.add_string("general.type", "model");
   w.add_string("general.name", fs::path(fs::absolute(dir).lexically_normal()).filename().string());
-  if (arch == "qwen35") {
+  const bool qwen = arch == "qwen35" || arch == "qwen35moe" || arch == "qwen3next";
+  if (qwen) {
   const int64_t head_dim = uint_field("head_dim");
   w.add_u32(arch + ".block_count", static_cast<uint32_t>(n_layer));
   w.add_u32(arch + ".context_length", static_cast<uint32_t>(uint_field("max_position_embeddings")));
   w.add_u32(arch + ".embedding_length", static_cast<uint32_t>(uint_field("hidden_size")));
-  w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(uint_field("intermediate_size")));
+  if (tc.contains("intermediate_size"))  // dense MLP width (absent from Qwen3.5-MoE's config)
+    w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(uint_field("intermediate_size")));
+  if (arch != "qwen35") {  // the experts' keys (conversion/qwen.py: Qwen3NextModel, Qwen3_5MoeModel)
+    w.add_u32(arch + ".expert_count", static_cast<uint32_t>(uint_field("num_experts")));
+    w.add_u32(arch + ".expert_used_count", static_cast<uint32_t>(uint_field("num_experts_per_tok")));
+    w.add_u32(arch + ".expert_feed_forward_length", static_cast<uint32_t>(uint_field("moe_intermediate_size")));
+    w.add_u32(arch + ".expert_shared_feed_forward_length", static_cast<uint32_t>(uint_field("shared_expert_intermediate_size")));
+  }
   w.add_u32(arch + ".attention.head_count", static_cast<uint32_t>(uint_field("num_attention_heads")));
   w.add_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(uint_field("num_key_value_heads")));
   const json& rope = tc.contains("rope_parameters") ? tc["rope_parameters"] : tc;
@@ -283,8 +291,10 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   std::vector<bool> recurrent;
   for (int64_t i = 0; i < n_layer; ++i) recurrent.push_back(!config.is_full_attention.at(static_cast<size_t>(i)));
   w.add_bools(arch + ".attention.recurrent_layers", recurrent);
-  if (tc.contains("full_attention_interval"))
-    w.add_u32(arch + ".full_attention_interval", static_cast<uint32_t>(uint_field("full_attention_interval")));
+  // The converter writes the config's interval or 4 when it has none (conversion/qwen.py
+  // Qwen3NextModel.set_gguf_parameters); llama.cpp reads recurrent_layers first.
+  w.add_u32(arch + ".full_attention_interval",
+            tc.contains("full_attention_interval") ? static_cast<uint32_t>(uint_field("full_attention_interval")) : 4u);
   const double partial = rope.contains("partial_rotary_factor") ? float_of(rope["partial_rotary_factor"], "partial_rotary_factor") : 1.0;
   w.add_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(static_cast<double>(head_dim) * partial));
   } else {
@@ -304,7 +314,7 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
     // No tokenizer (as the tiny test checkpoints): a vocabulary-less file, which llama.cpp loads
     // (llama-vocab.cpp: tokenizer.ggml.model "no_vocab" with <arch>.vocab_size); run it on token ids.
     w.add_string("tokenizer.ggml.model", "no_vocab");
-    if (arch == "qwen35") w.add_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
+    if (qwen) w.add_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
   } else {
   const json tok = parse_json(read_regular_file(tok_path, "tokenizer", 1ull << 30), tok_path);
   if (!tok.contains("model") || tok["model"].value("type", "") != "BPE")
@@ -332,7 +342,8 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   for (const json& m : tok["model"]["merges"])
     merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
   w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", "qwen35");
+  // llama.cpp's names for the split regex: Qwen3.5's own, Qwen3-Next's is Qwen2's.
+  w.add_string("tokenizer.ggml.pre", arch == "qwen3next" ? "qwen2" : "qwen35");
   w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_i32s("tokenizer.ggml.token_type", types);
   w.add_strings("tokenizer.ggml.merges", merges);
