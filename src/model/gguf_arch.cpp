@@ -461,32 +461,96 @@ GgufCheckpoint::Resolved GgufCheckpoint::resolve(const std::string& hf) const {
 
 bool GgufCheckpoint::has(const std::string& hf_name) const { return resolve(hf_name).info != nullptr; }
 
-std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c,
-                                                     const std::string& hf, const std::vector<int64_t>& hf_shape,
-                                                     std::vector<float>& data) {
+std::vector<std::string> gguf_writable_archs() { return {"qwen35", "qwen35moe", "qwen3next", "kimi-linear", "bailingmoe3"}; }
+
+std::vector<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c, const std::string& hf,
+                                                   const std::vector<int64_t>& hf_shape, std::vector<float> data) {
   const GgufMapping* row = gguf_mapping(arch);
-  if (!row || arch != "qwen35")
-    throw Error("writing GGUF architecture '" + arch + "' is not supported by hanpu (it writes qwen35)");
+  const std::vector<std::string> writable = gguf_writable_archs();
+  if (!row || std::find(writable.begin(), writable.end(), arch) == writable.end())
+    throw Error("writing GGUF architecture '" + arch + "' is not supported by hanpu (it writes qwen35, qwen35moe, qwen3next, "
+                "kimi-linear, bailingmoe3)");
+  const auto ggml_dims = [](const std::vector<int64_t>& shape) { return std::vector<int64_t>(shape.rbegin(), shape.rend()); };
+  if (arch == "qwen3next") {
+    // The checkpoint's fused GDN projections (conversion/qwen.py Qwen3NextModel.modify_tensors):
+    // in_proj_qkvz, per key-head group [q (dk) | k (dk) | v (r dv) | z (r dv)] rows, is split into
+    // attn_qkv = [all q | all k | all v] and attn_gate = [all z]; in_proj_ba stays whole as ssm_ba.
+    const std::string lp = "model.layers.";
+    const size_t dot = hf.find('.', lp.size());
+    const std::string rest = hf.rfind(lp, 0) == 0 && dot != std::string::npos ? hf.substr(dot + 1) : "";
+    const std::string blk = rest.empty() ? "" : "blk." + hf.substr(lp.size(), dot - lp.size()) + ".";
+    if (rest == "linear_attn.in_proj_ba.weight") return {{blk + "ssm_ba.weight", ggml_dims(hf_shape), std::move(data)}};
+    if (rest == "linear_attn.in_proj_qkvz.weight") {
+      const int64_t nk = c.gdn.num_key_heads, dk = c.gdn.key_head_dim, dv = c.gdn.value_head_dim;
+      const int64_t r = nk > 0 ? c.gdn.num_value_heads / nk : 0, group = 2 * dk + 2 * r * dv;
+      if (hf_shape.size() != 2 || hf_shape[0] != nk * group)
+        throw Error("writing GGUF tensor (HF '" + hf + "'): shape " + shape_str(hf_shape) + ", expected [" +
+                    std::to_string(nk * group) + ", hidden] from the config");
+      const int64_t cols = hf_shape[1];
+      std::vector<float> qkv, z;
+      const auto rows = [&](std::vector<float>& to, int64_t g, int64_t from, int64_t count) {
+        const float* p = data.data() + (g * group + from) * cols;
+        to.insert(to.end(), p, p + count * cols);
+      };
+      for (int64_t g = 0; g < nk; ++g) rows(qkv, g, 0, dk);
+      for (int64_t g = 0; g < nk; ++g) rows(qkv, g, dk, dk);
+      for (int64_t g = 0; g < nk; ++g) rows(qkv, g, 2 * dk, r * dv);
+      for (int64_t g = 0; g < nk; ++g) rows(z, g, 2 * dk + r * dv, r * dv);
+      const int64_t qkv_rows = static_cast<int64_t>(qkv.size()) / cols, z_rows = static_cast<int64_t>(z.size()) / cols;
+      std::vector<GgufExportedTensor> out;
+      out.push_back({blk + "attn_qkv.weight", {cols, qkv_rows}, std::move(qkv)});
+      out.push_back({blk + "attn_gate.weight", {cols, z_rows}, std::move(z)});
+      return out;
+    }
+  }
   const RuleHit hit = find_rule(*row, hf, c);
   const std::string& name = hit.gguf_name;
   const Fix fix = hit.fix;
-  if (name.empty()) return std::nullopt;
+  if (name.empty()) return {};
   int64_t n = 1;
   for (int64_t d : hf_shape) n *= d;
   if (static_cast<int64_t>(data.size()) != n || hf_shape.empty())
     throw Error("writing GGUF tensor '" + name + "' (HF '" + hf + "'): " + std::to_string(data.size()) +
                 " values for shape " + shape_str(hf_shape));
   std::vector<int64_t> shape = hf_shape;
+  const bool kda = c.linear_mixer == TokenMixer::kKda;
   if (fix == Fix::kConv) {
     if (shape.size() != 3 || shape[1] != 1)
       throw Error("writing GGUF tensor '" + name + "' (HF '" + hf + "'): shape " + shape_str(hf_shape) +
                   ", expected [channels, 1, kernel]");
-    shape = {shape[0], shape[2]};
+    // GDN convs squeezed to [C, K] (conversion/qwen.py); the three KDA convs as [1, C, 1, K]
+    // (conversion/kimi_linear.py, bailingmoe3.py), the shape llama.cpp's loaders ask for.
+    shape = kda ? std::vector<int64_t>{1, shape[0], 1, shape[2]} : std::vector<int64_t>{shape[0], shape[2]};
+  }
+  if (fix == Fix::kKvB) {
+    // MLA kv_b_proj [nh * (nope + v), r] -> attn_k_b [nh, r, nope] (k_b transposed per head) and
+    // attn_v_b [nh, v, r] (conversion/kimi_linear.py, bailingmoe3.py); GgufCheckpoint::get undoes it.
+    const int64_t nh = c.mla.num_heads, kr = c.mla.kv_lora_rank, nope = c.mla.qk_nope_head_dim, dv = c.mla.v_head_dim;
+    if (shape != std::vector<int64_t>{nh * (nope + dv), kr})
+      throw Error("writing GGUF tensor '" + name + "' (HF '" + hf + "'): shape " + shape_str(hf_shape) + ", expected " +
+                  shape_str({nh * (nope + dv), kr}) + " from the config");
+    std::vector<float> kb(static_cast<size_t>(nh * kr * nope)), vb(static_cast<size_t>(nh * dv * kr));
+    for (int64_t h = 0; h < nh; ++h) {
+      const float* head = data.data() + h * (nope + dv) * kr;
+      for (int64_t j = 0; j < nope; ++j)
+        for (int64_t r = 0; r < kr; ++r) kb[static_cast<size_t>((h * kr + r) * nope + j)] = head[j * kr + r];
+      std::copy(head + nope * kr, head + (nope + dv) * kr, vb.begin() + h * dv * kr);
+    }
+    std::string v_name = name;
+    v_name.replace(v_name.rfind("attn_k_b"), 8, "attn_v_b");
+    std::vector<GgufExportedTensor> out;
+    out.push_back({name, ggml_dims({nh, kr, nope}), std::move(kb)});
+    out.push_back({v_name, ggml_dims({nh, dv, kr}), std::move(vb)});
+    return out;
   }
   if (fix == Fix::kNormMinusOne)
     for (float& v : data) v += 1.0f;  // conversion/qwen.py: norm weights stored as 1 + w (float32)
   if (fix == Fix::kALog)
-    for (float& v : data) v = -std::exp(v);  // conversion/qwen.py: ssm_a = -exp(A_log)
+    for (float& v : data) v = -std::exp(v);  // conversion/qwen.py, kimi_linear.py: ssm_a = -exp(A_log)
+  if (fix == Fix::kALogExp) {
+    for (float& v : data) v = std::exp(v);  // conversion/bailingmoe3.py: ssm_a = exp(A_log), [H, 1]
+    shape = {n, 1};
+  }
   const Reorder ro = reorder_of(fix, c, row->tiled_value_heads);
   const int64_t nk = c.gdn.num_key_heads, ratio = nk > 0 ? c.gdn.num_value_heads / nk : 1;
   if (ro.rows || ro.cols) {
@@ -499,9 +563,9 @@ std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, co
     }
     data.swap(out);
   }
-  GgufExportedTensor t{name, {}};
-  for (auto it = shape.rbegin(); it != shape.rend(); ++it) t.dims.push_back(*it);
-  return t;
+  std::vector<GgufExportedTensor> out;
+  out.push_back({name, ggml_dims(shape), std::move(data), fix == Fix::kExpert ? hit.expert : -1});
+  return out;
 }
 
 namespace {

@@ -164,22 +164,27 @@ bool gguf_has_tokenizer(const std::string& path);
 /// tokenizer.chat_template of a GGUF file ("" when absent).
 std::string gguf_chat_template(const GgufFile& f);
 
-/// A tensor as llama.cpp's converter writes it: its GGUF name and dims (ggml's ne order: dims[0]
-/// is the element count of a row).
+/// A tensor as llama.cpp's converter writes it: its GGUF name, dims (ggml's ne order: dims[0]
+/// is the element count of a row) and float32 values; `expert` >= 0 marks slice `expert` of a
+/// stacked ffn_*_exps tensor (dims of the slice; the caller stacks the slices in expert order).
 struct GgufExportedTensor {
   std::string name;
   std::vector<int64_t> dims;
+  std::vector<float> data;
+  int64_t expert = -1;
 };
 /// The inverse of GgufCheckpoint::get for `hf_name` ("model.layers.3.linear_attn.A_log", the text
-/// model's names) of a model of GGUF architecture `arch` with config `c`: applies in place to
-/// `data` (float32, HF shape `hf_shape`) what llama.cpp's converter does to that tensor (norm
-/// weights + 1, A_log -> -exp(A_log), value heads to ggml's tiled order, conv squeezed) and
-/// returns the GGUF name and dims. nullopt for a tensor the mapping has no name for (the caller
-/// decides whether that is an error). Throws hanpu::Error naming the tensor for an architecture
-/// hanpu does not write (only qwen35) or a shape that does not fit the config.
-std::optional<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c,
-                                                     const std::string& hf_name, const std::vector<int64_t>& hf_shape,
-                                                     std::vector<float>& data);
+/// model's names) of a model of GGUF architecture `arch` with config `c`: applies to `data`
+/// (float32, HF shape `hf_shape`) what llama.cpp's converter does to that tensor (norm weights + 1,
+/// A_log -> -exp(A_log) or exp(A_log), value heads to ggml's tiled order, GDN convs squeezed, KDA
+/// convs as [1, C, 1, K], MLA kv_b_proj split into attn_k_b and attn_v_b, experts as slices) and
+/// returns the GGUF tensors (two for kv_b_proj). Empty for a tensor the mapping has no name for
+/// (the caller decides whether that is an error). Throws hanpu::Error naming the tensor for an
+/// architecture hanpu does not write or a shape that does not fit the config.
+std::vector<GgufExportedTensor> gguf_export_tensor(const std::string& arch, const ModelConfig& c, const std::string& hf_name,
+                                                   const std::vector<int64_t>& hf_shape, std::vector<float> data);
+/// The GGUF architectures hanpu writes (`hanpu quantize --format`).
+std::vector<std::string> gguf_writable_archs();
 
 /// The config.json text the GGUF metadata of `m` amounts to (what GgufCheckpoint parses; for tests
 /// and `hanpu` diagnostics).

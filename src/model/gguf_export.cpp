@@ -61,11 +61,14 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-// llama-quant.cpp tensor_allows_quantization, the rules that can apply to qwen35: 2-D tensors
-// whose name ends in "weight", except norms and the small ssm_conv1d.
+// llama-quant.cpp tensor_allows_quantization, the rules that can apply to the architectures hanpu
+// writes: tensors of 2 or more dims whose name ends in "weight", except norms, the router
+// (ffn_gate_inp, also ffn_gate_inp_shexp) and the small convs (ssm_conv1d, ssm_conv1d_{q,k,v}).
 bool allows_quantization(const std::string& name, const std::vector<int64_t>& dims) {
-  return dims.size() >= 2 && ends_with(name, "weight") && name.find("_norm.weight") == std::string::npos &&
-         name.find("ssm_conv1d") == std::string::npos;
+  int64_t wide = 0;  // dims other than 1: the converter's "n_dims <= 1" test is on the squeezed data
+  for (int64_t d : dims) wide += d != 1;
+  return dims.size() >= 2 && wide >= 2 && ends_with(name, "weight") && name.find("_norm.weight") == std::string::npos &&
+         name.find("ffn_gate_inp") == std::string::npos && name.find("ssm_conv1d") == std::string::npos;
 }
 
 // llama.cpp's use_more_bits: the first and last eighth of the layers and every third in between.
@@ -84,6 +87,70 @@ std::string token_content(const json& j) {  // tokenizer_config's "eos_token": "
   if (j.is_string()) return j.get<std::string>();
   if (j.is_object() && j.contains("content") && j["content"].is_string()) return j["content"].get<std::string>();
   return "";
+}
+
+// The keys llama.cpp's kimi-linear and bailingmoe3 converters write (conversion/kimi_linear.py
+// KimiLinearModel.set_gguf_parameters, conversion/bailingmoe3.py BailingMoeV3Model), from the
+// parsed config: the inverse of gguf_meta::kda_mla_decoder and the families' GGUF config
+// functions (model/family_kimi_linear.cpp, family_bailing_hybrid.cpp). `tc` gives the few values
+// the model description does not keep (context length, Kimi's head_dim, the shared-expert count).
+void write_kda_mla_metadata(const std::string& arch, const ModelConfig& c, const json& tc, const std::string& config_path,
+                            GgufWriter& w) {
+  const bool ling = arch == "bailingmoe3";
+  const auto u32 = [&](const std::string& key, int64_t v) { w.add_u32(arch + "." + key, static_cast<uint32_t>(v)); };
+  const auto json_uint = [&](std::initializer_list<const char*> keys, int64_t fallback) -> int64_t {
+    for (const char* k : keys)
+      if (tc.contains(k) && tc[k].is_number_integer() && tc[k].get<int64_t>() >= 0) return tc[k].get<int64_t>();
+    return fallback;
+  };
+  if (c.moe.router_scoring != RouterScoring::kSigmoid && c.num_moe_layers() > 0)
+    throw Error("quantize --format: '" + config_path + "': the router is not sigmoid-scored, which llama.cpp's " + arch +
+                " (expert_gating_func 2) expects");
+  u32("block_count", c.num_layers);
+  u32("context_length", json_uint({"max_position_embeddings", "model_max_length"}, 0));
+  u32("embedding_length", c.hidden_size);
+  u32("feed_forward_length", c.mlp.intermediate_size);
+  u32("attention.head_count", c.mla.num_heads);
+  std::vector<int32_t> kv_per_layer;
+  for (bool full : c.is_full_attention) kv_per_layer.push_back(full ? 1 : 0);  // 0 = a KDA layer
+  w.add_i32s(arch + ".attention.head_count_kv", kv_per_layer);
+  if (ling) w.add_f32(arch + ".rope.freq_base", static_cast<float>(c.mla.rope_theta));
+  w.add_f32(arch + ".attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
+  int64_t dense_lead = 0;
+  while (dense_lead < c.num_layers && !c.layer_is_moe(dense_lead)) ++dense_lead;
+  const int64_t shared = json_uint({"num_shared_experts", "n_shared_experts"}, 0);
+  if (c.num_moe_layers() > 0) {
+    u32("expert_count", c.moe.num_experts);
+    u32("expert_used_count", c.moe.num_experts_per_tok);
+    u32("expert_group_count", c.moe.num_expert_groups);
+    u32("expert_group_used_count", c.moe.topk_groups);
+    u32("expert_gating_func", 2);  // llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+  }
+  u32("attention.key_length", c.mla.kv_lora_rank + c.mla.qk_rope_head_dim);
+  u32("attention.value_length", ling ? c.kda.head_dim : json_uint({"head_dim"}, c.kda.head_dim));
+  u32("vocab_size", c.vocab_size);
+  u32("ssm.conv_kernel", c.kda.conv_kernel);
+  u32("kda.head_dim", c.kda.head_dim);
+  if (ling) {
+    w.add_bool(arch + ".kda.safe_gate", c.kda.safe_gate);
+    w.add_f32(arch + ".kda.gate_lower_bound", static_cast<float>(c.kda.lower_bound));
+  }
+  if (c.mla.q_lora_rank > 0) u32("attention.q_lora_rank", c.mla.q_lora_rank);
+  u32("attention.kv_lora_rank", c.mla.kv_lora_rank);
+  u32("rope.dimension_count", c.mla.qk_rope_head_dim);
+  u32("attention.key_length_mla", c.mla.qk_head_dim());
+  u32("attention.value_length_mla", c.mla.v_head_dim);
+  if (c.num_moe_layers() > 0) {
+    u32("expert_feed_forward_length", c.moe.intermediate_size);
+    // llama.cpp's n_ff_shexp is the shared experts' total width
+    if (ling) u32("expert_shared_feed_forward_length", c.moe.shared_expert_intermediate_size);
+    u32("expert_shared_count", shared);
+  }
+  u32("leading_dense_block_count", dense_lead);
+  if (c.num_moe_layers() > 0) {
+    w.add_f32(arch + ".expert_weights_scale", static_cast<float>(c.moe.routed_scaling_factor));
+    if (ling) w.add_bool(arch + ".expert_weights_norm", c.moe.norm_topk_prob);
+  }
 }
 
 }  // namespace
@@ -139,7 +206,7 @@ GgufExportStats build_gguf(const std::string& model_dir, GgufFileFormat f, GgufW
   } catch (const nlohmann::json::exception& e) {
     throw Error("quantize --format: checkpoint '" + model_dir +
                 "': a field of config.json, tokenizer.json, tokenizer_config.json or the index is not what a "
-                "Qwen3.5 checkpoint has: " + e.what());
+                "checkpoint of its family has: " + e.what());
   }
 }
 
@@ -148,9 +215,16 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   const std::string config_path = (dir / "config.json").string();
   const std::string config_text = read_regular_file(config_path, "config", kMaxJsonFileBytes);
   const ModelConfig config = parse_model_config(config_text, config_path);
-  if (config.model_type != "qwen3_5_text")
+  // The GGUF architecture whose mapping (the family registry's) reads this model_type back.
+  std::string arch, writable;
+  for (const std::string& a : model::gguf_writable_archs()) {
+    const model::GgufMapping* m = model::gguf_mapping(a);
+    if (m && config.model_type == m->model_type) arch = a;
+    writable += (writable.empty() ? "" : ", ") + a + (m ? std::string(" (") + m->model_type + ")" : "");
+  }
+  if (arch.empty())
     throw Error("quantize --format: '" + config_path + "' is a " + config.model_type +
-                " model; hanpu writes GGUF for qwen3_5 (GGUF architecture qwen35) only");
+                " model; hanpu writes GGUF for " + writable + " only");
   const json top = parse_json(config_text, config_path);
   const json& tc = top.contains("text_config") ? top["text_config"] : top;
   const auto field = [&](const char* key) -> const json& {
@@ -170,17 +244,25 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
     if (!v.is_number()) throw bad(key, v, "a number");
     return v.get<double>();
   };
-  const std::string arch = "qwen35";
   const int64_t n_layer = uint_field("num_hidden_layers");
-  const int64_t head_dim = uint_field("head_dim");
 
   w.add_string("general.architecture", arch);
   w.add_string("general.type", "model");
   w.add_string("general.name", fs::path(fs::absolute(dir).lexically_normal()).filename().string());
+  const bool qwen = arch == "qwen35" || arch == "qwen35moe" || arch == "qwen3next";
+  if (qwen) {
+  const int64_t head_dim = uint_field("head_dim");
   w.add_u32(arch + ".block_count", static_cast<uint32_t>(n_layer));
   w.add_u32(arch + ".context_length", static_cast<uint32_t>(uint_field("max_position_embeddings")));
   w.add_u32(arch + ".embedding_length", static_cast<uint32_t>(uint_field("hidden_size")));
-  w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(uint_field("intermediate_size")));
+  if (tc.contains("intermediate_size"))  // dense MLP width (absent from Qwen3.5-MoE's config)
+    w.add_u32(arch + ".feed_forward_length", static_cast<uint32_t>(uint_field("intermediate_size")));
+  if (arch != "qwen35") {  // the experts' keys (conversion/qwen.py: Qwen3NextModel, Qwen3_5MoeModel)
+    w.add_u32(arch + ".expert_count", static_cast<uint32_t>(uint_field("num_experts")));
+    w.add_u32(arch + ".expert_used_count", static_cast<uint32_t>(uint_field("num_experts_per_tok")));
+    w.add_u32(arch + ".expert_feed_forward_length", static_cast<uint32_t>(uint_field("moe_intermediate_size")));
+    w.add_u32(arch + ".expert_shared_feed_forward_length", static_cast<uint32_t>(uint_field("shared_expert_intermediate_size")));
+  }
   w.add_u32(arch + ".attention.head_count", static_cast<uint32_t>(uint_field("num_attention_heads")));
   w.add_u32(arch + ".attention.head_count_kv", static_cast<uint32_t>(uint_field("num_key_value_heads")));
   const json& rope = tc.contains("rope_parameters") ? tc["rope_parameters"] : tc;
@@ -209,16 +291,31 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   std::vector<bool> recurrent;
   for (int64_t i = 0; i < n_layer; ++i) recurrent.push_back(!config.is_full_attention.at(static_cast<size_t>(i)));
   w.add_bools(arch + ".attention.recurrent_layers", recurrent);
-  if (tc.contains("full_attention_interval"))
-    w.add_u32(arch + ".full_attention_interval", static_cast<uint32_t>(uint_field("full_attention_interval")));
+  // The converter writes the config's interval or 4 when it has none (conversion/qwen.py
+  // Qwen3NextModel.set_gguf_parameters); llama.cpp reads recurrent_layers first.
+  w.add_u32(arch + ".full_attention_interval",
+            tc.contains("full_attention_interval") ? static_cast<uint32_t>(uint_field("full_attention_interval")) : 4u);
   const double partial = rope.contains("partial_rotary_factor") ? float_of(rope["partial_rotary_factor"], "partial_rotary_factor") : 1.0;
   w.add_u32(arch + ".rope.dimension_count", static_cast<uint32_t>(static_cast<double>(head_dim) * partial));
+  } else {
+    write_kda_mla_metadata(arch, config, tc, config_path, w);
+    w.add_u32("general.file_type", gguf_file_type(f));
+  }
   w.add_u32("general.quantization_version", 2);
 
   // Tokenizer (gguf-py vocab.py / convert_hf_to_gguf.py get_vocab_base for a byte-level BPE):
   // tokens by id up to vocab_size (gaps "[PADi]", UNUSED), added special tokens CONTROL, other
   // added tokens USER_DEFINED, merges as "a b".
   const std::string tok_path = (dir / "tokenizer.json").string();
+  if (!fs::exists(tok_path)) {
+    if (fs::exists(dir / "tiktoken.model"))
+      throw Error("quantize --format: '" + (dir / "tiktoken.model").string() +
+                  "': a tiktoken tokenizer (Kimi's) cannot be written as GGUF tokenizer.ggml.* keys yet");
+    // No tokenizer (as the tiny test checkpoints): a vocabulary-less file, which llama.cpp loads
+    // (llama-vocab.cpp: tokenizer.ggml.model "no_vocab" with <arch>.vocab_size); run it on token ids.
+    w.add_string("tokenizer.ggml.model", "no_vocab");
+    if (qwen) w.add_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
+  } else {
   const json tok = parse_json(read_regular_file(tok_path, "tokenizer", 1ull << 30), tok_path);
   if (!tok.contains("model") || tok["model"].value("type", "") != "BPE")
     throw Error("quantize --format: '" + tok_path + "': model.type is not BPE (GGUF tokenizer.ggml.model gpt2 needs a byte-level BPE)");
@@ -245,7 +342,8 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   for (const json& m : tok["model"]["merges"])
     merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
   w.add_string("tokenizer.ggml.model", "gpt2");
-  w.add_string("tokenizer.ggml.pre", "qwen35");
+  // llama.cpp's names for the split regex: Qwen3.5's own, Qwen3-Next's is Qwen2's.
+  w.add_string("tokenizer.ggml.pre", arch == "qwen3next" ? "qwen2" : "qwen35");
   w.add_strings("tokenizer.ggml.tokens", tokens);
   w.add_i32s("tokenizer.ggml.token_type", types);
   w.add_strings("tokenizer.ggml.merges", merges);
@@ -267,6 +365,7 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   const fs::path jinja = dir / "chat_template.jinja";
   if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
   if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+  }
 
   // Tensors, shard by shard in the index's order of shards and each shard's order of names.
   std::vector<std::string> shards;
@@ -286,23 +385,65 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
     std::vector<float> data;
   };
   std::vector<Pending> pending;
+  // Experts arrive one [out, in] slice at a time and are stacked into [E, out, in] per GGUF name.
+  struct Stack {
+    std::vector<int64_t> dims;
+    std::vector<std::vector<float>> slices;
+    std::string first_hf;
+  };
+  std::map<std::string, Stack> stacks;
+  const int64_t n_experts = config.moe.num_experts;
   for (const std::string& shard : shards) {
     const SafetensorsFile st = SafetensorsFile::map((dir / shard).string());
     for (const std::string& hf_name : st.names()) {
       std::string name = hf_name;
       if (name.rfind("model.language_model.", 0) == 0) name = "model." + name.substr(21);
       if (name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0) continue;  // not the text model (llama.cpp: --no-mtp, mmproj)
+      // MTP layers appended after the decoder (Ling's model.layers.{num_hidden_layers}.*): --no-mtp.
+      int layer = -1;
+      if (std::sscanf(name.c_str(), "model.layers.%d.", &layer) == 1 && layer >= config.num_layers) continue;
       if (name == "lm_head.weight" && config.tie_word_embeddings) continue;
       const TensorView v = st.get(hf_name);
       std::vector<float> data(static_cast<size_t>(v.numel()));
       for (int64_t i = 0; i < v.numel(); ++i) data[static_cast<size_t>(i)] = to_float(v, i);
       std::vector<int64_t> shape(v.shape.begin(), v.shape.begin() + v.rank);
-      const auto out = model::gguf_export_tensor(arch, config, name, shape, data);
-      if (!out)
-        throw Error("quantize --format: tensor '" + hf_name + "' of '" + (dir / shard).string() +
-                    "' has no GGUF name in the qwen35 mapping (src/model/gguf_arch.cpp)");
-      pending.push_back({out->name, out->dims, std::move(data)});
+      std::vector<model::GgufExportedTensor> out = model::gguf_export_tensor(arch, config, name, shape, std::move(data));
+      if (out.empty())
+        throw Error("quantize --format: tensor '" + hf_name + "' of '" + (dir / shard).string() + "' has no GGUF name in the " +
+                    arch + " mapping (src/model/gguf_arch.cpp, the family's GgufMapping)");
+      for (model::GgufExportedTensor& t : out) {
+        if (t.expert < 0) {
+          pending.push_back({t.name, t.dims, std::move(t.data)});
+          continue;
+        }
+        if (t.expert >= n_experts)
+          throw Error("quantize --format: tensor '" + hf_name + "' is expert " + std::to_string(t.expert) +
+                      ", expected below num_experts " + std::to_string(n_experts));
+        Stack& s = stacks[t.name];
+        if (s.slices.empty()) {
+          s.slices.resize(static_cast<size_t>(n_experts));
+          s.dims = t.dims;
+          s.first_hf = hf_name;
+        } else if (s.dims != t.dims) {
+          throw Error("quantize --format: tensor '" + hf_name + "' has another shape than '" + s.first_hf +
+                      "', stacked with it into '" + t.name + "'");
+        }
+        s.slices[static_cast<size_t>(t.expert)] = std::move(t.data);
+      }
     }
+  }
+  for (auto& [name, s] : stacks) {
+    Pending p{name, s.dims, {}};
+    p.dims.push_back(n_experts);
+    for (int64_t e = 0; e < n_experts; ++e) {
+      std::vector<float>& slice = s.slices[static_cast<size_t>(e)];
+      if (slice.empty())
+        throw Error("quantize --format: '" + model_dir + "' has no expert " + std::to_string(e) + " for '" + name +
+                    "' (it has '" + s.first_hf + "')");
+      p.data.insert(p.data.end(), slice.begin(), slice.end());
+      std::vector<float>().swap(slice);
+    }
+    pending.push_back(std::move(p));
   }
   const bool tied = std::none_of(pending.begin(), pending.end(), [](const Pending& p) { return p.name == "output.weight"; });
   int n_attn_v = 0;
