@@ -56,53 +56,66 @@ struct Shape {
 // bound is that of an f32 dot product of K terms (Higham, "Accuracy and Stability of Numerical
 // Algorithms", 2nd ed., eq. 3.5: |fl(x^T y) - x^T y| <= gamma_K |x|^T |y|, gamma_K = K u / (1 - K u),
 // u = 2^-24), whatever the summation order or whether FMOPA fuses its multiply-adds, plus the
-// fp64 reference's own error (the same bound with u = 2^-53).
-void check_case(const Shape& s, uint32_t seed, const std::string& where) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.f, 1.f);
-  const float nan = std::nanf("");
-  std::vector<float> At(std::max<size_t>(s.K, 1) * s.lda, nan), Bt(std::max<size_t>(s.K, 1) * s.ldb, nan);
-  for (size_t k = 0; k < s.K; ++k) {
-    for (size_t i = 0; i < s.M; ++i) At[k * s.lda + i] = dist(rng);
-    for (size_t j = 0; j < s.N; ++j) Bt[k * s.ldb + j] = dist(rng);
-  }
-  const float* a = At.data();
-  const float* b = s.same_operand ? At.data() : Bt.data();
-  const size_t ldb = s.same_operand ? s.lda : s.ldb;
-  constexpr float kSentinel = -12345.5f;
-  const size_t guard_rows = 3;  // rows after the last one, which must stay untouched too
-  std::vector<float> C((s.M + guard_rows) * s.ldc, kSentinel);
-  gram_f32_sme(a, s.lda, b, ldb, s.M, s.N, s.K, C.data(), s.ldc);
+// fp64 reference's own error (the same bound with u = 2^-53). The reference is formed once and
+// the kernel run at each streaming vector length.
+struct Case {
+  Shape s;
+  std::vector<float> At, Bt;
+  std::vector<double> exact, magnitude;  // M x N: the fp64 result and sum |a b|
 
-  const double u32 = std::ldexp(1.0, -24), u64 = std::ldexp(1.0, -53);
-  const double kd = static_cast<double>(s.K);
-  const double gamma = kd * u32 / (1 - kd * u32) + kd * u64 / (1 - kd * u64);
-  size_t bad = 0;
-  for (size_t i = 0; i < s.M + guard_rows; ++i) {
-    for (size_t j = 0; j < s.ldc; ++j) {
-      const float got = C[i * s.ldc + j];
-      if (i >= s.M || j >= s.N) {
-        if (std::memcmp(&got, &kSentinel, sizeof got) != 0 && bad++ < 5)
-          ADD_FAILURE() << where << ": C[" << i << "][" << j << "] is outside the " << s.M << " x " << s.N
-                        << " result but was written (" << got << ")";
-        continue;
-      }
-      double exact = 0, magnitude = 0;
-      for (size_t k = 0; k < s.K; ++k) {
-        const double p = static_cast<double>(a[k * s.lda + i]) * b[k * ldb + j];
-        exact += p;
-        magnitude += std::fabs(p);
-      }
-      const double err = std::fabs(static_cast<double>(got) - exact);
-      // NaN fails this comparison too (a padding value that was read).
-      if (!(err <= gamma * magnitude) && bad++ < 5)
-        ADD_FAILURE() << where << ": C[" << i << "][" << j << "] = " << got << ", fp64 " << exact << ", error " << err
-                      << " > bound " << gamma * magnitude << " (gamma_K " << gamma << " x sum |a b| " << magnitude
-                      << ")";
+  Case(const Shape& shape, uint32_t seed) : s(shape) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> dist(-1.f, 1.f);
+    const float nan = std::nanf("");
+    At.assign(std::max<size_t>(s.K, 1) * s.lda, nan);
+    Bt.assign(std::max<size_t>(s.K, 1) * s.ldb, nan);
+    for (size_t k = 0; k < s.K; ++k) {
+      for (size_t i = 0; i < s.M; ++i) At[k * s.lda + i] = dist(rng);
+      for (size_t j = 0; j < s.N; ++j) Bt[k * s.ldb + j] = dist(rng);
     }
+    exact.assign(s.M * s.N, 0);
+    magnitude.assign(s.M * s.N, 0);
+    for (size_t i = 0; i < s.M; ++i)
+      for (size_t j = 0; j < s.N; ++j)
+        for (size_t k = 0; k < s.K; ++k) {
+          const double p = static_cast<double>(a()[k * s.lda + i]) * b()[k * ldb() + j];
+          exact[i * s.N + j] += p;
+          magnitude[i * s.N + j] += std::fabs(p);
+        }
   }
-  EXPECT_EQ(bad, 0u) << where;
-}
+  const float* a() const { return At.data(); }
+  const float* b() const { return s.same_operand ? At.data() : Bt.data(); }
+  size_t ldb() const { return s.same_operand ? s.lda : s.ldb; }
+
+  void check(const std::string& where) const {
+    constexpr float kSentinel = -12345.5f;
+    const size_t guard_rows = 3;  // rows after the last one, which must stay untouched too
+    std::vector<float> C((s.M + guard_rows) * s.ldc, kSentinel);
+    gram_f32_sme(a(), s.lda, b(), ldb(), s.M, s.N, s.K, C.data(), s.ldc);
+    const double u32 = std::ldexp(1.0, -24), u64 = std::ldexp(1.0, -53);
+    const double kd = static_cast<double>(s.K);
+    const double gamma = kd * u32 / (1 - kd * u32) + kd * u64 / (1 - kd * u64);
+    size_t bad = 0;
+    for (size_t i = 0; i < s.M + guard_rows; ++i) {
+      for (size_t j = 0; j < s.ldc; ++j) {
+        const float got = C[i * s.ldc + j];
+        if (i >= s.M || j >= s.N) {
+          if (std::memcmp(&got, &kSentinel, sizeof got) != 0 && bad++ < 5)
+            ADD_FAILURE() << where << ": C[" << i << "][" << j << "] is outside the " << s.M << " x " << s.N
+                          << " result but was written (" << got << ")";
+          continue;
+        }
+        const double exact_ij = exact[i * s.N + j], bound = gamma * magnitude[i * s.N + j];
+        const double err = std::fabs(static_cast<double>(got) - exact_ij);
+        // NaN fails this comparison too (a padding value that was read).
+        if (!(err <= bound) && bad++ < 5)
+          ADD_FAILURE() << where << ": C[" << i << "][" << j << "] = " << got << ", fp64 " << exact_ij << ", error "
+                        << err << " > bound " << bound << " (gamma_K " << gamma << " x sum |a b|)";
+      }
+    }
+    EXPECT_EQ(bad, 0u) << where;
+  }
+};
 
 TEST(LaSme, GramMatchesFp64AtEveryStreamingVectorLength) {
   if (!gram_f32_sme_usable())
@@ -121,14 +134,14 @@ TEST(LaSme, GramMatchesFp64AtEveryStreamingVectorLength) {
       {130, 17, 33, 131, 17, 17, false},  // more block rows than block columns, a bottom-tile tail
       {33, 33, 7, 33, 33, 33, true},      // square, one operand, no padding at all
   };
-  for (int vl : lengths) {
-    ASSERT_EQ(prctl(PR_SME_SET_VL, vl, 0, 0, 0) & kSmeVlLenMask, vl);
-    ASSERT_EQ(sme_vector_bytes(), static_cast<size_t>(vl)) << "RDSVL disagrees with the length prctl set";
-    for (size_t c = 0; c < std::size(shapes); ++c) {
-      const Shape& s = shapes[c];
-      check_case(s, static_cast<uint32_t>(1000 * vl + c),
-                 "SVL " + std::to_string(vl) + " bytes, M " + std::to_string(s.M) + " N " + std::to_string(s.N) +
-                     " K " + std::to_string(s.K));
+  for (size_t c = 0; c < std::size(shapes); ++c) {
+    const Shape& s = shapes[c];
+    const Case data(s, static_cast<uint32_t>(1000 + c));
+    for (int vl : lengths) {
+      ASSERT_EQ(prctl(PR_SME_SET_VL, vl, 0, 0, 0) & kSmeVlLenMask, vl);
+      ASSERT_EQ(sme_vector_bytes(), static_cast<size_t>(vl)) << "RDSVL disagrees with the length prctl set";
+      data.check("SVL " + std::to_string(vl) + " bytes, M " + std::to_string(s.M) + " N " + std::to_string(s.N) +
+                 " K " + std::to_string(s.K));
     }
   }
   prctl(PR_SME_SET_VL, original, 0, 0, 0);
