@@ -13,7 +13,9 @@
 // Why one asm statement from SMSTART to SMSTOP: in streaming mode Advanced SIMD and scalar FP
 // instructions are illegal (unless FEAT_SME_FA64), and GCC 12 knows nothing of streaming mode, so
 // no compiler-generated code may run between the two. SMSTART and SMSTOP zero the Z registers,
-// hence every vector register is clobbered (the compiler saves the callee-saved d8-d15).
+// hence every vector register is clobbered (the compiler saves the callee-saved d8-d15). qemu
+// enforces the rule only without FEAT_SME_FA64 (-cpu max,sme_fa64=off), where scripts/test_arm64.sh
+// runs the test once.
 //
 // Why it holds for any SVL: the streaming vector length is read at run time (CNTW in streaming
 // mode: SVL/32 f32 lanes, the side of one f32 tile); every load and store is predicated by
