@@ -81,6 +81,24 @@ bool gram_bf16_usable();
 void gram_bf16_lower(const uint16_t* k_rows, const uint16_t* q_rows, size_t ld_rows, const uint32_t* kt_pairs,
                      size_t ld_pairs, size_t L, float* KK, float* QK, size_t ldc);
 
+/// Whether gram_f32_sme can run here: an aarch64 Linux build (HANPU_HAVE_GRAM_SME), the kernel
+/// reports SME (getauxval(AT_HWCAP2) & HWCAP2_SME) and HANPU_ISA is unset or native. gram_sme.cpp.
+bool gram_f32_sme_usable();
+#if defined(__aarch64__) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__))
+#define HANPU_HAVE_GRAM_SME 1
+/// The streaming vector length SVL in bytes (RDSVL): an f32 ZA tile is SVL/4 x SVL/4 values.
+size_t sme_vector_bytes();
+/// C[i][j] = sum_k At[k][i] * Bt[k][j] for i < M, j < N, i.e. C = A B^T given both operands
+/// K-major (A^T: Kd rows of lda floats, M of them used; B^T: Kd rows of ldb floats, N used), in
+/// f32 with SME's FMOPA outer products into the ZA tiles; only C's M x N values are written and
+/// nothing beyond the operands' M and N columns is read (any M, N, Kd, any SVL). The engine's
+/// grams: K K^T is At = Bt = the arena's K^T. Only after gram_f32_sme_usable().
+void gram_f32_sme(const float* At, size_t lda, const float* Bt, size_t ldb, size_t M, size_t N, size_t Kd, float* C,
+                  size_t ldc);
+#else
+#define HANPU_HAVE_GRAM_SME 0
+#endif
+
 /// GFLOP/s of the GEMM core on one thread for C(M x N) += A(M x Kd) B(Kd x N), cache-resident.
 double gemm_probe_gflops(size_t M, size_t N, size_t Kd, double seconds);
 
