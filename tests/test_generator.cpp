@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -176,6 +177,51 @@ TEST(TokenStream, StopsAtStopIdsStopStringsAndLength) {
   TokenStream c = run(hello, o, {});
   EXPECT_EQ(c.reason(), FinishReason::kLength);
   EXPECT_EQ(c.tokens().size(), 2u);
+}
+
+// The server streams text() in settled pieces, each dumped as JSON with invalid UTF-8 replaced:
+// the pieces must concatenate to the whole text's dump. A lead byte that announces more
+// continuation bytes than follow it ends where they end (the whole text's decoder rejects it
+// there and reads the next byte afresh), not after the announced length: "\xF0AB\xC4\x9C" cut as
+// "\xF0AB\xC4" + "\x9C" would give three replacement characters where the whole gives one and
+// a "\xC4\x9C".
+TEST(TokenStream, SettledPiecesOfInvalidUtf8DumpAsTheWholeText) {
+  const Tokenizer tok = Tokenizer::from_dir((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  const size_t V = static_cast<size_t>(tok.vocab_size());
+  std::map<std::string, int32_t> single_byte;  // the byte-level vocabulary's one-byte tokens
+  for (int32_t id = 0; id < static_cast<int32_t>(V); ++id) {
+    const int32_t one[1] = {id};
+    const std::string b = tok.decode(one);
+    if (b.size() == 1 && !single_byte.count(b)) single_byte[b] = id;
+  }
+  auto dump = [](const std::string& s) {
+    const std::string d = nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return d.substr(1, d.size() - 2);
+  };
+  const std::vector<std::vector<std::string>> cases = {
+      {"x", "\xF0", "A", "B", "\xC4", "\x9C", "y"},  // a 4-byte lead cut short by ASCII, then a whole character
+      {"\xE0", "\x80", "\x80", "\xE2", "\x82", "\xAC"},  // overlong (invalid throughout), then the euro sign
+      {"\xC4", "\xC4", "\x9C", "\x9C", "\xFF", "\xE2", "\x82"},  // stray bytes, a character cut at the end
+  };
+  for (const auto& bytes : cases) {
+    GenerationOptions o;
+    o.max_tokens = 100;
+    o.sampling.temperature = 0;
+    TokenStream s(&tok, {}, o);
+    std::string streamed;
+    size_t emitted = 0;
+    for (const std::string& b : bytes) {
+      ASSERT_TRUE(single_byte.count(b)) << "no one-byte token for " << static_cast<int>(static_cast<unsigned char>(b[0]));
+      std::vector<float> logits(V, 0.f);
+      logits[static_cast<size_t>(single_byte[b])] = 1.f;
+      s.push(logits);
+      const size_t end = s.settled_text_bytes(emitted);
+      streamed += dump(s.text().substr(emitted, end - emitted));
+      emitted = end;
+    }
+    streamed += dump(s.text().substr(emitted));  // the final piece
+    EXPECT_EQ(streamed, dump(s.text())) << ::testing::PrintToString(bytes);
+  }
 }
 
 }  // namespace

@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hanpu/model.hpp"
@@ -17,7 +20,9 @@
 namespace {
 
 using namespace hanpu;
+using hanpu::serve::ChoiceSignal;
 using hanpu::serve::GenerationEvent;
+using hanpu::serve::GenerationHandle;
 using hanpu::serve::GenerationRequest;
 using hanpu::serve::PrefixCache;
 using hanpu::serve::Scheduler;
@@ -340,6 +345,104 @@ TEST_P(ServeExactness, ChoicesEqualSingleRequestsWithTheNextSeeds) {
     EXPECT_EQ(together[static_cast<size_t>(i)].size(), 7u);
   }
   EXPECT_NE(together[0], together[1]);
+}
+
+GenerationEvent delta(const std::string& text) {
+  GenerationEvent e;
+  e.text = text;
+  return e;
+}
+
+GenerationEvent done() {
+  GenerationEvent e;
+  e.kind = GenerationEvent::Kind::kDone;
+  e.finish_reason = "stop";
+  return e;
+}
+
+// next_of_any (the stream of n choices): round-robin over the choices from the one after the
+// last served, so a choice with many queued events does not hold back the others; handles.size()
+// once all ended; handles.size() + 1 after the timeout; a push from another thread wakes it.
+TEST(ServeChoices, NextOfAnyTakesTheChoicesInTurnAndWakesOnAPush) {
+  auto signal = std::make_shared<ChoiceSignal>();
+  std::vector<std::shared_ptr<GenerationHandle>> h{std::make_shared<GenerationHandle>(signal),
+                                                   std::make_shared<GenerationHandle>(signal)};
+  for (const char* t : {"a0", "a1", "a2"}) h[0]->push(delta(t));
+  h[1]->push(delta("b0"));
+  GenerationEvent ev;
+  const auto ms = std::chrono::milliseconds(50);
+  std::vector<std::string> order;
+  size_t from = 0;
+  for (int i = 0; i < 4; ++i) {
+    const size_t c = hanpu::serve::next_of_any(h, from, ev, ms);
+    ASSERT_LT(c, 2u);
+    order.push_back(ev.text);
+    from = (c + 1) % 2;
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"a0", "b0", "a1", "a2"}));
+  EXPECT_EQ(hanpu::serve::next_of_any(h, from, ev, ms), 3u) << "nothing queued: the timeout";
+  std::thread pusher([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    h[1]->push(delta("b1"));
+  });
+  const size_t c = hanpu::serve::next_of_any(h, 0, ev, std::chrono::seconds(30));
+  pusher.join();
+  EXPECT_EQ(c, 1u);
+  EXPECT_EQ(ev.text, "b1");
+  h[0]->push(done());
+  h[1]->push(done());
+  EXPECT_EQ(hanpu::serve::next_of_any(h, 0, ev, ms), 0u);
+  EXPECT_EQ(ev.kind, GenerationEvent::Kind::kDone);
+  EXPECT_EQ(hanpu::serve::next_of_any(h, 0, ev, ms), 1u);
+  EXPECT_EQ(hanpu::serve::next_of_any(h, 0, ev, ms), 2u) << "every choice ended";
+  // Handles of different requests cannot be read together.
+  std::vector<std::shared_ptr<GenerationHandle>> mixed{h[0], std::make_shared<GenerationHandle>()};
+  EXPECT_THROW(hanpu::serve::next_of_any(mixed, 0, ev, ms), Error);
+}
+
+// The scheduler's choices decode in one batch, so read with next_of_any (as the server's stream
+// reads them) every choice's first delta comes before any choice ends: read one after another,
+// choices 1 and 2 would start only after choice 0's end. Each choice's tokens, taken apart, are
+// what reading the same request choice by choice gives.
+TEST(ServeChoices, ChoicesStreamInterleaved) {
+  const HybridModel model = HybridModel::load((hanpu::testing::golden_dir() / "qwen35_tiny").string());
+  serve::SchedulerOptions opt;
+  opt.prefill_chunk = 8;
+  opt.cache_bytes = 0;
+  Scheduler sched(model, nullptr, opt);
+  GenerationRequest r;
+  r.prompt = test_prompt(model, 13, 3);
+  r.max_tokens = 9;
+  r.ignore_eos = true;
+  r.sampling = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .seed = 5};
+  r.n = 3;
+  auto handles = sched.submit_choices(r);
+  ASSERT_EQ(handles.size(), 3u);
+  std::vector<std::vector<int32_t>> tokens(3);
+  std::vector<size_t> order;  // choice of each delta, in the order read
+  size_t first_done = SIZE_MAX, from = 0;
+  for (;;) {
+    GenerationEvent ev;
+    const size_t c = hanpu::serve::next_of_any(handles, from, ev, std::chrono::seconds(120));
+    ASSERT_NE(c, 4u) << "timed out";
+    if (c == 3) break;
+    from = (c + 1) % 3;
+    ASSERT_NE(ev.kind, GenerationEvent::Kind::kError) << ev.error;
+    if (ev.kind == GenerationEvent::Kind::kDone && first_done == SIZE_MAX) first_done = order.size();
+    if (ev.kind == GenerationEvent::Kind::kDelta) {
+      order.push_back(c);
+      tokens[c].insert(tokens[c].end(), ev.tokens.begin(), ev.tokens.end());
+    }
+  }
+  ASSERT_NE(first_done, SIZE_MAX);
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(tokens[c].size(), 9u) << "choice " << c;
+    const size_t first = static_cast<size_t>(std::find(order.begin(), order.end(), c) - order.begin());
+    EXPECT_LT(first, first_done) << "choice " << c << " started only after a choice ended: not interleaved";
+  }
+  // The same request read choice by choice gives the same tokens.
+  auto again = sched.submit_choices(r);
+  for (size_t c = 0; c < 3; ++c) EXPECT_EQ(drain_handle(*again[c]).first, tokens[c]) << "choice " << c;
 }
 
 // A warm_only request computes and snapshots its prompt and nothing else; a request that then

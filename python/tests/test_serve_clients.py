@@ -188,14 +188,92 @@ def test_n_choices_share_the_prompt_and_match_single_requests_with_the_next_seed
     assert r.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
     assert r.usage.prompt_tokens == singles[0].usage.prompt_tokens
     stream = client.chat.completions.create(n=3, seed=7, stream=True, stream_options={"include_usage": True}, **sampling)
-    texts, usage = ["", "", ""], None
+    texts, usage, order = ["", "", ""], None, []
     for chunk in stream:
         if chunk.usage:
             usage = chunk.usage
         for c in chunk.choices:
             texts[c.index] += c.delta.content or ""
+            if c.delta.content:
+                order.append(("text", c.index))
+            if c.finish_reason:
+                order.append(("end", c.index))
     assert texts == [c.message.content for c in r.choices]
     assert usage.completion_tokens == r.usage.completion_tokens
+    # The choices decode together and their chunks interleave as they are generated: every
+    # choice's text starts before the first choice ends (one after another, choices 1 and 2 would
+    # start only after choice 0's end).
+    first_end = order.index(next(e for e in order if e[0] == "end"))
+    for i in range(3):
+        if texts[i]:
+            assert order.index(("text", i)) < first_end, order
+
+
+def test_n_choices_stream_interleaved_with_logprobs_and_completions(server):
+    """Interleaved n > 1 streams keep each choice's own pieces apart: chat with logprobs (each
+    token's logprob in its choice's chunks) and /v1/completions (text and text_offset per choice)
+    equal the whole responses choice by choice."""
+    client = server.client()
+    sampling = dict(model="qwen35_tiny", max_tokens=8, temperature=1.0, seed=11, n=2, extra_body={"ignore_eos": True})
+    msgs = [{"role": "user", "content": "Two stories."}]
+    whole = client.chat.completions.create(messages=msgs, logprobs=True, **sampling)
+    tokens, texts, ends = [[], []], ["", ""], []
+    for chunk in client.chat.completions.create(messages=msgs, logprobs=True, stream=True, **sampling):
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+            if c.logprobs and c.logprobs.content:
+                tokens[c.index] += [(t.token, t.logprob) for t in c.logprobs.content]
+            if c.finish_reason:
+                ends.append(c.index)
+    assert sorted(ends) == [0, 1]
+    for i in range(2):
+        assert texts[i] == whole.choices[i].message.content
+        assert tokens[i] == [(t.token, t.logprob) for t in whole.choices[i].logprobs.content]
+    whole = client.completions.create(prompt="Once upon", logprobs=1, **sampling)
+    texts, offsets = ["", ""], [[], []]
+    for chunk in client.completions.create(prompt="Once upon", logprobs=1, stream=True, **sampling):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.logprobs:
+                offsets[c.index] += c.logprobs.text_offset
+    for i in range(2):
+        assert texts[i] == whole.choices[i].text
+        assert offsets[i] == whole.choices[i].logprobs.text_offset
+
+
+def test_streamed_reasoning_and_content_equal_the_whole_message(xml_server):
+    """The reasoning loses the line feeds at its start and end and the content those at its start,
+    streamed as in the whole message: byte for byte the same fields. A thinking budget forces the
+    template's "\n</think>\n\n" after `budget` tokens, so the line feeds around the tags are
+    there (the thinking budget test checks that they are written)."""
+    client = xml_server.client()
+    msgs = [{"role": "user", "content": "Think, then answer."}]
+    checked = 0
+    for budget, seed in ((1, 1), (3, 2), (6, 3), (9, 4)):
+        req = dict(model="qwen35_tiny", messages=msgs, max_tokens=24, temperature=1.0, seed=seed,
+                   extra_body={"thinking_budget_tokens": budget, "ignore_eos": True})
+        whole = client.chat.completions.create(**req).choices[0].message
+        reasoning, content = "", ""
+        for chunk in client.chat.completions.create(**req, stream=True):
+            for c in chunk.choices:
+                reasoning += (c.delta.model_extra or {}).get("reasoning_content") or ""
+                content += c.delta.content or ""
+        assert reasoning == whole.model_extra["reasoning_content"], (budget, reasoning, whole)
+        assert content == whole.content, (budget, content, whole)
+        assert not content.startswith("\n") and not reasoning.endswith("\n")
+        checked += 1
+    assert checked == 4
+    # Anthropic's thinking and text blocks, streamed and whole, are the same text (its smallest
+    # budget is 1024 tokens).
+    c = claude(xml_server)
+    areq = dict(model="qwen35_tiny", max_tokens=1040, messages=msgs, thinking={"type": "enabled", "budget_tokens": 1024},
+                extra_body={"ignore_eos": True, "temperature": 0})  # greedy: Anthropic takes no seed
+    whole = c.messages.create(**areq)
+    with c.messages.stream(**areq) as stream:
+        streamed = stream.get_final_message()
+    blocks = lambda m: [(b.type, b.thinking if b.type == "thinking" else b.text) for b in m.content]  # noqa: E731
+    assert [t for t, _ in blocks(whole)] == ["thinking", "text"]
+    assert blocks(streamed) == blocks(whole)
 
 
 def log_softmax(x):

@@ -22,14 +22,19 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 
 // Length of the longest run of whole UTF-8 characters in text[begin, end): a character whose
 // bytes are not all there yet waits for the next token (a token may carry half a character).
-// Bytes that cannot start a character count as one each (a JSON writer replaces them).
+// Bytes that cannot start a character count as one each (a JSON writer replaces them), and a
+// lead byte followed by fewer continuation bytes than it announces ends where they end: so each
+// piece ends where a decoder of the whole text is between characters too, and the pieces' JSON
+// (invalid bytes replaced) concatenates to the whole text's (a stream equals the whole reply).
 size_t whole_characters_end(const std::string& text, size_t begin, size_t end) {
   size_t i = begin;
   while (i < end) {
     const auto lead = static_cast<unsigned char>(text[i]);
     const size_t len = lead < 0x80 ? 1 : (lead >> 5) == 0x6 ? 2 : (lead >> 4) == 0xE ? 3 : (lead >> 3) == 0x1E ? 4 : 1;
-    if (i + len > end) break;
-    i += len;
+    size_t n = 1;
+    while (n < len && i + n < end && (static_cast<unsigned char>(text[i + n]) & 0xC0) == 0x80) ++n;
+    if (n < len && i + n == end) break;  // the next byte may continue it
+    i += n;
   }
   return i;
 }

@@ -38,6 +38,14 @@ GenerationHandle::Wait GenerationHandle::next_for(GenerationEvent& out, std::chr
   return Wait::kEvent;
 }
 
+GenerationHandle::Wait GenerationHandle::try_next(GenerationEvent& out) {
+  std::lock_guard lock(mu_);
+  if (events_.empty()) return finished_ ? Wait::kEnd : Wait::kTimeout;
+  out = std::move(events_.front());
+  events_.pop_front();
+  return Wait::kEvent;
+}
+
 void GenerationHandle::push(GenerationEvent e) {
   {
     std::lock_guard lock(mu_);
@@ -46,6 +54,48 @@ void GenerationHandle::push(GenerationEvent e) {
     if (last) finished_ = true;
   }
   cv_.notify_all();
+  if (signal_) {  // after the event is queued: a reader that saw the old count finds it
+    {
+      std::lock_guard lock(signal_->mu);
+      ++signal_->pushes;
+    }
+    signal_->cv.notify_all();
+  }
+}
+
+size_t next_of_any(const std::vector<std::shared_ptr<GenerationHandle>>& handles, size_t from, GenerationEvent& out,
+                   std::chrono::milliseconds timeout) {
+  const size_t n = handles.size();
+  if (n == 0) return 0;
+  const std::shared_ptr<ChoiceSignal>& signal = handles.front()->signal();
+  for (size_t i = 1; i < n; ++i)
+    if (handles[i]->signal() != signal) throw Error("next_of_any: the handles are not one request's choices");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    uint64_t seen = 0;
+    if (signal) {
+      std::lock_guard lock(signal->mu);
+      seen = signal->pushes;
+    }
+    size_t ended = 0;
+    for (size_t k = 0; k < n; ++k) {
+      const size_t c = (from + k) % n;
+      const GenerationHandle::Wait w = handles[c]->try_next(out);
+      if (w == GenerationHandle::Wait::kEvent) return c;
+      if (w == GenerationHandle::Wait::kEnd) ++ended;
+    }
+    if (ended == n) return n;
+    if (!signal) {  // one handle without a signal: its own wait
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return n + 1;
+      const GenerationHandle::Wait w = handles.front()->next_for(out, left);
+      if (w == GenerationHandle::Wait::kEvent) return 0;
+      if (w == GenerationHandle::Wait::kEnd) return n;
+      return n + 1;
+    }
+    std::unique_lock lock(signal->mu);
+    if (!signal->cv.wait_until(lock, deadline, [&] { return signal->pushes != seen; })) return n + 1;
+  }
 }
 
 struct Scheduler::Sequence {
@@ -104,7 +154,9 @@ std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(Generat
   const int choices = std::max(1, req.n);
   if (req.warm_only && choices != 1) throw Error("scheduler: a warm_only request has no choices to fork");
   auto s = std::make_unique<Sequence>();
-  s->handle = std::make_shared<GenerationHandle>();
+  // The choices of one request share a signal, so that their stream interleaves them.
+  auto signal = choices > 1 ? std::make_shared<ChoiceSignal>() : nullptr;
+  s->handle = std::make_shared<GenerationHandle>(signal);
   s->handle->prompt_tokens = static_cast<int64_t>(req.prompt.size());
   s->stream = std::make_unique<TokenStream>(tokenizer_, generator_.stop_ids(), generation_options(req, 0));
   const int64_t len = static_cast<int64_t>(req.prompt.size());
@@ -128,7 +180,7 @@ std::vector<std::shared_ptr<GenerationHandle>> Scheduler::submit_choices(Generat
   std::vector<std::shared_ptr<GenerationHandle>> handles{s->handle};
   for (int i = 1; i < choices; ++i) {
     auto f = std::make_unique<Sequence>();
-    f->handle = std::make_shared<GenerationHandle>();
+    f->handle = std::make_shared<GenerationHandle>(signal);
     f->handle->prompt_tokens = s->handle->prompt_tokens;
     f->stream = std::make_unique<TokenStream>(tokenizer_, generator_.stop_ids(), generation_options(req, static_cast<uint64_t>(i)));
     f->req = req;

@@ -90,14 +90,28 @@ struct GenerationEvent {
   std::string error;             // kError
 };
 
+/// Shared by the handles of one request's choices: every event pushed to any of them counts one,
+/// so a reader streaming all the choices can sleep until one of them has something
+/// (next_of_any) instead of reading them one after another.
+struct ChoiceSignal {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t pushes = 0;  // under mu
+};
+
 /// One request's channel between the scheduler and its handler thread.
 class GenerationHandle {
  public:
+  GenerationHandle() = default;
+  explicit GenerationHandle(std::shared_ptr<ChoiceSignal> signal) : signal_(std::move(signal)) {}
   /// Waits for the next event (false after kDone/kError was taken).
   bool next(GenerationEvent& out);
   /// As next(), waiting at most `timeout`: kEvent (out filled), kTimeout, or kEnd.
   enum class Wait { kEvent, kTimeout, kEnd };
   Wait next_for(GenerationEvent& out, std::chrono::milliseconds timeout);
+  /// The next event if one is queued, without waiting: kEvent, kTimeout (none yet) or kEnd.
+  Wait try_next(GenerationEvent& out);
+  const std::shared_ptr<ChoiceSignal>& signal() const { return signal_; }
   /// The client went away: the scheduler drops the sequence at its next turn.
   void cancel() { cancelled_ = true; }
   bool cancelled() const { return cancelled_; }
@@ -117,7 +131,15 @@ class GenerationHandle {
   std::deque<GenerationEvent> events_;
   bool finished_ = false;
   std::atomic<bool> cancelled_{false};
+  std::shared_ptr<ChoiceSignal> signal_;  // null for a lone request
 };
+
+/// The next event of any of one request's choices (their handles share a ChoiceSignal), looking
+/// at them round-robin from `from` so that none waits behind another: its index, or
+/// handles.size() when every choice has ended. Waits at most `timeout` (then returns
+/// handles.size() + 1), so the caller can check that its client is still there.
+size_t next_of_any(const std::vector<std::shared_ptr<GenerationHandle>>& handles, size_t from, GenerationEvent& out,
+                   std::chrono::milliseconds timeout);
 
 /// Counters for /metrics (monotonic unless named as a gauge).
 struct SchedulerMetrics {

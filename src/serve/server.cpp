@@ -783,19 +783,60 @@ void write_json(httplib::Response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
+// A chat reply's reasoning and content as the client gets them, streamed or whole (one push of
+// the whole text, then finish): the <think> blocks' text as reasoning, the rest as content
+// (ReasoningStream; hanpu/chat_output.hpp), the reasoning without the line feeds at its start and
+// end and the content without those at its start (the templates put them around the tags:
+// "<think>\n...\n</think>\n\n"). Streamed, a run of line feeds in the reasoning is held back
+// until more reasoning text follows it (then it was inside) or the reply ends (then it was the
+// end), so the pieces concatenate to the whole message's fields byte for byte.
+class ReplySplitStream {
+ public:
+  explicit ReplySplitStream(bool opened_in_prompt) : stream_(opened_in_prompt) {}
+  ReasoningSplit push(std::string_view piece) { return trim(stream_.push(piece), false); }
+  ReasoningSplit finish() { return trim(stream_.finish(), true); }
+
+ private:
+  ReasoningSplit trim(ReasoningSplit d, bool end) {
+    ReasoningSplit out;
+    for (char ch : d.reasoning) {
+      if (ch == '\n') {
+        if (reasoning_started_) held_feeds_ += ch;  // leading ones are dropped
+        continue;
+      }
+      out.reasoning += held_feeds_;
+      held_feeds_.clear();
+      out.reasoning += ch;
+      reasoning_started_ = true;
+    }
+    if (end) held_feeds_.clear();  // the reasoning's last line feeds
+    size_t skip = 0;
+    if (!content_started_)
+      while (skip < d.content.size() && d.content[skip] == '\n') ++skip;
+    if (skip < d.content.size()) {
+      content_started_ = true;
+      out.content.assign(d.content, skip);
+    }
+    return out;
+  }
+
+  ReasoningStream stream_;
+  bool reasoning_started_ = false, content_started_ = false;
+  std::string held_feeds_;
+};
+
 // The assistant message of a finished chat reply: content split into reasoning_content and
-// content, tool calls parsed out (ReplyFormat; hanpu/chat_output.hpp). The reasoning loses the
-// newlines around it and the content its leading ones (the templates put them there).
+// content (ReplySplitStream, as the stream sends them), tool calls parsed out (ReplyFormat;
+// hanpu/chat_output.hpp).
 json reply_message(const ReplyFormat& f, const std::string& text, const std::string& id) {
   json m = {{"role", "assistant"}};
   std::string content = text;
   if (f.split_reasoning) {
-    const ReasoningSplit r = split_reasoning(text, f.reasoning_opened);
-    std::string reasoning = r.reasoning;
-    while (!reasoning.empty() && reasoning.front() == '\n') reasoning.erase(0, 1);
-    while (!reasoning.empty() && reasoning.back() == '\n') reasoning.pop_back();
-    content = r.content;
-    while (!content.empty() && content.front() == '\n') content.erase(0, 1);
+    ReplySplitStream split(f.reasoning_opened);
+    ReasoningSplit r = split.push(text);
+    const ReasoningSplit tail = split.finish();
+    const std::string reasoning = r.reasoning + tail.reasoning;
+    content = r.content + tail.content;
     if (!reasoning.empty() || text.find("</think>") != std::string::npos || f.reasoning_opened) m["reasoning_content"] = reasoning;
   }
   if (f.parse_tools) {
@@ -1071,20 +1112,25 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
     return;
   }
 
-  // Streaming: the choices one after another (each chunk names its index; a client assembles
-  // them by it), then the usage chunk if asked for, then [DONE].
+  // Streaming: the choices' chunks interleave as the choices are generated (each chunk names its
+  // index; a client assembles them by it, as OpenAI's stream of n choices), then the usage chunk
+  // if asked for, then [DONE]. Each choice starts with its role chunk, all of them up front.
   const bool include_usage = shared_p->include_usage;
   auto chunk = [=](json choice) {
     return json{{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
                 {"model", model_name}, {"choices", json::array({std::move(choice)})}};
   };
-  struct StreamState {
-    size_t current = 0;  // the choice being streamed
-    bool started = false;
-    std::unique_ptr<ReasoningStream> reasoning;
+  struct ChoiceStream {
+    std::unique_ptr<ReplySplitStream> reasoning;
     std::unique_ptr<ToolCallStream> tools;  // with tools: the content's calls as they are written
     std::string full;        // the whole reply
     size_t text_offset = 0;  // completions' logprobs.text_offset
+  };
+  struct StreamState {
+    bool started = false;
+    size_t next_look = 0;  // the choice next_of_any looks at first (round-robin)
+    size_t finished = 0;   // choices whose last chunk was sent
+    std::vector<ChoiceStream> choices;
   };
   auto st = std::make_shared<StreamState>();
   res.status = 200;
@@ -1115,44 +1161,57 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
           }
           return sent;
         };
-        const size_t c = st->current;
-        GenerationHandle& handle = *handles[c];
         if (!st->started) {
           st->started = true;
-          st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
-          st->full.clear();
+          st->choices.resize(handles.size());
           bool ok = true;
-          if (chat) ok = send(chunk({{"index", c}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}));
-          if (reply.parse_tools) {
-            st->tools = std::make_unique<ToolCallStream>(reply.tool_format, reply.tools, reply.split_reasoning);
-            ok = ok && send_tool_delta(st->tools->push(reply.forced_prefix), c);
+          for (size_t c = 0; c < handles.size() && ok; ++c) {
+            ChoiceStream& cs = st->choices[c];
+            cs.reasoning = std::make_unique<ReplySplitStream>(reply.reasoning_opened);
+            if (chat) ok = send(chunk({{"index", c}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}}));
+            if (reply.parse_tools) {
+              cs.tools = std::make_unique<ToolCallStream>(reply.tool_format, reply.tools, reply.split_reasoning);
+              ok = ok && send_tool_delta(cs.tools->push(reply.forced_prefix), c);
+            } else if (!echo_text.empty()) {
+              ok = ok && send(chunk({{"index", c}, {"text", echo_text}, {"finish_reason", nullptr}, {"logprobs", nullptr}}));
+            }
           }
-          else if (!echo_text.empty()) ok = send(chunk({{"index", c}, {"text", echo_text}, {"finish_reason", nullptr}, {"logprobs", nullptr}}));
           if (!ok) {
             cancel_all();
             return false;
           }
         }
         GenerationEvent ev;
-        if (!handle.next(ev)) return false;
+        // Waits a while at most, so that a client that left is noticed even while no choice has
+        // anything to send (httplib calls again after a return of true without a write).
+        const size_t c = next_of_any(handles, st->next_look, ev, std::chrono::milliseconds(500));
+        if (c > handles.size()) {
+          if (sink.is_writable()) return true;
+          cancel_all();
+          return false;
+        }
+        if (c == handles.size()) return false;  // every choice ended (not reached: [DONE] ends the stream first)
+        st->next_look = (c + 1) % handles.size();
+        ChoiceStream& cs = st->choices[c];
         bool ok = true;
-        // A split reply streams reasoning_content and content deltas (a partial tag held back);
-        // with tools, the content goes through the tool-call stream: text outside the calls as
-        // content, each call's id, type and name once its name is known, then its arguments in
-        // pieces as the model writes them (OpenAI's tool_calls deltas).
+        // A split reply streams reasoning_content and content deltas (a partial tag held back;
+        // line feeds trimmed as the whole message trims them); with tools, the content goes
+        // through the tool-call stream: text outside the calls as content, each call's id, type
+        // and name once its name is known, then its arguments in pieces as the model writes them
+        // (OpenAI's tool_calls deltas).
         auto send_split = [&](const ReasoningSplit& d) {
           if (!d.reasoning.empty())
             ok = ok && send(chunk({{"index", c}, {"delta", {{"reasoning_content", d.reasoning}}}, {"finish_reason", nullptr}}));
           if (reply.parse_tools) {
-            ok = ok && send_tool_delta(st->tools->push(d.content), c);
+            ok = ok && send_tool_delta(cs.tools->push(d.content), c);
           } else if (!d.content.empty()) {
             ok = ok && send(chunk({{"index", c}, {"delta", {{"content", d.content}}}, {"finish_reason", nullptr}}));
           }
         };
         const bool split = chat && (reply.split_reasoning || reply.parse_tools);
-        if (ev.kind == GenerationEvent::Kind::kDelta) st->full += ev.text;
+        if (ev.kind == GenerationEvent::Kind::kDelta) cs.full += ev.text;
         if (ev.kind == GenerationEvent::Kind::kDelta && split) {
-          send_split(reply.split_reasoning ? st->reasoning->push(ev.text) : ReasoningSplit{"", ev.text});
+          send_split(reply.split_reasoning ? cs.reasoning->push(ev.text) : ReasoningSplit{"", ev.text});
           if (logprobs && !ev.logprobs.empty())
             ok = ok && send(chunk({{"index", c}, {"delta", json::object()}, {"logprobs", {{"content", chat_logprobs(tok, ev.logprobs)}}},
                                    {"finish_reason", nullptr}}));
@@ -1163,42 +1222,38 @@ void Api::completions(const httplib::Request& req, httplib::Response& res, bool 
             if (logprobs) choice["logprobs"] = {{"content", chat_logprobs(tok, ev.logprobs)}};
           } else {
             choice = {{"index", c}, {"text", ev.text}, {"token_ids", ev.tokens}, {"finish_reason", nullptr}, {"logprobs", nullptr}};
-            if (logprobs) choice["logprobs"] = completion_logprobs(tok, ev.logprobs, st->text_offset);
-            st->text_offset += ev.text.size();
+            if (logprobs) choice["logprobs"] = completion_logprobs(tok, ev.logprobs, cs.text_offset);
+            cs.text_offset += ev.text.size();
           }
           ok = send(chunk(std::move(choice)));
-        } else {
+        } else if (ev.kind == GenerationEvent::Kind::kDone) {
           std::string finish_reason = ev.finish_reason;
-          json message = {{"role", "assistant"}, {"content", st->full}};
-          if (split && ev.kind == GenerationEvent::Kind::kDone) {
-            if (reply.split_reasoning) send_split(st->reasoning->finish());
+          if (split) {
+            if (reply.split_reasoning) send_split(cs.reasoning->finish());
             if (reply.parse_tools) {
-              ok = ok && send_tool_delta(st->tools->finish(), c);
-              if (st->tools->calls_started() > 0 && finish_reason == "stop") finish_reason = "tool_calls";
+              ok = ok && send_tool_delta(cs.tools->finish(), c);
+              if (cs.tools->calls_started() > 0 && finish_reason == "stop") finish_reason = "tool_calls";
             }
           }
-          if (ev.kind == GenerationEvent::Kind::kDone) {
-            if (chat && handles.size() == 1) warm_next_turn(*shared_p, reply_message(reply, reply.forced_prefix + st->full, id + "_0"));
-            json choice = chat ? json{{"index", c}, {"delta", json::object()}, {"finish_reason", finish_reason}}
-                               : json{{"index", c}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
-            ok = ok && send(chunk(std::move(choice)));
-            if (c + 1 < handles.size()) {  // the next choice
-              st->current = c + 1;
-              st->started = false;
-              st->text_offset = 0;
-              if (!ok) cancel_all();
-              return ok;
-            }
-            if (ok && include_usage) {
-              json u = chunk(nullptr);
-              u["choices"] = json::array();
-              u["usage"] = usage_of(handles);
-              ok = send(u);
-            }
-          } else {
-            ok = send(error_body({500, "generation failed: " + ev.error, "", "generation_failed", "server_error"}));
-            cancel_all();  // the stream ends here: choices not streamed yet are dropped
+          if (chat && handles.size() == 1) warm_next_turn(*shared_p, reply_message(reply, reply.forced_prefix + cs.full, id + "_0"));
+          json choice = chat ? json{{"index", c}, {"delta", json::object()}, {"finish_reason", finish_reason}}
+                             : json{{"index", c}, {"text", ""}, {"finish_reason", ev.finish_reason}, {"logprobs", nullptr}};
+          ok = ok && send(chunk(std::move(choice)));
+          if (++st->finished < handles.size()) {  // other choices are still generating
+            if (!ok) cancel_all();
+            return ok;
           }
+          if (ok && include_usage) {
+            json u = chunk(nullptr);
+            u["choices"] = json::array();
+            u["usage"] = usage_of(handles);
+            ok = send(u);
+          }
+        } else {
+          ok = send(error_body({500, "generation failed: " + ev.error, "", "generation_failed", "server_error"}));
+          cancel_all();  // the stream ends here: the other choices are dropped
+        }
+        if (ev.kind != GenerationEvent::Kind::kDelta) {  // the last choice ended, or one failed
           static const std::string done = "data: [DONE]\n\n";
           ok = ok && sink.write(done.data(), done.size());
           if (ok) sink.done();
@@ -1367,7 +1422,7 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
     bool started = false;
     int index = -1;          // the open block's index (-1: none)
     std::string open_type;   // "thinking", "text" or ""
-    std::unique_ptr<ReasoningStream> reasoning;
+    std::unique_ptr<ReplySplitStream> reasoning;
     std::unique_ptr<ToolCallStream> tools;
     std::string full;
   };
@@ -1433,7 +1488,7 @@ void Api::messages(const httplib::Request& req, httplib::Response& res) {
         if (!handle->next(ev)) return false;
         if (!st->started) {  // after the first event: the cached token count is known by then
           st->started = true;
-          st->reasoning = std::make_unique<ReasoningStream>(reply.reasoning_opened);
+          st->reasoning = std::make_unique<ReplySplitStream>(reply.reasoning_opened);
           json usage = anthropic_usage(*handle);
           usage["output_tokens"] = 0;
           send("message_start", {{"type", "message_start"},
