@@ -14,6 +14,7 @@ in a process of its own (vllm_generate.py). Checked:
   hanpu's own engine running it alone (hanpu.Model, float32 activations on the same bf16 weights).
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -113,12 +114,17 @@ def test_float32_greedy_tokens_equal_transformers(checkpoints, family):
     assert result["tokens"] == [greedy]
 
 
+@functools.lru_cache(maxsize=2)
+def reference_model(golden, dtype):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(golden, dtype=dtype)
+
+
 def teacher_forced_logits(golden, prompt, tokens, dtype):
     """transformers' logits [len(tokens), vocab] (as float32) that choose each of `tokens` after the
     prompt and the tokens before it, the checkpoint's weights run in `dtype`."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(golden, dtype=dtype)
+    model = reference_model(str(golden), dtype)
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1]
     return logits.float()
