@@ -100,20 +100,21 @@ def test_forced_paths_agree(path):
 
 
 @needs_torch
+@pytest.mark.parametrize("K,V", [(32, 48), (16, 24)])  # (16, 24): the Qwen3.5-MoE golden's GDN heads
 @pytest.mark.parametrize("variant", ["gdn", "kda"])
-def test_bf16_pool_and_inputs_torch(variant):
+def test_bf16_pool_and_inputs_torch(variant, K, V):
     """A bf16 state pool (vLLM's default state dtype for bf16 models without mamba_ssm_dtype) and
     bf16 q/k/v, as torch tensors; the pool in vLLM's declared [S,HV,V,K] shape viewed as [S,HV,K,V]."""
     _, slots, lengths, has_init = CASES[0]
-    x, pool = make_case(variant, lengths, seed=5)
+    x, pool = make_case(variant, lengths, K=K, V=V, seed=5)
     tx = {n: torch.from_numpy(a) for n, a in x.items()}
     for n in ("q", "k", "v"):
         tx[n] = tx[n].bfloat16()
     declared = torch.from_numpy(pool).bfloat16().transpose(-1, -2).contiguous()  # [S,HV,V,K] storage
-    view = declared.view(SLOTS, 4, 32, 48)  # what vLLM's kernels (and hanpu) read: [S,HV,K,V]
+    view = declared.view(SLOTS, 4, K, V)  # what vLLM's kernels (and hanpu) read: [S,HV,K,V]
     view.copy_(torch.from_numpy(pool).bfloat16())
     before = view.float().numpy().copy()
-    o = torch.full((1, sum(lengths), 4, 48), 7.0, dtype=torch.bfloat16)
+    o = torch.full((1, sum(lengths), 4, V), 7.0, dtype=torch.bfloat16)
     _hanpu.la_slots(variant, tx["q"], tx["k"], tx["v"], tx["g"], tx["beta"], view, torch.tensor(slots, dtype=torch.int32),
                     torch.tensor(has_init), tx["cu_seqlens"], tx["A_log"], tx["dt_bias"], o, None, True, True, True,
                     False, "auto", 2)
