@@ -88,6 +88,36 @@ def test_f32_pool_in_place(variant, case):
     check(variant, x, before, pool, o, slots, has_init, NMSE_BOUND["float32"])
 
 
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_kda_safe_gate_lower_bound(case):
+    """KDA with Ling's safe gate (lower_bound * sigmoid(exp(A_log) (g + dt_bias)), the vLLM plugin's
+    Ling layer) at the Ling golden's KDA shape (3 heads of 24)."""
+    _, slots, lengths, has_init = case
+    x, pool = make_case("kda", lengths, K=24, V=24, H=3, HV=3, seed=3)
+    before = pool.copy()
+    o = np.full((1, sum(lengths), 3, 24), 7.0, np.float32)
+    hi = None if has_init is None else np.asarray(has_init)
+    _hanpu.la_slots("kda", x["q"], x["k"], x["v"], x["g"], x["beta"], pool, np.asarray(slots, np.int64), hi,
+                    x["cu_seqlens"], x["A_log"], x["dt_bias"], o, None, True, True, True, False, "auto", 2,
+                    lower_bound=-5.0)
+    N = len(slots)
+    h0 = np.zeros((N, 3, 24, 24), np.float32)
+    for n, s in enumerate(slots):
+        if s >= 0 and (has_init is None or has_init[n]):
+            h0[n] = before[s]
+    ref_o, ref_ht = hanpu.reference.kda(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=h0,
+                                        cu_seqlens=x["cu_seqlens"], use_qk_l2norm_in_kernel=True,
+                                        use_gate_in_kernel=True, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                        use_beta_sigmoid_in_kernel=True, lower_bound=-5.0)
+    cu = x["cu_seqlens"]
+    for n, s in enumerate(slots):
+        if s < 0:
+            continue
+        rows = slice(cu[n], cu[n + 1])
+        assert nmse(o[0, rows], ref_o[0, rows]) < NMSE_BOUND["float32"], f"sequence {n} (slot {s}): o"
+        assert nmse(pool[s], ref_ht[n]) < NMSE_BOUND["float32"], f"sequence {n} (slot {s}): state"
+
+
 @pytest.mark.parametrize("path", ["recurrent", "hanpu"])
 def test_forced_paths_agree(path):
     """Each path alone (the "auto" choice per run is covered above) gives the reference result."""
@@ -100,20 +130,21 @@ def test_forced_paths_agree(path):
 
 
 @needs_torch
+@pytest.mark.parametrize("K,V", [(32, 48), (16, 24)])  # (16, 24): the Qwen3.5-MoE golden's GDN heads
 @pytest.mark.parametrize("variant", ["gdn", "kda"])
-def test_bf16_pool_and_inputs_torch(variant):
+def test_bf16_pool_and_inputs_torch(variant, K, V):
     """A bf16 state pool (vLLM's default state dtype for bf16 models without mamba_ssm_dtype) and
     bf16 q/k/v, as torch tensors; the pool in vLLM's declared [S,HV,V,K] shape viewed as [S,HV,K,V]."""
     _, slots, lengths, has_init = CASES[0]
-    x, pool = make_case(variant, lengths, seed=5)
+    x, pool = make_case(variant, lengths, K=K, V=V, seed=5)
     tx = {n: torch.from_numpy(a) for n, a in x.items()}
     for n in ("q", "k", "v"):
         tx[n] = tx[n].bfloat16()
     declared = torch.from_numpy(pool).bfloat16().transpose(-1, -2).contiguous()  # [S,HV,V,K] storage
-    view = declared.view(SLOTS, 4, 32, 48)  # what vLLM's kernels (and hanpu) read: [S,HV,K,V]
+    view = declared.view(SLOTS, 4, K, V)  # what vLLM's kernels (and hanpu) read: [S,HV,K,V]
     view.copy_(torch.from_numpy(pool).bfloat16())
     before = view.float().numpy().copy()
-    o = torch.full((1, sum(lengths), 4, 48), 7.0, dtype=torch.bfloat16)
+    o = torch.full((1, sum(lengths), 4, V), 7.0, dtype=torch.bfloat16)
     _hanpu.la_slots(variant, tx["q"], tx["k"], tx["v"], tx["g"], tx["beta"], view, torch.tensor(slots, dtype=torch.int32),
                     torch.tensor(has_init), tx["cu_seqlens"], tx["A_log"], tx["dt_bias"], o, None, True, True, True,
                     False, "auto", 2)

@@ -4,8 +4,9 @@ Installed with hanpu, it is found by vLLM through the `vllm.general_plugins` ent
 (pyproject.toml) and loaded in every vLLM process before the model is built. On the CPU platform it
 replaces vLLM's Gated DeltaNet layer (Qwen3.5, Qwen3.5-MoE, Qwen3-Next) by a subclass whose CPU
 forward runs the convolution and the recurrent core through hanpu, on vLLM's own state pool, in
-place (hanpu.integrations.vllm.gdn), and registers a CPU model class for Kimi Linear built from
-vLLM's parts with hanpu's KDA (hanpu.integrations.vllm.kimi_linear). Elsewhere (CUDA, ROCm, XPU)
+place (hanpu.integrations.vllm.gdn), and registers CPU model classes for Kimi Linear and Ling 3.0
+(transformers' BailingHybridForCausalLM) built from vLLM's parts with hanpu's KDA
+(hanpu.integrations.vllm.kimi_linear, hanpu.integrations.vllm.ling). Elsewhere (CUDA, ROCm, XPU)
 it does nothing.
 
     HANPU_VLLM=0 vllm serve ...      # vLLM without the plugin (hanpu stays installed)
@@ -35,7 +36,9 @@ def register():
 
     if not current_platform.is_cpu():
         return
-    from . import gdn, kimi_linear
+    from . import gdn, kimi_linear, ling
 
     gdn.register()
     kimi_linear.register()
+    ling.register_config()
+    ling.register()

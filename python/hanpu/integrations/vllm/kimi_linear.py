@@ -271,23 +271,19 @@ def padded_head_size(width):
     raise ValueError(f"hanpu vLLM plugin: MLA head width {width} exceeds vLLM's CPU attention head sizes {sizes}")
 
 
-def _model_classes():
-    from vllm.distributed import get_tensor_model_parallel_world_size
-    from vllm.model_executor.layers.activation import SiluAndMul
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear, fused_moe_make_expert_params_mapping
-    from vllm.model_executor.layers.layernorm import RMSNorm
-    from vllm.model_executor.layers.linear import (
-        ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear)
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-    from vllm.model_executor.layers.mamba.mamba_utils import (
-        MambaStateCopyFuncCalculator, MambaStateDtypeCalculator, MambaStateShapeCalculator)
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-    from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
-    from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
+_MLP_CLASSES = None
 
-    KDA = _layer_class()
+
+def mlp_classes():
+    """(MLP, MoE): the dense SwiGLU MLP and the routed + shared experts (grouped top-k over sigmoid
+    or softmax scores with a score-correction bias), from vLLM's parts; shared by the Kimi Linear
+    and Ling model classes."""
+    global _MLP_CLASSES
+    if _MLP_CLASSES is not None:
+        return _MLP_CLASSES
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory, GateLinear
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 
     class MLP(nn.Module):
         def __init__(self, hidden, intermediate, quant_config, prefix, reduce_results=True):
@@ -304,14 +300,18 @@ def _model_classes():
     class MoE(nn.Module):
         """Routed experts plus shared experts, as vLLM's DeepseekV2MoE builds them."""
 
-        def __init__(self, config, quant_config, prefix):
+        def __init__(self, config, quant_config, prefix, bias_name="e_score_correction_bias",
+                     ckpt_names=("w1", "w2", "w3")):
             super().__init__()
             n = config.hanpu_num_experts
             self.gate = GateLinear(config.hidden_size, n, out_dtype=torch.float32, prefix=f"{prefix}.gate")
-            self.gate.e_score_correction_bias = nn.Parameter(torch.zeros(n, dtype=torch.float32))
+            # The router's score-correction bias, under the checkpoint's name for it.
+            bias = nn.Parameter(torch.zeros(n, dtype=torch.float32))
+            setattr(self.gate, bias_name, bias)
             self.shared_experts = None
             if config.hanpu_shared:
-                self.shared_experts = MLP(config.hidden_size, config.moe_intermediate_size * config.hanpu_shared,
+                width = getattr(config, "hanpu_shared_intermediate", None) or config.moe_intermediate_size * config.hanpu_shared
+                self.shared_experts = MLP(config.hidden_size, width,
                                           quant_config, f"{prefix}.shared_experts", reduce_results=False)
             self.experts = FusedMoEFactory(
                 shared_experts=self.shared_experts, gate=self.gate, num_experts=n, top_k=config.hanpu_top_k,
@@ -320,16 +320,36 @@ def _model_classes():
                 num_expert_group=config.hanpu_n_group, topk_group=config.hanpu_topk_group,
                 prefix=f"{prefix}.experts", scoring_func=config.hanpu_router,
                 routed_scaling_factor=config.routed_scaling_factor,
-                e_score_correction_bias=self.gate.e_score_correction_bias, ckpt_names=("w1", "w2", "w3"),
+                e_score_correction_bias=bias, ckpt_names=ckpt_names,
                 router_logits_dtype=torch.float32)
 
         def forward(self, x):
             return self.experts(hidden_states=x, router_logits=x)
 
-    class MultiHeadLatentAsMHA(nn.Module):
-        """MLA without RoPE as multi-head attention over the expanded latent (module docstring)."""
+    _MLP_CLASSES = (MLP, MoE)
+    return _MLP_CLASSES
 
-        def __init__(self, config, cache_config, quant_config, prefix):
+
+_MLA_CLASS = None
+
+
+def mla_class():
+    """MultiHeadLatentAsMHA: MLA run as multi-head attention through vLLM's CPU attention backend
+    (module docstring); shared by the Kimi Linear and Ling model classes."""
+    global _MLA_CLASS
+    if _MLA_CLASS is not None:
+        return _MLA_CLASS
+    from vllm.distributed import get_tensor_model_parallel_world_size
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+
+    class MultiHeadLatentAsMHA(nn.Module):
+        """MLA as multi-head attention over the expanded latent (module docstring). With
+        `rotary_emb` (Ling) the rotary part of q and of the shared key is rotated first, with
+        `head_gate` (Ling) each head's output is scaled by sigmoid(g_proj(x)) before o_proj."""
+
+        def __init__(self, config, cache_config, quant_config, prefix, rotary_emb=None, head_gate=False):
             super().__init__()
             tp = get_tensor_model_parallel_world_size()
             self.heads = config.num_attention_heads // tp
@@ -356,6 +376,11 @@ def _model_classes():
                                                   quant_config=quant_config, prefix=f"{prefix}.kv_b_proj")
             self.o_proj = RowParallelLinear(total * self.v_dim, config.hidden_size, bias=False,
                                             quant_config=quant_config, prefix=f"{prefix}.o_proj")
+            self.rotary_emb = rotary_emb
+            self.g_proj = None
+            if head_gate:
+                self.g_proj = ColumnParallelLinear(config.hidden_size, total, bias=False, quant_config=quant_config,
+                                                   prefix=f"{prefix}.g_proj")
             self.attn = Attention(self.heads, self.padded, self.qk_dim ** -0.5, num_kv_heads=self.heads,
                                   cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
 
@@ -369,12 +394,41 @@ def _model_classes():
             latent, k_pe = self.kv_a_proj_with_mqa(hidden_states)[0].split([self.rank, self.rope], dim=-1)
             kv = self.kv_b_proj(self.kv_a_layernorm(latent.contiguous()))[0].view(t, self.heads, self.nope + self.v_dim)
             k_nope, v = kv.split([self.nope, self.v_dim], dim=-1)
-            k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(t, self.heads, self.rope)], dim=-1)
+            k_pe = k_pe.unsqueeze(1)
+            if self.rotary_emb is not None:
+                q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+                q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(), k_pe.contiguous())
+                q = torch.cat([q_nope, q_pe.view(t, self.heads, self.rope)], dim=-1)
+                k_pe = k_pe.view(t, 1, self.rope)
+            k = torch.cat([k_nope, k_pe.expand(t, self.heads, self.rope)], dim=-1)
             pad_qk, pad_v = self.padded - self.qk_dim, self.padded - self.v_dim
             q, k, v = F.pad(q, (0, pad_qk)), F.pad(k, (0, pad_qk)), F.pad(v, (0, pad_v))
             out = self.attn(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1))
             out = out.view(t, self.heads, self.padded)[..., :self.v_dim]
+            if self.g_proj is not None:
+                out = out * torch.sigmoid(self.g_proj(hidden_states)[0].float()).to(out.dtype).unsqueeze(-1)
             return self.o_proj(out.reshape(t, -1))[0]
+
+    _MLA_CLASS = MultiHeadLatentAsMHA
+    return _MLA_CLASS
+
+
+def _model_classes():
+    from vllm.model_executor.layers.fused_moe import fused_moe_make_expert_params_mapping
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateCopyFuncCalculator, MambaStateDtypeCalculator, MambaStateShapeCalculator)
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+    from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+    from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
+
+    KDA = _layer_class()
+
+    MLP, MoE = mlp_classes()
+
+    MultiHeadLatentAsMHA = mla_class()
 
     class DecoderLayer(nn.Module):
         def __init__(self, config, vllm_config, prefix):
