@@ -89,9 +89,10 @@ bool gguf_int_prefill_available(gguf::GgmlType t);
 /// hanpu::Error naming it. Read on every call.
 GgufPrefill gguf_prefill_override();
 
-/// The per-ISA default: the integer path on AVX2 targets (measured faster on Zen 3, docs/GGUF.md
-/// "Prefill"), the f32 tiles on AVX-512 targets (no AVX512-VNNI form; not measured there).
-bool gguf_int_prefill_default();
+/// The per-ISA default for `t`: the integer path for the K-quants on AVX2 targets (measured faster
+/// on Zen 3), the f32 tiles for Q8_0 there (measured even) and for everything on AVX-512 targets
+/// (no AVX512-VNNI form; not measured there). docs/GGUF.md "Prefill".
+bool gguf_int_prefill_default(gguf::GgmlType t);
 
 /// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and
 /// chosen (kIntegerDot; kAuto: HANPU_GGUF_PREFILL, unset: the default); else the f32 tiles (also

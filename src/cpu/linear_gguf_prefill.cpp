@@ -81,14 +81,17 @@ bool gguf_int_prefill_available(gguf::GgmlType t) {
 #endif
 }
 
-bool gguf_int_prefill_default() {
+bool gguf_int_prefill_default(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
-  // AVX2 targets (Zen 3 here): measured faster, docs/GGUF.md "Prefill". AVX-512 targets keep the f32
-  // tiles (4 x 4 register blocks of 512-bit FMAs there): the integer form has no AVX512-VNNI
-  // variant, and the AVX2 one was not measured against them.
+  // AVX2 targets: the K-quants (Q4_K_M's Q4_K + Q6_K measured 1.4x the f32 tiles' prefill per CPU
+  // second on Zen 3, docs/GGUF.md "Prefill"); Q8_0 keeps the f32 tiles (its scale per 32 costs a
+  // conversion and an FMA per 32 weights and row pair on top of the two multiplies: measured even,
+  // 105 vs 110 tokens/s at 512). AVX-512 targets keep the f32 tiles (4 x 4 register blocks of 512-bit
+  // FMAs there): the integer form has no AVX512-VNNI variant, and the AVX2 one was not measured there.
   const std::string& target = isa_selection().target;
-  return target.rfind("AVX3", 0) != 0;
+  return target.rfind("AVX3", 0) != 0 && t != gguf::GgmlType::Q8_0;
 #else
+  (void)t;
   return false;
 #endif
 }
@@ -101,7 +104,7 @@ bool gguf_use_int_prefill(gguf::GgmlType t, GgufPrefill p) {
     case GgufPrefill::kF32Tiles: return false;
     case GgufPrefill::kAuto: break;
   }
-  return gguf_int_prefill_default();
+  return gguf_int_prefill_default(t);
 }
 
 #if HANPU_X86_KERNELS
