@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -35,6 +36,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::nmse;
+
+// Sets HANPU_GGUF_PREFILL for a scope (GgufLinear reads it on every call): "f32" pins the prefill to
+// the exact f32 tiles, which the mapping tests below need (their bounds are f32 summation order);
+// "int" the integer prefill GEMM (int8 activations, the decode steps' arithmetic).
+struct PrefillPath {
+  explicit PrefillPath(const char* v) { setenv("HANPU_GGUF_PREFILL", v, 1); }
+  ~PrefillPath() { unsetenv("HANPU_GGUF_PREFILL"); }
+};
 using testing::TempDir;
 
 fs::path data_dir() { return testing::golden_dir().parent_path() / "data" / "gguf"; }
@@ -124,6 +133,7 @@ std::vector<int32_t>* GgufQ8::ids_ = nullptr;
 std::vector<float>* GgufQ8::ref_ = nullptr;
 
 TEST_F(GgufQ8, PrefillMatchesFloat64OfTheDequantizedWeights) {
+  const PrefillPath f32("f32");
   const int64_t V = model_->config().vocab_size;
   for (int threads : {1, 2}) {
     Tensor got = testing::all_logits(*model_, *ids_, threads);
@@ -134,6 +144,36 @@ TEST_F(GgufQ8, PrefillMatchesFloat64OfTheDequantizedWeights) {
     EXPECT_LE(worst, 1e-8) << "threads " << threads;
     std::printf("Q8_0 prefill, threads %d: worst position NMSE vs float64 %.3g\n", threads, worst);
   }
+}
+
+// The integer prefill (int8 activations per 32, the decode steps' arithmetic, on every row of the
+// prompt): the decode test's bounds against float64 (5e-2 per position, 5e-3 on the mean), and the
+// NMSE against the f32-tile prefill reported. Where the CPU has no integer form it is the f32 path.
+TEST_F(GgufQ8, IntegerPrefillWithinTheActivationRounding) {
+  const int64_t V = model_->config().vocab_size;
+  Tensor exact, integer;
+  {
+    const PrefillPath f32("f32");
+    exact = testing::all_logits(*model_, *ids_, 2);
+  }
+  {
+    const PrefillPath in("int");
+    integer = testing::all_logits(*model_, *ids_, 2);
+  }
+  double worst = 0, sum = 0, worst_vs_f32 = 0, sum_vs_f32 = 0;
+  for (size_t t = 0; t < ids_->size(); ++t) {
+    const double err = nmse(integer.ptr<float>() + t * V, ref_->data() + t * V, V);
+    const double d = nmse(integer.ptr<float>() + t * V, exact.ptr<float>() + t * V, V);
+    worst = std::max(worst, err);
+    sum += err;
+    worst_vs_f32 = std::max(worst_vs_f32, d);
+    sum_vs_f32 += d;
+    EXPECT_LE(err, 5e-2) << "position " << t;
+  }
+  const double n = static_cast<double>(ids_->size());
+  EXPECT_LE(sum / n, 5e-3);
+  std::printf("Q8_0 integer prefill: mean / worst position NMSE vs float64 %.3g / %.3g, vs the f32 tiles %.3g / %.3g\n",
+              sum / n, worst, sum_vs_f32 / n, worst_vs_f32);
 }
 
 TEST_F(GgufQ8, DecodeStepsWithinTheActivationRounding) {
@@ -339,11 +379,12 @@ TEST(GgufArch, F16EqualsTheSafetensorsModel) {
 
 // The quantized fixture: Q8_0 wherever a row is whole blocks (the converter's rule; the rest F16 or
 // F32), checked against the same file with its Q8_0 tensors dequantized to F32: the same weights,
-// so a whole-sequence prefill (GgufLinear dequantizes exact f32 tiles, f32 activations) gives the
+// so a whole-sequence prefill on the f32 tiles (exact dequantized weights, f32 activations) gives the
 // same logits up to f32 summation order (bound NMSE 1e-10 at every position) and the same argmax
 // everywhere. (Decode steps use llama.cpp's int8 activations; their bound is the one of
 // GgufQ8.DecodeStepsWithinTheActivationRounding, the same kernels.)
 TEST(GgufArch, Q8_0EqualsItsDequantizedWeights) {
+  const PrefillPath f32("f32");  // the exact path (the integer one: GgufQ8.IntegerPrefillWithinTheActivationRounding)
   for (const arch::Family& fam : arch::kFamilies) {
     SCOPED_TRACE(fam.arch);
     TempDir tmp;

@@ -40,7 +40,9 @@ struct Weights {
   std::vector<float> min_term;  // Q4_K: dmin * m_j per (row, sub-block); empty for Q8_0
 };
 
-Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed) {
+// extreme_scales: the f16 block scales drawn from the f16 maximum (65504), 1, 1e-4 and the smallest
+// subnormals (6e-8) instead of moderate values.
+Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed, bool extreme_scales = false) {
   std::mt19937 rng(seed);
   const auto& f = hanpu::gguf::block_format(t);
   Weights W{t, N, K, {}, {}, {}, {}};
@@ -50,7 +52,12 @@ Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed) {
   std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
   for (int64_t i = 0; i < nb; ++i) {
     uint8_t* blk = W.bytes.data() + i * f.block_bytes;
-    const uint16_t d = hanpu::f32_to_f16(scale(rng)), dmin = hanpu::f32_to_f16(std::abs(scale(rng)));
+    uint16_t d = hanpu::f32_to_f16(scale(rng)), dmin = hanpu::f32_to_f16(std::abs(scale(rng)));
+    if (extreme_scales) {
+      const float pick[] = {65504.f, 1.f, 1e-4f, 6e-8f, 1.2e-7f};
+      d = hanpu::f32_to_f16((rng() & 1 ? -1.f : 1.f) * pick[rng() % 5]);
+      dmin = hanpu::f32_to_f16(pick[rng() % 5]);
+    }
     std::memcpy(blk + (t == GgmlType::Q6_K ? 208 : 0), &d, 2);  // Q6_K's d is last
     if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) std::memcpy(blk + 2, &dmin, 2);
   }
@@ -170,9 +177,12 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
   for (int64_t K : std::vector<int64_t>{be, 2 * be, 1024}) {
     const int64_t N = 37;  // not a multiple of the 4-row register block or the 16-row tile
     const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 7));
-    const hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+    hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+    for (hanpu::GgufPrefill mode : {hanpu::GgufPrefill::kF32Tiles, hanpu::GgufPrefill::kIntegerDot})
     for (int64_t M : std::vector<int64_t>{1, 3, 4, 5, 7, 67}) {  // decode rows, tails of 4 x 4, past one 64-row block
-      SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M));
+      lin.set_prefill(mode);
+      SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M) + ", integer prefill " +
+                   std::to_string(lin.prefill_is_integer()));
       std::vector<float> x(static_cast<size_t>(M * (K + 3)));
       for (int64_t m = 0; m < M; ++m) {
         const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 31 + K));
@@ -185,7 +195,10 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
           for (size_t i = 0; i < y.size(); ++i) y[i] = 0.25f * static_cast<float>(i % 13) - 1.5f;
           const std::vector<float> y0 = y;
           lin.forward(engine, x.data(), K + 3, y.data(), ldy, M, threads, accumulate);
-          const bool gemv = M < hanpu::cpu::kGgufPrefillRows && hanpu::cpu::gguf_gemv_supported(t);
+          // Decode rows, and prefill rows where the integer path runs (the default on AVX2 targets),
+          // quantize the activations and meet check()'s bounds; the f32 tiles meet the bound below.
+          const bool gemv = (M < hanpu::cpu::kGgufPrefillRows && hanpu::cpu::gguf_gemv_supported(t)) ||
+                            (M >= hanpu::cpu::kGgufPrefillRows && lin.prefill_is_integer());
           for (int64_t m = 0; m < M; ++m) {
             for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], y0[m * ldy + n]) << "padding written";
             const std::vector<float> xr(x.begin() + m * (K + 3), x.begin() + m * (K + 3) + K);
@@ -217,6 +230,107 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufLinearRows,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                                            GgmlType::Q4_0, GgmlType::IQ4_XS),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
+// The integer prefill GEMM (gguf_prefill_int, linear_gguf_prefill.cpp): every output row must meet
+// the decode GEMV's two bounds (check()): against fp64 of the exactly dequantized weights and the
+// quantized activations (only f32 rounding, E_f32), and against the unquantized activations
+// (E_act + E_f32). M from 1 to 17 covers every tail of the 4-row register block, N = 37 a tail of
+// the 2-row block and of the 16-row tile; K one block, three blocks, 1024 and 4096; moderate and
+// extreme weight scales. Threads give the same bits (each output is one thread's), and accumulate
+// adds the same value into y.
+class GgufIntPrefill : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  const int64_t be = hanpu::gguf::block_format(t).block_elems;
+  hanpu::Engine engine(2);
+  for (bool extreme : {false, true}) {
+    for (int64_t K : std::vector<int64_t>{be, 3 * be, 1024, 4096}) {
+      const int64_t N = 37;
+      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 3 + extreme), extreme);
+      for (int64_t M = 1; M <= 17; M += (K >= 4096 ? 4 : 1)) {
+        SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M) + ", extreme " + std::to_string(extreme));
+        const int64_t ldx = K + 5, ldy = N + 3;
+        std::vector<float> x(static_cast<size_t>(M * ldx), 1e30f);  // padding that would show if read
+        for (int64_t m = 0; m < M; ++m) {
+          const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 17 + K));
+          std::copy(xr.begin(), xr.end(), x.begin() + m * ldx);
+        }
+        std::vector<float> y(static_cast<size_t>(M * ldy), -7.f);
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y.data(), ldy, M, 1, false);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], -7.f) << "padding written";
+          const std::vector<float> xr(x.begin() + m * ldx, x.begin() + m * ldx + K);
+          const std::vector<float> row(y.begin() + m * ldy, y.begin() + m * ldy + N);
+          check(W, xr, row);
+        }
+        std::vector<float> y2(static_cast<size_t>(M * ldy), -7.f);
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y2.data(), ldy, M, 2, false);
+        ASSERT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << "2 threads";
+        std::vector<float> y3(static_cast<size_t>(M * ldy));
+        for (size_t i = 0; i < y3.size(); ++i) y3[i] = 0.5f * static_cast<float>(i % 7) - 1.f;
+        const std::vector<float> y0 = y3;
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y3.data(), ldy, M, 2, true);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < ldy; ++n) {
+            const size_t i = static_cast<size_t>(m * ldy + n);
+            ASSERT_EQ(y3[i], n < N ? y0[i] + y[i] : y0[i]) << "accumulate, row " << m << " col " << n;
+          }
+      }
+    }
+  }
+}
+
+// Through GgufLinear: kIntegerDot is what forward runs for prefill rows, kF32Tiles the f32 tiles
+// (the decode rows M < 4 take the GEMV either way); the two differ by the activation rounding only.
+TEST_P(GgufIntPrefill, GgufLinearSettingSelectsThePath) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  const int64_t K = 512, N = 19, M = 9;
+  const Weights W = make_weights(t, N, K, 77);
+  hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m) {
+    const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m + 5));
+    std::copy(xr.begin(), xr.end(), x.begin() + m * K);
+  }
+  hanpu::Engine engine(2);
+  std::vector<float> y_int(static_cast<size_t>(M * N)), y_f32(static_cast<size_t>(M * N)), y_direct(y_int.size());
+  lin.set_prefill(hanpu::GgufPrefill::kIntegerDot);
+  EXPECT_TRUE(lin.prefill_is_integer());
+  lin.forward(engine, x.data(), K, y_int.data(), N, M, 2, false);
+  hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y_direct.data(), N, M, 2, false);
+  EXPECT_EQ(0, std::memcmp(y_int.data(), y_direct.data(), y_int.size() * 4));
+  lin.set_prefill(hanpu::GgufPrefill::kF32Tiles);
+  EXPECT_FALSE(lin.prefill_is_integer());
+  lin.forward(engine, x.data(), K, y_f32.data(), N, M, 2, false);
+  EXPECT_NE(0, std::memcmp(y_int.data(), y_f32.data(), y_int.size() * 4)) << "the two paths gave the same bits";
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefill,
+                         ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
+                         [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
+TEST(GgufIntPrefillErrors, TypesWithoutAFormFallBackOrAreRefused) {
+  hanpu::Engine engine(1);
+  std::vector<uint8_t> w(136);
+  std::vector<float> x(4 * 256, 1.f), y(4);
+  EXPECT_FALSE(hanpu::cpu::gguf_int_prefill_available(GgmlType::IQ4_XS));
+  EXPECT_FALSE(hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_0));
+  EXPECT_THROW(hanpu::cpu::gguf_prefill_int(engine, GgmlType::IQ4_XS, w.data(), 1, 256, x.data(), 256, y.data(), 1, 4, 1,
+                                            false),
+               hanpu::Error);
+  hanpu::GgufLinear lin(GgmlType::IQ4_XS, w.data(), 1, 256, "iq4");
+  lin.set_prefill(hanpu::GgufPrefill::kIntegerDot);
+  EXPECT_FALSE(lin.prefill_is_integer());  // the f32 tiles
+  if (hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_K)) {
+    std::vector<uint8_t> q(144);
+    EXPECT_THROW(hanpu::cpu::gguf_prefill_int(engine, GgmlType::Q4_K, q.data(), 1, 128, x.data(), 256, y.data(), 1, 4,
+                                              1, false),
+                 hanpu::Error);  // K not whole super-blocks
+  }
+}
 
 TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {

@@ -196,6 +196,12 @@ class Int8Linear final : public Linear {
 /// Q8_0 / Q4_K / Q5_K / Q6_K run a GEMV over the blocks with int8 activations, as llama.cpp does;
 /// other rows and other decodable types dequantize tiles of W to f32 exactly and keep the
 /// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
+/// GgufLinear's prefill (M >= 4 rows) arithmetic: kAuto = HANPU_GGUF_PREFILL ("int" / "f32") if
+/// set, else the per-ISA default (integer dot products for Q4_K / Q5_K / Q6_K on AVX2 targets, f32
+/// tiles for Q8_0 there and on AVX-512 targets; docs/GGUF.md "Prefill"). kIntegerDot falls back to the f32 tiles where it has no kernel (Q4_0,
+/// IQ4_XS, CPUs without AVX2).
+enum class GgufPrefill { kAuto, kIntegerDot, kF32Tiles };
+
 class GgufLinear final : public Linear {
  public:
   /// Throws hanpu::Error naming the weight for a type without a registry row
@@ -216,8 +222,13 @@ class GgufLinear final : public Linear {
                bool accumulate, LinearPrecision) const override {
     forward(engine, x, ldx, y, ldy, M, threads, accumulate);
   }
+  /// Overrides the prefill path for this projection (measurement and tests; kAuto by default).
+  void set_prefill(GgufPrefill p) { prefill_ = p; }
+  /// Whether forward's prefill rows run the integer path (the setting above resolved for this type).
+  bool prefill_is_integer() const;
 
  private:
+  GgufPrefill prefill_ = GgufPrefill::kAuto;
   gguf::GgmlType type_;
   WeightFormat format_;
   const void* blocks_;

@@ -430,9 +430,11 @@ __attribute__((target("avx2,fma,f16c"))) float DotQ6KAvx2(const gguf::BlockQ6_K*
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
+}  // namespace
+
 // AVX2 (plain AVX2 + FMA + F16C instructions) whenever the selected Highway target is AVX2 or
 // better, as linear_int8_dot.cpp's chosen_form.
-bool k4_avx2_allowed() {
+bool gguf_avx2_forms_allowed() {
   static const bool cpu = [] {
     __builtin_cpu_init();
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -442,11 +444,48 @@ bool k4_avx2_allowed() {
   const IsaSelection& isa = isa_selection();
   return cpu && (isa.native || isa.target == "AVX2" || isa.target.rfind("AVX3", 0) == 0);
 }
-
-}  // namespace
+#else
+bool gguf_avx2_forms_allowed() { return false; }
 #endif
 
 int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 ? 32 : 256; }
+
+void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum_out,
+                                  int16_t* bsum16) {
+  for (int64_t s = 0; s < K / 32; ++s) {
+    float sum = 0.0f;
+    for (int j = 0; j < 32; ++j) sum += x[s * 32 + j];
+    sum_out[s] = sum;
+  }
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t j = 0; j < block; ++j) {
+      amax = std::max(amax, std::abs(xb[j]));
+      finite = finite && std::isfinite(xb[j]);
+    }
+    if (!finite) {  // a NaN or inf activation: the block's scale is NaN, so every output is NaN
+      std::fill(q8 + b * block, q8 + (b + 1) * block, int8_t{0});
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    // A block of subnormal activations (amax below ~127 / FLT_MAX) makes 1 / d overflow to inf; then
+    // x / d (at most 127 in magnitude) instead of x * inf (a libFuzzer finding: inf converted to int16).
+    const bool reciprocal = std::isfinite(id);
+    for (int64_t j = 0; j < block; ++j)
+      q8[b * block + j] = static_cast<int8_t>(std::roundf(reciprocal ? xb[j] * id : xb[j] / d));
+    scale[b] = d;
+  }
+  for (int64_t g = 0; g < K / 16; ++g) {
+    int sum = 0;
+    for (int j = 0; j < 16; ++j) sum += q8[g * 16 + j];
+    bsum16[g] = static_cast<int16_t>(sum);  // |sum| <= 16 * 127
+  }
+}
 
 void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out) {
   if ((block != 32 && block != 256) || K <= 0 || K % block != 0)
@@ -459,43 +498,8 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   out.bsum16.resize(static_cast<size_t>(K / 16));
   out.scale.resize(static_cast<size_t>(K / block));
   out.sum.resize(static_cast<size_t>(K / 32));
-  for (int64_t s = 0; s < K / 32; ++s) {
-    float sum = 0.0f;
-    for (int j = 0; j < 32; ++j) sum += x[s * 32 + j];
-    out.sum[static_cast<size_t>(s)] = sum;
-  }
-  for (int64_t b = 0; b < K / block; ++b) {
-    const float* xb = x + b * block;
-    float amax = 0.0f;
-    bool finite = true;
-    for (int64_t j = 0; j < block; ++j) {
-      amax = std::max(amax, std::abs(xb[j]));
-      finite = finite && std::isfinite(xb[j]);
-    }
-    if (!finite) {  // a NaN or inf activation: the block's scale is NaN, so every output is NaN
-      std::fill(out.q.begin() + b * block, out.q.begin() + (b + 1) * block, int16_t{0});
-      std::fill(out.q8.begin() + b * block, out.q8.begin() + (b + 1) * block, int8_t{0});
-      out.scale[static_cast<size_t>(b)] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    // Q8_0's rule (ggml-quants.c quantize_row_q8_0_ref), the scale kept in f32.
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    // A block of subnormal activations (amax below ~127 / FLT_MAX) makes 1 / d overflow to inf; then
-    // x / d (at most 127 in magnitude) instead of x * inf (a libFuzzer finding: inf converted to int16).
-    const bool reciprocal = std::isfinite(id);
-    for (int64_t j = 0; j < block; ++j) {
-      const auto v = static_cast<int16_t>(std::roundf(reciprocal ? xb[j] * id : xb[j] / d));
-      out.q[static_cast<size_t>(b * block + j)] = v;
-      out.q8[static_cast<size_t>(b * block + j)] = static_cast<int8_t>(v);
-    }
-    out.scale[static_cast<size_t>(b)] = d;
-  }
-  for (int64_t g = 0; g < K / 16; ++g) {
-    int sum = 0;
-    for (int j = 0; j < 16; ++j) sum += out.q8[static_cast<size_t>(g * 16 + j)];
-    out.bsum16[static_cast<size_t>(g)] = static_cast<int16_t>(sum);  // |sum| <= 16 * 127
-  }
+  gguf_quantize_activation_row(x, K, block, out.q8.data(), out.scale.data(), out.sum.data(), out.bsum16.data());
+  for (int64_t k = 0; k < K; ++k) out.q[static_cast<size_t>(k)] = out.q8[static_cast<size_t>(k)];
 }
 
 bool gguf_gemv_supported(gguf::GgmlType t) {
@@ -513,7 +517,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
                 std::to_string(x.block) + ") is not a positive multiple of " + std::to_string(be) +
                 " or the activations are not quantized for " + gguf::block_format(t).name);
 #if HANPU_X86_KERNELS
-  if ((t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K) && k4_avx2_allowed()) {
+  if ((t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K) && gguf_avx2_forms_allowed()) {
     const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
     const size_t row_bytes = static_cast<size_t>(nb) * gguf::block_format(t).block_bytes;
     const auto* base = static_cast<const uint8_t*>(w);
@@ -523,7 +527,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
                  : DotK4Avx2<true>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead);
     return;
   }
-  if (t == gguf::GgmlType::Q6_K && k4_avx2_allowed()) {
+  if (t == gguf::GgmlType::Q6_K && gguf_avx2_forms_allowed()) {
     const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
     const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
     for (int64_t n = n0; n < n1; ++n)
@@ -569,6 +573,8 @@ GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t 
   row_bytes_ = K / bf.block_elems * bf.block_bytes;
 }
 
+bool GgufLinear::prefill_is_integer() const { return gguf_use_int_prefill(type_, prefill_); }
+
 size_t GgufLinear::bytes() const { return static_cast<size_t>(N_ * row_bytes_); }
 
 void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
@@ -597,6 +603,11 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
         }
       });
     }
+    return;
+  }
+  if (gguf_use_int_prefill(type_, prefill_)) {
+    // Prefill on integer dot products over activations quantized once (linear_gguf_prefill.cpp).
+    gguf_prefill_int(engine, type_, blocks_, N_, K_, x, ldx, y, ldy, M, nt, accumulate);
     return;
   }
   // Prefill (or a type without a GEMV kernel): tiles of kGgufTileRows weight rows dequantized to

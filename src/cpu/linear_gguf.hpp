@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hanpu/gguf_format.hpp"
+#include "hanpu/linear.hpp"  // GgufPrefill
 
 namespace hanpu {
 class Engine;
@@ -38,6 +39,10 @@ struct GgufActivations {
 int64_t gguf_activation_block(gguf::GgmlType t);
 /// Quantizes x[0, K) in blocks of `block` (32 or 256; K a multiple of it). Throws hanpu::Error otherwise.
 void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out);
+/// The same quantizer for one row into caller-owned arrays: q8[K], scale[K / block], sum[K / 32]
+/// (f32 sums of x), bsum16[K / 16] (sums of q8). block 32 or 256, K a multiple of it (unchecked).
+void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum,
+                                  int16_t* bsum16);
 
 /// Whether gguf_gemv has a kernel for `t`.
 bool gguf_gemv_supported(gguf::GgmlType t);
@@ -62,5 +67,36 @@ inline constexpr int64_t kGgufPrefillRows = 4;
 inline constexpr int64_t kGgufTileRows = 16;
 /// Rows of x per pass over a tile: 64 x K f32 (256 KiB at K = 1024).
 inline constexpr int64_t kGgufRowBlock = 64;
+
+/// Whether the AVX2 forms (target attributes; the CPU has AVX2, FMA, F16C) may run: the selected
+/// Highway target is AVX2 or better (as linear_int8_dot.cpp's chosen form).
+bool gguf_avx2_forms_allowed();
+
+/// Prefill (M >= kGgufPrefillRows) on integer dot products: the M activation rows quantized once
+/// per call as the decode GEMV quantizes them (int8, per 32 for Q8_0, per 256 for the K-quants),
+/// the weights unpacked once per tile of kGgufTileRows rows and register blocks of 4 activation
+/// rows x 2 weight rows multiplied with AVX2 VPMADDUBSW + VPMADDWD (linear_gguf_prefill.cpp).
+/// Each y[m][n] is the decode GEMV's value for row m up to the f32 summation order, so it meets
+/// the same bound. Rows split over `threads` (<= 0: all) of `engine` by tiles of weight rows.
+/// Throws hanpu::Error where gguf_int_prefill_available(type) is false or K is not whole blocks.
+void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
+                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate);
+
+/// Q8_0, Q4_K, Q5_K, Q6_K where the AVX2 forms may run (gguf_avx2_forms_allowed).
+bool gguf_int_prefill_available(gguf::GgmlType t);
+
+/// HANPU_GGUF_PREFILL: unset (kAuto), "int" (kIntegerDot) or "f32" (kF32Tiles); anything else is a
+/// hanpu::Error naming it. Read on every call.
+GgufPrefill gguf_prefill_override();
+
+/// The per-ISA default for `t`: the integer path for the K-quants on AVX2 targets (measured faster
+/// on Zen 3), the f32 tiles for Q8_0 there (measured even) and for everything on AVX-512 targets
+/// (no AVX512-VNNI form; not measured there). docs/GGUF.md "Prefill".
+bool gguf_int_prefill_default(gguf::GgmlType t);
+
+/// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and
+/// chosen (kIntegerDot; kAuto: HANPU_GGUF_PREFILL, unset: the default); else the f32 tiles (also
+/// Q4_0 / IQ4_XS always).
+bool gguf_use_int_prefill(gguf::GgmlType t, GgufPrefill p = GgufPrefill::kAuto);
 
 }  // namespace hanpu::cpu
