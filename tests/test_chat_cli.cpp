@@ -159,7 +159,7 @@ void check_conversation(const std::string& dir, const std::vector<std::string>& 
   ojson messages = ojson::array();
   if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
   std::vector<int32_t> seen, prev_prompt;
-  int64_t prev_history = -1;
+  int64_t prev_history = -1, prev_divergence = -1;
   for (size_t k = 0; k < users.size(); ++k) {
     SCOPED_TRACE("turn " + std::to_string(k + 1));
     const ojson& t = c.turns[k];
@@ -191,6 +191,9 @@ void check_conversation(const std::string& dir, const std::vector<std::string>& 
       } else if (expect_from[k - 1] == "history snapshot") {
         EXPECT_EQ(reused, prev_history);
         EXPECT_GT(reused, 0);
+      } else if (expect_from[k - 1] == "next-turn divergence snapshot") {
+        EXPECT_EQ(reused, prev_divergence);
+        EXPECT_GT(reused, prev_history);
       } else if (expect_from[k - 1] == "none") {
         EXPECT_EQ(reused, 0);
       }
@@ -198,7 +201,7 @@ void check_conversation(const std::string& dir, const std::vector<std::string>& 
       const int64_t usable = std::min<int64_t>(static_cast<int64_t>(common_prefix(prompt, seen)), n_prompt - 1);
       EXPECT_LE(reused, usable);
       int64_t best = static_cast<int64_t>(seen.size()) <= usable ? static_cast<int64_t>(seen.size()) : 0;
-      for (int64_t s : {prev_history, static_cast<int64_t>(prev_prompt.size())})
+      for (int64_t s : {prev_history, prev_divergence, static_cast<int64_t>(prev_prompt.size())})
         if (s >= 0 && s <= usable) best = std::max(best, s);
       EXPECT_EQ(reused, best);
     }
@@ -219,6 +222,13 @@ void check_conversation(const std::string& dir, const std::vector<std::string>& 
     const bool kept = h.size() < prompt.size() && static_cast<int64_t>(h.size()) > reused &&
                       std::equal(h.begin(), h.end(), prompt.begin());
     prev_history = kept ? static_cast<int64_t>(h.size()) : -1;
+    // And one where the next turn's rendering leaves this prompt (the conversation continued by
+    // any reply and user message), if that is inside it.
+    ojson continued = history;
+    continued.push_back({{"role", "assistant"}, {"content", "reply"}});
+    continued.push_back({{"role", "user"}, {"content", "next"}});
+    const int64_t d = static_cast<int64_t>(common_prefix(prompt, ref.render(continued, false)));
+    prev_divergence = d > 0 && d < n_prompt && d > reused ? d : -1;
   }
 }
 
@@ -248,18 +258,22 @@ INSTANTIATE_TEST_SUITE_P(Goldens, ChatFamilies, ::testing::Values("qwen35_tiny",
 
 TEST(ChatCli, QwenFallbackTemplateResumesWhereTheRenderingsPart) {
   // No template in the checkpoint: Qwen's ChatML (the family's fallback), which renders an earlier
-  // reply without the empty <think> block its generation prompt had: the next turn resumes from
-  // the end of the previous conversation without its generation prompt.
+  // reply without the empty <think> block its generation prompt had: the next turn resumes where
+  // the renderings part, after the previous reply's "<|im_start|>assistant\n" (10 tokens deeper
+  // than the history snapshot at the end of the previous conversation without its generation
+  // prompt).
   TempDir tmp;
   const std::string dir = checkpoint(tmp, "qwen35_tiny");
   const std::string system = "You are terse.";
   const Chat c = chat(tmp, dir, join_lines(kUsers), "--system " + quote(system));
-  check_conversation(dir, kUsers, c, {"history snapshot", "history snapshot"}, ojson::object(), system);
+  check_conversation(dir, kUsers, c, {"next-turn divergence snapshot", "next-turn divergence snapshot"}, ojson::object(),
+                     system);
 
   // Thinking on: the prompt ends inside "<think>\n", the replies are reasoning, and the next
-  // rendering shows an earlier turn's answer alone: again the history snapshot.
+  // rendering shows an earlier turn's answer alone: again where the renderings part.
   const Chat t = chat(tmp, dir, join_lines(kUsers), "--think");
-  check_conversation(dir, kUsers, t, {"history snapshot", "history snapshot"}, {{"enable_thinking", true}});
+  check_conversation(dir, kUsers, t, {"next-turn divergence snapshot", "next-turn divergence snapshot"},
+                     {{"enable_thinking", true}});
   for (const ojson& turn : t.turns) EXPECT_TRUE(turn["message"].contains("reasoning_content")) << turn.dump();
 
   // The first turn is `hanpu run --chat`'s reply.

@@ -80,4 +80,19 @@ size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b);
 std::optional<int64_t> history_snapshot_length(const std::function<std::string()>& render_history, const Tokenizer& tok,
                                                std::span<const int32_t> prompt);
 
+/// Where the next turn's prompt will first differ from `prompt`: `render_continued` renders this
+/// conversation (without the generation prompt) followed by a placeholder assistant reply and a
+/// placeholder user message. A template that renders earlier turns anew once a user message
+/// follows (Qwen3.5's drops an assistant turn's <think> block then, so an agent's tool-call turn
+/// reads differently next time) makes the next prompt diverge before this one's end, where no
+/// other snapshot may lie; a snapshot here lets the next turn restore everything it shares. Nothing
+/// when the template refuses the continued conversation, or when it shares all of `prompt` (then
+/// the end-of-prompt snapshots serve).
+std::optional<int64_t> next_turn_divergence_length(const std::function<std::string()>& render_continued, const Tokenizer& tok,
+                                                   std::span<const int32_t> prompt);
+
+/// Appends to a copy of `messages` the placeholder turns `render_continued` above needs: an
+/// assistant reply and a user message (their text never matters: only what precedes them).
+nlohmann::ordered_json with_placeholder_next_turn(const nlohmann::ordered_json& messages);
+
 }  // namespace hanpu

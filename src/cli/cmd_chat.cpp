@@ -261,14 +261,23 @@ class ChatSession {
     if (auto h = history_snapshot_length([&] { return renderer_.render(messages, false, thinking_); }, tok_, prompt);
         h && *h > reused)
       checkpoints.push_back(*h);
+    // And where the next turn will diverge, when the template renders this turn anew then.
+    const std::optional<int64_t> divergence = next_turn_divergence_length(
+        [&] { return renderer_.render(with_placeholder_next_turn(messages), false, thinking_); }, tok_, prompt);
+    if (divergence && *divergence > reused) checkpoints.push_back(*divergence);
     checkpoints.push_back(n);
+    std::sort(checkpoints.begin(), checkpoints.end());  // the prefill walks them in order
+    checkpoints.erase(std::unique(checkpoints.begin(), checkpoints.end()), checkpoints.end());
     std::vector<Snapshot> next_snapshots;
     ForwardOptions one = fo_;
     one.all_logits = false;
     const auto t0 = Clock::now();
     const Tensor logits = gen_.prefill(state_, prompt, n, Generator::kDefaultPrefillChunk, one, checkpoints,
                                        [&](const HybridState& s) {
-                                         next_snapshots.push_back({s.position == n ? "prompt-end snapshot" : "history snapshot", s});
+                                         next_snapshots.push_back({s.position == n                              ? "prompt-end snapshot"
+                                                                  : s.position == divergence ? "next-turn divergence snapshot"
+                                                                                             : "history snapshot",
+                                                                  s});
                                        });
     const double prefill_s = seconds_since(t0);
 

@@ -157,4 +157,24 @@ std::optional<int64_t> history_snapshot_length(const std::function<std::string()
   return static_cast<int64_t>(history.size());
 }
 
+std::optional<int64_t> next_turn_divergence_length(const std::function<std::string()>& render_continued, const Tokenizer& tok,
+                                                   std::span<const int32_t> prompt) {
+  std::vector<int32_t> continued;
+  try {
+    continued = tok.encode(render_continued(), /*parse_special=*/true);
+  } catch (const Error&) {
+    return std::nullopt;  // e.g. a template that wants the conversation to end otherwise
+  }
+  const size_t shared = common_prefix(prompt, continued);
+  if (shared == 0 || shared >= prompt.size()) return std::nullopt;
+  return static_cast<int64_t>(shared);
+}
+
+nlohmann::ordered_json with_placeholder_next_turn(const nlohmann::ordered_json& messages) {
+  nlohmann::ordered_json continued = messages;
+  continued.push_back({{"role", "assistant"}, {"content", "-"}});
+  continued.push_back({{"role", "user"}, {"content", "-"}});
+  return continued;
+}
+
 }  // namespace hanpu

@@ -637,6 +637,11 @@ std::vector<int32_t> Api::template_prompt(const std::string& raw_body, ParsedReq
   std::vector<int32_t> ids = tok_->encode(text, /*parse_special=*/true);
   // As with ChatML below: a snapshot where the next turn's prompt will diverge.
   if (auto h = history_snapshot_length([&] { return t.render(messages, tools, false, kwargs); }, *tok_, ids)) checkpoints.push_back(*h);
+  // And where the next turn will diverge, when the template renders this conversation's turns
+  // anew then (the first turn of an agent's conversation has no next-turn snapshot before it).
+  if (auto d = next_turn_divergence_length(
+          [&] { return t.render(with_placeholder_next_turn(messages), tools, false, kwargs); }, *tok_, ids))
+    checkpoints.push_back(*d);
   // The next turn: this conversation plus the reply, then a message not known yet. Two
   // renderings with different user messages share exactly what any next user turn shares.
   std::shared_ptr<const ChatTemplate> tmpl = tools.is_null() ? chat_template_.tmpl : chat_template_.tools_tmpl;
