@@ -12,6 +12,8 @@
 //     missing tensor, a tensor of the wrong shape.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -28,6 +30,8 @@
 #include "io/gguf_writer.hpp"
 #include "io/safetensors.hpp"
 #include "model/gguf_arch.hpp"
+#include "model/gguf_export.hpp"
+#include "model/tokenizer_bpe.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
 
@@ -482,6 +486,141 @@ TEST(GgufArch, RefusalsNameTheKeyOrTensor) {
   err = load_error(patched(tmp, fixture(qn, "f16"), "blk.2.ssm_ba", "blk.2.ssm_bX"));
   EXPECT_NE(err.find("'blk.2.ssm_ba.weight'"), std::string::npos) << err;
   EXPECT_NE(err.find("model.layers.2.linear_attn.in_proj_"), std::string::npos) << err;
+}
+
+
+// ---- Kimi's and Ling's tokenizers as tokenizer.ggml.* keys ------------------------------------------
+// The GGUF writer's keys for a checkpoint's tokenizer (add_gguf_tokenizer_keys, what `hanpu
+// quantize --format` writes), read back by Tokenizer::from_gguf, must tokenize as the Hugging Face
+// side does: Kimi's tiktoken tokenizer (tests/data/kimi_tiktoken, ids from tiktoken) and a
+// tokenizer in Ling's form (tests/data/ling_tokenizer, ids from Hugging Face tokenizers;
+// tools/make_ling_tokenizer_golden.py), on every golden string, with special tokens parsed and
+// read as text.
+
+fs::path tokenizer_data(const char* name) { return testing::golden_dir().parent_path() / "data" / name; }
+
+nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(read_bytes(p)); }
+
+// The checkpoint's tokenizer written as GGUF keys for ids 0..vocab_size-1, in a file of its own.
+fs::path tokenizer_gguf(const TempDir& tmp, const fs::path& dir, int64_t vocab_size) {
+  GgufWriter w;
+  w.add_string("general.architecture", "kimi-linear");
+  EXPECT_TRUE(add_gguf_tokenizer_keys(dir.string(), vocab_size, w));
+  const fs::path out = tmp.path() / "tokenizer.gguf";
+  w.write(out.string());
+  return out;
+}
+
+void expect_golden_ids(const Tokenizer& t, const nlohmann::json& cases, const char* plain_key) {
+  int failures = 0;
+  for (const nlohmann::json& c : cases) {
+    const std::string text = c.at("text").get<std::string>();
+    const bool ok = t.encode(text, true) == c.at("ids").get<std::vector<int32_t>>() &&
+                    t.encode(text, false) == c.at(plain_key).get<std::vector<int32_t>>();
+    if (!ok && ++failures <= 5) ADD_FAILURE() << "case " << c.at("name") << " differs";
+  }
+  EXPECT_EQ(failures, 0) << failures << " of " << cases.size() << " golden strings differ";
+}
+
+TEST(GgufTokenizer, KimiTiktokenRoundTripsWithTiktokensIds) {
+  TempDir tmp;
+  const nlohmann::json expected = read_json(tokenizer_data("kimi_tiktoken") / "expected.json");
+  const Tokenizer h = Tokenizer::from_dir(tokenizer_data("kimi_tiktoken").string());
+  const int64_t vocab = h.vocab_size() + 7;  // [PAD] ids after the special tokens, as a padded embedding has
+  const fs::path file = tokenizer_gguf(tmp, tokenizer_data("kimi_tiktoken"), vocab);
+  const GgufModel m = GgufModel::open(file.string());
+  EXPECT_EQ(m.main().get_string("tokenizer.ggml.pre"), "kimi-k2");
+  EXPECT_EQ(m.main().get_string("tokenizer.ggml.model"), "gpt2");
+  const Tokenizer g = Tokenizer::from_gguf(file.string());
+  expect_golden_ids(g, expected.at("cases"), "ids_specials_as_text");
+  EXPECT_EQ(g.vocab_size(), h.vocab_size());  // the [PAD] ids are no tokens
+  for (int32_t id = 0; id < h.vocab_size(); ++id) {
+    EXPECT_EQ(g.token_bytes(id), h.token_bytes(id)) << id;
+    EXPECT_EQ(g.is_special(id), h.is_special(id)) << id;
+  }
+  EXPECT_EQ(g.eos_token_id(), h.eos_token_id());
+  ASSERT_TRUE(g.eos_token_id().has_value());
+  EXPECT_EQ(m.main().get_uint("tokenizer.ggml.eos_token_id"), static_cast<uint64_t>(*h.eos_token_id()));
+}
+
+TEST(GgufTokenizer, KimiMergesAreTheConvertersRecovery) {
+  // conversion/qwen.py QwenModel.bpe with max_rank on a hand-made vocabulary: "ab" merges from
+  // a+b (its own rank is not below itself); "abc" from ab+c, not a+bc ("bc" ranks after "abc");
+  // "abcd" from abc+d; "xyz" ends in three parts (no pair of it is a token) and gives no merge;
+  // "aaa" merges the leftmost "aa" first.
+  std::vector<std::string> ranks;
+  for (int b = 0; b < 256; ++b) ranks.push_back(std::string(1, static_cast<char>(b)));
+  for (const char* t : {"ab", "abc", "bc", "abcd", "xyz", "aa", "aaa"}) ranks.push_back(t);
+  EXPECT_EQ(tok::tiktoken_merges(ranks), (std::vector<std::string>{"a b", "ab c", "b c", "abc d", "a a", "aa a"}));
+  // Bytes outside printable ASCII are written in the byte-level spelling ("\n" is U+010A).
+  ranks.push_back("\n\n");
+  EXPECT_EQ(tok::tiktoken_merges(ranks).back(), "\xc4\x8a \xc4\x8a");
+}
+
+TEST(GgufTokenizer, LingRoundTripsWithTokenizersIds) {
+  TempDir tmp;
+  const fs::path dir = tokenizer_data("ling_tokenizer");
+  const nlohmann::json expected = read_json(dir / "expected.json");
+  const fs::path file = tokenizer_gguf(tmp, dir, expected.at("vocab_size").get<int64_t>());
+  const GgufModel m = GgufModel::open(file.string());
+  EXPECT_EQ(m.main().get_string("tokenizer.ggml.pre"), "bailingmoe2");
+  const Tokenizer g = Tokenizer::from_gguf(file.string()), h = Tokenizer::from_dir(dir.string());
+  expect_golden_ids(h, expected.at("cases"), "ids_no_special");  // hanpu's tokenizer.json path
+  expect_golden_ids(g, expected.at("cases"), "ids_no_special");
+  EXPECT_EQ(g.vocab_size(), h.vocab_size());
+  for (int32_t id = 0; id < h.vocab_size(); ++id) {
+    EXPECT_EQ(g.token_bytes(id), h.token_bytes(id)) << id;
+    EXPECT_EQ(g.is_special(id), h.is_special(id)) << id;
+  }
+  EXPECT_EQ(g.eos_token_id(), h.eos_token_id());
+  EXPECT_EQ(model::gguf_chat_template(m.main()), read_json(dir / "tokenizer_config.json").at("chat_template").get<std::string>());
+}
+
+TEST(GgufTokenizer, RefusesUnknownPreTokenizersAndMalformedKimiVocabularies) {
+  TempDir tmp;
+  const fs::path ling = tokenizer_gguf(tmp, tokenizer_data("ling_tokenizer"), 1006);
+  // An unknown name: the key, the value and the names hanpu knows.
+  const auto error_of = [](const fs::path& p) -> std::string {
+    try {
+      (void)Tokenizer::from_gguf(p.string());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  std::string err = error_of(patched(tmp, ling, "bailingmoe2", "bailingmoeX"));
+  EXPECT_NE(err.find("tokenizer.ggml.pre"), std::string::npos) << err;
+  EXPECT_NE(err.find("'bailingmoeX'"), std::string::npos) << err;
+  EXPECT_NE(err.find("kimi-k2"), std::string::npos) << err;
+  // A kimi-k2 vocabulary whose first single byte is spelt outside the byte-level alphabet.
+  const fs::path kimi = tmp.path() / "kimi.gguf";
+  fs::rename(tokenizer_gguf(tmp, tokenizer_data("kimi_tiktoken"), 3009), kimi);
+  std::string bytes = read_bytes(kimi);
+  const size_t at = bytes.find("tokenizer.ggml.tokens");
+  ASSERT_NE(at, std::string::npos);
+  // key, type (4), element type (4), count (8), then the first string: length (8), text.
+  const size_t first = at + std::strlen("tokenizer.ggml.tokens") + 4 + 4 + 8 + 8;
+  bytes[first] = ' ';  // a raw space is no byte-level character (the alphabet spells it U+0120)
+  write_bytes(tmp.path() / "bad.gguf", bytes);
+  err = error_of(tmp.path() / "bad.gguf");
+  EXPECT_NE(err.find("'tokenizer.ggml.tokens'[0]"), std::string::npos) << err;
+  EXPECT_NE(err.find("byte-level"), std::string::npos) << err;
+  // The writer names a tokenizer.json split it has no llama.cpp name for.
+  const fs::path odd = tmp.path() / "odd";
+  fs::create_directories(odd);
+  std::string tj = read_bytes(tokenizer_data("ling_tokenizer") / "tokenizer.json");
+  const std::string from = "\\\\s*[\\\\r\\\\n]|";
+  ASSERT_NE(tj.find(from), std::string::npos);
+  tj.replace(tj.find(from), from.size(), "\\\\s*[\\\\r\\\\n]+|");
+  write_bytes(odd / "tokenizer.json", tj);
+  GgufWriter w;
+  try {
+    add_gguf_tokenizer_keys(odd.string(), 1006, w);
+    ADD_FAILURE() << "a split regex without a llama.cpp name was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.pre"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bailingmoe2"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -34,8 +34,9 @@ class Tokenizer {
   /// the ids 0..n-1; ids n..n+257 are special tokens, named by tokenizer_config.json's
   /// added_tokens_decoder or else "<|reserved_token_{id}|>"; its eos_token, if any, is
   /// eos_token_id(). Errors name the file and line or field.
-  /// A GGUF file's tokenizer.ggml.* keys (byte-level BPE: tokens, merges, token types, eos id);
-  /// errors name the file and key.
+  /// A GGUF file's tokenizer.ggml.* keys (byte-level BPE: tokens, merges, token types, eos id;
+  /// or, for tokenizer.ggml.pre "kimi-k2", the tiktoken ranks and special tokens, tokenized as
+  /// from_tiktoken does); errors name the file and key.
   static Tokenizer from_gguf(const std::string& path);
   static Tokenizer from_tiktoken(const std::string& tiktoken_model, const std::string& tokenizer_config);
 
@@ -78,6 +79,9 @@ class Tokenizer {
   Tokenizer();
   /// tokenizer.json text (empty: read the file `source`), `source` naming it in errors.
   static Tokenizer from_json_text(const std::string& text, const std::string& source);
+  /// A tiktoken tokenizer of these ranks (bytes by rank, checked as tok::check_tiktoken_ranks
+  /// says) with Kimi's pattern and chunking, no special tokens yet.
+  static Tokenizer from_tiktoken_ranks(std::vector<std::string> ranks, const std::string& source);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -82,6 +82,7 @@ std::vector<int64_t> parse_ids(const std::string& s) {
 Tokenizer load(const std::string& path) {
   namespace fs = std::filesystem;
   if (fs::is_directory(path)) return Tokenizer::from_dir(path);
+  if (fs::path(path).extension() == ".gguf") return Tokenizer::from_gguf(path);  // its tokenizer.ggml.* keys
   // A tiktoken BPE needs its special tokens, which the tokenizer_config.json beside it names.
   if (fs::path(path).filename() == "tiktoken.model")
     return Tokenizer::from_tiktoken(path, (fs::path(path).parent_path() / "tokenizer_config.json").string());
@@ -137,7 +138,7 @@ void run_tokenize(const TokenizeArgs& a) {
 void register_tokenize_command(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* sub = app.add_subcommand("tokenize", "encode text with a checkpoint's tokenizer (or --decode ids)");
-  sub->add_option("--tokenizer", args->tokenizer, "tokenizer.json, tiktoken.model (with tokenizer_config.json beside it) or a checkpoint directory")->required();
+  sub->add_option("--tokenizer", args->tokenizer, "tokenizer.json, tiktoken.model (with tokenizer_config.json beside it), a checkpoint directory or a GGUF file")->required();
   auto* text = sub->add_option("--text", args->text, "the text to encode (default: read stdin)");
   auto* file = sub->add_option("--file", args->file, "encode the contents of this file");
   text->excludes(file);

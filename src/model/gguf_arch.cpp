@@ -21,6 +21,7 @@
 
 #include "hanpu/model_family.hpp"
 #include "model/fused_gdn_layout.hpp"
+#include "model/tokenizer_bpe.hpp"
 
 namespace hanpu::model {
 
@@ -232,22 +233,130 @@ constexpr int64_t kTokenNormal = 1, kTokenControl = 3, kTokenUserDefined = 4;
 
 }  // namespace
 
-std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) {
+const std::vector<GgufPreTokenizer>& gguf_pre_tokenizers() {
+  // The Split regexes as the Hugging Face tokenizer.json files have them; llama.cpp's
+  // src/llama-vocab.cpp (llm_tokenizer_bpe) quotes each as the "original regex from
+  // tokenizer.json" above its own rewrite (case-insensitive groups spelled out, possessive
+  // quantifiers made greedy), and maps the names onto LLAMA_VOCAB_PRE_TYPE_QWEN2 / _QWEN35 /
+  // _BAILINGMOE. hanpu runs the original through PCRE2, as it does for a tokenizer.json.
+  // Ling: "bailingmoe" is Ling-lite's name and "bailingmoe2" Ling 2.0's in llama.cpp's
+  // conversion/base.py (get_vocab_base_pre, which names a tokenizer by a hash of its ids on a test
+  // text); both map to _BAILINGMOE. Ling 3.0 (bailingmoe3) has no hash of its own there and its
+  // converter (conversion/bailingmoe3.py) asks that table, so a converted Ling 3.0 file carries
+  // the name of the published tokenizer its own equals (presumably Ling 2.0's; any other name is
+  // refused). The writer names Ling's regex "bailingmoe2" (the first row that matches). The
+  // normalizer: none, as llama.cpp applies none (Ling's tokenizer.json was not here to check).
+  static const char* const kLing =
+      R"('(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)";
+  static const std::vector<GgufPreTokenizer> rows = {
+      {"qwen2", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       true},
+      {"qwen35",
+       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)",
+       true},
+      {"bailingmoe2", kLing, false},
+      {"bailingmoe", kLing, false},
+  };
+  return rows;
+}
+
+const GgufPreTokenizer* gguf_pre_tokenizer_for(const std::string& regex, bool nfc) {
+  for (const GgufPreTokenizer& row : gguf_pre_tokenizers())
+    if (regex == row.regex && nfc == row.nfc) return &row;
+  return nullptr;
+}
+
+std::string gguf_pre_tokenizer_names() {
+  std::string names;
+  for (const GgufPreTokenizer& row : gguf_pre_tokenizers()) names += std::string(names.empty() ? "" : ", ") + row.name;
+  return names + ", " + kGgufKimiPre;
+}
+
+namespace {
+
+// tokenizer.ggml.model must be gpt2 (byte-level BPE); returns tokenizer.ggml.pre, which must be
+// one of the names hanpu implements.
+std::string checked_pre(const GgufFile& f) {
   const std::string model = f.get_string("tokenizer.ggml.model");
   if (model != "gpt2")
     throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.model' is '" + model +
                 "', expected 'gpt2' (byte-level BPE, the only tokenizer model hanpu reads from GGUF)");
-  const std::string pre = f.find("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "";
-  // The split regexes of the Hugging Face tokenizer.json files these names stand for (Qwen2's and
-  // Qwen3.5's; llama.cpp's llama-vocab.cpp has the same expressions for LLAMA_VOCAB_PRE_TYPE_QWEN2 / _QWEN35).
-  std::string regex;
-  if (pre == "qwen2")
-    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  else if (pre == "qwen35")
-    regex = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  else
+  if (!f.find("tokenizer.ggml.pre"))
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.pre' is missing, expected one of the pre-tokenizers hanpu knows: " +
+                gguf_pre_tokenizer_names());
+  const std::string pre = f.get_string("tokenizer.ggml.pre");
+  if (pre == kGgufKimiPre) return pre;
+  for (const GgufPreTokenizer& row : gguf_pre_tokenizers())
+    if (pre == row.name) return pre;
+  throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.pre' is '" + pre +
+              "', expected one of the pre-tokenizers hanpu knows: " + gguf_pre_tokenizer_names());
+}
+
+std::optional<int32_t> eos_of(const GgufFile& f, size_t n_tokens) {
+  if (!f.find("tokenizer.ggml.eos_token_id")) return std::nullopt;
+  const uint64_t id = f.get_uint("tokenizer.ggml.eos_token_id");
+  if (id >= n_tokens)
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.eos_token_id' is " + std::to_string(id) +
+                ", expected a token id below " + std::to_string(n_tokens));
+  return static_cast<int32_t>(id);
+}
+
+}  // namespace
+
+bool gguf_tokenizer_is_tiktoken(const GgufFile& f) { return checked_pre(f) == kGgufKimiPre; }
+
+GgufTiktokenVocab gguf_tiktoken_vocab(const GgufFile& f) {
+  if (checked_pre(f) != kGgufKimiPre)
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.pre' is not '" + kGgufKimiPre + "' (not a tiktoken vocabulary)");
+  // llama.cpp's conversion/kimi_linear.py (KimiLinearModel.set_vocab) writes, for id 0..vocab_size-1:
+  // the tiktoken ranks in GPT-2's byte-level spelling (NORMAL; id = rank), then tokenization_kimi.py's
+  // special tokens (CONTROL), "[PAD<id>]" (UNUSED) where an id has no token. Merges are recovered
+  // from the ranks for llama.cpp's BPE; tiktoken merges by rank, so they are not read back here.
+  const auto& tokens = array_key(f, "tokenizer.ggml.tokens", GgufType::STRING);
+  const auto& types = array_key(f, "tokenizer.ggml.token_type", GgufType::I32);
+  if (types.size() != tokens.size())
+    throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.token_type' has " + std::to_string(types.size()) +
+                " entries, expected one per token of 'tokenizer.ggml.tokens' (" + std::to_string(tokens.size()) + ")");
+  GgufTiktokenVocab v;
+  const tok::ByteLevelAlphabet alphabet;
+  bool ranks_done = false;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const std::string& t = std::get<std::string>(tokens[i].value);
+    const int64_t type = std::get<int64_t>(types[i].value);
+    const std::string where = "GGUF file '" + f.path() + "': key 'tokenizer.ggml.tokens'[" + std::to_string(i) + "]";
+    if (type == kTokenNormal) {
+      if (ranks_done)
+        throw Error(where + " is a normal token after the special and unused ones, expected the tiktoken ranks first "
+                    "(a kimi-k2 vocabulary has id = rank)");
+      auto bytes = alphabet.to_bytes(t);
+      if (!bytes || bytes->empty())
+        throw Error(where + " is not in GPT-2's byte-level spelling, expected a tiktoken rank's bytes so spelt");
+      v.ranks.push_back(std::move(*bytes));
+    } else if (type == kTokenControl) {
+      ranks_done = true;
+      if (t.empty()) throw Error(where + " is an empty special token, expected its text");
+      v.specials.emplace_back(static_cast<int32_t>(i), t);
+    } else if (type == 5 /* UNUSED */) {
+      ranks_done = true;
+    } else {
+      throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.token_type'[" + std::to_string(i) + "] is " +
+                  std::to_string(type) + ", expected 1 (normal), 3 (control) or 5 (unused) in a kimi-k2 vocabulary");
+    }
+  }
+  tok::check_tiktoken_ranks(v.ranks, "GGUF file '" + f.path() + "': key 'tokenizer.ggml.tokens' (kimi-k2 ranks)");
+  v.eos = eos_of(f, tokens.size());
+  return v;
+}
+
+std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) {
+  const std::string pre = checked_pre(f);
+  const GgufPreTokenizer* row = nullptr;
+  for (const GgufPreTokenizer& r : gguf_pre_tokenizers())
+    if (pre == r.name) row = &r;
+  if (!row)
     throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.pre' is '" + pre +
-                "', expected one of the pre-tokenizers hanpu knows: qwen2, qwen35");
+                "', a tiktoken vocabulary (read by gguf_tiktoken_vocab), not a tokenizer.json");
+  const std::string regex = row->regex;
   const auto& tokens = array_key(f, "tokenizer.ggml.tokens", GgufType::STRING);
   const auto& types = array_key(f, "tokenizer.ggml.token_type", GgufType::I32);
   const auto& merges = array_key(f, "tokenizer.ggml.merges", GgufType::STRING);
@@ -270,7 +379,7 @@ std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) 
   for (const GgufValue& m : merges) merge_list.push_back(std::get<std::string>(m.value));
   nlohmann::json root = {
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merge_list}}},
-      {"normalizer", {{"type", "NFC"}}},
+      {"normalizer", row->nfc ? nlohmann::json{{"type", "NFC"}} : nlohmann::json(nullptr)},
       {"pre_tokenizer",
        {{"type", "Sequence"},
         {"pretokenizers",
@@ -278,16 +387,7 @@ std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos) 
           {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}}}}}},
       {"decoder", {{"type", "ByteLevel"}}},
       {"added_tokens", added}};
-  if (eos) {
-    eos->reset();
-    if (f.find("tokenizer.ggml.eos_token_id")) {
-      const uint64_t id = f.get_uint("tokenizer.ggml.eos_token_id");
-      if (id >= tokens.size())
-        throw Error("GGUF file '" + f.path() + "': key 'tokenizer.ggml.eos_token_id' is " + std::to_string(id) +
-                    ", expected a token id below " + std::to_string(tokens.size()));
-      *eos = static_cast<int32_t>(id);
-    }
-  }
+  if (eos) *eos = eos_of(f, tokens.size());
   try {
     return root.dump();
   } catch (const nlohmann::json::exception&) {  // type_error 316: a string that is not UTF-8

@@ -151,11 +151,39 @@ class GgufCheckpoint {
   const GgufMapping* mapping_ = nullptr;  // from the family registry
 };
 
+/// A pre-tokenizer hanpu reads from `tokenizer.ggml.pre`: llama.cpp's name, the Split regex of the
+/// Hugging Face tokenizer.json it stands for, and whether that tokenizer NFC-normalizes first.
+/// Kimi's "kimi-k2" has no row: its vocabulary is tiktoken's (gguf_tiktoken_vocab).
+struct GgufPreTokenizer {
+  const char* name;
+  const char* regex;
+  bool nfc;
+};
+inline constexpr const char* kGgufKimiPre = "kimi-k2";
+/// The rows: qwen2, qwen35, bailingmoe2, bailingmoe (the last two: Ling's one regex).
+const std::vector<GgufPreTokenizer>& gguf_pre_tokenizers();
+/// The first row whose regex and normalizer are a tokenizer.json's (the name the GGUF writer
+/// gives it), or nullptr.
+const GgufPreTokenizer* gguf_pre_tokenizer_for(const std::string& regex, bool nfc);
+/// "qwen2, qwen35, bailingmoe2, bailingmoe, kimi-k2", for messages.
+std::string gguf_pre_tokenizer_names();
+/// Whether `tokenizer.ggml.pre` is "kimi-k2" (checks tokenizer.ggml.model and that the name is known).
+bool gguf_tokenizer_is_tiktoken(const GgufFile& f);
+/// A kimi-k2 vocabulary as Kimi's tiktoken tokenizer holds it: the ranks' bytes (id = rank),
+/// the special tokens (CONTROL: id, text) and tokenizer.ggml.eos_token_id.
+struct GgufTiktokenVocab {
+  std::vector<std::string> ranks;
+  std::vector<std::pair<int32_t, std::string>> specials;
+  std::optional<int32_t> eos;
+};
+/// Throws hanpu::Error naming the key and index for a token that is not a byte-level rank, a
+/// rank after the specials, a duplicate, a missing single byte, an unexpected token type.
+GgufTiktokenVocab gguf_tiktoken_vocab(const GgufFile& f);
 /// The tokenizer.json (Hugging Face tokenizers' format) the `tokenizer.ggml.*` keys of `f` amount
 /// to: a byte-level BPE (tokenizer.ggml.model "gpt2") with tokens, merges and token types (CONTROL
-/// tokens become special added tokens, USER_DEFINED ones plain added tokens), and the split regex of
-/// its pre-tokenizer (tokenizer.ggml.pre: llama.cpp's names "qwen2", "qwen35"). `eos` gets
-/// tokenizer.ggml.eos_token_id when present. Throws hanpu::Error naming the key for anything else.
+/// tokens become special added tokens, USER_DEFINED ones plain added tokens), the split regex
+/// and normalizer of its pre-tokenizer's row. `eos` gets tokenizer.ggml.eos_token_id when
+/// present. Throws hanpu::Error naming the key for anything else (kimi-k2 included).
 std::string gguf_tokenizer_json(const GgufFile& f, std::optional<int32_t>* eos);
 /// Whether the GGUF file (or split set) at `path` carries a vocabulary (tokenizer.ggml.tokens):
 /// llama.cpp's vocab-less files (random weights for benchmarks) have none, as a checkpoint

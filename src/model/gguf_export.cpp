@@ -1,7 +1,8 @@
 // A safetensors checkpoint written as GGUF (gguf_export.hpp). The tensor mapping is the GGUF
 // loader's table run backwards (src/model/gguf_arch.cpp: gguf_export_tensor); the metadata keys
-// and the tokenizer keys are those llama.cpp's converter writes for Qwen3.5 (convert_hf_to_gguf.py
-// with conversion/qwen.py, gguf-py's gguf_writer.py and vocab.py); the per-tensor types of the
+// and the tokenizer keys are those llama.cpp's converter writes (convert_hf_to_gguf.py with
+// conversion/qwen.py, conversion/kimi_linear.py for Kimi's tiktoken vocabulary, gguf-py's
+// gguf_writer.py and vocab.py); the per-tensor types of the
 // mixes follow llama.cpp's src/llama-quant.cpp (llama_tensor_get_type_impl).
 #include "model/gguf_export.hpp"
 
@@ -17,16 +18,19 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "hanpu/model.hpp"
+#include "hanpu/tokenizer.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/file_io.hpp"
 #include "io/gguf_writer.hpp"
 #include "io/json_io.hpp"
 #include "io/safetensors.hpp"
 #include "model/gguf_arch.hpp"
+#include "model/tokenizer_bpe.hpp"
 
 namespace hanpu {
 
@@ -195,6 +199,73 @@ GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::
 
 namespace {
 
+// The split regex and normalizer of a tokenizer.json whose pre-tokenizer is one Split (regex,
+// isolated) then ByteLevel, as Qwen's and Ling's are; "" when it is shaped otherwise.
+std::pair<std::string, bool> split_of(const json& tok) {
+  std::string regex;
+  const json& pre = tok.contains("pre_tokenizer") ? tok["pre_tokenizer"] : json();
+  if (pre.is_object() && pre.value("type", "") == "Sequence" && pre.contains("pretokenizers") && pre["pretokenizers"].is_array() &&
+      pre["pretokenizers"].size() == 2) {
+    const json& split = pre["pretokenizers"][0];
+    if (split.is_object() && split.value("type", "") == "Split" && split.value("behavior", "") == "Isolated" &&
+        !split.value("invert", false) && split.contains("pattern") && split["pattern"].is_object() &&
+        split["pattern"].contains("Regex") && split["pattern"]["Regex"].is_string() &&
+        pre["pretokenizers"][1].is_object() && pre["pretokenizers"][1].value("type", "") == "ByteLevel")
+      regex = split["pattern"]["Regex"].get<std::string>();
+  }
+  const json& norm = tok.contains("normalizer") ? tok["normalizer"] : json();
+  return {regex, norm.is_object() && norm.value("type", "") == "NFC"};
+}
+
+// Kimi's tiktoken tokenizer as llama.cpp's conversion/kimi_linear.py writes it (its set_vocab,
+// the tiktoken branch): ids 0..vocab_size-1 as the ranks in GPT-2's byte-level spelling (NORMAL),
+// the special tokens (CONTROL), "[PAD<id>]" (UNUSED) elsewhere; the merges recovered from the
+// ranks (tok::tiktoken_merges); pre "kimi-k2"; gguf-py's SpecialVocab from tokenizer_config.json
+// (no tokenizer.json, so no token ids from it: add_bos_token and the chat template) and from
+// config.json (bos/eos/pad_token_id), then the eos id replaced by the tokenizer's own eos.
+void add_tiktoken_keys(const fs::path& dir, int64_t vocab_size, GgufWriter& w) {
+  const Tokenizer t = Tokenizer::from_tiktoken((dir / "tiktoken.model").string(), (dir / "tokenizer_config.json").string());
+  const tok::ByteLevelAlphabet alphabet;
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size)), ranks;
+  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 5);  // UNUSED
+  for (int32_t id = 0; id < t.vocab_size(); ++id) {
+    if (!t.is_special(id)) ranks.push_back(t.token_bytes(id));  // the ranks come first, id = rank
+    if (id >= vocab_size) continue;                              // the converter stops at vocab_size
+    tokens[static_cast<size_t>(id)] = t.is_special(id) ? t.token_bytes(id) : alphabet.from_bytes(t.token_bytes(id));
+    types[static_cast<size_t>(id)] = t.is_special(id) ? 3 : 1;
+  }
+  for (int64_t i = t.vocab_size(); i < vocab_size; ++i) tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", model::kGgufKimiPre);
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_i32s("tokenizer.ggml.token_type", types);
+  w.add_strings("tokenizer.ggml.merges", tok::tiktoken_merges(ranks));
+  const fs::path tcfg_path = dir / "tokenizer_config.json", config_path = dir / "config.json";
+  const json tcfg = parse_json(read_regular_file(tcfg_path.string(), "tokenizer config", kMaxJsonFileBytes), tcfg_path.string());
+  std::optional<uint32_t> eos;
+  if (fs::exists(config_path)) {
+    const json top = parse_json(read_regular_file(config_path.string(), "config", kMaxJsonFileBytes), config_path.string());
+    const json& tc = top.contains("text_config") && !top.contains("bos_token_id") ? top["text_config"] : top;
+    for (const auto& [key, gguf_key] : {std::pair<const char*, const char*>{"bos_token_id", "tokenizer.ggml.bos_token_id"},
+                                        {"eos_token_id", "tokenizer.ggml.eos_token_id"},
+                                        {"pad_token_id", "tokenizer.ggml.padding_token_id"}}) {
+      if (!tc.contains(key) || !tc[key].is_number_integer()) continue;  // SpecialVocab takes integers only
+      const int64_t id = tc[key].get<int64_t>();
+      if (id < 0 || id >= vocab_size) continue;  // as SpecialVocab._set_special_token (out of range: ignored)
+      if (std::string(key) == "eos_token_id") eos = static_cast<uint32_t>(id);
+      else w.add_u32(gguf_key, static_cast<uint32_t>(id));
+    }
+  }
+  if (t.eos_token_id()) eos = static_cast<uint32_t>(*t.eos_token_id());
+  if (eos) w.add_u32("tokenizer.ggml.eos_token_id", *eos);
+  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
+  std::string chat_template;
+  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
+  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+}
+
 GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w);
 
 // The JSON files' fields are read with nlohmann's accessors below; a field of another type than
@@ -209,6 +280,79 @@ GgufExportStats build_gguf(const std::string& model_dir, GgufFileFormat f, GgufW
                 "checkpoint of its family has: " + e.what());
   }
 }
+
+}  // namespace
+
+bool add_gguf_tokenizer_keys(const std::string& model_dir, int64_t vocab_size, GgufWriter& w) {
+  // Tokenizer (gguf-py vocab.py / convert_hf_to_gguf.py get_vocab_base for a byte-level BPE):
+  // tokens by id up to vocab_size (gaps "[PADi]", UNUSED), added special tokens CONTROL, other
+  // added tokens USER_DEFINED, merges as "a b".
+  const fs::path dir(model_dir);
+  const std::string tok_path = (dir / "tokenizer.json").string();
+  if (!fs::exists(tok_path)) {
+    if (!fs::exists(dir / "tiktoken.model")) return false;
+    add_tiktoken_keys(dir, vocab_size, w);
+    return true;
+  }
+  const json tok = parse_json(read_regular_file(tok_path, "tokenizer", 1ull << 30), tok_path);
+  if (!tok.contains("model") || tok["model"].value("type", "") != "BPE")
+    throw Error("quantize --format: '" + tok_path + "': model.type is not BPE (GGUF tokenizer.ggml.model gpt2 needs a byte-level BPE)");
+  // llama.cpp names the pre-tokenizer (its converter by a hash of the tokenizer's ids on a test
+  // text); hanpu by the split regex and normalizer, which are what the name stands for.
+  const auto [regex, nfc] = split_of(tok);
+  const model::GgufPreTokenizer* pre = model::gguf_pre_tokenizer_for(regex, nfc);
+  if (!pre)
+    throw Error("quantize --format: '" + tok_path + "': the pre-tokenizer (split regex " + json(regex).dump() +
+                ", normalizer " + (nfc ? "NFC" : "not NFC") + ") is none of llama.cpp's that hanpu knows (" +
+                model::gguf_pre_tokenizer_names() + "), so no tokenizer.ggml.pre can be written for it");
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 5);  // UNUSED
+  std::vector<bool> seen(static_cast<size_t>(vocab_size), false);
+  std::map<std::string, int64_t> id_of;
+  const auto place = [&](const std::string& t, int64_t id, int32_t type) {
+    if (id < 0 || id >= vocab_size)
+      throw Error("quantize --format: '" + tok_path + "': token '" + t + "' has id " + std::to_string(id) +
+                  ", expected below vocab_size " + std::to_string(vocab_size));
+    tokens[static_cast<size_t>(id)] = t;
+    types[static_cast<size_t>(id)] = type;
+    seen[static_cast<size_t>(id)] = true;
+    id_of[t] = id;
+  };
+  for (auto it = tok["model"]["vocab"].begin(); it != tok["model"]["vocab"].end(); ++it) place(it.key(), it.value().get<int64_t>(), 1);
+  if (tok.contains("added_tokens"))
+    for (const json& a : tok["added_tokens"]) place(a["content"].get<std::string>(), a["id"].get<int64_t>(), a.value("special", false) ? 3 : 4);
+  for (int64_t i = 0; i < vocab_size; ++i)
+    if (!seen[static_cast<size_t>(i)]) tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
+  std::vector<std::string> merges;
+  for (const json& m : tok["model"]["merges"])
+    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
+  w.add_string("tokenizer.ggml.model", "gpt2");
+  w.add_string("tokenizer.ggml.pre", pre->name);
+  w.add_strings("tokenizer.ggml.tokens", tokens);
+  w.add_i32s("tokenizer.ggml.token_type", types);
+  w.add_strings("tokenizer.ggml.merges", merges);
+  json tcfg = json::object();
+  const fs::path tcfg_path = dir / "tokenizer_config.json";
+  if (fs::exists(tcfg_path)) tcfg = parse_json(read_regular_file(tcfg_path.string(), "tokenizer config", kMaxJsonFileBytes), tcfg_path.string());
+  for (const auto& [key, gguf_key] : {std::pair<const char*, const char*>{"bos_token", "tokenizer.ggml.bos_token_id"},
+                                      {"eos_token", "tokenizer.ggml.eos_token_id"},
+                                      {"pad_token", "tokenizer.ggml.padding_token_id"}}) {
+    if (!tcfg.contains(key)) continue;
+    const std::string content = token_content(tcfg[key]);
+    auto it = id_of.find(content);
+    if (it == id_of.end()) throw Error("quantize --format: '" + tcfg_path.string() + "': " + key + " '" + content + "' is not a token of " + tok_path);
+    w.add_u32(gguf_key, static_cast<uint32_t>(it->second));
+  }
+  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
+  std::string chat_template;
+  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
+  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+  return true;
+}
+
+namespace {
 
 GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w) {
   const fs::path dir(model_dir);
@@ -303,68 +447,11 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   }
   w.add_u32("general.quantization_version", 2);
 
-  // Tokenizer (gguf-py vocab.py / convert_hf_to_gguf.py get_vocab_base for a byte-level BPE):
-  // tokens by id up to vocab_size (gaps "[PADi]", UNUSED), added special tokens CONTROL, other
-  // added tokens USER_DEFINED, merges as "a b".
-  const std::string tok_path = (dir / "tokenizer.json").string();
-  if (!fs::exists(tok_path)) {
-    if (fs::exists(dir / "tiktoken.model"))
-      throw Error("quantize --format: '" + (dir / "tiktoken.model").string() +
-                  "': a tiktoken tokenizer (Kimi's) cannot be written as GGUF tokenizer.ggml.* keys yet");
+  if (!add_gguf_tokenizer_keys(model_dir, config.vocab_size, w)) {
     // No tokenizer (as the tiny test checkpoints): a vocabulary-less file, which llama.cpp loads
     // (llama-vocab.cpp: tokenizer.ggml.model "no_vocab" with <arch>.vocab_size); run it on token ids.
     w.add_string("tokenizer.ggml.model", "no_vocab");
     if (qwen) w.add_u32(arch + ".vocab_size", static_cast<uint32_t>(config.vocab_size));
-  } else {
-  const json tok = parse_json(read_regular_file(tok_path, "tokenizer", 1ull << 30), tok_path);
-  if (!tok.contains("model") || tok["model"].value("type", "") != "BPE")
-    throw Error("quantize --format: '" + tok_path + "': model.type is not BPE (GGUF tokenizer.ggml.model gpt2 needs a byte-level BPE)");
-  const int64_t vocab_size = config.vocab_size;
-  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
-  std::vector<int32_t> types(static_cast<size_t>(vocab_size), 5);  // UNUSED
-  std::vector<bool> seen(static_cast<size_t>(vocab_size), false);
-  std::map<std::string, int64_t> id_of;
-  const auto place = [&](const std::string& t, int64_t id, int32_t type) {
-    if (id < 0 || id >= vocab_size)
-      throw Error("quantize --format: '" + tok_path + "': token '" + t + "' has id " + std::to_string(id) +
-                  ", expected below vocab_size " + std::to_string(vocab_size));
-    tokens[static_cast<size_t>(id)] = t;
-    types[static_cast<size_t>(id)] = type;
-    seen[static_cast<size_t>(id)] = true;
-    id_of[t] = id;
-  };
-  for (auto it = tok["model"]["vocab"].begin(); it != tok["model"]["vocab"].end(); ++it) place(it.key(), it.value().get<int64_t>(), 1);
-  if (tok.contains("added_tokens"))
-    for (const json& a : tok["added_tokens"]) place(a["content"].get<std::string>(), a["id"].get<int64_t>(), a.value("special", false) ? 3 : 4);
-  for (int64_t i = 0; i < vocab_size; ++i)
-    if (!seen[static_cast<size_t>(i)]) tokens[static_cast<size_t>(i)] = "[PAD" + std::to_string(i) + "]";
-  std::vector<std::string> merges;
-  for (const json& m : tok["model"]["merges"])
-    merges.push_back(m.is_string() ? m.get<std::string>() : m[0].get<std::string>() + " " + m[1].get<std::string>());
-  w.add_string("tokenizer.ggml.model", "gpt2");
-  // llama.cpp's names for the split regex: Qwen3.5's own, Qwen3-Next's is Qwen2's.
-  w.add_string("tokenizer.ggml.pre", arch == "qwen3next" ? "qwen2" : "qwen35");
-  w.add_strings("tokenizer.ggml.tokens", tokens);
-  w.add_i32s("tokenizer.ggml.token_type", types);
-  w.add_strings("tokenizer.ggml.merges", merges);
-  json tcfg = json::object();
-  const fs::path tcfg_path = dir / "tokenizer_config.json";
-  if (fs::exists(tcfg_path)) tcfg = parse_json(read_regular_file(tcfg_path.string(), "tokenizer config", kMaxJsonFileBytes), tcfg_path.string());
-  for (const auto& [key, gguf_key] : {std::pair<const char*, const char*>{"bos_token", "tokenizer.ggml.bos_token_id"},
-                                      {"eos_token", "tokenizer.ggml.eos_token_id"},
-                                      {"pad_token", "tokenizer.ggml.padding_token_id"}}) {
-    if (!tcfg.contains(key)) continue;
-    const std::string content = token_content(tcfg[key]);
-    auto it = id_of.find(content);
-    if (it == id_of.end()) throw Error("quantize --format: '" + tcfg_path.string() + "': " + key + " '" + content + "' is not a token of " + tok_path);
-    w.add_u32(gguf_key, static_cast<uint32_t>(it->second));
-  }
-  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
-  std::string chat_template;
-  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
-  const fs::path jinja = dir / "chat_template.jinja";
-  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
-  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
   }
 
   // Tensors, shard by shard in the index's order of shards and each shard's order of names.

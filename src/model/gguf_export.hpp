@@ -32,6 +32,15 @@ struct GgufExportStats {
   std::vector<std::pair<std::string, gguf::GgmlType>> types;  // per tensor, in file order
 };
 
+class GgufWriter;
+/// Adds the tokenizer.ggml.* keys (and tokenizer.chat_template) llama.cpp's converter writes for
+/// the tokenizer of checkpoint directory `model_dir`, tokens for ids 0..vocab_size-1: from
+/// tokenizer.json (a byte-level BPE whose split regex and normalizer are one of
+/// model::gguf_pre_tokenizers(): qwen2, qwen35, Ling's bailingmoe2) or from Kimi's tiktoken.model
+/// with tokenizer_config.json (pre "kimi-k2", merges recovered from the ranks). Returns false
+/// when the directory has neither; throws hanpu::Error naming the file for a tokenizer it cannot
+/// name (another split regex) or a token outside vocab_size.
+bool add_gguf_tokenizer_keys(const std::string& model_dir, int64_t vocab_size, GgufWriter& w);
 /// Reads the checkpoint directory `model_dir` (config.json, safetensors shards, tokenizer.json,
 /// tokenizer_config.json) and writes `out_path` atomically. Throws hanpu::Error naming the file,
 /// tensor or key on anything it cannot write (an architecture other than qwen35, a tensor

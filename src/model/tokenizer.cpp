@@ -490,18 +490,24 @@ void Tokenizer::Impl::tiktoken_encode(std::string_view text, bool parse_special,
   for (const std::string_view chunk : tok::kimi_chunks(text)) raw_matcher.split(chunk, parse_special, encode_text, add_special);
 }
 
-Tokenizer Tokenizer::from_tiktoken(const std::string& tiktoken_model, const std::string& tokenizer_config) {
+Tokenizer Tokenizer::from_tiktoken_ranks(std::vector<std::string> ranks, const std::string& source) {
   Tokenizer t;
   Impl& impl = *t.impl_;
-  impl.source = tiktoken_model;
-  impl.tiktoken = std::make_unique<tok::TiktokenBpe>(tok::read_tiktoken_model(tiktoken_model));
+  impl.source = source;
+  impl.tiktoken = std::make_unique<tok::TiktokenBpe>(std::move(ranks));
   impl.tiktoken_pattern = std::make_unique<tok::SplitRegex>(
       tok::translate_tiktoken_pattern(tok::kKimiPattern, "Kimi's pre-tokenizer pattern"), false, "Kimi's pre-tokenizer pattern");
-  const std::vector<std::string>& ranks = impl.tiktoken->tokens_by_rank();
-  const auto base_count = static_cast<int32_t>(ranks.size());
+  const std::vector<std::string>& by_rank = impl.tiktoken->tokens_by_rank();
   // Base tokens are kept in the byte-level spelling tokenization_kimi.py's get_vocab() shows
   // them in (GPT-2's bytes_to_unicode), so token_to_id and decoding work as for tokenizer.json.
-  for (int32_t r = 0; r < base_count; ++r) impl.set_token(r, impl.alphabet.from_bytes(ranks[static_cast<size_t>(r)]), false, false);
+  for (size_t r = 0; r < by_rank.size(); ++r) impl.set_token(static_cast<int32_t>(r), impl.alphabet.from_bytes(by_rank[r]), false, false);
+  return t;
+}
+
+Tokenizer Tokenizer::from_tiktoken(const std::string& tiktoken_model, const std::string& tokenizer_config) {
+  Tokenizer t = from_tiktoken_ranks(tok::read_tiktoken_model(tiktoken_model), tiktoken_model);
+  Impl& impl = *t.impl_;
+  const auto base_count = static_cast<int32_t>(impl.tiktoken->tokens_by_rank().size());
 
   const json config = parse_json_file(tokenizer_config);
   if (!config.is_object()) throw Error(tokenizer_config + ": the top level is " + type_name(config) + ", expected an object");
@@ -557,10 +563,27 @@ Tokenizer::~Tokenizer() = default;
 Tokenizer Tokenizer::from_gguf(const std::string& path) {
   // The tokenizer.ggml.* keys as the tokenizer.json they stand for (model/gguf_arch.hpp), read by
   // the same steps as a checkpoint's, so everything a tokenizer.json is checked for is checked here.
+  // Kimi's (tokenizer.ggml.pre "kimi-k2") as the tiktoken tokenizer its checkpoint ships: the
+  // ranks and special tokens give the same tokenizer from_tiktoken builds, so the ids are
+  // tiktoken's (llama.cpp instead runs BPE over the merges its converter recovered from the ranks).
   const GgufModel m = GgufModel::open(path);
+  const std::string source = "GGUF file '" + path + "' (tokenizer.ggml.*)";
+  if (model::gguf_tokenizer_is_tiktoken(m.main())) {
+    model::GgufTiktokenVocab v = model::gguf_tiktoken_vocab(m.main());
+    Tokenizer t = from_tiktoken_ranks(std::move(v.ranks), source);
+    for (const auto& [id, content] : v.specials) {
+      if (const auto known = t.impl_->token_ids.find(content); known != t.impl_->token_ids.end())
+        throw Error(source + ": key 'tokenizer.ggml.tokens'[" + std::to_string(id) + "], the special token \"" +
+                    printable(content) + "\", is also token " + std::to_string(known->second) +
+                    " (byte-level spelling included), expected each token once");
+      t.impl_->add_token(AddedToken{content, id, /*special=*/true, /*normalized=*/false, {}});
+    }
+    t.impl_->eos = v.eos;
+    return t;
+  }
   std::optional<int32_t> eos;
   const std::string text = model::gguf_tokenizer_json(m.main(), &eos);
-  Tokenizer t = from_json_text(text, "GGUF file '" + path + "' (tokenizer.ggml.*)");
+  Tokenizer t = from_json_text(text, source);
   t.impl_->eos = eos;
   return t;
 }

@@ -274,6 +274,55 @@ std::vector<std::string> read_tiktoken_model(const std::string& path) {
   return tokens;
 }
 
+void check_tiktoken_ranks(const std::vector<std::string>& tokens_by_rank, const std::string& source) {
+  if (tokens_by_rank.size() > kMaxTiktokenRanks)
+    throw Error(source + ": " + std::to_string(tokens_by_rank.size()) + " ranks, more than hanpu's limit " +
+                std::to_string(kMaxTiktokenRanks));
+  std::unordered_map<std::string_view, size_t> rank_of_bytes;
+  rank_of_bytes.reserve(tokens_by_rank.size());
+  for (size_t r = 0; r < tokens_by_rank.size(); ++r) {
+    if (tokens_by_rank[r].empty()) throw Error(source + ": rank " + std::to_string(r) + " is empty, expected at least one byte");
+    if (const auto [it, inserted] = rank_of_bytes.emplace(tokens_by_rank[r], r); !inserted)
+      throw Error(source + ": rank " + std::to_string(r) + " is the token " + describe_bytes(tokens_by_rank[r]) +
+                  ", already rank " + std::to_string(it->second) + " (each token's bytes once)");
+  }
+  for (int b = 0; b < 256; ++b) {
+    const std::string one(1, static_cast<char>(b));
+    if (!rank_of_bytes.count(one))
+      throw Error(source + ": the single byte " + describe_bytes(one) +
+                  " is not a token (expected all 256 single bytes, from which every piece is merged)");
+  }
+}
+
+std::vector<std::string> tiktoken_merges(const std::vector<std::string>& tokens_by_rank) {
+  std::unordered_map<std::string_view, size_t> rank_of_bytes;
+  rank_of_bytes.reserve(tokens_by_rank.size());
+  for (size_t r = 0; r < tokens_by_rank.size(); ++r) rank_of_bytes.emplace(tokens_by_rank[r], r);
+  const ByteLevelAlphabet alphabet;
+  std::vector<std::string> merges;
+  std::vector<std::string_view> parts;
+  for (size_t r = 0; r < tokens_by_rank.size(); ++r) {
+    const std::string_view token = tokens_by_rank[r];
+    if (token.size() < 2) continue;
+    parts.clear();
+    for (size_t i = 0; i < token.size(); ++i) parts.push_back(token.substr(i, 1));
+    // Parts are adjacent sub-ranges of `token`, so a merged pair is again one sub-range.
+    while (parts.size() > 1) {
+      size_t best = 0, best_rank = r;  // only ranks below r may merge
+      for (size_t i = 0; i + 1 < parts.size(); ++i) {
+        const std::string_view pair(parts[i].data(), parts[i].size() + parts[i + 1].size());
+        const auto it = rank_of_bytes.find(pair);
+        if (it != rank_of_bytes.end() && it->second < best_rank) best = i, best_rank = it->second;
+      }
+      if (best_rank == r) break;
+      parts[best] = std::string_view(parts[best].data(), parts[best].size() + parts[best + 1].size());
+      parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+    }
+    if (parts.size() == 2) merges.push_back(alphabet.from_bytes(parts[0]) + " " + alphabet.from_bytes(parts[1]));
+  }
+  return merges;
+}
+
 TiktokenBpe::TiktokenBpe(std::vector<std::string> tokens_by_rank) : tokens_by_rank_(std::move(tokens_by_rank)) {
   ranks_.reserve(tokens_by_rank_.size());
   for (size_t r = 0; r < tokens_by_rank_.size(); ++r) ranks_.emplace(tokens_by_rank_[r], static_cast<int32_t>(r));

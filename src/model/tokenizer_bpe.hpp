@@ -53,6 +53,19 @@ class TiktokenBpe {
 /// does. Errors name the file and line. Returns the token bytes by rank.
 std::vector<std::string> read_tiktoken_model(const std::string& path);
 
+/// The checks read_tiktoken_model makes, for ranks from elsewhere (a GGUF kimi-k2 vocabulary):
+/// at most 2^24 ranks, each non-empty and its bytes given once, and every single byte a token.
+/// Throws hanpu::Error starting with `source` and naming the rank.
+void check_tiktoken_ranks(const std::vector<std::string>& tokens_by_rank, const std::string& source);
+
+/// The merge list llama.cpp's converter writes for a tiktoken vocabulary (conversion/qwen.py
+/// QwenModel.bpe with max_rank, used by conversion/kimi_linear.py): for each rank r in order,
+/// r's bytes merged from single bytes with only ranks below r (the lowest-ranked adjacent pair
+/// first, the leftmost on ties); when that ends in exactly two parts, "left right" (each in the
+/// byte-level spelling) is the next merge. Single bytes and tokens that end in more parts give
+/// none. `tokens_by_rank` as check_tiktoken_ranks accepts.
+std::vector<std::string> tiktoken_merges(const std::vector<std::string>& tokens_by_rank);
+
 /// The ByteLevel pre-tokenizer's table: every byte is shown as one printable character
 /// (bytes 0x21-0x7E, 0xA1-0xAC, 0xAE-0xFF as themselves, the others as U+0100 + n in order).
 class ByteLevelAlphabet {

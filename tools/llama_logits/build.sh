@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Compiles llama_logits.cpp against a llama.cpp source tree and its build.
+# Compiles llama_logits.cpp (and llama_tokenize.cpp, next to its output) against a llama.cpp
+# source tree and its build.
 #   tools/llama_logits/build.sh LLAMA_CPP_DIR [BUILD_SUBDIR] [OUT]
 # LLAMA_CPP_DIR: llama.cpp's sources (include/llama.h, ggml/include/); BUILD_SUBDIR: the build
 # under it whose bin/ holds libllama.so and libggml*.so (default build-noamx, the peer scripts'
@@ -16,4 +17,6 @@ done
 mkdir -p "$(dirname "$out")"
 ${CXX:-g++} -std=c++17 -O2 -Wall -Wextra -I"$src/include" -I"$src/ggml/include" "$here/llama_logits.cpp" \
   -o "$out" -L"$bin" -lllama -lggml -lggml-base -Wl,-rpath,"$bin"
+${CXX:-g++} -std=c++17 -O2 -Wall -Wextra -I"$src/include" -I"$src/ggml/include" "$here/llama_tokenize.cpp" \
+  -o "$(dirname "$out")/llama_tokenize" -L"$bin" -lllama -lggml -lggml-base -Wl,-rpath,"$bin"
 echo "$out"
