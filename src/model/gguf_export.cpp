@@ -217,6 +217,18 @@ std::pair<std::string, bool> split_of(const json& tok) {
   return {regex, norm.is_object() && norm.value("type", "") == "NFC"};
 }
 
+// gguf-py's SpecialVocab keys taken from tokenizer_config.json for every vocabulary: the
+// add_bos_token flag, and the chat template (tokenizer_config.json's string, else the
+// checkpoint's chat_template.jinja).
+void write_bos_flag_and_chat_template(GgufWriter& w, const json& tcfg, const fs::path& dir) {
+  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
+  std::string chat_template;
+  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
+  const fs::path jinja = dir / "chat_template.jinja";
+  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
+  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+}
+
 // Kimi's tiktoken tokenizer as llama.cpp's conversion/kimi_linear.py writes it (its set_vocab,
 // the tiktoken branch): ids 0..vocab_size-1 as the ranks in GPT-2's byte-level spelling (NORMAL),
 // the special tokens (CONTROL), "[PAD<id>]" (UNUSED) elsewhere; the merges recovered from the
@@ -258,12 +270,7 @@ void add_tiktoken_keys(const fs::path& dir, int64_t vocab_size, GgufWriter& w) {
   }
   if (t.eos_token_id()) eos = static_cast<uint32_t>(*t.eos_token_id());
   if (eos) w.add_u32("tokenizer.ggml.eos_token_id", *eos);
-  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
-  std::string chat_template;
-  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
-  const fs::path jinja = dir / "chat_template.jinja";
-  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
-  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+  write_bos_flag_and_chat_template(w, tcfg, dir);
 }
 
 GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileFormat f, GgufWriter& w);
@@ -343,12 +350,7 @@ bool add_gguf_tokenizer_keys(const std::string& model_dir, int64_t vocab_size, G
     if (it == id_of.end()) throw Error("quantize --format: '" + tcfg_path.string() + "': " + key + " '" + content + "' is not a token of " + tok_path);
     w.add_u32(gguf_key, static_cast<uint32_t>(it->second));
   }
-  if (tcfg.contains("add_bos_token") && tcfg["add_bos_token"].is_boolean()) w.add_bool("tokenizer.ggml.add_bos_token", tcfg["add_bos_token"].get<bool>());
-  std::string chat_template;
-  if (tcfg.contains("chat_template") && tcfg["chat_template"].is_string()) chat_template = tcfg["chat_template"].get<std::string>();
-  const fs::path jinja = dir / "chat_template.jinja";
-  if (chat_template.empty() && fs::exists(jinja)) chat_template = read_regular_file(jinja.string(), "chat template", kMaxJsonFileBytes);
-  if (!chat_template.empty()) w.add_string("tokenizer.chat_template", chat_template);
+  write_bos_flag_and_chat_template(w, tcfg, dir);
   return true;
 }
 
