@@ -31,6 +31,9 @@ enum class WeightFormat : uint8_t {
   kInt8,   // hanpu's int8: symmetric, one f32 scale per group of in_features (Int8Linear)
   kQ8_0,   // GGML blocks (GgufLinear) from here on
   kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
   kQ4_K,
   kQ5_K,
   kQ6_K,

@@ -1,5 +1,5 @@
 // Scalar reference dequantizers for the GGML block formats (see gguf_blocks.hpp). Formulas follow
-// ggml/src/ggml-quants.c (dequantize_row_q8_0, _q4_0, _q4_K, _q5_K, _q6_K, _iq4_xs and
+// ggml/src/ggml-quants.c (dequantize_row_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _q4_K, _q5_K, _q6_K, _iq4_xs and
 // quantize_row_q8_0_ref), written here from their definitions: every element is the same float32
 // expression, evaluated in the same order, so the results match ggml's and gguf-py's bit for bit.
 #include "cpu/gguf_blocks.hpp"
@@ -14,6 +14,9 @@ namespace hanpu::gguf {
 
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
@@ -25,8 +28,8 @@ namespace {
 // constants.py GGML_QUANT_SIZES. Codes 4, 5 and 31..33, 36..38 are retired and absent.
 constexpr BlockFormat kFormats[] = {
     {GgmlType::F32, "F32", 1, 4, true},          {GgmlType::F16, "F16", 1, 2, true},
-    {GgmlType::Q4_0, "Q4_0", 32, 18, true},      {GgmlType::Q4_1, "Q4_1", 32, 20, false},
-    {GgmlType::Q5_0, "Q5_0", 32, 22, false},     {GgmlType::Q5_1, "Q5_1", 32, 24, false},
+    {GgmlType::Q4_0, "Q4_0", 32, 18, true},      {GgmlType::Q4_1, "Q4_1", 32, 20, true},
+    {GgmlType::Q5_0, "Q5_0", 32, 22, true},      {GgmlType::Q5_1, "Q5_1", 32, 24, true},
     {GgmlType::Q8_0, "Q8_0", 32, 34, true},      {GgmlType::Q8_1, "Q8_1", 32, 40, false},
     {GgmlType::Q2_K, "Q2_K", 256, 84, false},    {GgmlType::Q3_K, "Q3_K", 256, 110, false},
     {GgmlType::Q4_K, "Q4_K", 256, 144, true},    {GgmlType::Q5_K, "Q5_K", 256, 176, true},
@@ -61,6 +64,50 @@ void dequant_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
     for (int j = 0; j < kQK4_0 / 2; ++j) {
       y[j] = static_cast<float>((b[i].qs[j] & 0xF) - 8) * d;
       y[j + kQK4_0 / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
+    }
+    y += kQK4_0;
+  }
+}
+
+// Q4_1: w = d * q + m (the product rounded, then the sum: ggml's x0*d + m without contraction).
+void dequant_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>(b[i].qs[j] & 0xF) * d + m;
+      y[j + kQK4_0 / 2] = static_cast<float>(b[i].qs[j] >> 4) * d + m;
+    }
+    y += kQK4_0;
+  }
+}
+
+// The 5th bit of element j of a Q5_0 / Q5_1 block, as 0 or 16: bit j of qh read as a
+// little-endian u32 (ggml memcpy's the 4 bytes into a uint32_t).
+inline int q5_high(const uint8_t* qh, int j) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  return static_cast<int>((h >> j) & 1u) << 4;
+}
+
+// Q5_0: w = d * (q - 16), q the 5-bit value.
+void dequant_q5_0(const BlockQ5_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>(((b[i].qs[j] & 0xF) | q5_high(b[i].qh, j)) - 16) * d;
+      y[j + kQK4_0 / 2] = static_cast<float>(((b[i].qs[j] >> 4) | q5_high(b[i].qh, j + 16)) - 16) * d;
+    }
+    y += kQK4_0;
+  }
+}
+
+// Q5_1: w = d * q + m, q the 5-bit value.
+void dequant_q5_1(const BlockQ5_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>((b[i].qs[j] & 0xF) | q5_high(b[i].qh, j)) * d + m;
+      y[j + kQK4_0 / 2] = static_cast<float>((b[i].qs[j] >> 4) | q5_high(b[i].qh, j + 16)) * d + m;
     }
     y += kQK4_0;
   }
@@ -194,6 +241,9 @@ void dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
     }
     case GgmlType::Q8_0: dequant_q8_0(blocks_of<BlockQ8_0>(src), dst, nb); return;
     case GgmlType::Q4_0: dequant_q4_0(blocks_of<BlockQ4_0>(src), dst, nb); return;
+    case GgmlType::Q4_1: dequant_q4_1(blocks_of<BlockQ4_1>(src), dst, nb); return;
+    case GgmlType::Q5_0: dequant_q5_0(blocks_of<BlockQ5_0>(src), dst, nb); return;
+    case GgmlType::Q5_1: dequant_q5_1(blocks_of<BlockQ5_1>(src), dst, nb); return;
     case GgmlType::Q4_K: dequant_q4_k(blocks_of<BlockQ4_K>(src), dst, nb); return;
     case GgmlType::Q5_K: dequant_q5_k(blocks_of<BlockQ5_K>(src), dst, nb); return;
     case GgmlType::Q6_K: dequant_q6_k(blocks_of<BlockQ6_K>(src), dst, nb); return;
