@@ -52,7 +52,8 @@ enum class WeightLoad : uint8_t {
   /// quantizer and llama.cpp's tensor rules (`hanpu quantize --format NAME`), then loaded as that
   /// file (docs/GGUF.md "Writing GGUF"). Only safetensors checkpoints.
   kGgufFile,
-  /// Read from files only (a GGUF file that stores it); hanpu does not write it.
+  /// Read from files only (a GGUF file that stores it); not quantized at load (`quantize_writes`
+  /// says whether `hanpu quantize --format` writes it).
   kReadOnly,
 };
 

@@ -96,7 +96,7 @@ const WeightFormatInfo kRows[] = {
      "the target is AVX2 or better, else Highway (SSE4, NEON, portable); linear_gguf.cpp",
      HANPU_GGUF_PREFILL},
     {F::kQ5_K, "q5_k", 256, 176, "as Q4_K with a fifth bit per element (qh)", std::nullopt, G::Q5_K,
-     "GGUF type Q5_K (13)", L::kReadOnly, false, nullptr,
+     "GGUF type Q5_K (13)", L::kGgufFile, true, nullptr,
      "M < 4: as Q4_K (DotK4Avx2<true> on AVX2 or better, else Highway DotK4); linear_gguf.cpp", HANPU_GGUF_PREFILL},
     {F::kQ6_K, "q6_k", 256, 210,
      "super-blocks of 256: f16 d, 16 int8 scales per 16, 6-bit q (4 low + 2 high bits); w = d * sc * (q - 32)",
@@ -121,6 +121,9 @@ const WeightMix kMixes[] = {
     {"q4_k_m", WeightFormat::kQ4_K,
      "llama.cpp's Q4_K_M: Q4_K, with Q6_K for the LM head and for half of attn_v / ffn_down (llama-quant.cpp's "
      "rules, src/model/gguf_export.cpp); tensors whose rows are not whole 256-blocks fall back as llama.cpp does"},
+    {"q5_k_m", WeightFormat::kQ5_K,
+     "llama.cpp's Q5_K_M: Q5_K, with Q6_K for the LM head and for half of attn_v / ffn_down (the Q4_K_M rules of "
+     "llama-quant.cpp); rows that are not whole 256-blocks fall back to Q8_0 (llama.cpp: Q5_1)"},
 };
 
 std::string joined(const std::vector<std::string>& v) {
