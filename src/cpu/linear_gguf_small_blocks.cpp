@@ -129,9 +129,9 @@ HANPU_SMALL_AVX2 float avx2_dot32(const Block* b, int64_t nb, const int8_t* x8, 
   constexpr bool kHasMin = std::is_same_v<Block, gguf::BlockQ4_1> || std::is_same_v<Block, gguf::BlockQ5_1>;
   constexpr bool kFive = std::is_same_v<Block, gguf::BlockQ5_0> || std::is_same_v<Block, gguf::BlockQ5_1>;
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-  float min_acc = 0.0f;
-  for (int64_t i = 0; i < nb; ++i) {
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  float min_acc0 = 0.0f, min_acc1 = 0.0f;
+  auto block = [&](int64_t i, __m256& acc, float& min_acc) HANPU_SMALL_AVX2 {
     _mm_prefetch(reinterpret_cast<const char*>(b + i) + ahead, _MM_HINT_T0);
     __m256i q = nibbles(b[i].qs);
     if constexpr (kFive) q = _mm256_or_si256(q, fifth_bits(b[i].qh));
@@ -143,10 +143,19 @@ HANPU_SMALL_AVX2 float avx2_dot32(const Block* b, int64_t nb, const int8_t* x8, 
       pairs = signed_pairs(_mm256_sub_epi8(q, _mm256_set1_epi8(kFive ? 16 : 8)), x);
     }
     const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-    acc[i & 1] = _mm256_fmadd_ps(s, _mm256_set1_ps(_cvtsh_ss(b[i].d) * xs[i]), acc[i & 1]);
+    acc = _mm256_fmadd_ps(s, _mm256_set1_ps(_cvtsh_ss(b[i].d) * xs[i]), acc);
     if constexpr (kHasMin) min_acc += (_cvtsh_ss(b[i].m) * xs[i]) * static_cast<float>(bsum16[2 * i] + bsum16[2 * i + 1]);
+  };
+  // Two blocks per step into two accumulators (named, so that they stay in registers): the FMAs
+  // of neighbouring blocks overlap instead of waiting on each other.
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    block(i, acc0, min_acc0);
+    block(i + 1, acc1, min_acc1);
   }
-  return hsum(_mm256_add_ps(acc[0], acc[1])) + min_acc;
+  if (i < nb) block(i, acc0, min_acc0);
+  const float min_acc = min_acc0 + min_acc1;
+  return hsum(_mm256_add_ps(acc0, acc1)) + min_acc;
 }
 
 HANPU_SMALL_AVX2 float avx2_dot_iq4_xs(const gguf::BlockIQ4_XS* b, int64_t nb, const int8_t* x8, const float* xs,
