@@ -1,7 +1,10 @@
 // GGUF decode GEMV (src/cpu/linear_gguf.cpp): GB/s of weight blocks streamed, next to the read
 // bandwidth measured in the same run (measure_host, src/cpu/host.cpp), docs/GGUF.md.
 //
-//   gguf_gemv [--threads T] [--reps R] [--isa NAME]
+//   gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...]
+//
+// --types: the GGML types to run (default Q8_0, Q4_K, Q5_K, Q6_K; any type with a GEMV kernel,
+// e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS).
 //
 // Columns: median wall time per call and its GB/s of weight blocks (and % of the bandwidth), the
 // best call, and GB/s over the CPU time the threads got (see below).
@@ -34,13 +37,33 @@ using hanpu::gguf::GgmlType;
 
 int main(int argc, char** argv) {
   int threads = 0, reps = 15;
+  std::vector<GgmlType> types{GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--isa") hanpu::request_isa(argv[i + 1]);
+    else if (a == "--types") {
+      types.clear();
+      const std::string list = argv[i + 1];
+      for (size_t p = 0; p <= list.size();) {
+        const size_t q = std::min(list.find(',', p), list.size());
+        const std::string name = list.substr(p, q - p);
+        bool found = false;
+        for (const auto& f : hanpu::gguf::block_formats())
+          if (name == f.name && hanpu::cpu::gguf_gemv_supported(f.type)) {
+            types.push_back(f.type);
+            found = true;
+          }
+        if (!found) {
+          std::fprintf(stderr, "gguf_gemv: --types: '%s' is not a GGML type with a GEMV kernel\n", name.c_str());
+          return 2;
+        }
+        p = q + 1;
+      }
+    }
     else {
-      std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME]\n");
+      std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...]\n");
       return 2;
     }
   }
@@ -59,7 +82,7 @@ int main(int argc, char** argv) {
     bool from_dram;  // false: one copy, read from the caches on every call (the kernel's own ceiling)
   };
   std::mt19937 rng(34);
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType t : types) {
     for (const Shape& s : {Shape{"lm_head", 151936, 1024, true}, Shape{"mlp", 3584, 1024, true},
                            Shape{"in-cache", 256, 1024, false}}) {
       const auto& f = hanpu::gguf::block_format(t);
@@ -89,7 +112,8 @@ int main(int argc, char** argv) {
       for (int64_t c = 0; c < static_cast<int64_t>(copies) * nb; ++c) {
         const uint16_t d = hanpu::f32_to_f16(scale(rng));
         std::memcpy(w.data() + c * f.block_bytes + (t == GgmlType::Q6_K ? 208 : 0), &d, 2);
-        if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) std::memcpy(w.data() + c * f.block_bytes + 2, &d, 2);
+        if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q4_1 || t == GgmlType::Q5_1)
+          std::memcpy(w.data() + c * f.block_bytes + 2, &d, 2);  // dmin / m
       }
       std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
       std::normal_distribution<float> nrm(0.f, 1.f);

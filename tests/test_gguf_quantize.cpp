@@ -1,6 +1,6 @@
-// hanpu's GGML quantizers (src/cpu/gguf_blocks.cpp: Q8_0, Q4_K, Q6_K with ggml's reference
+// hanpu's GGML quantizers (src/cpu/gguf_blocks.cpp: Q8_0, Q4_K, Q5_K, Q6_K with ggml's reference
 // rounding) checked by properties of the formats: every element lands on the nearest level its
-// block can represent with the scales as stored, the error of a Gaussian row is what 4 / 6 / 8
+// block can represent with the scales as stored, the error of a Gaussian row is what 4 / 5 / 6 / 8
 // bits give, values already on the grid come back unchanged, all-zero blocks stay zero, extreme
 // magnitudes keep the bounds, and sizes that are not whole blocks are refused by name.
 // Bit-equality with llama.cpp's own quantizer: here on 44 blocks of 11 input kinds whose ggml
@@ -43,13 +43,13 @@ std::vector<float> dequantize(GgmlType t, const std::vector<uint8_t>& q, size_t 
 // The levels a Q4_K / Q6_K / Q8_0 block can represent at element `i`, from the stored scales.
 std::vector<float> levels_at(GgmlType t, const uint8_t* block, int i) {
   std::vector<float> lv;
-  if (t == GgmlType::Q4_K) {
+  if (t == GgmlType::Q4_K || t == GgmlType::Q5_K) {  // the two start alike: d, dmin, 12 scale bytes
     const auto* b = reinterpret_cast<const gg::BlockQ4_K*>(block);
     uint8_t sc, m;
     gg::k4_scale_min(i / 32, b->scales, sc, m);
     const float d = hanpu::f16_to_f32(b->d) * static_cast<float>(sc);
     const float dm = hanpu::f16_to_f32(b->dmin) * static_cast<float>(m);
-    for (int q = 0; q < 16; ++q) lv.push_back(d * static_cast<float>(q) - dm);
+    for (int q = 0; q < (t == GgmlType::Q5_K ? 32 : 16); ++q) lv.push_back(d * static_cast<float>(q) - dm);
   } else if (t == GgmlType::Q6_K) {
     const auto* b = reinterpret_cast<const gg::BlockQ6_K*>(block);
     const float d = hanpu::f16_to_f32(b->d) * static_cast<float>(b->scales[i / 16]);
@@ -112,7 +112,7 @@ std::vector<float> gaussian(size_t n, float sigma, uint32_t seed) {
   return x;
 }
 
-const GgmlType kQuantized[] = {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+const GgmlType kQuantized[] = {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
 std::vector<uint8_t> read_bytes(const std::string& name) {
   const auto path = hanpu::testing::golden_dir().parent_path() / "data" / "gguf" / name;
@@ -126,7 +126,8 @@ TEST(GgufQuantize, BytesEqualGgmlsOwnQuantizer) {
   std::vector<float> x(raw.size() / 4);
   std::memcpy(x.data(), raw.data(), raw.size());
   ASSERT_EQ(x.size(), 44u * 256);
-  for (auto [t, file] : {std::pair{GgmlType::Q4_K, "ggml_k_quants.q4_k"}, std::pair{GgmlType::Q6_K, "ggml_k_quants.q6_k"}}) {
+  for (auto [t, file] : {std::pair{GgmlType::Q4_K, "ggml_k_quants.q4_k"}, std::pair{GgmlType::Q5_K, "ggml_k_quants.q5_k"},
+                         std::pair{GgmlType::Q6_K, "ggml_k_quants.q6_k"}}) {
     const std::vector<uint8_t> want = read_bytes(file), got = quantize(t, x);
     ASSERT_EQ(got.size(), want.size()) << file;
     const size_t bb = gg::block_format(t).block_bytes;
@@ -153,16 +154,21 @@ TEST(GgufQuantize, EveryElementOnItsNearestLevel) {
 }
 
 TEST(GgufQuantize, GaussianErrorIsWhatTheBitsGive) {
-  // NMSE of N(0, 1) rows. Bounds: about 2x the measured value (Q4_K 0.0051, Q6_K 0.00032,
+  // NMSE of N(0, 1) rows. Bounds: about 1.5-2x the measured value (Q4_K 0.0051, Q5_K 0.0013, Q6_K 0.00032,
   // Q8_0 0.000073 on 102400 values), far below what one bit less would give (4x the error per bit).
   const auto x = gaussian(256 * 400, 1.0f, 2);
   EXPECT_LT(nmse(x, dequantize(GgmlType::Q4_K, quantize(GgmlType::Q4_K, x), x.size())), 0.0075);
+  EXPECT_LT(nmse(x, dequantize(GgmlType::Q5_K, quantize(GgmlType::Q5_K, x), x.size())), 0.0019);
   EXPECT_LT(nmse(x, dequantize(GgmlType::Q6_K, quantize(GgmlType::Q6_K, x), x.size())), 0.0005);
   EXPECT_LT(nmse(x, dequantize(GgmlType::Q8_0, quantize(GgmlType::Q8_0, x), x.size())), 0.00012);
 }
 
+// Not Q5_K: ggml's own Q5_K search (make_qkx2_quants with 16 candidate scales from rmin -0.5,
+// whose bytes hanpu's equal: BytesEqualGgmlsOwnQuantizer) does not always find the grid a Q5_K
+// block came from: here 153, 61 and 373 of 16384 values moved on the second pass.
 TEST(GgufQuantize, AlreadyQuantizedValuesComeBackUnchanged) {
   for (GgmlType t : kQuantized) {
+    if (t == GgmlType::Q5_K) continue;
     for (uint32_t seed = 3; seed < 6; ++seed) {
       auto x = gaussian(256 * 64, seed == 4 ? 1e3f : 0.05f, seed);
       if (seed == 5)
@@ -225,7 +231,7 @@ TEST(GgufQuantize, NonFiniteInputNeverCrashes) {
 TEST(GgufQuantize, PartialBlocksAreRefusedByName) {
   std::vector<float> x(300, 1.0f);
   std::vector<uint8_t> out(1024);
-  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     try {
       gg::quantize(t, x.data(), out.data(), 300);
       ADD_FAILURE() << "no error";
@@ -236,10 +242,10 @@ TEST(GgufQuantize, PartialBlocksAreRefusedByName) {
     }
   }
   try {
-    gg::quantize(GgmlType::Q5_K, x.data(), out.data(), 256);
+    gg::quantize(GgmlType::Q4_1, x.data(), out.data(), 256);
     ADD_FAILURE() << "no error";
   } catch (const hanpu::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Q5_K"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Q4_1"), std::string::npos) << e.what();
   }
 }
 

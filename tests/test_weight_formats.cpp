@@ -60,8 +60,8 @@ TEST(WeightFormatRegistry, OneRowPerFormatInEnumOrderWithUniqueNames) {
 }
 
 TEST(WeightFormatRegistry, LoadAndQuantizeNamesComeFromTheRows) {
-  EXPECT_EQ(weight_load_names(), (std::vector<std::string>{"bf16", "f16", "int8", "q8_0", "q4_k", "q6_k", "q4_k_m"}));
-  EXPECT_EQ(weight_quantize_names(), (std::vector<std::string>{"f16", "int8", "q8_0", "q4_k", "q6_k", "q4_k_m"}));
+  EXPECT_EQ(weight_load_names(), (std::vector<std::string>{"bf16", "f16", "int8", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"}));
+  EXPECT_EQ(weight_quantize_names(), (std::vector<std::string>{"f16", "int8", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"}));
   EXPECT_EQ(weight_choice("q4_k_m", "--weights", weight_load_names()).mix->main, WeightFormat::kQ4_K);
   EXPECT_EQ(weight_choice("int8", "--weights", weight_load_names()).format, WeightFormat::kInt8);
   EXPECT_EQ(weight_choice("f16", "--weights", weight_load_names()).load(), WeightLoad::kPerTensor);
@@ -72,11 +72,11 @@ TEST(WeightFormatRegistry, LoadAndQuantizeNamesComeFromTheRows) {
 
 TEST(WeightFormatRegistry, AnUnknownNameIsRefusedNamingTheFlagTheValueAndTheNames) {
   const std::string e = testing::error_of([] { weight_choice("q3_k", "--weights", weight_load_names()); });
-  EXPECT_NE(e.find("--weights: got 'q3_k', expected one of bf16, f16, int8, q8_0, q4_k, q6_k, q4_k_m"), std::string::npos)
+  EXPECT_NE(e.find("--weights: got 'q3_k', expected one of bf16, f16, int8, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m"), std::string::npos)
       << e;
   // A format the registry has but that the flag does not take (read from files only).
-  const std::string r = testing::error_of([] { weight_choice("q5_k", "--format", weight_quantize_names()); });
-  EXPECT_NE(r.find("--format: got 'q5_k', expected one of f16, int8"), std::string::npos) << r;
+  const std::string r = testing::error_of([] { weight_choice("q5_0", "--format", weight_quantize_names()); });
+  EXPECT_NE(r.find("--format: got 'q5_0', expected one of f16, int8"), std::string::npos) << r;
   // The model loader names its option.
   const std::string m = testing::error_of([] {
     HybridModel::load((testing::golden_dir() / "qwen35_tiny").string(), {.weights = {.format = "int4"}});

@@ -18,7 +18,8 @@ import tempfile
 import numpy as np
 from gguf import GGUFReader
 
-LLAMA_FTYPE = {"q4_k_m": ["Q4_K_M"], "q8_0": ["Q8_0"], "q4_k": ["--pure", "Q4_K_S"], "q6_k": ["--pure", "Q6_K"]}
+LLAMA_FTYPE = {"q4_k_m": ["Q4_K_M"], "q8_0": ["Q8_0"], "q4_k": ["--pure", "Q4_K_S"], "q6_k": ["--pure", "Q6_K"],
+               "q5_k_m": ["Q5_K_M"], "q5_k": ["--pure", "Q5_K_S"]}
 
 
 def main():

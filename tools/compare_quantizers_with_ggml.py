@@ -22,7 +22,8 @@ import tempfile
 
 import numpy as np
 
-GGML_TYPES = {"Q8_0": (8, 32, 34), "Q4_K": (12, 256, 144), "Q6_K": (14, 256, 210)}
+GGML_TYPES = {"Q8_0": (8, 32, 34), "Q5_0": (6, 32, 22), "Q5_1": (7, 32, 24), "Q4_K": (12, 256, 144), "Q5_K": (13, 256, 176),
+              "Q6_K": (14, 256, 210)}
 
 C_SOURCE = r"""
 #include <stdio.h>
@@ -75,7 +76,7 @@ def main():
     ap.add_argument("--build", default="build-noamx")
     ap.add_argument("--seed", type=int, default=34)
     ap.add_argument("--write-fixture", metavar="DIR",
-                    help="also write DIR/ggml_k_quants.{f32,q4_k,q6_k}: 4 blocks of each input kind and ggml's "
+                    help="also write DIR/ggml_k_quants.{f32,q4_k,q5_k,q6_k}: 4 blocks of each input kind and ggml's "
                          "bytes for them (tests/test_gguf_quantize.cpp compares against these without the peer)")
     a = ap.parse_args()
     libdir = os.path.join(a.llama_dir, a.build, "bin")
@@ -105,9 +106,9 @@ def main():
             x = np.concatenate([c[: 256 * 4] for _, c in cases(256, fixture_rng)]).astype(np.float32)
             base = os.path.join(a.write_fixture, "ggml_k_quants")
             x.tofile(base + ".f32")
-            for name in ("Q4_K", "Q6_K"):
+            for name in ("Q4_K", "Q5_K", "Q6_K"):
                 subprocess.run([exe, str(GGML_TYPES[name][0]), "256", base + ".f32", base + "." + name.lower()], check=True)
-            print("wrote", base + ".{f32,q4_k,q6_k}", len(x) // 256, "blocks")
+            print("wrote", base + ".{f32,q4_k,q5_k,q6_k}", len(x) // 256, "blocks")
     print("all equal" if failures == 0 else f"{failures} case(s) differ")
     return 1 if failures else 0
 

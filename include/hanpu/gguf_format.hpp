@@ -89,12 +89,17 @@ void quantize_q8_0(const float* src, void* dst, int64_t n);
 /// `n` must be a multiple of 256. Bit-equal to ggml's (tools/compare_quantizers_with_ggml.py).
 void quantize_q4_k(const float* src, void* dst, int64_t n);
 
+/// ggml's quantize_row_q5_K_ref: as Q4_K with 5-bit levels (0..31; make_qkx2_quants with 16
+/// candidate scales from rmin -0.5), the fifth bits in qh. `n` must be a multiple of 256.
+/// Bit-equal to ggml's (tests/test_gguf_quantize.cpp, tools/compare_quantizers_with_ggml.py).
+void quantize_q5_k(const float* src, void* dst, int64_t n);
+
 /// ggml's quantize_row_q6_K_ref: per sub-block of 16 a symmetric 6-bit fit (make_qx_quants,
 /// weights x^2, 19 candidate scales), the 16 scales coded as int8 against one f16 scale, then
 /// every element re-rounded against its coded scale. `n` must be a multiple of 256.
 void quantize_q6_k(const float* src, void* dst, int64_t n);
 
-/// True for the types `quantize` writes: Q8_0, Q4_K, Q6_K (and F32/F16/BF16 as plain conversions).
+/// True for the types `quantize` writes: Q8_0, Q4_K, Q5_K, Q6_K (and F32/F16/BF16 as plain conversions).
 bool can_quantize(GgmlType t);
 /// Quantizes `n` float32 values (a whole number of blocks of `t`) into `dst`, which holds
 /// n / block_elems * block_bytes bytes. Throws hanpu::Error for a type hanpu cannot write.

@@ -31,6 +31,9 @@ enum class WeightFormat : uint8_t {
   kInt8,   // hanpu's int8: symmetric, one f32 scale per group of in_features (Int8Linear)
   kQ8_0,   // GGML blocks (GgufLinear) from here on
   kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
   kQ4_K,
   kQ5_K,
   kQ6_K,
@@ -49,7 +52,8 @@ enum class WeightLoad : uint8_t {
   /// quantizer and llama.cpp's tensor rules (`hanpu quantize --format NAME`), then loaded as that
   /// file (docs/GGUF.md "Writing GGUF"). Only safetensors checkpoints.
   kGgufFile,
-  /// Read from files only (a GGUF file that stores it); hanpu does not write it.
+  /// Read from files only (a GGUF file that stores it); not quantized at load (`quantize_writes`
+  /// says whether `hanpu quantize --format` writes it).
   kReadOnly,
 };
 

@@ -159,10 +159,10 @@ def test_int8_weights():
         hanpu.Model.load(GOLDEN / "qwen35_tiny", weights="int4")
     # The options are the weight-format registry's rows that load (and the GGUF mixes).
     assert hanpu.WEIGHT_FORMATS == tuple(hanpu._hanpu.weight_load_names())
-    assert {"bf16", "int8", "f16", "q8_0", "q4_k", "q6_k", "q4_k_m"} == set(hanpu.WEIGHT_FORMATS)
+    assert {"bf16", "int8", "f16", "q8_0", "q4_k", "q5_k", "q6_k", "q4_k_m", "q5_k_m"} == set(hanpu.WEIGHT_FORMATS)
     rows = {r["name"]: r for r in hanpu._hanpu.weight_formats()}
     assert rows["f16"]["bytes_per_weight"] == 2.0 and rows["q4_k"]["bytes_per_weight"] == 144 / 256
-    assert rows["q5_k"]["load"] == "read_only"
+    assert rows["q5_0"]["load"] == "read_only" and rows["q5_k"]["load"] == "gguf_file"
     with pytest.raises(ValueError, match="`int8_group` must be a positive int"):
         hanpu.Model.load(GOLDEN / "qwen35_tiny", weights="int8", int8_group=0)
 

@@ -154,7 +154,7 @@ void register_quantize_command(CLI::App& app) {
   for (const std::string& n : hanpu::weight_quantize_names()) formats += (formats.empty() ? "" : ", ") + n;
   q->add_option("--format", a->format,
                 "int8 (default): hanpu's int8 checkpoint (safetensors, run it as is); any other writes one GGUF file "
-                "in that llama.cpp format (q4_k: all Q4_K, q6_k: all Q6_K). One of: " + formats)
+                "in that llama.cpp format (q4_k: all Q4_K, q5_k: all Q5_K, q6_k: all Q6_K). One of: " + formats)
       ->check([](const std::string& v) {
         try {
           hanpu::weight_choice(v, "--format", hanpu::weight_quantize_names());

@@ -1,5 +1,5 @@
 // Scalar reference dequantizers for the GGML block formats (see gguf_blocks.hpp). Formulas follow
-// ggml/src/ggml-quants.c (dequantize_row_q8_0, _q4_0, _q4_K, _q5_K, _q6_K, _iq4_xs and
+// ggml/src/ggml-quants.c (dequantize_row_q8_0, _q4_0, _q4_1, _q5_0, _q5_1, _q4_K, _q5_K, _q6_K, _iq4_xs and
 // quantize_row_q8_0_ref), written here from their definitions: every element is the same float32
 // expression, evaluated in the same order, so the results match ggml's and gguf-py's bit for bit.
 #include "cpu/gguf_blocks.hpp"
@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "hanpu/tensor.hpp"
 
@@ -14,6 +15,9 @@ namespace hanpu::gguf {
 
 static_assert(sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ4_1) == 20);
+static_assert(sizeof(BlockQ5_0) == 22);
+static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
@@ -25,8 +29,8 @@ namespace {
 // constants.py GGML_QUANT_SIZES. Codes 4, 5 and 31..33, 36..38 are retired and absent.
 constexpr BlockFormat kFormats[] = {
     {GgmlType::F32, "F32", 1, 4, true},          {GgmlType::F16, "F16", 1, 2, true},
-    {GgmlType::Q4_0, "Q4_0", 32, 18, true},      {GgmlType::Q4_1, "Q4_1", 32, 20, false},
-    {GgmlType::Q5_0, "Q5_0", 32, 22, false},     {GgmlType::Q5_1, "Q5_1", 32, 24, false},
+    {GgmlType::Q4_0, "Q4_0", 32, 18, true},      {GgmlType::Q4_1, "Q4_1", 32, 20, true},
+    {GgmlType::Q5_0, "Q5_0", 32, 22, true},      {GgmlType::Q5_1, "Q5_1", 32, 24, true},
     {GgmlType::Q8_0, "Q8_0", 32, 34, true},      {GgmlType::Q8_1, "Q8_1", 32, 40, false},
     {GgmlType::Q2_K, "Q2_K", 256, 84, false},    {GgmlType::Q3_K, "Q3_K", 256, 110, false},
     {GgmlType::Q4_K, "Q4_K", 256, 144, true},    {GgmlType::Q5_K, "Q5_K", 256, 176, true},
@@ -61,6 +65,50 @@ void dequant_q4_0(const BlockQ4_0* b, float* y, int64_t nb) {
     for (int j = 0; j < kQK4_0 / 2; ++j) {
       y[j] = static_cast<float>((b[i].qs[j] & 0xF) - 8) * d;
       y[j + kQK4_0 / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
+    }
+    y += kQK4_0;
+  }
+}
+
+// Q4_1: w = d * q + m (the product rounded, then the sum: ggml's x0*d + m without contraction).
+void dequant_q4_1(const BlockQ4_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>(b[i].qs[j] & 0xF) * d + m;
+      y[j + kQK4_0 / 2] = static_cast<float>(b[i].qs[j] >> 4) * d + m;
+    }
+    y += kQK4_0;
+  }
+}
+
+// The 5th bit of element j of a Q5_0 / Q5_1 block, as 0 or 16: bit j of qh read as a
+// little-endian u32 (ggml memcpy's the 4 bytes into a uint32_t).
+inline int q5_high(const uint8_t* qh, int j) {
+  uint32_t h;
+  std::memcpy(&h, qh, 4);
+  return static_cast<int>((h >> j) & 1u) << 4;
+}
+
+// Q5_0: w = d * (q - 16), q the 5-bit value.
+void dequant_q5_0(const BlockQ5_0* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>(((b[i].qs[j] & 0xF) | q5_high(b[i].qh, j)) - 16) * d;
+      y[j + kQK4_0 / 2] = static_cast<float>(((b[i].qs[j] >> 4) | q5_high(b[i].qh, j + 16)) - 16) * d;
+    }
+    y += kQK4_0;
+  }
+}
+
+// Q5_1: w = d * q + m, q the 5-bit value.
+void dequant_q5_1(const BlockQ5_1* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d), m = f16_to_f32(b[i].m);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = static_cast<float>((b[i].qs[j] & 0xF) | q5_high(b[i].qh, j)) * d + m;
+      y[j + kQK4_0 / 2] = static_cast<float>((b[i].qs[j] >> 4) | q5_high(b[i].qh, j + 16)) * d + m;
     }
     y += kQK4_0;
   }
@@ -194,6 +242,9 @@ void dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
     }
     case GgmlType::Q8_0: dequant_q8_0(blocks_of<BlockQ8_0>(src), dst, nb); return;
     case GgmlType::Q4_0: dequant_q4_0(blocks_of<BlockQ4_0>(src), dst, nb); return;
+    case GgmlType::Q4_1: dequant_q4_1(blocks_of<BlockQ4_1>(src), dst, nb); return;
+    case GgmlType::Q5_0: dequant_q5_0(blocks_of<BlockQ5_0>(src), dst, nb); return;
+    case GgmlType::Q5_1: dequant_q5_1(blocks_of<BlockQ5_1>(src), dst, nb); return;
     case GgmlType::Q4_K: dequant_q4_k(blocks_of<BlockQ4_K>(src), dst, nb); return;
     case GgmlType::Q5_K: dequant_q5_k(blocks_of<BlockQ5_K>(src), dst, nb); return;
     case GgmlType::Q6_K: dequant_q6_k(blocks_of<BlockQ6_K>(src), dst, nb); return;
@@ -359,58 +410,91 @@ void check_whole_blocks(const char* name, int64_t n, int64_t block) {
 
 }  // namespace
 
+namespace {
+
+// The part Q4_K and Q5_K share (ggml's quantize_row_q4_K_ref / _q5_K_ref): per sub-block of 32 an
+// asymmetric fit with levels 0..nmax (fit_scale_min: weights |x| + rms, nstep + 1 candidate scales
+// from rmin), the 8 scales and 8 mins coded in 6 bits against the two f16 super-block scales, then
+// every element re-rounded against the coded scale and min into L[256].
+void fit_k_super_block(const float* x, int nmax, float rmin, int nstep, uint16_t& d_out, uint16_t& dmin_out,
+                       uint8_t scales_out[kKScaleSize], uint8_t L[kQK_K]) {
+  constexpr int kSub = 32, kSubBlocks = kQK_K / kSub;
+  float scales[kSubBlocks], mins[kSubBlocks], weights[kSub];
+  float max_scale = 0, max_min = 0;
+  for (int j = 0; j < kSubBlocks; ++j) {
+    const float* xs = x + kSub * j;
+    // Weights: the element's magnitude plus the sub-block's rms, so large values count more
+    // without the small ones counting for nothing.
+    float sum_x2 = 0;
+    for (int l = 0; l < kSub; ++l) sum_x2 += xs[l] * xs[l];
+    const float rms = std::sqrt(sum_x2 / kSub);
+    for (int l = 0; l < kSub; ++l) weights[l] = rms + std::fabs(xs[l]);
+    scales[j] = fit_scale_min(kSub, nmax, xs, weights, L + kSub * j, &mins[j], rmin, 0.1f, nstep);
+    if (scales[j] > max_scale) max_scale = scales[j];
+    if (mins[j] > max_min) max_min = mins[j];
+  }
+  const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
+  const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+  std::memset(scales_out, 0, kKScaleSize);
+  for (int j = 0; j < kSubBlocks; ++j) {
+    // As ggml: the rounded code is taken modulo 256 (a negative scale wraps to a large code),
+    // then capped at 63.
+    const auto ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
+    const auto lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
+    if (j < 4) {
+      scales_out[j] = ls;
+      scales_out[j + 4] = lm;
+    } else {  // low 4 bits in bytes 8..11, high 2 bits in the top of bytes 0..7 (k4_scale_min)
+      scales_out[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
+      scales_out[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
+      scales_out[j] |= static_cast<uint8_t>((lm >> 4) << 6);
+    }
+  }
+  d_out = f32_to_f16(max_scale / 63.0f);
+  dmin_out = f32_to_f16(max_min / 63.0f);
+  // Re-round every element against the scale and min as they are stored.
+  for (int j = 0; j < kSubBlocks; ++j) {
+    uint8_t sc, m;
+    k4_scale_min(j, scales_out, sc, m);
+    const float d = f16_to_f32(d_out) * static_cast<float>(sc);
+    if (d == 0) continue;  // keeps the fit's levels (they dequantize to -dm regardless)
+    const float dm = f16_to_f32(dmin_out) * static_cast<float>(m);
+    for (int l = 0; l < kSub; ++l)
+      L[kSub * j + l] = static_cast<uint8_t>(std::clamp(nearest_int((x[kSub * j + l] + dm) / d), 0, nmax));
+  }
+}
+
+}  // namespace
+
 void quantize_q4_k(const float* x, void* dst, int64_t n) {
   check_whole_blocks("Q4_K", n, kQK_K);
   auto* b = static_cast<BlockQ4_K*>(dst);
-  constexpr int kSub = 32, kSubBlocks = kQK_K / kSub;
   for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
     uint8_t L[kQK_K];
-    float scales[kSubBlocks], mins[kSubBlocks], weights[kSub];
-    float max_scale = 0, max_min = 0;
-    for (int j = 0; j < kSubBlocks; ++j) {
-      const float* xs = x + kSub * j;
-      // Weights: the element's magnitude plus the sub-block's rms, so large values count more
-      // without the small ones counting for nothing.
-      float sum_x2 = 0;
-      for (int l = 0; l < kSub; ++l) sum_x2 += xs[l] * xs[l];
-      const float rms = std::sqrt(sum_x2 / kSub);
-      for (int l = 0; l < kSub; ++l) weights[l] = rms + std::fabs(xs[l]);
-      scales[j] = fit_scale_min(kSub, 15, xs, weights, L + kSub * j, &mins[j], -1.0f, 0.1f, 20);
-      if (scales[j] > max_scale) max_scale = scales[j];
-      if (mins[j] > max_min) max_min = mins[j];
-    }
-    const float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f;
-    const float inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
     BlockQ4_K& blk = b[i];
-    std::memset(blk.scales, 0, sizeof blk.scales);
-    for (int j = 0; j < kSubBlocks; ++j) {
-      // As ggml: the rounded code is taken modulo 256 (a negative scale wraps to a large code),
-      // then capped at 63.
-      const auto ls = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_scale * scales[j])));
-      const auto lm = std::min<uint8_t>(63, static_cast<uint8_t>(nearest_int(inv_min * mins[j])));
-      if (j < 4) {
-        blk.scales[j] = ls;
-        blk.scales[j + 4] = lm;
-      } else {  // low 4 bits in bytes 8..11, high 2 bits in the top of bytes 0..7 (k4_scale_min)
-        blk.scales[j + 4] = static_cast<uint8_t>((ls & 0xF) | ((lm & 0xF) << 4));
-        blk.scales[j - 4] |= static_cast<uint8_t>((ls >> 4) << 6);
-        blk.scales[j] |= static_cast<uint8_t>((lm >> 4) << 6);
-      }
-    }
-    blk.d = f32_to_f16(max_scale / 63.0f);
-    blk.dmin = f32_to_f16(max_min / 63.0f);
-    // Re-round every element against the scale and min as they are stored.
-    for (int j = 0; j < kSubBlocks; ++j) {
-      uint8_t sc, m;
-      k4_scale_min(j, blk.scales, sc, m);
-      const float d = f16_to_f32(blk.d) * static_cast<float>(sc);
-      if (d == 0) continue;  // keeps the fit's levels (they dequantize to -dm regardless)
-      const float dm = f16_to_f32(blk.dmin) * static_cast<float>(m);
-      for (int l = 0; l < kSub; ++l)
-        L[kSub * j + l] = static_cast<uint8_t>(std::clamp(nearest_int((x[kSub * j + l] + dm) / d), 0, 15));
-    }
+    fit_k_super_block(x, 15, -1.0f, 20, blk.d, blk.dmin, blk.scales, L);
     for (int j = 0; j < kQK_K; j += 64)
       for (int l = 0; l < 32; ++l) blk.qs[j / 2 + l] = static_cast<uint8_t>(L[j + l] | (L[j + l + 32] << 4));
+  }
+}
+
+void quantize_q5_k(const float* x, void* dst, int64_t n) {
+  check_whole_blocks("Q5_K", n, kQK_K);
+  auto* b = static_cast<BlockQ5_K*>(dst);
+  for (int64_t i = 0; i < n / kQK_K; ++i, x += kQK_K) {
+    uint8_t L[kQK_K];
+    BlockQ5_K& blk = b[i];
+    // ggml's make_qkx2_quants(32, 31, ..., -0.5f, 0.1f, 15): levels 0..31, 16 candidate scales.
+    fit_k_super_block(x, 31, -0.5f, 15, blk.d, blk.dmin, blk.scales, L);
+    // Per 64 elements (sub-blocks 2c and 2c+1): low nibbles in qs as Q4_K's, the fifth bit of
+    // element l of sub-block 2c in bit 2c of qh[l], of sub-block 2c+1 in bit 2c+1 (dequant_q5_k).
+    std::memset(blk.qh, 0, sizeof blk.qh);
+    for (int j = 0, c = 0; j < kQK_K; j += 64, ++c)
+      for (int l = 0; l < 32; ++l) {
+        const uint8_t lo = L[j + l], hi = L[j + l + 32];
+        blk.qs[j / 2 + l] = static_cast<uint8_t>((lo & 0xF) | ((hi & 0xF) << 4));
+        blk.qh[l] |= static_cast<uint8_t>(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+      }
   }
 }
 
@@ -458,10 +542,74 @@ void quantize_q6_k(const float* x, void* dst, int64_t n) {
   }
 }
 
+namespace {
+
+// Packs 32 five-bit codes as Q5_0 / Q5_1 store them: low nibbles of element j and j + 16 in byte j,
+// the fifth bit of element j in bit j of the little-endian u32 qh (dequant_q5_0).
+void pack_q5(const int* q, uint8_t* qh_out, uint8_t* qs) {
+  uint32_t qh = 0;
+  for (int j = 0; j < kQK4_0 / 2; ++j) {
+    qs[j] = static_cast<uint8_t>((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
+    qh |= static_cast<uint32_t>((q[j] & 0x10) >> 4) << j;
+    qh |= static_cast<uint32_t>((q[j + 16] & 0x10) >> 4) << (j + 16);
+  }
+  std::memcpy(qh_out, &qh, 4);
+}
+
+// float -> int truncating toward zero as C's conversion does, defined for every input: NaN gives 0,
+// values beyond [-128, 255] are clamped first (only inf/NaN inputs or overflowing scales get there,
+// where ggml's C conversion is undefined).
+int truncated(float v) { return std::isnan(v) ? 0 : static_cast<int>(std::clamp(v, -128.0f, 255.0f)); }
+
+// ggml's quantize_row_q5_0_ref (gguf-py's Q5_0.quantize_blocks): d = the value of largest
+// magnitude / -16 (so it maps to level 0 exactly), q = trunc(x / d + 16.5) capped at 31.
+void quantize_q5_0(const float* x, void* dst, int64_t n) {
+  check_whole_blocks("Q5_0", n, kQK4_0);
+  auto* b = static_cast<BlockQ5_0*>(dst);
+  for (int64_t i = 0; i < n / kQK4_0; ++i, x += kQK4_0) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQK4_0; ++j)
+      if (std::fabs(x[j]) > amax) {
+        amax = std::fabs(x[j]);
+        max = x[j];
+      }
+    const float d = max / -16.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = f32_to_f16(d);
+    int q[kQK4_0];
+    for (int j = 0; j < kQK4_0; ++j) q[j] = std::clamp(truncated(x[j] * id + 16.5f), 0, 31);
+    pack_q5(q, b[i].qh, b[i].qs);
+  }
+}
+
+// ggml's quantize_row_q5_1_ref (gguf-py's Q5_1.quantize_blocks): d = (max - min) / 31, m = min,
+// q = trunc((x - min) / d + 0.5).
+void quantize_q5_1(const float* x, void* dst, int64_t n) {
+  check_whole_blocks("Q5_1", n, kQK4_0);
+  auto* b = static_cast<BlockQ5_1*>(dst);
+  for (int64_t i = 0; i < n / kQK4_0; ++i, x += kQK4_0) {
+    float lo = std::numeric_limits<float>::max(), hi = -std::numeric_limits<float>::max();
+    for (int j = 0; j < kQK4_0; ++j) {
+      if (x[j] < lo) lo = x[j];
+      if (x[j] > hi) hi = x[j];
+    }
+    const float d = (hi - lo) / 31.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    b[i].d = f32_to_f16(d);
+    b[i].m = f32_to_f16(lo);
+    int q[kQK4_0];
+    for (int j = 0; j < kQK4_0; ++j) q[j] = std::clamp(truncated((x[j] - lo) * id + 0.5f), 0, 31);
+    pack_q5(q, b[i].qh, b[i].qs);
+  }
+}
+
+}  // namespace
+
 bool can_quantize(GgmlType t) {
   switch (t) {
     case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
-    case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+    case GgmlType::Q8_0: case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+    case GgmlType::Q5_0: case GgmlType::Q5_1: return true;
     default: return false;
   }
 }
@@ -484,6 +632,9 @@ void quantize(GgmlType t, const float* src, void* dst, int64_t n) {
     }
     case GgmlType::Q8_0: quantize_q8_0(src, dst, n); return;
     case GgmlType::Q4_K: quantize_q4_k(src, dst, n); return;
+    case GgmlType::Q5_K: quantize_q5_k(src, dst, n); return;
+    case GgmlType::Q5_0: quantize_q5_0(src, dst, n); return;
+    case GgmlType::Q5_1: quantize_q5_1(src, dst, n); return;
     case GgmlType::Q6_K: quantize_q6_k(src, dst, n); return;
     default: break;
   }

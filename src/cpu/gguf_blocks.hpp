@@ -19,6 +19,20 @@ struct BlockQ4_0 {
   uint16_t d;
   uint8_t qs[kQK4_0 / 2];  // element j in the low nibble of byte j, element j+16 in the high nibble
 };
+struct BlockQ4_1 {
+  uint16_t d, m;           // f16 scale and offset: w = d * q + m
+  uint8_t qs[kQK4_0 / 2];  // as Q4_0
+};
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];           // 5th bit of element j in bit j of the little-endian u32
+  uint8_t qs[kQK4_0 / 2];  // low 4 bits, as Q4_0
+};
+struct BlockQ5_1 {
+  uint16_t d, m;
+  uint8_t qh[4];
+  uint8_t qs[kQK4_0 / 2];
+};
 struct BlockQ4_K {
   uint16_t d, dmin;               // f16 super-block scales for the 6-bit scales and mins
   uint8_t scales[kKScaleSize];    // 8 scales and 8 mins of 6 bits each

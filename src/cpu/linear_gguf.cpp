@@ -22,6 +22,7 @@
 #include "hanpu/isa.hpp"
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
+#include "cpu/linear_gguf_small_blocks.hpp"  // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS
 #include "hanpu/linear.hpp"
 #include "cpu/linear_kernels.hpp"  // decode_prefetch_bytes
 #include "cpu/x86_features.hpp"
@@ -448,7 +449,9 @@ bool gguf_avx2_forms_allowed() {
 bool gguf_avx2_forms_allowed() { return false; }
 #endif
 
-int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q8_0 ? 32 : 256; }
+int64_t gguf_activation_block(gguf::GgmlType t) {
+  return t == gguf::GgmlType::Q8_0 || gguf::block_format(t).block_elems == 32 ? 32 : 256;
+}
 
 void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum_out,
                                   int16_t* bsum16) {
@@ -504,7 +507,7 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
 
 bool gguf_gemv_supported(gguf::GgmlType t) {
   return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
-         t == gguf::GgmlType::Q6_K;
+         t == gguf::GgmlType::Q6_K || gguf_small_block_type(t);
 }
 
 void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
@@ -516,6 +519,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
     throw Error("gguf_gemv: K = " + std::to_string(K) + " (activations " + std::to_string(x.K) + " in blocks of " +
                 std::to_string(x.block) + ") is not a positive multiple of " + std::to_string(be) +
                 " or the activations are not quantized for " + gguf::block_format(t).name);
+  if (gguf_small_block_type(t)) return gguf_small_block_gemv_rows(t, w, K, x, y, n0, n1);
 #if HANPU_X86_KERNELS
   if ((t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K) && gguf_avx2_forms_allowed()) {
     const int64_t nb = K / 256, ahead = decode_prefetch_bytes();

@@ -35,7 +35,8 @@ struct GgufActivations {
   std::vector<float> sum;     // K / 32
 };
 
-/// The activation block the kernel for `t` takes: 32 (Q8_0) or 256 (the K-quants).
+/// The activation block the kernel for `t` takes: 32 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) or 256 (the
+/// K-quants, IQ4_XS).
 int64_t gguf_activation_block(gguf::GgmlType t);
 /// Quantizes x[0, K) in blocks of `block` (32 or 256; K a multiple of it). Throws hanpu::Error otherwise.
 void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufActivations& out);

@@ -74,7 +74,10 @@ GgufPrefill gguf_prefill_override() { return parse_prefill_env(); }
 
 bool gguf_int_prefill_available(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
-  return gguf_gemv_supported(t) && gguf_avx2_forms_allowed();
+  // The types this file has a form for (not every GEMV type: Q4_0 .. Q5_1 and IQ4_XS have only the GEMV).
+  return (t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
+          t == gguf::GgmlType::Q6_K) &&
+         gguf_avx2_forms_allowed();
 #else
   (void)t;
   return false;

@@ -30,6 +30,13 @@ using L = WeightLoad;
   "tiles of 16 weight rows dequantized to f32 exactly (gguf::dequantize), f32 dot products with every " \
   "row of x (GgufF32Tile, Highway: AVX-512, AVX2, SSE4, NEON, portable); activations stay f32"
 
+// The blocks of 32 without a K-quant (linear_gguf_small_blocks.cpp).
+#define HANPU_GGUF_SMALL_GEMV                                                                            \
+  "M < 4: activations quantized per 32 (llama.cpp's Q8_0 rule, f32 scale), per block VPMADDUBSW of the " \
+  "codes (signed ones with the sign moved onto the activations) by the int8 activations, VPMADDWD, one FMA " \
+  "by the two scales; Q4_1 / Q5_1 add m times the f32 block sum of x (linear_gguf_small_blocks.cpp; AVX2 " \
+  "or better, else a portable form)"
+
 const WeightFormatInfo kRows[] = {
     {F::kBf16, "bf16", 1, 2, "bfloat16 per element, rows as the checkpoint stores them (AMX: repacked into 16x32 tiles at load)",
      DType::BF16, G::BF16, "safetensors dtype BF16; GGUF type BF16 (30)", L::kAsStored, false, nullptr,
@@ -67,8 +74,20 @@ const WeightFormatInfo kRows[] = {
      "block (DotQ8_0, Highway: AVX-512, AVX2, SSE4, NEON, portable; linear_gguf.cpp)",
      HANPU_GGUF_PREFILL},
     {F::kQ4_0, "q4_0", 32, 18, "blocks of 32: f16 scale d, 16 bytes of 4-bit q; w = d * (q - 8)", std::nullopt,
-     G::Q4_0, "GGUF type Q4_0 (2)", L::kReadOnly, false, nullptr,
-     "no GEMV kernel yet: the prefill path for every row count", HANPU_GGUF_PREFILL},
+     G::Q4_0, "GGUF type Q4_0 (2)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV, HANPU_GGUF_PREFILL},
+    {F::kQ4_1, "q4_1", 32, 20, "blocks of 32: f16 scale d and offset m, 16 bytes of 4-bit q; w = d * q + m",
+     std::nullopt, G::Q4_1, "GGUF type Q4_1 (3)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV,
+     HANPU_GGUF_PREFILL},
+    {F::kQ5_0, "q5_0", 32, 22,
+     "blocks of 32: f16 scale d, 32 fifth bits, 16 bytes of low nibbles; w = d * (q - 16) (llama-quantize's "
+     "fallback for Q4_K on rows that are not whole 256-blocks)",
+     std::nullopt, G::Q5_0, "GGUF type Q5_0 (6)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV,
+     HANPU_GGUF_PREFILL},
+    {F::kQ5_1, "q5_1", 32, 24,
+     "blocks of 32: f16 d and m, 32 fifth bits, 16 bytes of low nibbles; w = d * q + m (llama-quantize's "
+     "fallback for Q5_K)",
+     std::nullopt, G::Q5_1, "GGUF type Q5_1 (7)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV,
+     HANPU_GGUF_PREFILL},
     {F::kQ4_K, "q4_k", 256, 144,
      "super-blocks of 256: f16 d and dmin, 8 sub-blocks of 32 with 6-bit scales and mins, 4-bit q; "
      "w = d * sc * q - dmin * m",
@@ -77,7 +96,7 @@ const WeightFormatInfo kRows[] = {
      "the target is AVX2 or better, else Highway (SSE4, NEON, portable); linear_gguf.cpp",
      HANPU_GGUF_PREFILL},
     {F::kQ5_K, "q5_k", 256, 176, "as Q4_K with a fifth bit per element (qh)", std::nullopt, G::Q5_K,
-     "GGUF type Q5_K (13)", L::kReadOnly, false, nullptr,
+     "GGUF type Q5_K (13)", L::kGgufFile, true, nullptr,
      "M < 4: as Q4_K (DotK4Avx2<true> on AVX2 or better, else Highway DotK4); linear_gguf.cpp", HANPU_GGUF_PREFILL},
     {F::kQ6_K, "q6_k", 256, 210,
      "super-blocks of 256: f16 d, 16 int8 scales per 16, 6-bit q (4 low + 2 high bits); w = d * sc * (q - 32)",
@@ -87,9 +106,13 @@ const WeightFormatInfo kRows[] = {
     {F::kIQ4_XS, "iq4_xs", 256, 136,
      "super-blocks of 256: f16 d, 8 6-bit scales, 4-bit indices into the IQ4_NL levels", std::nullopt, G::IQ4_XS,
      "GGUF type IQ4_XS (23)", L::kReadOnly, false, nullptr,
-     "no GEMV kernel yet: the prefill path for every row count", HANPU_GGUF_PREFILL},
+     "M < 4: activations quantized per 256 (llama.cpp's Q8_K), levels looked up with VPSHUFB, VPMADDUBSW by "
+     "the activations with the levels' signs moved onto them, VPMADDWD by the 6-bit sub-block scale "
+     "(linear_gguf_small_blocks.cpp; AVX2 or better, else a portable form)",
+     HANPU_GGUF_PREFILL},
 };
 #undef HANPU_GGUF_PREFILL
+#undef HANPU_GGUF_SMALL_GEMV
 
 static_assert(sizeof(kRows) / sizeof(kRows[0]) == static_cast<size_t>(WeightFormat::kIQ4_XS) + 1,
               "one registry row per WeightFormat, in enum order");
@@ -98,6 +121,9 @@ const WeightMix kMixes[] = {
     {"q4_k_m", WeightFormat::kQ4_K,
      "llama.cpp's Q4_K_M: Q4_K, with Q6_K for the LM head and for half of attn_v / ffn_down (llama-quant.cpp's "
      "rules, src/model/gguf_export.cpp); tensors whose rows are not whole 256-blocks fall back as llama.cpp does"},
+    {"q5_k_m", WeightFormat::kQ5_K,
+     "llama.cpp's Q5_K_M: Q5_K, with Q6_K for the LM head and for half of attn_v / ffn_down (the Q4_K_M rules of "
+     "llama-quant.cpp); rows that are not whole 256-blocks fall back to Q8_0 (llama.cpp: Q5_1)"},
 };
 
 std::string joined(const std::vector<std::string>& v) {

@@ -670,6 +670,14 @@ std::vector<GgufExportedTensor> gguf_export_tensor(const std::string& arch, cons
 
 namespace {
 
+// The GGML types hanpu decodes, from the block-format registry: "F32, F16, Q4_0, ...".
+std::string decodable_types() {
+  std::string s;
+  for (const gguf::BlockFormat& f : gguf::block_formats())
+    if (f.dequantize) s += (s.empty() ? "" : ", ") + std::string(f.name);
+  return s;
+}
+
 // A tensor's dims in HF order (GGUF's reversed).
 std::vector<int64_t> hf_dims(const GgufTensorInfo& t) {
   std::vector<int64_t> got;
@@ -680,7 +688,7 @@ std::vector<int64_t> hf_dims(const GgufTensorInfo& t) {
 std::vector<float> dequantized(const GgufTensorInfo& t, const std::string& path) {
   if (!gguf::block_format(t.type).dequantize)
     throw Error("GGUF file '" + path + "': tensor '" + t.name + "' has type " + gguf::block_format(t.type).name +
-                ", which hanpu cannot decode (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS)");
+                ", which hanpu cannot decode (it decodes " + decodable_types() + ")");
   std::vector<float> v(static_cast<size_t>(t.numel()));
   gguf::dequantize(t.type, t.data, v.data(), t.numel());
   return v;
@@ -745,7 +753,7 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
                 shape_str(got) + " (GGUF dims reversed), expected " + shape_str(want) + " from the metadata");
   if (!gguf::block_format(t.type).dequantize)
     throw Error("GGUF file '" + path_ + "': tensor '" + r.gguf_name + "' has type " + gguf::block_format(t.type).name +
-                ", which hanpu cannot decode (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_XS)");
+                ", which hanpu cannot decode (it decodes " + decodable_types() + ")");
   const bool tiled = mapping_->tiled_value_heads;
   const Reorder ro = reorder_of(r.fix, config_, tiled);
   const std::vector<int64_t> rows_from = source_rows(r.fix, config_, tiled, shape.empty() ? 0 : shape[0]);

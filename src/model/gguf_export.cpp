@@ -53,6 +53,9 @@ constexpr FormatRow kFormats[] = {
     // Every quantized tensor Q4_K: what `llama-quantize --pure ... Q4_K_S` writes (ftype Q4_K_S).
     {GgufFileFormat::kQ4_K, "q4_k", 14, GgmlType::Q4_K},
     {GgufFileFormat::kQ6_K, "q6_k", 18, GgmlType::Q6_K},
+    {GgufFileFormat::kQ5_K_M, "q5_k_m", 17, GgmlType::Q5_K},
+    // Every quantized tensor Q5_K: what `llama-quantize --pure ... Q5_K_S` writes (ftype Q5_K_S).
+    {GgufFileFormat::kQ5_K, "q5_k", 16, GgmlType::Q5_K},
 };
 
 const FormatRow& row_of(GgufFileFormat f) {
@@ -171,11 +174,13 @@ GgufFileFormat parse_gguf_file_format(const std::string& name) {
 uint32_t gguf_file_type(GgufFileFormat f) { return row_of(f).file_type; }
 
 GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::vector<int64_t>& dims, int i_attn_v,
-                          int n_attn_v, int64_t n_layer, bool tied) {
+                          int n_attn_v, int64_t n_layer, bool tied, int64_t n_expert) {
   if (!allows_quantization(name, dims)) return GgmlType::F32;  // as the converter writes them
   const FormatRow& row = row_of(f);
   GgmlType t = row.base;
-  if (f == GgufFileFormat::kQ4_K_M) {
+  // Q4_K_M and Q5_K_M share these rules in llama-quant.cpp (the output, attn_v-like tensors and
+  // ffn_down of the use_more_bits layers in Q6_K); the rest stays the mix's base type.
+  if (f == GgufFileFormat::kQ4_K_M || f == GgufFileFormat::kQ5_K_M) {
     const bool output = name == "output.weight" || (tied && name == "token_embd.weight");
     if (output) {
       t = GgmlType::Q6_K;
@@ -183,16 +188,23 @@ GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::
       // attn_qkv counts as attn_v in llama.cpp (category_is_attn_v), so qwen35's linear-attention
       // in_proj_qkv follows the attn_v rule, counted over both kinds in file order.
       if (use_more_bits(i_attn_v, n_attn_v)) t = GgmlType::Q6_K;
+      if (n_expert == 8) t = GgmlType::Q8_0;  // llama.cpp: "for the 8-expert model, bumping this to Q8_0"
+    } else if (name.find("attn_k.weight") != std::string::npos) {
+      if (n_expert == 8) t = GgmlType::Q8_0;  // the same rule for attn_k
     } else if (name.find("ffn_down") != std::string::npos) {
       int layer = 0;
       if (std::sscanf(name.c_str(), "blk.%d.", &layer) == 1 && use_more_bits(layer, n_layer)) t = GgmlType::Q6_K;
+    } else if (name.find("attn_output.weight") != std::string::npos) {
+      if (n_expert == 8 && f == GgufFileFormat::kQ4_K_M) t = GgmlType::Q5_K;  // Q4_K_M (not Q5_K_M) of 8 experts
     }
   }
-  // llama.cpp's tensor_type_fallback for rows that are not whole blocks: Q6_K -> Q8_0 as there;
-  // Q4_K -> Q8_0 here where llama.cpp picks Q5_0 (a format hanpu neither writes nor reads);
-  // rows that are not whole blocks of 32 -> F16, as there.
+  // llama.cpp's tensor_type_fallback for rows that are not whole blocks: Q4_K -> Q5_0, Q5_K ->
+  // Q5_1, Q6_K -> Q8_0; rows that are not whole blocks of 32 -> F16, as there.
   const gguf::BlockFormat& bf = gguf::block_format(t);
-  if (dims[0] % bf.block_elems != 0) t = dims[0] % 32 == 0 ? GgmlType::Q8_0 : GgmlType::F16;
+  if (dims[0] % bf.block_elems != 0) {
+    const GgmlType fallback = t == GgmlType::Q4_K ? GgmlType::Q5_0 : t == GgmlType::Q5_K ? GgmlType::Q5_1 : GgmlType::Q8_0;
+    t = dims[0] % 32 == 0 ? fallback : GgmlType::F16;
+  }
   (void)n_layer;
   return t;
 }
@@ -555,7 +567,7 @@ GgufExportStats build_gguf_unchecked(const std::string& model_dir, GgufFileForma
   };
   std::vector<Job> jobs;
   for (Pending& p : pending) {
-    const GgmlType t = gguf_tensor_type(f, p.name, p.dims, i_attn_v, n_attn_v, n_layer, tied);
+    const GgmlType t = gguf_tensor_type(f, p.name, p.dims, i_attn_v, n_attn_v, n_layer, tied, n_experts);
     i_attn_v += ends_with(p.name, "attn_v.weight") || ends_with(p.name, "attn_qkv.weight");
     const gguf::BlockFormat& bf = gguf::block_format(t);
     jobs.push_back({&p, t, std::vector<uint8_t>(p.data.size() / bf.block_elems * bf.block_bytes)});

@@ -13,8 +13,8 @@
 namespace hanpu {
 
 /// The file formats `hanpu quantize --format` writes, by their llama.cpp names.
-enum class GgufFileFormat { kF16, kQ8_0, kQ4_K_M, kQ4_K, kQ6_K };
-/// "f16", "q8_0", "q4_k_m", "q4_k", "q6_k" -> the format; throws hanpu::Error listing the names.
+enum class GgufFileFormat { kF16, kQ8_0, kQ4_K_M, kQ4_K, kQ6_K, kQ5_K_M, kQ5_K };
+/// "f16", "q8_0", "q4_k_m", "q4_k", "q6_k", "q5_k_m", "q5_k" -> the format; throws hanpu::Error listing the names.
 GgufFileFormat parse_gguf_file_format(const std::string& name);
 /// llama.cpp's llama_ftype value written as general.file_type.
 uint32_t gguf_file_type(GgufFileFormat f);
@@ -22,9 +22,10 @@ uint32_t gguf_file_type(GgufFileFormat f);
 /// Which GGML type a tensor gets in a file of format `f` (llama.cpp's llama-quant.cpp rules for
 /// the mixes, docs/GGUF.md lists them). `name` is the GGUF tensor name, `dims` its GGUF dims,
 /// `i_attn_v` / `n_attn_v` the index of this tensor among the file's attn_v / attn_qkv tensors
-/// and their count, `n_layer` the block count, `tied` whether output.weight is absent.
+/// and their count, `n_layer` the block count, `tied` whether output.weight is absent, `n_expert`
+/// the file's expert_count (0 for a dense model; llama.cpp has rules for exactly 8).
 gguf::GgmlType gguf_tensor_type(GgufFileFormat f, const std::string& name, const std::vector<int64_t>& dims,
-                                int i_attn_v, int n_attn_v, int64_t n_layer, bool tied);
+                                int i_attn_v, int n_attn_v, int64_t n_layer, bool tied, int64_t n_expert = 0);
 
 struct GgufExportStats {
   size_t tensors = 0;

@@ -24,7 +24,7 @@ if not TOOL:
 # +-inf, NaN.
 EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x03FF, 0x0001, 0x8001, 0x0000, 0x8000, 0x3C00, 0xBC00, 0x7C00, 0xFC00, 0x7E00]
 # Byte offsets of the f16 scales inside a block.
-SCALE_OFFSETS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_XS: [0]}
+SCALE_OFFSETS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_XS: [0]}
 BLOCK_TYPES = list(SCALE_OFFSETS)
 
 
@@ -40,12 +40,16 @@ def hanpu_dequantize(qtype, raw):
         return np.fromfile(dst, dtype=np.float32)
 
 
-def hanpu_quantize_q8_0(x):
+def hanpu_quantize(qtype, x):
     with tempfile.TemporaryDirectory() as d:
         src, dst = os.path.join(d, "in.bin"), os.path.join(d, "out.bin")
         x.astype(np.float32).tofile(src)
-        run_tool("quantize", "Q8_0", src, dst)
+        run_tool("quantize", qtype.name, src, dst)
         return np.fromfile(dst, dtype=np.uint8)
+
+
+def hanpu_quantize_q8_0(x):
+    return hanpu_quantize(T.Q8_0, x)
 
 
 def reference_dequantize(qtype, raw):
@@ -74,7 +78,7 @@ def test_registry_matches_gguf_py():
         assert qtype.name == name
         assert GGML_QUANT_SIZES[qtype] == (int(elems), int(nbytes)), name
     dequantizable = {name for _, name, _, _, flag in rows if flag == "1"}
-    assert dequantizable == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+    assert dequantizable == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
@@ -172,3 +176,32 @@ def test_q8_0_quantize_matches_gguf_py():
     assert got.shape == want.shape
     differ = np.flatnonzero(got != want)
     assert differ.size == 0, f"{differ.size} bytes differ; first at byte {differ[0]} (block {differ[0] // 34})"
+
+
+@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q5_1], ids=lambda t: t.name)
+def test_q5_quantizers_match_gguf_py(qtype):
+    """ggml's quantize_row_q5_0_ref / _q5_1_ref (what llama-quantize writes where Q4_K / Q5_K rows are
+    not whole 256-blocks): the same bytes as gguf-py's, on the Q8_0 cases plus blocks of one sign,
+    constant blocks and values on the 5-bit grid."""
+    rng = np.random.default_rng(5)
+    x = q8_0_inputs().astype(np.float64)
+    extra = [np.abs(rng.standard_normal((16, 32))) + 0.5, -np.abs(rng.standard_normal((16, 32))) - 0.5,
+             np.full((1, 32), 0.37), rng.integers(-16, 16, size=(16, 32)) * 0.25]
+    x = np.concatenate([x.reshape(-1, 32)] + extra).astype(np.float32)
+    finite = np.isfinite(x).all(axis=1) & (np.abs(x).max(axis=1) < 6e4)  # gguf-py's f16 of d, m must not overflow
+    x = x[finite]
+    with np.errstate(all="ignore"):
+        want = gguf.quants.quantize(x, qtype).reshape(-1)
+    got = hanpu_quantize(qtype, x)
+    bb = GGML_QUANT_SIZES[qtype][1]
+    assert got.shape == want.shape
+    differ = np.flatnonzero(got != want)
+    assert differ.size == 0, f"{differ.size} bytes differ; first at byte {differ[0]} (block {differ[0] // bb})"
+    # and the bytes decode to within a step d of x in every block (Q5_0's level 32 is capped at 31;
+    # plus the f16 rounding of d and m), so the comparison is not between two broken quantizers
+    y = reference_dequantize(qtype, got).reshape(-1, 32).astype(np.float64)
+    d = np.abs(got.reshape(-1, bb)[:, 0:2].copy().view(np.float16).astype(np.float64))
+    err = np.abs(y - x.astype(np.float64)).max(axis=1, keepdims=True)
+    normal = d[:, 0] >= 6.1e-5  # blocks whose f16 d is normal (subnormal ones lose d's precision)
+    assert normal.sum() > 100
+    assert (err <= 1.01 * d + 2e-3 * np.abs(x).max(axis=1, keepdims=True))[normal].all()

@@ -3,8 +3,8 @@
 - f16 and q8_0 of tests/golden/qwen35_tiny equal, key by key and byte by byte, the files
   llama.cpp's converter wrote from the same checkpoint (tests/data/gguf, tools/convert_tiny_to_gguf.py;
   its q8_0 uses gguf-py's Q8_0 quantizer). Only general.name differs (llama.cpp title-cases it).
-- A synthetic Qwen3.5 checkpoint whose rows are whole 256-blocks (so Q4_K / Q6_K apply) written as
-  q4_k_m, q4_k and q6_k: gguf-py reads the files, every tensor has the type llama.cpp's rules give
+- A synthetic Qwen3.5 checkpoint whose rows are whole 256-blocks (so Q4_K / Q5_K / Q6_K apply) written as
+  q4_k_m, q4_k, q6_k, q5_k_m and q5_k: gguf-py reads the files, every tensor has the type llama.cpp's rules give
   (coded here again from llama-quant.cpp), the unquantized tensors equal the f16 file's, and the
   quantized ones dequantize (gguf-py's numpy dequantizers) close to the f16 file's values.
 - Errors leave no file behind.
@@ -114,15 +114,18 @@ def expected_type(fmt, name, n_dims, attn_v_index, n_attn_v):
         return T.F32
     if fmt == "q4_k":
         return T.Q4_K
+    if fmt == "q5_k":
+        return T.Q5_K
     if fmt == "q6_k":
         return T.Q6_K
+    base = T.Q5_K if fmt == "q5_k_m" else T.Q4_K  # q4_k_m and q5_k_m share the rules below
     if name == "output.weight":
         return T.Q6_K
     if name.endswith("attn_v.weight") or name.endswith("attn_qkv.weight"):
-        return T.Q6_K if more_bits(attn_v_index, n_attn_v) else T.Q4_K
+        return T.Q6_K if more_bits(attn_v_index, n_attn_v) else base
     if "ffn_down" in name:
-        return T.Q6_K if more_bits(int(name.split(".")[1]), LAYERS) else T.Q4_K
-    return T.Q4_K
+        return T.Q6_K if more_bits(int(name.split(".")[1]), LAYERS) else base
+    return base
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +137,8 @@ def synthetic(tmp_path_factory):
     return d, GGUFReader(f16)
 
 
-@pytest.mark.parametrize("fmt,file_type,nmse_bound", [("q4_k_m", 15, 0.006), ("q4_k", 14, 0.0075), ("q6_k", 18, 0.0005)])
+@pytest.mark.parametrize("fmt,file_type,nmse_bound", [("q4_k_m", 15, 0.006), ("q4_k", 14, 0.0075), ("q6_k", 18, 0.0005),
+                                                      ("q5_k_m", 17, 0.002), ("q5_k", 16, 0.002)])  # Q5_K measured 0.0014
 def test_k_quant_files(tmp_path, synthetic, fmt, file_type, nmse_bound):
     d, f16 = synthetic
     out = str(tmp_path / f"{fmt}.gguf")
@@ -161,6 +165,8 @@ def test_k_quant_files(tmp_path, synthetic, fmt, file_type, nmse_bound):
             assert err < nmse_bound, (name, err)
     if fmt == "q4_k_m":
         assert seen_types == {T.F32, T.Q4_K, T.Q6_K}
+    if fmt == "q5_k_m":
+        assert seen_types == {T.F32, T.Q5_K, T.Q6_K}
 
 
 def run_logits(model, path, prefill=None):
@@ -250,5 +256,5 @@ def test_errors_leave_no_file(tmp_path):
     assert res.returncode != 0
     assert "model.language_model.layers.0.mlp.bogus.weight" in res.stderr
     assert os.listdir(tmp_path) == ["ckpt"]
-    res = quantize(TINY, out, "q5_k_m", check=False)
-    assert res.returncode != 0 and "q5_k_m" in res.stderr and "q4_k_m" in res.stderr
+    res = quantize(TINY, out, "q3_k_m", check=False)
+    assert res.returncode != 0 and "q3_k_m" in res.stderr and "q4_k_m" in res.stderr

@@ -161,3 +161,34 @@ def test_q8_0_round_trip(tmp_path, golden, arch):
 # random tiny models amplify Q8_0's weight rounding (their top-2 logit margins are small; docs/GGUF.md); the weights are fixed, so the number moves only if the quantizer or the
 # mapping changes.
 Q8_0_MEDIAN_NMSE = {"kimi_linear_tiny": 8e-3, "bailing_hybrid_tiny": 3.5e-3, "qwen3next_tiny": 1e-3, "qwen35moe_tiny": 2.5e-3}
+
+
+def _llama_quantize_digests():
+    import json
+    with open(os.path.join(FIXTURES, "llama_quantize_digests.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.parametrize("golden", ["qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny", "kimi_linear_tiny",
+                                    "bailing_hybrid_tiny"])
+@pytest.mark.parametrize("fmt", ["q4_k_m", "q5_k_m"])
+def test_mixes_equal_llama_quantize(tmp_path, golden, fmt):
+    """`hanpu quantize --format q4_k_m|q5_k_m` of each tiny golden against llama-quantize's Q4_K_M /
+    Q5_K_M of the golden's F16 fixture (tools/make_gguf_fallback_fixtures.py stored every tensor's
+    type and the SHA-256 of its bytes): the same tensors, types and bytes. The tiny rows (64-128
+    wide) are never whole 256-blocks, so this holds the writer to llama-quant.cpp's fallbacks (Q4_K
+    -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, rows not of 32 -> F16), its rules for 8 experts (attn_v,
+    attn_qkv and attn_k Q8_0; attn_output Q5_K, hence Q5_1, in Q4_K_M) and the Q5_0 / Q5_1 / Q8_0
+    quantizers' bytes; the 256-wide K-quant rules are test_gguf_export.py's."""
+    import hashlib
+    want = _llama_quantize_digests()[golden][fmt]
+    out = str(tmp_path / f"{golden}-{fmt}.gguf")
+    quantize(os.path.join(GOLDEN, golden), out, fmt)
+    got = {t.name: [t.tensor_type.name, hashlib.sha256(bytes(raw(t))).hexdigest()] for t in GGUFReader(out).tensors}
+    assert sorted(got) == sorted(want)
+    # ssm_a is computed (-exp(A_log) in F32), where hanpu's correctly rounded exp may differ from the
+    # converter's torch exp by an ulp (test_equals_converter_fixture above); every other tensor is compared whole.
+    differ = [(n, got[n], want[n]) for n in sorted(want) if got[n] != want[n] and not n.endswith("ssm_a")]
+    assert not differ, f"{len(differ)} of {len(want)} tensors differ, first: {differ[:3]}"
+    assert all(got[n][0] == want[n][0] for n in want)  # types, ssm_a included
+    assert {v[0] for v in want.values()} >= {"Q8_0", "Q5_0" if fmt == "q4_k_m" else "Q5_1"}

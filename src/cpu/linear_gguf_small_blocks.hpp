@@ -1,0 +1,38 @@
+// Decode GEMV over the GGML formats of 32-element blocks that llama-quantize falls back to, and
+// IQ4_XS: Q4_0, Q4_1, Q5_0, Q5_1 (activations quantized per 32, Q8_0's rule, as llama.cpp's Q8_0 /
+// Q8_1 activations) and IQ4_XS (activations per 256, as llama.cpp's Q8_K). The kernels are in
+// linear_gguf_small_blocks.cpp; gguf_gemv_rows (linear_gguf.hpp) dispatches to them.
+//
+// Each block's product with the int8 activations runs in exact integers; then one conversion and
+// one f32 multiply-add by (weight scale * activation scale) per block (IQ4_XS: per super-block, its
+// 6-bit sub-block scales applied in integers). Q4_1 / Q5_1's offset m adds m * s_b * S_b, S_b the
+// integer sum of the block's quantized activations (llama.cpp's Q8_1 form), so every row is the dot
+// product of the exact weights with the quantized x up to f32 rounding; tests/test_linear_gguf_small_blocks.cpp
+// checks two bounds derived from that arithmetic against fp64 of the exactly dequantized weights.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu/linear_gguf.hpp"
+#include "hanpu/gguf_format.hpp"
+
+namespace hanpu::cpu {
+
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS.
+bool gguf_small_block_type(gguf::GgmlType t);
+
+/// Which form runs: kAuto is the AVX2 form where gguf_avx2_forms_allowed(), else the portable one
+/// (plain C++, the same integer sums). The tests run both.
+enum class SmallBlockForm { kAuto, kAvx2, kPortable };
+
+/// Whether `form` can run here (kAvx2 only where gguf_avx2_forms_allowed()).
+bool gguf_small_block_form_available(SmallBlockForm form);
+
+/// y[n] = dot(row n of W, x) for n in [n0, n1), `w` pointing at row 0 of rows of K / block_elems
+/// blocks of `t`, x quantized by gguf_quantize_activations with gguf_activation_block(t). Throws
+/// hanpu::Error for another type, K not whole blocks, activations in other blocks, or an
+/// unavailable form.
+void gguf_small_block_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y,
+                                int64_t n0, int64_t n1, SmallBlockForm form = SmallBlockForm::kAuto);
+
+}  // namespace hanpu::cpu
