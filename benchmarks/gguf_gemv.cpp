@@ -1,7 +1,7 @@
 // GGUF decode GEMV (src/cpu/linear_gguf.cpp): GB/s of weight blocks streamed, next to the read
 // bandwidth measured in the same run (measure_host, src/cpu/host.cpp), docs/GGUF.md.
 //
-//   gguf_gemv [--threads T] [--reps R] [--isa NAME]
+//   gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] [--cases lm_head,mlp,in-cache]
 //
 // Columns: median wall time per call and its GB/s of weight blocks (and % of the bandwidth), the
 // best call, and GB/s over the CPU time the threads got (see below).
@@ -34,13 +34,20 @@ using hanpu::gguf::GgmlType;
 
 int main(int argc, char** argv) {
   int threads = 0, reps = 15;
+  std::string types = "Q8_0,Q4_K,Q5_K,Q6_K", cases = "lm_head,mlp,in-cache";
+  auto listed = [](const std::string& list, const std::string& name) {
+    return ("," + list + ",").find("," + name + ",") != std::string::npos;
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::stoi(argv[i + 1]);
     else if (a == "--reps") reps = std::stoi(argv[i + 1]);
     else if (a == "--isa") hanpu::request_isa(argv[i + 1]);
+    else if (a == "--types") types = argv[i + 1];
+    else if (a == "--cases") cases = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME]\n");
+      std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,Q5_K,Q6_K] "
+                           "[--cases lm_head,mlp,in-cache]\n");
       return 2;
     }
   }
@@ -63,6 +70,7 @@ int main(int argc, char** argv) {
     for (const Shape& s : {Shape{"lm_head", 151936, 1024, true}, Shape{"mlp", 3584, 1024, true},
                            Shape{"in-cache", 256, 1024, false}}) {
       const auto& f = hanpu::gguf::block_format(t);
+      if (!listed(types, f.name) || !listed(cases, s.name)) continue;
       const int64_t nb = s.N * s.K / f.block_elems;
       const size_t bytes = static_cast<size_t>(nb * f.block_bytes);
       const size_t copies = s.from_dram ? std::max<size_t>(1, (size_t{256} << 20) / bytes) : 1;

@@ -20,6 +20,7 @@
 
 #include "cpu/engine_impl.hpp"
 #include "hanpu/isa.hpp"
+#include "cpu/gguf_avx2.hpp"
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "hanpu/linear.hpp"
@@ -320,114 +321,377 @@ HWY_EXPORT(GgufF32Tile);
 #if HANPU_X86_KERNELS
 namespace {
 
-// The AVX2 form of DotK4 for Q4_K / Q5_K (target attributes, chosen at run time as in
-// linear_int8_dot.cpp; Highway 1.0.3 has no u8 x i8 multiply-add): the nibbles stay bytes and
-// VPMADDUBSW multiplies them (unsigned, at most 31) by the int8 activations into int16 pairs (at
-// most 2 * 31 * 127 = 7874, no saturation), then VPMADDWD by the sub-block scale sums pairs into
-// int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^24: its conversion is exact). Per 64
-// weights about 12 instructions against the int16 form's 22. The same sums as DotK4, so the same
-// error bound.
-template <bool kQ5>
-__attribute__((target("avx2,fma,f16c"))) float DotK4Avx2(const void* blocks, int64_t nb, const int8_t* x8,
-                                                         const float* xs, const float* xsum, int64_t ahead) {
-  using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
-  const auto* b = static_cast<const Block*>(blocks);
-  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps(), min_acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const Block& blk = b[i];
-    const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
-    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
-    uint32_t w[3];
-    std::memcpy(w, blk.scales, 12);
-    const uint64_t sc = uint64_t{w[0] & 0x3f3f3f3fu} |
-                        uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
-    const uint64_t m = uint64_t{w[1] & 0x3f3f3f3fu} |
-                       uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
-    const int8_t* x = x8 + i * 256;
-    __m256i isum = _mm256_setzero_si256();
-    __m256i hb = _mm256_setzero_si256();
-    if constexpr (kQ5) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
-    for (int c = 0; c < 4; ++c) {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * c));
-      __m256i lo = _mm256_and_si256(raw, low4);
-      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-      if constexpr (kQ5) {
-        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * c)), one), 4));
-        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * c + 1)), one), 4));
-      }
-      const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c)));
-      const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32)));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF))));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF))));
-    }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
-    const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(m))));
-    min_acc = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(_cvtsh_ss(blk.dmin))), _mm256_loadu_ps(xsum + i * 8), min_acc);
-  }
-  auto hsum = [](__m256 v) __attribute__((target("avx2"))) {
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-  };
-  return hsum(acc) - hsum(min_acc);
+#define HANPU_GGUF_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define HANPU_GGUF_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+// The AVX2 forms (target attributes, chosen at run time as in linear_int8_dot.cpp; Highway 1.0.3
+// has no u8 x i8 multiply-add). The weights stay bytes: VPMADDUBSW multiplies an unsigned byte
+// operand by a signed one into int16 pairs, VPMADDWD sums pairs into int32 (by ones for Q8_0, by
+// the sub-block scale for the K-quants). All integer sums are exact (bounds at each kernel), so the
+// totals are those of the Highway forms above and the error bound is the same.
+//
+// Rows per pass. A pass reads its rows' blocks side by side and loads each activation vector once
+// for all of them; per block the rows' int32 sums are folded into one vector by VPHADDD, so that
+// the int -> f32 conversion, the gathering of the f16 scales and the scale multiply-add run once
+// per pass instead of once per row, and the horizontal reduction once per pass, at its end.
+// Q8_0 takes 4 rows: with one row, the conversion, the scale and the FMA per 32 weights were about
+// half of the block's vector work (and 4 rows' partial sums fill exactly one VPHADDD tree). The
+// K-quants take 2 rows: a row keeps its scale vector, its int32 sum and (Q4_K / Q5_K) an f32 min
+// accumulator in registers, and 4 rows would spill AVX2's 16; their per-block tail is a small part
+// of 256 weights' work anyway. A range whose row count is not a multiple repeats its last row in
+// the last pass: every row's arithmetic is the same whichever rows share its pass, so results do
+// not depend on how rows are split over threads (tested bit for bit).
+constexpr int kQ8Rows = 4;
+constexpr int kKRows = 2;
+
+// Where a row's software prefetch goes: `ahead` bytes (decode_prefetch_bytes) further along the
+// row, or, once that is past the row's end, the same place in the row the next pass reads instead
+// (R rows on). The rows of a matrix are contiguous, so without the jump the prefetches of a pass's
+// first R - 1 rows would land in the rows beside them, which this pass is already reading, and the
+// next pass's rows 1..R-1 would be left to the hardware prefetcher.
+inline int64_t PrefetchOffset(int64_t o, int64_t ahead, int64_t row_bytes, int R) {
+  const int64_t p = o + ahead;
+  return p < row_bytes ? p : p + (R - 1) * row_bytes;
 }
 
-// The AVX2 form of DotQ6_K: the 6-bit values q (0..63, before the -32) stay bytes; VPMADDUBSW
-// by the int8 activations gives int16 pairs (at most 2 * 63 * 127 = 16002), VPMADDWD by the
-// signed 16-element scale sums them into int32 (one 32-byte vector spans two scales: the low
-// 128 bits the first, the high 128 bits the second). The -32 is applied once per super-block as
-// 32 * sum_g sc_g * (sum of the int8 activations over group g), from the per-16 sums the
-// quantizer stores. All in exact integers, the same total as DotQ6_K.
-__attribute__((target("avx2,fma,f16c"))) float DotQ6KAvx2(const gguf::BlockQ6_K* b, int64_t nb, const int8_t* x8,
-                                                         const int16_t* bsum16, const float* xs, int64_t ahead) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
-                m30 = _mm256_set1_epi8(0x30), mc0 = _mm256_set1_epi8(static_cast<char>(0xC0));
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const gguf::BlockQ6_K& blk = b[i];
-    const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
-    const int8_t* x = x8 + i * 256;
-    auto scale2 = [&](int k) __attribute__((target("avx2"))) {  // low 128 bits sc[k], high sc[k + 1]
-      return _mm256_set_m128i(_mm_set1_epi16(blk.scales[k + 1]), _mm_set1_epi16(blk.scales[k]));
-    };
-    __m256i isum = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32));
-      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m03), 4));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m0c), 2));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, m30));
-      const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
-                                         _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
-      const int8_t* xh = x + 128 * h;
-      const int s = 8 * h;
-      auto term = [&](__m256i q, int off, int k) __attribute__((target("avx2"))) {
-        const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xh + off)));
-        return _mm256_madd_epi16(p, scale2(k));
-      };
-      isum = _mm256_add_epi32(isum, term(q1, 0, s + 0));
-      isum = _mm256_add_epi32(isum, term(q2, 32, s + 2));
-      isum = _mm256_add_epi32(isum, term(q3, 64, s + 4));
-      isum = _mm256_add_epi32(isum, term(q4, 96, s + 6));
-    }
-    // - 32 * sum_g sc_g * bsum_g over the 16 groups (scales in element order, as the sums)
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
-    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + i * 16));
-    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
-  }
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+// VPSHUFB controls that copy one int16 word of each 128-bit half into every word of that half:
+// kScaleOf[j] word j of both halves (Q4_K / Q5_K: sub-block j's scale), kScalePairOf[k] word 2k in
+// the low half and 2k + 1 in the high half (Q6_K: the two 16-element scales of a 32-element vector).
+struct alignas(32) ByteShuffle {
+  uint8_t b[32];
+};
+constexpr ByteShuffle WordBroadcast(int lo, int hi) {
+  ByteShuffle s{};
+  for (int i = 0; i < 32; ++i) s.b[i] = static_cast<uint8_t>(2 * (i < 16 ? lo : hi) + (i & 1));
+  return s;
+}
+constexpr ByteShuffle kScaleOf[8] = {WordBroadcast(0, 0), WordBroadcast(1, 1), WordBroadcast(2, 2), WordBroadcast(3, 3),
+                                     WordBroadcast(4, 4), WordBroadcast(5, 5), WordBroadcast(6, 6), WordBroadcast(7, 7)};
+constexpr ByteShuffle kScalePairOf[4] = {WordBroadcast(0, 1), WordBroadcast(2, 3), WordBroadcast(4, 5), WordBroadcast(6, 7)};
+
+HANPU_GGUF_AVX2_INLINE __m256i Shuffle(__m256i v, const ByteShuffle& s) {
+  return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.b)));
+}
+
+// 2 rows' sums after VPHADDD(a, b) lie in lanes {0, 1, 4, 5} (a) and {2, 3, 6, 7} (b); 4 rows' after
+// the tree VPHADDD(VPHADDD(a, b), VPHADDD(c, d)) in lanes {r, r + 4}. The f32 totals per row:
+HANPU_GGUF_AVX2_INLINE __m128 HalvesAdded(__m256 v) {
+  return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+}
+HANPU_GGUF_AVX2_INLINE float Hsum(__m256 v) {
+  const __m128 h = HalvesAdded(v);
   const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// Q8_0, 4 rows per pass. Per block and row: VPMADDUBSW of |w| by x with w's sign (= w x; |w| <= 128,
+// |x| <= 127: a pair at most 2 * 128 * 127 = 32512, no saturation), VPMADDWD by ones into int32;
+// a block's sum at most 32 * 128 * 127 < 2^24, so its conversion to f32 is exact. Then per block,
+// for the 4 rows at once: the VPHADDD tree, one conversion, the 4 f16 scales in one VCVTPH2PS
+// times the activation scale, one FMA.
+HANPU_GGUF_AVX2 void Q8_0Pass(const uint8_t* const row[kQ8Rows], int64_t nb, int64_t row_bytes, const int8_t* x8,
+                              const float* xs, int64_t ahead, float* out) {
+  constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // alternate blocks: FMAs overlap
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t o = kB * i, pf = PrefetchOffset(o, ahead, row_bytes, kQ8Rows);
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8 + 32 * i));
+    __m256i p[kQ8Rows];
+    uint64_t d4 = 0;
+    for (int r = 0; r < kQ8Rows; ++r) {
+      const uint8_t* blk = row[r] + o;
+      _mm_prefetch(reinterpret_cast<const char*>(row[r] + pf), _MM_HINT_T0);
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+      uint16_t d;
+      std::memcpy(&d, blk, 2);
+      d4 |= uint64_t{d} << (16 * r);
+    }
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m128 s = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(d4))), _mm_set1_ps(xs[i]));
+    acc[i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s, s), acc[i & 1]);
+  }
+  _mm_storeu_ps(out, HalvesAdded(_mm256_add_ps(acc[0], acc[1])));
+}
+
+// Q4_K / Q5_K's 8 six-bit scales and mins (ggml-common.h's get_scale_min_k4 for every j at once),
+// byte j of each the value of sub-block j: bytes 0..3 hold the low 6 bits of scales 0..3, bytes
+// 4..7 of mins 0..3, bytes 8..11 the low 4 bits of scales / mins 4..7, whose top 2 bits are the top
+// bits of bytes 0..3 / 4..7. (Integer instructions: they run beside the vector pipes.)
+inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
+  uint32_t w[3];
+  std::memcpy(w, scales, 12);
+  sc = uint64_t{w[0] & 0x3f3f3f3fu} | uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
+  m = uint64_t{w[1] & 0x3f3f3f3fu} | uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
+}
+
+// Q5_K's fifth bit of sub-block `bit` (bit `bit` of qh[l] for element l) moved to bit 4 of each byte:
+// one mask and one fixed 16-bit shift (the masked bit stays inside its byte).
+template <int bit>
+HANPU_GGUF_AVX2_INLINE __m256i FifthBit(__m256i hb) {
+  const __m256i v = _mm256_and_si256(hb, _mm256_set1_epi8(static_cast<char>(1 << bit)));
+  if constexpr (bit < 4) return _mm256_slli_epi16(v, 4 - bit);
+  else if constexpr (bit == 4) return v;
+  else return _mm256_srli_epi16(v, bit - 4);
+}
+
+// One 32-byte chunk c of a row's qs: the low nibbles are sub-block 2c, the high nibbles 2c + 1
+// (values 0..15, Q5_K 0..31); VPMADDUBSW by the activations (a pair at most 2 * 31 * 127 = 7874),
+// VPMADDWD by the sub-block's scale (at most 63) taken from the row's scale vector by one VPSHUFB.
+template <bool kQ5, int c>
+HANPU_GGUF_AVX2_INLINE __m256i K4Chunk(const uint8_t* qs, __m256i hb, __m256i sv, __m256i xl, __m256i xh) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
+  __m256i lo = _mm256_and_si256(raw, low4);
+  __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+  if constexpr (kQ5) {
+    lo = _mm256_or_si256(lo, FifthBit<2 * c>(hb));
+    hi = _mm256_or_si256(hi, FifthBit<2 * c + 1>(hb));
+  }
+  const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), Shuffle(sv, kScaleOf[2 * c]));
+  const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), Shuffle(sv, kScaleOf[2 * c + 1]));
+  return _mm256_add_epi32(pl, ph);
+}
+
+// A row's per-super-block inputs: its qs, Q5_K's high bits, the 8 scales as int16 in both 128-bit
+// halves (for VPSHUFB), the 8 mins as bytes.
+template <class Block>
+struct K4Row {
+  const uint8_t* qs;
+  __m256i hb, sv;
+  uint64_t m;
+  uint32_t d_dmin;  // the two f16 at the block's start
+};
+
+template <bool kQ5, class Block>
+HANPU_GGUF_AVX2_INLINE K4Row<Block> K4Load(const uint8_t* at, const uint8_t* prefetch) {
+  const Block& blk = *reinterpret_cast<const Block*>(at);
+  const char* p = reinterpret_cast<const char*>(prefetch);
+  _mm_prefetch(p, _MM_HINT_T0);  // a block of 144 / 176 bytes: 3 / 4 lines ahead
+  _mm_prefetch(p + 64, _MM_HINT_T0);
+  _mm_prefetch(p + 128, _MM_HINT_T0);
+  if constexpr (kQ5) _mm_prefetch(p + 192, _MM_HINT_T0);
+  K4Row<Block> r;
+  uint64_t sc;
+  K4ScalesMins(blk.scales, sc, r.m);
+  r.sv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+  std::memcpy(&r.d_dmin, &blk, 4);
+  r.qs = blk.qs;
+  r.hb = _mm256_setzero_si256();
+  if constexpr (kQ5) r.hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
+  return r;
+}
+
+// Q4_K / Q5_K, 2 rows per pass. Per super-block and row the int32 lanes sum 8 VPMADDWD results of
+// at most 2 * 7874 * 63 each (< 2^23 per lane, < 2^24 after VPHADDD's pair: exact in f32); then for
+// both rows one conversion and one FMA by d * activation scale (d and dmin of both rows in one
+// VCVTPH2PS). The min term dmin * m_j * X_j (X_j the f32 sum of x over sub-block j) in 8 f32
+// lanes per row, reduced once at the end: (dmin * m_j) is exact (an f16 times an integer < 64).
+template <bool kQ5>
+HANPU_GGUF_AVX2 void K4Pass(const uint8_t* const row[kKRows], int64_t nb, int64_t row_bytes, const int8_t* x8,
+                            const float* xs, const float* xsum, int64_t ahead, float* out) {
+  using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
+  constexpr int64_t kB = sizeof(Block);
+  static_assert(kKRows == 2, "the lane picks below are VPHADDD's order for 2 rows");
+  const __m256i pick_d = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);  // [d0, dmin0, d1, dmin1] -> rows' lanes
+  const __m256i pick_dmin0 = _mm256_set1_epi32(1), pick_dmin1 = _mm256_set1_epi32(3);
+  __m256 acc = _mm256_setzero_ps(), min0 = _mm256_setzero_ps(), min1 = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t o = kB * i, pf = PrefetchOffset(o, ahead, row_bytes, kKRows);
+    const K4Row<Block> a = K4Load<kQ5, Block>(row[0] + o, row[0] + pf);
+    const K4Row<Block> b = K4Load<kQ5, Block>(row[1] + o, row[1] + pf);
+    const int8_t* x = x8 + 256 * i;
+    __m256i sa, sb;
+    {
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
+      sa = K4Chunk<kQ5, 0>(a.qs, a.hb, a.sv, xl, xh);
+      sb = K4Chunk<kQ5, 0>(b.qs, b.hb, b.sv, xl, xh);
+    }
+    auto chunk = [&](auto cc) __attribute__((target("avx2,fma,f16c"), always_inline)) {
+      constexpr int c = decltype(cc)::value;
+      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c));
+      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32));
+      sa = _mm256_add_epi32(sa, K4Chunk<kQ5, c>(a.qs, a.hb, a.sv, xl, xh));
+      sb = _mm256_add_epi32(sb, K4Chunk<kQ5, c>(b.qs, b.hb, b.sv, xl, xh));
+    };
+    chunk(std::integral_constant<int, 1>{});
+    chunk(std::integral_constant<int, 2>{});
+    chunk(std::integral_constant<int, 3>{});
+    const uint64_t dd = uint64_t{a.d_dmin} | uint64_t{b.d_dmin} << 32;
+    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(dd))));
+    const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, pick_d), _mm256_set1_ps(xs[i]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(sa, sb)), s, acc);
+    const __m256 xsv = _mm256_loadu_ps(xsum + 8 * i);
+    const __m256 ma = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(a.m))));
+    const __m256 mb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(b.m))));
+    min0 = _mm256_fmadd_ps(_mm256_mul_ps(ma, _mm256_permutevar8x32_ps(f, pick_dmin0)), xsv, min0);
+    min1 = _mm256_fmadd_ps(_mm256_mul_ps(mb, _mm256_permutevar8x32_ps(f, pick_dmin1)), xsv, min1);
+  }
+  const __m128 h = HalvesAdded(acc);  // [row 0, row 0, row 1, row 1]
+  out[0] = (_mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h))) - Hsum(min0);
+  const __m128 h1 = _mm_movehl_ps(h, h);
+  out[1] = (_mm_cvtss_f32(h1) + _mm_cvtss_f32(_mm_movehdup_ps(h1))) - Hsum(min1);
+}
+
+// Q6_K, 2 rows per pass. The 6-bit values q (0..63, before the -32) stay bytes (gguf_avx2.hpp's
+// unpack, shared with the prefill); VPMADDUBSW by the int8 activations gives int16 pairs (at most
+// 2 * 63 * 127 = 16002), VPMADDWD by the signed 16-element scales sums them into int32 (one
+// 32-byte vector spans two scales, low and high 128 bits: one VPSHUFB of the row's 16 scales,
+// widened once per super-block). The -32 is applied once per super-block as 32 * sum_g sc_g *
+// (sum of the int8 activations over group g), from the per-16 sums the quantizer stores. A lane
+// holds at most 8 * 2 * 16002 * 128 + 2 * 32 * 128 * 2032 < 2^26 before VPHADDD, 2^27 after: exact
+// integers, whose conversion to f32 may round once (as the Highway form's 2^31 lanes; the test's
+// bound counts one rounding for it).
+HANPU_GGUF_AVX2 void Q6Pass(const uint8_t* const row[kKRows], int64_t nb, int64_t row_bytes, const int8_t* x8,
+                            const int16_t* bsum16, const float* xs, int64_t ahead, float* out) {
+  constexpr int64_t kB = sizeof(gguf::BlockQ6_K);
+  static_assert(kKRows == 2, "the lane pick below is VPHADDD's order for 2 rows");
+  const __m256i pick_d = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);  // [d0, d1] -> rows' lanes
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < nb; ++i) {
+    const int64_t o = kB * i, pf = PrefetchOffset(o, ahead, row_bytes, kKRows);
+    const int8_t* x = x8 + 256 * i;
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * i));
+    __m256i isum[kKRows];
+    uint32_t dd = 0;
+    for (int r = 0; r < kKRows; ++r) {
+      const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row[r] + o);
+      const char* p = reinterpret_cast<const char*>(row[r] + pf);
+      _mm_prefetch(p, _MM_HINT_T0);  // 210 bytes: at most 4 lines
+      _mm_prefetch(p + 64, _MM_HINT_T0);
+      _mm_prefetch(p + 128, _MM_HINT_T0);
+      _mm_prefetch(p + 192, _MM_HINT_T0);
+      dd |= uint32_t{blk.d} << (16 * r);
+      // the 16 scales in element order as int16: sc0..7 | sc8..15; half h uses 8h..8h+7 in both halves
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+      // - 32 * sum_g sc_g * bsum_g over the 16 groups
+      __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i sh = h == 0 ? _mm256_permute4x64_epi64(sc16, 0x44) : _mm256_permute4x64_epi64(sc16, 0xEE);
+        __m256i q[4];
+        gguf_avx2::q6k_unpack_half(blk.ql + 64 * h, blk.qh + 32 * h, q);
+        for (int k = 0; k < 4; ++k) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 128 * h + 32 * k));
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), Shuffle(sh, kScalePairOf[k])));
+        }
+      }
+      isum[r] = s;
+    }
+    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd))));
+    const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, pick_d), _mm256_set1_ps(xs[i]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[0], isum[1])), s, acc);
+  }
+  const __m128 h = HalvesAdded(acc);
+  out[0] = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
+  const __m128 h1 = _mm_movehl_ps(h, h);
+  out[1] = _mm_cvtss_f32(h1) + _mm_cvtss_f32(_mm_movehdup_ps(h1));
+}
+
+// Rows [n0, n1) in passes of R; the last pass repeats the range's last row (see kQ8Rows).
+template <int R, class Pass>
+void ByPasses(const void* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y, Pass&& pass) {
+  const auto* base = static_cast<const uint8_t*>(w);
+  for (int64_t n = n0; n < n1; n += R) {
+    const int64_t m = std::min<int64_t>(R, n1 - n);
+    const uint8_t* rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = base + (n + std::min<int64_t>(r, m - 1)) * row_bytes;
+    float out[R];
+    pass(rows, out);
+    for (int64_t r = 0; r < m; ++r) y[n + r] = out[r];
+  }
+}
+
+void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0, int64_t n1,
+                  int64_t ahead) {
+  const int64_t row_bytes = K / gguf::block_format(t).block_elems * gguf::block_format(t).block_bytes;
+  const int8_t* x8 = x.q8.data();
+  const float* xs = x.scale.data();
+  switch (t) {
+    case gguf::GgmlType::Q8_0:
+      ByPasses<kQ8Rows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
+        Q8_0Pass(rows, K / 32, row_bytes, x8, xs, ahead, out);
+      });
+      break;
+    case gguf::GgmlType::Q4_K:
+      ByPasses<kKRows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
+        K4Pass<false>(rows, K / 256, row_bytes, x8, xs, x.sum.data(), ahead, out);
+      });
+      break;
+    case gguf::GgmlType::Q5_K:
+      ByPasses<kKRows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
+        K4Pass<true>(rows, K / 256, row_bytes, x8, xs, x.sum.data(), ahead, out);
+      });
+      break;
+    default:  // Q6_K
+      ByPasses<kKRows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
+        Q6Pass(rows, K / 256, row_bytes, x8, x.bsum16.data(), xs, ahead, out);
+      });
+      break;
+  }
+}
+
+// The activation quantizer (gguf_quantize_activation_row) in AVX2, the same results bit for bit as
+// the scalar form below: the same f32 products x * (1 / d) (or quotients), roundf's rounding (half
+// away from zero) as truncation plus a correction where the exact fraction |v - trunc v| >= 1/2,
+// the per-32 f32 sums in the same tree order, integer sums (exact in any order). The scalar form
+// with its libm roundf was about a third of a 256 x 1024 GEMV's time in cache.
+HANPU_GGUF_AVX2 void QuantizeRowAvx2(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale,
+                                     float* sum_out, int16_t* bsum16) {
+  for (int64_t s = 0; s < K / 32; ++s) {  // lane l: (x[l] + x[l + 8]) + (x[l + 16] + x[l + 24]), then Hsum's tree
+    const float* xb = x + 32 * s;
+    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
+    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
+    sum_out[s] = Hsum(_mm256_add_ps(a, b));
+  }
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes VPACKSS's per-half interleave
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    __m256 amax = zero, bad = zero;
+    for (int64_t j = 0; j < block; j += 8) {
+      const __m256 v = _mm256_loadu_ps(xb + j);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v, abs_mask));
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_mul_ps(v, zero), zero, _CMP_NEQ_UQ));  // NaN or inf: v * 0 is NaN
+    }
+    if (_mm256_movemask_ps(bad) != 0) {  // a NaN or inf activation: the block's scale is NaN, every output NaN
+      std::memset(q8 + b * block, 0, static_cast<size_t>(block));
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = am / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const bool reciprocal = std::isfinite(id);  // as the scalar form: x / d where 1 / d overflows
+    const __m256 vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
+    for (int64_t j = 0; j < block; j += 32) {
+      __m256i iv[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 xv = _mm256_loadu_ps(xb + j + 8 * k);
+        const __m256 v = reciprocal ? _mm256_mul_ps(xv, vid) : _mm256_div_ps(xv, vd);
+        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 away = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), abs_mask), half, _CMP_GE_OQ);
+        const __m256 r = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(v, sign_mask))));
+        iv[k] = _mm256_cvttps_epi32(r);
+      }
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + b * block + j), _mm256_permutevar8x32_epi32(p, order));
+    }
+    scale[b] = d;
+  }
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < K / 32; ++g) {  // sums per 16 of q8: VPSADBW of q + 128 per 8 bytes
+    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g)), bias);
+    alignas(32) uint64_t s[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_sad_epu8(q, _mm256_setzero_si256()));
+    bsum16[2 * g] = static_cast<int16_t>(static_cast<int>(s[0] + s[1]) - 16 * 128);
+    bsum16[2 * g + 1] = static_cast<int16_t>(static_cast<int>(s[2] + s[3]) - 16 * 128);
+  }
 }
 
 }  // namespace
@@ -452,10 +716,19 @@ int64_t gguf_activation_block(gguf::GgmlType t) { return t == gguf::GgmlType::Q8
 
 void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum_out,
                                   int16_t* bsum16) {
+#if HANPU_X86_KERNELS
+  if (gguf_avx2_forms_allowed()) {
+    QuantizeRowAvx2(x, K, block, q8, scale, sum_out, bsum16);
+    return;
+  }
+#endif
   for (int64_t s = 0; s < K / 32; ++s) {
-    float sum = 0.0f;
-    for (int j = 0; j < 32; ++j) sum += x[s * 32 + j];
-    sum_out[s] = sum;
+    // The f32 sum of 32 in the AVX2 form's tree order (the same bits on every target): lanes
+    // l = 0..7 of (x_l + x_l+8) + (x_l+16 + x_l+24), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+    const float* xs = x + s * 32;
+    float l[8];
+    for (int j = 0; j < 8; ++j) l[j] = (xs[j] + xs[j + 8]) + (xs[j + 16] + xs[j + 24]);
+    sum_out[s] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
   }
   for (int64_t b = 0; b < K / block; ++b) {
     const float* xb = x + b * block;
@@ -502,6 +775,13 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   for (int64_t k = 0; k < K; ++k) out.q[static_cast<size_t>(k)] = out.q8[static_cast<size_t>(k)];
 }
 
+// The calling thread's quantized activations, kept between calls: a token's decode calls the GEMV
+// for every projection, and allocating the five arrays each time was measurable on small ones.
+static GgufActivations& decode_activations() {
+  thread_local GgufActivations xa;
+  return xa;
+}
+
 bool gguf_gemv_supported(gguf::GgmlType t) {
   return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
          t == gguf::GgmlType::Q6_K;
@@ -517,21 +797,8 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
                 std::to_string(x.block) + ") is not a positive multiple of " + std::to_string(be) +
                 " or the activations are not quantized for " + gguf::block_format(t).name);
 #if HANPU_X86_KERNELS
-  if ((t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K) && gguf_avx2_forms_allowed()) {
-    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
-    const size_t row_bytes = static_cast<size_t>(nb) * gguf::block_format(t).block_bytes;
-    const auto* base = static_cast<const uint8_t*>(w);
-    for (int64_t n = n0; n < n1; ++n)
-      y[n] = t == gguf::GgmlType::Q4_K
-                 ? DotK4Avx2<false>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead)
-                 : DotK4Avx2<true>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead);
-    return;
-  }
-  if (t == gguf::GgmlType::Q6_K && gguf_avx2_forms_allowed()) {
-    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
-    const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
-    for (int64_t n = n0; n < n1; ++n)
-      y[n] = DotQ6KAvx2(rows + n * nb, nb, x.q8.data(), x.bsum16.data(), x.scale.data(), ahead);
+  if (gguf_avx2_forms_allowed()) {
+    GemvRowsAvx2(t, w, K, x, y, n0, n1, decode_prefetch_bytes());
     return;
   }
 #endif
@@ -541,7 +808,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
 
 void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
                int threads) {
-  GgufActivations xa;
+  GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
   gguf_quantize_activations(x, K, gguf_activation_block(t), xa);
   const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, std::max<int64_t>(N, 1)));
   engine.impl().run(parts, [&](int p, Workspace&) {
@@ -584,7 +851,7 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
   const auto* w = static_cast<const uint8_t*>(blocks_);
   if (M < kGgufPrefillRows && gguf_gemv_supported(type_)) {
     // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's (linear_gguf.hpp).
-    GgufActivations xa;
+    GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
     for (int64_t m = 0; m < M; ++m) {
       gguf_quantize_activations(x + m * ldx, K_, gguf_activation_block(type_), xa);
       float* yr = y + m * ldy;
