@@ -330,29 +330,23 @@ namespace {
 // the sub-block scale for the K-quants). All integer sums are exact (bounds at each kernel), so the
 // totals are those of the Highway forms above and the error bound is the same.
 //
-// Rows per pass. A pass reads its rows' blocks side by side and loads each activation vector once
-// for all of them; per block the rows' int32 sums are folded into one vector by VPHADDD, so that
-// the int -> f32 conversion, the gathering of the f16 scales and the scale multiply-add run once
-// per pass instead of once per row, and the horizontal reduction once per pass, at its end.
-// Q8_0 takes 4 rows: with one row, the conversion, the scale and the FMA per 32 weights were about
-// half of the block's vector work (and 4 rows' partial sums fill exactly one VPHADDD tree). The
-// K-quants take 2 rows: a row keeps its scale vector, its int32 sum and (Q4_K / Q5_K) an f32 min
-// accumulator in registers, and 4 rows would spill AVX2's 16; their per-block tail is a small part
-// of 256 weights' work anyway. A range whose row count is not a multiple repeats its last row in
-// the last pass: every row's arithmetic is the same whichever rows share its pass, so results do
-// not depend on how rows are split over threads (tested bit for bit).
-constexpr int kQ8Rows = 4;
-constexpr int kKRows = 2;
-
-// Where a row's software prefetch goes: `ahead` bytes (decode_prefetch_bytes) further along the
-// row, or, once that is past the row's end, the same place in the row the next pass reads instead
-// (R rows on). The rows of a matrix are contiguous, so without the jump the prefetches of a pass's
-// first R - 1 rows would land in the rows beside them, which this pass is already reading, and the
-// next pass's rows 1..R-1 would be left to the hardware prefetcher.
-inline int64_t PrefetchOffset(int64_t o, int64_t ahead, int64_t row_bytes, int R) {
-  const int64_t p = o + ahead;
-  return p < row_bytes ? p : p + (R - 1) * row_bytes;
-}
+// Blocks per step. One row at a time, its blocks in address order (one sequential stream per
+// thread, which the hardware prefetchers follow across rows), but several consecutive blocks per
+// step: their int32 sums are folded into one vector by VPHADDD, so that the int -> f32 conversion,
+// the gathering of the f16 scales (one VCVTPH2PS for all of the step's blocks), the multiply by the
+// activation scales and the FMA run once per step instead of once per block, and the horizontal
+// reduction once per row. Q8_0 takes 4 blocks of 32 per step: with one block, conversion, scale
+// and FMA were about half of its vector work, and 4 sums fill one VPHADDD tree. The K-quants take
+// 2 super-blocks of 256 (their per-block tail is a smaller part of the work; a super-block keeps
+// a scale vector and an int32 sum in registers, 2 fit AVX2's 16 with room). A row's tail of
+// fewer blocks runs the same step with the missing blocks' terms zero.
+//
+// (A first form read 4 / 2 rows side by side per pass to share the activation loads instead: in
+// cache it ran as fast, but from DRAM it lost 10-30% on Zen 3, because the hardware prefetchers
+// do not follow several short streams of one row each (1 KiB per row at K = 1024) and the
+// software prefetches alone cannot keep enough lines in flight.)
+constexpr int kQ8Blocks = 4;
+constexpr int kKBlocks = 2;  // Q6_K
 
 // VPSHUFB controls that copy one int16 word of each 128-bit half into every word of that half:
 // kScaleOf[j] word j of both halves (Q4_K / Q5_K: sub-block j's scale), kScalePairOf[k] word 2k in
@@ -373,46 +367,63 @@ HANPU_GGUF_AVX2_INLINE __m256i Shuffle(__m256i v, const ByteShuffle& s) {
   return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.b)));
 }
 
-// 2 rows' sums after VPHADDD(a, b) lie in lanes {0, 1, 4, 5} (a) and {2, 3, 6, 7} (b); 4 rows' after
-// the tree VPHADDD(VPHADDD(a, b), VPHADDD(c, d)) in lanes {r, r + 4}. The f32 totals per row:
-HANPU_GGUF_AVX2_INLINE __m128 HalvesAdded(__m256 v) {
-  return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-}
+// The sum of 8 f32 lanes in a fixed tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 HANPU_GGUF_AVX2_INLINE float Hsum(__m256 v) {
-  const __m128 h = HalvesAdded(v);
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-// Q8_0, 4 rows per pass. Per block and row: VPMADDUBSW of |w| by x with w's sign (= w x; |w| <= 128,
+// Q8_0, 4 blocks per step. Per block: VPMADDUBSW of |w| by x with w's sign (= w x; |w| <= 128,
 // |x| <= 127: a pair at most 2 * 128 * 127 = 32512, no saturation), VPMADDWD by ones into int32;
-// a block's sum at most 32 * 128 * 127 < 2^24, so its conversion to f32 is exact. Then per block,
-// for the 4 rows at once: the VPHADDD tree, one conversion, the 4 f16 scales in one VCVTPH2PS
-// times the activation scale, one FMA.
-HANPU_GGUF_AVX2 void Q8_0Pass(const uint8_t* const row[kQ8Rows], int64_t nb, int64_t row_bytes, const int8_t* x8,
-                              const float* xs, int64_t ahead, float* out) {
+// a block's sum at most 32 * 128 * 127 < 2^24, so its conversion to f32 is exact. Then per step:
+// the VPHADDD tree (block b's sum in lanes b and b + 4), one conversion, the 4 f16 scales in one
+// VCVTPH2PS times the 4 activation scales, one FMA. Blocks past the row's end (nv < 4) count zero:
+// d = 0 and activation scale 0 times a zero sum.
+HANPU_GGUF_AVX2_INLINE void Q8_0Step(const uint8_t* row, int64_t i, int nv, const int8_t* x8, const float* xs,
+                                     __m256& acc) {
   constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};  // alternate blocks: FMAs overlap
-  for (int64_t i = 0; i < nb; ++i) {
-    const int64_t o = kB * i, pf = PrefetchOffset(o, ahead, row_bytes, kQ8Rows);
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8 + 32 * i));
-    __m256i p[kQ8Rows];
-    uint64_t d4 = 0;
-    for (int r = 0; r < kQ8Rows; ++r) {
-      const uint8_t* blk = row[r] + o;
-      _mm_prefetch(reinterpret_cast<const char*>(row[r] + pf), _MM_HINT_T0);
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
-      uint16_t d;
-      std::memcpy(&d, blk, 2);
-      d4 |= uint64_t{d} << (16 * r);
+  __m256i q[kQ8Blocks];
+  uint64_t d4 = 0;
+  alignas(16) float s4[kQ8Blocks] = {0.f, 0.f, 0.f, 0.f};
+  for (int b = 0; b < kQ8Blocks; ++b) {
+    if (b >= nv) {
+      q[b] = _mm256_setzero_si256();
+      continue;
     }
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m128 s = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(d4))), _mm_set1_ps(xs[i]));
-    acc[i & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s, s), acc[i & 1]);
+    const uint8_t* blk = row + kB * (i + b);
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8 + 32 * (i + b)));
+    q[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+    uint16_t d;
+    std::memcpy(&d, blk, 2);
+    d4 |= uint64_t{d} << (16 * b);
+    s4[b] = xs[i + b];
   }
-  _mm_storeu_ps(out, HalvesAdded(_mm256_add_ps(acc[0], acc[1])));
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+  const __m128 s = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(d4))), _mm_load_ps(s4));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s, s), acc);
+}
+
+HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, const float* xs, int64_t ahead) {
+  constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  // alternate steps: their FMAs overlap
+  int64_t i = 0;
+  auto prefetch = [&](int64_t at) __attribute__((target("avx2"), always_inline)) {
+    const char* p = reinterpret_cast<const char*>(row + kB * at + ahead);
+    _mm_prefetch(p, _MM_HINT_T0);  // a step's 136 bytes: 3 lines per step cover the stream
+    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+  };
+  for (; i + 2 * kQ8Blocks <= nb; i += 2 * kQ8Blocks) {
+    prefetch(i);
+    Q8_0Step(row, i, kQ8Blocks, x8, xs, acc0);
+    prefetch(i + kQ8Blocks);
+    Q8_0Step(row, i + kQ8Blocks, kQ8Blocks, x8, xs, acc1);
+  }
+  for (; i < nb; i += kQ8Blocks) Q8_0Step(row, i, static_cast<int>(std::min<int64_t>(kQ8Blocks, nb - i)), x8, xs, acc0);
+  return Hsum(_mm256_add_ps(acc0, acc1));
 }
 
 // Q4_K / Q5_K's 8 six-bit scales and mins (ggml-common.h's get_scale_min_k4 for every j at once),
@@ -426,116 +437,58 @@ inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
   m = uint64_t{w[1] & 0x3f3f3f3fu} | uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
 }
 
-// Q5_K's fifth bit of sub-block `bit` (bit `bit` of qh[l] for element l) moved to bit 4 of each byte:
-// one mask and one fixed 16-bit shift (the masked bit stays inside its byte).
-template <int bit>
-HANPU_GGUF_AVX2_INLINE __m256i FifthBit(__m256i hb) {
-  const __m256i v = _mm256_and_si256(hb, _mm256_set1_epi8(static_cast<char>(1 << bit)));
-  if constexpr (bit < 4) return _mm256_slli_epi16(v, 4 - bit);
-  else if constexpr (bit == 4) return v;
-  else return _mm256_srli_epi16(v, bit - 4);
-}
-
-// One 32-byte chunk c of a row's qs: the low nibbles are sub-block 2c, the high nibbles 2c + 1
-// (values 0..15, Q5_K 0..31); VPMADDUBSW by the activations (a pair at most 2 * 31 * 127 = 7874),
-// VPMADDWD by the sub-block's scale (at most 63) taken from the row's scale vector by one VPSHUFB.
-template <bool kQ5, int c>
-HANPU_GGUF_AVX2_INLINE __m256i K4Chunk(const uint8_t* qs, __m256i hb, __m256i sv, __m256i xl, __m256i xh) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * c));
-  __m256i lo = _mm256_and_si256(raw, low4);
-  __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
-  if constexpr (kQ5) {
-    lo = _mm256_or_si256(lo, FifthBit<2 * c>(hb));
-    hi = _mm256_or_si256(hi, FifthBit<2 * c + 1>(hb));
-  }
-  const __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), Shuffle(sv, kScaleOf[2 * c]));
-  const __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), Shuffle(sv, kScaleOf[2 * c + 1]));
-  return _mm256_add_epi32(pl, ph);
-}
-
-// A row's per-super-block inputs: its qs, Q5_K's high bits, the 8 scales as int16 in both 128-bit
-// halves (for VPSHUFB), the 8 mins as bytes.
-template <class Block>
-struct K4Row {
-  const uint8_t* qs;
-  __m256i hb, sv;
-  uint64_t m;
-  uint32_t d_dmin;  // the two f16 at the block's start
-};
-
-template <bool kQ5, class Block>
-HANPU_GGUF_AVX2_INLINE K4Row<Block> K4Load(const uint8_t* at, const uint8_t* prefetch) {
-  const Block& blk = *reinterpret_cast<const Block*>(at);
-  const char* p = reinterpret_cast<const char*>(prefetch);
-  _mm_prefetch(p, _MM_HINT_T0);  // a block of 144 / 176 bytes: 3 / 4 lines ahead
-  _mm_prefetch(p + 64, _MM_HINT_T0);
-  _mm_prefetch(p + 128, _MM_HINT_T0);
-  if constexpr (kQ5) _mm_prefetch(p + 192, _MM_HINT_T0);
-  K4Row<Block> r;
-  uint64_t sc;
-  K4ScalesMins(blk.scales, sc, r.m);
-  r.sv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
-  std::memcpy(&r.d_dmin, &blk, 4);
-  r.qs = blk.qs;
-  r.hb = _mm256_setzero_si256();
-  if constexpr (kQ5) r.hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
-  return r;
-}
-
-// Q4_K / Q5_K, 2 rows per pass. Per super-block and row the int32 lanes sum 8 VPMADDWD results of
-// at most 2 * 7874 * 63 each (< 2^23 per lane, < 2^24 after VPHADDD's pair: exact in f32); then for
-// both rows one conversion and one FMA by d * activation scale (d and dmin of both rows in one
-// VCVTPH2PS). The min term dmin * m_j * X_j (X_j the f32 sum of x over sub-block j) in 8 f32
-// lanes per row, reduced once at the end: (dmin * m_j) is exact (an f16 times an integer < 64).
+// Q4_K / Q5_K, one super-block per step (2 per step, as Q6_K, measured slower here: 12.6 against
+// 14.6-15.5 GB/s in cache on Zen 3, the two super-blocks' operands do not fit the registers). The
+// nibbles stay bytes; VPMADDUBSW multiplies them (unsigned, at most 31) by the int8 activations
+// into int16 pairs (at most 2 * 31 * 127 = 7874, no saturation), then VPMADDWD by the sub-block
+// scale sums pairs into int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^24: its
+// conversion is exact). The 8 scales are widened once per super-block into a vector and each
+// sub-block's is picked by one VPSHUFB (a general-register broadcast per sub-block before: 6-12%
+// slower). Then one conversion and one FMA by d * activation scale per super-block; the min term
+// dmin * m_j * X_j (X_j the f32 sum of x over sub-block j) in 8 f32 lanes, reduced once per row.
 template <bool kQ5>
-HANPU_GGUF_AVX2 void K4Pass(const uint8_t* const row[kKRows], int64_t nb, int64_t row_bytes, const int8_t* x8,
-                            const float* xs, const float* xsum, int64_t ahead, float* out) {
+HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8, const float* xs, const float* xsum,
+                               int64_t ahead) {
   using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
-  constexpr int64_t kB = sizeof(Block);
-  static_assert(kKRows == 2, "the lane picks below are VPHADDD's order for 2 rows");
-  const __m256i pick_d = _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2);  // [d0, dmin0, d1, dmin1] -> rows' lanes
-  const __m256i pick_dmin0 = _mm256_set1_epi32(1), pick_dmin1 = _mm256_set1_epi32(3);
-  __m256 acc = _mm256_setzero_ps(), min0 = _mm256_setzero_ps(), min1 = _mm256_setzero_ps();
+  const auto* b = static_cast<const Block*>(blocks);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps(), min_acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
-    const int64_t o = kB * i, pf = PrefetchOffset(o, ahead, row_bytes, kKRows);
-    const K4Row<Block> a = K4Load<kQ5, Block>(row[0] + o, row[0] + pf);
-    const K4Row<Block> b = K4Load<kQ5, Block>(row[1] + o, row[1] + pf);
-    const int8_t* x = x8 + 256 * i;
-    __m256i sa, sb;
-    {
-      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 32));
-      sa = K4Chunk<kQ5, 0>(a.qs, a.hb, a.sv, xl, xh);
-      sb = K4Chunk<kQ5, 0>(b.qs, b.hb, b.sv, xl, xh);
+    const Block& blk = b[i];
+    const char* bytes = reinterpret_cast<const char*>(b + i);
+    _mm_prefetch(bytes + ahead, _MM_HINT_T0);  // a block of 144 / 176 bytes: 3 / 4 lines
+    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
+    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
+    uint64_t sc, m;
+    K4ScalesMins(blk.scales, sc, m);
+    const int8_t* x = x8 + i * 256;
+    // the 8 scales as int16 in both 128-bit halves, for VPSHUFB
+    const __m256i sv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
+    __m256i isum = _mm256_setzero_si256();
+    __m256i hb = _mm256_setzero_si256();
+    if constexpr (kQ5) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs + 32 * c));
+      __m256i lo = _mm256_and_si256(raw, low4);
+      __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+      if constexpr (kQ5) {
+        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * c)), one), 4));
+        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * c + 1)), one), 4));
+      }
+      const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c)));
+      const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32)));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, Shuffle(sv, kScaleOf[2 * c])));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, Shuffle(sv, kScaleOf[2 * c + 1])));
     }
-    auto chunk = [&](auto cc) __attribute__((target("avx2,fma,f16c"), always_inline)) {
-      constexpr int c = decltype(cc)::value;
-      const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c));
-      const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32));
-      sa = _mm256_add_epi32(sa, K4Chunk<kQ5, c>(a.qs, a.hb, a.sv, xl, xh));
-      sb = _mm256_add_epi32(sb, K4Chunk<kQ5, c>(b.qs, b.hb, b.sv, xl, xh));
-    };
-    chunk(std::integral_constant<int, 1>{});
-    chunk(std::integral_constant<int, 2>{});
-    chunk(std::integral_constant<int, 3>{});
-    const uint64_t dd = uint64_t{a.d_dmin} | uint64_t{b.d_dmin} << 32;
-    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(dd))));
-    const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, pick_d), _mm256_set1_ps(xs[i]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(sa, sb)), s, acc);
-    const __m256 xsv = _mm256_loadu_ps(xsum + 8 * i);
-    const __m256 ma = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(a.m))));
-    const __m256 mb = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(b.m))));
-    min0 = _mm256_fmadd_ps(_mm256_mul_ps(ma, _mm256_permutevar8x32_ps(f, pick_dmin0)), xsv, min0);
-    min1 = _mm256_fmadd_ps(_mm256_mul_ps(mb, _mm256_permutevar8x32_ps(f, pick_dmin1)), xsv, min1);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
+    const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(m))));
+    min_acc = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(_cvtsh_ss(blk.dmin))), _mm256_loadu_ps(xsum + i * 8), min_acc);
   }
-  const __m128 h = HalvesAdded(acc);  // [row 0, row 0, row 1, row 1]
-  out[0] = (_mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h))) - Hsum(min0);
-  const __m128 h1 = _mm_movehl_ps(h, h);
-  out[1] = (_mm_cvtss_f32(h1) + _mm_cvtss_f32(_mm_movehdup_ps(h1))) - Hsum(min1);
+  return Hsum(acc) - Hsum(min_acc);
 }
 
-// Q6_K, 2 rows per pass. The 6-bit values q (0..63, before the -32) stay bytes (gguf_avx2.hpp's
+// Q6_K, 2 super-blocks per step (an odd last one: its copy's lanes scaled by zero). The 6-bit values q (0..63, before the -32) stay bytes (gguf_avx2.hpp's
 // unpack, shared with the prefill); VPMADDUBSW by the int8 activations gives int16 pairs (at most
 // 2 * 63 * 127 = 16002), VPMADDWD by the signed 16-element scales sums them into int32 (one
 // 32-byte vector spans two scales, low and high 128 bits: one VPSHUFB of the row's 16 scales,
@@ -544,21 +497,22 @@ HANPU_GGUF_AVX2 void K4Pass(const uint8_t* const row[kKRows], int64_t nb, int64_
 // holds at most 8 * 2 * 16002 * 128 + 2 * 32 * 128 * 2032 < 2^26 before VPHADDD, 2^27 after: exact
 // integers, whose conversion to f32 may round once (as the Highway form's 2^31 lanes; the test's
 // bound counts one rounding for it).
-HANPU_GGUF_AVX2 void Q6Pass(const uint8_t* const row[kKRows], int64_t nb, int64_t row_bytes, const int8_t* x8,
-                            const int16_t* bsum16, const float* xs, int64_t ahead, float* out) {
+HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8, const int16_t* bsum16, const float* xs,
+                               int64_t ahead) {
   constexpr int64_t kB = sizeof(gguf::BlockQ6_K);
-  static_assert(kKRows == 2, "the lane pick below is VPHADDD's order for 2 rows");
-  const __m256i pick_d = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);  // [d0, d1] -> rows' lanes
+  static_assert(kKBlocks == 2, "the lane pick below is VPHADDD's order for 2 super-blocks");
+  const __m256i pick = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);  // [d0, d1], [xs0, xs1] -> lanes
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const int64_t o = kB * i, pf = PrefetchOffset(o, ahead, row_bytes, kKRows);
-    const int8_t* x = x8 + 256 * i;
-    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * i));
-    __m256i isum[kKRows];
+  for (int64_t i = 0; i < nb; i += kKBlocks) {
+    const bool two = i + 1 < nb;
+    __m256i isum[kKBlocks];
     uint32_t dd = 0;
-    for (int r = 0; r < kKRows; ++r) {
-      const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row[r] + o);
-      const char* p = reinterpret_cast<const char*>(row[r] + pf);
+    for (int r = 0; r < kKBlocks; ++r) {
+      const int64_t ib = two ? i + r : i;
+      const int8_t* x = x8 + 256 * ib;
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * ib));
+      const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row + kB * ib);
+      const char* p = reinterpret_cast<const char*>(row + kB * ib + ahead);
       _mm_prefetch(p, _MM_HINT_T0);  // 210 bytes: at most 4 lines
       _mm_prefetch(p + 64, _MM_HINT_T0);
       _mm_prefetch(p + 128, _MM_HINT_T0);
@@ -580,54 +534,35 @@ HANPU_GGUF_AVX2 void Q6Pass(const uint8_t* const row[kKRows], int64_t nb, int64_
       isum[r] = s;
     }
     const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd))));
-    const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, pick_d), _mm256_set1_ps(xs[i]));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[0], isum[1])), s, acc);
+    const __m256 xs2 = _mm256_castps128_ps256(_mm_setr_ps(xs[i], two ? xs[i + 1] : 0.f, 0.f, 0.f));
+    const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, pick), _mm256_permutevar8x32_ps(xs2, pick));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[0], isum[1])),
+                          two ? s : _mm256_blend_ps(s, _mm256_setzero_ps(), 0xCC), acc);
   }
-  const __m128 h = HalvesAdded(acc);
-  out[0] = _mm_cvtss_f32(h) + _mm_cvtss_f32(_mm_movehdup_ps(h));
-  const __m128 h1 = _mm_movehl_ps(h, h);
-  out[1] = _mm_cvtss_f32(h1) + _mm_cvtss_f32(_mm_movehdup_ps(h1));
+  return Hsum(acc);
 }
 
-// Rows [n0, n1) in passes of R; the last pass repeats the range's last row (see kQ8Rows).
-template <int R, class Pass>
-void ByPasses(const void* w, int64_t row_bytes, int64_t n0, int64_t n1, float* y, Pass&& pass) {
-  const auto* base = static_cast<const uint8_t*>(w);
-  for (int64_t n = n0; n < n1; n += R) {
-    const int64_t m = std::min<int64_t>(R, n1 - n);
-    const uint8_t* rows[R];
-    for (int r = 0; r < R; ++r) rows[r] = base + (n + std::min<int64_t>(r, m - 1)) * row_bytes;
-    float out[R];
-    pass(rows, out);
-    for (int64_t r = 0; r < m; ++r) y[n + r] = out[r];
-  }
-}
+
+
 
 void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0, int64_t n1,
                   int64_t ahead) {
   const int64_t row_bytes = K / gguf::block_format(t).block_elems * gguf::block_format(t).block_bytes;
+  const auto* base = static_cast<const uint8_t*>(w);
   const int8_t* x8 = x.q8.data();
   const float* xs = x.scale.data();
   switch (t) {
     case gguf::GgmlType::Q8_0:
-      ByPasses<kQ8Rows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
-        Q8_0Pass(rows, K / 32, row_bytes, x8, xs, ahead, out);
-      });
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row(base + n * row_bytes, K / 32, x8, xs, ahead);
       break;
     case gguf::GgmlType::Q4_K:
-      ByPasses<kKRows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
-        K4Pass<false>(rows, K / 256, row_bytes, x8, xs, x.sum.data(), ahead, out);
-      });
+      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<false>(base + n * row_bytes, K / 256, x8, xs, x.sum.data(), ahead);
       break;
     case gguf::GgmlType::Q5_K:
-      ByPasses<kKRows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
-        K4Pass<true>(rows, K / 256, row_bytes, x8, xs, x.sum.data(), ahead, out);
-      });
+      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<true>(base + n * row_bytes, K / 256, x8, xs, x.sum.data(), ahead);
       break;
     default:  // Q6_K
-      ByPasses<kKRows>(w, row_bytes, n0, n1, y, [&](const uint8_t* const* rows, float* out) {
-        Q6Pass(rows, K / 256, row_bytes, x8, x.bsum16.data(), xs, ahead, out);
-      });
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
       break;
   }
 }
