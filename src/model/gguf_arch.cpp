@@ -606,9 +606,11 @@ bool gguf_weights_copied() {
 }
 
 // The blocks at `data` as the model keeps them: copied into huge pages (see gguf_weights_copied) or
-// left in the mapping.
-const std::byte* kept_blocks(const std::byte* data, size_t bytes, std::vector<ByteBuffer>& owned) {
-  if (!gguf_weights_copied() || bytes == 0) return data;
+// left in the mapping. A file under /proc/self/fd/ is the memfd of `--weights q4_k_m` etc.
+// (HybridModel::load): shmem, whose pages are not reclaimable and stay while the mapping does, so a
+// copy would hold the weights twice; those stay in the mapping.
+const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::string& path, std::vector<ByteBuffer>& owned) {
+  if (!gguf_weights_copied() || bytes == 0 || path.rfind("/proc/self/fd/", 0) == 0) return data;
   ByteBuffer copy(bytes);
   std::memcpy(copy.data(), data, bytes);
   // The file's whole pages inside the tensor leave the process (they stay in the page cache): the
@@ -734,7 +736,7 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
     if (t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
     const auto* base = reinterpret_cast<const std::byte*>(t.data);
     const int64_t bytes = shape[0] * shape[1] / bf.block_elems * bf.block_bytes;
-    return BlockWeight{t.type, kept_blocks(base + r.expert * bytes, static_cast<size_t>(bytes), owned), shape[0], shape[1]};
+    return BlockWeight{t.type, kept_blocks(base + r.expert * bytes, static_cast<size_t>(bytes), path_, owned), shape[0], shape[1]};
   }
   const int64_t rows = shape[0], cols = shape[1];
   if (t.n_dims != 2 || t.dims[1] != file_rows(r.fix, rows) || t.dims[0] != cols) return std::nullopt;  // get() reports it
@@ -745,7 +747,8 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
   const Reorder ro = reorder_of(r.fix, config_, tiled);
   const std::vector<int64_t> rows_from = source_rows(r.fix, config_, tiled, rows);
   if (!ro.cols && rows_from.empty())
-    return BlockWeight{t.type, kept_blocks(reinterpret_cast<const std::byte*>(t.data), static_cast<size_t>(t.bytes), owned),
+    return BlockWeight{t.type, kept_blocks(reinterpret_cast<const std::byte*>(t.data), static_cast<size_t>(t.bytes), path_,
+                                   owned),
                        rows, cols};
   const int64_t be = bf.block_elems, row_bytes = cols / be * bf.block_bytes;
   if (ro.cols && ro.head_dim % be != 0) return std::nullopt;  // a head is not whole blocks: get() dequantizes
