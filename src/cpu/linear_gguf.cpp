@@ -11,6 +11,9 @@
 // on Zen 4, where a 512-bit operation runs as two 256-bit halves, the 512-bit form of the Q8_0
 // kernel was slower (1 thread, 256 x 1024 in cache: 16.6 GB/s of weights against 21.9 capped; Q4_K
 // from DRAM about 11 -> 14 GB/s), and a Q6_K vector then holds exactly one 16-element scale group.
+// On x86 targets with AVX2 all four types run the AVX2 forms further down instead (u8 x i8
+// multiply-adds, which Highway 1.0.3 lacks); these Highway forms serve SSE4, the portable target
+// and other architectures, and are the reference the AVX2 forms' integer sums equal.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -336,10 +339,11 @@ namespace {
 // the gathering of the f16 scales (one VCVTPH2PS for all of the step's blocks), the multiply by the
 // activation scales and the FMA run once per step instead of once per block, and the horizontal
 // reduction once per row. Q8_0 takes 4 blocks of 32 per step: with one block, conversion, scale
-// and FMA were about half of its vector work, and 4 sums fill one VPHADDD tree. The K-quants take
-// 2 super-blocks of 256 (their per-block tail is a smaller part of the work; a super-block keeps
-// a scale vector and an int32 sum in registers, 2 fit AVX2's 16 with room). A row's tail of
-// fewer blocks runs the same step with the missing blocks' terms zero.
+// and FMA were about half of its vector work, and 4 sums fill one VPHADDD tree. Q6_K takes 2
+// super-blocks of 256 (its per-block tail is a smaller part of the work; a super-block keeps a
+// scale vector and an int32 sum in registers). Q4_K / Q5_K stay at one super-block per step (see
+// K4RowDot: 2 measured slower). A row's tail of fewer blocks runs the same step with the missing
+// blocks' terms zero. Rows are independent, so threaded results equal one thread's bit for bit.
 //
 // (A first form read 4 / 2 rows side by side per pass to share the activation loads instead: in
 // cache it ran as fast, but from DRAM it lost 10-30% on Zen 3, because the hardware prefetchers
