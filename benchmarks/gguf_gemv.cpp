@@ -1,10 +1,10 @@
 // GGUF decode GEMV (src/cpu/linear_gguf.cpp): GB/s of weight blocks streamed, next to the read
 // bandwidth measured in the same run (measure_host, src/cpu/host.cpp), docs/GGUF.md.
 //
-//   gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...]
+//   gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] [--cases lm_head,mlp,in-cache]
 //
 // --types: the GGML types to run (default Q8_0, Q4_K, Q5_K, Q6_K; any type with a GEMV kernel,
-// e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS).
+// e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS). --cases: which of the shapes below.
 //
 // Columns: median wall time per call and its GB/s of weight blocks (and % of the bandwidth), the
 // best call, and GB/s over the CPU time the threads got (see below).
@@ -38,6 +38,10 @@ using hanpu::gguf::GgmlType;
 int main(int argc, char** argv) {
   int threads = 0, reps = 15;
   std::vector<GgmlType> types{GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+  std::string cases = "lm_head,mlp,in-cache";
+  auto listed = [](const std::string& list, const std::string& name) {
+    return ("," + list + ",").find("," + name + ",") != std::string::npos;
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     if (a == "--threads") threads = std::stoi(argv[i + 1]);
@@ -62,8 +66,10 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     }
+    else if (a == "--cases") cases = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...]\n");
+      std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] "
+                           "[--cases lm_head,mlp,in-cache]\n");
       return 2;
     }
   }
@@ -86,6 +92,7 @@ int main(int argc, char** argv) {
     for (const Shape& s : {Shape{"lm_head", 151936, 1024, true}, Shape{"mlp", 3584, 1024, true},
                            Shape{"in-cache", 256, 1024, false}}) {
       const auto& f = hanpu::gguf::block_format(t);
+      if (!listed(cases, s.name)) continue;
       const int64_t nb = s.N * s.K / f.block_elems;
       const size_t bytes = static_cast<size_t>(nb * f.block_bytes);
       const size_t copies = s.from_dram ? std::max<size_t>(1, (size_t{256} << 20) / bytes) : 1;

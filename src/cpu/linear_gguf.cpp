@@ -11,6 +11,9 @@
 // on Zen 4, where a 512-bit operation runs as two 256-bit halves, the 512-bit form of the Q8_0
 // kernel was slower (1 thread, 256 x 1024 in cache: 16.6 GB/s of weights against 21.9 capped; Q4_K
 // from DRAM about 11 -> 14 GB/s), and a Q6_K vector then holds exactly one 16-element scale group.
+// On x86 targets with AVX2 all four types run the AVX2 forms further down instead (u8 x i8
+// multiply-adds, which Highway 1.0.3 lacks); these Highway forms serve SSE4, the portable target
+// and other architectures, and are the reference the AVX2 forms' integer sums equal.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -20,6 +23,7 @@
 
 #include "cpu/engine_impl.hpp"
 #include "hanpu/isa.hpp"
+#include "cpu/gguf_avx2.hpp"
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "cpu/linear_gguf_small_blocks.hpp"  // Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS
@@ -321,16 +325,135 @@ HWY_EXPORT(GgufF32Tile);
 #if HANPU_X86_KERNELS
 namespace {
 
-// The AVX2 form of DotK4 for Q4_K / Q5_K (target attributes, chosen at run time as in
-// linear_int8_dot.cpp; Highway 1.0.3 has no u8 x i8 multiply-add): the nibbles stay bytes and
-// VPMADDUBSW multiplies them (unsigned, at most 31) by the int8 activations into int16 pairs (at
-// most 2 * 31 * 127 = 7874, no saturation), then VPMADDWD by the sub-block scale sums pairs into
-// int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^24: its conversion is exact). Per 64
-// weights about 12 instructions against the int16 form's 22. The same sums as DotK4, so the same
-// error bound.
+#define HANPU_GGUF_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define HANPU_GGUF_AVX2_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) inline
+
+// The AVX2 forms (target attributes, chosen at run time as in linear_int8_dot.cpp; Highway 1.0.3
+// has no u8 x i8 multiply-add). The weights stay bytes: VPMADDUBSW multiplies an unsigned byte
+// operand by a signed one into int16 pairs, VPMADDWD sums pairs into int32 (by ones for Q8_0, by
+// the sub-block scale for the K-quants). All integer sums are exact (bounds at each kernel), so the
+// totals are those of the Highway forms above and the error bound is the same.
+//
+// Blocks per step. One row at a time, its blocks in address order (one sequential stream per
+// thread, which the hardware prefetchers follow across rows), but several consecutive blocks per
+// step: their int32 sums are folded into one vector by VPHADDD, so that the int -> f32 conversion,
+// the gathering of the f16 scales (one VCVTPH2PS for all of the step's blocks), the multiply by the
+// activation scales and the FMA run once per step instead of once per block, and the horizontal
+// reduction once per row. Q8_0 takes 4 blocks of 32 per step: with one block, conversion, scale
+// and FMA were about half of its vector work, and 4 sums fill one VPHADDD tree. Q6_K takes 2
+// super-blocks of 256 (its per-block tail is a smaller part of the work; a super-block keeps a
+// scale vector and an int32 sum in registers). Q4_K / Q5_K stay at one super-block per step (see
+// K4RowDot: 2 measured slower). A row's tail of fewer blocks runs the same step with the missing
+// blocks' terms zero. Rows are independent, so threaded results equal one thread's bit for bit.
+//
+// (A first form read 4 / 2 rows side by side per pass to share the activation loads instead: in
+// cache it ran as fast, but from DRAM it lost 10-30% on Zen 3, because the hardware prefetchers
+// do not follow several short streams of one row each (1 KiB per row at K = 1024) and the
+// software prefetches alone cannot keep enough lines in flight.)
+constexpr int kQ8Blocks = 4;
+constexpr int kKBlocks = 2;  // Q6_K
+
+// VPSHUFB controls that copy one int16 word of each 128-bit half into every word of that half:
+// kScaleOf[j] word j of both halves (Q4_K / Q5_K: sub-block j's scale), kScalePairOf[k] word 2k in
+// the low half and 2k + 1 in the high half (Q6_K: the two 16-element scales of a 32-element vector).
+struct alignas(32) ByteShuffle {
+  uint8_t b[32];
+};
+constexpr ByteShuffle WordBroadcast(int lo, int hi) {
+  ByteShuffle s{};
+  for (int i = 0; i < 32; ++i) s.b[i] = static_cast<uint8_t>(2 * (i < 16 ? lo : hi) + (i & 1));
+  return s;
+}
+constexpr ByteShuffle kScaleOf[8] = {WordBroadcast(0, 0), WordBroadcast(1, 1), WordBroadcast(2, 2), WordBroadcast(3, 3),
+                                     WordBroadcast(4, 4), WordBroadcast(5, 5), WordBroadcast(6, 6), WordBroadcast(7, 7)};
+constexpr ByteShuffle kScalePairOf[4] = {WordBroadcast(0, 1), WordBroadcast(2, 3), WordBroadcast(4, 5), WordBroadcast(6, 7)};
+
+HANPU_GGUF_AVX2_INLINE __m256i Shuffle(__m256i v, const ByteShuffle& s) {
+  return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.b)));
+}
+
+// The sum of 8 f32 lanes in a fixed tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+HANPU_GGUF_AVX2_INLINE float Hsum(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+}
+
+// Q8_0, 4 blocks per step. Per block: VPMADDUBSW of |w| by x with w's sign (= w x; |w| <= 128,
+// |x| <= 127: a pair at most 2 * 128 * 127 = 32512, no saturation), VPMADDWD by ones into int32;
+// a block's sum at most 32 * 128 * 127 < 2^24, so its conversion to f32 is exact. Then per step:
+// the VPHADDD tree (block b's sum in lanes b and b + 4), one conversion, the 4 f16 scales in one
+// VCVTPH2PS times the 4 activation scales, one FMA. Blocks past the row's end (nv < 4) count zero:
+// d = 0 and activation scale 0 times a zero sum.
+HANPU_GGUF_AVX2_INLINE void Q8_0Step(const uint8_t* row, int64_t i, int nv, const int8_t* x8, const float* xs,
+                                     __m256& acc) {
+  constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i q[kQ8Blocks];
+  uint64_t d4 = 0;
+  alignas(16) float s4[kQ8Blocks] = {0.f, 0.f, 0.f, 0.f};
+  for (int b = 0; b < kQ8Blocks; ++b) {
+    if (b >= nv) {
+      q[b] = _mm256_setzero_si256();
+      continue;
+    }
+    const uint8_t* blk = row + kB * (i + b);
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8 + 32 * (i + b)));
+    q[b] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xv, w)), ones);
+    uint16_t d;
+    std::memcpy(&d, blk, 2);
+    d4 |= uint64_t{d} << (16 * b);
+    s4[b] = xs[i + b];
+  }
+  const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(q[0], q[1]), _mm256_hadd_epi32(q[2], q[3]));
+  const __m128 s = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(d4))), _mm_load_ps(s4));
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s, s), acc);
+}
+
+HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, const float* xs, int64_t ahead) {
+  constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  // alternate steps: their FMAs overlap
+  int64_t i = 0;
+  auto prefetch = [&](int64_t at) __attribute__((target("avx2"), always_inline)) {
+    const char* p = reinterpret_cast<const char*>(row + kB * at + ahead);
+    _mm_prefetch(p, _MM_HINT_T0);  // a step's 136 bytes: 3 lines per step cover the stream
+    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p + 128, _MM_HINT_T0);
+  };
+  for (; i + 2 * kQ8Blocks <= nb; i += 2 * kQ8Blocks) {
+    prefetch(i);
+    Q8_0Step(row, i, kQ8Blocks, x8, xs, acc0);
+    prefetch(i + kQ8Blocks);
+    Q8_0Step(row, i + kQ8Blocks, kQ8Blocks, x8, xs, acc1);
+  }
+  for (; i < nb; i += kQ8Blocks) Q8_0Step(row, i, static_cast<int>(std::min<int64_t>(kQ8Blocks, nb - i)), x8, xs, acc0);
+  return Hsum(_mm256_add_ps(acc0, acc1));
+}
+
+// Q4_K / Q5_K's 8 six-bit scales and mins (ggml-common.h's get_scale_min_k4 for every j at once),
+// byte j of each the value of sub-block j: bytes 0..3 hold the low 6 bits of scales 0..3, bytes
+// 4..7 of mins 0..3, bytes 8..11 the low 4 bits of scales / mins 4..7, whose top 2 bits are the top
+// bits of bytes 0..3 / 4..7. (Integer instructions: they run beside the vector pipes.)
+inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
+  uint32_t w[3];
+  std::memcpy(w, scales, 12);
+  sc = uint64_t{w[0] & 0x3f3f3f3fu} | uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
+  m = uint64_t{w[1] & 0x3f3f3f3fu} | uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
+}
+
+// Q4_K / Q5_K, one super-block per step (2 per step, as Q6_K, measured slower here: 12.6 against
+// 14.6-15.5 GB/s in cache on Zen 3, the two super-blocks' operands do not fit the registers). The
+// nibbles stay bytes; VPMADDUBSW multiplies them (unsigned, at most 31) by the int8 activations
+// into int16 pairs (at most 2 * 31 * 127 = 7874, no saturation), then VPMADDWD by the sub-block
+// scale sums pairs into int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^24: its
+// conversion is exact). The 8 scales are widened once per super-block into a vector and each
+// sub-block's is picked by one VPSHUFB (a general-register broadcast per sub-block before: 6-12%
+// slower). Then one conversion and one FMA by d * activation scale per super-block; the min term
+// dmin * m_j * X_j (X_j the f32 sum of x over sub-block j) in 8 f32 lanes, reduced once per row.
 template <bool kQ5>
-__attribute__((target("avx2,fma,f16c"))) float DotK4Avx2(const void* blocks, int64_t nb, const int8_t* x8,
-                                                         const float* xs, const float* xsum, int64_t ahead) {
+HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8, const float* xs, const float* xsum,
+                               int64_t ahead) {
   using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
   const auto* b = static_cast<const Block*>(blocks);
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -338,17 +461,15 @@ __attribute__((target("avx2,fma,f16c"))) float DotK4Avx2(const void* blocks, int
   for (int64_t i = 0; i < nb; ++i) {
     const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead, _MM_HINT_T0);  // a block of 144 / 176 bytes: 3 / 4 lines
     _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
     _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
     if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
-    uint32_t w[3];
-    std::memcpy(w, blk.scales, 12);
-    const uint64_t sc = uint64_t{w[0] & 0x3f3f3f3fu} |
-                        uint64_t{(w[2] & 0x0f0f0f0fu) | ((w[0] >> 2) & 0x30303030u)} << 32;
-    const uint64_t m = uint64_t{w[1] & 0x3f3f3f3fu} |
-                       uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
+    uint64_t sc, m;
+    K4ScalesMins(blk.scales, sc, m);
     const int8_t* x = x8 + i * 256;
+    // the 8 scales as int16 in both 128-bit halves, for VPSHUFB
+    const __m256i sv = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(sc))));
     __m256i isum = _mm256_setzero_si256();
     __m256i hb = _mm256_setzero_si256();
     if constexpr (kQ5) hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh));
@@ -362,73 +483,155 @@ __attribute__((target("avx2,fma,f16c"))) float DotK4Avx2(const void* blocks, int
       }
       const __m256i p_lo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c)));
       const __m256i p_hi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64 * c + 32)));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c)) & 0xFF))));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * c + 8)) & 0xFF))));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, Shuffle(sv, kScaleOf[2 * c])));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, Shuffle(sv, kScaleOf[2 * c + 1])));
     }
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
     const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(m))));
     min_acc = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(_cvtsh_ss(blk.dmin))), _mm256_loadu_ps(xsum + i * 8), min_acc);
   }
-  auto hsum = [](__m256 v) __attribute__((target("avx2"))) {
-    const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-  };
-  return hsum(acc) - hsum(min_acc);
+  return Hsum(acc) - Hsum(min_acc);
 }
 
-// The AVX2 form of DotQ6_K: the 6-bit values q (0..63, before the -32) stay bytes; VPMADDUBSW
-// by the int8 activations gives int16 pairs (at most 2 * 63 * 127 = 16002), VPMADDWD by the
-// signed 16-element scale sums them into int32 (one 32-byte vector spans two scales: the low
-// 128 bits the first, the high 128 bits the second). The -32 is applied once per super-block as
-// 32 * sum_g sc_g * (sum of the int8 activations over group g), from the per-16 sums the
-// quantizer stores. All in exact integers, the same total as DotQ6_K.
-__attribute__((target("avx2,fma,f16c"))) float DotQ6KAvx2(const gguf::BlockQ6_K* b, int64_t nb, const int8_t* x8,
-                                                         const int16_t* bsum16, const float* xs, int64_t ahead) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
-                m30 = _mm256_set1_epi8(0x30), mc0 = _mm256_set1_epi8(static_cast<char>(0xC0));
+// Q6_K, 2 super-blocks per step (an odd last one: its copy's lanes scaled by zero). The 6-bit values q (0..63, before the -32) stay bytes (gguf_avx2.hpp's
+// unpack, shared with the prefill); VPMADDUBSW by the int8 activations gives int16 pairs (at most
+// 2 * 63 * 127 = 16002), VPMADDWD by the signed 16-element scales sums them into int32 (one
+// 32-byte vector spans two scales, low and high 128 bits: one VPSHUFB of the row's 16 scales,
+// widened once per super-block). The -32 is applied once per super-block as 32 * sum_g sc_g *
+// (sum of the int8 activations over group g), from the per-16 sums the quantizer stores. A lane
+// holds at most 8 * 2 * 16002 * 128 + 2 * 32 * 128 * 2032 < 2^26 before VPHADDD, 2^27 after: exact
+// integers, whose conversion to f32 may round once (as the Highway form's 2^31 lanes; the test's
+// bound counts one rounding for it).
+HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8, const int16_t* bsum16, const float* xs,
+                               int64_t ahead) {
+  constexpr int64_t kB = sizeof(gguf::BlockQ6_K);
+  static_assert(kKBlocks == 2, "the lane pick below is VPHADDD's order for 2 super-blocks");
+  const __m256i pick = _mm256_setr_epi32(0, 0, 1, 1, 0, 0, 1, 1);  // [d0, d1], [xs0, xs1] -> lanes
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < nb; ++i) {
-    const gguf::BlockQ6_K& blk = b[i];
-    const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
-    const int8_t* x = x8 + i * 256;
-    auto scale2 = [&](int k) __attribute__((target("avx2"))) {  // low 128 bits sc[k], high sc[k + 1]
-      return _mm256_set_m128i(_mm_set1_epi16(blk.scales[k + 1]), _mm_set1_epi16(blk.scales[k]));
-    };
-    __m256i isum = _mm256_setzero_si256();
-    for (int h = 0; h < 2; ++h) {
-      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h));
-      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32));
-      const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
-      const __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m03), 4));
-      const __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m0c), 2));
-      const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, m30));
-      const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
-                                         _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
-      const int8_t* xh = x + 128 * h;
-      const int s = 8 * h;
-      auto term = [&](__m256i q, int off, int k) __attribute__((target("avx2"))) {
-        const __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xh + off)));
-        return _mm256_madd_epi16(p, scale2(k));
-      };
-      isum = _mm256_add_epi32(isum, term(q1, 0, s + 0));
-      isum = _mm256_add_epi32(isum, term(q2, 32, s + 2));
-      isum = _mm256_add_epi32(isum, term(q3, 64, s + 4));
-      isum = _mm256_add_epi32(isum, term(q4, 96, s + 6));
+  for (int64_t i = 0; i < nb; i += kKBlocks) {
+    const bool two = i + 1 < nb;
+    __m256i isum[kKBlocks];
+    uint32_t dd = 0;
+    for (int r = 0; r < kKBlocks; ++r) {
+      const int64_t ib = two ? i + r : i;
+      const int8_t* x = x8 + 256 * ib;
+      const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * ib));
+      const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row + kB * ib);
+      const char* p = reinterpret_cast<const char*>(row + kB * ib + ahead);
+      _mm_prefetch(p, _MM_HINT_T0);  // 210 bytes: at most 4 lines
+      _mm_prefetch(p + 64, _MM_HINT_T0);
+      _mm_prefetch(p + 128, _MM_HINT_T0);
+      _mm_prefetch(p + 192, _MM_HINT_T0);
+      dd |= uint32_t{blk.d} << (16 * r);
+      // the 16 scales in element order as int16: sc0..7 | sc8..15; half h uses 8h..8h+7 in both halves
+      const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
+      // - 32 * sum_g sc_g * bsum_g over the 16 groups
+      __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+      for (int h = 0; h < 2; ++h) {
+        const __m256i sh = h == 0 ? _mm256_permute4x64_epi64(sc16, 0x44) : _mm256_permute4x64_epi64(sc16, 0xEE);
+        __m256i q[4];
+        gguf_avx2::q6k_unpack_half(blk.ql + 64 * h, blk.qh + 32 * h, q);
+        for (int k = 0; k < 4; ++k) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 128 * h + 32 * k));
+          s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xv), Shuffle(sh, kScalePairOf[k])));
+        }
+      }
+      isum[r] = s;
     }
-    // - 32 * sum_g sc_g * bsum_g over the 16 groups (scales in element order, as the sums)
-    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
-    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + i * 16));
-    isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
+    const __m256 f = _mm256_castps128_ps256(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(dd))));
+    const __m256 xs2 = _mm256_castps128_ps256(_mm_setr_ps(xs[i], two ? xs[i + 1] : 0.f, 0.f, 0.f));
+    const __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(f, pick), _mm256_permutevar8x32_ps(xs2, pick));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[0], isum[1])),
+                          two ? s : _mm256_blend_ps(s, _mm256_setzero_ps(), 0xCC), acc);
   }
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
+  return Hsum(acc);
+}
+
+
+
+
+void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0, int64_t n1,
+                  int64_t ahead) {
+  const int64_t row_bytes = K / gguf::block_format(t).block_elems * gguf::block_format(t).block_bytes;
+  const auto* base = static_cast<const uint8_t*>(w);
+  const int8_t* x8 = x.q8.data();
+  const float* xs = x.scale.data();
+  switch (t) {
+    case gguf::GgmlType::Q8_0:
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row(base + n * row_bytes, K / 32, x8, xs, ahead);
+      break;
+    case gguf::GgmlType::Q4_K:
+      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<false>(base + n * row_bytes, K / 256, x8, xs, x.sum.data(), ahead);
+      break;
+    case gguf::GgmlType::Q5_K:
+      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<true>(base + n * row_bytes, K / 256, x8, xs, x.sum.data(), ahead);
+      break;
+    default:  // Q6_K
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
+      break;
+  }
+}
+
+// The activation quantizer (gguf_quantize_activation_row) in AVX2, the same results bit for bit as
+// the scalar form below: the same f32 products x * (1 / d) (or quotients), roundf's rounding (half
+// away from zero) as truncation plus a correction where the exact fraction |v - trunc v| >= 1/2,
+// the per-32 f32 sums in the same tree order, integer sums (exact in any order). The scalar form
+// with its libm roundf was about a third of a 256 x 1024 GEMV's time in cache.
+HANPU_GGUF_AVX2 void QuantizeRowAvx2(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale,
+                                     float* sum_out, int16_t* bsum16) {
+  for (int64_t s = 0; s < K / 32; ++s) {  // lane l: (x[l] + x[l + 8]) + (x[l + 16] + x[l + 24]), then Hsum's tree
+    const float* xb = x + 32 * s;
+    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
+    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
+    sum_out[s] = Hsum(_mm256_add_ps(a, b));
+  }
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
+  const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes VPACKSS's per-half interleave
+  for (int64_t b = 0; b < K / block; ++b) {
+    const float* xb = x + b * block;
+    __m256 amax = zero, bad = zero;
+    for (int64_t j = 0; j < block; j += 8) {
+      const __m256 v = _mm256_loadu_ps(xb + j);
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v, abs_mask));
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_mul_ps(v, zero), zero, _CMP_NEQ_UQ));  // NaN or inf: v * 0 is NaN
+    }
+    if (_mm256_movemask_ps(bad) != 0) {  // a NaN or inf activation: the block's scale is NaN, every output NaN
+      std::memset(q8 + b * block, 0, static_cast<size_t>(block));
+      scale[b] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = am / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const bool reciprocal = std::isfinite(id);  // as the scalar form: x / d where 1 / d overflows
+    const __m256 vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
+    for (int64_t j = 0; j < block; j += 32) {
+      __m256i iv[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 xv = _mm256_loadu_ps(xb + j + 8 * k);
+        const __m256 v = reciprocal ? _mm256_mul_ps(xv, vid) : _mm256_div_ps(xv, vd);
+        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        const __m256 away = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), abs_mask), half, _CMP_GE_OQ);
+        const __m256 r = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(v, sign_mask))));
+        iv[k] = _mm256_cvttps_epi32(r);
+      }
+      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + b * block + j), _mm256_permutevar8x32_epi32(p, order));
+    }
+    scale[b] = d;
+  }
+  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t g = 0; g < K / 32; ++g) {  // sums per 16 of q8: VPSADBW of q + 128 per 8 bytes
+    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g)), bias);
+    alignas(32) uint64_t s[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_sad_epu8(q, _mm256_setzero_si256()));
+    bsum16[2 * g] = static_cast<int16_t>(static_cast<int>(s[0] + s[1]) - 16 * 128);
+    bsum16[2 * g + 1] = static_cast<int16_t>(static_cast<int>(s[2] + s[3]) - 16 * 128);
+  }
 }
 
 }  // namespace
@@ -455,10 +658,19 @@ int64_t gguf_activation_block(gguf::GgmlType t) {
 
 void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum_out,
                                   int16_t* bsum16) {
+#if HANPU_X86_KERNELS
+  if (gguf_avx2_forms_allowed()) {
+    QuantizeRowAvx2(x, K, block, q8, scale, sum_out, bsum16);
+    return;
+  }
+#endif
   for (int64_t s = 0; s < K / 32; ++s) {
-    float sum = 0.0f;
-    for (int j = 0; j < 32; ++j) sum += x[s * 32 + j];
-    sum_out[s] = sum;
+    // The f32 sum of 32 in the AVX2 form's tree order (the same bits on every target): lanes
+    // l = 0..7 of (x_l + x_l+8) + (x_l+16 + x_l+24), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+    const float* xs = x + s * 32;
+    float l[8];
+    for (int j = 0; j < 8; ++j) l[j] = (xs[j] + xs[j + 8]) + (xs[j + 16] + xs[j + 24]);
+    sum_out[s] = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
   }
   for (int64_t b = 0; b < K / block; ++b) {
     const float* xb = x + b * block;
@@ -505,6 +717,13 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   for (int64_t k = 0; k < K; ++k) out.q[static_cast<size_t>(k)] = out.q8[static_cast<size_t>(k)];
 }
 
+// The calling thread's quantized activations, kept between calls: a token's decode calls the GEMV
+// for every projection, and allocating the five arrays each time was measurable on small ones.
+static GgufActivations& decode_activations() {
+  thread_local GgufActivations xa;
+  return xa;
+}
+
 bool gguf_gemv_supported(gguf::GgmlType t) {
   return t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
          t == gguf::GgmlType::Q6_K || gguf_small_block_type(t);
@@ -521,21 +740,8 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
                 " or the activations are not quantized for " + gguf::block_format(t).name);
   if (gguf_small_block_type(t)) return gguf_small_block_gemv_rows(t, w, K, x, y, n0, n1);
 #if HANPU_X86_KERNELS
-  if ((t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K) && gguf_avx2_forms_allowed()) {
-    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
-    const size_t row_bytes = static_cast<size_t>(nb) * gguf::block_format(t).block_bytes;
-    const auto* base = static_cast<const uint8_t*>(w);
-    for (int64_t n = n0; n < n1; ++n)
-      y[n] = t == gguf::GgmlType::Q4_K
-                 ? DotK4Avx2<false>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead)
-                 : DotK4Avx2<true>(base + n * row_bytes, nb, x.q8.data(), x.scale.data(), x.sum.data(), ahead);
-    return;
-  }
-  if (t == gguf::GgmlType::Q6_K && gguf_avx2_forms_allowed()) {
-    const int64_t nb = K / 256, ahead = decode_prefetch_bytes();
-    const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
-    for (int64_t n = n0; n < n1; ++n)
-      y[n] = DotQ6KAvx2(rows + n * nb, nb, x.q8.data(), x.bsum16.data(), x.scale.data(), ahead);
+  if (gguf_avx2_forms_allowed()) {
+    GemvRowsAvx2(t, w, K, x, y, n0, n1, decode_prefetch_bytes());
     return;
   }
 #endif
@@ -545,7 +751,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
 
 void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
                int threads) {
-  GgufActivations xa;
+  GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
   gguf_quantize_activations(x, K, gguf_activation_block(t), xa);
   const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, std::max<int64_t>(N, 1)));
   engine.impl().run(parts, [&](int p, Workspace&) {
@@ -588,7 +794,7 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
   const auto* w = static_cast<const uint8_t*>(blocks_);
   if (M < kGgufPrefillRows && gguf_gemv_supported(type_)) {
     // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's (linear_gguf.hpp).
-    GgufActivations xa;
+    GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
     for (int64_t m = 0; m < M; ++m) {
       gguf_quantize_activations(x + m * ldx, K_, gguf_activation_block(type_), xa);
       float* yr = y + m * ldy;

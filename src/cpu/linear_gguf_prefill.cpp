@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "cpu/engine_impl.hpp"
+#include "cpu/gguf_avx2.hpp"
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "cpu/x86_features.hpp"
@@ -212,10 +213,8 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 64 * c + 32), hi);
       }
     }
-  } else {  // Q6_K (ggml-common.h block_q6_K; the same bit positions as DotQ6KAvx2 in linear_gguf.cpp)
+  } else {  // Q6_K (ggml-common.h block_q6_K; unpacked by gguf_avx2.hpp, as the decode GEMV does)
     const auto* b = reinterpret_cast<const gguf::BlockQ6_K*>(row);
-    const __m256i low4 = _mm256_set1_epi8(0x0F), m03 = _mm256_set1_epi8(0x03), m0c = _mm256_set1_epi8(0x0C),
-                  m30 = _mm256_set1_epi8(0x30), mc0 = _mm256_set1_epi8(static_cast<char>(0xC0));
     int16_t* svec = t.svec + r * (K / 32) * 16;
     float* d = t.d + r * t.nd;
     int16_t* q6sc = t.q6sc + r * (K / 16);
@@ -230,18 +229,9 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
       }
       uint8_t* v = vals + 256 * i;
       for (int h = 0; h < 2; ++h) {
-        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h));
-        const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.ql + 64 * h + 32));
-        const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qh + 32 * h));
-        const __m256i q1 = _mm256_or_si256(_mm256_and_si256(a, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m03), 4));
-        const __m256i q2 = _mm256_or_si256(_mm256_and_si256(c, low4), _mm256_slli_epi16(_mm256_and_si256(hb, m0c), 2));
-        const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low4), _mm256_and_si256(hb, m30));
-        const __m256i q4 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4),
-                                           _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h), q1);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 32), q2);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 64), q3);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 96), q4);
+        __m256i q[4];
+        gguf_avx2::q6k_unpack_half(blk.ql + 64 * h, blk.qh + 32 * h, q);
+        for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 32 * k), q[k]);
       }
     }
   }
