@@ -87,14 +87,15 @@ def expected(family):
 
 
 def generate(model, dtype, prompts, max_tokens, multiprocessing=True, plugin=True, llm=None, env_extra=None,
-             model_class=False, logprobs=None, sequential=False):
+             model_class=False, logprobs=None, sequential=False, gdn_shards=False):
     """vLLM's greedy tokens in a fresh process; (returncode, result dict or None, output)."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
                VLLM_ENABLE_V1_MULTIPROCESSING="1" if multiprocessing else "0", HANPU_VLLM="1" if plugin else "0",
                **(env_extra or {}))
     env.setdefault("OMP_NUM_THREADS", "2")
     spec = {"model": str(model), "dtype": dtype, "prompts": prompts, "max_tokens": max_tokens, "llm": llm or {},
-            "model_class": model_class, "logprobs": logprobs, "sequential": sequential}
+            "model_class": model_class, "logprobs": logprobs, "sequential": sequential,
+            "gdn_shards": gdn_shards}
     start = time.monotonic()
     p = subprocess.run([sys.executable, str(RUNNER), json.dumps(spec)], env=env, capture_output=True, text=True,
                        timeout=ENGINE_TIMEOUT)
@@ -195,6 +196,28 @@ def test_mixed_batch_equals_hanpu_engine(checkpoints, family):
     code, result, out = generate(checkpoints[family], "float32", prompts, new, multiprocessing=True,
                                  llm={"max_num_batched_tokens": 24, "max_num_seqs": 4, "max_model_len": 128})
     assert code == 0, out[-4000:]
+    assert result["tokens"] == reference
+
+
+def test_tensor_parallel_2_mixed_batch_equals_hanpu(checkpoints):
+    """tensor_parallel_size=2 on one machine (vLLM-CPU: two worker processes, gloo), Qwen3.5 float32:
+    each worker's GDN layers hold 2 of the 4 value heads and their own half of the state pool; the
+    four requests under the 24-token budget give hanpu's engine's tokens, the golden's prompt
+    transformers' greedy_ids. One engine start; vLLM's multiprocessing (VLLM_ALLOW_INSECURE_SERIALIZATION
+    for the function that reads the workers' layers)."""
+    prompt, greedy = expected("qwen3_5")
+    prompts = mixed_prompts(prompt)
+    model = hanpu.Model.load(GOLDEN / FAMILIES["qwen3_5"])
+    reference = [model.generate(p, max_new_tokens=len(greedy), stop_ids=[]) for p in prompts]
+    assert reference[0] == greedy
+    code, result, out = generate(checkpoints["qwen3_5"], "float32", prompts, len(greedy), multiprocessing=True,
+                                 llm={"tensor_parallel_size": 2, "max_num_batched_tokens": 24, "max_num_seqs": 4,
+                                      "max_model_len": 128},
+                                 env_extra={"OMP_NUM_THREADS": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"},
+                                 gdn_shards=True)
+    assert code == 0, out[-4000:]
+    assert result["gdn_layer"] == "HanpuGatedDeltaNetAttention"
+    assert result["gdn_shards"] == [[2, 2], [2, 2]]
     assert result["tokens"] == reference
 
 
