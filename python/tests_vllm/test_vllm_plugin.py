@@ -13,8 +13,10 @@ in a process of its own (vllm_generate.py). Checked:
 - several requests of different lengths under a small token budget, so that vLLM runs chunked
   prefills continuing a state next to decode steps in one batch: every request's tokens equal to
   hanpu's own engine running it alone (hanpu.Model, float32 activations on the same bf16 weights);
-- the same batch through the plugin's Kimi Linear class (float32; bfloat16 checked as above) and
-  Ling class (float32: the golden's request exact; the others an expected failure, docs/VLLM.md).
+- the same batch through the plugin's Kimi Linear class and Ling class (float32: every request
+  equal to hanpu's engine; bfloat16 checked as above, Ling's against transformers 5.24 in another
+  python, reference_logits.py), and Ling's MLA rotation alone;
+- prefix-cache hits (Qwen3.5, Kimi Linear), tensor_parallel_size=2 and compiled mode (Qwen3.5).
 """
 
 import copy
