@@ -95,9 +95,9 @@ bool gguf_int_prefill_available(gguf::GgmlType t);
 /// hanpu::Error naming it. Read on every call.
 GgufPrefill gguf_prefill_override();
 
-/// The per-ISA default for `t`: the integer path for the K-quants on AVX2 targets (measured faster
-/// on Zen 3), the f32 tiles for Q8_0 there (measured even) and for everything on AVX-512 targets
-/// (no AVX512-VNNI form; not measured there). docs/GGUF.md "Prefill".
+/// The per-ISA default for `t`: the integer path for Q8_0 and the K-quants on AVX2 targets (measured
+/// faster on Zen 3), the f32 tiles on AVX-512 targets (no AVX512-VNNI form; not measured there).
+/// docs/GGUF.md "Prefill".
 bool gguf_int_prefill_default(gguf::GgmlType t);
 
 /// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and

@@ -87,13 +87,16 @@ bool gguf_int_prefill_available(gguf::GgmlType t) {
 
 bool gguf_int_prefill_default(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
-  // AVX2 targets: the K-quants (Q4_K_M's Q4_K + Q6_K measured 1.4x the f32 tiles' prefill per CPU
-  // second on Zen 3, docs/GGUF.md "Prefill"); Q8_0 keeps the f32 tiles (its scale per 32 costs a
-  // conversion and an FMA per 32 weights and row pair on top of the two multiplies: measured even,
-  // 105 vs 110 tokens/s at 512). AVX-512 targets keep the f32 tiles (4 x 4 register blocks of 512-bit
-  // FMAs there): the integer form has no AVX512-VNNI variant, and the AVX2 one was not measured there.
+  // AVX2 targets: every type with a form. Measured on Zen 3 (benchmarks/gguf_prefill, MLP shapes,
+  // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-257 against
+  // the f32 tiles' 108-118; Q8_0 142-149 against 111-117 (its scale per 32 costs a conversion and
+  // an FMA per 32 weights and row pair on top of the two multiplies; it was even with the f32 tiles
+  // before the activation quantizer was vectorized). AVX-512 targets keep the f32 tiles (4 x 4
+  // register blocks of 512-bit FMAs there): the integer form has no AVX512-VNNI variant, and the
+  // AVX2 one was not measured there.
+  (void)t;
   const std::string& target = isa_selection().target;
-  return target.rfind("AVX3", 0) != 0 && t != gguf::GgmlType::Q8_0;
+  return target.rfind("AVX3", 0) != 0;
 #else
   (void)t;
   return false;
