@@ -3,8 +3,9 @@
 // choose it.
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
-// GEMV's quantizer (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants,
-// plus the f32 sums per 32 for the Q4_K / Q5_K min term and the int8 sums per 16 for Q6_K's -32).
+// GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
+// the f32 sums per 32 for the Q4_K / Q5_K min term and the int8 sums per 16 for Q6_K's -32), in an
+// AVX2 form with the same int8 values (quantize_row).
 // The weight rows are taken kGgufTileRows at a time and unpacked once into the worker's scratch:
 // the K-quants' 4/5/6-bit values as bytes in element order (0..15 / 0..31 / 0..63, Q6_K before its
 // -32), the sub-block scale of every 32 elements as a ready VPMADDWD operand (16 int16 lanes: one
@@ -12,7 +13,8 @@
 // scale d, the f32 min terms dmin * m_j, Q6_K's 16 scales widened to int16. Q8_0's bytes are kept
 // as they are, with their f32 scale per 32.
 //
-// Then register blocks of kRowsX activation rows by kRowsW weight rows run the whole K: per 32
+// Then register blocks of kRowsX activation rows by kRowsW weight rows (4 x 2; the K-quants' loop
+// over a super-block in inline assembly, see superblock_dot) run the whole K: per 32
 // elements one load of each weight row's bytes (and scale vector), one load of each activation
 // row's, and per (activation row, weight row) pair VPMADDUBSW (unsigned weight bytes times signed
 // activation bytes into int16 pairs) and VPMADDWD by the sub-block scale into int32 lanes. That
@@ -88,7 +90,7 @@ bool gguf_int_prefill_available(gguf::GgmlType t) {
 bool gguf_int_prefill_default(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
   // AVX2 targets: every type with a form. Measured on Zen 3 (benchmarks/gguf_prefill, MLP shapes,
-  // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-257 against
+  // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-258 against
   // the f32 tiles' 108-118; Q8_0 142-149 against 111-117 (its scale per 32 costs a conversion and
   // an FMA per 32 weights and row pair on top of the two multiplies; it was even with the f32 tiles
   // before the activation quantizer was vectorized). AVX-512 targets keep the f32 tiles (4 x 4
@@ -264,10 +266,9 @@ HANPU_PREFILL_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-// Keeps v in a vector register. Without it GCC folds a load that feeds several multiplies into
-// each of them as a memory operand (measured: the 4 x 2 block issued 18 loads per 32 elements
-// instead of 8, and Zen 3 does two 256-bit loads per cycle, so the loads and not the two multiply
-// pipes bounded the loop).
+// Keeps v in a vector register (the Q8_0 block). Without it GCC folds a load that feeds several
+// multiplies into each of them as a memory operand (the K-quants' 4 x 2 block issued 18 loads per
+// 32 elements instead of 8 that way; Zen 3 does two 256-bit loads per cycle).
 #define HANPU_IN_REGISTER(v) __asm__("" : "+x"(v))
 
 // One super-block (256 elements) of MR activation rows x NR weight rows into int32 lanes:
