@@ -312,6 +312,52 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefill,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
+// The prefill's AVX2 activation quantizer against the GEMV's scalar one: the same int8 values,
+// scales and sums of 16 bit for bit (ties of roundf away from zero, subnormal blocks, a NaN and
+// an inf block, a zero block), the f32 sums per 32 within their summation bound.
+TEST(GgufIntPrefillQuantizer, SameBitsAsTheGemvQuantizer) {
+  if (!hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_K)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  for (int64_t block : {int64_t{32}, int64_t{256}}) {
+    const int64_t K = 2048;
+    std::vector<float> x = make_x(K, static_cast<uint32_t>(block));
+    // block 1: exact halves (amax 127 makes d = 1: x = k + 0.5 is a tie of roundf), both signs
+    for (int64_t j = 0; j < block; ++j) x[block + j] = (j % 2 ? -1.f : 1.f) * (static_cast<float>(j % 120) + 0.5f);
+    x[block] = 127.f;
+    for (int64_t j = 0; j < block; ++j) x[2 * block + j] = 1e-41f * static_cast<float>(j - 7);  // subnormal
+    x[3 * block + 5] = std::numeric_limits<float>::quiet_NaN();
+    x[4 * block + 9] = -std::numeric_limits<float>::infinity();
+    std::fill(x.begin() + 5 * block, x.begin() + 6 * block, 0.f);
+    std::vector<int8_t> q_ref(K), q(K);
+    std::vector<float> s_ref(K / block), s(K / block), sum_ref(K / 32), sum(K / 32);
+    std::vector<int16_t> b_ref(K / 16), b(K / 16);
+    hanpu::cpu::gguf_quantize_activation_row(x.data(), K, block, q_ref.data(), s_ref.data(), sum_ref.data(), b_ref.data());
+    hanpu::cpu::gguf_prefill_quantize_row(x.data(), K, block, q.data(), s.data(), sum.data(), b.data());
+    EXPECT_EQ(0, std::memcmp(q.data(), q_ref.data(), q.size())) << "block " << block;
+    EXPECT_EQ(0, std::memcmp(s.data(), s_ref.data(), s.size() * 4)) << "block " << block;
+    EXPECT_EQ(0, std::memcmp(b.data(), b_ref.data(), b.size() * 2)) << "block " << block;
+    EXPECT_EQ(q[block + 1], -2) << "-1.5 rounds away from zero";
+    EXPECT_EQ(q[block + 2], 3) << "2.5 rounds away from zero";
+    for (int64_t g = 0; g < K / 32; ++g) {
+      double exact = 0, mag = 0;
+      for (int j = 0; j < 32; ++j) {
+        exact += x[32 * g + j];
+        mag += std::abs(static_cast<double>(x[32 * g + j]));
+      }
+      if (!std::isfinite(exact)) {
+        EXPECT_FALSE(std::isfinite(sum[g])) << "sum " << g;
+        continue;
+      }
+      EXPECT_LE(std::abs(sum[g] - exact), 5 * 0x1p-24 * mag) << "sum " << g;  // a 5-level tree of 32
+    }
+  }
+  std::vector<float> x(96);
+  std::vector<int8_t> q(96);
+  std::vector<float> s(3), sm(3);
+  std::vector<int16_t> b(6);
+  EXPECT_THROW(hanpu::cpu::gguf_prefill_quantize_row(x.data(), 96, 256, q.data(), s.data(), sm.data(), b.data()),
+               hanpu::Error);
+}
+
 TEST(GgufIntPrefillErrors, TypesWithoutAFormFallBackOrAreRefused) {
   hanpu::Engine engine(1);
   std::vector<uint8_t> w(136);

@@ -83,6 +83,12 @@ bool gguf_avx2_forms_allowed();
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
                       int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate);
 
+/// The AVX2 activation quantizer gguf_prefill_int runs: q8, scale and bsum16 bit for bit those of
+/// gguf_quantize_activation_row, the f32 sums per 32 in another order. Throws hanpu::Error where the
+/// AVX2 forms may not run or K is not a positive multiple of block (32 or 256).
+void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum,
+                               int16_t* bsum16);
+
 /// Q8_0, Q4_K, Q5_K, Q6_K where the AVX2 forms may run (gguf_avx2_forms_allowed).
 bool gguf_int_prefill_available(gguf::GgmlType t);
 
@@ -90,9 +96,9 @@ bool gguf_int_prefill_available(gguf::GgmlType t);
 /// hanpu::Error naming it. Read on every call.
 GgufPrefill gguf_prefill_override();
 
-/// The per-ISA default for `t`: the integer path for the K-quants on AVX2 targets (measured faster
-/// on Zen 3), the f32 tiles for Q8_0 there (measured even) and for everything on AVX-512 targets
-/// (no AVX512-VNNI form; not measured there). docs/GGUF.md "Prefill".
+/// The per-ISA default for `t`: the integer path for Q8_0 and the K-quants on AVX2 targets (measured
+/// faster on Zen 3), the f32 tiles on AVX-512 targets (no AVX512-VNNI form; not measured there).
+/// docs/GGUF.md "Prefill".
 bool gguf_int_prefill_default(gguf::GgmlType t);
 
 /// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and

@@ -58,9 +58,14 @@ def golden_ids(golden):
     return d["prompt_ids"].tolist(), d["greedy_ids"].tolist(), d["logits"].astype(np.float64)
 
 
-def run_logits(model, ids, out):
+def run_logits(model, ids, out, prefill=None):
+    """prefill: HANPU_GGUF_PREFILL for the run ("f32": the exact f32 tiles; None: the default, which
+    for Q8_0 and the K-quants on AVX2 is the integer prefill on int8 activations)."""
+    env = dict(os.environ)
+    if prefill:
+        env["HANPU_GGUF_PREFILL"] = prefill
     subprocess.run([HANPU, "run", "--model", model, "--prompt-ids", ",".join(map(str, ids)), "-n", "0", "--threads", "2",
-                    "--logits-out", out], capture_output=True, text=True, check=True)
+                    "--logits-out", out], capture_output=True, text=True, check=True, env=env)
     return load_file(out)["logits"].astype(np.float64)
 
 
@@ -145,7 +150,10 @@ def test_q8_0_round_trip(tmp_path, golden, arch):
     dequantized_copy(out, str(tmp_path / "f32.gguf"))
     prompt, greedy, ref = golden_ids(golden)
     ids = prompt + greedy
-    got = run_logits(out, ids, str(tmp_path / "q.safetensors"))
+    # The file's values are exactly Q8_0's: on the exact f32 tiles its logits are those of its
+    # dequantized copy (the default integer prefill rounds the activations too; its bounds are
+    # tests/test_linear_gguf.cpp's GgufIntPrefill).
+    got = run_logits(out, ids, str(tmp_path / "q.safetensors"), prefill="f32")
     same_weights = run_logits(str(tmp_path / "f32.gguf"), ids, str(tmp_path / "f.safetensors"))
     assert nmse(got, same_weights).max() <= 1e-10
     assert (got.argmax(axis=1) == same_weights.argmax(axis=1)).all()
