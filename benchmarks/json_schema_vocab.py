@@ -12,26 +12,17 @@ import glob
 import json
 import random
 import re
+import os
 import sys
 
-
-def byte_alphabet():
-    """GPT-2's bytes_to_unicode: each byte as the printable character byte-level BPE uses."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+from byte_level_bpe import bytes_to_unicode  # noqa: E402
 
 
 def main():
     out = sys.argv[1]
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 151643
-    b2u = byte_alphabet()
+    b2u = bytes_to_unicode()
     enc = lambda s: "".join(b2u[b] for b in s.encode())
     pieces = collections.Counter()
     split = re.compile(r" ?[A-Za-z]+| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]+|\s+")

@@ -47,6 +47,9 @@ from pathlib import Path
 import tokenizers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from byte_level_bpe import bytes_to_unicode  # noqa: E402
+
 # Qwen3.5's split regex (transformers models/qwen3_5/tokenization_qwen3_5.py, PRETOKENIZE_REGEX;
 # Qwen3.5's tokenizer.json pre_tokenizer).
 QWEN35_REGEX = (
@@ -203,19 +206,6 @@ INVALID_UTF8 = [
     ("invalid_before_special", [b"\xff", "<|im_end|>", b"\x80"]),
     ("invalid_in_cjk", ["你好", b"\xe4\xb8", "世界"]),
 ]
-
-
-def bytes_to_unicode():
-    """GPT-2's byte-level alphabet (the ByteLevel pre-tokenizer's table), byte -> char."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 # Characters the random strings are drawn from: every class the split regex distinguishes

@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -33,6 +34,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 DATA = os.path.join(ROOT, "tests", "data")
 HANPU = os.environ.get("HANPU_EXE", os.path.join(ROOT, "build", "release", "hanpu"))
+
+sys.path.insert(0, os.path.join(ROOT, "tools"))
+from byte_level_bpe import bytes_to_unicode  # noqa: E402
 
 TRICKY = [
     "你好，世界！今天天气很好。",
@@ -103,17 +107,6 @@ def converter_merges(ranks):
             merges.append(" ".join("".join(byte_char[b] for b in p) for p in parts))
     return merges
 
-
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def field(reader, key):
