@@ -385,6 +385,22 @@ TEST(GgufArch, F16EqualsTheSafetensorsModel) {
   }
 }
 
+// A whole-sequence prefill of a quantized file `q` against the same file dequantized to F32 (`d`):
+// the worst NMSE over the positions, and (checked here) the same argmax at every position.
+double worst_prefill_nmse_against_dequantized(const HybridModel& q, const HybridModel& d,
+                                              const std::vector<int32_t>& ids, int threads) {
+  const int64_t V = q.config().vocab_size;
+  const Tensor a = testing::all_logits(q, ids, threads), b = testing::all_logits(d, ids, threads);
+  double worst = 0;
+  for (size_t t = 0; t < ids.size(); ++t) {
+    const float* pa = a.ptr<float>() + t * V;
+    const float* pb = b.ptr<float>() + t * V;
+    worst = std::max(worst, nmse(pa, pb, V));
+    EXPECT_EQ(std::max_element(pa, pa + V) - pa, std::max_element(pb, pb + V) - pb) << "position " << t;
+  }
+  return worst;
+}
+
 // The quantized fixture: Q8_0 wherever a row is whole blocks (the converter's rule; the rest F16 or
 // F32), checked against the same file with its Q8_0 tensors dequantized to F32: the same weights,
 // so a whole-sequence prefill on the f32 tiles (exact dequantized weights, f32 activations) gives the
@@ -401,16 +417,8 @@ TEST(GgufArch, Q8_0EqualsItsDequantizedWeights) {
     const HybridModel q = HybridModel::load(q8.string());
     const HybridModel d = HybridModel::load(arch::dequantized_copy(tmp, q8).string());
     const std::vector<int32_t> ids = testing::load_expected(testing::golden_dir() / fam.golden).full_sequence();
-    const int64_t V = q.config().vocab_size;
     for (int threads : {1, 2}) {
-      const Tensor a = testing::all_logits(q, ids, threads), b = testing::all_logits(d, ids, threads);
-      double worst = 0;
-      for (size_t t = 0; t < ids.size(); ++t) {
-        const float* pa = a.ptr<float>() + t * V;
-        const float* pb = b.ptr<float>() + t * V;
-        worst = std::max(worst, nmse(pa, pb, V));
-        EXPECT_EQ(std::max_element(pa, pa + V) - pa, std::max_element(pb, pb + V) - pb) << "position " << t;
-      }
+      const double worst = worst_prefill_nmse_against_dequantized(q, d, ids, threads);
       EXPECT_LE(worst, 1e-10) << "threads " << threads;
       std::printf("%s q8_0 prefill, threads %d: worst position NMSE vs dequantized F32 %.3g\n", fam.arch, threads, worst);
     }
@@ -446,14 +454,7 @@ TEST(GgufSmallBlocks, LlamaQuantizeFilesEqualTheirDequantizedWeights) {
     const HybridModel d = HybridModel::load(arch::dequantized_copy(tmp, file).string());
     const int64_t V = q.config().vocab_size;
     for (int threads : {1, 2}) {
-      const Tensor a = testing::all_logits(q, ids, threads), b = testing::all_logits(d, ids, threads);
-      double worst = 0;
-      for (size_t t = 0; t < ids.size(); ++t) {
-        const float* pa = a.ptr<float>() + t * V;
-        const float* pb = b.ptr<float>() + t * V;
-        worst = std::max(worst, nmse(pa, pb, V));
-        EXPECT_EQ(std::max_element(pa, pa + V) - pa, std::max_element(pb, pb + V) - pb) << "position " << t;
-      }
+      const double worst = worst_prefill_nmse_against_dequantized(q, d, ids, threads);
       EXPECT_LE(worst, 1e-10) << "threads " << threads;
       std::printf("%s prefill, threads %d: worst position NMSE vs dequantized F32 %.3g\n", f.name, threads, worst);
     }
