@@ -436,7 +436,6 @@ def _model_classes():
     from vllm.model_executor.layers.mamba.mamba_utils import (
         MambaStateCopyFuncCalculator, MambaStateDtypeCalculator, MambaStateShapeCalculator)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
     from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
 
@@ -572,33 +571,44 @@ def _model_classes():
                         if ckpt in name:
                             target, shard = name.replace(ckpt, param), s
                             break
-                if shard is not None:
-                    param = params[target]
-                    param.weight_loader(param, weight, shard)
-                    loaded.add(target)
-                    continue
-                if ".experts." in name and ".shared_experts." not in name:
-                    for param_name, weight_name, expert_id, expert_shard in experts:
-                        if weight_name not in name:
-                            continue
-                        target = name.replace(weight_name, param_name)
-                        param = params[target]
-                        if param.weight_loader(param, weight, target, shard_id=expert_shard, expert_id=expert_id,
-                                               return_success=True):
-                            loaded.add(target)
-                            break
-                    else:
-                        raise ValueError(f"hanpu vLLM plugin: expert weight {name!r} matches no expert parameter")
-                    continue
-                if name not in params:
-                    raise ValueError(f"hanpu vLLM plugin: checkpoint tensor {name!r} has no parameter in "
-                                     f"HanpuKimiLinearForCausalLM")
-                param = params[name]
-                getattr(param, "weight_loader", default_weight_loader)(param, weight)
-                loaded.add(name)
+                load_checkpoint_tensor(params, loaded, name, weight, target, shard, experts, "HanpuKimiLinearForCausalLM")
             return loaded
 
     return HanpuKimiLinearForCausalLM
+
+
+def load_checkpoint_tensor(params, loaded, name, weight, target, shard, experts, model_name):
+    """Loads one checkpoint tensor into the KDA model classes' parameters (Kimi Linear's and Ling's).
+
+    The caller has mapped the checkpoint's name: `target, shard` name a shard of a fused parameter
+    (shard None: not fused). Otherwise a routed expert's weight goes through vLLM's expert mapping
+    (`experts`, from fused_moe_make_expert_params_mapping) and any other tensor into the parameter
+    of its own name. Adds what it loaded to `loaded`; a tensor with no parameter is an error that
+    names it and the model class.
+    """
+    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+    if shard is not None:
+        param = params[target]
+        param.weight_loader(param, weight, shard)
+        loaded.add(target)
+        return
+    if ".experts." in name and ".shared_experts." not in name:
+        for param_name, weight_name, expert_id, expert_shard in experts:
+            if weight_name not in name:
+                continue
+            target = name.replace(weight_name, param_name)
+            param = params[target]
+            if param.weight_loader(param, weight, target, shard_id=expert_shard, expert_id=expert_id,
+                                   return_success=True):
+                loaded.add(target)
+                return
+        raise ValueError(f"hanpu vLLM plugin: expert weight {name!r} matches no expert parameter")
+    if name not in params:
+        raise ValueError(f"hanpu vLLM plugin: checkpoint tensor {name!r} has no parameter in {model_name}")
+    param = params[name]
+    getattr(param, "weight_loader", default_weight_loader)(param, weight)
+    loaded.add(name)
 
 
 _MODEL = None

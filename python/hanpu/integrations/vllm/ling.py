@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .gdn import _refuse, engine_array
-from .kimi_linear import mla_class, mlp_classes
+from .kimi_linear import load_checkpoint_tensor, mla_class, mlp_classes
 
 ARCHITECTURE = "BailingHybridForCausalLM"
 
@@ -199,7 +199,6 @@ def _model_class():
     from vllm.model_executor.layers.mamba.mamba_utils import (
         MambaStateCopyFuncCalculator, MambaStateDtypeCalculator, MambaStateShapeCalculator)
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
-    from vllm.model_executor.model_loader.weight_utils import default_weight_loader
     from vllm.model_executor.models.bailing_moe_v3 import _build_mla_rotary_embedding
     from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
     from vllm.model_executor.models.utils import extract_layer_index, make_layers, maybe_prefix
@@ -330,30 +329,7 @@ def _model_class():
                         if ckpt in name:
                             target, shard = name.replace(ckpt, param), s
                             break
-                if shard is not None:
-                    param = params[target]
-                    param.weight_loader(param, weight, shard)
-                    loaded.add(target)
-                    continue
-                if ".experts." in name and ".shared_experts." not in name:
-                    for param_name, weight_name, expert_id, expert_shard in experts:
-                        if weight_name not in name:
-                            continue
-                        target = name.replace(weight_name, param_name)
-                        param = params[target]
-                        if param.weight_loader(param, weight, target, shard_id=expert_shard, expert_id=expert_id,
-                                               return_success=True):
-                            loaded.add(target)
-                            break
-                    else:
-                        raise ValueError(f"hanpu vLLM plugin: expert weight {name!r} matches no expert parameter")
-                    continue
-                if name not in params:
-                    raise ValueError(f"hanpu vLLM plugin: checkpoint tensor {name!r} has no parameter in "
-                                     f"HanpuBailingHybridForCausalLM")
-                param = params[name]
-                getattr(param, "weight_loader", default_weight_loader)(param, weight)
-                loaded.add(name)
+                load_checkpoint_tensor(params, loaded, name, weight, target, shard, experts, "HanpuBailingHybridForCausalLM")
             return loaded
 
     return HanpuBailingHybridForCausalLM
