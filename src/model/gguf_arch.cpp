@@ -12,7 +12,9 @@
 // llama.cpp's loader accepts).
 #include "model/gguf_arch.hpp"
 
+#include <linux/magic.h>
 #include <sys/mman.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -713,12 +715,19 @@ bool gguf_weights_copied() {
   return copy;
 }
 
+// Whether the file's pages are shmem (a tmpfs such as /dev/shm, or the memfd of `--weights q4_k_m`
+// etc., HybridModel::load, reached under /proc/self/fd/): they are not reclaimable and stay while
+// the file exists, so dropping them from the process frees nothing and a copy would hold the
+// weights twice. statfs failing (it should not, the file is open) counts as not shmem: a copy.
+bool file_is_shmem(const std::string& path) {
+  struct statfs fs{};
+  return ::statfs(path.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
+}
+
 // The blocks at `data` as the model keeps them: copied into huge pages (see gguf_weights_copied) or
-// left in the mapping. A file under /proc/self/fd/ is the memfd of `--weights q4_k_m` etc.
-// (HybridModel::load): shmem, whose pages are not reclaimable and stay while the mapping does, so a
-// copy would hold the weights twice; those stay in the mapping.
+// left in the mapping. Files in shmem (file_is_shmem) stay in the mapping.
 const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::string& path, std::vector<ByteBuffer>& owned) {
-  if (!gguf_weights_copied() || bytes == 0 || path.rfind("/proc/self/fd/", 0) == 0) return data;
+  if (!gguf_weights_copied() || bytes == 0 || path.rfind("/proc/self/fd/", 0) == 0 || file_is_shmem(path)) return data;
   ByteBuffer copy(bytes);
   std::memcpy(copy.data(), data, bytes);
   // The file's whole pages inside the tensor leave the process (they stay in the page cache): the
