@@ -1,7 +1,7 @@
 // `hanpu run` and `hanpu bench-model` end to end on the tiny transformers-made checkpoints
 // (tests/golden/qwen35_tiny; greedy, text-prompt and bench-model checks also on
 // tests/golden/qwen3next_tiny): the greedy run reproduces transformers' continuation and its
-// --logits-out file transformers' logits; bench-model --json prints well-formed rows; bad input
+// --logits-out file transformers' logits (one forward, and one per token); bench-model --json prints well-formed rows; bad input
 // gives one error line naming the problem and exit code 1.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
@@ -76,17 +76,28 @@ TEST(ModelCli, GreedyRunReproducesTransformers) {
     for (const char* field : {"prompt tokens 75", "time to first token", "prefill", "decode", "peak memory"})
       EXPECT_NE(r.err.find(field), std::string::npos) << field << " missing in: " << r.err;
 
-    SafetensorsFile f = SafetensorsFile::open(logits_path);
-    Tensor l = f.load_copy("logits");
-    const int64_t V = e.logits.shape()[1], T0 = static_cast<int64_t>(e.prompt.size());
-    ASSERT_EQ(l.shape(), (std::vector<int64_t>{T0, V}));
-    double err = 0, ref = 0;
-    for (int64_t i = 0; i < T0 * V; ++i) {
-      const double d = l.get(i) - e.logits.get(i);
-      err += d * d;
-      ref += e.logits.get(i) * e.logits.get(i);
+    // The prompt's logits, from one whole-sequence forward and (--logits-per-token) from one forward
+    // per token, the decode path: both transformers' at every position, and the same continuation.
+    const std::string step_path = tmp.file("logits-step.safetensors");
+    const RunResult rs = run_hanpu(tmp, "run --model " + quote(tiny(golden)) + " --prompt-ids " + ids + " -n " +
+                                            std::to_string(e.greedy.size()) + " --greedy --ids --threads 2 --logits-out " +
+                                            quote(step_path) + " --logits-per-token");
+    ASSERT_EQ(rs.code, 0) << rs.err;
+    EXPECT_EQ(rs.out, r.out);
+    for (const std::string& path : {logits_path, step_path}) {
+      SCOPED_TRACE(path);
+      SafetensorsFile f = SafetensorsFile::open(path);
+      Tensor l = f.load_copy("logits");
+      const int64_t V = e.logits.shape()[1], T0 = static_cast<int64_t>(e.prompt.size());
+      ASSERT_EQ(l.shape(), (std::vector<int64_t>{T0, V}));
+      double err = 0, ref = 0;
+      for (int64_t i = 0; i < T0 * V; ++i) {
+        const double d = l.get(i) - e.logits.get(i);
+        err += d * d;
+        ref += e.logits.get(i) * e.logits.get(i);
+      }
+      EXPECT_LE(err / ref, 1e-8);
     }
-    EXPECT_LE(err / ref, 1e-8);
   }
 }
 
@@ -189,6 +200,9 @@ TEST(ModelCli, BadInputGivesOneErrorLine) {
   r = run_hanpu(tmp, "run --model " + quote(tiny()) + " --prompt-ids 1,99999");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("99999"), std::string::npos) << r.err;
+  r = run_hanpu(tmp, "run --model " + quote(tiny()) + " --prompt-ids 1,2 --logits-per-token");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.err.find("--logits-per-token needs --logits-out"), std::string::npos) << r.err;
   r = run_hanpu(tmp, "bench-model --synthetic qwen3.5-1b");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.err.find("qwen3.5-0.8b"), std::string::npos) << r.err;

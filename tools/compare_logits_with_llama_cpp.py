@@ -11,7 +11,7 @@ worst / median NMSE, greedy agreement, and the positions that disagree with both
 
   python3 tools/compare_logits_with_llama_cpp.py --llama-cpp DIR [--hanpu EXE] \
       [--ids 1,2,3 | --ids-from GOLDEN/expected.safetensors | --random-ids N] \
-      [--quantize TYPE] [--llama-step] [--cache-type f16|f32] [--threads 2] [--json OUT] FILE.gguf ...
+      [--quantize TYPE] [--llama-step] [--hanpu-step] [--cache-type f16|f32] [--threads 2] [--json OUT] FILE.gguf ...
 
 DIR: llama.cpp's sources with include/ and a build (default subdir build-noamx, --build-subdir) whose
 bin/ has libllama.so and llama-quantize. --ids-from: the golden's prompt_ids followed by its
@@ -21,7 +21,8 @@ whole 256-blocks get llama.cpp's fallback types (the tool prints the types the f
 --llama-dequantized: llama.cpp gets the file with its tensors dequantized to F32 (same weight values,
 no activation quantization), hanpu the file itself: what is left is hanpu's own error.
 --llama-step: llama.cpp evaluates one token per llama_decode (its decode path) instead of the
-whole prompt in one batch. A file without a tokenizer (`tokenizer.ggml.model` absent, as the tiny
+whole prompt in one batch. --hanpu-step: the same for hanpu (`hanpu run --logits-per-token`); both
+together compare the two decode paths. A file without a tokenizer (`tokenizer.ggml.model` absent, as the tiny
 arch fixtures) is given llama.cpp overrides `tokenizer.ggml.model=no_vocab` and
 `<arch>.vocab_size` (the embedding's rows); hanpu needs no tokenizer for token ids.
 """
@@ -100,7 +101,7 @@ def llama_logits(exe, path, ids, args, arch, vocab, has_tok, out):
 
 def hanpu_logits(hanpu, path, ids, args, out):
     cmd = ["nice", "-n", "19", hanpu, "run", "--model", path, "--prompt-ids", ",".join(map(str, ids)), "-n", "0",
-           "--threads", str(args.threads), "--logits-out", out]
+           "--threads", str(args.threads), "--logits-out", out] + (["--logits-per-token"] if args.hanpu_step else [])
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         return None, p.stderr.strip()[-400:]
@@ -136,6 +137,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quantize", help="llama-quantize type to make from each FILE first (Q8_0, Q4_K_M, F32, ...)")
     ap.add_argument("--llama-step", action="store_true")
+    ap.add_argument("--hanpu-step", action="store_true",
+                    help="hanpu runs the prompt one token per forward (`hanpu run --logits-per-token`: its decode path, "
+                         "e.g. the GGUF GEMVs on int8 activations) instead of one whole-sequence forward")
     ap.add_argument("--llama-dequantized", action="store_true",
                     help="llama.cpp runs a copy of the file with every tensor dequantized to F32 (llama-quantize "
                          "--allow-requantize FILE F32: the same weight values, f32 activations), hanpu the file itself")
@@ -171,7 +175,7 @@ def main():
             l, lerr = llama_logits(exe, llama_path, ids, args, arch, vocab, has_tok, os.path.join(tmp, "llama.npy"))
             h, herr = hanpu_logits(args.hanpu, path, ids, args, os.path.join(tmp, "hanpu.safetensors"))
             row = {"file": os.path.basename(src), "quantize": args.quantize, "arch": arch, "types": types,
-                   "llama_mode": "step" if args.llama_step else "batch", "llama_dequantized": args.llama_dequantized, "cache_type": args.cache_type,
+                   "llama_mode": "step" if args.llama_step else "batch", "hanpu_mode": "step" if args.hanpu_step else "batch", "llama_dequantized": args.llama_dequantized, "cache_type": args.cache_type,
                    "tokens": len(ids)}
             if lerr or herr:
                 row["error"] = {"llama.cpp": lerr, "hanpu": herr}

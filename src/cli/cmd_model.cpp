@@ -12,6 +12,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -124,7 +125,7 @@ std::string projections_description(LinearPrecision p, const WeightArgs& w) {
 struct RunArgs {
   std::string model_dir, prompt, prompt_ids, logits_out, system, precision = "exact";
   int n_predict = 128;
-  bool chat = false, greedy = false, think = false, print_ids = false;
+  bool chat = false, greedy = false, think = false, print_ids = false, logits_per_token = false;
   int threads = 0;
   float temperature = 0.7f, top_p = 0.95f;
   int top_k = 20;
@@ -134,6 +135,7 @@ struct RunArgs {
 
 void run_generate(const RunArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty()) throw Error("give exactly one of --prompt and --prompt-ids");
+  if (a.logits_per_token && a.logits_out.empty()) throw Error("--logits-per-token needs --logits-out FILE");
   const int threads = a.threads > 0 ? a.threads : hardware_threads();
   HybridModel model = HybridModel::load(
       a.model_dir, {.progress = true,
@@ -191,8 +193,19 @@ void run_generate(const RunArgs& a) {
   Generator::Result r;
   double prefill_s = 0;
   if (!a.logits_out.empty()) {
-    // Every prompt position's logits: one pass with all_logits, then the same decode loop.
-    Tensor logits = model.forward(st, prompt, {.threads = threads, .all_logits = true, .precision = precision});
+    // Every prompt position's logits: one pass with all_logits (the prefill path), or with
+    // --logits-per-token one forward per token (the decode path: what each generated token runs,
+    // e.g. the GGUF GEMVs on int8 activations), then the same decode loop.
+    Tensor logits;
+    if (a.logits_per_token) {
+      logits = Tensor(DType::F32, {static_cast<int64_t>(prompt.size()), V});
+      for (size_t t = 0; t < prompt.size(); ++t) {
+        const Tensor step = model.forward(st, std::span(prompt).subspan(t, 1), fo);
+        std::copy_n(step.ptr<float>(), V, logits.ptr<float>() + static_cast<int64_t>(t) * V);
+      }
+    } else {
+      logits = model.forward(st, prompt, {.threads = threads, .all_logits = true, .precision = precision});
+    }
     prefill_s = seconds_since(t_prefill);
     Tensor ids(DType::I64, {static_cast<int64_t>(prompt.size())});
     for (size_t i = 0; i < prompt.size(); ++i) ids.set(static_cast<int64_t>(i), prompt[i]);
@@ -500,6 +513,8 @@ void register_model_commands(CLI::App& app) {
   run->weights.add_to(r);
   r->add_flag("--ids", run->print_ids, "print the generated token ids instead of text");
   r->add_option("--logits-out", run->logits_out, "write the prompt's logits (all positions) to this safetensors file");
+  r->add_flag("--logits-per-token", run->logits_per_token,
+              "with --logits-out: run the prompt one token per forward (the decode path) instead of one whole-sequence forward");
   r->callback([run] { run_generate(*run); });
 
   auto bench = std::make_shared<BenchModelArgs>();
