@@ -47,14 +47,16 @@ KIMI_LINEAR_SLICE = dict(
     max_position_embeddings=4096, dtype="bfloat16")
 
 
-def make_kimi_checkpoint(path):
+def make_kimi_checkpoint(path, config=None, seed=0):
     """Random bf16 weights under transformers' Kimi Linear names, written directly (transformers'
-    own initialisation of 3 billion parameters takes many minutes on 2 cores)."""
+    own initialisation of 3 billion parameters takes many minutes on 2 cores). `config`: the
+    shapes, KIMI_LINEAR_SLICE by default (python/tests_vllm makes a tiny one with heads that split
+    in two for tensor parallelism)."""
     import torch
     from safetensors.torch import save_file
 
-    torch.manual_seed(0)
-    c = KIMI_LINEAR_SLICE
+    torch.manual_seed(seed)
+    c = config or KIMI_LINEAR_SLICE
     hidden, heads, hd = c["hidden_size"], c["linear_num_heads"], c["linear_head_dim"]
     proj = heads * hd
     bf16 = torch.bfloat16

@@ -16,7 +16,8 @@ in a process of its own (vllm_generate.py). Checked:
 - the same batch through the plugin's Kimi Linear class and Ling class (float32: every request
   equal to hanpu's engine; bfloat16 checked as above, Ling's against transformers 5.24 in another
   python, reference_logits.py), and Ling's MLA rotation alone;
-- prefix-cache hits (Qwen3.5, Kimi Linear), tensor_parallel_size=2 and compiled mode (Qwen3.5).
+- prefix-cache hits (Qwen3.5, Kimi Linear), tensor_parallel_size=2 (Qwen3.5; Kimi Linear on a
+  4-head variant of its golden) and compiled mode (Qwen3.5).
 """
 
 import copy
@@ -322,6 +323,47 @@ def test_kimi_linear_bfloat16_mixed_batch_is_transformers_argmax():
     assert result["model_class"] == "HanpuKimiLinearForCausalLM"
     for p, tokens in zip(prompts, result["tokens"]):
         check_bf16_greedy(KIMI, p, tokens)
+
+
+def kimi_linear_4_heads(path):
+    """The Kimi Linear golden's layer pattern (KDA, KDA, MLA, KDA, MLA; dense then MoE) with 4 KDA
+    and 4 MLA heads instead of 3, so that tensor_parallel_size=2 splits them: random bf16 weights
+    (benchmarks/vllm_model.py's make_kimi_checkpoint), transformers' config spelling."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import vllm_model
+
+    config = dict(json.loads((KIMI / "config.json").read_text()))
+    config.update(num_attention_heads=4, num_key_value_heads=4, linear_num_heads=4, linear_head_dim=16,
+                  num_expert_group=1, dtype="bfloat16")
+    vllm_model.make_kimi_checkpoint(str(path), config, seed=7)
+    return path
+
+
+def test_kimi_linear_tensor_parallel_2_mixed_batch_equals_hanpu(tmp_path):
+    """tensor_parallel_size=2 through the plugin's Kimi Linear class, float32, one engine start (two
+    workers, gloo): each worker's KDA layers (vLLM's KimiGatedDeltaNetAttention sharding, hanpu's
+    core over its own state pool) and MLA layers hold 2 of the 4 heads, the MoE half of every
+    expert. The tiny golden's 3 heads cannot be split in two, so the checkpoint is the golden's
+    pattern with 4 heads and random weights (kimi_linear_4_heads); the reference is hanpu's own
+    engine running each request alone (hanpu's Kimi Linear equals transformers on the golden: the
+    tests above). The four requests run under the 24-token budget: chunked prefills next to decode
+    steps."""
+    model_dir = kimi_linear_4_heads(tmp_path / "kimi_linear_4_heads")
+    prompt = safe_open(str(KIMI / "expected.safetensors"), "pt").get_tensor("prompt_ids").tolist()
+    prompts = mixed_prompts(prompt)
+    new = 10
+    engine = hanpu.Model.load(model_dir)
+    reference = [engine.generate(p, max_new_tokens=new, stop_ids=[]) for p in prompts]
+    code, result, out = generate(model_dir, "float32", prompts, new, multiprocessing=True,
+                                 llm={"tensor_parallel_size": 2, "max_num_batched_tokens": 24, "max_num_seqs": 4,
+                                      "max_model_len": 128},
+                                 env_extra={"OMP_NUM_THREADS": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                                            "VLLM_MLA_DISABLE": "1"},
+                                 model_class=True, gdn_shards=True)
+    assert code == 0, out[-4000:]
+    assert result["model_class"] == "HanpuKimiLinearForCausalLM"
+    assert result["gdn_shards"] == [[2, 2, 2], [2, 2, 2]]
+    assert result["tokens"] == reference
 
 
 LING = GOLDEN / "bailing_hybrid_tiny"

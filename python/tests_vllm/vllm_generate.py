@@ -8,8 +8,8 @@ Prints RESULT_PREFIX + {"tokens": [[ids], ...], "gdn_layer": class name of the f
 "model_class": the model class vLLM built, when the spec asks with "model_class": true, "logprobs": per
 request and generated token {token id: logprob} of the top "logprobs" tokens, when the spec asks,
 "num_cached_tokens": per request, the prompt tokens vLLM took from its prefix cache} on one line.
-"gdn_shards": [value heads, tensor-parallel size] of the first GDN layer per worker, when the spec
-asks with "gdn_shards": true. With "sequential": true the prompts are generated one after the other (one generate call each). The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
+"gdn_shards": per worker, what gdn_shard gives (the heads of its first linear-attention layer and
+the tensor-parallel size), when the spec asks with "gdn_shards": true. With "sequential": true the prompts are generated one after the other (one generate call each). The plugin is loaded by vLLM itself through the entry point (HANPU_VLLM=0: not used).
 """
 
 import importlib
@@ -21,10 +21,14 @@ RESULT_PREFIX = "HANPU_VLLM_RESULT "
 
 
 def gdn_shard(model):
-    """[value heads, tensor-parallel size] of the first GDN layer of this worker's model."""
+    """[value heads, tensor-parallel size] of the first linear-attention layer (GDN or KDA) of this
+    worker's model, and for KDA models the first MLA layer's heads: [KDA heads, MLA heads, size]."""
     for module in model.modules():
         if type(module).__name__ == "HanpuGatedDeltaNetAttention":
             return [module.num_v_heads // module.tp_size, module.tp_size]
+        if type(module).__name__ == "HanpuKimiDeltaAttention":
+            mla = next(m for m in model.modules() if type(m).__name__ == "MultiHeadLatentAsMHA")
+            return [module.local_num_heads, mla.heads, module.tp_size]
     return None
 
 
