@@ -20,6 +20,11 @@ import sys
 RESULT_PREFIX = "HANPU_VLLM_RESULT "
 
 
+def model_class_name(model):
+    """The class name of this worker's model."""
+    return type(model).__name__
+
+
 def gdn_shard(model):
     """[value heads, tensor-parallel size] of the first linear-attention layer (GDN or KDA) of this
     worker's model, and for KDA models the first MLA layer's heads: [KDA heads, MLA heads, size]."""
@@ -54,11 +59,11 @@ def main():
         outputs = llm.generate(requests, params, use_tqdm=False)
     layer = op_registry_oot.get("QwenGatedDeltaNetAttention")
     # The class vLLM built (multiprocessing needs VLLM_ALLOW_INSECURE_SERIALIZATION for a function).
-    model_class = llm.apply_model(lambda m: type(m).__name__)[0] if spec.get("model_class") else None
-    # "gdn_shards": per worker, (value heads this worker's first GDN layer holds, tensor-parallel size).
-    # Handed over by reference as vllm_generate.gdn_shard: with tensor parallelism vLLM pickles it
-    # once more for its workers, which neither a lambda nor a function of __main__ survives.
-    gdn_shards = llm.apply_model(importlib.import_module("vllm_generate").gdn_shard) if spec.get("gdn_shards") else None
+    # Functions handed to the workers by reference (module vllm_generate): with tensor parallelism vLLM
+    # pickles them once more for its workers, which neither a lambda nor a function of __main__ survives.
+    here = importlib.import_module("vllm_generate")
+    model_class = llm.apply_model(here.model_class_name)[0] if spec.get("model_class") else None
+    gdn_shards = llm.apply_model(here.gdn_shard) if spec.get("gdn_shards") else None
     print(RESULT_PREFIX + json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
                       "gdn_layer": layer.__name__ if layer is not None else "QwenGatedDeltaNetAttention",
                       "model_class": model_class,
