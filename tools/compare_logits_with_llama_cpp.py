@@ -86,7 +86,8 @@ def token_ids(args, vocab):
 
 
 def llama_logits(exe, path, ids, args, arch, vocab, has_tok, out):
-    cmd = [exe, path, ",".join(map(str, ids)), out, "--threads", str(args.threads), "--cache-type", args.cache_type]
+    cmd = [exe, path, ",".join(map(str, ids)), out, "--threads", str(args.threads), "--cache-type", args.cache_type,
+           "--flash-attn", args.flash_attn]
     if args.llama_step:
         cmd.append("--step")
     if not has_tok:
@@ -144,6 +145,8 @@ def main():
                     help="llama.cpp runs a copy of the file with every tensor dequantized to F32 (llama-quantize "
                          "--allow-requantize FILE F32: the same weight values, f32 activations), hanpu the file itself")
     ap.add_argument("--cache-type", default="f16", choices=["f16", "f32"])
+    ap.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"],
+                    help="llama.cpp's flash-attention switch (its default: auto)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", help="append one JSON object per file to this file")
     ap.add_argument("--reference", action="store_true",
@@ -175,7 +178,7 @@ def main():
             l, lerr = llama_logits(exe, llama_path, ids, args, arch, vocab, has_tok, os.path.join(tmp, "llama.npy"))
             h, herr = hanpu_logits(args.hanpu, path, ids, args, os.path.join(tmp, "hanpu.safetensors"))
             row = {"file": os.path.basename(src), "quantize": args.quantize, "arch": arch, "types": types,
-                   "llama_mode": "step" if args.llama_step else "batch", "hanpu_mode": "step" if args.hanpu_step else "batch", "llama_dequantized": args.llama_dequantized, "cache_type": args.cache_type,
+                   "llama_mode": "step" if args.llama_step else "batch", "hanpu_mode": "step" if args.hanpu_step else "batch", "llama_dequantized": args.llama_dequantized, "cache_type": args.cache_type, "flash_attn": args.flash_attn,
                    "tokens": len(ids)}
             if lerr or herr:
                 row["error"] = {"llama.cpp": lerr, "hanpu": herr}

@@ -2,13 +2,14 @@
 // file and token ids (tools/compare_logits_with_llama_cpp.py drives it; build.sh compiles it against
 // a llama.cpp build). Not part of hanpu's build or test suite: it links the peer's libllama.
 //
-//   llama_logits MODEL.gguf IDS OUT.npy [--threads N] [--step] [--cache-type f16|f32]
+//   llama_logits MODEL.gguf IDS OUT.npy [--threads N] [--step] [--cache-type f16|f32] [--flash-attn auto|on|off]
 //                [--override-kv KEY=int:N|KEY=str:S ...]
 //
 // IDS: comma-separated token ids. OUT.npy: float32 [n_tokens, n_vocab], row i = the logits after
 // token i. Default: the whole prompt in one llama_decode (one ubatch: llama.cpp's prefill path);
 // --step: one token per llama_decode (its decode path). --cache-type: the K/V cache element type
-// (llama.cpp's default is f16; f32 removes that rounding from the comparison). --override-kv: a
+// (llama.cpp's default is f16; f32 removes that rounding from the comparison). --flash-attn: llama.cpp's
+// flash-attention switch (default auto, which the CPU backend turns on). --override-kv: a
 // metadata key as llama-cli's option of that name sets it (the driver gives a file without a
 // tokenizer `tokenizer.ggml.model=str:no_vocab` and `<arch>.vocab_size`, which llama.cpp then reads).
 // Uses only llama.h's public API (llama.cpp include/llama.h of the peer's version).
@@ -90,11 +91,12 @@ void quiet_log(ggml_log_level level, const char* text, void*) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 4) die("usage: llama_logits MODEL.gguf IDS OUT.npy [--threads N] [--step] [--cache-type f16|f32] [--override-kv KEY=TYPE:VALUE] [--verbose]");
+  if (argc < 4) die("usage: llama_logits MODEL.gguf IDS OUT.npy [--threads N] [--step] [--cache-type f16|f32] [--flash-attn auto|on|off] [--override-kv KEY=TYPE:VALUE] [--verbose]");
   const std::string model_path = argv[1], out_path = argv[3];
   const std::vector<llama_token> ids = parse_ids(argv[2]);
   int threads = 2;
   bool step = false, verbose = false;
+  llama_flash_attn_type flash = LLAMA_FLASH_ATTN_TYPE_AUTO;  // llama.cpp's default
   ggml_type cache_type = GGML_TYPE_F16;
   std::vector<llama_model_kv_override> overrides;
   for (int i = 4; i < argc; ++i) {
@@ -102,6 +104,13 @@ int main(int argc, char** argv) {
     if (a == "--threads" && i + 1 < argc) threads = std::atoi(argv[++i]);
     else if (a == "--step") step = true;
     else if (a == "--verbose") verbose = true;
+    else if (a == "--flash-attn" && i + 1 < argc) {
+      const std::string f = argv[++i];
+      if (f == "auto") flash = LLAMA_FLASH_ATTN_TYPE_AUTO;
+      else if (f == "on") flash = LLAMA_FLASH_ATTN_TYPE_ENABLED;
+      else if (f == "off") flash = LLAMA_FLASH_ATTN_TYPE_DISABLED;
+      else die("--flash-attn: got '" + f + "', expected auto, on or off");
+    }
     else if (a == "--override-kv" && i + 1 < argc) overrides.push_back(parse_override(argv[++i]));
     else if (a == "--cache-type" && i + 1 < argc) {
       const std::string t = argv[++i];
@@ -135,6 +144,7 @@ int main(int argc, char** argv) {
   cp.n_seq_max = 1;
   cp.n_threads = cp.n_threads_batch = threads;
   cp.type_k = cp.type_v = cache_type;
+  cp.flash_attn_type = flash;
   llama_context* ctx = llama_init_from_model(model, cp);
   if (!ctx) die("llama.cpp could not create a context for '" + model_path + "'");
 
