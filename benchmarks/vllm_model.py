@@ -10,7 +10,8 @@ Run in the venv of scripts/setup_vllm.sh:
 The checkpoint has Qwen3.5-0.8B's shapes (docs/MODEL.md: hidden 1024, 24 layers of which every
 4th is full attention, 16 GDN heads of K = V = 128, vocab 248320, tied embeddings, an fp32
 recurrent state as the published config asks with mamba_ssm_dtype) and random bf16 weights
-(transformers' initialisation). One request: a prompt of --prompt random tokens, timed as a
+(transformers' initialisation). One request (or --concurrent N submitted together, every
+request's tokens counted): a prompt of --prompt random tokens, timed as a
 generate() of one token (prefill), then as a generate() of 1 + --decode tokens, whose extra time
 over the first is the decode (--time-gdn: also the GDN core's time in each). Eager mode (enforce_eager) for both sides: vLLM's compiled mode
 first compiles with inductor for minutes on 2 cores. Prints one JSON line (tokens/s, medians
@@ -150,7 +151,10 @@ def time_gdn_core(acc):
     setattr(module, name, timed)
 
 
-def run(path, prompt_len, decode, repeats, time_gdn):
+def run(path, prompt_len, decode, repeats, time_gdn, concurrent=1):
+    """`concurrent` requests of `prompt_len` new random tokens each, submitted together (vLLM batches
+    them: max_num_seqs = concurrent); prefill = the time to each request's first token, decode = the
+    extra time of `decode` more tokens each; tokens/s count every request's tokens."""
     import random
 
     from vllm import LLM, SamplingParams
@@ -160,17 +164,19 @@ def run(path, prompt_len, decode, repeats, time_gdn):
         time_gdn_core(gdn)
 
     llm = LLM(model=path, dtype="bfloat16", skip_tokenizer_init=True, max_model_len=prompt_len + decode + 8,
-              enforce_eager=True, enable_prefix_caching=False, max_num_seqs=1, seed=0)
+              enforce_eager=True, enable_prefix_caching=False, max_num_seqs=concurrent, seed=0)
     rng = random.Random(0)
     with open(os.path.join(path, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
 
     def once(tokens):
-        ids = [rng.randrange(1000, vocab) for _ in range(prompt_len)]  # a new prompt: no cache hits
+        # new prompts: no cache hits
+        prompts = [{"prompt_token_ids": [rng.randrange(1000, vocab) for _ in range(prompt_len)]}
+                   for _ in range(concurrent)]
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
         gdn[0] = 0.0
         t0 = time.perf_counter()
-        llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
+        llm.generate(prompts, params, use_tqdm=False)
         return time.perf_counter() - t0, gdn[0]
 
     once(2)  # warm-up
@@ -181,7 +187,8 @@ def run(path, prompt_len, decode, repeats, time_gdn):
     p = statistics.median(t for t, _ in prefill)
     d = statistics.median(t for t, _ in total) - p
     result = {"plugin": os.environ.get("HANPU_VLLM", "1") != "0", "prompt": prompt_len, "decode": decode,
-              "prefill_tokens_per_s": prompt_len / p, "decode_tokens_per_s": decode / d,
+              "concurrent": concurrent, "prefill_tokens_per_s": concurrent * prompt_len / p,
+              "decode_tokens_per_s": concurrent * decode / d,
               "prefill_s": [t for t, _ in prefill], "generate_s": [t for t, _ in total]}
     if time_gdn:  # per repeat: the GDN core's seconds in the prefill, and in the decode tokens
         result["gdn_prefill_s"] = [g for _, g in prefill]
@@ -198,13 +205,14 @@ def main():
     ap.add_argument("--decode", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--time-gdn", action="store_true", help="also sum the GDN core's time (in-process engine only)")
+    ap.add_argument("--concurrent", type=int, default=1, help="requests submitted together (default 1)")
     args = ap.parse_args()
     if args.make_checkpoint:
         make_checkpoint(args.make_checkpoint)
     if args.make_kimi_checkpoint:
         make_kimi_checkpoint(args.make_kimi_checkpoint)
     if args.checkpoint:
-        run(args.checkpoint, args.prompt, args.decode, args.repeats, args.time_gdn)
+        run(args.checkpoint, args.prompt, args.decode, args.repeats, args.time_gdn, args.concurrent)
 
 
 if __name__ == "__main__":
