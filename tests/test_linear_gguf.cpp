@@ -312,10 +312,11 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefill,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
-// The prefill's AVX2 activation quantizer against the GEMV's scalar one: the same int8 values,
-// scales and sums of 16 bit for bit (ties of roundf away from zero, subnormal blocks, a NaN and
-// an inf block, a zero block), the f32 sums per 32 within their summation bound.
-TEST(GgufIntPrefillQuantizer, SameBitsAsTheGemvQuantizer) {
+// The AVX2 activation quantizer (gguf_avx2.hpp: the one the prefill and the decode GEMV run)
+// against the scalar form: the same int8 values, scales, sums of 16 and f32 sums per 32 bit for
+// bit (ties of roundf away from zero, subnormal blocks, a NaN and an inf block, a zero block), and
+// the f32 sums per 32 within their summation bound.
+TEST(GgufIntPrefillQuantizer, SameBitsAsTheScalarQuantizer) {
   if (!hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_K)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
   for (int64_t block : {int64_t{32}, int64_t{256}}) {
     const int64_t K = 2048;
@@ -330,11 +331,16 @@ TEST(GgufIntPrefillQuantizer, SameBitsAsTheGemvQuantizer) {
     std::vector<int8_t> q_ref(K), q(K);
     std::vector<float> s_ref(K / block), s(K / block), sum_ref(K / 32), sum(K / 32);
     std::vector<int16_t> b_ref(K / 16), b(K / 16);
-    hanpu::cpu::gguf_quantize_activation_row(x.data(), K, block, q_ref.data(), s_ref.data(), sum_ref.data(), b_ref.data());
+    hanpu::cpu::gguf_quantize_activation_row_scalar(x.data(), K, block, q_ref.data(), s_ref.data(), sum_ref.data(),
+                                                    b_ref.data());
     hanpu::cpu::gguf_prefill_quantize_row(x.data(), K, block, q.data(), s.data(), sum.data(), b.data());
     EXPECT_EQ(0, std::memcmp(q.data(), q_ref.data(), q.size())) << "block " << block;
     EXPECT_EQ(0, std::memcmp(s.data(), s_ref.data(), s.size() * 4)) << "block " << block;
     EXPECT_EQ(0, std::memcmp(b.data(), b_ref.data(), b.size() * 2)) << "block " << block;
+    for (int64_t g = 0; g < K / 32; ++g) {
+      if (std::isnan(sum_ref[g])) EXPECT_TRUE(std::isnan(sum[g])) << "sum " << g;
+      else EXPECT_EQ(0, std::memcmp(&sum[g], &sum_ref[g], 4)) << "sum " << g << ": " << sum[g] << " against " << sum_ref[g];
+    }
     EXPECT_EQ(q[block + 1], -2) << "-1.5 rounds away from zero";
     EXPECT_EQ(q[block + 2], 3) << "2.5 rounds away from zero";
     for (int64_t g = 0; g < K / 32; ++g) {

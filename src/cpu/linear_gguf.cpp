@@ -372,12 +372,7 @@ HANPU_GGUF_AVX2_INLINE __m256i Shuffle(__m256i v, const ByteShuffle& s) {
   return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.b)));
 }
 
-// The sum of 8 f32 lanes in a fixed tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-HANPU_GGUF_AVX2_INLINE float Hsum(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
+using gguf_avx2::hsum8;  // the sum of 8 f32 lanes in a fixed tree
 
 // Q8_0, 4 blocks per step. Per block: VPMADDUBSW of |w| by x with w's sign (= w x; |w| <= 128,
 // |x| <= 127: a pair at most 2 * 128 * 127 = 32512, no saturation), VPMADDWD by ones into int32;
@@ -428,7 +423,7 @@ HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, 
     Q8_0Step(row, i + kQ8Blocks, kQ8Blocks, x8, xs, acc1);
   }
   for (; i < nb; i += kQ8Blocks) Q8_0Step(row, i, static_cast<int>(std::min<int64_t>(kQ8Blocks, nb - i)), x8, xs, acc0);
-  return Hsum(_mm256_add_ps(acc0, acc1));
+  return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 // Q4_K / Q5_K's 8 six-bit scales and mins (ggml-common.h's get_scale_min_k4 for every j at once),
@@ -490,7 +485,7 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
     const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(m))));
     min_acc = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(_cvtsh_ss(blk.dmin))), _mm256_loadu_ps(xsum + i * 8), min_acc);
   }
-  return Hsum(acc) - Hsum(min_acc);
+  return hsum8(acc) - hsum8(min_acc);
 }
 
 // Q6_K, 2 super-blocks per step (an odd last one: its copy's lanes scaled by zero). The 6-bit values q (0..63, before the -32) stay bytes (gguf_avx2.hpp's
@@ -544,7 +539,7 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[0], isum[1])),
                           two ? s : _mm256_blend_ps(s, _mm256_setzero_ps(), 0xCC), acc);
   }
-  return Hsum(acc);
+  return hsum8(acc);
 }
 
 
@@ -569,68 +564,6 @@ void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivati
     default:  // Q6_K
       for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
       break;
-  }
-}
-
-// The activation quantizer (gguf_quantize_activation_row) in AVX2, the same results bit for bit as
-// the scalar form below: the same f32 products x * (1 / d) (or quotients), roundf's rounding (half
-// away from zero) as truncation plus a correction where the exact fraction |v - trunc v| >= 1/2,
-// the per-32 f32 sums in the same tree order, integer sums (exact in any order). The scalar form
-// with its libm roundf was about a third of a 256 x 1024 GEMV's time in cache.
-HANPU_GGUF_AVX2 void QuantizeRowAvx2(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale,
-                                     float* sum_out, int16_t* bsum16) {
-  for (int64_t s = 0; s < K / 32; ++s) {  // lane l: (x[l] + x[l + 8]) + (x[l + 16] + x[l + 24]), then Hsum's tree
-    const float* xb = x + 32 * s;
-    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
-    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
-    sum_out[s] = Hsum(_mm256_add_ps(a, b));
-  }
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes VPACKSS's per-half interleave
-  for (int64_t b = 0; b < K / block; ++b) {
-    const float* xb = x + b * block;
-    __m256 amax = zero, bad = zero;
-    for (int64_t j = 0; j < block; j += 8) {
-      const __m256 v = _mm256_loadu_ps(xb + j);
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v, abs_mask));
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_mul_ps(v, zero), zero, _CMP_NEQ_UQ));  // NaN or inf: v * 0 is NaN
-    }
-    if (_mm256_movemask_ps(bad) != 0) {  // a NaN or inf activation: the block's scale is NaN, every output NaN
-      std::memset(q8 + b * block, 0, static_cast<size_t>(block));
-      scale[b] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    const float d = am / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const bool reciprocal = std::isfinite(id);  // as the scalar form: x / d where 1 / d overflows
-    const __m256 vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
-    for (int64_t j = 0; j < block; j += 32) {
-      __m256i iv[4];
-      for (int k = 0; k < 4; ++k) {
-        const __m256 xv = _mm256_loadu_ps(xb + j + 8 * k);
-        const __m256 v = reciprocal ? _mm256_mul_ps(xv, vid) : _mm256_div_ps(xv, vd);
-        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        const __m256 away = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), abs_mask), half, _CMP_GE_OQ);
-        const __m256 r = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(v, sign_mask))));
-        iv[k] = _mm256_cvttps_epi32(r);
-      }
-      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + b * block + j), _mm256_permutevar8x32_epi32(p, order));
-    }
-    scale[b] = d;
-  }
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t g = 0; g < K / 32; ++g) {  // sums per 16 of q8: VPSADBW of q + 128 per 8 bytes
-    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g)), bias);
-    alignas(32) uint64_t s[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_sad_epu8(q, _mm256_setzero_si256()));
-    bsum16[2 * g] = static_cast<int16_t>(static_cast<int>(s[0] + s[1]) - 16 * 128);
-    bsum16[2 * g + 1] = static_cast<int16_t>(static_cast<int>(s[2] + s[3]) - 16 * 128);
   }
 }
 
@@ -660,10 +593,15 @@ void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8
                                   int16_t* bsum16) {
 #if HANPU_X86_KERNELS
   if (gguf_avx2_forms_allowed()) {
-    QuantizeRowAvx2(x, K, block, q8, scale, sum_out, bsum16);
+    gguf_avx2::quantize_activation_row(x, K, block, q8, scale, sum_out, bsum16);
     return;
   }
 #endif
+  gguf_quantize_activation_row_scalar(x, K, block, q8, scale, sum_out, bsum16);
+}
+
+void gguf_quantize_activation_row_scalar(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale,
+                                         float* sum_out, int16_t* bsum16) {
   for (int64_t s = 0; s < K / 32; ++s) {
     // The f32 sum of 32 in the AVX2 form's tree order (the same bits on every target): lanes
     // l = 0..7 of (x_l + x_l+8) + (x_l+16 + x_l+24), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
