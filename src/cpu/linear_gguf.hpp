@@ -31,6 +31,7 @@ struct GgufActivations {
   std::vector<int16_t> q;     // K
   std::vector<int8_t> q8;     // the same values as int8 (the AVX2 K-quant form multiplies bytes)
   std::vector<int16_t> bsum16;  // K / 16: sums of q8 per 16 (the AVX2 Q6_K form's -32 term)
+  std::vector<int16_t> bsum32;  // K / 32: sums of q8 per 32 (the Q4_K / Q5_K min term, llama.cpp's Q8_K bsums in pairs)
   std::vector<float> scale;   // K / block
   std::vector<float> sum;     // K / 32
 };
