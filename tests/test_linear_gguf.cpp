@@ -1,17 +1,20 @@
 // Decode GEMV over GGUF blocks (src/cpu/linear_gguf.cpp) against fp64 of the dequantized weights.
 //
-// The kernel computes y_n = sum_b (weight scale * activation scale_b) * isum_b (- the Q4_K min
-// terms) with the activations quantized per block b of 32 (Q8_0) or 256 (the K-quants): x~ = s_b * q,
-// |x - x~| <= s_b / 2. Two bounds,
-// both derived from that arithmetic, no fitted tolerance:
-//   activations: |y - y_ref| <= E_act + E_f32, E_act = sum_k |w_k^s| |x_k - x~_k| (w^s the weight
-//     without its min term, i.e. dequantized with dmin = 0), y_ref = sum_k w_k x_k in fp64;
-//   f32 arithmetic: |y - y_act| <= E_f32, y_act = the same sum in fp64 with x~ for the scale terms,
-//     E_f32 = 2u ((K/32 + 8) (T_scale + T_min) + 32 sum_j |dmin m_j| sum_{k in j} |x_k|), u = 2^-24,
-//     T_scale = sum_k |w_k^s x~_k|, T_min = sum_j |dmin m_j X_j|: every product of the scales and
-//     the integer sum is rounded at most 3 times, the sum of at most K/32 + 8 such terms (lanes,
-//     then the reduction) adds at most that many roundings, and each f32 sum X_j of 32 x's at most
-//     31 relative roundings of sum |x|.
+// The kernel computes y_n = sum_b (weight scale * activation scale_b) * isum_b (- the Q4_K / Q5_K
+// min terms dmin * activation scale * sum_j m_j B_j, B_j the integer sum of the quantized
+// activations over sub-block j, as llama.cpp's Q8_K bsums) with the activations quantized per
+// block b of 32 (Q8_0) or 256 (the K-quants): x~ = s_b * q, |x - x~| <= s_b / 2. So every integer
+// part is exact and y is the dot product of the dequantized weights w with x~, up to f32
+// roundings. Two bounds, both derived from that arithmetic, no fitted tolerance:
+//   activations: |y - y_ref| <= E_act + E_f32, E_act = sum_k |w_k| |x_k - x~_k|, y_ref = sum_k w_k x_k
+//     in fp64;
+//   f32 arithmetic: |y - y_act| <= E_f32, y_act = sum_k w_k x~_k in fp64,
+//     E_f32 = 2u (K/32 + 8) (T_scale + T_min), u = 2^-24, T_scale = sum_k |w_k^s x~_k| (w^s the
+//     weight without its min term, i.e. dequantized with dmin = 0), T_min = sum_j |dmin m_j X~_j|
+//     (X~_j the sum of x~ over sub-block j): every product of the scales and an integer sum is
+//     rounded at most 3 times (the scale product, an integer sum's conversion, the multiply-add),
+//     and the sum of at most K/32 + 8 such terms (lanes, then the reduction) adds at most that
+//     many roundings.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -93,7 +96,18 @@ std::vector<float> make_x(int64_t K, uint32_t seed) {
   return x;
 }
 
-void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
+// How the Q4_K / Q5_K min term meets the activations: the decode GEMV's form (the integer sums B_j
+// of the quantized activations, as llama.cpp) or the integer prefill's (dmin m_j times the f32 sum
+// X_j of the unquantized x over sub-block j). For the latter the bounds above become
+// E_act = sum_k |w_k^s| |x_k - x~_k| (the min term sees x itself), y_act = sum_k w_k^s x~_k -
+// sum_j dmin m_j X_j with the kernel's f32 X_j, T_min = sum_j |dmin m_j X_j|, and E_f32 gains
+// 2u * 32 sum_j |dmin m_j| sum_{k in j} |x_k| (each X_j at most 31 relative roundings of sum |x|).
+enum class MinTerm { kQuantizedSums, kF32SumsOfX };
+
+void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y,
+           MinTerm min_form = MinTerm::kQuantizedSums) {
+  const bool f32_sums = min_form == MinTerm::kF32SumsOfX;
+  const std::vector<float>& w_act = f32_sums ? W.w_scale : W.w;  // the weights the activation rounding meets
   GgufActivations xa;
   hanpu::cpu::gguf_quantize_activations(x.data(), W.K, hanpu::cpu::gguf_activation_block(W.type), xa);
   const int64_t K = W.K, nsub = K / 32;
@@ -111,18 +125,24 @@ void check(const Weights& W, const std::vector<float>& x, const std::vector<floa
     for (int64_t k = 0; k < K; ++k) {
       const size_t i = static_cast<size_t>(n * K + k);
       y_ref += static_cast<double>(W.w[i]) * x[static_cast<size_t>(k)];
-      y_act += static_cast<double>(W.w_scale[i]) * xt[static_cast<size_t>(k)];
-      e_act += std::abs(static_cast<double>(W.w_scale[i])) * std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]);
+      y_act += static_cast<double>(w_act[i]) * xt[static_cast<size_t>(k)];
+      e_act += std::abs(static_cast<double>(w_act[i])) * std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]);
       t_scale += std::abs(static_cast<double>(W.w_scale[i]) * xt[static_cast<size_t>(k)]);
     }
     if (!W.min_term.empty()) {
       for (int64_t j = 0; j < nsub; ++j) {
         const double mt = W.min_term[static_cast<size_t>(n * nsub + j)];
-        double sum_abs = 0;
-        for (int l = 0; l < 32; ++l) sum_abs += std::abs(x[static_cast<size_t>(j * 32 + l)]);
-        y_act -= mt * xa.sum[static_cast<size_t>(j)];
-        t_min += std::abs(mt * xa.sum[static_cast<size_t>(j)]);
-        x_abs_min += std::abs(mt) * sum_abs;
+        if (f32_sums) {
+          double sum_abs = 0;
+          for (int l = 0; l < 32; ++l) sum_abs += std::abs(x[static_cast<size_t>(j * 32 + l)]);
+          y_act -= mt * xa.sum[static_cast<size_t>(j)];
+          t_min += std::abs(mt * xa.sum[static_cast<size_t>(j)]);
+          x_abs_min += std::abs(mt) * sum_abs;
+        } else {
+          double xt_sum = 0;  // exact: 32 multiples of one scale with integer factors below 2^12
+          for (int l = 0; l < 32; ++l) xt_sum += xt[static_cast<size_t>(j * 32 + l)];
+          t_min += std::abs(mt * xt_sum);
+        }
       }
     }
     const double e_f32 = 2 * u * ((static_cast<double>(nsub) + 8) * (t_scale + t_min) + 32 * x_abs_min);
@@ -205,7 +225,8 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
             if (gemv) {
               std::vector<float> row(static_cast<size_t>(N));
               for (int64_t n = 0; n < N; ++n) row[n] = y[m * ldy + n] - (accumulate ? y0[m * ldy + n] : 0.f);
-              if (!accumulate) check(W, xr, row);  // the GEMV's own bound (accumulate adds one f32 add)
+              if (!accumulate)  // the GEMV's own bound (accumulate adds one f32 add); the prefill's min form
+                check(W, xr, row, M < hanpu::cpu::kGgufPrefillRows ? MinTerm::kQuantizedSums : MinTerm::kF32SumsOfX);
               continue;
             }
             for (int64_t n = 0; n < N; ++n) {
@@ -263,7 +284,7 @@ TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
           for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], -7.f) << "padding written";
           const std::vector<float> xr(x.begin() + m * ldx, x.begin() + m * ldx + K);
           const std::vector<float> row(y.begin() + m * ldy, y.begin() + m * ldy + N);
-          check(W, xr, row);
+          check(W, xr, row, MinTerm::kF32SumsOfX);  // the prefill's min term (linear_gguf_prefill.cpp)
         }
         std::vector<float> y2(static_cast<size_t>(M * ldy), -7.f);
         hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y2.data(), ldy, M, 2, false);
@@ -312,10 +333,11 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefill,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
-// The prefill's AVX2 activation quantizer against the GEMV's scalar one: the same int8 values,
-// scales and sums of 16 bit for bit (ties of roundf away from zero, subnormal blocks, a NaN and
-// an inf block, a zero block), the f32 sums per 32 within their summation bound.
-TEST(GgufIntPrefillQuantizer, SameBitsAsTheGemvQuantizer) {
+// The AVX2 activation quantizer (gguf_avx2.hpp: the one the prefill and the decode GEMV run)
+// against the scalar form: the same int8 values, scales, sums of 16 and f32 sums per 32 bit for
+// bit (ties of roundf away from zero, subnormal blocks, a NaN and an inf block, a zero block), and
+// the f32 sums per 32 within their summation bound.
+TEST(GgufIntPrefillQuantizer, SameBitsAsTheScalarQuantizer) {
   if (!hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_K)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
   for (int64_t block : {int64_t{32}, int64_t{256}}) {
     const int64_t K = 2048;
@@ -330,11 +352,16 @@ TEST(GgufIntPrefillQuantizer, SameBitsAsTheGemvQuantizer) {
     std::vector<int8_t> q_ref(K), q(K);
     std::vector<float> s_ref(K / block), s(K / block), sum_ref(K / 32), sum(K / 32);
     std::vector<int16_t> b_ref(K / 16), b(K / 16);
-    hanpu::cpu::gguf_quantize_activation_row(x.data(), K, block, q_ref.data(), s_ref.data(), sum_ref.data(), b_ref.data());
+    hanpu::cpu::gguf_quantize_activation_row_scalar(x.data(), K, block, q_ref.data(), s_ref.data(), sum_ref.data(),
+                                                    b_ref.data());
     hanpu::cpu::gguf_prefill_quantize_row(x.data(), K, block, q.data(), s.data(), sum.data(), b.data());
     EXPECT_EQ(0, std::memcmp(q.data(), q_ref.data(), q.size())) << "block " << block;
     EXPECT_EQ(0, std::memcmp(s.data(), s_ref.data(), s.size() * 4)) << "block " << block;
     EXPECT_EQ(0, std::memcmp(b.data(), b_ref.data(), b.size() * 2)) << "block " << block;
+    for (int64_t g = 0; g < K / 32; ++g) {
+      if (std::isnan(sum_ref[g])) EXPECT_TRUE(std::isnan(sum[g])) << "sum " << g;
+      else EXPECT_EQ(0, std::memcmp(&sum[g], &sum_ref[g], 4)) << "sum " << g << ": " << sum[g] << " against " << sum_ref[g];
+    }
     EXPECT_EQ(q[block + 1], -2) << "-1.5 rounds away from zero";
     EXPECT_EQ(q[block + 2], 3) << "2.5 rounds away from zero";
     for (int64_t g = 0; g < K / 32; ++g) {

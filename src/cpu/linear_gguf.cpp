@@ -16,6 +16,7 @@
 // and other architectures, and are the reference the AVX2 forms' integer sums equal.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -111,13 +112,14 @@ float DotQ8_0(const gguf::BlockQ8_0* b, int64_t nb, const int16_t* xq, const flo
 // 15 * 63 = 945) before the pairwise multiply-add with the activations (one int8 scale for the
 // whole super-block, as llama.cpp's Q8_K), so the 8 sub-blocks sum into one set of int32 lanes
 // (at most 945 * 127 * 256 in all, below 2^31) and the super-block costs one conversion and one
-// multiply-add by d * activation scale. The min term dmin * sum_j m_j X_j (X_j the f32 sum of x over
-// sub-block j) runs in 8 f32 lanes, reduced once per row.
+// multiply-add by d * activation scale. The min term dmin * s_x * sum_j m_j B_j (B_j the sum of the
+// int8 activations over sub-block j: exact integers, at most 8 * 63 * 32 * 127 in all) once per
+// super-block, as the AVX2 form and llama.cpp's ggml_vec_dot_q4_K_q8_K.
 // Q5_K (block_q5_K) is the same with a fifth bit: bit 2c of qh[l] for element l of sub-block 2c,
 // bit 2c+1 for sub-block 2c+1 (values up to 31, times the scale 1953, a super-block's int32 lanes
 // within 256 * 1953 * 127 < 2^31).
 template <class Block>
-float DotK4(const Block* b, int64_t nb, const int16_t* xq, const float* xs, const float* xsum, int64_t ahead) {
+float DotK4(const Block* b, int64_t nb, const int16_t* xq, const float* xs, const int16_t* bsum16, int64_t ahead) {
   constexpr bool kQ5 = std::is_same_v<Block, gguf::BlockQ5_K>;
   const hn::CappedTag<int16_t, 16> d16;
   const hn::Repartition<int32_t, decltype(d16)> d32;
@@ -126,12 +128,7 @@ float DotK4(const Block* b, int64_t nb, const int16_t* xq, const float* xs, cons
   const size_t L = hn::Lanes(d16);
   const auto low4 = hn::Set(d16, int16_t{0xF});
   auto acc0 = hn::Zero(df), acc1 = hn::Zero(df);
-  // The min terms: 8 lanes of f32, m_j * dmin * X_j accumulated per lane over the row.
-  const hn::CappedTag<float, 8> d8f;
-  const hn::Rebind<int32_t, decltype(d8f)> d8i;
-  const hn::Rebind<uint8_t, decltype(d8f)> d8u;
-  auto min_acc = hn::Zero(d8f);
-  const size_t L8 = hn::Lanes(d8f);
+  float min_acc = 0.0f;  // sum over the super-blocks of dmin * s_x * sum_j m_j B_j
   for (int64_t i = 0; i < nb; ++i) {
     const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
@@ -175,14 +172,11 @@ float DotK4(const Block* b, int64_t nb, const int16_t* xq, const float* xs, cons
     const float scale = F16ToF32(blk.d) * xs[i];
     if (i & 1) acc1 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc1);
     else acc0 = hn::MulAdd(hn::ConvertTo(df, isum), hn::Set(df, scale), acc0);
-    const auto dmin = hn::Set(d8f, F16ToF32(blk.dmin));
-    for (size_t j = 0; j < 8; j += L8) {
-      const auto mj = hn::ConvertTo(d8f, hn::PromoteTo(d8i, hn::LoadU(d8u, m + j)));
-      min_acc = hn::MulAdd(hn::Mul(mj, dmin), hn::LoadU(d8f, xsum + i * 8 + j), min_acc);
-    }
+    int32_t msum = 0;
+    for (int j = 0; j < 8; ++j) msum += m[j] * (bsum16[i * 16 + 2 * j] + bsum16[i * 16 + 2 * j + 1]);
+    min_acc += (F16ToF32(blk.dmin) * xs[i]) * static_cast<float>(msum);  // msum exact in f32 (< 2^21)
   }
-  const float min_sum = hn::GetLane(hn::SumOfLanes(d8f, min_acc));
-  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_sum;
+  return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1))) - min_acc;
 }
 
 // Q6_K (ggml-common.h block_q6_K): per half of 128 elements, 64 bytes of low nibbles (element l
@@ -237,7 +231,7 @@ float DotQ6_K(const gguf::BlockQ6_K* b, int64_t nb, const int16_t* xq, const flo
   return hn::GetLane(hn::SumOfLanes(df, hn::Add(acc0, acc1)));
 }
 
-void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, const float* xs, const float* xsum,
+void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, const float* xs, const int16_t* bsum16,
                   float* y, int64_t n0, int64_t n1, int64_t ahead) {
   if (type == static_cast<uint32_t>(gguf::GgmlType::Q8_0)) {
     const int64_t nb = K / 32;
@@ -246,11 +240,11 @@ void GgufGemvRows(uint32_t type, const void* w, int64_t K, const int16_t* xq, co
   } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q4_K)) {
     const int64_t nb = K / 256;
     const auto* rows = static_cast<const gguf::BlockQ4_K*>(w);
-    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, xsum, ahead);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, bsum16, ahead);
   } else if (type == static_cast<uint32_t>(gguf::GgmlType::Q5_K)) {
     const int64_t nb = K / 256;
     const auto* rows = static_cast<const gguf::BlockQ5_K*>(w);
-    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, xsum, ahead);
+    for (int64_t n = n0; n < n1; ++n) y[n] = DotK4(rows + n * nb, nb, xq, xs, bsum16, ahead);
   } else {
     const int64_t nb = K / 256;
     const auto* rows = static_cast<const gguf::BlockQ6_K*>(w);
@@ -372,12 +366,7 @@ HANPU_GGUF_AVX2_INLINE __m256i Shuffle(__m256i v, const ByteShuffle& s) {
   return _mm256_shuffle_epi8(v, _mm256_load_si256(reinterpret_cast<const __m256i*>(s.b)));
 }
 
-// The sum of 8 f32 lanes in a fixed tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-HANPU_GGUF_AVX2_INLINE float Hsum(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
+using gguf_avx2::hsum8;  // the sum of 8 f32 lanes in a fixed tree
 
 // Q8_0, 4 blocks per step. Per block: VPMADDUBSW of |w| by x with w's sign (= w x; |w| <= 128,
 // |x| <= 127: a pair at most 2 * 128 * 127 = 32512, no saturation), VPMADDWD by ones into int32;
@@ -428,13 +417,16 @@ HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, 
     Q8_0Step(row, i + kQ8Blocks, kQ8Blocks, x8, xs, acc1);
   }
   for (; i < nb; i += kQ8Blocks) Q8_0Step(row, i, static_cast<int>(std::min<int64_t>(kQ8Blocks, nb - i)), x8, xs, acc0);
-  return Hsum(_mm256_add_ps(acc0, acc1));
+  return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
 // Q4_K / Q5_K's 8 six-bit scales and mins (ggml-common.h's get_scale_min_k4 for every j at once),
 // byte j of each the value of sub-block j: bytes 0..3 hold the low 6 bits of scales 0..3, bytes
 // 4..7 of mins 0..3, bytes 8..11 the low 4 bits of scales / mins 4..7, whose top 2 bits are the top
-// bits of bytes 0..3 / 4..7. (Integer instructions: they run beside the vector pipes.)
+// bits of bytes 0..3 / 4..7. In general registers on purpose: the integer pipes are idle beside
+// the vector loop, while the same decode in vector registers (two VPSHUFB, shifts and masks of the
+// block's first 16 bytes) added to the vector pipes' work and was 10-18% slower on Zen 3, 5-10% with
+// the decode moved one super-block ahead.
 inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
   uint32_t w[3];
   std::memcpy(w, scales, 12);
@@ -446,18 +438,26 @@ inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
 // 14.6-15.5 GB/s in cache on Zen 3, the two super-blocks' operands do not fit the registers). The
 // nibbles stay bytes; VPMADDUBSW multiplies them (unsigned, at most 31) by the int8 activations
 // into int16 pairs (at most 2 * 31 * 127 = 7874, no saturation), then VPMADDWD by the sub-block
-// scale sums pairs into int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^24: its
+// scale sums pairs into int32 (a lane of a super-block at most 8 * 2 * 7874 * 63 < 2^23: its
 // conversion is exact). The 8 scales are widened once per super-block into a vector and each
 // sub-block's is picked by one VPSHUFB (a general-register broadcast per sub-block before: 6-12%
-// slower). Then one conversion and one FMA by d * activation scale per super-block; the min term
-// dmin * m_j * X_j (X_j the f32 sum of x over sub-block j) in 8 f32 lanes, reduced once per row.
+// slower). Then one conversion and one FMA by d * s_x per super-block.
+// The min term in integers, as llama.cpp's ggml_vec_dot_q4_K_q8_K: dmin * s_x * sum_j m_j B_j, B_j
+// the sum of the int8 activations over sub-block j (the quantizer's bsum32), one 128-bit VPMADDWD
+// of the 8 mins by the 8 sums (|m_j B_j| <= 63 * 32 * 127, a lane at most twice that), one
+// conversion and one FMA in 4 f32 lanes. So the kernel computes the dot product of the
+// dequantized weights with the quantized activations, min included. (Before: dmin * m_j times the
+// f32 sum of the unquantized x, which leaves the min's share of each weight outside the activation
+// rounding's cancellation; docs/GGUF.md has the error measured both ways.)
 template <bool kQ5>
-HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8, const float* xs, const float* xsum,
+HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8, const float* xs, const int16_t* bsum32,
                                int64_t ahead) {
   using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
+  static_assert(offsetof(Block, d) == 0 && offsetof(Block, dmin) == 2, "d, dmin: one 32-bit load");
   const auto* b = static_cast<const Block*>(blocks);
   const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 acc = _mm256_setzero_ps(), min_acc = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
+  __m128 min_acc = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
@@ -486,11 +486,16 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_lo, Shuffle(sv, kScaleOf[2 * c])));
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p_hi, Shuffle(sv, kScaleOf[2 * c + 1])));
     }
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(_cvtsh_ss(blk.d) * xs[i]), acc);
-    const __m256 mf = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(m))));
-    min_acc = _mm256_fmadd_ps(_mm256_mul_ps(mf, _mm256_set1_ps(_cvtsh_ss(blk.dmin))), _mm256_loadu_ps(xsum + i * 8), min_acc);
+    const __m128i msum = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<long long>(m))),
+                                        _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsum32 + 8 * i)));
+    uint32_t ddmin;  // d and dmin: one conversion, one multiply by s_x
+    std::memcpy(&ddmin, &blk, 4);
+    const __m128 s = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(ddmin))), _mm_broadcast_ss(xs + i));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(s), acc);
+    min_acc = _mm_fmadd_ps(_mm_cvtepi32_ps(msum), _mm_permute_ps(s, 0x55), min_acc);  // dmin s_x
   }
-  return Hsum(acc) - Hsum(min_acc);
+  const __m128 mh = _mm_add_ps(min_acc, _mm_movehl_ps(min_acc, min_acc));
+  return hsum8(acc) - _mm_cvtss_f32(_mm_add_ss(mh, _mm_movehdup_ps(mh)));
 }
 
 // Q6_K, 2 super-blocks per step (an odd last one: its copy's lanes scaled by zero). The 6-bit values q (0..63, before the -32) stay bytes (gguf_avx2.hpp's
@@ -544,7 +549,7 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_hadd_epi32(isum[0], isum[1])),
                           two ? s : _mm256_blend_ps(s, _mm256_setzero_ps(), 0xCC), acc);
   }
-  return Hsum(acc);
+  return hsum8(acc);
 }
 
 
@@ -561,76 +566,14 @@ void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivati
       for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row(base + n * row_bytes, K / 32, x8, xs, ahead);
       break;
     case gguf::GgmlType::Q4_K:
-      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<false>(base + n * row_bytes, K / 256, x8, xs, x.sum.data(), ahead);
+      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<false>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
       break;
     case gguf::GgmlType::Q5_K:
-      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<true>(base + n * row_bytes, K / 256, x8, xs, x.sum.data(), ahead);
+      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<true>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
       break;
     default:  // Q6_K
       for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
       break;
-  }
-}
-
-// The activation quantizer (gguf_quantize_activation_row) in AVX2, the same results bit for bit as
-// the scalar form below: the same f32 products x * (1 / d) (or quotients), roundf's rounding (half
-// away from zero) as truncation plus a correction where the exact fraction |v - trunc v| >= 1/2,
-// the per-32 f32 sums in the same tree order, integer sums (exact in any order). The scalar form
-// with its libm roundf was about a third of a 256 x 1024 GEMV's time in cache.
-HANPU_GGUF_AVX2 void QuantizeRowAvx2(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale,
-                                     float* sum_out, int16_t* bsum16) {
-  for (int64_t s = 0; s < K / 32; ++s) {  // lane l: (x[l] + x[l + 8]) + (x[l + 16] + x[l + 24]), then Hsum's tree
-    const float* xb = x + 32 * s;
-    const __m256 a = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
-    const __m256 b = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));
-    sum_out[s] = Hsum(_mm256_add_ps(a, b));
-  }
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);  // undoes VPACKSS's per-half interleave
-  for (int64_t b = 0; b < K / block; ++b) {
-    const float* xb = x + b * block;
-    __m256 amax = zero, bad = zero;
-    for (int64_t j = 0; j < block; j += 8) {
-      const __m256 v = _mm256_loadu_ps(xb + j);
-      amax = _mm256_max_ps(amax, _mm256_and_ps(v, abs_mask));
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_mul_ps(v, zero), zero, _CMP_NEQ_UQ));  // NaN or inf: v * 0 is NaN
-    }
-    if (_mm256_movemask_ps(bad) != 0) {  // a NaN or inf activation: the block's scale is NaN, every output NaN
-      std::memset(q8 + b * block, 0, static_cast<size_t>(block));
-      scale[b] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    const float d = am / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const bool reciprocal = std::isfinite(id);  // as the scalar form: x / d where 1 / d overflows
-    const __m256 vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
-    for (int64_t j = 0; j < block; j += 32) {
-      __m256i iv[4];
-      for (int k = 0; k < 4; ++k) {
-        const __m256 xv = _mm256_loadu_ps(xb + j + 8 * k);
-        const __m256 v = reciprocal ? _mm256_mul_ps(xv, vid) : _mm256_div_ps(xv, vd);
-        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        const __m256 away = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), abs_mask), half, _CMP_GE_OQ);
-        const __m256 r = _mm256_add_ps(t, _mm256_and_ps(away, _mm256_or_ps(one, _mm256_and_ps(v, sign_mask))));
-        iv[k] = _mm256_cvttps_epi32(r);
-      }
-      const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q8 + b * block + j), _mm256_permutevar8x32_epi32(p, order));
-    }
-    scale[b] = d;
-  }
-  const __m256i bias = _mm256_set1_epi8(static_cast<char>(0x80));
-  for (int64_t g = 0; g < K / 32; ++g) {  // sums per 16 of q8: VPSADBW of q + 128 per 8 bytes
-    const __m256i q = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g)), bias);
-    alignas(32) uint64_t s[4];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(s), _mm256_sad_epu8(q, _mm256_setzero_si256()));
-    bsum16[2 * g] = static_cast<int16_t>(static_cast<int>(s[0] + s[1]) - 16 * 128);
-    bsum16[2 * g + 1] = static_cast<int16_t>(static_cast<int>(s[2] + s[3]) - 16 * 128);
   }
 }
 
@@ -660,10 +603,15 @@ void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8
                                   int16_t* bsum16) {
 #if HANPU_X86_KERNELS
   if (gguf_avx2_forms_allowed()) {
-    QuantizeRowAvx2(x, K, block, q8, scale, sum_out, bsum16);
+    gguf_avx2::quantize_activation_row(x, K, block, q8, scale, sum_out, bsum16);
     return;
   }
 #endif
+  gguf_quantize_activation_row_scalar(x, K, block, q8, scale, sum_out, bsum16);
+}
+
+void gguf_quantize_activation_row_scalar(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale,
+                                         float* sum_out, int16_t* bsum16) {
   for (int64_t s = 0; s < K / 32; ++s) {
     // The f32 sum of 32 in the AVX2 form's tree order (the same bits on every target): lanes
     // l = 0..7 of (x_l + x_l+8) + (x_l+16 + x_l+24), then ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
@@ -711,9 +659,12 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
   out.q.resize(static_cast<size_t>(K));
   out.q8.resize(static_cast<size_t>(K));
   out.bsum16.resize(static_cast<size_t>(K / 16));
+  out.bsum32.resize(static_cast<size_t>(K / 32));
   out.scale.resize(static_cast<size_t>(K / block));
   out.sum.resize(static_cast<size_t>(K / 32));
   gguf_quantize_activation_row(x, K, block, out.q8.data(), out.scale.data(), out.sum.data(), out.bsum16.data());
+  for (int64_t j = 0; j < K / 32; ++j)  // |sum| <= 32 * 127
+    out.bsum32[static_cast<size_t>(j)] = static_cast<int16_t>(out.bsum16[static_cast<size_t>(2 * j)] + out.bsum16[static_cast<size_t>(2 * j + 1)]);
   for (int64_t k = 0; k < K; ++k) out.q[static_cast<size_t>(k)] = out.q8[static_cast<size_t>(k)];
 }
 
@@ -745,7 +696,7 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
     return;
   }
 #endif
-  HANPU_DISPATCH(GgufGemvRows)(static_cast<uint32_t>(t), w, K, x.q.data(), x.scale.data(), x.sum.data(), y, n0, n1,
+  HANPU_DISPATCH(GgufGemvRows)(static_cast<uint32_t>(t), w, K, x.q.data(), x.scale.data(), x.bsum16.data(), y, n0, n1,
                                decode_prefetch_bytes());
 }
 

@@ -31,6 +31,7 @@ struct GgufActivations {
   std::vector<int16_t> q;     // K
   std::vector<int8_t> q8;     // the same values as int8 (the AVX2 K-quant form multiplies bytes)
   std::vector<int16_t> bsum16;  // K / 16: sums of q8 per 16 (the AVX2 Q6_K form's -32 term)
+  std::vector<int16_t> bsum32;  // K / 32: sums of q8 per 32 (the Q4_K / Q5_K min term, llama.cpp's Q8_K bsums in pairs)
   std::vector<float> scale;   // K / block
   std::vector<float> sum;     // K / 32
 };
@@ -44,6 +45,11 @@ void gguf_quantize_activations(const float* x, int64_t K, int64_t block, GgufAct
 /// (f32 sums of x), bsum16[K / 16] (sums of q8). block 32 or 256, K a multiple of it (unchecked).
 void gguf_quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum,
                                   int16_t* bsum16);
+/// Its scalar form, which runs where the AVX2 forms may not (gguf_avx2_forms_allowed): the
+/// reference the AVX2 form (gguf_avx2.hpp, shared by the decode GEMV and the integer prefill)
+/// equals bit for bit. Same arguments, unchecked.
+void gguf_quantize_activation_row_scalar(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum,
+                                         int16_t* bsum16);
 
 /// Whether gguf_gemv has a kernel for `t`.
 bool gguf_gemv_supported(gguf::GgmlType t);
@@ -83,8 +89,8 @@ bool gguf_avx2_forms_allowed();
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
                       int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate);
 
-/// The AVX2 activation quantizer gguf_prefill_int runs: q8, scale and bsum16 bit for bit those of
-/// gguf_quantize_activation_row, the f32 sums per 32 in another order. Throws hanpu::Error where the
+/// The AVX2 activation quantizer gguf_prefill_int runs (the decode GEMV's, gguf_avx2.hpp): q8,
+/// scale, sum and bsum16 bit for bit those of gguf_quantize_activation_row_scalar. Throws hanpu::Error where the
 /// AVX2 forms may not run or K is not a positive multiple of block (32 or 256).
 void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum,
                                int16_t* bsum16);

@@ -5,7 +5,7 @@
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
 // the f32 sums per 32 for the Q4_K / Q5_K min term and the int8 sums per 16 for Q6_K's -32), in an
-// AVX2 form with the same int8 values (quantize_row).
+// AVX2 form shared with the decode GEMV (gguf_avx2.hpp quantize_activation_row).
 // The weight rows are taken kGgufTileRows at a time and unpacked once into the worker's scratch:
 // the K-quants' 4/5/6-bit values as bytes in element order (0..15 / 0..31 / 0..63, Q6_K before its
 // -32), the sub-block scale of every 32 elements as a ready VPMADDWD operand (16 int16 lanes: one
@@ -499,76 +499,6 @@ void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, 
   run_tile_blocks<kind, kRowsX, kRowsW>(nw, t, a, y, ldy, accumulate);
 }
 
-// The activation quantizer of gguf_quantize_activation_row (linear_gguf.cpp) in AVX2: the same q8,
-// scale and bsum16 bit for bit (Q8_0's rule: d = amax / 127, q = roundf(x / d), round half away
-// from zero, x * (1 / d) unless 1 / d overflows, a block with a NaN or inf gets scale NaN and q 0);
-// the f32 sums per 32 in a tree order instead of left to right (each within 5 roundings instead
-// of 31 of the exact sum; the tests' bound counts every term). Measured 8-13% of the integer
-// prefill's time with the scalar form (a libm roundf per element and a serial sum).
-HANPU_PREFILL_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum_out,
-                                     int16_t* bsum16) {
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(0x80000000u)));
-  const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f), fmax = _mm256_set1_ps(3.40282347e38f);
-  for (int64_t s = 0; s < K / 32; ++s) {
-    const float* xs = x + 32 * s;
-    const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xs), _mm256_loadu_ps(xs + 8)),
-                                   _mm256_add_ps(_mm256_loadu_ps(xs + 16), _mm256_loadu_ps(xs + 24)));
-    sum_out[s] = hsum(v);
-  }
-  for (int64_t b = 0; b < K / block; ++b) {
-    const float* xb = x + b * block;
-    __m256 amax = _mm256_setzero_ps();
-    int finite = 0xff;
-    for (int64_t j = 0; j < block; j += 8) {
-      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xb + j), abs_mask);
-      finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ));  // false for NaN and inf
-      amax = _mm256_max_ps(amax, a);
-    }
-    int8_t* qb = q8 + b * block;
-    if (finite != 0xff) {
-      std::memset(qb, 0, static_cast<size_t>(block));
-      scale[b] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float d = _mm_cvtss_f32(m4) / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const bool reciprocal = std::isfinite(id);
-    const __m256 vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
-    for (int64_t j = 0; j < block; j += 32) {
-      __m256i q[4];
-      for (int u = 0; u < 4; ++u) {
-        const __m256 xv = _mm256_loadu_ps(xb + j + 8 * u);
-        const __m256 v = reciprocal ? _mm256_mul_ps(xv, vid) : _mm256_div_ps(xv, vd);
-        // roundf: the truncation, plus sign(v) where the (exact) fraction is at least one half
-        const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-        const __m256 frac = _mm256_and_ps(_mm256_sub_ps(v, t), abs_mask);
-        const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, half, _CMP_GE_OQ),
-                                          _mm256_or_ps(one, _mm256_and_ps(v, sign_mask)));
-        q[u] = _mm256_cvttps_epi32(_mm256_add_ps(t, step));
-      }
-      // |q| <= 127: the saturating packs are exact; they interleave 128-bit lanes, the permute undoes it
-      const __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
-      const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16a, p16b),
-                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + j), p8);
-    }
-    scale[b] = d;
-  }
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  for (int64_t g = 0; g < K / 32; ++g) {  // sums of q8 per 16, exact in any order
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q8 + 32 * g));
-    __m256i s4 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, v), ones16);  // sums of 4
-    s4 = _mm256_hadd_epi32(s4, s4);
-    s4 = _mm256_hadd_epi32(s4, s4);  // lane 0: elements 0..15, lane 4: 16..31
-    bsum16[2 * g] = static_cast<int16_t>(_mm256_extract_epi32(s4, 0));
-    bsum16[2 * g + 1] = static_cast<int16_t>(_mm256_extract_epi32(s4, 4));
-  }
-}
-
 ActivationRows& activation_rows() {
   thread_local ActivationRows rows;
   return rows;
@@ -582,7 +512,7 @@ void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t*
   if ((block != 32 && block != 256) || K <= 0 || K % block != 0)
     throw Error("gguf_prefill_quantize_row: K = " + std::to_string(K) + " is not a positive multiple of the block " +
                 std::to_string(block) + " (32 or 256)");
-  quantize_row(x, K, block, q8, scale, sum, bsum16);
+  gguf_avx2::quantize_activation_row(x, K, block, q8, scale, sum, bsum16);  // the decode GEMV's
 }
 
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
@@ -609,7 +539,7 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
     const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, M));
     engine.impl().run(parts, [&](int p, Workspace&) {
       for (int64_t m = M * p / parts; m < M * (p + 1) / parts; ++m)
-        quantize_row(x + m * ldx, K, a.block, a.xq8 + m * K, a.scale.data() + m * (K / a.block),
+        gguf_avx2::quantize_activation_row(x + m * ldx, K, a.block, a.xq8 + m * K, a.scale.data() + m * (K / a.block),
                      a.sum.data() + m * (K / 32), a.bsum16.data() + m * (K / 16));
     });
   }
