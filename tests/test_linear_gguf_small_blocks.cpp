@@ -1,4 +1,4 @@
-// Decode GEMV over Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_XS blocks (src/cpu/linear_gguf_small_blocks.cpp)
+// Decode GEMV over Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS blocks (src/cpu/linear_gguf_small_blocks.cpp)
 // against fp64 of the exactly dequantized weights (gguf::dequantize, bit-exact against gguf-py:
 // tests/python/test_gguf_blocks.py).
 //
@@ -186,7 +186,8 @@ TEST_P(SmallBlockGemv, WithinDerivedBoundOfFp64) {
 }
 
 // Blocks whose codes are all at one end (all-zero and all-0xFF payloads): the extreme levels
-// (Q4_0 -8 / 7, Q5_0 -16 / 15, Q4_1 / Q5_1 0 / 15, 31, IQ4_XS -127 / 113 with scales -32 / 31)
+// (Q4_0 -8 / 7, Q5_0 -16 / 15, Q4_1 / Q5_1 0 / 15, 31, IQ4_NL -127 / 113, IQ4_XS -127 / 113 with
+// scales -32 / 31)
 // against full-scale activations of both signs, where a saturating int16 pair would show.
 TEST_P(SmallBlockGemv, ExtremeCodesAgainstFullScaleActivations) {
   const GgmlType t = GetParam();
@@ -266,7 +267,7 @@ TEST_P(SmallBlockGemv, GaussianActivationsNmse) {
 
 INSTANTIATE_TEST_SUITE_P(Types, SmallBlockGemv,
                          ::testing::Values(GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                                           GgmlType::IQ4_XS),
+                                           GgmlType::IQ4_NL, GgmlType::IQ4_XS),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 // GgufLinear over these types: decode rows (M < 4) run the GEMV above and meet its bounds; prefill
@@ -324,11 +325,11 @@ TEST_P(SmallBlockLinear, DecodeAndPrefillRowsWithinTheirBounds) {
 
 INSTANTIATE_TEST_SUITE_P(Types, SmallBlockLinear,
                          ::testing::Values(GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                                           GgmlType::IQ4_XS),
+                                           GgmlType::IQ4_NL, GgmlType::IQ4_XS),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 TEST(SmallBlockGemvErrors, NonFiniteActivationsGiveNaN) {
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_XS}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
     const Weights W = make_weights(t, 3, 512, 9);
     for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
       std::vector<float> x = make_x(512, 10);
@@ -352,6 +353,7 @@ TEST(SmallBlockGemvErrors, WrongTypeShapeOrActivationsAreRefused) {
   hanpu::cpu::gguf_quantize_activations(x.data(), 256, 256, a256);
   EXPECT_EQ(hanpu::cpu::gguf_activation_block(GgmlType::Q5_0), 32);
   EXPECT_EQ(hanpu::cpu::gguf_activation_block(GgmlType::IQ4_XS), 256);
+  EXPECT_EQ(hanpu::cpu::gguf_activation_block(GgmlType::IQ4_NL), 32);
   const auto message = [&](GgmlType t, int64_t K, const GgufActivations& a) -> std::string {
     try {
       hanpu::cpu::gguf_small_block_gemv_rows(t, w.data(), K, a, y.data(), 0, 1);
@@ -363,6 +365,7 @@ TEST(SmallBlockGemvErrors, WrongTypeShapeOrActivationsAreRefused) {
   EXPECT_NE(message(GgmlType::Q4_K, 256, a256).find("no kernel for GGML type Q4_K"), std::string::npos);
   EXPECT_NE(message(GgmlType::Q5_0, 256, a256).find("blocks of 32 for Q5_0"), std::string::npos);  // per-256 activations
   EXPECT_NE(message(GgmlType::IQ4_XS, 256, a32).find("blocks of 256 for IQ4_XS"), std::string::npos);
+  EXPECT_NE(message(GgmlType::IQ4_NL, 256, a256).find("blocks of 32 for IQ4_NL"), std::string::npos);
   EXPECT_NE(message(GgmlType::Q5_1, 128, a32).find("K = 128"), std::string::npos);  // x is 256 long
   GgufActivations a48;
   EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 48, 32, a48), hanpu::Error);

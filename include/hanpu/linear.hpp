@@ -6,7 +6,7 @@
 // never asks which format a weight has (the registry row says what differs). One class per
 // family of kernels implements it: Bf16Linear (bf16), F16Linear (f16), F32Linear (f32),
 // Int8Linear (hanpu's int8) and GgufLinear (GGML blocks: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-// Q6_K, IQ4_XS).
+// Q6_K, IQ4_NL, IQ4_XS).
 //
 // Bf16Linear is a handle so that the implementation may repack the weight once at load time into
 // whatever layout its kernel wants (e.g. pairs for the bf16 dot-product instructions); callers

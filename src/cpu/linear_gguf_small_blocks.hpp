@@ -1,5 +1,5 @@
 // Decode GEMV over the GGML formats of 32-element blocks that llama-quantize falls back to, and
-// IQ4_XS: Q4_0, Q4_1, Q5_0, Q5_1 (activations quantized per 32, Q8_0's rule, as llama.cpp's Q8_0 /
+// IQ4_XS: Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL (activations quantized per 32, Q8_0's rule, as llama.cpp's Q8_0 /
 // Q8_1 activations) and IQ4_XS (activations per 256, as llama.cpp's Q8_K). The kernels are in
 // linear_gguf_small_blocks.cpp; gguf_gemv_rows (linear_gguf.hpp) dispatches to them.
 //
@@ -18,7 +18,7 @@
 
 namespace hanpu::cpu {
 
-/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS.
+/// Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS.
 bool gguf_small_block_type(gguf::GgmlType t);
 
 /// Which form runs: kAuto is the AVX2 form where gguf_avx2_forms_allowed(), else the portable one

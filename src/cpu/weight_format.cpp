@@ -110,11 +110,19 @@ const WeightFormatInfo kRows[] = {
      "the activations with the levels' signs moved onto them, VPMADDWD by the 6-bit sub-block scale "
      "(linear_gguf_small_blocks.cpp; AVX2 or better, else a portable form)",
      HANPU_GGUF_PREFILL},
+    {F::kIQ4_NL, "iq4_nl", 32, 18,
+     "blocks of 32: f16 scale d, 16 bytes of 4-bit indices into the IQ4_NL levels; w = d * level (llama-quantize's "
+     "fallback for IQ4_XS on rows that are not whole 256-blocks)",
+     std::nullopt, G::IQ4_NL, "GGUF type IQ4_NL (20)", L::kReadOnly, false, nullptr,
+     "M < 4: activations quantized per 32 (llama.cpp's Q8_0 rule, f32 scale), levels looked up with VPSHUFB, "
+     "VPMADDUBSW by the activations with the levels' signs moved onto them, VPMADDWD by ones, one FMA by the two "
+     "scales per block (linear_gguf_small_blocks.cpp; AVX2 or better, else a portable form)",
+     HANPU_GGUF_PREFILL},
 };
 #undef HANPU_GGUF_PREFILL
 #undef HANPU_GGUF_SMALL_GEMV
 
-static_assert(sizeof(kRows) / sizeof(kRows[0]) == static_cast<size_t>(WeightFormat::kIQ4_XS) + 1,
+static_assert(sizeof(kRows) / sizeof(kRows[0]) == static_cast<size_t>(WeightFormat::kIQ4_NL) + 1,
               "one registry row per WeightFormat, in enum order");
 
 const WeightMix kMixes[] = {
