@@ -35,4 +35,17 @@ bool gguf_small_block_form_available(SmallBlockForm form);
 void gguf_small_block_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y,
                                 int64_t n0, int64_t n1, SmallBlockForm form = SmallBlockForm::kAuto);
 
+/// Q4_0, IQ4_NL, IQ4_XS: the types with an integer prefill form in linear_gguf_prefill_small_blocks.cpp
+/// (every weight a signed integer of at most 7 bits after a table lookup or an offset).
+bool gguf_small_block_int_prefill_type(gguf::GgmlType t);
+
+/// gguf_prefill_int (linear_gguf.hpp) for those types: activations quantized once per call with the
+/// GEMV's rule (per 32 for Q4_0 / IQ4_NL, per 256 for IQ4_XS), weight rows unpacked once per tile
+/// into signed int8 values (int16 times the sub-block scale for IQ4_XS), register blocks of 4
+/// activation rows x 2 weight rows. Each y[m][n] is the decode GEMV's value for row m up to the f32
+/// summation order. Throws hanpu::Error for another type, without AVX2, or K not whole blocks.
+void gguf_small_block_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K,
+                                  const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
+                                  bool accumulate);
+
 }  // namespace hanpu::cpu
