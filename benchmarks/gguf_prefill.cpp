@@ -1,4 +1,5 @@
-// GGUF prefill GEMM (src/cpu/linear_gguf_prefill.cpp and the f32 tiles of linear_gguf.cpp):
+// GGUF prefill GEMM (src/cpu/linear_gguf_prefill.cpp, linear_gguf_prefill_small_blocks.cpp and the f32
+// tiles of linear_gguf.cpp):
 // GOP/s of y = x W^T for M activation rows, next to the integer peak of docs/GGUF.md ("Prefill").
 //
 //   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,f32]
@@ -70,7 +71,7 @@ int main(int argc, char** argv) {
     }
     else if (a == "--isa") hanpu::request_isa(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: gguf_prefill [--threads T] [--reps R] [--rows M] [--types q8_0,q4_k,q5_k,q6_k] "
+      std::fprintf(stderr, "usage: gguf_prefill [--threads T] [--reps R] [--rows M] [--types q8_0,q4_k,q5_k,q6_k,q4_0,iq4_nl,iq4_xs] "
                            "[--paths int,f32] [--shape NxK] [--isa NAME]\n");
       return 2;
     }
@@ -87,8 +88,12 @@ int main(int argc, char** argv) {
     else if (tn == "q4_k") t = GgmlType::Q4_K;
     else if (tn == "q5_k") t = GgmlType::Q5_K;
     else if (tn == "q6_k") t = GgmlType::Q6_K;
+    else if (tn == "q4_0") t = GgmlType::Q4_0;  // these three: linear_gguf_prefill_small_blocks.cpp
+    else if (tn == "iq4_nl") t = GgmlType::IQ4_NL;
+    else if (tn == "iq4_xs") t = GgmlType::IQ4_XS;
     else {
-      std::fprintf(stderr, "gguf_prefill: --types: got '%s', expected q8_0, q4_k, q5_k or q6_k\n", tn.c_str());
+      std::fprintf(stderr, "gguf_prefill: --types: got '%s', expected q8_0, q4_k, q5_k, q6_k, q4_0, iq4_nl or iq4_xs\n",
+                   tn.c_str());
       return 2;
     }
     const auto& f = hanpu::gguf::block_format(t);

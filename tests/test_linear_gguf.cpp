@@ -249,7 +249,7 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufLinearRows,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                                           GgmlType::Q4_0, GgmlType::IQ4_XS),
+                                           GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::IQ4_XS),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 // The integer prefill GEMM (gguf_prefill_int, linear_gguf_prefill.cpp): every output row must meet
@@ -387,14 +387,16 @@ TEST(GgufIntPrefillQuantizer, SameBitsAsTheScalarQuantizer) {
 
 TEST(GgufIntPrefillErrors, TypesWithoutAFormFallBackOrAreRefused) {
   hanpu::Engine engine(1);
-  std::vector<uint8_t> w(136);
+  std::vector<uint8_t> w(8 * 20);  // one row of 256 in Q4_1 blocks
   std::vector<float> x(4 * 256, 1.f), y(4);
-  EXPECT_FALSE(hanpu::cpu::gguf_int_prefill_available(GgmlType::IQ4_XS));
-  EXPECT_FALSE(hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_0));
-  EXPECT_THROW(hanpu::cpu::gguf_prefill_int(engine, GgmlType::IQ4_XS, w.data(), 1, 256, x.data(), 256, y.data(), 1, 4, 1,
+  // Q4_1 / Q5_0 / Q5_1 have no integer prefill form (Q4_0, IQ4_NL, IQ4_XS do where AVX2 runs:
+  // tests/test_linear_gguf_small_blocks.cpp).
+  for (GgmlType t : {GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1})
+    EXPECT_FALSE(hanpu::cpu::gguf_int_prefill_available(t)) << hanpu::gguf::block_format(t).name;
+  EXPECT_THROW(hanpu::cpu::gguf_prefill_int(engine, GgmlType::Q4_1, w.data(), 1, 256, x.data(), 256, y.data(), 1, 4, 1,
                                             false),
                hanpu::Error);
-  hanpu::GgufLinear lin(GgmlType::IQ4_XS, w.data(), 1, 256, "iq4");
+  hanpu::GgufLinear lin(GgmlType::Q4_1, w.data(), 1, 256, "q4_1");
   lin.set_prefill(hanpu::GgufPrefill::kIntegerDot);
   EXPECT_FALSE(lin.prefill_is_integer());  // the f32 tiles
   if (hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_K)) {

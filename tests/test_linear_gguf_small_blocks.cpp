@@ -1,4 +1,4 @@
-// Decode GEMV over Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_XS blocks (src/cpu/linear_gguf_small_blocks.cpp)
+// Decode GEMV over Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS blocks (src/cpu/linear_gguf_small_blocks.cpp)
 // against fp64 of the exactly dequantized weights (gguf::dequantize, bit-exact against gguf-py:
 // tests/python/test_gguf_blocks.py).
 //
@@ -186,7 +186,8 @@ TEST_P(SmallBlockGemv, WithinDerivedBoundOfFp64) {
 }
 
 // Blocks whose codes are all at one end (all-zero and all-0xFF payloads): the extreme levels
-// (Q4_0 -8 / 7, Q5_0 -16 / 15, Q4_1 / Q5_1 0 / 15, 31, IQ4_XS -127 / 113 with scales -32 / 31)
+// (Q4_0 -8 / 7, Q5_0 -16 / 15, Q4_1 / Q5_1 0 / 15, 31, IQ4_NL -127 / 113, IQ4_XS -127 / 113 with
+// scales -32 / 31)
 // against full-scale activations of both signs, where a saturating int16 pair would show.
 TEST_P(SmallBlockGemv, ExtremeCodesAgainstFullScaleActivations) {
   const GgmlType t = GetParam();
@@ -266,11 +267,11 @@ TEST_P(SmallBlockGemv, GaussianActivationsNmse) {
 
 INSTANTIATE_TEST_SUITE_P(Types, SmallBlockGemv,
                          ::testing::Values(GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                                           GgmlType::IQ4_XS),
+                                           GgmlType::IQ4_NL, GgmlType::IQ4_XS),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 // GgufLinear over these types: decode rows (M < 4) run the GEMV above and meet its bounds; prefill
-// rows dequantize tiles exactly and keep x in f32 (tests/test_linear_gguf.cpp's bound:
+// rows on the f32 tiles dequantize tiles exactly and keep x in f32 (tests/test_linear_gguf.cpp's bound:
 // |y - y_ref| <= (K + 1) u sum_k |w_k x_k| + u |y|).
 class SmallBlockLinear : public ::testing::TestWithParam<GgmlType> {};
 
@@ -282,6 +283,7 @@ TEST_P(SmallBlockLinear, DecodeAndPrefillRowsWithinTheirBounds) {
     const int64_t N = 37;
     const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 7));
     hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+    lin.set_prefill(hanpu::GgufPrefill::kF32Tiles);  // the integer prefill: SmallBlockIntPrefill below
     EXPECT_FALSE(lin.prefill_is_integer());
     for (int64_t M : std::vector<int64_t>{1, 3, 4, 5, 67}) {
       SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M));
@@ -324,11 +326,113 @@ TEST_P(SmallBlockLinear, DecodeAndPrefillRowsWithinTheirBounds) {
 
 INSTANTIATE_TEST_SUITE_P(Types, SmallBlockLinear,
                          ::testing::Values(GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
-                                           GgmlType::IQ4_XS),
+                                           GgmlType::IQ4_NL, GgmlType::IQ4_XS),
+                         [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
+// The integer prefill of Q4_0, IQ4_NL and IQ4_XS (linear_gguf_prefill_small_blocks.cpp, through
+// gguf_prefill_int and GgufLinear): the same integer products as the GEMV, summed in another order,
+// so every output row meets check()'s two bounds. M = 1..17 covers every tail of the 4-row register
+// block, N = 37 the tails of the 2-row block and of the 16-row tile; K one block, three blocks, 1024
+// and 4096; moderate and extreme weight scales; x blocks of magnitudes 1e-6..1e3 and zero blocks
+// (make_x). 1 and 2 threads give the same bits (each output is one thread's); accumulate adds
+// exactly the value the plain call writes.
+class SmallBlockIntPrefill : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(SmallBlockIntPrefill, EveryRowWithinTheGemvBounds) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 here";
+  const int64_t be = hanpu::gguf::block_format(t).block_elems;
+  hanpu::Engine engine(2);
+  for (bool extreme : {false, true})
+    for (int64_t K : std::vector<int64_t>{be, 3 * be, 1024, 4096}) {
+      const int64_t N = 37;
+      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K * 3 + extreme), extreme);
+      for (int64_t M = 1; M <= 17; M += (K >= 4096 ? 4 : 1)) {
+        SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M) + ", extreme scales " +
+                     std::to_string(extreme));
+        const int64_t ldx = K + 5, ldy = N + 3;
+        std::vector<float> x(static_cast<size_t>(M * ldx));
+        for (int64_t m = 0; m < M; ++m) {
+          const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 17 + K));
+          std::copy(xr.begin(), xr.end(), x.begin() + m * ldx);
+        }
+        std::vector<float> y(static_cast<size_t>(M * ldy), -7.f);
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y.data(), ldy, M, 1, false);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], -7.f) << "padding written";
+          check(W, std::vector<float>(x.begin() + m * ldx, x.begin() + m * ldx + K),
+                std::vector<float>(y.begin() + m * ldy, y.begin() + m * ldy + N));
+        }
+        std::vector<float> y2(static_cast<size_t>(M * ldy), -7.f);
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y2.data(), ldy, M, 2, false);
+        ASSERT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << "2 threads";
+        std::vector<float> y3(static_cast<size_t>(M * ldy));
+        for (size_t i = 0; i < y3.size(); ++i) y3[i] = 0.5f * static_cast<float>(i % 7) - 1.f;
+        const std::vector<float> y30 = y3;
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y3.data(), ldy, M, 2, true);
+        for (size_t i = 0; i < y3.size(); ++i)
+          ASSERT_EQ(y3[i], static_cast<int64_t>(i % ldy) < N ? y30[i] + y[i] : y30[i]) << "accumulate, element " << i;
+      }
+    }
+}
+
+// Codes at both ends (all-zero and all-0xFF payloads: Q4_0 -8 / 7, the levels -127 / 113, IQ4_XS's
+// sub-block scales -32 / 31) against full-scale activations of both signs: an int16 pair or an
+// IQ4_XS super-block sum that saturated or passed 2^24 would show against check()'s bounds.
+TEST_P(SmallBlockIntPrefill, ExtremeCodesAgainstFullScaleActivations) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 here";
+  const int64_t K = 4096, N = 4, M = 5;
+  Weights W = make_weights(t, N, K, 5);
+  const auto& f = hanpu::gguf::block_format(t);
+  const int64_t nb = N * K / f.block_elems;
+  for (int64_t i = 0; i < nb; ++i)
+    std::memset(W.bytes.data() + i * f.block_bytes + 2, (i / (K / f.block_elems)) % 2 ? 0xFF : 0x00, f.block_bytes - 2);
+  hanpu::gguf::dequantize(t, W.bytes.data(), W.w.data(), N * K);
+  W.w_scale = W.w;
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x[m * K + k] = ((k / 64) % 2 ? 3.f : -3.f) * (m % 2 ? -1.f : 1.f);
+  for (int64_t m = 0; m < M; ++m) x[m * K + 7 + m] = 0.5f;  // one inexact activation per row (else all is exact)
+  hanpu::Engine engine(2);
+  std::vector<float> y(static_cast<size_t>(M * N));
+  hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y.data(), N, M, 2, false);
+  for (int64_t m = 0; m < M; ++m)
+    check(W, std::vector<float>(x.begin() + m * K, x.begin() + (m + 1) * K),
+          std::vector<float>(y.begin() + m * N, y.begin() + (m + 1) * N));
+}
+
+// GgufLinear runs this path for prefill rows when it is chosen, and the f32 tiles otherwise.
+TEST_P(SmallBlockIntPrefill, GgufLinearSettingSelectsThePath) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 here";
+  const int64_t K = 1024, N = 37, M = 9;
+  const Weights W = make_weights(t, N, K, 21);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m) {
+    const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m + 3));
+    std::copy(xr.begin(), xr.end(), x.begin() + m * K);
+  }
+  hanpu::Engine engine(2);
+  std::vector<float> direct(static_cast<size_t>(M * N)), via(static_cast<size_t>(M * N)), tiles(static_cast<size_t>(M * N));
+  hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, direct.data(), N, M, 2, false);
+  hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
+  lin.set_prefill(hanpu::GgufPrefill::kIntegerDot);
+  EXPECT_TRUE(lin.prefill_is_integer());
+  lin.forward(engine, x.data(), K, via.data(), N, M, 2, false);
+  EXPECT_EQ(0, std::memcmp(direct.data(), via.data(), via.size() * 4));
+  lin.set_prefill(hanpu::GgufPrefill::kF32Tiles);
+  EXPECT_FALSE(lin.prefill_is_integer());
+  lin.forward(engine, x.data(), K, tiles.data(), N, M, 2, false);
+  EXPECT_NE(0, std::memcmp(direct.data(), tiles.data(), tiles.size() * 4));  // x quantized in one, f32 in the other
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, SmallBlockIntPrefill,
+                         ::testing::Values(GgmlType::Q4_0, GgmlType::IQ4_NL, GgmlType::IQ4_XS),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
 TEST(SmallBlockGemvErrors, NonFiniteActivationsGiveNaN) {
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_XS}) {
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
     const Weights W = make_weights(t, 3, 512, 9);
     for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
       std::vector<float> x = make_x(512, 10);
@@ -352,6 +456,7 @@ TEST(SmallBlockGemvErrors, WrongTypeShapeOrActivationsAreRefused) {
   hanpu::cpu::gguf_quantize_activations(x.data(), 256, 256, a256);
   EXPECT_EQ(hanpu::cpu::gguf_activation_block(GgmlType::Q5_0), 32);
   EXPECT_EQ(hanpu::cpu::gguf_activation_block(GgmlType::IQ4_XS), 256);
+  EXPECT_EQ(hanpu::cpu::gguf_activation_block(GgmlType::IQ4_NL), 32);
   const auto message = [&](GgmlType t, int64_t K, const GgufActivations& a) -> std::string {
     try {
       hanpu::cpu::gguf_small_block_gemv_rows(t, w.data(), K, a, y.data(), 0, 1);
@@ -363,6 +468,7 @@ TEST(SmallBlockGemvErrors, WrongTypeShapeOrActivationsAreRefused) {
   EXPECT_NE(message(GgmlType::Q4_K, 256, a256).find("no kernel for GGML type Q4_K"), std::string::npos);
   EXPECT_NE(message(GgmlType::Q5_0, 256, a256).find("blocks of 32 for Q5_0"), std::string::npos);  // per-256 activations
   EXPECT_NE(message(GgmlType::IQ4_XS, 256, a32).find("blocks of 256 for IQ4_XS"), std::string::npos);
+  EXPECT_NE(message(GgmlType::IQ4_NL, 256, a256).find("blocks of 32 for IQ4_NL"), std::string::npos);
   EXPECT_NE(message(GgmlType::Q5_1, 128, a32).find("K = 128"), std::string::npos);  // x is 256 long
   GgufActivations a48;
   EXPECT_THROW(hanpu::cpu::gguf_quantize_activations(x.data(), 48, 32, a48), hanpu::Error);

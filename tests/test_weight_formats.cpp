@@ -57,6 +57,7 @@ TEST(WeightFormatRegistry, OneRowPerFormatInEnumOrderWithUniqueNames) {
   }
   for (const WeightMix& m : weight_mixes()) EXPECT_TRUE(names.insert(m.name).second) << m.name;
   EXPECT_EQ(weight_format_of_ggml(gguf::GgmlType::Q2_K), std::nullopt);
+  EXPECT_EQ(weight_format_of_ggml(gguf::GgmlType::IQ4_NL), WeightFormat::kIQ4_NL);
 }
 
 TEST(WeightFormatRegistry, LoadAndQuantizeNamesComeFromTheRows) {

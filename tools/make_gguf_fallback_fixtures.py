@@ -3,13 +3,14 @@
 (GgufSmallBlocks): llama.cpp's own llama-quantize run on tests/data/gguf/qwen35_tiny-f16.gguf.
 
 The tiny golden's rows are 64, 96 or 128 wide, never whole 256-element super-blocks, so
-llama-quantize falls back on every K-quant tensor (src/llama-quant.cpp, the "fallback
-quantization" for ncols % QK_K != 0: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0), which is what a
-user's Q4_K_M / Q5_K_M of a model with such rows contains. Writes into tests/data/gguf/:
+llama-quantize falls back on every K-quant and IQ4_XS tensor (src/llama-quant.cpp, the "fallback
+quantization" for ncols % QK_K != 0: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL),
+which is what a user's Q4_K_M / Q5_K_M / IQ4_XS of a model with such rows contains. Writes into tests/data/gguf/:
   qwen35_tiny-q4_k_m.gguf   Q4_K_M: Q5_0 and Q8_0 (plus F32 norms)
   qwen35_tiny-q5_k_m.gguf   Q5_K_M: Q5_1 and Q8_0
   qwen35_tiny-q4_0.gguf     Q4_0 (and Q8_0 where llama-quantize keeps Q6_K's fallback)
   qwen35_tiny-q4_1.gguf     Q4_1
+  qwen35_tiny-iq4_xs.gguf   IQ4_XS: every IQ4_XS tensor falls back to IQ4_NL (and Q8_0 for the head)
   llama_quantize_digests.json   for each tiny golden's F16 fixture (qwen35, qwen35moe, qwen3next,
                             kimi-linear, bailingmoe3) and Q4_K_M / Q5_K_M: every tensor's type and
                             the SHA-256 of its bytes in llama-quantize's file (tests/python/
@@ -28,7 +29,7 @@ import subprocess
 import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TYPES = ("Q4_K_M", "Q5_K_M", "Q4_0", "Q4_1")
+TYPES = ("Q4_K_M", "Q5_K_M", "Q4_0", "Q4_1", "IQ4_XS")
 DIGEST_GOLDENS = ("qwen35_tiny", "qwen35moe_tiny", "qwen3next_tiny", "kimi_linear_tiny", "bailing_hybrid_tiny")
 DIGEST_TYPES = ("Q4_K_M", "Q5_K_M")
 

@@ -6,7 +6,7 @@
 // never asks which format a weight has (the registry row says what differs). One class per
 // family of kernels implements it: Bf16Linear (bf16), F16Linear (f16), F32Linear (f32),
 // Int8Linear (hanpu's int8) and GgufLinear (GGML blocks: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-// Q6_K, IQ4_XS).
+// Q6_K, IQ4_NL, IQ4_XS).
 //
 // Bf16Linear is a handle so that the implementation may repack the weight once at load time into
 // whatever layout its kernel wants (e.g. pairs for the bf16 dot-product instructions); callers
@@ -198,9 +198,9 @@ class Int8Linear final : public Linear {
 /// other rows dequantize tiles of W to f32 exactly and keep the
 /// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
 /// GgufLinear's prefill (M >= 4 rows) arithmetic: kAuto = HANPU_GGUF_PREFILL ("int" / "f32") if
-/// set, else the per-ISA default (integer dot products for Q8_0 / Q4_K / Q5_K / Q6_K on AVX2
-/// targets, f32 tiles on AVX-512 targets; docs/GGUF.md "Prefill"). kIntegerDot falls back to the f32 tiles where it has no kernel (Q4_0,
-/// Q4_1, Q5_0, Q5_1, IQ4_XS, CPUs without AVX2).
+/// set, else the per-ISA default (integer dot products for Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 /
+/// IQ4_NL / IQ4_XS on AVX2 targets, f32 tiles on AVX-512 targets; docs/GGUF.md "Prefill"). kIntegerDot
+/// falls back to the f32 tiles where it has no kernel (Q4_1, Q5_0, Q5_1, CPUs without AVX2).
 enum class GgufPrefill { kAuto, kIntegerDot, kF32Tiles };
 
 class GgufLinear final : public Linear {

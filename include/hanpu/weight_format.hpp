@@ -38,6 +38,7 @@ enum class WeightFormat : uint8_t {
   kQ5_K,
   kQ6_K,
   kIQ4_XS,
+  kIQ4_NL,  // llama-quantize's fallback for IQ4_XS on rows that are not whole 256-blocks
 };
 
 /// How a `--weights NAME` load gets a checkpoint's projections into the format.

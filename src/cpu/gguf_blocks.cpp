@@ -21,6 +21,7 @@ static_assert(sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockIQ4_NL) == 18);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
 namespace {
@@ -37,7 +38,7 @@ constexpr BlockFormat kFormats[] = {
     {GgmlType::Q6_K, "Q6_K", 256, 210, true},    {GgmlType::Q8_K, "Q8_K", 256, 292, false},
     {GgmlType::IQ2_XXS, "IQ2_XXS", 256, 66, false}, {GgmlType::IQ2_XS, "IQ2_XS", 256, 74, false},
     {GgmlType::IQ3_XXS, "IQ3_XXS", 256, 98, false}, {GgmlType::IQ1_S, "IQ1_S", 256, 50, false},
-    {GgmlType::IQ4_NL, "IQ4_NL", 32, 18, false}, {GgmlType::IQ3_S, "IQ3_S", 256, 110, false},
+    {GgmlType::IQ4_NL, "IQ4_NL", 32, 18, true}, {GgmlType::IQ3_S, "IQ3_S", 256, 110, false},
     {GgmlType::IQ2_S, "IQ2_S", 256, 82, false},  {GgmlType::IQ4_XS, "IQ4_XS", 256, 136, true},
     {GgmlType::I8, "I8", 1, 1, false},           {GgmlType::I16, "I16", 1, 2, false},
     {GgmlType::I32, "I32", 1, 4, false},         {GgmlType::I64, "I64", 1, 8, false},
@@ -179,6 +180,19 @@ void dequant_q6_k(const BlockQ6_K* b, float* y, int64_t nb) {
   }
 }
 
+// IQ4_NL: w = d * level[index], one f16 scale per 32 (ggml's dequantize_row_iq4_nl; llama-quantize's
+// fallback for IQ4_XS on rows that are not whole 256-blocks).
+void dequant_iq4_nl(const BlockIQ4_NL* b, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < kQK4_0 / 2; ++j) {
+      y[j] = d * static_cast<float>(kIQ4NLValues[b[i].qs[j] & 0xF]);
+      y[j + kQK4_0 / 2] = d * static_cast<float>(kIQ4NLValues[b[i].qs[j] >> 4]);
+    }
+    y += kQK4_0;
+  }
+}
+
 void dequant_iq4_xs(const BlockIQ4_XS* b, float* y, int64_t nb) {
   for (int64_t i = 0; i < nb; ++i) {
     const float d = f16_to_f32(b[i].d);
@@ -248,6 +262,7 @@ void dequantize(GgmlType t, const void* src, float* dst, int64_t n) {
     case GgmlType::Q4_K: dequant_q4_k(blocks_of<BlockQ4_K>(src), dst, nb); return;
     case GgmlType::Q5_K: dequant_q5_k(blocks_of<BlockQ5_K>(src), dst, nb); return;
     case GgmlType::Q6_K: dequant_q6_k(blocks_of<BlockQ6_K>(src), dst, nb); return;
+    case GgmlType::IQ4_NL: dequant_iq4_nl(blocks_of<BlockIQ4_NL>(src), dst, nb); return;
     case GgmlType::IQ4_XS: dequant_iq4_xs(blocks_of<BlockIQ4_XS>(src), dst, nb); return;
     default: break;
   }

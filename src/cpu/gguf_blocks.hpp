@@ -50,6 +50,10 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];  // 16 signed 8-bit scales
   uint16_t d;
 };
+struct BlockIQ4_NL {
+  uint16_t d;              // f16 scale
+  uint8_t qs[kQK4_0 / 2];  // 4-bit indices into kIQ4NLValues, laid out as Q4_0's nibbles
+};
 struct BlockIQ4_XS {
   uint16_t d;
   uint16_t scales_h;           // high 2 bits of the 8 6-bit scales

@@ -95,21 +95,22 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
 void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t* q8, float* scale, float* sum,
                                int16_t* bsum16);
 
-/// Q8_0, Q4_K, Q5_K, Q6_K where the AVX2 forms may run (gguf_avx2_forms_allowed).
+/// Q8_0, Q4_K, Q5_K, Q6_K (linear_gguf_prefill.cpp) and Q4_0, IQ4_NL, IQ4_XS
+/// (linear_gguf_prefill_small_blocks.cpp) where the AVX2 forms may run (gguf_avx2_forms_allowed).
 bool gguf_int_prefill_available(gguf::GgmlType t);
 
 /// HANPU_GGUF_PREFILL: unset (kAuto), "int" (kIntegerDot) or "f32" (kF32Tiles); anything else is a
 /// hanpu::Error naming it. Read on every call.
 GgufPrefill gguf_prefill_override();
 
-/// The per-ISA default for `t`: the integer path for Q8_0 and the K-quants on AVX2 targets (measured
+/// The per-ISA default for `t`: the integer path for every type with a form on AVX2 targets (measured
 /// faster on Zen 3), the f32 tiles on AVX-512 targets (no AVX512-VNNI form; not measured there).
 /// docs/GGUF.md "Prefill".
 bool gguf_int_prefill_default(gguf::GgmlType t);
 
 /// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and
 /// chosen (kIntegerDot; kAuto: HANPU_GGUF_PREFILL, unset: the default); else the f32 tiles (also
-/// Q4_0 / IQ4_XS always).
+/// Q4_1 / Q5_0 / Q5_1 always).
 bool gguf_use_int_prefill(gguf::GgmlType t, GgufPrefill p = GgufPrefill::kAuto);
 
 }  // namespace hanpu::cpu

@@ -43,6 +43,7 @@
 #include "cpu/gguf_avx2.hpp"
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
+#include "cpu/linear_gguf_small_blocks.hpp"  // Q4_0, IQ4_NL, IQ4_XS
 #include "cpu/x86_features.hpp"
 #include "hanpu/isa.hpp"
 #include "hanpu/tensor.hpp"
@@ -81,9 +82,10 @@ GgufPrefill gguf_prefill_override() { return parse_prefill_env(); }
 
 bool gguf_int_prefill_available(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
-  // The types this file has a form for (not every GEMV type: Q4_0 .. Q5_1 and IQ4_XS have only the GEMV).
+  // The types this file has a form for, and Q4_0 / IQ4_NL / IQ4_XS (linear_gguf_prefill_small_blocks.cpp);
+  // Q4_1 .. Q5_1 have only the GEMV.
   return (t == gguf::GgmlType::Q8_0 || t == gguf::GgmlType::Q4_K || t == gguf::GgmlType::Q5_K ||
-          t == gguf::GgmlType::Q6_K) &&
+          t == gguf::GgmlType::Q6_K || gguf_small_block_int_prefill_type(t)) &&
          gguf_avx2_forms_allowed();
 #else
   (void)t;
@@ -519,7 +521,9 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
                       int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate) {
   if (!gguf_int_prefill_available(type))
     throw Error(std::string("gguf_prefill_int: no integer prefill for GGML type ") + gguf::block_format(type).name +
-                " on this CPU / ISA selection (Q8_0, Q4_K, Q5_K, Q6_K with AVX2)");
+                " on this CPU / ISA selection (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, IQ4_XS with AVX2)");
+  if (gguf_small_block_int_prefill_type(type))
+    return gguf_small_block_prefill_int(engine, type, w, N, K, x, ldx, y, ldy, M, threads, accumulate);
   const gguf::BlockFormat& bf = gguf::block_format(type);
   if (N <= 0 || K <= 0 || K % bf.block_elems != 0)
     throw Error("gguf_prefill_int: shape [" + std::to_string(N) + ", " + std::to_string(K) + "] is not rows of whole " +

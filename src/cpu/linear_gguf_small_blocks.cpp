@@ -1,4 +1,4 @@
-// Decode GEMV kernels for Q4_0, Q4_1, Q5_0, Q5_1 and IQ4_XS (linear_gguf_small_blocks.hpp).
+// Decode GEMV kernels for Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL and IQ4_XS (linear_gguf_small_blocks.hpp).
 //
 // Block layouts: ggml-common.h (block_q4_0 .. block_q5_1, block_iq4_xs); in all of them byte j of
 // the 16 nibble bytes of a 32-element group holds element j (low nibble) and element j + 16 (high
@@ -10,7 +10,7 @@
 // VPMADDUBSW multiplies unsigned weight bytes by the signed int8 activations into int16 pairs:
 //   Q4_1 / Q5_1: the weight codes are unsigned (0..15 / 0..31), multiplied as they are (pairs at
 //     most 2 * 31 * 127 = 7874);
-//   Q4_0 / Q5_0 (codes minus 8 / 16) and IQ4_XS (the signed IQ4_NL levels, -127..113): signed
+//   Q4_0 / Q5_0 (codes minus 8 / 16), IQ4_NL and IQ4_XS (the signed IQ4_NL levels, -127..113): signed
 //     weights, so the sign moves onto the activations (|w| times x with w's sign, VPSIGNB: exact,
 //     and zero where w is zero), as llama.cpp's AVX2 dot products do (pairs at most 2 * 127 * 127 =
 //     32258 < 2^15: no saturation).
@@ -68,12 +68,13 @@ template <class Block>
 float portable_dot32(const Block* b, int64_t nb, const int8_t* x8, const float* xs, const int16_t* bsum16) {
   constexpr bool kHasMin = std::is_same_v<Block, gguf::BlockQ4_1> || std::is_same_v<Block, gguf::BlockQ5_1>;
   constexpr bool kFive = std::is_same_v<Block, gguf::BlockQ5_0> || std::is_same_v<Block, gguf::BlockQ5_1>;
-  constexpr int kOffset = kHasMin ? 0 : (kFive ? 16 : 8);
+  constexpr bool kLevels = std::is_same_v<Block, gguf::BlockIQ4_NL>;
+  constexpr int kOffset = kHasMin || kLevels ? 0 : (kFive ? 16 : 8);
   float acc = 0.0f, min_acc = 0.0f;
   for (int64_t i = 0; i < nb; ++i) {
     uint32_t h = 0;
     if constexpr (kFive) h = high_bits(b[i].qh);
-    const int32_t s = dot32(b[i].qs, h, x8 + 32 * i, [](int q) { return q - kOffset; });
+    const int32_t s = dot32(b[i].qs, h, x8 + 32 * i, [](int q) { return kLevels ? int{gguf::kIQ4NLValues[q]} : q - kOffset; });
     acc += static_cast<float>(s) * (f16_to_f32(b[i].d) * xs[i]);
     if constexpr (kHasMin) min_acc += (f16_to_f32(b[i].m) * xs[i]) * static_cast<float>(bsum16[2 * i] + bsum16[2 * i + 1]);
   }
@@ -128,7 +129,9 @@ HANPU_SMALL_AVX2 float avx2_dot32(const Block* b, int64_t nb, const int8_t* x8, 
                                   const int16_t* bsum16, int64_t ahead) {
   constexpr bool kHasMin = std::is_same_v<Block, gguf::BlockQ4_1> || std::is_same_v<Block, gguf::BlockQ5_1>;
   constexpr bool kFive = std::is_same_v<Block, gguf::BlockQ5_0> || std::is_same_v<Block, gguf::BlockQ5_1>;
+  constexpr bool kLevels = std::is_same_v<Block, gguf::BlockIQ4_NL>;
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gguf::kIQ4NLValues)));
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   float min_acc0 = 0.0f, min_acc1 = 0.0f;
   auto block = [&](int64_t i, __m256& acc, float& min_acc) HANPU_SMALL_AVX2 {
@@ -139,6 +142,8 @@ HANPU_SMALL_AVX2 float avx2_dot32(const Block* b, int64_t nb, const int8_t* x8, 
     __m256i pairs;
     if constexpr (kHasMin) {
       pairs = _mm256_maddubs_epi16(q, x);  // unsigned codes
+    } else if constexpr (kLevels) {
+      pairs = signed_pairs(_mm256_shuffle_epi8(levels, q), x);  // IQ4_NL: the signed levels, -127..113
     } else {
       pairs = signed_pairs(_mm256_sub_epi8(q, _mm256_set1_epi8(kFive ? 16 : 8)), x);
     }
@@ -201,7 +206,7 @@ void rows32(const void* w, int64_t K, const GgufActivations& x, float* y, int64_
 
 bool gguf_small_block_type(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q4_1 || t == GgmlType::Q5_0 || t == GgmlType::Q5_1 ||
-         t == GgmlType::IQ4_XS;
+         t == GgmlType::IQ4_NL || t == GgmlType::IQ4_XS;
 }
 
 bool gguf_small_block_form_available(SmallBlockForm form) {
@@ -232,6 +237,7 @@ void gguf_small_block_gemv_rows(GgmlType t, const void* w, int64_t K, const Gguf
     case GgmlType::Q4_1: rows32<gguf::BlockQ4_1>(w, K, x, y, n0, n1, avx2); return;
     case GgmlType::Q5_0: rows32<gguf::BlockQ5_0>(w, K, x, y, n0, n1, avx2); return;
     case GgmlType::Q5_1: rows32<gguf::BlockQ5_1>(w, K, x, y, n0, n1, avx2); return;
+    case GgmlType::IQ4_NL: rows32<gguf::BlockIQ4_NL>(w, K, x, y, n0, n1, avx2); return;
     default: break;
   }
   const int64_t nb = K / 256;

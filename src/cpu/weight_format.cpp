@@ -30,6 +30,12 @@ using L = WeightLoad;
   "tiles of 16 weight rows dequantized to f32 exactly (gguf::dequantize), f32 dot products with every " \
   "row of x (GgufF32Tile, Highway: AVX-512, AVX2, SSE4, NEON, portable); activations stay f32"
 
+// Q4_0, IQ4_NL, IQ4_XS prefill (linear_gguf_prefill_small_blocks.cpp).
+#define HANPU_GGUF_SMALL_INT_PREFILL                                                                     \
+  "AVX2 targets: activations quantized once per call as the GEMV's, 16 weight rows unpacked per tile to " \
+  "signed int8 (IQ4_XS: int16 times the sub-block scale), 4 x 2 register blocks of VPMADDUBSW with the " \
+  "sign moved onto the activations (IQ4_XS: VPMADDWD) and one FMA per block of scales; elsewhere " HANPU_GGUF_PREFILL
+
 // The blocks of 32 without a K-quant (linear_gguf_small_blocks.cpp).
 #define HANPU_GGUF_SMALL_GEMV                                                                            \
   "M < 4: activations quantized per 32 (llama.cpp's Q8_0 rule, f32 scale), per block VPMADDUBSW of the " \
@@ -74,7 +80,7 @@ const WeightFormatInfo kRows[] = {
      "block (DotQ8_0, Highway: AVX-512, AVX2, SSE4, NEON, portable; linear_gguf.cpp)",
      HANPU_GGUF_PREFILL},
     {F::kQ4_0, "q4_0", 32, 18, "blocks of 32: f16 scale d, 16 bytes of 4-bit q; w = d * (q - 8)", std::nullopt,
-     G::Q4_0, "GGUF type Q4_0 (2)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV, HANPU_GGUF_PREFILL},
+     G::Q4_0, "GGUF type Q4_0 (2)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV, HANPU_GGUF_SMALL_INT_PREFILL},
     {F::kQ4_1, "q4_1", 32, 20, "blocks of 32: f16 scale d and offset m, 16 bytes of 4-bit q; w = d * q + m",
      std::nullopt, G::Q4_1, "GGUF type Q4_1 (3)", L::kReadOnly, false, nullptr, HANPU_GGUF_SMALL_GEMV,
      HANPU_GGUF_PREFILL},
@@ -109,12 +115,21 @@ const WeightFormatInfo kRows[] = {
      "M < 4: activations quantized per 256 (llama.cpp's Q8_K), levels looked up with VPSHUFB, VPMADDUBSW by "
      "the activations with the levels' signs moved onto them, VPMADDWD by the 6-bit sub-block scale "
      "(linear_gguf_small_blocks.cpp; AVX2 or better, else a portable form)",
-     HANPU_GGUF_PREFILL},
+     HANPU_GGUF_SMALL_INT_PREFILL},
+    {F::kIQ4_NL, "iq4_nl", 32, 18,
+     "blocks of 32: f16 scale d, 16 bytes of 4-bit indices into the IQ4_NL levels; w = d * level (llama-quantize's "
+     "fallback for IQ4_XS on rows that are not whole 256-blocks)",
+     std::nullopt, G::IQ4_NL, "GGUF type IQ4_NL (20)", L::kReadOnly, false, nullptr,
+     "M < 4: activations quantized per 32 (llama.cpp's Q8_0 rule, f32 scale), levels looked up with VPSHUFB, "
+     "VPMADDUBSW by the activations with the levels' signs moved onto them, VPMADDWD by ones, one FMA by the two "
+     "scales per block (linear_gguf_small_blocks.cpp; AVX2 or better, else a portable form)",
+     HANPU_GGUF_SMALL_INT_PREFILL},
 };
 #undef HANPU_GGUF_PREFILL
+#undef HANPU_GGUF_SMALL_INT_PREFILL
 #undef HANPU_GGUF_SMALL_GEMV
 
-static_assert(sizeof(kRows) / sizeof(kRows[0]) == static_cast<size_t>(WeightFormat::kIQ4_XS) + 1,
+static_assert(sizeof(kRows) / sizeof(kRows[0]) == static_cast<size_t>(WeightFormat::kIQ4_NL) + 1,
               "one registry row per WeightFormat, in enum order");
 
 const WeightMix kMixes[] = {

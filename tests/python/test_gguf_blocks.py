@@ -24,7 +24,7 @@ if not TOOL:
 # +-inf, NaN.
 EXTREME_F16 = [0x7BFF, 0xFBFF, 0x0400, 0x03FF, 0x0001, 0x8001, 0x0000, 0x8000, 0x3C00, 0xBC00, 0x7C00, 0xFC00, 0x7E00]
 # Byte offsets of the f16 scales inside a block.
-SCALE_OFFSETS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_XS: [0]}
+SCALE_OFFSETS = {T.Q8_0: [0], T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208], T.IQ4_NL: [0], T.IQ4_XS: [0]}
 BLOCK_TYPES = list(SCALE_OFFSETS)
 
 
@@ -78,7 +78,7 @@ def test_registry_matches_gguf_py():
         assert qtype.name == name
         assert GGML_QUANT_SIZES[qtype] == (int(elems), int(nbytes)), name
     dequantizable = {name for _, name, _, _, flag in rows if flag == "1"}
-    assert dequantizable == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+    assert dequantizable == {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"}
 
 
 @pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
