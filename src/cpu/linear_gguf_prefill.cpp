@@ -61,6 +61,7 @@ struct ActivationRows {
   std::vector<float> scale;     // M x K / block
   std::vector<float> sum;       // M x K / 32
   std::vector<int16_t> bsum16;  // M x K / 16
+  std::vector<int16_t> x16;     // M x K: Q8_0's q8 widened to int16 (the VPMADDWD operand of block_q8_0)
 };
 
 GgufPrefill parse_prefill_env() {
@@ -146,6 +147,8 @@ struct Tile {
   float* d = nullptr;         // rows x nd (K / 256, Q8_0: K / 32)
   float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K)
   int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K)
+  int16_t* w16 = nullptr;     // Q8_0: kGgufTileRows x K int16 over vals and svec, groups of 8 rows interleaved
+                              // (see unpack_q8_0_row); d then holds [group][block][8 rows]
   int64_t nd = 0;
 };
 
@@ -162,6 +165,7 @@ Tile carve_tile(uint8_t* base, int64_t K, int64_t nd) {
   t.nd = nd;
   size_t off = 0;
   t.vals = base + off;
+  t.w16 = reinterpret_cast<int16_t*>(base + off);  // vals and svec are contiguous: kGgufTileRows * K is a multiple of 64
   off = align(off + kGgufTileRows * static_cast<size_t>(K));
   t.svec = reinterpret_cast<int16_t*>(base + off);
   off = align(off + kGgufTileRows * static_cast<size_t>(K));
@@ -184,17 +188,39 @@ inline void k4_scales_mins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
   m = uint64_t{w[1] & 0x3f3f3f3fu} | uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
 }
 
+// Q8_0's tile: rows in groups of 8, each group's int16 weights as [block b][pair j][row][2]: the
+// 32-byte vector (b, j) holds elements 32b + 2j and 32b + 2j + 1 of the group's 8 rows, so one
+// VPMADDWD against an activation pair broadcast to every lane gives 8 rows' partial sums, and a block's
+// 16 of them summed are 8 outputs' exact integer dot products over the block, scaled in one vector
+// (block_q8_0). d[group][block][row]: the rows' f32 scales as one vector per block. A row past the
+// tile's last (nw) has zero weights and scale.
+constexpr int kQ8Group = 8;
+
+HANPU_PREFILL_AVX2 inline void unpack_q8_0_row(const gguf::BlockQ8_0* b, const Tile& t, int64_t r) {
+  const int64_t nb = t.K / 32, g = r / kQ8Group, lane = r % kQ8Group;
+  int16_t* w = t.w16 + g * nb * 256 + 2 * lane;
+  float* d = t.d + g * nb * kQ8Group + lane;
+  for (int64_t i = 0; i < nb; ++i) {
+    alignas(32) int16_t v[32];
+    if (b != nullptr) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(v + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+      d[kQ8Group * i] = _cvtsh_ss(b[i].d);
+    } else {
+      std::memset(v, 0, sizeof v);
+      d[kQ8Group * i] = 0.0f;
+    }
+    for (int j = 0; j < 16; ++j) std::memcpy(w + 256 * i + 16 * j, v + 2 * j, 4);
+  }
+}
+
 template <Kind kind>
 HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r) {
   const int64_t K = t.K;
   uint8_t* vals = t.vals + r * K;
   if constexpr (kind == Kind::kQ8_0) {
-    const auto* b = reinterpret_cast<const gguf::BlockQ8_0*>(row);
-    float* d = t.d + r * t.nd;
-    for (int64_t i = 0; i < K / 32; ++i) {
-      std::memcpy(vals + 32 * i, b[i].qs, 32);
-      d[i] = _cvtsh_ss(b[i].d);
-    }
+    unpack_q8_0_row(reinterpret_cast<const gguf::BlockQ8_0*>(row), t, r);
   } else if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
     using Block = std::conditional_t<kind == Kind::kQ5K, gguf::BlockQ5_K, gguf::BlockQ4_K>;
     const auto* b = reinterpret_cast<const Block*>(row);
@@ -418,53 +444,141 @@ HANPU_PREFILL_AVX2 void block_kquant(const Tile& t, int64_t r0, const Activation
     }
 }
 
-// Q8_0 (scale per 32 on both sides): per pair and 32 elements the sign trick, VPMADDUBSW,
-// VPMADDWD by ones, a conversion and an FMA by d_w * d_x. Registers: MR x NR f32 accumulators,
-// NR |w| and NR w vectors (the sign), the activation, its signed copy and the scale broadcast.
-template <int MR, int NR>
-HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, int64_t r0, const ActivationRows& a, int64_t m0, float* y,
+// One Q8_0 block (32 elements) of MR activation rows x NG groups of 8 weight rows into int32 lanes:
+// acc[m][g] = sum over the 16 pairs j of VPMADDWD(w_g[j], broadcast of x_m's pair j). w points at
+// the group's block (16 vectors), x at the row's 32 int16. The general form (the tails) is
+// intrinsics; 4 x 2 is assembly: GCC 12 turned the intrinsics into a tree of sums with every
+// product spilled to the stack (seen in the disassembly; no faster than the old per-pair form).
+template <int MR, int NG>
+HANPU_PREFILL_AVX2 inline void q8_0_block_dot(const int16_t* const* w, const int16_t* const* x, __m256i (&acc)[MR][NG]) {
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < NG; ++g) acc[m][g] = _mm256_setzero_si256();
+  for (int j = 0; j < 16; ++j) {
+    __m256i wv[NG];
+    for (int g = 0; g < NG; ++g) wv[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[g] + 16 * j));
+    for (int m = 0; m < MR; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, x[m] + 2 * j, 4);
+      const __m256i xv = _mm256_set1_epi32(pair);
+      for (int g = 0; g < NG; ++g) acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_madd_epi16(wv[g], xv));
+    }
+  }
+}
+
+// 4 x 2: 8 accumulators, 2 weight vectors, the broadcast and the product (12 registers); per pair of
+// elements 2 loads and 4 broadcasts for 8 VPMADDWD (4 cycles on Zen 3's two multiply pipes).
+template <>
+HANPU_PREFILL_AVX2 inline void q8_0_block_dot<4, 2>(const int16_t* const* w, const int16_t* const* x,
+                                                     __m256i (&acc)[4][2]) {
+  __m256i w0, w1, xv, tmp;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      "vmovdqa %[a00], %[a20]\n\t"
+      "vmovdqa %[a00], %[a21]\n\t"
+      "vmovdqa %[a00], %[a30]\n\t"
+      "vmovdqa %[a00], %[a31]\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      "vmovdqa (%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa (%[pw1],%[idx],8), %[w1]\n\t"
+      "vpbroadcastd (%[px0],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a00], %[a00]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a01], %[a01]\n\t"
+      "vpbroadcastd (%[px1],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a10], %[a10]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a11], %[a11]\n\t"
+      "vpbroadcastd (%[px2],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a20], %[a20]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a21], %[a21]\n\t"
+      "vpbroadcastd (%[px3],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a30], %[a30]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a31], %[a31]\n\t"
+      "add $4, %[idx]\n\t"
+      "cmp $64, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
+      : "cc", "memory");
+}
+
+// Q8_0 (scale per 32 on both sides): MR activation rows x NG groups of 8 weight rows, lanes along
+// the weight rows (unpack_q8_0_row). Per pair of elements j of block b: one broadcast of each
+// activation row's two int16 (x16), one load of each group's vector, and per (activation row, group)
+// a VPMADDWD and an add into int32 accumulators (8 of them for 4 x 2, with 2 weight vectors, the
+// broadcast and the product: 12 registers). At the end of the block each accumulator holds 8
+// outputs' exact integer sums over the block; one conversion and one FMA by (8 weight scales) x (the
+// activation row's scale of the block) add them into f32 accumulators (on the stack: touched once
+// per block). So the f32 work is 3 vector instructions per block and 8 outputs, where the layout
+// along K (lanes = elements, one output per pair) paid a conversion, a multiply and an FMA per block
+// and output: measured 136-141 GOP/s per CPU second that way against the K-quants' 230-250 (MLP
+// shapes, M = 512, Zen 3, 2026-12-05). The activation scale stays per 32 (the decode GEMV's and
+// llama.cpp's rule for Q8_0): per 256 would add rounding to the activations for no saving here.
+//
+// No overflow: a VPMADDWD lane is at most 2 * 128 * 127, a block's int32 sum 32 * 128 * 127 < 2^19,
+// exact in f32 (below 2^24).
+template <int MR, int NG>
+HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, const ActivationRows& a, int64_t m0, int64_t nw, float* y,
                                    int64_t ldy, bool accumulate) {
   const int64_t K = t.K, nb = K / 32;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 facc[MR][NR];
+  alignas(32) float facc[MR][NG][8];
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) facc[m][r] = _mm256_setzero_ps();
-  const int8_t* vals[NR];
-  const float* d[NR];
-  for (int r = 0; r < NR; ++r) {
-    vals[r] = reinterpret_cast<const int8_t*>(t.vals) + (r0 + r) * K;
-    d[r] = t.d + (r0 + r) * t.nd;
+    for (int g = 0; g < NG; ++g) _mm256_store_ps(facc[m][g], _mm256_setzero_ps());
+  const int16_t* wg[NG];
+  const float* dg[NG];
+  for (int g = 0; g < NG; ++g) {
+    wg[g] = t.w16 + g * nb * 256;
+    dg[g] = t.d + g * nb * kQ8Group;
+  }
+  const int16_t* xr[MR];
+  const float* xs[MR];
+  for (int m = 0; m < MR; ++m) {
+    xr[m] = a.x16.data() + (m0 + m) * K;
+    xs[m] = a.scale.data() + (m0 + m) * nb;
   }
   for (int64_t b = 0; b < nb; ++b) {
-    __m256i w[NR], wabs[NR];
-    for (int r = 0; r < NR; ++r) {
-      w[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(vals[r] + 32 * b));
-      HANPU_IN_REGISTER(w[r]);
-      wabs[r] = _mm256_abs_epi8(w[r]);
+    __m256i acc[MR][NG];
+    {
+      const int16_t* wp[NG];
+      const int16_t* xp[MR];
+      for (int g = 0; g < NG; ++g) wp[g] = wg[g] + 256 * b;
+      for (int m = 0; m < MR; ++m) xp[m] = xr[m] + 32 * b;
+      q8_0_block_dot<MR, NG>(wp, xp, acc);
     }
-    for (int m = 0; m < MR; ++m) {
-      __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq8 + (m0 + m) * K + 32 * b));
-      HANPU_IN_REGISTER(x);
-      const __m256 xs = _mm256_broadcast_ss(&a.scale[static_cast<size_t>((m0 + m) * nb + b)]);
-      for (int r = 0; r < NR; ++r) {
-        // |w| times x with w's sign (VPSIGNB zeroes x where w is 0: the product is 0 anyway)
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(x, w[r])), ones);
-        facc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_broadcast_ss(&d[r][b]), xs), facc[m][r]);
+    for (int g = 0; g < NG; ++g) {
+      const __m256 dw = _mm256_load_ps(dg[g] + kQ8Group * b);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xs[m] + b));
+        _mm256_store_ps(facc[m][g], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][g]), s, _mm256_load_ps(facc[m][g])));
       }
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) {
-      const float v = hsum(facc[m][r]);
-      float& out = y[(m0 + m) * ldy + r];
-      out = accumulate ? out + v : v;
+  for (int m = 0; m < MR; ++m) {
+    float* out = y + (m0 + m) * ldy;
+    for (int g = 0; g < NG; ++g) {
+      const int64_t n = std::min<int64_t>(kQ8Group, nw - kQ8Group * g);
+      for (int64_t r = 0; r < n; ++r) {
+        const float v = facc[m][g][r];
+        out[kQ8Group * g + r] = accumulate ? out[kQ8Group * g + r] + v : v;
+      }
     }
+  }
 }
 
 template <Kind kind, int MR, int NR>
 void run_block(const Tile& t, int64_t r0, const ActivationRows& a, int64_t m0, float* y, int64_t ldy, bool accumulate) {
-  if constexpr (kind == Kind::kQ8_0) block_q8_0<MR, NR>(t, r0, a, m0, y, ldy, accumulate);
-  else block_kquant<kind, MR, NR>(t, r0, a, m0, y, ldy, accumulate);
+  block_kquant<kind, MR, NR>(t, r0, a, m0, y, ldy, accumulate);
 }
 
 // Rows [m0, m0 + mr) for 1 <= mr <= MR: the full block or one of its tails.
@@ -490,13 +604,37 @@ void run_tile_blocks(int64_t nw, const Tile& t, const ActivationRows& a, float* 
   }
 }
 
+// Q8_0's rows [m0, m0 + mr) for 1 <= mr <= MR.
+template <int MR, int NG>
+void run_q8_0_rows(const Tile& t, const ActivationRows& a, int64_t m0, int64_t mr, int64_t nw, float* y, int64_t ldy,
+                   bool accumulate) {
+  if constexpr (MR == 1) {
+    block_q8_0<1, NG>(t, a, m0, nw, y, ldy, accumulate);
+  } else {
+    if (mr == MR) block_q8_0<MR, NG>(t, a, m0, nw, y, ldy, accumulate);
+    else run_q8_0_rows<MR - 1, NG>(t, a, m0, mr, nw, y, ldy, accumulate);
+  }
+}
+
 // One tile: nw rows unpacked, then every activation row against them, MR rows at a time (a
 // block of x, MR * K bytes, stays in L1 across the tile's weight rows; the tile in L2).
 template <Kind kind>
 void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, const ActivationRows& a, float* y,
               int64_t ldy, bool accumulate) {
-  for (int64_t r = 0; r < nw; ++r) unpack_row<kind>(rows + r * row_bytes, t, r);
-  run_tile_blocks<kind, kRowsX, kRowsW>(nw, t, a, y, ldy, accumulate);
+  if constexpr (kind == Kind::kQ8_0) {
+    const int64_t groups = (nw + kQ8Group - 1) / kQ8Group;
+    for (int64_t r = 0; r < groups * kQ8Group; ++r)
+      unpack_q8_0_row(r < nw ? reinterpret_cast<const gguf::BlockQ8_0*>(rows + r * row_bytes) : nullptr, t, r);
+    static_assert(kGgufTileRows == 2 * kQ8Group, "block_q8_0 takes a tile as one or two groups of 8 rows");
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowsX) {
+      const int64_t mr = std::min<int64_t>(kRowsX, a.M - m0);
+      if (groups == 2) run_q8_0_rows<kRowsX, 2>(t, a, m0, mr, nw, y, ldy, accumulate);
+      else run_q8_0_rows<kRowsX, 1>(t, a, m0, mr, nw, y, ldy, accumulate);
+    }
+  } else {
+    for (int64_t r = 0; r < nw; ++r) unpack_row<kind>(rows + r * row_bytes, t, r);
+    run_tile_blocks<kind, kRowsX, kRowsW>(nw, t, a, y, ldy, accumulate);
+  }
 }
 
 // The activation quantizer of gguf_quantize_activation_row (linear_gguf.cpp) in AVX2: the same q8,
@@ -569,6 +707,13 @@ HANPU_PREFILL_AVX2 void quantize_row(const float* x, int64_t K, int64_t block, i
   }
 }
 
+// Q8_0: rows [m_begin, m_end) of q8 as int16 (block_q8_0 broadcasts them in pairs).
+HANPU_PREFILL_AVX2 void widen_rows(ActivationRows& a, int64_t m_begin, int64_t m_end) {
+  for (int64_t i = m_begin * a.K; i < m_end * a.K; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.x16.data() + i),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.xq8 + i))));
+}
+
 ActivationRows& activation_rows() {
   thread_local ActivationRows rows;
   return rows;
@@ -605,12 +750,15 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.scale.resize(static_cast<size_t>(M * (K / a.block)));
   a.sum.resize(static_cast<size_t>(M * (K / 32)));
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
+  const bool widen = type == gguf::GgmlType::Q8_0;
+  if (widen) a.x16.resize(static_cast<size_t>(M * K));
   {
     const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, M));
     engine.impl().run(parts, [&](int p, Workspace&) {
       for (int64_t m = M * p / parts; m < M * (p + 1) / parts; ++m)
         quantize_row(x + m * ldx, K, a.block, a.xq8 + m * K, a.scale.data() + m * (K / a.block),
                      a.sum.data() + m * (K / 32), a.bsum16.data() + m * (K / 16));
+      if (widen) widen_rows(a, M * p / parts, M * (p + 1) / parts);
     });
   }
   const size_t row_bytes = static_cast<size_t>(K / bf.block_elems * bf.block_bytes);
