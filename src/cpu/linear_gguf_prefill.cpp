@@ -10,8 +10,9 @@
 // the K-quants' 4/5/6-bit values as bytes in element order (0..15 / 0..31 / 0..63, Q6_K before its
 // -32), the sub-block scale of every 32 elements as a ready VPMADDWD operand (16 int16 lanes: one
 // scale for Q4_K / Q5_K, Q6_K's two 16-element scales in the two 128-bit halves), the f32 block
-// scale d, the f32 min terms dmin * m_j, Q6_K's 16 scales widened to int16. Q8_0's bytes are kept
-// as they are, with their f32 scale per 32.
+// scale d, the f32 min terms dmin * m_j, Q6_K's 16 scales widened to int16. Q8_0's values are
+// widened to int16 and interleaved 8 rows to a vector (unpack_q8_0_row), with their f32 scales per
+// 32 as one vector of the 8 rows per block; its activations are widened to int16 too.
 //
 // Then register blocks of kRowsX activation rows by kRowsW weight rows (4 x 2; the K-quants' loop
 // over a super-block in inline assembly, see superblock_dot) run the whole K: per 32
@@ -22,12 +23,12 @@
 // row and tile, not once per activation row, which is what a GEMV per row (the decode kernels here,
 // llama.cpp's K-quant dot products) pays again for each. Per super-block and pair, one conversion
 // and one f32 multiply-add by d * activation scale (and Q6_K's -32 term in integers, the min term
-// as one f32 negative multiply-add of 8 lanes). Q8_0 takes llama.cpp's sign trick (|w| unsigned,
-// the activation with w's sign: exact since |q| <= 127 on both sides) and, as its scale is per 32,
-// one VPMADDWD by ones, a conversion and a multiply-add per 32 and pair.
+// as one f32 negative multiply-add of 8 lanes). Q8_0, whose scale is per 32, puts 8 weight rows in
+// the lanes instead of 8 stretches of K (block_q8_0): VPMADDWD of int16 weight pairs by a broadcast
+// activation pair, so the conversion and FMA per block serve 8 outputs, not one.
 //
 // No overflow: a VPMADDUBSW lane is at most 2 * 63 * 127 = 16002 (Q6_K), 2 * 31 * 127 (Q5_K),
-// 2 * 15 * 127 (Q4_K), 2 * 127 * 127 = 32258 (Q8_0), within int16; a super-block's int32 lane at most
+// 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see block_q8_0); a super-block's int32 lane at most
 // 8 * 2 * 16002 * 128 < 2^25 (Q6_K). The integer sums are the decode GEMV's (the same products, only
 // summed in another order), so the result meets the same bound (tests/test_linear_gguf.cpp).
 #include <algorithm>
@@ -96,9 +97,8 @@ bool gguf_int_prefill_default(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
   // AVX2 targets: every type with a form. Measured on Zen 3 (benchmarks/gguf_prefill, MLP shapes,
   // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-258 against
-  // the f32 tiles' 108-118; Q8_0 142-149 against 111-117 (its scale per 32 costs a conversion and
-  // an FMA per 32 weights and row pair on top of the two multiplies; it was even with the f32 tiles
-  // before the activation quantizer was vectorized). AVX-512 targets keep the f32 tiles (4 x 4
+  // the f32 tiles' 108-118; Q8_0 230-245 (8 weight rows in the lanes, block_q8_0; 142-149 with the
+  // conversion and FMA per 32 and pair of the earlier form) against 111-117. AVX-512 targets keep the f32 tiles (4 x 4
   // register blocks of 512-bit FMAs there): the integer form has no AVX512-VNNI variant, and the
   // AVX2 one was not measured there.
   (void)t;
@@ -195,6 +195,7 @@ inline void k4_scales_mins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
 // (block_q8_0). d[group][block][row]: the rows' f32 scales as one vector per block. A row past the
 // tile's last (nw) has zero weights and scale.
 constexpr int kQ8Group = 8;
+constexpr int kQ8RowsX = 6;
 
 HANPU_PREFILL_AVX2 inline void unpack_q8_0_row(const gguf::BlockQ8_0* b, const Tile& t, int64_t r) {
   const int64_t nb = t.K / 32, g = r / kQ8Group, lane = r % kQ8Group;
@@ -513,17 +514,80 @@ HANPU_PREFILL_AVX2 inline void q8_0_block_dot<4, 2>(const int16_t* const* w, con
       : "cc", "memory");
 }
 
+// 6 x 2: 12 accumulators, 2 weight vectors, the broadcast and the product (all 16 registers); per
+// pair of elements 2 loads and 6 broadcasts for 12 VPMADDWD.
+template <>
+HANPU_PREFILL_AVX2 inline void q8_0_block_dot<6, 2>(const int16_t* const* w, const int16_t* const* x,
+                                                     __m256i (&acc)[6][2]) {
+  __m256i w0, w1, xv, tmp;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      "vmovdqa %[a00], %[a20]\n\t"
+      "vmovdqa %[a00], %[a21]\n\t"
+      "vmovdqa %[a00], %[a30]\n\t"
+      "vmovdqa %[a00], %[a31]\n\t"
+      "vmovdqa %[a00], %[a40]\n\t"
+      "vmovdqa %[a00], %[a41]\n\t"
+      "vmovdqa %[a00], %[a50]\n\t"
+      "vmovdqa %[a00], %[a51]\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      "vmovdqa (%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa (%[pw1],%[idx],8), %[w1]\n\t"
+      "vpbroadcastd (%[px0],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a00], %[a00]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a01], %[a01]\n\t"
+      "vpbroadcastd (%[px1],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a10], %[a10]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a11], %[a11]\n\t"
+      "vpbroadcastd (%[px2],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a20], %[a20]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a21], %[a21]\n\t"
+      "vpbroadcastd (%[px3],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a30], %[a30]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a31], %[a31]\n\t"
+      "vpbroadcastd (%[px4],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a40], %[a40]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a41], %[a41]\n\t"
+      "vpbroadcastd (%[px5],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a50], %[a50]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a51], %[a51]\n\t"
+      "add $4, %[idx]\n\t"
+      "cmp $64, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [a40] "=&x"(acc[4][0]), [a41] "=&x"(acc[4][1]), [a50] "=&x"(acc[5][0]), [a51] "=&x"(acc[5][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]), [px4] "r"(x[4]), [px5] "r"(x[5])
+      : "cc", "memory");
+}
+
 // Q8_0 (scale per 32 on both sides): MR activation rows x NG groups of 8 weight rows, lanes along
 // the weight rows (unpack_q8_0_row). Per pair of elements j of block b: one broadcast of each
 // activation row's two int16 (x16), one load of each group's vector, and per (activation row, group)
 // a VPMADDWD and an add into int32 accumulators (8 of them for 4 x 2, with 2 weight vectors, the
-// broadcast and the product: 12 registers). At the end of the block each accumulator holds 8
+// broadcast and the product: 12 registers; 6 x 2, the one in use, all 16). At the end of the block each accumulator holds 8
 // outputs' exact integer sums over the block; one conversion and one FMA by (8 weight scales) x (the
 // activation row's scale of the block) add them into f32 accumulators (on the stack: touched once
 // per block). So the f32 work is 3 vector instructions per block and 8 outputs, where the layout
 // along K (lanes = elements, one output per pair) paid a conversion, a multiply and an FMA per block
 // and output: measured 136-141 GOP/s per CPU second that way against the K-quants' 230-250 (MLP
-// shapes, M = 512, Zen 3, 2026-12-05). The activation scale stays per 32 (the decode GEMV's and
+// shapes, M = 512, Zen 3, 2026-12-05), 218-238 this way with 4 x 2 and 234-246 with 6 x 2 (the
+// weight loads shared by 6 activation rows). The activation scale stays per 32 (the decode GEMV's and
 // llama.cpp's rule for Q8_0): per 256 would add rounding to the activations for no saving here.
 //
 // No overflow: a VPMADDWD lane is at most 2 * 128 * 127, a block's int32 sum 32 * 128 * 127 < 2^19,
@@ -626,10 +690,10 @@ void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, 
     for (int64_t r = 0; r < groups * kQ8Group; ++r)
       unpack_q8_0_row(r < nw ? reinterpret_cast<const gguf::BlockQ8_0*>(rows + r * row_bytes) : nullptr, t, r);
     static_assert(kGgufTileRows == 2 * kQ8Group, "block_q8_0 takes a tile as one or two groups of 8 rows");
-    for (int64_t m0 = 0; m0 < a.M; m0 += kRowsX) {
-      const int64_t mr = std::min<int64_t>(kRowsX, a.M - m0);
-      if (groups == 2) run_q8_0_rows<kRowsX, 2>(t, a, m0, mr, nw, y, ldy, accumulate);
-      else run_q8_0_rows<kRowsX, 1>(t, a, m0, mr, nw, y, ldy, accumulate);
+    for (int64_t m0 = 0; m0 < a.M; m0 += kQ8RowsX) {
+      const int64_t mr = std::min<int64_t>(kQ8RowsX, a.M - m0);
+      if (groups == 2) run_q8_0_rows<kQ8RowsX, 2>(t, a, m0, mr, nw, y, ldy, accumulate);
+      else run_q8_0_rows<kQ8RowsX, 1>(t, a, m0, mr, nw, y, ldy, accumulate);
     }
   } else {
     for (int64_t r = 0; r < nw; ++r) unpack_row<kind>(rows + r * row_bytes, t, r);
