@@ -234,10 +234,10 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufLinearRows,
 // The integer prefill GEMM (gguf_prefill_int, linear_gguf_prefill.cpp): every output row must meet
 // the decode GEMV's two bounds (check()): against fp64 of the exactly dequantized weights and the
 // quantized activations (only f32 rounding, E_f32), and against the unquantized activations
-// (E_act + E_f32). M from 1 to 17 covers every tail of the 4-row register block, N = 37 a tail of
-// the 2-row block and of the 16-row tile; K one block, three blocks, 1024 and 4096; moderate and
-// extreme weight scales. Threads give the same bits (each output is one thread's), and accumulate
-// adds the same value into y.
+// (E_act + E_f32). M from 1 to 17 covers every tail of the 4-row (K-quants) and 6-row (Q8_0)
+// register blocks, N = 37 two whole 16-row tiles and one of 5 rows (one group of 8 with 3 zero
+// rows); K one block, three blocks, 1024 and 4096; moderate and extreme weight scales. Threads give
+// the same bits (each output is one thread's), and accumulate adds the same value into y.
 class GgufIntPrefill : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
