@@ -255,10 +255,10 @@ INSTANTIATE_TEST_SUITE_P(Types, GgufLinearRows,
 // The integer prefill GEMM (gguf_prefill_int, linear_gguf_prefill.cpp): every output row must meet
 // the decode GEMV's two bounds (check()): against fp64 of the exactly dequantized weights and the
 // quantized activations (only f32 rounding, E_f32), and against the unquantized activations
-// (E_act + E_f32). M from 1 to 17 covers every tail of the 4-row register block, N = 37 a tail of
-// the 2-row block and of the 16-row tile; K one block, three blocks, 1024 and 4096; moderate and
-// extreme weight scales. Threads give the same bits (each output is one thread's), and accumulate
-// adds the same value into y.
+// (E_act + E_f32). M from 1 to 17 covers every tail of the 4-row (K-quants) and 6-row (Q8_0)
+// register blocks, N = 37 two whole 16-row tiles and one of 5 rows (one group of 8 with 3 zero
+// rows), N = 13 one tile of two groups, the second with 3 zero rows; K one block, three blocks, 1024 and 4096; moderate and extreme weight scales. Threads give
+// the same bits (each output is one thread's), and accumulate adds the same value into y.
 class GgufIntPrefill : public ::testing::TestWithParam<GgmlType> {};
 
 TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
@@ -267,11 +267,11 @@ TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
   const int64_t be = hanpu::gguf::block_format(t).block_elems;
   hanpu::Engine engine(2);
   for (bool extreme : {false, true}) {
-    for (int64_t K : std::vector<int64_t>{be, 3 * be, 1024, 4096}) {
-      const int64_t N = 37;
-      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 3 + extreme), extreme);
+    for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{37, be}, {37, 3 * be}, {37, 1024}, {37, 4096}, {13, 3 * be}}) {
+      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + N + 3 + extreme), extreme);
       for (int64_t M = 1; M <= 17; M += (K >= 4096 ? 4 : 1)) {
-        SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M) + ", extreme " + std::to_string(extreme));
+        SCOPED_TRACE("N = " + std::to_string(N) + ", K = " + std::to_string(K) + ", M = " + std::to_string(M) + ", extreme " +
+                     std::to_string(extreme));
         const int64_t ldx = K + 5, ldy = N + 3;
         std::vector<float> x(static_cast<size_t>(M * ldx), 1e30f);  // padding that would show if read
         for (int64_t m = 0; m < M; ++m) {

@@ -6,30 +6,32 @@
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
 // the f32 sums per 32 for the Q4_K / Q5_K min term and the int8 sums per 16 for Q6_K's -32), in an
 // AVX2 form shared with the decode GEMV (gguf_avx2.hpp quantize_activation_row).
-// The weight rows are taken kGgufTileRows at a time and unpacked once into the worker's scratch:
-// the K-quants' 4/5/6-bit values as bytes in element order (0..15 / 0..31 / 0..63, Q6_K before its
-// -32), the sub-block scale of every 32 elements as a ready VPMADDWD operand (16 int16 lanes: one
-// scale for Q4_K / Q5_K, Q6_K's two 16-element scales in the two 128-bit halves), the f32 block
-// scale d, the f32 min terms dmin * m_j, Q6_K's 16 scales widened to int16. Q8_0's bytes are kept
-// as they are, with their f32 scale per 32.
+// The weight rows are taken kGgufTileRows (16) at a time and unpacked once into the worker's
+// scratch, in groups of 8 rows interleaved so that lane r of a vector belongs to row r of the group
+// ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 / 0..63, Q6_K before its
+// -32), 4 consecutive elements of each of the 8 rows per vector (interleave_kquant_row), with the
+// rows' sub-block scales as ready VPMADDWD operands, their f32 d, dmin * m_j and Q6_K's scale pairs
+// as vectors of the 8 rows; Q8_0's values widened to int16, 2 elements of each row per vector
+// (unpack_q8_0_row), its activations widened to int16 too.
 //
-// Then register blocks of kRowsX activation rows by kRowsW weight rows (4 x 2; the K-quants' loop
-// over a super-block in inline assembly, see superblock_dot) run the whole K: per 32
-// elements one load of each weight row's bytes (and scale vector), one load of each activation
-// row's, and per (activation row, weight row) pair VPMADDUBSW (unsigned weight bytes times signed
-// activation bytes into int16 pairs) and VPMADDWD by the sub-block scale into int32 lanes. That
-// pair of multiplies is all the per-pair work on the values: the unpacking is paid once per weight
-// row and tile, not once per activation row, which is what a GEMV per row (the decode kernels here,
-// llama.cpp's K-quant dot products) pays again for each. Per super-block and pair, one conversion
-// and one f32 multiply-add by d * activation scale (and Q6_K's -32 term in integers, the min term
-// as one f32 negative multiply-add of 8 lanes). Q8_0 takes llama.cpp's sign trick (|w| unsigned,
-// the activation with w's sign: exact since |q| <= 127 on both sides) and, as its scale is per 32,
-// one VPMADDWD by ones, a conversion and a multiply-add per 32 and pair.
+// Then register blocks of activation rows x the tile's groups (4 x 2 groups for the K-quants, 6 x 2
+// for Q8_0; the loop over a super-block / block in inline assembly) run the whole K: per step one
+// load of each group's vector, one broadcast of each activation row's 4 bytes (2 int16 for Q8_0),
+// and per (activation row, group) VPMADDUBSW (unsigned weight bytes times signed activation bytes)
+// and VPMADDWD by the rows' sub-block scales (Q8_0: one VPMADDWD of int16 pairs) into int32 lanes,
+// one lane per output. The unpacking is paid once per weight row and tile, not once per activation
+// row, which is what a GEMV per row (the decode kernels here, llama.cpp's K-quant dot products)
+// pays again for each. Per super-block (Q8_0: block of 32) and (activation row, group), i.e. per 8
+// outputs: Q6_K's -32 term in integers, one conversion and one f32 FMA by (the 8 rows' d) x the
+// activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds. The earlier layout
+// along K (lanes = 8 stretches of one row's elements) paid the conversion, scale and FMA per output
+// and super-block (Q8_0: per 32 elements), a quarter of the K-quants' time and half of Q8_0's.
 //
 // No overflow: a VPMADDUBSW lane is at most 2 * 63 * 127 = 16002 (Q6_K), 2 * 31 * 127 (Q5_K),
-// 2 * 15 * 127 (Q4_K), 2 * 127 * 127 = 32258 (Q8_0), within int16; a super-block's int32 lane at most
-// 8 * 2 * 16002 * 128 < 2^25 (Q6_K). The integer sums are the decode GEMV's (the same products, only
-// summed in another order), so the result meets the same bound (tests/test_linear_gguf.cpp).
+// 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see block_q8_0); a super-block's int32 lane (one row's
+// 256 elements) at most 64 * 2 * 16002 * 128 < 2^28 (Q6_K). The integer sums are the decode GEMV's
+// (the same products, only summed in another order, and converted to f32 once per super-block), so
+// the result meets the same bound (tests/test_linear_gguf.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -62,6 +64,7 @@ struct ActivationRows {
   std::vector<float> scale;     // M x K / block
   std::vector<float> sum;       // M x K / 32
   std::vector<int16_t> bsum16;  // M x K / 16
+  std::vector<int16_t> x16;     // M x K: Q8_0's q8 widened to int16 (the VPMADDWD operand of block_q8_0)
 };
 
 GgufPrefill parse_prefill_env() {
@@ -97,9 +100,8 @@ bool gguf_int_prefill_default(gguf::GgmlType t) {
 #if HANPU_X86_KERNELS
   // AVX2 targets: every type with a form. Measured on Zen 3 (benchmarks/gguf_prefill, MLP shapes,
   // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-258 against
-  // the f32 tiles' 108-118; Q8_0 142-149 against 111-117 (its scale per 32 costs a conversion and
-  // an FMA per 32 weights and row pair on top of the two multiplies; it was even with the f32 tiles
-  // before the activation quantizer was vectorized). AVX-512 targets keep the f32 tiles (4 x 4
+  // the f32 tiles' 108-118; Q8_0 230-245 (8 weight rows in the lanes, block_q8_0; 142-149 with the
+  // conversion and FMA per 32 and pair of the earlier form) against 111-117. AVX-512 targets keep the f32 tiles (4 x 4
   // register blocks of 512-bit FMAs there): the integer form has no AVX512-VNNI variant, and the
   // AVX2 one was not measured there.
   (void)t;
@@ -129,15 +131,11 @@ namespace {
 
 enum class Kind { kQ8_0, kQ4K, kQ5K, kQ6K };
 
-// Register block: kRowsX activation rows x kRowsW weight rows. 4 x 2 keeps everything the loop over
-// 32 elements reads in registers (8 int32 accumulators, 2 weight and 2 scale vectors, the
-// activation and the product: 14 of AVX2's 16), so per 32 elements it loads 8 vectors for 16
-// multiplies (8 cycles on Zen 3's two multiply pipes; two 256-bit loads per cycle). Larger blocks
-// run out of registers for the scale vectors: 6 x 2 (12 accumulators, scales as VPMADDWD memory
-// operands, 20 loads per 12 pairs) measured 97-107 GOP/s per core against 4 x 2's 108-125 (Q4_K /
-// Q6_K, MLP shapes, M = 512, Zen 3, 2026-12-05); 5 x 2, 4 x 3 and 3 x 2 (intrinsics) 72-85.
+// The K-quants' register block: kRowsX activation rows x the tile's 2 groups of 8 weight rows. 4 x 2
+// keeps the loop's operands in registers (8 int32 accumulators, 2 weight and 2 scale vectors, the
+// broadcast and the product: 14 of AVX2's 16): per step 2 loads and 4 broadcasts for 16
+// multiplies (8 cycles on Zen 3's two multiply pipes).
 constexpr int kRowsX = 4;
-constexpr int kRowsW = 2;
 
 // One tile of up to kGgufTileRows weight rows, unpacked (see the file comment). Pointers into the
 // worker's scratch; per row strides.
@@ -148,29 +146,37 @@ struct Tile {
   float* d = nullptr;         // rows x nd (K / 256, Q8_0: K / 32)
   float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K)
   int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K)
+  int16_t* w16 = nullptr;     // Q8_0: kGgufTileRows x K int16 over vals and svec, groups of 8 rows interleaved
+                              // (see unpack_q8_0_row); d then holds [group][block][8 rows]
   int64_t nd = 0;
 };
 
-size_t tile_bytes(int64_t K) {
+size_t tile_bytes(int64_t K, int64_t rows) {
   // vals K, svec K (K/32 * 32 bytes), d K/32 * 4, mins K/32 * 4, q6sc K/16 * 2, each 64-aligned
   const size_t per_row = static_cast<size_t>(K + K + K / 8 + K / 8 + K / 8);
-  return kGgufTileRows * per_row + 5 * 64;
+  return static_cast<size_t>(rows) * per_row + 5 * 64;
 }
 
-Tile carve_tile(uint8_t* base, int64_t K, int64_t nd) {
+// The worker's scratch: the tile (kGgufTileRows rows) and, behind it, one row's staging (the
+// K-quants unpack a row in element order there, then interleave it into the tile).
+size_t scratch_bytes(int64_t K) { return tile_bytes(K, kGgufTileRows) + tile_bytes(K, 1); }
+
+Tile carve_tile(uint8_t* base, int64_t K, int64_t nd, int64_t rows = kGgufTileRows) {
   auto align = [](size_t n) { return (n + 63) & ~size_t{63}; };
   Tile t;
   t.K = K;
   t.nd = nd;
   size_t off = 0;
+  const size_t R = static_cast<size_t>(rows);
   t.vals = base + off;
-  off = align(off + kGgufTileRows * static_cast<size_t>(K));
+  t.w16 = reinterpret_cast<int16_t*>(base + off);  // vals and svec are contiguous: kGgufTileRows * K is a multiple of 64
+  off = align(off + R * static_cast<size_t>(K));
   t.svec = reinterpret_cast<int16_t*>(base + off);
-  off = align(off + kGgufTileRows * static_cast<size_t>(K));
+  off = align(off + R * static_cast<size_t>(K));
   t.d = reinterpret_cast<float*>(base + off);
-  off = align(off + kGgufTileRows * static_cast<size_t>(K / 32) * 4);
+  off = align(off + R * static_cast<size_t>(K / 32) * 4);
   t.mins = reinterpret_cast<float*>(base + off);
-  off = align(off + kGgufTileRows * static_cast<size_t>(K / 32) * 4);
+  off = align(off + R * static_cast<size_t>(K / 32) * 4);
   t.q6sc = reinterpret_cast<int16_t*>(base + off);
   return t;
 }
@@ -186,17 +192,40 @@ inline void k4_scales_mins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
   m = uint64_t{w[1] & 0x3f3f3f3fu} | uint64_t{((w[2] >> 4) & 0x0f0f0f0fu) | ((w[1] >> 2) & 0x30303030u)} << 32;
 }
 
+// Q8_0's tile: rows in groups of 8, each group's int16 weights as [block b][pair j][row][2]: the
+// 32-byte vector (b, j) holds elements 32b + 2j and 32b + 2j + 1 of the group's 8 rows, so one
+// VPMADDWD against an activation pair broadcast to every lane gives 8 rows' partial sums, and a block's
+// 16 of them summed are 8 outputs' exact integer dot products over the block, scaled in one vector
+// (block_q8_0). d[group][block][row]: the rows' f32 scales as one vector per block. A row past the
+// tile's last (nw) has zero weights and scale.
+constexpr int kQ8Group = 8;
+constexpr int kQ8RowsX = 6;
+
+HANPU_PREFILL_AVX2 inline void unpack_q8_0_row(const gguf::BlockQ8_0* b, const Tile& t, int64_t r) {
+  const int64_t nb = t.K / 32, g = r / kQ8Group, lane = r % kQ8Group;
+  int16_t* w = t.w16 + g * nb * 256 + 2 * lane;
+  float* d = t.d + g * nb * kQ8Group + lane;
+  for (int64_t i = 0; i < nb; ++i) {
+    alignas(32) int16_t v[32];
+    if (b != nullptr) {
+      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(v + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
+      d[kQ8Group * i] = _cvtsh_ss(b[i].d);
+    } else {
+      std::memset(v, 0, sizeof v);
+      d[kQ8Group * i] = 0.0f;
+    }
+    for (int j = 0; j < 16; ++j) std::memcpy(w + 256 * i + 16 * j, v + 2 * j, 4);
+  }
+}
+
 template <Kind kind>
 HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r) {
   const int64_t K = t.K;
   uint8_t* vals = t.vals + r * K;
   if constexpr (kind == Kind::kQ8_0) {
-    const auto* b = reinterpret_cast<const gguf::BlockQ8_0*>(row);
-    float* d = t.d + r * t.nd;
-    for (int64_t i = 0; i < K / 32; ++i) {
-      std::memcpy(vals + 32 * i, b[i].qs, 32);
-      d[i] = _cvtsh_ss(b[i].d);
-    }
+    unpack_q8_0_row(reinterpret_cast<const gguf::BlockQ8_0*>(row), t, r);
   } else if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
     using Block = std::conditional_t<kind == Kind::kQ5K, gguf::BlockQ5_K, gguf::BlockQ4_K>;
     const auto* b = reinterpret_cast<const Block*>(row);
@@ -261,45 +290,33 @@ HANPU_PREFILL_AVX2 inline float hsum(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
 }
 
-// Keeps v in a vector register (the Q8_0 block). Without it GCC folds a load that feeds several
-// multiplies into each of them as a memory operand (the K-quants' 4 x 2 block issued 18 loads per
-// 32 elements instead of 8 that way; Zen 3 does two 256-bit loads per cycle).
-#define HANPU_IN_REGISTER(v) __asm__("" : "+x"(v))
-
-// One super-block (256 elements) of MR activation rows x NR weight rows into int32 lanes:
-// acc[m][r] = sum over the 8 chunks of 32 of VPMADDWD(VPMADDUBSW(w_r, x_m), scale_r). w, s and x
-// point at the super-block's first byte / scale vector / int8.
-//
-// The general form (the tails of the block: fewer rows) is intrinsics; the 4 x 2 block is written
-// in assembly because GCC 12 made it load-bound: it folded each activation load into both of its
-// multiplies as a memory operand (18 loads per 32 elements instead of 8) and, with the loads kept
-// in registers (HANPU_IN_REGISTER), spilled 3 of the 8 accumulators (seen in the disassembly).
-// The assembly took the Q4_K / Q6_K MLP shapes from 80-90 to 105-125 GOP/s per core.
-template <int MR, int NR>
-HANPU_PREFILL_AVX2 inline void superblock_dot(const uint8_t* const* w, const int16_t* const* s, const int8_t* const* x8,
-                                              __m256i (&acc)[MR][NR]) {
+// One Q8_0 block (32 elements) of MR activation rows x NG groups of 8 weight rows into int32 lanes:
+// acc[m][g] = sum over the 16 pairs j of VPMADDWD(w_g[j], broadcast of x_m's pair j). w points at
+// the group's block (16 vectors), x at the row's 32 int16. The general form (the tails) is
+// intrinsics; 4 x 2 is assembly: GCC 12 turned the intrinsics into a tree of sums with every
+// product spilled to the stack (seen in the disassembly; no faster than the old per-pair form).
+template <int MR, int NG>
+HANPU_PREFILL_AVX2 inline void q8_0_block_dot(const int16_t* const* w, const int16_t* const* x, __m256i (&acc)[MR][NG]) {
   for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) acc[m][r] = _mm256_setzero_si256();
-  for (int c = 0; c < 8; ++c) {
-    __m256i wv[NR], sv[NR];
-    for (int r = 0; r < NR; ++r) {
-      wv[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[r] + 32 * c));
-      sv[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(s[r] + 16 * c));
-    }
+    for (int g = 0; g < NG; ++g) acc[m][g] = _mm256_setzero_si256();
+  for (int j = 0; j < 16; ++j) {
+    __m256i wv[NG];
+    for (int g = 0; g < NG; ++g) wv[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[g] + 16 * j));
     for (int m = 0; m < MR; ++m) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x8[m] + 32 * c));
-      for (int r = 0; r < NR; ++r)
-        acc[m][r] = _mm256_add_epi32(acc[m][r], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r], xv), sv[r]));
+      int32_t pair;
+      std::memcpy(&pair, x[m] + 2 * j, 4);
+      const __m256i xv = _mm256_set1_epi32(pair);
+      for (int g = 0; g < NG; ++g) acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_madd_epi16(wv[g], xv));
     }
   }
 }
 
-// 4 x 2: 8 accumulators, 2 weight and 2 scale vectors, the activation and the product: 14 of 16
-// registers; per 32 elements 8 loads for 8 pairs (16 multiplies, 8 cycles on Zen 3's two pipes).
+// 4 x 2: 8 accumulators, 2 weight vectors, the broadcast and the product (12 registers); per pair of
+// elements 2 loads and 4 broadcasts for 8 VPMADDWD (4 cycles on Zen 3's two multiply pipes).
 template <>
-HANPU_PREFILL_AVX2 inline void superblock_dot<4, 2>(const uint8_t* const* w, const int16_t* const* s,
-                                                     const int8_t* const* x8, __m256i (&acc)[4][2]) {
-  __m256i w0, w1, x, tmp, s0, s1;
+HANPU_PREFILL_AVX2 inline void q8_0_block_dot<4, 2>(const int16_t* const* w, const int16_t* const* x,
+                                                     __m256i (&acc)[4][2]) {
+  __m256i w0, w1, xv, tmp;
   int64_t idx;
   __asm__(
       "vpxor %[a00], %[a00], %[a00]\n\t"
@@ -312,193 +329,503 @@ HANPU_PREFILL_AVX2 inline void superblock_dot<4, 2>(const uint8_t* const* w, con
       "vmovdqa %[a00], %[a31]\n\t"
       "xor %[idx], %[idx]\n\t"
       "1:\n\t"
-      "vmovdqa (%[pw0],%[idx]), %[w0]\n\t"
-      "vmovdqa (%[pw1],%[idx]), %[w1]\n\t"
+      "vmovdqa (%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa (%[pw1],%[idx],8), %[w1]\n\t"
+      "vpbroadcastd (%[px0],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a00], %[a00]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a01], %[a01]\n\t"
+      "vpbroadcastd (%[px1],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a10], %[a10]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a11], %[a11]\n\t"
+      "vpbroadcastd (%[px2],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a20], %[a20]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a21], %[a21]\n\t"
+      "vpbroadcastd (%[px3],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a30], %[a30]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a31], %[a31]\n\t"
+      "add $4, %[idx]\n\t"
+      "cmp $64, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
+      : "cc", "memory");
+}
+
+// 6 x 2: 12 accumulators, 2 weight vectors, the broadcast and the product (all 16 registers); per
+// pair of elements 2 loads and 6 broadcasts for 12 VPMADDWD.
+template <>
+HANPU_PREFILL_AVX2 inline void q8_0_block_dot<6, 2>(const int16_t* const* w, const int16_t* const* x,
+                                                     __m256i (&acc)[6][2]) {
+  __m256i w0, w1, xv, tmp;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      "vmovdqa %[a00], %[a20]\n\t"
+      "vmovdqa %[a00], %[a21]\n\t"
+      "vmovdqa %[a00], %[a30]\n\t"
+      "vmovdqa %[a00], %[a31]\n\t"
+      "vmovdqa %[a00], %[a40]\n\t"
+      "vmovdqa %[a00], %[a41]\n\t"
+      "vmovdqa %[a00], %[a50]\n\t"
+      "vmovdqa %[a00], %[a51]\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      "vmovdqa (%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa (%[pw1],%[idx],8), %[w1]\n\t"
+      "vpbroadcastd (%[px0],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a00], %[a00]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a01], %[a01]\n\t"
+      "vpbroadcastd (%[px1],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a10], %[a10]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a11], %[a11]\n\t"
+      "vpbroadcastd (%[px2],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a20], %[a20]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a21], %[a21]\n\t"
+      "vpbroadcastd (%[px3],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a30], %[a30]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a31], %[a31]\n\t"
+      "vpbroadcastd (%[px4],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a40], %[a40]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a41], %[a41]\n\t"
+      "vpbroadcastd (%[px5],%[idx]), %[x]\n\t"
+      "vpmaddwd %[x], %[w0], %[t]\n\t"
+      "vpaddd %[t], %[a50], %[a50]\n\t"
+      "vpmaddwd %[x], %[w1], %[t]\n\t"
+      "vpaddd %[t], %[a51], %[a51]\n\t"
+      "add $4, %[idx]\n\t"
+      "cmp $64, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [a40] "=&x"(acc[4][0]), [a41] "=&x"(acc[4][1]), [a50] "=&x"(acc[5][0]), [a51] "=&x"(acc[5][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]), [px4] "r"(x[4]), [px5] "r"(x[5])
+      : "cc", "memory");
+}
+
+// Q8_0 (scale per 32 on both sides): MR activation rows x NG groups of 8 weight rows, lanes along
+// the weight rows (unpack_q8_0_row). Per pair of elements j of block b: one broadcast of each
+// activation row's two int16 (x16), one load of each group's vector, and per (activation row, group)
+// a VPMADDWD and an add into int32 accumulators (8 of them for 4 x 2, with 2 weight vectors, the
+// broadcast and the product: 12 registers; 6 x 2, the one in use, all 16). At the end of the block each accumulator holds 8
+// outputs' exact integer sums over the block; one conversion and one FMA by (8 weight scales) x (the
+// activation row's scale of the block) add them into f32 accumulators (on the stack: touched once
+// per block). So the f32 work is 3 vector instructions per block and 8 outputs, where the layout
+// along K (lanes = elements, one output per pair) paid a conversion, a multiply and an FMA per block
+// and output: measured 136-141 GOP/s per CPU second that way against the K-quants' 230-250 (MLP
+// shapes, M = 512, Zen 3, 2026-12-05), 218-238 this way with 4 x 2 and 234-246 with 6 x 2 (the
+// weight loads shared by 6 activation rows). The activation scale stays per 32 (the decode GEMV's and
+// llama.cpp's rule for Q8_0): per 256 would add rounding to the activations for no saving here.
+//
+// No overflow: a VPMADDWD lane is at most 2 * 128 * 127, a block's int32 sum 32 * 128 * 127 < 2^19,
+// exact in f32 (below 2^24).
+template <int MR, int NG>
+HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, const ActivationRows& a, int64_t m0, int64_t nw, float* y,
+                                   int64_t ldy, bool accumulate) {
+  const int64_t K = t.K, nb = K / 32;
+  alignas(32) float facc[MR][NG][8];
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < NG; ++g) _mm256_store_ps(facc[m][g], _mm256_setzero_ps());
+  const int16_t* wg[NG];
+  const float* dg[NG];
+  for (int g = 0; g < NG; ++g) {
+    wg[g] = t.w16 + g * nb * 256;
+    dg[g] = t.d + g * nb * kQ8Group;
+  }
+  const int16_t* xr[MR];
+  const float* xs[MR];
+  for (int m = 0; m < MR; ++m) {
+    xr[m] = a.x16.data() + (m0 + m) * K;
+    xs[m] = a.scale.data() + (m0 + m) * nb;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m256i acc[MR][NG];
+    {
+      const int16_t* wp[NG];
+      const int16_t* xp[MR];
+      for (int g = 0; g < NG; ++g) wp[g] = wg[g] + 256 * b;
+      for (int m = 0; m < MR; ++m) xp[m] = xr[m] + 32 * b;
+      q8_0_block_dot<MR, NG>(wp, xp, acc);
+    }
+    for (int g = 0; g < NG; ++g) {
+      const __m256 dw = _mm256_load_ps(dg[g] + kQ8Group * b);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 s = _mm256_mul_ps(dw, _mm256_broadcast_ss(xs[m] + b));
+        _mm256_store_ps(facc[m][g], _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][g]), s, _mm256_load_ps(facc[m][g])));
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m) {
+    float* out = y + (m0 + m) * ldy;
+    for (int g = 0; g < NG; ++g) {
+      const int64_t n = std::min<int64_t>(kQ8Group, nw - kQ8Group * g);
+      for (int64_t r = 0; r < n; ++r) {
+        const float v = facc[m][g][r];
+        out[kQ8Group * g + r] = accumulate ? out[kQ8Group * g + r] + v : v;
+      }
+    }
+  }
+}
+
+// The K-quants in row lanes (as Q8_0, block_q8_0): groups of 8 weight rows, lane r of a vector
+// for row r. Tile layout, for group g, super-block i, chunk c of 32 elements, step q of 4:
+//   vals [g][i][c][q][row][4 bytes]      the 4 values 32c + 4q .. 32c + 4q + 3 of each row
+//   svec [g][i][c][16 int16]             Q4_K / Q5_K: row r's sub-block scale in lanes 2r, 2r + 1
+//        [g][i][c][h][16 int16]          Q6_K: h = 0 for steps 0..3 (scale 2c), 1 for 4..7 (2c + 1)
+//   d    [g][i][row]                     mins [g][i][j][row] (dmin * m_j, Q4_K / Q5_K)
+//   q6sc [g][i][k][16 int16]             Q6_K: row r's scales 2k, 2k + 1 in lanes 2r, 2r + 1
+// A row is unpacked into the one-row stage in element order (unpack_row) and copied from there;
+// rows past the tile's last (nw) are zero (their outputs are not stored).
+template <Kind kind>
+HANPU_PREFILL_AVX2 void interleave_kquant_row(const Tile& st, const Tile& t, int64_t r) {
+  const int64_t nsb = t.K / 256, g = r / kQ8Group, l = r % kQ8Group;
+  for (int64_t i = 0; i < nsb; ++i) {
+    const int64_t gi = g * nsb + i;
+    uint8_t* v = t.vals + gi * 2048 + 4 * l;
+    for (int e = 0; e < 64; ++e) std::memcpy(v + 32 * e, st.vals + 256 * i + 4 * e, 4);  // e = 8c + q
+    t.d[gi * 8 + l] = st.d[i];
+    for (int c = 0; c < 8; ++c) {
+      if constexpr (kind == Kind::kQ6K) {
+        for (int h = 0; h < 2; ++h) {
+          const int16_t sc = st.q6sc[16 * i + 2 * c + h];
+          int16_t* sv = t.svec + ((gi * 8 + c) * 2 + h) * 16 + 2 * l;
+          sv[0] = sc;
+          sv[1] = sc;
+        }
+        int16_t* p = t.q6sc + (gi * 8 + c) * 16 + 2 * l;  // c here is the pair k of scales
+        p[0] = st.q6sc[16 * i + 2 * c];
+        p[1] = st.q6sc[16 * i + 2 * c + 1];
+      } else {
+        const int16_t sc = st.svec[(8 * i + c) * 16];
+        int16_t* sv = t.svec + (gi * 8 + c) * 16 + 2 * l;
+        sv[0] = sc;
+        sv[1] = sc;
+        t.mins[(gi * 8 + c) * 8 + l] = st.mins[8 * i + c];
+      }
+    }
+  }
+}
+
+// One super-block of MR activation rows x NG groups of 8 weight rows into int32 lanes (lane r:
+// row r's sum of scale x value x activation over the 256 elements): per chunk and step, one
+// broadcast of 4 activation bytes per activation row and per (activation row, group) VPMADDUBSW,
+// VPMADDWD by the group's scale vector, VPADDD. w, sc: the group's super-block; x: the row's.
+template <Kind kind, int MR, int NG>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int16_t* const* sc, const int8_t* const* x,
+                                             __m256i (&acc)[MR][NG]) {
+  constexpr int kScalesPerChunk = kind == Kind::kQ6K ? 2 : 1;
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < NG; ++g) acc[m][g] = _mm256_setzero_si256();
+  for (int c = 0; c < 8; ++c) {
+    for (int q = 0; q < 8; ++q) {
+      __m256i wv[NG], sv[NG];
+      for (int g = 0; g < NG; ++g) {
+        wv[g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(w[g] + 256 * c + 32 * q));
+        sv[g] = _mm256_load_si256(
+            reinterpret_cast<const __m256i*>(sc[g] + 16 * (kScalesPerChunk * c + (kind == Kind::kQ6K && q >= 4))));
+      }
+      for (int m = 0; m < MR; ++m) {
+        int32_t four;
+        std::memcpy(&four, x[m] + 32 * c + 4 * q, 4);
+        const __m256i xv = _mm256_set1_epi32(four);
+        for (int g = 0; g < NG; ++g)
+          acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[g], xv), sv[g]));
+      }
+    }
+  }
+}
+
+// 4 x 2 in assembly: GCC 12 made the intrinsics load-bound in the earlier layout (each load folded
+// into every multiply that reads it as a memory operand, or accumulators spilled). 8 accumulators, 2 weight and 2
+// scale vectors, the broadcast and the product (14 registers); per step 2 loads and 4 broadcasts for
+// 16 multiplies.
+template <>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
+                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+  __m256i w0, w1, xv, tmp, s0, s1;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      "vmovdqa %[a00], %[a20]\n\t"
+      "vmovdqa %[a00], %[a21]\n\t"
+      "vmovdqa %[a00], %[a30]\n\t"
+      "vmovdqa %[a00], %[a31]\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
       "vmovdqa (%[ps0],%[idx]), %[s0]\n\t"
       "vmovdqa (%[ps1],%[idx]), %[s1]\n\t"
-      "vmovdqu (%[px0],%[idx]), %[x]\n\t"
+      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
+      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
+      "vpbroadcastd 4*\\q(%[px0],%[idx]), %[x]\n\t"
       "vpmaddubsw %[x], %[w0], %[t]\n\t"
       "vpmaddwd %[s0], %[t], %[t]\n\t"
       "vpaddd %[t], %[a00], %[a00]\n\t"
       "vpmaddubsw %[x], %[w1], %[t]\n\t"
       "vpmaddwd %[s1], %[t], %[t]\n\t"
       "vpaddd %[t], %[a01], %[a01]\n\t"
-      "vmovdqu (%[px1],%[idx]), %[x]\n\t"
+      "vpbroadcastd 4*\\q(%[px1],%[idx]), %[x]\n\t"
       "vpmaddubsw %[x], %[w0], %[t]\n\t"
       "vpmaddwd %[s0], %[t], %[t]\n\t"
       "vpaddd %[t], %[a10], %[a10]\n\t"
       "vpmaddubsw %[x], %[w1], %[t]\n\t"
       "vpmaddwd %[s1], %[t], %[t]\n\t"
       "vpaddd %[t], %[a11], %[a11]\n\t"
-      "vmovdqu (%[px2],%[idx]), %[x]\n\t"
+      "vpbroadcastd 4*\\q(%[px2],%[idx]), %[x]\n\t"
       "vpmaddubsw %[x], %[w0], %[t]\n\t"
       "vpmaddwd %[s0], %[t], %[t]\n\t"
       "vpaddd %[t], %[a20], %[a20]\n\t"
       "vpmaddubsw %[x], %[w1], %[t]\n\t"
       "vpmaddwd %[s1], %[t], %[t]\n\t"
       "vpaddd %[t], %[a21], %[a21]\n\t"
-      "vmovdqu (%[px3],%[idx]), %[x]\n\t"
+      "vpbroadcastd 4*\\q(%[px3],%[idx]), %[x]\n\t"
       "vpmaddubsw %[x], %[w0], %[t]\n\t"
       "vpmaddwd %[s0], %[t], %[t]\n\t"
       "vpaddd %[t], %[a30], %[a30]\n\t"
       "vpmaddubsw %[x], %[w1], %[t]\n\t"
       "vpmaddwd %[s1], %[t], %[t]\n\t"
       "vpaddd %[t], %[a31], %[a31]\n\t"
+      ".endr\n\t"
       "add $32, %[idx]\n\t"
       "cmp $256, %[idx]\n\t"
       "jne 1b\n\t"
-      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(x), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(s[0]), [ps1] "r"(s[1]), [px0] "r"(x8[0]), [px1] "r"(x8[1]), [px2] "r"(x8[2]), [px3] "r"(x8[3])
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
+      : "cc", "memory");
+}
+template <>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ5K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
+                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+  kquant_rl_dot<Kind::kQ4K, 4, 2>(w, sc, x, acc);  // the same layout (values 0..31 instead of 0..15)
+}
+template <>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
+                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+  __m256i w0, w1, xv, tmp, s0, s1;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      "vmovdqa %[a00], %[a20]\n\t"
+      "vmovdqa %[a00], %[a21]\n\t"
+      "vmovdqa %[a00], %[a30]\n\t"
+      "vmovdqa %[a00], %[a31]\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      "vmovdqa (%[ps0],%[idx],2), %[s0]\n\t"
+      "vmovdqa (%[ps1],%[idx],2), %[s1]\n\t"
+      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
+      ".if \\q == 4  # Q6_K: the second 16 elements' scales\n\t"
+      "vmovdqa 32(%[ps0],%[idx],2), %[s0]\n\t"
+      "vmovdqa 32(%[ps1],%[idx],2), %[s1]\n\t"
+      ".endif\n\t"
+      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
+      "vpbroadcastd 4*\\q(%[px0],%[idx]), %[x]\n\t"
+      "vpmaddubsw %[x], %[w0], %[t]\n\t"
+      "vpmaddwd %[s0], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a00], %[a00]\n\t"
+      "vpmaddubsw %[x], %[w1], %[t]\n\t"
+      "vpmaddwd %[s1], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a01], %[a01]\n\t"
+      "vpbroadcastd 4*\\q(%[px1],%[idx]), %[x]\n\t"
+      "vpmaddubsw %[x], %[w0], %[t]\n\t"
+      "vpmaddwd %[s0], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a10], %[a10]\n\t"
+      "vpmaddubsw %[x], %[w1], %[t]\n\t"
+      "vpmaddwd %[s1], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a11], %[a11]\n\t"
+      "vpbroadcastd 4*\\q(%[px2],%[idx]), %[x]\n\t"
+      "vpmaddubsw %[x], %[w0], %[t]\n\t"
+      "vpmaddwd %[s0], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a20], %[a20]\n\t"
+      "vpmaddubsw %[x], %[w1], %[t]\n\t"
+      "vpmaddwd %[s1], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a21], %[a21]\n\t"
+      "vpbroadcastd 4*\\q(%[px3],%[idx]), %[x]\n\t"
+      "vpmaddubsw %[x], %[w0], %[t]\n\t"
+      "vpmaddwd %[s0], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a30], %[a30]\n\t"
+      "vpmaddubsw %[x], %[w1], %[t]\n\t"
+      "vpmaddwd %[s1], %[t], %[t]\n\t"
+      "vpaddd %[t], %[a31], %[a31]\n\t"
+      ".endr\n\t"
+      "add $32, %[idx]\n\t"
+      "cmp $256, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
       : "cc", "memory");
 }
 
-// Rows [m0, m0 + MR) of x times tile rows [r0, r0 + NR), the whole K; y[m][n0 + r].
-//
-// The int32 accumulators (registers, see kRowsX) cover one super-block; then per pair one
-// conversion and an FMA by d * activation scale (and Q6_K's -32 term in integers, Q4_K / Q5_K's min
-// term as one 8-lane FNMADD) into f32 accumulators that live in memory (the stack): 16 registers
-// do not hold both sets, and these are touched once per 256 elements.
-template <Kind kind, int MR, int NR>
-HANPU_PREFILL_AVX2 void block_kquant(const Tile& t, int64_t r0, const ActivationRows& a, int64_t m0, float* y,
-                                     int64_t ldy, bool accumulate) {
+// Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
+// row, group), i.e. per 8 outputs: Q6_K's -32 term in integers (8 VPMADDWD of the rows' scale pairs
+// by the row's int8 sums per 16), one conversion and one FMA by (8 rows' d) x activation scale, and
+// Q4_K / Q5_K's min term as 8 FNMADDs (the rows' dmin * m_j times the f32 sum of x over sub-block j).
+// The layout along K (lanes = elements, one output per pair) paid the conversion, scale, FMA and
+// min term per output: about a quarter of its time.
+template <Kind kind, int MR, int NG>
+HANPU_PREFILL_AVX2 void block_kquant_rl(const Tile& t, const ActivationRows& a, int64_t m0, int64_t nw, float* y,
+                                        int64_t ldy, bool accumulate) {
   const int64_t K = t.K, nsb = K / 256;
-  // Written by super-block 0, read and written by the others (a "= {}" here compiled to a rep stos,
-  // 7% of the time at K = 1024).
-  alignas(32) float facc[MR][NR][8];
-  const uint8_t* vals[NR];
-  const int16_t* svec[NR];
-  for (int r = 0; r < NR; ++r) {
-    vals[r] = t.vals + (r0 + r) * K;
-    svec[r] = t.svec + (r0 + r) * (K / 32) * 16;
-  }
-  const int8_t* xq[MR];
-  for (int m = 0; m < MR; ++m) xq[m] = a.xq8 + (m0 + m) * K;
-  auto super_block = [&](int64_t i, auto first) HANPU_PREFILL_AVX2 {
-    __m256i acc[MR][NR];
+  constexpr int kScalesPerChunk = kind == Kind::kQ6K ? 2 : 1;
+  alignas(32) float facc[MR][NG][8];
+  for (int m = 0; m < MR; ++m)
+    for (int g = 0; g < NG; ++g) _mm256_store_ps(facc[m][g], _mm256_setzero_ps());
+  for (int64_t i = 0; i < nsb; ++i) {
+    __m256i acc[MR][NG];
     {
-      const uint8_t* wp[NR];
-      const int16_t* sp[NR];
+      const uint8_t* wp[NG];
+      const int16_t* sp[NG];
       const int8_t* xp[MR];
-      for (int r = 0; r < NR; ++r) {
-        wp[r] = vals[r] + 256 * i;
-        sp[r] = svec[r] + 128 * i;
+      for (int g = 0; g < NG; ++g) {
+        wp[g] = t.vals + (g * nsb + i) * 2048;
+        sp[g] = t.svec + (g * nsb + i) * 8 * 16 * kScalesPerChunk;
       }
-      for (int m = 0; m < MR; ++m) xp[m] = xq[m] + 256 * i;
-      superblock_dot<MR, NR>(wp, sp, xp, acc);
+      for (int m = 0; m < MR; ++m) xp[m] = a.xq8 + (m0 + m) * K + 256 * i;
+      kquant_rl_dot<kind, MR, NG>(wp, sp, xp, acc);
     }
-    if constexpr (kind == Kind::kQ6K) {  // - 32 * sum_g sc_g * (sum of the activations over group g)
-      for (int r = 0; r < NR; ++r) {
-        const __m256i sc16 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.q6sc + (r0 + r) * (K / 16) + 16 * i));
-        for (int m = 0; m < MR; ++m) {
-          const __m256i bs =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.bsum16.data() + (m0 + m) * (K / 16) + 16 * i));
-          acc[m][r] = _mm256_sub_epi32(acc[m][r], _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+    if constexpr (kind == Kind::kQ6K) {  // - 32 * sum_k (sc_2k * B_2k + sc_2k+1 * B_2k+1), B the sums of q8 per 16
+      for (int m = 0; m < MR; ++m) {
+        const int16_t* bs = a.bsum16.data() + (m0 + m) * (K / 16) + 16 * i;
+        for (int g = 0; g < NG; ++g) {
+          const int16_t* p = t.q6sc + (g * nsb + i) * 8 * 16;
+          __m256i c = _mm256_setzero_si256();
+          for (int k = 0; k < 8; ++k) {
+            int32_t pair;
+            std::memcpy(&pair, bs + 2 * k, 4);
+            c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16 * k)),
+                                                      _mm256_set1_epi32(pair)));
+          }
+          acc[m][g] = _mm256_sub_epi32(acc[m][g], _mm256_slli_epi32(c, 5));
         }
       }
     }
-    __m256 dr[NR];
-    for (int r = 0; r < NR; ++r) dr[r] = _mm256_broadcast_ss(&t.d[(r0 + r) * t.nd + i]);
-    for (int m = 0; m < MR; ++m) {
-      const __m256 xs = _mm256_broadcast_ss(&a.scale[static_cast<size_t>((m0 + m) * nsb + i)]);
-      for (int r = 0; r < NR; ++r) {
-        __m256 f = decltype(first)::value ? _mm256_setzero_ps() : _mm256_load_ps(facc[m][r]);
-        f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][r]), _mm256_mul_ps(dr[r], xs), f);
-        if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K)  // - dmin * m_j * X_j, X_j the f32 sum of x over j
-          f = _mm256_fnmadd_ps(_mm256_loadu_ps(t.mins + (r0 + r) * (K / 32) + 8 * i),
-                               _mm256_loadu_ps(a.sum.data() + (m0 + m) * (K / 32) + 8 * i), f);
-        _mm256_store_ps(facc[m][r], f);
+    __m256 f[MR][NG];
+    for (int g = 0; g < NG; ++g) {
+      const __m256 dw = _mm256_load_ps(t.d + (g * nsb + i) * 8);
+      for (int m = 0; m < MR; ++m) {
+        const __m256 xs = _mm256_broadcast_ss(&a.scale[static_cast<size_t>((m0 + m) * nsb + i)]);
+        f[m][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][g]), _mm256_mul_ps(dw, xs), _mm256_load_ps(facc[m][g]));
       }
     }
-  };
-  super_block(0, std::true_type{});
-  for (int64_t i = 1; i < nsb; ++i) super_block(i, std::false_type{});
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) {
-      const float v = hsum(_mm256_load_ps(facc[m][r]));
-      float& out = y[(m0 + m) * ldy + r];
-      out = accumulate ? out + v : v;
+    if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
+      // sub-block by sub-block, so that the groups' min vectors and each row's sum are loaded once
+      // for all the block's outputs (the order (output, sub-block) loaded both per FNMADD; the min
+      // term took 8-12% of the Q4_K GEMM's time that way, 3-5% this way: one thread, MLP shapes,
+      // M = 512, Zen 3, 2026-12-05, against the same loop without it)
+      for (int j = 0; j < 8; ++j) {
+        __m256 mv[NG];
+        for (int g = 0; g < NG; ++g) mv[g] = _mm256_load_ps(t.mins + ((g * nsb + i) * 8 + j) * 8);
+        for (int m = 0; m < MR; ++m) {
+          const __m256 xsum = _mm256_broadcast_ss(a.sum.data() + (m0 + m) * (K / 32) + 8 * i + j);
+          for (int g = 0; g < NG; ++g) f[m][g] = _mm256_fnmadd_ps(mv[g], xsum, f[m][g]);
+        }
+      }
     }
-}
-
-// Q8_0 (scale per 32 on both sides): per pair and 32 elements the sign trick, VPMADDUBSW,
-// VPMADDWD by ones, a conversion and an FMA by d_w * d_x. Registers: MR x NR f32 accumulators,
-// NR |w| and NR w vectors (the sign), the activation, its signed copy and the scale broadcast.
-template <int MR, int NR>
-HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, int64_t r0, const ActivationRows& a, int64_t m0, float* y,
-                                   int64_t ldy, bool accumulate) {
-  const int64_t K = t.K, nb = K / 32;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 facc[MR][NR];
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) facc[m][r] = _mm256_setzero_ps();
-  const int8_t* vals[NR];
-  const float* d[NR];
-  for (int r = 0; r < NR; ++r) {
-    vals[r] = reinterpret_cast<const int8_t*>(t.vals) + (r0 + r) * K;
-    d[r] = t.d + (r0 + r) * t.nd;
+    for (int m = 0; m < MR; ++m)
+      for (int g = 0; g < NG; ++g) _mm256_store_ps(facc[m][g], f[m][g]);
   }
-  for (int64_t b = 0; b < nb; ++b) {
-    __m256i w[NR], wabs[NR];
-    for (int r = 0; r < NR; ++r) {
-      w[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(vals[r] + 32 * b));
-      HANPU_IN_REGISTER(w[r]);
-      wabs[r] = _mm256_abs_epi8(w[r]);
-    }
-    for (int m = 0; m < MR; ++m) {
-      __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq8 + (m0 + m) * K + 32 * b));
-      HANPU_IN_REGISTER(x);
-      const __m256 xs = _mm256_broadcast_ss(&a.scale[static_cast<size_t>((m0 + m) * nb + b)]);
-      for (int r = 0; r < NR; ++r) {
-        // |w| times x with w's sign (VPSIGNB zeroes x where w is 0: the product is 0 anyway)
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[r], _mm256_sign_epi8(x, w[r])), ones);
-        facc[m][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(_mm256_broadcast_ss(&d[r][b]), xs), facc[m][r]);
+  for (int m = 0; m < MR; ++m) {
+    float* out = y + (m0 + m) * ldy;
+    for (int g = 0; g < NG; ++g) {
+      const int64_t n = std::min<int64_t>(kQ8Group, nw - kQ8Group * g);
+      for (int64_t r = 0; r < n; ++r) {
+        const float v = facc[m][g][r];
+        out[kQ8Group * g + r] = accumulate ? out[kQ8Group * g + r] + v : v;
       }
     }
   }
-  for (int m = 0; m < MR; ++m)
-    for (int r = 0; r < NR; ++r) {
-      const float v = hsum(facc[m][r]);
-      float& out = y[(m0 + m) * ldy + r];
-      out = accumulate ? out + v : v;
-    }
 }
 
-template <Kind kind, int MR, int NR>
-void run_block(const Tile& t, int64_t r0, const ActivationRows& a, int64_t m0, float* y, int64_t ldy, bool accumulate) {
-  if constexpr (kind == Kind::kQ8_0) block_q8_0<MR, NR>(t, r0, a, m0, y, ldy, accumulate);
-  else block_kquant<kind, MR, NR>(t, r0, a, m0, y, ldy, accumulate);
+template <Kind kind, int MR, int NG>
+void run_kquant_rl_rows(const Tile& t, const ActivationRows& a, int64_t m0, int64_t mr, int64_t nw, float* y,
+                        int64_t ldy, bool accumulate) {
+  if constexpr (MR == 1) {
+    block_kquant_rl<kind, 1, NG>(t, a, m0, nw, y, ldy, accumulate);
+  } else {
+    if (mr == MR) block_kquant_rl<kind, MR, NG>(t, a, m0, nw, y, ldy, accumulate);
+    else run_kquant_rl_rows<kind, MR - 1, NG>(t, a, m0, mr, nw, y, ldy, accumulate);
+  }
 }
 
-// Rows [m0, m0 + mr) for 1 <= mr <= MR: the full block or one of its tails.
-template <Kind kind, int MR, int NR>
-void run_rows_tail(const Tile& t, int64_t r0, const ActivationRows& a, int64_t m0, int64_t mr, float* y, int64_t ldy,
+// Q8_0's rows [m0, m0 + mr) for 1 <= mr <= MR.
+template <int MR, int NG>
+void run_q8_0_rows(const Tile& t, const ActivationRows& a, int64_t m0, int64_t mr, int64_t nw, float* y, int64_t ldy,
                    bool accumulate) {
   if constexpr (MR == 1) {
-    run_block<kind, 1, NR>(t, r0, a, m0, y, ldy, accumulate);
+    block_q8_0<1, NG>(t, a, m0, nw, y, ldy, accumulate);
   } else {
-    if (mr == MR) run_block<kind, MR, NR>(t, r0, a, m0, y, ldy, accumulate);
-    else run_rows_tail<kind, MR - 1, NR>(t, r0, a, m0, mr, y, ldy, accumulate);
-  }
-}
-
-template <Kind kind, int MR, int NR>
-void run_tile_blocks(int64_t nw, const Tile& t, const ActivationRows& a, float* y, int64_t ldy, bool accumulate) {
-  for (int64_t m0 = 0; m0 < a.M; m0 += MR) {
-    const int64_t mr = std::min<int64_t>(MR, a.M - m0);
-    int64_t r0 = 0;
-    for (; r0 + NR <= nw; r0 += NR) run_rows_tail<kind, MR, NR>(t, r0, a, m0, mr, y + r0, ldy, accumulate);
-    static_assert(NR == 2, "the weight-row tail below is one row");
-    if (r0 < nw) run_rows_tail<kind, MR, 1>(t, r0, a, m0, mr, y + r0, ldy, accumulate);
+    if (mr == MR) block_q8_0<MR, NG>(t, a, m0, nw, y, ldy, accumulate);
+    else run_q8_0_rows<MR - 1, NG>(t, a, m0, mr, nw, y, ldy, accumulate);
   }
 }
 
 // One tile: nw rows unpacked, then every activation row against them, MR rows at a time (a
 // block of x, MR * K bytes, stays in L1 across the tile's weight rows; the tile in L2).
 template <Kind kind>
-void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, const ActivationRows& a, float* y,
-              int64_t ldy, bool accumulate) {
-  for (int64_t r = 0; r < nw; ++r) unpack_row<kind>(rows + r * row_bytes, t, r);
-  run_tile_blocks<kind, kRowsX, kRowsW>(nw, t, a, y, ldy, accumulate);
+void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, const Tile& stage,
+              const ActivationRows& a, float* y, int64_t ldy, bool accumulate) {
+  if constexpr (kind == Kind::kQ8_0) {
+    const int64_t groups = (nw + kQ8Group - 1) / kQ8Group;
+    for (int64_t r = 0; r < groups * kQ8Group; ++r)
+      unpack_q8_0_row(r < nw ? reinterpret_cast<const gguf::BlockQ8_0*>(rows + r * row_bytes) : nullptr, t, r);
+    static_assert(kGgufTileRows == 2 * kQ8Group, "block_q8_0 takes a tile as one or two groups of 8 rows");
+    for (int64_t m0 = 0; m0 < a.M; m0 += kQ8RowsX) {
+      const int64_t mr = std::min<int64_t>(kQ8RowsX, a.M - m0);
+      if (groups == 2) run_q8_0_rows<kQ8RowsX, 2>(t, a, m0, mr, nw, y, ldy, accumulate);
+      else run_q8_0_rows<kQ8RowsX, 1>(t, a, m0, mr, nw, y, ldy, accumulate);
+    }
+  } else {
+    const int64_t groups = (nw + kQ8Group - 1) / kQ8Group;
+    for (int64_t r = 0; r < groups * kQ8Group; ++r) {
+      if (r < nw) {
+        unpack_row<kind>(rows + r * row_bytes, stage, 0);
+      } else if (r == nw) {  // the padding rows: a zero row
+        std::memset(stage.vals, 0, static_cast<size_t>(t.K));
+        std::memset(stage.svec, 0, static_cast<size_t>(t.K));
+        std::memset(stage.d, 0, static_cast<size_t>(t.K / 256) * 4);
+        std::memset(stage.mins, 0, static_cast<size_t>(t.K / 32) * 4);
+        std::memset(stage.q6sc, 0, static_cast<size_t>(t.K / 16) * 2);
+      }
+      interleave_kquant_row<kind>(stage, t, r);
+    }
+    for (int64_t m0 = 0; m0 < a.M; m0 += kRowsX) {
+      const int64_t mr = std::min<int64_t>(kRowsX, a.M - m0);
+      if (groups == 2) run_kquant_rl_rows<kind, kRowsX, 2>(t, a, m0, mr, nw, y, ldy, accumulate);
+      else run_kquant_rl_rows<kind, kRowsX, 1>(t, a, m0, mr, nw, y, ldy, accumulate);
+    }
+  }
+}
+
+// Q8_0: rows [m_begin, m_end) of q8 as int16 (block_q8_0 broadcasts them in pairs).
+HANPU_PREFILL_AVX2 void widen_rows(ActivationRows& a, int64_t m_begin, int64_t m_end) {
+  for (int64_t i = m_begin * a.K; i < m_end * a.K; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.x16.data() + i),
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.xq8 + i))));
 }
 
 ActivationRows& activation_rows() {
@@ -539,12 +866,15 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.scale.resize(static_cast<size_t>(M * (K / a.block)));
   a.sum.resize(static_cast<size_t>(M * (K / 32)));
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
+  const bool widen = type == gguf::GgmlType::Q8_0;
+  if (widen) a.x16.resize(static_cast<size_t>(M * K));
   {
     const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, M));
     engine.impl().run(parts, [&](int p, Workspace&) {
       for (int64_t m = M * p / parts; m < M * (p + 1) / parts; ++m)
         gguf_avx2::quantize_activation_row(x + m * ldx, K, a.block, a.xq8 + m * K, a.scale.data() + m * (K / a.block),
                      a.sum.data() + m * (K / 32), a.bsum16.data() + m * (K / 16));
+      if (widen) widen_rows(a, M * p / parts, M * (p + 1) / parts);
     });
   }
   const size_t row_bytes = static_cast<size_t>(K / bf.block_elems * bf.block_bytes);
@@ -552,16 +882,18 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, tiles));
   const auto* wb = static_cast<const uint8_t*>(w);
   engine.impl().run(parts, [&](int p, Workspace& ws) {
-    const Tile t = carve_tile(reinterpret_cast<uint8_t*>(ws.bytes(kLinearPanel, tile_bytes(K))), K,
-                              type == gguf::GgmlType::Q8_0 ? K / 32 : K / 256);
+    const int64_t nd = type == gguf::GgmlType::Q8_0 ? K / 32 : K / 256;
+    auto* scratch = reinterpret_cast<uint8_t*>(ws.bytes(kLinearPanel, scratch_bytes(K)));
+    const Tile t = carve_tile(scratch, K, nd);
+    const Tile stage = carve_tile(scratch + tile_bytes(K, kGgufTileRows), K, nd, 1);
     for (int64_t ti = tiles * p / parts; ti < tiles * (p + 1) / parts; ++ti) {
       const int64_t n0 = ti * kGgufTileRows, nw = std::min<int64_t>(kGgufTileRows, N - n0);
       const uint8_t* rows = wb + n0 * row_bytes;
       switch (type) {
-        case gguf::GgmlType::Q8_0: run_tile<Kind::kQ8_0>(rows, row_bytes, nw, t, a, y + n0, ldy, accumulate); break;
-        case gguf::GgmlType::Q4_K: run_tile<Kind::kQ4K>(rows, row_bytes, nw, t, a, y + n0, ldy, accumulate); break;
-        case gguf::GgmlType::Q5_K: run_tile<Kind::kQ5K>(rows, row_bytes, nw, t, a, y + n0, ldy, accumulate); break;
-        default: run_tile<Kind::kQ6K>(rows, row_bytes, nw, t, a, y + n0, ldy, accumulate); break;
+        case gguf::GgmlType::Q8_0: run_tile<Kind::kQ8_0>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+        case gguf::GgmlType::Q4_K: run_tile<Kind::kQ4K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+        case gguf::GgmlType::Q5_K: run_tile<Kind::kQ5K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+        default: run_tile<Kind::kQ6K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
       }
     }
   });
