@@ -32,6 +32,7 @@
 #include "hanpu/engine.hpp"
 #include "hanpu/linear.hpp"
 #include "hanpu/tensor.hpp"
+#include "gguf_linear_testing.hpp"
 
 namespace {
 
@@ -307,17 +308,9 @@ TEST_P(SmallBlockLinear, DecodeAndPrefillRowsWithinTheirBounds) {
               check(W, xr, std::vector<float>(y.begin() + m * ldy, y.begin() + m * ldy + N));
               continue;
             }
-            for (int64_t n = 0; n < N; ++n) {
-              double ref = accumulate ? y0[m * ldy + n] : 0.0, mag = 0;
-              for (int64_t k = 0; k < K; ++k) {
-                const double p = static_cast<double>(W.w[n * K + k]) * xr[k];
-                ref += p;
-                mag += std::abs(p);
-              }
-              const double got = y[m * ldy + n];
-              ASSERT_LE(std::abs(got - ref), (K + 1) * 0x1p-24 * mag + 0x1p-24 * std::abs(got))
-                  << "row " << m << " col " << n << " threads " << threads << " accumulate " << accumulate;
-            }
+            ASSERT_NO_FATAL_FAILURE(hanpu::testing::expect_row_within_f32_dot_bound(W.w, N, K, xr, y.data() + m * ldy,
+                                                                                  y0.data() + m * ldy, accumulate))
+                << "row " << m << " threads " << threads << " accumulate " << accumulate;
           }
         }
     }
