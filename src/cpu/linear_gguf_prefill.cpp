@@ -4,15 +4,16 @@
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
-// the int8 sums per 16 for Q6_K's -32 and, from them, per 32 for the Q4_K / Q5_K min term), in an
-// AVX2 form shared with the decode GEMV (gguf_avx2.hpp quantize_activation_row).
+// the int8 sums per 16 for Q6_K's -32 and, from them, the sums of the quantized activations per 32
+// for the Q4_K / Q5_K min term), in an AVX2 form shared with the decode GEMV (gguf_avx2.hpp
+// quantize_activation_row).
 // The weight rows are taken kGgufTileRows (16) at a time and unpacked once into the worker's
 // scratch, in groups of 8 rows interleaved so that lane r of a vector belongs to row r of the group
 // ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 / 0..63, Q6_K before its
 // -32), 4 consecutive elements of each of the 8 rows per vector (interleave_kquant_row), with the
-// rows' sub-block scales as ready VPMADDWD operands, their f32 d (and dmin), and the pairs of Q6_K's
-// scales / Q4_K's and Q5_K's mins as int16 vectors of the 8 rows; Q8_0's values widened to int16,
-// 2 elements of each row per vector (unpack_q8_0_row), its activations widened to int16 too.
+// rows' sub-block scales as ready VPMADDWD operands, their f32 d, dmin * m_j and Q6_K's scale pairs
+// as vectors of the 8 rows; Q8_0's values widened to int16, 2 elements of each row per vector
+// (unpack_q8_0_row), its activations widened to int16 too.
 //
 // Then register blocks of activation rows x the tile's groups (4 x 2 groups for the K-quants, 6 x 2
 // for Q8_0; the loop over a super-block / block in inline assembly) run the whole K: per step one
@@ -23,9 +24,8 @@
 // row, which is what a GEMV per row (the decode kernels here, llama.cpp's K-quant dot products)
 // pays again for each. Per super-block (Q8_0: block of 32) and (activation row, group), i.e. per 8
 // outputs: Q6_K's -32 term in integers, one conversion and one f32 FMA by (the 8 rows' d) x the
-// activation scale, Q4_K / Q5_K's min term as 4 VPMADDWD of the rows' min pairs by the activation
-// row's integer sums per 32 (llama.cpp's form, the decode GEMV's), one conversion and one FNMADD by
-// (the 8 rows' dmin) x the activation scale. The earlier layout
+// activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds (of the rows' dmin * m_j
+// by the sums of the quantized activations, block_kquant_rl). The earlier layout
 // along K (lanes = 8 stretches of one row's elements) paid the conversion, scale and FMA per output
 // and super-block (Q8_0: per 32 elements), a quarter of the K-quants' time and half of Q8_0's.
 //
@@ -33,8 +33,7 @@
 // 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see block_q8_0); a super-block's int32 lane (one row's
 // 256 elements) at most 64 * 2 * 16002 * 128 < 2^28 (Q6_K). The integer sums are the decode GEMV's
 // (the same products, only summed in another order, and converted to f32 once per super-block), so
-// the result meets the same bound (tests/test_linear_gguf.cpp). The min term's int32 lane is at
-// most 8 * 63 * 32 * 127 < 2^21, exact in f32.
+// the result meets the same bound (tests/test_linear_gguf.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -65,8 +64,9 @@ struct ActivationRows {
   int8_t* xq8 = nullptr;        // M x K, 64-byte aligned (rows are whole 256-byte super-blocks apart), so
                                 // no 32-byte load of the kernels splits a cache line
   std::vector<float> scale;     // M x K / block
+  std::vector<float> qsum;      // M x K / 32 (Q4_K / Q5_K): s_x * B_j, the sum of the quantized activations
+                                // x~ = s_x * q8 over 32 elements (B_j the integer sum of q8, exact; one rounding)
   std::vector<int16_t> bsum16;  // M x K / 16
-  std::vector<int16_t> bsum32;  // M x K / 32: sums of q8 per 32 (the Q4_K / Q5_K min term), from bsum16
   std::vector<int16_t> x16;     // M x K: Q8_0's q8 widened to int16 (the VPMADDWD operand of block_q8_0)
 };
 
@@ -147,9 +147,8 @@ struct Tile {
   uint8_t* vals = nullptr;    // rows x K
   int16_t* svec = nullptr;    // rows x (K / 32) x 16 (K-quants)
   float* d = nullptr;         // rows x nd (K / 256, Q8_0: K / 32)
-  float* dmin = nullptr;      // rows x (K / 256) (Q4_K / Q5_K; room for K / 32)
+  float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K)
   int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K)
-  int16_t* mins = nullptr;    // rows x (K / 32) (Q4_K / Q5_K: the 6-bit m_j, over q6sc's storage)
   int16_t* w16 = nullptr;     // Q8_0: kGgufTileRows x K int16 over vals and svec, groups of 8 rows interleaved
                               // (see unpack_q8_0_row); d then holds [group][block][8 rows]
   int64_t nd = 0;
@@ -179,10 +178,9 @@ Tile carve_tile(uint8_t* base, int64_t K, int64_t nd, int64_t rows = kGgufTileRo
   off = align(off + R * static_cast<size_t>(K));
   t.d = reinterpret_cast<float*>(base + off);
   off = align(off + R * static_cast<size_t>(K / 32) * 4);
-  t.dmin = reinterpret_cast<float*>(base + off);
+  t.mins = reinterpret_cast<float*>(base + off);
   off = align(off + R * static_cast<size_t>(K / 32) * 4);
   t.q6sc = reinterpret_cast<int16_t*>(base + off);
-  t.mins = t.q6sc;
   return t;
 }
 
@@ -237,16 +235,16 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
     int16_t* svec = t.svec + r * (K / 32) * 16;
     float* d = t.d + r * t.nd;
-    float* dmin = t.dmin + r * t.nd;
-    int16_t* mins = t.mins + r * (K / 32);
+    float* mins = t.mins + r * (K / 32);
     for (int64_t i = 0; i < K / 256; ++i) {
       const Block& blk = b[i];
       uint64_t sc, m;
       k4_scales_mins(blk.scales, sc, m);
       d[i] = _cvtsh_ss(blk.d);
-      dmin[i] = _cvtsh_ss(blk.dmin);
+      const float dmin = _cvtsh_ss(blk.dmin);
       for (int j = 0; j < 8; ++j) {
-        mins[8 * i + j] = static_cast<int16_t>((m >> (8 * j)) & 0xFF);
+        // dmin * m_j: an f16 times an integer below 64, exact in f32
+        mins[8 * i + j] = dmin * static_cast<float>((m >> (8 * j)) & 0xFF);
         const __m256i s = _mm256_set1_epi16(static_cast<int16_t>((sc >> (8 * j)) & 0xFF));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(svec + (8 * i + j) * 16), s);
       }
@@ -495,9 +493,8 @@ HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, const ActivationRows& a, int64
 //   vals [g][i][c][q][row][4 bytes]      the 4 values 32c + 4q .. 32c + 4q + 3 of each row
 //   svec [g][i][c][16 int16]             Q4_K / Q5_K: row r's sub-block scale in lanes 2r, 2r + 1
 //        [g][i][c][h][16 int16]          Q6_K: h = 0 for steps 0..3 (scale 2c), 1 for 4..7 (2c + 1)
-//   d    [g][i][row]                     dmin [g][i][row] (Q4_K / Q5_K)
-//   q6sc [g][i][k][16 int16]             Q6_K: row r's scales 2k, 2k + 1 in lanes 2r, 2r + 1 (k < 8)
-//   mins [g][i][k][16 int16]             Q4_K / Q5_K: row r's mins 2k, 2k + 1 in lanes 2r, 2r + 1 (k < 4)
+//   d    [g][i][row]                     mins [g][i][j][row] (dmin * m_j, Q4_K / Q5_K)
+//   q6sc [g][i][k][16 int16]             Q6_K: row r's scales 2k, 2k + 1 in lanes 2r, 2r + 1
 // A row is unpacked into the one-row stage in element order (unpack_row) and copied from there;
 // rows past the tile's last (nw) are zero (their outputs are not stored).
 template <Kind kind>
@@ -508,14 +505,6 @@ HANPU_PREFILL_AVX2 void interleave_kquant_row(const Tile& st, const Tile& t, int
     uint8_t* v = t.vals + gi * 2048 + 4 * l;
     for (int e = 0; e < 64; ++e) std::memcpy(v + 32 * e, st.vals + 256 * i + 4 * e, 4);  // e = 8c + q
     t.d[gi * 8 + l] = st.d[i];
-    if constexpr (kind != Kind::kQ6K) {
-      t.dmin[gi * 8 + l] = st.dmin[i];
-      for (int k = 0; k < 4; ++k) {
-        int16_t* p = t.mins + (gi * 4 + k) * 16 + 2 * l;
-        p[0] = st.mins[8 * i + 2 * k];
-        p[1] = st.mins[8 * i + 2 * k + 1];
-      }
-    }
     for (int c = 0; c < 8; ++c) {
       if constexpr (kind == Kind::kQ6K) {
         for (int h = 0; h < 2; ++h) {
@@ -532,6 +521,7 @@ HANPU_PREFILL_AVX2 void interleave_kquant_row(const Tile& st, const Tile& t, int
         int16_t* sv = t.svec + (gi * 8 + c) * 16 + 2 * l;
         sv[0] = sc;
         sv[1] = sc;
+        t.mins[(gi * 8 + c) * 8 + l] = st.mins[8 * i + c];
       }
     }
   }
@@ -694,28 +684,16 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* co
       : "cc", "memory");
 }
 
-// sum_k VPMADDWD(p[k], broadcast of the int16 pair b[2k], b[2k + 1]): lane r of 8 weight rows' pairs
-// (p: kPairs vectors, row r's pair in lanes 2r, 2r + 1) dotted with one activation row's pairs.
-template <int kPairs>
-HANPU_PREFILL_AVX2 inline __m256i pair_dot(const int16_t* p, const int16_t* b) {
-  __m256i c = _mm256_setzero_si256();
-  for (int k = 0; k < kPairs; ++k) {
-    int32_t pair;
-    std::memcpy(&pair, b + 2 * k, 4);
-    c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16 * k)),
-                                              _mm256_set1_epi32(pair)));
-  }
-  return c;
-}
-
 // Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
 // row, group), i.e. per 8 outputs: Q6_K's -32 term in integers (8 VPMADDWD of the rows' scale pairs
 // by the row's int8 sums per 16), one conversion and one FMA by (8 rows' d) x activation scale, and
-// Q4_K / Q5_K's min term in integers: 4 VPMADDWD of the rows' min pairs by the row's int8 sums per
-// 32, one conversion and one FNMADD by (8 rows' dmin) x activation scale (so the outputs are the
-// dot products of the dequantized weights, min included, with the quantized activations, as the
-// decode GEMV's; before 2026-12-05 the min term was 8 FNMADDs of dmin * m_j by the f32 sums of the
-// unquantized x, 2.4x the error, docs/GGUF.md "Q4_K / Q5_K min term in integers").
+// Q4_K / Q5_K's min term as 8 FNMADDs (the rows' dmin * m_j times qsum, the sum of the quantized
+// activations over sub-block j: llama.cpp's and the decode GEMV's min term, dmin * s_x * sum_j m_j
+// B_j with B_j the integer sum of q8, whose s_x * B_j is rounded once to f32 here instead of
+// multiplying m_j by B_j in integers: that form, 4 VPMADDWD per 8 outputs on the multiply pipes the
+// main loop saturates, measured 2-8% slower on Q4_K. Before 2026-12-05 the sums were the f32 sums of
+// the unquantized x, which leave the min's share of each weight outside the activation rounding's
+// cancellation: 2.4x the decode's logits error, docs/GGUF.md "Q4_K / Q5_K min term in integers").
 // The layout along K (lanes = elements, one output per pair) paid the conversion, scale, FMA and
 // min term per output: about a quarter of its time.
 template <Kind kind, int MR, int NG>
@@ -742,8 +720,17 @@ HANPU_PREFILL_AVX2 void block_kquant_rl(const Tile& t, const ActivationRows& a, 
     if constexpr (kind == Kind::kQ6K) {  // - 32 * sum_k (sc_2k * B_2k + sc_2k+1 * B_2k+1), B the sums of q8 per 16
       for (int m = 0; m < MR; ++m) {
         const int16_t* bs = a.bsum16.data() + (m0 + m) * (K / 16) + 16 * i;
-        for (int g = 0; g < NG; ++g)
-          acc[m][g] = _mm256_sub_epi32(acc[m][g], _mm256_slli_epi32(pair_dot<8>(t.q6sc + (g * nsb + i) * 8 * 16, bs), 5));
+        for (int g = 0; g < NG; ++g) {
+          const int16_t* p = t.q6sc + (g * nsb + i) * 8 * 16;
+          __m256i c = _mm256_setzero_si256();
+          for (int k = 0; k < 8; ++k) {
+            int32_t pair;
+            std::memcpy(&pair, bs + 2 * k, 4);
+            c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16 * k)),
+                                                      _mm256_set1_epi32(pair)));
+          }
+          acc[m][g] = _mm256_sub_epi32(acc[m][g], _mm256_slli_epi32(c, 5));
+        }
       }
     }
     __m256 f[MR][NG];
@@ -754,13 +741,17 @@ HANPU_PREFILL_AVX2 void block_kquant_rl(const Tile& t, const ActivationRows& a, 
         f[m][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[m][g]), _mm256_mul_ps(dw, xs), _mm256_load_ps(facc[m][g]));
       }
     }
-    if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {  // - dmin * s_x * sum_j m_j B_j, B the sums of q8 per 32
-      for (int g = 0; g < NG; ++g) {
-        const __m256 dm = _mm256_load_ps(t.dmin + (g * nsb + i) * 8);
+    if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
+      // sub-block by sub-block, so that the groups' min vectors and each row's sum are loaded once
+      // for all the block's outputs (the order (output, sub-block) loaded both per FNMADD; the min
+      // term took 8-12% of the Q4_K GEMM's time that way, 3-5% this way: one thread, MLP shapes,
+      // M = 512, Zen 3, 2026-12-05, against the same loop without it)
+      for (int j = 0; j < 8; ++j) {
+        __m256 mv[NG];
+        for (int g = 0; g < NG; ++g) mv[g] = _mm256_load_ps(t.mins + ((g * nsb + i) * 8 + j) * 8);
         for (int m = 0; m < MR; ++m) {
-          const __m256i ms = pair_dot<4>(t.mins + (g * nsb + i) * 4 * 16, a.bsum32.data() + (m0 + m) * (K / 32) + 8 * i);
-          const __m256 xs = _mm256_broadcast_ss(&a.scale[static_cast<size_t>((m0 + m) * nsb + i)]);
-          f[m][g] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ms), _mm256_mul_ps(dm, xs), f[m][g]);
+          const __m256 xsum = _mm256_broadcast_ss(a.qsum.data() + (m0 + m) * (K / 32) + 8 * i + j);
+          for (int g = 0; g < NG; ++g) f[m][g] = _mm256_fnmadd_ps(mv[g], xsum, f[m][g]);
         }
       }
     }
@@ -826,7 +817,7 @@ void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, 
         std::memset(stage.vals, 0, static_cast<size_t>(t.K));
         std::memset(stage.svec, 0, static_cast<size_t>(t.K));
         std::memset(stage.d, 0, static_cast<size_t>(t.K / 256) * 4);
-        std::memset(stage.dmin, 0, static_cast<size_t>(t.K / 256) * 4);
+        std::memset(stage.mins, 0, static_cast<size_t>(t.K / 32) * 4);
         std::memset(stage.q6sc, 0, static_cast<size_t>(t.K / 16) * 2);
       }
       interleave_kquant_row<kind>(stage, t, r);
@@ -884,20 +875,21 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.scale.resize(static_cast<size_t>(M * (K / a.block)));
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
   const bool widen = type == gguf::GgmlType::Q8_0;
-  const bool pair_sums = type == gguf::GgmlType::Q4_K || type == gguf::GgmlType::Q5_K;
+  const bool min_term = type == gguf::GgmlType::Q4_K || type == gguf::GgmlType::Q5_K;
   if (widen) a.x16.resize(static_cast<size_t>(M * K));
-  if (pair_sums) a.bsum32.resize(static_cast<size_t>(M * (K / 32)));
+  if (min_term) a.qsum.resize(static_cast<size_t>(M * (K / 32)));
   {
     const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, M));
     engine.impl().run(parts, [&](int p, Workspace&) {
       for (int64_t m = M * p / parts; m < M * (p + 1) / parts; ++m) {
         // no f32 sums of x (nullptr): every form here takes its sums from the quantized q8
+        const float* xs = a.scale.data() + m * (K / a.block);
+        const int16_t* b16 = a.bsum16.data() + m * (K / 16);
         gguf_avx2::quantize_activation_row(x + m * ldx, K, a.block, a.xq8 + m * K, a.scale.data() + m * (K / a.block),
                                            nullptr, a.bsum16.data() + m * (K / 16));
-        if (pair_sums)
+        if (min_term)  // the K-quants' activation block is 256: 8 sub-blocks of 32 per scale
           for (int64_t j = 0; j < K / 32; ++j)
-            a.bsum32[static_cast<size_t>(m * (K / 32) + j)] = static_cast<int16_t>(
-                a.bsum16[static_cast<size_t>(m * (K / 16) + 2 * j)] + a.bsum16[static_cast<size_t>(m * (K / 16) + 2 * j + 1)]);
+            a.qsum[static_cast<size_t>(m * (K / 32) + j)] = xs[j / 8] * static_cast<float>(b16[2 * j] + b16[2 * j + 1]);
       }
       if (widen) widen_rows(a, M * p / parts, M * (p + 1) / parts);
     });
