@@ -97,18 +97,9 @@ std::vector<float> make_x(int64_t K, uint32_t seed) {
   return x;
 }
 
-// How the Q4_K / Q5_K min term meets the activations: the decode GEMV's form (the integer sums B_j
-// of the quantized activations, as llama.cpp) or the integer prefill's (dmin m_j times the f32 sum
-// X_j of the unquantized x over sub-block j). For the latter the bounds above become
-// E_act = sum_k |w_k^s| |x_k - x~_k| (the min term sees x itself), y_act = sum_k w_k^s x~_k -
-// sum_j dmin m_j X_j with the kernel's f32 X_j, T_min = sum_j |dmin m_j X_j|, and E_f32 gains
-// 2u * 32 sum_j |dmin m_j| sum_{k in j} |x_k| (each X_j at most 31 relative roundings of sum |x|).
-enum class MinTerm { kQuantizedSums, kF32SumsOfX };
-
-void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y,
-           MinTerm min_form = MinTerm::kQuantizedSums) {
-  const bool f32_sums = min_form == MinTerm::kF32SumsOfX;
-  const std::vector<float>& w_act = f32_sums ? W.w_scale : W.w;  // the weights the activation rounding meets
+// Both the decode GEMV and the integer prefill (since 2026-12-05 its Q4_K / Q5_K min term, too, is
+// taken from the integer sums of the quantized activations) meet these bounds.
+void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
   GgufActivations xa;
   hanpu::cpu::gguf_quantize_activations(x.data(), W.K, hanpu::cpu::gguf_activation_block(W.type), xa);
   const int64_t K = W.K, nsub = K / 32;
@@ -122,31 +113,23 @@ void check(const Weights& W, const std::vector<float>& x, const std::vector<floa
   const double u = 0x1p-24;
   int tight = 0;
   for (int64_t n = 0; n < W.N; ++n) {
-    double y_ref = 0, y_act = 0, e_act = 0, t_scale = 0, t_min = 0, x_abs_min = 0;
+    double y_ref = 0, y_act = 0, e_act = 0, t_scale = 0, t_min = 0;
     for (int64_t k = 0; k < K; ++k) {
       const size_t i = static_cast<size_t>(n * K + k);
       y_ref += static_cast<double>(W.w[i]) * x[static_cast<size_t>(k)];
-      y_act += static_cast<double>(w_act[i]) * xt[static_cast<size_t>(k)];
-      e_act += std::abs(static_cast<double>(w_act[i])) * std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]);
+      y_act += static_cast<double>(W.w[i]) * xt[static_cast<size_t>(k)];
+      e_act += std::abs(static_cast<double>(W.w[i])) * std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]);
       t_scale += std::abs(static_cast<double>(W.w_scale[i]) * xt[static_cast<size_t>(k)]);
     }
     if (!W.min_term.empty()) {
       for (int64_t j = 0; j < nsub; ++j) {
         const double mt = W.min_term[static_cast<size_t>(n * nsub + j)];
-        if (f32_sums) {
-          double sum_abs = 0;
-          for (int l = 0; l < 32; ++l) sum_abs += std::abs(x[static_cast<size_t>(j * 32 + l)]);
-          y_act -= mt * xa.sum[static_cast<size_t>(j)];
-          t_min += std::abs(mt * xa.sum[static_cast<size_t>(j)]);
-          x_abs_min += std::abs(mt) * sum_abs;
-        } else {
-          double xt_sum = 0;  // exact: 32 multiples of one scale with integer factors below 2^12
-          for (int l = 0; l < 32; ++l) xt_sum += xt[static_cast<size_t>(j * 32 + l)];
-          t_min += std::abs(mt * xt_sum);
-        }
+        double xt_sum = 0;  // exact: 32 multiples of one scale with integer factors below 2^12
+        for (int l = 0; l < 32; ++l) xt_sum += xt[static_cast<size_t>(j * 32 + l)];
+        t_min += std::abs(mt * xt_sum);
       }
     }
-    const double e_f32 = 2 * u * ((static_cast<double>(nsub) + 8) * (t_scale + t_min) + 32 * x_abs_min);
+    const double e_f32 = 2 * u * (static_cast<double>(nsub) + 8) * (t_scale + t_min);
     const double got = y[static_cast<size_t>(n)];
     ASSERT_LE(std::abs(got - y_act), e_f32) << "row " << n << " y " << got << " y_act " << y_act;
     ASSERT_LE(std::abs(got - y_ref), e_act + e_f32) << "row " << n << " y " << got << " y_ref " << y_ref;
@@ -226,8 +209,7 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
             if (gemv) {
               std::vector<float> row(static_cast<size_t>(N));
               for (int64_t n = 0; n < N; ++n) row[n] = y[m * ldy + n] - (accumulate ? y0[m * ldy + n] : 0.f);
-              if (!accumulate)  // the GEMV's own bound (accumulate adds one f32 add); the prefill's min form
-                check(W, xr, row, M < hanpu::cpu::kGgufPrefillRows ? MinTerm::kQuantizedSums : MinTerm::kF32SumsOfX);
+              if (!accumulate) check(W, xr, row);  // the GEMV's own bound (accumulate adds one f32 add)
               continue;
             }
             ASSERT_NO_FATAL_FAILURE(hanpu::testing::expect_row_within_f32_dot_bound(W.w, N, K, xr, y.data() + m * ldy,
@@ -277,7 +259,7 @@ TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
           for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(y[m * ldy + n], -7.f) << "padding written";
           const std::vector<float> xr(x.begin() + m * ldx, x.begin() + m * ldx + K);
           const std::vector<float> row(y.begin() + m * ldy, y.begin() + m * ldy + N);
-          check(W, xr, row, MinTerm::kF32SumsOfX);  // the prefill's min term (linear_gguf_prefill.cpp)
+          check(W, xr, row);
         }
         std::vector<float> y2(static_cast<size_t>(M * ldy), -7.f);
         hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y2.data(), ldy, M, 2, false);

@@ -48,12 +48,12 @@ __attribute__((target("avx2"), always_inline)) inline float hsum8(__m256 v) {
 // 127 kept in f32, q = roundf(x * (1 / d)) (x / d where 1 / d overflows, a block of subnormals),
 // roundf's half-away-from-zero as truncation plus sign(v) where the exact fraction |v - trunc v| is
 // at least 1/2; a block holding a NaN or inf gets scale NaN and q 0, so every output is NaN. The
-// f32 sums per 32 in the scalar form's tree order (lane l: (x_l + x_l+8) + (x_l+16 + x_l+24), then
+// f32 sums per 32 (skipped where sum_out is nullptr) in the scalar form's tree order (lane l: (x_l + x_l+8) + (x_l+16 + x_l+24), then
 // hsum8's tree), the int8 sums per 16 exact in any order. With libm's roundf per element the scalar
 // form was about a third of a 256 x 1024 decode GEMV in cache and 8-13% of the integer prefill.
 __attribute__((target("avx2"))) inline void quantize_activation_row(const float* x, int64_t K, int64_t block, int8_t* q8,
                                                                     float* scale, float* sum_out, int16_t* bsum16) {
-  for (int64_t s = 0; s < K / 32; ++s) {
+  for (int64_t s = 0; sum_out != nullptr && s < K / 32; ++s) {  // the integer prefill passes none
     const float* xb = x + 32 * s;
     const __m256 a = _mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8));
     const __m256 b = _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24));

@@ -4,8 +4,9 @@
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
-// the f32 sums per 32 for the Q4_K / Q5_K min term and the int8 sums per 16 for Q6_K's -32), in an
-// AVX2 form shared with the decode GEMV (gguf_avx2.hpp quantize_activation_row).
+// the int8 sums per 16 for Q6_K's -32 and, from them, the sums of the quantized activations per 32
+// for the Q4_K / Q5_K min term), in an AVX2 form shared with the decode GEMV (gguf_avx2.hpp
+// quantize_activation_row).
 // The weight rows are taken kGgufTileRows (16) at a time and unpacked once into the worker's
 // scratch, in groups of 8 rows interleaved so that lane r of a vector belongs to row r of the group
 // ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 / 0..63, Q6_K before its
@@ -23,7 +24,8 @@
 // row, which is what a GEMV per row (the decode kernels here, llama.cpp's K-quant dot products)
 // pays again for each. Per super-block (Q8_0: block of 32) and (activation row, group), i.e. per 8
 // outputs: Q6_K's -32 term in integers, one conversion and one f32 FMA by (the 8 rows' d) x the
-// activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds. The earlier layout
+// activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds (of the rows' dmin * m_j
+// by the sums of the quantized activations, block_kquant_rl). The earlier layout
 // along K (lanes = 8 stretches of one row's elements) paid the conversion, scale and FMA per output
 // and super-block (Q8_0: per 32 elements), a quarter of the K-quants' time and half of Q8_0's.
 //
@@ -62,7 +64,8 @@ struct ActivationRows {
   int8_t* xq8 = nullptr;        // M x K, 64-byte aligned (rows are whole 256-byte super-blocks apart), so
                                 // no 32-byte load of the kernels splits a cache line
   std::vector<float> scale;     // M x K / block
-  std::vector<float> sum;       // M x K / 32
+  std::vector<float> qsum;      // M x K / 32 (Q4_K / Q5_K): s_x * B_j, the sum of the quantized activations
+                                // x~ = s_x * q8 over 32 elements (B_j the integer sum of q8, exact; one rounding)
   std::vector<int16_t> bsum16;  // M x K / 16
   std::vector<int16_t> x16;     // M x K: Q8_0's q8 widened to int16 (the VPMADDWD operand of block_q8_0)
 };
@@ -684,7 +687,13 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* co
 // Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
 // row, group), i.e. per 8 outputs: Q6_K's -32 term in integers (8 VPMADDWD of the rows' scale pairs
 // by the row's int8 sums per 16), one conversion and one FMA by (8 rows' d) x activation scale, and
-// Q4_K / Q5_K's min term as 8 FNMADDs (the rows' dmin * m_j times the f32 sum of x over sub-block j).
+// Q4_K / Q5_K's min term as 8 FNMADDs (the rows' dmin * m_j times qsum, the sum of the quantized
+// activations over sub-block j: llama.cpp's and the decode GEMV's min term, dmin * s_x * sum_j m_j
+// B_j with B_j the integer sum of q8, whose s_x * B_j is rounded once to f32 here instead of
+// multiplying m_j by B_j in integers: that form, 4 VPMADDWD per 8 outputs on the multiply pipes the
+// main loop saturates, measured 2-8% slower on Q4_K. Before 2026-12-05 the sums were the f32 sums of
+// the unquantized x, which leave the min's share of each weight outside the activation rounding's
+// cancellation: 2.4x the decode's logits error, docs/GGUF.md "Q4_K / Q5_K min term in integers").
 // The layout along K (lanes = elements, one output per pair) paid the conversion, scale, FMA and
 // min term per output: about a quarter of its time.
 template <Kind kind, int MR, int NG>
@@ -741,7 +750,7 @@ HANPU_PREFILL_AVX2 void block_kquant_rl(const Tile& t, const ActivationRows& a, 
         __m256 mv[NG];
         for (int g = 0; g < NG; ++g) mv[g] = _mm256_load_ps(t.mins + ((g * nsb + i) * 8 + j) * 8);
         for (int m = 0; m < MR; ++m) {
-          const __m256 xsum = _mm256_broadcast_ss(a.sum.data() + (m0 + m) * (K / 32) + 8 * i + j);
+          const __m256 xsum = _mm256_broadcast_ss(a.qsum.data() + (m0 + m) * (K / 32) + 8 * i + j);
           for (int g = 0; g < NG; ++g) f[m][g] = _mm256_fnmadd_ps(mv[g], xsum, f[m][g]);
         }
       }
@@ -864,16 +873,24 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.q8.resize(static_cast<size_t>(M * K + 63));
   a.xq8 = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(a.q8.data()) + 63) & ~uintptr_t{63});
   a.scale.resize(static_cast<size_t>(M * (K / a.block)));
-  a.sum.resize(static_cast<size_t>(M * (K / 32)));
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
   const bool widen = type == gguf::GgmlType::Q8_0;
+  const bool min_term = type == gguf::GgmlType::Q4_K || type == gguf::GgmlType::Q5_K;
   if (widen) a.x16.resize(static_cast<size_t>(M * K));
+  if (min_term) a.qsum.resize(static_cast<size_t>(M * (K / 32)));
   {
     const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, M));
     engine.impl().run(parts, [&](int p, Workspace&) {
-      for (int64_t m = M * p / parts; m < M * (p + 1) / parts; ++m)
+      for (int64_t m = M * p / parts; m < M * (p + 1) / parts; ++m) {
+        // no f32 sums of x (nullptr): every form here takes its sums from the quantized q8
+        const float* xs = a.scale.data() + m * (K / a.block);
+        const int16_t* b16 = a.bsum16.data() + m * (K / 16);
         gguf_avx2::quantize_activation_row(x + m * ldx, K, a.block, a.xq8 + m * K, a.scale.data() + m * (K / a.block),
-                     a.sum.data() + m * (K / 32), a.bsum16.data() + m * (K / 16));
+                                           nullptr, a.bsum16.data() + m * (K / 16));
+        if (min_term)  // the K-quants' activation block is 256: 8 sub-blocks of 32 per scale
+          for (int64_t j = 0; j < K / 32; ++j)
+            a.qsum[static_cast<size_t>(m * (K / 32) + j)] = xs[j / 8] * static_cast<float>(b16[2 * j] + b16[2 * j + 1]);
+      }
       if (widen) widen_rows(a, M * p / parts, M * (p + 1) / parts);
     });
   }
