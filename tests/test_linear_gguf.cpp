@@ -85,18 +85,6 @@ Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed, bool extre
   return W;
 }
 
-std::vector<float> make_x(int64_t K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nrm(0.f, 1.f);
-  std::uniform_real_distribution<float> mag(-6.f, 3.f);
-  std::vector<float> x(static_cast<size_t>(K));
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const float s = std::pow(10.f, mag(rng));  // blocks of very different magnitudes
-    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(b * 32 + j)] = b % 7 == 3 ? 0.f : s * nrm(rng);
-  }
-  return x;
-}
-
 // Both the decode GEMV and the integer prefill (since 2026-12-05 its Q4_K / Q5_K min term, too, is
 // taken from the integer sums of the quantized activations) meet these bounds.
 void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
@@ -147,7 +135,7 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
     SCOPED_TRACE("K = " + std::to_string(K));
     const int64_t N = 37;
     const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K));
-    const std::vector<float> x = make_x(K, static_cast<uint32_t>(K + 1));
+    const std::vector<float> x = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(K + 1));
     GgufActivations xa;
     hanpu::cpu::gguf_quantize_activations(x.data(), K, hanpu::cpu::gguf_activation_block(t), xa);
     std::vector<float> y(static_cast<size_t>(N), -1.f);
@@ -189,7 +177,7 @@ TEST_P(GgufLinearRows, PrefillAndDecodeRowsWithinTheirBounds) {
                    std::to_string(lin.prefill_is_integer()));
       std::vector<float> x(static_cast<size_t>(M * (K + 3)));
       for (int64_t m = 0; m < M; ++m) {
-        const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 31 + K));
+        const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 31 + K));
         std::copy(xr.begin(), xr.end(), x.begin() + m * (K + 3));
       }
       const int64_t ldy = N + 5;
@@ -250,7 +238,7 @@ TEST_P(GgufIntPrefill, EveryRowWithinTheGemvBounds) {
         const int64_t ldx = K + 5, ldy = N + 3;
         std::vector<float> x(static_cast<size_t>(M * ldx), 1e30f);  // padding that would show if read
         for (int64_t m = 0; m < M; ++m) {
-          const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 17 + K));
+          const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 17 + K));
           std::copy(xr.begin(), xr.end(), x.begin() + m * ldx);
         }
         std::vector<float> y(static_cast<size_t>(M * ldy), -7.f);
@@ -288,7 +276,7 @@ TEST_P(GgufIntPrefill, GgufLinearSettingSelectsThePath) {
   hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "test");
   std::vector<float> x(static_cast<size_t>(M * K));
   for (int64_t m = 0; m < M; ++m) {
-    const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m + 5));
+    const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m + 5));
     std::copy(xr.begin(), xr.end(), x.begin() + m * K);
   }
   hanpu::Engine engine(2);
@@ -316,7 +304,7 @@ TEST(GgufIntPrefillQuantizer, SameBitsAsTheScalarQuantizer) {
   if (!hanpu::cpu::gguf_int_prefill_available(GgmlType::Q4_K)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
   for (int64_t block : {int64_t{32}, int64_t{256}}) {
     const int64_t K = 2048;
-    std::vector<float> x = make_x(K, static_cast<uint32_t>(block));
+    std::vector<float> x = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(block));
     // block 1: exact halves (amax 127 makes d = 1: x = k + 0.5 is a tie of roundf), both signs
     for (int64_t j = 0; j < block; ++j) x[block + j] = (j % 2 ? -1.f : 1.f) * (static_cast<float>(j % 120) + 0.5f);
     x[block] = 127.f;
@@ -386,7 +374,7 @@ TEST(GgufGemvErrors, NonFiniteActivationsGiveNaN) {
   for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
     const Weights W = make_weights(t, 3, 512, 9);
     for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-      std::vector<float> x = make_x(512, 10);
+      std::vector<float> x = hanpu::testing::gguf_test_activations(512, 10);
       x[300] = bad;
       GgufActivations xa;
       hanpu::cpu::gguf_quantize_activations(x.data(), 512, hanpu::cpu::gguf_activation_block(t), xa);

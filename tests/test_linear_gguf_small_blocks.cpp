@@ -88,19 +88,6 @@ Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed, bool extre
   return W;
 }
 
-// Blocks of 32 of very different magnitudes (1e-6 .. 1e3), every seventh block zero.
-std::vector<float> make_x(int64_t K, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nrm(0.f, 1.f);
-  std::uniform_real_distribution<float> mag(-6.f, 3.f);
-  std::vector<float> x(static_cast<size_t>(K));
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const float s = std::pow(10.f, mag(rng));
-    for (int j = 0; j < 32; ++j) x[static_cast<size_t>(b * 32 + j)] = b % 7 == 3 ? 0.f : s * nrm(rng);
-  }
-  return x;
-}
-
 // The two bounds above for every row of y, and that some row comes near its bound (a bound far
 // above every error would pass anything).
 void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
@@ -158,7 +145,7 @@ TEST_P(SmallBlockGemv, WithinDerivedBoundOfFp64) {
     for (int64_t K : std::vector<int64_t>{be, 3 * be, 1024, 4096}) {
       const int64_t N = 37;
       const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + extreme), extreme);
-      const std::vector<float> x = make_x(K, static_cast<uint32_t>(K + 1));
+      const std::vector<float> x = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(K + 1));
       GgufActivations xa;
       hanpu::cpu::gguf_quantize_activations(x.data(), K, hanpu::cpu::gguf_activation_block(t), xa);
       for (SmallBlockForm form : forms()) {
@@ -290,7 +277,7 @@ TEST_P(SmallBlockLinear, DecodeAndPrefillRowsWithinTheirBounds) {
       SCOPED_TRACE("K = " + std::to_string(K) + ", M = " + std::to_string(M));
       std::vector<float> x(static_cast<size_t>(M * (K + 3)));
       for (int64_t m = 0; m < M; ++m) {
-        const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 31 + K));
+        const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 31 + K));
         std::copy(xr.begin(), xr.end(), x.begin() + m * (K + 3));
       }
       const int64_t ldy = N + 5;
@@ -346,7 +333,7 @@ TEST_P(SmallBlockIntPrefill, EveryRowWithinTheGemvBounds) {
         const int64_t ldx = K + 5, ldy = N + 3;
         std::vector<float> x(static_cast<size_t>(M * ldx));
         for (int64_t m = 0; m < M; ++m) {
-          const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m * 17 + K));
+          const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 17 + K));
           std::copy(xr.begin(), xr.end(), x.begin() + m * ldx);
         }
         std::vector<float> y(static_cast<size_t>(M * ldy), -7.f);
@@ -403,7 +390,7 @@ TEST_P(SmallBlockIntPrefill, GgufLinearSettingSelectsThePath) {
   const Weights W = make_weights(t, N, K, 21);
   std::vector<float> x(static_cast<size_t>(M * K));
   for (int64_t m = 0; m < M; ++m) {
-    const std::vector<float> xr = make_x(K, static_cast<uint32_t>(m + 3));
+    const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m + 3));
     std::copy(xr.begin(), xr.end(), x.begin() + m * K);
   }
   hanpu::Engine engine(2);
@@ -428,7 +415,7 @@ TEST(SmallBlockGemvErrors, NonFiniteActivationsGiveNaN) {
   for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::IQ4_XS}) {
     const Weights W = make_weights(t, 3, 512, 9);
     for (float bad : {std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()}) {
-      std::vector<float> x = make_x(512, 10);
+      std::vector<float> x = hanpu::testing::gguf_test_activations(512, 10);
       x[300] = bad;
       GgufActivations xa;
       hanpu::cpu::gguf_quantize_activations(x.data(), 512, hanpu::cpu::gguf_activation_block(t), xa);
