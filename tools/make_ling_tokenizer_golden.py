@@ -75,18 +75,7 @@ def main():
     vocab = tok.get_vocab(with_added_tokens=True)
     expected = {"tokenizers_version": tokenizers.__version__, "python_version": sys.version.split()[0],
                 "split_regex": LING_REGEX, "vocab_size": max(vocab.values()) + 1, "cases": cases}
-    with open(out / "expected.json", "w", encoding="utf-8") as f:
-        f.write("{\n")
-        for i, (key, value) in enumerate(expected.items()):
-            sep = "," if i + 1 < len(expected) else ""
-            if key == "cases":
-                f.write(f' "{key}": [\n')
-                for j, case in enumerate(value):
-                    f.write("  " + json.dumps(case, ensure_ascii=False) + ("," if j + 1 < len(value) else "") + "\n")
-                f.write(f" ]{sep}\n")
-            else:
-                f.write(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{sep}\n")
-        f.write("}\n")
+    base.write_expected(out / "expected.json", expected)
     print(f"wrote {out}: {len(vocab)} tokens, {len(cases)} cases, tokenizers {tokenizers.__version__}")
 
 

@@ -235,6 +235,23 @@ def encode_both(tok, text):
     return ids, ids_plain
 
 
+def write_expected(path, expected):
+    """Writes a golden's expected.json one case per line: compact, yet a changed case shows as a
+    one-line diff. Also used by make_ling_tokenizer_golden.py."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("{\n")
+        for i, (key, value) in enumerate(expected.items()):
+            sep = "," if i + 1 < len(expected) else ""
+            if key == "cases":
+                f.write(f' "{key}": [\n')
+                for j, case in enumerate(value):
+                    f.write("  " + json.dumps(case, ensure_ascii=False) + ("," if j + 1 < len(value) else "") + "\n")
+                f.write(f" ]{sep}\n")
+            else:
+                f.write(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{sep}\n")
+        f.write("}\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent.parent / "tests/golden/tokenizer"))
@@ -303,19 +320,7 @@ def main():
         "cases": cases,
         "token_bytes_hex": token_bytes,
     }
-    # One case per line: compact, yet a changed case shows as a one-line diff.
-    with open(out / "expected.json", "w", encoding="utf-8") as f:
-        f.write("{\n")
-        for i, (key, value) in enumerate(expected.items()):
-            sep = "," if i + 1 < len(expected) else ""
-            if key == "cases":
-                f.write(f' "{key}": [\n')
-                for j, case in enumerate(value):
-                    f.write("  " + json.dumps(case, ensure_ascii=False) + ("," if j + 1 < len(value) else "") + "\n")
-                f.write(f" ]{sep}\n")
-            else:
-                f.write(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{sep}\n")
-        f.write("}\n")
+    write_expected(out / "expected.json", expected)
     print(f"wrote {out}/tokenizer.json ({len(vocab)} tokens) and expected.json ({len(cases)} cases), "
           f"tokenizers {tokenizers.__version__}")
 
