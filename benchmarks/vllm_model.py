@@ -13,7 +13,7 @@ recurrent state as the published config asks with mamba_ssm_dtype) and random bf
 (transformers' initialisation). One request (or --concurrent N submitted together, every
 request's tokens counted): a prompt of --prompt random tokens, timed as a
 generate() of one token (prefill), then as a generate() of 1 + --decode tokens, whose extra time
-over the first is the decode (--time-gdn: also the GDN core's time in each). Eager mode (enforce_eager) for both sides: vLLM's compiled mode
+over the first is the decode (--time-gdn: also the GDN core's time in each, per call). Eager mode (enforce_eager) for both sides: vLLM's compiled mode
 first compiles with inductor for minutes on 2 cores. Prints one JSON line (tokens/s, medians
 of --repeats).
 """
@@ -129,8 +129,8 @@ def make_checkpoint(path):
     print(f"wrote {path}")
 
 
-def time_gdn_core(acc):
-    """Sums the time of the GDN core into acc: vLLM's `_cpu_gdn_attention_nonspec` without the
+def time_gdn_core(calls):
+    """Appends the time of each call of the GDN core to `calls`: vLLM's `_cpu_gdn_attention_nonspec` without the
     plugin, the plugin's `gdn_attention_core` with it (both include vLLM's convolution). Both are
     looked up as module globals at each call, so replacing them times every layer."""
     if os.environ.get("HANPU_VLLM", "1") == "0":
@@ -146,7 +146,7 @@ def time_gdn_core(acc):
         try:
             return inner(*args, **kwargs)
         finally:
-            acc[0] += time.perf_counter() - t0
+            calls.append(time.perf_counter() - t0)
 
     setattr(module, name, timed)
 
@@ -159,7 +159,7 @@ def run(path, prompt_len, decode, repeats, time_gdn, concurrent=1):
 
     from vllm import LLM, SamplingParams
 
-    gdn = [0.0]
+    gdn = []  # seconds of each GDN-core call of the current generate()
     if time_gdn:  # in-process engines only (VLLM_ENABLE_V1_MULTIPROCESSING=0)
         time_gdn_core(gdn)
 
@@ -174,10 +174,10 @@ def run(path, prompt_len, decode, repeats, time_gdn, concurrent=1):
         prompts = [{"prompt_token_ids": [rng.randrange(1000, vocab) for _ in range(prompt_len)]}
                    for _ in range(concurrent)]
         params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-        gdn[0] = 0.0
+        gdn.clear()
         t0 = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - t0, gdn[0]
+        return time.perf_counter() - t0, list(gdn)
 
     once(2)  # warm-up
     prefill, total = [], []
@@ -190,9 +190,17 @@ def run(path, prompt_len, decode, repeats, time_gdn, concurrent=1):
               "concurrent": concurrent, "prefill_tokens_per_s": concurrent * prompt_len / p,
               "decode_tokens_per_s": concurrent * decode / d,
               "prefill_s": [t for t, _ in prefill], "generate_s": [t for t, _ in total]}
-    if time_gdn:  # per repeat: the GDN core's seconds in the prefill, and in the decode tokens
-        result["gdn_prefill_s"] = [g for _, g in prefill]
-        result["gdn_decode_s"] = [g1 - g0 for (_, g0), (_, g1) in zip(prefill, total)]
+    if time_gdn:
+        # Per repeat: the GDN core's seconds in the prefill-only generate(), and in the calls of the
+        # longer generate() after as many calls as the prefill made (its decode steps; counting calls
+        # rather than subtracting two runs' sums keeps the prefill's spread out of the decode figure).
+        result["gdn_prefill_s"] = [sum(g) for _, g in prefill]
+        result["gdn_decode_s"] = [sum(g1[len(g0):]) for (_, g0), (_, g1) in zip(prefill, total)]
+        decode_calls = [len(g1) - len(g0) for (_, g0), (_, g1) in zip(prefill, total)]
+        result["gdn_decode_calls"] = decode_calls
+        result["gdn_decode_call_us"] = statistics.median(
+            1e6 * sum(g1[len(g0):]) / max(1, len(g1) - len(g0)) for (_, g0), (_, g1) in zip(prefill, total))
+        result["gdn_prefill_calls"] = [len(g) for _, g in prefill]
     print(json.dumps(result))
 
 
