@@ -171,6 +171,24 @@ TEST(ModelCli, BenchModelJsonRows) {
   }
 }
 
+TEST(ModelCli, BenchModelLabelsAGgufFilesWeights) {
+  // A GGUF file runs its own block formats: the row says so, and its bytes per weight are the
+  // file's (the tiny Qwen3.5 in Q8_0: 34 bytes per 32 weights, F32 norms and an F16 embedding
+  // beside them), not --weights' default bf16's 2.
+  TempDir tmp;
+  const std::string file = (hanpu::testing::golden_dir().parent_path() / "data" / "gguf" / "qwen35_tiny-q8_0.gguf").string();
+  const RunResult r = run_hanpu(tmp, "bench-model --model " + quote(file) + " -p 8 --threads 1 --decode-tokens 2 --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const nlohmann::json row = nlohmann::json::parse(r.out.substr(0, r.out.find('\n')));
+  EXPECT_EQ(row["weights"], "gguf");
+  EXPECT_GT(row["weight_bytes_per_parameter"].get<double>(), 34.0 / 32 - 1e-9);
+  EXPECT_LT(row["weight_bytes_per_parameter"].get<double>(), 2.0);
+  // A safetensors golden keeps the --weights label.
+  const RunResult g = run_hanpu(tmp, "bench-model --model " + quote(tiny()) + " -p 8 --threads 1 --decode-tokens 2 --json");
+  ASSERT_EQ(g.code, 0) << g.err;
+  EXPECT_EQ(nlohmann::json::parse(g.out.substr(0, g.out.find('\n')))["weights"], "bf16");
+}
+
 TEST(ModelCli, BenchModelSyntheticFromAConfigJson) {
   // Random weights of the shapes any family's config.json gives (here the Ling golden's).
   TempDir tmp;

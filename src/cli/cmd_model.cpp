@@ -436,7 +436,10 @@ void run_bench_model(const BenchModelArgs& a) {
         {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
         {"isa", isa_selection().target},
-        {"weights", a.weights.weights},
+        // A GGUF file runs its own block formats whatever --weights says (its default "bf16" would
+        // mislabel the row); the bytes per weight tell the formats' mix.
+        {"weights", model::is_gguf_path(a.model_dir) ? std::string("gguf") : a.weights.weights},
+        {"weight_bytes_per_parameter", proj_work.bytes_per_weight},
         {"int8_group", a.weights.int8() ? a.weights.int8_group : 0},
     };
     if (a.json) {
