@@ -88,42 +88,7 @@ Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed, bool extre
 // Both the decode GEMV and the integer prefill (since 2026-12-05 its Q4_K / Q5_K min term, too, is
 // taken from the integer sums of the quantized activations) meet these bounds.
 void check(const Weights& W, const std::vector<float>& x, const std::vector<float>& y) {
-  GgufActivations xa;
-  hanpu::cpu::gguf_quantize_activations(x.data(), W.K, hanpu::cpu::gguf_activation_block(W.type), xa);
-  const int64_t K = W.K, nsub = K / 32;
-  // The quantizer: |x - x~| <= s/2 (one rounding of x * (1/s) adds at most 2^-23 relative).
-  std::vector<double> xt(static_cast<size_t>(K));
-  for (int64_t k = 0; k < K; ++k) {
-    const double s = xa.scale[static_cast<size_t>(k / xa.block)];
-    xt[static_cast<size_t>(k)] = s * xa.q[static_cast<size_t>(k)];
-    ASSERT_LE(std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]), s * (0.5 + 128 * 0x1p-23)) << k;
-  }
-  const double u = 0x1p-24;
-  int tight = 0;
-  for (int64_t n = 0; n < W.N; ++n) {
-    double y_ref = 0, y_act = 0, e_act = 0, t_scale = 0, t_min = 0;
-    for (int64_t k = 0; k < K; ++k) {
-      const size_t i = static_cast<size_t>(n * K + k);
-      y_ref += static_cast<double>(W.w[i]) * x[static_cast<size_t>(k)];
-      y_act += static_cast<double>(W.w[i]) * xt[static_cast<size_t>(k)];
-      e_act += std::abs(static_cast<double>(W.w[i])) * std::abs(x[static_cast<size_t>(k)] - xt[static_cast<size_t>(k)]);
-      t_scale += std::abs(static_cast<double>(W.w_scale[i]) * xt[static_cast<size_t>(k)]);
-    }
-    if (!W.min_term.empty()) {
-      for (int64_t j = 0; j < nsub; ++j) {
-        const double mt = W.min_term[static_cast<size_t>(n * nsub + j)];
-        double xt_sum = 0;  // exact: 32 multiples of one scale with integer factors below 2^12
-        for (int l = 0; l < 32; ++l) xt_sum += xt[static_cast<size_t>(j * 32 + l)];
-        t_min += std::abs(mt * xt_sum);
-      }
-    }
-    const double e_f32 = 2 * u * (static_cast<double>(nsub) + 8) * (t_scale + t_min);
-    const double got = y[static_cast<size_t>(n)];
-    ASSERT_LE(std::abs(got - y_act), e_f32) << "row " << n << " y " << got << " y_act " << y_act;
-    ASSERT_LE(std::abs(got - y_ref), e_act + e_f32) << "row " << n << " y " << got << " y_ref " << y_ref;
-    tight += std::abs(got - y_ref) > 1e-3 * (e_act + e_f32);
-  }
-  EXPECT_GT(tight, 0) << "every error far below its bound: is the bound derived from the right arithmetic?";
+  hanpu::testing::expect_within_integer_kernel_bounds(W.type, W.N, W.K, W.w, W.w_scale, W.min_term, x, y);
 }
 
 class GgufGemv : public ::testing::TestWithParam<GgmlType> {};
