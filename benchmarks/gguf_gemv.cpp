@@ -2,14 +2,18 @@
 // bandwidth measured in the same run (measure_host, src/cpu/host.cpp), docs/GGUF.md.
 //
 //   gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] [--cases lm_head,mlp,in-cache]
+//             [--layout file|lanes]
 //
 // --types: the GGML types to run (default Q8_0, Q4_K, Q5_K, Q6_K; any type with a GEMV kernel,
-// e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS). --cases: which of the shapes below.
+// e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS). --cases: which of the shapes below (default the first
+// three). --layout lanes: the weights repacked into the row-lane layout (gguf_pack_row_lanes, Q4_K
+// only) and run by gguf_gemv_lanes; GB/s still counts the file's bytes (the layout holds 2.8% more).
 //
 // Columns: median wall time per call and its GB/s of weight blocks (and % of the bandwidth), the
 // best call, and GB/s over the CPU time the threads got (see below).
 //
-// Shapes: the Qwen LM head 151936 x 1024 and an MLP projection 3584 x 1024. A matrix smaller than
+// Shapes: the Qwen LM head 151936 x 1024 and an MLP projection 3584 x 1024; lm_head_q35 (Qwen3.5's
+// 248320 x 1024) and mlp_down (1024 x 3584) on request. A matrix smaller than
 // 256 MiB is replicated and the copies are used in turn, so every call reads its weights from DRAM
 // (not from a cache that held the previous call's). Weight bytes are random with f16 scales in
 // [-0.05, 0.05]; the numbers do not depend on the values.
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
   int threads = 0, reps = 15;
   std::vector<GgmlType> types{GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
   std::string cases = "lm_head,mlp,in-cache";
+  bool lanes = false;
   auto listed = [](const std::string& list, const std::string& name) {
     return ("," + list + ",").find("," + name + ",") != std::string::npos;
   };
@@ -67,9 +72,11 @@ int main(int argc, char** argv) {
       }
     }
     else if (a == "--cases") cases = argv[i + 1];
+    else if (a == "--layout" && (std::string(argv[i + 1]) == "file" || std::string(argv[i + 1]) == "lanes"))
+      lanes = std::string(argv[i + 1]) == "lanes";
     else {
       std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] "
-                           "[--cases lm_head,mlp,in-cache]\n");
+                           "[--cases lm_head,mlp,in-cache,lm_head_q35,mlp_down] [--layout file|lanes]\n");
       return 2;
     }
   }
@@ -77,8 +84,8 @@ int main(int argc, char** argv) {
   threads = engine.threads();
   const hanpu::HostMeasurement host = hanpu::measure_host(threads, 1.0);
   const char* hp = std::getenv("HANPU_GGUF_BENCH_HUGEPAGES");
-  std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run); weights in %s\n",
-              hanpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs,
+  std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run); %s layout; weights in %s\n",
+              hanpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs, lanes ? "row-lane" : "file",
               hp && std::string(hp) == "0" ? "4 KiB pages" : "memory advised for huge pages");
   std::printf("%-6s %-9s %-12s %6s %10s %9s %8s %9s %8s %9s\n", "type", "case", "shape", "copies", "us/call",
               "GB/s W", "% of bw", "best GB/s", "% of bw", "cpu GB/s");
@@ -90,16 +97,22 @@ int main(int argc, char** argv) {
   std::mt19937 rng(34);
   for (GgmlType t : types) {
     for (const Shape& s : {Shape{"lm_head", 151936, 1024, true}, Shape{"mlp", 3584, 1024, true},
-                           Shape{"in-cache", 256, 1024, false}}) {
+                           Shape{"in-cache", 256, 1024, false}, Shape{"lm_head_q35", 248320, 1024, true},
+                           Shape{"mlp_down", 1024, 3584, true}}) {
       const auto& f = hanpu::gguf::block_format(t);
       if (!listed(cases, s.name)) continue;
+      if (lanes && !hanpu::cpu::gguf_row_lanes_available(t, s.N)) {
+        std::fprintf(stderr, "gguf_gemv: --layout lanes: no row-lane form for %s here\n", f.name);
+        return 2;
+      }
       const int64_t nb = s.N * s.K / f.block_elems;
       const size_t bytes = static_cast<size_t>(nb * f.block_bytes);
       const size_t copies = s.from_dram ? std::max<size_t>(1, (size_t{256} << 20) / bytes) : 1;
       // Weights in memory advised for transparent huge pages, as measure_host's probe buffer is
       // (HANPU_GGUF_BENCH_HUGEPAGES=0: plain 4 KiB pages, as a file mapping gets).
       const bool huge = !std::getenv("HANPU_GGUF_BENCH_HUGEPAGES") || std::string(std::getenv("HANPU_GGUF_BENCH_HUGEPAGES")) != "0";
-      const size_t total = bytes * copies;
+      const size_t stride = lanes ? hanpu::cpu::gguf_row_lanes_bytes(t, s.N, s.K) : bytes;  // per copy
+      const size_t total = stride * copies;
       void* mem = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (mem == MAP_FAILED) {
         std::fprintf(stderr, "gguf_gemv: cannot allocate %zu bytes\n", total);
@@ -122,20 +135,29 @@ int main(int argc, char** argv) {
         if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q4_1 || t == GgmlType::Q5_1)
           std::memcpy(w.data() + c * f.block_bytes + 2, &d, 2);  // dmin / m
       }
+      if (lanes) {  // pack each copy in place, from its end down (stride >= bytes)
+        std::vector<uint8_t> tmp(bytes);
+        for (size_t c = copies; c-- > 0;) {
+          std::memcpy(tmp.data(), w.data() + c * bytes, bytes);
+          hanpu::cpu::gguf_pack_row_lanes(t, tmp.data(), s.N, s.K, w.data() + c * stride);
+        }
+      }
+      auto run = [&](size_t c, const float* xv, float* yv) {
+        if (lanes) hanpu::cpu::gguf_gemv_lanes(engine, t, w.data() + c * stride, s.N, s.K, xv, yv);
+        else hanpu::cpu::gguf_gemv(engine, t, w.data() + c * bytes, s.N, s.K, xv, yv);
+      };
       std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
       std::normal_distribution<float> nrm(0.f, 1.f);
       for (float& v : x) v = nrm(rng);
       // warm-up over every copy (page faults, the pool), then timed calls: median per call
-      for (size_t c = 0; c < copies; ++c)
-        hanpu::cpu::gguf_gemv(engine, t, w.data() + c * bytes, s.N, s.K, x.data(), y.data());
+      for (size_t c = 0; c < copies; ++c) run(c, x.data(), y.data());
       std::vector<double> per_call, cpu_per_call;
       const int calls = s.from_dram ? static_cast<int>(std::max<size_t>(copies, static_cast<size_t>(reps))) : 20 * reps;
       for (int r = 0; r < calls; ++r) {
         timespec c0, c1;
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         const auto t0 = std::chrono::steady_clock::now();
-        hanpu::cpu::gguf_gemv(engine, t, w.data() + (static_cast<size_t>(r) % copies) * bytes, s.N, s.K, x.data(),
-                              y.data());
+        run(static_cast<size_t>(r) % copies, x.data(), y.data());
         per_call.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
         cpu_per_call.push_back(static_cast<double>(c1.tv_sec - c0.tv_sec) + 1e-9 * static_cast<double>(c1.tv_nsec - c0.tv_nsec));

@@ -119,6 +119,53 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
 INSTANTIATE_TEST_SUITE_P(Types, GgufGemv, ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 
+// The row-lane layout (linear_gguf_row_lanes.cpp): the packing is a permutation of the file's
+// bits (unpacking gives every row back bit for bit), and its GEMV meets check()'s bounds: row
+// counts with and without a tail past the last group of 8, one to 16 super-blocks, extreme scales.
+TEST(GgufGemvRowLanes, SameRowsBackAndWithinDerivedBoundOfFp64) {
+  const GgmlType t = GgmlType::Q4_K;
+  if (!hanpu::cpu::gguf_row_lanes_available(t, 8)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  EXPECT_FALSE(hanpu::cpu::gguf_row_lanes_available(t, 7));
+  EXPECT_FALSE(hanpu::cpu::gguf_row_lanes_available(GgmlType::Q8_0, 64));
+  hanpu::Engine engine(2);
+  for (int64_t K : std::vector<int64_t>{256, 768, 1024, 4096})
+    for (int64_t N : std::vector<int64_t>{8, 9, 15, 16, 37, 67})
+      for (bool extreme : {false, true}) {
+        SCOPED_TRACE("K = " + std::to_string(K) + ", N = " + std::to_string(N) + (extreme ? ", extreme scales" : ""));
+        const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K * 131 + N), extreme);
+        std::vector<uint8_t> packed(hanpu::cpu::gguf_row_lanes_bytes(t, N, K));
+        hanpu::cpu::gguf_pack_row_lanes(t, W.bytes.data(), N, K, packed.data());
+        std::vector<uint8_t> back(W.bytes.size(), 0xAB);
+        hanpu::cpu::gguf_unpack_row_lanes(t, packed.data(), N, K, 0, N, back.data());
+        ASSERT_EQ(back, W.bytes);
+        const int64_t rb = static_cast<int64_t>(W.bytes.size()) / N;  // a range starting inside a group
+        std::vector<uint8_t> some(static_cast<size_t>(2 * rb));
+        hanpu::cpu::gguf_unpack_row_lanes(t, packed.data(), N, K, N - 2, N, some.data());
+        ASSERT_EQ(0, std::memcmp(some.data(), W.bytes.data() + (N - 2) * rb, some.size()));
+        const std::vector<float> x = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(K + N));
+        GgufActivations xa;
+        hanpu::cpu::gguf_quantize_activations(x.data(), K, 256, xa);
+        std::vector<float> y(static_cast<size_t>(N), -1.f);
+        hanpu::cpu::gguf_gemv_row_lanes(t, packed.data(), N, K, xa, y.data(), 0, N);
+        check(W, x, y);
+        // Any split into groups gives the same bits (rows are independent).
+        for (int threads : {1, 2, 5}) {
+          std::vector<float> y2(static_cast<size_t>(N), -2.f);
+          hanpu::cpu::gguf_gemv_lanes(engine, t, packed.data(), N, K, x.data(), y2.data(), threads);
+          EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << threads << " threads";
+        }
+        if (N >= 16) {  // a range from the second group on, y indexed from its first row
+          std::vector<float> y3(static_cast<size_t>(N - 8), -3.f);
+          hanpu::cpu::gguf_gemv_row_lanes(t, packed.data(), N, K, xa, y3.data(), 8, N);
+          EXPECT_EQ(0, std::memcmp(y.data() + 8, y3.data(), y3.size() * 4));
+        }
+      }
+  std::vector<uint8_t> small(static_cast<size_t>(7 * 144));
+  EXPECT_THROW(hanpu::cpu::gguf_row_lanes_bytes(t, 7, 256), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_row_lanes_bytes(t, 8, 200), hanpu::Error);
+  EXPECT_THROW(hanpu::cpu::gguf_row_lanes_bytes(GgmlType::Q6_K, 8, 256), hanpu::Error);
+}
+
 // GgufLinear (the projection a GGUF model's quantized weights run through). Prefill rows (M >=
 // kGgufPrefillRows) and types without a GEMV kernel dequantize tiles exactly and keep x in f32:
 // y = y0 + sum_k w_k x_k with every product and sum rounded once in f32, so, in any order of the

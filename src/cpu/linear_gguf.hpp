@@ -10,6 +10,7 @@
 // accumulation) against fp64 of the dequantized weights.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -64,6 +65,31 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
 /// evenly.
 void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
                int threads = 0);
+
+/// Row lanes: a load-time layout of Q4_K weights for the decode GEMV (linear_gguf_row_lanes.cpp):
+/// groups of 8 rows, lane r of every vector row r, so one broadcast of 4 activation bytes feeds 8
+/// rows' multiply-adds and the f32 tail runs once per super-block for 8 rows. Per group and
+/// super-block a tile of 1184 bytes (the file's 8 x 144 = 1152, with the 6-bit scales and mins
+/// widened to bytes); the N % 8 rows past the last group follow in the file's layout. Whether it
+/// applies: Q4_K, N >= 8 and the AVX2 forms may run (gguf_avx2_forms_allowed).
+bool gguf_row_lanes_available(gguf::GgmlType t, int64_t N);
+/// Bytes of the row-lane layout of [N, K]. The functions below throw hanpu::Error for a type other
+/// than Q4_K, N < 8 or K not a positive multiple of 256.
+size_t gguf_row_lanes_bytes(gguf::GgmlType t, int64_t N, int64_t K);
+/// Writes the row-lane layout of `blocks` (N rows of the file's layout) to `out`
+/// (gguf_row_lanes_bytes of it; no alignment needed).
+void gguf_pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, void* out);
+/// Rows [n0, n1) of a row-lane layout back in the file's layout (bit for bit), at `out`.
+void gguf_unpack_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int64_t K, int64_t n0, int64_t n1,
+                           void* out);
+/// y[n - n0] = dot(row n, x) for n in [n0, n1) over a row-lane layout; n0 and n1 multiples of 8 or
+/// within the rows past the last group. The same value as gguf_gemv_rows up to the f32 summation
+/// order (the same bound). Throws hanpu::Error where gguf_row_lanes_available is false.
+void gguf_gemv_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int64_t K, const GgufActivations& x,
+                         float* y, int64_t n0, int64_t n1);
+/// The whole y = W x over a row-lane layout on `engine`'s threads (groups split evenly).
+void gguf_gemv_lanes(Engine& engine, gguf::GgmlType t, const void* packed, int64_t N, int64_t K, const float* x,
+                     float* y, int threads = 0);
 
 /// Rows of x from which GgufLinear (hanpu/linear.hpp) dequantizes weight tiles instead of streaming the blocks once per
 /// row: at 4 rows the GEMV has read the weights 4 times (placeholder until the prefill kernels are
