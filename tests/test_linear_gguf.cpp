@@ -166,6 +166,55 @@ TEST(GgufGemvRowLanes, SameRowsBackAndWithinDerivedBoundOfFp64) {
   EXPECT_THROW(hanpu::cpu::gguf_row_lanes_bytes(GgmlType::Q6_K, 8, 256), hanpu::Error);
 }
 
+// GgufLinear on the row-lane layout: decode rows run the row-lane GEMV (check()'s bounds), prefill
+// rows put each tile's rows back in the file's layout, so both prefill paths give the file
+// layout's bits exactly.
+TEST(GgufGemvRowLanes, GgufLinearOnRowLanes) {
+  const GgmlType t = GgmlType::Q4_K;
+  if (!hanpu::GgufLinear::row_lanes_available(t, 37)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  hanpu::Engine engine(2);
+  for (int64_t K : std::vector<int64_t>{256, 1024})
+    for (int64_t N : std::vector<int64_t>{8, 37}) {
+      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 3 * N));
+      std::vector<uint8_t> packed(hanpu::GgufLinear::row_lanes_bytes(t, N, K));
+      hanpu::GgufLinear::pack_row_lanes(t, W.bytes.data(), N, K, packed.data());
+      hanpu::GgufLinear file(t, W.bytes.data(), N, K, "file");
+      hanpu::GgufLinear lanes(t, packed.data(), N, K, "lanes", hanpu::GgufLayout::kRowLanes);
+      EXPECT_EQ(lanes.bytes(), packed.size());
+      for (hanpu::GgufPrefill mode : {hanpu::GgufPrefill::kF32Tiles, hanpu::GgufPrefill::kIntegerDot})
+        for (int64_t M : std::vector<int64_t>{1, 3, 4, 19}) {
+          file.set_prefill(mode);
+          lanes.set_prefill(mode);
+          SCOPED_TRACE("K = " + std::to_string(K) + ", N = " + std::to_string(N) + ", M = " + std::to_string(M));
+          std::vector<float> x(static_cast<size_t>(M * K));
+          for (int64_t m = 0; m < M; ++m) {
+            const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 17 + K));
+            std::copy(xr.begin(), xr.end(), x.begin() + m * K);
+          }
+          for (bool accumulate : {false, true})
+            for (int threads : {1, 2}) {
+              std::vector<float> y1(static_cast<size_t>(M * N), 0.5f), y2 = y1;
+              file.forward(engine, x.data(), K, y1.data(), N, M, threads, accumulate);
+              lanes.forward(engine, x.data(), K, y2.data(), N, M, threads, accumulate);
+              if (M >= hanpu::cpu::kGgufPrefillRows) {
+                EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4)) << "prefill, " << threads << " threads";
+              } else if (!accumulate) {
+                for (int64_t m = 0; m < M; ++m) {
+                  const std::vector<float> xr(x.begin() + m * K, x.begin() + (m + 1) * K);
+                  check(W, xr, std::vector<float>(y2.begin() + m * N, y2.begin() + (m + 1) * N));
+                }
+              } else {  // accumulate adds the same rows: one more f32 add of the non-accumulated values
+                std::vector<float> y3(static_cast<size_t>(M * N));
+                lanes.forward(engine, x.data(), K, y3.data(), N, M, threads, false);
+                for (size_t i = 0; i < y3.size(); ++i) EXPECT_EQ(y2[i], 0.5f + y3[i]) << i;
+              }
+            }
+        }
+    }
+  std::vector<uint8_t> q8(static_cast<size_t>(8 * 34));
+  EXPECT_THROW(hanpu::GgufLinear(GgmlType::Q8_0, q8.data(), 8, 32, "q8", hanpu::GgufLayout::kRowLanes), hanpu::Error);
+}
+
 // GgufLinear (the projection a GGUF model's quantized weights run through). Prefill rows (M >=
 // kGgufPrefillRows) and types without a GEMV kernel dequantize tiles exactly and keep x in f32:
 // y = y0 + sum_k w_k x_k with every product and sum rounded once in f32, so, in any order of the

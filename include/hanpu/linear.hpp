@@ -203,11 +203,27 @@ class Int8Linear final : public Linear {
 /// falls back to the f32 tiles where it has no kernel (Q4_1, Q5_0, Q5_1, CPUs without AVX2).
 enum class GgufPrefill { kAuto, kIntegerDot, kF32Tiles };
 
+/// How GgufLinear's blocks are laid out: the file's rows of blocks, or row lanes (Q4_K on AVX2: groups
+/// of 8 rows interleaved at load, the decode GEMV multiplying 8 rows per vector; docs/GGUF.md
+/// "Decode GEMV on row lanes"), written by GgufLinear::pack_row_lanes.
+enum class GgufLayout { kFile, kRowLanes };
+
 class GgufLinear final : public Linear {
  public:
   /// Throws hanpu::Error naming the weight for a type without a registry row
-  /// (weight_format_of_ggml) or a shape that is not rows of whole blocks.
-  GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name);
+  /// (weight_format_of_ggml), a shape that is not rows of whole blocks, or kRowLanes where
+  /// row_lanes_available(t, N) is false.
+  GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name,
+             GgufLayout layout = GgufLayout::kFile);
+  /// Whether a [N, K] weight of type t can take the row-lane layout here (Q4_K, N >= 8, the AVX2
+  /// forms allowed on this CPU / HANPU_ISA).
+  static bool row_lanes_available(gguf::GgmlType t, int64_t N);
+  /// The row-lane layout's bytes for [N, K] (2.8% more than the file's rows: the 6-bit scales and
+  /// mins widened to bytes), and the packing of the file's rows `blocks` into `out` (that many
+  /// bytes). Throw hanpu::Error where row_lanes_available is false or K is not whole super-blocks.
+  static size_t row_lanes_bytes(gguf::GgmlType t, int64_t N, int64_t K);
+  static void pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, void* out);
+  GgufLayout layout() const { return layout_; }
   gguf::GgmlType type() const { return type_; }
   WeightFormat format() const override { return format_; }
   int64_t out_features() const override { return N_; }
@@ -230,6 +246,7 @@ class GgufLinear final : public Linear {
 
  private:
   GgufPrefill prefill_ = GgufPrefill::kAuto;
+  GgufLayout layout_ = GgufLayout::kFile;
   gguf::GgmlType type_;
   WeightFormat format_;
   const void* blocks_;

@@ -21,6 +21,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/engine_impl.hpp"
 #include "hanpu/isa.hpp"
@@ -720,8 +721,8 @@ using namespace cpu;  // the kernels above: gguf_gemv_rows, the thresholds, the 
 
 static_assert(kGgufPrefillRows == 4, "hanpu/linear.hpp documents GgufLinear's decode rows as M < 4");
 
-GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name)
-    : type_(t), format_(WeightFormat::kQ8_0), blocks_(blocks), N_(N), K_(K), name_(std::move(name)) {
+GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, std::string name, GgufLayout layout)
+    : layout_(layout), type_(t), format_(WeightFormat::kQ8_0), blocks_(blocks), N_(N), K_(K), name_(std::move(name)) {
   const gguf::BlockFormat& bf = gguf::block_format(t);
   const std::optional<WeightFormat> f = weight_format_of_ggml(t);
   if (!bf.dequantize || !f || weight_format_info(*f).block_elems == 1)
@@ -732,17 +733,61 @@ GgufLinear::GgufLinear(gguf::GgmlType t, const void* blocks, int64_t N, int64_t 
     throw Error(name_ + ": shape [" + std::to_string(N) + ", " + std::to_string(K) + "] is not rows of whole " + bf.name +
                 " blocks of " + std::to_string(bf.block_elems));
   row_bytes_ = K / bf.block_elems * bf.block_bytes;
+  if (layout_ == GgufLayout::kRowLanes && !gguf_row_lanes_available(t, N))
+    throw Error(name_ + ": the row-lane layout needs Q4_K, at least 8 rows and the AVX2 forms (got " + bf.name + ", " +
+                std::to_string(N) + " rows" + (gguf_avx2_forms_allowed() ? "" : ", AVX2 forms not allowed here") + ")");
+}
+
+bool GgufLinear::row_lanes_available(gguf::GgmlType t, int64_t N) { return gguf_row_lanes_available(t, N); }
+
+size_t GgufLinear::row_lanes_bytes(gguf::GgmlType t, int64_t N, int64_t K) {
+  if (!gguf_row_lanes_available(t, N))
+    throw Error(std::string("GgufLinear::row_lanes_bytes: no row-lane layout for ") + gguf::block_format(t).name + " [" +
+                std::to_string(N) + ", " + std::to_string(K) + "] here");
+  return gguf_row_lanes_bytes(t, N, K);
+}
+
+void GgufLinear::pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, void* out) {
+  (void)row_lanes_bytes(t, N, K);  // the checks
+  gguf_pack_row_lanes(t, blocks, N, K, out);
 }
 
 bool GgufLinear::prefill_is_integer() const { return gguf_use_int_prefill(type_, prefill_); }
 
-size_t GgufLinear::bytes() const { return static_cast<size_t>(N_ * row_bytes_); }
+size_t GgufLinear::bytes() const {  // what a decode row streams
+  return layout_ == GgufLayout::kRowLanes ? gguf_row_lanes_bytes(type_, N_, K_) : static_cast<size_t>(N_ * row_bytes_);
+}
 
 void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
                          bool accumulate) const {
   if (M <= 0) return;
   const int nt = std::max(1, threads);
   const auto* w = static_cast<const uint8_t*>(blocks_);
+  if (M < kGgufPrefillRows && layout_ == GgufLayout::kRowLanes) {
+    // Decode rows on row lanes: the groups of 8 rows split over the threads (the N % 8 rows past
+    // the last group with the last part), y written in slices of 256 rows when accumulating.
+    GgufActivations& xa = decode_activations();
+    const int64_t groups = N_ / 8;
+    for (int64_t m = 0; m < M; ++m) {
+      gguf_quantize_activations(x + m * ldx, K_, 256, xa);
+      float* yr = y + m * ldy;
+      const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, groups));
+      engine.impl().run(parts, [&](int p, Workspace&) {
+        const int64_t n0 = groups * p / parts * 8, n1 = p + 1 == parts ? N_ : groups * (p + 1) / parts * 8;
+        if (!accumulate) {
+          gguf_gemv_row_lanes(type_, blocks_, N_, K_, xa, yr + n0, n0, n1);
+          return;
+        }
+        float part[256];
+        for (int64_t b = n0; b < n1; b += 256) {
+          const int64_t e = n1 - b <= 256 ? n1 : b + 256;  // b stays a multiple of 8 until the last slice
+          gguf_gemv_row_lanes(type_, blocks_, N_, K_, xa, part, b, e);
+          for (int64_t n = b; n < e; ++n) yr[n] += part[n - b];
+        }
+      });
+    }
+    return;
+  }
   if (M < kGgufPrefillRows && gguf_gemv_supported(type_)) {
     // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's (linear_gguf.hpp).
     GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
@@ -768,7 +813,7 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
   }
   if (gguf_use_int_prefill(type_, prefill_)) {
     // Prefill on integer dot products over activations quantized once (linear_gguf_prefill.cpp).
-    gguf_prefill_int(engine, type_, blocks_, N_, K_, x, ldx, y, ldy, M, nt, accumulate);
+    gguf_prefill_int(engine, type_, blocks_, N_, K_, x, ldx, y, ldy, M, nt, accumulate, layout_ == GgufLayout::kRowLanes);
     return;
   }
   // Prefill (or a type without a GEMV kernel): tiles of kGgufTileRows weight rows dequantized to
@@ -780,7 +825,14 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
     float* tile = ws.get<float>(kLinearPanel, static_cast<size_t>(kGgufTileRows * K_));
     for (int64_t t = tiles * p / parts; t < tiles * (p + 1) / parts; ++t) {
       const int64_t n0 = t * kGgufTileRows, nw = std::min<int64_t>(kGgufTileRows, N_ - n0);
-      gguf::dequantize(type_, w + n0 * row_bytes_, tile, nw * K_);
+      const uint8_t* rows = w + n0 * row_bytes_;
+      if (layout_ == GgufLayout::kRowLanes) {  // the tile's rows back in the file's layout first
+        thread_local std::vector<uint8_t> file_rows;
+        file_rows.resize(static_cast<size_t>(nw * row_bytes_));
+        gguf_unpack_row_lanes(type_, blocks_, N_, K_, n0, n0 + nw, file_rows.data());
+        rows = file_rows.data();
+      }
+      gguf::dequantize(type_, rows, tile, nw * K_);
       // Rows of x in blocks of kGgufRowBlock so that a block of x stays in L2 across the tile's rows.
       for (int64_t m0 = 0; m0 < M; m0 += kGgufRowBlock)
         HANPU_DISPATCH(GgufF32Tile)(tile, nw, K_, x + m0 * ldx, ldx, std::min<int64_t>(kGgufRowBlock, M - m0),

@@ -113,8 +113,11 @@ bool gguf_avx2_forms_allowed();
 /// Each y[m][n] is the decode GEMV's value for row m up to the f32 summation order, so it meets
 /// the same bound. Rows split over `threads` (<= 0: all) of `engine` by tiles of weight rows.
 /// Throws hanpu::Error where gguf_int_prefill_available(type) is false or K is not whole blocks.
+/// w_row_lanes: w is in the row-lane layout (gguf_pack_row_lanes, Q4_K): each tile's rows are
+/// put back in the file's layout (gguf_unpack_row_lanes) before the tile's unpack.
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
-                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate);
+                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
+                      bool w_row_lanes = false);
 
 /// The AVX2 activation quantizer gguf_prefill_int runs (the decode GEMV's, gguf_avx2.hpp): q8,
 /// scale, sum and bsum16 bit for bit those of gguf_quantize_activation_row_scalar. Throws hanpu::Error where the

@@ -854,7 +854,7 @@ void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t*
 }
 
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
-                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate) {
+                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate, bool w_row_lanes) {
   if (!gguf_int_prefill_available(type))
     throw Error(std::string("gguf_prefill_int: no integer prefill for GGML type ") + gguf::block_format(type).name +
                 " on this CPU / ISA selection (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, IQ4_XS with AVX2)");
@@ -906,6 +906,12 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
     for (int64_t ti = tiles * p / parts; ti < tiles * (p + 1) / parts; ++ti) {
       const int64_t n0 = ti * kGgufTileRows, nw = std::min<int64_t>(kGgufTileRows, N - n0);
       const uint8_t* rows = wb + n0 * row_bytes;
+      if (w_row_lanes) {  // a row-lane layout (linear_gguf_row_lanes.cpp): the tile's rows in the file's layout first
+        thread_local std::vector<uint8_t> file_rows;
+        file_rows.resize(static_cast<size_t>(nw) * row_bytes);
+        gguf_unpack_row_lanes(type, w, N, K, n0, n0 + nw, file_rows.data());
+        rows = file_rows.data();
+      }
       switch (type) {
         case gguf::GgmlType::Q8_0: run_tile<Kind::kQ8_0>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
         case gguf::GgmlType::Q4_K: run_tile<Kind::kQ4K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
@@ -923,7 +929,7 @@ void gguf_prefill_quantize_row(const float*, int64_t, int64_t, int8_t*, float*, 
 }
 
 void gguf_prefill_int(Engine&, gguf::GgmlType type, const void*, int64_t, int64_t, const float*, int64_t, float*,
-                      int64_t, int64_t, int, bool) {
+                      int64_t, int64_t, int, bool, bool) {
   throw Error(std::string("gguf_prefill_int: no integer prefill for GGML type ") + gguf::block_format(type).name +
               " in this build (x86-64 AVX2 only)");
 }

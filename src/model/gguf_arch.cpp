@@ -740,6 +740,41 @@ const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::str
   return owned.back().data();
 }
 
+// HANPU_GGUF_LAYOUT: how copied Q4_K projections are laid out for the decode GEMV.
+//   lanes (default): GgufLinear's row-lane layout (groups of 8 rows interleaved; the copy at load
+//     writes it instead of the file's rows: 2.8% more bytes, no second copy), where the AVX2 forms
+//     run and the projection has at least 8 rows; docs/GGUF.md "Decode GEMV on row lanes".
+//   file: the file's rows (the layout before; for comparison).
+// Only where the weights are copied anyway (gguf_weights_copied, not shmem): a mapped file stays
+// as it is.
+bool gguf_row_lanes_wanted(gguf::GgmlType type, int64_t rows) {
+  static const bool lanes = [] {
+    const char* v = std::getenv("HANPU_GGUF_LAYOUT");
+    if (v == nullptr || *v == '\0' || std::string(v) == "lanes") return true;
+    if (std::string(v) == "file") return false;
+    throw Error(std::string("HANPU_GGUF_LAYOUT: got '") + v +
+                "', expected 'lanes' (Q4_K projections in row lanes for the decode GEMV) or 'file' (the file's rows)");
+  }();
+  return lanes && GgufLinear::row_lanes_available(type, rows);
+}
+
+// kept_blocks as a BlockWeight [rows, cols]; where the blocks are copied and row_lanes_ok, the copy
+// is the row-lane layout instead (packed straight from the mapping, whose pages are then released
+// as kept_blocks releases them).
+BlockWeight kept_block_weight(gguf::GgmlType type, const std::byte* data, int64_t rows, int64_t cols, const std::string& path,
+                              std::vector<ByteBuffer>& owned, bool row_lanes_ok) {
+  const gguf::BlockFormat& bf = gguf::block_format(type);
+  const size_t bytes = static_cast<size_t>(rows * (cols / bf.block_elems) * bf.block_bytes);
+  const std::byte* kept = kept_blocks(data, bytes, path, owned);
+  if (kept == data || !row_lanes_ok || !gguf_row_lanes_wanted(type, rows)) return BlockWeight{type, kept, rows, cols};
+  // kept_blocks copied (and released the mapping's pages): pack from that copy, then drop it, so
+  // the resident set holds the packed layout only (the transient: one tensor twice)
+  ByteBuffer packed(GgufLinear::row_lanes_bytes(type, rows, cols));
+  GgufLinear::pack_row_lanes(type, kept, rows, cols, packed.data());
+  owned.back() = std::move(packed);
+  return BlockWeight{type, owned.back().data(), rows, cols, GgufLayout::kRowLanes};
+}
+
 std::vector<float> dequantized(const GgufTensorInfo& t, const std::string& path) {
   if (!gguf::block_format(t.type).dequantize)
     throw Error("GGUF file '" + path + "': tensor '" + t.name + "' has type " + gguf::block_format(t.type).name +
@@ -843,7 +878,7 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
 }
 
 std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, const std::vector<int64_t>& shape,
-                                                      std::vector<ByteBuffer>& owned) const {
+                                                      std::vector<ByteBuffer>& owned, bool row_lanes_ok) const {
   const Resolved r = resolve(hf);
   if (!r.info || is_float_type(r.info->type) || shape.size() != 2 || r.fix == Fix::kKvB) return std::nullopt;
   const GgufTensorInfo& t = *r.info;
@@ -853,7 +888,7 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
     if (t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
     const auto* base = reinterpret_cast<const std::byte*>(t.data);
     const int64_t bytes = shape[0] * shape[1] / bf.block_elems * bf.block_bytes;
-    return BlockWeight{t.type, kept_blocks(base + r.expert * bytes, static_cast<size_t>(bytes), path_, owned), shape[0], shape[1]};
+    return kept_block_weight(t.type, base + r.expert * bytes, shape[0], shape[1], path_, owned, row_lanes_ok);
   }
   const int64_t rows = shape[0], cols = shape[1];
   if (t.n_dims != 2 || t.dims[1] != file_rows(r.fix, rows) || t.dims[0] != cols) return std::nullopt;  // get() reports it
@@ -864,9 +899,7 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
   const Reorder ro = reorder_of(r.fix, config_, tiled);
   const std::vector<int64_t> rows_from = source_rows(r.fix, config_, tiled, rows);
   if (!ro.cols && rows_from.empty())
-    return BlockWeight{t.type, kept_blocks(reinterpret_cast<const std::byte*>(t.data), static_cast<size_t>(t.bytes), path_,
-                                   owned),
-                       rows, cols};
+    return kept_block_weight(t.type, reinterpret_cast<const std::byte*>(t.data), rows, cols, path_, owned, row_lanes_ok);
   const int64_t be = bf.block_elems, row_bytes = cols / be * bf.block_bytes;
   if (ro.cols && ro.head_dim % be != 0) return std::nullopt;  // a head is not whole blocks: get() dequantizes
   const int64_t nk = config_.gdn.num_key_heads, ratio = nk > 0 ? config_.gdn.num_value_heads / nk : 1;
@@ -881,6 +914,12 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
         std::memcpy(out.data() + i * row_bytes + b * bf.block_bytes, in + i * row_bytes + sb * bf.block_bytes, bf.block_bytes);
       }
     }
+  }
+  if (row_lanes_ok && gguf_row_lanes_wanted(t.type, rows)) {  // the reordered copy packed; the copy itself dropped
+    ByteBuffer packed(GgufLinear::row_lanes_bytes(t.type, rows, cols));
+    GgufLinear::pack_row_lanes(t.type, out.data(), rows, cols, packed.data());
+    owned.push_back(std::move(packed));
+    return BlockWeight{t.type, owned.back().data(), rows, cols, GgufLayout::kRowLanes};
   }
   owned.push_back(std::move(out));
   return BlockWeight{t.type, owned.back().data(), rows, cols};

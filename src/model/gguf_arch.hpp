@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hanpu/gguf_format.hpp"
+#include "hanpu/linear.hpp"  // GgufLayout
 #include "hanpu/model.hpp"
 #include "hanpu/tensor.hpp"
 #include "io/gguf.hpp"
@@ -106,6 +107,8 @@ struct BlockWeight {
   gguf::GgmlType type = gguf::GgmlType::F32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
+  /// data is in GgufLinear's row-lane layout (GgufLinear::pack_row_lanes), not the file's rows.
+  GgufLayout layout = GgufLayout::kFile;
 };
 
 /// Whether `path` names a GGUF file (a regular file ending in .gguf).
@@ -139,8 +142,11 @@ class GgufCheckpoint {
   /// A projection [out, in] as GGML blocks when the file stores it quantized (not F32/F16/BF16)
   /// and the mapping can keep it in blocks (whole-row reorders are copied into `owned`); nullopt
   /// when it must go through get() instead.
+  /// row_lanes_ok: the caller only runs the weight through GgufLinear (a projection, not an
+  /// embedding read by rows), so a copy made at load may be packed into the row-lane layout
+  /// instead (Q4_K on AVX2 where HANPU_GGUF_LAYOUT allows it; BlockWeight::layout says which).
   std::optional<BlockWeight> get_blocks(const std::string& hf_name, const std::vector<int64_t>& shape,
-                                        std::vector<ByteBuffer>& owned) const;
+                                        std::vector<ByteBuffer>& owned, bool row_lanes_ok = false) const;
 
  private:
   struct Resolved;

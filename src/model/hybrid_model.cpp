@@ -297,7 +297,8 @@ struct HybridModel::Impl {
     c.check();
     const int64_t H = c.hidden_size;
     const std::string embed_name = prefix + c.names.embed_tokens + "weight";
-    if (std::optional<model::BlockWeight> b = w.get_blocks ? w.get_blocks(embed_name, {c.vocab_size, H}) : std::nullopt)
+    // false: the embedding's rows are read on lookup, so it keeps the file's layout
+    if (std::optional<model::BlockWeight> b = w.get_blocks ? w.get_blocks(embed_name, {c.vocab_size, H}, false) : std::nullopt)
       embed_blocks = *b;  // a quantized GGUF embedding: rows dequantized on lookup
     else
       embed = w.get(embed_name, {c.vocab_size, H});
@@ -408,8 +409,8 @@ HybridModel HybridModel::load(const std::string& dir, const ModelLoadOptions& op
     model::WeightReader w;
     w.get = [&](const std::string& name, const std::vector<int64_t>& shape) { return ck->get(name, shape, im.owned); };
     w.has = [&](const std::string& name) { return ck->has(name); };
-    w.get_blocks = [&](const std::string& name, const std::vector<int64_t>& shape) {
-      return ck->get_blocks(name, shape, im.owned);
+    w.get_blocks = [&](const std::string& name, const std::vector<int64_t>& shape, bool row_lanes_ok) {
+      return ck->get_blocks(name, shape, im.owned, row_lanes_ok);
     };
     w.owned = &im.owned;
     w.load = load;

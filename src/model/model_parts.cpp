@@ -67,8 +67,8 @@ float* scratch(Workspace& ws, ScratchSlot slot, int64_t floats) {
 
 Projection WeightReader::projection(const std::string& name, int64_t out, int64_t in, bool quantizable) const {
   if (get_blocks)
-    if (const std::optional<BlockWeight> b = get_blocks(name, {out, in}))
-      return Projection(std::make_unique<GgufLinear>(b->type, b->data, out, in, name));
+    if (const std::optional<BlockWeight> b = get_blocks(name, {out, in}, true))
+      return Projection(std::make_unique<GgufLinear>(b->type, b->data, out, in, name, b->layout));
   if (get_stored && has(name + kInt8ScaleSuffix)) {
     const TensorView q = get_stored(name, {out, in});
     if (q.dtype != DType::I8)
@@ -102,12 +102,12 @@ Projection WeightReader::stacked(const std::vector<std::pair<std::string, int64_
     // GGUF: parts in GGML blocks stay where they are (each its own GgufLinear, possibly of
     // different types), side by side in one projection; float parts go through projection().
     std::vector<std::optional<BlockWeight>> blocks;
-    for (const auto& [n, out] : parts) blocks.push_back(get_blocks(n, {out, in}));
+    for (const auto& [n, out] : parts) blocks.push_back(get_blocks(n, {out, in}, true));
     if (std::any_of(blocks.begin(), blocks.end(), [](const auto& b) { return b.has_value(); })) {
       std::vector<Projection> ps;
       for (size_t i = 0; i < parts.size(); ++i) {
         const auto& [n, out] = parts[i];
-        if (blocks[i]) ps.emplace_back(std::make_unique<GgufLinear>(blocks[i]->type, blocks[i]->data, out, in, n));
+        if (blocks[i]) ps.emplace_back(std::make_unique<GgufLinear>(blocks[i]->type, blocks[i]->data, out, in, n, blocks[i]->layout));
         else ps.push_back(projection(n, out, in));
       }
       return Projection(std::move(ps));

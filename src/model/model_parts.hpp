@@ -101,7 +101,9 @@ struct WeightReader {
   std::function<void(const std::string& name)> release;
   /// GGUF checkpoints: the projection `name` [out, in] as GGML blocks when the file stores it
   /// quantized (projection() then keeps it in blocks: GgufLinear); nullopt: read it with get().
-  std::function<std::optional<BlockWeight>(const std::string& name, const std::vector<int64_t>& shape)> get_blocks;
+  /// row_lanes_ok: as GgufCheckpoint::get_blocks (true where only GgufLinear reads the blocks).
+  std::function<std::optional<BlockWeight>(const std::string& name, const std::vector<int64_t>& shape, bool row_lanes_ok)>
+      get_blocks;
 
   /// A checked weight as a projection; `quantizable` false keeps it as stored even with int8
   /// weights (MoE routers and shared-expert gates: tiny, and they decide which experts run).
