@@ -24,6 +24,7 @@
 // so a thread still reads one sequential stream; rows past the last whole group (N % 8) follow in
 // the file's layout and run the row-major kernel.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 
@@ -136,6 +137,44 @@ HANPU_LANES_AVX2 void q4k_lanes_group(const uint8_t* tiles, int64_t nb, const in
   }
   _mm256_storeu_ps(y, _mm256_sub_ps(acc, macc));
 }
+
+// The 8 rows of one tile back in the file's layout: out + r * rb is row r's block. The nibbles are
+// an 8 x 32 matrix of 32-bit words (vector w = word w of the 8 rows), transposed in 4 blocks of
+// 8 x 8 (unpack 32, unpack 64, 128-bit permutes); the scales re-encoded per row (integer pipes).
+HANPU_LANES_AVX2 void q4k_unpack_tile(const uint8_t* tile, uint8_t* out, int64_t rb) {
+  for (int r = 0; r < 8; ++r) {
+    auto& b = *reinterpret_cast<gguf::BlockQ4_K*>(out + r * rb);
+    std::memcpy(&b.d, tile + 2 * r, 2);
+    std::memcpy(&b.dmin, tile + 16 + 2 * r, 2);
+    uint8_t sc[8], m[8];
+    for (int j = 0; j < 8; ++j) {
+      sc[j] = tile[32 + 16 * (j / 2) + 2 * r + (j & 1)];
+      m[j] = tile[96 + 16 * (j / 2) + 2 * r + (j & 1)];
+    }
+    k4_pack_scales(sc, m, b.scales);
+  }
+  for (int blk = 0; blk < 4; ++blk) {
+    __m256i v[8], t[8], s[8];
+    for (int k = 0; k < 8; ++k)
+      v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + kQsOffset + 32 * (8 * blk + k)));
+    for (int k = 0; k < 8; k += 2) {
+      t[k] = _mm256_unpacklo_epi32(v[k], v[k + 1]);
+      t[k + 1] = _mm256_unpackhi_epi32(v[k], v[k + 1]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+      s[h] = _mm256_unpacklo_epi64(t[h], t[h + 2]);
+      s[h + 1] = _mm256_unpackhi_epi64(t[h], t[h + 2]);
+      s[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]);
+      s[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    for (int r = 0; r < 4; ++r) {  // s[r]: rows r (low half) and r + 4 (high half), words 8 blk .. 8 blk + 3; s[r + 4] the next 4
+      auto* q0 = out + r * rb + offsetof(gguf::BlockQ4_K, qs) + 32 * blk;
+      auto* q4 = out + (r + 4) * rb + offsetof(gguf::BlockQ4_K, qs) + 32 * blk;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q0), _mm256_permute2x128_si256(s[r], s[r + 4], 0x20));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q4), _mm256_permute2x128_si256(s[r], s[r + 4], 0x31));
+    }
+  }
+}
 #endif
 
 }  // namespace
@@ -191,7 +230,15 @@ void gguf_unpack_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int6
   const int64_t nb = K / 256, groups = N / kLaneRows, rb = row_bytes_of(t, K);
   const auto* src = static_cast<const uint8_t*>(packed);
   auto* dst = static_cast<uint8_t*>(out);
-  for (int64_t n = n0; n < n1; ++n) {
+  int64_t n = n0;
+#if HANPU_X86_KERNELS
+  if (gguf_avx2_forms_allowed())  // whole groups by the transpose
+    for (; n % kLaneRows == 0 && n + kLaneRows <= std::min(n1, groups * kLaneRows); n += kLaneRows)
+      for (int64_t i = 0; i < nb; ++i)
+        q4k_unpack_tile(src + static_cast<size_t>((n / kLaneRows) * nb + i) * kQ4KLaneTileBytes,
+                        dst + (n - n0) * rb + i * 144, rb);
+#endif
+  for (; n < n1; ++n) {
     uint8_t* row = dst + (n - n0) * rb;
     if (n >= groups * kLaneRows) {
       std::memcpy(row, src + static_cast<size_t>(groups * nb) * kQ4KLaneTileBytes + (n - groups * kLaneRows) * rb,

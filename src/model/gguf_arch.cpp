@@ -724,18 +724,27 @@ bool file_is_shmem(const std::string& path) {
   return ::statfs(path.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC;
 }
 
-// The blocks at `data` as the model keeps them: copied into huge pages (see gguf_weights_copied) or
-// left in the mapping. Files in shmem (file_is_shmem) stay in the mapping.
-const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::string& path, std::vector<ByteBuffer>& owned) {
-  if (!gguf_weights_copied() || bytes == 0 || path.rfind("/proc/self/fd/", 0) == 0 || file_is_shmem(path)) return data;
-  ByteBuffer copy(bytes);
-  std::memcpy(copy.data(), data, bytes);
-  // The file's whole pages inside the tensor leave the process (they stay in the page cache): the
-  // resident set then holds the weights once. A hint: failure leaves them mapped, nothing more.
+// Whether kept_blocks copies a tensor of `bytes` of the file at `path`.
+bool blocks_copied(size_t bytes, const std::string& path) {
+  return gguf_weights_copied() && bytes != 0 && path.rfind("/proc/self/fd/", 0) != 0 && !file_is_shmem(path);
+}
+
+// The file's whole pages inside a copied tensor leave the process (they stay in the page cache):
+// the resident set then holds the weights once. A hint: failure leaves them mapped, nothing more.
+void release_mapped(const std::byte* data, size_t bytes) {
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
   const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+// The blocks at `data` as the model keeps them: copied into huge pages (see gguf_weights_copied) or
+// left in the mapping. Files in shmem (file_is_shmem) stay in the mapping.
+const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::string& path, std::vector<ByteBuffer>& owned) {
+  if (!blocks_copied(bytes, path)) return data;
+  ByteBuffer copy(bytes);
+  std::memcpy(copy.data(), data, bytes);
+  release_mapped(data, bytes);
   owned.push_back(std::move(copy));
   return owned.back().data();
 }
@@ -759,19 +768,18 @@ bool gguf_row_lanes_wanted(gguf::GgmlType type, int64_t rows) {
 }
 
 // kept_blocks as a BlockWeight [rows, cols]; where the blocks are copied and row_lanes_ok, the copy
-// is the row-lane layout instead (packed straight from the mapping, whose pages are then released
-// as kept_blocks releases them).
+// is the row-lane layout instead, packed straight from the mapping, whose pages are then released
+// as kept_blocks releases them (so the resident set holds the packed layout only, no transient).
 BlockWeight kept_block_weight(gguf::GgmlType type, const std::byte* data, int64_t rows, int64_t cols, const std::string& path,
                               std::vector<ByteBuffer>& owned, bool row_lanes_ok) {
   const gguf::BlockFormat& bf = gguf::block_format(type);
   const size_t bytes = static_cast<size_t>(rows * (cols / bf.block_elems) * bf.block_bytes);
-  const std::byte* kept = kept_blocks(data, bytes, path, owned);
-  if (kept == data || !row_lanes_ok || !gguf_row_lanes_wanted(type, rows)) return BlockWeight{type, kept, rows, cols};
-  // kept_blocks copied (and released the mapping's pages): pack from that copy, then drop it, so
-  // the resident set holds the packed layout only (the transient: one tensor twice)
+  if (!row_lanes_ok || !blocks_copied(bytes, path) || !gguf_row_lanes_wanted(type, rows))
+    return BlockWeight{type, kept_blocks(data, bytes, path, owned), rows, cols};
   ByteBuffer packed(GgufLinear::row_lanes_bytes(type, rows, cols));
-  GgufLinear::pack_row_lanes(type, kept, rows, cols, packed.data());
-  owned.back() = std::move(packed);
+  GgufLinear::pack_row_lanes(type, data, rows, cols, packed.data());
+  release_mapped(data, bytes);
+  owned.push_back(std::move(packed));
   return BlockWeight{type, owned.back().data(), rows, cols, GgufLayout::kRowLanes};
 }
 
