@@ -218,8 +218,7 @@ class GgufLinear final : public Linear {
   /// Whether a [N, K] weight of type t can take the row-lane layout here (Q4_K, N >= 8, the AVX2
   /// forms allowed on this CPU / HANPU_ISA).
   static bool row_lanes_available(gguf::GgmlType t, int64_t N);
-  /// The row-lane layout's bytes for [N, K] (2.8% more than the file's rows: the 6-bit scales and
-  /// mins widened to bytes), and the packing of the file's rows `blocks` into `out` (that many
+  /// The row-lane layout's bytes for [N, K] (the file's: the same bits rearranged), and the packing of the file's rows `blocks` into `out` (that many
   /// bytes). Throw hanpu::Error where row_lanes_available is false or K is not whole super-blocks.
   static size_t row_lanes_bytes(gguf::GgmlType t, int64_t N, int64_t K);
   static void pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N, int64_t K, void* out);

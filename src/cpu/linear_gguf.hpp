@@ -69,8 +69,8 @@ void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64
 /// Row lanes: a load-time layout of Q4_K weights for the decode GEMV (linear_gguf_row_lanes.cpp):
 /// groups of 8 rows, lane r of every vector row r, so one broadcast of 4 activation bytes feeds 8
 /// rows' multiply-adds and the f32 tail runs once per super-block for 8 rows. Per group and
-/// super-block a tile of 1184 bytes (the file's 8 x 144 = 1152, with the 6-bit scales and mins
-/// widened to bytes); the N % 8 rows past the last group follow in the file's layout. Whether it
+/// super-block a tile of 1152 bytes, the file's 8 x 144 rearranged (the same bytes in all); the
+/// N % 8 rows past the last group follow in the file's layout. Whether it
 /// applies: Q4_K, N >= 8 and the AVX2 forms may run (gguf_avx2_forms_allowed).
 bool gguf_row_lanes_available(gguf::GgmlType t, int64_t N);
 /// Bytes of the row-lane layout of [N, K]. The functions below throw hanpu::Error for a type other

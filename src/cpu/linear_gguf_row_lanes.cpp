@@ -10,13 +10,14 @@
 // tail runs once per super-block for 8 rows, and no horizontal sum is left. About 33 vector
 // operations per row and super-block instead of 55.
 //
-// Layout of one tile (8 rows x one super-block of 256, kQ4KLaneTileBytes = 1184 bytes against the
-// file's 8 x 144 = 1152: the scales and mins kept as bytes, +2.8%):
+// Layout of one tile (8 rows x one super-block of 256, kQ4KLaneTileBytes = 1152 bytes, the file's
+// 8 x 144: the same bits rearranged, so the layout takes the file's memory and no more):
 //   [0, 16)     d of rows 0..7 (f16)
 //   [16, 32)    dmin of rows 0..7 (f16)
-//   [32, 96)    scales: byte 16c + 2r + h = the 6-bit scale of sub-block 2c + h of row r
-//   [96, 160)   mins, the same order
-//   [160, 1184) nibbles: 32 bytes per (c, e) at 160 + 32 (8c + e), bytes 4r..4r+3 = row r's
+//   [32, 96)    byte 16c + 2r + h = s | (m & 3) << 6, s and m the 6-bit scale and min of sub-block
+//               2c + h of row r: one VPSHUFB and a mask give the scale pairs of 8 rows
+//   [96, 128)   byte 8c + r = (m of sub-block 2c) >> 2 | ((m of 2c + 1) >> 2) << 4, row r
+//   [128, 1152) nibbles: 32 bytes per (c, e) at 128 + 32 (8c + e), bytes 4r..4r+3 = row r's
 //               qs[32c + 4e .. 32c + 4e + 3] (ggml-common.h block_q4_K: the low nibble element
 //               4e + i of sub-block 2c, the high nibble that of sub-block 2c + 1), i.e. the rows'
 //               32-bit words interleaved.
@@ -40,8 +41,8 @@ namespace hanpu::cpu {
 namespace {
 
 constexpr int64_t kLaneRows = 8;
-constexpr size_t kQ4KLaneTileBytes = 1184;
-constexpr size_t kQsOffset = 160;
+constexpr size_t kQ4KLaneTileBytes = 1152;
+constexpr size_t kQsOffset = 128;
 static_assert(kQsOffset + 1024 == kQ4KLaneTileBytes);
 
 int64_t row_bytes_of(gguf::GgmlType t, int64_t K) {
@@ -66,6 +67,17 @@ void k4_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[12]) {
     out[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
     out[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
   }
+}
+
+// Row r's 12 scale bytes (the file's encoding) from a tile.
+void tile_scales_mins(const uint8_t* tile, int64_t r, uint8_t out[12]) {
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    const uint8_t s = tile[32 + 16 * (j / 2) + 2 * r + (j & 1)];
+    sc[j] = s & 63;
+    m[j] = static_cast<uint8_t>((s >> 6) | ((tile[96 + 8 * (j / 2) + r] >> (4 * (j & 1))) & 15) << 2);
+  }
+  k4_pack_scales(sc, m, out);
 }
 
 #if HANPU_X86_KERNELS
@@ -93,20 +105,20 @@ constexpr Ctrl kPick[2] = {ScalePick(0), ScalePick(1)};
 // kernel: sum_j m_j B_j (B_j the quantized activations' sums per 32) in int32, times dmin s_x.
 HANPU_LANES_AVX2 void q4k_lanes_group(const uint8_t* tiles, int64_t nb, const int8_t* x8, const float* xs,
                                       const int16_t* bsum32, float* y, int64_t ahead) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi16(0x3F);
   const __m256i pick0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[0].b));
   const __m256i pick1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPick[1].b));
   __m256 acc = _mm256_setzero_ps(), macc = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* t = tiles + static_cast<size_t>(i) * kQ4KLaneTileBytes;
     const char* p = reinterpret_cast<const char*>(t) + ahead;
-    _mm_prefetch(p, _MM_HINT_T0);  // the header; the nibbles' lines below
+    _mm_prefetch(p, _MM_HINT_T0);  // the header's 2 lines; the nibbles' 16 below
     _mm_prefetch(p + 64, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
     const int8_t* x = x8 + 256 * i;
     __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const uint8_t* q = t + kQsOffset + 256 * c;
+      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 64, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 128, _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 192, _MM_HINT_T0);
@@ -121,12 +133,19 @@ HANPU_LANES_AVX2 void q4k_lanes_group(const uint8_t* tiles, int64_t nb, const in
         slo = _mm256_add_epi16(slo, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(xl)));
         shi = _mm256_add_epi16(shi, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xh)));
       }
-      const __m256i sc = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * c)));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(slo, _mm256_shuffle_epi8(sc, pick0)));
-      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(shi, _mm256_shuffle_epi8(sc, pick1)));
+      const __m128i sm = _mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 + 16 * c));
+      const __m256i sc = _mm256_broadcastsi128_si256(sm);
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(slo, _mm256_and_si256(_mm256_shuffle_epi8(sc, pick0), low6)));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(shi, _mm256_and_si256(_mm256_shuffle_epi8(sc, pick1), low6)));
+      // the mins as int16, word 2r + h = m of sub-block 2c + h of row r: bits 0..1 from the top of
+      // the scale bytes, bits 2..5 from the nibbles (low nibble h = 0, high h = 1)
+      const __m128i nib = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(t + 96 + 8 * c));
+      const __m128i hi4 = _mm_unpacklo_epi8(_mm_and_si128(nib, _mm256_castsi256_si128(low4)),
+                                            _mm_and_si128(_mm_srli_epi16(nib, 4), _mm256_castsi256_si128(low4)));
+      const __m256i mn = _mm256_or_si256(_mm256_slli_epi16(_mm256_cvtepu8_epi16(hi4), 2),
+                                         _mm256_srli_epi16(_mm256_cvtepu8_epi16(sm), 6));
       int32_t b2;  // B_2c, B_2c+1 as one 32-bit word: VPMADDWD pairs them with m_2c, m_2c+1 of each row
       std::memcpy(&b2, bsum32 + 8 * i + 2 * c, 4);
-      const __m256i mn = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 96 + 16 * c)));
       msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mn, _mm256_set1_epi32(b2)));
     }
     const __m256 sx = _mm256_broadcast_ss(xs + i);
@@ -146,12 +165,7 @@ HANPU_LANES_AVX2 void q4k_unpack_tile(const uint8_t* tile, uint8_t* out, int64_t
     auto& b = *reinterpret_cast<gguf::BlockQ4_K*>(out + r * rb);
     std::memcpy(&b.d, tile + 2 * r, 2);
     std::memcpy(&b.dmin, tile + 16 + 2 * r, 2);
-    uint8_t sc[8], m[8];
-    for (int j = 0; j < 8; ++j) {
-      sc[j] = tile[32 + 16 * (j / 2) + 2 * r + (j & 1)];
-      m[j] = tile[96 + 16 * (j / 2) + 2 * r + (j & 1)];
-    }
-    k4_pack_scales(sc, m, b.scales);
+    tile_scales_mins(tile, r, b.scales);
   }
   for (int blk = 0; blk < 4; ++blk) {
     __m256i v[8], t[8], s[8];
@@ -204,6 +218,7 @@ void gguf_pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N, int64_
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t i = 0; i < nb; ++i) {
       uint8_t* tile = dst + static_cast<size_t>(g * nb + i) * kQ4KLaneTileBytes;
+      std::memset(tile + 96, 0, 32);  // the min nibbles are or-ed in below
       for (int64_t r = 0; r < kLaneRows; ++r) {
         const auto& b = *reinterpret_cast<const gguf::BlockQ4_K*>(src + (g * kLaneRows + r) * rb + i * 144);
         std::memcpy(tile + 2 * r, &b.d, 2);
@@ -211,8 +226,8 @@ void gguf_pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N, int64_
         for (int j = 0; j < 8; ++j) {
           uint8_t sc, m;
           gguf::k4_scale_min(j, b.scales, sc, m);
-          tile[32 + 16 * (j / 2) + 2 * r + (j & 1)] = sc;
-          tile[96 + 16 * (j / 2) + 2 * r + (j & 1)] = m;
+          tile[32 + 16 * (j / 2) + 2 * r + (j & 1)] = static_cast<uint8_t>(sc | (m & 3) << 6);
+          tile[96 + 8 * (j / 2) + r] |= static_cast<uint8_t>((m >> 2) << (4 * (j & 1)));
         }
         for (int w = 0; w < 32; ++w) std::memcpy(tile + kQsOffset + 32 * w + 4 * r, b.qs + 4 * w, 4);
       }
@@ -251,12 +266,7 @@ void gguf_unpack_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int6
       auto& b = *reinterpret_cast<gguf::BlockQ4_K*>(row + i * 144);
       std::memcpy(&b.d, tile + 2 * r, 2);
       std::memcpy(&b.dmin, tile + 16 + 2 * r, 2);
-      uint8_t sc[8], m[8];
-      for (int j = 0; j < 8; ++j) {
-        sc[j] = tile[32 + 16 * (j / 2) + 2 * r + (j & 1)];
-        m[j] = tile[96 + 16 * (j / 2) + 2 * r + (j & 1)];
-      }
-      k4_pack_scales(sc, m, b.scales);
+      tile_scales_mins(tile, r, b.scales);
       for (int w = 0; w < 32; ++w) std::memcpy(b.qs + 4 * w, tile + kQsOffset + 32 * w + 4 * r, 4);
     }
   }

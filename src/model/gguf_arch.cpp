@@ -751,7 +751,7 @@ const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::str
 
 // HANPU_GGUF_LAYOUT: how copied Q4_K projections are laid out for the decode GEMV.
 //   lanes (default): GgufLinear's row-lane layout (groups of 8 rows interleaved; the copy at load
-//     writes it instead of the file's rows: 2.8% more bytes, no second copy), where the AVX2 forms
+//     writes it instead of the file's rows, the same number of bytes, no second copy), where the AVX2 forms
 //     run and the projection has at least 8 rows; docs/GGUF.md "Decode GEMV on row lanes".
 //   file: the file's rows (the layout before; for comparison).
 // Only where the weights are copied anyway (gguf_weights_copied, not shmem): a mapped file stays
