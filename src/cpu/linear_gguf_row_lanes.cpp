@@ -25,6 +25,7 @@
 // so a thread still reads one sequential stream; rows past the last whole group (N % 8) follow in
 // the file's layout and run the row-major kernel.
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstring>
 #include <string>
@@ -58,26 +59,26 @@ void check_shape(const char* who, gguf::GgmlType t, int64_t N, int64_t K) {
                 "] is not at least 8 rows of whole Q4_K super-blocks");
 }
 
-// The 12 scale bytes of a Q4_K block from its 8 scales and 8 mins: the inverse of
-// gguf::k4_scale_min (every one of the 96 bits is a bit of some scale or min, so the round trip is
-// exact).
-void k4_pack_scales(const uint8_t sc[8], const uint8_t m[8], uint8_t out[12]) {
-  for (int j = 0; j < 4; ++j) {
-    out[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
-    out[j + 4] = static_cast<uint8_t>((m[j] & 63) | ((m[j + 4] >> 4) << 6));
-    out[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((m[j + 4] & 15) << 4));
-  }
-}
-
-// Row r's 12 scale bytes (the file's encoding) from a tile.
+// Row r's 12 scale bytes (the file's encoding, the inverse of gguf::k4_scale_min: every one of
+// the 96 bits is a bit of some scale or min, so the round trip is exact) from a tile, 8 values per
+// 64-bit word (byte j of sc and m the scale and min of sub-block j), 4 at a time per rule.
+static_assert(std::endian::native == std::endian::little, "the words below are read and written little-endian");
 void tile_scales_mins(const uint8_t* tile, int64_t r, uint8_t out[12]) {
-  uint8_t sc[8], m[8];
-  for (int j = 0; j < 8; ++j) {
-    const uint8_t s = tile[32 + 16 * (j / 2) + 2 * r + (j & 1)];
-    sc[j] = s & 63;
-    m[j] = static_cast<uint8_t>((s >> 6) | ((tile[96 + 8 * (j / 2) + r] >> (4 * (j & 1))) & 15) << 2);
+  uint64_t s = 0, nib = 0;
+  for (int c = 0; c < 4; ++c) {
+    uint16_t pair;  // bytes 2c, 2c + 1: s | (m & 3) << 6 of sub-blocks 2c, 2c + 1
+    std::memcpy(&pair, tile + 32 + 16 * c + 2 * r, 2);
+    const uint64_t n = tile[96 + 8 * c + r];  // the two mins' top 4 bits
+    s |= uint64_t{pair} << (16 * c);
+    nib |= ((n & 15) | (n >> 4) << 8) << (16 * c);
   }
-  k4_pack_scales(sc, m, out);
+  const uint64_t sc = s & 0x3f3f3f3f3f3f3f3fULL;
+  const uint64_t m = ((s >> 6) & 0x0303030303030303ULL) | nib << 2;
+  const uint32_t sc_lo = static_cast<uint32_t>(sc), sc_hi = static_cast<uint32_t>(sc >> 32);
+  const uint32_t m_lo = static_cast<uint32_t>(m), m_hi = static_cast<uint32_t>(m >> 32);
+  const uint32_t w[3] = {sc_lo | ((sc_hi >> 4) & 0x03030303u) << 6, m_lo | ((m_hi >> 4) & 0x03030303u) << 6,
+                         (sc_hi & 0x0f0f0f0fu) | (m_hi & 0x0f0f0f0fu) << 4};
+  std::memcpy(out, w, 12);
 }
 
 #if HANPU_X86_KERNELS
