@@ -329,7 +329,7 @@ HANPU_PREFILL_AVX2 inline float hsum(__m256 v) {
 // One Q8_0 block (32 elements) of MR activation rows x NG groups of 8 weight rows into int32 lanes:
 // acc[m][g] = sum over the 16 pairs j of VPMADDWD(w_g[j], broadcast of x_m's pair j). w points at
 // the group's block (16 vectors), x at the row's 32 int16. The general form (the tails) is
-// intrinsics; 4 x 2 is assembly: GCC 12 turned the intrinsics into a tree of sums with every
+// intrinsics; 4 x 2 and 6 x 2 are assembly: GCC 12 turned the intrinsics into a tree of sums with every
 // product spilled to the stack (seen in the disassembly; no faster than the old per-pair form).
 template <int MR, int NG>
 HANPU_PREFILL_AVX2 inline void q8_0_block_dot(const int16_t* const* w, const int16_t* const* x, __m256i (&acc)[MR][NG]) {
