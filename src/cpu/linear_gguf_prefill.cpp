@@ -4,36 +4,38 @@
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
-// the int8 sums per 16 for Q6_K's -32 and, from them, the sums of the quantized activations per 32
-// for the Q4_K / Q5_K min term), in an AVX2 form shared with the decode GEMV (gguf_avx2.hpp
-// quantize_activation_row).
+// the int8 sums per 16 and, from them, the sums of the quantized activations per 32 for the Q4_K /
+// Q5_K min term), in an AVX2 form shared with the decode GEMV (gguf_avx2.hpp
+// quantize_activation_row); for Q6_K the int8 values then get 128 added (offset_rows).
 // The weight rows are taken kGgufTileRows (16) at a time and unpacked once into the worker's
 // scratch, in groups of 8 rows interleaved so that lane r of a vector belongs to row r of the group
-// ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 / 0..63, Q6_K before its
-// -32), 4 consecutive elements of each of the 8 rows per vector (interleave_kquant_group), with the
-// rows' sub-block scales as ready VPMADDWD operands, their f32 d, dmin * m_j and Q6_K's scale pairs
-// as vectors of the 8 rows; Q8_0's values widened to int16, 2 elements of each row per vector
+// ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 unsigned, Q6_K's q - 32 as
+// signed -32..31), 4 consecutive elements of each of the 8 rows per vector (interleave_kquant_group),
+// with the rows' sub-block scales as ready VPMADDWD operands, their f32 d, dmin * m_j and Q6_K's
+// offset term as vectors of the 8 rows; Q8_0's values widened to int16, 2 elements of each row per vector
 // (unpack_q8_0_group), its activations widened to int16 too.
 //
 // Then register blocks of activation rows x the tile's groups (4 x 2 groups for the K-quants, 6 x 2
 // for Q8_0; the loop over a super-block / block in inline assembly) run the whole K: per step one
 // load of each group's vector, one broadcast of each activation row's 4 bytes (2 int16 for Q8_0),
-// and per (activation row, group) VPMADDUBSW (unsigned weight bytes times signed activation bytes)
-// and VPMADDWD by the rows' sub-block scales (Q8_0: one VPMADDWD of int16 pairs) into int32 lanes,
+// and per (activation row, group) VPMADDUBSW (unsigned weight bytes times signed activation bytes;
+// Q6_K: unsigned activation bytes + 128 times its signed q - 32) and VPMADDWD by the rows' sub-block scales (Q8_0: one VPMADDWD of int16 pairs) into int32 lanes,
 // one lane per output. The unpacking is paid once per weight row and tile, not once per activation
 // row, which is what a GEMV per row (the decode kernels here, llama.cpp's K-quant dot products)
 // pays again for each. Per super-block (Q8_0: block of 32) and (activation row, group), i.e. per 8
-// outputs: Q6_K's -32 term in integers, one conversion and one f32 FMA by (the 8 rows' d) x the
-// activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds (of the rows' dmin * m_j
+// outputs: Q6_K's offset term subtracted (one VPSUBD), one conversion and one f32 FMA by (the 8
+// rows' d) x the activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds (of the rows' dmin * m_j
 // by the sums of the quantized activations, block_kquant_rl). The earlier layout
 // along K (lanes = 8 stretches of one row's elements) paid the conversion, scale and FMA per output
 // and super-block (Q8_0: per 32 elements), a quarter of the K-quants' time and half of Q8_0's.
 //
-// No overflow: a VPMADDUBSW lane is at most 2 * 63 * 127 = 16002 (Q6_K), 2 * 31 * 127 (Q5_K),
-// 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see block_q8_0); a super-block's int32 lane (one row's
-// 256 elements) at most 64 * 2 * 16002 * 128 < 2^28 (Q6_K). The integer sums are the decode GEMV's
-// (the same products, only summed in another order, and converted to f32 once per super-block), so
-// the result meets the same bound (tests/test_linear_gguf.cpp).
+// No overflow: a VPMADDUBSW lane is at most 2 * 255 * 32 = 16320 (Q6_K: activations + 128 up to
+// 255, q - 32 down to -32), 2 * 31 * 127 (Q5_K), 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see
+// block_q8_0); a super-block's int32 lane (one row's 256 elements) at most 64 * 2 * 16320 * 128 <
+// 2^28 (Q6_K), its offset term 128 * 16 * 128 * 512 < 2^27. The integer sums are the decode GEMV's
+// (Q6_K: sum sc (x + 128)(q - 32) - 128 sum sc (q - 32) = sum sc x (q - 32), the same integer; the
+// same products, only summed in another order, and converted to f32 once per super-block), so the
+// result meets the same bound (tests/test_linear_gguf.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -150,8 +152,8 @@ struct Tile {
   uint8_t* vals = nullptr;    // rows x K
   int16_t* svec = nullptr;    // rows x (K / 32) x 16 (K-quants)
   float* d = nullptr;         // rows x nd (K / 256, Q8_0: K / 32)
-  float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K)
-  int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K)
+  float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K; Q6_K: its offset terms, int32 per super-block)
+  int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K's scales in the stage)
   int16_t* w16 = nullptr;     // Q8_0: kGgufTileRows x K int16 over vals and svec, groups of 8 rows interleaved
                               // (see unpack_q8_0_group); d then holds [group][block][8 rows]
   int64_t nd = 0;
@@ -301,6 +303,7 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
     int16_t* svec = t.svec + r * (K / 32) * 16;
     float* d = t.d + r * t.nd;
     int16_t* q6sc = t.q6sc + r * (K / 16);
+    int32_t* q6off = reinterpret_cast<int32_t*>(t.mins + r * (K / 32));  // mins is unused by Q6_K
     for (int64_t i = 0; i < K / 256; ++i) {
       const gguf::BlockQ6_K& blk = b[i];
       d[i] = _cvtsh_ss(blk.d);
@@ -310,12 +313,27 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
         const __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk.scales[2 * c + 1]), _mm_set1_epi16(blk.scales[2 * c]));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(svec + (8 * i + c) * 16), s);
       }
+      // The values q - 32 (signed, -32..31) and the row's offset term: the kernel multiplies them by
+      // the activations + 128 (unsigned), so its sum carries 128 * sum_e sc_e (q_e - 32), which
+      // depends on the weights only; computed here once per row and tile and subtracted per
+      // super-block (block_kquant_rl).
       uint8_t* v = vals + 256 * i;
+      const __m256i k32 = _mm256_set1_epi8(32);
+      int32_t offset = 0;
       for (int h = 0; h < 2; ++h) {
         __m256i q[4];
         gguf_avx2::q6k_unpack_half(blk.ql + 64 * h, blk.qh + 32 * h, q);
-        for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 32 * k), q[k]);
+        for (int k = 0; k < 4; ++k) {
+          // sums of q over each 8 bytes; 16 elements = two of them, one scale
+          alignas(32) uint64_t s8[4];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(s8), _mm256_sad_epu8(q[k], _mm256_setzero_si256()));
+          const int e0 = 128 * h + 32 * k;  // first element of this vector
+          offset += blk.scales[e0 / 16] * (static_cast<int32_t>(s8[0] + s8[1]) - 16 * 32) +
+                    blk.scales[e0 / 16 + 1] * (static_cast<int32_t>(s8[2] + s8[3]) - 16 * 32);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 32 * k), _mm256_sub_epi8(q[k], k32));
+        }
       }
+      q6off[i] = 128 * offset;
     }
   }
 }
@@ -474,7 +492,7 @@ HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, const ActivationRows& a, int64
 //   svec [g][i][c][16 int16]             Q4_K / Q5_K: row r's sub-block scale in lanes 2r, 2r + 1
 //        [g][i][c][h][16 int16]          Q6_K: h = 0 for steps 0..3 (scale 2c), 1 for 4..7 (2c + 1)
 //   d    [g][i][row]                     mins [g][i][j][row] (dmin * m_j, Q4_K / Q5_K)
-//   q6sc [g][i][k][16 int16]             Q6_K: row r's scales 2k, 2k + 1 in lanes 2r, 2r + 1
+//   mins [g][i][row] as int32            Q6_K: 128 * sum_e sc_e (q_e - 32), the offset term (unpack_row)
 // A group's 8 rows are unpacked into the 8-row stage in element order (unpack_row) and moved from
 // there into row lanes, the values by 8 x 8 transposes of 4-byte elements (transpose_8x8_epi32);
 // rows past the tile's last (nw) are zero (their outputs are not stored).
@@ -493,6 +511,8 @@ HANPU_PREFILL_AVX2 void interleave_kquant_group(const Tile& st, const Tile& t, i
     }
     for (int64_t l = 0; l < kQ8Group; ++l) {
       t.d[gi * 8 + l] = st.d[l * st.nd + i];
+      if constexpr (kind == Kind::kQ6K)
+        reinterpret_cast<int32_t*>(t.mins)[gi * 8 + l] = reinterpret_cast<const int32_t*>(st.mins + l * (K / 32))[i];
       for (int c = 0; c < 8; ++c) {
         if constexpr (kind == Kind::kQ6K) {
           const int16_t* q6 = st.q6sc + l * (K / 16) + 16 * i;
@@ -501,9 +521,6 @@ HANPU_PREFILL_AVX2 void interleave_kquant_group(const Tile& st, const Tile& t, i
             sv[0] = q6[2 * c + h];
             sv[1] = q6[2 * c + h];
           }
-          int16_t* p = t.q6sc + (gi * 8 + c) * 16 + 2 * l;  // c here is the pair k of scales
-          p[0] = q6[2 * c];
-          p[1] = q6[2 * c + 1];
         } else {
           const int16_t sc = st.svec[(l * (K / 32) + 8 * i + c) * 16];
           int16_t* sv = t.svec + (gi * 8 + c) * 16 + 2 * l;
@@ -539,7 +556,10 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int1
         std::memcpy(&four, x[m] + 32 * c + 4 * q, 4);
         const __m256i xv = _mm256_set1_epi32(four);
         for (int g = 0; g < NG; ++g)
-          acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[g], xv), sv[g]));
+          acc[m][g] = _mm256_add_epi32(
+              acc[m][g], _mm256_madd_epi16(kind == Kind::kQ6K ? _mm256_maddubs_epi16(xv, wv[g])  // unsigned x + 128
+                                                              : _mm256_maddubs_epi16(wv[g], xv),
+                                           sv[g]));
       }
     }
   }
@@ -553,12 +573,18 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int1
 // (one per 16 elements: 64 bytes per chunk, idx scaled by 2, the second vector loaded before step 4).
 // Per activation row m and step q (an .irp over the chunk's 8 steps): the broadcast of x_m's 4
 // bytes and the two groups' VPMADDUBSW, VPMADDWD by the scales, VPADDD.
+#define HANPU_KQUANT_MADDUBS(w)                                                             \
+  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
+  "vpmaddubsw %[" #w "], %[x], %[t]\n\t"                                                    \
+  ".else\n\t"                                                                                \
+  "vpmaddubsw %[x], %[" #w "], %[t]\n\t"                                                    \
+  ".endif\n\t"
 #define HANPU_KQUANT_ROW(m)                       \
   "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t" \
-  "vpmaddubsw %[x], %[w0], %[t]\n\t"              \
+  HANPU_KQUANT_MADDUBS(w0)                        \
   "vpmaddwd %[s0], %[t], %[t]\n\t"                \
   "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"     \
-  "vpmaddubsw %[x], %[w1], %[t]\n\t"              \
+  HANPU_KQUANT_MADDUBS(w1)                        \
   "vpmaddwd %[s1], %[t], %[t]\n\t"                \
   "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"
 template <Kind kind>
@@ -597,6 +623,7 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const 
       : "cc", "memory");
 }
 #undef HANPU_KQUANT_ROW
+#undef HANPU_KQUANT_MADDUBS
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
@@ -614,8 +641,9 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* co
 }
 
 // Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
-// row, group), i.e. per 8 outputs: Q6_K's -32 term in integers (8 VPMADDWD of the rows' scale pairs
-// by the row's int8 sums per 16), one conversion and one FMA by (8 rows' d) x activation scale, and
+// row, group), i.e. per 8 outputs: Q6_K's offset term subtracted in integers (one VPSUBD; until
+// 2026-12-05 the -32 term was 8 VPMADDWD of the rows' scale pairs by the row's int8 sums per 16,
+// which held Q6_K 15% below its speed now), one conversion and one FMA by (8 rows' d) x activation scale, and
 // Q4_K / Q5_K's min term as 8 FNMADDs (the rows' dmin * m_j times qsum, the sum of the quantized
 // activations over sub-block j: llama.cpp's and the decode GEMV's min term, dmin * s_x * sum_j m_j
 // B_j with B_j the integer sum of q8, whose s_x * B_j is rounded once to f32 here instead of
@@ -646,20 +674,10 @@ HANPU_PREFILL_AVX2 void block_kquant_rl(const Tile& t, const ActivationRows& a, 
       for (int m = 0; m < MR; ++m) xp[m] = a.xq8 + (m0 + m) * K + 256 * i;
       kquant_rl_dot<kind, MR, NG>(wp, sp, xp, acc);
     }
-    if constexpr (kind == Kind::kQ6K) {  // - 32 * sum_k (sc_2k * B_2k + sc_2k+1 * B_2k+1), B the sums of q8 per 16
-      for (int m = 0; m < MR; ++m) {
-        const int16_t* bs = a.bsum16.data() + (m0 + m) * (K / 16) + 16 * i;
-        for (int g = 0; g < NG; ++g) {
-          const int16_t* p = t.q6sc + (g * nsb + i) * 8 * 16;
-          __m256i c = _mm256_setzero_si256();
-          for (int k = 0; k < 8; ++k) {
-            int32_t pair;
-            std::memcpy(&pair, bs + 2 * k, 4);
-            c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16 * k)),
-                                                      _mm256_set1_epi32(pair)));
-          }
-          acc[m][g] = _mm256_sub_epi32(acc[m][g], _mm256_slli_epi32(c, 5));
-        }
+    if constexpr (kind == Kind::kQ6K) {  // the offset term 128 * sum_e sc_e (q_e - 32) of the 8 rows (unpack_row)
+      for (int g = 0; g < NG; ++g) {
+        const __m256i off = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mins) + g * nsb + i);
+        for (int m = 0; m < MR; ++m) acc[m][g] = _mm256_sub_epi32(acc[m][g], off);
       }
     }
     __m256 f[MR][NG];
@@ -776,6 +794,16 @@ HANPU_PREFILL_AVX2 void widen_rows(ActivationRows& a, int64_t m_begin, int64_t m
                         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.xq8 + i))));
 }
 
+// Q6_K: rows [m_begin, m_end) of q8 as unsigned bytes q8 + 128 (the sign bit flipped), the
+// unsigned operand of its VPMADDUBSW (kquant_rl_dot).
+HANPU_PREFILL_AVX2 void offset_rows(ActivationRows& a, int64_t m_begin, int64_t m_end) {
+  const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t i = m_begin * a.K; i < m_end * a.K; i += 32) {
+    auto* p = reinterpret_cast<__m256i*>(a.xq8 + i);
+    _mm256_store_si256(p, _mm256_xor_si256(_mm256_load_si256(p), sign));
+  }
+}
+
 ActivationRows& activation_rows() {
   thread_local ActivationRows rows;
   return rows;
@@ -815,6 +843,7 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
   const bool widen = type == gguf::GgmlType::Q8_0;
   const bool min_term = type == gguf::GgmlType::Q4_K || type == gguf::GgmlType::Q5_K;
+  const bool offset_x = type == gguf::GgmlType::Q6_K;
   if (widen) a.x16.resize(static_cast<size_t>(M * K));
   if (min_term) a.qsum.resize(static_cast<size_t>(M * (K / 32)));
   {
@@ -831,6 +860,7 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
             a.qsum[static_cast<size_t>(m * (K / 32) + j)] = xs[j / 8] * static_cast<float>(b16[2 * j] + b16[2 * j + 1]);
       }
       if (widen) widen_rows(a, M * p / parts, M * (p + 1) / parts);
+      if (offset_x) offset_rows(a, M * p / parts, M * (p + 1) / parts);
     });
   }
   const size_t row_bytes = static_cast<size_t>(K / bf.block_elems * bf.block_bytes);
