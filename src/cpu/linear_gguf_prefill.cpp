@@ -367,9 +367,10 @@ HANPU_PREFILL_AVX2 inline void q8_0_block_dot(const int16_t* const* w, const int
 
 // The assembly blocks (4 x 2 and 6 x 2), fully unrolled over the block's 16 pairs (no index
 // register, no loop branch) and the first pair's products written straight into the accumulators
-// (no zeroing, 8 or 12 fewer adds per block): the loop is bound by the vector operations it
-// issues (per pair 2 loads, MR broadcasts, 2 MR VPMADDWD and 2 MR VPADDD against Zen 3's 4 vector
-// pipes and 6-wide dispatch), so every operation dropped from it counts. Per activation row m, for
+// (no zeroing, 8 or 12 fewer adds per block). The loop is bound by the vector operations it
+// issues (per pair 2 loads, MR broadcasts, 2 MR VPMADDWD and 2 MR VPADDD on Zen 3's 4 vector
+// pipes: 75-79% of the integer peak at best, benchmarks/avx2_int_loops.cpp); the unrolling
+// measured no change beyond the noise against the loop (docs/GGUF.md, "Fourth round"). Per activation row m, for
 // pair j (an .irp over the block's 16 pairs): the broadcast of x_m's pair j and the two groups'
 // products.
 #define HANPU_Q8_0_ROW(m)                                  \
