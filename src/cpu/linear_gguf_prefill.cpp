@@ -4,36 +4,38 @@
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
-// the int8 sums per 16 for Q6_K's -32 and, from them, the sums of the quantized activations per 32
-// for the Q4_K / Q5_K min term), in an AVX2 form shared with the decode GEMV (gguf_avx2.hpp
-// quantize_activation_row).
+// the int8 sums per 16 and, from them, the sums of the quantized activations per 32 for the Q4_K /
+// Q5_K min term), in an AVX2 form shared with the decode GEMV (gguf_avx2.hpp
+// quantize_activation_row); for Q6_K the int8 values then get 128 added (offset_rows).
 // The weight rows are taken kGgufTileRows (16) at a time and unpacked once into the worker's
 // scratch, in groups of 8 rows interleaved so that lane r of a vector belongs to row r of the group
-// ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 / 0..63, Q6_K before its
-// -32), 4 consecutive elements of each of the 8 rows per vector (interleave_kquant_row), with the
-// rows' sub-block scales as ready VPMADDWD operands, their f32 d, dmin * m_j and Q6_K's scale pairs
-// as vectors of the 8 rows; Q8_0's values widened to int16, 2 elements of each row per vector
-// (unpack_q8_0_row), its activations widened to int16 too.
+// ("row lanes"): the K-quants' 4/5/6-bit values as bytes (0..15 / 0..31 unsigned, Q6_K's q - 32 as
+// signed -32..31), 4 consecutive elements of each of the 8 rows per vector (interleave_kquant_group),
+// with the rows' sub-block scales as ready VPMADDWD operands, their f32 d, dmin * m_j and Q6_K's
+// offset term as vectors of the 8 rows; Q8_0's values widened to int16, 2 elements of each row per vector
+// (unpack_q8_0_group), its activations widened to int16 too.
 //
 // Then register blocks of activation rows x the tile's groups (4 x 2 groups for the K-quants, 6 x 2
 // for Q8_0; the loop over a super-block / block in inline assembly) run the whole K: per step one
 // load of each group's vector, one broadcast of each activation row's 4 bytes (2 int16 for Q8_0),
-// and per (activation row, group) VPMADDUBSW (unsigned weight bytes times signed activation bytes)
-// and VPMADDWD by the rows' sub-block scales (Q8_0: one VPMADDWD of int16 pairs) into int32 lanes,
+// and per (activation row, group) VPMADDUBSW (unsigned weight bytes times signed activation bytes;
+// Q6_K: unsigned activation bytes + 128 times its signed q - 32) and VPMADDWD by the rows' sub-block scales (Q8_0: one VPMADDWD of int16 pairs) into int32 lanes,
 // one lane per output. The unpacking is paid once per weight row and tile, not once per activation
 // row, which is what a GEMV per row (the decode kernels here, llama.cpp's K-quant dot products)
 // pays again for each. Per super-block (Q8_0: block of 32) and (activation row, group), i.e. per 8
-// outputs: Q6_K's -32 term in integers, one conversion and one f32 FMA by (the 8 rows' d) x the
-// activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds (of the rows' dmin * m_j
+// outputs: Q6_K's offset term subtracted (one VPSUBD), one conversion and one f32 FMA by (the 8
+// rows' d) x the activation scale, Q4_K / Q5_K's min term as 8 f32 negative multiply-adds (of the rows' dmin * m_j
 // by the sums of the quantized activations, block_kquant_rl). The earlier layout
 // along K (lanes = 8 stretches of one row's elements) paid the conversion, scale and FMA per output
 // and super-block (Q8_0: per 32 elements), a quarter of the K-quants' time and half of Q8_0's.
 //
-// No overflow: a VPMADDUBSW lane is at most 2 * 63 * 127 = 16002 (Q6_K), 2 * 31 * 127 (Q5_K),
-// 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see block_q8_0); a super-block's int32 lane (one row's
-// 256 elements) at most 64 * 2 * 16002 * 128 < 2^28 (Q6_K). The integer sums are the decode GEMV's
-// (the same products, only summed in another order, and converted to f32 once per super-block), so
-// the result meets the same bound (tests/test_linear_gguf.cpp).
+// No overflow: a VPMADDUBSW lane is at most 2 * 255 * 32 = 16320 (Q6_K: activations + 128 up to
+// 255, q - 32 down to -32), 2 * 31 * 127 (Q5_K), 2 * 15 * 127 (Q4_K), within int16 (Q8_0: see
+// block_q8_0); a super-block's int32 lane (one row's 256 elements) at most 64 * 2 * 16320 * 128 <
+// 2^28 (Q6_K), its offset term 128 * 16 * 128 * 512 < 2^27. The integer sums are the decode GEMV's
+// (Q6_K: sum sc (x + 128)(q - 32) - 128 sum sc (q - 32) = sum sc x (q - 32), the same integer; the
+// same products, only summed in another order, and converted to f32 once per super-block), so the
+// result meets the same bound (tests/test_linear_gguf.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -140,6 +142,9 @@ enum class Kind { kQ8_0, kQ4K, kQ5K, kQ6K };
 // multiplies (8 cycles on Zen 3's two multiply pipes).
 constexpr int kRowsX = 4;
 
+// Weight rows per vector in row lanes (8 int32 lanes): the tiles' groups, for every type.
+constexpr int kQ8Group = 8;
+
 // One tile of up to kGgufTileRows weight rows, unpacked (see the file comment). Pointers into the
 // worker's scratch; per row strides.
 struct Tile {
@@ -147,10 +152,10 @@ struct Tile {
   uint8_t* vals = nullptr;    // rows x K
   int16_t* svec = nullptr;    // rows x (K / 32) x 16 (K-quants)
   float* d = nullptr;         // rows x nd (K / 256, Q8_0: K / 32)
-  float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K)
-  int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K)
+  float* mins = nullptr;      // rows x (K / 32) (Q4_K / Q5_K; Q6_K: its offset terms, int32 per super-block)
+  int16_t* q6sc = nullptr;    // rows x (K / 16) (Q6_K's scales in the stage)
   int16_t* w16 = nullptr;     // Q8_0: kGgufTileRows x K int16 over vals and svec, groups of 8 rows interleaved
-                              // (see unpack_q8_0_row); d then holds [group][block][8 rows]
+                              // (see unpack_q8_0_group); d then holds [group][block][8 rows]
   int64_t nd = 0;
 };
 
@@ -160,9 +165,9 @@ size_t tile_bytes(int64_t K, int64_t rows) {
   return static_cast<size_t>(rows) * per_row + 5 * 64;
 }
 
-// The worker's scratch: the tile (kGgufTileRows rows) and, behind it, one row's staging (the
-// K-quants unpack a row in element order there, then interleave it into the tile).
-size_t scratch_bytes(int64_t K) { return tile_bytes(K, kGgufTileRows) + tile_bytes(K, 1); }
+// The worker's scratch: the tile (kGgufTileRows rows) and, behind it, the staging of a group of 8
+// rows (the K-quants unpack them in element order there, then interleave them into the tile).
+size_t scratch_bytes(int64_t K) { return tile_bytes(K, kGgufTileRows) + tile_bytes(K, kQ8Group); }
 
 Tile carve_tile(uint8_t* base, int64_t K, int64_t nd, int64_t rows = kGgufTileRows) {
   auto align = [](size_t n) { return (n + 63) & ~size_t{63}; };
@@ -201,25 +206,56 @@ inline void k4_scales_mins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
 // 16 of them summed are 8 outputs' exact integer dot products over the block, scaled in one vector
 // (block_q8_0). d[group][block][row]: the rows' f32 scales as one vector per block. A row past the
 // tile's last (nw) has zero weights and scale.
-constexpr int kQ8Group = 8;
 constexpr int kQ8RowsX = 6;
 
-HANPU_PREFILL_AVX2 inline void unpack_q8_0_row(const gguf::BlockQ8_0* b, const Tile& t, int64_t r) {
-  const int64_t nb = t.K / 32, g = r / kQ8Group, lane = r % kQ8Group;
-  int16_t* w = t.w16 + g * nb * 256 + 2 * lane;
-  float* d = t.d + g * nb * kQ8Group + lane;
+// r[0..7] -> r[0..7] transposed as an 8 x 8 matrix of 32-bit elements: lane l of result j is lane j
+// of input l. This is what puts 8 rows into row lanes (4 bytes, i.e. 2 int16 or 4 int8, of each
+// row per vector): one pass of 24 shuffles per 8 vectors instead of a 4-byte copy per row and
+// vector (the copies took 2% of the Q8_0 model's prefill, the K-quants' 1.5-2%).
+HANPU_PREFILL_AVX2 inline void transpose_8x8_epi32(__m256i (&r)[8]) {
+  __m256i t[8], u[8];
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_epi32(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_epi32(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    u[k] = _mm256_unpacklo_epi64(t[k], t[k + 2]);
+    u[k + 1] = _mm256_unpackhi_epi64(t[k], t[k + 2]);
+    u[k + 2] = _mm256_unpacklo_epi64(t[k + 1], t[k + 3]);
+    u[k + 3] = _mm256_unpackhi_epi64(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    r[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+    r[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+  }
+}
+
+// Group g of the tile from its 8 rows (b[l] the blocks of row l, nullptr for a row past the tile's
+// last): per block, each row's 32 int8 widened to int16 (pairs 0..7 in one vector, 8..15 in another)
+// and the two 8 x 8 transposes give the block's 16 vectors in row lanes.
+HANPU_PREFILL_AVX2 inline void unpack_q8_0_group(const gguf::BlockQ8_0* const* b, const Tile& t, int64_t g) {
+  const int64_t nb = t.K / 32;
+  int16_t* w = t.w16 + g * nb * 256;
+  float* d = t.d + g * nb * kQ8Group;
   for (int64_t i = 0; i < nb; ++i) {
-    alignas(32) int16_t v[32];
-    if (b != nullptr) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[i].qs));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(v), _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)));
-      _mm256_store_si256(reinterpret_cast<__m256i*>(v + 16), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1)));
-      d[kQ8Group * i] = _cvtsh_ss(b[i].d);
-    } else {
-      std::memset(v, 0, sizeof v);
-      d[kQ8Group * i] = 0.0f;
+    __m256i lo[8], hi[8];
+    for (int l = 0; l < kQ8Group; ++l) {
+      if (b[l] != nullptr) {
+        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b[l][i].qs));
+        lo[l] = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+        hi[l] = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
+        d[kQ8Group * i + l] = _cvtsh_ss(b[l][i].d);
+      } else {
+        lo[l] = hi[l] = _mm256_setzero_si256();
+        d[kQ8Group * i + l] = 0.0f;
+      }
     }
-    for (int j = 0; j < 16; ++j) std::memcpy(w + 256 * i + 16 * j, v + 2 * j, 4);
+    transpose_8x8_epi32(lo);
+    transpose_8x8_epi32(hi);
+    for (int j = 0; j < 8; ++j) {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 256 * i + 16 * j), lo[j]);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(w + 256 * i + 16 * (j + 8)), hi[j]);
+    }
   }
 }
 
@@ -227,9 +263,8 @@ template <Kind kind>
 HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r) {
   const int64_t K = t.K;
   uint8_t* vals = t.vals + r * K;
-  if constexpr (kind == Kind::kQ8_0) {
-    unpack_q8_0_row(reinterpret_cast<const gguf::BlockQ8_0*>(row), t, r);
-  } else if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
+  static_assert(kind != Kind::kQ8_0, "Q8_0 tiles are unpacked a group at a time (unpack_q8_0_group)");
+  if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
     using Block = std::conditional_t<kind == Kind::kQ5K, gguf::BlockQ5_K, gguf::BlockQ4_K>;
     const auto* b = reinterpret_cast<const Block*>(row);
     const __m256i low4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
@@ -268,6 +303,7 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
     int16_t* svec = t.svec + r * (K / 32) * 16;
     float* d = t.d + r * t.nd;
     int16_t* q6sc = t.q6sc + r * (K / 16);
+    int32_t* q6off = reinterpret_cast<int32_t*>(t.mins + r * (K / 32));  // mins is unused by Q6_K
     for (int64_t i = 0; i < K / 256; ++i) {
       const gguf::BlockQ6_K& blk = b[i];
       d[i] = _cvtsh_ss(blk.d);
@@ -277,12 +313,27 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
         const __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk.scales[2 * c + 1]), _mm_set1_epi16(blk.scales[2 * c]));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(svec + (8 * i + c) * 16), s);
       }
+      // The values q - 32 (signed, -32..31) and the row's offset term: the kernel multiplies them by
+      // the activations + 128 (unsigned), so its sum carries 128 * sum_e sc_e (q_e - 32), which
+      // depends on the weights only; computed here once per row and tile and subtracted per
+      // super-block (block_kquant_rl).
       uint8_t* v = vals + 256 * i;
+      const __m256i k32 = _mm256_set1_epi8(32);
+      int32_t offset = 0;
       for (int h = 0; h < 2; ++h) {
         __m256i q[4];
         gguf_avx2::q6k_unpack_half(blk.ql + 64 * h, blk.qh + 32 * h, q);
-        for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 32 * k), q[k]);
+        for (int k = 0; k < 4; ++k) {
+          // sums of q over each 8 bytes; 16 elements = two of them, one scale
+          alignas(32) uint64_t s8[4];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(s8), _mm256_sad_epu8(q[k], _mm256_setzero_si256()));
+          const int e0 = 128 * h + 32 * k;  // first element of this vector
+          offset += blk.scales[e0 / 16] * (static_cast<int32_t>(s8[0] + s8[1]) - 16 * 32) +
+                    blk.scales[e0 / 16 + 1] * (static_cast<int32_t>(s8[2] + s8[3]) - 16 * 32);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(v + 128 * h + 32 * k), _mm256_sub_epi8(q[k], k32));
+        }
       }
+      q6off[i] = 128 * offset;
     }
   }
 }
@@ -296,7 +347,7 @@ HANPU_PREFILL_AVX2 inline float hsum(__m256 v) {
 // One Q8_0 block (32 elements) of MR activation rows x NG groups of 8 weight rows into int32 lanes:
 // acc[m][g] = sum over the 16 pairs j of VPMADDWD(w_g[j], broadcast of x_m's pair j). w points at
 // the group's block (16 vectors), x at the row's 32 int16. The general form (the tails) is
-// intrinsics; 4 x 2 is assembly: GCC 12 turned the intrinsics into a tree of sums with every
+// intrinsics; 4 x 2 and 6 x 2 are assembly: GCC 12 turned the intrinsics into a tree of sums with every
 // product spilled to the stack (seen in the disassembly; no faster than the old per-pair form).
 template <int MR, int NG>
 HANPU_PREFILL_AVX2 inline void q8_0_block_dot(const int16_t* const* w, const int16_t* const* x, __m256i (&acc)[MR][NG]) {
@@ -314,118 +365,66 @@ HANPU_PREFILL_AVX2 inline void q8_0_block_dot(const int16_t* const* w, const int
   }
 }
 
+// The assembly blocks (4 x 2 and 6 x 2), fully unrolled over the block's 16 pairs (no index
+// register, no loop branch) and the first pair's products written straight into the accumulators
+// (no zeroing, 8 or 12 fewer adds per block). The loop is bound by the vector operations it
+// issues (per pair 2 loads, MR broadcasts, 2 MR VPMADDWD and 2 MR VPADDD on Zen 3's 4 vector
+// pipes: 75-79% of the integer peak at best, benchmarks/avx2_int_loops.cpp); the unrolling
+// measured no change beyond the noise against the loop (docs/GGUF.md, "Fourth round"). Per activation row m, for
+// pair j (an .irp over the block's 16 pairs): the broadcast of x_m's pair j and the two groups'
+// products.
+#define HANPU_Q8_0_ROW(m)                                  \
+  "vpbroadcastd 4*\\j(%[px" #m "]), %[x]\n\t"              \
+  ".if \\j == 0\n\t"                                       \
+  "vpmaddwd %[x], %[w0], %[a" #m "0]\n\t"                  \
+  "vpmaddwd %[x], %[w1], %[a" #m "1]\n\t"                  \
+  ".else\n\t"                                              \
+  "vpmaddwd %[x], %[w0], %[t]\n\t"                         \
+  "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"              \
+  "vpmaddwd %[x], %[w1], %[t]\n\t"                         \
+  "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"              \
+  ".endif\n\t"
+#define HANPU_Q8_0_PAIRS_BEGIN                                                 \
+  ".irp j, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15  # the 16 pairs\n\t" \
+  "vmovdqa 32*\\j(%[pw0]), %[w0]\n\t"                                          \
+  "vmovdqa 32*\\j(%[pw1]), %[w1]\n\t"
+
 // 4 x 2: 8 accumulators, 2 weight vectors, the broadcast and the product (12 registers); per pair of
-// elements 2 loads and 4 broadcasts for 8 VPMADDWD (4 cycles on Zen 3's two multiply pipes).
+// elements 2 loads and 4 broadcasts for 8 VPMADDWD (4 cycles on Zen 3's two multiply pipes). The
+// tail of 4 activation rows.
 template <>
 HANPU_PREFILL_AVX2 inline void q8_0_block_dot<4, 2>(const int16_t* const* w, const int16_t* const* x,
                                                      __m256i (&acc)[4][2]) {
   __m256i w0, w1, xv, tmp;
-  int64_t idx;
-  __asm__(
-      "vpxor %[a00], %[a00], %[a00]\n\t"
-      "vmovdqa %[a00], %[a01]\n\t"
-      "vmovdqa %[a00], %[a10]\n\t"
-      "vmovdqa %[a00], %[a11]\n\t"
-      "vmovdqa %[a00], %[a20]\n\t"
-      "vmovdqa %[a00], %[a21]\n\t"
-      "vmovdqa %[a00], %[a30]\n\t"
-      "vmovdqa %[a00], %[a31]\n\t"
-      "xor %[idx], %[idx]\n\t"
-      "1:\n\t"
-      "vmovdqa (%[pw0],%[idx],8), %[w0]\n\t"
-      "vmovdqa (%[pw1],%[idx],8), %[w1]\n\t"
-      "vpbroadcastd (%[px0],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a00], %[a00]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a01], %[a01]\n\t"
-      "vpbroadcastd (%[px1],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a10], %[a10]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a11], %[a11]\n\t"
-      "vpbroadcastd (%[px2],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a20], %[a20]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a21], %[a21]\n\t"
-      "vpbroadcastd (%[px3],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a30], %[a30]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a31], %[a31]\n\t"
-      "add $4, %[idx]\n\t"
-      "cmp $64, %[idx]\n\t"
-      "jne 1b\n\t"
-      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
-      : "cc", "memory");
+  __asm__(HANPU_Q8_0_PAIRS_BEGIN HANPU_Q8_0_ROW(0) HANPU_Q8_0_ROW(1) HANPU_Q8_0_ROW(2) HANPU_Q8_0_ROW(3) ".endr\n\t"
+          : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]),
+            [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]),
+            [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp)
+          : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
+          : "memory");
 }
 
-// 6 x 2: 12 accumulators, 2 weight vectors, the broadcast and the product (all 16 registers); per
-// pair of elements 2 loads and 6 broadcasts for 12 VPMADDWD.
+// 6 x 2, the block in use: 12 accumulators, 2 weight vectors, the broadcast and the product (all 16
+// registers); per pair of elements 2 loads and 6 broadcasts for 12 VPMADDWD.
 template <>
 HANPU_PREFILL_AVX2 inline void q8_0_block_dot<6, 2>(const int16_t* const* w, const int16_t* const* x,
                                                      __m256i (&acc)[6][2]) {
   __m256i w0, w1, xv, tmp;
-  int64_t idx;
-  __asm__(
-      "vpxor %[a00], %[a00], %[a00]\n\t"
-      "vmovdqa %[a00], %[a01]\n\t"
-      "vmovdqa %[a00], %[a10]\n\t"
-      "vmovdqa %[a00], %[a11]\n\t"
-      "vmovdqa %[a00], %[a20]\n\t"
-      "vmovdqa %[a00], %[a21]\n\t"
-      "vmovdqa %[a00], %[a30]\n\t"
-      "vmovdqa %[a00], %[a31]\n\t"
-      "vmovdqa %[a00], %[a40]\n\t"
-      "vmovdqa %[a00], %[a41]\n\t"
-      "vmovdqa %[a00], %[a50]\n\t"
-      "vmovdqa %[a00], %[a51]\n\t"
-      "xor %[idx], %[idx]\n\t"
-      "1:\n\t"
-      "vmovdqa (%[pw0],%[idx],8), %[w0]\n\t"
-      "vmovdqa (%[pw1],%[idx],8), %[w1]\n\t"
-      "vpbroadcastd (%[px0],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a00], %[a00]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a01], %[a01]\n\t"
-      "vpbroadcastd (%[px1],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a10], %[a10]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a11], %[a11]\n\t"
-      "vpbroadcastd (%[px2],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a20], %[a20]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a21], %[a21]\n\t"
-      "vpbroadcastd (%[px3],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a30], %[a30]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a31], %[a31]\n\t"
-      "vpbroadcastd (%[px4],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a40], %[a40]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a41], %[a41]\n\t"
-      "vpbroadcastd (%[px5],%[idx]), %[x]\n\t"
-      "vpmaddwd %[x], %[w0], %[t]\n\t"
-      "vpaddd %[t], %[a50], %[a50]\n\t"
-      "vpmaddwd %[x], %[w1], %[t]\n\t"
-      "vpaddd %[t], %[a51], %[a51]\n\t"
-      "add $4, %[idx]\n\t"
-      "cmp $64, %[idx]\n\t"
-      "jne 1b\n\t"
-      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [a40] "=&x"(acc[4][0]), [a41] "=&x"(acc[4][1]), [a50] "=&x"(acc[5][0]), [a51] "=&x"(acc[5][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]), [px4] "r"(x[4]), [px5] "r"(x[5])
-      : "cc", "memory");
+  __asm__(HANPU_Q8_0_PAIRS_BEGIN HANPU_Q8_0_ROW(0) HANPU_Q8_0_ROW(1) HANPU_Q8_0_ROW(2) HANPU_Q8_0_ROW(3)
+              HANPU_Q8_0_ROW(4) HANPU_Q8_0_ROW(5) ".endr\n\t"
+          : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]),
+            [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]),
+            [a40] "=&x"(acc[4][0]), [a41] "=&x"(acc[4][1]), [a50] "=&x"(acc[5][0]), [a51] "=&x"(acc[5][1]),
+            [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp)
+          : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]),
+            [px4] "r"(x[4]), [px5] "r"(x[5])
+          : "memory");
 }
+#undef HANPU_Q8_0_ROW
+#undef HANPU_Q8_0_PAIRS_BEGIN
 
 // Q8_0 (scale per 32 on both sides): MR activation rows x NG groups of 8 weight rows, lanes along
-// the weight rows (unpack_q8_0_row). Per pair of elements j of block b: one broadcast of each
+// the weight rows (unpack_q8_0_group). Per pair of elements j of block b: one broadcast of each
 // activation row's two int16 (x16), one load of each group's vector, and per (activation row, group)
 // a VPMADDWD and an add into int32 accumulators (8 of them for 4 x 2, with 2 weight vectors, the
 // broadcast and the product: 12 registers; 6 x 2, the one in use, all 16). At the end of the block each accumulator holds 8
@@ -494,34 +493,42 @@ HANPU_PREFILL_AVX2 void block_q8_0(const Tile& t, const ActivationRows& a, int64
 //   svec [g][i][c][16 int16]             Q4_K / Q5_K: row r's sub-block scale in lanes 2r, 2r + 1
 //        [g][i][c][h][16 int16]          Q6_K: h = 0 for steps 0..3 (scale 2c), 1 for 4..7 (2c + 1)
 //   d    [g][i][row]                     mins [g][i][j][row] (dmin * m_j, Q4_K / Q5_K)
-//   q6sc [g][i][k][16 int16]             Q6_K: row r's scales 2k, 2k + 1 in lanes 2r, 2r + 1
-// A row is unpacked into the one-row stage in element order (unpack_row) and copied from there;
+//   mins [g][i][row] as int32            Q6_K: 128 * sum_e sc_e (q_e - 32), the offset term (unpack_row)
+// A group's 8 rows are unpacked into the 8-row stage in element order (unpack_row) and moved from
+// there into row lanes, the values by 8 x 8 transposes of 4-byte elements (transpose_8x8_epi32);
 // rows past the tile's last (nw) are zero (their outputs are not stored).
 template <Kind kind>
-HANPU_PREFILL_AVX2 void interleave_kquant_row(const Tile& st, const Tile& t, int64_t r) {
-  const int64_t nsb = t.K / 256, g = r / kQ8Group, l = r % kQ8Group;
+HANPU_PREFILL_AVX2 void interleave_kquant_group(const Tile& st, const Tile& t, int64_t g) {
+  const int64_t K = t.K, nsb = K / 256;
   for (int64_t i = 0; i < nsb; ++i) {
     const int64_t gi = g * nsb + i;
-    uint8_t* v = t.vals + gi * 2048 + 4 * l;
-    for (int e = 0; e < 64; ++e) std::memcpy(v + 32 * e, st.vals + 256 * i + 4 * e, 4);  // e = 8c + q
-    t.d[gi * 8 + l] = st.d[i];
-    for (int c = 0; c < 8; ++c) {
-      if constexpr (kind == Kind::kQ6K) {
-        for (int h = 0; h < 2; ++h) {
-          const int16_t sc = st.q6sc[16 * i + 2 * c + h];
-          int16_t* sv = t.svec + ((gi * 8 + c) * 2 + h) * 16 + 2 * l;
+    for (int k = 0; k < 8; ++k) {  // the super-block's 32-byte piece k of each row: steps e = 8k .. 8k + 7
+      __m256i v[8];
+      for (int l = 0; l < kQ8Group; ++l)
+        v[l] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st.vals + l * K + 256 * i + 32 * k));
+      transpose_8x8_epi32(v);
+      for (int j = 0; j < 8; ++j)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(t.vals + gi * 2048 + 32 * (8 * k + j)), v[j]);
+    }
+    for (int64_t l = 0; l < kQ8Group; ++l) {
+      t.d[gi * 8 + l] = st.d[l * st.nd + i];
+      if constexpr (kind == Kind::kQ6K)
+        reinterpret_cast<int32_t*>(t.mins)[gi * 8 + l] = reinterpret_cast<const int32_t*>(st.mins + l * (K / 32))[i];
+      for (int c = 0; c < 8; ++c) {
+        if constexpr (kind == Kind::kQ6K) {
+          const int16_t* q6 = st.q6sc + l * (K / 16) + 16 * i;
+          for (int h = 0; h < 2; ++h) {
+            int16_t* sv = t.svec + ((gi * 8 + c) * 2 + h) * 16 + 2 * l;
+            sv[0] = q6[2 * c + h];
+            sv[1] = q6[2 * c + h];
+          }
+        } else {
+          const int16_t sc = st.svec[(l * (K / 32) + 8 * i + c) * 16];
+          int16_t* sv = t.svec + (gi * 8 + c) * 16 + 2 * l;
           sv[0] = sc;
           sv[1] = sc;
+          t.mins[(gi * 8 + c) * 8 + l] = st.mins[l * (K / 32) + 8 * i + c];
         }
-        int16_t* p = t.q6sc + (gi * 8 + c) * 16 + 2 * l;  // c here is the pair k of scales
-        p[0] = st.q6sc[16 * i + 2 * c];
-        p[1] = st.q6sc[16 * i + 2 * c + 1];
-      } else {
-        const int16_t sc = st.svec[(8 * i + c) * 16];
-        int16_t* sv = t.svec + (gi * 8 + c) * 16 + 2 * l;
-        sv[0] = sc;
-        sv[1] = sc;
-        t.mins[(gi * 8 + c) * 8 + l] = st.mins[8 * i + c];
       }
     }
   }
@@ -550,7 +557,10 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int1
         std::memcpy(&four, x[m] + 32 * c + 4 * q, 4);
         const __m256i xv = _mm256_set1_epi32(four);
         for (int g = 0; g < NG; ++g)
-          acc[m][g] = _mm256_add_epi32(acc[m][g], _mm256_madd_epi16(_mm256_maddubs_epi16(wv[g], xv), sv[g]));
+          acc[m][g] = _mm256_add_epi32(
+              acc[m][g], _mm256_madd_epi16(kind == Kind::kQ6K ? _mm256_maddubs_epi16(xv, wv[g])  // unsigned x + 128
+                                                              : _mm256_maddubs_epi16(wv[g], xv),
+                                           sv[g]));
       }
     }
   }
@@ -559,10 +569,29 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int1
 // 4 x 2 in assembly: GCC 12 made the intrinsics load-bound in the earlier layout (each load folded
 // into every multiply that reads it as a memory operand, or accumulators spilled). 8 accumulators, 2 weight and 2
 // scale vectors, the broadcast and the product (14 registers); per step 2 loads and 4 broadcasts for
-// 16 multiplies.
-template <>
-HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
-                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+// 16 multiplies. One loop for the three types: they differ only in the scale vectors, one per chunk
+// of 32 for Q4_K / Q5_K (32 bytes per chunk, so the chunk's offset idx scales by 1), two for Q6_K
+// (one per 16 elements: 64 bytes per chunk, idx scaled by 2, the second vector loaded before step 4).
+// Per activation row m and step q (an .irp over the chunk's 8 steps): the broadcast of x_m's 4
+// bytes and the two groups' VPMADDUBSW, VPMADDWD by the scales, VPADDD.
+#define HANPU_KQUANT_MADDUBS(w)                                                             \
+  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
+  "vpmaddubsw %[" #w "], %[x], %[t]\n\t"                                                    \
+  ".else\n\t"                                                                                \
+  "vpmaddubsw %[x], %[" #w "], %[t]\n\t"                                                    \
+  ".endif\n\t"
+#define HANPU_KQUANT_ROW(m)                       \
+  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t" \
+  HANPU_KQUANT_MADDUBS(w0)                        \
+  "vpmaddwd %[s0], %[t], %[t]\n\t"                \
+  "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"     \
+  HANPU_KQUANT_MADDUBS(w1)                        \
+  "vpmaddwd %[s1], %[t], %[t]\n\t"                \
+  "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"
+template <Kind kind>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const int16_t* const* sc,
+                                                 const int8_t* const* x, __m256i (&acc)[4][2]) {
+  constexpr int kScaleStride = kind == Kind::kQ6K ? 2 : 1;  // scale bytes per byte of idx (32 or 64 per chunk)
   __m256i w0, w1, xv, tmp, s0, s1;
   int64_t idx;
   __asm__(
@@ -576,117 +605,46 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* co
       "vmovdqa %[a00], %[a31]\n\t"
       "xor %[idx], %[idx]\n\t"
       "1:\n\t"
-      "vmovdqa (%[ps0],%[idx]), %[s0]\n\t"
-      "vmovdqa (%[ps1],%[idx]), %[s1]\n\t"
+      "vmovdqa (%[ps0],%[idx],%c[ss]), %[s0]\n\t"
+      "vmovdqa (%[ps1],%[idx],%c[ss]), %[s1]\n\t"
       ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
-      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
-      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
-      "vpbroadcastd 4*\\q(%[px0],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a00], %[a00]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a01], %[a01]\n\t"
-      "vpbroadcastd 4*\\q(%[px1],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a10], %[a10]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a11], %[a11]\n\t"
-      "vpbroadcastd 4*\\q(%[px2],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a20], %[a20]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a21], %[a21]\n\t"
-      "vpbroadcastd 4*\\q(%[px3],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a30], %[a30]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a31], %[a31]\n\t"
-      ".endr\n\t"
-      "add $32, %[idx]\n\t"
-      "cmp $256, %[idx]\n\t"
-      "jne 1b\n\t"
-      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
-      : "cc", "memory");
-}
-template <>
-HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ5K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
-                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot<Kind::kQ4K, 4, 2>(w, sc, x, acc);  // the same layout (values 0..31 instead of 0..15)
-}
-template <>
-HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
-                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
-  __m256i w0, w1, xv, tmp, s0, s1;
-  int64_t idx;
-  __asm__(
-      "vpxor %[a00], %[a00], %[a00]\n\t"
-      "vmovdqa %[a00], %[a01]\n\t"
-      "vmovdqa %[a00], %[a10]\n\t"
-      "vmovdqa %[a00], %[a11]\n\t"
-      "vmovdqa %[a00], %[a20]\n\t"
-      "vmovdqa %[a00], %[a21]\n\t"
-      "vmovdqa %[a00], %[a30]\n\t"
-      "vmovdqa %[a00], %[a31]\n\t"
-      "xor %[idx], %[idx]\n\t"
-      "1:\n\t"
-      "vmovdqa (%[ps0],%[idx],2), %[s0]\n\t"
-      "vmovdqa (%[ps1],%[idx],2), %[s1]\n\t"
-      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
-      ".if \\q == 4  # Q6_K: the second 16 elements' scales\n\t"
+      ".if %c[ss] == 2 && \\q == 4  # Q6_K: the second 16 elements' scales\n\t"
       "vmovdqa 32(%[ps0],%[idx],2), %[s0]\n\t"
       "vmovdqa 32(%[ps1],%[idx],2), %[s1]\n\t"
       ".endif\n\t"
       "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
       "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
-      "vpbroadcastd 4*\\q(%[px0],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a00], %[a00]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a01], %[a01]\n\t"
-      "vpbroadcastd 4*\\q(%[px1],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a10], %[a10]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a11], %[a11]\n\t"
-      "vpbroadcastd 4*\\q(%[px2],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a20], %[a20]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a21], %[a21]\n\t"
-      "vpbroadcastd 4*\\q(%[px3],%[idx]), %[x]\n\t"
-      "vpmaddubsw %[x], %[w0], %[t]\n\t"
-      "vpmaddwd %[s0], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a30], %[a30]\n\t"
-      "vpmaddubsw %[x], %[w1], %[t]\n\t"
-      "vpmaddwd %[s1], %[t], %[t]\n\t"
-      "vpaddd %[t], %[a31], %[a31]\n\t"
+      HANPU_KQUANT_ROW(0) HANPU_KQUANT_ROW(1) HANPU_KQUANT_ROW(2) HANPU_KQUANT_ROW(3)
       ".endr\n\t"
       "add $32, %[idx]\n\t"
       "cmp $256, %[idx]\n\t"
       "jne 1b\n\t"
       : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3])
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]), [ss] "i"(kScaleStride)
       : "cc", "memory");
+}
+#undef HANPU_KQUANT_ROW
+#undef HANPU_KQUANT_MADDUBS
+template <>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
+                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+  kquant_rl_dot_4x2<Kind::kQ4K>(w, sc, x, acc);
+}
+template <>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ5K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
+                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+  kquant_rl_dot_4x2<Kind::kQ5K>(w, sc, x, acc);  // Q4_K's layout (values 0..31 instead of 0..15)
+}
+template <>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
+                                                              const int8_t* const* x, __m256i (&acc)[4][2]) {
+  kquant_rl_dot_4x2<Kind::kQ6K>(w, sc, x, acc);
 }
 
 // Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
-// row, group), i.e. per 8 outputs: Q6_K's -32 term in integers (8 VPMADDWD of the rows' scale pairs
-// by the row's int8 sums per 16), one conversion and one FMA by (8 rows' d) x activation scale, and
+// row, group), i.e. per 8 outputs: Q6_K's offset term subtracted in integers (one VPSUBD; until
+// 2026-12-05 the -32 term was 8 VPMADDWD of the rows' scale pairs by the row's int8 sums per 16,
+// which held Q6_K 15% below its speed now), one conversion and one FMA by (8 rows' d) x activation scale, and
 // Q4_K / Q5_K's min term as 8 FNMADDs (the rows' dmin * m_j times qsum, the sum of the quantized
 // activations over sub-block j: llama.cpp's and the decode GEMV's min term, dmin * s_x * sum_j m_j
 // B_j with B_j the integer sum of q8, whose s_x * B_j is rounded once to f32 here instead of
@@ -717,20 +675,10 @@ HANPU_PREFILL_AVX2 void block_kquant_rl(const Tile& t, const ActivationRows& a, 
       for (int m = 0; m < MR; ++m) xp[m] = a.xq8 + (m0 + m) * K + 256 * i;
       kquant_rl_dot<kind, MR, NG>(wp, sp, xp, acc);
     }
-    if constexpr (kind == Kind::kQ6K) {  // - 32 * sum_k (sc_2k * B_2k + sc_2k+1 * B_2k+1), B the sums of q8 per 16
-      for (int m = 0; m < MR; ++m) {
-        const int16_t* bs = a.bsum16.data() + (m0 + m) * (K / 16) + 16 * i;
-        for (int g = 0; g < NG; ++g) {
-          const int16_t* p = t.q6sc + (g * nsb + i) * 8 * 16;
-          __m256i c = _mm256_setzero_si256();
-          for (int k = 0; k < 8; ++k) {
-            int32_t pair;
-            std::memcpy(&pair, bs + 2 * k, 4);
-            c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(p + 16 * k)),
-                                                      _mm256_set1_epi32(pair)));
-          }
-          acc[m][g] = _mm256_sub_epi32(acc[m][g], _mm256_slli_epi32(c, 5));
-        }
+    if constexpr (kind == Kind::kQ6K) {  // the offset term 128 * sum_e sc_e (q_e - 32) of the 8 rows (unpack_row)
+      for (int g = 0; g < NG; ++g) {
+        const __m256i off = _mm256_load_si256(reinterpret_cast<const __m256i*>(t.mins) + g * nsb + i);
+        for (int m = 0; m < MR; ++m) acc[m][g] = _mm256_sub_epi32(acc[m][g], off);
       }
     }
     __m256 f[MR][NG];
@@ -800,8 +748,14 @@ void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, 
               const ActivationRows& a, float* y, int64_t ldy, bool accumulate) {
   if constexpr (kind == Kind::kQ8_0) {
     const int64_t groups = (nw + kQ8Group - 1) / kQ8Group;
-    for (int64_t r = 0; r < groups * kQ8Group; ++r)
-      unpack_q8_0_row(r < nw ? reinterpret_cast<const gguf::BlockQ8_0*>(rows + r * row_bytes) : nullptr, t, r);
+    for (int64_t g = 0; g < groups; ++g) {
+      const gguf::BlockQ8_0* b[kQ8Group];
+      for (int64_t l = 0; l < kQ8Group; ++l) {
+        const int64_t r = kQ8Group * g + l;
+        b[l] = r < nw ? reinterpret_cast<const gguf::BlockQ8_0*>(rows + r * row_bytes) : nullptr;
+      }
+      unpack_q8_0_group(b, t, g);
+    }
     static_assert(kGgufTileRows == 2 * kQ8Group, "block_q8_0 takes a tile as one or two groups of 8 rows");
     for (int64_t m0 = 0; m0 < a.M; m0 += kQ8RowsX) {
       const int64_t mr = std::min<int64_t>(kQ8RowsX, a.M - m0);
@@ -810,17 +764,21 @@ void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, 
     }
   } else {
     const int64_t groups = (nw + kQ8Group - 1) / kQ8Group;
-    for (int64_t r = 0; r < groups * kQ8Group; ++r) {
-      if (r < nw) {
-        unpack_row<kind>(rows + r * row_bytes, stage, 0);
-      } else if (r == nw) {  // the padding rows: a zero row
-        std::memset(stage.vals, 0, static_cast<size_t>(t.K));
-        std::memset(stage.svec, 0, static_cast<size_t>(t.K));
-        std::memset(stage.d, 0, static_cast<size_t>(t.K / 256) * 4);
-        std::memset(stage.mins, 0, static_cast<size_t>(t.K / 32) * 4);
-        std::memset(stage.q6sc, 0, static_cast<size_t>(t.K / 16) * 2);
+    const int64_t K = t.K;
+    for (int64_t g = 0; g < groups; ++g) {
+      for (int64_t l = 0; l < kQ8Group; ++l) {
+        const int64_t r = kQ8Group * g + l;
+        if (r < nw) {
+          unpack_row<kind>(rows + r * row_bytes, stage, l);
+        } else {  // the padding rows: zero rows
+          std::memset(stage.vals + l * K, 0, static_cast<size_t>(K));
+          std::memset(stage.svec + l * (K / 32) * 16, 0, static_cast<size_t>(K));
+          std::memset(stage.d + l * stage.nd, 0, static_cast<size_t>(stage.nd) * 4);
+          std::memset(stage.mins + l * (K / 32), 0, static_cast<size_t>(K / 32) * 4);
+          std::memset(stage.q6sc + l * (K / 16), 0, static_cast<size_t>(K / 16) * 2);
+        }
       }
-      interleave_kquant_row<kind>(stage, t, r);
+      interleave_kquant_group<kind>(stage, t, g);
     }
     for (int64_t m0 = 0; m0 < a.M; m0 += kRowsX) {
       const int64_t mr = std::min<int64_t>(kRowsX, a.M - m0);
@@ -835,6 +793,16 @@ HANPU_PREFILL_AVX2 void widen_rows(ActivationRows& a, int64_t m_begin, int64_t m
   for (int64_t i = m_begin * a.K; i < m_end * a.K; i += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.x16.data() + i),
                         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a.xq8 + i))));
+}
+
+// Q6_K: rows [m_begin, m_end) of q8 as unsigned bytes q8 + 128 (the sign bit flipped), the
+// unsigned operand of its VPMADDUBSW (kquant_rl_dot).
+HANPU_PREFILL_AVX2 void offset_rows(ActivationRows& a, int64_t m_begin, int64_t m_end) {
+  const __m256i sign = _mm256_set1_epi8(static_cast<char>(0x80));
+  for (int64_t i = m_begin * a.K; i < m_end * a.K; i += 32) {
+    auto* p = reinterpret_cast<__m256i*>(a.xq8 + i);
+    _mm256_store_si256(p, _mm256_xor_si256(_mm256_load_si256(p), sign));
+  }
 }
 
 ActivationRows& activation_rows() {
@@ -876,6 +844,7 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
   const bool widen = type == gguf::GgmlType::Q8_0;
   const bool min_term = type == gguf::GgmlType::Q4_K || type == gguf::GgmlType::Q5_K;
+  const bool offset_x = type == gguf::GgmlType::Q6_K;
   if (widen) a.x16.resize(static_cast<size_t>(M * K));
   if (min_term) a.qsum.resize(static_cast<size_t>(M * (K / 32)));
   {
@@ -892,6 +861,7 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
             a.qsum[static_cast<size_t>(m * (K / 32) + j)] = xs[j / 8] * static_cast<float>(b16[2 * j] + b16[2 * j + 1]);
       }
       if (widen) widen_rows(a, M * p / parts, M * (p + 1) / parts);
+      if (offset_x) offset_rows(a, M * p / parts, M * (p + 1) / parts);
     });
   }
   const size_t row_bytes = static_cast<size_t>(K / bf.block_elems * bf.block_bytes);
@@ -902,7 +872,7 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
     const int64_t nd = type == gguf::GgmlType::Q8_0 ? K / 32 : K / 256;
     auto* scratch = reinterpret_cast<uint8_t*>(ws.bytes(kLinearPanel, scratch_bytes(K)));
     const Tile t = carve_tile(scratch, K, nd);
-    const Tile stage = carve_tile(scratch + tile_bytes(K, kGgufTileRows), K, nd, 1);
+    const Tile stage = carve_tile(scratch + tile_bytes(K, kGgufTileRows), K, nd, kQ8Group);
     for (int64_t ti = tiles * p / parts; ti < tiles * (p + 1) / parts; ++ti) {
       const int64_t n0 = ti * kGgufTileRows, nw = std::min<int64_t>(kGgufTileRows, N - n0);
       const uint8_t* rows = wb + n0 * row_bytes;

@@ -1,0 +1,128 @@
+// The ceilings of the integer prefill GEMM's inner loops (src/cpu/linear_gguf_prefill.cpp) on the
+// running core: each loop body of docs/GGUF.md ("Prefill GEMM", "Fourth round") on operands in
+// registers or L1, 16 times unrolled, timed by the thread's CPU time. GOP/s per core, one
+// multiply-add = 2 operations, next to the peak of one pair of 256-bit integer multiplies per
+// cycle (32 multiply-adds of VPMADDUBSW + VPMADDWD, or two VPMADDWD of 16).
+//
+//   avx2_int_loops [--iters N]
+//
+// Loops:
+//   vpmaddwd only        12 independent VPMADDWD per step: the multiply pipes alone
+//   q8_0 step, regs      Q8_0's 6 x 2 step: 12 x (VPMADDWD, VPADDD), operands in registers
+//   q8_0 step, L1        the same with its 2 weight loads and 6 activation broadcasts from L1
+//   k-quant step, regs   the K-quants' 4 x 2 step: 8 x (VPMADDUBSW, VPMADDWD by scales, VPADDD)
+// The Q8_0 form issues 4 vector operations per 32 products against the K-quants' 3, and its adds
+// share the vector pipes with the multiplies: the ratio of the second and fourth lines is what
+// keeps Q8_0's GEMM below the K-quants'.
+#include <time.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+double thread_cpu_seconds() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+#if defined(__x86_64__)
+alignas(64) int16_t g_weights[2 * 16 * 16];  // 2 groups x 16 vectors of 16 int16
+alignas(64) int16_t g_x[6 * 64];             // 6 activation rows
+
+#define HANPU_REP16 ".irp j, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15\n\t"
+#define HANPU_ALL_YMM                                                                                          \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", \
+      "xmm13", "xmm14", "xmm15"
+
+__attribute__((target("avx2"))) void madd_only() {
+  __asm__ volatile(HANPU_REP16 ".irp m, 0, 1, 2, 3, 4, 5\n\t"
+                   "vpmaddwd %%ymm14, %%ymm12, %%ymm\\m\n\t"
+                   ".endr\n\t"
+                   ".irp m, 6, 7, 8, 9, 10, 11\n\t"
+                   "vpmaddwd %%ymm14, %%ymm13, %%ymm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t" ::: HANPU_ALL_YMM);
+}
+
+// accumulators ymm0-5 (group 0) and ymm6-11 (group 1), weights ymm12 / 13, broadcast ymm14, product ymm15
+#define HANPU_Q8_PAIR(a, b)                                            \
+  "vpmaddwd %%ymm14, %%ymm12, %%ymm15\n\tvpaddd %%ymm15, %%ymm" #a ", %%ymm" #a "\n\t" \
+  "vpmaddwd %%ymm14, %%ymm13, %%ymm15\n\tvpaddd %%ymm15, %%ymm" #b ", %%ymm" #b "\n\t"
+__attribute__((target("avx2"))) void q8_0_regs() {
+  __asm__ volatile(HANPU_REP16 HANPU_Q8_PAIR(0, 6) HANPU_Q8_PAIR(1, 7) HANPU_Q8_PAIR(2, 8) HANPU_Q8_PAIR(3, 9)
+                       HANPU_Q8_PAIR(4, 10) HANPU_Q8_PAIR(5, 11) ".endr\n\t" ::: HANPU_ALL_YMM);
+}
+
+#define HANPU_Q8_ROW(p, a, b) "vpbroadcastd 4*\\j(%[" #p "]), %%ymm14\n\t" HANPU_Q8_PAIR(a, b)
+__attribute__((target("avx2"))) void q8_0_l1() {
+  __asm__ volatile(HANPU_REP16 "vmovdqa 32*\\j(%[w]), %%ymm12\n\t"
+                   "vmovdqa 32*\\j+512(%[w]), %%ymm13\n\t" HANPU_Q8_ROW(x0, 0, 6) HANPU_Q8_ROW(x1, 1, 7)
+                       HANPU_Q8_ROW(x2, 2, 8) HANPU_Q8_ROW(x3, 3, 9) HANPU_Q8_ROW(x4, 4, 10) HANPU_Q8_ROW(x5, 5, 11)
+                   ".endr\n\t"
+                   :
+                   : [w] "r"(g_weights), [x0] "r"(g_x), [x1] "r"(g_x + 64), [x2] "r"(g_x + 128),
+                     [x3] "r"(g_x + 192), [x4] "r"(g_x + 256), [x5] "r"(g_x + 320)
+                   : "memory", HANPU_ALL_YMM);
+}
+
+// accumulators ymm0-3 (group 0) and ymm4-7 (group 1), scales ymm8 / 9, weights ymm12 / 13
+#define HANPU_KQ_ROW(a, b)                                                                               \
+  "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\tvpmaddwd %%ymm8, %%ymm15, %%ymm15\n\t"                        \
+  "vpaddd %%ymm15, %%ymm" #a ", %%ymm" #a "\n\t"                                                        \
+  "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\tvpmaddwd %%ymm9, %%ymm15, %%ymm15\n\t"                        \
+  "vpaddd %%ymm15, %%ymm" #b ", %%ymm" #b "\n\t"
+__attribute__((target("avx2"))) void kquant_regs() {
+  __asm__ volatile(HANPU_REP16 HANPU_KQ_ROW(0, 4) HANPU_KQ_ROW(1, 5) HANPU_KQ_ROW(2, 6) HANPU_KQ_ROW(3, 7)
+                   ".endr\n\t" ::: HANPU_ALL_YMM);
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t iters = 2000000;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+      iters = std::atoll(argv[++i]);
+    } else {
+      std::fprintf(stderr, "avx2_int_loops: unknown argument '%s' (expected --iters N)\n", argv[i]);
+      return 2;
+    }
+  }
+  if (iters <= 0) {
+    std::fprintf(stderr, "avx2_int_loops: --iters must be positive\n");
+    return 2;
+  }
+#if defined(__x86_64__)
+  if (!__builtin_cpu_supports("avx2")) {
+    std::fprintf(stderr, "avx2_int_loops: this CPU has no AVX2\n");
+    return 1;
+  }
+  struct Loop {
+    const char* name;
+    void (*body)();
+    double macs_per_call;  // multiply-adds per call (16 steps)
+  };
+  const Loop loops[] = {
+      {"vpmaddwd only", madd_only, 16.0 * 12 * 16},
+      {"q8_0 step, regs", q8_0_regs, 16.0 * 12 * 16},
+      {"q8_0 step, L1", q8_0_l1, 16.0 * 12 * 16},
+      {"k-quant step, regs", kquant_regs, 16.0 * 8 * 32},
+  };
+  std::printf("loop                 GOP/s per core (CPU time)\n");
+  for (const Loop& l : loops) {
+    const double t0 = thread_cpu_seconds();
+    for (int64_t i = 0; i < iters; ++i) l.body();
+    const double t = thread_cpu_seconds() - t0;
+    std::printf("%-20s %7.1f\n", l.name, 2.0 * l.macs_per_call * static_cast<double>(iters) / t * 1e-9);
+  }
+  return 0;
+#else
+  std::fprintf(stderr, "avx2_int_loops: x86-64 only\n");
+  return 1;
+#endif
+}
