@@ -9,6 +9,7 @@ decode against the read probe bench-model measured in the same run, the load ave
 run), writes every raw row with --json-out and a bar chart of the ratios with --svg.
 
     python3 benchmarks/gguf_vs_llama_cpp.py --llama-cpp DIR F1.gguf F2.gguf [--rounds 2] [--svg out.svg]
+        [--hanpu-env lanes:HANPU_GGUF_LAYOUT=lanes --hanpu-env file:HANPU_GGUF_LAYOUT=file]
 
 DIR holds llama-bench (the peer build's bin/). hanpu's decode is timed after the first prompt
 length's prefill, llama.cpp's `tg` from an empty context (llama-bench's definition). Python 3.11
@@ -31,36 +32,57 @@ def load_average():
         return float(f.read().split()[0])
 
 
-def run_json_lines(cmd):
+def run_json_lines(cmd, env=None):
     """The JSON values a command prints: bench-model one object per line, llama-bench one array."""
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True,
+                         env={**os.environ, **env} if env else None).stdout
     text = out.strip()
     if text.startswith("["):
         return json.loads(text)
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
-def one_round(args, path, prompts):
-    """hanpu then llama.cpp on one file: {"hanpu": {...}, "llama": {...}} of tokens/s."""
+def parse_variant(text):
+    """--hanpu-env LABEL:NAME=VALUE[,NAME=VALUE...] -> (label, {NAME: VALUE})."""
+    label, sep, assignments = text.partition(":")
+    env = {}
+    for a in assignments.split(",") if sep else []:
+        name, eq, value = a.partition("=")
+        if not eq or not name:
+            raise argparse.ArgumentTypeError(f"--hanpu-env {text!r}: expected LABEL:NAME=VALUE[,NAME=VALUE...]")
+        env[name] = value
+    if not label:
+        raise argparse.ArgumentTypeError(f"--hanpu-env {text!r}: the label before ':' is empty")
+    return label, env
+
+
+def one_round(args, path, prompts, variants):
+    """Each hanpu variant, then llama.cpp, on one file: one row per variant, {"hanpu": {...},
+    "llama": {...}} of tokens/s, llama.cpp's run shared by the variants of the round."""
     p_list = ",".join(str(p) for p in prompts)
-    row = {"file": os.path.basename(path)}
-    row["hanpu_load"] = load_average()
-    rows = run_json_lines([args.hanpu, "bench-model", "--model", path, "-p", p_list, "--decode-tokens",
-                           str(args.decode), "--threads", str(args.threads), "--json"])
-    by_prompt = {r["prompt_tokens"]: r for r in rows}
-    first = by_prompt[prompts[0]]
-    row["hanpu"] = {f"pp{p}": by_prompt[p]["prefill_tokens_per_s"] for p in prompts}
-    row["hanpu"]["tg"] = first["decode_tokens_per_s"]
-    row["hanpu_decode_gbs"] = first["decode_weight_gbs"]
-    row["probe_gbs"] = first["machine_read_bandwidth_gbs"]
-    row["llama_load"] = load_average()
+    rows = []
+    for label, env in variants:
+        row = {"file": os.path.basename(path) + (f" ({label})" if label else ""), "env": env}
+        row["hanpu_load"] = load_average()
+        hrows = run_json_lines([args.hanpu, "bench-model", "--model", path, "-p", p_list, "--decode-tokens",
+                                str(args.decode), "--threads", str(args.threads), "--json"], env)
+        by_prompt = {r["prompt_tokens"]: r for r in hrows}
+        first = by_prompt[prompts[0]]
+        row["hanpu"] = {f"pp{p}": by_prompt[p]["prefill_tokens_per_s"] for p in prompts}
+        row["hanpu"]["tg"] = first["decode_tokens_per_s"]
+        row["hanpu_decode_gbs"] = first["decode_weight_gbs"]
+        row["probe_gbs"] = first["machine_read_bandwidth_gbs"]
+        rows.append(row)
+    llama_load = load_average()
     lrows = run_json_lines([os.path.join(args.llama_cpp, "llama-bench"), "-m", path, "-p", p_list, "-n",
                             str(args.decode), "-t", str(args.threads), "-r", "1", "-o", "json"])
-    row["llama"] = {}
+    llama = {}
     for r in lrows:
         key = f"pp{r['n_prompt']}" if r["n_gen"] == 0 else "tg"
-        row["llama"][key] = r["avg_ts"]
-    return row
+        llama[key] = r["avg_ts"]
+    for row in rows:
+        row["llama_load"], row["llama"] = llama_load, llama
+    return rows
 
 
 def ratio_range(rows, key):
@@ -149,6 +171,9 @@ def main():
     ap.add_argument("-p", "--prompts", default="512,2048")
     ap.add_argument("-n", "--decode", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--hanpu-env", action="append", type=parse_variant, default=[],
+                    help="LABEL:NAME=VALUE[,...]: run hanpu once per such variant with these environment "
+                         "variables (e.g. lanes:HANPU_GGUF_LAYOUT=lanes); default one run as is")
     ap.add_argument("--json-out")
     ap.add_argument("--svg")
     args = ap.parse_args()
@@ -158,15 +183,16 @@ def main():
             sys.exit(f"gguf_vs_llama_cpp: {f}: no such file")
     if not os.access(os.path.join(args.llama_cpp, "llama-bench"), os.X_OK):
         sys.exit(f"gguf_vs_llama_cpp: --llama-cpp {args.llama_cpp}: no executable llama-bench there")
-    results = {os.path.basename(f): [] for f in args.files}
+    variants = args.hanpu_env or [("", {})]
+    results = {}
     start = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     for r in range(args.rounds):
         for f in args.files:
             t0 = time.time()
-            row = one_round(args, f, prompts)
-            results[row["file"]].append(row)
-            print(f"round {r + 1}/{args.rounds} {row['file']}: load {row['hanpu_load']:.1f}/{row['llama_load']:.1f}, "
-                  f"{time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            for row in one_round(args, f, prompts, variants):
+                results.setdefault(row["file"], []).append(row)
+            print(f"round {r + 1}/{args.rounds} {os.path.basename(f)}: load {row['hanpu_load']:.1f}/"
+                  f"{row['llama_load']:.1f}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     end = time.strftime("%H:%M", time.gmtime())
     print(f"{args.rounds} interleaved rounds, {start}-{end} UTC, {args.threads} threads; tokens/s per round")
     print(table(results, prompts))
