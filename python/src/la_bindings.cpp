@@ -445,7 +445,12 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
     return static_cast<std::byte*>(pool.data) + (s * pool.stride[0] + r * pool.stride[1]) * static_cast<int64_t>(pe);
   };
   const EngineThreads th{&Engine::default_engine(), threads};
-  model::parallel_for(N, th.when(N >= 4 || T >= 64), [&](int64_t n0, int64_t n1) {
+  // Decode steps (a token per sequence) stay on the calling thread: a token is about 10 us of work
+  // (6144 channels), less than waking the pool, whose threads may find their cores held by
+  // torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on 2 threads at load
+  // average 8, 2-core Zen 3).
+  const bool many = T >= 64;
+  model::parallel_for(N, th.when(N > 1 && many), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t s = slot_of[n];
       if (s < 0 || bos[n + 1] == bos[n]) continue;
@@ -463,7 +468,7 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
                  xv.stride[1], D, r0 + (S1 + t - bos[n]) * D);
     }
   });
-  model::parallel_for(T, th.when(T >= 4), [&](int64_t t0, int64_t t1) {
+  model::parallel_for(T, th.when(many), [&](int64_t t0, int64_t t1) {
     std::vector<const float*> in(static_cast<size_t>(W));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n = seq_of[t];
@@ -478,7 +483,7 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
                                 static_cast<size_t>(D));
     }
   });
-  model::parallel_for(N, th.when(N >= 4), [&](int64_t n0, int64_t n1) {
+  model::parallel_for(N, th.when(N > 1 && many), [&](int64_t n0, int64_t n1) {
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t s = slot_of[n], len = bos[n + 1] - bos[n];
       if (s < 0 || len == 0) continue;

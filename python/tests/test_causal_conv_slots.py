@@ -21,6 +21,8 @@ CASES = [
     ("tails-from-zero", [1, 3, 5], [1, 2, 3], [False, False, True]),
     ("padding", [4, -1, 0], [5, 3, 6], [True, True, False]),
     ("one-long", [6], [300], [True]),
+    # 64 tokens or more: the passes run on the engine's pool (threads > 1), sequences split over threads
+    ("prefill-threads", [0, 5, -1, 2, 3], [40, 30, 10, 1, 2], [False, True, True, False, True]),
 ]
 
 
