@@ -131,7 +131,8 @@ def make_checkpoint(path):
 
 def time_gdn_core(calls):
     """Appends the time of each call of the GDN core to `calls`: vLLM's `_cpu_gdn_attention_nonspec` without the
-    plugin, the plugin's `gdn_attention_core` with it (both include vLLM's convolution). Both are
+    plugin, the plugin's `gdn_attention_core` with it (both include the causal convolution: vLLM's,
+    hanpu's `causal_conv_slots`). Both are
     looked up as module globals at each call, so replacing them times every layer."""
     if os.environ.get("HANPU_VLLM", "1") == "0":
         import vllm.model_executor.layers.mamba.ops.cpu.gdn_attention as module

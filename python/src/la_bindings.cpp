@@ -19,6 +19,8 @@
 #include "hanpu/plan.hpp"
 #include "hanpu/reference.hpp"
 #include "io/json_io.hpp"
+#include "model/layer_kernels.hpp"
+#include "model/layer_ops.hpp"
 
 namespace hanpu::python {
 namespace {
@@ -307,6 +309,190 @@ void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::hand
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// vLLM's causal convolution (depthwise, width W, SiLU, no bias) on its conv-state pool, in place.
+//
+// x [T,D] holds the tokens of N sequences (cu_seqlens [N+1]); sequence n continues the state in
+// conv_pool[slots[n]] ([S,W-1,D]: the last W-1 input rows, oldest first; vLLM's "SD" layout, or
+// its "DS" layout passed as a transposed view) or, with has_initial_state[n] false, starts from
+// zeros, as vLLM's causal_conv1d_fn_cpu / causal_conv1d_update_cpu do. out [T,D] (fp32) gets
+// silu(sum_j taps[j] * input[t - W + 1 + j]); the slot gets the last W-1 rows of [state; x],
+// rounded to the pool's dtype. Negative slots (padding) skip the sequence; its rows of out become
+// zeros. Rows are widened to fp32 and run through the engine's own conv row kernel (the one
+// hanpu's model runs for its GDN and KDA layers).
+
+// Row `src` (n elements `stride` apart, dtype dt) widened to fp32.
+void load_row(const std::byte* src, DType dt, int64_t stride, int64_t n, float* dst) {
+  if (dt == DType::F32) {
+    const float* s = reinterpret_cast<const float*>(src);
+    if (stride == 1) {
+      std::memcpy(dst, s, static_cast<size_t>(n) * sizeof(float));
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = s[i * stride];
+    }
+  } else if (dt == DType::BF16) {
+    // bf16 is the top half of an fp32: a shift, which the compiler vectorizes for unit stride.
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+    if (stride == 1) {
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i]) << 16;
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i] = static_cast<uint32_t>(s[i * stride]) << 16;
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(load_as_double(src, dt, i * stride));
+  }
+}
+
+// fp32 row `src` stored into `dst` (n elements `stride` apart, dtype dt, round to nearest even).
+void store_row(const float* src, int64_t n, std::byte* dst, DType dt, int64_t stride) {
+  if (dt == DType::F32) {
+    float* d = reinterpret_cast<float*>(dst);
+    for (int64_t i = 0; i < n; ++i) d[i * stride] = src[i];
+  } else if (dt == DType::BF16) {
+    // Round to nearest even, inline (f32_to_bf16 per element is a call): NaN keeps a quiet payload.
+    const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+    uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+    auto round = [](uint32_t b) {
+      const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+      return nan ? static_cast<uint16_t>((b >> 16) | 0x40u)
+                 : static_cast<uint16_t>((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    };
+    if (stride == 1) {  // vectorized by the compiler
+      for (int64_t i = 0; i < n; ++i) d[i] = round(s[i]);
+    } else {
+      for (int64_t i = 0; i < n; ++i) d[i * stride] = round(s[i]);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) store_from_double(dst, dt, i * stride, src[i]);
+  }
+}
+
+void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::handle has_initial_state,
+                     nb::handle cu_seqlens, nb::handle taps, nb::handle out, int threads) {
+  ArrayRefs refs;
+  const TensorView xv = array_view(x, "x", refs);
+  const TensorView pool = array_view(conv_pool, "conv_pool", refs, /*writable=*/true);
+  const TensorView slot = array_view(slots, "slots", refs);
+  const TensorView cu = array_view(cu_seqlens, "cu_seqlens", refs);
+  const TensorView tv = array_view(taps, "taps", refs);
+  const TensorView ov = array_view(out, "out", refs, /*writable=*/true);
+  if (xv.empty() || xv.rank != 2 || !is_float(xv.dtype))
+    throw nb::value_error(("tensor 'x': expected a float [T,D] array, got " +
+                           (xv.empty() ? std::string("None") : xv.shape_str())).c_str());
+  const int64_t T = xv.shape[0], D = xv.shape[1];
+  if (tv.empty() || tv.rank != 2 || tv.dtype != DType::F32 || tv.shape[1] != D || !tv.is_contiguous() ||
+      tv.shape[0] < 1)
+    throw nb::value_error(("tensor 'taps': expected a contiguous float32 [W,D] array with D = " + std::to_string(D) +
+                           " (the conv weight [D,W] transposed), got " +
+                           (tv.empty() ? std::string("None") : tv.shape_str() + " " + dtype_name(tv.dtype))).c_str());
+  const int64_t W = tv.shape[0], S1 = W - 1;
+  if (pool.empty() || pool.rank != 3 || !is_float(pool.dtype) || pool.shape[1] != S1 || pool.shape[2] != D)
+    throw nb::value_error(("tensor 'conv_pool': expected a float [slots,W-1,D] pool with W-1 = " + std::to_string(S1) +
+                           ", D = " + std::to_string(D) + ", got " +
+                           (pool.empty() ? std::string("None") : pool.shape_str())).c_str());
+  if (ov.empty() || ov.rank != 2 || ov.dtype != DType::F32 || ov.shape[0] != T || ov.shape[1] != D || ov.stride[1] != 1)
+    throw nb::value_error(("tensor 'out': expected a float32 [T,D] array with unit column stride, T = " +
+                           std::to_string(T) + ", D = " + std::to_string(D) + ", got " +
+                           (ov.empty() ? std::string("None") : ov.shape_str() + " " + dtype_name(ov.dtype))).c_str());
+  if (cu.empty() || cu.rank != 1 || (cu.dtype != DType::I32 && cu.dtype != DType::I64) || cu.shape[0] < 1)
+    throw nb::value_error("tensor 'cu_seqlens': expected int32/int64 [N+1] sequence starts");
+  const int64_t N = cu.shape[0] - 1;
+  if (slot.empty() || slot.rank != 1 || (slot.dtype != DType::I32 && slot.dtype != DType::I64) || slot.shape[0] != N)
+    throw nb::value_error(("tensor 'slots': expected int32/int64 [N] with N = " + std::to_string(N) +
+                           " (one slot per sequence), got " + (slot.empty() ? std::string("None") : slot.shape_str()))
+                              .c_str());
+  nb::ndarray<nb::ro> has_init_array;
+  const bool* has_init = nullptr;
+  if (!has_initial_state.is_none()) {
+    if (!nb::try_cast(has_initial_state, has_init_array, false) || has_init_array.dtype() != nb::dtype<bool>() ||
+        has_init_array.ndim() != 1 || has_init_array.device_type() != nb::device::cpu::value ||
+        static_cast<int64_t>(has_init_array.shape(0)) != N || (N > 1 && has_init_array.stride(0) != 1))
+      throw nb::type_error(("tensor 'has_initial_state': expected a contiguous bool CPU array [N] with N = " +
+                            std::to_string(N) + " (one flag per sequence)").c_str());
+    has_init = static_cast<const bool*>(has_init_array.data());
+  }
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t b = index_at(cu, n), e = index_at(cu, n + 1), s = index_at(slot, n);
+    if (b < 0 || e < b || e > T)
+      throw nb::value_error(("tensor 'cu_seqlens': entry " + std::to_string(n + 1) + " = " + std::to_string(e) +
+                             " is out of order or beyond T = " + std::to_string(T)).c_str());
+    if (s >= pool.shape[0])
+      throw nb::value_error(("tensor 'slots': slots[" + std::to_string(n) + "] = " + std::to_string(s) +
+                             ", expected < " + std::to_string(pool.shape[0]) + " (the pool's slots) or negative (padding)")
+                                .c_str());
+  }
+  if (threads < 1) throw nb::value_error(("threads: got " + std::to_string(threads) + ", expected at least 1").c_str());
+  nb::gil_scoped_release no_gil;
+  std::lock_guard<std::mutex> lock(engine_mutex);  // the engine's pool runs one job at a time
+  const size_t xe = dtype_size(xv.dtype), pe = dtype_size(pool.dtype);
+  const float* tp = static_cast<const float*>(tv.data);
+  // Three passes on the engine's pool: each sequence's [state; x] rows widened to fp32 into one
+  // buffer (sequence n's rows start at bos[n] + n (W-1)), every token's output row, each slot's new
+  // state. The buffer lives across calls: a prefill's rows are megabytes, and a fresh allocation
+  // per call cost more in page faults than the convolution.
+  static std::vector<float> rows;
+  static std::vector<int32_t> seq_of;  // token -> its sequence
+  rows.resize(static_cast<size_t>((T + N * S1) * D));
+  seq_of.resize(static_cast<size_t>(T));
+  std::vector<int64_t> bos(static_cast<size_t>(N) + 1), slot_of(static_cast<size_t>(N));
+  for (int64_t n = 0; n <= N; ++n) bos[n] = index_at(cu, n);
+  for (int64_t n = 0; n < N; ++n) {
+    slot_of[n] = index_at(slot, n);
+    std::fill(seq_of.begin() + bos[n], seq_of.begin() + bos[n + 1], static_cast<int32_t>(n));
+  }
+  auto state_row = [&](int64_t s, int64_t r) {
+    return static_cast<std::byte*>(pool.data) + (s * pool.stride[0] + r * pool.stride[1]) * static_cast<int64_t>(pe);
+  };
+  const EngineThreads th{&Engine::default_engine(), threads};
+  // Decode steps (a token per sequence) stay on the calling thread: a token is about 10 us of work
+  // (6144 channels), less than waking the pool, whose threads may find their cores held by
+  // torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on 2 threads at load
+  // average 8, 2-core Zen 3).
+  const bool many = T >= 64;
+  model::parallel_for(N, th.when(N > 1 && many), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t s = slot_of[n];
+      if (s < 0 || bos[n + 1] == bos[n]) continue;
+      float* r0 = &rows[(bos[n] + n * S1) * D];
+      const bool cont = !has_init || has_init[n];
+      for (int64_t r = 0; r < S1; ++r) {
+        if (cont) {
+          load_row(state_row(s, r), pool.dtype, pool.stride[2], D, r0 + r * D);
+        } else {
+          std::fill_n(r0 + r * D, D, 0.0f);
+        }
+      }
+      for (int64_t t = bos[n]; t < bos[n + 1]; ++t)
+        load_row(static_cast<const std::byte*>(xv.data) + t * xv.stride[0] * static_cast<int64_t>(xe), xv.dtype,
+                 xv.stride[1], D, r0 + (S1 + t - bos[n]) * D);
+    }
+  });
+  model::parallel_for(T, th.when(many), [&](int64_t t0, int64_t t1) {
+    std::vector<const float*> in(static_cast<size_t>(W));
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n = seq_of[t];
+      float* y = static_cast<float*>(ov.data) + t * ov.stride[0];
+      if (slot_of[n] < 0) {
+        std::fill_n(y, D, 0.0f);
+        continue;
+      }
+      const float* r0 = &rows[(t + n * S1) * D];  // the W rows ending at token t
+      for (int64_t j = 0; j < W; ++j) in[static_cast<size_t>(j)] = r0 + j * D;
+      model::simd_conv_silu_row(in.data(), tp, static_cast<size_t>(D), static_cast<size_t>(W), y,
+                                static_cast<size_t>(D));
+    }
+  });
+  model::parallel_for(N, th.when(N > 1 && many), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const int64_t s = slot_of[n], len = bos[n + 1] - bos[n];
+      if (s < 0 || len == 0) continue;
+      const float* r0 = &rows[(bos[n] + n * S1) * D];
+      for (int64_t r = 0; r < S1; ++r) store_row(r0 + (len + r) * D, D, state_row(s, r), pool.dtype, pool.stride[2]);
+    }
+  });
+}
+
 // A freshly allocated float64 numpy array holding a copy of `t` (contiguous F64).
 nb::ndarray<nb::numpy, double> to_numpy(const Tensor& t) {
   const size_t n = static_cast<size_t>(t.numel());
@@ -362,6 +548,12 @@ void register_la(nb::module_& m) {
         nb::arg("allow_neg_eigval"), nb::arg("path"), nb::arg("threads"), nb::arg("lower_bound").none() = nb::none(),
         "Runs GDN/KDA on states kept in a slot pool [S,HV,K,V], read and updated in place (state_pool[slots[n]] "
         "for sequence n; negative slots skip the sequence); o is written; nothing is allocated (GIL released).");
+  m.def("causal_conv_slots", &conv_slots_call, nb::arg("x"), nb::arg("conv_pool"), nb::arg("slots"),
+        nb::arg("has_initial_state").none(), nb::arg("cu_seqlens"), nb::arg("taps"), nb::arg("out"),
+        nb::arg("threads"),
+        "vLLM's causal convolution with SiLU (no bias) on its conv-state pool [S,W-1,D], read and updated in place "
+        "(conv_pool[slots[n]] for sequence n, from zeros where has_initial_state[n] is false; negative slots skip "
+        "the sequence); out [T,D] fp32 is written, on `threads` of the engine's pool (GIL released).");
   m.def("la_reference", &reference, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"),

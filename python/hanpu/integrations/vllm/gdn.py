@@ -23,6 +23,7 @@ compiled mode treats it as one opaque call, as it does vLLM's own.
 
 import os
 
+import numpy as np
 import torch
 
 from hanpu import _hanpu
@@ -37,9 +38,83 @@ def _refuse(option, got, why):
                               f"set HANPU_VLLM=0 to run vLLM's own layer")
 
 
-def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode):
-    """vLLM's causal convolution over the tokens of one part (decode or prefill) of the batch,
-    updating the conv-state pool in place, as vLLM's `_cpu_gdn_attention_nonspec` runs it."""
+def conv_taps(weight):
+    """A conv weight ([D, 1, W] or [D, W]) as the engine's taps: (tensor, engine array) of fp32
+    [W, D], tap j of every channel in row j (what `_hanpu.causal_conv_slots` takes)."""
+    taps = weight.detach().reshape(weight.size(0), weight.size(-1)).t().float().contiguous()
+    return taps, engine_array(taps)
+
+
+def _conv_taps(layer):
+    """The GDN conv weight's taps (conv_taps), made once per layer: the plain weight, or the
+    unpacked copy vLLM keeps next to a weight it packed for its C++ kernel (AVX512-BF16 or Arm bf16
+    machines). None when the layer's convolution is not one the engine's conv runs (a bias, or an
+    activation other than SiLU): vLLM's then runs."""
+    cached = getattr(layer, "_hanpu_conv_taps", None)
+    if cached is None:
+        weight = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None)
+        if weight is None:
+            weight = layer.conv1d.weight
+        ok = layer.conv1d.bias is None and layer.activation in ("silu", "swish")
+        cached = layer._hanpu_conv_taps = conv_taps(weight) if ok else (None, None)
+    return cached[1]
+
+
+def hanpu_conv(layer, mixed_qkv, conv_state, slots, has_initial_state, query_start_loc, taps, threads):
+    """The causal convolution with SiLU through `_hanpu.causal_conv_slots` on vLLM's conv-state pool
+    (layer.kv_cache[0] as vLLM allocated it), in place: returns the fp32 [tokens, D] output (a
+    numpy view of a buffer shared by every layer, valid until the next call)."""
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    # vLLM's "SD" layout is [slots, W-1, D]; "DS" ([slots, D, W-1]) goes as the transposed view.
+    if is_conv_state_dim_first():
+        conv_state = conv_state.transpose(1, 2)
+    out = _conv_out(*mixed_qkv.shape)
+    e = engine_array
+    _hanpu.causal_conv_slots(e(mixed_qkv), _pool_array(layer, conv_state), slots, e(has_initial_state),
+                             e(query_start_loc), taps, out, threads)
+    return out
+
+
+def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode, threads,
+          slots=None):
+    """The causal convolution over the tokens of one part (decode or prefill) of the batch, updating
+    the conv-state pool in place: hanpu's (hanpu_conv, fp32 numpy out) when the layer has no conv
+    bias and SiLU, else vLLM's. `slots`: the engine array of state_indices, if made already."""
+    taps = _conv_taps(layer)
+    if taps is not None:
+        return hanpu_conv(layer, mixed_qkv, conv_state, slots if slots is not None else engine_array(state_indices),
+                          has_initial_state, query_start_loc, taps, threads)
+    return _vllm_conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode)
+
+
+# The convolution's fp32 output, one buffer per process grown as needed: it is read by the
+# recurrence right after the convolution, before the next layer's convolution writes it. A fresh
+# [tokens, 6144] fp32 tensor per call (Qwen3.5-0.8B, 6 MiB for 256 tokens) cost more in page faults
+# than the convolution itself (2-core Zen 3: 9 of 12 ms).
+_CONV_OUT = [np.empty(0, np.float32)]
+
+
+def _conv_out(tokens, dim):
+    """A [tokens, dim] fp32 numpy view of the shared conv-output buffer."""
+    if _CONV_OUT[0].size < tokens * dim:
+        _CONV_OUT[0] = np.empty(tokens * dim, np.float32)
+    return _CONV_OUT[0][:tokens * dim].reshape(tokens, dim)
+
+
+def _pool_array(layer, conv_state):
+    """The engine array of the conv-state pool view, made once per layer (re-made if vLLM
+    re-allocates the pool)."""
+    key = (conv_state.data_ptr(), conv_state.stride())
+    cached = getattr(layer, "_hanpu_conv_pool", None)
+    if cached is None or cached[0] != key:
+        cached = (key, engine_array(conv_state))
+        layer._hanpu_conv_pool = cached
+    return cached[1]
+
+
+def _vllm_conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode):
+    """vLLM's causal convolution, as vLLM's `_cpu_gdn_attention_nonspec` runs it."""
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
     from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as conv_torch
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as vllm_gdn
@@ -94,18 +169,26 @@ def _layer_arrays(layer, ssm_state):
     return cached[1:]
 
 
-def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_start_loc, has_initial_state, threads):
+def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_start_loc, has_initial_state, threads,
+                slots=None):
     """The gated delta rule for one part of the batch: reads and updates ssm_state[state_indices]
-    in place and writes out [tokens, HV, V]."""
+    in place and writes out [tokens, HV, V]. mixed_qkv: the conv output, a torch tensor (vLLM's
+    conv) or an fp32 numpy array (hanpu's); slots: the engine array of state_indices, if made."""
     key_dim = layer.key_dim // layer.tp_size
-    q = mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
-    k = mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0)
-    v = mixed_qkv[:, 2 * key_dim:].unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0)
-    pool, A_log, dt_bias = _layer_arrays(layer, ssm_state)
     e = engine_array
-    _hanpu.la_slots("gdn", e(q), e(k), e(v), e(a.unsqueeze(0)), e(b.unsqueeze(0)), pool, e(state_indices),
-                    e(has_initial_state), e(query_start_loc), A_log, dt_bias, e(out.unsqueeze(0)), None, True, True,
-                    True, False, "auto", threads)
+    if isinstance(mixed_qkv, np.ndarray):  # hanpu's conv output (fp32): numpy views, no torch hand-off
+        T = mixed_qkv.shape[0]
+        q = mixed_qkv[:, :key_dim].reshape(1, T, -1, layer.head_k_dim)
+        k = mixed_qkv[:, key_dim:2 * key_dim].reshape(1, T, -1, layer.head_k_dim)
+        v = mixed_qkv[:, 2 * key_dim:].reshape(1, T, -1, layer.head_v_dim)
+    else:
+        q = e(mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
+        k = e(mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
+        v = e(mixed_qkv[:, 2 * key_dim:].unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0))
+    pool, A_log, dt_bias = _layer_arrays(layer, ssm_state)
+    _hanpu.la_slots("gdn", q, k, v, e(a.unsqueeze(0)), e(b.unsqueeze(0)), pool,
+                    slots if slots is not None else e(state_indices), e(has_initial_state), e(query_start_loc), A_log,
+                    dt_bias, e(out.unsqueeze(0)), None, True, True, True, False, "auto", threads)
 
 
 def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
@@ -122,17 +205,21 @@ def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
     if num_decodes > 0:
         indices = state_indices[:num_decodes]
         loc = query_start_loc[:num_decodes + 1]
-        x = _conv(layer, mixed_qkv[:num_decode_tokens], conv_state, indices, loc, None, decode=True)
+        slots = engine_array(indices)
+        threads = layer.hanpu_decode_threads if num_decodes == 1 else layer.hanpu_threads
+        x = _conv(layer, mixed_qkv[:num_decode_tokens], conv_state, indices, loc, None, True, threads, slots=slots)
         _recurrence(layer, x, b[:num_decode_tokens], a[:num_decode_tokens], core_attn_out[:num_decode_tokens],
-                    ssm_state, indices, loc, None, layer.hanpu_decode_threads if num_decodes == 1 else layer.hanpu_threads)
+                    ssm_state, indices, loc, None, threads, slots=slots)
     if num_prefills > 0:
         end = num_decode_tokens + num_prefill_tokens
         indices = state_indices[num_decodes:num_decodes + num_prefills]
         loc = query_start_loc[num_decodes:num_decodes + num_prefills + 1] - num_decode_tokens
         has_initial = attn_metadata.has_initial_state[num_decodes:num_decodes + num_prefills]
-        x = _conv(layer, mixed_qkv[num_decode_tokens:end], conv_state, indices, loc, has_initial, decode=False)
+        slots = engine_array(indices)
+        x = _conv(layer, mixed_qkv[num_decode_tokens:end], conv_state, indices, loc, has_initial, False,
+                  layer.hanpu_threads, slots=slots)
         _recurrence(layer, x, b[num_decode_tokens:end], a[num_decode_tokens:end], core_attn_out[num_decode_tokens:end],
-                    ssm_state, indices, loc, has_initial.contiguous(), layer.hanpu_threads)
+                    ssm_state, indices, loc, has_initial.contiguous(), layer.hanpu_threads, slots=slots)
 
 
 def _core_op(mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor,

@@ -40,7 +40,7 @@ from torch import nn
 
 from hanpu import _hanpu
 
-from .gdn import _refuse, engine_array
+from .gdn import _refuse, conv_taps, engine_array, hanpu_conv
 
 ARCHITECTURE = "KimiLinearForCausalLM"
 
@@ -140,29 +140,19 @@ def check_supported(vllm_config):
 def kda_core(layer, metadata, mixed_qkv, g, beta, out):
     """The convolution and the KDA rule for one step's tokens: conv states and recurrent states
     (vLLM's pools, slot per request) updated in place, out [tokens, H, V] written."""
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-    from vllm.model_executor.layers.mamba.ops.cpu import causal_conv1d as conv_cpu
-
     conv_state, ssm_state = layer.kv_cache[0], layer.kv_cache[1]
-    if not is_conv_state_dim_first():
-        conv_state = conv_state.transpose(1, 2)  # a view: (slots, dim, width - 1)
-    weight = layer.hanpu_conv_weight(mixed_qkv.dtype)
+    taps = layer.hanpu_conv_taps()
     pool, A_log, dt_bias = layer.hanpu_arrays(ssm_state)
     heads, dim = layer.local_num_heads, layer.head_dim
     e = engine_array
 
     def run(lo, hi, indices, loc, has_initial, threads):
-        x = mixed_qkv[lo:hi]
-        if has_initial is None:  # decode: one token per request
-            x = conv_cpu.causal_conv1d_update_cpu(x=x, conv_state=conv_state, weight=weight, bias=None,
-                                                  activation="silu", conv_state_indices=indices)
-        else:
-            x = conv_cpu.causal_conv1d_fn_cpu(x=x.transpose(0, 1), weight=weight, bias=None, conv_states=conv_state,
-                                              query_start_loc=loc, cache_indices=indices,
-                                              has_initial_state=has_initial, activation="silu").transpose(0, 1)
-        q, k, v = (t.unflatten(-1, (heads, dim)).unsqueeze(0) for t in x.split(heads * dim, dim=-1))
-        _hanpu.la_slots("kda", e(q), e(k), e(v), e(g[lo:hi].unsqueeze(0)), e(beta[lo:hi].unsqueeze(0)), pool,
-                        e(indices), e(has_initial), e(loc), A_log, dt_bias, e(out[lo:hi].unsqueeze(0)), None,
+        slots = e(indices)
+        # hanpu's causal convolution (SiLU, no bias) on vLLM's conv-state pool: fp32 [tokens, 3 H dim]
+        x = hanpu_conv(layer, mixed_qkv[lo:hi], conv_state, slots, has_initial, loc, taps, threads)
+        q, k, v = (x[:, i * heads * dim:(i + 1) * heads * dim].reshape(1, hi - lo, heads, dim) for i in range(3))
+        _hanpu.la_slots("kda", q, k, v, e(g[lo:hi].unsqueeze(0)), e(beta[lo:hi].unsqueeze(0)), pool,
+                        slots, e(has_initial), e(loc), A_log, dt_bias, e(out[lo:hi].unsqueeze(0)), None,
                         True, True, True, False, "auto", threads, lower_bound=layer.gate_lower_bound)
 
     state_indices = metadata.non_spec_state_indices_tensor
@@ -218,15 +208,11 @@ def _layer_class():
                 _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
             self.hanpu_eps = self.layer_norm_epsilon
 
-        def hanpu_conv_weight(self, dtype):
-            """The conv weight as [channels, width] in the activations' dtype (vLLM keeps it fp32; its
-            CPU convolution wants one dtype), made once per dtype."""
-            cached = getattr(self, "_hanpu_conv", None)
-            if cached is None or cached.dtype != dtype:
-                w = self.conv1d.weight.detach()
-                cached = w.view(w.size(0), w.size(-1)).to(dtype).contiguous()
-                self._hanpu_conv = cached
-            return cached
+        def hanpu_conv_taps(self):
+            """The conv weight as the engine's fp32 taps (gdn.conv_taps), made once."""
+            if getattr(self, "_hanpu_conv_taps", None) is None:
+                self._hanpu_conv_taps = conv_taps(self.conv1d.weight)
+            return self._hanpu_conv_taps[1]
 
         def hanpu_arrays(self, ssm_state):
             key = (ssm_state.data_ptr(), self.A_log.data_ptr(), self.dt_bias.data_ptr())

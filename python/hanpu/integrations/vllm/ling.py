@@ -34,7 +34,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from .gdn import _refuse, engine_array
+from .gdn import _refuse, conv_taps, engine_array
 from .kimi_linear import load_checkpoint_tensor, mla_class, mlp_classes
 
 ARCHITECTURE = "BailingHybridForCausalLM"
@@ -147,15 +147,13 @@ def _kda_class():
             self.gate_lower_bound = self.lower_bound if self.safe_gate else None
             self.hanpu_eps = config.rms_norm_eps
 
-        def hanpu_conv_weight(self, dtype):
-            """The q, k and v conv weights side by side as [3 channels, width] in the activations'
-            dtype (vLLM keeps them fp32), made once per dtype."""
-            cached = getattr(self, "_hanpu_conv", None)
-            if cached is None or cached.dtype != dtype:
+        def hanpu_conv_taps(self):
+            """The q, k and v conv weights side by side (vLLM keeps the q, k and v conv states side by
+            side in one pool) as the engine's fp32 taps (gdn.conv_taps), made once."""
+            if getattr(self, "_hanpu_conv_taps", None) is None:
                 w = torch.cat([c.weight.detach() for c in (self.q_conv1d, self.k_conv1d, self.v_conv1d)])
-                cached = w.view(w.size(0), w.size(-1)).to(dtype).contiguous()
-                self._hanpu_conv = cached
-            return cached
+                self._hanpu_conv_taps = conv_taps(w)
+            return self._hanpu_conv_taps[1]
 
         def hanpu_arrays(self, ssm_state):
             key = (ssm_state.data_ptr(), self.A_log.data_ptr(), self.dt_bias.data_ptr())
