@@ -135,8 +135,10 @@ def test_f16_round_trip(tmp_path, golden, arch):
     ids = prompt + greedy
     from_gguf = run_logits(out, ids, str(tmp_path / "g.safetensors"))
     from_dir = run_logits(os.path.join(GOLDEN, golden), ids, str(tmp_path / "d.safetensors"))
-    # The same weights: the F16 file's f32 path against the directory's bf16 kernel (as GgufArch.*).
-    assert np.abs(from_gguf - from_dir).max() <= 1e-5 * np.abs(from_dir).max()
+    # The same weights: the F16 file's f32 path against the directory's bf16 kernel, within
+    # GgufArch.F16EqualsTheSafetensorsModel's bound (3e-5 of the range: three f32 roundings per
+    # multiply-add where Bf16Linear runs on AMX; this case measured 1.0e-5 there).
+    assert np.abs(from_gguf - from_dir).max() <= 3e-5 * np.abs(from_dir).max()
     assert nmse(from_gguf, ref).max() <= 1e-8  # and transformers' logits
     got = subprocess.run([HANPU, "run", "--model", out, "--prompt-ids", ",".join(map(str, prompt)), "-n", str(len(greedy)),
                           "--greedy", "--ids"], capture_output=True, text=True, check=True).stdout.split()
@@ -152,10 +154,12 @@ def test_q8_0_round_trip(tmp_path, golden, arch):
     ids = prompt + greedy
     # The file's values are exactly Q8_0's: on the exact f32 tiles its logits are those of its
     # dequantized copy (the default integer prefill rounds the activations too; its bounds are
-    # tests/test_linear_gguf.cpp's GgufIntPrefill).
+    # tests/test_linear_gguf.cpp's GgufIntPrefill), up to f32 summation order: the worst position
+    # 3.1e-11 with the AVX2 kernels, 2.0e-10 with the AVX-512 ones (qwen35moe, position 10, the same
+    # file on one Xeon, 2026-12-05; medians 5e-13..7e-13); a wrong block or scale gives 1e-6 or more.
     got = run_logits(out, ids, str(tmp_path / "q.safetensors"), prefill="f32")
     same_weights = run_logits(str(tmp_path / "f32.gguf"), ids, str(tmp_path / "f.safetensors"))
-    assert nmse(got, same_weights).max() <= 1e-10
+    assert nmse(got, same_weights).max() <= 1e-9
     assert (got.argmax(axis=1) == same_weights.argmax(axis=1)).all()
     # Against the unquantized checkpoint: Q8_0's rounding (1/254 of a block's largest weight),
     # amplified by these random tiny models (measured: see the docstring of the bound below).
