@@ -134,8 +134,8 @@ bool gguf_int_prefill_available(gguf::GgmlType t);
 GgufPrefill gguf_prefill_override();
 
 /// The per-ISA default for `t`: the integer path for every type with a form on AVX2 targets (measured
-/// faster on Zen 3), the f32 tiles on AVX-512 targets (no AVX512-VNNI form; not measured there).
-/// docs/GGUF.md "Prefill".
+/// faster on Zen 3) and on AVX-512 targets but for Q4_0 / IQ4_NL, which keep the f32 tiles there
+/// (measured on an Intel Xeon with AVX-512). docs/GGUF.md "Prefill".
 bool gguf_int_prefill_default(gguf::GgmlType t);
 
 /// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and

@@ -106,12 +106,15 @@ bool gguf_int_prefill_default(gguf::GgmlType t) {
   // AVX2 targets: every type with a form. Measured on Zen 3 (benchmarks/gguf_prefill, MLP shapes,
   // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-258 against
   // the f32 tiles' 108-118; Q8_0 230-245 (8 weight rows in the lanes, block_q8_0; 142-149 with the
-  // conversion and FMA per 32 and pair of the earlier form) against 111-117. AVX-512 targets keep the f32 tiles (4 x 4
-  // register blocks of 512-bit FMAs there): the integer form has no AVX512-VNNI variant, and the
-  // AVX2 one was not measured there.
-  (void)t;
+  // conversion and FMA per 32 and pair of the earlier form) against 111-117.
+  // AVX-512 targets: every type but Q4_0 / IQ4_NL. Measured with the AVX2 form on an Intel Xeon
+  // (AVX-512 with VNNI, AMX; KVM, 2 cores; loaded, 2026-12-05, the same benchmark, 1 thread,
+  // medians of 3 interleaved rounds per shape): Q4_K 159-164, Q5_K 158-165, Q6_K 168-174, Q8_0
+  // 113-114, IQ4_XS 87-92 against the 512-bit f32 tiles' 70-90, 76-89, 67-79, 80-84, 72-90; Q4_0 61-65
+  // and IQ4_NL 63 against 76-89 and 68-84, so those two keep the f32 tiles there.
   const std::string& target = isa_selection().target;
-  return target.rfind("AVX3", 0) != 0;
+  if (target.rfind("AVX3", 0) != 0) return true;
+  return t != gguf::GgmlType::Q4_0 && t != gguf::GgmlType::IQ4_NL;
 #else
   (void)t;
   return false;
