@@ -101,6 +101,11 @@ inline constexpr int64_t kGgufTileRows = 16;
 /// Rows of x per pass over a tile: 64 x K f32 (256 KiB at K = 1024).
 inline constexpr int64_t kGgufRowBlock = 64;
 
+/// The integer prefill's instruction forms (gguf_prefill_int): AVX2 (VPMADDUBSW / VPMADDWD on 256-bit
+/// registers) or AVX512-VNNI (VPDPBUSD on 512-bit registers). HANPU_GGUF_INT_FORM=avx2 makes kAuto the
+/// AVX2 form (measurement; read on every call).
+enum class GgufIntForm { kAuto, kAvx2, kVnni };
+
 /// Whether the AVX2 forms (target attributes; the CPU has AVX2, FMA, F16C) may run: the selected
 /// Highway target is AVX2 or better (as linear_int8_dot.cpp's chosen form).
 bool gguf_avx2_forms_allowed();
@@ -115,9 +120,18 @@ bool gguf_avx2_forms_allowed();
 /// Throws hanpu::Error where gguf_int_prefill_available(type) is false or K is not whole blocks.
 /// w_row_lanes: w is in the row-lane layout (gguf_pack_row_lanes, Q4_K): each tile's rows are
 /// put back in the file's layout (gguf_unpack_row_lanes) before the tile's unpack.
+/// form: the instruction form (GgufIntForm); kAuto is the AVX2 one under HANPU_GGUF_INT_FORM=avx2, else
+/// the AVX512-VNNI form where gguf_int_prefill_vnni_available(type), else the AVX2 one. kVnni where it is not
+/// available throws hanpu::Error.
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
                       int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
-                      bool w_row_lanes = false);
+                      bool w_row_lanes = false, GgufIntForm form = GgufIntForm::kAuto);
+
+/// Whether gguf_prefill_int has an AVX512-VNNI form for `t` and may run it: Q8_0, Q4_K, Q5_K, Q6_K;
+/// the CPU has AVX-512 F/DQ/BW/VL and VNNI, and HANPU_ISA is native or a Highway target with VNNI
+/// (AVX3_DL, AVX3_ZEN4, AVX3_SPR; not plain AVX3 or AVX2). Bit for bit the AVX2 form's results
+/// (the same integer sums per super-block / block, the same f32 operations on them).
+bool gguf_int_prefill_vnni_available(gguf::GgmlType t);
 
 /// The AVX2 activation quantizer gguf_prefill_int runs (the decode GEMV's, gguf_avx2.hpp): q8,
 /// scale, sum and bsum16 bit for bit those of gguf_quantize_activation_row_scalar. Throws hanpu::Error where the
