@@ -926,6 +926,13 @@ HANPU_PREFILL_VNNI inline void store_vnni(const __m512 (&f)[MR], int64_t m0, int
   }
 }
 
+// acc += VPDPBUSD(w, 4 bytes at x broadcast): the broadcast folded into the instruction's memory
+// operand ({1to16}), which GCC 12 does not do from the intrinsics (it emits a VPBROADCASTD per
+// activation row and step, one more instruction per VPDPBUSD).
+HANPU_PREFILL_VNNI inline void dpbusd_bcast(__m512i& acc, __m512i w, const int8_t* x) {
+  __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
+}
+
 template <Kind kind, int MR>
 HANPU_PREFILL_VNNI void block_kquant_vnni(const Tile& t, const ActivationRows& a, int64_t m0, int64_t nw, float* y,
                                           int64_t ldy, bool accumulate) {
@@ -953,11 +960,13 @@ HANPU_PREFILL_VNNI void block_kquant_vnni(const Tile& t, const ActivationRows& a
         for (int q = kSteps * h; q < kSteps * (h + 1); ++q) {
           const __m512i wv = _mm512_load_si512(w + 64 * (8 * c + q));
           for (int m = 0; m < MR; ++m) {
-            int32_t four;
-            std::memcpy(&four, xp[m] + 32 * c + 4 * q, 4);
-            const __m512i xv = _mm512_set1_epi32(four);
-            s[m] = kind == Kind::kQ6K ? _mm512_dpbusd_epi32(s[m], xv, wv)   // unsigned x + 128, signed q - 32
-                                      : _mm512_dpbusd_epi32(s[m], wv, xv);  // unsigned q, signed x
+            if constexpr (kind == Kind::kQ6K) {  // unsigned x + 128 (a register broadcast), signed q - 32
+              int32_t four;
+              std::memcpy(&four, xp[m] + 32 * c + 4 * q, 4);
+              s[m] = _mm512_dpbusd_epi32(s[m], _mm512_set1_epi32(four), wv);
+            } else {  // unsigned q, signed x: x's 4 bytes as the memory operand, broadcast by the instruction
+              dpbusd_bcast(s[m], wv, xp[m] + 32 * c + 4 * q);
+            }
           }
         }
         if constexpr (kind == Kind::kQ4K) {
