@@ -114,7 +114,8 @@ bool gguf_avx2_forms_allowed();
 /// per call as the decode GEMV quantizes them (int8, per 32 for Q8_0, per 256 for the K-quants),
 /// the weights unpacked once per tile of kGgufTileRows rows and register blocks of 4 activation
 /// rows x 2 weight rows multiplied with AVX2 VPMADDUBSW + VPMADDWD (K-quants), 6 activation rows x
-/// 16 weight rows with int16 VPMADDWD (Q8_0) (linear_gguf_prefill.cpp).
+/// 16 weight rows with int16 VPMADDWD (Q8_0) (linear_gguf_prefill.cpp); where the CPU has
+/// AVX512-VNNI, 8 activation rows x 16 weight rows with VPDPBUSD, the same results bit for bit.
 /// Each y[m][n] is the decode GEMV's value for row m up to the f32 summation order, so it meets
 /// the same bound. Rows split over `threads` (<= 0: all) of `engine` by tiles of weight rows.
 /// Throws hanpu::Error where gguf_int_prefill_available(type) is false or K is not whole blocks.

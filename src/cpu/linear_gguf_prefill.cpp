@@ -1,6 +1,7 @@
-// Integer prefill GEMM over GGUF blocks (Q8_0, Q4_K, Q5_K, Q6_K), AVX2: see linear_gguf.hpp
-// (gguf_prefill_int) for what it computes and docs/GGUF.md ("Prefill") for the measurements that
-// choose it.
+// Integer prefill GEMM over GGUF blocks (Q8_0, Q4_K, Q5_K, Q6_K), AVX2 and, where the CPU has
+// it, AVX512-VNNI ("The AVX512-VNNI form" below: the same arithmetic on 16-row tiles with VPDPBUSD):
+// see linear_gguf.hpp (gguf_prefill_int) for what it computes and docs/GGUF.md ("Prefill", "AVX-512")
+// for the measurements that choose it.
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
