@@ -14,6 +14,16 @@
 // The Q8_0 form issues 4 vector operations per 32 products against the K-quants' 3, and its adds
 // share the vector pipes with the multiplies: the ratio of the second and fourth lines is what
 // keeps Q8_0's GEMM below the K-quants'.
+// Where the CPU has AVX512-VNNI, the loops of the VNNI form (linear_gguf_prefill.cpp, "AVX512-VNNI
+// form"; 512-bit registers, 64 multiply-adds per VPDPBUSD):
+//   vpdpbusd only        12 independent VPDPBUSD: the int8 peak
+//   vpmulld only         12 independent VPMULLD (the sub-block scale, once per 8 or 4 VPDPBUSD)
+//   q4_k chunk, vnni     Q4_K's chunk of 32 for 8 activation rows: per row and half of 16 elements
+//                        4 VPDPBUSD into a zeroed sum and one VPDPWSSD of it by the scales
+//   q4_k chunk, L1       the same with the step's 64 weight bytes and each row's 4 activation bytes
+//                        from L1 (VPDPBUSD's broadcast memory operand), as the GEMM reads them
+//   q5_k chunk, vnni     Q5_K's: per row 8 VPDPBUSD into a zeroed sum, VPMULLD by the scales, VPADDD
+//   q6_k chunk, vnni     Q6_K's: two halves of 4 VPDPBUSD, each VPMULLD and VPADDD
 #include <time.h>
 
 #include <cstdint>
@@ -79,6 +89,98 @@ __attribute__((target("avx2"))) void kquant_regs() {
   __asm__ volatile(HANPU_REP16 HANPU_KQ_ROW(0, 4) HANPU_KQ_ROW(1, 5) HANPU_KQ_ROW(2, 6) HANPU_KQ_ROW(3, 7)
                    ".endr\n\t" ::: HANPU_ALL_YMM);
 }
+
+// AVX512-VNNI: accumulators zmm0-11, weights zmm16, broadcast zmm17, scales zmm18, product zmm19, sums zmm20-27
+#define HANPU_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define HANPU_ALL_ZMM                                                                                    \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",     \
+      "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27"
+HANPU_VNNI void dpbusd_only() {
+  __asm__ volatile(HANPU_REP16 ".irp m, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11\n\t"
+                   "vpdpbusd %%zmm17, %%zmm16, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t" ::: HANPU_ALL_ZMM);
+}
+HANPU_VNNI void pmulld_only() {
+  __asm__ volatile(HANPU_REP16 ".irp m, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11\n\t"
+                   "vpmulld %%zmm18, %%zmm16, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t" ::: HANPU_ALL_ZMM);
+}
+// per call: 16 chunks of 8 rows x 8 steps
+HANPU_VNNI void q4k_chunk_vnni() {
+  __asm__ volatile(HANPU_REP16 ".irp h, 0, 1\n\t"
+                   ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpxord %%zmm\\m, %%zmm\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".irp q, 0, 1, 2, 3\n\t"
+                   ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpdpbusd %%zmm17, %%zmm16, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t"
+                   ".irp m, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+                   "vpdpwssd %%zmm18, %%zmm2\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t" ::: HANPU_ALL_ZMM);
+}
+alignas(64) uint8_t g_w8[8 * 512];
+alignas(64) int8_t g_x8[8 * 1024];
+alignas(64) int32_t g_sc[8 * 16];
+#define HANPU_L1_ROW(m, s) "vpdpbusd 32*\\c+4*(\\q+4*\\h)+1024*" #m "(%[x])%{1to16%}, %%zmm16, %%zmm" #s "\n\t"
+// per call: a super-block (8 chunks) of 8 rows
+HANPU_VNNI void q4k_chunk_l1() {
+  __asm__ volatile(".irp c, 0, 1, 2, 3, 4, 5, 6, 7\n\t.irp h, 0, 1\n\t"
+                   ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpxord %%zmm\\m, %%zmm\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".irp q, 0, 1, 2, 3\n\t"
+                   "vmovdqa64 64*(\\q+4*\\h)+512*\\c(%[w]), %%zmm16\n\t"
+                   HANPU_L1_ROW(0, 20) HANPU_L1_ROW(1, 21) HANPU_L1_ROW(2, 22) HANPU_L1_ROW(3, 23)
+                   HANPU_L1_ROW(4, 24) HANPU_L1_ROW(5, 25) HANPU_L1_ROW(6, 26) HANPU_L1_ROW(7, 27)
+                   ".endr\n\t"
+                   "vmovdqa64 64*\\c(%[s]), %%zmm18\n\t"
+                   ".irp m, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+                   "vpdpwssd %%zmm18, %%zmm2\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t.endr\n\t"
+                   :
+                   : [w] "r"(g_w8), [x] "r"(g_x8), [s] "r"(g_sc)
+                   : "memory", HANPU_ALL_ZMM);
+}
+#undef HANPU_L1_ROW
+HANPU_VNNI void kquant_chunk_vnni() {
+  __asm__ volatile(HANPU_REP16 ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpxord %%zmm\\m, %%zmm\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".irp q, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+                   ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpdpbusd %%zmm17, %%zmm16, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t"
+                   ".irp m, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+                   "vpmulld %%zmm18, %%zmm2\\m, %%zmm19\n\t"  // zmm20 + m
+                   "vpaddd %%zmm19, %%zmm\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t" ::: HANPU_ALL_ZMM);
+}
+HANPU_VNNI void q6k_chunk_vnni() {
+  __asm__ volatile(HANPU_REP16 ".irp h, 0, 1\n\t"
+                   ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpxord %%zmm\\m, %%zmm\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".irp q, 0, 1, 2, 3\n\t"
+                   ".irp m, 20, 21, 22, 23, 24, 25, 26, 27\n\t"
+                   "vpdpbusd %%zmm17, %%zmm16, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t"
+                   ".irp m, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+                   "vpmulld %%zmm18, %%zmm2\\m, %%zmm19\n\t"
+                   "vpaddd %%zmm19, %%zmm\\m, %%zmm\\m\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t"
+                   ".endr\n\t" ::: HANPU_ALL_ZMM);
+}
 #endif
 
 }  // namespace
@@ -113,12 +215,29 @@ int main(int argc, char** argv) {
       {"q8_0 step, L1", q8_0_l1, 16.0 * 12 * 16},
       {"k-quant step, regs", kquant_regs, 16.0 * 8 * 32},
   };
+  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vnni");
+  const Loop vnni_loops[] = {
+      {"vpdpbusd only", dpbusd_only, 16.0 * 12 * 64},
+      {"vpmulld only", pmulld_only, 16.0 * 12 * 16},  // (32-bit multiplies)
+      {"q4_k chunk, vnni", q4k_chunk_vnni, 16.0 * 2 * 8 * 4 * 64},
+      {"q4_k chunk, L1", q4k_chunk_l1, 8.0 * 2 * 8 * 4 * 64},
+      {"q5_k chunk, vnni", kquant_chunk_vnni, 16.0 * 8 * 8 * 64},
+      {"q6_k chunk, vnni", q6k_chunk_vnni, 16.0 * 2 * 8 * 4 * 64},
+  };
   std::printf("loop                 GOP/s per core (CPU time)\n");
   for (const Loop& l : loops) {
     const double t0 = thread_cpu_seconds();
     for (int64_t i = 0; i < iters; ++i) l.body();
     const double t = thread_cpu_seconds() - t0;
     std::printf("%-20s %7.1f\n", l.name, 2.0 * l.macs_per_call * static_cast<double>(iters) / t * 1e-9);
+  }
+  for (const Loop& l : vnni_loops) {
+    if (!vnni) break;
+    const double t0 = thread_cpu_seconds();
+    for (int64_t i = 0; i < iters / 4; ++i) l.body();
+    const double t = thread_cpu_seconds() - t0;
+    std::printf("%-20s %7.1f\n", l.name, 2.0 * l.macs_per_call * static_cast<double>(iters / 4) / t * 1e-9);
   }
   return 0;
 #else

@@ -2,9 +2,11 @@
 // tiles of linear_gguf.cpp):
 // GOP/s of y = x W^T for M activation rows, next to the integer peak of docs/GGUF.md ("Prefill").
 //
-//   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,f32]
+//   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,avx2,f32]
 //                [--shape NxK]
 //
+// Paths: int (the integer prefill as it runs here, labelled vnni where its AVX512-VNNI form runs),
+// avx2 (the integer prefill's AVX2 form there: HANPU_GGUF_INT_FORM=avx2), f32 (the f32 tiles).
 // Shapes: Qwen3.5-0.8B's MLP projections (gate / up 3584 x 1024, down 1024 x 3584), the ones
 // that carry most of its prefill. One multiply-add counts as 2 operations. Columns: median wall
 // time per call, GOP/s over it, and GOP/s over the CPU time the process got divided by the
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -112,12 +115,18 @@ int main(int argc, char** argv) {
       for (float& v : x) v = nrm(rng);
       hanpu::GgufLinear lin(t, w.data(), N, K, "bench");
       for (const std::string& p : split(paths)) {
-        if (p != "int" && p != "f32") {
-          std::fprintf(stderr, "gguf_prefill: --paths: got '%s', expected int or f32\n", p.c_str());
+        std::string p_label;
+        if (p != "int" && p != "avx2" && p != "f32") {
+          std::fprintf(stderr, "gguf_prefill: --paths: got '%s', expected int, avx2 or f32\n", p.c_str());
           return 2;
         }
-        lin.set_prefill(p == "int" ? hanpu::GgufPrefill::kIntegerDot : hanpu::GgufPrefill::kF32Tiles);
-        if (p == "int" && !lin.prefill_is_integer()) continue;
+        lin.set_prefill(p == "f32" ? hanpu::GgufPrefill::kF32Tiles : hanpu::GgufPrefill::kIntegerDot);
+        if (p != "f32" && !lin.prefill_is_integer()) continue;
+        // avx2: the integer path's AVX2 form where the AVX512-VNNI one would run (int)
+        if (p == "avx2") setenv("HANPU_GGUF_INT_FORM", "avx2", 1);
+        else unsetenv("HANPU_GGUF_INT_FORM");
+        if (p == "int" && hanpu::cpu::gguf_int_prefill_vnni_available(t)) p_label = "vnni";
+        else p_label = p;
         lin.forward(engine, x.data(), K, y.data(), N, M, threads, false);  // warm-up
         std::vector<double> wall, cpu;
         for (int r = 0; r < reps; ++r) {
@@ -133,7 +142,7 @@ int main(int argc, char** argv) {
         const double med = wall[wall.size() / 2], cmed = cpu[cpu.size() / 2] / threads;
         char shape[32];
         std::snprintf(shape, sizeof shape, "%lldx%lld", static_cast<long long>(N), static_cast<long long>(K));
-        std::printf("%-5s %-4s %-10s %10.2f %9.1f %9.1f\n", f.name, p.c_str(), shape, med * 1e3, ops / med * 1e-9,
+        std::printf("%-5s %-4s %-10s %10.2f %9.1f %9.1f\n", f.name, p_label.c_str(), shape, med * 1e3, ops / med * 1e-9,
                     ops / cmed * 1e-9);
         std::fflush(stdout);
       }

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -46,13 +47,30 @@ struct Weights {
 
 // extreme_scales: the f16 block scales drawn from the f16 maximum (65504), 1, 1e-4 and the smallest
 // subnormals (6e-8) instead of moderate values.
-Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed, bool extreme_scales = false) {
+// saturate = +1 / -1: every value and sub-block scale at the end of its range that makes the integer
+// sums largest (Q8_0 127 / -128; Q4_K 15, Q5_K 31 with scales and mins 63; Q6_K 63 / 0, i.e. q - 32
+// = 31 / -32, with scales 127 / -128): the bounds of the integer forms' int16 / int32 steps.
+Weights make_weights(GgmlType t, int64_t N, int64_t K, uint32_t seed, bool extreme_scales = false, int saturate = 0) {
   std::mt19937 rng(seed);
   const auto& f = hanpu::gguf::block_format(t);
   Weights W{t, N, K, {}, {}, {}, {}};
   const int64_t nb = N * K / f.block_elems;
   W.bytes.resize(static_cast<size_t>(nb * f.block_bytes));
   for (auto& b : W.bytes) b = static_cast<uint8_t>(rng());
+  for (int64_t i = 0; i < nb && saturate != 0; ++i) {
+    uint8_t* blk = W.bytes.data() + i * f.block_bytes;
+    const bool up = saturate > 0;
+    switch (t) {
+      case GgmlType::Q8_0: std::memset(blk + 2, up ? 0x7F : 0x80, 32); break;
+      case GgmlType::Q4_K: std::memset(blk + 4, 0xFF, 12 + 128); break;          // scales, qs
+      case GgmlType::Q5_K: std::memset(blk + 4, 0xFF, 12 + 32 + 128); break;     // scales, qh, qs
+      case GgmlType::Q6_K:
+        std::memset(blk, up ? 0xFF : 0x00, 128 + 64);                           // ql, qh
+        std::memset(blk + 192, up ? 0x7F : 0x80, 16);                           // scales
+        break;
+      default: break;
+    }
+  }
   std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
   for (int64_t i = 0; i < nb; ++i) {
     uint8_t* blk = W.bytes.data() + i * f.block_bytes;
@@ -354,6 +372,129 @@ TEST_P(GgufIntPrefill, GgufLinearSettingSelectsThePath) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefill,
+                         ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
+                         [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
+
+// The AVX512-VNNI form (linear_gguf_prefill.cpp, "The AVX512-VNNI form"), where this CPU and
+// HANPU_ISA allow it: bit for bit the AVX2 form's results (the same int32 sums per super-block /
+// block, the same f32 operations), and every row within the GEMV's bounds against fp64 (check()).
+// M = 1..19 covers every tail of its 8-row register block and two whole blocks; N = 37 two whole
+// 16-row tiles and one of 5 rows, N = 13 and 5 a tile with padding rows; K one super-block / block,
+// three, 1024 and 4096; moderate and extreme weight scales; 1 and 2 threads, accumulate.
+class GgufIntPrefillVnni : public ::testing::TestWithParam<GgmlType> {};
+
+TEST_P(GgufIntPrefillVnni, SameBitsAsTheAvx2FormAndWithinTheGemvBounds) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_vnni_available(t)) GTEST_SKIP() << "no AVX512-VNNI form on this CPU / HANPU_ISA";
+  using hanpu::cpu::GgufIntForm;
+  const int64_t be = hanpu::gguf::block_format(t).block_elems;
+  hanpu::Engine engine(2);
+  for (bool extreme : {false, true}) {
+    for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{
+             {37, be}, {37, 3 * be}, {27, 3 * be}, {13, 3 * be}, {5, 2 * be}, {37, 1024}, {16, 4096}}) {
+      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + N + 11 + extreme), extreme);
+      for (int64_t M = 1; M <= 19; M += (K >= 1024 ? 3 : 1)) {
+        SCOPED_TRACE("N = " + std::to_string(N) + ", K = " + std::to_string(K) + ", M = " + std::to_string(M) +
+                     ", extreme " + std::to_string(extreme));
+        const int64_t ldx = K + 3, ldy = N + 2;
+        std::vector<float> x(static_cast<size_t>(M * ldx), 1e30f);  // padding that would show if read
+        for (int64_t m = 0; m < M; ++m) {
+          const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 29 + K + 1));
+          std::copy(xr.begin(), xr.end(), x.begin() + m * ldx);
+        }
+        std::vector<float> yv(static_cast<size_t>(M * ldy), -7.f), ya(yv.size(), -7.f), yv2(yv.size(), -7.f);
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, yv.data(), ldy, M, 1, false, false,
+                                     GgufIntForm::kVnni);
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, ya.data(), ldy, M, 1, false, false,
+                                     GgufIntForm::kAvx2);
+        ASSERT_EQ(0, std::memcmp(yv.data(), ya.data(), yv.size() * 4)) << "VNNI and AVX2 forms differ";
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t n = N; n < ldy; ++n) ASSERT_EQ(yv[m * ldy + n], -7.f) << "padding written";
+          const std::vector<float> xr(x.begin() + m * ldx, x.begin() + m * ldx + K);
+          const std::vector<float> row(yv.begin() + m * ldy, yv.begin() + m * ldy + N);
+          check(W, xr, row);
+        }
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, yv2.data(), ldy, M, 2, false, false,
+                                     GgufIntForm::kVnni);
+        ASSERT_EQ(0, std::memcmp(yv.data(), yv2.data(), yv.size() * 4)) << "2 threads";
+        std::vector<float> y3(yv.size());
+        for (size_t i = 0; i < y3.size(); ++i) y3[i] = 0.5f * static_cast<float>(i % 7) - 1.f;
+        const std::vector<float> y0 = y3;
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), ldx, y3.data(), ldy, M, 2, true, false,
+                                     GgufIntForm::kVnni);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < ldy; ++n) {
+            const size_t i = static_cast<size_t>(m * ldy + n);
+            ASSERT_EQ(y3[i], n < N ? y0[i] + yv[i] : y0[i]) << "accumulate, row " << m << " col " << n;
+          }
+      }
+    }
+  }
+}
+
+// The sums at their largest (make_weights' saturate, activations of one sign near their block's
+// maximum, int8 114..127): Q4_K's int16 step per 16 elements (16 * 15 * 127; per 32 it would
+// overflow), Q6_K's and Q8_0's offset forms at 255 * 31 / 255 * 127 per product.
+TEST_P(GgufIntPrefillVnni, SaturatingValuesSameBitsAsTheAvx2Form) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_vnni_available(t)) GTEST_SKIP() << "no AVX512-VNNI form on this CPU / HANPU_ISA";
+  using hanpu::cpu::GgufIntForm;
+  const int64_t be = hanpu::gguf::block_format(t).block_elems, K = 2 * be, N = 21, M = 11;
+  hanpu::Engine engine(2);
+  for (int wsign : {1, -1}) {
+    for (float xsign : {1.f, -1.f}) {
+      SCOPED_TRACE("weights " + std::to_string(wsign) + ", activations " + std::to_string(xsign));
+      const Weights W = make_weights(t, N, K, static_cast<uint32_t>(5 + wsign), false, wsign);
+      std::mt19937 rng(static_cast<uint32_t>(K + wsign));
+      std::uniform_real_distribution<float> u(0.9f, 1.f);
+      std::vector<float> x(static_cast<size_t>(M * K));
+      for (float& v : x) v = xsign * u(rng);
+      std::vector<float> yv(static_cast<size_t>(M * N)), ya(yv.size());
+      hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, yv.data(), N, M, 1, false, false,
+                                   GgufIntForm::kVnni);
+      hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, ya.data(), N, M, 1, false, false,
+                                   GgufIntForm::kAvx2);
+      ASSERT_EQ(0, std::memcmp(yv.data(), ya.data(), yv.size() * 4)) << "VNNI and AVX2 forms differ";
+      for (int64_t m = 0; m < M; ++m)
+        check(W, std::vector<float>(x.begin() + m * K, x.begin() + (m + 1) * K),
+              std::vector<float>(yv.begin() + m * N, yv.begin() + (m + 1) * N));
+    }
+  }
+}
+
+// kAuto runs the VNNI form where it is available, HANPU_GGUF_INT_FORM=avx2 the AVX2 one (here the
+// same bits); where it is not available (HANPU_ISA=avx2 / avx3, other CPUs) asking for it throws.
+TEST_P(GgufIntPrefillVnni, AutoAndEnvironmentChooseTheForm) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  using hanpu::cpu::GgufIntForm;
+  const int64_t K = 512, N = 21, M = 10;
+  const Weights W = make_weights(t, N, K, 91);
+  std::vector<float> x(static_cast<size_t>(M * K));
+  for (int64_t m = 0; m < M; ++m) {
+    const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m + 40));
+    std::copy(xr.begin(), xr.end(), x.begin() + m * K);
+  }
+  hanpu::Engine engine(2);
+  std::vector<float> y_auto(static_cast<size_t>(M * N)), y_avx2(y_auto.size()), y_env(y_auto.size());
+  hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y_auto.data(), N, M, 2, false);
+  hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y_avx2.data(), N, M, 2, false, false,
+                               GgufIntForm::kAvx2);
+  setenv("HANPU_GGUF_INT_FORM", "avx2", 1);
+  hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y_env.data(), N, M, 2, false);
+  setenv("HANPU_GGUF_INT_FORM", "vnni512", 1);
+  EXPECT_THROW(hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y_env.data(), N, M, 2, false),
+               hanpu::Error);
+  unsetenv("HANPU_GGUF_INT_FORM");
+  EXPECT_EQ(0, std::memcmp(y_auto.data(), y_avx2.data(), y_auto.size() * 4));
+  EXPECT_EQ(0, std::memcmp(y_env.data(), y_avx2.data(), y_auto.size() * 4));
+  if (!hanpu::cpu::gguf_int_prefill_vnni_available(t))
+    EXPECT_THROW(hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y_env.data(), N, M, 2, false,
+                                              false, GgufIntForm::kVnni),
+                 hanpu::Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefillVnni,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });
 

@@ -199,7 +199,7 @@ class Int8Linear final : public Linear {
 /// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
 /// GgufLinear's prefill (M >= 4 rows) arithmetic: kAuto = HANPU_GGUF_PREFILL ("int" / "f32") if
 /// set, else the per-ISA default (integer dot products for Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 /
-/// IQ4_NL / IQ4_XS on AVX2 targets, f32 tiles on AVX-512 targets; docs/GGUF.md "Prefill"). kIntegerDot
+/// IQ4_NL / IQ4_XS on AVX2 targets, all but Q4_0 / IQ4_NL on AVX-512 targets; docs/GGUF.md "Prefill"). kIntegerDot
 /// falls back to the f32 tiles where it has no kernel (Q4_1, Q5_0, Q5_1, CPUs without AVX2).
 enum class GgufPrefill { kAuto, kIntegerDot, kF32Tiles };
 

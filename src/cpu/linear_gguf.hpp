@@ -101,6 +101,11 @@ inline constexpr int64_t kGgufTileRows = 16;
 /// Rows of x per pass over a tile: 64 x K f32 (256 KiB at K = 1024).
 inline constexpr int64_t kGgufRowBlock = 64;
 
+/// The integer prefill's instruction forms (gguf_prefill_int): AVX2 (VPMADDUBSW / VPMADDWD on 256-bit
+/// registers) or AVX512-VNNI (VPDPBUSD on 512-bit registers). HANPU_GGUF_INT_FORM=avx2 makes kAuto the
+/// AVX2 form (measurement; read on every call).
+enum class GgufIntForm { kAuto, kAvx2, kVnni };
+
 /// Whether the AVX2 forms (target attributes; the CPU has AVX2, FMA, F16C) may run: the selected
 /// Highway target is AVX2 or better (as linear_int8_dot.cpp's chosen form).
 bool gguf_avx2_forms_allowed();
@@ -109,15 +114,25 @@ bool gguf_avx2_forms_allowed();
 /// per call as the decode GEMV quantizes them (int8, per 32 for Q8_0, per 256 for the K-quants),
 /// the weights unpacked once per tile of kGgufTileRows rows and register blocks of 4 activation
 /// rows x 2 weight rows multiplied with AVX2 VPMADDUBSW + VPMADDWD (K-quants), 6 activation rows x
-/// 16 weight rows with int16 VPMADDWD (Q8_0) (linear_gguf_prefill.cpp).
+/// 16 weight rows with int16 VPMADDWD (Q8_0) (linear_gguf_prefill.cpp); where the CPU has
+/// AVX512-VNNI, 8 activation rows x 16 weight rows with VPDPBUSD, the same results bit for bit.
 /// Each y[m][n] is the decode GEMV's value for row m up to the f32 summation order, so it meets
 /// the same bound. Rows split over `threads` (<= 0: all) of `engine` by tiles of weight rows.
 /// Throws hanpu::Error where gguf_int_prefill_available(type) is false or K is not whole blocks.
 /// w_row_lanes: w is in the row-lane layout (gguf_pack_row_lanes, Q4_K): each tile's rows are
 /// put back in the file's layout (gguf_unpack_row_lanes) before the tile's unpack.
+/// form: the instruction form (GgufIntForm); kAuto is the AVX2 one under HANPU_GGUF_INT_FORM=avx2, else
+/// the AVX512-VNNI form where gguf_int_prefill_vnni_available(type), else the AVX2 one. kVnni where it is not
+/// available throws hanpu::Error.
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
                       int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate,
-                      bool w_row_lanes = false);
+                      bool w_row_lanes = false, GgufIntForm form = GgufIntForm::kAuto);
+
+/// Whether gguf_prefill_int has an AVX512-VNNI form for `t` and may run it: Q8_0, Q4_K, Q5_K, Q6_K;
+/// the CPU has AVX-512 F/DQ/BW/VL and VNNI, and HANPU_ISA is native or a Highway target with VNNI
+/// (AVX3_DL, AVX3_ZEN4, AVX3_SPR; not plain AVX3 or AVX2). Bit for bit the AVX2 form's results
+/// (the same integer sums per super-block / block, the same f32 operations on them).
+bool gguf_int_prefill_vnni_available(gguf::GgmlType t);
 
 /// The AVX2 activation quantizer gguf_prefill_int runs (the decode GEMV's, gguf_avx2.hpp): q8,
 /// scale, sum and bsum16 bit for bit those of gguf_quantize_activation_row_scalar. Throws hanpu::Error where the
@@ -134,8 +149,8 @@ bool gguf_int_prefill_available(gguf::GgmlType t);
 GgufPrefill gguf_prefill_override();
 
 /// The per-ISA default for `t`: the integer path for every type with a form on AVX2 targets (measured
-/// faster on Zen 3), the f32 tiles on AVX-512 targets (no AVX512-VNNI form; not measured there).
-/// docs/GGUF.md "Prefill".
+/// faster on Zen 3) and on AVX-512 targets but for Q4_0 / IQ4_NL, which keep the f32 tiles there
+/// (measured on an Intel Xeon with AVX-512). docs/GGUF.md "Prefill".
 bool gguf_int_prefill_default(gguf::GgmlType t);
 
 /// What GgufLinear's prefill runs for `t` under setting `p`: the integer path when available and

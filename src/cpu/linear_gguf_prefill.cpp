@@ -1,6 +1,7 @@
-// Integer prefill GEMM over GGUF blocks (Q8_0, Q4_K, Q5_K, Q6_K), AVX2: see linear_gguf.hpp
-// (gguf_prefill_int) for what it computes and docs/GGUF.md ("Prefill") for the measurements that
-// choose it.
+// Integer prefill GEMM over GGUF blocks (Q8_0, Q4_K, Q5_K, Q6_K), AVX2 and, where the CPU has
+// it, AVX512-VNNI ("The AVX512-VNNI form" below: the same arithmetic on 16-row tiles with VPDPBUSD):
+// see linear_gguf.hpp (gguf_prefill_int) for what it computes and docs/GGUF.md ("Prefill", "AVX-512")
+// for the measurements that choose it.
 //
 // Layout of the work. The activations are quantized once per call, row by row, with the decode
 // GEMV's rule (gguf_quantize_activation_row: int8 per 32 for Q8_0, per 256 for the K-quants, plus
@@ -106,12 +107,15 @@ bool gguf_int_prefill_default(gguf::GgmlType t) {
   // AVX2 targets: every type with a form. Measured on Zen 3 (benchmarks/gguf_prefill, MLP shapes,
   // M = 512, 2 threads, GOP/s per CPU second, docs/GGUF.md "Prefill"): the K-quants 228-258 against
   // the f32 tiles' 108-118; Q8_0 230-245 (8 weight rows in the lanes, block_q8_0; 142-149 with the
-  // conversion and FMA per 32 and pair of the earlier form) against 111-117. AVX-512 targets keep the f32 tiles (4 x 4
-  // register blocks of 512-bit FMAs there): the integer form has no AVX512-VNNI variant, and the
-  // AVX2 one was not measured there.
-  (void)t;
+  // conversion and FMA per 32 and pair of the earlier form) against 111-117.
+  // AVX-512 targets: every type but Q4_0 / IQ4_NL. Measured with the AVX2 form on an Intel Xeon
+  // (AVX-512 with VNNI, AMX; KVM, 2 cores; loaded, 2026-12-05, the same benchmark, 1 thread,
+  // medians of 3 interleaved rounds per shape): Q4_K 159-164, Q5_K 158-165, Q6_K 168-174, Q8_0
+  // 113-114, IQ4_XS 87-92 against the 512-bit f32 tiles' 70-90, 76-89, 67-79, 80-84, 72-90; Q4_0 61-65
+  // and IQ4_NL 63 against 76-89 and 68-84, so those two keep the f32 tiles there.
   const std::string& target = isa_selection().target;
-  return target.rfind("AVX3", 0) != 0;
+  if (target.rfind("AVX3", 0) != 0) return true;
+  return t != gguf::GgmlType::Q4_0 && t != gguf::GgmlType::IQ4_NL;
 #else
   (void)t;
   return false;
@@ -805,6 +809,281 @@ HANPU_PREFILL_AVX2 void offset_rows(ActivationRows& a, int64_t m_begin, int64_t 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// The AVX512-VNNI form (gguf_int_prefill_vnni_available): the same work on 512-bit registers, one
+// tile of 16 weight rows in the 16 int32 lanes (row lanes as above, lane r for row r), and
+// VPDPBUSD (4 products of unsigned x signed bytes summed into each int32 lane, no int16
+// saturation step, no separate add) for VPMADDUBSW + VPMADDWD + VPADDD. What VPDPBUSD cannot take
+// is the K-quants' sub-block scale (the AVX2 form's VPMADDWD operand): each sub-block's products are
+// summed into a zeroed int32 vector and multiplied by the rows' scales once per sub-block:
+//   Q4_K: per 16 elements (4 VPDPBUSD) one VPDPWSSD of that sum by the scales: the sum is at most
+//         16 * 15 * 128 = 30720 in magnitude, so it is its own low int16 (high int16 0 or -1), and
+//         each scale lane holds (sc, 0) as int16: VPDPWSSD adds sum * sc, fused;
+//   Q5_K: per 32 elements (8 VPDPBUSD) VPMULLD by the scales and VPADDD (the sum, up to
+//         32 * 31 * 128, is not an int16);
+//   Q6_K: per 16 elements (its scale's run) VPMULLD and VPADDD; the activations + 128 as the
+//         unsigned operand, q - 32 the signed one, and the offset term subtracted, as in the AVX2 form.
+// Q8_0 has no sub-block: its activations + 128 (unsigned) times the signed weights, 8 VPDPBUSD per
+// block of 32, the accumulators starting at -128 * (the rows' sum of weights over the block), the
+// offset term computed once per row and block at unpacking. So the block's int32 is sum x w exactly
+// (at most 32 * 255 * 128 on the way), as the AVX2 form's int16 VPMADDWD gives it; the activation
+// offset (rather than the weights') keeps that term a function of the weights alone, one vector per
+// block shared by every activation row, where a weight offset (w + 128) would need 128 * (the
+// activation row's sum per block), one broadcast and subtraction per activation row and block.
+// Every super-block / block thus yields the AVX2 form's int32 sums (the same integers: sums of the
+// same products; no intermediate beyond int32, bounds above), and the f32 work on them is the same
+// operations (conversion, FMA by d x activation scale, Q4_K / Q5_K's 8 FNMADDs j = 0..7), so the
+// results are the AVX2 form's bit for bit (tests/test_linear_gguf.cpp).
+//
+// Register block: kVnniRowsX activation rows x the tile's 16 rows, the whole K, f32 accumulators in
+// registers (32 of them here). Per step of 4 elements one load of the tile's 64 bytes and per
+// activation row a broadcast of its 4 bytes and a VPDPBUSD.
+#define HANPU_PREFILL_VNNI __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+constexpr int kVnniRowsX = 8;
+
+// Tile and 16-row stage (the K-quants are unpacked in element order there by unpack_row, then
+// interleaved). The VNNI tile, in the Tile's regions (each large enough):
+//   vals [i][s][row][4 bytes]   super-block i (Q8_0: block), step s of 4 elements (64 / 8 per i), 64 bytes
+//   svec as int32 [i][c][row]   Q4_K / Q5_K: sub-block c's scale; Q6_K [i][e][row], e = 0..15 per 16
+//   d    [i][row]               mins [i][j][row] (Q4_K / Q5_K dmin * m_j)
+//   mins as int32 [i][row]      Q6_K: its offset term; Q8_0: -128 * sum of the block's weights
+size_t vnni_scratch_bytes(int64_t K) { return 2 * tile_bytes(K, kGgufTileRows); }
+
+template <Kind kind>
+HANPU_PREFILL_AVX2 void interleave_kquant_vnni(const Tile& st, const Tile& t) {
+  const int64_t K = t.K, nsb = K / 256;
+  auto* sc32 = reinterpret_cast<int32_t*>(t.svec);
+  for (int64_t i = 0; i < nsb; ++i) {
+    for (int k = 0; k < 8; ++k) {    // the super-block's 32-byte piece k of each row: steps 8k .. 8k + 7
+      for (int h = 0; h < 2; ++h) {  // rows 8h .. 8h + 7: the low / high 32 bytes of each step
+        __m256i v[8];
+        for (int l = 0; l < 8; ++l)
+          v[l] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(st.vals + (8 * h + l) * K + 256 * i + 32 * k));
+        transpose_8x8_epi32(v);
+        for (int j = 0; j < 8; ++j)
+          _mm256_store_si256(reinterpret_cast<__m256i*>(t.vals + i * 4096 + 64 * (8 * k + j) + 32 * h), v[j]);
+      }
+    }
+    for (int64_t l = 0; l < kGgufTileRows; ++l) {
+      t.d[i * 16 + l] = st.d[l * st.nd + i];
+      if constexpr (kind == Kind::kQ6K) {
+        reinterpret_cast<int32_t*>(t.mins)[i * 16 + l] = reinterpret_cast<const int32_t*>(st.mins + l * (K / 32))[i];
+        const int16_t* q6 = st.q6sc + l * (K / 16) + 16 * i;
+        for (int e = 0; e < 16; ++e) sc32[(i * 16 + e) * 16 + l] = q6[e];
+      } else {
+        for (int c = 0; c < 8; ++c) {
+          sc32[(i * 8 + c) * 16 + l] = st.svec[(l * (K / 32) + 8 * i + c) * 16];
+          t.mins[(i * 8 + c) * 16 + l] = st.mins[l * (K / 32) + 8 * i + c];
+        }
+      }
+    }
+  }
+}
+
+// Q8_0's tile: per block and half of the rows, the rows' 32 bytes transposed into 8 steps; the
+// offset term as the sum of each row's 4 bytes per step (VPDPBUSD of ones by the step) over the 8
+// steps. A row past nw is zero (weights, scale and offset).
+HANPU_PREFILL_VNNI void unpack_q8_0_vnni(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t) {
+  const int64_t nb = t.K / 32;
+  auto* off = reinterpret_cast<int32_t*>(t.mins);
+  const __m256i ones = _mm256_set1_epi8(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int h = 0; h < 2; ++h) {
+      __m256i v[8];
+      for (int l = 0; l < 8; ++l) {
+        const int64_t r = 8 * h + l;
+        if (r < nw) {
+          const gguf::BlockQ8_0& blk = reinterpret_cast<const gguf::BlockQ8_0*>(rows + r * row_bytes)[b];
+          v[l] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk.qs));
+          t.d[b * 16 + r] = _cvtsh_ss(blk.d);
+        } else {
+          v[l] = _mm256_setzero_si256();
+          t.d[b * 16 + r] = 0.0f;
+        }
+      }
+      transpose_8x8_epi32(v);
+      __m256i sum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        _mm256_store_si256(reinterpret_cast<__m256i*>(t.vals + b * 512 + 64 * j + 32 * h), v[j]);
+        sum = _mm256_dpbusd_epi32(sum, ones, v[j]);
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(off + b * 16 + 8 * h),
+                          _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sum, 7)));
+    }
+  }
+}
+
+// The MR rows' 16 outputs (nw of them stored), added to y where accumulate (out + v, as the AVX2
+// form's scalar store).
+template <int MR>
+HANPU_PREFILL_VNNI inline void store_vnni(const __m512 (&f)[MR], int64_t m0, int64_t nw, float* y, int64_t ldy,
+                                          bool accumulate) {
+  const auto mask = static_cast<__mmask16>((1u << nw) - 1);
+  for (int m = 0; m < MR; ++m) {
+    float* out = y + (m0 + m) * ldy;
+    const __m512 v = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask, out), f[m]) : f[m];
+    _mm512_mask_storeu_ps(out, mask, v);
+  }
+}
+
+// acc += VPDPBUSD(w, 4 bytes at x broadcast): the broadcast folded into the instruction's memory
+// operand ({1to16}), which GCC 12 does not do from the intrinsics (it emits a VPBROADCASTD per
+// activation row and step, one more instruction per VPDPBUSD).
+HANPU_PREFILL_VNNI inline void dpbusd_bcast(__m512i& acc, __m512i w, const int8_t* x) {
+  __asm__("vpdpbusd %[x]%{1to16%}, %[w], %[acc]" : [acc] "+v"(acc) : [w] "v"(w), [x] "m"(*reinterpret_cast<const int32_t*>(x)));
+}
+
+template <Kind kind, int MR>
+HANPU_PREFILL_VNNI void block_kquant_vnni(const Tile& t, const ActivationRows& a, int64_t m0, int64_t nw, float* y,
+                                          int64_t ldy, bool accumulate) {
+  const int64_t K = t.K, nsb = K / 256;
+  // sums per chunk of 32: two of 16 for Q4_K (VPDPWSSD) and Q6_K (its scale per 16), one for Q5_K
+  constexpr int kParts = kind == Kind::kQ5K ? 1 : 2, kSteps = 8 / kParts;
+  const auto* sc32 = reinterpret_cast<const int32_t*>(t.svec);
+  __m512 f[MR];
+  for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < nsb; ++i) {
+    const uint8_t* w = t.vals + i * 4096;
+    const int8_t* xp[MR];
+    for (int m = 0; m < MR; ++m) xp[m] = a.xq8 + (m0 + m) * K + 256 * i;
+    __m512i acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_si512();
+    // not unrolled over the chunks: the chunk's code (8 x 8 VPDPBUSD and their broadcasts, about 1 KiB)
+    // stays in the decoded-instruction cache, the whole super-block's (8 KiB) would not
+#pragma GCC unroll 1
+    for (int c = 0; c < 8; ++c) {
+#pragma GCC unroll 2
+      for (int h = 0; h < kParts; ++h) {
+        __m512i s[MR];
+        for (int m = 0; m < MR; ++m) s[m] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int q = kSteps * h; q < kSteps * (h + 1); ++q) {
+          const __m512i wv = _mm512_load_si512(w + 64 * (8 * c + q));
+          for (int m = 0; m < MR; ++m) {
+            if constexpr (kind == Kind::kQ6K) {  // unsigned x + 128 (a register broadcast), signed q - 32
+              int32_t four;
+              std::memcpy(&four, xp[m] + 32 * c + 4 * q, 4);
+              s[m] = _mm512_dpbusd_epi32(s[m], _mm512_set1_epi32(four), wv);
+            } else {  // unsigned q, signed x: x's 4 bytes as the memory operand, broadcast by the instruction
+              dpbusd_bcast(s[m], wv, xp[m] + 32 * c + 4 * q);
+            }
+          }
+        }
+        if constexpr (kind == Kind::kQ4K) {
+          const __m512i scv = _mm512_loadu_si512(sc32 + (i * 8 + c) * 16);
+          for (int m = 0; m < MR; ++m) acc[m] = _mm512_dpwssd_epi32(acc[m], s[m], scv);
+        } else {
+          const __m512i scv = _mm512_loadu_si512(sc32 + ((i * 8 + c) * kParts + h) * 16);
+          for (int m = 0; m < MR; ++m) acc[m] = _mm512_add_epi32(acc[m], _mm512_mullo_epi32(s[m], scv));
+        }
+      }
+    }
+    if constexpr (kind == Kind::kQ6K) {
+      const __m512i off = _mm512_loadu_si512(reinterpret_cast<const int32_t*>(t.mins) + i * 16);
+      for (int m = 0; m < MR; ++m) acc[m] = _mm512_sub_epi32(acc[m], off);
+    }
+    const __m512 dw = _mm512_loadu_ps(t.d + i * 16);
+    for (int m = 0; m < MR; ++m) {
+      const __m512 xs = _mm512_set1_ps(a.scale[static_cast<size_t>((m0 + m) * nsb + i)]);
+      f[m] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, acc[m]), _mm512_mul_ps(dw, xs), f[m]);
+    }
+    if constexpr (kind == Kind::kQ4K || kind == Kind::kQ5K) {
+      for (int j = 0; j < 8; ++j) {
+        const __m512 mv = _mm512_loadu_ps(t.mins + (i * 8 + j) * 16);
+        for (int m = 0; m < MR; ++m)
+          f[m] = _mm512_fnmadd_ps(mv, _mm512_set1_ps(a.qsum[static_cast<size_t>((m0 + m) * (K / 32) + 8 * i + j)]), f[m]);
+      }
+    }
+  }
+  store_vnni<MR>(f, m0, nw, y, ldy, accumulate);
+}
+
+template <int MR>
+HANPU_PREFILL_VNNI void block_q8_0_vnni(const Tile& t, const ActivationRows& a, int64_t m0, int64_t nw, float* y,
+                                        int64_t ldy, bool accumulate) {
+  const int64_t K = t.K, nb = K / 32;
+  const auto* off = reinterpret_cast<const int32_t*>(t.mins);
+  __m512 f[MR];
+  for (int m = 0; m < MR; ++m) f[m] = _mm512_setzero_ps();
+  const int8_t* xr[MR];
+  const float* xs[MR];
+  for (int m = 0; m < MR; ++m) {
+    xr[m] = a.xq8 + (m0 + m) * K;
+    xs[m] = a.scale.data() + (m0 + m) * nb;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512i o = _mm512_loadu_si512(off + b * 16);
+    __m512i acc[MR];
+    for (int m = 0; m < MR; ++m) acc[m] = o;
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i wv = _mm512_load_si512(t.vals + b * 512 + 64 * j);
+      for (int m = 0; m < MR; ++m) {
+        int32_t four;
+        std::memcpy(&four, xr[m] + 32 * b + 4 * j, 4);
+        acc[m] = _mm512_dpbusd_epi32(acc[m], _mm512_set1_epi32(four), wv);  // unsigned x + 128, signed w
+      }
+    }
+    const __m512 dw = _mm512_loadu_ps(t.d + b * 16);
+    for (int m = 0; m < MR; ++m)
+      f[m] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, acc[m]), _mm512_mul_ps(dw, _mm512_set1_ps(xs[m][b])), f[m]);
+  }
+  store_vnni<MR>(f, m0, nw, y, ldy, accumulate);
+}
+
+// Rows [m0, m0 + mr) for 1 <= mr <= MR.
+template <Kind kind, int MR>
+void run_vnni_rows(const Tile& t, const ActivationRows& a, int64_t m0, int64_t mr, int64_t nw, float* y, int64_t ldy,
+                   bool accumulate) {
+  if (mr == MR || MR == 1) {
+    if constexpr (kind == Kind::kQ8_0) block_q8_0_vnni<MR>(t, a, m0, nw, y, ldy, accumulate);
+    else block_kquant_vnni<kind, MR>(t, a, m0, nw, y, ldy, accumulate);
+  } else if constexpr (MR > 1) {
+    run_vnni_rows<kind, MR - 1>(t, a, m0, mr, nw, y, ldy, accumulate);
+  }
+}
+
+template <Kind kind>
+void run_tile_vnni(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, const Tile& stage,
+                   const ActivationRows& a, float* y, int64_t ldy, bool accumulate) {
+  if constexpr (kind == Kind::kQ8_0) {
+    unpack_q8_0_vnni(rows, row_bytes, nw, t);
+  } else {
+    const int64_t K = t.K;
+    for (int64_t l = 0; l < kGgufTileRows; ++l) {
+      if (l < nw) {
+        unpack_row<kind>(rows + l * row_bytes, stage, l);
+      } else {  // the padding rows: zero rows
+        std::memset(stage.vals + l * K, 0, static_cast<size_t>(K));
+        std::memset(stage.svec + l * (K / 32) * 16, 0, static_cast<size_t>(K));
+        std::memset(stage.d + l * stage.nd, 0, static_cast<size_t>(stage.nd) * 4);
+        std::memset(stage.mins + l * (K / 32), 0, static_cast<size_t>(K / 32) * 4);
+        std::memset(stage.q6sc + l * (K / 16), 0, static_cast<size_t>(K / 16) * 2);
+      }
+    }
+    interleave_kquant_vnni<kind>(stage, t);
+  }
+  for (int64_t m0 = 0; m0 < a.M; m0 += kVnniRowsX) {
+    const int64_t mr = std::min<int64_t>(kVnniRowsX, a.M - m0);
+    run_vnni_rows<kind, kVnniRowsX>(t, a, m0, mr, nw, y, ldy, accumulate);
+  }
+}
+
+bool vnni_cpu() {
+  static const bool cpu = x86::avx512_core_usable() && x86::has_avx512_vnni();
+  return cpu;
+}
+
+GgufIntForm parse_int_form_env() {
+  const char* v = std::getenv("HANPU_GGUF_INT_FORM");
+  if (v == nullptr || *v == '\0') return GgufIntForm::kAuto;
+  const std::string s(v);
+  if (s == "avx2") return GgufIntForm::kAvx2;
+  throw Error("HANPU_GGUF_INT_FORM: got '" + s + "', expected 'avx2' (the integer prefill's AVX2 form where the "
+              "AVX512-VNNI one would run) or nothing");
+}
+
 ActivationRows& activation_rows() {
   thread_local ActivationRows rows;
   return rows;
@@ -821,13 +1100,29 @@ void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t*
   gguf_avx2::quantize_activation_row(x, K, block, q8, scale, sum, bsum16);  // the decode GEMV's
 }
 
+bool gguf_int_prefill_vnni_available(gguf::GgmlType t) {
+  if (t != gguf::GgmlType::Q8_0 && t != gguf::GgmlType::Q4_K && t != gguf::GgmlType::Q5_K && t != gguf::GgmlType::Q6_K)
+    return false;
+  if (!vnni_cpu() || !gguf_avx2_forms_allowed()) return false;
+  // native, or a Highway target whose features include VNNI (AVX3_DL, AVX3_ZEN4, AVX3_SPR)
+  const IsaSelection& isa = isa_selection();
+  return isa.native || isa.target.rfind("AVX3_", 0) == 0;
+}
+
 void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
-                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate, bool w_row_lanes) {
+                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate, bool w_row_lanes,
+                      GgufIntForm form) {
   if (!gguf_int_prefill_available(type))
     throw Error(std::string("gguf_prefill_int: no integer prefill for GGML type ") + gguf::block_format(type).name +
                 " on this CPU / ISA selection (Q8_0, Q4_K, Q5_K, Q6_K, Q4_0, IQ4_NL, IQ4_XS with AVX2)");
+  if (form == GgufIntForm::kAuto) form = parse_int_form_env();
+  if (form == GgufIntForm::kVnni && !gguf_int_prefill_vnni_available(type))
+    throw Error(std::string("gguf_prefill_int: no AVX512-VNNI form for GGML type ") + gguf::block_format(type).name +
+                " on this CPU / ISA selection (Q8_0, Q4_K, Q5_K, Q6_K with AVX512-VNNI, HANPU_ISA native or AVX3_DL / "
+                "AVX3_ZEN4 / AVX3_SPR)");
   if (gguf_small_block_int_prefill_type(type))
     return gguf_small_block_prefill_int(engine, type, w, N, K, x, ldx, y, ldy, M, threads, accumulate);
+  const bool vnni = form == GgufIntForm::kVnni || (form == GgufIntForm::kAuto && gguf_int_prefill_vnni_available(type));
   const gguf::BlockFormat& bf = gguf::block_format(type);
   if (N <= 0 || K <= 0 || K % bf.block_elems != 0)
     throw Error("gguf_prefill_int: shape [" + std::to_string(N) + ", " + std::to_string(K) + "] is not rows of whole " +
@@ -842,9 +1137,10 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   a.xq8 = reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(a.q8.data()) + 63) & ~uintptr_t{63});
   a.scale.resize(static_cast<size_t>(M * (K / a.block)));
   a.bsum16.resize(static_cast<size_t>(M * (K / 16)));
-  const bool widen = type == gguf::GgmlType::Q8_0;
+  // Q8_0: int16 activations for the AVX2 form, activations + 128 for the VNNI form (run_tile_vnni)
+  const bool widen = type == gguf::GgmlType::Q8_0 && !vnni;
   const bool min_term = type == gguf::GgmlType::Q4_K || type == gguf::GgmlType::Q5_K;
-  const bool offset_x = type == gguf::GgmlType::Q6_K;
+  const bool offset_x = type == gguf::GgmlType::Q6_K || (type == gguf::GgmlType::Q8_0 && vnni);
   if (widen) a.x16.resize(static_cast<size_t>(M * K));
   if (min_term) a.qsum.resize(static_cast<size_t>(M * (K / 32)));
   {
@@ -870,9 +1166,9 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
   const auto* wb = static_cast<const uint8_t*>(w);
   engine.impl().run(parts, [&](int p, Workspace& ws) {
     const int64_t nd = type == gguf::GgmlType::Q8_0 ? K / 32 : K / 256;
-    auto* scratch = reinterpret_cast<uint8_t*>(ws.bytes(kLinearPanel, scratch_bytes(K)));
+    auto* scratch = reinterpret_cast<uint8_t*>(ws.bytes(kLinearPanel, vnni ? vnni_scratch_bytes(K) : scratch_bytes(K)));
     const Tile t = carve_tile(scratch, K, nd);
-    const Tile stage = carve_tile(scratch + tile_bytes(K, kGgufTileRows), K, nd, kQ8Group);
+    const Tile stage = carve_tile(scratch + tile_bytes(K, kGgufTileRows), K, nd, vnni ? kGgufTileRows : kQ8Group);
     for (int64_t ti = tiles * p / parts; ti < tiles * (p + 1) / parts; ++ti) {
       const int64_t n0 = ti * kGgufTileRows, nw = std::min<int64_t>(kGgufTileRows, N - n0);
       const uint8_t* rows = wb + n0 * row_bytes;
@@ -881,6 +1177,15 @@ void gguf_prefill_int(Engine& engine, gguf::GgmlType type, const void* w, int64_
         file_rows.resize(static_cast<size_t>(nw) * row_bytes);
         gguf_unpack_row_lanes(type, w, N, K, n0, n0 + nw, file_rows.data());
         rows = file_rows.data();
+      }
+      if (vnni) {
+        switch (type) {
+          case gguf::GgmlType::Q8_0: run_tile_vnni<Kind::kQ8_0>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+          case gguf::GgmlType::Q4_K: run_tile_vnni<Kind::kQ4K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+          case gguf::GgmlType::Q5_K: run_tile_vnni<Kind::kQ5K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+          default: run_tile_vnni<Kind::kQ6K>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
+        }
+        continue;
       }
       switch (type) {
         case gguf::GgmlType::Q8_0: run_tile<Kind::kQ8_0>(rows, row_bytes, nw, t, stage, a, y + n0, ldy, accumulate); break;
@@ -898,8 +1203,10 @@ void gguf_prefill_quantize_row(const float*, int64_t, int64_t, int8_t*, float*, 
   throw Error("gguf_prefill_quantize_row: x86-64 AVX2 only");
 }
 
+bool gguf_int_prefill_vnni_available(gguf::GgmlType) { return false; }
+
 void gguf_prefill_int(Engine&, gguf::GgmlType type, const void*, int64_t, int64_t, const float*, int64_t, float*,
-                      int64_t, int64_t, int, bool, bool) {
+                      int64_t, int64_t, int, bool, bool, GgufIntForm) {
   throw Error(std::string("gguf_prefill_int: no integer prefill for GGML type ") + gguf::block_format(type).name +
               " in this build (x86-64 AVX2 only)");
 }

@@ -60,7 +60,8 @@ def golden_ids(golden):
 
 def run_logits(model, ids, out, prefill=None):
     """prefill: HANPU_GGUF_PREFILL for the run ("f32": the exact f32 tiles; None: the default, which
-    for Q8_0 and the K-quants on AVX2 is the integer prefill on int8 activations)."""
+    for Q8_0, the K-quants and IQ4_XS on AVX2 and AVX-512 targets is the integer prefill on int8
+    activations)."""
     env = dict(os.environ)
     if prefill:
         env["HANPU_GGUF_PREFILL"] = prefill
