@@ -184,6 +184,18 @@ struct SlotRun {
 // which is faster from the first whole chunk on and equal to it for short ones (docs/VLLM.md).
 constexpr int64_t kRecurrentMaxTokens = 1;
 
+// vLLM's has_initial_state: a contiguous bool CPU array [N] (one flag per sequence), read through
+// `keep` (which holds the reference), or None (nullptr: every sequence continues its slot's state).
+const bool* has_initial_state_flags(nb::handle has_initial_state, int64_t N, nb::ndarray<nb::ro>& keep) {
+  if (has_initial_state.is_none()) return nullptr;
+  if (!nb::try_cast(has_initial_state, keep, false) || keep.dtype() != nb::dtype<bool>() || keep.ndim() != 1 ||
+      keep.device_type() != nb::device::cpu::value || static_cast<int64_t>(keep.shape(0)) != N ||
+      (N > 1 && keep.stride(0) != 1))
+    throw nb::type_error(("tensor 'has_initial_state': expected a contiguous bool CPU array [N] with N = " +
+                          std::to_string(N) + " (one flag per sequence)").c_str());
+  return static_cast<const bool*>(keep.data());
+}
+
 void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
                 nb::handle state_pool, nb::handle slots, nb::handle has_initial_state, nb::handle cu_seqlens,
                 nb::handle A_log, nb::handle dt_bias, nb::handle o, std::optional<double> scale, bool qk_l2norm,
@@ -199,19 +211,11 @@ void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::hand
   const TensorView slot = array_view(slots, "slots", a.refs);
   const TensorView out_o = array_view(o, "o", a.refs, /*writable=*/true);
   // has_initial_state: bool [N] (vLLM's), or None (every sequence continues its slot's state).
-  nb::ndarray<nb::ro> has_init_array;
-  const bool* has_init = nullptr;
   const bool varlen = !a.in.cu_seqlens.empty();
   if (a.in.q.empty() || a.in.q.rank != 4) throw nb::value_error("tensor 'q': expected [B,T,H,K]");
   const int64_t N = varlen ? a.in.cu_seqlens.shape[0] - 1 : a.in.q.shape[0];
-  if (!has_initial_state.is_none()) {
-    if (!nb::try_cast(has_initial_state, has_init_array, false) || has_init_array.dtype() != nb::dtype<bool>() ||
-        has_init_array.ndim() != 1 || has_init_array.device_type() != nb::device::cpu::value ||
-        static_cast<int64_t>(has_init_array.shape(0)) != N || (N > 1 && has_init_array.stride(0) != 1))
-      throw nb::type_error(("tensor 'has_initial_state': expected a contiguous bool CPU array [N] with N = " +
-                            std::to_string(N) + " (one flag per sequence)").c_str());
-    has_init = static_cast<const bool*>(has_init_array.data());
-  }
+  nb::ndarray<nb::ro> has_init_array;
+  const bool* has_init = has_initial_state_flags(has_initial_state, N, has_init_array);
   if (pool.empty() || pool.rank != 4 || !is_float(pool.dtype))
     throw nb::value_error(("tensor 'state_pool' has shape " + (pool.empty() ? std::string("None") : pool.shape_str()) +
                            ", expected a float [slots,HV,K,V] pool").c_str());
@@ -403,15 +407,7 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
                            " (one slot per sequence), got " + (slot.empty() ? std::string("None") : slot.shape_str()))
                               .c_str());
   nb::ndarray<nb::ro> has_init_array;
-  const bool* has_init = nullptr;
-  if (!has_initial_state.is_none()) {
-    if (!nb::try_cast(has_initial_state, has_init_array, false) || has_init_array.dtype() != nb::dtype<bool>() ||
-        has_init_array.ndim() != 1 || has_init_array.device_type() != nb::device::cpu::value ||
-        static_cast<int64_t>(has_init_array.shape(0)) != N || (N > 1 && has_init_array.stride(0) != 1))
-      throw nb::type_error(("tensor 'has_initial_state': expected a contiguous bool CPU array [N] with N = " +
-                            std::to_string(N) + " (one flag per sequence)").c_str());
-    has_init = static_cast<const bool*>(has_init_array.data());
-  }
+  const bool* has_init = has_initial_state_flags(has_initial_state, N, has_init_array);
   for (int64_t n = 0; n < N; ++n) {
     const int64_t b = index_at(cu, n), e = index_at(cu, n + 1), s = index_at(slot, n);
     if (b < 0 || e < b || e > T)

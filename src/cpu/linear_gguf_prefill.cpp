@@ -263,6 +263,16 @@ HANPU_PREFILL_AVX2 inline void unpack_q8_0_group(const gguf::BlockQ8_0* const* b
   }
 }
 
+// Row r of a stage as a zero row: the padding rows past a tile's last weight row.
+void zero_stage_row(const Tile& stage, int64_t r) {
+  const int64_t K = stage.K;
+  std::memset(stage.vals + r * K, 0, static_cast<size_t>(K));
+  std::memset(stage.svec + r * (K / 32) * 16, 0, static_cast<size_t>(K));
+  std::memset(stage.d + r * stage.nd, 0, static_cast<size_t>(stage.nd) * 4);
+  std::memset(stage.mins + r * (K / 32), 0, static_cast<size_t>(K / 32) * 4);
+  std::memset(stage.q6sc + r * (K / 16), 0, static_cast<size_t>(K / 16) * 2);
+}
+
 template <Kind kind>
 HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r) {
   const int64_t K = t.K;
@@ -768,18 +778,13 @@ void run_tile(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile& t, 
     }
   } else {
     const int64_t groups = (nw + kQ8Group - 1) / kQ8Group;
-    const int64_t K = t.K;
     for (int64_t g = 0; g < groups; ++g) {
       for (int64_t l = 0; l < kQ8Group; ++l) {
         const int64_t r = kQ8Group * g + l;
         if (r < nw) {
           unpack_row<kind>(rows + r * row_bytes, stage, l);
-        } else {  // the padding rows: zero rows
-          std::memset(stage.vals + l * K, 0, static_cast<size_t>(K));
-          std::memset(stage.svec + l * (K / 32) * 16, 0, static_cast<size_t>(K));
-          std::memset(stage.d + l * stage.nd, 0, static_cast<size_t>(stage.nd) * 4);
-          std::memset(stage.mins + l * (K / 32), 0, static_cast<size_t>(K / 32) * 4);
-          std::memset(stage.q6sc + l * (K / 16), 0, static_cast<size_t>(K / 16) * 2);
+        } else {
+          zero_stage_row(stage, l);
         }
       }
       interleave_kquant_group<kind>(stage, t, g);
@@ -1050,16 +1055,11 @@ void run_tile_vnni(const uint8_t* rows, size_t row_bytes, int64_t nw, const Tile
   if constexpr (kind == Kind::kQ8_0) {
     unpack_q8_0_vnni(rows, row_bytes, nw, t);
   } else {
-    const int64_t K = t.K;
     for (int64_t l = 0; l < kGgufTileRows; ++l) {
       if (l < nw) {
         unpack_row<kind>(rows + l * row_bytes, stage, l);
-      } else {  // the padding rows: zero rows
-        std::memset(stage.vals + l * K, 0, static_cast<size_t>(K));
-        std::memset(stage.svec + l * (K / 32) * 16, 0, static_cast<size_t>(K));
-        std::memset(stage.d + l * stage.nd, 0, static_cast<size_t>(stage.nd) * 4);
-        std::memset(stage.mins + l * (K / 32), 0, static_cast<size_t>(K / 32) * 4);
-        std::memset(stage.q6sc + l * (K / 16), 0, static_cast<size_t>(K / 16) * 2);
+      } else {
+        zero_stage_row(stage, l);
       }
     }
     interleave_kquant_vnni<kind>(stage, t);
