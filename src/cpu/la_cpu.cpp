@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
+#include "cpu/la_amx.hpp"
 #include "cpu/lowering.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/engine_impl.hpp"
@@ -245,6 +246,11 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
     // the bf16 gram rows when this CPU runs them; a plan made without them runs the f32 grams.
     const size_t planned = hp.plan && hp.plan->cpu.set() ? static_cast<size_t>(hp.plan->cpu.arena_bytes.value) : 0;
     job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
+    // AMX GEMMs (cpu/la_amx.hpp) on top of the bf16 grams, for the GEMM-first program only (the W/U
+    // form keeps its f32 GEMMs); a plan whose arena cannot hold the packed operands runs without.
+    if (job.bf16_grams && ex.amx != LaAmx::Off && s.program.gemm_first && cpu::la_amx_usable())
+      job.amx_terms = ex.amx == LaAmx::Split ? 2 : 1;
+    if (job.amx_terms && planned > 0 && head_fused_need_floats(job, s) * sizeof(float) > planned) job.amx_terms = 0;
     if (job.bf16_grams && planned > 0 && head_fused_need_floats(job, s) * sizeof(float) > planned) job.bf16_grams = false;
     workspace = run_head_fused(job, s, engine, planned);
   } else {

@@ -1,0 +1,204 @@
+// The head-fused engine's GEMMs on AMX (la_amx.hpp has the operand layouts and the rounding).
+//
+// The product kernel runs one 16-row strip of C against up to four 16-column tiles (64 columns)
+// at a time: accumulators in tiles 0-3, the A strip's terms in tiles 4-5, B tiles in 6-7. Per
+// depth step of 32 it loads the strip once and each B tile once, so a strip of four column tiles
+// does 4 (1 term) to 12 (2 x 2 terms) TDPBF16PS per 5-10 tile loads. The accumulators go through
+// a 4 KiB buffer to the store rule (row factors, C's own factors, the M and N tails) on the
+// vector unit: the gates stay there, as in the f32 path.
+#include "cpu/la_amx.hpp"
+
+#include <algorithm>
+
+#include "cpu/linear_kernels.hpp"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HANPU_HAVE_LA_AMX 1
+#include <immintrin.h>
+#endif
+
+namespace hanpu::cpu {
+
+bool la_amx_usable() { return amx_usable(); }
+
+#if HANPU_HAVE_LA_AMX
+
+#define HANPU_LA_AMX_TARGET __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
+
+namespace {
+
+HANPU_LA_AMX_TARGET inline __mmask16 first_n(ptrdiff_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// 16 floats -> 16 bf16 (round to nearest even) as 32-bit lanes, and the f32 value of those bf16.
+HANPU_LA_AMX_TARGET inline __m512i to_bf16_lanes(__m512 x) {
+  return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
+}
+HANPU_LA_AMX_TARGET inline __m512 bf16_lanes_value(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)); }
+
+template <int NT, int AT, int BT>
+HANPU_LA_AMX_TARGET void strip_tiles(const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B, size_t ldb,
+                                     size_t b_ts, size_t steps, float* buf) {
+  const size_t a_bytes = lda * 2, b_bytes = ldb * 4;
+  _tile_zero(0);
+  if constexpr (NT > 1) _tile_zero(1);
+  if constexpr (NT > 2) _tile_zero(2);
+  if constexpr (NT > 3) _tile_zero(3);
+  for (size_t ks = 0; ks < steps; ++ks) {
+    _tile_loadd(4, A + ks * 32, a_bytes);
+    if constexpr (AT > 1) _tile_loadd(5, A + a_ts + ks * 32, a_bytes);
+    const uint32_t* b = B + ks * 16 * ldb;
+    // Column tile j: with one B term the B tiles alternate between 6 and 7, so a load need not
+    // wait for the previous product to finish reading its tile.
+#define HANPU_LA_AMX_COL(j)                                  \
+  if constexpr (NT > j) {                                    \
+    if constexpr (BT > 1) {                                  \
+      _tile_loadd(6, b + 16 * j, b_bytes);                   \
+      _tile_loadd(7, b + b_ts + 16 * j, b_bytes);            \
+      _tile_dpbf16ps(j, 4, 6);                               \
+      _tile_dpbf16ps(j, 4, 7);                               \
+      if constexpr (AT > 1) _tile_dpbf16ps(j, 5, 6);         \
+    } else if constexpr (j % 2 == 0) {                       \
+      _tile_loadd(6, b + 16 * j, b_bytes);                   \
+      _tile_dpbf16ps(j, 4, 6);                               \
+      if constexpr (AT > 1) _tile_dpbf16ps(j, 5, 6);         \
+    } else {                                                 \
+      _tile_loadd(7, b + 16 * j, b_bytes);                   \
+      _tile_dpbf16ps(j, 4, 7);                               \
+      if constexpr (AT > 1) _tile_dpbf16ps(j, 5, 7);         \
+    }                                                        \
+  }
+    HANPU_LA_AMX_COL(0)
+    HANPU_LA_AMX_COL(1)
+    HANPU_LA_AMX_COL(2)
+    HANPU_LA_AMX_COL(3)
+#undef HANPU_LA_AMX_COL
+  }
+  _tile_stored(0, buf, 256);
+  if constexpr (NT > 1) _tile_stored(1, buf + 16, 256);
+  if constexpr (NT > 2) _tile_stored(2, buf + 32, 256);
+  if constexpr (NT > 3) _tile_stored(3, buf + 48, 256);
+}
+
+template <int AT, int BT>
+HANPU_LA_AMX_TARGET void strip_any(int nt, const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B, size_t ldb,
+                                   size_t b_ts, size_t steps, float* buf) {
+  switch (nt) {
+    case 4: return strip_tiles<4, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+    case 3: return strip_tiles<3, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+    case 2: return strip_tiles<2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+    default: return strip_tiles<1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+  }
+}
+
+}  // namespace
+
+void la_amx_release() { amx_release_tiles(); }
+
+HANPU_LA_AMX_TARGET void la_amx_pack_pairs(const float* B, size_t ldb, size_t rows, size_t cols,
+                                           const float* row_scale, int terms, uint32_t* out, size_t ldo,
+                                           size_t term_stride) {
+  const size_t pairs = la_amx_depth(rows) / 2, cp = la_amx_cols(cols);
+  for (size_t p = 0; p < pairs; ++p) {
+    const size_t r0 = 2 * p, r1 = 2 * p + 1;
+    const __m512 s0 = _mm512_set1_ps(r0 < rows && row_scale ? row_scale[r0] : 1.f);
+    const __m512 s1 = _mm512_set1_ps(r1 < rows && row_scale ? row_scale[r1] : 1.f);
+    for (size_t c = 0; c < cp; c += 16) {
+      const __mmask16 m = first_n(static_cast<ptrdiff_t>(cols) - static_cast<ptrdiff_t>(c));
+      __m512 x0 = r0 < rows ? _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(m, B + r0 * ldb + c)) : _mm512_setzero_ps();
+      __m512 x1 = r1 < rows ? _mm512_mul_ps(s1, _mm512_maskz_loadu_ps(m, B + r1 * ldb + c)) : _mm512_setzero_ps();
+      for (int t = 0; t < terms; ++t) {
+        const __m512i h0 = to_bf16_lanes(x0), h1 = to_bf16_lanes(x1);
+        _mm512_storeu_si512(out + t * term_stride + p * ldo + c, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
+        x0 = _mm512_sub_ps(x0, bf16_lanes_value(h0));  // exact: x0 and its bf16 agree in the top bits
+        x1 = _mm512_sub_ps(x1, bf16_lanes_value(h1));
+      }
+    }
+  }
+}
+
+HANPU_LA_AMX_TARGET void la_amx_pack_rows(const float* A, size_t lda, size_t rows, size_t cols, bool lower, int terms,
+                                          uint16_t* out, size_t ldo, size_t term_stride) {
+  const size_t rp = la_amx_rows(rows), dp = la_amx_depth(cols);
+  for (size_t i = 0; i < rp; ++i) {
+    const ptrdiff_t n = i >= rows ? 0 : static_cast<ptrdiff_t>(lower ? std::min(cols, i + 1) : cols);
+    for (size_t k = 0; k < dp; k += 16) {
+      __m512 x = _mm512_maskz_loadu_ps(first_n(n - static_cast<ptrdiff_t>(k)), A + i * lda + k);
+      for (int t = 0; t < terms; ++t) {
+        const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + t * term_stride + i * ldo + k), h);
+        x = _mm512_sub_ps(x, bf16_lanes_value(_mm512_cvtepu16_epi32(h)));
+      }
+    }
+  }
+}
+
+HANPU_LA_AMX_TARGET void la_amx_unpair(const uint32_t* pairs, size_t ldp, size_t dims, size_t cols, uint16_t* out,
+                                       size_t ldo) {
+  const size_t dp = la_amx_depth(cols), rp = la_amx_rows(dims);
+  for (size_t p = 0; 2 * p < dims; ++p) {
+    for (size_t j = 0; j < dp; j += 16) {
+      const __m512i w =
+          _mm512_maskz_loadu_epi32(first_n(static_cast<ptrdiff_t>(cols) - static_cast<ptrdiff_t>(j)), pairs + p * ldp + j);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2 * p * ldo + j), _mm512_cvtepi32_epi16(w));
+      if (2 * p + 1 < dims)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (2 * p + 1) * ldo + j),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(w, 16)));
+    }
+  }
+  for (size_t d = dims; d < rp; ++d) std::fill(out + d * ldo, out + d * ldo + dp, uint16_t{0});
+}
+
+HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts, int a_terms, const uint32_t* B,
+                                     size_t ldb, size_t b_ts, int b_terms, float* C, size_t ldc, size_t M, size_t N,
+                                     size_t depth, bool lower, AmxStore store, const float* p_scale,
+                                     const float* c_scale) {
+  alignas(64) float buf[16 * 64];
+  amx_configure_tiles();
+  for (size_t i0 = 0; i0 < M; i0 += 16) {
+    const size_t mr = std::min<size_t>(16, M - i0);
+    const size_t steps = la_amx_depth(lower ? std::min(depth, i0 + 16) : depth) / 32;
+    const uint16_t* a = A + i0 * lda;
+    for (size_t n0 = 0; n0 < N; n0 += 64) {
+      const int nt = static_cast<int>(std::min<size_t>(4, (N - n0 + 15) / 16));
+      const uint32_t* b = B + n0;
+      if (a_terms > 1 && b_terms > 1) strip_any<2, 2>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      else if (a_terms > 1) strip_any<2, 1>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      else if (b_terms > 1) strip_any<1, 2>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      else strip_any<1, 1>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      // The store rule, row by row on the vector unit.
+      for (size_t r = 0; r < mr; ++r) {
+        const size_t i = i0 + r;
+        const __m512 ps = _mm512_set1_ps(p_scale ? p_scale[i] : 1.f);
+        float* crow = C + i * ldc + n0;
+        for (int v = 0; v < nt; ++v) {
+          const __mmask16 m = first_n(static_cast<ptrdiff_t>(N) - static_cast<ptrdiff_t>(n0 + 16 * v));
+          __m512 acc = _mm512_load_ps(buf + r * 64 + 16 * v);
+          if (store == AmxStore::kSet) {
+            acc = _mm512_mul_ps(ps, acc);
+          } else if (store == AmxStore::kAdd) {
+            acc = _mm512_fmadd_ps(ps, acc, _mm512_maskz_loadu_ps(m, crow + 16 * v));
+          } else {
+            acc = _mm512_fmadd_ps(ps, acc,
+                                  _mm512_mul_ps(_mm512_set1_ps(c_scale[i]), _mm512_maskz_loadu_ps(m, crow + 16 * v)));
+          }
+          _mm512_mask_storeu_ps(crow + 16 * v, m, acc);
+        }
+      }
+    }
+  }
+}
+
+#else  // no AMX code in this build: la_amx_usable() is false and nothing below runs
+
+void la_amx_release() {}
+void la_amx_pack_pairs(const float*, size_t, size_t, size_t, const float*, int, uint32_t*, size_t, size_t) {}
+void la_amx_pack_rows(const float*, size_t, size_t, size_t, bool, int, uint16_t*, size_t, size_t) {}
+void la_amx_unpair(const uint32_t*, size_t, size_t, size_t, uint16_t*, size_t) {}
+void la_amx_gemm(const uint16_t*, size_t, size_t, int, const uint32_t*, size_t, size_t, int, float*, size_t, size_t,
+                 size_t, size_t, bool, AmxStore, const float*, const float*) {}
+
+#endif
+
+}  // namespace hanpu::cpu
