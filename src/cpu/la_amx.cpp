@@ -31,10 +31,7 @@ HANPU_LA_AMX_TARGET inline __mmask16 first_n(ptrdiff_t n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : n <= 0 ? static_cast<__mmask16>(0) : static_cast<__mmask16>((1u << n) - 1);
 }
 
-// 16 floats -> 16 bf16 (round to nearest even) as 32-bit lanes, and the f32 value of those bf16.
-HANPU_LA_AMX_TARGET inline __m512i to_bf16_lanes(__m512 x) {
-  return _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-}
+// The f32 values of 16 bf16 held in 32-bit lanes.
 HANPU_LA_AMX_TARGET inline __m512 bf16_lanes_value(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)); }
 
 template <int NT, int AT, int BT>
@@ -100,6 +97,10 @@ HANPU_LA_AMX_TARGET void la_amx_pack_pairs(const float* B, size_t ldb, size_t ro
                                            const float* row_scale, int terms, uint32_t* out, size_t ldo,
                                            size_t term_stride) {
   const size_t pairs = la_amx_depth(rows) / 2, cp = la_amx_cols(cols);
+  // One conversion of both rows (x0's 16 bf16, then x1's), then one permutation into pairs.
+  alignas(64) static constexpr uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+                                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
   for (size_t p = 0; p < pairs; ++p) {
     const size_t r0 = 2 * p, r1 = 2 * p + 1;
     const __m512 s0 = _mm512_set1_ps(r0 < rows && row_scale ? row_scale[r0] : 1.f);
@@ -109,10 +110,12 @@ HANPU_LA_AMX_TARGET void la_amx_pack_pairs(const float* B, size_t ldb, size_t ro
       __m512 x0 = r0 < rows ? _mm512_mul_ps(s0, _mm512_maskz_loadu_ps(m, B + r0 * ldb + c)) : _mm512_setzero_ps();
       __m512 x1 = r1 < rows ? _mm512_mul_ps(s1, _mm512_maskz_loadu_ps(m, B + r1 * ldb + c)) : _mm512_setzero_ps();
       for (int t = 0; t < terms; ++t) {
-        const __m512i h0 = to_bf16_lanes(x0), h1 = to_bf16_lanes(x1);
-        _mm512_storeu_si512(out + t * term_stride + p * ldo + c, _mm512_or_si512(h0, _mm512_slli_epi32(h1, 16)));
-        x0 = _mm512_sub_ps(x0, bf16_lanes_value(h0));  // exact: x0 and its bf16 agree in the top bits
-        x1 = _mm512_sub_ps(x1, bf16_lanes_value(h1));
+        const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+        _mm512_storeu_si512(out + t * term_stride + p * ldo + c, _mm512_permutexvar_epi16(interleave, h));
+        if (t + 1 == terms) break;
+        // The remainders, exact in f32 (x and its bf16 agree in the top bits).
+        x0 = _mm512_sub_ps(x0, bf16_lanes_value(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h))));
+        x1 = _mm512_sub_ps(x1, bf16_lanes_value(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1))));
       }
     }
   }
@@ -153,7 +156,7 @@ HANPU_LA_AMX_TARGET void la_amx_unpair(const uint32_t* pairs, size_t ldp, size_t
 HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts, int a_terms, const uint32_t* B,
                                      size_t ldb, size_t b_ts, int b_terms, float* C, size_t ldc, size_t M, size_t N,
                                      size_t depth, bool lower, AmxStore store, const float* p_scale,
-                                     const float* c_scale) {
+                                     const float* c_scale, AmxHook hook) {
   alignas(64) float buf[16 * 64];
   amx_configure_tiles();
   for (size_t i0 = 0; i0 < M; i0 += 16) {
@@ -167,6 +170,7 @@ HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts,
       else if (a_terms > 1) strip_any<2, 1>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
       else if (b_terms > 1) strip_any<1, 2>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
       else strip_any<1, 1>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      if (hook.fn) hook.fn(hook.ctx);
       // The store rule, row by row on the vector unit.
       for (size_t r = 0; r < mr; ++r) {
         const size_t i = i0 + r;
@@ -197,7 +201,7 @@ void la_amx_pack_pairs(const float*, size_t, size_t, size_t, const float*, int, 
 void la_amx_pack_rows(const float*, size_t, size_t, size_t, bool, int, uint16_t*, size_t, size_t) {}
 void la_amx_unpair(const uint32_t*, size_t, size_t, size_t, uint16_t*, size_t) {}
 void la_amx_gemm(const uint16_t*, size_t, size_t, int, const uint32_t*, size_t, size_t, int, float*, size_t, size_t,
-                 size_t, size_t, bool, AmxStore, const float*, const float*) {}
+                 size_t, size_t, bool, AmxStore, const float*, const float*, AmxHook) {}
 
 #endif
 

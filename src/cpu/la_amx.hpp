@@ -57,6 +57,13 @@ enum class AmxStore {
   kScaleAdd,  // C = diag(c) C + diag(p) A B
 };
 
+/// Called once per 16-row strip and 64-column group of a product (e.g. a software prefetcher
+/// handing out its lines evenly over the work, as the f32 GEMM tiles do).
+struct AmxHook {
+  void (*fn)(void*) = nullptr;
+  void* ctx = nullptr;
+};
+
 /// C[M x N] (op)= diag(p_scale) A[M x depth] B[depth x N] on AMX. A: a_terms bf16 row blocks
 /// (row stride lda uint16, term stride a_ts), readable for la_amx_rows(M) rows and
 /// la_amx_depth(depth) columns, zero from `depth` on; B: b_terms pair blocks (row stride ldb
@@ -65,6 +72,6 @@ enum class AmxStore {
 /// row's depth). p_scale (M) may be null (1); c_scale (M) only for kScaleAdd.
 void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts, int a_terms, const uint32_t* B, size_t ldb, size_t b_ts,
                  int b_terms, float* C, size_t ldc, size_t M, size_t N, size_t depth, bool lower, AmxStore store,
-                 const float* p_scale, const float* c_scale);
+                 const float* p_scale, const float* c_scale, AmxHook hook = {});
 
 }  // namespace hanpu::cpu

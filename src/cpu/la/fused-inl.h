@@ -170,6 +170,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   auto* Ppk = amx ? reinterpret_cast<uint16_t*>(arena + l.Ppk) : nullptr;
   auto* KtRaw = amx ? reinterpret_cast<uint16_t*>(arena + l.KtRaw) : nullptr;
   ChunkPrefetcher prefetch(program.prefetch_rate);
+  // The AMX products hand out the prefetches once per strip, as the f32 GEMM tiles do.
+  const AmxHook pf_hook{[](void* p) { static_cast<ChunkPrefetcher*>(p)->tile(); }, &prefetch};
   const TileShape tile = ProgramTile(program);
   OperatorClock clock;  // per-operator timers (operator_timers.hpp; empty unless compiled in)
   clock.skip();         // the states' loads are nobody's
@@ -239,7 +241,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           pack_state();
           for (size_t i = 0; i < L; ++i) pfac[i] = gdn_x_scale[i] * kfac[i];
           la_amx_gemm(rows.kraw, l.ldraw, 0, 1, Spk, l.ldp, l.S_ts, amx, X, Vp, L, w, K, false, AmxStore::kAdd, pfac,
-                      nullptr);
+                      nullptr, pf_hook);
         } else if (channel) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale, tile);
         clock.mark(Op::kStateGemms);
@@ -252,7 +254,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           pack_state();
           for (size_t i = 0; i < L; ++i) pfac[i] = egam[i] * qfac[i];
           la_amx_gemm(rows.qraw, l.ldraw, 0, 1, Spk, l.ldp, l.S_ts, amx, O, Vp, L, w, K, false, AmxStore::kSet, pfac,
-                      nullptr);
+                      nullptr, pf_hook);
         } else if (channel) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam, tile);
         clock.mark(Op::kStateGemms);
@@ -331,7 +333,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           la_amx_pack_rows(AP + C * ldc, ldc, L, L, true, amx, Ppk, l.ldr, l.P_ts);
           la_amx_pack_pairs(X, Vp, L, w, nullptr, amx, Epk, l.ldp, l.E_ts);
           la_amx_gemm(Ppk, l.ldr, l.P_ts, amx, Epk, l.ldp, l.E_ts, amx, O, Vp, L, w, L, true, AmxStore::kAdd, nullptr,
-                      nullptr);
+                      nullptr, pf_hook);
         } else {
           Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch, nullptr, tile);
         }
@@ -387,7 +389,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           la_amx_unpair(reinterpret_cast<const uint32_t*>(arena + l.KtPairs), ldc, K, L, KtRaw, l.ldr);
           la_amx_pack_pairs(X, Vp, L, w, pfac, amx, E2pk, l.ldp, l.E_ts);
           la_amx_gemm(KtRaw, l.ldr, 0, 1, E2pk, l.ldp, l.E_ts, amx, S_next, Vp, K, w, L, false, AmxStore::kScaleAdd,
-                      nullptr, decay_rows);
+                      nullptr, decay_rows, pf_hook);
         } else {
           Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows, tile);
         }
