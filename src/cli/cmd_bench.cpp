@@ -240,6 +240,7 @@ void run_bench(const BenchArgs& a) {
                                {"peak_fraction", r.peak_fraction},
                                {"extra_bytes", r.extra_bytes},
                                {"reps", r.reps},
+                               {"ms_min", *std::min_element(times.begin(), times.end()) * 1e3},
                                {"bf16_dot", r.bf16_dot},
                                {"amx", r.amx},
                                {"plan_first_call_us", miss_seconds * 1e6},
