@@ -1,11 +1,9 @@
 // The head-fused engine's GEMMs on AMX (la_amx.hpp has the operand layouts and the rounding).
 //
-// The product kernel runs one 16-row strip of C against up to four 16-column tiles (64 columns)
-// at a time: accumulators in tiles 0-3, the A strip's terms in tiles 4-5, B tiles in 6-7. Per
-// depth step of 32 it loads the strip once and each B tile once, so a strip of four column tiles
-// does 4 (1 term) to 12 (2 x 2 terms) TDPBF16PS per 5-10 tile loads. The accumulators go through
-// a 4 KiB buffer to the store rule (row factors, C's own factors, the M and N tails) on the
-// vector unit: the gates stay there, as in the f32 path.
+// The product kernel runs blocks of 32 x 32 of C (2 x 2 tiles): per depth step of 32 it loads two
+// A tiles and two B tiles for four TDPBF16PS (1 term), or 10 tiles for 12 (2 x 2 terms). The
+// accumulators go through a 4 KiB buffer to the store rule (row factors, C's own factors, the M
+// and N tails) on the vector unit: the gates stay there, as in the f32 path.
 #include "cpu/la_amx.hpp"
 
 #include <algorithm>
@@ -34,59 +32,62 @@ HANPU_LA_AMX_TARGET inline __mmask16 first_n(ptrdiff_t n) {
 // The f32 values of 16 bf16 held in 32-bit lanes.
 HANPU_LA_AMX_TARGET inline __m512 bf16_lanes_value(__m512i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16)); }
 
-template <int NT, int AT, int BT>
-HANPU_LA_AMX_TARGET void strip_tiles(const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B, size_t ldb,
+// One block of C, MT x NT tiles of 16 x 16 (at most 2 x 2): accumulator (r, c) in tile 2r + c,
+// A's row tile r in tile 4 + r, B's column tile c in tile 6 + c, so each loaded tile feeds MT or
+// NT products (the 2 x 2 block of linear_amx.cpp). With two terms the products run in three
+// passes per depth step (hi x hi, hi x lo, lo x hi), reloading only the tiles that change: the
+// tiles are not renamed, so a load into a tile waits for the products still reading it.
+template <int MT, int NT, int AT, int BT>
+HANPU_LA_AMX_TARGET void block_tiles(const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B, size_t ldb,
                                      size_t b_ts, size_t steps, float* buf) {
   const size_t a_bytes = lda * 2, b_bytes = ldb * 4;
   _tile_zero(0);
   if constexpr (NT > 1) _tile_zero(1);
-  if constexpr (NT > 2) _tile_zero(2);
-  if constexpr (NT > 3) _tile_zero(3);
+  if constexpr (MT > 1) _tile_zero(2);
+  if constexpr (MT > 1 && NT > 1) _tile_zero(3);
+#define HANPU_LA_AMX_LOAD_A(off)                                                 \
+  _tile_loadd(4, A + (off) + ks * 32, a_bytes);                                  \
+  if constexpr (MT > 1) _tile_loadd(5, A + (off) + 16 * lda + ks * 32, a_bytes);
+#define HANPU_LA_AMX_LOAD_B(off)                                                 \
+  _tile_loadd(6, B + (off) + ks * 16 * ldb, b_bytes);                            \
+  if constexpr (NT > 1) _tile_loadd(7, B + (off) + ks * 16 * ldb + 16, b_bytes);
+#define HANPU_LA_AMX_PRODUCTS                                                    \
+  _tile_dpbf16ps(0, 4, 6);                                                       \
+  if constexpr (NT > 1) _tile_dpbf16ps(1, 4, 7);                                 \
+  if constexpr (MT > 1) _tile_dpbf16ps(2, 5, 6);                                 \
+  if constexpr (MT > 1 && NT > 1) _tile_dpbf16ps(3, 5, 7);
   for (size_t ks = 0; ks < steps; ++ks) {
-    _tile_loadd(4, A + ks * 32, a_bytes);
-    if constexpr (AT > 1) _tile_loadd(5, A + a_ts + ks * 32, a_bytes);
-    const uint32_t* b = B + ks * 16 * ldb;
-    // Column tile j: with one B term the B tiles alternate between 6 and 7, so a load need not
-    // wait for the previous product to finish reading its tile.
-#define HANPU_LA_AMX_COL(j)                                  \
-  if constexpr (NT > j) {                                    \
-    if constexpr (BT > 1) {                                  \
-      _tile_loadd(6, b + 16 * j, b_bytes);                   \
-      _tile_loadd(7, b + b_ts + 16 * j, b_bytes);            \
-      _tile_dpbf16ps(j, 4, 6);                               \
-      _tile_dpbf16ps(j, 4, 7);                               \
-      if constexpr (AT > 1) _tile_dpbf16ps(j, 5, 6);         \
-    } else if constexpr (j % 2 == 0) {                       \
-      _tile_loadd(6, b + 16 * j, b_bytes);                   \
-      _tile_dpbf16ps(j, 4, 6);                               \
-      if constexpr (AT > 1) _tile_dpbf16ps(j, 5, 6);         \
-    } else {                                                 \
-      _tile_loadd(7, b + 16 * j, b_bytes);                   \
-      _tile_dpbf16ps(j, 4, 7);                               \
-      if constexpr (AT > 1) _tile_dpbf16ps(j, 5, 7);         \
-    }                                                        \
+    HANPU_LA_AMX_LOAD_A(0)
+    HANPU_LA_AMX_LOAD_B(0)
+    HANPU_LA_AMX_PRODUCTS
+    if constexpr (BT > 1) {
+      HANPU_LA_AMX_LOAD_B(b_ts)
+      HANPU_LA_AMX_PRODUCTS
+    }
+    if constexpr (AT > 1) {
+      HANPU_LA_AMX_LOAD_A(a_ts)
+      if constexpr (BT > 1) {
+        HANPU_LA_AMX_LOAD_B(0)
+      }
+      HANPU_LA_AMX_PRODUCTS
+    }
   }
-    HANPU_LA_AMX_COL(0)
-    HANPU_LA_AMX_COL(1)
-    HANPU_LA_AMX_COL(2)
-    HANPU_LA_AMX_COL(3)
-#undef HANPU_LA_AMX_COL
-  }
-  _tile_stored(0, buf, 256);
-  if constexpr (NT > 1) _tile_stored(1, buf + 16, 256);
-  if constexpr (NT > 2) _tile_stored(2, buf + 32, 256);
-  if constexpr (NT > 3) _tile_stored(3, buf + 48, 256);
+#undef HANPU_LA_AMX_LOAD_A
+#undef HANPU_LA_AMX_LOAD_B
+#undef HANPU_LA_AMX_PRODUCTS
+  _tile_stored(0, buf, 128);
+  if constexpr (NT > 1) _tile_stored(1, buf + 16, 128);
+  if constexpr (MT > 1) _tile_stored(2, buf + 16 * 32, 128);
+  if constexpr (MT > 1 && NT > 1) _tile_stored(3, buf + 16 * 32 + 16, 128);
 }
 
 template <int AT, int BT>
-HANPU_LA_AMX_TARGET void strip_any(int nt, const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B, size_t ldb,
-                                   size_t b_ts, size_t steps, float* buf) {
-  switch (nt) {
-    case 4: return strip_tiles<4, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-    case 3: return strip_tiles<3, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-    case 2: return strip_tiles<2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-    default: return strip_tiles<1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-  }
+HANPU_LA_AMX_TARGET void block_any(int mt, int nt, const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B,
+                                   size_t ldb, size_t b_ts, size_t steps, float* buf) {
+  if (mt > 1 && nt > 1) return block_tiles<2, 2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+  if (mt > 1) return block_tiles<2, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+  if (nt > 1) return block_tiles<1, 2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+  return block_tiles<1, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
 }
 
 }  // namespace
@@ -157,42 +158,51 @@ HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts,
                                      size_t ldb, size_t b_ts, int b_terms, float* C, size_t ldc, size_t M, size_t N,
                                      size_t depth, bool lower, AmxStore store, const float* p_scale,
                                      const float* c_scale, AmxHook hook) {
-  alignas(64) float buf[16 * 64];
+  alignas(64) float buf[32 * 32];
   amx_configure_tiles();
-  // Column groups outside, strips inside: a group's B panel (depth x 64 columns, 16 KiB per term
-  // at depth 128) stays in L1 while the strips pass (strips outside measured slower: every strip
-  // streamed all of B through L1).
-  for (size_t n0 = 0; n0 < N; n0 += 64) {
-    const int nt = static_cast<int>(std::min<size_t>(4, (N - n0 + 15) / 16));
-    const uint32_t* b = B + n0;
-    for (size_t i0 = 0; i0 < M; i0 += 16) {
-      const size_t mr = std::min<size_t>(16, M - i0);
-      const size_t steps = la_amx_depth(lower ? std::min(depth, i0 + 16) : depth) / 32;
-      const uint16_t* a = A + i0 * lda;
-      if (a_terms > 1 && b_terms > 1) strip_any<2, 2>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      else if (a_terms > 1) strip_any<2, 1>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      else if (b_terms > 1) strip_any<1, 2>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      else strip_any<1, 1>(nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      if (hook.fn) hook.fn(hook.ctx);
-      // The store rule, row by row on the vector unit.
-      for (size_t r = 0; r < mr; ++r) {
-        const size_t i = i0 + r;
-        const __m512 ps = _mm512_set1_ps(p_scale ? p_scale[i] : 1.f);
-        const __m512 cs = _mm512_set1_ps(store == AmxStore::kScaleAdd ? c_scale[i] : 1.f);
-        float* crow = C + i * ldc + n0;
-        for (int v = 0; v < nt; ++v) {
-          const __mmask16 m = first_n(static_cast<ptrdiff_t>(N) - static_cast<ptrdiff_t>(n0 + 16 * v));
-          __m512 acc = _mm512_load_ps(buf + r * 64 + 16 * v);
-          if (store == AmxStore::kSet) {
-            acc = _mm512_mul_ps(ps, acc);
-          } else if (store == AmxStore::kAdd) {
-            acc = _mm512_fmadd_ps(ps, acc, _mm512_maskz_loadu_ps(m, crow + 16 * v));
-          } else {
-            acc = _mm512_fmadd_ps(ps, acc, _mm512_mul_ps(cs, _mm512_maskz_loadu_ps(m, crow + 16 * v)));
-          }
-          _mm512_mask_storeu_ps(crow + 16 * v, m, acc);
+  // The store rule of a block, row by row on the vector unit (run one block late, so that the
+  // next block's products overlap it, it measured no faster).
+  struct Block {
+    const float* buf;
+    size_t i0, n0, mr;
+    int nt;
+  };
+  auto finish = [&](const Block& pb) HANPU_LA_AMX_TARGET {
+    for (size_t r = 0; r < pb.mr; ++r) {
+      const size_t i = pb.i0 + r;
+      const __m512 ps = _mm512_set1_ps(p_scale ? p_scale[i] : 1.f);
+      const __m512 cs = _mm512_set1_ps(store == AmxStore::kScaleAdd ? c_scale[i] : 1.f);
+      float* crow = C + i * ldc + pb.n0;
+      for (int v = 0; v < pb.nt; ++v) {
+        const __mmask16 m = first_n(static_cast<ptrdiff_t>(N) - static_cast<ptrdiff_t>(pb.n0 + 16 * v));
+        __m512 acc = _mm512_load_ps(pb.buf + r * 32 + 16 * v);
+        if (store == AmxStore::kSet) {
+          acc = _mm512_mul_ps(ps, acc);
+        } else if (store == AmxStore::kAdd) {
+          acc = _mm512_fmadd_ps(ps, acc, _mm512_maskz_loadu_ps(m, crow + 16 * v));
+        } else {
+          acc = _mm512_fmadd_ps(ps, acc, _mm512_mul_ps(cs, _mm512_maskz_loadu_ps(m, crow + 16 * v)));
         }
+        _mm512_mask_storeu_ps(crow + 16 * v, m, acc);
       }
+    }
+  };
+  // Column blocks outside, row blocks inside: a block's B panel (depth x 32 columns, 8 KiB per
+  // term at depth 128) stays in L1 while the row blocks pass.
+  for (size_t n0 = 0; n0 < N; n0 += 32) {
+    const int nt = N - n0 > 16 ? 2 : 1;
+    const uint32_t* b = B + n0;
+    for (size_t i0 = 0; i0 < M; i0 += 32) {
+      const size_t mr = std::min<size_t>(32, M - i0);
+      const int mt = mr > 16 ? 2 : 1;
+      const size_t steps = la_amx_depth(lower ? std::min(depth, i0 + mr) : depth) / 32;
+      const uint16_t* a = A + i0 * lda;
+      if (a_terms > 1 && b_terms > 1) block_any<2, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      else if (a_terms > 1) block_any<2, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      else if (b_terms > 1) block_any<1, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      else block_any<1, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      finish(Block{buf, i0, n0, mr, nt});
+      if (hook.fn) hook.fn(hook.ctx);
     }
   }
 }
