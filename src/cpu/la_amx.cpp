@@ -39,7 +39,7 @@ HANPU_LA_AMX_TARGET inline __m512 bf16_lanes_value(__m512i h) { return _mm512_ca
 // tiles are not renamed, so a load into a tile waits for the products still reading it.
 template <int MT, int NT, int AT, int BT>
 HANPU_LA_AMX_TARGET void block_tiles(const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B, size_t ldb,
-                                     size_t b_ts, size_t steps, float* buf) {
+                                     size_t b_ts, size_t steps, float* buf, AmxHook hook) {
   const size_t a_bytes = lda * 2, b_bytes = ldb * 4;
   _tile_zero(0);
   if constexpr (NT > 1) _tile_zero(1);
@@ -75,6 +75,7 @@ HANPU_LA_AMX_TARGET void block_tiles(const uint16_t* A, size_t lda, size_t a_ts,
 #undef HANPU_LA_AMX_LOAD_A
 #undef HANPU_LA_AMX_LOAD_B
 #undef HANPU_LA_AMX_PRODUCTS
+  if (hook.fn) hook.fn(hook.ctx);  // while the last products run (the stores wait for them)
   _tile_stored(0, buf, 128);
   if constexpr (NT > 1) _tile_stored(1, buf + 16, 128);
   if constexpr (MT > 1) _tile_stored(2, buf + 16 * 32, 128);
@@ -83,11 +84,11 @@ HANPU_LA_AMX_TARGET void block_tiles(const uint16_t* A, size_t lda, size_t a_ts,
 
 template <int AT, int BT>
 HANPU_LA_AMX_TARGET void block_any(int mt, int nt, const uint16_t* A, size_t lda, size_t a_ts, const uint32_t* B,
-                                   size_t ldb, size_t b_ts, size_t steps, float* buf) {
-  if (mt > 1 && nt > 1) return block_tiles<2, 2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-  if (mt > 1) return block_tiles<2, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-  if (nt > 1) return block_tiles<1, 2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
-  return block_tiles<1, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf);
+                                   size_t ldb, size_t b_ts, size_t steps, float* buf, AmxHook hook) {
+  if (mt > 1 && nt > 1) return block_tiles<2, 2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf, hook);
+  if (mt > 1) return block_tiles<2, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf, hook);
+  if (nt > 1) return block_tiles<1, 2, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf, hook);
+  return block_tiles<1, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf, hook);
 }
 
 }  // namespace
@@ -197,12 +198,11 @@ HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts,
       const int mt = mr > 16 ? 2 : 1;
       const size_t steps = la_amx_depth(lower ? std::min(depth, i0 + mr) : depth) / 32;
       const uint16_t* a = A + i0 * lda;
-      if (a_terms > 1 && b_terms > 1) block_any<2, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      else if (a_terms > 1) block_any<2, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      else if (b_terms > 1) block_any<1, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
-      else block_any<1, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf);
+      if (a_terms > 1 && b_terms > 1) block_any<2, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
+      else if (a_terms > 1) block_any<2, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
+      else if (b_terms > 1) block_any<1, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
+      else block_any<1, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
       finish(Block{buf, i0, n0, mr, nt});
-      if (hook.fn) hook.fn(hook.ctx);
     }
   }
 }

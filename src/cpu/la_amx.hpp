@@ -57,7 +57,7 @@ enum class AmxStore {
   kScaleAdd,  // C = diag(c) C + diag(p) A B
 };
 
-/// Called once per 16-row strip and 64-column group of a product (e.g. a software prefetcher
+/// Called once per 32 x 32 block of a product while its last tile products run (e.g. a software prefetcher
 /// handing out its lines evenly over the work, as the f32 GEMM tiles do).
 struct AmxHook {
   void (*fn)(void*) = nullptr;
