@@ -635,11 +635,56 @@ TEST(LaAmx, EngineGemmsOnAmxAgainstFp64) {
           const std::string what = std::string(la_amx_name(mode)) + ", " + std::to_string(threads) + " threads: " + s.describe();
           EXPECT_LE(a.o, split ? output_bound(DType::BF16) : kRoundO) << "o " << what;
           EXPECT_LE(a.state, split ? kStateBound : kRoundState) << "state " << what;
+          ExecReport rep;
+          ex.report = &rep;
           const LaResult r = la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
+          EXPECT_EQ(rep.gemms, split ? "amx-split" : "amx-round") << what;
           EXPECT_GT(nmse(r.final_state, base.final_state), 0.0) << "the AMX path did not run: " << what;
           std::printf("[amx] %-5s o %.2e state %.2e  %s\n", la_amx_name(mode), a.o, a.state, what.c_str());
         }
     }
+}
+
+// A requested AMX setting that cannot run falls back to the f32 engine and says why (on every CPU).
+TEST(LaAmx, FallsBackByName) {
+  ProblemSpec s;
+  s.variant = Variant::GDN;
+  s.T = 70;
+  s.H = 2;
+  s.HV = 2;
+  s.K = 32;
+  s.V = 48;
+  s.dtype = DType::BF16;
+  const Problem p = make_problem(s);
+  ExecReport rep;
+  ExecOptions ex{CpuPath::HeadFused, 1, nullptr};
+  ex.report = &rep;
+  la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
+  EXPECT_EQ(rep.gemms, "f32");
+  ex.amx = LaAmx::Split;
+  la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
+  if (!cpu::la_amx_usable()) {
+    EXPECT_EQ(rep.gemms.rfind("f32 (amx: no usable AMX-BF16", 0), 0u) << rep.gemms;
+    return;
+  }
+  EXPECT_EQ(rep.gemms, "amx-split");
+  ex.bf16_dot = false;  // no staged bf16 rows
+  la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
+  EXPECT_EQ(rep.gemms.rfind("f32 (amx: needs bf16 q and k", 0), 0u) << rep.gemms;
+  ex.bf16_dot = true;
+  ex.path = CpuPath::FlaChunk;
+  la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
+  EXPECT_EQ(rep.gemms, "f32 (amx: the head-fused path only)");
+  ex.path = CpuPath::HeadFused;
+  s.variant = Variant::KDA;
+  const Problem kda = make_problem(s);
+  la_prefill_alloc(s.variant, kda.inputs(), s.opt, ex);
+  EXPECT_EQ(rep.gemms.rfind("f32 (amx: GDN only", 0), 0u) << rep.gemms;
+  s.variant = Variant::GDN;
+  s.dtype = DType::F32;
+  const Problem f32 = make_problem(s);
+  la_prefill_alloc(s.variant, f32.inputs(), s.opt, ex);
+  EXPECT_EQ(rep.gemms.rfind("f32 (amx: needs bf16 q and k", 0), 0u) << rep.gemms;
 }
 
 // The operator orders a plan may choose (GEMM-first or the W/U form; in-place or double-buffered

@@ -73,6 +73,9 @@ struct ExecReport {
   std::shared_ptr<const CpuSchedule> schedule;
   bool plan_cache_hit = false;  // false also when the caller passed the plan
   double planning_seconds = 0;  // plan look-up (and on a miss planning) plus lowering
+  /// What ran the head-fused engine's GEMMs: "f32", "amx-round", "amx-split" (ExecOptions::amx),
+  /// or "f32 (amx: ...)" naming why a requested AMX setting did not run.
+  std::string gemms;
 };
 
 /// The head-fused GDN engine's GEMMs on Intel AMX (ExecOptions::amx). The f32 operands of the

@@ -217,7 +217,10 @@ void run_bench(const BenchArgs& a) {
               Row r{vname, pname, dname, dot_applies && ex.bf16_dot && cpu::gram_bf16_usable(), T, H, a.dim, a.dim, th,
                     0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
               const double sec = cli::median(times);
-              r.amx = ex.amx != LaAmx::Off && r.bf16_dot && cpu::la_amx_usable() ? amx : "off";
+              // What ran (the engine reports a requested setting that did not run, and why).
+              r.amx = rep.gemms == "amx-round" ? "round" : rep.gemms == "amx-split" ? "split" : "off";
+              if (ex.amx != LaAmx::Off && r.amx == "off" && !a.json)
+                std::printf("note: --amx %s did not run: %s\n", amx.c_str(), rep.gemms.c_str());
               r.plan_hit_us = rep.plan_cache_hit ? rep.planning_seconds * 1e6 : 0;
               r.ms = sec * 1e3;
               r.tokens_per_s = static_cast<double>(T) / sec;
@@ -243,6 +246,7 @@ void run_bench(const BenchArgs& a) {
                                {"ms_min", *std::min_element(times.begin(), times.end()) * 1e3},
                                {"bf16_dot", r.bf16_dot},
                                {"amx", r.amx},
+                               {"gemms", rep.gemms},
                                {"plan_first_call_us", miss_seconds * 1e6},
                                {"plan_cache_hit_us", rep.plan_cache_hit ? rep.planning_seconds * 1e6 : -1.0},
                                {"executed_as", rep.schedule ? rep.schedule->summary : std::string()},

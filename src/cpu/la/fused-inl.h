@@ -97,8 +97,11 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Fu
     l.Spk = take(terms * l.S_ts);
     l.Epk = take(terms * l.E_ts);
     l.E2pk = take(terms * l.E_ts);
-    l.Ppk = take(terms * l.P_ts / 2);
-    l.KtRaw = take(la_amx_rows(l.K) * l.ldr / 2);
+    // P and K^T in bf16 go where GDN's AMX path leaves room: KDA's decayed K^T (KrT) and the f32
+    // K^T (Kt, which the AMX update does not read), when they fit.
+    const size_t ppk = terms * l.P_ts / 2, ktraw = la_amx_rows(l.K) * l.ldr / 2, free = l.K * l.ldc;
+    l.Ppk = !job.traits().channel_gate() && ppk <= free ? l.KrT : take(ppk);
+    l.KtRaw = ktraw <= free ? l.Kt : take(ktraw);
   }
   l.total = off;
   return l;
