@@ -172,6 +172,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   auto* E2pk = amx ? reinterpret_cast<uint32_t*>(arena + l.E2pk) : nullptr;
   auto* Ppk = amx ? reinterpret_cast<uint16_t*>(arena + l.Ppk) : nullptr;
   auto* KtRaw = amx ? reinterpret_cast<uint16_t*>(arena + l.KtRaw) : nullptr;
+  rows.raw_only = amx && K <= 256;  // the AMX products read q and k only as the raw rows
   ChunkPrefetcher prefetch(program.prefetch_rate);
   // The AMX products hand out the prefetches once per strip, as the f32 GEMM tiles do.
   const AmxHook pf_hook{[](void* p) { static_cast<ChunkPrefetcher*>(p)->tile(); }, &prefetch};

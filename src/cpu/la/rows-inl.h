@@ -327,6 +327,9 @@ struct ChunkRows {
   size_t ldraw = 0;
   float* qinv = nullptr;
   float* kinv = nullptr;
+  // The engine's GEMMs on AMX (LaJob::amx_terms) read q and k only as the raw rows: the f32 rows
+  // are not formed (with qk_l2norm only the inverse norms are, from the same f32 values). K <= 256.
+  bool raw_only = false;
   // KDA in the head-fused path: the per-token factors e^{g_t} [C x K] are written here, and G
   // only at the kKdaBlock anchors and the last row (the only rows that path reads).
   float* kda_factors = nullptr;
@@ -412,7 +415,21 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
         LoadScalar(in.beta, offset3(in.beta, b, t, hv)),
         job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
     r.beta[i] = beta_t;
-    if (!r.skip_qk) {
+    if (!r.skip_qk && r.raw_only) {
+      const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
+      const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
+      std::copy(qs, qs + K, r.qraw + i * r.ldraw);
+      std::copy(ks, ks + K, r.kraw + i * r.ldraw);
+      std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
+      std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
+      if (job.opt.qk_l2norm) {  // L2Normalize's factor, of the same f32 values
+        HWY_ALIGN float x[256];
+        LoadRow(in.q, offset4(in.q, b, t, h, 0), 1, K, x);
+        r.qinv[i] = 1.0f / std::sqrt(Dot(x, x, K) + static_cast<float>(gates::kL2NormEps));
+        LoadRow(in.k, offset4(in.k, b, t, h, 0), 1, K, x);
+        r.kinv[i] = 1.0f / std::sqrt(Dot(x, x, K) + static_cast<float>(gates::kL2NormEps));
+      }
+    } else if (!r.skip_qk) {
       // q is scaled as it is loaded unless it is normalised first.
       LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q, job.opt.qk_l2norm ? 1.f : job.scale);
       LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
