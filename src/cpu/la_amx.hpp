@@ -74,4 +74,33 @@ void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts, int a_terms, const 
                  int b_terms, float* C, size_t ldc, size_t M, size_t N, size_t depth, bool lower, AmxStore store,
                  const float* p_scale, const float* c_scale, AmxHook hook = {});
 
+// ---- The engine's products, one entry point each (what a plan selects; cpu/la/fused-inl.h calls
+// them). Every operand with its leading dimension; `terms` bf16 parts for the f32 operands.
+
+/// State reads: C (op)= diag(row_scale) X S for L raw bf16 rows X (q or k as stored, ld_rows) and
+/// the state S in pairs (la_amx_pack_pairs of S, K x N): GDN's X = βV − diag(β e^Γ / |k|) K S
+/// (kAdd) and O = diag(e^Γ scale / |q|) Q S (kSet).
+inline void la_amx_state_read(const uint16_t* rows, size_t ld_rows, size_t L, const uint32_t* S_pairs, size_t ld_pairs,
+                              size_t term_stride, int terms, float* C, size_t ldc, size_t N, size_t K, AmxStore store,
+                              const float* row_scale, AmxHook hook = {}) {
+  la_amx_gemm(rows, ld_rows, 0, 1, S_pairs, ld_pairs, term_stride, terms, C, ldc, L, N, K, false, store, row_scale,
+              nullptr, hook);
+}
+/// Intra-chunk output: O += P V_new for the masked lower-triangular gram P (la_amx_pack_rows with
+/// lower) and v_new in pairs, L x L by L x N.
+inline void la_amx_output(const uint16_t* P_rows, size_t ld_p, size_t p_term_stride, const uint32_t* E_pairs,
+                          size_t ld_e, size_t e_term_stride, int terms, float* O, size_t ldo, size_t L, size_t N,
+                          AmxHook hook = {}) {
+  la_amx_gemm(P_rows, ld_p, p_term_stride, terms, E_pairs, ld_e, e_term_stride, terms, O, ldo, L, N, L, true,
+              AmxStore::kAdd, nullptr, nullptr, hook);
+}
+/// State update: S = diag(decay) S + Kᵀ E' for Kᵀ as bf16 rows (la_amx_unpair of the keys' pairs,
+/// K x L) and E' = diag(e^{Γ_L−Γ_j} / |k_j|) v_new in pairs (L x N).
+inline void la_amx_state_update(const uint16_t* Kt_rows, size_t ld_kt, size_t K, const uint32_t* E_pairs, size_t ld_e,
+                                size_t e_term_stride, int terms, float* S, size_t lds, size_t N, size_t L,
+                                const float* decay, AmxHook hook = {}) {
+  la_amx_gemm(Kt_rows, ld_kt, 0, 1, E_pairs, ld_e, e_term_stride, terms, S, lds, K, N, L, false, AmxStore::kScaleAdd,
+              nullptr, decay, hook);
+}
+
 }  // namespace hanpu::cpu

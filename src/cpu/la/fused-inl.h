@@ -244,8 +244,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         if (amx) {  // the raw k rows on AMX; the row factors carry 1/|k|
           pack_state();
           for (size_t i = 0; i < L; ++i) pfac[i] = gdn_x_scale[i] * kfac[i];
-          la_amx_gemm(rows.kraw, l.ldraw, 0, 1, Spk, l.ldp, l.S_ts, amx, X, Vp, L, w, K, false, AmxStore::kAdd, pfac,
-                      nullptr, pf_hook);
+          la_amx_state_read(rows.kraw, l.ldraw, L, Spk, l.ldp, l.S_ts, amx, X, Vp, w, K, AmxStore::kAdd, pfac, pf_hook);
         } else if (channel) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale, tile);
         clock.mark(Op::kStateGemms);
@@ -257,8 +256,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         if (amx) {
           pack_state();
           for (size_t i = 0; i < L; ++i) pfac[i] = egam[i] * qfac[i];
-          la_amx_gemm(rows.qraw, l.ldraw, 0, 1, Spk, l.ldp, l.S_ts, amx, O, Vp, L, w, K, false, AmxStore::kSet, pfac,
-                      nullptr, pf_hook);
+          la_amx_state_read(rows.qraw, l.ldraw, L, Spk, l.ldp, l.S_ts, amx, O, Vp, w, K, AmxStore::kSet, pfac, pf_hook);
         } else if (channel) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam, tile);
         clock.mark(Op::kStateGemms);
@@ -336,8 +334,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         if (amx) {  // P and v_new as bf16 terms
           la_amx_pack_rows(AP + C * ldc, ldc, L, L, true, amx, Ppk, l.ldr, l.P_ts);
           la_amx_pack_pairs(X, Vp, L, w, nullptr, amx, Epk, l.ldp, l.E_ts);
-          la_amx_gemm(Ppk, l.ldr, l.P_ts, amx, Epk, l.ldp, l.E_ts, amx, O, Vp, L, w, L, true, AmxStore::kAdd, nullptr,
-                      nullptr, pf_hook);
+          la_amx_output(Ppk, l.ldr, l.P_ts, Epk, l.ldp, l.E_ts, amx, O, Vp, L, w, pf_hook);
         } else {
           Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch, nullptr, tile);
         }
@@ -392,8 +389,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         if (amx) {  // S = e^{Γ_L} S + (K^T)_raw (diag(e^{Γ_L−Γ_j} / |k_j|) v_new), K^T from the grams' pairs
           la_amx_unpair(reinterpret_cast<const uint32_t*>(arena + l.KtPairs), ldc, K, L, KtRaw, l.ldr);
           la_amx_pack_pairs(X, Vp, L, w, pfac, amx, E2pk, l.ldp, l.E_ts);
-          la_amx_gemm(KtRaw, l.ldr, 0, 1, E2pk, l.ldp, l.E_ts, amx, S_next, Vp, K, w, L, false, AmxStore::kScaleAdd,
-                      nullptr, decay_rows, pf_hook);
+          la_amx_state_update(KtRaw, l.ldr, K, E2pk, l.ldp, l.E_ts, amx, S_next, Vp, w, L, decay_rows, pf_hook);
         } else {
           Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows, tile);
         }
