@@ -13,6 +13,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HANPU_HAVE_LA_AMX 1
 #include <immintrin.h>
+// GCC 12 warns "'__Y' may be used uninitialized" inside its own avx512fintrin.h (the
+// _mm512_undefined_* operands of the conversions): not this file's values.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #endif
 
 namespace hanpu::cpu {
@@ -91,6 +96,38 @@ HANPU_LA_AMX_TARGET void block_any(int mt, int nt, const uint16_t* A, size_t lda
   return block_tiles<1, 1, AT, BT>(A, lda, a_ts, B, ldb, b_ts, steps, buf, hook);
 }
 
+template <AmxStore kStore>
+HANPU_LA_AMX_TARGET inline __m512 store_rule(__m512 ps, __m512 cs, __m512 acc, const float* c, __mmask16 m) {
+  if constexpr (kStore == AmxStore::kSet) return _mm512_mul_ps(ps, acc);
+  else if constexpr (kStore == AmxStore::kAdd) return _mm512_fmadd_ps(ps, acc, _mm512_maskz_loadu_ps(m, c));
+  else return _mm512_fmadd_ps(ps, acc, _mm512_mul_ps(cs, _mm512_maskz_loadu_ps(m, c)));
+}
+
+// C rows [i0, i0 + mr), columns [n0, n0 + 16 nt) (those below N) from the block's accumulators
+// (buf, 32 x 32) by the store rule kStore (la_amx.hpp).
+template <AmxStore kStore>
+HANPU_LA_AMX_TARGET void store_block(const float* buf, float* C, size_t ldc, size_t N, size_t i0, size_t n0, size_t mr,
+                                     int nt, const float* p_scale, const float* c_scale) {
+  constexpr auto rule = store_rule<kStore>;
+  const bool full = nt == 2 && n0 + 32 <= N;
+  for (size_t r = 0; r < mr; ++r) {
+    const size_t i = i0 + r;
+    const __m512 ps = _mm512_set1_ps(p_scale ? p_scale[i] : 1.f);
+    const __m512 cs = _mm512_set1_ps(c_scale ? c_scale[i] : 1.f);
+    float* crow = C + i * ldc + n0;
+    const float* brow = buf + r * 32;
+    if (full) {
+      _mm512_storeu_ps(crow, rule(ps, cs, _mm512_load_ps(brow), crow, static_cast<__mmask16>(0xFFFF)));
+      _mm512_storeu_ps(crow + 16, rule(ps, cs, _mm512_load_ps(brow + 16), crow + 16, static_cast<__mmask16>(0xFFFF)));
+      continue;
+    }
+    for (int v = 0; v < nt; ++v) {
+      const __mmask16 m = first_n(static_cast<ptrdiff_t>(N) - static_cast<ptrdiff_t>(n0 + 16 * v));
+      _mm512_mask_storeu_ps(crow + 16 * v, m, rule(ps, cs, _mm512_load_ps(brow + 16 * v), crow + 16 * v, m));
+    }
+  }
+}
+
 }  // namespace
 
 void la_amx_release() { amx_release_tiles(); }
@@ -164,41 +201,10 @@ HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts,
   // The store rule of a block, row by row on the vector unit, one instantiation per rule and
   // unmasked for whole 32-column blocks (10% faster than one loop testing the rule per vector).
   // Running it one block late, so that the next block's products overlap it, measured no faster.
-  struct Block {
-    const float* buf;
-    size_t i0, n0, mr;
-    int nt;
-  };
-  auto finish_rows = [&](const Block& pb, auto store_c) HANPU_LA_AMX_TARGET {
-    const bool full = pb.nt == 2 && pb.n0 + 32 <= N;
-    for (size_t r = 0; r < pb.mr; ++r) {
-      const size_t i = pb.i0 + r;
-      const __m512 ps = _mm512_set1_ps(p_scale ? p_scale[i] : 1.f);
-      const __m512 cs = _mm512_set1_ps(c_scale ? c_scale[i] : 1.f);
-      float* crow = C + i * ldc + pb.n0;
-      const float* brow = pb.buf + r * 32;
-      if (full) {
-        _mm512_storeu_ps(crow, store_c(ps, cs, _mm512_load_ps(brow), crow, (__mmask16)0xFFFF));
-        _mm512_storeu_ps(crow + 16, store_c(ps, cs, _mm512_load_ps(brow + 16), crow + 16, (__mmask16)0xFFFF));
-        continue;
-      }
-      for (int v = 0; v < pb.nt; ++v) {
-        const __mmask16 m = first_n(static_cast<ptrdiff_t>(N) - static_cast<ptrdiff_t>(pb.n0 + 16 * v));
-        _mm512_mask_storeu_ps(crow + 16 * v, m, store_c(ps, cs, _mm512_load_ps(brow + 16 * v), crow + 16 * v, m));
-      }
-    }
-  };
-  auto finish = [&](const Block& pb) HANPU_LA_AMX_TARGET {
-    if (store == AmxStore::kSet)
-      finish_rows(pb, [](__m512 ps, __m512, __m512 acc, const float*, __mmask16) HANPU_LA_AMX_TARGET { return _mm512_mul_ps(ps, acc); });
-    else if (store == AmxStore::kAdd)
-      finish_rows(pb, [](__m512 ps, __m512, __m512 acc, const float* c, __mmask16 m) HANPU_LA_AMX_TARGET {
-        return _mm512_fmadd_ps(ps, acc, _mm512_maskz_loadu_ps(m, c));
-      });
-    else
-      finish_rows(pb, [](__m512 ps, __m512 cs, __m512 acc, const float* c, __mmask16 m) HANPU_LA_AMX_TARGET {
-        return _mm512_fmadd_ps(ps, acc, _mm512_mul_ps(cs, _mm512_maskz_loadu_ps(m, c)));
-      });
+  auto finish = [&](size_t i0, size_t n0, size_t mr, int nt) HANPU_LA_AMX_TARGET {
+    if (store == AmxStore::kSet) store_block<AmxStore::kSet>(buf, C, ldc, N, i0, n0, mr, nt, p_scale, c_scale);
+    else if (store == AmxStore::kAdd) store_block<AmxStore::kAdd>(buf, C, ldc, N, i0, n0, mr, nt, p_scale, c_scale);
+    else store_block<AmxStore::kScaleAdd>(buf, C, ldc, N, i0, n0, mr, nt, p_scale, c_scale);
   };
   // Column blocks outside, row blocks inside: a block's B panel (depth x 32 columns, 8 KiB per
   // term at depth 128) stays in L1 while the row blocks pass.
@@ -214,7 +220,7 @@ HANPU_LA_AMX_TARGET void la_amx_gemm(const uint16_t* A, size_t lda, size_t a_ts,
       else if (a_terms > 1) block_any<2, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
       else if (b_terms > 1) block_any<1, 2>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
       else block_any<1, 1>(mt, nt, a, lda, a_ts, b, ldb, b_ts, steps, buf, hook);
-      finish(Block{buf, i0, n0, mr, nt});
+      finish(i0, n0, mr, nt);
     }
   }
 }
