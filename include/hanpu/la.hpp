@@ -73,7 +73,20 @@ struct ExecReport {
   std::shared_ptr<const CpuSchedule> schedule;
   bool plan_cache_hit = false;  // false also when the caller passed the plan
   double planning_seconds = 0;  // plan look-up (and on a miss planning) plus lowering
+  /// What ran the head-fused engine's GEMMs: "f32", "amx-round", "amx-split" (ExecOptions::amx),
+  /// or "f32 (amx: ...)" naming why a requested AMX setting did not run.
+  std::string gemms;
 };
+
+/// The head-fused GDN engine's GEMMs on Intel AMX (ExecOptions::amx). The f32 operands of the
+/// products (the state S, v_new, the masked gram P) become bf16 for the tiles:
+enum class LaAmx {
+  Off,    // the f32 FMA engine (the default)
+  Round,  // rounded to bf16 (relative error <= 2^-8 each, as FLA does on GPU tensor cores)
+  Split,  // split into two bf16 terms hi + lo (<= 2^-16 each; two or three tile products)
+};
+const char* la_amx_name(LaAmx a);                            // "off" / "round" / "split"
+std::optional<LaAmx> la_amx_from_name(const std::string& name);  // inverse; nullopt otherwise
 
 struct ExecOptions {
   /// Which strategy to plan when `plan` is null: HeadFused plans "hanpu", FlaChunk plans "fla",
@@ -90,6 +103,11 @@ struct ExecOptions {
   /// their products are exact in f32, so only the summation order changes (docs/PERFORMANCE.md).
   /// false: always convert to f32 first (for comparison).
   bool bf16_dot = true;
+  /// Head-fused GDN with bf16 q and k, GEMM-first program, on a CPU with usable AMX (tiles and
+  /// the OS permission): the products K S, Q S, P v_new and the state update K^T v_new on AMX
+  /// tiles, the state and every accumulator in f32 (docs/ACCURACY.md has the bound each setting
+  /// adds). Anywhere else the f32 engine runs, as with Off. Needs bf16_dot (the staged bf16 rows).
+  LaAmx amx = LaAmx::Off;
   /// If set, receives the plan the call ran and the planning cost.
   ExecReport* report = nullptr;
   /// The engine whose pool and workspaces the call runs on; null: Engine::default_engine().

@@ -17,6 +17,7 @@
 #include "cli/bench_inputs.hpp"
 #include "cli/commands.hpp"
 #include "cpu/kernels.hpp"
+#include "cpu/la_amx.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/host_device.hpp"
@@ -49,6 +50,8 @@ struct BenchArgs {
   bool operator_times = false;  // per-operator time of the head-fused rows (a "timers" build only)
   // ExecOptions::bf16_dot settings to run the head-fused path with on bf16 GDN rows ("on", "off")
   std::vector<std::string> bf16_dot{"on"};
+  // ExecOptions::amx settings for the same rows ("off", "round", "split"; with --bf16-dot on)
+  std::vector<std::string> amx{"off"};
 };
 
 
@@ -60,6 +63,7 @@ struct Row {
   double ms, tokens_per_s, gflops, peak_gflops, peak_fraction;
   size_t extra_bytes;
   int reps;
+  std::string amx = "off";  // the engine's GEMMs ran on AMX (ExecOptions::amx), else "off"
   double plan_hit_us = 0;  // planning cost of a call whose plan is in the cache (plan look-up + nothing else)
 };
 
@@ -89,13 +93,14 @@ CpuPath parse_path(const std::string& p) {
 }
 
 void print_header() {
-  std::printf("%-4s %-9s %6s %5s %-4s %3s %10s %11s %9s %7s %10s %8s\n", "var", "path", "T", "heads", "dt", "thr", "ms",
+  std::printf("%-4s %-10s %6s %5s %-4s %3s %10s %11s %9s %7s %10s %8s\n", "var", "path", "T", "heads", "dt", "thr", "ms",
               "tokens/s", "GFLOP/s", "%peak", "extra MiB", "plan us");
 }
 
 void print_row(const Row& r) {
-  const std::string path = r.bf16_dot ? r.path + "+dot" : r.path;
-  std::printf("%-4s %-9s %6lld %5lld %-4s %3d %10.3f %11.0f %9.1f %6.1f%% %10.2f %8.1f\n", r.variant.c_str(), path.c_str(),
+  std::string path = r.bf16_dot ? r.path + "+dot" : r.path;
+  if (r.amx != "off") path = r.path + (r.amx == "split" ? "+amx2" : "+amx");
+  std::printf("%-4s %-10s %6lld %5lld %-4s %3d %10.3f %11.0f %9.1f %6.1f%% %10.2f %8.1f\n", r.variant.c_str(), path.c_str(),
               static_cast<long long>(r.T), static_cast<long long>(r.heads), r.dtype.c_str(), r.threads, r.ms,
               r.tokens_per_s, r.gflops, 100.0 * r.peak_fraction, static_cast<double>(r.extra_bytes) / (1 << 20),
               r.plan_hit_us);
@@ -111,6 +116,8 @@ void validate_args(const BenchArgs& a) {
   for (const std::string& p : a.paths) parse_path(p);
   for (const std::string& b : a.bf16_dot)
     if (b != "on" && b != "off") throw Error("unknown --bf16-dot '" + b + "' (expected on or off)");
+  for (const std::string& m : a.amx)
+    if (!la_amx_from_name(m)) throw Error("unknown --amx '" + m + "' (expected off, round or split)");
   for (int64_t t : a.Ts)
     if (t < 1) throw Error("--T " + std::to_string(t) + ": sequence lengths must be positive");
     else if (t > kMaxTokens)
@@ -187,11 +194,13 @@ void run_bench(const BenchArgs& a) {
             // bf16 dot products exist only for the head-fused GDN grams (one gate per head) on bf16 inputs.
             const bool dot_applies = path == CpuPath::HeadFused && variant_traits(var).head_gate() && dt == DType::BF16;
             for (const std::string& dot : dot_applies ? a.bf16_dot : std::vector<std::string>{"off"})
-            for (int th : thread_counts) {
+            for (int th : thread_counts)
+            for (const std::string& amx : dot_applies && dot == "on" ? a.amx : std::vector<std::string>{"off"}) {
               size_t extra = 0;
               ExecReport rep;
               ExecOptions ex{path, th, nullptr, &extra};
               ex.bf16_dot = dot == "on";
+              ex.amx = *la_amx_from_name(amx);
               ex.engine = &engine;
               ex.report = &rep;
               const bool timed_operators = a.operator_times && path == CpuPath::HeadFused;
@@ -208,6 +217,10 @@ void run_bench(const BenchArgs& a) {
               Row r{vname, pname, dname, dot_applies && ex.bf16_dot && cpu::gram_bf16_usable(), T, H, a.dim, a.dim, th,
                     0, 0, 0, 0, 0, extra, static_cast<int>(times.size())};
               const double sec = cli::median(times);
+              // What ran (the engine reports a requested setting that did not run, and why).
+              r.amx = rep.gemms == "amx-round" ? "round" : rep.gemms == "amx-split" ? "split" : "off";
+              if (ex.amx != LaAmx::Off && r.amx == "off" && !a.json)
+                std::printf("note: --amx %s did not run: %s\n", amx.c_str(), rep.gemms.c_str());
               r.plan_hit_us = rep.plan_cache_hit ? rep.planning_seconds * 1e6 : 0;
               r.ms = sec * 1e3;
               r.tokens_per_s = static_cast<double>(T) / sec;
@@ -230,7 +243,10 @@ void run_bench(const BenchArgs& a) {
                                {"peak_fraction", r.peak_fraction},
                                {"extra_bytes", r.extra_bytes},
                                {"reps", r.reps},
+                               {"ms_min", *std::min_element(times.begin(), times.end()) * 1e3},
                                {"bf16_dot", r.bf16_dot},
+                               {"amx", r.amx},
+                               {"gemms", rep.gemms},
                                {"plan_first_call_us", miss_seconds * 1e6},
                                {"plan_cache_hit_us", rep.plan_cache_hit ? rep.planning_seconds * 1e6 : -1.0},
                                {"executed_as", rep.schedule ? rep.schedule->summary : std::string()},
@@ -335,6 +351,11 @@ void register_bench_command(CLI::App& app) {
   sub->add_option("--bf16-dot", args->bf16_dot,
                   "bf16 GDN rows of the hanpu path: on (K K^T and Q K^T with AVX512-BF16 dot products when the CPU "
                   "has them), off (f32 conversion first), or on,off for both (default on)")
+      ->delimiter(',');
+  sub->add_option("--amx", args->amx,
+                  "bf16 GDN rows of the hanpu path with --bf16-dot on: the engine's GEMMs on AMX tiles with the f32 "
+                  "operands rounded to bf16 (round) or split into two bf16 terms (split), or not (off); a list runs "
+                  "each (default off)")
       ->delimiter(',');
   sub->add_flag("--json", args->json, "print the rows as a JSON array");
   sub->add_option("--json-out", args->json_out, "also write the JSON rows to this file (updated after every row)");

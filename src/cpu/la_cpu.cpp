@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cpu/kernels.hpp"
+#include "cpu/la_amx.hpp"
 #include "cpu/lowering.hpp"
 #include "cpu/thread_pool.hpp"
 #include "cpu/engine_impl.hpp"
@@ -236,6 +237,7 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
   const bool recurrent = ex.path == CpuPath::Recurrent;
   const HostPlan hp = schedule_for(job, ex, engine, recurrent);
   report(ex, hp);
+  if (ex.report) ex.report->gemms = ex.amx == LaAmx::Off ? "f32" : "f32 (amx: the head-fused path only)";
   const CpuSchedule& s = *hp.schedule;
   size_t workspace = 0;
   if (recurrent) {
@@ -245,7 +247,25 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
     // the bf16 gram rows when this CPU runs them; a plan made without them runs the f32 grams.
     const size_t planned = hp.plan && hp.plan->cpu.set() ? static_cast<size_t>(hp.plan->cpu.arena_bytes.value) : 0;
     job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
+    // AMX GEMMs (cpu/la_amx.hpp) on top of the bf16 grams, for the GEMM-first program only (the W/U
+    // form keeps its f32 GEMMs); a plan whose arena cannot hold the packed operands runs without.
+    std::string why_not;  // a requested AMX setting that does not run, and why
+    if (ex.amx != LaAmx::Off) {
+      if (!cpu::la_amx_usable()) why_not = "no usable AMX-BF16 (CPU, OS tile permission, or HANPU_ISA below native)";
+      else if (!job.traits().head_gate()) why_not = "GDN only (KDA's products are not on AMX yet)";
+      else if (!job.bf16_grams) why_not = "needs bf16 q and k with contiguous rows and ExecOptions::bf16_dot";
+      else if (!s.program.gemm_first) why_not = "the plan's program is the W/U form (GEMM-first only)";
+      else job.amx_terms = ex.amx == LaAmx::Split ? 2 : 1;
+    }
+    if (job.amx_terms && planned > 0 && head_fused_need_floats(job, s) * sizeof(float) > planned) {
+      job.amx_terms = 0;
+      why_not = "the plan's arena (plan.cpu.arena_bytes " + std::to_string(planned) + ") cannot hold the packed operands";
+    }
     if (job.bf16_grams && planned > 0 && head_fused_need_floats(job, s) * sizeof(float) > planned) job.bf16_grams = false;
+    if (ex.report)
+      ex.report->gemms = job.amx_terms == 2 ? "amx-split" : job.amx_terms == 1 ? "amx-round"
+                         : why_not.empty()  ? "f32"
+                                            : "f32 (amx: " + why_not + ")";
     workspace = run_head_fused(job, s, engine, planned);
   } else {
     workspace = run_chunk_parallel(job, s, engine);

@@ -27,6 +27,9 @@ struct LaJob {
   /// The head-fused GDN grams run on the raw bf16 q/k rows with bf16 dot products
   /// (ExecOptions::bf16_dot, set by the backend when the inputs and the CPU allow it).
   bool bf16_grams = false;
+  /// bf16 terms per f32 operand of the engine's AMX GEMMs (ExecOptions::amx; cpu/la_amx.hpp):
+  /// 0 = the f32 GEMMs, 1 = rounded, 2 = hi + lo. Only with bf16_grams (the staged bf16 rows).
+  int amx_terms = 0;
 
   Variant variant() const { return shape.variant; }
   const VariantTraits& traits() const { return variant_traits(shape.variant); }

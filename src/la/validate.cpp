@@ -42,6 +42,21 @@ std::optional<CpuPath> cpu_path_from_name(const std::string& name) {
   return std::nullopt;
 }
 
+const char* la_amx_name(LaAmx a) {
+  switch (a) {
+    case LaAmx::Off: return "off";
+    case LaAmx::Round: return "round";
+    case LaAmx::Split: return "split";
+  }
+  return "?";
+}
+
+std::optional<LaAmx> la_amx_from_name(const std::string& name) {
+  for (LaAmx a : {LaAmx::Off, LaAmx::Round, LaAmx::Split})
+    if (name == la_amx_name(a)) return a;
+  return std::nullopt;
+}
+
 namespace {
 
 std::string dims(std::initializer_list<int64_t> d) {

@@ -15,6 +15,7 @@
 #include <hwy/cache_control.h>
 
 #include "cpu/kernels.hpp"
+#include "cpu/la_amx.hpp"
 #include "cpu/operator_timers.hpp"
 #include "cpu/la/base-inl.h"
 #include "cpu/la/gemm-inl.h"
@@ -38,6 +39,11 @@ struct FusedLayout {
   size_t ldraw, raw, KtPairs, gram_scale;
   size_t AP_unmasked;  // only for GDN with HV > H: the grams before masking, for the next value head
   size_t Eg;  // only with update_keeps_vnew: v_new scaled by e^{Γ_L−Γ_j} for the update
+  // only with AMX GEMMs (LaJob::amx_terms, cpu/la_amx.hpp): q's and k's row factors and a row of
+  // C product factors; S, v_new (output), e^{Γ_L−Γ_j} v_new (update) in bf16 k pairs of ldp words
+  // per pair row, P in bf16 rows of ldr, K^T in bf16 rows of ldr; each packed operand's term stride.
+  size_t amx_fac, Spk, Epk, E2pk, Ppk, KtRaw;
+  size_t ldp, ldr, S_ts, E_ts, P_ts;
   size_t total;
 };
 
@@ -80,6 +86,23 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Fu
   }
   if (job.traits().head_gate() && job.group > 1) l.AP_unmasked = take(2 * l.C * l.ldc);
   if (program.update_keeps_vnew) l.Eg = take(l.C * l.Vp);
+  if (job.amx_terms > 0) {
+    const size_t terms = static_cast<size_t>(job.amx_terms);
+    l.ldp = la_amx_cols(static_cast<size_t>(width));
+    l.ldr = la_amx_depth(l.C);
+    l.amx_fac = take(3 * l.C);
+    l.S_ts = RoundUp(la_amx_depth(l.K) / 2 * l.ldp, kPad);  // words = floats
+    l.E_ts = RoundUp(la_amx_depth(l.C) / 2 * l.ldp, kPad);
+    l.P_ts = RoundUp(la_amx_rows(l.C) * l.ldr, 2 * kPad);   // uint16
+    l.Spk = take(terms * l.S_ts);
+    l.Epk = take(terms * l.E_ts);
+    l.E2pk = take(terms * l.E_ts);
+    // P and K^T in bf16 go where GDN's AMX path leaves room: KDA's decayed K^T (KrT) and the f32
+    // K^T (Kt, which the AMX update does not read), when they fit.
+    const size_t ppk = terms * l.P_ts / 2, ktraw = la_amx_rows(l.K) * l.ldr / 2, free = l.K * l.ldc;
+    l.Ppk = !job.traits().channel_gate() && ppk <= free ? l.KrT : take(ppk);
+    l.KtRaw = ktraw <= free ? l.Kt : take(ktraw);
+  }
   l.total = off;
   return l;
 }
@@ -137,7 +160,22 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       rows.kinv = gram_scale + C;
     }
   }
+  // AMX GEMMs: row factors of the raw rows (q: scale and 1/|q|, k: 1/|k|), a row of product
+  // factors, and the packed operands (the state's packing serves both state products of a chunk).
+  const int amx = job.amx_terms;
+  const size_t w = static_cast<size_t>(first.col1 - first.col0);
+  float* qfac = amx ? arena + l.amx_fac : nullptr;
+  float* kfac = amx ? qfac + C : nullptr;
+  float* pfac = amx ? kfac + C : nullptr;
+  auto* Spk = amx ? reinterpret_cast<uint32_t*>(arena + l.Spk) : nullptr;
+  auto* Epk = amx ? reinterpret_cast<uint32_t*>(arena + l.Epk) : nullptr;
+  auto* E2pk = amx ? reinterpret_cast<uint32_t*>(arena + l.E2pk) : nullptr;
+  auto* Ppk = amx ? reinterpret_cast<uint16_t*>(arena + l.Ppk) : nullptr;
+  auto* KtRaw = amx ? reinterpret_cast<uint16_t*>(arena + l.KtRaw) : nullptr;
+  rows.raw_only = amx && K <= 256;  // the AMX products read q and k only as the raw rows
   ChunkPrefetcher prefetch(program.prefetch_rate);
+  // The AMX products hand out the prefetches once per strip, as the f32 GEMM tiles do.
+  const AmxHook pf_hook{[](void* p) { static_cast<ChunkPrefetcher*>(p)->tile(); }, &prefetch};
   const TileShape tile = ProgramTile(program);
   OperatorClock clock;  // per-operator timers (operator_timers.hpp; empty unless compiled in)
   clock.skip();         // the states' loads are nobody's
@@ -157,6 +195,16 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     const bool keys_reused_next = !channel && g + 1 < count && job.key_head(items[g + 1].head) == job.key_head(hv);
     rows.skip_qk = keys_loaded;
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
+    bool s_packed = false;  // AMX: S of this item and chunk is in Spk
+    if (amx && !keys_loaded)
+      for (size_t i = 0; i < L; ++i) {
+        qfac[i] = job.opt.qk_l2norm ? job.scale * rows.qinv[i] : job.scale;
+        kfac[i] = job.opt.qk_l2norm ? rows.kinv[i] : 1.f;
+      }
+    auto pack_state = [&] {
+      if (!s_packed) la_amx_pack_pairs(S, Vp, K, w, nullptr, amx, Spk, l.ldp, l.S_ts);
+      s_packed = true;
+    };
     clock.mark(Op::kLoad);
     // Prefetch what runs next: the group's next head on this chunk, or the first head on the next.
     if (g + 1 < count)
@@ -193,7 +241,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       case CpuStage::StateK:
         // GEMM-first: X = diag(β)V − diag(β e^Γ) K S (LoadChunk left diag(β)V in X). GDN's gates are
         // one scalar per row: they scale the products as the tiles store them.
-        if (channel) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
+        if (amx) {  // the raw k rows on AMX; the row factors carry 1/|k|
+          pack_state();
+          for (size_t i = 0; i < L; ++i) pfac[i] = gdn_x_scale[i] * kfac[i];
+          la_amx_state_read(rows.kraw, l.ldraw, L, Spk, l.ldp, l.S_ts, amx, X, Vp, w, K, AmxStore::kAdd, pfac, pf_hook);
+        } else if (channel) Gemm<Acc::kAdd>(Kn, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kAddRowScaled>(Kr, K, S, Vp, X, Vp, L, width, K, Tri::kNone, &prefetch, gdn_x_scale, tile);
         clock.mark(Op::kStateGemms);
         break;
@@ -201,7 +253,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         // O = diag(e^Γ) Q S. Kept apart from the X GEMM rather than one GEMM over the stacked
         // [Kn; Qg]: measured faster on AVX-512 (the stacked A operand, 2C x K, no longer stays in
         // L1 next to the S panel).
-        if (channel) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
+        if (amx) {
+          pack_state();
+          for (size_t i = 0; i < L; ++i) pfac[i] = egam[i] * qfac[i];
+          la_amx_state_read(rows.qraw, l.ldraw, L, Spk, l.ldp, l.S_ts, amx, O, Vp, w, K, AmxStore::kSet, pfac, pf_hook);
+        } else if (channel) Gemm<Acc::kSet>(Qg, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, nullptr, tile);
         else Gemm<Acc::kSetRowScaled>(Qs, K, S, Vp, O, Vp, L, width, K, Tri::kNone, &prefetch, egam, tile);
         clock.mark(Op::kStateGemms);
         break;
@@ -215,7 +271,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           // The grams of the stored bf16 rows on AMX (gram_bf16.cpp); scale and the norms are
           // applied by MaskGram. Kt (f32) is still needed by the state update. K^T in bf16 pairs is
           // the transpose of the rows read as 32-bit words.
-          Transpose(Kr, L, K, Kt, ldc);
+          if (!amx) Transpose(Kr, L, K, Kt, ldc);  // AMX: the update reads the bf16 K^T
           float* KtPairs = arena + l.KtPairs;
           TransposeInto(reinterpret_cast<const float*>(rows.kraw), L, l.ldraw / 2, KtPairs, ldc, ldc);
           gram_bf16_lower(rows.kraw, rows.qraw, l.ldraw, reinterpret_cast<const uint32_t*>(KtPairs), ldc, L, AP,
@@ -275,7 +331,13 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         break;
       case CpuStage::Output:
         // #6 Output: O += P E, then store.
-        Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch, nullptr, tile);
+        if (amx) {  // P and v_new as bf16 terms
+          la_amx_pack_rows(AP + C * ldc, ldc, L, L, true, amx, Ppk, l.ldr, l.P_ts);
+          la_amx_pack_pairs(X, Vp, L, w, nullptr, amx, Epk, l.ldp, l.E_ts);
+          la_amx_output(Ppk, l.ldr, l.P_ts, Epk, l.ldp, l.E_ts, amx, O, Vp, L, w, pf_hook);
+        } else {
+          Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch, nullptr, tile);
+        }
         clock.mark(Op::kOutput);
         StoreOutputRows(job, seq, hv, t0, L, item.col0, item.col1, O, Vp);
         clock.mark(Op::kStore);
@@ -308,7 +370,9 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         } else {
           float* to_end = egam + C;  // GDN uses egam's first C floats only; e^{Γ_L−Γ_j} after them
           ExpDiffFrom(GL[0], G, to_end, L);
-          if (program.update_keeps_vnew) {  // a later stage still reads v_new: scale a copy
+          if (amx) {  // the factors e^{Γ_L−Γ_j} / |k_j| go into the packed v_new; X is left as it is
+            for (size_t j = 0; j < L; ++j) pfac[j] = to_end[j] * kfac[j];
+          } else if (program.update_keeps_vnew) {  // a later stage still reads v_new: scale a copy
             float* Eg = arena + l.Eg;
             for (size_t j = 0; j < L; ++j) ScaleTo(X + j * Vp, to_end[j], Eg + j * Vp, width);
             E = Eg;
@@ -322,7 +386,13 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           S_next = states + ((1 - parity) * count + g) * state_floats;
           std::copy(S, S + K * Vp, S_next);
         }
-        Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows, tile);
+        if (amx) {  // S = e^{Γ_L} S + (K^T)_raw (diag(e^{Γ_L−Γ_j} / |k_j|) v_new), K^T from the grams' pairs
+          la_amx_unpair(reinterpret_cast<const uint32_t*>(arena + l.KtPairs), ldc, K, L, KtRaw, l.ldr);
+          la_amx_pack_pairs(X, Vp, L, w, pfac, amx, E2pk, l.ldp, l.E_ts);
+          la_amx_state_update(KtRaw, l.ldr, K, E2pk, l.ldp, l.E_ts, amx, S_next, Vp, w, L, decay_rows, pf_hook);
+        } else {
+          Gemm<Acc::kScaleAdd>(Kt, ldc, E, Vp, S_next, Vp, K, width, L, Tri::kNone, &prefetch, decay_rows, tile);
+        }
         clock.mark(Op::kUpdate);
         break;
       }
@@ -334,6 +404,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   for (size_t g = 0; g < count; ++g)
     StoreState(job, items[g].seq, items[g].head, items[g].col0, items[g].col1,
                states + (parity * count + g) * state_floats, Vp);
+  if (amx) la_amx_release();
   hwy::FlushStream();  // order the streaming stores of o before the pool hands the results over
 }
 

@@ -120,6 +120,23 @@ void StoreRow(const float* HWY_RESTRICT src, size_t n, const TensorView& t, int6
     const hn::Rebind<uint16_t, DF> d16;
     const size_t N = hn::Lanes(d);
     uint16_t* out = static_cast<uint16_t*>(t.data) + off;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+    // Whole aligned lines: streaming stores, as for f32 (the same rounding, two vectors packed into
+    // one line). Without them every o line is first read for ownership: that was 12% of a bf16 GDN
+    // chunk once its GEMMs ran on AMX.
+    if (n % 32 == 0 && reinterpret_cast<uintptr_t>(out) % 64 == 0) {
+      const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+      const __m512i order = _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7);
+      auto round16 = [&](const float* p) {
+        const __m512i u = _mm512_castps_si512(_mm512_loadu_ps(p));
+        return _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(_mm512_srli_epi32(u, 16), one))), 16);
+      };
+      for (; i < n; i += 32)
+        _mm512_stream_si512(reinterpret_cast<__m512i*>(out + i),
+                            _mm512_permutexvar_epi64(order, _mm512_packus_epi32(round16(src + i), round16(src + i + 16))));
+      return;
+    }
+#endif
     for (; i + N <= n; i += N) {
       const auto u = hn::BitCast(du, hn::LoadU(d, src + i));
       // Round to nearest even on the 16 dropped bits (finite values; NaN stays NaN).
@@ -310,6 +327,9 @@ struct ChunkRows {
   size_t ldraw = 0;
   float* qinv = nullptr;
   float* kinv = nullptr;
+  // The engine's GEMMs on AMX (LaJob::amx_terms) read q and k only as the raw rows: the f32 rows
+  // are not formed (with qk_l2norm only the inverse norms are, from the same f32 values). K <= 256.
+  bool raw_only = false;
   // KDA in the head-fused path: the per-token factors e^{g_t} [C x K] are written here, and G
   // only at the kKdaBlock anchors and the last row (the only rows that path reads).
   float* kda_factors = nullptr;
@@ -395,7 +415,21 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
         LoadScalar(in.beta, offset3(in.beta, b, t, hv)),
         job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
     r.beta[i] = beta_t;
-    if (!r.skip_qk) {
+    if (!r.skip_qk && r.raw_only) {
+      const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
+      const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
+      std::copy(qs, qs + K, r.qraw + i * r.ldraw);
+      std::copy(ks, ks + K, r.kraw + i * r.ldraw);
+      std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
+      std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
+      if (job.opt.qk_l2norm) {  // L2Normalize's factor, of the same f32 values
+        HWY_ALIGN float x[256];
+        LoadRow(in.q, offset4(in.q, b, t, h, 0), 1, K, x);
+        r.qinv[i] = 1.0f / std::sqrt(Dot(x, x, K) + static_cast<float>(gates::kL2NormEps));
+        LoadRow(in.k, offset4(in.k, b, t, h, 0), 1, K, x);
+        r.kinv[i] = 1.0f / std::sqrt(Dot(x, x, K) + static_cast<float>(gates::kL2NormEps));
+      }
+    } else if (!r.skip_qk) {
       // q is scaled as it is loaded unless it is normalised first.
       LoadRow(in.q, offset4(in.q, b, t, h, 0), in.q.stride[3], K, q, job.opt.qk_l2norm ? 1.f : job.scale);
       LoadRow(in.k, offset4(in.k, b, t, h, 0), in.k.stride[3], K, k);
