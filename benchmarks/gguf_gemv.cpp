@@ -2,7 +2,7 @@
 // bandwidth measured in the same run (measure_host, src/cpu/host.cpp), docs/GGUF.md.
 //
 //   gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] [--cases lm_head,mlp,in-cache]
-//             [--layout file|lanes]
+//             [--layout file|lanes] [--working-set MIB]
 //
 // --types: the GGML types to run (default Q8_0, Q4_K, Q5_K, Q6_K; any type with a GEMV kernel,
 // e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS). --cases: which of the shapes below (default the first
@@ -14,8 +14,10 @@
 //
 // Shapes: the Qwen LM head 151936 x 1024 and an MLP projection 3584 x 1024; lm_head_q35 (Qwen3.5's
 // 248320 x 1024) and mlp_down (1024 x 3584) on request. A matrix smaller than
-// 256 MiB is replicated and the copies are used in turn, so every call reads its weights from DRAM
-// (not from a cache that held the previous call's). Weight bytes are random with f16 scales in
+// 256 MiB (--working-set) is replicated and the copies are used in turn, so every call reads its
+// weights from DRAM (not from a cache that held the previous call's). On a machine whose last-level
+// cache is not much smaller than that (the AVX-512 Xeon of docs/GGUF.md reports 480 MiB of L3,
+// shared with the host's other guests), --working-set 1024 is the model-sized case. Weight bytes are random with f16 scales in
 // [-0.05, 0.05]; the numbers do not depend on the values.
 #include <sys/mman.h>
 #include <time.h>
@@ -44,6 +46,7 @@ int main(int argc, char** argv) {
   std::vector<GgmlType> types{GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
   std::string cases = "lm_head,mlp,in-cache";
   bool lanes = false;
+  size_t working_set_mib = 256;
   auto listed = [](const std::string& list, const std::string& name) {
     return ("," + list + ",").find("," + name + ",") != std::string::npos;
   };
@@ -72,11 +75,13 @@ int main(int argc, char** argv) {
       }
     }
     else if (a == "--cases") cases = argv[i + 1];
+    else if (a == "--working-set") working_set_mib = static_cast<size_t>(std::max(1, std::stoi(argv[i + 1])));
     else if (a == "--layout" && (std::string(argv[i + 1]) == "file" || std::string(argv[i + 1]) == "lanes"))
       lanes = std::string(argv[i + 1]) == "lanes";
     else {
       std::fprintf(stderr, "usage: gguf_gemv [--threads T] [--reps R] [--isa NAME] [--types Q8_0,Q4_K,...] "
-                           "[--cases lm_head,mlp,in-cache,lm_head_q35,mlp_down] [--layout file|lanes]\n");
+                           "[--cases lm_head,mlp,in-cache,lm_head_q35,mlp_down] [--layout file|lanes] "
+                           "[--working-set MIB]\n");
       return 2;
     }
   }
@@ -84,9 +89,11 @@ int main(int argc, char** argv) {
   threads = engine.threads();
   const hanpu::HostMeasurement host = hanpu::measure_host(threads, 1.0);
   const char* hp = std::getenv("HANPU_GGUF_BENCH_HUGEPAGES");
-  std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run); %s layout; weights in %s\n",
-              hanpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs, lanes ? "row-lane" : "file",
-              hp && std::string(hp) == "0" ? "4 KiB pages" : "memory advised for huge pages");
+  std::printf("ISA target %s, %d threads; read bandwidth %.1f GB/s (measure_host, this run, %.0f MiB); %s layout; "
+              "weights in %s, %zu MiB per case\n",
+              hanpu::isa_selection().target.c_str(), threads, host.mem_bandwidth_gbs,
+              static_cast<double>(host.bandwidth_buffer_bytes) / (1 << 20), lanes ? "row-lane" : "file",
+              hp && std::string(hp) == "0" ? "4 KiB pages" : "memory advised for huge pages", working_set_mib);
   std::printf("%-6s %-9s %-12s %6s %10s %9s %8s %9s %8s %9s\n", "type", "case", "shape", "copies", "us/call",
               "GB/s W", "% of bw", "best GB/s", "% of bw", "cpu GB/s");
   struct Shape {
@@ -107,7 +114,7 @@ int main(int argc, char** argv) {
       }
       const int64_t nb = s.N * s.K / f.block_elems;
       const size_t bytes = static_cast<size_t>(nb * f.block_bytes);
-      const size_t copies = s.from_dram ? std::max<size_t>(1, (size_t{256} << 20) / bytes) : 1;
+      const size_t copies = s.from_dram ? std::max<size_t>(1, (working_set_mib << 20) / bytes) : 1;
       // Weights in memory advised for transparent huge pages, as measure_host's probe buffer is
       // (HANPU_GGUF_BENCH_HUGEPAGES=0: plain 4 KiB pages, as a file mapping gets).
       const bool huge = !std::getenv("HANPU_GGUF_BENCH_HUGEPAGES") || std::string(std::getenv("HANPU_GGUF_BENCH_HUGEPAGES")) != "0";

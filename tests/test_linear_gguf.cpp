@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -231,6 +232,78 @@ TEST(GgufGemvRowLanes, GgufLinearOnRowLanes) {
     }
   std::vector<uint8_t> q8(static_cast<size_t>(8 * 34));
   EXPECT_THROW(hanpu::GgufLinear(GgmlType::Q8_0, q8.data(), 8, 32, "q8", hanpu::GgufLayout::kRowLanes), hanpu::Error);
+}
+
+// GgufLinear::forward_decode_parts (a stacked projection's GGUF parts in one pass): every part's
+// rows bit for bit those of its own forward (which the tests above bound against fp64), on the
+// file's layout and row lanes, types side by side, tails past the last 8-row group, parts smaller
+// than the threads' share, accumulate, 1 and 2 threads; and where it does not apply it declines.
+TEST(GgufLinearDecodeParts, SameBitsAsEachPartsOwnForward) {
+  hanpu::Engine engine(2);
+  const int64_t K = 1024;
+  const bool lanes_here = hanpu::GgufLinear::row_lanes_available(GgmlType::Q4_K, 16);
+  struct Part {
+    GgmlType type;
+    int64_t N;
+    bool lanes;
+  };
+  std::vector<Part> spec{{GgmlType::Q6_K, 37, false}, {GgmlType::Q4_K, 37, lanes_here}, {GgmlType::Q4_K, 16, lanes_here},
+                         {GgmlType::Q5_K, 3, false}, {GgmlType::Q4_K, 9, false}, {GgmlType::Q4_K, 8, lanes_here}};
+  std::vector<Weights> ws;
+  std::vector<std::vector<uint8_t>> packed;
+  std::vector<std::unique_ptr<hanpu::GgufLinear>> lin;
+  std::vector<const hanpu::GgufLinear*> parts;
+  std::vector<int64_t> cols;
+  int64_t N = 0;
+  for (size_t i = 0; i < spec.size(); ++i) {
+    ws.push_back(make_weights(spec[i].type, spec[i].N, K, static_cast<uint32_t>(101 + i)));
+    const void* data = ws.back().bytes.data();
+    if (spec[i].lanes) {
+      packed.emplace_back(hanpu::GgufLinear::row_lanes_bytes(spec[i].type, spec[i].N, K));
+      hanpu::GgufLinear::pack_row_lanes(spec[i].type, data, spec[i].N, K, packed.back().data());
+      data = packed.back().data();
+    }
+    lin.push_back(std::make_unique<hanpu::GgufLinear>(spec[i].type, data, spec[i].N, K, "part" + std::to_string(i),
+                                                      spec[i].lanes ? hanpu::GgufLayout::kRowLanes : hanpu::GgufLayout::kFile));
+    parts.push_back(lin.back().get());
+    cols.push_back(N);
+    N += spec[i].N;
+  }
+  for (int64_t M : std::vector<int64_t>{1, 2, 3}) {
+    const int64_t ldx = K + 5, ldy = N + 3;
+    std::vector<float> x(static_cast<size_t>(M * ldx));
+    for (int64_t m = 0; m < M; ++m) {
+      const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 29 + 7));
+      std::copy(xr.begin(), xr.end(), x.begin() + m * ldx);
+    }
+    for (bool accumulate : {false, true})
+      for (int threads : {1, 2}) {
+        SCOPED_TRACE("M = " + std::to_string(M) + ", accumulate " + std::to_string(accumulate) + ", " +
+                     std::to_string(threads) + " threads");
+        std::vector<float> y1(static_cast<size_t>(M * ldy), 0.25f), y2 = y1;
+        for (size_t i = 0; i < parts.size(); ++i)
+          parts[i]->forward(engine, x.data(), ldx, y1.data() + cols[i], ldy, M, threads, accumulate);
+        ASSERT_TRUE(hanpu::GgufLinear::forward_decode_parts(engine, parts, cols, x.data(), ldx, y2.data(), ldy, M, threads,
+                                                             accumulate));
+        EXPECT_EQ(0, std::memcmp(y1.data(), y2.data(), y1.size() * 4));
+        if (!accumulate)
+          for (size_t i = 0; i < parts.size(); ++i)
+            for (int64_t m = 0; m < M; ++m) {
+              const std::vector<float> xr(x.begin() + m * ldx, x.begin() + m * ldx + K);
+              check(ws[i], xr, std::vector<float>(y2.begin() + m * ldy + cols[i], y2.begin() + m * ldy + cols[i] + spec[i].N));
+            }
+      }
+  }
+  // Declines, leaving y alone: prefill rows, a single part, activations in blocks of 32 beside 256,
+  // different K.
+  std::vector<float> x(static_cast<size_t>(4 * K), 1.f), y(static_cast<size_t>(4 * N), 0.f);
+  EXPECT_FALSE(hanpu::GgufLinear::forward_decode_parts(engine, parts, cols, x.data(), K, y.data(), N, 4, 2, false));
+  EXPECT_FALSE(hanpu::GgufLinear::forward_decode_parts(engine, {parts[0]}, {0}, x.data(), K, y.data(), N, 1, 2, false));
+  const Weights q8 = make_weights(GgmlType::Q8_0, 4, K, 5), q4 = make_weights(GgmlType::Q4_K, 4, 512, 6);
+  hanpu::GgufLinear l8(GgmlType::Q8_0, q8.bytes.data(), 4, K, "q8"), l4(GgmlType::Q4_K, q4.bytes.data(), 4, 512, "q4");
+  EXPECT_FALSE(hanpu::GgufLinear::forward_decode_parts(engine, {parts[0], &l8}, {0, 37}, x.data(), K, y.data(), N, 1, 2, false));
+  EXPECT_FALSE(hanpu::GgufLinear::forward_decode_parts(engine, {parts[0], &l4}, {0, 37}, x.data(), K, y.data(), N, 1, 2, false));
+  for (float v : y) EXPECT_EQ(v, 0.f);
 }
 
 // GgufLinear (the projection a GGUF model's quantized weights run through). Prefill rows (M >=

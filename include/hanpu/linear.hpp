@@ -238,6 +238,17 @@ class GgufLinear final : public Linear {
                bool accumulate, LinearPrecision) const override {
     forward(engine, x, ldx, y, ldy, M, threads, accumulate);
   }
+  /// Decode rows (M < 4) of several projections that read the same x, the GGUF parts of a stacked
+  /// projection (GDN's in_proj, attention's q / k / v, the MLP's gate / up): y[m, cols[i] + n]
+  /// (+)= x[m, :K] W_i^T for every part i. The activations are quantized once per row and all
+  /// parts run in one pass of the pool, each thread the share of every part it gets in the part's
+  /// own forward, so the results equal calling each part's forward bit for bit. Returns false and
+  /// does nothing where that does not apply: M >= 4, fewer than two parts, a part without a GEMV
+  /// kernel, different K, or parts whose activations are quantized in different blocks (Q8_0's 32
+  /// beside a K-quant's 256).
+  static bool forward_decode_parts(Engine& engine, const std::vector<const GgufLinear*>& parts,
+                                   const std::vector<int64_t>& cols, const float* x, int64_t ldx, float* y, int64_t ldy,
+                                   int64_t M, int threads, bool accumulate);
   /// Overrides the prefill path for this projection (measurement and tests; kAuto by default).
   void set_prefill(GgufPrefill p) { prefill_ = p; }
   /// Whether forward's prefill rows run the integer path (the setting above resolved for this type).

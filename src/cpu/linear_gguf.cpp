@@ -758,55 +758,88 @@ size_t GgufLinear::bytes() const {  // what a decode row streams
   return layout_ == GgufLayout::kRowLanes ? gguf_row_lanes_bytes(type_, N_, K_) : static_cast<size_t>(N_ * row_bytes_);
 }
 
+// Decode rows: how many parts a projection's rows are split into over `nt` threads (row lanes:
+// whole groups of 8, the N % 8 rows past the last group with the last part), and part p's share,
+// y written in slices of 256 rows when accumulating. forward() and forward_decode_parts() both run
+// the parts through these, so a fused call computes every row exactly as the part's own call.
+static int gguf_decode_parts(GgufLayout layout, int64_t N, int nt) {
+  return static_cast<int>(std::clamp<int64_t>(nt, 1, layout == GgufLayout::kRowLanes ? N / 8 : N));
+}
+
+static void gguf_decode_slice(gguf::GgmlType t, GgufLayout layout, const uint8_t* w, int64_t N, int64_t K,
+                              int64_t row_bytes, const GgufActivations& xa, float* yr, int p, int parts, bool accumulate) {
+  if (layout == GgufLayout::kRowLanes) {
+    const int64_t groups = N / 8;
+    const int64_t n0 = groups * p / parts * 8, n1 = p + 1 == parts ? N : groups * (p + 1) / parts * 8;
+    if (!accumulate) {
+      gguf_gemv_row_lanes(t, w, N, K, xa, yr + n0, n0, n1);
+      return;
+    }
+    float part[256];
+    for (int64_t b = n0; b < n1; b += 256) {
+      const int64_t e = n1 - b <= 256 ? n1 : b + 256;  // b stays a multiple of 8 until the last slice
+      gguf_gemv_row_lanes(t, w, N, K, xa, part, b, e);
+      for (int64_t n = b; n < e; ++n) yr[n] += part[n - b];
+    }
+    return;
+  }
+  const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;
+  if (!accumulate) {
+    gguf_gemv_rows(t, w, K, xa, yr, n0, n1);
+    return;
+  }
+  float part[256];  // a slice of rows at a time, added into y
+  for (int64_t b = n0; b < n1; b += 256) {
+    const int64_t e = std::min<int64_t>(n1, b + 256);
+    gguf_gemv_rows(t, w + b * row_bytes, K, xa, part, 0, e - b);
+    for (int64_t n = b; n < e; ++n) yr[n] += part[n - b];
+  }
+}
+
+bool GgufLinear::forward_decode_parts(Engine& engine, const std::vector<const GgufLinear*>& parts,
+                                      const std::vector<int64_t>& cols, const float* x, int64_t ldx, float* y, int64_t ldy,
+                                      int64_t M, int threads, bool accumulate) {
+  if (M <= 0 || M >= kGgufPrefillRows || parts.size() < 2 || cols.size() != parts.size()) return false;
+  const int64_t K = parts[0]->K_;
+  const int64_t block = gguf_gemv_supported(parts[0]->type_) ? gguf_activation_block(parts[0]->type_) : 0;
+  for (const GgufLinear* l : parts)
+    if (l->K_ != K || !gguf_gemv_supported(l->type_) || gguf_activation_block(l->type_) != block) return false;
+  const int nt = std::max(1, threads);
+  GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
+  for (int64_t m = 0; m < M; ++m) {
+    gguf_quantize_activations(x + m * ldx, K, block, xa);
+    float* yr = y + m * ldy;
+    int most = 1;
+    for (const GgufLinear* l : parts) most = std::max(most, gguf_decode_parts(l->layout_, l->N_, nt));
+    engine.impl().run(most, [&](int p, Workspace&) {
+      for (size_t i = 0; i < parts.size(); ++i) {
+        const GgufLinear& l = *parts[i];
+        const int np = gguf_decode_parts(l.layout_, l.N_, nt);
+        if (p < np)
+          gguf_decode_slice(l.type_, l.layout_, static_cast<const uint8_t*>(l.blocks_), l.N_, K, l.row_bytes_, xa,
+                            yr + cols[i], p, np, accumulate);
+      }
+    });
+  }
+  return true;
+}
+
 void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int threads,
                          bool accumulate) const {
   if (M <= 0) return;
   const int nt = std::max(1, threads);
   const auto* w = static_cast<const uint8_t*>(blocks_);
-  if (M < kGgufPrefillRows && layout_ == GgufLayout::kRowLanes) {
-    // Decode rows on row lanes: the groups of 8 rows split over the threads (the N % 8 rows past
-    // the last group with the last part), y written in slices of 256 rows when accumulating.
-    GgufActivations& xa = decode_activations();
-    const int64_t groups = N_ / 8;
-    for (int64_t m = 0; m < M; ++m) {
-      gguf_quantize_activations(x + m * ldx, K_, 256, xa);
-      float* yr = y + m * ldy;
-      const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, groups));
-      engine.impl().run(parts, [&](int p, Workspace&) {
-        const int64_t n0 = groups * p / parts * 8, n1 = p + 1 == parts ? N_ : groups * (p + 1) / parts * 8;
-        if (!accumulate) {
-          gguf_gemv_row_lanes(type_, blocks_, N_, K_, xa, yr + n0, n0, n1);
-          return;
-        }
-        float part[256];
-        for (int64_t b = n0; b < n1; b += 256) {
-          const int64_t e = n1 - b <= 256 ? n1 : b + 256;  // b stays a multiple of 8 until the last slice
-          gguf_gemv_row_lanes(type_, blocks_, N_, K_, xa, part, b, e);
-          for (int64_t n = b; n < e; ++n) yr[n] += part[n - b];
-        }
-      });
-    }
-    return;
-  }
-  if (M < kGgufPrefillRows && gguf_gemv_supported(type_)) {
-    // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's (linear_gguf.hpp).
+  if (M < kGgufPrefillRows && (layout_ == GgufLayout::kRowLanes || gguf_gemv_supported(type_))) {
+    // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's
+    // (linear_gguf.hpp); on row lanes the groups of 8 rows split over the threads.
     GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
+    const int64_t block = layout_ == GgufLayout::kRowLanes ? 256 : gguf_activation_block(type_);
+    const int parts = gguf_decode_parts(layout_, N_, nt);
     for (int64_t m = 0; m < M; ++m) {
-      gguf_quantize_activations(x + m * ldx, K_, gguf_activation_block(type_), xa);
+      gguf_quantize_activations(x + m * ldx, K_, block, xa);
       float* yr = y + m * ldy;
-      const int parts = static_cast<int>(std::clamp<int64_t>(nt, 1, N_));
       engine.impl().run(parts, [&](int p, Workspace&) {
-        const int64_t n0 = N_ * p / parts, n1 = N_ * (p + 1) / parts;
-        if (!accumulate) {
-          gguf_gemv_rows(type_, w, K_, xa, yr, n0, n1);
-          return;
-        }
-        float part[256];  // a slice of rows at a time, added into y
-        for (int64_t b = n0; b < n1; b += 256) {
-          const int64_t e = std::min<int64_t>(n1, b + 256);
-          gguf_gemv_rows(type_, w + b * row_bytes_, K_, xa, part, 0, e - b);
-          for (int64_t n = b; n < e; ++n) yr[n] += part[n - b];
-        }
+        gguf_decode_slice(type_, layout_, w, N_, K_, row_bytes_, xa, yr, p, parts, accumulate);
       });
     }
     return;

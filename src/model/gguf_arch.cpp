@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -738,15 +739,17 @@ void release_mapped(const std::byte* data, size_t bytes) {
   if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
 }
 
+// A copied tensor's bytes (GgufCheckpoint::weight_copy): a function from size to writable memory.
+using CopyAlloc = std::function<std::byte*(size_t)>;
+
 // The blocks at `data` as the model keeps them: copied into huge pages (see gguf_weights_copied) or
 // left in the mapping. Files in shmem (file_is_shmem) stay in the mapping.
-const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::string& path, std::vector<ByteBuffer>& owned) {
+const std::byte* kept_blocks(const std::byte* data, size_t bytes, const std::string& path, const CopyAlloc& alloc) {
   if (!blocks_copied(bytes, path)) return data;
-  ByteBuffer copy(bytes);
-  std::memcpy(copy.data(), data, bytes);
+  std::byte* copy = alloc(bytes);
+  std::memcpy(copy, data, bytes);
   release_mapped(data, bytes);
-  owned.push_back(std::move(copy));
-  return owned.back().data();
+  return copy;
 }
 
 // HANPU_GGUF_LAYOUT: how copied Q4_K projections are laid out for the decode GEMV.
@@ -771,16 +774,15 @@ bool gguf_row_lanes_wanted(gguf::GgmlType type, int64_t rows) {
 // is the row-lane layout instead, packed straight from the mapping, whose pages are then released
 // as kept_blocks releases them (so the resident set holds the packed layout only, no transient).
 BlockWeight kept_block_weight(gguf::GgmlType type, const std::byte* data, int64_t rows, int64_t cols, const std::string& path,
-                              std::vector<ByteBuffer>& owned, bool row_lanes_ok) {
+                              const CopyAlloc& alloc, bool row_lanes_ok) {
   const gguf::BlockFormat& bf = gguf::block_format(type);
   const size_t bytes = static_cast<size_t>(rows * (cols / bf.block_elems) * bf.block_bytes);
   if (!row_lanes_ok || !blocks_copied(bytes, path) || !gguf_row_lanes_wanted(type, rows))
-    return BlockWeight{type, kept_blocks(data, bytes, path, owned), rows, cols};
-  ByteBuffer packed(GgufLinear::row_lanes_bytes(type, rows, cols));
-  GgufLinear::pack_row_lanes(type, data, rows, cols, packed.data());
+    return BlockWeight{type, kept_blocks(data, bytes, path, alloc), rows, cols};
+  std::byte* packed = alloc(GgufLinear::row_lanes_bytes(type, rows, cols));
+  GgufLinear::pack_row_lanes(type, data, rows, cols, packed);
   release_mapped(data, bytes);
-  owned.push_back(std::move(packed));
-  return BlockWeight{type, owned.back().data(), rows, cols, GgufLayout::kRowLanes};
+  return BlockWeight{type, packed, rows, cols, GgufLayout::kRowLanes};
 }
 
 std::vector<float> dequantized(const GgufTensorInfo& t, const std::string& path) {
@@ -885,8 +887,39 @@ TensorView GgufCheckpoint::get(const std::string& hf, const std::vector<int64_t>
   return TensorView::contiguous(owned.back().data(), DType::F32, shape);
 }
 
+// Weight arena. ByteBuffer gives huge pages only to buffers of 2 MiB and more (smaller ones come
+// from the heap, in 4 KiB pages) and rounds those up to whole huge pages. A Qwen3.5-0.8B Q4_K_M
+// file has 177 of its 518 MB per token in projections just under 2 MiB (the MLP's 3584 x 1024 Q4_K,
+// 2,064,384 bytes; attn_gate, ssm_out, attn_output), which the decode GEMV then streamed from 4 KiB
+// pages: on the AVX-512 Xeon of docs/GGUF.md, 20% slower than from huge pages ("Decode in the model
+// on the AVX-512 Xeon"). So the copies share chunks of kArenaChunk (2 MiB aligned, advised for huge
+// pages), in load order, 64-byte aligned; a tensor of kArenaLimit or more keeps a buffer of its own.
+// A chunk's unused tail is at most one partly touched huge page of resident memory, against up to
+// one per tensor when each is rounded up on its own (the 0.8B Q8_0's 2.2 MB projections took 4 MiB each).
+namespace {
+constexpr size_t kArenaChunk = size_t{32} << 20;
+constexpr size_t kArenaLimit = size_t{16} << 20;
+}  // namespace
+
+std::byte* GgufCheckpoint::weight_copy(size_t bytes, std::vector<ByteBuffer>& owned) const {
+  if (bytes >= kArenaLimit) {
+    owned.emplace_back(bytes);
+    return owned.back().data();
+  }
+  const size_t need = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  if (arena_.owner != &owned || arena_.left < need) {
+    owned.emplace_back(kArenaChunk);
+    arena_ = Arena{&owned, owned.back().data(), kArenaChunk};
+  }
+  std::byte* p = arena_.next;
+  arena_.next += need;
+  arena_.left -= need;
+  return p;
+}
+
 std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, const std::vector<int64_t>& shape,
                                                       std::vector<ByteBuffer>& owned, bool row_lanes_ok) const {
+  const CopyAlloc alloc = [&](size_t bytes) { return weight_copy(bytes, owned); };
   const Resolved r = resolve(hf);
   if (!r.info || is_float_type(r.info->type) || shape.size() != 2 || r.fix == Fix::kKvB) return std::nullopt;
   const GgufTensorInfo& t = *r.info;
@@ -896,7 +929,7 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
     if (t.dims[1] != shape[0] || t.dims[0] != shape[1]) return std::nullopt;  // get() reports it
     const auto* base = reinterpret_cast<const std::byte*>(t.data);
     const int64_t bytes = shape[0] * shape[1] / bf.block_elems * bf.block_bytes;
-    return kept_block_weight(t.type, base + r.expert * bytes, shape[0], shape[1], path_, owned, row_lanes_ok);
+    return kept_block_weight(t.type, base + r.expert * bytes, shape[0], shape[1], path_, alloc, row_lanes_ok);
   }
   const int64_t rows = shape[0], cols = shape[1];
   if (t.n_dims != 2 || t.dims[1] != file_rows(r.fix, rows) || t.dims[0] != cols) return std::nullopt;  // get() reports it
@@ -907,30 +940,31 @@ std::optional<BlockWeight> GgufCheckpoint::get_blocks(const std::string& hf, con
   const Reorder ro = reorder_of(r.fix, config_, tiled);
   const std::vector<int64_t> rows_from = source_rows(r.fix, config_, tiled, rows);
   if (!ro.cols && rows_from.empty())
-    return kept_block_weight(t.type, reinterpret_cast<const std::byte*>(t.data), rows, cols, path_, owned, row_lanes_ok);
+    return kept_block_weight(t.type, reinterpret_cast<const std::byte*>(t.data), rows, cols, path_, alloc, row_lanes_ok);
   const int64_t be = bf.block_elems, row_bytes = cols / be * bf.block_bytes;
   if (ro.cols && ro.head_dim % be != 0) return std::nullopt;  // a head is not whole blocks: get() dequantizes
   const int64_t nk = config_.gdn.num_key_heads, ratio = nk > 0 ? config_.gdn.num_value_heads / nk : 1;
-  ByteBuffer out(static_cast<size_t>(rows * row_bytes));
+  const bool packed = row_lanes_ok && gguf_row_lanes_wanted(t.type, rows);
+  ByteBuffer reordered;  // only when it is packed after (the packed copy is what stays)
+  if (packed) reordered = ByteBuffer(static_cast<size_t>(rows * row_bytes));
+  std::byte* const out = packed ? reordered.data() : alloc(static_cast<size_t>(rows * row_bytes));
   const auto* in = reinterpret_cast<const std::byte*>(t.data);
   for (int64_t i = 0; i < rows; ++i) {
     if (!rows_from.empty()) {
-      std::memcpy(out.data() + i * row_bytes, in + rows_from[static_cast<size_t>(i)] * row_bytes, static_cast<size_t>(row_bytes));
+      std::memcpy(out + i * row_bytes, in + rows_from[static_cast<size_t>(i)] * row_bytes, static_cast<size_t>(row_bytes));
     } else {  // columns: whole blocks of a head move together
       for (int64_t b = 0; b < cols / be; ++b) {
         const int64_t sb = tiled_index(b * be, ro.offset, nk, ratio, ro.head_dim) / be;
-        std::memcpy(out.data() + i * row_bytes + b * bf.block_bytes, in + i * row_bytes + sb * bf.block_bytes, bf.block_bytes);
+        std::memcpy(out + i * row_bytes + b * bf.block_bytes, in + i * row_bytes + sb * bf.block_bytes, bf.block_bytes);
       }
     }
   }
-  if (row_lanes_ok && gguf_row_lanes_wanted(t.type, rows)) {  // the reordered copy packed; the copy itself dropped
-    ByteBuffer packed(GgufLinear::row_lanes_bytes(t.type, rows, cols));
-    GgufLinear::pack_row_lanes(t.type, out.data(), rows, cols, packed.data());
-    owned.push_back(std::move(packed));
-    return BlockWeight{t.type, owned.back().data(), rows, cols, GgufLayout::kRowLanes};
+  if (packed) {  // the reordered copy packed; the copy itself dropped
+    std::byte* lanes = alloc(GgufLinear::row_lanes_bytes(t.type, rows, cols));
+    GgufLinear::pack_row_lanes(t.type, out, rows, cols, lanes);
+    return BlockWeight{t.type, lanes, rows, cols, GgufLayout::kRowLanes};
   }
-  owned.push_back(std::move(out));
-  return BlockWeight{t.type, owned.back().data(), rows, cols};
+  return BlockWeight{t.type, out, rows, cols};
 }
 
 }  // namespace hanpu::model

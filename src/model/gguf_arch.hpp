@@ -151,6 +151,16 @@ class GgufCheckpoint {
  private:
   struct Resolved;
   Resolved resolve(const std::string& hf_name) const;
+  /// Where get_blocks puts the blocks it copies (gguf_arch.cpp "Weight arena"): tensors under
+  /// kArenaLimit side by side in chunks of kArenaChunk appended to `owned` (huge pages for every
+  /// one of them), larger ones in a buffer of their own.
+  std::byte* weight_copy(size_t bytes, std::vector<ByteBuffer>& owned) const;
+  struct Arena {
+    const std::vector<ByteBuffer>* owner = nullptr;  // the chunk below is owner's
+    std::byte* next = nullptr;
+    size_t left = 0;
+  };
+  mutable Arena arena_;
   std::string path_, arch_;
   std::shared_ptr<GgufModel> file_;
   ModelConfig config_;

@@ -40,6 +40,18 @@ Projection::Projection(std::vector<Projection> parts) : in_(parts.empty() ? 0 : 
     out_ += p.out_features();
   }
   parts_ = std::move(parts);
+  int64_t col = 0;
+  for (const Projection& p : parts_) {
+    const auto* g = p.linear_ && p.parts_.empty() ? dynamic_cast<const GgufLinear*>(p.linear_.get()) : nullptr;
+    if (!g) {
+      gguf_parts_.clear();
+      gguf_cols_.clear();
+      break;
+    }
+    gguf_parts_.push_back(g);
+    gguf_cols_.push_back(col);
+    col += p.out_features();
+  }
 }
 
 const Int8Linear* Projection::int8() const {
@@ -49,6 +61,9 @@ const Int8Linear* Projection::int8() const {
 void Projection::forward(const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, EngineThreads threads, bool accumulate,
                          LinearPrecision precision) const {
   if (!parts_.empty()) {
+    if (!gguf_parts_.empty() &&
+        GgufLinear::forward_decode_parts(*threads.engine, gguf_parts_, gguf_cols_, x, ldx, y, ldy, M, threads.n, accumulate))
+      return;
     int64_t col = 0;
     for (const Projection& p : parts_) {
       p.forward(x, ldx, y + col, ldy, M, threads, accumulate, precision);

@@ -62,6 +62,11 @@ class Projection {
   int64_t out_ = 0, in_ = 0;
   std::unique_ptr<Linear> linear_;
   std::vector<Projection> parts_;
+  // Where every part is a GGUF weight (a GgufLinear of its own): the parts and their first output
+  // columns, for GgufLinear::forward_decode_parts (one activation quantization and one pass of the
+  // pool per decode row for all of them).
+  std::vector<const GgufLinear*> gguf_parts_;
+  std::vector<int64_t> gguf_cols_;
 };
 
 /// Activation buffers reused across forward() calls, in the workspace the forward holds from its
