@@ -1,9 +1,12 @@
-// GGUF prefill GEMM (src/cpu/linear_gguf_prefill.cpp, linear_gguf_prefill_small_blocks.cpp and the f32
-// tiles of linear_gguf.cpp):
+// GGUF prefill GEMM (src/cpu/linear_gguf_prefill.cpp, linear_gguf_prefill_small_blocks.cpp, the f32
+// tiles of linear_gguf.cpp and the AMX-BF16 path of linear_gguf_amx.cpp):
 // GOP/s of y = x W^T for M activation rows, next to the integer peak of docs/GGUF.md ("Prefill").
 //
-//   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,f32]
+//   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,f32,amx]
 //                [--shape NxK]
+//
+// Paths: int, f32, amx (HANPU_GGUF_AMX_TERMS bf16 terms per activation, default 3) or amx1 / amx2 /
+// amx3 (that many terms); the amx paths only where AMX is usable.
 //
 // Shapes: Qwen3.5-0.8B's MLP projections (gate / up 3584 x 1024, down 1024 x 3584), the ones
 // that carry most of its prefill. One multiply-add counts as 2 operations. Columns: median wall
@@ -21,6 +24,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cstdlib>
 
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
@@ -72,7 +77,7 @@ int main(int argc, char** argv) {
     else if (a == "--isa") hanpu::request_isa(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: gguf_prefill [--threads T] [--reps R] [--rows M] [--types q8_0,q4_k,q5_k,q6_k,q4_0,iq4_nl,iq4_xs] "
-                           "[--paths int,f32] [--shape NxK] [--isa NAME]\n");
+                           "[--paths int,f32,amx,amx1,amx2,amx3] [--shape NxK] [--isa NAME]\n");
       return 2;
     }
   }
@@ -112,12 +117,16 @@ int main(int argc, char** argv) {
       for (float& v : x) v = nrm(rng);
       hanpu::GgufLinear lin(t, w.data(), N, K, "bench");
       for (const std::string& p : split(paths)) {
-        if (p != "int" && p != "f32") {
-          std::fprintf(stderr, "gguf_prefill: --paths: got '%s', expected int or f32\n", p.c_str());
+        const bool amx = p.rfind("amx", 0) == 0;
+        if (p != "int" && p != "f32" && p != "amx" && p != "amx1" && p != "amx2" && p != "amx3") {
+          std::fprintf(stderr, "gguf_prefill: --paths: got '%s', expected int, f32, amx, amx1, amx2 or amx3\n", p.c_str());
           return 2;
         }
-        lin.set_prefill(p == "int" ? hanpu::GgufPrefill::kIntegerDot : hanpu::GgufPrefill::kF32Tiles);
+        if (p.size() == 4) setenv("HANPU_GGUF_AMX_TERMS", p.substr(3).c_str(), 1);  // amx1 .. amx3
+        lin.set_prefill(amx ? hanpu::GgufPrefill::kAmxBf16
+                            : p == "int" ? hanpu::GgufPrefill::kIntegerDot : hanpu::GgufPrefill::kF32Tiles);
         if (p == "int" && !lin.prefill_is_integer()) continue;
+        if (amx && !lin.prefill_is_amx()) continue;
         lin.forward(engine, x.data(), K, y.data(), N, M, threads, false);  // warm-up
         std::vector<double> wall, cpu;
         for (int r = 0; r < reps; ++r) {
@@ -136,6 +145,7 @@ int main(int argc, char** argv) {
         std::printf("%-5s %-4s %-10s %10.2f %9.1f %9.1f\n", f.name, p.c_str(), shape, med * 1e3, ops / med * 1e-9,
                     ops / cmed * 1e-9);
         std::fflush(stdout);
+        if (p.size() == 4) unsetenv("HANPU_GGUF_AMX_TERMS");
       }
     }
   }
