@@ -5,7 +5,7 @@
 //   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,f32,amx]
 //                [--shape NxK]
 //
-// Paths: int, f32, amx (HANPU_GGUF_AMX_TERMS bf16 terms per activation, default 3) or amx1 / amx2 /
+// Paths: int, f32, amx (HANPU_GGUF_AMX_TERMS bf16 terms per activation, default 1) or amx1 / amx2 /
 // amx3 (that many terms); the amx paths only where AMX is usable.
 //
 // Shapes: Qwen3.5-0.8B's MLP projections (gate / up 3584 x 1024, down 1024 x 3584), the ones

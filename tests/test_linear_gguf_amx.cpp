@@ -176,11 +176,13 @@ TEST_P(GgufAmxPrefill, GgufLinearSettingSelectsThePath) {
   lin.set_prefill(hanpu::GgufPrefill::kAuto);
   setenv("HANPU_GGUF_PREFILL", "amx", 1);
   EXPECT_TRUE(lin.prefill_is_amx());
-  setenv("HANPU_GGUF_AMX_TERMS", "1", 1);
+  const int other = hanpu::cpu::kGgufAmxTerms == 3 ? 1 : 3;
+  setenv("HANPU_GGUF_AMX_TERMS", std::to_string(other).c_str(), 1);
   std::vector<float> y3(y1.size());
   lin.forward(engine, x.data(), K, y3.data(), N, M, 2, false);
-  hanpu::cpu::gguf_prefill_amx(engine, t, bytes.data(), N, K, x.data(), K, y2.data(), N, M, 2, false, false, 1);
-  EXPECT_EQ(0, std::memcmp(y3.data(), y2.data(), y3.size() * 4)) << "HANPU_GGUF_AMX_TERMS=1";
+  hanpu::cpu::gguf_prefill_amx(engine, t, bytes.data(), N, K, x.data(), K, y2.data(), N, M, 2, false, false, other);
+  EXPECT_EQ(0, std::memcmp(y3.data(), y2.data(), y3.size() * 4)) << "HANPU_GGUF_AMX_TERMS=" << other;
+  EXPECT_NE(0, std::memcmp(y3.data(), y1.data(), y3.size() * 4)) << "the terms made no difference";
   setenv("HANPU_GGUF_AMX_TERMS", "4", 1);
   EXPECT_THROW(lin.forward(engine, x.data(), K, y3.data(), N, M, 2, false), hanpu::Error);
   unsetenv("HANPU_GGUF_AMX_TERMS");

@@ -16,11 +16,12 @@
 // K = 1024 and 128 rows), rebuilt on every call. The dequantization is paid once per weight and
 // call, the GEMM 2 M flops per weight: at M = 512 the first is a few percent of the second.
 //
-// Accuracy: the weights' only new error is the bf16 rounding, |w - bf16(w)| <= 2^-9 |w|, next
-// to the format's own quantization step (Q8_0 about 2^-8 of a block's largest weight, Q4_K about
-// 2^-4 of a sub-block's range); the activations are exact with 3 terms, within 2^-16 relative
-// with 2, 2^-9 with 1 (the integer path's int8 activations: half a step of max|x| / 127 per block).
-// Products are exact in f32 and accumulate with one rounding each (TDPBF16PS).
+// Accuracy: the weights' only new error is the bf16 rounding, |w - bf16(w)| <= 2^-9 |w|, below
+// the format's own quantization error (Q8_0: half a step, 2^-8 of a block's largest weight;
+// Q4_K: half a step of a sub-block's range / 15, about 2^-5 of it); the activations are exact
+// with 3 terms, within 2^-16 relative with 2, 2^-9 with 1 (the default, kGgufAmxTerms: finer than
+// the integer path's int8 activations, half a step of max|x| / 127 per block, 2^-8 of the block's
+// largest). Products are exact in f32 and accumulate with one rounding each (TDPBF16PS).
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
