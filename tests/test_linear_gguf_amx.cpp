@@ -161,6 +161,7 @@ TEST_P(GgufAmxPrefill, GgufLinearSettingSelectsThePath) {
   const GgmlType t = GetParam();
   if (!hanpu::cpu::gguf_amx_prefill_available(t)) GTEST_SKIP() << kNoAmx;
   const int64_t K = std::max<int64_t>(256, hanpu::gguf::block_format(t).block_elems), N = 53, M = 40;
+  static_assert(hanpu::cpu::kGgufAmxMinRows <= 40);
   const std::vector<uint8_t> bytes = make_blocks(t, N, K, 11);
   const std::vector<float> x = make_x(M, K, K, 5);
   hanpu::Engine engine(2);
@@ -191,6 +192,18 @@ TEST_P(GgufAmxPrefill, GgufLinearSettingSelectsThePath) {
   unsetenv("HANPU_GGUF_PREFILL");
   lin.set_prefill(hanpu::GgufPrefill::kF32Tiles);
   EXPECT_FALSE(lin.prefill_is_amx());
+  // The default (kAuto, no variable): AMX from kGgufAmxMinRows rows, the others' default below.
+  lin.set_prefill(hanpu::GgufPrefill::kAuto);
+  EXPECT_TRUE(lin.prefill_is_amx());
+  const int64_t few = hanpu::cpu::kGgufAmxMinRows - 1;
+  hanpu::GgufLinear other_path(t, bytes.data(), N, K, "other");
+  other_path.set_prefill(hanpu::cpu::gguf_use_int_prefill(t) ? hanpu::GgufPrefill::kIntegerDot : hanpu::GgufPrefill::kF32Tiles);
+  std::vector<float> y4(static_cast<size_t>(few * N)), y5(y4.size());
+  lin.forward(engine, x.data(), K, y4.data(), N, few, 2, false);
+  other_path.forward(engine, x.data(), K, y5.data(), N, few, 2, false);
+  EXPECT_EQ(0, std::memcmp(y4.data(), y5.data(), y4.size() * 4)) << few << " rows";
+  lin.forward(engine, x.data(), K, y3.data(), N, M, 2, false);
+  EXPECT_EQ(0, std::memcmp(y3.data(), y1.data(), y3.size() * 4)) << M << " rows";
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, GgufAmxPrefill,

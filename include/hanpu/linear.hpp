@@ -198,7 +198,7 @@ class Int8Linear final : public Linear {
 /// other rows dequantize tiles of W to f32 exactly and keep the
 /// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
 /// GgufLinear's prefill (M >= 4 rows) arithmetic: kAuto = HANPU_GGUF_PREFILL ("int" / "f32" / "amx")
-/// if set, else the per-ISA default (AMX-BF16 where AMX is usable; else integer dot products for
+/// if set, else the per-ISA default (AMX-BF16 where AMX is usable, from 32 rows; else integer dot products for
 /// Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / IQ4_NL / IQ4_XS on AVX2 targets, f32 tiles on AVX-512 targets;
 /// docs/GGUF.md "Prefill", "AMX-BF16 prefill"). kIntegerDot falls back to the f32 tiles where it has
 /// no kernel (Q4_1, Q5_0, Q5_1, CPUs without AVX2); kAmxBf16 (weight tiles dequantized to bf16 on the
@@ -242,9 +242,11 @@ class GgufLinear final : public Linear {
   }
   /// Overrides the prefill path for this projection (measurement and tests; kAuto by default).
   void set_prefill(GgufPrefill p) { prefill_ = p; }
-  /// Whether forward's prefill rows run the integer path (the setting above resolved for this type).
+  /// Whether forward's prefill rows run the integer path (the setting above resolved for this type;
+  /// where AMX is usable, for M >= 32 rows, as below).
   bool prefill_is_integer() const;
-  /// Whether they run the AMX-BF16 path.
+  /// Whether they run the AMX-BF16 path (for M >= 32 rows; under kAuto's default the fewer rows
+  /// below take the others, src/cpu/linear_gguf.hpp kGgufAmxMinRows).
   bool prefill_is_amx() const;
 
  private:

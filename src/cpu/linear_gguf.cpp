@@ -812,7 +812,7 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
     }
     return;
   }
-  if (gguf_use_amx_prefill(type_, prefill_)) {
+  if (gguf_use_amx_prefill(type_, prefill_, M)) {
     // Prefill on AMX: weight tiles dequantized to bf16 on the fly (linear_gguf_amx.cpp).
     gguf_prefill_amx(engine, type_, blocks_, N_, K_, x, ldx, y, ldy, M, nt, accumulate, layout_ == GgufLayout::kRowLanes,
                      gguf_amx_terms());

@@ -170,10 +170,17 @@ bool gguf_amx_prefill_available(gguf::GgmlType t);
 /// "AMX-BF16 prefill").
 inline constexpr int kGgufAmxTerms = 1;
 int gguf_amx_terms();
-/// The per-ISA default: AMX-BF16 wherever it is available (docs/GGUF.md "AMX-BF16 prefill").
-bool gguf_amx_prefill_default(gguf::GgmlType t);
-/// What GgufLinear's prefill runs for `t` under setting `p`: AMX-BF16 when available and chosen
-/// (kAmxBf16; kAuto: HANPU_GGUF_PREFILL, unset: the default). Checked before gguf_use_int_prefill.
-bool gguf_use_amx_prefill(gguf::GgmlType t, GgufPrefill p = GgufPrefill::kAuto);
+/// Rows of x from which the default takes AMX-BF16: below, the dequantization per call (paid once
+/// per weight whatever M) outweighs the GEMM's gain. Measured (benchmarks/gguf_prefill, MLP
+/// shapes, 2 threads, GOP/s per CPU second, AMX 1 term against the integer path): M = 4 0.5-0.6x,
+/// 8 0.7-0.8x, 16 0.9-0.95x (Q4_K) / 1.1-1.2x (Q8_0), 32 1.4x / 1.9-2.0x, 64 2.0x / 2.6-2.9x.
+inline constexpr int64_t kGgufAmxMinRows = 32;
+/// The per-ISA default: AMX-BF16 wherever it is available, for M >= kGgufAmxMinRows rows
+/// (docs/GGUF.md "AMX-BF16 prefill").
+bool gguf_amx_prefill_default(gguf::GgmlType t, int64_t M = kGgufAmxMinRows);
+/// What GgufLinear's prefill of M rows runs for `t` under setting `p`: AMX-BF16 when available and
+/// chosen (kAmxBf16: for every M; kAuto: HANPU_GGUF_PREFILL, unset: the default). Checked before
+/// gguf_use_int_prefill.
+bool gguf_use_amx_prefill(gguf::GgmlType t, GgufPrefill p = GgufPrefill::kAuto, int64_t M = kGgufAmxMinRows);
 
 }  // namespace hanpu::cpu
