@@ -166,7 +166,7 @@ bool gguf_amx_prefill_available(gguf::GgmlType t);
 /// Bf16 terms per activation gguf_prefill_amx gets from GgufLinear: HANPU_GGUF_AMX_TERMS (1, 2, 3;
 /// anything else is a hanpu::Error), unset: kGgufAmxTerms. Read on every call. One term by default:
 /// each activation rounded to bf16 (2^-9 relative) is finer than the integer path's int8 per block
-/// (up to 2^-8 of the block's largest), and the whole prefill ran 1.7x the 3-term form (docs/GGUF.md
+/// (up to 2^-8 of the block's largest), and the whole prefill ran 1.7-2.1x the 3-term form (docs/GGUF.md
 /// "AMX-BF16 prefill").
 inline constexpr int kGgufAmxTerms = 1;
 int gguf_amx_terms();
