@@ -1,12 +1,15 @@
-// GGUF prefill GEMM (src/cpu/linear_gguf_prefill.cpp, linear_gguf_prefill_small_blocks.cpp and the f32
-// tiles of linear_gguf.cpp):
+// GGUF prefill GEMM (src/cpu/linear_gguf_prefill.cpp, linear_gguf_prefill_small_blocks.cpp, the f32
+// tiles of linear_gguf.cpp and the AMX-BF16 path of linear_gguf_amx.cpp):
 // GOP/s of y = x W^T for M activation rows, next to the integer peak of docs/GGUF.md ("Prefill").
 //
-//   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...] [--paths int,avx2,f32]
-//                [--shape NxK]
+//   gguf_prefill [--threads T] [--reps R] [--rows M] [--types q4_k,q6_k,...]
+//                [--paths int,avx2,f32,amx] [--shape NxK]
 //
 // Paths: int (the integer prefill as it runs here, labelled vnni where its AVX512-VNNI form runs),
-// avx2 (the integer prefill's AVX2 form there: HANPU_GGUF_INT_FORM=avx2), f32 (the f32 tiles).
+// avx2 (the integer prefill's AVX2 form there: HANPU_GGUF_INT_FORM=avx2), f32 (the f32 tiles),
+// amx (HANPU_GGUF_AMX_TERMS bf16 terms per activation, default 1) or amx1 / amx2 / amx3 (that many
+// terms); the amx paths only where AMX is usable.
+//
 // Shapes: Qwen3.5-0.8B's MLP projections (gate / up 3584 x 1024, down 1024 x 3584), the ones
 // that carry most of its prefill. One multiply-add counts as 2 operations. Columns: median wall
 // time per call, GOP/s over it, and GOP/s over the CPU time the process got divided by the
@@ -24,6 +27,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cstdlib>
 
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
@@ -75,7 +80,7 @@ int main(int argc, char** argv) {
     else if (a == "--isa") hanpu::request_isa(argv[i + 1]);
     else {
       std::fprintf(stderr, "usage: gguf_prefill [--threads T] [--reps R] [--rows M] [--types q8_0,q4_k,q5_k,q6_k,q4_0,iq4_nl,iq4_xs] "
-                           "[--paths int,f32] [--shape NxK] [--isa NAME]\n");
+                           "[--paths int,f32,amx,amx1,amx2,amx3] [--shape NxK] [--isa NAME]\n");
       return 2;
     }
   }
@@ -115,18 +120,22 @@ int main(int argc, char** argv) {
       for (float& v : x) v = nrm(rng);
       hanpu::GgufLinear lin(t, w.data(), N, K, "bench");
       for (const std::string& p : split(paths)) {
-        std::string p_label;
-        if (p != "int" && p != "avx2" && p != "f32") {
-          std::fprintf(stderr, "gguf_prefill: --paths: got '%s', expected int, avx2 or f32\n", p.c_str());
+        std::string p_label = p;
+        const bool amx = p.rfind("amx", 0) == 0;
+        if (p != "int" && p != "avx2" && p != "f32" && p != "amx" && p != "amx1" && p != "amx2" && p != "amx3") {
+          std::fprintf(stderr, "gguf_prefill: --paths: got '%s', expected int, avx2, f32, amx, amx1, amx2 or amx3\n",
+                       p.c_str());
           return 2;
         }
-        lin.set_prefill(p == "f32" ? hanpu::GgufPrefill::kF32Tiles : hanpu::GgufPrefill::kIntegerDot);
-        if (p != "f32" && !lin.prefill_is_integer()) continue;
+        if (p.size() == 4 && amx) setenv("HANPU_GGUF_AMX_TERMS", p.substr(3).c_str(), 1);  // amx1 .. amx3
+        lin.set_prefill(amx ? hanpu::GgufPrefill::kAmxBf16
+                            : p == "f32" ? hanpu::GgufPrefill::kF32Tiles : hanpu::GgufPrefill::kIntegerDot);
+        if ((p == "int" || p == "avx2") && !lin.prefill_is_integer()) continue;
+        if (amx && !lin.prefill_is_amx()) continue;
         // avx2: the integer path's AVX2 form where the AVX512-VNNI one would run (int)
         if (p == "avx2") setenv("HANPU_GGUF_INT_FORM", "avx2", 1);
         else unsetenv("HANPU_GGUF_INT_FORM");
         if (p == "int" && hanpu::cpu::gguf_int_prefill_vnni_available(t)) p_label = "vnni";
-        else p_label = p;
         lin.forward(engine, x.data(), K, y.data(), N, M, threads, false);  // warm-up
         std::vector<double> wall, cpu;
         for (int r = 0; r < reps; ++r) {
@@ -145,6 +154,7 @@ int main(int argc, char** argv) {
         std::printf("%-5s %-4s %-10s %10.2f %9.1f %9.1f\n", f.name, p_label.c_str(), shape, med * 1e3, ops / med * 1e-9,
                     ops / cmed * 1e-9);
         std::fflush(stdout);
+        if (p.size() == 4) unsetenv("HANPU_GGUF_AMX_TERMS");
       }
     }
   }

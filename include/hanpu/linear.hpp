@@ -197,11 +197,14 @@ class Int8Linear final : public Linear {
 /// every block type run a GEMV over the blocks with int8 activations, as llama.cpp does;
 /// other rows dequantize tiles of W to f32 exactly and keep the
 /// activations f32 (kernels and thresholds: src/cpu/linear_gguf.hpp; formats: docs/GGUF.md).
-/// GgufLinear's prefill (M >= 4 rows) arithmetic: kAuto = HANPU_GGUF_PREFILL ("int" / "f32") if
-/// set, else the per-ISA default (integer dot products for Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 /
-/// IQ4_NL / IQ4_XS on AVX2 targets, all but Q4_0 / IQ4_NL on AVX-512 targets; docs/GGUF.md "Prefill"). kIntegerDot
-/// falls back to the f32 tiles where it has no kernel (Q4_1, Q5_0, Q5_1, CPUs without AVX2).
-enum class GgufPrefill { kAuto, kIntegerDot, kF32Tiles };
+/// GgufLinear's prefill (M >= 4 rows) arithmetic: kAuto = HANPU_GGUF_PREFILL ("int" / "f32" / "amx")
+/// if set, else the per-ISA default (AMX-BF16 where AMX is usable, from 32 rows; else integer dot products for
+/// Q8_0 / Q4_K / Q5_K / Q6_K / Q4_0 / IQ4_NL / IQ4_XS on AVX2 targets, all but Q4_0 / IQ4_NL on AVX-512
+/// targets; docs/GGUF.md "Prefill", "AVX-512", "AMX-BF16 prefill"). kIntegerDot falls back to the f32
+/// tiles where it has no kernel (Q4_1, Q5_0, Q5_1, CPUs without AVX2); kAmxBf16 (weight tiles
+/// dequantized to bf16 on the fly, the AMX GEMM) to the per-ISA choice among the others where AMX is
+/// not usable.
+enum class GgufPrefill { kAuto, kIntegerDot, kF32Tiles, kAmxBf16 };
 
 /// How GgufLinear's blocks are laid out: the file's rows of blocks, or row lanes (Q4_K on AVX2: groups
 /// of 8 rows interleaved at load, the decode GEMV multiplying 8 rows per vector; docs/GGUF.md
@@ -251,8 +254,12 @@ class GgufLinear final : public Linear {
                                    int64_t M, int threads, bool accumulate);
   /// Overrides the prefill path for this projection (measurement and tests; kAuto by default).
   void set_prefill(GgufPrefill p) { prefill_ = p; }
-  /// Whether forward's prefill rows run the integer path (the setting above resolved for this type).
+  /// Whether forward's prefill rows run the integer path (the setting above resolved for this type;
+  /// where AMX is usable, for M >= 32 rows, as below).
   bool prefill_is_integer() const;
+  /// Whether they run the AMX-BF16 path (for M >= 32 rows; under kAuto's default the fewer rows
+  /// below take the others, src/cpu/linear_gguf.hpp kGgufAmxMinRows).
+  bool prefill_is_amx() const;
 
  private:
   GgufPrefill prefill_ = GgufPrefill::kAuto;

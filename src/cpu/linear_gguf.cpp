@@ -752,7 +752,8 @@ void GgufLinear::pack_row_lanes(gguf::GgmlType t, const void* blocks, int64_t N,
   gguf_pack_row_lanes(t, blocks, N, K, out);
 }
 
-bool GgufLinear::prefill_is_integer() const { return gguf_use_int_prefill(type_, prefill_); }
+bool GgufLinear::prefill_is_integer() const { return !prefill_is_amx() && gguf_use_int_prefill(type_, prefill_); }
+bool GgufLinear::prefill_is_amx() const { return gguf_use_amx_prefill(type_, prefill_); }
 
 size_t GgufLinear::bytes() const {  // what a decode row streams
   return layout_ == GgufLayout::kRowLanes ? gguf_row_lanes_bytes(type_, N_, K_) : static_cast<size_t>(N_ * row_bytes_);
@@ -842,6 +843,12 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
         gguf_decode_slice(type_, layout_, w, N_, K_, row_bytes_, xa, yr, p, parts, accumulate);
       });
     }
+    return;
+  }
+  if (gguf_use_amx_prefill(type_, prefill_, M)) {
+    // Prefill on AMX: weight tiles dequantized to bf16 on the fly (linear_gguf_amx.cpp).
+    gguf_prefill_amx(engine, type_, blocks_, N_, K_, x, ldx, y, ldy, M, nt, accumulate, layout_ == GgufLayout::kRowLanes,
+                     gguf_amx_terms());
     return;
   }
   if (gguf_use_int_prefill(type_, prefill_)) {

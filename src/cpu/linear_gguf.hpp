@@ -144,7 +144,7 @@ void gguf_prefill_quantize_row(const float* x, int64_t K, int64_t block, int8_t*
 /// (linear_gguf_prefill_small_blocks.cpp) where the AVX2 forms may run (gguf_avx2_forms_allowed).
 bool gguf_int_prefill_available(gguf::GgmlType t);
 
-/// HANPU_GGUF_PREFILL: unset (kAuto), "int" (kIntegerDot) or "f32" (kF32Tiles); anything else is a
+/// HANPU_GGUF_PREFILL: unset (kAuto), "int" (kIntegerDot), "f32" (kF32Tiles) or "amx" (kAmxBf16); anything else is a
 /// hanpu::Error naming it. Read on every call.
 GgufPrefill gguf_prefill_override();
 
@@ -157,5 +157,45 @@ bool gguf_int_prefill_default(gguf::GgmlType t);
 /// chosen (kIntegerDot; kAuto: HANPU_GGUF_PREFILL, unset: the default); else the f32 tiles (also
 /// Q4_1 / Q5_0 / Q5_1 always).
 bool gguf_use_int_prefill(gguf::GgmlType t, GgufPrefill p = GgufPrefill::kAuto);
+
+/// Prefill on AMX-BF16 (linear_gguf_amx.cpp): the M activation rows split into `terms` bf16 parts
+/// (3: exact; 2: within 2^-16 relative; 1: rounded, 2^-9) and packed once per call; the weights
+/// dequantized exactly (gguf::dequantize; row lanes put back in the file's layout first) per
+/// column block of rows into the worker's scratch, rounded to bf16 (|w - bf16(w)| <= 2^-9 |w|) in
+/// amx_pack_weight's tile order, and multiplied on AMX tiles (amx_gemm), products exact in f32,
+/// one f32 rounding per product accumulated. Columns split over `threads` (<= 0: all) by blocks.
+/// Throws hanpu::Error where gguf_amx_prefill_available(type) is false, K is not whole blocks or
+/// terms is not 1, 2 or 3.
+void gguf_prefill_amx(Engine& engine, gguf::GgmlType type, const void* w, int64_t N, int64_t K, const float* x,
+                      int64_t ldx, float* y, int64_t ldy, int64_t M, int threads, bool accumulate, bool w_row_lanes,
+                      int terms);
+/// Rows [n0, n1) of W dequantized, rounded to bf16 and packed as amx_pack_weight packs an
+/// [n1 - n0, K] matrix, into `out` (amx_packed_weight_elems(n1 - n0, K)); f32_rows: 16 x K floats
+/// of scratch, file_rows: scratch for the row-lane layout's rows. Only where
+/// gguf_amx_prefill_available(type).
+void gguf_pack_weight_bf16(gguf::GgmlType type, const void* w, int64_t N, int64_t K, int64_t n0, int64_t n1,
+                           bool w_row_lanes, uint16_t* out, float* f32_rows, std::vector<uint8_t>& file_rows);
+/// Every type gguf::dequantize handles, with blocks of a multiple of 32 elements, where AMX is
+/// usable (amx_usable: the CPU, the OS's tile permission and HANPU_ISA "native").
+bool gguf_amx_prefill_available(gguf::GgmlType t);
+/// Bf16 terms per activation gguf_prefill_amx gets from GgufLinear: HANPU_GGUF_AMX_TERMS (1, 2, 3;
+/// anything else is a hanpu::Error), unset: kGgufAmxTerms. Read on every call. One term by default:
+/// each activation rounded to bf16 (2^-9 relative) is finer than the integer path's int8 per block
+/// (up to 2^-8 of the block's largest), and the whole prefill ran 1.7-2.1x the 3-term form (docs/GGUF.md
+/// "AMX-BF16 prefill").
+inline constexpr int kGgufAmxTerms = 1;
+int gguf_amx_terms();
+/// Rows of x from which the default takes AMX-BF16: below, the dequantization per call (paid once
+/// per weight whatever M) outweighs the GEMM's gain. Measured (benchmarks/gguf_prefill, MLP
+/// shapes, 2 threads, GOP/s per CPU second, AMX 1 term against the integer path): M = 4 0.5-0.6x,
+/// 8 0.7-0.8x, 16 0.9-0.95x (Q4_K) / 1.1-1.2x (Q8_0), 32 1.4x / 1.9-2.0x, 64 2.0x / 2.6-2.9x.
+inline constexpr int64_t kGgufAmxMinRows = 32;
+/// The per-ISA default: AMX-BF16 wherever it is available, for M >= kGgufAmxMinRows rows
+/// (docs/GGUF.md "AMX-BF16 prefill").
+bool gguf_amx_prefill_default(gguf::GgmlType t, int64_t M = kGgufAmxMinRows);
+/// What GgufLinear's prefill of M rows runs for `t` under setting `p`: AMX-BF16 when available and
+/// chosen (kAmxBf16: for every M; kAuto: HANPU_GGUF_PREFILL, unset: the default). Checked before
+/// gguf_use_int_prefill.
+bool gguf_use_amx_prefill(gguf::GgmlType t, GgufPrefill p = GgufPrefill::kAuto, int64_t M = kGgufAmxMinRows);
 
 }  // namespace hanpu::cpu

@@ -79,8 +79,9 @@ GgufPrefill parse_prefill_env() {
   const std::string s(v);
   if (s == "int") return GgufPrefill::kIntegerDot;
   if (s == "f32") return GgufPrefill::kF32Tiles;
-  throw Error("HANPU_GGUF_PREFILL: got '" + s + "', expected 'int' (integer dot products on quantized activations) or "
-              "'f32' (dequantized f32 tiles)");
+  if (s == "amx") return GgufPrefill::kAmxBf16;
+  throw Error("HANPU_GGUF_PREFILL: got '" + s + "', expected 'int' (integer dot products on quantized activations), "
+              "'f32' (dequantized f32 tiles) or 'amx' (bf16 tiles on AMX, linear_gguf_amx.cpp)");
 }
 
 }  // namespace
@@ -128,6 +129,7 @@ bool gguf_use_int_prefill(gguf::GgmlType t, GgufPrefill p) {
   switch (p) {
     case GgufPrefill::kIntegerDot: return true;
     case GgufPrefill::kF32Tiles: return false;
+    case GgufPrefill::kAmxBf16:  // where AMX is not usable (else GgufLinear took that path first): the default
     case GgufPrefill::kAuto: break;
   }
   return gguf_int_prefill_default(t);

@@ -26,15 +26,20 @@ using G = gguf::GgmlType;
 using L = WeightLoad;
 
 // Shared texts of the GGML block formats' kernels (src/cpu/linear_gguf.cpp).
-#define HANPU_GGUF_PREFILL                                                                             \
+#define HANPU_GGUF_AMX_PREFILL                                                                           \
+  "AMX hosts: blocks of 128 weight rows dequantized exactly, rounded to bf16 tiles in the worker's "      \
+  "scratch, AMX GEMM over every row of x split into bf16 terms (linear_gguf_amx.cpp, HANPU_GGUF_AMX_TERMS); " \
+  "elsewhere "
+#define HANPU_GGUF_F32_PREFILL                                                                          \
   "tiles of 16 weight rows dequantized to f32 exactly (gguf::dequantize), f32 dot products with every " \
   "row of x (GgufF32Tile, Highway: AVX-512, AVX2, SSE4, NEON, portable); activations stay f32"
+#define HANPU_GGUF_PREFILL HANPU_GGUF_AMX_PREFILL HANPU_GGUF_F32_PREFILL
 
 // Q4_0, IQ4_NL, IQ4_XS prefill (linear_gguf_prefill_small_blocks.cpp).
 #define HANPU_GGUF_SMALL_INT_PREFILL                                                                     \
-  "AVX2 targets: activations quantized once per call as the GEMV's, 16 weight rows unpacked per tile to " \
+  HANPU_GGUF_AMX_PREFILL "AVX2 targets: activations quantized once per call as the GEMV's, 16 weight rows unpacked per tile to " \
   "signed int8 (IQ4_XS: int16 times the sub-block scale), 4 x 2 register blocks of VPMADDUBSW with the " \
-  "sign moved onto the activations (IQ4_XS: VPMADDWD) and one FMA per block of scales; elsewhere " HANPU_GGUF_PREFILL
+  "sign moved onto the activations (IQ4_XS: VPMADDWD) and one FMA per block of scales; elsewhere " HANPU_GGUF_F32_PREFILL
 
 // The blocks of 32 without a K-quant (linear_gguf_small_blocks.cpp).
 #define HANPU_GGUF_SMALL_GEMV                                                                            \
@@ -126,6 +131,8 @@ const WeightFormatInfo kRows[] = {
      HANPU_GGUF_SMALL_INT_PREFILL},
 };
 #undef HANPU_GGUF_PREFILL
+#undef HANPU_GGUF_F32_PREFILL
+#undef HANPU_GGUF_AMX_PREFILL
 #undef HANPU_GGUF_SMALL_INT_PREFILL
 #undef HANPU_GGUF_SMALL_GEMV
 
