@@ -645,6 +645,69 @@ TEST(LaAmx, EngineGemmsOnAmxAgainstFp64) {
     }
 }
 
+// KDA with the engine's GEMMs on AMX against the fp64 reference. KDA's products carry per-channel
+// decays, so every operand is f32 and rounded (Round) or split (Split): Kn = −β k ⊙ e^Γ and S in
+// the X product, q ⊙ e^Γ and S in the output's state read, P and v_new in P v_new, the decayed K^T
+// and v_new in the update. Same shapes as GDN's test (tails, H odd, HV = 2H, varlen, L2 norms,
+// K = 1, 1 and 2 threads), both gate regimes. Bounds (docs/ACCURACY.md, "KDA on AMX"): Split has
+// three error terms per product (each side's lo rounding and the dropped lo x lo, mean square
+// <= (u^2/3)^2 = 2.6e-11 each), six on the way to the state (X = ... + Kn S, then the update):
+// 1.6e-10 without cancellation, 2.5e-10 with GDN's worst cancellation (1.6x, K = 1): state bound
+// 5e-10 (measured: 2.0e-10 at K = 1, <= 2.5e-11 otherwise); o keeps the bf16 bound (its own
+// rounding). Round has nine rounding points on the way to o (Kn and S, q e^Γ and S, P and v_new,
+// the decayed K^T and v_new through the state, o): 4.6e-5 without cancellation, 7.4e-5 with 1.6x:
+// 1e-4 for o and the states, as GDN's (measured: 5.1e-5 / 5.3e-5 at K = 1, <= 1.1e-5 otherwise).
+// Both settings must differ from the f32 engine (a silent fallback fails the test).
+TEST(LaAmx, KdaEngineGemmsOnAmxAgainstFp64) {
+  if (!cpu::la_amx_usable()) GTEST_SKIP() << "no usable AMX (AMX-BF16 with the OS tile permission, and HANPU_ISA unset or native): the engine's AMX GEMMs cannot run here";
+  struct Case {
+    int64_t T, H, HV, K, V;
+    std::vector<int64_t> seqlens;
+    bool l2norm;
+  };
+  const Case cases[] = {{150, 2, 4, 63, 100, {}, false}, {150, 3, 3, 63, 100, {}, true}, {65, 1, 1, 128, 128, {}, false},
+                        {64, 3, 3, 1, 60, {}, true},     {0, 1, 2, 100, 64, {15, 300, 64}, true},
+                        {1, 1, 1, 128, 128, {}, true},   {500, 2, 2, 128, 128, {}, true},
+                        {200, 2, 2, 256, 32, {}, false}, {129, 1, 2, 33, 17, {}, false}};
+  constexpr double kRoundO = 1e-4, kRoundState = 1e-4, kSplitState = 5e-10;
+  for (const Case& c : cases)
+    for (GateRegime gates : {GateRegime::kStrong, GateRegime::kMild}) {
+      ProblemSpec s;
+      s.variant = Variant::KDA;
+      s.T = c.T;
+      s.H = c.H;
+      s.HV = c.HV;
+      s.K = c.K;
+      s.V = c.V;
+      s.seqlens = c.seqlens;
+      s.dtype = DType::BF16;
+      s.gates = gates;
+      s.opt.qk_l2norm = c.l2norm;
+      s.opt.beta_sigmoid = true;
+      const Problem p = make_problem(s);
+      const LaReference ref = la_reference(s.variant, p.inputs(), s.opt);
+      ExecOptions f32{CpuPath::HeadFused, 2, nullptr};
+      const LaResult base = la_prefill_alloc(s.variant, p.inputs(), s.opt, f32);
+      for (LaAmx mode : {LaAmx::Split, LaAmx::Round})
+        for (int threads : {1, 2}) {
+          ExecOptions ex = f32;
+          ex.threads = threads;
+          ex.amx = mode;
+          const Accuracy a = run_and_compare(p, ref, ex);
+          const bool split = mode == LaAmx::Split;
+          const std::string what = std::string(la_amx_name(mode)) + ", " + std::to_string(threads) + " threads: " + s.describe();
+          EXPECT_LE(a.o, split ? output_bound(DType::BF16) : kRoundO) << "o " << what;
+          EXPECT_LE(a.state, split ? kSplitState : kRoundState) << "state " << what;
+          ExecReport rep;
+          ex.report = &rep;
+          const LaResult r = la_prefill_alloc(s.variant, p.inputs(), s.opt, ex);
+          EXPECT_EQ(rep.gemms, split ? "amx-split" : "amx-round") << what;
+          EXPECT_GT(nmse(r.final_state, base.final_state), 0.0) << "the AMX path did not run: " << what;
+          std::printf("[amx] %-5s o %.2e state %.2e  %s\n", la_amx_name(mode), a.o, a.state, what.c_str());
+        }
+    }
+}
+
 // A requested AMX setting that cannot run falls back to the f32 engine and says why (on every CPU).
 TEST(LaAmx, FallsBackByName) {
   ProblemSpec s;
@@ -679,7 +742,12 @@ TEST(LaAmx, FallsBackByName) {
   s.variant = Variant::KDA;
   const Problem kda = make_problem(s);
   la_prefill_alloc(s.variant, kda.inputs(), s.opt, ex);
-  EXPECT_EQ(rep.gemms.rfind("f32 (amx: GDN only", 0), 0u) << rep.gemms;
+  EXPECT_EQ(rep.gemms, "amx-split");  // KDA's operands are f32 either way: no bf16 dot products needed
+  s.dtype = DType::F32;
+  const Problem kda32 = make_problem(s);
+  la_prefill_alloc(s.variant, kda32.inputs(), s.opt, ex);
+  EXPECT_EQ(rep.gemms.rfind("f32 (amx: needs bf16 q and k", 0), 0u) << rep.gemms;
+  s.dtype = DType::BF16;
   s.variant = Variant::GDN;
   s.dtype = DType::F32;
   const Problem f32 = make_problem(s);

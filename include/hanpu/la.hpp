@@ -78,8 +78,8 @@ struct ExecReport {
   std::string gemms;
 };
 
-/// The head-fused GDN engine's GEMMs on Intel AMX (ExecOptions::amx). The f32 operands of the
-/// products (the state S, v_new, the masked gram P) become bf16 for the tiles:
+/// The head-fused GDN and KDA engines' GEMMs on Intel AMX (ExecOptions::amx). The f32 operands of
+/// the products (the state S, v_new, the masked gram P; KDA's decayed q and k rows) become bf16:
 enum class LaAmx {
   Off,    // the f32 FMA engine (the default)
   Round,  // rounded to bf16 (relative error <= 2^-8 each, as FLA does on GPU tensor cores)
@@ -103,10 +103,11 @@ struct ExecOptions {
   /// their products are exact in f32, so only the summation order changes (docs/PERFORMANCE.md).
   /// false: always convert to f32 first (for comparison).
   bool bf16_dot = true;
-  /// Head-fused GDN with bf16 q and k, GEMM-first program, on a CPU with usable AMX (tiles and
+  /// Head-fused GDN or KDA with bf16 q and k, GEMM-first program, on a CPU with usable AMX (tiles and
   /// the OS permission): the products K S, Q S, P v_new and the state update K^T v_new on AMX
   /// tiles, the state and every accumulator in f32 (docs/ACCURACY.md has the bound each setting
-  /// adds). Anywhere else the f32 engine runs, as with Off. Needs bf16_dot (the staged bf16 rows).
+  /// adds). Anywhere else the f32 engine runs, as with Off. GDN needs bf16_dot (the staged bf16
+  /// rows); KDA (bf16 q and k) runs its four products on the decayed f32 operands, grams in f32.
   LaAmx amx = LaAmx::Off;
   /// If set, receives the plan the call ran and the planning cost.
   ExecReport* report = nullptr;

@@ -193,9 +193,12 @@ void run_bench(const BenchArgs& a) {
             const CpuPath path = parse_path(pname);
             // bf16 dot products exist only for the head-fused GDN grams (one gate per head) on bf16 inputs.
             const bool dot_applies = path == CpuPath::HeadFused && variant_traits(var).head_gate() && dt == DType::BF16;
+            // AMX GEMMs: GDN's with the bf16 dot products on, KDA's (decayed f32 operands) on bf16 inputs.
+            const bool kda_amx_applies = path == CpuPath::HeadFused && variant_traits(var).channel_gate() && dt == DType::BF16;
             for (const std::string& dot : dot_applies ? a.bf16_dot : std::vector<std::string>{"off"})
             for (int th : thread_counts)
-            for (const std::string& amx : dot_applies && dot == "on" ? a.amx : std::vector<std::string>{"off"}) {
+            for (const std::string& amx : (dot_applies && dot == "on") || kda_amx_applies ? a.amx
+                                                                                           : std::vector<std::string>{"off"}) {
               size_t extra = 0;
               ExecReport rep;
               ExecOptions ex{path, th, nullptr, &extra};
@@ -353,9 +356,9 @@ void register_bench_command(CLI::App& app) {
                   "has them), off (f32 conversion first), or on,off for both (default on)")
       ->delimiter(',');
   sub->add_option("--amx", args->amx,
-                  "bf16 GDN rows of the hanpu path with --bf16-dot on: the engine's GEMMs on AMX tiles with the f32 "
-                  "operands rounded to bf16 (round) or split into two bf16 terms (split), or not (off); a list runs "
-                  "each (default off)")
+                  "bf16 rows of the hanpu path (GDN with --bf16-dot on, KDA): the engine's GEMMs on AMX tiles with the "
+                  "f32 operands rounded to bf16 (round) or split into two bf16 terms (split), or not (off); a list "
+                  "runs each (default off)")
       ->delimiter(',');
   sub->add_flag("--json", args->json, "print the rows as a JSON array");
   sub->add_option("--json-out", args->json_out, "also write the JSON rows to this file (updated after every row)");

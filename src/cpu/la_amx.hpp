@@ -103,4 +103,22 @@ inline void la_amx_state_update(const uint16_t* Kt_rows, size_t ld_kt, size_t K,
               nullptr, decay, hook);
 }
 
+/// KDA's state reads: C (op)= A S for f32 rows A packed in `terms` parts (la_amx_pack_rows of the
+/// decayed rows, L x K: X += Kn S with Kn = −diag(β) K ⊙ e^Γ (kAdd), O = (Q ⊙ e^Γ) S (kSet)) and the
+/// state in pairs of as many parts. KDA's per-channel decays leave no raw bf16 operand.
+inline void la_amx_decayed_state_read(const uint16_t* A_rows, size_t ld_a, size_t a_term_stride, const uint32_t* S_pairs,
+                                      size_t ld_pairs, size_t s_term_stride, int terms, float* C, size_t ldc, size_t L,
+                                      size_t N, size_t K, AmxStore store, AmxHook hook = {}) {
+  la_amx_gemm(A_rows, ld_a, a_term_stride, terms, S_pairs, ld_pairs, s_term_stride, terms, C, ldc, L, N, K, false, store,
+              nullptr, nullptr, hook);
+}
+/// KDA's state update: S = diag(decay) S + Kdᵀ E for the decayed keys Kdᵀ[d][j] = k_j[d] e^{Γ_L[d]−Γ_j[d]}
+/// (K x L, la_amx_pack_rows in `terms` parts) and v_new in pairs (L x N, as many parts).
+inline void la_amx_decayed_state_update(const uint16_t* Kt_rows, size_t ld_kt, size_t kt_term_stride, size_t K,
+                                        const uint32_t* E_pairs, size_t ld_e, size_t e_term_stride, int terms, float* S,
+                                        size_t lds, size_t N, size_t L, const float* decay, AmxHook hook = {}) {
+  la_amx_gemm(Kt_rows, ld_kt, kt_term_stride, terms, E_pairs, ld_e, e_term_stride, terms, S, lds, K, N, L, false,
+              AmxStore::kScaleAdd, nullptr, decay, hook);
+}
+
 }  // namespace hanpu::cpu

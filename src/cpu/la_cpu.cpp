@@ -247,13 +247,16 @@ void la_prefill(Variant variant, const LaInputs& in, const LaOptions& opt, const
     // the bf16 gram rows when this CPU runs them; a plan made without them runs the f32 grams.
     const size_t planned = hp.plan && hp.plan->cpu.set() ? static_cast<size_t>(hp.plan->cpu.arena_bytes.value) : 0;
     job.bf16_grams = ex.bf16_dot && bf16_grams_possible(job);
-    // AMX GEMMs (cpu/la_amx.hpp) on top of the bf16 grams, for the GEMM-first program only (the W/U
-    // form keeps its f32 GEMMs); a plan whose arena cannot hold the packed operands runs without.
+    // AMX GEMMs (cpu/la_amx.hpp): GDN's on top of the bf16 grams (raw q and k rows), KDA's on its
+    // decayed f32 operands (bf16 inputs; its grams stay f32), for the GEMM-first program only (the
+    // W/U form keeps its f32 GEMMs); a plan whose arena cannot hold the packed operands runs without.
     std::string why_not;  // a requested AMX setting that does not run, and why
     if (ex.amx != LaAmx::Off) {
       if (!cpu::la_amx_usable()) why_not = "no usable AMX-BF16 (CPU, OS tile permission, or HANPU_ISA below native)";
-      else if (!job.traits().head_gate()) why_not = "GDN only (KDA's products are not on AMX yet)";
-      else if (!job.bf16_grams) why_not = "needs bf16 q and k with contiguous rows and ExecOptions::bf16_dot";
+      else if (job.traits().channel_gate() && (job.in.q.dtype != DType::BF16 || job.in.k.dtype != DType::BF16))
+        why_not = "needs bf16 q and k";  // KDA: the decayed f32 operands are rounded, whatever the inputs
+      else if (!job.traits().channel_gate() && !job.bf16_grams)
+        why_not = "needs bf16 q and k with contiguous rows and ExecOptions::bf16_dot";
       else if (!s.program.gemm_first) why_not = "the plan's program is the W/U form (GEMM-first only)";
       else job.amx_terms = ex.amx == LaAmx::Split ? 2 : 1;
     }

@@ -44,6 +44,10 @@ struct FusedLayout {
   // per pair row, P in bf16 rows of ldr, K^T in bf16 rows of ldr; each packed operand's term stride.
   size_t amx_fac, Spk, Epk, E2pk, Ppk, KtRaw;
   size_t ldp, ldr, S_ts, E_ts, P_ts;
+  // only KDA with AMX GEMMs: its decayed f32 A operands (Kn, Qg: C x K; the update's decayed K^T:
+  // K x C) in bf16 rows of `terms` parts, one at a time (ldA = la_amx_depth(K) for the state reads,
+  // ldr for the update), term stride A_ts (uint16).
+  size_t Apk, ldA, A_ts;
   size_t total;
 };
 
@@ -96,12 +100,20 @@ FusedLayout MakeFusedLayout(const LaJob& job, int64_t width, int chunk, const Fu
     l.P_ts = RoundUp(la_amx_rows(l.C) * l.ldr, 2 * kPad);   // uint16
     l.Spk = take(terms * l.S_ts);
     l.Epk = take(terms * l.E_ts);
-    l.E2pk = take(terms * l.E_ts);
-    // P and K^T in bf16 go where GDN's AMX path leaves room: KDA's decayed K^T (KrT) and the f32
-    // K^T (Kt, which the AMX update does not read), when they fit.
-    const size_t ppk = terms * l.P_ts / 2, ktraw = la_amx_rows(l.K) * l.ldr / 2, free = l.K * l.ldc;
-    l.Ppk = !job.traits().channel_gate() && ppk <= free ? l.KrT : take(ppk);
-    l.KtRaw = ktraw <= free ? l.Kt : take(ktraw);
+    if (job.traits().channel_gate()) {
+      // KDA: the update reads v_new unscaled (its decays are in K^T), from Epk; no raw K^T.
+      l.ldA = la_amx_depth(l.K);
+      l.A_ts = RoundUp(std::max(la_amx_rows(l.C) * l.ldA, la_amx_rows(l.K) * l.ldr), 2 * kPad);
+      l.Apk = take(terms * l.A_ts / 2);
+      l.Ppk = take(terms * l.P_ts / 2);
+    } else {
+      l.E2pk = take(terms * l.E_ts);
+      // P and K^T in bf16 go where GDN's AMX path leaves room: KDA's decayed K^T (KrT) and the f32
+      // K^T (Kt, which the AMX update does not read), when they fit.
+      const size_t ppk = terms * l.P_ts / 2, ktraw = la_amx_rows(l.K) * l.ldr / 2, free = l.K * l.ldc;
+      l.Ppk = ppk <= free ? l.KrT : take(ppk);
+      l.KtRaw = ktraw <= free ? l.Kt : take(ktraw);
+    }
   }
   l.total = off;
   return l;
@@ -169,10 +181,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
   float* pfac = amx ? kfac + C : nullptr;
   auto* Spk = amx ? reinterpret_cast<uint32_t*>(arena + l.Spk) : nullptr;
   auto* Epk = amx ? reinterpret_cast<uint32_t*>(arena + l.Epk) : nullptr;
-  auto* E2pk = amx ? reinterpret_cast<uint32_t*>(arena + l.E2pk) : nullptr;
+  auto* E2pk = amx && !channel ? reinterpret_cast<uint32_t*>(arena + l.E2pk) : nullptr;
   auto* Ppk = amx ? reinterpret_cast<uint16_t*>(arena + l.Ppk) : nullptr;
-  auto* KtRaw = amx ? reinterpret_cast<uint16_t*>(arena + l.KtRaw) : nullptr;
-  rows.raw_only = amx && K <= 256;  // the AMX products read q and k only as the raw rows
+  auto* KtRaw = amx && !channel ? reinterpret_cast<uint16_t*>(arena + l.KtRaw) : nullptr;
+  auto* Apk = amx && channel ? reinterpret_cast<uint16_t*>(arena + l.Apk) : nullptr;
+  rows.raw_only = amx && !channel && K <= 256;  // KDA reads the f32 rows (its operands are decayed)  // the AMX products read q and k only as the raw rows
   ChunkPrefetcher prefetch(program.prefetch_rate);
   // The AMX products hand out the prefetches once per strip, as the f32 GEMM tiles do.
   const AmxHook pf_hook{[](void* p) { static_cast<ChunkPrefetcher*>(p)->tile(); }, &prefetch};
@@ -196,7 +209,8 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
     rows.skip_qk = keys_loaded;
     LoadChunk(job, seq, hv, t0, L, item.col0, item.col1, rows);
     bool s_packed = false;  // AMX: S of this item and chunk is in Spk
-    if (amx && !keys_loaded)
+    bool e_packed = false;  // AMX, KDA: this chunk's v_new is in Epk (the update reads it unscaled)
+    if (amx && !channel && !keys_loaded)
       for (size_t i = 0; i < L; ++i) {
         qfac[i] = job.opt.qk_l2norm ? job.scale * rows.qinv[i] : job.scale;
         kfac[i] = job.opt.qk_l2norm ? rows.kinv[i] : 1.f;
@@ -241,7 +255,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
       case CpuStage::StateK:
         // GEMM-first: X = diag(β)V − diag(β e^Γ) K S (LoadChunk left diag(β)V in X). GDN's gates are
         // one scalar per row: they scale the products as the tiles store them.
-        if (amx) {  // the raw k rows on AMX; the row factors carry 1/|k|
+        if (amx && channel) {  // KDA: the decayed Kn = −β k ⊙ e^Γ in bf16 parts
+          pack_state();
+          la_amx_pack_rows(Kn, K, L, K, false, amx, Apk, l.ldA, l.A_ts);
+          la_amx_decayed_state_read(Apk, l.ldA, l.A_ts, Spk, l.ldp, l.S_ts, amx, X, Vp, L, w, K, AmxStore::kAdd, pf_hook);
+        } else if (amx) {  // the raw k rows on AMX; the row factors carry 1/|k|
           pack_state();
           for (size_t i = 0; i < L; ++i) pfac[i] = gdn_x_scale[i] * kfac[i];
           la_amx_state_read(rows.kraw, l.ldraw, L, Spk, l.ldp, l.S_ts, amx, X, Vp, w, K, AmxStore::kAdd, pfac, pf_hook);
@@ -253,7 +271,11 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         // O = diag(e^Γ) Q S. Kept apart from the X GEMM rather than one GEMM over the stacked
         // [Kn; Qg]: measured faster on AVX-512 (the stacked A operand, 2C x K, no longer stays in
         // L1 next to the S panel).
-        if (amx) {
+        if (amx && channel) {  // KDA: Qg = q ⊙ e^Γ (scaled) in bf16 parts
+          pack_state();
+          la_amx_pack_rows(Qg, K, L, K, false, amx, Apk, l.ldA, l.A_ts);
+          la_amx_decayed_state_read(Apk, l.ldA, l.A_ts, Spk, l.ldp, l.S_ts, amx, O, Vp, L, w, K, AmxStore::kSet, pf_hook);
+        } else if (amx) {
           pack_state();
           for (size_t i = 0; i < L; ++i) pfac[i] = egam[i] * qfac[i];
           la_amx_state_read(rows.qraw, l.ldraw, L, Spk, l.ldp, l.S_ts, amx, O, Vp, w, K, AmxStore::kSet, pfac, pf_hook);
@@ -334,6 +356,7 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
         if (amx) {  // P and v_new as bf16 terms
           la_amx_pack_rows(AP + C * ldc, ldc, L, L, true, amx, Ppk, l.ldr, l.P_ts);
           la_amx_pack_pairs(X, Vp, L, w, nullptr, amx, Epk, l.ldp, l.E_ts);
+          e_packed = true;
           la_amx_output(Ppk, l.ldr, l.P_ts, Epk, l.ldp, l.E_ts, amx, O, Vp, L, w, pf_hook);
         } else {
           Gemm<Acc::kAdd>(AP + C * ldc, ldc, X, Vp, O, Vp, L, width, L, Tri::kLowerK, &prefetch, nullptr, tile);
@@ -386,7 +409,12 @@ void FusedGroup(const LaJob& job, const WorkItem* items, size_t count, float* ar
           S_next = states + ((1 - parity) * count + g) * state_floats;
           std::copy(S, S + K * Vp, S_next);
         }
-        if (amx) {  // S = e^{Γ_L} S + (K^T)_raw (diag(e^{Γ_L−Γ_j} / |k_j|) v_new), K^T from the grams' pairs
+        if (amx && channel) {  // S = diag(e^{Γ_L}) S + (K ⊙ e^{Γ_L−Γ_j})^T v_new, both in bf16 parts
+          la_amx_pack_rows(Kt, ldc, K, L, false, amx, Apk, l.ldr, l.A_ts);
+          if (!e_packed) la_amx_pack_pairs(X, Vp, L, w, nullptr, amx, Epk, l.ldp, l.E_ts);
+          la_amx_decayed_state_update(Apk, l.ldr, l.A_ts, K, Epk, l.ldp, l.E_ts, amx, S_next, Vp, w, L, decay_rows,
+                                      pf_hook);
+        } else if (amx) {  // S = e^{Γ_L} S + (K^T)_raw (diag(e^{Γ_L−Γ_j} / |k_j|) v_new), K^T from the grams' pairs
           la_amx_unpair(reinterpret_cast<const uint32_t*>(arena + l.KtPairs), ldc, K, L, KtRaw, l.ldr);
           la_amx_pack_pairs(X, Vp, L, w, pfac, amx, E2pk, l.ldp, l.E_ts);
           la_amx_state_update(KtRaw, l.ldr, K, E2pk, l.ldp, l.E_ts, amx, S_next, Vp, w, L, decay_rows, pf_hook);
