@@ -124,7 +124,9 @@ def svg(results, prompts, title):
     keys = [f"pp{p}" for p in prompts] + ["tg"]
     colours = ["#1f63b4", "#5b9bd5", "#e8741a", "#2e9e44"]
     files = list(results)
-    w_bar, gap, left, top, h = 26, 30, 60, 40, 260
+    w_bar, left, top, h = 26, 60, 40, 260
+    # Room for each file's name under its group (about 7 px a character at 12 px).
+    gap = max(30, 7 * max(len(f.replace(".gguf", "")) for f in files) - len(keys) * w_bar + 12)
     width = max(720, left + len(files) * (len(keys) * w_bar + gap) + 180)
     ymax = max(2.2, max((ratio_range(rows, k)[1] or 0) for rows in results.values() for k in keys) * 1.1)
     y = lambda v: top + h - v / ymax * h  # noqa: E731
