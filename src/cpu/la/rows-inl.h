@@ -415,13 +415,17 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
         LoadScalar(in.beta, offset3(in.beta, b, t, hv)),
         job.opt.beta_sigmoid, job.opt.allow_neg_eigval);
     r.beta[i] = beta_t;
-    if (!r.skip_qk && r.raw_only) {
+    // q and k as stored (contiguous bf16, checked by bf16_grams_possible), zero-padded to ldraw.
+    auto copy_raw_rows = [&] {
       const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
       const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
       std::copy(qs, qs + K, r.qraw + i * r.ldraw);
       std::copy(ks, ks + K, r.kraw + i * r.ldraw);
       std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
       std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
+    };
+    if (!r.skip_qk && r.raw_only) {
+      copy_raw_rows();
       if (job.opt.qk_l2norm) {  // L2Normalize's factor, of the same f32 values
         HWY_ALIGN float x[256];
         LoadRow(in.q, offset4(in.q, b, t, h, 0), 1, K, x);
@@ -439,14 +443,7 @@ void LoadChunk(const LaJob& job, const SeqSpan& seq, int64_t hv, int64_t t0, siz
         if (r.qinv) r.qinv[i] = qi;
         if (r.kinv) r.kinv[i] = ki;
       }
-      if (r.kraw) {  // the rows as stored (contiguous bf16, checked by bf16_grams_possible)
-        const auto* qs = static_cast<const uint16_t*>(in.q.data) + offset4(in.q, b, t, h, 0);
-        const auto* ks = static_cast<const uint16_t*>(in.k.data) + offset4(in.k, b, t, h, 0);
-        std::copy(qs, qs + K, r.qraw + i * r.ldraw);
-        std::copy(ks, ks + K, r.kraw + i * r.ldraw);
-        std::fill(r.qraw + i * r.ldraw + K, r.qraw + (i + 1) * r.ldraw, uint16_t{0});
-        std::fill(r.kraw + i * r.ldraw + K, r.kraw + (i + 1) * r.ldraw, uint16_t{0});
-      }
+      if (r.kraw) copy_raw_rows();
     }
     if (r.v) {
       float* v = r.v + i * r.ldv;
