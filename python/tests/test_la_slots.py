@@ -165,3 +165,53 @@ def test_bad_slots_and_flags_are_named():
         call("gdn", x, pool[0], np.asarray([0, 1]), None, o)
     with pytest.raises(ValueError, match='path: got "fla"'):
         call("gdn", x, pool, np.asarray([0, 1]), None, o, path="fla")
+
+
+# The chunked runs' GEMMs on AMX (amx="split" / "round", what the vLLM plugin asks for with bf16
+# rows): bounds of docs/ACCURACY.md ("The engine's GEMMs on AMX"): Split keeps every bf16 path's
+# bounds (o 1e-5, states 1e-10), Round (bf16 operands, FLA's arithmetic) 1e-4 for both. On a CPU
+# without usable AMX the same call runs the f32 engine and says why.
+AMX_BOUND = {"split": (NMSE_BOUND["bfloat16"], NMSE_BOUND["float32"]), "round": (1e-4, 1e-4)}
+
+
+@needs_torch
+@pytest.mark.parametrize("K,V,H,HV", [(64, 64, 2, 4), (128, 128, 2, 2), (60, 33, 1, 2)])
+@pytest.mark.parametrize("amx", ["split", "round"])
+def test_gdn_bf16_rows_with_amx_gemms(amx, K, V, H, HV):
+    slots, lengths, has_init = [5, 2, 7, 0, 3], [1, 70, 130, 1, 33], [True, False, True, True, False]
+    x, pool = make_case("gdn", lengths, K=K, V=V, H=H, HV=HV, seed=K + V)
+    tx = {n: torch.from_numpy(a) for n, a in x.items()}
+    for n in ("q", "k", "v"):
+        tx[n] = tx[n].bfloat16()
+    before = pool.copy()
+    o = np.full((1, sum(lengths), HV, V), 7.0, np.float32)
+    ran = _hanpu.la_slots("gdn", tx["q"], tx["k"], tx["v"], x["g"], x["beta"], pool, np.asarray(slots, np.int32),
+                          np.asarray(has_init), x["cu_seqlens"], x["A_log"], x["dt_bias"], o, None, True, True, True,
+                          False, "auto", 2, amx=amx)
+    if _hanpu.la_amx_usable():
+        assert ran == f"amx-{amx}"
+    else:
+        assert ran.startswith("f32 (amx: no usable AMX-BF16"), ran
+    rx = dict(x, q=tx["q"].float().numpy(), k=tx["k"].float().numpy(), v=tx["v"].float().numpy())
+    o_bound, state_bound = AMX_BOUND[amx]
+    ref_o, ref_ht = run_reference("gdn", rx, before, slots, has_init)
+    cu = x["cu_seqlens"]
+    for n, s in enumerate(slots):
+        rows = slice(cu[n], cu[n + 1])
+        assert nmse(o[0, rows], ref_o[0, rows]) < o_bound, f"sequence {n} (slot {s}): o"
+        assert nmse(pool[s], ref_ht[n]) < state_bound, f"sequence {n} (slot {s}): state"
+
+
+def test_amx_setting_and_report():
+    """amx="off" (the default) runs the f32 engine; every sequence token by token reports None; a bad
+    setting is named."""
+    x, pool = make_case("gdn", [1, 70])
+    o = np.zeros((1, 71, 4, 48), np.float32)
+    args = ("gdn", x["q"], x["k"], x["v"], x["g"], x["beta"], pool, np.asarray([0, 1]), None, x["cu_seqlens"],
+            x["A_log"], x["dt_bias"], o, None, True, True, True, False)
+    assert _hanpu.la_slots(*args, "auto", 2) == "f32"
+    assert _hanpu.la_slots(*args, "recurrent", 2, amx="split") is None
+    # f32 q and k: the AMX GEMMs need bf16 rows
+    assert _hanpu.la_slots(*args, "auto", 2, amx="split").startswith("f32 (amx: ")
+    with pytest.raises(ValueError, match='amx: got "fast"'):
+        _hanpu.la_slots(*args, "auto", 2, amx="fast")
