@@ -37,7 +37,7 @@ def stand_in_layer(H, K, W, slots, threads):
         num_k_heads=H, num_v_heads=H,
         conv1d=types.SimpleNamespace(weight=(0.3 * torch.randn(D, 1, W)).bfloat16(), bias=None),
         A_log=torch.log(torch.rand(H) * 8 + 1), dt_bias=(0.1 * torch.randn(H)).bfloat16(),  # as vLLM builds them
-        hanpu_threads=threads, hanpu_decode_threads=1)
+        hanpu_threads=threads, hanpu_decode_threads=1, hanpu_amx=plugin.amx_setting())
     layer.rearrange_mixed_qkv = types.MethodType(QwenGatedDeltaNetAttention.rearrange_mixed_qkv, layer)
     layer.kv_cache = ((0.1 * torch.randn(slots, W - 1, D)).bfloat16(), (0.05 * torch.randn(slots, H, K, K)).float())
     return layer, D

@@ -60,31 +60,49 @@ def _conv_taps(layer):
     return cached[1]
 
 
-def hanpu_conv(layer, mixed_qkv, conv_state, slots, has_initial_state, query_start_loc, taps, threads):
+def hanpu_conv(layer, mixed_qkv, conv_state, slots, has_initial_state, query_start_loc, taps, threads, bf16=False):
     """The causal convolution with SiLU through `_hanpu.causal_conv_slots` on vLLM's conv-state pool
-    (layer.kv_cache[0] as vLLM allocated it), in place: returns the fp32 [tokens, D] output (a
-    numpy view of a buffer shared by every layer, valid until the next call)."""
+    (layer.kv_cache[0] as vLLM allocated it), in place: returns the [tokens, D] output, a numpy view
+    of a buffer shared by every layer (valid until the next call): fp32, or with `bf16` its bf16
+    rounding as the engine array (uint16 bits, "bf16")."""
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
     # vLLM's "SD" layout is [slots, W-1, D]; "DS" ([slots, D, W-1]) goes as the transposed view.
     if is_conv_state_dim_first():
         conv_state = conv_state.transpose(1, 2)
-    out = _conv_out(*mixed_qkv.shape)
+    out = _conv_out(*mixed_qkv.shape, bf16=bf16)
     e = engine_array
     _hanpu.causal_conv_slots(e(mixed_qkv), _pool_array(layer, conv_state), slots, e(has_initial_state),
                              e(query_start_loc), taps, out, threads)
     return out
 
 
+def amx_setting():
+    """HANPU_VLLM_AMX: how the prefill's GEMMs run on AMX ("split" by default, "round", or "off":
+    ExecOptions::amx, docs/ACCURACY.md); None where the engine cannot run them (no usable AMX)."""
+    setting = os.environ.get("HANPU_VLLM_AMX", "split")
+    if setting not in ("off", "round", "split"):
+        _refuse("HANPU_VLLM_AMX", setting, 'expected "off", "round" or "split"')
+    return setting if setting != "off" and _hanpu.la_amx_usable() else None
+
+
+def _bf16_rows(layer, mixed_qkv):
+    """Whether the conv writes bf16 rows for the recurrence: bf16 activations (vLLM's own precision
+    then: its conv output is bf16) on a CPU whose AMX runs the engine's GEMMs on them. fp32
+    activations keep fp32 rows."""
+    return mixed_qkv.dtype == torch.bfloat16 and layer.hanpu_amx is not None
+
+
 def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode, threads,
           slots=None):
     """The causal convolution over the tokens of one part (decode or prefill) of the batch, updating
-    the conv-state pool in place: hanpu's (hanpu_conv, fp32 numpy out) when the layer has no conv
-    bias and SiLU, else vLLM's. `slots`: the engine array of state_indices, if made already."""
+    the conv-state pool in place: hanpu's (hanpu_conv: numpy out, fp32 or bf16 rows by _bf16_rows)
+    when the layer has no conv bias and SiLU, else vLLM's. `slots`: the engine array of
+    state_indices, if made already."""
     taps = _conv_taps(layer)
     if taps is not None:
         return hanpu_conv(layer, mixed_qkv, conv_state, slots if slots is not None else engine_array(state_indices),
-                          has_initial_state, query_start_loc, taps, threads)
+                          has_initial_state, query_start_loc, taps, threads, bf16=_bf16_rows(layer, mixed_qkv))
     return _vllm_conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode)
 
 
@@ -92,14 +110,17 @@ def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_init
 # recurrence right after the convolution, before the next layer's convolution writes it. A fresh
 # [tokens, 6144] fp32 tensor per call (Qwen3.5-0.8B, 6 MiB for 256 tokens) cost more in page faults
 # than the convolution itself (2-core Zen 3: 9 of 12 ms).
-_CONV_OUT = [np.empty(0, np.float32)]
+# bf16 rows (the bits as uint16) have a buffer of their own.
+_CONV_OUT = {False: np.empty(0, np.float32), True: np.empty(0, np.uint16)}
 
 
-def _conv_out(tokens, dim):
-    """A [tokens, dim] fp32 numpy view of the shared conv-output buffer."""
-    if _CONV_OUT[0].size < tokens * dim:
-        _CONV_OUT[0] = np.empty(tokens * dim, np.float32)
-    return _CONV_OUT[0][:tokens * dim].reshape(tokens, dim)
+def _conv_out(tokens, dim, bf16=False):
+    """A [tokens, dim] numpy view of the shared conv-output buffer: fp32, or bf16 as the engine
+    array (uint16 bits, "bf16")."""
+    if _CONV_OUT[bf16].size < tokens * dim:
+        _CONV_OUT[bf16] = np.empty(tokens * dim, _CONV_OUT[bf16].dtype)
+    view = _CONV_OUT[bf16][:tokens * dim].reshape(tokens, dim)
+    return (view, "bf16") if bf16 else view
 
 
 def _pool_array(layer, conv_state):
@@ -173,14 +194,19 @@ def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_sta
                 slots=None):
     """The gated delta rule for one part of the batch: reads and updates ssm_state[state_indices]
     in place and writes out [tokens, HV, V]. mixed_qkv: the conv output, a torch tensor (vLLM's
-    conv) or an fp32 numpy array (hanpu's); slots: the engine array of state_indices, if made."""
+    conv) or hanpu's numpy rows (fp32, or bf16 as (uint16 bits, "bf16")); slots: the engine array of
+    state_indices, if made."""
     key_dim = layer.key_dim // layer.tp_size
     e = engine_array
-    if isinstance(mixed_qkv, np.ndarray):  # hanpu's conv output (fp32): numpy views, no torch hand-off
-        T = mixed_qkv.shape[0]
-        q = mixed_qkv[:, :key_dim].reshape(1, T, -1, layer.head_k_dim)
-        k = mixed_qkv[:, key_dim:2 * key_dim].reshape(1, T, -1, layer.head_k_dim)
-        v = mixed_qkv[:, 2 * key_dim:].reshape(1, T, -1, layer.head_v_dim)
+    bf16 = isinstance(mixed_qkv, tuple)
+    rows = mixed_qkv[0] if bf16 else mixed_qkv
+    if isinstance(rows, np.ndarray):  # hanpu's conv output: numpy views, no torch hand-off
+        T = rows.shape[0]
+        q = rows[:, :key_dim].reshape(1, T, -1, layer.head_k_dim)
+        k = rows[:, key_dim:2 * key_dim].reshape(1, T, -1, layer.head_k_dim)
+        v = rows[:, 2 * key_dim:].reshape(1, T, -1, layer.head_v_dim)
+        if bf16:
+            q, k, v = (q, "bf16"), (k, "bf16"), (v, "bf16")
     else:
         q = e(mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
         k = e(mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
@@ -188,7 +214,8 @@ def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_sta
     pool, A_log, dt_bias = _layer_arrays(layer, ssm_state)
     _hanpu.la_slots("gdn", q, k, v, e(a.unsqueeze(0)), e(b.unsqueeze(0)), pool,
                     slots if slots is not None else e(state_indices), e(has_initial_state), e(query_start_loc), A_log,
-                    dt_bias, e(out.unsqueeze(0)), None, True, True, True, False, "auto", threads)
+                    dt_bias, e(out.unsqueeze(0)), None, True, True, True, False, "auto", threads,
+                    amx=layer.hanpu_amx or "off")
 
 
 def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
@@ -284,6 +311,9 @@ def _layer_class():
             self.hanpu_decode_threads = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", "1"))
             if self.hanpu_decode_threads < 1:
                 _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
+            # bf16 activations on an AMX CPU: the conv writes bf16 rows and the prefill's GEMMs run
+            # on AMX (amx_setting, _bf16_rows).
+            self.hanpu_amx = amx_setting()
 
         def forward_cpu(self, hidden_states):
             if hasattr(self, "in_proj_qkv"):
