@@ -8,11 +8,16 @@
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <dlfcn.h>
+#endif
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
 #include "hanpu/isa.hpp"
+#include "cpu/engine_impl.hpp"
 #include "cpu/la_amx.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/engine.hpp"
@@ -460,11 +465,13 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
     return static_cast<const std::byte*>(xv.data) + t * xv.stride[0] * static_cast<int64_t>(xe);
   };
   const EngineThreads th{&Engine::default_engine(), threads};
-  // Decode steps (a token per sequence) stay on the calling thread: a token is a few microseconds
-  // of work (6144 channels), less than waking the pool, whose threads may find their cores held
-  // by torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on 2 threads at
-  // load average 8, 2-core Zen 3).
-  const bool many = T >= 64;
+  // Decode steps (a token per sequence) stay on the calling thread on hanpu's own pool: a token is a
+  // few microseconds of work (6144 channels), less than waking the pool, whose threads may find
+  // their cores held by torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on
+  // 2 threads at load average 8, 2-core Zen 3). On torch's team (use_openmp_team) the workers are
+  // awake: from 4 tokens on.
+  const bool on_team = Engine::default_engine().impl().team.load(std::memory_order_acquire) != nullptr;
+  const bool many = T >= (on_team ? 4 : 64);
   // Scratch kept across calls (a prefill's rows are megabytes; fresh allocations cost page
   // faults): fp32 copies of what the kernel cannot read in place, and a row of zeros.
   static std::vector<float> x_f32, state_f32, zeros;
@@ -543,6 +550,67 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
   });
 }
 
+// ---------------------------------------------------------------------------------------------
+// The default engine's parallel runs on torch's OpenMP team (Engine::Impl::team), for the vLLM
+// plugin. Between torch ops torch's OpenMP workers spin-wait on the other cores; the engine's own
+// pool then shares those cores with them, and on 2 cores a 16-request decode step of la_slots took
+// 2x its time right after a torch matmul (1261 against 641 us, 2-core Xeon under KVM). Run on that
+// team instead, the parts start at once on threads that are already awake, and nothing competes.
+// The runtime is the libgomp (or libiomp5, which exports the same GOMP_ entry points) the process
+// has loaded already, found by its path; its team belongs to the thread that calls it, torch's
+// own calling thread in vLLM's model runner.
+
+struct OpenMp {
+  void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;  // GOMP_parallel
+  int (*thread_num)() = nullptr;                                           // omp_get_thread_num
+  int (*num_threads)() = nullptr;                                          // omp_get_num_threads
+} openmp;
+
+struct TeamCall {
+  int n;
+  void (*body)(int, void*);
+  void* ctx;
+};
+
+void openmp_team(int n, void (*body)(int, void*), void* ctx) {
+  TeamCall call{n, body, ctx};
+  openmp.parallel(
+      [](void* p) {
+        const TeamCall& c = *static_cast<const TeamCall*>(p);
+        // A smaller team than asked for (a nested region gets one thread) takes the parts in turn.
+        const int nt = openmp.num_threads();
+        for (int t = openmp.thread_num(); t < c.n; t += nt) c.body(t, c.ctx);
+      },
+      &call, static_cast<unsigned>(n), 0);
+}
+
+// Loaded OpenMP runtime at `path` -> the engine's team (None: back to the engine's pool).
+bool use_openmp_team(std::optional<std::string> path) {
+  Engine::Impl& impl = Engine::default_engine().impl();
+  if (!path) {
+    impl.team.store(nullptr, std::memory_order_release);
+    return false;
+  }
+#if defined(__linux__)
+  // RTLD_NOLOAD: only a runtime the process has loaded already (torch's), never a second copy.
+  void* lib = dlopen(path->c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) throw nb::value_error(("use_openmp_team: \"" + *path + "\" is not loaded in this process").c_str());
+  OpenMp found;
+  found.parallel = reinterpret_cast<decltype(found.parallel)>(dlsym(lib, "GOMP_parallel"));
+  found.thread_num = reinterpret_cast<decltype(found.thread_num)>(dlsym(lib, "omp_get_thread_num"));
+  found.num_threads = reinterpret_cast<decltype(found.num_threads)>(dlsym(lib, "omp_get_num_threads"));
+  if (!found.parallel || !found.thread_num || !found.num_threads)
+    throw nb::value_error(("use_openmp_team: \"" + *path + "\" has no GOMP_parallel / omp_get_thread_num").c_str());
+  nb::gil_scoped_release no_gil;
+  std::lock_guard<std::mutex> lock(engine_mutex);  // no run is using the previous runtime
+  openmp = found;
+  impl.team.store(&openmp_team, std::memory_order_release);
+  return true;
+#else
+  throw nb::value_error("use_openmp_team: Linux only");
+#endif
+}
+
 // A freshly allocated float64 numpy array holding a copy of `t` (contiguous F64).
 nb::ndarray<nb::numpy, double> to_numpy(const Tensor& t) {
   const size_t n = static_cast<size_t>(t.numel());
@@ -614,6 +682,10 @@ void register_la(nb::module_& m) {
         nb::arg("dt_bias").none(), nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"),
         nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"), nb::arg("lower_bound").none() = nb::none(),
         "The fp64 token-by-token reference: returns (o, final_state) as float64 numpy arrays.");
+  m.def("use_openmp_team", &use_openmp_team, nb::arg("path").none(),
+        "Runs the default engine's parallel work (la_slots, causal_conv_slots, la_prefill) on the OpenMP "
+        "runtime loaded from `path` (torch's libgomp), the calling thread's team, instead of the engine's "
+        "own pool; None: back to the pool. Returns whether a team is in use.");
   m.def("la_amx_usable", &cpu::la_amx_usable,
         "Whether the engine's GEMMs can run on AMX here (AMX-BF16 in CPUID, the OS tile permission, HANPU_ISA "
         "native): la_slots' amx setting takes effect only then.");

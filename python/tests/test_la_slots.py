@@ -215,3 +215,39 @@ def test_amx_setting_and_report():
     assert _hanpu.la_slots(*args, "auto", 2, amx="split").startswith("f32 (amx: ")
     with pytest.raises(ValueError, match='amx: got "fast"'):
         _hanpu.la_slots(*args, "auto", 2, amx="fast")
+
+
+@needs_torch
+def test_on_torch_openmp_team():
+    """The engine's parallel runs on torch's OpenMP team (the vLLM plugin's setting): the same results
+    as on hanpu's pool, for the chunked and the token-by-token path and the convolution."""
+    from hanpu.integrations.vllm.gdn import _torch_openmp_path
+
+    path = _torch_openmp_path()
+    assert path is not None, "torch loaded no OpenMP runtime"
+    with pytest.raises(ValueError, match="is not loaded in this process"):
+        _hanpu.use_openmp_team("/nonexistent/libgomp.so.1")
+    torch.set_num_threads(2)
+    assert _hanpu.use_openmp_team(path)
+    try:
+        for variant in ("gdn", "kda"):
+            for _, slots, lengths, has_init in CASES:
+                x, pool = make_case(variant, lengths, seed=7)
+                before = pool.copy()
+                o = np.full((1, sum(lengths), 4, 48), 7.0, np.float32)
+                call(variant, x, pool, np.asarray(slots, np.int64), None if has_init is None else np.asarray(has_init), o)
+                check(variant, x, before, pool, o, slots, has_init, NMSE_BOUND["float32"])
+        # the convolution, 70 tokens over three sequences on 2 threads
+        rng = np.random.default_rng(1)
+        lengths, slots = [40, 1, 29], [3, 0, 5]
+        xc = rng.standard_normal((70, 24)).astype(np.float32)
+        cpool = rng.standard_normal((6, 3, 24)).astype(np.float32)
+        taps = rng.standard_normal((4, 24)).astype(np.float32)
+        out_team, pool_team = np.zeros_like(xc), cpool.copy()
+        cu = np.array([0, 40, 41, 70], np.int32)
+        _hanpu.causal_conv_slots(xc, pool_team, np.asarray(slots, np.int32), None, cu, taps, out_team, 2)
+    finally:
+        assert not _hanpu.use_openmp_team(None)
+    out_pool, pool_pool = np.zeros_like(xc), cpool.copy()
+    _hanpu.causal_conv_slots(xc, pool_pool, np.asarray(slots, np.int32), None, cu, taps, out_pool, 2)
+    assert np.array_equal(out_team, out_pool) and np.array_equal(pool_team, pool_pool)
