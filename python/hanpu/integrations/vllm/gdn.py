@@ -6,9 +6,10 @@ keeps every parameter, weight loader and the state shapes of vLLM's class and ch
 CPU forward's core, the part vLLM runs as its custom op `cpu_gdn_attention_core`
 (vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py):
 
-- the causal convolution in front of the recurrence, through vLLM's own CPU convolution on the
-  conv-state pool (its C++ kernel when vLLM packed the bf16 weights for it at load time, else its
-  torch path), so that the conv states stay vLLM's;
+- the causal convolution in front of the recurrence, through `hanpu._hanpu.causal_conv_slots` on
+  vLLM's conv-state pool in place (vLLM's own convolution for a layer with a conv bias or another
+  activation). Its output rows are bf16 with bf16 activations on an AMX CPU (vLLM's own precision;
+  the prefill's GEMMs then run on AMX, HANPU_VLLM_AMX), else fp32;
 - the gated delta rule (gate -exp(A_log) softplus(a + dt_bias), beta sigmoid(b), q and k
   L2-normalised, scale K^-0.5) through `hanpu._hanpu.la_slots`: decode tokens token by token,
   prefill chunks head-fused, on the recurrent-state pool itself. vLLM declares that pool
@@ -18,7 +19,9 @@ CPU forward's core, the part vLLM runs as its custom op `cpu_gdn_attention_core`
 Unlike vLLM's own CPU kernels (bf16 only, head dims 64 and 128 only) any dtype and head dim
 hanpu runs is accepted. The core is registered as the torch custom op
 `torch.ops.vllm.hanpu_gdn_attention_core` (vLLM's `direct_register_custom_op`), so that vLLM's
-compiled mode treats it as one opaque call, as it does vLLM's own.
+compiled mode treats it as one opaque call, as it does vLLM's own. hanpu's parallel work runs on
+torch's OpenMP team (use_torch_openmp_team), whose workers spin-wait on the other cores between
+torch ops.
 """
 
 import os
