@@ -465,13 +465,13 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
     return static_cast<const std::byte*>(xv.data) + t * xv.stride[0] * static_cast<int64_t>(xe);
   };
   const EngineThreads th{&Engine::default_engine(), threads};
-  // Decode steps (a token per sequence) stay on the calling thread on hanpu's own pool: a token is a
-  // few microseconds of work (6144 channels), less than waking the pool, whose threads may find
-  // their cores held by torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on
-  // 2 threads at load average 8, 2-core Zen 3). On torch's team (use_openmp_team) the workers are
-  // awake: from 4 tokens on.
-  const bool on_team = Engine::default_engine().impl().team.load(std::memory_order_acquire) != nullptr;
-  const bool many = T >= (on_team ? 4 : 64);
+  // Decode steps (a token per sequence) stay on the calling thread: a token is a few microseconds
+  // of work (6144 channels), less than waking the pool, whose threads may find their cores held
+  // by torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on 2 threads at
+  // load average 8, 2-core Zen 3). On torch's own team (use_openmp_team) too: at load average 4 on
+  // the 2-core Xeon a 4-token step on 2 threads took 31-241 us (median about 110), against
+  // 35-64 us on one; the second thread is often not on a core when the work is this small.
+  const bool many = T >= 64;
   // Scratch kept across calls (a prefill's rows are megabytes; fresh allocations cost page
   // faults): fp32 copies of what the kernel cannot read in place, and a row of zeros.
   static std::vector<float> x_f32, state_f32, zeros;
