@@ -18,6 +18,7 @@ la_slots with the Python around it).
 """
 
 import argparse
+import os
 import statistics
 import time
 import types
@@ -37,7 +38,7 @@ def stand_in_layer(H, K, W, slots, threads):
         num_k_heads=H, num_v_heads=H,
         conv1d=types.SimpleNamespace(weight=(0.3 * torch.randn(D, 1, W)).bfloat16(), bias=None),
         A_log=torch.log(torch.rand(H) * 8 + 1), dt_bias=(0.1 * torch.randn(H)).bfloat16(),  # as vLLM builds them
-        hanpu_threads=threads, hanpu_decode_threads=1)
+        hanpu_threads=threads, hanpu_decode_threads=plugin.decode_threads(threads), hanpu_amx=plugin.amx_setting())
     layer.rearrange_mixed_qkv = types.MethodType(QwenGatedDeltaNetAttention.rearrange_mixed_qkv, layer)
     layer.kv_cache = ((0.1 * torch.randn(slots, W - 1, D)).bfloat16(), (0.05 * torch.randn(slots, H, K, K)).float())
     return layer, D
@@ -61,7 +62,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--decode-calls", type=int, default=50)
     ap.add_argument("--prefill-calls", type=int, default=2)
+    ap.add_argument("--no-omp-team", action="store_true",
+                    help="hanpu's own thread pool instead of torch's OpenMP team (HANPU_VLLM_OMP_TEAM=0)")
     args = ap.parse_args()
+    if args.no_omp_team:
+        os.environ["HANPU_VLLM_OMP_TEAM"] = "0"
+    print("plugin on torch's OpenMP team:", plugin.use_torch_openmp_team())
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as vllm_gdn
 
     torch.manual_seed(0)
@@ -78,8 +84,8 @@ def main():
                 parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
         return wrapper
 
-    plugin._conv = timed_part("conv", plugin._conv)
-    plugin._recurrence = timed_part("recurrence", plugin._recurrence)
+    plugin._conv_rows = timed_part("conv", plugin._conv_rows)
+    plugin._recurrence_rows = timed_part("recurrence", plugin._recurrence_rows)
     la_slots = _hanpu.la_slots
     _hanpu.la_slots = timed_part("la_slots", la_slots)
 

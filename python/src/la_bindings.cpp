@@ -8,11 +8,17 @@
 #include <string>
 #include <vector>
 
+#if defined(__linux__)
+#include <dlfcn.h>
+#endif
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
 #include "hanpu/isa.hpp"
+#include "cpu/engine_impl.hpp"
+#include "cpu/la_amx.hpp"
 #include "cpu/thread_pool.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/la.hpp"
@@ -196,14 +202,19 @@ const bool* has_initial_state_flags(nb::handle has_initial_state, int64_t N, nb:
   return static_cast<const bool*>(keep.data());
 }
 
-void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::handle v, nb::handle g, nb::handle beta,
-                nb::handle state_pool, nb::handle slots, nb::handle has_initial_state, nb::handle cu_seqlens,
-                nb::handle A_log, nb::handle dt_bias, nb::handle o, std::optional<double> scale, bool qk_l2norm,
-                bool gate_in_kernel, bool beta_sigmoid, bool allow_neg_eigval, const std::string& path, int threads,
-                std::optional<double> lower_bound) {
+std::optional<std::string> slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::handle v,
+                                      nb::handle g, nb::handle beta, nb::handle state_pool, nb::handle slots,
+                                      nb::handle has_initial_state, nb::handle cu_seqlens, nb::handle A_log,
+                                      nb::handle dt_bias, nb::handle o, std::optional<double> scale, bool qk_l2norm,
+                                      bool gate_in_kernel, bool beta_sigmoid, bool allow_neg_eigval,
+                                      const std::string& path, int threads, std::optional<double> lower_bound,
+                                      const std::string& amx) {
   const Variant var = parse_variant(variant);
   if (path != "auto" && path != "hanpu" && path != "recurrent")
     throw nb::value_error(("path: got \"" + path + "\", expected \"auto\", \"hanpu\" or \"recurrent\"").c_str());
+  const std::optional<LaAmx> amx_setting = la_amx_from_name(amx);
+  if (!amx_setting)
+    throw nb::value_error(("amx: got \"" + amx + "\", expected \"off\", \"round\" or \"split\"").c_str());
   Args a;
   read_inputs(a, q, k, v, g, beta, nb::none(), cu_seqlens, A_log, dt_bias, scale, qk_l2norm, gate_in_kernel,
               beta_sigmoid, allow_neg_eigval, lower_bound);
@@ -262,6 +273,9 @@ void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::hand
   ExecOptions ex;
   ex.threads = threads;
   ex.engine = &Engine::default_engine();
+  ex.amx = *amx_setting;
+  ExecReport report;
+  std::optional<std::string> gemms;  // what ran the chunked runs' GEMMs (the last one's report)
   nb::gil_scoped_release no_gil;
   std::lock_guard<std::mutex> lock(engine_mutex);
   const size_t elem = dtype_size(pool.dtype);
@@ -296,6 +310,7 @@ void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::hand
       out.o = narrow(out_o, 0, r.n0, r.n1 - r.n0);
     }
     ex.path = r.decode ? CpuPath::Recurrent : CpuPath::HeadFused;
+    ex.report = r.decode ? nullptr : &report;
     // In place: the engine loads each (sequence, head, columns) block of the state once before its
     // tokens and stores it once after them, so the initial and the final state may be one view.
     if (state.dtype == DType::F32 && state.stride[3] == 1) {
@@ -310,7 +325,9 @@ void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::hand
       la_prefill(var, in, a.opt, out, ex);
       copy_state(scratch, state);
     }
+    if (!r.decode) gemms = report.gemms;
   }
+  return gemms;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,11 +336,17 @@ void slots_call(const std::string& variant, nb::handle q, nb::handle k, nb::hand
 // x [T,D] holds the tokens of N sequences (cu_seqlens [N+1]); sequence n continues the state in
 // conv_pool[slots[n]] ([S,W-1,D]: the last W-1 input rows, oldest first; vLLM's "SD" layout, or
 // its "DS" layout passed as a transposed view) or, with has_initial_state[n] false, starts from
-// zeros, as vLLM's causal_conv1d_fn_cpu / causal_conv1d_update_cpu do. out [T,D] (fp32) gets
-// silu(sum_j taps[j] * input[t - W + 1 + j]); the slot gets the last W-1 rows of [state; x],
-// rounded to the pool's dtype. Negative slots (padding) skip the sequence; its rows of out become
-// zeros. Rows are widened to fp32 and run through the engine's own conv row kernel (the one
-// hanpu's model runs for its GDN and KDA layers).
+// zeros, as vLLM's causal_conv1d_fn_cpu / causal_conv1d_update_cpu do. out [T,D] (fp32, or bf16
+// rounded to nearest even once) gets silu(sum_j taps[j] * input[t - W + 1 + j]); the slot gets the
+// last W-1 rows of [state; x], rounded to the pool's dtype. Negative slots (padding) skip the
+// sequence; its rows of out become zeros.
+//
+// One pass over the tokens reads each window's rows where they are (x, and the pool's rows for a
+// sequence's first W-1 tokens; f32 or bf16, widened in registers) through
+// model::simd_conv_silu_row_mixed, then a second pass moves each slot's last rows. Only inputs the
+// kernel cannot read in place (x or a pool in another dtype, strided rows: the DS layout) are
+// first widened to fp32 scratch. The old version widened every row into a buffer first and
+// divided in the sigmoid: 1.4 ms for 256 tokens x 6144 channels on one AVX-512 core (now a third).
 
 // Row `src` (n elements `stride` apart, dtype dt) widened to fp32.
 void load_row(const std::byte* src, DType dt, int64_t stride, int64_t n, float* dst) {
@@ -395,8 +418,9 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
     throw nb::value_error(("tensor 'conv_pool': expected a float [slots,W-1,D] pool with W-1 = " + std::to_string(S1) +
                            ", D = " + std::to_string(D) + ", got " +
                            (pool.empty() ? std::string("None") : pool.shape_str())).c_str());
-  if (ov.empty() || ov.rank != 2 || ov.dtype != DType::F32 || ov.shape[0] != T || ov.shape[1] != D || ov.stride[1] != 1)
-    throw nb::value_error(("tensor 'out': expected a float32 [T,D] array with unit column stride, T = " +
+  if (ov.empty() || ov.rank != 2 || (ov.dtype != DType::F32 && ov.dtype != DType::BF16) || ov.shape[0] != T ||
+      ov.shape[1] != D || ov.stride[1] != 1)
+    throw nb::value_error(("tensor 'out': expected a float32 or bf16 [T,D] array with unit column stride, T = " +
                            std::to_string(T) + ", D = " + std::to_string(D) + ", got " +
                            (ov.empty() ? std::string("None") : ov.shape_str() + " " + dtype_name(ov.dtype))).c_str());
   if (cu.empty() || cu.rank != 1 || (cu.dtype != DType::I32 && cu.dtype != DType::I64) || cu.shape[0] < 1)
@@ -423,15 +447,12 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
   std::lock_guard<std::mutex> lock(engine_mutex);  // the engine's pool runs one job at a time
   const size_t xe = dtype_size(xv.dtype), pe = dtype_size(pool.dtype);
   const float* tp = static_cast<const float*>(tv.data);
-  // Three passes on the engine's pool: each sequence's [state; x] rows widened to fp32 into one
-  // buffer (sequence n's rows start at bos[n] + n (W-1)), every token's output row, each slot's new
-  // state. The buffer lives across calls: a prefill's rows are megabytes, and a fresh allocation
-  // per call cost more in page faults than the convolution.
-  static std::vector<float> rows;
-  static std::vector<int32_t> seq_of;  // token -> its sequence
-  rows.resize(static_cast<size_t>((T + N * S1) * D));
-  seq_of.resize(static_cast<size_t>(T));
+  auto direct = [](const TensorView& t, int dim) {
+    return (t.dtype == DType::F32 || t.dtype == DType::BF16) && (t.stride[dim] == 1 || t.shape[dim] == 1);
+  };
+  const bool x_direct = direct(xv, 1), pool_direct = direct(pool, 2);
   std::vector<int64_t> bos(static_cast<size_t>(N) + 1), slot_of(static_cast<size_t>(N));
+  std::vector<int32_t> seq_of(static_cast<size_t>(T));  // token -> its sequence
   for (int64_t n = 0; n <= N; ++n) bos[n] = index_at(cu, n);
   for (int64_t n = 0; n < N; ++n) {
     slot_of[n] = index_at(slot, n);
@@ -440,53 +461,154 @@ void conv_slots_call(nb::handle x, nb::handle conv_pool, nb::handle slots, nb::h
   auto state_row = [&](int64_t s, int64_t r) {
     return static_cast<std::byte*>(pool.data) + (s * pool.stride[0] + r * pool.stride[1]) * static_cast<int64_t>(pe);
   };
+  auto x_row = [&](int64_t t) {
+    return static_cast<const std::byte*>(xv.data) + t * xv.stride[0] * static_cast<int64_t>(xe);
+  };
   const EngineThreads th{&Engine::default_engine(), threads};
-  // Decode steps (a token per sequence) stay on the calling thread: a token is about 10 us of work
-  // (6144 channels), less than waking the pool, whose threads may find their cores held by
-  // torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on 2 threads at load
-  // average 8, 2-core Zen 3).
+  // Decode steps (a token per sequence) stay on the calling thread: a token is a few microseconds
+  // of work (6144 channels), less than waking the pool, whose threads may find their cores held
+  // by torch's spin-waiting OpenMP workers (a 4-request step took milliseconds on 2 threads at
+  // load average 8, 2-core Zen 3). On torch's own team (use_openmp_team) too: at load average 4 on
+  // the 2-core Xeon a 4-token step on 2 threads took 31-241 us (median about 110), against
+  // 35-64 us on one; the second thread is often not on a core when the work is this small.
   const bool many = T >= 64;
-  model::parallel_for(N, th.when(N > 1 && many), [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const int64_t s = slot_of[n];
-      if (s < 0 || bos[n + 1] == bos[n]) continue;
-      float* r0 = &rows[(bos[n] + n * S1) * D];
-      const bool cont = !has_init || has_init[n];
-      for (int64_t r = 0; r < S1; ++r) {
-        if (cont) {
-          load_row(state_row(s, r), pool.dtype, pool.stride[2], D, r0 + r * D);
-        } else {
-          std::fill_n(r0 + r * D, D, 0.0f);
-        }
-      }
-      for (int64_t t = bos[n]; t < bos[n + 1]; ++t)
-        load_row(static_cast<const std::byte*>(xv.data) + t * xv.stride[0] * static_cast<int64_t>(xe), xv.dtype,
-                 xv.stride[1], D, r0 + (S1 + t - bos[n]) * D);
+  // Scratch kept across calls (a prefill's rows are megabytes; fresh allocations cost page
+  // faults): fp32 copies of what the kernel cannot read in place, and a row of zeros.
+  static std::vector<float> x_f32, state_f32, zeros;
+  zeros.assign(static_cast<size_t>(D), 0.0f);
+  if (!x_direct) {
+    x_f32.resize(static_cast<size_t>(T * D));
+    model::parallel_for(T, th.when(many), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) load_row(x_row(t), xv.dtype, xv.stride[1], D, &x_f32[t * D]);
+    });
+  }
+  if (!pool_direct) {  // each continued sequence's state rows, before any slot is written
+    state_f32.resize(static_cast<size_t>(N * S1 * D));
+    for (int64_t n = 0; n < N; ++n)
+      if (slot_of[n] >= 0 && (!has_init || has_init[n]))
+        for (int64_t r = 0; r < S1; ++r)
+          load_row(state_row(slot_of[n], r), pool.dtype, pool.stride[2], D, &state_f32[(n * S1 + r) * D]);
+  }
+  // Row `p` of sequence n's [state; x] as the kernel's (f32, bf16) pointer pair.
+  auto window_row = [&](int64_t n, int64_t p, const float*& f, const uint16_t*& b) {
+    f = nullptr;
+    b = nullptr;
+    if (p >= S1) {
+      const int64_t t = bos[n] + p - S1;
+      if (!x_direct) f = &x_f32[t * D];
+      else if (xv.dtype == DType::F32) f = reinterpret_cast<const float*>(x_row(t));
+      else b = reinterpret_cast<const uint16_t*>(x_row(t));
+    } else if (has_init && !has_init[n]) {
+      f = zeros.data();
+    } else if (!pool_direct) {
+      f = &state_f32[(n * S1 + p) * D];
+    } else if (pool.dtype == DType::F32) {
+      f = reinterpret_cast<const float*>(state_row(slot_of[n], p));
+    } else {
+      b = reinterpret_cast<const uint16_t*>(state_row(slot_of[n], p));
     }
-  });
+  };
+  const bool out_bf16 = ov.dtype == DType::BF16;
   model::parallel_for(T, th.when(many), [&](int64_t t0, int64_t t1) {
-    std::vector<const float*> in(static_cast<size_t>(W));
+    std::vector<const float*> in_f(static_cast<size_t>(W));
+    std::vector<const uint16_t*> in_b(static_cast<size_t>(W));
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n = seq_of[t];
-      float* y = static_cast<float*>(ov.data) + t * ov.stride[0];
+      std::byte* y = static_cast<std::byte*>(ov.data) + t * ov.stride[0] * static_cast<int64_t>(dtype_size(ov.dtype));
       if (slot_of[n] < 0) {
-        std::fill_n(y, D, 0.0f);
+        std::memset(y, 0, static_cast<size_t>(D) * dtype_size(ov.dtype));  // +0.0 in f32 and bf16
         continue;
       }
-      const float* r0 = &rows[(t + n * S1) * D];  // the W rows ending at token t
-      for (int64_t j = 0; j < W; ++j) in[static_cast<size_t>(j)] = r0 + j * D;
-      model::simd_conv_silu_row(in.data(), tp, static_cast<size_t>(D), static_cast<size_t>(W), y,
-                                static_cast<size_t>(D));
+      for (int64_t j = 0; j < W; ++j) window_row(n, t - bos[n] + j, in_f[j], in_b[j]);
+      model::simd_conv_silu_row_mixed(in_f.data(), in_b.data(), tp, static_cast<size_t>(D), static_cast<size_t>(W),
+                                      out_bf16 ? nullptr : reinterpret_cast<float*>(y),
+                                      out_bf16 ? reinterpret_cast<uint16_t*>(y) : nullptr, static_cast<size_t>(D));
     }
   });
+  // Each slot's new state: rows len .. len + W-2 of [state; x]. Row r takes row r + len (> r), so
+  // in ascending r a state row is read before it is overwritten.
   model::parallel_for(N, th.when(N > 1 && many), [&](int64_t n0, int64_t n1) {
+    std::vector<float> row(static_cast<size_t>(D));
     for (int64_t n = n0; n < n1; ++n) {
       const int64_t s = slot_of[n], len = bos[n + 1] - bos[n];
       if (s < 0 || len == 0) continue;
-      const float* r0 = &rows[(bos[n] + n * S1) * D];
-      for (int64_t r = 0; r < S1; ++r) store_row(r0 + (len + r) * D, D, state_row(s, r), pool.dtype, pool.stride[2]);
+      for (int64_t r = 0; r < S1; ++r) {
+        const float* f;
+        const uint16_t* b;
+        window_row(n, len + r, f, b);
+        std::byte* dst = state_row(s, r);
+        const DType src_dt = f ? DType::F32 : DType::BF16;
+        const void* src = f ? static_cast<const void*>(f) : static_cast<const void*>(b);
+        if (pool_direct && src_dt == pool.dtype) {
+          if (src != dst) std::memmove(dst, src, static_cast<size_t>(D) * pe);
+        } else {
+          if (f == nullptr) load_row(reinterpret_cast<const std::byte*>(b), DType::BF16, 1, D, row.data());
+          store_row(f ? f : row.data(), D, dst, pool.dtype, pool.stride[2]);
+        }
+      }
     }
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The default engine's parallel runs on torch's OpenMP team (Engine::Impl::team), for the vLLM
+// plugin. Between torch ops torch's OpenMP workers spin-wait on the other cores; the engine's own
+// pool then shares those cores with them, and on 2 cores a 16-request decode step of la_slots took
+// 2x its time right after a torch matmul (1261 against 641 us, 2-core Xeon under KVM). Run on that
+// team instead, the parts start at once on threads that are already awake, and nothing competes.
+// The runtime is the libgomp (or libiomp5, which exports the same GOMP_ entry points) the process
+// has loaded already, found by its path; its team belongs to the thread that calls it, torch's
+// own calling thread in vLLM's model runner.
+
+struct OpenMp {
+  void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;  // GOMP_parallel
+  int (*thread_num)() = nullptr;                                           // omp_get_thread_num
+  int (*num_threads)() = nullptr;                                          // omp_get_num_threads
+} openmp;
+
+struct TeamCall {
+  int n;
+  void (*body)(int, void*);
+  void* ctx;
+};
+
+void openmp_team(int n, void (*body)(int, void*), void* ctx) {
+  TeamCall call{n, body, ctx};
+  openmp.parallel(
+      [](void* p) {
+        const TeamCall& c = *static_cast<const TeamCall*>(p);
+        // A smaller team than asked for (a nested region gets one thread) takes the parts in turn.
+        const int nt = openmp.num_threads();
+        for (int t = openmp.thread_num(); t < c.n; t += nt) c.body(t, c.ctx);
+      },
+      &call, static_cast<unsigned>(n), 0);
+}
+
+// Loaded OpenMP runtime at `path` -> the engine's team (None: back to the engine's pool).
+bool use_openmp_team(std::optional<std::string> path) {
+  Engine::Impl& impl = Engine::default_engine().impl();
+  if (!path) {
+    impl.team.store(nullptr, std::memory_order_release);
+    return false;
+  }
+#if defined(__linux__)
+  // RTLD_NOLOAD: only a runtime the process has loaded already (torch's), never a second copy.
+  void* lib = dlopen(path->c_str(), RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == nullptr) throw nb::value_error(("use_openmp_team: \"" + *path + "\" is not loaded in this process").c_str());
+  OpenMp found;
+  found.parallel = reinterpret_cast<decltype(found.parallel)>(dlsym(lib, "GOMP_parallel"));
+  found.thread_num = reinterpret_cast<decltype(found.thread_num)>(dlsym(lib, "omp_get_thread_num"));
+  found.num_threads = reinterpret_cast<decltype(found.num_threads)>(dlsym(lib, "omp_get_num_threads"));
+  if (!found.parallel || !found.thread_num || !found.num_threads)
+    throw nb::value_error(("use_openmp_team: \"" + *path + "\" has no GOMP_parallel / omp_get_thread_num").c_str());
+  nb::gil_scoped_release no_gil;
+  std::lock_guard<std::mutex> lock(engine_mutex);  // no run is using the previous runtime
+  openmp = found;
+  impl.team.store(&openmp_team, std::memory_order_release);
+  return true;
+#else
+  throw nb::value_error("use_openmp_team: Linux only");
+#endif
 }
 
 // A freshly allocated float64 numpy array holding a copy of `t` (contiguous F64).
@@ -542,19 +664,31 @@ void register_la(nb::module_& m) {
         nb::arg("cu_seqlens").none(), nb::arg("A_log").none(), nb::arg("dt_bias").none(), nb::arg("o"),
         nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"), nb::arg("beta_sigmoid"),
         nb::arg("allow_neg_eigval"), nb::arg("path"), nb::arg("threads"), nb::arg("lower_bound").none() = nb::none(),
+        nb::arg("amx") = "off",
         "Runs GDN/KDA on states kept in a slot pool [S,HV,K,V], read and updated in place (state_pool[slots[n]] "
-        "for sequence n; negative slots skip the sequence); o is written; nothing is allocated (GIL released).");
+        "for sequence n; negative slots skip the sequence); o is written; nothing is allocated (GIL released). "
+        "amx: the chunked runs' GEMMs on AMX (\"off\", \"round\", \"split\": ExecOptions::amx, docs/ACCURACY.md; "
+        "bf16 q and k on a CPU with usable AMX, else the f32 engine). Returns what ran the chunked runs' GEMMs "
+        "(\"f32\", \"amx-split\", \"amx-round\", or \"f32 (amx: why not)\"), None when every sequence ran token by "
+        "token.");
   m.def("causal_conv_slots", &conv_slots_call, nb::arg("x"), nb::arg("conv_pool"), nb::arg("slots"),
         nb::arg("has_initial_state").none(), nb::arg("cu_seqlens"), nb::arg("taps"), nb::arg("out"),
         nb::arg("threads"),
         "vLLM's causal convolution with SiLU (no bias) on its conv-state pool [S,W-1,D], read and updated in place "
         "(conv_pool[slots[n]] for sequence n, from zeros where has_initial_state[n] is false; negative slots skip "
-        "the sequence); out [T,D] fp32 is written, on `threads` of the engine's pool (GIL released).");
+        "the sequence); out [T,D] (fp32 or bf16) is written, on `threads` of the engine's pool (GIL released).");
   m.def("la_reference", &reference, nb::arg("variant"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"),
         nb::arg("beta"), nb::arg("initial_state").none(), nb::arg("cu_seqlens").none(), nb::arg("A_log").none(),
         nb::arg("dt_bias").none(), nb::arg("scale").none(), nb::arg("qk_l2norm"), nb::arg("gate_in_kernel"),
         nb::arg("beta_sigmoid"), nb::arg("allow_neg_eigval"), nb::arg("lower_bound").none() = nb::none(),
         "The fp64 token-by-token reference: returns (o, final_state) as float64 numpy arrays.");
+  m.def("use_openmp_team", &use_openmp_team, nb::arg("path").none(),
+        "Runs the default engine's parallel work (la_slots, causal_conv_slots, la_prefill) on the OpenMP "
+        "runtime loaded from `path` (torch's libgomp), the calling thread's team, instead of the engine's "
+        "own pool; None: back to the pool. Returns whether a team is in use.");
+  m.def("la_amx_usable", &cpu::la_amx_usable,
+        "Whether the engine's GEMMs can run on AMX here (AMX-BF16 in CPUID, the OS tile permission, HANPU_ISA "
+        "native): la_slots' amx setting takes effect only then.");
   m.def("isa", &isa_info, "The SIMD target the kernels dispatch to, after HANPU_ISA (requested, target, native, choices).");
   m.def("hardware_threads", &hardware_threads, "Hardware threads this process may run on (its CPU affinity).");
 }

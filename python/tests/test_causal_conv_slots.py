@@ -139,3 +139,88 @@ def test_errors_name_the_argument():
         _hanpu.causal_conv_slots(x, pool, slots, None, cu, taps, out, 0)
     with pytest.raises(ValueError, match="'slots'"):
         _hanpu.causal_conv_slots(x, pool, np.array([1, 2], np.int64), None, cu, taps, out, 1)
+
+
+def bf16_bits_to_f32(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+# bf16 rows out (what the vLLM plugin hands the engine with bf16 activations on an AMX CPU): the
+# fp32 result, within 2e-6 (1 + |ref|) of the fp64 reference as above, rounded once to nearest
+# bf16 (relative error <= 2^-8): |out - ref| <= 2^-8 |ref| + 2e-6 (1 + 2^-8) (1 + |ref|).
+BF16_RTOL = 2.0**-8 + 2e-6 * (1 + 2.0**-8)
+BF16_ATOL = 2e-6 * (1 + 2.0**-8)
+
+
+@needs_torch
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("D", [48, 13])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bf16_out_rows(case, D, threads):
+    """bf16 x, a bf16 pool and bf16 out, read and written where they are (no fp32 staging)."""
+    _, slots, lengths, has_init = case
+    x, pool, taps = make(lengths, D, seed=11 + D)
+    tx, tpool = torch.from_numpy(x).bfloat16(), torch.from_numpy(pool).bfloat16()
+    before = tpool.float().numpy().copy()
+    out = np.full(x.shape, 0x4040, np.uint16)  # 3.0 in bf16: padding rows must become zeros
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    hi = None if has_init is None else np.asarray(has_init)
+    _hanpu.causal_conv_slots((tx.view(torch.uint16).numpy(), "bf16"), (tpool.view(torch.uint16).numpy(), "bf16"),
+                             np.asarray(slots, np.int64), hi, cu, taps, (out, "bf16"), threads)
+    xs = tx.float().numpy()
+    ref_out, ref_pool = reference(xs, before, taps, slots, lengths, has_init)
+    got, after = bf16_bits_to_f32(out), tpool.float().numpy()
+    bos = np.concatenate([[0], np.cumsum(lengths)])
+    for n, s in enumerate(slots):
+        rows = slice(bos[n], bos[n + 1])
+        if s < 0:
+            assert np.all(got[rows] == 0), f"sequence {n} (padding): out rows not zeroed"
+            continue
+        np.testing.assert_allclose(got[rows], ref_out[rows], rtol=BF16_RTOL, atol=BF16_ATOL, err_msg=f"sequence {n}")
+        assert np.array_equal(after[s], ref_pool[s].astype(np.float32)), f"sequence {n}: state not exact"
+    for s in set(range(SLOTS)) - {s for s in slots if s >= 0}:
+        assert np.array_equal(after[s], before[s]), f"slot {s} (unused) changed"
+
+
+@needs_torch
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_mixed_dtypes(case):
+    """Inputs the kernel cannot read in place: f16 x (widened to fp32 first) with an fp32 pool and
+    bf16 out; bf16 x with an fp32 pool in the DS layout (strided rows) and fp32 out."""
+    _, slots, lengths, has_init = case
+    x, pool, taps = make(lengths, 40, seed=5)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    hi = None if has_init is None else np.asarray(has_init)
+    x16 = x.astype(np.float16)
+    before = pool.copy()
+    out = np.zeros(x.shape, np.uint16)
+    _hanpu.causal_conv_slots(x16, pool, np.asarray(slots, np.int64), hi, cu, taps, (out, "bf16"), 2)
+    ref_out, ref_pool = reference(x16.astype(np.float32), before, taps, slots, lengths, has_init)
+    bos = np.concatenate([[0], np.cumsum(lengths)])
+    for n, s in enumerate(slots):
+        if s >= 0:
+            rows = slice(bos[n], bos[n + 1])
+            np.testing.assert_allclose(bf16_bits_to_f32(out[rows]), ref_out[rows], rtol=BF16_RTOL, atol=BF16_ATOL)
+            assert np.array_equal(pool[s], ref_pool[s].astype(np.float32)), f"sequence {n}: f16 rows in an fp32 pool"
+    tx = torch.from_numpy(x).bfloat16()
+    ds = np.ascontiguousarray(before.transpose(0, 2, 1))
+    out32 = np.zeros(x.shape, np.float32)
+    _hanpu.causal_conv_slots((tx.view(torch.uint16).numpy(), "bf16"), ds.transpose(0, 2, 1), np.asarray(slots, np.int64),
+                             hi, cu, taps, out32, 1)
+    check(out32, ds.transpose(0, 2, 1), tx.float().numpy(), before, taps, slots, lengths, has_init, 2e-6)
+
+
+def test_silu_of_large_negative_sums():
+    """The sigmoid's exp argument is clamped at 80: below -80 the output is acc / (1 + e^80), within
+    1e-33 |acc| of silu(acc) (which underflows to zero or a denormal)."""
+    D = 37
+    x = np.full((2, D), -30.0, np.float32)
+    x[:, ::2] = 30.0
+    pool = np.zeros((1, W - 1, D), np.float32)
+    taps = np.full((W, D), 4.0, np.float32)  # acc = +-120 at the second token, +-240 later
+    out = np.zeros(x.shape, np.float32)
+    _hanpu.causal_conv_slots(x, pool, np.array([0], np.int64), None, np.array([0, 2], np.int32), taps, out, 1)
+    acc = np.array([x[0] * 4, x[0] * 8])
+    ref = acc / (1 + np.exp(-acc.astype(np.float64)))
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-30)
+    assert np.all(np.isfinite(out))

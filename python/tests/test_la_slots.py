@@ -165,3 +165,89 @@ def test_bad_slots_and_flags_are_named():
         call("gdn", x, pool[0], np.asarray([0, 1]), None, o)
     with pytest.raises(ValueError, match='path: got "fla"'):
         call("gdn", x, pool, np.asarray([0, 1]), None, o, path="fla")
+
+
+# The chunked runs' GEMMs on AMX (amx="split" / "round", what the vLLM plugin asks for with bf16
+# rows): bounds of docs/ACCURACY.md ("The engine's GEMMs on AMX"): Split keeps every bf16 path's
+# bounds (o 1e-5, states 1e-10), Round (bf16 operands, FLA's arithmetic) 1e-4 for both. On a CPU
+# without usable AMX the same call runs the f32 engine and says why.
+AMX_BOUND = {"split": (NMSE_BOUND["bfloat16"], NMSE_BOUND["float32"]), "round": (1e-4, 1e-4)}
+
+
+@needs_torch
+@pytest.mark.parametrize("K,V,H,HV", [(64, 64, 2, 4), (128, 128, 2, 2), (60, 33, 1, 2)])
+@pytest.mark.parametrize("amx", ["split", "round"])
+def test_gdn_bf16_rows_with_amx_gemms(amx, K, V, H, HV):
+    slots, lengths, has_init = [5, 2, 7, 0, 3], [1, 70, 130, 1, 33], [True, False, True, True, False]
+    x, pool = make_case("gdn", lengths, K=K, V=V, H=H, HV=HV, seed=K + V)
+    tx = {n: torch.from_numpy(a) for n, a in x.items()}
+    for n in ("q", "k", "v"):
+        tx[n] = tx[n].bfloat16()
+    before = pool.copy()
+    o = np.full((1, sum(lengths), HV, V), 7.0, np.float32)
+    ran = _hanpu.la_slots("gdn", tx["q"], tx["k"], tx["v"], x["g"], x["beta"], pool, np.asarray(slots, np.int32),
+                          np.asarray(has_init), x["cu_seqlens"], x["A_log"], x["dt_bias"], o, None, True, True, True,
+                          False, "auto", 2, amx=amx)
+    if _hanpu.la_amx_usable():
+        assert ran == f"amx-{amx}"
+    else:
+        assert ran.startswith("f32 (amx: no usable AMX-BF16"), ran
+    rx = dict(x, q=tx["q"].float().numpy(), k=tx["k"].float().numpy(), v=tx["v"].float().numpy())
+    o_bound, state_bound = AMX_BOUND[amx]
+    ref_o, ref_ht = run_reference("gdn", rx, before, slots, has_init)
+    cu = x["cu_seqlens"]
+    for n, s in enumerate(slots):
+        rows = slice(cu[n], cu[n + 1])
+        assert nmse(o[0, rows], ref_o[0, rows]) < o_bound, f"sequence {n} (slot {s}): o"
+        assert nmse(pool[s], ref_ht[n]) < state_bound, f"sequence {n} (slot {s}): state"
+
+
+def test_amx_setting_and_report():
+    """amx="off" (the default) runs the f32 engine; every sequence token by token reports None; a bad
+    setting is named."""
+    x, pool = make_case("gdn", [1, 70])
+    o = np.zeros((1, 71, 4, 48), np.float32)
+    args = ("gdn", x["q"], x["k"], x["v"], x["g"], x["beta"], pool, np.asarray([0, 1]), None, x["cu_seqlens"],
+            x["A_log"], x["dt_bias"], o, None, True, True, True, False)
+    assert _hanpu.la_slots(*args, "auto", 2) == "f32"
+    assert _hanpu.la_slots(*args, "recurrent", 2, amx="split") is None
+    # f32 q and k: the AMX GEMMs need bf16 rows
+    assert _hanpu.la_slots(*args, "auto", 2, amx="split").startswith("f32 (amx: ")
+    with pytest.raises(ValueError, match='amx: got "fast"'):
+        _hanpu.la_slots(*args, "auto", 2, amx="fast")
+
+
+@needs_torch
+def test_on_torch_openmp_team():
+    """The engine's parallel runs on torch's OpenMP team (the vLLM plugin's setting): the same results
+    as on hanpu's pool, for the chunked and the token-by-token path and the convolution."""
+    from hanpu.integrations.vllm.gdn import _torch_openmp_path
+
+    path = _torch_openmp_path()
+    assert path is not None, "torch loaded no OpenMP runtime"
+    with pytest.raises(ValueError, match="is not loaded in this process"):
+        _hanpu.use_openmp_team("/nonexistent/libgomp.so.1")
+    torch.set_num_threads(2)
+    assert _hanpu.use_openmp_team(path)
+    try:
+        for variant in ("gdn", "kda"):
+            for _, slots, lengths, has_init in CASES:
+                x, pool = make_case(variant, lengths, seed=7)
+                before = pool.copy()
+                o = np.full((1, sum(lengths), 4, 48), 7.0, np.float32)
+                call(variant, x, pool, np.asarray(slots, np.int64), None if has_init is None else np.asarray(has_init), o)
+                check(variant, x, before, pool, o, slots, has_init, NMSE_BOUND["float32"])
+        # the convolution, 70 tokens over three sequences on 2 threads
+        rng = np.random.default_rng(1)
+        lengths, slots = [40, 1, 29], [3, 0, 5]
+        xc = rng.standard_normal((70, 24)).astype(np.float32)
+        cpool = rng.standard_normal((6, 3, 24)).astype(np.float32)
+        taps = rng.standard_normal((4, 24)).astype(np.float32)
+        out_team, pool_team = np.zeros_like(xc), cpool.copy()
+        cu = np.array([0, 40, 41, 70], np.int32)
+        _hanpu.causal_conv_slots(xc, pool_team, np.asarray(slots, np.int32), None, cu, taps, out_team, 2)
+    finally:
+        assert not _hanpu.use_openmp_team(None)
+    out_pool, pool_pool = np.zeros_like(xc), cpool.copy()
+    _hanpu.causal_conv_slots(xc, pool_pool, np.asarray(slots, np.int32), None, cu, taps, out_pool, 2)
+    assert np.array_equal(out_team, out_pool) and np.array_equal(pool_team, pool_pool)

@@ -1,4 +1,5 @@
 // Engine (hanpu/engine.hpp, cpu/workspace.hpp): the pool, the workspace sets, the host description.
+#include <exception>
 #include <mutex>
 
 #include "cpu/engine_impl.hpp"
@@ -36,6 +37,23 @@ void Engine::Impl::run(int n, const std::function<void(int, cpu::Workspace&)>& f
   const int P = pool.size();
   if (n == 1) {
     fn(0, lease[0]);
+  } else if (const Team t = team.load(std::memory_order_acquire)) {
+    struct Call {
+      const std::function<void(int, cpu::Workspace&)>* fn;
+      Lease* lease;
+      std::mutex mu;
+      std::exception_ptr error;
+    } call{&fn, &lease, {}, {}};
+    t(n, [](int part, void* ctx) {
+      Call& c = *static_cast<Call*>(ctx);
+      try {
+        (*c.fn)(part, (*c.lease)[part]);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(c.mu);
+        if (!c.error) c.error = std::current_exception();
+      }
+    }, &call);
+    if (call.error) std::rethrow_exception(call.error);
   } else if (n <= P) {
     pool.run(n, [&](int t) { fn(t, lease[t]); });
   } else {

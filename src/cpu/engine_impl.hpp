@@ -5,6 +5,8 @@
 // is public: hanpu/engine_work.hpp.
 #pragma once
 
+#include <atomic>
+
 #include <functional>
 #include <list>
 #include <map>
@@ -57,6 +59,14 @@ struct Engine::Impl {
   /// fn(t, workspace of part t) for t in [0, n) on the pool; more parts than threads run in turn
   /// on the pool's threads (parts are independent: the results do not change).
   void run(int n, const std::function<void(int, cpu::Workspace&)>& fn);
+
+  /// Another runtime's threads to run the parts on instead of the pool: team(n, body, ctx) calls
+  /// body(t, ctx) once for every t in [0, n), on as many of its threads as it has, and returns
+  /// when all are done; body does not throw. Set by the Python bindings for the vLLM plugin
+  /// (torch's OpenMP team, whose workers spin-wait between torch ops on the same cores: python/src/
+  /// la_bindings.cpp); null: the pool.
+  using Team = void (*)(int n, void (*body)(int, void*), void* ctx);
+  std::atomic<Team> team{nullptr};
 };
 
 namespace cpu {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace hanpu::model {
 
@@ -20,6 +21,13 @@ void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, flo
 /// y[c] = silu(sum_j taps[j * tap_stride + c] * in[j][c]) for c < n (one token of the causal conv;
 /// in[j] is the input row j steps into the window, oldest first).
 void simd_conv_silu_row(const float* const* in, const float* taps, size_t tap_stride, size_t K, float* y, size_t n);
+/// The same with each input row f32 (in_f32[j] non-null) or bf16 (in_bf16[j]; widened exactly), and
+/// the output f32 (y_f32 non-null) or bf16 (y_bf16, rounded to nearest even). The sigmoid runs on
+/// an approximate reciprocal with one Newton step: a few f32 ulp from simd_conv_silu_row, and for
+/// acc < -80 acc / (1 + e^80) (within 1e-33 |acc| of silu(acc)). vLLM's conv (the plugin,
+/// python/src/la_bindings.cpp).
+void simd_conv_silu_row_mixed(const float* const* in_f32, const uint16_t* const* in_bf16, const float* taps,
+                              size_t tap_stride, size_t K, float* y_f32, uint16_t* y_bf16, size_t n);
 
 /// Keys per score tile of attention_rows (2 vectors): the transposed keys are padded to a
 /// multiple of it.

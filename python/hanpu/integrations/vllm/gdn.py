@@ -6,9 +6,10 @@ keeps every parameter, weight loader and the state shapes of vLLM's class and ch
 CPU forward's core, the part vLLM runs as its custom op `cpu_gdn_attention_core`
 (vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py):
 
-- the causal convolution in front of the recurrence, through vLLM's own CPU convolution on the
-  conv-state pool (its C++ kernel when vLLM packed the bf16 weights for it at load time, else its
-  torch path), so that the conv states stay vLLM's;
+- the causal convolution in front of the recurrence, through `hanpu._hanpu.causal_conv_slots` on
+  vLLM's conv-state pool in place (vLLM's own convolution for a layer with a conv bias or another
+  activation). Its output rows are bf16 with bf16 activations on an AMX CPU (vLLM's own precision;
+  the prefill's GEMMs then run on AMX, HANPU_VLLM_AMX), else fp32;
 - the gated delta rule (gate -exp(A_log) softplus(a + dt_bias), beta sigmoid(b), q and k
   L2-normalised, scale K^-0.5) through `hanpu._hanpu.la_slots`: decode tokens token by token,
   prefill chunks head-fused, on the recurrent-state pool itself. vLLM declares that pool
@@ -18,7 +19,9 @@ CPU forward's core, the part vLLM runs as its custom op `cpu_gdn_attention_core`
 Unlike vLLM's own CPU kernels (bf16 only, head dims 64 and 128 only) any dtype and head dim
 hanpu runs is accepted. The core is registered as the torch custom op
 `torch.ops.vllm.hanpu_gdn_attention_core` (vLLM's `direct_register_custom_op`), so that vLLM's
-compiled mode treats it as one opaque call, as it does vLLM's own.
+compiled mode treats it as one opaque call, as it does vLLM's own. hanpu's parallel work runs on
+torch's OpenMP team (use_torch_openmp_team), whose workers spin-wait on the other cores between
+torch ops.
 """
 
 import os
@@ -60,46 +63,95 @@ def _conv_taps(layer):
     return cached[1]
 
 
-def hanpu_conv(layer, mixed_qkv, conv_state, slots, has_initial_state, query_start_loc, taps, threads):
+def hanpu_conv(layer, mixed_qkv, conv_state, slots, has_initial_state, query_start_loc, taps, threads, bf16=False):
     """The causal convolution with SiLU through `_hanpu.causal_conv_slots` on vLLM's conv-state pool
-    (layer.kv_cache[0] as vLLM allocated it), in place: returns the fp32 [tokens, D] output (a
-    numpy view of a buffer shared by every layer, valid until the next call)."""
+    (layer.kv_cache[0] as vLLM allocated it), in place: returns the [tokens, D] output, a numpy view
+    of a buffer shared by every layer (valid until the next call): fp32, or with `bf16` its bf16
+    rounding as the engine array (uint16 bits, "bf16")."""
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
     # vLLM's "SD" layout is [slots, W-1, D]; "DS" ([slots, D, W-1]) goes as the transposed view.
     if is_conv_state_dim_first():
         conv_state = conv_state.transpose(1, 2)
-    out = _conv_out(*mixed_qkv.shape)
+    out = _conv_out(*mixed_qkv.shape, bf16=bf16)
     e = engine_array
     _hanpu.causal_conv_slots(e(mixed_qkv), _pool_array(layer, conv_state), slots, e(has_initial_state),
                              e(query_start_loc), taps, out, threads)
     return out
 
 
-def _conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode, threads,
-          slots=None):
-    """The causal convolution over the tokens of one part (decode or prefill) of the batch, updating
-    the conv-state pool in place: hanpu's (hanpu_conv, fp32 numpy out) when the layer has no conv
-    bias and SiLU, else vLLM's. `slots`: the engine array of state_indices, if made already."""
-    taps = _conv_taps(layer)
-    if taps is not None:
-        return hanpu_conv(layer, mixed_qkv, conv_state, slots if slots is not None else engine_array(state_indices),
-                          has_initial_state, query_start_loc, taps, threads)
-    return _vllm_conv(layer, mixed_qkv, conv_state, state_indices, query_start_loc, has_initial_state, decode)
+def amx_setting():
+    """HANPU_VLLM_AMX: how the prefill's GEMMs run on AMX ("split" by default, "round", or "off":
+    ExecOptions::amx, docs/ACCURACY.md); None where the engine cannot run them (no usable AMX)."""
+    setting = os.environ.get("HANPU_VLLM_AMX", "split")
+    if setting not in ("off", "round", "split"):
+        _refuse("HANPU_VLLM_AMX", setting, 'expected "off", "round" or "split"')
+    return setting if setting != "off" and _hanpu.la_amx_usable() else None
+
+
+_TEAM = [None]  # whether the engine runs on torch's OpenMP team; None: not set up yet
+
+
+def _torch_openmp_path():
+    """The path of the OpenMP runtime torch loaded (libgomp, or libiomp5), from /proc/self/maps;
+    None if there is none (or no /proc)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if line.rstrip().endswith((".so", ".so.1")) and "/" in line}
+    except OSError:
+        return None
+    found = sorted(p for p in paths if os.path.basename(p).startswith(("libgomp", "libiomp5")))
+    # torch's own copy first (wheels bundle a renamed libgomp next to libtorch_cpu)
+    found.sort(key=lambda p: "torch" not in p)
+    return found[0] if found else None
+
+
+def use_torch_openmp_team():
+    """Once per process: the engine's parallel work (convolution, recurrence) runs on torch's
+    OpenMP team rather than on hanpu's own pool (`_hanpu.use_openmp_team`). torch's workers
+    spin-wait on the other cores after every torch op; hanpu's pool would share those cores with
+    them (docs/VLLM.md). HANPU_VLLM_OMP_TEAM=0 keeps hanpu's pool. Returns whether the team is used."""
+    if _TEAM[0] is None:
+        _TEAM[0] = False
+        if os.environ.get("HANPU_VLLM_OMP_TEAM", "1") != "0":
+            path = _torch_openmp_path()
+            if path is not None:
+                _TEAM[0] = _hanpu.use_openmp_team(path)
+    return _TEAM[0]
+
+
+def decode_threads(threads):
+    """Threads for a single request's decode step: HANPU_VLLM_DECODE_THREADS if set; else all of
+    them on torch's OpenMP team (use_torch_openmp_team: its workers are awake, a hand-off costs
+    microseconds), one on hanpu's own pool (its second thread would meet torch's spinning worker)."""
+    n = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", threads if use_torch_openmp_team() else 1))
+    if n < 1:
+        _refuse("HANPU_VLLM_DECODE_THREADS", n, "expected a positive thread count")
+    return n
+
+
+def _bf16_rows(layer, mixed_qkv):
+    """Whether the conv writes bf16 rows for the recurrence: bf16 activations (vLLM's own precision
+    then: its conv output is bf16) on a CPU whose AMX runs the engine's GEMMs on them. fp32
+    activations keep fp32 rows."""
+    return mixed_qkv.dtype == torch.bfloat16 and layer.hanpu_amx is not None
 
 
 # The convolution's fp32 output, one buffer per process grown as needed: it is read by the
 # recurrence right after the convolution, before the next layer's convolution writes it. A fresh
 # [tokens, 6144] fp32 tensor per call (Qwen3.5-0.8B, 6 MiB for 256 tokens) cost more in page faults
 # than the convolution itself (2-core Zen 3: 9 of 12 ms).
-_CONV_OUT = [np.empty(0, np.float32)]
+# bf16 rows (the bits as uint16) have a buffer of their own.
+_CONV_OUT = {False: np.empty(0, np.float32), True: np.empty(0, np.uint16)}
 
 
-def _conv_out(tokens, dim):
-    """A [tokens, dim] fp32 numpy view of the shared conv-output buffer."""
-    if _CONV_OUT[0].size < tokens * dim:
-        _CONV_OUT[0] = np.empty(tokens * dim, np.float32)
-    return _CONV_OUT[0][:tokens * dim].reshape(tokens, dim)
+def _conv_out(tokens, dim, bf16=False):
+    """A [tokens, dim] numpy view of the shared conv-output buffer: fp32, or bf16 as the engine
+    array (uint16 bits, "bf16")."""
+    if _CONV_OUT[bf16].size < tokens * dim:
+        _CONV_OUT[bf16] = np.empty(tokens * dim, _CONV_OUT[bf16].dtype)
+    view = _CONV_OUT[bf16][:tokens * dim].reshape(tokens, dim)
+    return (view, "bf16") if bf16 else view
 
 
 def _pool_array(layer, conv_state):
@@ -171,29 +223,107 @@ def _layer_arrays(layer, ssm_state):
 
 def _recurrence(layer, mixed_qkv, b, a, out, ssm_state, state_indices, query_start_loc, has_initial_state, threads,
                 slots=None):
-    """The gated delta rule for one part of the batch: reads and updates ssm_state[state_indices]
-    in place and writes out [tokens, HV, V]. mixed_qkv: the conv output, a torch tensor (vLLM's
-    conv) or an fp32 numpy array (hanpu's); slots: the engine array of state_indices, if made."""
+    """The gated delta rule for one part of the batch after vLLM's convolution (torch tensors): reads
+    and updates ssm_state[state_indices] in place and writes out [tokens, HV, V]; slots: the engine
+    array of state_indices, if made."""
     key_dim = layer.key_dim // layer.tp_size
     e = engine_array
-    if isinstance(mixed_qkv, np.ndarray):  # hanpu's conv output (fp32): numpy views, no torch hand-off
-        T = mixed_qkv.shape[0]
-        q = mixed_qkv[:, :key_dim].reshape(1, T, -1, layer.head_k_dim)
-        k = mixed_qkv[:, key_dim:2 * key_dim].reshape(1, T, -1, layer.head_k_dim)
-        v = mixed_qkv[:, 2 * key_dim:].reshape(1, T, -1, layer.head_v_dim)
-    else:
-        q = e(mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
-        k = e(mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
-        v = e(mixed_qkv[:, 2 * key_dim:].unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0))
+    q = e(mixed_qkv[:, :key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
+    k = e(mixed_qkv[:, key_dim:2 * key_dim].unflatten(-1, (-1, layer.head_k_dim)).unsqueeze(0))
+    v = e(mixed_qkv[:, 2 * key_dim:].unflatten(-1, (-1, layer.head_v_dim)).unsqueeze(0))
     pool, A_log, dt_bias = _layer_arrays(layer, ssm_state)
     _hanpu.la_slots("gdn", q, k, v, e(a.unsqueeze(0)), e(b.unsqueeze(0)), pool,
                     slots if slots is not None else e(state_indices), e(has_initial_state), e(query_start_loc), A_log,
-                    dt_bias, e(out.unsqueeze(0)), None, True, True, True, False, "auto", threads)
+                    dt_bias, e(out.unsqueeze(0)), None, True, True, True, False, "auto", threads,
+                    amx=layer.hanpu_amx or "off")
+
+
+def _layer_state(layer):
+    """The engine arrays that live as long as the layer: the conv-state pool (vLLM's DS layout as
+    the transposed view), the recurrent-state pool read as [S,HV,K,V], A_log and dt_bias. Made once,
+    re-made if vLLM binds other tensors: checked by identity, which costs next to nothing (making
+    them costs some 10 us of torch calls per layer and step)."""
+    conv_state, ssm_state = layer.kv_cache[0], layer.kv_cache[1]
+    key = (conv_state, ssm_state, layer.A_log, layer.dt_bias)
+    cached = getattr(layer, "_hanpu_state", None)
+    if cached is not None and all(x is y for x, y in zip(cached[0], key)):
+        return cached[1]
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+
+    pool = conv_state.transpose(1, 2) if is_conv_state_dim_first() else conv_state
+    S, HV, V, K = ssm_state.shape
+    arrays = (engine_array(pool), engine_array(ssm_state.view(S, HV, K, V)), engine_array(layer.A_log.detach()),
+              engine_array(layer.dt_bias.detach()))
+    layer._hanpu_state = (key, arrays)
+    return arrays
+
+
+def _rows(x, lo, hi):
+    """Rows lo:hi of an engine array (a bf16 one is (uint16 bits, "bf16"))."""
+    return (x[0][lo:hi], "bf16") if isinstance(x, tuple) else x[lo:hi]
+
+
+def _batch1(x):
+    """An engine array with a leading batch axis of 1."""
+    return (x[0][None], "bf16") if isinstance(x, tuple) else x[None]
+
+
+def _conv_rows(x, conv_pool, slots, has_initial, loc, taps, threads, bf16):
+    """hanpu's convolution of one part of the batch, all engine arrays: the shared output rows
+    (_conv_out; bf16 ones as (uint16 bits, "bf16"))."""
+    out = _conv_out(*(x[0] if isinstance(x, tuple) else x).shape, bf16=bf16)
+    _hanpu.causal_conv_slots(x, conv_pool, slots, has_initial, loc, taps, out, threads)
+    return out
+
+
+def _recurrence_rows(layer, rows, b, a, out, pool, A_log, dt_bias, slots, has_initial, loc, threads):
+    """The gated delta rule of one part of the batch on hanpu's conv rows, all engine arrays: q, k
+    and v are numpy views of the rows."""
+    key_dim = layer.key_dim // layer.tp_size
+    bf16 = isinstance(rows, tuple)
+    r = rows[0] if bf16 else rows
+    T = r.shape[0]
+    q = r[:, :key_dim].reshape(1, T, -1, layer.head_k_dim)
+    k = r[:, key_dim:2 * key_dim].reshape(1, T, -1, layer.head_k_dim)
+    v = r[:, 2 * key_dim:].reshape(1, T, -1, layer.head_v_dim)
+    if bf16:
+        q, k, v = (q, "bf16"), (k, "bf16"), (v, "bf16")
+    _hanpu.la_slots("gdn", q, k, v, _batch1(a), _batch1(b), pool, slots, has_initial, loc, A_log, dt_bias, _batch1(out),
+                    None, True, True, True, False, "auto", threads, amx=layer.hanpu_amx or "off")
+
+
+def _core_on_arrays(layer, m, mixed_qkv, b, a, core_attn_out, taps):
+    """gdn_attention_core with hanpu's convolution: every tensor becomes an engine array once (a
+    torch-to-numpy hand-off is about 2 us, a torch slice about 1 us; numpy's slices cost a fraction
+    of that), then both parts of the batch run on numpy views."""
+    e = engine_array
+    conv_pool, pool, A_log, dt_bias = _layer_state(layer)
+    x, bb, aa, out = e(mixed_qkv), e(b), e(a), e(core_attn_out)
+    idx, loc = e(m.non_spec_state_indices_tensor), e(m.non_spec_query_start_loc)
+    bf16 = _bf16_rows(layer, mixed_qkv)
+    nd, ndt, npf, npt = m.num_decodes, m.num_decode_tokens, m.num_prefills, m.num_prefill_tokens
+    if nd > 0:
+        threads = layer.hanpu_decode_threads if nd == 1 else layer.hanpu_threads
+        slots, dloc = idx[:nd], loc[:nd + 1]
+        rows = _conv_rows(_rows(x, 0, ndt), conv_pool, slots, None, dloc, taps, threads, bf16)
+        _recurrence_rows(layer, rows, _rows(bb, 0, ndt), _rows(aa, 0, ndt), _rows(out, 0, ndt), pool, A_log, dt_bias,
+                         slots, None, dloc, threads)
+    if npf > 0:
+        end = ndt + npt
+        slots, ploc = idx[nd:nd + npf], loc[nd:nd + npf + 1] - loc.dtype.type(ndt)
+        has_initial = np.ascontiguousarray(e(m.has_initial_state)[nd:nd + npf])
+        rows = _conv_rows(_rows(x, ndt, end), conv_pool, slots, has_initial, ploc, taps, layer.hanpu_threads, bf16)
+        _recurrence_rows(layer, rows, _rows(bb, ndt, end), _rows(aa, ndt, end), _rows(out, ndt, end), pool, A_log,
+                         dt_bias, slots, has_initial, ploc, layer.hanpu_threads)
 
 
 def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
     """What vLLM's `cpu_gdn_attention_core` computes (non-speculative), with hanpu's kernels.
     The batch is ordered decodes first, then prefills (vLLM's GDN metadata builder)."""
+    taps = _conv_taps(layer)
+    if taps is not None:
+        return _core_on_arrays(layer, attn_metadata, mixed_qkv, b, a, core_attn_out, taps)
+    # vLLM's convolution (a conv bias, or another activation), on torch tensors
     state_indices = attn_metadata.non_spec_state_indices_tensor
     query_start_loc = attn_metadata.non_spec_query_start_loc
     conv_state = layer.kv_cache[0]
@@ -207,7 +337,7 @@ def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
         loc = query_start_loc[:num_decodes + 1]
         slots = engine_array(indices)
         threads = layer.hanpu_decode_threads if num_decodes == 1 else layer.hanpu_threads
-        x = _conv(layer, mixed_qkv[:num_decode_tokens], conv_state, indices, loc, None, True, threads, slots=slots)
+        x = _vllm_conv(layer, mixed_qkv[:num_decode_tokens], conv_state, indices, loc, None, True)
         _recurrence(layer, x, b[:num_decode_tokens], a[:num_decode_tokens], core_attn_out[:num_decode_tokens],
                     ssm_state, indices, loc, None, threads, slots=slots)
     if num_prefills > 0:
@@ -216,8 +346,7 @@ def gdn_attention_core(layer, attn_metadata, mixed_qkv, b, a, core_attn_out):
         loc = query_start_loc[num_decodes:num_decodes + num_prefills + 1] - num_decode_tokens
         has_initial = attn_metadata.has_initial_state[num_decodes:num_decodes + num_prefills]
         slots = engine_array(indices)
-        x = _conv(layer, mixed_qkv[num_decode_tokens:end], conv_state, indices, loc, has_initial, False,
-                  layer.hanpu_threads, slots=slots)
+        x = _vllm_conv(layer, mixed_qkv[num_decode_tokens:end], conv_state, indices, loc, has_initial, False)
         _recurrence(layer, x, b[num_decode_tokens:end], a[num_decode_tokens:end], core_attn_out[num_decode_tokens:end],
                     ssm_state, indices, loc, has_initial.contiguous(), layer.hanpu_threads, slots=slots)
 
@@ -274,16 +403,16 @@ def _layer_class():
             # Checkpoint states inside a prefill are refused per call (_core_op).
             # Prefill chunks: as many threads as vLLM's torch (OMP_NUM_THREADS / VLLM_CPU_OMP_THREADS_BIND).
             self.hanpu_threads = torch.get_num_threads()
-            # A decode step of a single request: one thread by default. It is about 60 us of work
-            # per layer (16 heads of 128); handing half of it to hanpu's second worker costs more
-            # than it saves while torch's OpenMP worker, spin-waiting after the previous torch op,
-            # holds that core (benchmarks/vllm_gdn_kernels.py, idle 2-core Zen 4: 58.6 us on 1
-            # thread against 74-77 us on 2; 52 us on 2 with OMP_WAIT_POLICY=passive). Four requests
-            # gain from the second thread (137 us against 180 us), so batches use all threads.
-            # HANPU_VLLM_DECODE_THREADS overrides the single-request count.
-            self.hanpu_decode_threads = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", "1"))
-            if self.hanpu_decode_threads < 1:
-                _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
+            # A decode step of a single request: about 60 us of work per layer (16 heads of 128),
+            # on all threads when hanpu runs on torch's OpenMP team (decode_threads; 2-core Xeon:
+            # la_slots 40 us against 62 us on one thread), else on one: handing half of it to
+            # hanpu's own second worker cost more than it saved while torch's OpenMP worker,
+            # spin-waiting after the previous torch op, held that core (benchmarks/
+            # vllm_gdn_kernels.py, idle 2-core Zen 4: 58.6 us on 1 thread against 74-77 us on 2).
+            self.hanpu_decode_threads = decode_threads(self.hanpu_threads)
+            # bf16 activations on an AMX CPU: the conv writes bf16 rows and the prefill's GEMMs run
+            # on AMX (amx_setting, _bf16_rows).
+            self.hanpu_amx = amx_setting()
 
         def forward_cpu(self, hidden_states):
             if hasattr(self, "in_proj_qkv"):
@@ -314,6 +443,7 @@ def register():
     global _REGISTERED
     if _REGISTERED:
         return
+    use_torch_openmp_team()
     _register_op()
     _layer_class()
     _REGISTERED = True

@@ -40,7 +40,7 @@ from torch import nn
 
 from hanpu import _hanpu
 
-from .gdn import _refuse, conv_taps, engine_array, hanpu_conv
+from .gdn import _refuse, conv_taps, decode_threads, engine_array, hanpu_conv
 
 ARCHITECTURE = "KimiLinearForCausalLM"
 
@@ -202,10 +202,8 @@ def _layer_class():
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.hanpu_threads = torch.get_num_threads()
-            # As for GDN (gdn.py): one thread for a single request's decode step by default.
-            self.hanpu_decode_threads = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", "1"))
-            if self.hanpu_decode_threads < 1:
-                _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
+            # As for GDN (gdn.decode_threads): a single request's decode step.
+            self.hanpu_decode_threads = decode_threads(self.hanpu_threads)
             self.hanpu_eps = self.layer_norm_epsilon
 
         def hanpu_conv_taps(self):

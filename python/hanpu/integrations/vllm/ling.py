@@ -34,7 +34,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from .gdn import _refuse, conv_taps, engine_array
+from .gdn import _refuse, conv_taps, decode_threads, engine_array
 from .kimi_linear import load_checkpoint_tensor, mla_class, mlp_classes
 
 ARCHITECTURE = "BailingHybridForCausalLM"
@@ -140,10 +140,8 @@ def _kda_class():
             kda_config.no_kda_lora = True
             super().__init__(kda_config, **kwargs)
             self.hanpu_threads = torch.get_num_threads()
-            # As for GDN (gdn.py): one thread for a single request's decode step by default.
-            self.hanpu_decode_threads = int(os.environ.get("HANPU_VLLM_DECODE_THREADS", "1"))
-            if self.hanpu_decode_threads < 1:
-                _refuse("HANPU_VLLM_DECODE_THREADS", self.hanpu_decode_threads, "expected a positive thread count")
+            # As for GDN (gdn.decode_threads): a single request's decode step.
+            self.hanpu_decode_threads = decode_threads(self.hanpu_threads)
             self.gate_lower_bound = self.lower_bound if self.safe_gate else None
             self.hanpu_eps = config.rms_norm_eps
 
