@@ -44,6 +44,10 @@ void linear_portable_rows(const uint16_t* w, int64_t K, const float* xs, const f
 /// variable HANPU_DECODE_PREFETCH_BYTES (0 to 65536, a multiple of 64; 0: none) overrides it for
 /// measurements on other machines. Read once; a bad value throws hanpu::Error naming it.
 int64_t decode_prefetch_bytes();
+/// Whether the Q4_K row-lane decode GEMV prefetches into L2 (prefetcht1) rather than L1
+/// (prefetcht0): HANPU_DECODE_PREFETCH_L2=1 / 0, default 1 on Intel (the AVX-512 Xeon streamed its
+/// MLP-sized calls at 23.3-23.7 against 19.7-20.7 GB/s, 2 threads, docs/GGUF.md), 0 elsewhere.
+bool decode_prefetch_l2();
 /// Elements per block of the split activation layout: each block of kPairBlock consecutive
 /// elements is stored as its kPairBlock / 2 even-indexed elements, then its odd-indexed ones, so
 /// that a vector of bf16 weight pairs meets its activations without a shuffle (the decode form in
