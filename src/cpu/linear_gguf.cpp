@@ -402,15 +402,16 @@ HANPU_GGUF_AVX2_INLINE void Q8_0Step(const uint8_t* row, int64_t i, int nv, cons
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s, s), acc);
 }
 
+template <int kHint>
 HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, const float* xs, int64_t ahead) {
   constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  // alternate steps: their FMAs overlap
   int64_t i = 0;
   auto prefetch = [&](int64_t at) __attribute__((target("avx2"), always_inline)) {
     const char* p = reinterpret_cast<const char*>(row + kB * at + ahead);
-    _mm_prefetch(p, _MM_HINT_T0);  // a step's 136 bytes: 3 lines per step cover the stream
-    _mm_prefetch(p + 64, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p, static_cast<_mm_hint>(kHint));  // a step's 136 bytes: 3 lines per step cover the stream
+    _mm_prefetch(p + 64, static_cast<_mm_hint>(kHint));
+    _mm_prefetch(p + 128, static_cast<_mm_hint>(kHint));
   };
   for (; i + 2 * kQ8Blocks <= nb; i += 2 * kQ8Blocks) {
     prefetch(i);
@@ -451,7 +452,7 @@ inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
 // dequantized weights with the quantized activations, min included. (Before: dmin * m_j times the
 // f32 sum of the unquantized x, which leaves the min's share of each weight outside the activation
 // rounding's cancellation; docs/GGUF.md has the error measured both ways.)
-template <bool kQ5>
+template <bool kQ5, int kHint>
 HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8, const float* xs, const int16_t* bsum32,
                                int64_t ahead) {
   using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
@@ -463,10 +464,10 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
   for (int64_t i = 0; i < nb; ++i) {
     const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, _MM_HINT_T0);  // a block of 144 / 176 bytes: 3 / 4 lines
-    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
-    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead, static_cast<_mm_hint>(kHint));  // a block of 144 / 176 bytes: 3 / 4 lines
+    _mm_prefetch(bytes + ahead + 64, static_cast<_mm_hint>(kHint));
+    _mm_prefetch(bytes + ahead + 128, static_cast<_mm_hint>(kHint));
+    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, static_cast<_mm_hint>(kHint));
     uint64_t sc, m;
     K4ScalesMins(blk.scales, sc, m);
     const int8_t* x = x8 + i * 256;
@@ -509,6 +510,7 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
 // holds at most 8 * 2 * 16002 * 128 + 2 * 32 * 128 * 2032 < 2^26 before VPHADDD, 2^27 after: exact
 // integers, whose conversion to f32 may round once (as the Highway form's 2^31 lanes; the test's
 // bound counts one rounding for it).
+template <int kHint>
 HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8, const int16_t* bsum16, const float* xs,
                                int64_t ahead) {
   constexpr int64_t kB = sizeof(gguf::BlockQ6_K);
@@ -525,10 +527,10 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
       const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * ib));
       const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row + kB * ib);
       const char* p = reinterpret_cast<const char*>(row + kB * ib + ahead);
-      _mm_prefetch(p, _MM_HINT_T0);  // 210 bytes: at most 4 lines
-      _mm_prefetch(p + 64, _MM_HINT_T0);
-      _mm_prefetch(p + 128, _MM_HINT_T0);
-      _mm_prefetch(p + 192, _MM_HINT_T0);
+      _mm_prefetch(p, static_cast<_mm_hint>(kHint));  // 210 bytes: at most 4 lines
+      _mm_prefetch(p + 64, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(p + 128, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(p + 192, static_cast<_mm_hint>(kHint));
       dd |= uint32_t{blk.d} << (16 * r);
       // the 16 scales in element order as int16: sc0..7 | sc8..15; half h uses 8h..8h+7 in both halves
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
@@ -557,26 +559,38 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
 
 
 
+// kHint: the software prefetches' level (decode_prefetch_l2).
+template <int kHint>
+void GemvRowsAvx2Hint(gguf::GgmlType t, const uint8_t* base, int64_t row_bytes, int64_t K, const GgufActivations& x,
+                      const int8_t* x8, const float* xs, float* y, int64_t n0, int64_t n1, int64_t ahead) {
+  switch (t) {
+    case gguf::GgmlType::Q8_0:
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row<kHint>(base + n * row_bytes, K / 32, x8, xs, ahead);
+      break;
+    case gguf::GgmlType::Q4_K:
+      for (int64_t n = n0; n < n1; ++n)
+        y[n] = K4RowDot<false, kHint>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
+      break;
+    case gguf::GgmlType::Q5_K:
+      for (int64_t n = n0; n < n1; ++n)
+        y[n] = K4RowDot<true, kHint>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
+      break;
+    default:  // Q6_K
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot<kHint>(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
+      break;
+  }
+}
+
 void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0, int64_t n1,
                   int64_t ahead) {
   const int64_t row_bytes = K / gguf::block_format(t).block_elems * gguf::block_format(t).block_bytes;
   const auto* base = static_cast<const uint8_t*>(w);
   const int8_t* x8 = x.q8.data();
   const float* xs = x.scale.data();
-  switch (t) {
-    case gguf::GgmlType::Q8_0:
-      for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row(base + n * row_bytes, K / 32, x8, xs, ahead);
-      break;
-    case gguf::GgmlType::Q4_K:
-      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<false>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
-      break;
-    case gguf::GgmlType::Q5_K:
-      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<true>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
-      break;
-    default:  // Q6_K
-      for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
-      break;
-  }
+  if (decode_prefetch_l2())
+    GemvRowsAvx2Hint<_MM_HINT_T1>(t, base, row_bytes, K, x, x8, xs, y, n0, n1, ahead);
+  else
+    GemvRowsAvx2Hint<_MM_HINT_T0>(t, base, row_bytes, K, x, x8, xs, y, n0, n1, ahead);
 }
 
 }  // namespace

@@ -668,7 +668,7 @@ bool decode_prefetch_l2() {
       if (std::string(v) == "1") return true;
       if (std::string(v) == "0") return false;
       throw Error(std::string("HANPU_DECODE_PREFETCH_L2: got '") + v +
-                  "', expected 1 (the row-lane decode GEMV prefetches into L2) or 0 (into L1)");
+                  "', expected 1 (the GGUF decode GEMVs prefetch into L2) or 0 (into L1)");
     }
 #if HANPU_X86_KERNELS
     return !x86::vendor_is_amd();
