@@ -37,6 +37,7 @@
 #include "cpu/linear_gguf.hpp"
 #include "cpu/host.hpp"
 #include "hanpu/engine.hpp"
+#include "hanpu/linear.hpp"
 #include "hanpu/tensor.hpp"
 
 using hanpu::gguf::GgmlType;
@@ -149,9 +150,11 @@ int main(int argc, char** argv) {
           hanpu::cpu::gguf_pack_row_lanes(t, tmp.data(), s.N, s.K, w.data() + c * stride);
         }
       }
+      // Through GgufLinear::forward, the model's decode path (its split of the rows over the threads).
       auto run = [&](size_t c, const float* xv, float* yv) {
-        if (lanes) hanpu::cpu::gguf_gemv_lanes(engine, t, w.data() + c * stride, s.N, s.K, xv, yv);
-        else hanpu::cpu::gguf_gemv(engine, t, w.data() + c * bytes, s.N, s.K, xv, yv);
+        const hanpu::GgufLinear lin(t, w.data() + c * (lanes ? stride : bytes), s.N, s.K, "gguf_gemv",
+                                    lanes ? hanpu::GgufLayout::kRowLanes : hanpu::GgufLayout::kFile);
+        lin.forward(engine, xv, s.K, yv, s.N, 1, threads, false);
       };
       std::vector<float> x(static_cast<size_t>(s.K)), y(static_cast<size_t>(s.N));
       std::normal_distribution<float> nrm(0.f, 1.f);

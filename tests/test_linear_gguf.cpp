@@ -193,7 +193,7 @@ TEST(GgufGemvRowLanes, GgufLinearOnRowLanes) {
   if (!hanpu::GgufLinear::row_lanes_available(t, 37)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
   hanpu::Engine engine(2);
   for (int64_t K : std::vector<int64_t>{256, 1024})
-    for (int64_t N : std::vector<int64_t>{8, 37}) {
+    for (int64_t N : std::vector<int64_t>{8, 37, 621}) {  // 621: several chunks per thread, 5 tail rows
       const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + 3 * N));
       std::vector<uint8_t> packed(hanpu::GgufLinear::row_lanes_bytes(t, N, K));
       hanpu::GgufLinear::pack_row_lanes(t, W.bytes.data(), N, K, packed.data());
@@ -237,7 +237,8 @@ TEST(GgufGemvRowLanes, GgufLinearOnRowLanes) {
 // GgufLinear::forward_decode_parts (a stacked projection's GGUF parts in one pass): every part's
 // rows bit for bit those of its own forward (which the tests above bound against fp64), on the
 // file's layout and row lanes, types side by side, tails past the last 8-row group, parts smaller
-// than the threads' share, accumulate, 1 and 2 threads; and where it does not apply it declines.
+// than the threads' share, parts of several chunks each (601 and 517 rows), accumulate, 1 and 2
+// threads; and where it does not apply it declines.
 TEST(GgufLinearDecodeParts, SameBitsAsEachPartsOwnForward) {
   hanpu::Engine engine(2);
   const int64_t K = 1024;
@@ -248,7 +249,8 @@ TEST(GgufLinearDecodeParts, SameBitsAsEachPartsOwnForward) {
     bool lanes;
   };
   std::vector<Part> spec{{GgmlType::Q6_K, 37, false}, {GgmlType::Q4_K, 37, lanes_here}, {GgmlType::Q4_K, 16, lanes_here},
-                         {GgmlType::Q5_K, 3, false}, {GgmlType::Q4_K, 9, false}, {GgmlType::Q4_K, 8, lanes_here}};
+                         {GgmlType::Q5_K, 3, false}, {GgmlType::Q4_K, 9, false}, {GgmlType::Q4_K, 8, lanes_here},
+                         {GgmlType::Q6_K, 601, false}, {GgmlType::Q4_K, 517, lanes_here}};
   std::vector<Weights> ws;
   std::vector<std::vector<uint8_t>> packed;
   std::vector<std::unique_ptr<hanpu::GgufLinear>> lin;

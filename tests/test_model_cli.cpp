@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "io/gguf.hpp"
 #include "io/safetensors.hpp"
 #include "test_support.hpp"
 
@@ -183,6 +184,23 @@ TEST(ModelCli, BenchModelLabelsAGgufFilesWeights) {
   EXPECT_EQ(row["weights"], "gguf");
   EXPECT_GT(row["weight_bytes_per_parameter"].get<double>(), 34.0 / 32 - 1e-9);
   EXPECT_LT(row["weight_bytes_per_parameter"].get<double>(), 2.0);
+  // Per part, a decode token's bytes are the part's own tensors' (the tied F16 embedding as the LM
+  // head, not the file's average bytes per weight); the parts add up to the file's matrices.
+  const hanpu::GgufModel m = hanpu::GgufModel::open(file);
+  double mlp = 0, mixers = 0;
+  for (const hanpu::GgufTensorInfo& t : m.main().tensors()) {
+    if (t.name.rfind("blk.", 0) != 0 || t.n_dims < 2 || t.name.find("norm") != std::string::npos ||
+        t.name.find("conv") != std::string::npos)
+      continue;
+    (t.name.find(".ffn_") != std::string::npos ? mlp : mixers) += static_cast<double>(t.bytes);
+  }
+  const auto& bytes = row["decode_part_weight_bytes_per_token"];
+  EXPECT_NEAR(bytes["LM head"].get<double>(), static_cast<double>(m.tensor("token_embd.weight").bytes), 1e-6);
+  EXPECT_NEAR(bytes["MLP"].get<double>(), mlp, 1e-6 * mlp);
+  EXPECT_NEAR(bytes["GDN projections"].get<double>() + bytes["attention projections"].get<double>(), mixers, 1e-6 * mixers);
+  // The linear-attention states: read and written once per token, F32 (a recurrent [HV, K, V] per
+  // GDN layer and its conv state), more than the recurrent states alone.
+  EXPECT_GT(row["decode_state_bytes_per_token"].get<double>(), 0);
   // A safetensors golden keeps the --weights label.
   const RunResult g = run_hanpu(tmp, "bench-model --model " + quote(tiny()) + " -p 8 --threads 1 --decode-tokens 2 --json");
   ASSERT_EQ(g.code, 0) << g.err;

@@ -243,6 +243,42 @@ struct BenchModelArgs {
   WeightArgs weights;
 };
 
+// A GGUF file's bytes per weight per part, from its tensors (blk.{i}.* by the layer's kind; ffn_*
+// the MLP; output.weight, else the tied token_embd.weight, the LM head): its bytes over its
+// elements, so that a part in another format than the file's average (the Q6_K LM head of a
+// Q4_K_M file) is counted at its own size. Matrices only: norms, conv taps and per-head vectors
+// (1-D, or a name with "norm" or "conv") are left out, as forward_work leaves them out.
+void set_gguf_part_bytes(const std::string& path, const ModelConfig& cfg, model::ProjectionWork& w) {
+  const GgufModel m = GgufModel::open(path);
+  double bytes[4] = {0, 0, 0, 0}, elems[4] = {0, 0, 0, 0};  // linear, attention, mlp, lm head
+  const auto count = [&](int part, const GgufTensorInfo& t) {
+    bytes[part] += static_cast<double>(t.bytes);
+    elems[part] += static_cast<double>(t.numel());
+  };
+  for (const GgufFile& f : m.files())
+    for (const GgufTensorInfo& t : f.tensors()) {
+      if (t.name.rfind("blk.", 0) != 0) continue;
+      const size_t dot = t.name.find('.', 4);
+      if (dot == std::string::npos) continue;
+      const int64_t layer = std::stoll(t.name.substr(4, dot - 4));
+      const std::string rest = t.name.substr(dot + 1);
+      if (layer >= cfg.num_layers || t.n_dims < 2 || rest.find("norm") != std::string::npos ||
+          rest.find("conv") != std::string::npos)
+        continue;
+      if (rest.rfind("ffn_", 0) == 0)
+        count(2, t);
+      else
+        count(cfg.token_mixer(layer) == cfg.attention_mixer ? 1 : 0, t);
+    }
+  const GgufTensorInfo* head = m.find_tensor("output.weight");
+  if (head == nullptr) head = m.find_tensor("token_embd.weight");
+  if (head != nullptr) count(3, *head);
+  double* out[4] = {&w.linear_bytes_per_weight, &w.attention_bytes_per_weight, &w.mlp_bytes_per_weight,
+                    &w.lm_head_bytes_per_weight};
+  for (int p = 0; p < 4; ++p)
+    if (elems[p] > 0) *out[p] = bytes[p] / elems[p];
+}
+
 void run_bench_model(const BenchModelArgs& a) {
   if (a.model_dir.empty() == a.synthetic.empty())
     throw Error("give exactly one of --model and --synthetic (a preset name or a config.json)");
@@ -357,9 +393,21 @@ void run_bench_model(const BenchModelArgs& a) {
       proj_work.bytes_per_weight = static_cast<double>(model.weight_bytes()) / static_cast<double>(cfg.parameter_count());
     proj_work.latent_only = weights.load() == WeightLoad::kPerTensor && weight_format_info(*weights.format).block_elems != 1;
     const model::ForwardWork pw = model::forward_work(cfg, 0, T, false, proj_work);
-    model::ForwardWork decode_parts;  // summed over the decode steps, at their positions
-    for (int i = 0; i < a.decode_tokens; ++i) decode_parts += model::forward_work(cfg, T + i, 1, false, proj_work);
-    const model::PartWork decode_work = decode_parts.total();
+    // Per part, a GGUF file's bytes are its tensors' (set_gguf_part_bytes); the total per token
+    // stays the file's bytes over its parameters (the average, every tensor read once).
+    model::ProjectionWork part_work = proj_work;
+    if (model::is_gguf_path(a.model_dir)) set_gguf_part_bytes(a.model_dir, cfg, part_work);
+    model::ForwardWork decode_parts, decode_average;  // summed over the decode steps, at their positions
+    for (int i = 0; i < a.decode_tokens; ++i) {
+      decode_parts += model::forward_work(cfg, T + i, 1, false, part_work);
+      decode_average += model::forward_work(cfg, T + i, 1, false, proj_work);
+    }
+    const model::PartWork decode_work = decode_average.total();
+    // The linear-attention layers' states, read and written once per decode step (recurrent [HV,
+    // K, V] and conv, F32): not weights, so a figure of their own beside the weight bytes.
+    double state_bytes_per_token = 0;
+    for (const Tensor& t : st.recurrent_state) state_bytes_per_token += 2.0 * static_cast<double>(t.bytes());
+    for (const Tensor& t : st.conv_state) state_bytes_per_token += 2.0 * static_cast<double>(t.bytes());
     auto gflops = [](double flops, double seconds) { return seconds > 0 ? flops / seconds / 1e9 : 0.0; };
     const bool kda = cfg.linear_mixer == TokenMixer::kKda;
     const double lin_proj_s = kda ? pt.kda_proj : pt.gdn_proj, lin_engine_s = kda ? pt.kda_engine : pt.gdn_engine;
@@ -392,10 +440,11 @@ void run_bench_model(const BenchModelArgs& a) {
         {"LM head", decode_parts.lm_head.weight_bytes, dt.lm_head},
     };
     double decode_rest_s = dt.total();
-    nlohmann::json decode_part_gbs = nlohmann::json::object();
+    nlohmann::json decode_part_gbs = nlohmann::json::object(), decode_part_bytes = nlohmann::json::object();
     for (const Stream& st : streams) {
       decode_rest_s -= st.seconds;
       if (st.seconds > 0) decode_part_gbs[st.name] = st.bytes / st.seconds / 1e9;
+      if (a.decode_tokens > 0) decode_part_bytes[st.name] = st.bytes / a.decode_tokens;
     }
     const double bytes_per_token = a.decode_tokens > 0 ? decode_work.weight_bytes / a.decode_tokens : 0.0;
     nlohmann::json achieved = nlohmann::json::object();
@@ -432,7 +481,11 @@ void run_bench_model(const BenchModelArgs& a) {
         {"decode_weight_bytes_per_token", bytes_per_token},
         {"decode_weight_gbs", decode_gbs},
         {"decode_part_weight_gbs", decode_part_gbs},
+        {"decode_part_weight_bytes_per_token", decode_part_bytes},
         {"decode_rest_ms_per_token", a.decode_tokens > 0 ? decode_rest_s * 1e3 / a.decode_tokens : 0.0},
+        {"decode_state_bytes_per_token", state_bytes_per_token},
+        {"decode_weight_and_state_gbs",
+         decode_s > 0 ? (decode_work.weight_bytes + state_bytes_per_token * a.decode_tokens) / decode_s / 1e9 : 0.0},
         {"machine_fma_peak_gflops", host.fma_peak_gflops_all},
         {"machine_read_bandwidth_gbs", host.mem_bandwidth_gbs},
         {"isa", isa_selection().target},
@@ -470,12 +523,19 @@ void run_bench_model(const BenchModelArgs& a) {
                     "bandwidth bound %.1f tokens/s\n",
                     "", bytes_per_token / 1e9, decode_gbs, 100 * decode_gbs / host.mem_bandwidth_gbs,
                     host.mem_bandwidth_gbs, host.mem_bandwidth_gbs * 1e9 / bytes_per_token);
+      if (a.decode_tokens > 0 && state_bytes_per_token > 0) {
+        const double both_gbs = (bytes_per_token + state_bytes_per_token) * a.decode_tokens / decode_s / 1e9;
+        std::printf("%8s   decode: plus %.1f MB of linear-attention state read and written per token: "
+                    "%.1f GB/s of weights and state (%.0f%%)\n",
+                    "", state_bytes_per_token / 1e6, both_gbs, 100 * both_gbs / host.mem_bandwidth_gbs);
+      }
       if (a.decode_tokens > 0) {
-        std::printf("%8s   decode GB/s per part (ms per token):", "");
+        std::printf("%8s   decode GB/s per part (ms, MB of its weights per token):", "");
         const char* sep = " ";
         for (const Stream& st : streams)
           if (st.seconds > 0) {
-            std::printf("%s%s %.1f (%.1f)", sep, st.name, st.bytes / st.seconds / 1e9, st.seconds * 1e3 / a.decode_tokens);
+            std::printf("%s%s %.1f (%.1f, %.0f)", sep, st.name, st.bytes / st.seconds / 1e9, st.seconds * 1e3 / a.decode_tokens,
+                        st.bytes / a.decode_tokens / 1e6);
             sep = ", ";
           }
         std::printf("; the rest %.1f ms per token\n", decode_rest_s * 1e3 / a.decode_tokens);

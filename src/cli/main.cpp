@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     // Environment tuning knobs are checked before any work: a bad value fails at once, not after
     // a benchmark's probes.
     (void)hanpu::cpu::decode_prefetch_bytes();
+    (void)hanpu::cpu::decode_prefetch_l2();
     app.parse(argc, argv);
   } catch (const CLI::ValidationError& e) {  // a value out of its ->check() range: one line, exit 1
     std::cerr << "hanpu: error: " << e.what() << '\n';

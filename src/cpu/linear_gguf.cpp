@@ -15,6 +15,7 @@
 // multiply-adds, which Highway 1.0.3 lacks); these Highway forms serve SSE4, the portable target
 // and other architectures, and are the reference the AVX2 forms' integer sums equal.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -401,15 +402,16 @@ HANPU_GGUF_AVX2_INLINE void Q8_0Step(const uint8_t* row, int64_t i, int nv, cons
   acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(h), _mm256_set_m128(s, s), acc);
 }
 
+template <int kHint>
 HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, const float* xs, int64_t ahead) {
   constexpr int64_t kB = sizeof(gguf::BlockQ8_0);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();  // alternate steps: their FMAs overlap
   int64_t i = 0;
   auto prefetch = [&](int64_t at) __attribute__((target("avx2"), always_inline)) {
     const char* p = reinterpret_cast<const char*>(row + kB * at + ahead);
-    _mm_prefetch(p, _MM_HINT_T0);  // a step's 136 bytes: 3 lines per step cover the stream
-    _mm_prefetch(p + 64, _MM_HINT_T0);
-    _mm_prefetch(p + 128, _MM_HINT_T0);
+    _mm_prefetch(p, static_cast<_mm_hint>(kHint));  // a step's 136 bytes: 3 lines per step cover the stream
+    _mm_prefetch(p + 64, static_cast<_mm_hint>(kHint));
+    _mm_prefetch(p + 128, static_cast<_mm_hint>(kHint));
   };
   for (; i + 2 * kQ8Blocks <= nb; i += 2 * kQ8Blocks) {
     prefetch(i);
@@ -450,7 +452,7 @@ inline void K4ScalesMins(const uint8_t* scales, uint64_t& sc, uint64_t& m) {
 // dequantized weights with the quantized activations, min included. (Before: dmin * m_j times the
 // f32 sum of the unquantized x, which leaves the min's share of each weight outside the activation
 // rounding's cancellation; docs/GGUF.md has the error measured both ways.)
-template <bool kQ5>
+template <bool kQ5, int kHint>
 HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8, const float* xs, const int16_t* bsum32,
                                int64_t ahead) {
   using Block = std::conditional_t<kQ5, gguf::BlockQ5_K, gguf::BlockQ4_K>;
@@ -462,10 +464,10 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
   for (int64_t i = 0; i < nb; ++i) {
     const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, _MM_HINT_T0);  // a block of 144 / 176 bytes: 3 / 4 lines
-    _mm_prefetch(bytes + ahead + 64, _MM_HINT_T0);
-    _mm_prefetch(bytes + ahead + 128, _MM_HINT_T0);
-    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, _MM_HINT_T0);
+    _mm_prefetch(bytes + ahead, static_cast<_mm_hint>(kHint));  // a block of 144 / 176 bytes: 3 / 4 lines
+    _mm_prefetch(bytes + ahead + 64, static_cast<_mm_hint>(kHint));
+    _mm_prefetch(bytes + ahead + 128, static_cast<_mm_hint>(kHint));
+    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, static_cast<_mm_hint>(kHint));
     uint64_t sc, m;
     K4ScalesMins(blk.scales, sc, m);
     const int8_t* x = x8 + i * 256;
@@ -508,6 +510,7 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
 // holds at most 8 * 2 * 16002 * 128 + 2 * 32 * 128 * 2032 < 2^26 before VPHADDD, 2^27 after: exact
 // integers, whose conversion to f32 may round once (as the Highway form's 2^31 lanes; the test's
 // bound counts one rounding for it).
+template <int kHint>
 HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8, const int16_t* bsum16, const float* xs,
                                int64_t ahead) {
   constexpr int64_t kB = sizeof(gguf::BlockQ6_K);
@@ -524,10 +527,10 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
       const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * ib));
       const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row + kB * ib);
       const char* p = reinterpret_cast<const char*>(row + kB * ib + ahead);
-      _mm_prefetch(p, _MM_HINT_T0);  // 210 bytes: at most 4 lines
-      _mm_prefetch(p + 64, _MM_HINT_T0);
-      _mm_prefetch(p + 128, _MM_HINT_T0);
-      _mm_prefetch(p + 192, _MM_HINT_T0);
+      _mm_prefetch(p, static_cast<_mm_hint>(kHint));  // 210 bytes: at most 4 lines
+      _mm_prefetch(p + 64, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(p + 128, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(p + 192, static_cast<_mm_hint>(kHint));
       dd |= uint32_t{blk.d} << (16 * r);
       // the 16 scales in element order as int16: sc0..7 | sc8..15; half h uses 8h..8h+7 in both halves
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));
@@ -556,26 +559,38 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
 
 
 
+// kHint: the software prefetches' level (decode_prefetch_l2).
+template <int kHint>
+void GemvRowsAvx2Hint(gguf::GgmlType t, const uint8_t* base, int64_t row_bytes, int64_t K, const GgufActivations& x,
+                      const int8_t* x8, const float* xs, float* y, int64_t n0, int64_t n1, int64_t ahead) {
+  switch (t) {
+    case gguf::GgmlType::Q8_0:
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row<kHint>(base + n * row_bytes, K / 32, x8, xs, ahead);
+      break;
+    case gguf::GgmlType::Q4_K:
+      for (int64_t n = n0; n < n1; ++n)
+        y[n] = K4RowDot<false, kHint>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
+      break;
+    case gguf::GgmlType::Q5_K:
+      for (int64_t n = n0; n < n1; ++n)
+        y[n] = K4RowDot<true, kHint>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
+      break;
+    default:  // Q6_K
+      for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot<kHint>(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
+      break;
+  }
+}
+
 void GemvRowsAvx2(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0, int64_t n1,
                   int64_t ahead) {
   const int64_t row_bytes = K / gguf::block_format(t).block_elems * gguf::block_format(t).block_bytes;
   const auto* base = static_cast<const uint8_t*>(w);
   const int8_t* x8 = x.q8.data();
   const float* xs = x.scale.data();
-  switch (t) {
-    case gguf::GgmlType::Q8_0:
-      for (int64_t n = n0; n < n1; ++n) y[n] = Q8_0Row(base + n * row_bytes, K / 32, x8, xs, ahead);
-      break;
-    case gguf::GgmlType::Q4_K:
-      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<false>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
-      break;
-    case gguf::GgmlType::Q5_K:
-      for (int64_t n = n0; n < n1; ++n) y[n] = K4RowDot<true>(base + n * row_bytes, K / 256, x8, xs, x.bsum32.data(), ahead);
-      break;
-    default:  // Q6_K
-      for (int64_t n = n0; n < n1; ++n) y[n] = Q6RowDot(base + n * row_bytes, K / 256, x8, x.bsum16.data(), xs, ahead);
-      break;
-  }
+  if (decode_prefetch_l2())
+    GemvRowsAvx2Hint<_MM_HINT_T1>(t, base, row_bytes, K, x, x8, xs, y, n0, n1, ahead);
+  else
+    GemvRowsAvx2Hint<_MM_HINT_T0>(t, base, row_bytes, K, x, x8, xs, y, n0, n1, ahead);
 }
 
 }  // namespace
@@ -759,19 +774,45 @@ size_t GgufLinear::bytes() const {  // what a decode row streams
   return layout_ == GgufLayout::kRowLanes ? gguf_row_lanes_bytes(type_, N_, K_) : static_cast<size_t>(N_ * row_bytes_);
 }
 
-// Decode rows: how many parts a projection's rows are split into over `nt` threads (row lanes:
-// whole groups of 8, the N % 8 rows past the last group with the last part), and part p's share,
-// y written in slices of 256 rows when accumulating. forward() and forward_decode_parts() both run
-// the parts through these, so a fused call computes every row exactly as the part's own call.
-static int gguf_decode_parts(GgufLayout layout, int64_t N, int nt) {
-  return static_cast<int>(std::clamp<int64_t>(nt, 1, layout == GgufLayout::kRowLanes ? N / 8 : N));
+// Decode rows: a projection's rows go to the threads in chunks taken from a shared counter,
+// largest first (guided: a chunk is the units left over twice the threads, and at least
+// kGgufDecodeChunkBytes of weights), so a thread that starts late or streams slower takes fewer
+// rows instead of keeping the other waiting at the end of the pass (an even split left the pool's
+// wait at 5% of a 2-thread decode's samples on the AVX-512 Xeon). Units are rows on the file's
+// layout and groups of 8 rows on row lanes (the N % 8 rows past the last group with the last
+// group). Every row is computed as in any other split (rows are independent; accumulate adds y
+// in slices of 256 rows, each row once), so the results do not depend on who took which chunk.
+constexpr int64_t kGgufDecodeChunkBytes = 16384;
+
+static int64_t gguf_decode_units(GgufLayout layout, int64_t N) { return layout == GgufLayout::kRowLanes ? N / 8 : N; }
+
+static int64_t gguf_decode_min_units(GgufLayout layout, int64_t row_bytes) {
+  const int64_t unit = layout == GgufLayout::kRowLanes ? 8 * row_bytes : row_bytes;
+  return std::max<int64_t>(1, kGgufDecodeChunkBytes / std::max<int64_t>(unit, 1));
 }
 
-static void gguf_decode_slice(gguf::GgmlType t, GgufLayout layout, const uint8_t* w, int64_t N, int64_t K,
-                              int64_t row_bytes, const GgufActivations& xa, float* yr, int p, int parts, bool accumulate) {
+// Takes the next chunk [u0, u1) of `units` from `next`; false when none is left.
+static bool gguf_decode_claim(std::atomic<int64_t>& next, int64_t units, int64_t min_units, int nt, int64_t& u0,
+                              int64_t& u1) {
+  int64_t cur = next.load(std::memory_order_relaxed);
+  for (;;) {
+    if (cur >= units) return false;
+    const int64_t left = units - cur;
+    const int64_t take = std::min(left, std::max(min_units, left / (2 * static_cast<int64_t>(nt))));
+    if (next.compare_exchange_weak(cur, cur + take, std::memory_order_relaxed)) {
+      u0 = cur;
+      u1 = cur + take;
+      return true;
+    }
+  }
+}
+
+// Units [u0, u1) of a projection's decode rows into yr (the row's output, from row 0).
+static void gguf_decode_units_run(gguf::GgmlType t, GgufLayout layout, const uint8_t* w, int64_t N, int64_t K,
+                                  int64_t row_bytes, const GgufActivations& xa, float* yr, int64_t u0, int64_t u1,
+                                  bool accumulate) {
   if (layout == GgufLayout::kRowLanes) {
-    const int64_t groups = N / 8;
-    const int64_t n0 = groups * p / parts * 8, n1 = p + 1 == parts ? N : groups * (p + 1) / parts * 8;
+    const int64_t n0 = u0 * 8, n1 = u1 == N / 8 ? N : u1 * 8;
     if (!accumulate) {
       gguf_gemv_row_lanes(t, w, N, K, xa, yr + n0, n0, n1);
       return;
@@ -784,7 +825,7 @@ static void gguf_decode_slice(gguf::GgmlType t, GgufLayout layout, const uint8_t
     }
     return;
   }
-  const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;
+  const int64_t n0 = u0, n1 = u1;
   if (!accumulate) {
     gguf_gemv_rows(t, w, K, xa, yr, n0, n1);
     return;
@@ -810,15 +851,20 @@ bool GgufLinear::forward_decode_parts(Engine& engine, const std::vector<const Gg
   for (int64_t m = 0; m < M; ++m) {
     gguf_quantize_activations(x + m * ldx, K, block, xa);
     float* yr = y + m * ldy;
-    int most = 1;
-    for (const GgufLinear* l : parts) most = std::max(most, gguf_decode_parts(l->layout_, l->N_, nt));
-    engine.impl().run(most, [&](int p, Workspace&) {
+    // Every thread takes chunks of part 0 until none is left, then of part 1, and so on.
+    std::vector<std::atomic<int64_t>> next(parts.size());
+    int64_t units = 0;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      next[i].store(0, std::memory_order_relaxed);
+      units += gguf_decode_units(parts[i]->layout_, parts[i]->N_);
+    }
+    engine.impl().run(static_cast<int>(std::clamp<int64_t>(nt, 1, units)), [&](int, Workspace&) {
       for (size_t i = 0; i < parts.size(); ++i) {
         const GgufLinear& l = *parts[i];
-        const int np = gguf_decode_parts(l.layout_, l.N_, nt);
-        if (p < np)
-          gguf_decode_slice(l.type_, l.layout_, static_cast<const uint8_t*>(l.blocks_), l.N_, K, l.row_bytes_, xa,
-                            yr + cols[i], p, np, accumulate);
+        const int64_t n_units = gguf_decode_units(l.layout_, l.N_), min_units = gguf_decode_min_units(l.layout_, l.row_bytes_);
+        for (int64_t u0, u1; gguf_decode_claim(next[i], n_units, min_units, nt, u0, u1);)
+          gguf_decode_units_run(l.type_, l.layout_, static_cast<const uint8_t*>(l.blocks_), l.N_, K, l.row_bytes_, xa,
+                                yr + cols[i], u0, u1, accumulate);
       }
     });
   }
@@ -835,12 +881,14 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
     // (linear_gguf.hpp); on row lanes the groups of 8 rows split over the threads.
     GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
     const int64_t block = layout_ == GgufLayout::kRowLanes ? 256 : gguf_activation_block(type_);
-    const int parts = gguf_decode_parts(layout_, N_, nt);
+    const int64_t units = gguf_decode_units(layout_, N_), min_units = gguf_decode_min_units(layout_, row_bytes_);
     for (int64_t m = 0; m < M; ++m) {
       gguf_quantize_activations(x + m * ldx, K_, block, xa);
       float* yr = y + m * ldy;
-      engine.impl().run(parts, [&](int p, Workspace&) {
-        gguf_decode_slice(type_, layout_, w, N_, K_, row_bytes_, xa, yr, p, parts, accumulate);
+      std::atomic<int64_t> next{0};
+      engine.impl().run(static_cast<int>(std::clamp<int64_t>(nt, 1, units)), [&](int, Workspace&) {
+        for (int64_t u0, u1; gguf_decode_claim(next, units, min_units, nt, u0, u1);)
+          gguf_decode_units_run(type_, layout_, w, N_, K_, row_bytes_, xa, yr, u0, u1, accumulate);
       });
     }
     return;

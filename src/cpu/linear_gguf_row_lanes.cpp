@@ -104,6 +104,8 @@ constexpr Ctrl kPick[2] = {ScalePick(0), ScalePick(1)};
 // scale (<= 63) into int32; a row's super-block sum at most 63 * 15 * 127 * 256 < 2^25 (its
 // conversion to f32 may round once, which the decode bound counts). Min term as the row-major
 // kernel: sum_j m_j B_j (B_j the quantized activations' sums per 32) in int32, times dmin s_x.
+// kHint: _MM_HINT_T0 or _MM_HINT_T1 (decode_prefetch_l2).
+template <int kHint>
 HANPU_LANES_AVX2 void q4k_lanes_group(const uint8_t* tiles, int64_t nb, const int8_t* x8, const float* xs,
                                       const int16_t* bsum32, float* y, int64_t ahead) {
   const __m256i low4 = _mm256_set1_epi8(0x0F), low6 = _mm256_set1_epi16(0x3F);
@@ -113,16 +115,16 @@ HANPU_LANES_AVX2 void q4k_lanes_group(const uint8_t* tiles, int64_t nb, const in
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* t = tiles + static_cast<size_t>(i) * kQ4KLaneTileBytes;
     const char* p = reinterpret_cast<const char*>(t) + ahead;
-    _mm_prefetch(p, _MM_HINT_T0);  // the header's 2 lines; the nibbles' 16 below
-    _mm_prefetch(p + 64, _MM_HINT_T0);
+    _mm_prefetch(p, static_cast<_mm_hint>(kHint));  // the header's 2 lines; the nibbles' 16 below
+    _mm_prefetch(p + 64, static_cast<_mm_hint>(kHint));
     const int8_t* x = x8 + 256 * i;
     __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const uint8_t* q = t + kQsOffset + 256 * c;
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 64, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 128, _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 192, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 64, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 128, static_cast<_mm_hint>(kHint));
+      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 192, static_cast<_mm_hint>(kHint));
       __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
       for (int e = 0; e < 8; ++e) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * e));
@@ -290,9 +292,10 @@ void gguf_gemv_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int64_
   const int64_t nb = K / 256;
   const auto* base = static_cast<const uint8_t*>(packed);
   const int64_t ahead = decode_prefetch_bytes();
+  const auto group = decode_prefetch_l2() ? q4k_lanes_group<_MM_HINT_T1> : q4k_lanes_group<_MM_HINT_T0>;
   for (int64_t g = n0 / kLaneRows; g * kLaneRows < std::min(n1, tail0); ++g)
-    q4k_lanes_group(base + static_cast<size_t>(g * nb) * kQ4KLaneTileBytes, nb, x.q8.data(), x.scale.data(),
-                    x.bsum32.data(), y + (g * kLaneRows - n0), ahead);
+    group(base + static_cast<size_t>(g * nb) * kQ4KLaneTileBytes, nb, x.q8.data(), x.scale.data(), x.bsum32.data(),
+          y + (g * kLaneRows - n0), ahead);
   if (n1 > tail0) {  // the rows past the last group, in the file's layout
     const uint8_t* tail = base + static_cast<size_t>(groups * nb) * kQ4KLaneTileBytes;
     const int64_t a = std::max(n0, tail0);

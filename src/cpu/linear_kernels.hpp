@@ -44,6 +44,11 @@ void linear_portable_rows(const uint16_t* w, int64_t K, const float* xs, const f
 /// variable HANPU_DECODE_PREFETCH_BYTES (0 to 65536, a multiple of 64; 0: none) overrides it for
 /// measurements on other machines. Read once; a bad value throws hanpu::Error naming it.
 int64_t decode_prefetch_bytes();
+/// Whether the GGUF decode GEMVs' AVX2 forms (file rows and Q4_K row lanes) prefetch into L2
+/// (prefetcht1) rather than L1 (prefetcht0): HANPU_DECODE_PREFETCH_L2=1 / 0, default 1 on Intel
+/// (on the AVX-512 Xeon +5% decode for the 0.8B Q4_K_M from the row lanes and +5% for the Q8_0
+/// file, Q6_K unchanged; docs/GGUF.md), 0 elsewhere (not measured there).
+bool decode_prefetch_l2();
 /// Elements per block of the split activation layout: each block of kPairBlock consecutive
 /// elements is stored as its kPairBlock / 2 even-indexed elements, then its odd-indexed ones, so
 /// that a vector of bf16 weight pairs meets its activations without a shuffle (the decode form in

@@ -662,6 +662,23 @@ int64_t decode_prefetch_bytes() {
   return bytes;
 }
 
+bool decode_prefetch_l2() {
+  static const bool l2 = [] {
+    if (const char* v = std::getenv("HANPU_DECODE_PREFETCH_L2")) {
+      if (std::string(v) == "1") return true;
+      if (std::string(v) == "0") return false;
+      throw Error(std::string("HANPU_DECODE_PREFETCH_L2: got '") + v +
+                  "', expected 1 (the GGUF decode GEMVs prefetch into L2) or 0 (into L1)");
+    }
+#if HANPU_X86_KERNELS
+    return !x86::vendor_is_amd();
+#else
+    return false;
+#endif
+  }();
+  return l2;
+}
+
 void linear_portable_rows(const uint16_t* w, int64_t K, const float* xs, const float* x, int64_t ldx, float* y,
                           int64_t ldy, int64_t M, int64_t n0, int64_t n1, bool accumulate) {
   HANPU_DISPATCH(LinearPortableRows)(w, K, xs, x, ldx, y, ldy, M, n0, n1, accumulate);

@@ -40,7 +40,10 @@ ForwardWork& ForwardWork::operator+=(const ForwardWork& o) {
 
 ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bool all_logits,
                          const ProjectionWork& weights) {
-  const double bytes_per_weight = weights.bytes_per_weight;
+  const auto or_average = [&](double part) { return part > 0 ? part : weights.bytes_per_weight; };
+  const double linear_bpw = or_average(weights.linear_bytes_per_weight);
+  const double attention_bpw = or_average(weights.attention_bytes_per_weight);
+  const double mlp_bpw = or_average(weights.mlp_bytes_per_weight), lm_head_bpw = or_average(weights.lm_head_bytes_per_weight);
   const double H = static_cast<double>(c.hidden_size), T = static_cast<double>(tokens);
   ForwardWork w;
   // Per layer kind: the matrices (as ModelConfig::parameter_count counts them, without norms,
@@ -93,22 +96,22 @@ ForwardWork forward_work(const ModelConfig& c, int64_t start, int64_t tokens, bo
 
   for (int64_t i = 0; i < c.num_layers; ++i) {
     if (c.token_mixer(i) == c.attention_mixer) {
-      add(w.attention_projections, per_token_matrices(attention_weights, T, bytes_per_weight));
+      add(w.attention_projections, per_token_matrices(attention_weights, T, attention_bpw));
       add(w.attention_projections,
-          per_token_matrices(attention_rows_weights, static_cast<double>(start) + T, bytes_per_weight));
+          per_token_matrices(attention_rows_weights, static_cast<double>(start) + T, attention_bpw));
       w.attention_core.flops += 2 * nh * core_dim * keys;
     } else {
-      add(w.linear_projections, per_token_matrices(linear_weights, T, bytes_per_weight));
+      add(w.linear_projections, per_token_matrices(linear_weights, T, linear_bpw));
       w.linear_engine.flops += engine_flops_per_token_head * T * nv;
     }
     if (c.layer_is_moe(i)) {
       w.mlp.flops += 2 * T * (H * E + topk * expert + shared);
-      w.mlp.weight_bytes += bytes_per_weight * (H * E + experts_touched * expert + shared);
+      w.mlp.weight_bytes += mlp_bpw * (H * E + experts_touched * expert + shared);
     } else {
-      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.mlp.intermediate_size), T, bytes_per_weight));
+      add(w.mlp, per_token_matrices(3 * H * static_cast<double>(c.mlp.intermediate_size), T, mlp_bpw));
     }
   }
-  add(w.lm_head, per_token_matrices(H * static_cast<double>(c.vocab_size), all_logits ? T : 1, bytes_per_weight));
+  add(w.lm_head, per_token_matrices(H * static_cast<double>(c.vocab_size), all_logits ? T : 1, lm_head_bpw));
   return w;
 }
 

@@ -29,6 +29,10 @@ struct ForwardWork {
 /// What the projections' format changes in the count.
 struct ProjectionWork {
   double bytes_per_weight = 2.0;  // bf16
+  /// Where a part's weights are in other formats than the average (a GGUF file's Q6_K LM head beside
+  /// Q4_K projections): that part's bytes per weight; 0 takes bytes_per_weight.
+  double linear_bytes_per_weight = 0, attention_bytes_per_weight = 0, mlp_bytes_per_weight = 0,
+         lm_head_bytes_per_weight = 0;
   /// MLA keeps the latent form (no expanded W_uk is built: the load conversion is not element-wise,
   /// model_parts.hpp ProjectionLoad::elementwise).
   bool latent_only = false;
