@@ -641,10 +641,99 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const 
 }
 #undef HANPU_KQUANT_ROW
 #undef HANPU_KQUANT_MADDUBS
+
+// Steps of 4 elements whose VPMADDUBSW pairs can be summed in int16 (VPADDW) before the one
+// VPMADDWD by the rows' scales: a pair is at most 2 * 15 * 128 (Q4_K), 2 * 31 * 128 (Q5_K), 2 * 255
+// * 32 (Q6_K: activations + 128 times q - 32, -32..31) in magnitude, so 8, 4 and 2 steps stay within
+// 32767 (30720, 31744, 32640; the activations are at most 127 in magnitude, 128 counted for margin).
+// Q4_K's 8 steps are a whole sub-block of 32 (its scale's run), Q6_K's 2 half of its 16.
+template <Kind kind>
+constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
+
+// The 4 x 2 block with int16 sums, the form Q4_K runs: per step and (activation row, group) a
+// VPMADDUBSW and a VPADDW into an int16 accumulator (the run's first step writes it), and per run of
+// kI16Steps steps one VPMADDWD of it by the rows' scales (a memory operand) added into the int32
+// sums, which stay in acc32 on the stack (8 vectors, loaded, added and stored once per run: the 8
+// int16 accumulators, 2 weight vectors, the broadcast and the product take 12 of the 16 registers,
+// and 8 int32 ones do not fit beside them). Per step 8 multiplies + 8 / kI16Steps instead of 16,
+// and 16 + 16 / kI16Steps integer vector operations instead of 24. The integer sums are the same
+// integers as the per-step form's (no lane leaves int16 on the way, bounds above), so the results
+// are the same bits (tests/test_linear_gguf.cpp compares the block with the one-row tails, which
+// keep the per-step form, and with the AVX512-VNNI form).
+//
+// Measured on an Intel Xeon (AVX-512 + AMX host, HANPU_ISA=avx2, KVM, 2026-12-05; loaded, CPU-time
+// figures, docs/GGUF.md "AVX2 on the Intel Xeon"): the loops alone (benchmarks/avx2_int_loops.cpp,
+// operands in L1) 257 GOP/s per core with runs of 8 against the per-step form's 202 in registers,
+// 220 with runs of 4, 175 with runs of 2 (the flushes' loads and stores); the GEMM (gguf_prefill, 1
+// thread, MLP shapes) Q4_K 1.01-1.13x, Q5_K 0.88-0.98x, Q6_K 0.72-0.81x. So only Q4_K takes it; the
+// three share the code so that Q5_K / Q6_K can be re-measured (Zen 3: 4 vector pipes for the adds,
+// where the per-step form is bound by its 16 multiplies on 2; not measured there).
+#define HANPU_KQUANT_I16_PRODUCT(w, dst)                                                    \
+  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
+  "vpmaddubsw %[" #w "], %[x], " dst "\n\t"                                                 \
+  ".else\n\t"                                                                                \
+  "vpmaddubsw %[x], %[" #w "], " dst "\n\t"                                                 \
+  ".endif\n\t"
+#define HANPU_KQUANT_I16_ROW(m)                                        \
+  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t"                   \
+  ".if (\\q & (%c[ks] - 1)) == 0  # the run's first step\n\t"          \
+  HANPU_KQUANT_I16_PRODUCT(w0, "%[h" #m "0]")                          \
+  HANPU_KQUANT_I16_PRODUCT(w1, "%[h" #m "1]")                          \
+  ".else\n\t"                                                          \
+  HANPU_KQUANT_I16_PRODUCT(w0, "%[t]")                                 \
+  "vpaddw %[t], %[h" #m "0], %[h" #m "0]\n\t"                          \
+  HANPU_KQUANT_I16_PRODUCT(w1, "%[t]")                                 \
+  "vpaddw %[t], %[h" #m "1], %[h" #m "1]\n\t"                          \
+  ".endif\n\t"
+// (row m, group g): acc32[2m + g] += VPMADDWD(h_mg, the group's scales of step q)
+#define HANPU_KQUANT_I16_FLUSH(m, g)                                                           \
+  "vpmaddwd 32*((\\q >> 2) * (%c[ss] - 1))(%[ps" #g "],%[idx],%c[ss]), %[h" #m #g "], %[h" #m #g "]\n\t" \
+  "vpaddd 32*(2*" #m "+" #g ")(%[acc]), %[h" #m #g "], %[h" #m #g "]\n\t"                  \
+  "vmovdqa %[h" #m #g "], 32*(2*" #m "+" #g ")(%[acc])\n\t"
+template <Kind kind>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, const int16_t* const* sc,
+                                                     const int8_t* const* x, __m256i (&acc)[4][2]) {
+  constexpr int kScaleStride = kind == Kind::kQ6K ? 2 : 1;  // scale bytes per byte of idx (32 or 64 per chunk)
+  alignas(32) int32_t acc32[8][8];
+  __m256i h00, h01, h10, h11, h20, h21, h30, h31, w0, w1, xv, tmp;
+  int64_t idx;
+  // volatile: its result is acc32 in memory, not the register outputs (scratch), which a
+  // non-volatile asm with unused outputs would let the compiler drop
+  __asm__ volatile(
+      "vpxor %[t], %[t], %[t]\n\t"
+      ".irp k, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+      "vmovdqa %[t], 32*\\k(%[acc])\n\t"
+      ".endr\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
+      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
+      HANPU_KQUANT_I16_ROW(0) HANPU_KQUANT_I16_ROW(1) HANPU_KQUANT_I16_ROW(2) HANPU_KQUANT_I16_ROW(3)
+      ".if ((\\q + 1) & (%c[ks] - 1)) == 0  # the run's last step\n\t"
+      HANPU_KQUANT_I16_FLUSH(0, 0) HANPU_KQUANT_I16_FLUSH(0, 1) HANPU_KQUANT_I16_FLUSH(1, 0) HANPU_KQUANT_I16_FLUSH(1, 1)
+      HANPU_KQUANT_I16_FLUSH(2, 0) HANPU_KQUANT_I16_FLUSH(2, 1) HANPU_KQUANT_I16_FLUSH(3, 0) HANPU_KQUANT_I16_FLUSH(3, 1)
+      ".endif\n\t"
+      ".endr\n\t"
+      "add $32, %[idx]\n\t"
+      "cmp $256, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [h00] "=&x"(h00), [h01] "=&x"(h01), [h10] "=&x"(h10), [h11] "=&x"(h11), [h20] "=&x"(h20), [h21] "=&x"(h21),
+        [h30] "=&x"(h30), [h31] "=&x"(h31), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp),
+        [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]),
+        [px2] "r"(x[2]), [px3] "r"(x[3]), [acc] "r"(&acc32[0][0]), [ss] "i"(kScaleStride), [ks] "i"(kI16Steps<kind>)
+      : "cc", "memory");
+  for (int m = 0; m < 4; ++m)
+    for (int g = 0; g < 2; ++g) acc[m][g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc32[2 * m + g]));
+}
+#undef HANPU_KQUANT_I16_FLUSH
+#undef HANPU_KQUANT_I16_ROW
+#undef HANPU_KQUANT_I16_PRODUCT
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot_4x2<Kind::kQ4K>(w, sc, x, acc);
+  kquant_rl_dot_4x2_i16<Kind::kQ4K>(w, sc, x, acc);
 }
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ5K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
