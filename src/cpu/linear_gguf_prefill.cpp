@@ -685,24 +685,30 @@ constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
   HANPU_KQUANT_I16_PRODUCT(w1, "%[t]")                                 \
   "vpaddw %[t], %[h" #m "1], %[h" #m "1]\n\t"                          \
   ".endif\n\t"
-// (row m, group g): acc32[2m + g] += VPMADDWD(h_mg, the group's scales of step q)
-#define HANPU_KQUANT_I16_FLUSH(m, g)                                                           \
-  "vpmaddwd 32*((\\q >> 2) * (%c[ss] - 1))(%[ps" #g "],%[idx],%c[ss]), %[h" #m #g "], %[h" #m #g "]\n\t" \
-  "vpaddd 32*(2*" #m "+" #g ")(%[acc]), %[h" #m #g "], %[h" #m #g "]\n\t"                  \
-  "vmovdqa %[h" #m #g "], 32*(2*" #m "+" #g ")(%[acc])\n\t"
+// (row m, group g): the int32 sums += VPMADDWD(h_mg, the group's scales of step q); rows 0 and 1's
+// sums in the 4 registers left (a_mg), rows 2 and 3's in acc32 on the stack
+#define HANPU_KQUANT_I16_SCALE(m, g) \
+  "vpmaddwd 32*((\\q >> 2) * (%c[ss] - 1))(%[ps" #g "],%[idx],%c[ss]), %[h" #m #g "], %[h" #m #g "]\n\t"
+#define HANPU_KQUANT_I16_FLUSH_REG(m, g) \
+  HANPU_KQUANT_I16_SCALE(m, g) "vpaddd %[h" #m #g "], %[a" #m #g "], %[a" #m #g "]\n\t"
+#define HANPU_KQUANT_I16_FLUSH_MEM(m, g)                                      \
+  HANPU_KQUANT_I16_SCALE(m, g)                                                \
+  "vpaddd 32*(2*(" #m "-2)+" #g ")(%[acc]), %[h" #m #g "], %[h" #m #g "]\n\t" \
+  "vmovdqa %[h" #m #g "], 32*(2*(" #m "-2)+" #g ")(%[acc])\n\t"
 template <Kind kind>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, const int16_t* const* sc,
                                                      const int8_t* const* x, __m256i (&acc)[4][2]) {
   constexpr int kScaleStride = kind == Kind::kQ6K ? 2 : 1;  // scale bytes per byte of idx (32 or 64 per chunk)
-  alignas(32) int32_t acc32[8][8];
+  alignas(32) int32_t acc32[4][8];                          // rows 2 and 3
   __m256i h00, h01, h10, h11, h20, h21, h30, h31, w0, w1, xv, tmp;
   int64_t idx;
-  // volatile: its result is acc32 in memory, not the register outputs (scratch), which a
-  // non-volatile asm with unused outputs would let the compiler drop
-  __asm__ volatile(
-      "vpxor %[t], %[t], %[t]\n\t"
-      ".irp k, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
-      "vmovdqa %[t], 32*\\k(%[acc])\n\t"
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      ".irp k, 0, 1, 2, 3\n\t"
+      "vmovdqa %[a00], 32*\\k(%[acc])\n\t"
       ".endr\n\t"
       "xor %[idx], %[idx]\n\t"
       "1:\n\t"
@@ -711,23 +717,27 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, co
       "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
       HANPU_KQUANT_I16_ROW(0) HANPU_KQUANT_I16_ROW(1) HANPU_KQUANT_I16_ROW(2) HANPU_KQUANT_I16_ROW(3)
       ".if ((\\q + 1) & (%c[ks] - 1)) == 0  # the run's last step\n\t"
-      HANPU_KQUANT_I16_FLUSH(0, 0) HANPU_KQUANT_I16_FLUSH(0, 1) HANPU_KQUANT_I16_FLUSH(1, 0) HANPU_KQUANT_I16_FLUSH(1, 1)
-      HANPU_KQUANT_I16_FLUSH(2, 0) HANPU_KQUANT_I16_FLUSH(2, 1) HANPU_KQUANT_I16_FLUSH(3, 0) HANPU_KQUANT_I16_FLUSH(3, 1)
+      HANPU_KQUANT_I16_FLUSH_REG(0, 0) HANPU_KQUANT_I16_FLUSH_REG(0, 1) HANPU_KQUANT_I16_FLUSH_REG(1, 0)
+      HANPU_KQUANT_I16_FLUSH_REG(1, 1) HANPU_KQUANT_I16_FLUSH_MEM(2, 0) HANPU_KQUANT_I16_FLUSH_MEM(2, 1)
+      HANPU_KQUANT_I16_FLUSH_MEM(3, 0) HANPU_KQUANT_I16_FLUSH_MEM(3, 1)
       ".endif\n\t"
       ".endr\n\t"
       "add $32, %[idx]\n\t"
       "cmp $256, %[idx]\n\t"
       "jne 1b\n\t"
-      : [h00] "=&x"(h00), [h01] "=&x"(h01), [h10] "=&x"(h10), [h11] "=&x"(h11), [h20] "=&x"(h20), [h21] "=&x"(h21),
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]),
+        [h00] "=&x"(h00), [h01] "=&x"(h01), [h10] "=&x"(h10), [h11] "=&x"(h11), [h20] "=&x"(h20), [h21] "=&x"(h21),
         [h30] "=&x"(h30), [h31] "=&x"(h31), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp),
         [idx] "=&r"(idx)
       : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]),
         [px2] "r"(x[2]), [px3] "r"(x[3]), [acc] "r"(&acc32[0][0]), [ss] "i"(kScaleStride), [ks] "i"(kI16Steps<kind>)
       : "cc", "memory");
-  for (int m = 0; m < 4; ++m)
-    for (int g = 0; g < 2; ++g) acc[m][g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc32[2 * m + g]));
+  for (int m = 2; m < 4; ++m)
+    for (int g = 0; g < 2; ++g) acc[m][g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc32[2 * (m - 2) + g]));
 }
-#undef HANPU_KQUANT_I16_FLUSH
+#undef HANPU_KQUANT_I16_FLUSH_MEM
+#undef HANPU_KQUANT_I16_FLUSH_REG
+#undef HANPU_KQUANT_I16_SCALE
 #undef HANPU_KQUANT_I16_ROW
 #undef HANPU_KQUANT_I16_PRODUCT
 template <>
