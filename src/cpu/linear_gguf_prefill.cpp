@@ -650,24 +650,24 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const 
 template <Kind kind>
 constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
 
-// The 4 x 2 block with int16 sums, the form Q4_K runs: per step and (activation row, group) a
-// VPMADDUBSW and a VPADDW into an int16 accumulator (the run's first step writes it), and per run of
-// kI16Steps steps one VPMADDWD of it by the rows' scales (a memory operand) added into the int32
-// sums, which stay in acc32 on the stack (8 vectors, loaded, added and stored once per run: the 8
-// int16 accumulators, 2 weight vectors, the broadcast and the product take 12 of the 16 registers,
-// and 8 int32 ones do not fit beside them). Per step 8 multiplies + 8 / kI16Steps instead of 16,
-// and 16 + 16 / kI16Steps integer vector operations instead of 24. The integer sums are the same
-// integers as the per-step form's (no lane leaves int16 on the way, bounds above), so the results
-// are the same bits (tests/test_linear_gguf.cpp compares the block with the one-row tails, which
-// keep the per-step form, and with the AVX512-VNNI form).
+// The 4 x 2 block with int16 sums, the form Q4_K and Q5_K run: per step and (activation row, group)
+// a VPMADDUBSW and a VPADDW into an int16 accumulator (the run's first step writes it), and per run
+// of kI16Steps steps one VPMADDWD of it by the rows' scales (a memory operand) added into the int32
+// sums: rows 0 and 1's in the 4 registers left beside the 8 int16 accumulators, 2 weight vectors,
+// the broadcast and the product; rows 2 and 3's in acc32 on the stack (loaded, added and stored
+// once per run). Per step 8 multiplies + 8 / kI16Steps instead of 16, and 16 + 16 / kI16Steps
+// integer vector operations instead of 24. The integer sums are the same integers as the per-step
+// form's (no lane leaves int16 on the way, bounds above), so the results are the same bits
+// (tests/test_linear_gguf.cpp compares the block with the one-row tails, which keep the per-step
+// form, and with the AVX512-VNNI form).
 //
-// Measured on an Intel Xeon (AVX-512 + AMX host, HANPU_ISA=avx2, KVM, 2026-12-05; loaded, CPU-time
-// figures, docs/GGUF.md "AVX2 on the Intel Xeon"): the loops alone (benchmarks/avx2_int_loops.cpp,
-// operands in L1) 257 GOP/s per core with runs of 8 against the per-step form's 202 in registers,
-// 220 with runs of 4, 175 with runs of 2 (the flushes' loads and stores); the GEMM (gguf_prefill, 1
-// thread, MLP shapes) Q4_K 1.01-1.13x, Q5_K 0.88-0.98x, Q6_K 0.72-0.81x. So only Q4_K takes it; the
-// three share the code so that Q5_K / Q6_K can be re-measured (Zen 3: 4 vector pipes for the adds,
-// where the per-step form is bound by its 16 multiplies on 2; not measured there).
+// Measured on an Intel Xeon (AVX-512 + AMX host under HANPU_ISA=avx2, KVM, 2026-12-05; loaded, CPU
+// time, docs/GGUF.md "AVX2 prefill on the Intel Xeon"): the loops alone (benchmarks/avx2_int_loops.cpp,
+// all sums in L1) 257 GOP/s per core with runs of 8 against the per-step form's 202 in registers, 220
+// with runs of 4, 175 with runs of 2; the GEMM (gguf_prefill, 1 thread, MLP shapes) Q4_K 1.17-1.20x
+// (1.03-1.15x with all 8 int32 sums on the stack), Q5_K 1.0-1.07x, Q6_K 0.82-0.88x (its runs of 2
+// flush too often: kquant_rl_dot_4x2_q6k_pairs instead). Zen 3 (4 vector pipes for the adds, where
+// the per-step form is bound by its 16 multiplies on 2) not measured.
 #define HANPU_KQUANT_I16_PRODUCT(w, dst)                                                    \
   ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
   "vpmaddubsw %[" #w "], %[x], " dst "\n\t"                                                 \
@@ -740,6 +740,61 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, co
 #undef HANPU_KQUANT_I16_SCALE
 #undef HANPU_KQUANT_I16_ROW
 #undef HANPU_KQUANT_I16_PRODUCT
+// Q6_K's 4 x 2 block on pairs of steps: its int16 runs are 2 steps (2 * 2 * 255 * 32 = 32640), too
+// short for the stack flush of kquant_rl_dot_4x2_i16, so the 8 int32 sums stay in registers and
+// the weights are memory operands of the VPMADDUBSWs instead (8 sums, 2 scale vectors, the two
+// steps' broadcasts and products: 14 registers). Per pair of steps and (activation row, group): two
+// VPMADDUBSW (activations + 128 unsigned, q - 32 signed, as kquant_rl_dot_4x2), one VPADDW, one
+// VPMADDWD by the scales, one VPADDD: 5 integer vector operations per 2 steps instead of 6, 3
+// multiplies instead of 4, for twice the weight loads (from L1 / L2, 4 activation rows read each).
+// The same integer sums, so the same bits (tests as kquant_rl_dot_4x2_i16). Measured as there:
+// 1.01-1.04x the per-step form on the Xeon (the weight loads; Zen 3, bound by its multiplies, not measured).
+#define HANPU_Q6K_PAIR_ROW(m)                                              \
+  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t"                       \
+  "vpbroadcastd 4*\\q+4(%[px" #m "],%[idx]), %[y]\n\t"                     \
+  "vpmaddubsw 32*\\q(%[pw0],%[idx],8), %[x], %[t]\n\t"                     \
+  "vpmaddubsw 32*\\q+32(%[pw0],%[idx],8), %[y], %[u]\n\t"                  \
+  "vpaddw %[u], %[t], %[t]\n\t"                                            \
+  "vpmaddwd %[s0], %[t], %[t]\n\t"                                         \
+  "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"                              \
+  "vpmaddubsw 32*\\q(%[pw1],%[idx],8), %[x], %[t]\n\t"                     \
+  "vpmaddubsw 32*\\q+32(%[pw1],%[idx],8), %[y], %[u]\n\t"                  \
+  "vpaddw %[u], %[t], %[t]\n\t"                                            \
+  "vpmaddwd %[s1], %[t], %[t]\n\t"                                         \
+  "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_q6k_pairs(const uint8_t* const* w, const int16_t* const* sc,
+                                                         const int8_t* const* x, __m256i (&acc)[4][2]) {
+  __m256i xv, yv, tmp, tmp2, s0, s1;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      "vmovdqa %[a00], %[a20]\n\t"
+      "vmovdqa %[a00], %[a21]\n\t"
+      "vmovdqa %[a00], %[a30]\n\t"
+      "vmovdqa %[a00], %[a31]\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      ".irp q, 0, 2, 4, 6  # the chunk's 4 pairs of steps\n\t"
+      ".if (\\q & 3) == 0  # the scales of the 16 elements of steps q .. q + 3\n\t"
+      "vmovdqa 32*(\\q >> 2)(%[ps0],%[idx],2), %[s0]\n\t"
+      "vmovdqa 32*(\\q >> 2)(%[ps1],%[idx],2), %[s1]\n\t"
+      ".endif\n\t"
+      HANPU_Q6K_PAIR_ROW(0) HANPU_Q6K_PAIR_ROW(1) HANPU_Q6K_PAIR_ROW(2) HANPU_Q6K_PAIR_ROW(3)
+      ".endr\n\t"
+      "add $32, %[idx]\n\t"
+      "cmp $256, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]),
+        [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]),
+        [x] "=&x"(xv), [y] "=&x"(yv), [t] "=&x"(tmp), [u] "=&x"(tmp2), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]),
+        [px2] "r"(x[2]), [px3] "r"(x[3])
+      : "cc", "memory");
+}
+#undef HANPU_Q6K_PAIR_ROW
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
@@ -748,12 +803,12 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* co
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ5K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot_4x2<Kind::kQ5K>(w, sc, x, acc);  // Q4_K's layout (values 0..31 instead of 0..15)
+  kquant_rl_dot_4x2_i16<Kind::kQ5K>(w, sc, x, acc);  // Q4_K's layout (values 0..31 instead of 0..15)
 }
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot_4x2<Kind::kQ6K>(w, sc, x, acc);
+  kquant_rl_dot_4x2_q6k_pairs(w, sc, x, acc);
 }
 
 // Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
