@@ -582,65 +582,11 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int1
   }
 }
 
-// 4 x 2 in assembly: GCC 12 made the intrinsics load-bound in the earlier layout (each load folded
-// into every multiply that reads it as a memory operand, or accumulators spilled). 8 accumulators, 2 weight and 2
-// scale vectors, the broadcast and the product (14 registers); per step 2 loads and 4 broadcasts for
-// 16 multiplies. One loop for the three types: they differ only in the scale vectors, one per chunk
-// of 32 for Q4_K / Q5_K (32 bytes per chunk, so the chunk's offset idx scales by 1), two for Q6_K
-// (one per 16 elements: 64 bytes per chunk, idx scaled by 2, the second vector loaded before step 4).
-// Per activation row m and step q (an .irp over the chunk's 8 steps): the broadcast of x_m's 4
-// bytes and the two groups' VPMADDUBSW, VPMADDWD by the scales, VPADDD.
-#define HANPU_KQUANT_MADDUBS(w)                                                             \
-  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
-  "vpmaddubsw %[" #w "], %[x], %[t]\n\t"                                                    \
-  ".else\n\t"                                                                                \
-  "vpmaddubsw %[x], %[" #w "], %[t]\n\t"                                                    \
-  ".endif\n\t"
-#define HANPU_KQUANT_ROW(m)                       \
-  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t" \
-  HANPU_KQUANT_MADDUBS(w0)                        \
-  "vpmaddwd %[s0], %[t], %[t]\n\t"                \
-  "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"     \
-  HANPU_KQUANT_MADDUBS(w1)                        \
-  "vpmaddwd %[s1], %[t], %[t]\n\t"                \
-  "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"
-template <Kind kind>
-HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const int16_t* const* sc,
-                                                 const int8_t* const* x, __m256i (&acc)[4][2]) {
-  constexpr int kScaleStride = kind == Kind::kQ6K ? 2 : 1;  // scale bytes per byte of idx (32 or 64 per chunk)
-  __m256i w0, w1, xv, tmp, s0, s1;
-  int64_t idx;
-  __asm__(
-      "vpxor %[a00], %[a00], %[a00]\n\t"
-      "vmovdqa %[a00], %[a01]\n\t"
-      "vmovdqa %[a00], %[a10]\n\t"
-      "vmovdqa %[a00], %[a11]\n\t"
-      "vmovdqa %[a00], %[a20]\n\t"
-      "vmovdqa %[a00], %[a21]\n\t"
-      "vmovdqa %[a00], %[a30]\n\t"
-      "vmovdqa %[a00], %[a31]\n\t"
-      "xor %[idx], %[idx]\n\t"
-      "1:\n\t"
-      "vmovdqa (%[ps0],%[idx],%c[ss]), %[s0]\n\t"
-      "vmovdqa (%[ps1],%[idx],%c[ss]), %[s1]\n\t"
-      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
-      ".if %c[ss] == 2 && \\q == 4  # Q6_K: the second 16 elements' scales\n\t"
-      "vmovdqa 32(%[ps0],%[idx],2), %[s0]\n\t"
-      "vmovdqa 32(%[ps1],%[idx],2), %[s1]\n\t"
-      ".endif\n\t"
-      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
-      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
-      HANPU_KQUANT_ROW(0) HANPU_KQUANT_ROW(1) HANPU_KQUANT_ROW(2) HANPU_KQUANT_ROW(3)
-      ".endr\n\t"
-      "add $32, %[idx]\n\t"
-      "cmp $256, %[idx]\n\t"
-      "jne 1b\n\t"
-      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]), [ss] "i"(kScaleStride)
-      : "cc", "memory");
-}
-#undef HANPU_KQUANT_ROW
-#undef HANPU_KQUANT_MADDUBS
+// The 4 x 2 blocks in assembly (GCC 12 made the intrinsics load-bound in the earlier layout: each
+// load folded into every multiply that reads it as a memory operand, or accumulators spilled).
+// Until 2026-12-05 one loop for the three types, one VPMADDWD by the scales per step (16 multiplies
+// per step, 14 registers: 8 int32 sums, 2 weight and 2 scale vectors, the broadcast and the
+// product); the tails (kquant_rl_dot above) keep that per-step form.
 
 // Steps of 4 elements whose VPMADDUBSW pairs can be summed in int16 (VPADDW) before the one
 // VPMADDWD by the rows' scales: a pair is at most 2 * 15 * 128 (Q4_K), 2 * 31 * 128 (Q5_K), 2 * 255
