@@ -203,6 +203,10 @@ def main():
                 results.setdefault(row["file"], []).append(row)
             print(f"round {r + 1}/{args.rounds} {os.path.basename(f)}: load {row['hanpu_load']:.1f}/"
                   f"{row['llama_load']:.1f}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.json_out:  # the rows so far, so that a run cut short keeps them
+                with open(args.json_out, "w") as out:
+                    json.dump({"start_utc": start, "threads": args.threads, "isa": args.isa or "native",
+                               "partial": True, "rows": results}, out, indent=1)
     end = time.strftime("%H:%M", time.gmtime())
     isas = sorted({r.get("hanpu_isa") or "?" for rows in results.values() for r in rows})
     print(f"{args.rounds} interleaved rounds, {start}-{end} UTC, {args.threads} threads, hanpu kernels "
