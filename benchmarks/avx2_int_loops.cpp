@@ -11,6 +11,9 @@
 //   q8_0 step, regs      Q8_0's 6 x 2 step: 12 x (VPMADDWD, VPADDD), operands in registers
 //   q8_0 step, L1        the same with its 2 weight loads and 6 activation broadcasts from L1
 //   k-quant step, regs   the K-quants' 4 x 2 step: 8 x (VPMADDUBSW, VPMADDWD by scales, VPADDD)
+//   q4_k int16 x8, L1    the 4 x 2 step with int16 sums (kquant_rl_dot_4x2_i16): 8 x (VPMADDUBSW,
+//                        VPADDW), loads and broadcasts from L1, per 8 steps one VPMADDWD by the
+//                        scales and the int32 sums added in L1; q5_k x4 and q6_k x2 per 4 / 2 steps
 // The Q8_0 form issues 4 vector operations per 32 products against the K-quants' 3, and its adds
 // share the vector pipes with the multiplies: the ratio of the second and fourth lines is what
 // keeps Q8_0's GEMM below the K-quants'.
@@ -89,6 +92,41 @@ __attribute__((target("avx2"))) void kquant_regs() {
   __asm__ volatile(HANPU_REP16 HANPU_KQ_ROW(0, 4) HANPU_KQ_ROW(1, 5) HANPU_KQ_ROW(2, 6) HANPU_KQ_ROW(3, 7)
                    ".endr\n\t" ::: HANPU_ALL_YMM);
 }
+
+// The K-quants' 4 x 2 step with int16 sums (linear_gguf_prefill.cpp, kquant_rl_dot_4x2_i16): per
+// step 2 weight loads, 4 broadcasts, 8 VPMADDUBSW and 8 VPADDW into int16 accumulators ymm0-7 (the
+// run's first step writes them), and per run of R steps (Q4_K 8, Q5_K 4, Q6_K 2) one VPMADDWD by
+// the scales and the int32 sums added in memory (L1), as the kernel does. Per call 16 steps.
+alignas(64) uint8_t g_wk[2 * 16 * 32];
+alignas(64) int8_t g_xk[4 * 64];
+alignas(64) int16_t g_sk[2 * 16];
+alignas(64) int32_t g_acc[8 * 8];
+#define HANPU_KQ16_ROW(m, n)                                                                        \
+  "vpbroadcastd 4*\\j+64*" #m "(%[x]), %%ymm14\n\t"                                             \
+  ".if (\\j & (%c[r] - 1)) == 0\n\t"                                                          \
+  "vpmaddubsw %%ymm14, %%ymm12, %%ymm" #m "\n\tvpmaddubsw %%ymm14, %%ymm13, %%ymm" #n "\n\t" \
+  ".else\n\t"                                                                                 \
+  "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\tvpaddw %%ymm15, %%ymm" #m ", %%ymm" #m "\n\t"        \
+  "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\tvpaddw %%ymm15, %%ymm" #n ", %%ymm" #n "\n\t"    \
+  ".endif\n\t"
+template <int R>
+__attribute__((target("avx2"))) void kquant_i16_l1() {
+  __asm__ volatile(HANPU_REP16 "vmovdqa 32*\\j(%[w]), %%ymm12\n\t"
+                   "vmovdqa 32*\\j+512(%[w]), %%ymm13\n\t" HANPU_KQ16_ROW(0, 4) HANPU_KQ16_ROW(1, 5) HANPU_KQ16_ROW(2, 6)
+                       HANPU_KQ16_ROW(3, 7)
+                   ".if ((\\j + 1) & (%c[r] - 1)) == 0\n\t"
+                   ".irp a, 0, 1, 2, 3, 4, 5, 6, 7\n\t"
+                   "vpmaddwd 32*(\\a & 1)(%[s]), %%ymm\\a, %%ymm\\a\n\t"
+                   "vpaddd 32*\\a(%[acc]), %%ymm\\a, %%ymm\\a\n\t"
+                   "vmovdqa %%ymm\\a, 32*\\a(%[acc])\n\t"
+                   ".endr\n\t"
+                   ".endif\n\t"
+                   ".endr\n\t"
+                   :
+                   : [w] "r"(g_wk), [x] "r"(g_xk), [s] "r"(g_sk), [acc] "r"(g_acc), [r] "i"(R)
+                   : "memory", HANPU_ALL_YMM);
+}
+#undef HANPU_KQ16_ROW
 
 // AVX512-VNNI: accumulators zmm0-11, weights zmm16, broadcast zmm17, scales zmm18, product zmm19, sums zmm20-27
 #define HANPU_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -214,6 +252,9 @@ int main(int argc, char** argv) {
       {"q8_0 step, regs", q8_0_regs, 16.0 * 12 * 16},
       {"q8_0 step, L1", q8_0_l1, 16.0 * 12 * 16},
       {"k-quant step, regs", kquant_regs, 16.0 * 8 * 32},
+      {"q4_k int16 x8, L1", kquant_i16_l1<8>, 16.0 * 8 * 32},
+      {"q5_k int16 x4, L1", kquant_i16_l1<4>, 16.0 * 8 * 32},
+      {"q6_k int16 x2, L1", kquant_i16_l1<2>, 16.0 * 8 * 32},
   };
   const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vnni");

@@ -9,9 +9,11 @@ decode against the read probe bench-model measured in the same run, the load ave
 run), writes every raw row with --json-out and a bar chart of the ratios with --svg.
 
     python3 benchmarks/gguf_vs_llama_cpp.py --llama-cpp DIR F1.gguf F2.gguf [--rounds 2] [--svg out.svg]
-        [--hanpu-env lanes:HANPU_GGUF_LAYOUT=lanes --hanpu-env file:HANPU_GGUF_LAYOUT=file]
+        [--hanpu-env lanes:HANPU_GGUF_LAYOUT=lanes --hanpu-env file:HANPU_GGUF_LAYOUT=file] [--isa avx2]
 
-DIR holds llama-bench (the peer build's bin/). hanpu's decode is timed after the first prompt
+DIR holds llama-bench (the peer build's bin/). --isa caps hanpu's kernels (`hanpu --isa X`, as
+HANPU_ISA): with `--isa avx2` on a wider machine, give DIR an AVX2-only peer build (the peers
+script's PEERS_ISA=avx2); the ISA hanpu reports is kept per row. hanpu's decode is timed after the first prompt
 length's prefill, llama.cpp's `tg` from an empty context (llama-bench's definition). Python 3.11
 standard library only; the SVG is written by hand.
 """
@@ -64,12 +66,17 @@ def one_round(args, path, prompts, variants):
     for label, env in variants:
         row = {"file": os.path.basename(path) + (f" ({label})" if label else ""), "env": env}
         row["hanpu_load"] = load_average()
-        hrows = run_json_lines([args.hanpu, "bench-model", "--model", path, "-p", p_list, "--decode-tokens",
+        isa = ["--isa", args.isa] if args.isa else []
+        hrows = run_json_lines([args.hanpu, *isa, "bench-model", "--model", path, "-p", p_list, "--decode-tokens",
                                 str(args.decode), "--threads", str(args.threads), "--json"], env)
         by_prompt = {r["prompt_tokens"]: r for r in hrows}
         first = by_prompt[prompts[0]]
         row["hanpu"] = {f"pp{p}": by_prompt[p]["prefill_tokens_per_s"] for p in prompts}
         row["hanpu"]["tg"] = first["decode_tokens_per_s"]
+        row["hanpu_isa"] = first.get("isa")
+        # prompt tokens per CPU second x threads: what the threads did while they ran (load-robust)
+        row["hanpu_cpu"] = {f"pp{p}": p / (by_prompt[p]["prefill_cpu_ms"] / 1000) * args.threads
+                            for p in prompts if by_prompt[p].get("prefill_cpu_ms")}
         row["hanpu_decode_gbs"] = first["decode_weight_gbs"]
         row["probe_gbs"] = first["machine_read_bandwidth_gbs"]
         rows.append(row)
@@ -176,6 +183,7 @@ def main():
     ap.add_argument("--hanpu-env", action="append", type=parse_variant, default=[],
                     help="LABEL:NAME=VALUE[,...]: run hanpu once per such variant with these environment "
                          "variables (e.g. lanes:HANPU_GGUF_LAYOUT=lanes); default one run as is")
+    ap.add_argument("--isa", help="hanpu's --isa (e.g. avx2; default: native)")
     ap.add_argument("--json-out")
     ap.add_argument("--svg")
     args = ap.parse_args()
@@ -195,14 +203,24 @@ def main():
                 results.setdefault(row["file"], []).append(row)
             print(f"round {r + 1}/{args.rounds} {os.path.basename(f)}: load {row['hanpu_load']:.1f}/"
                   f"{row['llama_load']:.1f}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            if args.json_out:  # the rows so far, so that a run cut short keeps them
+                with open(args.json_out, "w") as out:
+                    json.dump({"start_utc": start, "threads": args.threads, "isa": args.isa or "native",
+                               "partial": True, "rows": results}, out, indent=1)
     end = time.strftime("%H:%M", time.gmtime())
-    print(f"{args.rounds} interleaved rounds, {start}-{end} UTC, {args.threads} threads; tokens/s per round")
+    isas = sorted({r.get("hanpu_isa") or "?" for rows in results.values() for r in rows})
+    print(f"{args.rounds} interleaved rounds, {start}-{end} UTC, {args.threads} threads, hanpu kernels "
+          f"{', '.join(isas)}; tokens/s per round")
     print(table(results, prompts))
+    for name, rows in results.items():
+        cpu = "; ".join(", ".join(f"{k} {v:.1f}" for k, v in r.get("hanpu_cpu", {}).items()) for r in rows)
+        print(f"{name}: hanpu prefill tokens per CPU second x {args.threads}: {cpu}")
     loads = [x for rows in results.values() for r in rows for x in (r["hanpu_load"], r["llama_load"])]
     print(f"load average before the runs: {min(loads):.1f}-{max(loads):.1f}")
     if args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"start_utc": start, "end_utc": end, "threads": args.threads, "rows": results}, f, indent=1)
+            json.dump({"start_utc": start, "end_utc": end, "threads": args.threads, "isa": args.isa or "native",
+                       "rows": results}, f, indent=1)
     if args.svg:
         with open(args.svg, "w") as f:
             f.write(svg(results, prompts, f"hanpu / llama.cpp on the same GGUF file, {start}-{end} UTC"))

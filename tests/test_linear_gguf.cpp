@@ -446,6 +446,52 @@ TEST_P(GgufIntPrefill, GgufLinearSettingSelectsThePath) {
   EXPECT_NE(0, std::memcmp(y_int.data(), y_f32.data(), y_int.size() * 4)) << "the two paths gave the same bits";
 }
 
+// The AVX2 form's register blocks (K-quants 4 x 2 with int16 sums per run of steps, Q8_0 6 x 2, both
+// in assembly) against its one-row tails (intrinsics, one VPMADDWD per step): the same integer sums
+// and f32 operations, so the same bits, for every row, on random and on saturating blocks (every
+// weight at its largest magnitude, activations of one sign near their block's maximum: the int16
+// runs at their bounds, Q4_K 8 * 2 * 15 * 127, Q5_K 4 * 2 * 31 * 127, Q6_K 2 * 2 * 255 * 32).
+// kAvx2 explicitly, so that it runs where the AVX512-VNNI form is the default too.
+TEST_P(GgufIntPrefill, RegisterBlocksSameBitsAsTheOneRowTails) {
+  const GgmlType t = GetParam();
+  if (!hanpu::cpu::gguf_int_prefill_available(t)) GTEST_SKIP() << "no AVX2 form on this CPU / HANPU_ISA";
+  using hanpu::cpu::GgufIntForm;
+  const int64_t be = hanpu::gguf::block_format(t).block_elems;
+  hanpu::Engine engine(2);
+  for (int saturate : {0, 1, -1}) {
+    for (float xsign : {1.f, -1.f}) {
+      for (const auto& [N, K] : std::vector<std::pair<int64_t, int64_t>>{{37, be}, {21, 3 * be}, {13, 1024}}) {
+        SCOPED_TRACE("N = " + std::to_string(N) + ", K = " + std::to_string(K) + ", saturate " +
+                     std::to_string(saturate) + ", activations " + std::to_string(xsign));
+        const Weights W = make_weights(t, N, K, static_cast<uint32_t>(K + N + 5 + saturate), false, saturate);
+        const int64_t M = 13;  // Q8_0: 6 + 6 + a tail of 1; K-quants: 4 + 4 + 4 + 1
+        std::mt19937 rng(static_cast<uint32_t>(K + 3));
+        std::uniform_real_distribution<float> u(0.9f, 1.f);
+        std::vector<float> x(static_cast<size_t>(M * K));
+        for (int64_t m = 0; m < M; ++m) {
+          if (saturate != 0) {
+            for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(m * K + k)] = xsign * u(rng);
+          } else {
+            const std::vector<float> xr = hanpu::testing::gguf_test_activations(K, static_cast<uint32_t>(m * 7 + K));
+            for (int64_t k = 0; k < K; ++k) x[static_cast<size_t>(m * K + k)] = xsign * xr[static_cast<size_t>(k)];
+          }
+        }
+        std::vector<float> y(static_cast<size_t>(M * N)), y1(static_cast<size_t>(N));
+        hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data(), K, y.data(), N, M, 2, false, false,
+                                     GgufIntForm::kAvx2);
+        for (int64_t m = 0; m < M; ++m) {
+          hanpu::cpu::gguf_prefill_int(engine, t, W.bytes.data(), N, K, x.data() + m * K, K, y1.data(), N, 1, 1, false,
+                                       false, GgufIntForm::kAvx2);
+          ASSERT_EQ(0, std::memcmp(y.data() + m * N, y1.data(), y1.size() * 4)) << "row " << m;
+          // (saturating blocks: rows of equal weights, errors far below the bound, which check() refuses
+          // as a sign of a wrong bound; SaturatingValuesSameBitsAsTheAvx2Form checks those against fp64)
+          if (saturate == 0) check(W, std::vector<float>(x.begin() + m * K, x.begin() + (m + 1) * K), y1);
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, GgufIntPrefill,
                          ::testing::Values(GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K),
                          [](const auto& info) { return std::string(hanpu::gguf::block_format(info.param).name); });

@@ -582,33 +582,135 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot(const uint8_t* const* w, const int1
   }
 }
 
-// 4 x 2 in assembly: GCC 12 made the intrinsics load-bound in the earlier layout (each load folded
-// into every multiply that reads it as a memory operand, or accumulators spilled). 8 accumulators, 2 weight and 2
-// scale vectors, the broadcast and the product (14 registers); per step 2 loads and 4 broadcasts for
-// 16 multiplies. One loop for the three types: they differ only in the scale vectors, one per chunk
-// of 32 for Q4_K / Q5_K (32 bytes per chunk, so the chunk's offset idx scales by 1), two for Q6_K
-// (one per 16 elements: 64 bytes per chunk, idx scaled by 2, the second vector loaded before step 4).
-// Per activation row m and step q (an .irp over the chunk's 8 steps): the broadcast of x_m's 4
-// bytes and the two groups' VPMADDUBSW, VPMADDWD by the scales, VPADDD.
-#define HANPU_KQUANT_MADDUBS(w)                                                             \
-  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
-  "vpmaddubsw %[" #w "], %[x], %[t]\n\t"                                                    \
-  ".else\n\t"                                                                                \
-  "vpmaddubsw %[x], %[" #w "], %[t]\n\t"                                                    \
-  ".endif\n\t"
-#define HANPU_KQUANT_ROW(m)                       \
-  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t" \
-  HANPU_KQUANT_MADDUBS(w0)                        \
-  "vpmaddwd %[s0], %[t], %[t]\n\t"                \
-  "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"     \
-  HANPU_KQUANT_MADDUBS(w1)                        \
-  "vpmaddwd %[s1], %[t], %[t]\n\t"                \
-  "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"
+// The 4 x 2 blocks in assembly (GCC 12 made the intrinsics load-bound in the earlier layout: each
+// load folded into every multiply that reads it as a memory operand, or accumulators spilled).
+// Until 2026-12-05 one loop for the three types, one VPMADDWD by the scales per step (16 multiplies
+// per step, 14 registers: 8 int32 sums, 2 weight and 2 scale vectors, the broadcast and the
+// product); the tails (kquant_rl_dot above) keep that per-step form.
+
+// Steps of 4 elements whose VPMADDUBSW pairs can be summed in int16 (VPADDW) before the one
+// VPMADDWD by the rows' scales: a pair is at most 2 * 15 * 128 (Q4_K), 2 * 31 * 128 (Q5_K), 2 * 255
+// * 32 (Q6_K: activations + 128 times q - 32, -32..31) in magnitude, so 8, 4 and 2 steps stay within
+// 32767 (30720, 31744, 32640; the activations are at most 127 in magnitude, 128 counted for margin).
+// Q4_K's 8 steps are a whole sub-block of 32 (its scale's run), Q6_K's 2 half of its 16.
 template <Kind kind>
-HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const int16_t* const* sc,
-                                                 const int8_t* const* x, __m256i (&acc)[4][2]) {
+constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
+
+// The 4 x 2 block with int16 sums, the form Q4_K and Q5_K run: per step and (activation row, group)
+// a VPMADDUBSW and a VPADDW into an int16 accumulator (the run's first step writes it), and per run
+// of kI16Steps steps one VPMADDWD of it by the rows' scales (a memory operand) added into the int32
+// sums: rows 0 and 1's in the 4 registers left beside the 8 int16 accumulators, 2 weight vectors,
+// the broadcast and the product; rows 2 and 3's in acc32 on the stack (loaded, added and stored
+// once per run). Per step 8 multiplies + 8 / kI16Steps instead of 16, and 16 + 16 / kI16Steps
+// integer vector operations instead of 24. The integer sums are the same integers as the per-step
+// form's (no lane leaves int16 on the way, bounds above), so the results are the same bits
+// (tests/test_linear_gguf.cpp compares the block with the one-row tails, which keep the per-step
+// form, and with the AVX512-VNNI form).
+//
+// Measured on an Intel Xeon (AVX-512 + AMX host under HANPU_ISA=avx2, KVM, 2026-12-05; loaded, CPU
+// time, docs/GGUF.md "AVX2 prefill on the Intel Xeon"): the loops alone (benchmarks/avx2_int_loops.cpp,
+// all sums in L1) 257 GOP/s per core with runs of 8 against the per-step form's 202 in registers, 220
+// with runs of 4, 175 with runs of 2; the GEMM (gguf_prefill, 1 thread, MLP shapes) Q4_K 1.17-1.20x
+// (1.03-1.15x with all 8 int32 sums on the stack), Q5_K 1.0-1.07x, Q6_K 0.82-0.88x (its runs of 2
+// flush too often: kquant_rl_dot_4x2_q6k_pairs instead). Zen 3 (4 vector pipes for the adds, where
+// the per-step form is bound by its 16 multiplies on 2) not measured.
+#define HANPU_KQUANT_I16_PRODUCT(w, dst)                                                    \
+  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
+  "vpmaddubsw %[" #w "], %[x], " dst "\n\t"                                                 \
+  ".else\n\t"                                                                                \
+  "vpmaddubsw %[x], %[" #w "], " dst "\n\t"                                                 \
+  ".endif\n\t"
+#define HANPU_KQUANT_I16_ROW(m)                                        \
+  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t"                   \
+  ".if (\\q & (%c[ks] - 1)) == 0  # the run's first step\n\t"          \
+  HANPU_KQUANT_I16_PRODUCT(w0, "%[h" #m "0]")                          \
+  HANPU_KQUANT_I16_PRODUCT(w1, "%[h" #m "1]")                          \
+  ".else\n\t"                                                          \
+  HANPU_KQUANT_I16_PRODUCT(w0, "%[t]")                                 \
+  "vpaddw %[t], %[h" #m "0], %[h" #m "0]\n\t"                          \
+  HANPU_KQUANT_I16_PRODUCT(w1, "%[t]")                                 \
+  "vpaddw %[t], %[h" #m "1], %[h" #m "1]\n\t"                          \
+  ".endif\n\t"
+// (row m, group g): the int32 sums += VPMADDWD(h_mg, the group's scales of step q); rows 0 and 1's
+// sums in the 4 registers left (a_mg), rows 2 and 3's in acc32 on the stack
+#define HANPU_KQUANT_I16_SCALE(m, g) \
+  "vpmaddwd 32*((\\q >> 2) * (%c[ss] - 1))(%[ps" #g "],%[idx],%c[ss]), %[h" #m #g "], %[h" #m #g "]\n\t"
+#define HANPU_KQUANT_I16_FLUSH_REG(m, g) \
+  HANPU_KQUANT_I16_SCALE(m, g) "vpaddd %[h" #m #g "], %[a" #m #g "], %[a" #m #g "]\n\t"
+#define HANPU_KQUANT_I16_FLUSH_MEM(m, g)                                      \
+  HANPU_KQUANT_I16_SCALE(m, g)                                                \
+  "vpaddd 32*(2*(" #m "-2)+" #g ")(%[acc]), %[h" #m #g "], %[h" #m #g "]\n\t" \
+  "vmovdqa %[h" #m #g "], 32*(2*(" #m "-2)+" #g ")(%[acc])\n\t"
+template <Kind kind>
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, const int16_t* const* sc,
+                                                     const int8_t* const* x, __m256i (&acc)[4][2]) {
   constexpr int kScaleStride = kind == Kind::kQ6K ? 2 : 1;  // scale bytes per byte of idx (32 or 64 per chunk)
-  __m256i w0, w1, xv, tmp, s0, s1;
+  alignas(32) int32_t acc32[4][8];                          // rows 2 and 3
+  __m256i h00, h01, h10, h11, h20, h21, h30, h31, w0, w1, xv, tmp;
+  int64_t idx;
+  __asm__(
+      "vpxor %[a00], %[a00], %[a00]\n\t"
+      "vmovdqa %[a00], %[a01]\n\t"
+      "vmovdqa %[a00], %[a10]\n\t"
+      "vmovdqa %[a00], %[a11]\n\t"
+      ".irp k, 0, 1, 2, 3\n\t"
+      "vmovdqa %[a00], 32*\\k(%[acc])\n\t"
+      ".endr\n\t"
+      "xor %[idx], %[idx]\n\t"
+      "1:\n\t"
+      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
+      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
+      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
+      HANPU_KQUANT_I16_ROW(0) HANPU_KQUANT_I16_ROW(1) HANPU_KQUANT_I16_ROW(2) HANPU_KQUANT_I16_ROW(3)
+      ".if ((\\q + 1) & (%c[ks] - 1)) == 0  # the run's last step\n\t"
+      HANPU_KQUANT_I16_FLUSH_REG(0, 0) HANPU_KQUANT_I16_FLUSH_REG(0, 1) HANPU_KQUANT_I16_FLUSH_REG(1, 0)
+      HANPU_KQUANT_I16_FLUSH_REG(1, 1) HANPU_KQUANT_I16_FLUSH_MEM(2, 0) HANPU_KQUANT_I16_FLUSH_MEM(2, 1)
+      HANPU_KQUANT_I16_FLUSH_MEM(3, 0) HANPU_KQUANT_I16_FLUSH_MEM(3, 1)
+      ".endif\n\t"
+      ".endr\n\t"
+      "add $32, %[idx]\n\t"
+      "cmp $256, %[idx]\n\t"
+      "jne 1b\n\t"
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]),
+        [h00] "=&x"(h00), [h01] "=&x"(h01), [h10] "=&x"(h10), [h11] "=&x"(h11), [h20] "=&x"(h20), [h21] "=&x"(h21),
+        [h30] "=&x"(h30), [h31] "=&x"(h31), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp),
+        [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]),
+        [px2] "r"(x[2]), [px3] "r"(x[3]), [acc] "r"(&acc32[0][0]), [ss] "i"(kScaleStride), [ks] "i"(kI16Steps<kind>)
+      : "cc", "memory");
+  for (int m = 2; m < 4; ++m)
+    for (int g = 0; g < 2; ++g) acc[m][g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc32[2 * (m - 2) + g]));
+}
+#undef HANPU_KQUANT_I16_FLUSH_MEM
+#undef HANPU_KQUANT_I16_FLUSH_REG
+#undef HANPU_KQUANT_I16_SCALE
+#undef HANPU_KQUANT_I16_ROW
+#undef HANPU_KQUANT_I16_PRODUCT
+// Q6_K's 4 x 2 block on pairs of steps: its int16 runs are 2 steps (2 * 2 * 255 * 32 = 32640), too
+// short for the stack flush of kquant_rl_dot_4x2_i16, so the 8 int32 sums stay in registers and
+// the weights are memory operands of the VPMADDUBSWs instead (8 sums, 2 scale vectors, the two
+// steps' broadcasts and products: 14 registers). Per pair of steps and (activation row, group): two
+// VPMADDUBSW (activations + 128 unsigned, q - 32 signed, as kquant_rl_dot_4x2), one VPADDW, one
+// VPMADDWD by the scales, one VPADDD: 5 integer vector operations per 2 steps instead of 6, 3
+// multiplies instead of 4, for twice the weight loads (from L1 / L2, 4 activation rows read each).
+// The same integer sums, so the same bits (tests as kquant_rl_dot_4x2_i16). Measured as there:
+// 1.01-1.04x the per-step form on the Xeon (the weight loads; Zen 3, bound by its multiplies, not measured).
+#define HANPU_Q6K_PAIR_ROW(m)                                              \
+  "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t"                       \
+  "vpbroadcastd 4*\\q+4(%[px" #m "],%[idx]), %[y]\n\t"                     \
+  "vpmaddubsw 32*\\q(%[pw0],%[idx],8), %[x], %[t]\n\t"                     \
+  "vpmaddubsw 32*\\q+32(%[pw0],%[idx],8), %[y], %[u]\n\t"                  \
+  "vpaddw %[u], %[t], %[t]\n\t"                                            \
+  "vpmaddwd %[s0], %[t], %[t]\n\t"                                         \
+  "vpaddd %[t], %[a" #m "0], %[a" #m "0]\n\t"                              \
+  "vpmaddubsw 32*\\q(%[pw1],%[idx],8), %[x], %[t]\n\t"                     \
+  "vpmaddubsw 32*\\q+32(%[pw1],%[idx],8), %[y], %[u]\n\t"                  \
+  "vpaddw %[u], %[t], %[t]\n\t"                                            \
+  "vpmaddwd %[s1], %[t], %[t]\n\t"                                         \
+  "vpaddd %[t], %[a" #m "1], %[a" #m "1]\n\t"
+HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_q6k_pairs(const uint8_t* const* w, const int16_t* const* sc,
+                                                         const int8_t* const* x, __m256i (&acc)[4][2]) {
+  __m256i xv, yv, tmp, tmp2, s0, s1;
   int64_t idx;
   __asm__(
       "vpxor %[a00], %[a00], %[a00]\n\t"
@@ -621,40 +723,38 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2(const uint8_t* const* w, const 
       "vmovdqa %[a00], %[a31]\n\t"
       "xor %[idx], %[idx]\n\t"
       "1:\n\t"
-      "vmovdqa (%[ps0],%[idx],%c[ss]), %[s0]\n\t"
-      "vmovdqa (%[ps1],%[idx],%c[ss]), %[s1]\n\t"
-      ".irp q, 0, 1, 2, 3, 4, 5, 6, 7  # the 8 steps of 4 elements of the chunk\n\t"
-      ".if %c[ss] == 2 && \\q == 4  # Q6_K: the second 16 elements' scales\n\t"
-      "vmovdqa 32(%[ps0],%[idx],2), %[s0]\n\t"
-      "vmovdqa 32(%[ps1],%[idx],2), %[s1]\n\t"
+      ".irp q, 0, 2, 4, 6  # the chunk's 4 pairs of steps\n\t"
+      ".if (\\q & 3) == 0  # the scales of the 16 elements of steps q .. q + 3\n\t"
+      "vmovdqa 32*(\\q >> 2)(%[ps0],%[idx],2), %[s0]\n\t"
+      "vmovdqa 32*(\\q >> 2)(%[ps1],%[idx],2), %[s1]\n\t"
       ".endif\n\t"
-      "vmovdqa 32*\\q(%[pw0],%[idx],8), %[w0]\n\t"
-      "vmovdqa 32*\\q(%[pw1],%[idx],8), %[w1]\n\t"
-      HANPU_KQUANT_ROW(0) HANPU_KQUANT_ROW(1) HANPU_KQUANT_ROW(2) HANPU_KQUANT_ROW(3)
+      HANPU_Q6K_PAIR_ROW(0) HANPU_Q6K_PAIR_ROW(1) HANPU_Q6K_PAIR_ROW(2) HANPU_Q6K_PAIR_ROW(3)
       ".endr\n\t"
       "add $32, %[idx]\n\t"
       "cmp $256, %[idx]\n\t"
       "jne 1b\n\t"
-      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]), [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
-      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]), [px2] "r"(x[2]), [px3] "r"(x[3]), [ss] "i"(kScaleStride)
+      : [a00] "=&x"(acc[0][0]), [a01] "=&x"(acc[0][1]), [a10] "=&x"(acc[1][0]), [a11] "=&x"(acc[1][1]),
+        [a20] "=&x"(acc[2][0]), [a21] "=&x"(acc[2][1]), [a30] "=&x"(acc[3][0]), [a31] "=&x"(acc[3][1]),
+        [x] "=&x"(xv), [y] "=&x"(yv), [t] "=&x"(tmp), [u] "=&x"(tmp2), [s0] "=&x"(s0), [s1] "=&x"(s1), [idx] "=&r"(idx)
+      : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]),
+        [px2] "r"(x[2]), [px3] "r"(x[3])
       : "cc", "memory");
 }
-#undef HANPU_KQUANT_ROW
-#undef HANPU_KQUANT_MADDUBS
+#undef HANPU_Q6K_PAIR_ROW
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ4K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot_4x2<Kind::kQ4K>(w, sc, x, acc);
+  kquant_rl_dot_4x2_i16<Kind::kQ4K>(w, sc, x, acc);
 }
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ5K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot_4x2<Kind::kQ5K>(w, sc, x, acc);  // Q4_K's layout (values 0..31 instead of 0..15)
+  kquant_rl_dot_4x2_i16<Kind::kQ5K>(w, sc, x, acc);  // Q4_K's layout (values 0..31 instead of 0..15)
 }
 template <>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot<Kind::kQ6K, 4, 2>(const uint8_t* const* w, const int16_t* const* sc,
                                                               const int8_t* const* x, __m256i (&acc)[4][2]) {
-  kquant_rl_dot_4x2<Kind::kQ6K>(w, sc, x, acc);
+  kquant_rl_dot_4x2_q6k_pairs(w, sc, x, acc);
 }
 
 // Rows [m0, m0 + MR) of x times the tile's NG groups, the whole K. Per super-block and (activation
