@@ -354,12 +354,6 @@ HANPU_PREFILL_AVX2 void unpack_row(const uint8_t* row, const Tile& t, int64_t r)
   }
 }
 
-HANPU_PREFILL_AVX2 inline float hsum(__m256 v) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 d = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(d, _mm_movehdup_ps(d)));
-}
-
 // One Q8_0 block (32 elements) of MR activation rows x NG groups of 8 weight rows into int32 lanes:
 // acc[m][g] = sum over the 16 pairs j of VPMADDWD(w_g[j], broadcast of x_m's pair j). w points at
 // the group's block (16 vectors), x at the row's 32 int16. The general form (the tails) is
