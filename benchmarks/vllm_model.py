@@ -216,6 +216,10 @@ def main():
     ap.add_argument("--time-gdn", action="store_true", help="also sum the GDN core's time (in-process engine only)")
     ap.add_argument("--concurrent", type=int, default=1, help="requests submitted together (default 1)")
     args = ap.parse_args()
+    if args.time_gdn and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        # The timers patch this process's GDN core; with an engine process of its own they would
+        # count nothing and print zeros.
+        ap.error("--time-gdn needs the in-process engine: set VLLM_ENABLE_V1_MULTIPROCESSING=0")
     if args.make_checkpoint:
         make_checkpoint(args.make_checkpoint)
     if args.make_kimi_checkpoint:
