@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -17,6 +18,7 @@
 #include "hanpu/model.hpp"
 #include "io/safetensors.hpp"
 #include "model/model_parts.hpp"
+#include "model/layer_kernels.hpp"  // simd_argmax
 #include "model/layer_ops.hpp"
 #include "model_testing.hpp"
 #include "test_support.hpp"
@@ -318,6 +320,43 @@ TEST(Sampler, GreedyTopKTopPAndSeeds) {
   Sampler a({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5}), b({.temperature = 0.8f, .top_k = 0, .top_p = 1.0f, .seed = 5});
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits), b.sample(logits));
   EXPECT_THROW(Sampler({.temperature = 1.0f, .top_k = 0, .top_p = 0.0f}), Error);
+}
+
+// Greedy decoding's vector argmax (simd_argmax) gives std::max_element's index on every length
+// (vector tails included), with ties (the first wins), the maximum in the tail, -inf, +-0 and NaN
+// (at index 0 it is the answer; elsewhere never).
+TEST(Sampler, GreedyArgmaxIsStdMaxElement) {
+  uint64_t s = 7;
+  auto next = [&] {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<float>(static_cast<int64_t>(s >> 40) % 2001 - 1000) / 100.f;  // many ties
+  };
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<size_t> lengths;
+  for (size_t n = 1; n <= 130; ++n) lengths.push_back(n);
+  lengths.push_back(248320);
+  int checked = 0;
+  for (const size_t n : lengths)
+    for (int variant = 0; variant < 7; ++variant) {
+      std::vector<float> x(n);
+      for (float& v : x) v = next();
+      switch (variant) {
+        case 1: x[n - 1] = 100.f; break;                                      // the maximum in the tail
+        case 2: x[0] = nan; break;                                            // NaN first: index 0
+        case 3: x[n / 2] = nan; x[n - 1] = nan; break;                        // NaN elsewhere: skipped
+        case 4: for (float& v : x) v = -inf; break;                           // all -inf: index 0
+        case 5: for (float& v : x) v = (&v - x.data()) % 3 == 0 ? -0.f : 0.f; break;  // +-0 ties
+        case 6: x.back() = 20.f; x[n / 3] = 20.f; break;                      // two equal maxima
+        default: break;
+      }
+      const size_t want = static_cast<size_t>(std::max_element(x.begin(), x.end()) - x.begin());
+      ASSERT_EQ(model::simd_argmax(x.data(), n), want) << "n = " << n << ", variant " << variant;
+      Sampler g({.temperature = 0});
+      ASSERT_EQ(g.sample(x), static_cast<int32_t>(want));
+      ++checked;
+    }
+  EXPECT_EQ(checked, 131 * 7);
+  EXPECT_EQ(model::simd_argmax(nullptr, 0), 0u);
 }
 
 // The sampler's fast paths (no filter: a draw in id order; nucleus: a growing sorted top m)

@@ -35,6 +35,15 @@ __attribute__((target("avx2"))) inline void q6k_unpack_half(const uint8_t* ql, c
   q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low4), _mm256_srli_epi16(_mm256_and_si256(hb, mc0), 2));
 }
 
+// Prefetches kLines consecutive cache lines from p at level kHint (_MM_HINT_T0 or _MM_HINT_T1, the
+// decode GEMVs' decode_prefetch_l2). The hint's type is spelled decltype(_MM_HINT_T0): GCC's enum
+// _mm_hint, which clang does not have (its hints are ints).
+template <int kHint, int kLines = 1>
+__attribute__((always_inline)) inline void prefetch_lines(const void* p) {
+  for (int i = 0; i < kLines; ++i)
+    _mm_prefetch(static_cast<const char*>(p) + 64 * i, static_cast<decltype(_MM_HINT_T0)>(kHint));
+}
+
 // The sum of 8 f32 lanes in a fixed tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
 __attribute__((target("avx2"), always_inline)) inline float hsum8(__m256 v) {
   const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -409,9 +409,7 @@ HANPU_GGUF_AVX2 float Q8_0Row(const uint8_t* row, int64_t nb, const int8_t* x8, 
   int64_t i = 0;
   auto prefetch = [&](int64_t at) __attribute__((target("avx2"), always_inline)) {
     const char* p = reinterpret_cast<const char*>(row + kB * at + ahead);
-    _mm_prefetch(p, static_cast<decltype(_MM_HINT_T0)>(kHint));  // a step's 136 bytes: 3 lines per step cover the stream
-    _mm_prefetch(p + 64, static_cast<decltype(_MM_HINT_T0)>(kHint));
-    _mm_prefetch(p + 128, static_cast<decltype(_MM_HINT_T0)>(kHint));
+    gguf_avx2::prefetch_lines<kHint, 3>(p);  // a step's 136 bytes: 3 lines per step cover the stream
   };
   for (; i + 2 * kQ8Blocks <= nb; i += 2 * kQ8Blocks) {
     prefetch(i);
@@ -464,10 +462,7 @@ HANPU_GGUF_AVX2 float K4RowDot(const void* blocks, int64_t nb, const int8_t* x8,
   for (int64_t i = 0; i < nb; ++i) {
     const Block& blk = b[i];
     const char* bytes = reinterpret_cast<const char*>(b + i);
-    _mm_prefetch(bytes + ahead, static_cast<decltype(_MM_HINT_T0)>(kHint));  // a block of 144 / 176 bytes: 3 / 4 lines
-    _mm_prefetch(bytes + ahead + 64, static_cast<decltype(_MM_HINT_T0)>(kHint));
-    _mm_prefetch(bytes + ahead + 128, static_cast<decltype(_MM_HINT_T0)>(kHint));
-    if constexpr (kQ5) _mm_prefetch(bytes + ahead + 192, static_cast<decltype(_MM_HINT_T0)>(kHint));
+    gguf_avx2::prefetch_lines<kHint, kQ5 ? 4 : 3>(bytes + ahead);  // a block of 144 / 176 bytes: 3 / 4 lines
     uint64_t sc, m;
     K4ScalesMins(blk.scales, sc, m);
     const int8_t* x = x8 + i * 256;
@@ -527,10 +522,7 @@ HANPU_GGUF_AVX2 float Q6RowDot(const uint8_t* row, int64_t nb, const int8_t* x8,
       const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsum16 + 16 * ib));
       const gguf::BlockQ6_K& blk = *reinterpret_cast<const gguf::BlockQ6_K*>(row + kB * ib);
       const char* p = reinterpret_cast<const char*>(row + kB * ib + ahead);
-      _mm_prefetch(p, static_cast<decltype(_MM_HINT_T0)>(kHint));  // 210 bytes: at most 4 lines
-      _mm_prefetch(p + 64, static_cast<decltype(_MM_HINT_T0)>(kHint));
-      _mm_prefetch(p + 128, static_cast<decltype(_MM_HINT_T0)>(kHint));
-      _mm_prefetch(p + 192, static_cast<decltype(_MM_HINT_T0)>(kHint));
+      gguf_avx2::prefetch_lines<kHint, 4>(p);  // 210 bytes: at most 4 lines
       dd |= uint32_t{blk.d} << (16 * r);
       // the 16 scales in element order as int16: sc0..7 | sc8..15; half h uses 8h..8h+7 in both halves
       const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk.scales)));

@@ -31,6 +31,7 @@
 #include <string>
 
 #include "cpu/engine_impl.hpp"
+#include "cpu/gguf_avx2.hpp"  // prefetch_lines
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "cpu/linear_kernels.hpp"  // decode_prefetch_bytes
@@ -115,16 +116,12 @@ HANPU_LANES_AVX2 void q4k_lanes_group(const uint8_t* tiles, int64_t nb, const in
   for (int64_t i = 0; i < nb; ++i) {
     const uint8_t* t = tiles + static_cast<size_t>(i) * kQ4KLaneTileBytes;
     const char* p = reinterpret_cast<const char*>(t) + ahead;
-    _mm_prefetch(p, static_cast<decltype(_MM_HINT_T0)>(kHint));  // the header's 2 lines; the nibbles' 16 below
-    _mm_prefetch(p + 64, static_cast<decltype(_MM_HINT_T0)>(kHint));
+    gguf_avx2::prefetch_lines<kHint, 2>(p);  // the header's 2 lines; the nibbles' 16 below
     const int8_t* x = x8 + 256 * i;
     __m256i isum = _mm256_setzero_si256(), msum = _mm256_setzero_si256();
     for (int c = 0; c < 4; ++c) {
       const uint8_t* q = t + kQsOffset + 256 * c;
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead, static_cast<decltype(_MM_HINT_T0)>(kHint));
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 64, static_cast<decltype(_MM_HINT_T0)>(kHint));
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 128, static_cast<decltype(_MM_HINT_T0)>(kHint));
-      _mm_prefetch(reinterpret_cast<const char*>(q) + ahead + 192, static_cast<decltype(_MM_HINT_T0)>(kHint));
+      gguf_avx2::prefetch_lines<kHint, 4>(q + ahead);
       __m256i slo = _mm256_setzero_si256(), shi = _mm256_setzero_si256();
       for (int e = 0; e < 8; ++e) {
         const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * e));

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "model/layer_kernels.hpp"
 #include "hanpu/isa.hpp"
@@ -90,6 +91,40 @@ void SiluRow(float* HWY_RESTRICT y, size_t n) {
     hn::StoreU(hn::Mul(x, Sigmoid(d, x)), d, y + i);
   }
   for (; i < n; ++i) y[i] = y[i] / (1.0f + std::exp(-y[i]));
+}
+
+// The index std::max_element gives (the first element no other is greater than, by operator<):
+// the maximum of the non-NaN values in vectors (NaN lanes as -inf), then the first element equal
+// to it. A NaN at index 0 is std::max_element's answer (nothing compares greater than it); a NaN
+// elsewhere is never chosen, as there. Greedy decoding takes it over the vocabulary every token:
+// std::max_element's loop carries each comparison through the last maximum's load, ~0.3-0.8 ms
+// per 248K logits on the AVX-512 Xeon, one to three percent of a 0.8B Q4_K_M token.
+size_t ArgmaxRow(const float* HWY_RESTRICT x, size_t n) {
+  if (n == 0 || std::isnan(x[0])) return 0;
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const VF ninf = hn::Set(d, -std::numeric_limits<float>::infinity());
+  auto clean = [&](VF v) { return hn::IfThenElse(hn::IsNaN(v), ninf, v); };
+  VF m0 = ninf, m1 = ninf, m2 = ninf, m3 = ninf;  // four chains: the Max latency hidden
+  size_t i = 0;
+  for (; i + 4 * N <= n; i += 4 * N) {
+    m0 = hn::Max(m0, clean(hn::LoadU(d, x + i)));
+    m1 = hn::Max(m1, clean(hn::LoadU(d, x + i + N)));
+    m2 = hn::Max(m2, clean(hn::LoadU(d, x + i + 2 * N)));
+    m3 = hn::Max(m3, clean(hn::LoadU(d, x + i + 3 * N)));
+  }
+  float best = hn::GetLane(hn::MaxOfLanes(d, hn::Max(hn::Max(m0, m1), hn::Max(m2, m3))));
+  for (; i < n; ++i)
+    if (x[i] > best) best = x[i];  // false for NaN
+  const VF vb = hn::Set(d, best);
+  size_t j = 0;
+  for (; j + N <= n; j += N) {
+    const intptr_t lane = hn::FindFirstTrue(d, hn::Eq(hn::LoadU(d, x + j), vb));
+    if (lane >= 0) return j + static_cast<size_t>(lane);
+  }
+  for (; j < n; ++j)
+    if (x[j] == best) return j;
+  return 0;  // unreachable: best is one of the elements
 }
 
 void SigmoidMulRow(float* HWY_RESTRICT o, const float* HWY_RESTRICT g, size_t n) {
@@ -507,6 +542,7 @@ HWY_EXPORT(RmsNormRow);
 HWY_EXPORT(SiluMulRow);
 HWY_EXPORT(SiluRow);
 HWY_EXPORT(SigmoidMulRow);
+HWY_EXPORT(ArgmaxRow);
 HWY_EXPORT(GatedNormRow);
 HWY_EXPORT(AttentionKeyTile);
 HWY_EXPORT(AttentionRowBlock);
@@ -521,6 +557,7 @@ void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale,
 void simd_silu_mul_row(float* g, const float* u, size_t n) { HANPU_DISPATCH(SiluMulRow)(g, u, n); }
 void simd_silu_row(float* y, size_t n) { HANPU_DISPATCH(SiluRow)(y, n); }
 void simd_sigmoid_mul_row(float* o, const float* g, size_t n) { HANPU_DISPATCH(SigmoidMulRow)(o, g, n); }
+size_t simd_argmax(const float* x, size_t n) { return HANPU_DISPATCH(ArgmaxRow)(x, n); }
 void simd_gated_norm_row(float* o, const float* z, const float* w, size_t n, float eps) {
   HANPU_DISPATCH(GatedNormRow)(o, z, w, n, eps);
 }

@@ -13,6 +13,8 @@ void simd_rms_norm_row(const float* x, float* out, size_t n, const float* scale,
 void simd_silu_mul_row(float* g, const float* u, size_t n);
 /// y = silu(y).
 void simd_silu_row(float* y, size_t n);
+/// The index std::max_element(x, x + n) returns (the first maximum; 0 for n == 0), in vectors.
+size_t simd_argmax(const float* x, size_t n);
 /// o = o * sigmoid(g).
 void simd_sigmoid_mul_row(float* o, const float* g, size_t n);
 /// o = (o * rsqrt(mean(o^2) + eps) * w) * silu(z).

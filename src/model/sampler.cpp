@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hanpu/model.hpp"
+#include "model/layer_kernels.hpp"  // simd_argmax
 
 namespace hanpu {
 
@@ -72,7 +73,7 @@ bool Sampler::greedy() const { return opt_.temperature <= 0.f || opt_.top_k == 1
 
 int32_t Sampler::sample(std::span<const float> logits) {
   if (logits.empty()) throw Error("sampling: empty logits");
-  if (greedy()) return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  if (greedy()) return static_cast<int32_t>(model::simd_argmax(logits.data(), logits.size()));  // std::max_element's index
   const size_t n = logits.size();
   scratch_.resize(n);
   float mx = -std::numeric_limits<float>::infinity();
