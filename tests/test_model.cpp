@@ -298,6 +298,66 @@ TEST(Qwen35Synthetic, SmallSyntheticModelRunsAndDecodes) {
   EXPECT_THROW(m.forward(st, bad), Error);
 }
 
+// The causal conv + SiLU against fp64, token by token and in one call, on 1 and 2 threads: few
+// tokens split the channels over the threads (slices of 64), more split the tokens. Every split
+// gives the same bits (a slice's vector loop and tail cover the channels the whole row's do), the
+// state ends as the last K - 1 inputs, and calls of one token continue exactly as one long call.
+TEST(LayerOps, CausalConvSiluSplitsGiveTheSameBitsAndFollowFp64) {
+  struct Case {
+    int64_t channels, K, T;
+  };
+  for (const Case c : {Case{6144, 4, 1}, Case{130, 4, 1}, Case{200, 4, 3}, Case{129, 3, 2}, Case{127, 4, 1},
+                       Case{300, 4, 7}, Case{300, 4, 8}, Case{1000, 2, 5}, Case{96, 5, 9}}) {
+    const int64_t S = c.K - 1, ldx = c.channels + 5;  // x rows wider than the channels, as a stacked projection's
+    uint64_t s = 7;
+    auto rnd = [&] {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      return static_cast<float>(static_cast<double>(s >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+    };
+    std::vector<float> taps(static_cast<size_t>(c.K * c.channels)), state0(static_cast<size_t>(S * c.channels)),
+        x(static_cast<size_t>(c.T * ldx));
+    for (auto* v : {&taps, &state0, &x})
+      for (float& e : *v) e = rnd();
+    std::vector<std::vector<float>> ys, states;
+    for (const int nt : {1, 2})
+      for (const bool stepwise : {false, true}) {
+        const EngineThreads th{&Engine::default_engine(), nt};
+        std::vector<float> y(static_cast<size_t>(c.T * c.channels)), state = state0;
+        if (stepwise) {
+          for (int64_t t = 0; t < c.T; ++t)
+            model::causal_conv_silu(x.data() + t * ldx, ldx, y.data() + t * c.channels, 1, c.channels, taps.data(), c.K,
+                                    state.data(), th);
+        } else {
+          model::causal_conv_silu(x.data(), ldx, y.data(), c.T, c.channels, taps.data(), c.K, state.data(), th);
+        }
+        ys.push_back(y);
+        states.push_back(state);
+      }
+    // fp64: in[r] for r in [-S, T) is the state's row S + r below 0, else x's row r.
+    auto in = [&](int64_t r, int64_t ch) {
+      return static_cast<double>(r < 0 ? state0[static_cast<size_t>((S + r) * c.channels + ch)]
+                                       : x[static_cast<size_t>(r * ldx + ch)]);
+    };
+    double worst = 0;
+    for (int64_t t = 0; t < c.T; ++t)
+      for (int64_t ch = 0; ch < c.channels; ++ch) {
+        double a = 0;
+        for (int64_t j = 0; j < c.K; ++j) a += static_cast<double>(taps[static_cast<size_t>(j * c.channels + ch)]) * in(t - S + j, ch);
+        worst = std::max(worst, std::abs(a / (1 + std::exp(-a)) - ys[0][static_cast<size_t>(t * c.channels + ch)]));
+      }
+    // f32 sums of K products of |x| <= 2 and the vector SiLU's sigmoid: a few ulps of values up to ~30
+    EXPECT_LT(worst, 2e-5) << c.channels << " channels, K " << c.K << ", T " << c.T;
+    for (size_t i = 1; i < ys.size(); ++i) {
+      EXPECT_EQ(ys[i], ys[0]) << "split " << i << ": " << c.channels << " channels, T " << c.T;
+      EXPECT_EQ(states[i], states[0]) << "split " << i << ": " << c.channels << " channels, T " << c.T;
+    }
+    for (int64_t r = 0; r < S; ++r)
+      for (int64_t ch = 0; ch < c.channels; ++ch)
+        ASSERT_EQ(states[0][static_cast<size_t>(r * c.channels + ch)], static_cast<float>(in(c.T - S + r, ch)))
+            << "state row " << r << " channel " << ch;
+  }
+}
+
 TEST(Sampler, GreedyTopKTopPAndSeeds) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f};
   Sampler g({.temperature = 0});
