@@ -269,6 +269,12 @@ class GgufLinear final : public Linear {
   const void* blocks_;
   int64_t N_, K_, row_bytes_ = 0;
   std::string name_;
+  // The decode pass forward() and forward_decode_parts() share: for each of the M rows of x, its
+  // activations quantized once in blocks of `block`, then the rows of the `count` projections
+  // (output columns cols[i] on) claimed by nt threads in guided chunks, part after part.
+  static void decode_rows(Engine& engine, const GgufLinear* const* parts, const int64_t* cols, size_t count,
+                          int64_t block, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int nt,
+                          bool accumulate);
 };
 
 /// A weight stored as IEEE half [N, K] (an f16 safetensors checkpoint, a GGUF F16 tensor, or

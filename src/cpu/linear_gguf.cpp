@@ -830,28 +830,23 @@ static void gguf_decode_units_run(gguf::GgmlType t, GgufLayout layout, const uin
   }
 }
 
-bool GgufLinear::forward_decode_parts(Engine& engine, const std::vector<const GgufLinear*>& parts,
-                                      const std::vector<int64_t>& cols, const float* x, int64_t ldx, float* y, int64_t ldy,
-                                      int64_t M, int threads, bool accumulate) {
-  if (M <= 0 || M >= kGgufPrefillRows || parts.size() < 2 || cols.size() != parts.size()) return false;
+void GgufLinear::decode_rows(Engine& engine, const GgufLinear* const* parts, const int64_t* cols, size_t count,
+                             int64_t block, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int nt,
+                             bool accumulate) {
   const int64_t K = parts[0]->K_;
-  const int64_t block = gguf_gemv_supported(parts[0]->type_) ? gguf_activation_block(parts[0]->type_) : 0;
-  for (const GgufLinear* l : parts)
-    if (l->K_ != K || !gguf_gemv_supported(l->type_) || gguf_activation_block(l->type_) != block) return false;
-  const int nt = std::max(1, threads);
   GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
   for (int64_t m = 0; m < M; ++m) {
     gguf_quantize_activations(x + m * ldx, K, block, xa);
     float* yr = y + m * ldy;
     // Every thread takes chunks of part 0 until none is left, then of part 1, and so on.
-    std::vector<std::atomic<int64_t>> next(parts.size());
+    std::vector<std::atomic<int64_t>> next(count);
     int64_t units = 0;
-    for (size_t i = 0; i < parts.size(); ++i) {
+    for (size_t i = 0; i < count; ++i) {
       next[i].store(0, std::memory_order_relaxed);
       units += gguf_decode_units(parts[i]->layout_, parts[i]->N_);
     }
     engine.impl().run(static_cast<int>(std::clamp<int64_t>(nt, 1, units)), [&](int, Workspace&) {
-      for (size_t i = 0; i < parts.size(); ++i) {
+      for (size_t i = 0; i < count; ++i) {
         const GgufLinear& l = *parts[i];
         const int64_t n_units = gguf_decode_units(l.layout_, l.N_), min_units = gguf_decode_min_units(l.layout_, l.row_bytes_);
         for (int64_t u0, u1; gguf_decode_claim(next[i], n_units, min_units, nt, u0, u1);)
@@ -860,6 +855,17 @@ bool GgufLinear::forward_decode_parts(Engine& engine, const std::vector<const Gg
       }
     });
   }
+}
+
+bool GgufLinear::forward_decode_parts(Engine& engine, const std::vector<const GgufLinear*>& parts,
+                                      const std::vector<int64_t>& cols, const float* x, int64_t ldx, float* y, int64_t ldy,
+                                      int64_t M, int threads, bool accumulate) {
+  if (M <= 0 || M >= kGgufPrefillRows || parts.size() < 2 || cols.size() != parts.size()) return false;
+  const int64_t K = parts[0]->K_;
+  const int64_t block = gguf_gemv_supported(parts[0]->type_) ? gguf_activation_block(parts[0]->type_) : 0;
+  for (const GgufLinear* l : parts)
+    if (l->K_ != K || !gguf_gemv_supported(l->type_) || gguf_activation_block(l->type_) != block) return false;
+  decode_rows(engine, parts.data(), cols.data(), parts.size(), block, x, ldx, y, ldy, M, std::max(1, threads), accumulate);
   return true;
 }
 
@@ -871,18 +877,10 @@ void GgufLinear::forward(Engine& engine, const float* x, int64_t ldx, float* y, 
   if (M < kGgufPrefillRows && (layout_ == GgufLayout::kRowLanes || gguf_gemv_supported(type_))) {
     // Decode rows: the blocks streamed once per row, activations quantized as llama.cpp's
     // (linear_gguf.hpp); on row lanes the groups of 8 rows split over the threads.
-    GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
-    const int64_t block = layout_ == GgufLayout::kRowLanes ? 256 : gguf_activation_block(type_);
-    const int64_t units = gguf_decode_units(layout_, N_), min_units = gguf_decode_min_units(layout_, row_bytes_);
-    for (int64_t m = 0; m < M; ++m) {
-      gguf_quantize_activations(x + m * ldx, K_, block, xa);
-      float* yr = y + m * ldy;
-      std::atomic<int64_t> next{0};
-      engine.impl().run(static_cast<int>(std::clamp<int64_t>(nt, 1, units)), [&](int, Workspace&) {
-        for (int64_t u0, u1; gguf_decode_claim(next, units, min_units, nt, u0, u1);)
-          gguf_decode_units_run(type_, layout_, w, N_, K_, row_bytes_, xa, yr, u0, u1, accumulate);
-      });
-    }
+    const GgufLinear* self = this;
+    const int64_t col = 0;
+    decode_rows(engine, &self, &col, 1, layout_ == GgufLayout::kRowLanes ? 256 : gguf_activation_block(type_), x, ldx,
+                y, ldy, M, nt, accumulate);
     return;
   }
   if (gguf_use_amx_prefill(type_, prefill_, M)) {
