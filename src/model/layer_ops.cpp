@@ -43,7 +43,6 @@ constexpr int64_t kConvChannelSlice = 64;
 void causal_conv_silu(const float* x, int64_t ldx, float* y, int64_t T, int64_t channels, const float* taps,
                       int64_t K, float* state, Threads threads) {
   const int64_t S = K - 1;
-  const size_t row_bytes = static_cast<size_t>(channels) * sizeof(float);
   const int64_t kept = std::max<int64_t>(0, S - T);
   // Tokens t0..t1 over channels [c0, c1), then the new state's columns [c0, c1): the last S rows of
   // [state; x]. With T < S the state's own last S - T rows move to its front (memmove: they overlap)
@@ -83,8 +82,7 @@ void causal_conv_silu(const float* x, int64_t ldx, float* y, int64_t T, int64_t 
     std::vector<const float*> rows(static_cast<size_t>(K));
     conv_rows(t0, t1, 0, channels, rows);
   });
-  if (kept > 0) std::memmove(state, state + (S - kept) * channels, static_cast<size_t>(kept) * row_bytes);
-  for (int64_t r = kept; r < S; ++r) std::memcpy(state + r * channels, x + (T - S + r) * ldx, row_bytes);
+  new_state(0, channels);
 }
 
 void gated_rms_norm(float* o, const float* z, int64_t ldz, int64_t rows, int64_t heads, int64_t dim, const float* w,
