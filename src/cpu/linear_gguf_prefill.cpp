@@ -608,12 +608,8 @@ constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
 // (1.03-1.15x with all 8 int32 sums on the stack), Q5_K 1.0-1.07x, Q6_K 0.82-0.88x (its runs of 2
 // flush too often: kquant_rl_dot_4x2_q6k_pairs instead). Zen 3 (4 vector pipes for the adds, where
 // the per-step form is bound by its 16 multiplies on 2) not measured.
-#define HANPU_KQUANT_I16_PRODUCT(w, dst)                                                    \
-  ".if %c[ss] == 2  # Q6_K: the activations (+ 128) are the unsigned operand, q - 32 the signed\n\t" \
-  "vpmaddubsw %[" #w "], %[x], " dst "\n\t"                                                 \
-  ".else\n\t"                                                                                \
-  "vpmaddubsw %[x], %[" #w "], " dst "\n\t"                                                 \
-  ".endif\n\t"
+// The weights' nibbles (0..15 / 0..31) are the unsigned operand, the activations the signed.
+#define HANPU_KQUANT_I16_PRODUCT(w, dst) "vpmaddubsw %[x], %[" #w "], " dst "\n\t"
 #define HANPU_KQUANT_I16_ROW(m)                                        \
   "vpbroadcastd 4*\\q(%[px" #m "],%[idx]), %[x]\n\t"                   \
   ".if (\\q & (%c[ks] - 1)) == 0  # the run's first step\n\t"          \
@@ -628,7 +624,7 @@ constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
 // (row m, group g): the int32 sums += VPMADDWD(h_mg, the group's scales of step q); rows 0 and 1's
 // sums in the 4 registers left (a_mg), rows 2 and 3's in acc32 on the stack
 #define HANPU_KQUANT_I16_SCALE(m, g) \
-  "vpmaddwd 32*((\\q >> 2) * (%c[ss] - 1))(%[ps" #g "],%[idx],%c[ss]), %[h" #m #g "], %[h" #m #g "]\n\t"
+  "vpmaddwd (%[ps" #g "],%[idx]), %[h" #m #g "], %[h" #m #g "]\n\t"
 #define HANPU_KQUANT_I16_FLUSH_REG(m, g) \
   HANPU_KQUANT_I16_SCALE(m, g) "vpaddd %[h" #m #g "], %[a" #m #g "], %[a" #m #g "]\n\t"
 #define HANPU_KQUANT_I16_FLUSH_MEM(m, g)                                      \
@@ -638,8 +634,8 @@ constexpr int kI16Steps = kind == Kind::kQ4K ? 8 : kind == Kind::kQ5K ? 4 : 2;
 template <Kind kind>
 HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, const int16_t* const* sc,
                                                      const int8_t* const* x, __m256i (&acc)[4][2]) {
-  constexpr int kScaleStride = kind == Kind::kQ6K ? 2 : 1;  // scale bytes per byte of idx (32 or 64 per chunk)
-  alignas(32) int32_t acc32[4][8];                          // rows 2 and 3
+  static_assert(kind != Kind::kQ6K, "Q6_K's runs of 2 steps take kquant_rl_dot_4x2_q6k_pairs");
+  alignas(32) int32_t acc32[4][8];  // rows 2 and 3
   __m256i h00, h01, h10, h11, h20, h21, h30, h31, w0, w1, xv, tmp;
   int64_t idx;
   __asm__(
@@ -670,7 +666,7 @@ HANPU_PREFILL_AVX2 inline void kquant_rl_dot_4x2_i16(const uint8_t* const* w, co
         [h30] "=&x"(h30), [h31] "=&x"(h31), [w0] "=&x"(w0), [w1] "=&x"(w1), [x] "=&x"(xv), [t] "=&x"(tmp),
         [idx] "=&r"(idx)
       : [pw0] "r"(w[0]), [pw1] "r"(w[1]), [ps0] "r"(sc[0]), [ps1] "r"(sc[1]), [px0] "r"(x[0]), [px1] "r"(x[1]),
-        [px2] "r"(x[2]), [px3] "r"(x[3]), [acc] "r"(&acc32[0][0]), [ss] "i"(kScaleStride), [ks] "i"(kI16Steps<kind>)
+        [px2] "r"(x[2]), [px3] "r"(x[3]), [acc] "r"(&acc32[0][0]), [ks] "i"(kI16Steps<kind>)
       : "cc", "memory");
   for (int m = 2; m < 4; ++m)
     for (int g = 0; g < 2; ++g) acc[m][g] = _mm256_load_si256(reinterpret_cast<const __m256i*>(acc32[2 * (m - 2) + g]));
