@@ -7,7 +7,7 @@
 // --types: the GGML types to run (default Q8_0, Q4_K, Q5_K, Q6_K; any type with a GEMV kernel,
 // e.g. Q4_0, Q4_1, Q5_0, Q5_1, IQ4_XS). --cases: which of the shapes below (default the first
 // three). --layout lanes: the weights repacked into the row-lane layout (gguf_pack_row_lanes, Q4_K
-// only) and run by gguf_gemv_lanes (the same bytes as the file's rows).
+// only) and run by GgufLinear on that layout (the same bytes as the file's rows).
 //
 // Columns: median wall time per call and its GB/s of weight blocks (and % of the bandwidth), the
 // best call, and GB/s over the CPU time the threads got (see below).

@@ -125,11 +125,12 @@ TEST_P(GgufGemv, WithinDerivedBoundOfFp64) {
     std::vector<float> y(static_cast<size_t>(N), -1.f);
     hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), K, xa, y.data(), 0, N);
     check(W, x, y);
-    // The threaded form: rows are independent, so the same bits.
+    // The threaded form (GgufLinear's decode rows, the model's path): rows are independent, so the same bits.
     hanpu::Engine engine(2);
+    const hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "w");
     for (int threads : {1, 2, 5}) {
       std::vector<float> y2(static_cast<size_t>(N), -2.f);
-      hanpu::cpu::gguf_gemv(engine, t, W.bytes.data(), N, K, x.data(), y2.data(), threads);
+      lin.forward(engine, x.data(), K, y2.data(), N, 1, threads, false);
       EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << threads << " threads";
     }
   }
@@ -168,9 +169,10 @@ TEST(GgufGemvRowLanes, SameRowsBackAndWithinDerivedBoundOfFp64) {
         hanpu::cpu::gguf_gemv_row_lanes(t, packed.data(), N, K, xa, y.data(), 0, N);
         check(W, x, y);
         // Any split into groups gives the same bits (rows are independent).
+        const hanpu::GgufLinear lin(t, packed.data(), N, K, "w", hanpu::GgufLayout::kRowLanes);
         for (int threads : {1, 2, 5}) {
           std::vector<float> y2(static_cast<size_t>(N), -2.f);
-          hanpu::cpu::gguf_gemv_lanes(engine, t, packed.data(), N, K, x.data(), y2.data(), threads);
+          lin.forward(engine, x.data(), K, y2.data(), N, 1, threads, false);
           EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << threads << " threads";
         }
         if (N >= 16) {  // a range from the second group on, y indexed from its first row

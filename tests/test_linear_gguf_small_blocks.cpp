@@ -29,6 +29,7 @@
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
 #include "cpu/linear_gguf_small_blocks.hpp"
+#include "hanpu/linear.hpp"
 #include "hanpu/engine.hpp"
 #include "hanpu/linear.hpp"
 #include "hanpu/tensor.hpp"
@@ -133,9 +134,10 @@ TEST_P(SmallBlockGemv, WithinDerivedBoundOfFp64) {
       hanpu::cpu::gguf_small_block_gemv_rows(t, W.bytes.data(), K, xa, y.data(), 0, N);
       hanpu::cpu::gguf_gemv_rows(t, W.bytes.data(), K, xa, y2.data(), 0, N);
       EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4));
+      const hanpu::GgufLinear lin(t, W.bytes.data(), N, K, "w");  // the model's decode rows
       for (int threads : {1, 2, 5}) {
         std::fill(y2.begin(), y2.end(), -2.f);
-        hanpu::cpu::gguf_gemv(engine, t, W.bytes.data(), N, K, x.data(), y2.data(), threads);
+        lin.forward(engine, x.data(), K, y2.data(), N, 1, threads, false);
         EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << threads << " threads";
       }
     }

@@ -708,16 +708,6 @@ void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActiva
                                decode_prefetch_bytes());
 }
 
-void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
-               int threads) {
-  GgufActivations& xa = decode_activations();  // this thread's: the workers read it by reference
-  gguf_quantize_activations(x, K, gguf_activation_block(t), xa);
-  const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, std::max<int64_t>(N, 1)));
-  engine.impl().run(parts, [&](int p, Workspace&) {
-    const int64_t n0 = N * p / parts, n1 = N * (p + 1) / parts;
-    gguf_gemv_rows(t, w, K, xa, y, n0, n1);
-  });
-}
 
 
 }  // namespace hanpu::cpu

@@ -61,11 +61,6 @@ bool gguf_gemv_supported(gguf::GgmlType t);
 void gguf_gemv_rows(gguf::GgmlType t, const void* w, int64_t K, const GgufActivations& x, float* y, int64_t n0,
                     int64_t n1);
 
-/// The whole y = W x (N rows) on `engine`'s threads (`threads` <= 0: all of them), rows split
-/// evenly.
-void gguf_gemv(Engine& engine, gguf::GgmlType t, const void* w, int64_t N, int64_t K, const float* x, float* y,
-               int threads = 0);
-
 /// Row lanes: a load-time layout of Q4_K weights for the decode GEMV (linear_gguf_row_lanes.cpp):
 /// groups of 8 rows, lane r of every vector row r, so one broadcast of 4 activation bytes feeds 8
 /// rows' multiply-adds and the f32 tail runs once per super-block for 8 rows. Per group and
@@ -87,9 +82,6 @@ void gguf_unpack_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int6
 /// order (the same bound). Throws hanpu::Error where gguf_row_lanes_available is false.
 void gguf_gemv_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int64_t K, const GgufActivations& x,
                          float* y, int64_t n0, int64_t n1);
-/// The whole y = W x over a row-lane layout on `engine`'s threads (groups split evenly).
-void gguf_gemv_lanes(Engine& engine, gguf::GgmlType t, const void* packed, int64_t N, int64_t K, const float* x,
-                     float* y, int threads = 0);
 
 /// Rows of x from which GgufLinear (hanpu/linear.hpp) dequantizes weight tiles instead of streaming the blocks once per
 /// row: at 4 rows the GEMV has read the weights 4 times (placeholder until the prefill kernels are

@@ -30,7 +30,6 @@
 #include <cstring>
 #include <string>
 
-#include "cpu/engine_impl.hpp"
 #include "cpu/gguf_avx2.hpp"  // prefetch_lines
 #include "cpu/gguf_blocks.hpp"
 #include "cpu/linear_gguf.hpp"
@@ -303,18 +302,5 @@ void gguf_gemv_row_lanes(gguf::GgmlType t, const void* packed, int64_t N, int64_
 #endif
 }
 
-void gguf_gemv_lanes(Engine& engine, gguf::GgmlType t, const void* packed, int64_t N, int64_t K, const float* x,
-                     float* y, int threads) {
-  thread_local GgufActivations mine;
-  GgufActivations& xa = mine;  // this thread's: the workers read it through the reference
-  gguf_quantize_activations(x, K, 256, xa);
-  const int64_t units = N / kLaneRows;  // the tail rows go with the last part
-  const int parts = static_cast<int>(std::clamp<int64_t>(threads > 0 ? threads : engine.threads(), 1, units));
-  engine.impl().run(parts, [&](int p, Workspace&) {
-    const int64_t n0 = units * p / parts * kLaneRows;
-    const int64_t n1 = p + 1 == parts ? N : units * (p + 1) / parts * kLaneRows;
-    gguf_gemv_row_lanes(t, packed, N, K, xa, y + n0, n0, n1);
-  });
-}
 
 }  // namespace hanpu::cpu
